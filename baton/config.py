@@ -1,0 +1,85 @@
+"""Configuration from ``BATON_*`` environment variables (DESIGN.md §9).
+
+Every setting has a default; each service reads the ones it needs. The table in README.md
+is generated from :data:`SETTINGS` (``python -m baton.config``), so it cannot drift.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+
+@dataclass(frozen=True)
+class Setting:
+    env: str
+    default: str
+    meaning: str
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("BATON_ETCD_ENDPOINTS", "127.0.0.1:2379", "etcd endpoints (host:port, comma-separated); coordinator only"),
+    Setting("BATON_ETCD_PREFIX", "/baton/", "key prefix for everything baton stores in etcd"),
+    Setting("BATON_NATS_URL", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated"),
+    Setting("BATON_COORDINATOR", "127.0.0.1:7100", "coordinator gRPC address(es) that hosts and gateways dial, comma-separated"),
+    Setting("BATON_COORDINATOR_LISTEN", "0.0.0.0:7100", "coordinator gRPC listen address"),
+    Setting("BATON_HOST_LISTEN", "0.0.0.0:7200", "sandbox host gRPC listen address"),
+    Setting("BATON_HOST_ADVERTISE", "", "address other components use to reach this host (default: listen address with the machine's hostname)"),
+    Setting("BATON_HOST_ID", "", "sandbox host id (default: hostname-pid)"),
+    Setting("BATON_HOST_CAPACITY", "64", "runs one sandbox host drives at most"),
+    Setting("BATON_GATEWAY_LISTEN", "0.0.0.0:8080", "gateway HTTP listen address"),
+    Setting("BATON_SESSION_TTL", "2", "session lease TTL in seconds (keep-alive every TTL/3)"),
+    Setting("BATON_ATTACH_WAIT", "10", "seconds an attach waits for the journal to appear / first byte"),
+    Setting("BATON_JOURNAL_POLL", "0.25", "journal poll interval in seconds (providers that cannot follow)"),
+    Setting("BATON_JOURNAL_DIR", "/tmp/baton-runs", "where local sandboxes keep journals"),
+    Setting("BATON_SANDBOX_DIR", "/tmp/baton-sandboxes", "where local sandboxes are created"),
+    Setting("BATON_PROVIDER", "local", "default sandbox provider: local | docker"),
+    Setting("BATON_DOCKER_IMAGE", "baton-sandbox:latest", "image for docker sandboxes"),
+    Setting("BATON_CANCEL_GRACE", "5", "seconds between SIGTERM and SIGKILL on cancel"),
+    Setting("BATON_DETACHED_RUN_TTL", "3600", "seconds a run may stay detached before the reaper cancels it"),
+    Setting("BATON_REAPER_INTERVAL", "60", "seconds between reaper sweeps (leader only)"),
+    Setting("BATON_RUNS_STREAM", "BATON_RUNS", "JetStream stream holding delivery logs"),
+    Setting("BATON_SUBJECT_PREFIX", "baton.runs", "subject prefix of delivery logs"),
+    Setting("BATON_THREADS_BUCKET", "baton-threads", "JetStream KV bucket holding transcripts"),
+    Setting("BATON_LOG_MAX_AGE", "2592000", "delivery-log retention in seconds (30 days)"),
+    Setting("BATON_LOG_REPLICAS", "1", "JetStream replicas for the stream and bucket"),
+    Setting("BATON_SSE_KEEPALIVE", "15", "seconds between SSE/NDJSON keep-alive comments"),
+    Setting("BATON_REPLAY_DIRS", "", "colon-separated directories replay journals may be read from (default: the shipped corpus)"),
+    Setting("BATON_DEFAULT_AGENT", "replay", "agent kind used when a request names none"),
+    Setting("BATON_API_KEYS", "", "bearer API keys: comma-separated key=tenant pairs; empty = no auth"),
+    Setting("BATON_LOG_LEVEL", "INFO", "log level"),
+)
+
+_DEFAULTS = {s.env: s.default for s in SETTINGS}
+
+
+def get(name: str, env: Mapping[str, str] | None = None) -> str:
+    """The value of a ``BATON_*`` setting: the environment, else the documented default.
+
+    Raises:
+        KeyError: for a name not in :data:`SETTINGS` (a programming error).
+    """
+    env = os.environ if env is None else env
+    if name not in _DEFAULTS:
+        raise KeyError(name)
+    return env.get(name, _DEFAULTS[name])
+
+
+def get_float(name: str, env: Mapping[str, str] | None = None) -> float:
+    """A numeric setting; raises ``ValueError`` naming the variable when it is not a number."""
+    raw = get(name, env)
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {raw!r}") from None
+
+
+def markdown_table() -> str:
+    """The README configuration table."""
+    rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
+    rows += [f"| `{s.env}` | `{s.default}` | {s.meaning} |" for s in SETTINGS]
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

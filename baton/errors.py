@@ -1,0 +1,250 @@
+"""Domain exceptions (DESIGN.md §8): one root per concern, named by condition, carrying data.
+
+Callers branch on the class and its attributes, never on ``str(exc)``. The gRPC mapping of
+every class lives in one table, :mod:`baton.grpc_errors`.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+ClaimRefusal = Literal["unknown", "terminal", "cancel_requested", "held"]
+AttachRefusal = Literal["unknown-run", "terminal-run", "journal-timeout", "journal-stalled"]
+
+
+class BatonError(Exception):
+    """Root of every baton error."""
+
+
+class InvalidArgument(BatonError):
+    """A caller sent a value that can never be valid.
+
+    Attributes:
+        field: the request field at fault (e.g. ``"run_id"``).
+        problem: what is wrong with it, for humans.
+    """
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{field}: {problem}")
+
+
+class StoreUnavailable(BatonError):
+    """The coordination store (etcd) or the coordinator could not be reached in time."""
+
+
+class DurableRunIdRequired(BatonError):
+    """A durable run was requested without a run id."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "a runId is required: send it as an X-Run-Id header or a ?runId query param"
+        )
+
+
+class UnknownRun(BatonError):
+    """No record exists for ``run_id``."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"unknown run {run_id!r}")
+
+
+class ThreadBusy(BatonError):
+    """The thread already has an active run (at most one per thread, DESIGN.md §3.1)."""
+
+    def __init__(self, thread_id: str, active_run_id: str) -> None:
+        self.thread_id = thread_id
+        self.active_run_id = active_run_id
+        super().__init__(f"thread {thread_id!r} already has an active run {active_run_id!r}")
+
+
+# --- claims and fencing -------------------------------------------------------------------
+
+
+class ClaimError(BatonError):
+    """Root of claim/ownership failures."""
+
+
+class RunClaimNotAcquired(ClaimError):
+    """``ClaimRun`` was refused.
+
+    Attributes:
+        run_id: the run.
+        reason: ``unknown`` | ``terminal`` | ``cancel_requested`` | ``held``.
+    """
+
+    def __init__(self, run_id: str, reason: ClaimRefusal) -> None:
+        self.run_id = run_id
+        self.reason: ClaimRefusal = reason
+        super().__init__(f"claim on run {run_id!r} not acquired: {reason}")
+
+
+class RunClaimLost(ClaimError):
+    """The writer's claim was superseded; it must stop and never write again.
+
+    Attributes:
+        run_id: the run.
+        held_epoch: the epoch this writer held.
+        observed: what was seen instead (e.g. ``"fence@3"``, ``"close@2"``, ``"claim-gone"``).
+    """
+
+    def __init__(self, run_id: str, held_epoch: int, observed: str) -> None:
+        self.run_id = run_id
+        self.held_epoch = held_epoch
+        self.observed = observed
+        super().__init__(f"claim on run {run_id!r} at epoch {held_epoch} lost: {observed}")
+
+
+class SessionLost(ClaimError):
+    """The session's lease expired or was revoked."""
+
+    def __init__(self, session_id: int) -> None:
+        self.session_id = session_id
+        super().__init__(f"session {session_id} lost")
+
+
+# --- delivery log -------------------------------------------------------------------------
+
+
+class DeliveryLogError(BatonError):
+    """Root of delivery-log failures."""
+
+
+class AppendConflict(DeliveryLogError):
+    """The log head moved under the writer, but not to a higher epoch's fence/close.
+
+    The caller re-aligns and retries; nothing was lost or doubled.
+
+    Attributes:
+        run_id: the run.
+        expected: the head sequence the writer expected.
+        actual: the head sequence found.
+    """
+
+    def __init__(self, run_id: str, expected: int, actual: int) -> None:
+        self.run_id = run_id
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"log head of run {run_id!r} moved: expected {expected}, found {actual}")
+
+
+class OffsetExpired(DeliveryLogError):
+    """The requested offset is older than what retention kept.
+
+    Attributes:
+        run_id: the run.
+        offset: the offset asked for.
+        earliest_offset: the earliest offset still stored.
+    """
+
+    def __init__(self, run_id: str, offset: str, earliest_offset: str) -> None:
+        self.run_id = run_id
+        self.offset = offset
+        self.earliest_offset = earliest_offset
+        super().__init__(
+            f"offset {offset} of run {run_id!r} is older than retention; earliest is {earliest_offset}"
+        )
+
+
+class InvalidOffset(DeliveryLogError):
+    """An offset that is not ``-1``, ``now`` or a decimal sequence."""
+
+    def __init__(self, offset: str) -> None:
+        self.offset = offset
+        super().__init__(f"invalid offset {offset!r}: use -1, now, or an id from the stream")
+
+
+# --- journals, replay and alignment -------------------------------------------------------
+
+
+class JournalError(BatonError):
+    """Root of journal failures."""
+
+
+class JournalAttachUnavailable(JournalError):
+    """Attach preflight failed.
+
+    Attributes:
+        run_id: the run.
+        reason: ``unknown-run`` | ``terminal-run`` | ``journal-timeout`` | ``journal-stalled``.
+    """
+
+    def __init__(self, run_id: str, reason: AttachRefusal) -> None:
+        self.run_id = run_id
+        self.reason: AttachRefusal = reason
+        super().__init__(f"cannot attach to run {run_id!r}: {reason}")
+
+
+class JournalReplayDiverged(JournalError):
+    """The replayed journal does not match the stored log (DESIGN.md §5.4).
+
+    Attributes:
+        index: position among journal-origin chunks where they differ.
+        stored: the stored chunk's fingerprint (or ``None`` when the replay has more).
+        replayed: the replayed chunk's fingerprint (or ``None`` when the replay ended early).
+    """
+
+    def __init__(self, index: int, stored: Any, replayed: Any) -> None:
+        self.index = index
+        self.stored = stored
+        self.replayed = replayed
+        super().__init__(f"journal replay diverged at index {index}")
+
+
+class JournalReplayThreadIdMismatch(JournalReplayDiverged):
+    """The replay differs from the stored log only in its thread id."""
+
+
+# --- sandboxes ----------------------------------------------------------------------------
+
+
+class SandboxError(BatonError):
+    """Root of sandbox/provider failures."""
+
+
+class SandboxBuildFailed(SandboxError):
+    """Building a sandbox failed (e.g. a setup command exited non-zero).
+
+    Attributes:
+        step: which step failed.
+        detail: redacted stderr tail.
+    """
+
+    def __init__(self, step: str, detail: str) -> None:
+        self.step = step
+        self.detail = detail
+        super().__init__(f"sandbox build failed at {step}: {detail}")
+
+
+class SandboxReclaimFailed(SandboxError):
+    """A sandbox could not be found or destroyed from this host."""
+
+    def __init__(self, sandbox_key: str, detail: str) -> None:
+        self.sandbox_key = sandbox_key
+        self.detail = detail
+        super().__init__(f"sandbox {sandbox_key!r} could not be reclaimed: {detail}")
+
+
+class HostDraining(BatonError):
+    """The host is draining and takes no new runs."""
+
+
+class LogAlreadyClosed(DeliveryLogError):
+    """The delivery log already ends with a ``close`` record (of this or a lower epoch).
+
+    A successor that meets it finalizes the record from the close record instead of driving.
+
+    Attributes:
+        run_id: the run.
+        status: the final status the close record carries.
+        epoch: the epoch that wrote the close.
+        offset: the close record's stream sequence.
+    """
+
+    def __init__(self, run_id: str, status: str, epoch: int, offset: int) -> None:
+        self.run_id = run_id
+        self.status = status
+        self.epoch = epoch
+        self.offset = offset
+        super().__init__(f"delivery log of run {run_id!r} already closed ({status}) at epoch {epoch}")

@@ -1,0 +1,141 @@
+"""The one table mapping domain errors to gRPC status codes with ``google.rpc.ErrorInfo``.
+
+Servers call :func:`to_status` (or :func:`abort`) at the edge; clients call
+:func:`from_rpc_error` to rebuild the domain exception, so no caller parses messages.
+ErrorInfo: ``reason`` is the exception's condition name, ``domain`` is ``baton.dev``, and
+``metadata`` carries the exception's data as strings. Clients in any language branch on
+``reason`` and ``metadata``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, NoReturn
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from baton import errors as e
+
+DOMAIN = "baton.dev"
+
+
+@dataclass(frozen=True)
+class Mapping:
+    exc: type[e.BatonError]
+    code: grpc.StatusCode
+    reason: str
+    to_meta: Callable[[e.BatonError], dict[str, str]]
+    from_meta: Callable[[dict[str, str]], e.BatonError]
+
+
+def _none(_: e.BatonError) -> dict[str, str]:
+    return {}
+
+
+# Ordered most specific first: lookup walks the MRO of the raised exception.
+TABLE: tuple[Mapping, ...] = (
+    Mapping(e.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT",
+            lambda x: {"field": x.field, "problem": x.problem},  # type: ignore[attr-defined]
+            lambda m: e.InvalidArgument(m.get("field", ""), m.get("problem", ""))),
+    Mapping(e.DurableRunIdRequired, grpc.StatusCode.INVALID_ARGUMENT, "DURABLE_RUN_ID_REQUIRED",
+            _none, lambda m: e.DurableRunIdRequired()),
+    Mapping(e.StoreUnavailable, grpc.StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE",
+            _none, lambda m: e.StoreUnavailable(m.get("detail", "store unavailable"))),
+    Mapping(e.UnknownRun, grpc.StatusCode.NOT_FOUND, "UNKNOWN_RUN",
+            lambda x: {"run_id": x.run_id},  # type: ignore[attr-defined]
+            lambda m: e.UnknownRun(m.get("run_id", ""))),
+    Mapping(e.ThreadBusy, grpc.StatusCode.ALREADY_EXISTS, "THREAD_BUSY",
+            lambda x: {"thread_id": x.thread_id, "active_run_id": x.active_run_id},  # type: ignore[attr-defined]
+            lambda m: e.ThreadBusy(m.get("thread_id", ""), m.get("active_run_id", ""))),
+    Mapping(e.RunClaimNotAcquired, grpc.StatusCode.FAILED_PRECONDITION, "RUN_CLAIM_NOT_ACQUIRED",
+            lambda x: {"run_id": x.run_id, "reason": x.reason},  # type: ignore[attr-defined]
+            lambda m: e.RunClaimNotAcquired(m.get("run_id", ""), m.get("reason", "held"))),  # type: ignore[arg-type]
+    Mapping(e.RunClaimLost, grpc.StatusCode.ABORTED, "RUN_CLAIM_LOST",
+            lambda x: {"run_id": x.run_id, "held_epoch": str(x.held_epoch), "observed": x.observed},  # type: ignore[attr-defined]
+            lambda m: e.RunClaimLost(m.get("run_id", ""), int(m.get("held_epoch", "0")), m.get("observed", ""))),
+    Mapping(e.SessionLost, grpc.StatusCode.FAILED_PRECONDITION, "SESSION_LOST",
+            lambda x: {"session_id": str(x.session_id)},  # type: ignore[attr-defined]
+            lambda m: e.SessionLost(int(m.get("session_id", "0")))),
+    Mapping(e.JournalAttachUnavailable, grpc.StatusCode.FAILED_PRECONDITION, "JOURNAL_ATTACH_UNAVAILABLE",
+            lambda x: {"run_id": x.run_id, "reason": x.reason},  # type: ignore[attr-defined]
+            lambda m: e.JournalAttachUnavailable(m.get("run_id", ""), m.get("reason", "unknown-run"))),  # type: ignore[arg-type]
+    Mapping(e.JournalReplayThreadIdMismatch, grpc.StatusCode.DATA_LOSS, "JOURNAL_REPLAY_THREAD_ID_MISMATCH",
+            lambda x: {"index": str(x.index)},  # type: ignore[attr-defined]
+            lambda m: e.JournalReplayThreadIdMismatch(int(m.get("index", "0")), None, None)),
+    Mapping(e.JournalReplayDiverged, grpc.StatusCode.DATA_LOSS, "JOURNAL_REPLAY_DIVERGED",
+            lambda x: {"index": str(x.index)},  # type: ignore[attr-defined]
+            lambda m: e.JournalReplayDiverged(int(m.get("index", "0")), None, None)),
+    Mapping(e.SandboxBuildFailed, grpc.StatusCode.FAILED_PRECONDITION, "SANDBOX_BUILD_FAILED",
+            lambda x: {"step": x.step, "detail": x.detail},  # type: ignore[attr-defined]
+            lambda m: e.SandboxBuildFailed(m.get("step", ""), m.get("detail", ""))),
+    Mapping(e.SandboxReclaimFailed, grpc.StatusCode.UNAVAILABLE, "SANDBOX_RECLAIM_FAILED",
+            lambda x: {"sandbox_key": x.sandbox_key, "detail": x.detail},  # type: ignore[attr-defined]
+            lambda m: e.SandboxReclaimFailed(m.get("sandbox_key", ""), m.get("detail", ""))),
+    Mapping(e.HostDraining, grpc.StatusCode.UNAVAILABLE, "HOST_DRAINING",
+            _none, lambda m: e.HostDraining("host is draining")),
+    Mapping(e.OffsetExpired, grpc.StatusCode.OUT_OF_RANGE, "OFFSET_EXPIRED",
+            lambda x: {"run_id": x.run_id, "offset": x.offset, "earliest_offset": x.earliest_offset},  # type: ignore[attr-defined]
+            lambda m: e.OffsetExpired(m.get("run_id", ""), m.get("offset", ""), m.get("earliest_offset", ""))),
+    Mapping(e.InvalidOffset, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_OFFSET",
+            lambda x: {"offset": x.offset},  # type: ignore[attr-defined]
+            lambda m: e.InvalidOffset(m.get("offset", ""))),
+)
+
+_BY_REASON = {m.reason: m for m in TABLE}
+
+
+def mapping_for(exc: BaseException) -> Mapping | None:
+    """The table row for ``exc`` (most specific class first), or ``None``."""
+    for cls in type(exc).__mro__:
+        for m in TABLE:
+            if m.exc is cls:
+                return m
+    return None
+
+
+def to_status(exc: e.BatonError) -> grpc.Status:
+    """Build a rich ``grpc.Status`` (code, message, ErrorInfo detail) for a domain error.
+
+    Raises:
+        KeyError: when ``exc`` has no row in :data:`TABLE` (a programming error).
+    """
+    m = mapping_for(exc)
+    if m is None:
+        raise KeyError(f"no gRPC mapping for {type(exc).__name__}")
+    meta = m.to_meta(exc)
+    if isinstance(exc, e.StoreUnavailable):
+        meta = {"detail": str(exc)}
+    info = error_details_pb2.ErrorInfo(reason=m.reason, domain=DOMAIN, metadata=meta)
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    st = status_pb2.Status(code=getattr(code_pb2, m.code.name), message=str(exc), details=[detail])
+    return rpc_status.to_status(st)
+
+
+async def abort(context: grpc.aio.ServicerContext, exc: e.BatonError) -> NoReturn:
+    """Abort the current RPC with the mapped status of ``exc``."""
+    await context.abort_with_status(to_status(exc))
+    raise AssertionError("unreachable")  # abort_with_status always raises
+
+
+def from_rpc_error(err: grpc.aio.AioRpcError | grpc.RpcError) -> BaseException:
+    """Rebuild the domain exception from a gRPC error, or return ``err`` unchanged.
+
+    ``UNAVAILABLE`` and ``DEADLINE_EXCEEDED`` without baton details become
+    :class:`~baton.errors.StoreUnavailable` so callers handle "cannot reach" in one place.
+    """
+    status = rpc_status.from_call(err)  # type: ignore[arg-type]
+    if status is not None:
+        for d in status.details:
+            if d.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                info = error_details_pb2.ErrorInfo()
+                d.Unpack(info)
+                m = _BY_REASON.get(info.reason)
+                if m is not None and info.domain == DOMAIN:
+                    return m.from_meta(dict(info.metadata))
+    code = err.code() if hasattr(err, "code") else None
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return e.StoreUnavailable(f"{code.name}: {err.details() if hasattr(err, 'details') else err}")
+    return err

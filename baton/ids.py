@@ -1,0 +1,87 @@
+"""Identifier rules and injective encodings of run ids (subjects, file names, etcd keys).
+
+Ids (run, thread, tenant, reader, host) are 1–256 bytes of UTF-8 without control
+characters. Encodings are percent-style over the unreserved alphabet ``[A-Za-z0-9_-]``:
+every other byte becomes ``%XX`` (upper-case hex), so the mapping is injective, safe in a
+NATS subject token (no ``.``, ``*``, ``>``, whitespace) and in a shell word.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+
+from baton.errors import InvalidArgument
+
+MAX_ID_BYTES = 256
+_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+_DECODE = re.compile(r"%([0-9A-F]{2})")
+# File names are limited to 255 bytes; long encodings are shortened with a digest.
+_MAX_FILE_STEM = 180
+
+
+def validate_id(value: str, field: str) -> str:
+    """Check an id and return it unchanged.
+
+    Args:
+        value: the id as sent by a caller.
+        field: the request field name, used in the error.
+
+    Returns:
+        ``value``.
+
+    Raises:
+        InvalidArgument: when empty, longer than 256 UTF-8 bytes, or containing a control
+            character (Unicode category ``C*`` except private use).
+    """
+    if not isinstance(value, str) or value == "":
+        raise InvalidArgument(field, "must be a non-empty string")
+    if len(value.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
+        raise InvalidArgument(field, f"must be at most {MAX_ID_BYTES} bytes of UTF-8")
+    for ch in value:
+        cat = unicodedata.category(ch)
+        if cat in ("Cc", "Cf", "Cs", "Cn") or ch in "\u2028\u2029":
+            raise InvalidArgument(field, f"must not contain control characters (found U+{ord(ch):04X})")
+    return value
+
+
+def encode_token(value: str) -> str:
+    """Injective, subject- and shell-safe encoding of an id (``%XX`` escapes)."""
+    out: list[str] = []
+    for b in value.encode("utf-8", "surrogatepass"):
+        out.append(chr(b) if b in _UNRESERVED else f"%{b:02X}")
+    return "".join(out)
+
+
+def decode_token(token: str) -> str:
+    """Inverse of :func:`encode_token`."""
+    raw = bytearray()
+    i = 0
+    while i < len(token):
+        if token[i] == "%":
+            raw.append(int(token[i + 1 : i + 3], 16))
+            i += 3
+        else:
+            raw.append(ord(token[i]))
+            i += 1
+    return raw.decode("utf-8", "surrogatepass")
+
+
+def subject_token(run_id: str) -> str:
+    """The run's token in ``baton.runs.<token>``."""
+    return encode_token(run_id)
+
+
+def file_stem(run_id: str) -> str:
+    """Shell-safe, injective file stem for a run's journal (``<stem>.ndjson``).
+
+    Stems longer than 180 characters keep a readable prefix and append the SHA-256 of the
+    id, so they stay under the 255-byte file-name limit; ``%`` never appears in the
+    shortened form's digest part, and a short stem never contains ``~``, so the two forms
+    cannot collide.
+    """
+    enc = encode_token(run_id)
+    if len(enc) <= _MAX_FILE_STEM:
+        return enc
+    digest = hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{enc[:100]}~{digest}"

