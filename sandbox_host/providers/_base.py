@@ -1,0 +1,122 @@
+"""The sandbox provider interface (DESIGN.md §5.1).
+
+A provider creates isolated places where an agent runs and writes its journal, launches
+processes there detached (so they outlive the host), reads and follows files in them, kills
+process groups and destroys them. Any host that reaches the same machine (local) or engine
+(docker) can re-open a sandbox from its :class:`SandboxHandle`.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Mapping, Sequence
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What to build.
+
+    Attributes:
+        provider: ``"local"`` or ``"docker"``.
+        image: container image (docker only).
+        base_dir: directory under which local sandboxes are created (local only).
+        workspace: a local path copied in, or a git URL cloned at ``git_ref``; ``None`` = empty.
+        git_ref: branch, tag or commit for a git workspace.
+        setup: shell commands run in order in the workspace; a failing one fails the build.
+        env: plain environment for the agent.
+        secrets: environment for the agent that must never appear in logs, journals,
+            records or errors (redacted everywhere; excluded from ``repr``).
+    """
+
+    provider: str = "local"
+    image: str | None = None
+    base_dir: str | None = None
+    workspace: str | None = None
+    git_ref: str | None = None
+    setup: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class SandboxHandle:
+    """Enough to find a sandbox again from any host (stored in etcd as JSON, no secrets).
+
+    Attributes:
+        provider: provider name.
+        key: the sandbox key (unique per run).
+        journal_path: the agent's journal inside the sandbox (provider's view of the path).
+        stderr_path: the agent's stderr file.
+        workdir: the agent's working directory.
+        data: provider specifics (container id; or process group id + directory).
+    """
+
+    provider: str
+    key: str
+    journal_path: str
+    stderr_path: str
+    workdir: str
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Provider(abc.ABC):
+    """One kind of sandbox. Implementations are adapters: all their I/O lives here."""
+
+    name: str
+    #: Can the provider signal the agent's processes (else destroying the sandbox is the cancel)?
+    killable_processes: bool
+    #: Can the provider follow a growing file (else callers poll with ``read_file``)?
+    can_follow: bool
+
+    @abc.abstractmethod
+    async def create(self, key: str, spec: SandboxSpec) -> SandboxHandle:
+        """Build the sandbox (workspace, setup commands). Raises ``SandboxBuildFailed``."""
+
+    @abc.abstractmethod
+    async def copy_in(self, handle: SandboxHandle, path: str, content: bytes, mode: int = 0o644) -> None:
+        """Write ``content`` to ``path`` inside the sandbox."""
+
+    @abc.abstractmethod
+    async def launch(
+        self,
+        handle: SandboxHandle,
+        argv: Sequence[str],
+        *,
+        nonce: str,
+        stdin: bytes | None = None,
+        env: Mapping[str, str] | None = None,
+        secrets: Mapping[str, str] | None = None,
+    ) -> Mapping[str, Any]:
+        """Start ``argv`` detached, stdout redirected to the journal, stderr to its file.
+
+        A wrapper appends ``{"__exit": <code>, "__nonce": <nonce>}`` to the journal when the
+        agent ends. Returns provider data to merge into the handle (e.g. the process group).
+        """
+
+    @abc.abstractmethod
+    def follow(self, handle: SandboxHandle, path: str, offset: int) -> AsyncIterator[bytes]:
+        """Yield the file's bytes from ``offset`` as they are written (never ends by itself)."""
+
+    @abc.abstractmethod
+    async def read_file(self, handle: SandboxHandle, path: str, offset: int = 0, limit: int | None = None) -> bytes:
+        """Bytes of a file from ``offset``; raises ``FileNotFoundError`` when absent."""
+
+    @abc.abstractmethod
+    async def file_size(self, handle: SandboxHandle, path: str) -> int | None:
+        """Size in bytes, or ``None`` when the file does not exist."""
+
+    @abc.abstractmethod
+    async def kill(self, handle: SandboxHandle, signal: int) -> bool:
+        """Signal the agent's process group; ``True`` when a process was signalled."""
+
+    @abc.abstractmethod
+    async def processes_alive(self, handle: SandboxHandle) -> bool:
+        """Whether any of the agent's processes is still running."""
+
+    @abc.abstractmethod
+    async def exists(self, handle: SandboxHandle) -> bool:
+        """Whether the sandbox still exists."""
+
+    @abc.abstractmethod
+    async def destroy(self, handle: SandboxHandle) -> bool:
+        """Kill everything and remove the sandbox; ``True`` when something was destroyed."""
