@@ -1,0 +1,394 @@
+"""Typed asyncio client of ``baton.v1.Coordinator`` and the :class:`Session` it opens.
+
+Every method raises the domain exception rebuilt from the gRPC status and its
+``google.rpc.ErrorInfo`` (:func:`baton.grpc_errors.from_rpc_error`), so callers branch on
+classes (``RunClaimNotAcquired.reason``, ``ThreadBusy.active_run_id``), never on messages;
+an unreachable coordinator (or etcd behind it) is :class:`~baton.errors.StoreUnavailable`.
+
+A :class:`Session` is one etcd lease, kept alive over a bidirectional stream to any
+coordinator replica (the lease lives in etcd, so it survives a coordinator restart). Its
+``lost`` event fires when the coordinator says the lease is gone or when no refresh
+succeeded for a whole TTL; work that needs the session stops then (etcd
+``concurrency/session.go``).
+"""
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Sequence, TypeVar
+
+import grpc
+from google.protobuf.field_mask_pb2 import FieldMask
+
+from baton.errors import SessionLost, StoreUnavailable
+from baton.grpc_errors import from_rpc_error
+from baton.v1 import coordinator_pb2 as pb
+from baton.v1 import coordinator_pb2_grpc as pb_grpc
+from baton.v1.coordinator_pb2 import HostInfo, SandboxInstance
+from baton.v1.runs_pb2 import Claim, RunRecord
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+__all__ = [
+    "Claim", "CoordinatorClient", "HostInfo", "RunRecord", "RunView", "SandboxInstance",
+    "Session", "UpdateOutcome", "WatchEvent",
+]
+
+_CHANNEL_OPTIONS = (
+    # Reconnect fast after a coordinator restart (gRPC's default backoff grows to 120 s).
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.enable_http_proxy", 0),
+)
+
+
+class UpdateOutcome(enum.Enum):
+    """What ``UpdateRun`` did."""
+
+    APPLIED = "applied"
+    SUPPRESSED = "suppressed"  # terminal write with an epoch below driver_epoch (DESIGN §3.1)
+    UNKNOWN_RUN = "unknown_run"  # no such run: nothing done, not an error
+
+
+_OUTCOMES = {
+    pb.UPDATE_OUTCOME_APPLIED: UpdateOutcome.APPLIED,
+    pb.UPDATE_OUTCOME_SUPPRESSED: UpdateOutcome.SUPPRESSED,
+    pb.UPDATE_OUTCOME_UNKNOWN_RUN: UpdateOutcome.UNKNOWN_RUN,
+}
+
+
+@dataclass(frozen=True)
+class RunView:
+    """A record with its live claim and when the reaper will act (Unix seconds)."""
+
+    record: RunRecord
+    claim: Claim | None
+    reap_at: float | None
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """The run's state after a change (``record`` is ``None`` when it was deleted)."""
+
+    record: RunRecord | None
+    claim: Claim | None
+
+
+def _sid(session: "Session | int") -> int:
+    return session.id if isinstance(session, Session) else int(session)
+
+
+class Session:
+    """One etcd lease held through the coordinator. Use ``await cc.open_session(...)``.
+
+    Attributes:
+        id: the session id (the etcd lease id).
+        ttl: granted TTL in seconds.
+        owner: who opened it (for operators).
+        lost: set when the lease is gone (or could not be refreshed for a whole TTL).
+    """
+
+    def __init__(self, client: "CoordinatorClient", session_id: int, ttl: float, owner: str) -> None:
+        self.id = session_id
+        self.ttl = ttl
+        self.owner = owner
+        self.lost = asyncio.Event()
+        self._client = client
+        self._closed = False
+        self._task = asyncio.create_task(self._keepalive(), name=f"session-{session_id:x}")
+
+    async def _keepalive(self) -> None:
+        interval = self.ttl / 3
+        last_ok = time.monotonic()
+        while True:
+            call = self._client._stub().KeepAlive(wait_for_ready=False)
+            try:
+                while True:
+                    await call.write(pb.KeepAliveRequest(session_id=self.id))
+                    resp = await asyncio.wait_for(call.read(), interval)
+                    if resp is grpc.aio.EOF:
+                        raise StoreUnavailable("keep-alive stream ended")
+                    if resp.ttl_seconds <= 0:
+                        log.warning("session %x lost: lease gone", self.id)
+                        self.lost.set()
+                        return
+                    last_ok = time.monotonic()
+                    await asyncio.sleep(interval)
+            except (grpc.aio.AioRpcError, grpc.aio.UsageError, StoreUnavailable,
+                    asyncio.TimeoutError, asyncio.InvalidStateError) as exc:
+                self._client._rotate()
+                if time.monotonic() - last_ok >= self.ttl:
+                    log.warning("session %x lost: no refresh for %.1fs (%s)", self.id, self.ttl, exc)
+                    self.lost.set()
+                    return
+                await asyncio.sleep(min(0.1, interval))
+            finally:
+                call.cancel()
+
+    async def close(self, timeout: float = 2.0) -> None:
+        """Stop the keep-alive and revoke the lease (claims and readers go at once). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._client._sessions.discard(self)
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        if not self.lost.is_set():
+            try:
+                await self._client._unary("CloseSession", pb.CloseSessionRequest(session_id=self.id),
+                                          timeout)
+            except StoreUnavailable:
+                log.warning("session %x: close not confirmed; the lease expires by itself", self.id)
+        self.lost.set()
+
+    async def __aenter__(self) -> "Session":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class CoordinatorClient:
+    """Async client of one or more coordinator replicas.
+
+    Args:
+        addresses: ``host:port`` or a list of them (replicas). After ``UNAVAILABLE`` the
+            next call goes to the next replica; reads are retried on each replica once.
+        timeout: default per-call deadline in seconds.
+    """
+
+    def __init__(self, addresses: str | Sequence[str], timeout: float = 5.0) -> None:
+        if isinstance(addresses, str):
+            addresses = [a.strip() for a in addresses.split(",") if a.strip()]
+        if not addresses:
+            raise ValueError("at least one coordinator address is required")
+        self.addresses = list(addresses)
+        self.timeout = timeout
+        self._channels: list[grpc.aio.Channel] = []
+        self._stubs: list[pb_grpc.CoordinatorStub] = []
+        self._current = 0
+        self._sessions: set[Session] = set()
+
+    # --- plumbing -------------------------------------------------------------------
+
+    def _stub(self) -> pb_grpc.CoordinatorStub:
+        if not self._stubs:
+            for a in self.addresses:
+                ch = grpc.aio.insecure_channel(a, options=_CHANNEL_OPTIONS)
+                self._channels.append(ch)
+                self._stubs.append(pb_grpc.CoordinatorStub(ch))
+        return self._stubs[self._current % len(self._stubs)]
+
+    def _rotate(self) -> None:
+        self._current = (self._current + 1) % max(len(self.addresses), 1)
+
+    async def _unary(self, method: str, request: Any, timeout: float | None = None,
+                     idempotent: bool = False) -> Any:
+        attempts = len(self.addresses) if idempotent else 1
+        for i in range(attempts):
+            try:
+                return await getattr(self._stub(), method)(request, timeout=timeout or self.timeout)
+            except grpc.aio.AioRpcError as err:
+                exc = from_rpc_error(err)
+                if err.code() == grpc.StatusCode.UNAVAILABLE:
+                    self._rotate()
+                    if i + 1 < attempts:
+                        continue
+                if exc is err:
+                    raise
+                raise exc from err
+        raise AssertionError("unreachable")
+
+    async def close(self) -> None:
+        """Close open sessions (revoking their leases) and the channels."""
+        await asyncio.gather(*(s.close() for s in list(self._sessions)), return_exceptions=True)
+        self._sessions.clear()
+        for ch in self._channels:
+            await ch.close()
+        self._channels.clear()
+        self._stubs.clear()
+
+    async def __aenter__(self) -> "CoordinatorClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- run records ------------------------------------------------------------------
+
+    async def create_or_resume_run(self, record: RunRecord, interrupt_active: bool = False, *,
+                                   timeout: float | None = None) -> tuple[RunRecord, bool]:
+        """Create the run ``running``, or return the existing record unchanged.
+
+        Returns:
+            (record, created).
+
+        Raises:
+            ThreadBusy: the thread has another running run (and ``interrupt_active`` is false;
+                when true, that run gets a cancel request first).
+            InvalidArgument: a bad run id or thread id.
+        """
+        r = await self._unary("CreateOrResumeRun", pb.CreateOrResumeRunRequest(
+            record=record, interrupt_active=interrupt_active), timeout)
+        return r.record, r.created
+
+    async def get_run(self, run_id: str, *, timeout: float | None = None) -> RunView:
+        """The record, its live claim and ``reap_at``. Raises UnknownRun."""
+        r = await self._unary("GetRun", pb.GetRunRequest(run_id=run_id), timeout, idempotent=True)
+        return RunView(r.record, r.claim if r.HasField("claim") else None,
+                       r.reap_at if r.HasField("reap_at") else None)
+
+    async def update_run(self, run_id: str, record: RunRecord, paths: Sequence[str], *,
+                         epoch: int = 0, session_id: "Session | int" = 0,
+                         timeout: float | None = None) -> tuple[UpdateOutcome, RunRecord | None]:
+        """Write the fields named by ``paths`` (a path unset in ``record`` clears the field).
+
+        Args:
+            epoch: the writer's epoch; a terminal status below ``driver_epoch`` is suppressed.
+            session_id: when set, an owner write: the claim must still be this session's at
+                ``epoch`` (compared inside the etcd transaction).
+
+        Returns:
+            (outcome, record after the write; the unchanged record when suppressed; ``None``
+            for an unknown run).
+
+        Raises:
+            RunClaimLost: owner write whose claim is gone or at another epoch.
+        """
+        r = await self._unary("UpdateRun", pb.UpdateRunRequest(
+            run_id=run_id, record=record, update_mask=FieldMask(paths=list(paths)), epoch=epoch,
+            session_id=_sid(session_id)), timeout)
+        outcome = _OUTCOMES[r.outcome]
+        return outcome, (r.record if r.HasField("record") else None)
+
+    async def find_active_run(self, thread_id: str, *, timeout: float | None = None) -> RunRecord | None:
+        """The thread's running run, or ``None``."""
+        r = await self._unary("FindActiveRun", pb.FindActiveRunRequest(thread_id=thread_id), timeout,
+                              idempotent=True)
+        return r.record if r.HasField("record") else None
+
+    async def list_runs(self, thread_id: str | None = None, limit: int = 100, tenant: str | None = None,
+                        *, timeout: float | None = None) -> list[RunRecord]:
+        """Runs of a thread (or all), oldest first, at most ``limit`` (the newest)."""
+        r = await self._unary("ListRuns", pb.ListRunsRequest(
+            thread_id=thread_id or "", limit=limit, tenant=tenant or ""), timeout, idempotent=True)
+        return list(r.records)
+
+    async def list_reclaimable(self, now: float, ttl: float, limit: int = 0, *,
+                               timeout: float | None = None) -> list[RunRecord]:
+        """Running runs with ``detached_since <= now - ttl`` (inclusive). ``now=0``: coordinator clock."""
+        r = await self._unary("ListReclaimable", pb.ListReclaimableRequest(
+            now=now, ttl_seconds=ttl, limit=limit), timeout, idempotent=True)
+        return list(r.records)
+
+    async def request_run_cancel(self, run_id: str, reason: str = "user", *,
+                                 timeout: float | None = None) -> RunRecord:
+        """Set ``cancel_requested`` (no status written). Raises UnknownRun."""
+        r = await self._unary("RequestRunCancel", pb.RequestRunCancelRequest(run_id=run_id, reason=reason),
+                              timeout)
+        return r.record
+
+    # --- sessions and claims ----------------------------------------------------------
+
+    async def open_session(self, ttl: float = 2.0, owner: str = "", *,
+                           timeout: float | None = None) -> Session:
+        """Open a session (one etcd lease, TTL rounded up to whole seconds) and keep it alive."""
+        r = await self._unary("OpenSession", pb.OpenSessionRequest(ttl_seconds=ttl, owner=owner), timeout)
+        s = Session(self, r.session_id, r.ttl_seconds, owner)
+        self._sessions.add(s)
+        return s
+
+    async def claim_run(self, run_id: str, session: "Session | int", host_id: str,
+                        purpose: str = "drive", *, timeout: float | None = None) -> tuple[int, RunRecord]:
+        """Claim a run under ``session`` → (epoch, record).
+
+        Raises:
+            RunClaimNotAcquired: ``reason`` is ``unknown`` | ``terminal`` | ``held`` |
+                ``cancel_requested``.
+            SessionLost: the session's lease is gone.
+        """
+        if isinstance(session, Session) and session.lost.is_set():
+            raise SessionLost(session.id)
+        r = await self._unary("ClaimRun", pb.ClaimRunRequest(
+            run_id=run_id, session_id=_sid(session), host_id=host_id, purpose=purpose), timeout)
+        return r.epoch, r.record
+
+    async def release_claim(self, run_id: str, session: "Session | int", epoch: int, *,
+                            timeout: float | None = None) -> bool:
+        """Release the claim if ``session`` holds it at ``epoch``; ``False`` otherwise."""
+        r = await self._unary("ReleaseClaim", pb.ReleaseClaimRequest(
+            run_id=run_id, session_id=_sid(session), epoch=epoch), timeout)
+        return bool(r.released)
+
+    async def watch_run(self, run_id: str) -> AsyncIterator[WatchEvent]:
+        """The run's state now, then after every change, until the caller stops iterating.
+
+        Re-subscribes by itself (to any replica) when the coordinator or etcd goes away; a
+        re-subscription starts with the current state again, so events are idempotent.
+
+        Raises:
+            InvalidArgument: a bad run id.
+        """
+        backoff = 0.05
+        while True:
+            call = self._stub().WatchRun(pb.WatchRunRequest(run_id=run_id))
+            try:
+                async for resp in call:
+                    backoff = 0.05
+                    yield WatchEvent(resp.record if resp.HasField("record") else None,
+                                     resp.claim if resp.HasField("claim") else None)
+            except grpc.aio.AioRpcError as err:
+                exc = from_rpc_error(err)
+                if not isinstance(exc, StoreUnavailable):
+                    raise (exc if exc is not err else err) from None
+                self._rotate()
+            finally:
+                call.cancel()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
+
+    # --- presence -----------------------------------------------------------------------
+
+    async def register_reader(self, run_id: str, session: "Session | int", reader_id: str, *,
+                              timeout: float | None = None) -> None:
+        """Register a reader under ``session``; clears the run's ``detached_since``."""
+        await self._unary("RegisterReader", pb.RegisterReaderRequest(
+            run_id=run_id, session_id=_sid(session), reader_id=reader_id), timeout)
+
+    async def unregister_reader(self, run_id: str, reader_id: str, *, timeout: float | None = None) -> None:
+        """Remove a reader; the last one leaving detaches the run."""
+        await self._unary("UnregisterReader", pb.UnregisterReaderRequest(run_id=run_id, reader_id=reader_id),
+                          timeout)
+
+    # --- sandboxes and hosts ------------------------------------------------------------
+
+    async def put_sandbox(self, sandbox: SandboxInstance, *, timeout: float | None = None) -> None:
+        await self._unary("PutSandbox", pb.PutSandboxRequest(sandbox=sandbox), timeout)
+
+    async def get_sandbox(self, sandbox_key: str, *, timeout: float | None = None) -> SandboxInstance | None:
+        r = await self._unary("GetSandbox", pb.GetSandboxRequest(sandbox_key=sandbox_key), timeout,
+                              idempotent=True)
+        return r.sandbox if r.HasField("sandbox") else None
+
+    async def delete_sandbox(self, sandbox_key: str, *, timeout: float | None = None) -> None:
+        await self._unary("DeleteSandbox", pb.DeleteSandboxRequest(sandbox_key=sandbox_key), timeout)
+
+    async def register_host(self, host: HostInfo, *, timeout: float | None = None) -> None:
+        """Register (or update) a host under ``host.session_id``; it vanishes with the session."""
+        await self._unary("RegisterHost", pb.RegisterHostRequest(host=host), timeout)
+
+    async def list_hosts(self, *, timeout: float | None = None) -> list[HostInfo]:
+        """Live hosts."""
+        r = await self._unary("ListHosts", pb.ListHostsRequest(), timeout, idempotent=True)
+        return list(r.hosts)
+
+    async def reap(self, ttl: float = 0, now: float = 0, *, timeout: float | None = None) -> dict[str, int]:
+        """One reaper sweep now → outcome counts. ``0`` = configured TTL / coordinator clock."""
+        r = await self._unary("Reap", pb.ReapRequest(ttl_seconds=ttl, now=now), timeout or 60.0)
+        return dict(r.outcomes)

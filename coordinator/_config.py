@@ -1,0 +1,87 @@
+"""Coordinator settings: ``BATON_*`` environment variables, overridable by flags (DESIGN.md §9)."""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from dataclasses import dataclass, fields, replace
+from typing import Mapping, Sequence
+
+from baton import config
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """Everything the coordinator reads at start-up.
+
+    Attributes:
+        listen: gRPC listen address (``host:port``; port 0 picks a free one).
+        etcd_endpoints: etcd client endpoints.
+        prefix: etcd key prefix.
+        replica_id: this replica's name in the leader election.
+        etcd_timeout: seconds one RPC may spend on etcd when the caller sets no deadline.
+        election_ttl: seconds of the replica's own election lease.
+        detached_run_ttl: seconds a detached run lives (for ``reap_at`` and the reaper).
+        reaper_interval: seconds between reaper sweeps on the leader.
+        session_ttl: default session TTL in seconds when a caller sends none.
+    """
+
+    listen: str = "0.0.0.0:7100"
+    etcd_endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
+    prefix: str = "/baton/"
+    replica_id: str = ""
+    etcd_timeout: float = 5.0
+    election_ttl: float = 2.0
+    detached_run_ttl: float = 3600.0
+    reaper_interval: float = 60.0
+    session_ttl: float = 2.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "CoordinatorConfig":
+        """Read ``BATON_*`` settings (defaults from :data:`baton.config.SETTINGS`).
+
+        Raises:
+            ValueError: naming the variable when a number does not parse.
+        """
+        g = lambda n: config.get(n, env)  # noqa: E731
+        f = lambda n: config.get_float(n, env)  # noqa: E731
+        return cls(
+            listen=g("BATON_COORDINATOR_LISTEN"),
+            etcd_endpoints=tuple(x.strip() for x in g("BATON_ETCD_ENDPOINTS").split(",") if x.strip()),
+            prefix=g("BATON_ETCD_PREFIX"),
+            replica_id=g("BATON_COORDINATOR_ID") or f"{socket.gethostname()}-{os.getpid()}",
+            etcd_timeout=f("BATON_ETCD_TIMEOUT"),
+            election_ttl=f("BATON_ELECTION_TTL"),
+            detached_run_ttl=f("BATON_DETACHED_RUN_TTL"),
+            reaper_interval=f("BATON_REAPER_INTERVAL"),
+            session_ttl=f("BATON_SESSION_TTL"),
+        )
+
+    def with_overrides(self, **overrides: object) -> "CoordinatorConfig":
+        """A copy with the given fields replaced (``None`` values are ignored)."""
+        known = {f.name for f in fields(self)}
+        bad = set(overrides) - known
+        if bad:
+            raise TypeError(f"unknown coordinator settings: {sorted(bad)}")
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
+
+
+def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> CoordinatorConfig:
+    """Flags override the environment (``--listen``, ``--etcd``, ``--prefix``, ...)."""
+    base = CoordinatorConfig.from_env(env)
+    p = argparse.ArgumentParser(prog="baton-coordinator", description="baton coordinator (gRPC over etcd)")
+    p.add_argument("--listen", help=f"gRPC listen address (default {base.listen})")
+    p.add_argument("--etcd", help="etcd endpoints, comma-separated")
+    p.add_argument("--prefix", help=f"etcd key prefix (default {base.prefix})")
+    p.add_argument("--replica-id", help="name in the leader election")
+    p.add_argument("--etcd-timeout", type=float, help="seconds per RPC on etcd when no deadline is set")
+    p.add_argument("--election-ttl", type=float, help="seconds of the election lease")
+    p.add_argument("--detached-run-ttl", type=float, help="seconds a detached run lives")
+    p.add_argument("--reaper-interval", type=float, help="seconds between reaper sweeps")
+    a = p.parse_args(argv)
+    etcd = tuple(x.strip() for x in a.etcd.split(",") if x.strip()) if a.etcd else None
+    return base.with_overrides(
+        listen=a.listen, etcd_endpoints=etcd, prefix=a.prefix, replica_id=a.replica_id,
+        etcd_timeout=a.etcd_timeout, election_ttl=a.election_ttl,
+        detached_run_ttl=a.detached_run_ttl, reaper_interval=a.reaper_interval,
+    )

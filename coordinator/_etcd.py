@@ -1,0 +1,267 @@
+"""The one adapter that speaks to etcd: aetcd's generated etcd v3 stubs on a grpc.aio channel.
+
+We use ``aetcd.rpc`` (the etcd API stubs aetcd ships) rather than ``aetcd.Client`` because
+every call here needs its own deadline (a deadline is a budget passed down from the caller,
+CONVENTIONS "Concurrency"), multi-op transactions with range compares, leases with a
+long-lived keep-alive stream and watches that start at a revision. Foreign errors are
+translated once, here: unreachable or too slow → :class:`~baton.errors.StoreUnavailable`; a
+lease etcd no longer knows → :class:`LeaseNotFound`.
+"""
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from dataclasses import dataclass
+from typing import AsyncIterator, Sequence
+
+import grpc
+from aetcd import rpc
+
+from baton.errors import StoreUnavailable
+
+# Reconnect quickly after an etcd restart: gRPC's default backoff grows to 120 s.
+_CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.enable_http_proxy", 0),
+)
+
+Op = rpc.RequestOp
+Cmp = rpc.Compare
+KV = rpc.KeyValue
+
+
+class LeaseNotFound(Exception):
+    """etcd does not know the lease (expired or revoked)."""
+
+    def __init__(self, lease_id: int) -> None:
+        self.lease_id = lease_id
+        super().__init__(f"lease {lease_id:x} not found")
+
+
+def _translate(exc: grpc.aio.AioRpcError, lease_id: int = 0) -> Exception:
+    code = exc.code()
+    details = exc.details() or ""
+    if code == grpc.StatusCode.NOT_FOUND and "lease not found" in details:
+        return LeaseNotFound(lease_id)
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN):
+        return StoreUnavailable(f"etcd {code.name.lower()}: {details}")
+    return exc
+
+
+def _target(endpoints: Sequence[str]) -> str:
+    """A gRPC target for etcd endpoints (``ipv4:`` list when every one is an IPv4 literal)."""
+    eps = [e.strip().removeprefix("http://") for e in endpoints if e.strip()]
+    if len(eps) > 1:
+        try:
+            for ep in eps:
+                ipaddress.IPv4Address(ep.rsplit(":", 1)[0])
+            return "ipv4:" + ",".join(eps)
+        except ValueError:
+            pass
+    return eps[0]
+
+
+# --- request builders ------------------------------------------------------------------
+
+
+def cmp_mod(key: bytes, rev: int) -> Cmp:
+    """The key's mod revision equals ``rev`` (0 compares "absent" via create revision)."""
+    if rev == 0:
+        return cmp_absent(key)
+    return Cmp(key=key, target=Cmp.MOD, result=Cmp.EQUAL, mod_revision=rev)
+
+
+def cmp_absent(key: bytes, range_end: bytes = b"") -> Cmp:
+    """No key exists at ``key`` (or in ``[key, range_end)``).
+
+    For a range, etcd compares every key in it, and an empty range against a zero key, so
+    ``create_revision == 0`` holds exactly when the range is empty.
+    """
+    return Cmp(key=key, range_end=range_end, target=Cmp.CREATE, result=Cmp.EQUAL, create_revision=0)
+
+
+def cmp_lease(key: bytes, lease_id: int) -> Cmp:
+    """The key exists and is attached to ``lease_id``."""
+    return Cmp(key=key, target=Cmp.LEASE, result=Cmp.EQUAL, lease=lease_id)
+
+
+def put(key: bytes, value: bytes, lease: int = 0) -> Op:
+    return Op(request_put=rpc.PutRequest(key=key, value=value, lease=lease))
+
+
+def delete(key: bytes, range_end: bytes = b"") -> Op:
+    return Op(request_delete_range=rpc.DeleteRangeRequest(key=key, range_end=range_end))
+
+
+def get(key: bytes, range_end: bytes = b"", limit: int = 0, count_only: bool = False) -> Op:
+    return Op(request_range=rpc.RangeRequest(key=key, range_end=range_end, limit=limit,
+                                             count_only=count_only))
+
+
+@dataclass(frozen=True)
+class TxnResult:
+    succeeded: bool
+    revision: int
+    responses: Sequence[rpc.ResponseOp]
+
+    def kvs(self, i: int) -> Sequence[KV]:
+        """Key-values of the ``i``-th response (a range op)."""
+        return list(self.responses[i].response_range.kvs)
+
+    def count(self, i: int) -> int:
+        return int(self.responses[i].response_range.count)
+
+
+class Etcd:
+    """A connection to etcd. Methods take ``timeout`` in seconds (the caller's budget).
+
+    Raises (every method):
+        StoreUnavailable: etcd unreachable, or the deadline passed.
+    """
+
+    def __init__(self, endpoints: Sequence[str]) -> None:
+        self._channel = grpc.aio.insecure_channel(_target(endpoints), options=_CHANNEL_OPTIONS)
+        self._kv = rpc.KVStub(self._channel)
+        self._lease = rpc.LeaseStub(self._channel)
+        self._watch = rpc.WatchStub(self._channel)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def txn(self, compare: Sequence[Cmp], success: Sequence[Op],
+                  failure: Sequence[Op] = (), *, timeout: float) -> TxnResult:
+        """One etcd transaction (``If compare Then success Else failure``)."""
+        req = rpc.TxnRequest(compare=list(compare), success=list(success), failure=list(failure))
+        lease = next((o.request_put.lease for o in success if o.HasField("request_put")), 0)
+        try:
+            resp = await self._kv.Txn(req, timeout=max(timeout, 0.001))
+        except grpc.aio.AioRpcError as exc:
+            raise _translate(exc, lease) from exc
+        return TxnResult(resp.succeeded, resp.header.revision, list(resp.responses))
+
+    async def range(self, key: bytes, range_end: bytes = b"", *, timeout: float, limit: int = 0,
+                    keys_only: bool = False, sort_by_create: bool = False,
+                    revision: int = 0) -> tuple[list[KV], int]:
+        """Keys in ``[key, range_end)`` (or the one key) → (kvs, header revision)."""
+        req = rpc.RangeRequest(key=key, range_end=range_end, limit=limit, keys_only=keys_only,
+                               revision=revision)
+        if sort_by_create:
+            req.sort_target = rpc.RangeRequest.CREATE
+            req.sort_order = rpc.RangeRequest.ASCEND
+        try:
+            resp = await self._kv.Range(req, timeout=max(timeout, 0.001))
+        except grpc.aio.AioRpcError as exc:
+            raise _translate(exc) from exc
+        return list(resp.kvs), resp.header.revision
+
+    async def grant(self, ttl: int, *, timeout: float, lease_id: int = 0) -> tuple[int, int]:
+        """Grant a lease → (lease id, granted TTL in seconds)."""
+        try:
+            resp = await self._lease.LeaseGrant(rpc.LeaseGrantRequest(TTL=ttl, ID=lease_id),
+                                                timeout=max(timeout, 0.001))
+        except grpc.aio.AioRpcError as exc:
+            raise _translate(exc) from exc
+        if resp.error:
+            raise StoreUnavailable(f"etcd lease grant: {resp.error}")
+        return int(resp.ID), int(resp.TTL)
+
+    async def revoke(self, lease_id: int, *, timeout: float) -> None:
+        """Revoke a lease (its keys go at once). Raises LeaseNotFound when already gone."""
+        try:
+            await self._lease.LeaseRevoke(rpc.LeaseRevokeRequest(ID=lease_id), timeout=max(timeout, 0.001))
+        except grpc.aio.AioRpcError as exc:
+            raise _translate(exc, lease_id) from exc
+
+    async def time_to_live(self, lease_id: int, *, timeout: float) -> int:
+        """Remaining TTL in seconds; ``-1`` when the lease is gone."""
+        try:
+            resp = await self._lease.LeaseTimeToLive(rpc.LeaseTimeToLiveRequest(ID=lease_id),
+                                                     timeout=max(timeout, 0.001))
+        except grpc.aio.AioRpcError as exc:
+            raise _translate(exc, lease_id) from exc
+        return int(resp.TTL)
+
+    def keepalive_stream(self) -> "KeepAliveStream":
+        return KeepAliveStream(self._lease)
+
+    async def watch(self, ranges: Sequence[tuple[bytes, bytes]], *, start_revision: int = 0,
+                    deletes_only: bool = False, prev_kv: bool = False
+                    ) -> AsyncIterator[tuple[int, list[rpc.Event]]]:
+        """Watch the ``(key, range_end)`` ranges from ``start_revision`` → (revision, events).
+
+        One etcd watch stream carries every range. Runs until the caller stops iterating.
+
+        Raises:
+            StoreUnavailable: the stream broke or the start revision was compacted (the
+                caller re-reads and watches again).
+        """
+        call = self._watch.Watch()
+        try:
+            for key, range_end in ranges:
+                create = rpc.WatchCreateRequest(key=key, range_end=range_end,
+                                                start_revision=start_revision, prev_kv=prev_kv)
+                if deletes_only:
+                    create.filters.append(rpc.WatchCreateRequest.NOPUT)
+                await call.write(rpc.WatchRequest(create_request=create))
+            while True:
+                resp = await call.read()
+                if resp is grpc.aio.EOF:
+                    raise StoreUnavailable("etcd watch stream ended")
+                if resp.compact_revision:
+                    raise StoreUnavailable(f"etcd watch compacted at {resp.compact_revision}")
+                if resp.canceled:
+                    raise StoreUnavailable(f"etcd watch cancelled: {resp.cancel_reason}")
+                if resp.events:
+                    yield resp.header.revision, list(resp.events)
+        except grpc.aio.AioRpcError as exc:
+            raise _translate(exc) from exc
+        finally:
+            call.cancel()
+
+
+class KeepAliveStream:
+    """One etcd LeaseKeepAlive stream, reused for every refresh of one session."""
+
+    def __init__(self, stub: rpc.LeaseStub) -> None:
+        self._stub = stub
+        self._call: grpc.aio.StreamStreamCall | None = None
+        self._lock = asyncio.Lock()
+
+    async def refresh(self, lease_id: int, *, timeout: float) -> int:
+        """Refresh ``lease_id`` → remaining TTL in seconds (``<= 0``: the lease is gone).
+
+        Reopens the stream once if it broke (e.g. after an etcd restart).
+        """
+        async with self._lock:
+            for attempt in (0, 1):
+                if self._call is None:
+                    self._call = self._stub.LeaseKeepAlive()
+                call = self._call
+                try:
+                    await asyncio.wait_for(call.write(rpc.LeaseKeepAliveRequest(ID=lease_id)), timeout)
+                    resp = await asyncio.wait_for(call.read(), timeout)
+                    if resp is grpc.aio.EOF:
+                        raise StoreUnavailable("etcd keep-alive stream ended")
+                    return int(resp.TTL)
+                except (grpc.aio.AioRpcError, StoreUnavailable, asyncio.InvalidStateError) as exc:
+                    call.cancel()
+                    self._call = None
+                    if attempt == 1:
+                        if isinstance(exc, grpc.aio.AioRpcError):
+                            raise _translate(exc, lease_id) from exc
+                        raise StoreUnavailable(f"etcd keep-alive: {exc}") from exc
+                except asyncio.TimeoutError as exc:
+                    call.cancel()
+                    self._call = None
+                    raise StoreUnavailable("etcd keep-alive timed out") from exc
+            raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None

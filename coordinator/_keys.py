@@ -1,0 +1,124 @@
+"""The etcd key layout of everything the coordinator stores (one place, so it cannot drift).
+
+Every key starts with the configured prefix (``BATON_ETCD_PREFIX``). Ids are encoded with
+:func:`baton.ids.encode_token`, which is injective and never contains ``/``, so a prefix
+range over ``readers/<run>/`` can never catch another run's readers.
+
+=====================================  ==================================================
+``runs/<run>``                          the RunRecord (protobuf bytes)
+``claims/<run>``                        the Claim (protobuf bytes), under the session lease
+``threads/<thread>/active``             run id of the thread's active (running) run
+``thread-runs/<thread>/<run>``          membership index for ``ListRuns(thread_id)``
+``reclaimable/<µs:020d>/<run>``         running runs by ``detached_since`` (range read)
+``readers/<run>/<reader>``              presence of one reader, under the gateway's lease
+``sandboxes/<key>``                     SandboxInstance (protobuf bytes)
+``hosts/<host>``                        HostInfo (protobuf bytes), under the host's lease
+``sessions/<lease hex>``                owner of a session, under its lease (operators)
+``election/<lease hex>``                leader-election candidates (as etcd election.go)
+=====================================  ==================================================
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from baton.ids import decode_token, encode_token
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The smallest key greater than every key starting with ``prefix`` (etcd range_end)."""
+    b = bytearray(prefix)
+    for i in range(len(b) - 1, -1, -1):
+        if b[i] < 0xFF:
+            b[i] += 1
+            return bytes(b[: i + 1])
+    return b"\0"
+
+
+def micros(t: float) -> int:
+    """Unix seconds → integer microseconds, the unit of the reclaimable index."""
+    return int(math.floor(t * 1_000_000 + 0.5))
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Key builder for one prefix."""
+
+    prefix: str
+
+    def _k(self, *parts: str) -> bytes:
+        return (self.prefix + "/".join(parts)).encode()
+
+    def run(self, run_id: str) -> bytes:
+        return self._k("runs", encode_token(run_id))
+
+    @property
+    def runs(self) -> bytes:
+        return self._k("runs", "")
+
+    def claim(self, run_id: str) -> bytes:
+        return self._k("claims", encode_token(run_id))
+
+    @property
+    def claims(self) -> bytes:
+        return self._k("claims", "")
+
+    def run_id_of_claim(self, key: bytes) -> str:
+        return decode_token(key[len(self.claims) :].decode())
+
+    def thread_active(self, thread_id: str) -> bytes:
+        return self._k("threads", encode_token(thread_id), "active")
+
+    def thread_run(self, thread_id: str, run_id: str) -> bytes:
+        return self._k("thread-runs", encode_token(thread_id), encode_token(run_id))
+
+    def thread_runs(self, thread_id: str) -> bytes:
+        return self._k("thread-runs", encode_token(thread_id), "")
+
+    def run_id_of_thread_run(self, thread_id: str, key: bytes) -> str:
+        return decode_token(key[len(self.thread_runs(thread_id)) :].decode())
+
+    def reclaimable(self, detached_since: float, run_id: str) -> bytes:
+        return self._k("reclaimable", f"{micros(detached_since):020d}", encode_token(run_id))
+
+    @property
+    def reclaimable_prefix(self) -> bytes:
+        return self._k("reclaimable", "")
+
+    def reclaimable_until(self, cutoff: float) -> bytes:
+        """range_end covering every index key with ``detached_since <= cutoff`` (inclusive)."""
+        return self._k("reclaimable", f"{micros(cutoff) + 1:020d}")
+
+    def readers(self, run_id: str) -> bytes:
+        return self._k("readers", encode_token(run_id), "")
+
+    @property
+    def all_readers(self) -> bytes:
+        return self._k("readers", "")
+
+    def reader(self, run_id: str, reader_id: str) -> bytes:
+        return self._k("readers", encode_token(run_id), encode_token(reader_id))
+
+    def run_id_of_reader(self, key: bytes) -> str:
+        rest = key[len(self.all_readers) :].decode()
+        return decode_token(rest.split("/", 1)[0])
+
+    def sandbox(self, sandbox_key: str) -> bytes:
+        return self._k("sandboxes", encode_token(sandbox_key))
+
+    def host(self, host_id: str) -> bytes:
+        return self._k("hosts", encode_token(host_id))
+
+    @property
+    def hosts(self) -> bytes:
+        return self._k("hosts", "")
+
+    def session(self, session_id: int) -> bytes:
+        return self._k("sessions", f"{session_id:016x}")
+
+    @property
+    def election(self) -> bytes:
+        return self._k("election", "")
+
+    def candidate(self, lease_id: int) -> bytes:
+        return self._k("election", f"{lease_id:016x}")

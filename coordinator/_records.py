@@ -1,0 +1,70 @@
+"""Pure rules over run records (DESIGN.md §3.1): terminal states, field masks, index shape.
+
+Nothing here talks to etcd, so every rule is unit-testable on its own.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from baton.errors import InvalidArgument
+from baton.v1.runs_pb2 import RunRecord, RunStatus
+
+TERMINAL = frozenset({RunStatus.RUN_STATUS_COMPLETED, RunStatus.RUN_STATUS_FAILED,
+                      RunStatus.RUN_STATUS_ABORTED})
+
+# Paths a field mask may name. Identity and the store's own bookkeeping are not writable:
+# run_id/thread_id key the indexes, revision is the store's.
+_READ_ONLY = frozenset({"run_id", "thread_id", "revision"})
+WRITABLE = frozenset(f.name for f in RunRecord.DESCRIPTOR.fields) - _READ_ONLY
+
+
+def is_terminal(status: int) -> bool:
+    """Completed, failed and aborted are terminal; interrupted (a HITL pause) is not."""
+    return status in TERMINAL
+
+
+def is_active(rec: RunRecord | None) -> bool:
+    """A run counts as its thread's active run while it is ``running``."""
+    return rec is not None and rec.status == RunStatus.RUN_STATUS_RUNNING
+
+
+def is_reclaimable(rec: RunRecord | None) -> bool:
+    """Indexed for the reaper: running and detached (DESIGN.md §3.3, §7)."""
+    return is_active(rec) and rec is not None and rec.HasField("detached_since")
+
+
+def check_paths(paths: Iterable[str]) -> list[str]:
+    """Validate field-mask paths (top-level RunRecord field names).
+
+    Raises:
+        InvalidArgument: naming ``update_mask`` for an unknown or read-only path.
+    """
+    out = list(paths)
+    for p in out:
+        if p not in WRITABLE:
+            why = "is read-only" if p in _READ_ONLY else "is not a RunRecord field"
+            raise InvalidArgument("update_mask", f"path {p!r} {why}")
+    return out
+
+
+def apply_mask(current: RunRecord, patch: RunRecord, paths: Iterable[str]) -> RunRecord:
+    """``current`` with every path in ``paths`` taken from ``patch``.
+
+    A path whose value is unset in ``patch`` clears the field (explicit clear, as in
+    ``google.protobuf.FieldMask`` update semantics with ``replace_message_field``).
+    """
+    new = RunRecord()
+    new.CopyFrom(current)
+    for p in paths:
+        field = RunRecord.DESCRIPTOR.fields_by_name[p]
+        if field.has_presence:
+            if patch.HasField(p):
+                if field.message_type is not None:
+                    getattr(new, p).CopyFrom(getattr(patch, p))
+                else:
+                    setattr(new, p, getattr(patch, p))
+            else:
+                new.ClearField(p)
+        else:
+            setattr(new, p, getattr(patch, p))
+    return new

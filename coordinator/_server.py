@@ -1,0 +1,123 @@
+"""The coordinator's composition root: gRPC server, health, reflection, election, shutdown."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable, Sequence
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from baton.errors import StoreUnavailable
+from baton.v1 import coordinator_pb2, coordinator_pb2_grpc
+
+from coordinator._config import CoordinatorConfig
+from coordinator._election import LeaderElection, LeaderTask
+from coordinator._etcd import Etcd
+from coordinator._presence import presence_sweeper
+from coordinator._service import CoordinatorService, Reaper, no_reaper
+from coordinator._store import RunStore
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_name
+
+
+
+def build_store(config: CoordinatorConfig, clock: Callable[[], float] = time.time) -> RunStore:
+    """The etcd connection and store for ``config`` (no I/O until first used)."""
+    return RunStore(Etcd(config.etcd_endpoints), config.prefix, clock)
+
+
+class CoordinatorServer:
+    """One coordinator replica. Lifecycle: ``await start()`` / ``await shutdown()`` or ``async with``.
+
+    Args:
+        config: settings (see :class:`CoordinatorConfig`).
+        store: the store (from :func:`build_store`); the server owns it from here on and
+            closes its etcd connection on shutdown. Default: built from ``config``.
+        leader_tasks: leader-only tasks (run while this replica leads, cancelled on losing
+            leadership), beside the built-in presence sweeper.
+        reaper: the ``Reap`` RPC's sweep ``(ttl, now) -> counts``; default returns ``{}``.
+    """
+
+    def __init__(self, config: CoordinatorConfig, *, store: RunStore | None = None,
+                 leader_tasks: Sequence[LeaderTask] = (), reaper: Reaper = no_reaper) -> None:
+        self.config = config
+        self._leader_tasks = list(leader_tasks)
+        self._reaper = reaper
+        self.store = store if store is not None else build_store(config)
+        self.etcd: Etcd = self.store.etcd
+        self.service: CoordinatorService | None = None
+        self.election: LeaderElection | None = None
+        self._server: grpc.aio.Server | None = None
+        self._health = health.aio.HealthServicer()
+        self._election_task: asyncio.Task[None] | None = None
+        self._stopped = asyncio.Event()
+        self._shutdown_started = False
+        self.port = 0
+
+    @property
+    def address(self) -> str:
+        """``127.0.0.1:<port>`` once started (for loopback clients)."""
+        return f"127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        """Bind, serve, and start campaigning. Reports SERVING once etcd answered once."""
+        cfg, store = self.config, self.store
+        self.service = CoordinatorService(store, etcd_timeout=cfg.etcd_timeout,
+                                          detached_run_ttl=cfg.detached_run_ttl, reaper=self._reaper)
+        self._server = server = grpc.aio.server(options=(("grpc.so_reuseport", 0),))
+        coordinator_pb2_grpc.add_CoordinatorServicer_to_server(self.service, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME), server)
+        self.port = server.add_insecure_port(cfg.listen)
+        if self.port == 0:
+            raise OSError(f"cannot bind {cfg.listen}")
+        await server.start()
+        self.election = LeaderElection(store, cfg, [presence_sweeper, *self._leader_tasks])
+        self._election_task = asyncio.create_task(self.election.run(), name="coordinator-election")
+        try:
+            await self.etcd.range(store.keys.runs, timeout=cfg.etcd_timeout)
+            status = health_pb2.HealthCheckResponse.SERVING
+        except StoreUnavailable:
+            log.warning("etcd unreachable at start; serving UNAVAILABLE answers until it is back")
+            status = health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", SERVICE_NAME):
+            await self._health.set(name, status)
+        log.info("coordinator %s listening on %s (etcd %s, prefix %s)", cfg.replica_id,
+                 self.port, ",".join(cfg.etcd_endpoints), cfg.prefix)
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    async def shutdown(self, grace: float = 5.0) -> None:
+        """Idempotent: NOT_SERVING → end streams → step down → stop gRPC (grace s) → close etcd."""
+        if self._shutdown_started:
+            await self._stopped.wait()
+            return
+        self._shutdown_started = True
+        try:
+            await self._health.enter_graceful_shutdown()
+            if self.service is not None:
+                self.service.stop_streams()
+            if self._election_task is not None:
+                self._election_task.cancel()
+                await asyncio.gather(self._election_task, return_exceptions=True)
+            if self._server is not None:
+                await self._server.stop(grace)
+            await self.etcd.close()
+        finally:
+            self._stopped.set()
+
+    async def __aenter__(self) -> "CoordinatorServer":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+

@@ -1,0 +1,358 @@
+"""The ``baton.v1.Coordinator`` gRPC servicer: validation and error mapping at the edge.
+
+Each handler validates its request (ids per :func:`baton.ids.validate_id`), gives the store a
+budget that ends before the caller's deadline (so an unreachable etcd answers
+``UNAVAILABLE`` in time, never a hang), and maps domain errors once via
+:mod:`baton.grpc_errors`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from typing import AsyncIterator, Awaitable, Callable, TypeVar
+
+import grpc
+
+from baton import errors
+from baton.grpc_errors import abort
+from baton.ids import validate_id
+from baton.v1 import coordinator_pb2 as pb
+from baton.v1 import coordinator_pb2_grpc as pb_grpc
+from baton.v1.runs_pb2 import RunStatus
+
+from coordinator._records import check_paths
+from coordinator._store import PURPOSES, RunStore, UpdateOutcome
+from coordinator._etcd import LeaseNotFound
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Reaper = Callable[[float, float], Awaitable[dict[str, int]]]
+
+# Leave the caller part of its deadline to receive our UNAVAILABLE answer (a loaded host
+# needs more than a few milliseconds to send it).
+_DEADLINE_SLACK = 0.1
+_DEADLINE_SLACK_SHARE = 0.1
+_OUTCOMES = {
+    UpdateOutcome.APPLIED: pb.UPDATE_OUTCOME_APPLIED,
+    UpdateOutcome.SUPPRESSED: pb.UPDATE_OUTCOME_SUPPRESSED,
+    UpdateOutcome.UNKNOWN_RUN: pb.UPDATE_OUTCOME_UNKNOWN_RUN,
+}
+
+
+async def no_reaper(ttl: float, now: float) -> dict[str, int]:
+    """The default reaper: does nothing (the real one is wired in ``coordinator._wiring``)."""
+    return {}
+
+
+def _positive(value: float, field: str) -> float:
+    if not math.isfinite(value) or value < 0:
+        raise errors.InvalidArgument(field, "must be a finite number >= 0")
+    return value
+
+
+def _session(value: int, field: str = "session_id") -> int:
+    if value <= 0:
+        raise errors.InvalidArgument(field, "must be a session id from OpenSession")
+    return value
+
+
+class CoordinatorService(pb_grpc.CoordinatorServicer):
+    """Serves every Coordinator RPC from one :class:`RunStore`.
+
+    Args:
+        store: the etcd-backed store.
+        etcd_timeout: seconds an RPC may spend on etcd when the caller set no deadline.
+        detached_run_ttl: seconds, for ``reap_at`` and the default ``Reap`` TTL.
+        reaper: one reaper sweep ``(ttl, now) -> outcome counts``.
+        clock: Unix-seconds clock.
+    """
+
+    def __init__(self, store: RunStore, *, etcd_timeout: float, detached_run_ttl: float,
+                 reaper: Reaper = no_reaper) -> None:
+        self.store = store
+        self.etcd_timeout = etcd_timeout
+        self.detached_run_ttl = detached_run_ttl
+        self.reaper = reaper
+        self._stopping = asyncio.Event()
+
+    def stop_streams(self) -> None:
+        """Ends every open WatchRun/KeepAlive stream (graceful shutdown)."""
+        self._stopping.set()
+
+    def _budget(self, context: grpc.aio.ServicerContext) -> float:
+        left = context.time_remaining()
+        if left is None:
+            return self.etcd_timeout
+        slack = max(_DEADLINE_SLACK, left * _DEADLINE_SLACK_SHARE)
+        return max(min(self.etcd_timeout, left - slack), 0.001)
+
+    async def _call(self, context: grpc.aio.ServicerContext, coro: Awaitable[T]) -> T:
+        try:
+            return await coro
+        except errors.BatonError as exc:
+            await abort(context, exc)
+        raise AssertionError("unreachable")
+
+    # --- run records ------------------------------------------------------------------
+
+    async def CreateOrResumeRun(self, request: pb.CreateOrResumeRunRequest, context: grpc.aio.ServicerContext) -> pb.CreateOrResumeRunResponse:
+        async def go() -> pb.CreateOrResumeRunResponse:
+            rec = request.record
+            validate_id(rec.run_id, "record.run_id")
+            validate_id(rec.thread_id, "record.thread_id")
+            if rec.parent_run_id:
+                validate_id(rec.parent_run_id, "record.parent_run_id")
+            if rec.tenant:
+                validate_id(rec.tenant, "record.tenant")
+            out, created = await self.store.create_or_resume(rec, request.interrupt_active,
+                                                             timeout=self._budget(context))
+            return pb.CreateOrResumeRunResponse(record=out, created=created)
+        return await self._call(context, go())
+
+    async def GetRun(self, request: pb.GetRunRequest, context: grpc.aio.ServicerContext) -> pb.GetRunResponse:
+        async def go() -> pb.GetRunResponse:
+            validate_id(request.run_id, "run_id")
+            rec, claim = await self.store.get_run(request.run_id, timeout=self._budget(context))
+            if rec is None:
+                raise errors.UnknownRun(request.run_id)
+            resp = pb.GetRunResponse(record=rec)
+            if claim is not None:
+                resp.claim.CopyFrom(claim)
+            if rec.status == RunStatus.RUN_STATUS_RUNNING and rec.HasField("detached_since"):
+                resp.reap_at = rec.detached_since + self.detached_run_ttl
+            return resp
+        return await self._call(context, go())
+
+    async def UpdateRun(self, request: pb.UpdateRunRequest, context: grpc.aio.ServicerContext) -> pb.UpdateRunResponse:
+        async def go() -> pb.UpdateRunResponse:
+            validate_id(request.run_id, "run_id")
+            paths = check_paths(request.update_mask.paths)
+            if not paths:
+                raise errors.InvalidArgument("update_mask", "must name at least one field")
+            if request.epoch < 0:
+                raise errors.InvalidArgument("epoch", "must be >= 0")
+            outcome, rec = await self.store.update_run(
+                request.run_id, request.record, paths, request.epoch, request.session_id,
+                timeout=self._budget(context))
+            resp = pb.UpdateRunResponse(outcome=_OUTCOMES[outcome])
+            if rec is not None:
+                resp.record.CopyFrom(rec)
+            return resp
+        return await self._call(context, go())
+
+    async def FindActiveRun(self, request: pb.FindActiveRunRequest, context: grpc.aio.ServicerContext) -> pb.FindActiveRunResponse:
+        async def go() -> pb.FindActiveRunResponse:
+            validate_id(request.thread_id, "thread_id")
+            rec = await self.store.find_active_run(request.thread_id, timeout=self._budget(context))
+            return pb.FindActiveRunResponse(record=rec) if rec is not None else pb.FindActiveRunResponse()
+        return await self._call(context, go())
+
+    async def ListRuns(self, request: pb.ListRunsRequest, context: grpc.aio.ServicerContext) -> pb.ListRunsResponse:
+        async def go() -> pb.ListRunsResponse:
+            if request.thread_id:
+                validate_id(request.thread_id, "thread_id")
+            if request.tenant:
+                validate_id(request.tenant, "tenant")
+            if request.limit < 0:
+                raise errors.InvalidArgument("limit", "must be >= 0")
+            recs = await self.store.list_runs(request.thread_id, request.tenant, request.limit,
+                                              timeout=self._budget(context))
+            return pb.ListRunsResponse(records=recs)
+        return await self._call(context, go())
+
+    async def ListReclaimable(self, request: pb.ListReclaimableRequest, context: grpc.aio.ServicerContext) -> pb.ListReclaimableResponse:
+        async def go() -> pb.ListReclaimableResponse:
+            now = _positive(request.now, "now") or self.store.clock()
+            ttl = _positive(request.ttl_seconds, "ttl_seconds")
+            if request.limit < 0:
+                raise errors.InvalidArgument("limit", "must be >= 0")
+            recs = await self.store.list_reclaimable(now, ttl, request.limit, timeout=self._budget(context))
+            return pb.ListReclaimableResponse(records=recs)
+        return await self._call(context, go())
+
+    async def RequestRunCancel(self, request: pb.RequestRunCancelRequest, context: grpc.aio.ServicerContext) -> pb.RequestRunCancelResponse:
+        async def go() -> pb.RequestRunCancelResponse:
+            validate_id(request.run_id, "run_id")
+            if len(request.reason.encode()) > 256:
+                raise errors.InvalidArgument("reason", "must be at most 256 bytes")
+            rec = await self.store.request_cancel(request.run_id, request.reason or "user",
+                                                  timeout=self._budget(context))
+            return pb.RequestRunCancelResponse(record=rec)
+        return await self._call(context, go())
+
+    # --- sessions ---------------------------------------------------------------------
+
+    async def OpenSession(self, request: pb.OpenSessionRequest, context: grpc.aio.ServicerContext) -> pb.OpenSessionResponse:
+        async def go() -> pb.OpenSessionResponse:
+            ttl = _positive(request.ttl_seconds, "ttl_seconds")
+            if ttl > 3600:
+                raise errors.InvalidArgument("ttl_seconds", "must be at most 3600")
+            if request.owner:
+                validate_id(request.owner, "owner")
+            sid, granted = await self.store.open_session(ttl or 2.0, request.owner,
+                                                         timeout=self._budget(context))
+            return pb.OpenSessionResponse(session_id=sid, ttl_seconds=float(granted))
+        return await self._call(context, go())
+
+    async def KeepAlive(self, request_iterator: AsyncIterator[pb.KeepAliveRequest], context: grpc.aio.ServicerContext) -> AsyncIterator[pb.KeepAliveResponse]:
+        """Refresh leases for as long as the client streams requests.
+
+        Each request refreshes its session's lease through one etcd keep-alive stream; the
+        answer's ``ttl_seconds <= 0`` says the session is gone. When etcd is unreachable the
+        stream ends with ``UNAVAILABLE`` and the client reconnects (to any replica).
+        """
+        ka = self.store.etcd.keepalive_stream()
+        try:
+            async for req in request_iterator:
+                if self._stopping.is_set():
+                    break
+                if req.session_id <= 0:
+                    await abort(context, errors.InvalidArgument("session_id", "must be a session id"))
+                try:
+                    ttl = await ka.refresh(req.session_id, timeout=self.etcd_timeout)
+                except errors.StoreUnavailable as exc:
+                    await abort(context, exc)
+                except LeaseNotFound:
+                    ttl = 0
+                yield pb.KeepAliveResponse(session_id=req.session_id, ttl_seconds=float(ttl))
+        finally:
+            ka.close()
+
+    async def CloseSession(self, request: pb.CloseSessionRequest, context: grpc.aio.ServicerContext) -> pb.CloseSessionResponse:
+        async def go() -> pb.CloseSessionResponse:
+            await self.store.close_session(_session(request.session_id), timeout=self._budget(context))
+            return pb.CloseSessionResponse()
+        return await self._call(context, go())
+
+    # --- claims -----------------------------------------------------------------------
+
+    async def ClaimRun(self, request: pb.ClaimRunRequest, context: grpc.aio.ServicerContext) -> pb.ClaimRunResponse:
+        async def go() -> pb.ClaimRunResponse:
+            validate_id(request.run_id, "run_id")
+            validate_id(request.host_id, "host_id")
+            purpose = request.purpose or "drive"
+            if purpose not in PURPOSES:
+                raise errors.InvalidArgument("purpose", "must be 'drive' or 'finalize'")
+            epoch, rec = await self.store.claim_run(request.run_id, _session(request.session_id),
+                                                    request.host_id, purpose,
+                                                    timeout=self._budget(context))
+            return pb.ClaimRunResponse(epoch=epoch, record=rec)
+        return await self._call(context, go())
+
+    async def ReleaseClaim(self, request: pb.ReleaseClaimRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseClaimResponse:
+        async def go() -> pb.ReleaseClaimResponse:
+            validate_id(request.run_id, "run_id")
+            ok = await self.store.release_claim(request.run_id, _session(request.session_id),
+                                                request.epoch, timeout=self._budget(context))
+            return pb.ReleaseClaimResponse(released=ok)
+        return await self._call(context, go())
+
+    async def WatchRun(self, request: pb.WatchRunRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.WatchRunResponse]:
+        """Stream (record, claim) now and after every change, until the client leaves.
+
+        Ends with ``UNAVAILABLE`` when etcd goes away, so the client re-subscribes.
+        """
+        try:
+            validate_id(request.run_id, "run_id")
+        except errors.BatonError as exc:
+            await abort(context, exc)
+        stop = asyncio.ensure_future(self._stopping.wait())
+        it = self.store.watch_run(request.run_id, timeout=self._budget(context)).__aiter__()
+        try:
+            while True:
+                nxt = asyncio.ensure_future(it.__anext__())
+                done, _ = await asyncio.wait({nxt, stop}, return_when=asyncio.FIRST_COMPLETED)
+                if nxt not in done:
+                    nxt.cancel()
+                    await asyncio.gather(nxt, return_exceptions=True)
+                    return
+                try:
+                    rec, claim = nxt.result()
+                except StopAsyncIteration:
+                    return
+                except errors.BatonError as exc:
+                    await abort(context, exc)
+                resp = pb.WatchRunResponse()
+                if rec is not None:
+                    resp.record.CopyFrom(rec)
+                if claim is not None:
+                    resp.claim.CopyFrom(claim)
+                yield resp
+        finally:
+            stop.cancel()
+            await asyncio.gather(stop, return_exceptions=True)
+            await it.aclose()  # type: ignore[attr-defined]
+
+    # --- presence ---------------------------------------------------------------------
+
+    async def RegisterReader(self, request: pb.RegisterReaderRequest, context: grpc.aio.ServicerContext) -> pb.RegisterReaderResponse:
+        async def go() -> pb.RegisterReaderResponse:
+            validate_id(request.run_id, "run_id")
+            validate_id(request.reader_id, "reader_id")
+            await self.store.register_reader(request.run_id, _session(request.session_id),
+                                             request.reader_id, timeout=self._budget(context))
+            return pb.RegisterReaderResponse()
+        return await self._call(context, go())
+
+    async def UnregisterReader(self, request: pb.UnregisterReaderRequest, context: grpc.aio.ServicerContext) -> pb.UnregisterReaderResponse:
+        async def go() -> pb.UnregisterReaderResponse:
+            validate_id(request.run_id, "run_id")
+            validate_id(request.reader_id, "reader_id")
+            await self.store.unregister_reader(request.run_id, request.reader_id,
+                                               timeout=self._budget(context))
+            return pb.UnregisterReaderResponse()
+        return await self._call(context, go())
+
+    # --- sandboxes and hosts ----------------------------------------------------------
+
+    async def PutSandbox(self, request: pb.PutSandboxRequest, context: grpc.aio.ServicerContext) -> pb.PutSandboxResponse:
+        async def go() -> pb.PutSandboxResponse:
+            sb = request.sandbox
+            validate_id(sb.sandbox_key, "sandbox.sandbox_key")
+            if sb.run_id:
+                validate_id(sb.run_id, "sandbox.run_id")
+            if sb.provider not in ("local", "docker"):
+                raise errors.InvalidArgument("sandbox.provider", "must be 'local' or 'docker'")
+            await self.store.put_sandbox(sb, timeout=self._budget(context))
+            return pb.PutSandboxResponse()
+        return await self._call(context, go())
+
+    async def GetSandbox(self, request: pb.GetSandboxRequest, context: grpc.aio.ServicerContext) -> pb.GetSandboxResponse:
+        async def go() -> pb.GetSandboxResponse:
+            validate_id(request.sandbox_key, "sandbox_key")
+            sb = await self.store.get_sandbox(request.sandbox_key, timeout=self._budget(context))
+            return pb.GetSandboxResponse(sandbox=sb) if sb is not None else pb.GetSandboxResponse()
+        return await self._call(context, go())
+
+    async def DeleteSandbox(self, request: pb.DeleteSandboxRequest, context: grpc.aio.ServicerContext) -> pb.DeleteSandboxResponse:
+        async def go() -> pb.DeleteSandboxResponse:
+            validate_id(request.sandbox_key, "sandbox_key")
+            await self.store.delete_sandbox(request.sandbox_key, timeout=self._budget(context))
+            return pb.DeleteSandboxResponse()
+        return await self._call(context, go())
+
+    async def RegisterHost(self, request: pb.RegisterHostRequest, context: grpc.aio.ServicerContext) -> pb.RegisterHostResponse:
+        async def go() -> pb.RegisterHostResponse:
+            h = request.host
+            validate_id(h.host_id, "host.host_id")
+            validate_id(h.address, "host.address")
+            if h.capacity < 0:
+                raise errors.InvalidArgument("host.capacity", "must be >= 0")
+            await self.store.register_host(h, timeout=self._budget(context))
+            return pb.RegisterHostResponse()
+        return await self._call(context, go())
+
+    async def ListHosts(self, request: pb.ListHostsRequest, context: grpc.aio.ServicerContext) -> pb.ListHostsResponse:
+        async def go() -> pb.ListHostsResponse:
+            return pb.ListHostsResponse(hosts=await self.store.list_hosts(timeout=self._budget(context)))
+        return await self._call(context, go())
+
+    async def Reap(self, request: pb.ReapRequest, context: grpc.aio.ServicerContext) -> pb.ReapResponse:
+        async def go() -> pb.ReapResponse:
+            ttl = _positive(request.ttl_seconds, "ttl_seconds") or self.detached_run_ttl
+            now = _positive(request.now, "now") or self.store.clock()
+            counts = await self.reaper(ttl, now)
+            return pb.ReapResponse(outcomes={k: int(v) for k, v in counts.items()})
+        return await self._call(context, go())

@@ -1,0 +1,506 @@
+"""The etcd-backed store behind every Coordinator RPC (DESIGN.md §3).
+
+Every change is one etcd transaction that compares what it read (optimistic concurrency,
+as etcd's ``concurrency/stm.go``) and retries on a conflict until the caller's budget is
+spent. Indexes (the thread's active run, the reclaimable set) change in the same
+transaction as the record, so they can never disagree with it.
+"""
+from __future__ import annotations
+
+import enum
+import math
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable, Sequence
+
+from baton.errors import (InvalidArgument, RunClaimLost, RunClaimNotAcquired, SessionLost,
+                          StoreUnavailable, ThreadBusy, UnknownRun)
+from baton.v1.coordinator_pb2 import HostInfo, SandboxInstance
+from baton.v1.runs_pb2 import Claim, RunRecord, RunStatus
+
+from coordinator import _etcd as E
+from coordinator._keys import Keys, prefix_end
+from coordinator._records import apply_mask, is_active, is_reclaimable, is_terminal
+
+PURPOSES = ("drive", "finalize")
+
+
+class UpdateOutcome(enum.Enum):
+    APPLIED = "applied"
+    SUPPRESSED = "suppressed"
+    UNKNOWN_RUN = "unknown_run"
+
+
+class _Budget:
+    """A deadline shared by every etcd call and retry of one operation."""
+
+    def __init__(self, timeout: float) -> None:
+        self._deadline = time.monotonic() + timeout
+
+    def left(self) -> float:
+        """Seconds left. Raises StoreUnavailable when the budget is spent."""
+        rest = self._deadline - time.monotonic()
+        if rest <= 0:
+            raise StoreUnavailable("deadline exceeded before etcd answered")
+        return rest
+
+
+def _record(kv: E.KV | None) -> RunRecord | None:
+    if kv is None:
+        return None
+    rec = RunRecord.FromString(kv.value)
+    rec.revision = kv.mod_revision
+    return rec
+
+
+def _claim(kv: E.KV | None) -> Claim | None:
+    return None if kv is None else Claim.FromString(kv.value)
+
+
+def _first(kvs: Sequence[E.KV]) -> E.KV | None:
+    return kvs[0] if kvs else None
+
+
+def _bytes(rec: RunRecord) -> bytes:
+    clean = RunRecord()
+    clean.CopyFrom(rec)
+    clean.ClearField("revision")
+    return clean.SerializeToString(deterministic=True)
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """A record and its claim, read in one transaction."""
+
+    kv: E.KV | None
+    record: RunRecord | None
+    claim_kv: E.KV | None
+
+
+class RunStore:
+    """Run records, sessions, claims, presence, sandboxes and hosts over etcd.
+
+    Args:
+        etcd: the etcd adapter.
+        prefix: key prefix (``BATON_ETCD_PREFIX``).
+        clock: Unix-seconds clock (injected so tests can pin time).
+
+    Every method takes ``timeout`` (seconds, the whole budget including retries) and raises
+    :class:`~baton.errors.StoreUnavailable` when etcd does not answer within it.
+    """
+
+    def __init__(self, etcd: E.Etcd, prefix: str, clock: Callable[[], float] = time.time) -> None:
+        self.etcd = etcd
+        self.keys = Keys(prefix)
+        self.clock = clock
+
+    # --- reads -----------------------------------------------------------------------
+
+    async def _snapshot(self, run_id: str, b: _Budget, *, with_claim: bool = True) -> _Snapshot:
+        """Record (+ claim) in one read; the thread index is read later, only when needed."""
+        k = self.keys
+        ops = [E.get(k.run(run_id))] + ([E.get(k.claim(run_id))] if with_claim else [])
+        r = await self.etcd.txn([], ops, timeout=b.left())
+        kv = _first(r.kvs(0))
+        claim_kv = _first(r.kvs(1)) if with_claim else None
+        return _Snapshot(kv, _record(kv), claim_kv)
+
+    async def _index_ops(self, snap: _Snapshot, new: RunRecord, b: _Budget) -> tuple[list[E.Cmp], list[E.Op]]:
+        """Compares and ops that keep the thread-active and reclaimable indexes in step.
+
+        The thread index is read only when the run enters or leaves ``running`` (claims and
+        most updates do not), and its revision is compared in the write.
+        """
+        k = self.keys
+        old = snap.record
+        assert old is not None
+        cmps: list[E.Cmp] = []
+        ops: list[E.Op] = []
+        if is_active(new) != is_active(old):
+            active_key = k.thread_active(new.thread_id)
+            kvs, _ = await self.etcd.range(active_key, timeout=b.left())
+            active_kv = _first(kvs)
+            active_rev = active_kv.mod_revision if active_kv else 0
+            points_here = active_kv is not None and active_kv.value.decode() == new.run_id
+            # Only a transition into `running` claims the index: a run that stays running (an
+            # interrupted-by-new-run one, say) must not take it back from the newer run.
+            if is_active(new) and not points_here:
+                cmps.append(E.cmp_mod(active_key, active_rev))
+                ops.append(E.put(active_key, new.run_id.encode()))
+            elif not is_active(new) and points_here:
+                cmps.append(E.cmp_mod(active_key, active_rev))
+                ops.append(E.delete(active_key))
+        old_key = k.reclaimable(old.detached_since, old.run_id) if is_reclaimable(old) else None
+        new_key = k.reclaimable(new.detached_since, new.run_id) if is_reclaimable(new) else None
+        if old_key != new_key:
+            if old_key is not None:
+                ops.append(E.delete(old_key))
+            if new_key is not None:
+                ops.append(E.put(new_key, new.run_id.encode()))
+        return cmps, ops
+
+    async def _write(self, snap: _Snapshot, new: RunRecord, b: _Budget,
+                     cmps: Sequence[E.Cmp] = (), ops: Sequence[E.Op] = (),
+                     failure: Sequence[E.Op] = ()) -> E.TxnResult:
+        """Put ``new`` if the record (and indexes) are still as read."""
+        assert snap.kv is not None
+        icmps, iops = await self._index_ops(snap, new, b)
+        return await self.etcd.txn(
+            [E.cmp_mod(snap.kv.key, snap.kv.mod_revision), *icmps, *cmps],
+            [E.put(snap.kv.key, _bytes(new)), *iops, *ops], failure, timeout=b.left())
+
+    async def get_run(self, run_id: str, *, timeout: float) -> tuple[RunRecord | None, Claim | None]:
+        """The record and the live claim (either may be ``None``)."""
+        k = self.keys
+        r = await self.etcd.txn([], [E.get(k.run(run_id)), E.get(k.claim(run_id))], timeout=timeout)
+        return _record(_first(r.kvs(0))), _claim(_first(r.kvs(1)))
+
+    async def _get_many(self, run_ids: Sequence[str], b: _Budget) -> list[RunRecord]:
+        out: list[RunRecord] = []
+        for i in range(0, len(run_ids), 100):  # etcd allows 128 ops per transaction
+            chunk = run_ids[i : i + 100]
+            r = await self.etcd.txn([], [E.get(self.keys.run(x)) for x in chunk], timeout=b.left())
+            out += [rec for j in range(len(chunk)) if (rec := _record(_first(r.kvs(j)))) is not None]
+        return out
+
+    async def find_active_run(self, thread_id: str, *, timeout: float) -> RunRecord | None:
+        """The newest running run of the thread, from the index (DESIGN.md §3.1)."""
+        b = _Budget(timeout)
+        kvs, _ = await self.etcd.range(self.keys.thread_active(thread_id), timeout=b.left())
+        if not kvs:
+            return None
+        rec, _claim_ = await self.get_run(kvs[0].value.decode(), timeout=b.left())
+        return rec if is_active(rec) else None
+
+    async def list_runs(self, thread_id: str, tenant: str, limit: int, *, timeout: float) -> list[RunRecord]:
+        """Records of one thread (or all), optionally of one tenant, oldest first."""
+        b = _Budget(timeout)
+        k = self.keys
+        if thread_id:
+            p = k.thread_runs(thread_id)
+            kvs, _ = await self.etcd.range(p, prefix_end(p), keys_only=True, timeout=b.left())
+            recs = await self._get_many([k.run_id_of_thread_run(thread_id, kv.key) for kv in kvs], b)
+        else:
+            kvs, _ = await self.etcd.range(k.runs, prefix_end(k.runs), timeout=b.left())
+            recs = [r for kv in kvs if (r := _record(kv)) is not None]
+        if tenant:
+            recs = [r for r in recs if r.tenant == tenant]
+        recs.sort(key=lambda r: (r.started_at, r.run_id))
+        return recs[-limit:] if limit > 0 else recs
+
+    async def list_reclaimable(self, now: float, ttl: float, limit: int, *, timeout: float) -> list[RunRecord]:
+        """Running runs with ``detached_since <= now - ttl`` (inclusive), by a range read."""
+        b = _Budget(timeout)
+        k = self.keys
+        kvs, _ = await self.etcd.range(k.reclaimable_prefix, k.reclaimable_until(now - ttl),
+                                       limit=max(limit, 0), timeout=b.left())
+        recs = await self._get_many([kv.value.decode() for kv in kvs], b)
+        return [r for r in recs if is_reclaimable(r)]
+
+    # --- record writes ------------------------------------------------------------------
+
+    async def create_or_resume(self, seed: RunRecord, interrupt_active: bool, *,
+                               timeout: float) -> tuple[RunRecord, bool]:
+        """Return the existing record unchanged, or create it ``running``.
+
+        Raises:
+            ThreadBusy: the thread has another running run and ``interrupt_active`` is false.
+        """
+        b = _Budget(timeout)
+        k = self.keys
+        run_key, active_key = k.run(seed.run_id), k.thread_active(seed.thread_id)
+        while True:
+            r = await self.etcd.txn([], [E.get(run_key), E.get(active_key)], timeout=b.left())
+            existing = _record(_first(r.kvs(0)))
+            if existing is not None:
+                return existing, False
+            active_kv = _first(r.kvs(1))
+            cmps = [E.cmp_absent(run_key), E.cmp_mod(active_key, active_kv.mod_revision if active_kv else 0)]
+            ops: list[E.Op] = []
+            if active_kv is not None:
+                other_snap = await self._snapshot(active_kv.value.decode(), b, with_claim=False)
+                other = other_snap.record
+                if is_active(other):
+                    assert other is not None and other_snap.kv is not None
+                    if not interrupt_active:
+                        raise ThreadBusy(seed.thread_id, other.run_id)
+                    if not other.cancel_requested:
+                        # Cancel first (durably, the driver watches its record), then start.
+                        other.cancel_requested = True
+                        other.cancel_reason = "interrupted-by-new-run"
+                        cmps.append(E.cmp_mod(other_snap.kv.key, other_snap.kv.mod_revision))
+                        ops.append(E.put(other_snap.kv.key, _bytes(other)))
+            new = RunRecord()
+            new.CopyFrom(seed)
+            for f in ("finished_at", "detached_since", "error", "revision", "driver_epoch",
+                      "driver_host", "cancel_requested", "cancel_reason"):
+                new.ClearField(f)
+            new.status = RunStatus.RUN_STATUS_RUNNING
+            if not new.HasField("started_at"):
+                new.started_at = self.clock()
+            ops += [E.put(run_key, _bytes(new)), E.put(active_key, new.run_id.encode()),
+                    E.put(k.thread_run(new.thread_id, new.run_id), b"")]
+            res = await self.etcd.txn(cmps, ops, timeout=b.left())
+            if res.succeeded:
+                new.revision = res.revision
+                return new, True
+
+    async def update_run(self, run_id: str, patch: RunRecord, paths: Sequence[str], epoch: int,
+                         session_id: int, *, timeout: float) -> tuple[UpdateOutcome, RunRecord | None]:
+        """Apply a field-mask update (DESIGN.md §3.1).
+
+        Unknown run → ``UNKNOWN_RUN`` (nothing done). A terminal status with ``epoch`` below
+        the record's ``driver_epoch`` → ``SUPPRESSED`` (nothing done). With ``session_id``
+        the write is an owner write: it compares the claim key's lease inside the
+        transaction.
+
+        Raises:
+            RunClaimLost: owner write whose claim is gone or belongs to another epoch.
+        """
+        b = _Budget(timeout)
+        claim_key = self.keys.claim(run_id)
+        while True:
+            snap = await self._snapshot(run_id, b, with_claim=bool(session_id))
+            cur = snap.record
+            if cur is None:
+                return UpdateOutcome.UNKNOWN_RUN, None
+            new = apply_mask(cur, patch, paths)
+            if "status" in paths and is_terminal(new.status) and epoch < cur.driver_epoch:
+                return UpdateOutcome.SUPPRESSED, cur
+            cmps: list[E.Cmp] = []
+            if session_id:
+                claim = _claim(snap.claim_kv)
+                if claim is None or claim.session_id != session_id or claim.epoch != epoch:
+                    observed = "claim-gone" if claim is None else f"epoch@{claim.epoch}"
+                    raise RunClaimLost(run_id, epoch, observed)
+                assert snap.claim_kv is not None
+                cmps.append(E.cmp_mod(claim_key, snap.claim_kv.mod_revision))
+            res = await self._write(snap, new, b, cmps)
+            if res.succeeded:
+                new.revision = res.revision
+                return UpdateOutcome.APPLIED, new
+
+    async def request_cancel(self, run_id: str, reason: str, *, timeout: float) -> RunRecord:
+        """Set ``cancel_requested`` (no status is written). Terminal runs are returned as is.
+
+        Raises:
+            UnknownRun: no such run.
+        """
+        b = _Budget(timeout)
+        while True:
+            snap = await self._snapshot(run_id, b, with_claim=False)
+            cur = snap.record
+            if cur is None:
+                raise UnknownRun(run_id)
+            if is_terminal(cur.status) or (cur.cancel_requested and cur.cancel_reason == reason):
+                return cur
+            new = RunRecord()
+            new.CopyFrom(cur)
+            new.cancel_requested = True
+            new.cancel_reason = reason
+            res = await self._write(snap, new, b)
+            if res.succeeded:
+                new.revision = res.revision
+                return new
+
+    # --- sessions -----------------------------------------------------------------------
+
+    async def open_session(self, ttl: float, owner: str, *, timeout: float) -> tuple[int, int]:
+        """Grant one lease → (session id, granted TTL in whole seconds, at least 1)."""
+        b = _Budget(timeout)
+        lease_id, granted = await self.etcd.grant(max(1, math.ceil(ttl)), timeout=b.left())
+        await self.etcd.txn([], [E.put(self.keys.session(lease_id), owner.encode(), lease_id)],
+                            timeout=b.left())
+        return lease_id, granted
+
+    async def close_session(self, session_id: int, *, timeout: float) -> None:
+        """Revoke the lease: its claims, readers and host entry go at once. Idempotent."""
+        try:
+            await self.etcd.revoke(session_id, timeout=timeout)
+        except E.LeaseNotFound:
+            pass
+
+    # --- claims -------------------------------------------------------------------------
+
+    async def claim_run(self, run_id: str, session_id: int, host_id: str, purpose: str, *,
+                        timeout: float) -> tuple[int, RunRecord]:
+        """Claim a run under a session, raising ``driver_epoch`` (DESIGN.md §3.2).
+
+        Returns:
+            (epoch, record after the claim).
+
+        Raises:
+            RunClaimNotAcquired: reason ``unknown`` | ``terminal`` | ``held`` |
+                ``cancel_requested`` (drive only), checked in that order.
+            SessionLost: the session's lease is gone.
+        """
+        b = _Budget(timeout)
+        claim_key = self.keys.claim(run_id)
+        while True:
+            snap = await self._snapshot(run_id, b)
+            cur = snap.record
+            if cur is None:
+                raise RunClaimNotAcquired(run_id, "unknown")
+            if is_terminal(cur.status):
+                raise RunClaimNotAcquired(run_id, "terminal")
+            if snap.claim_kv is not None:
+                raise RunClaimNotAcquired(run_id, "held")
+            if purpose == "drive" and cur.cancel_requested:
+                raise RunClaimNotAcquired(run_id, "cancel_requested")
+            epoch = cur.driver_epoch + 1
+            new = RunRecord()
+            new.CopyFrom(cur)
+            new.driver_epoch = epoch
+            new.driver_host = host_id
+            claim = Claim(run_id=run_id, epoch=epoch, host_id=host_id, session_id=session_id,
+                          purpose=purpose)
+            try:
+                res = await self._write(snap, new, b, [E.cmp_absent(claim_key)],
+                                        [E.put(claim_key, claim.SerializeToString(), session_id)])
+            except E.LeaseNotFound as exc:
+                raise SessionLost(session_id) from exc
+            if res.succeeded:
+                new.revision = res.revision
+                return epoch, new
+
+    async def release_claim(self, run_id: str, session_id: int, epoch: int, *, timeout: float) -> bool:
+        """Delete the claim if this session holds it at ``epoch``; ``False`` otherwise."""
+        b = _Budget(timeout)
+        key = self.keys.claim(run_id)
+        while True:
+            kvs, _ = await self.etcd.range(key, timeout=b.left())
+            claim = _claim(_first(kvs))
+            if claim is None or claim.session_id != session_id or claim.epoch != epoch:
+                return False
+            res = await self.etcd.txn([E.cmp_mod(key, kvs[0].mod_revision)], [E.delete(key)],
+                                      timeout=b.left())
+            if res.succeeded:
+                return True
+
+    async def watch_run(self, run_id: str, *, timeout: float) -> AsyncIterator[tuple[RunRecord | None, Claim | None]]:
+        """The current (record, claim), then a new pair after every change.
+
+        ``timeout`` bounds the initial read only; the watch runs until the caller stops.
+
+        Raises:
+            StoreUnavailable: etcd went away (the caller re-subscribes).
+        """
+        k = self.keys
+        run_key, claim_key = k.run(run_id), k.claim(run_id)
+        r = await self.etcd.txn([], [E.get(run_key), E.get(claim_key)], timeout=timeout)
+        rec, claim = _record(_first(r.kvs(0))), _claim(_first(r.kvs(1)))
+        yield rec, claim
+        async for _rev, events in self.etcd.watch([(run_key, b""), (claim_key, b"")],
+                                                  start_revision=r.revision + 1):
+            for ev in events:
+                gone = ev.type == ev.DELETE
+                if ev.kv.key == run_key:
+                    rec = None if gone else _record(ev.kv)
+                elif ev.kv.key == claim_key:
+                    claim = None if gone else _claim(ev.kv)
+            yield rec, claim
+
+    # --- presence -----------------------------------------------------------------------
+
+    async def register_reader(self, run_id: str, session_id: int, reader_id: str, *,
+                              timeout: float) -> None:
+        """Add a reader under the session's lease and clear ``detached_since`` (one txn).
+
+        A reader of a run with no record is registered too (the gateway serves such logs).
+
+        Raises:
+            SessionLost: the session's lease is gone.
+        """
+        b = _Budget(timeout)
+        reader = E.put(self.keys.reader(run_id, reader_id), b"", session_id)
+        while True:
+            snap = await self._snapshot(run_id, b, with_claim=False)
+            cur = snap.record
+            try:
+                if cur is None or not cur.HasField("detached_since"):
+                    await self.etcd.txn([], [reader], timeout=b.left())
+                    return
+                new = RunRecord()
+                new.CopyFrom(cur)
+                new.ClearField("detached_since")
+                res = await self._write(snap, new, b, ops=[reader])
+            except E.LeaseNotFound as exc:
+                raise SessionLost(session_id) from exc
+            if res.succeeded:
+                return
+
+    async def unregister_reader(self, run_id: str, reader_id: str, *, timeout: float) -> None:
+        """Remove a reader; when it was the last, the run detaches (see :meth:`detach_if_unread`)."""
+        b = _Budget(timeout)
+        await self.etcd.txn([], [E.delete(self.keys.reader(run_id, reader_id))], timeout=b.left())
+        await self.detach_if_unread(run_id, timeout=b.left())
+
+    async def detach_if_unread(self, run_id: str, *, timeout: float) -> RunRecord | None:
+        """When a running run has no reader left: stamp ``detached_since`` (DESIGN.md §3.3).
+
+        A run with ``detach_on_disconnect`` false is cancelled instead (reason
+        ``disconnected``), as runs.proto specifies. The stamp compares "no reader key" inside
+        the transaction, so a reader that arrives meanwhile wins.
+
+        Returns:
+            The record written, or ``None`` when nothing was to be done.
+        """
+        b = _Budget(timeout)
+        readers = self.keys.readers(run_id)
+        while True:
+            snap = await self._snapshot(run_id, b, with_claim=False)
+            cur = snap.record
+            if not is_active(cur) or cur is None or cur.HasField("detached_since"):
+                return None
+            new = RunRecord()
+            new.CopyFrom(cur)
+            new.detached_since = self.clock()
+            if not cur.detach_on_disconnect and not cur.cancel_requested:
+                new.cancel_requested = True
+                new.cancel_reason = "disconnected"
+            res = await self._write(snap, new, b, [E.cmp_absent(readers, prefix_end(readers))],
+                                    failure=[E.get(readers, prefix_end(readers), count_only=True)])
+            if res.succeeded:
+                new.revision = res.revision
+                return new
+            if res.count(0) > 0:
+                return None
+
+    async def reader_count(self, run_id: str, *, timeout: float) -> int:
+        p = self.keys.readers(run_id)
+        r = await self.etcd.txn([], [E.get(p, prefix_end(p), count_only=True)], timeout=timeout)
+        return r.count(0)
+
+    # --- sandboxes and hosts ------------------------------------------------------------
+
+    async def put_sandbox(self, sb: SandboxInstance, *, timeout: float) -> None:
+        await self.etcd.txn([], [E.put(self.keys.sandbox(sb.sandbox_key), sb.SerializeToString())],
+                            timeout=timeout)
+
+    async def get_sandbox(self, sandbox_key: str, *, timeout: float) -> SandboxInstance | None:
+        kvs, _ = await self.etcd.range(self.keys.sandbox(sandbox_key), timeout=timeout)
+        return SandboxInstance.FromString(kvs[0].value) if kvs else None
+
+    async def delete_sandbox(self, sandbox_key: str, *, timeout: float) -> None:
+        await self.etcd.txn([], [E.delete(self.keys.sandbox(sandbox_key))], timeout=timeout)
+
+    async def register_host(self, host: HostInfo, *, timeout: float) -> None:
+        """Put the host entry under its session's lease (it vanishes with the session).
+
+        Raises:
+            InvalidArgument: no ``session_id``.
+            SessionLost: the session's lease is gone.
+        """
+        if not host.session_id:
+            raise InvalidArgument("host.session_id", "a host registers under its session")
+        try:
+            await self.etcd.txn([], [E.put(self.keys.host(host.host_id), host.SerializeToString(),
+                                           host.session_id)], timeout=timeout)
+        except E.LeaseNotFound as exc:
+            raise SessionLost(host.session_id) from exc
+
+    async def list_hosts(self, *, timeout: float) -> list[HostInfo]:
+        """Live hosts (their session lease still holds), sorted by host id."""
+        k = self.keys
+        kvs, _ = await self.etcd.range(k.hosts, prefix_end(k.hosts), timeout=timeout)
+        return [HostInfo.FromString(kv.value) for kv in kvs]

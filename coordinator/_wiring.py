@@ -1,0 +1,52 @@
+"""Where leader-only tasks and the reaper are plugged into the coordinator.
+
+``coordinator/failover.py`` (proactive failover) and ``coordinator/reaper.py`` are written
+against :class:`~coordinator._election.LeaderContext` and hook in here: edit
+:func:`build_leader_tasks` and :func:`build_reaper`; ``__main__`` calls both.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from coordinator._config import CoordinatorConfig
+from coordinator._election import LeaderTask
+from coordinator._service import Reaper
+from coordinator._store import RunStore
+
+if TYPE_CHECKING:
+    from coordinator.reaper import ReaperSweep
+
+
+@dataclass(frozen=True)
+class WiringContext:
+    """What a builder may use: the replica's config and its etcd-backed store."""
+
+    config: CoordinatorConfig
+    store: RunStore
+
+
+def _reaper_sweep(ctx: WiringContext) -> "ReaperSweep":
+    from coordinator._election import LeaderContext
+    from coordinator.reaper import ReaperSweep
+
+    # The leader loop and the Reap RPC each get a sweep; two sweeps racing on one run are
+    # safe: the cancel is a compare on the record's revision, and attaches are claims.
+    lctx = LeaderContext(store=ctx.store, config=ctx.config, replica_id=ctx.config.replica_id, lease_id=0)
+    return ReaperSweep(lctx, ctx.config.detached_run_ttl)
+
+
+def build_leader_tasks(ctx: WiringContext) -> list[LeaderTask]:
+    """Leader-only tasks beyond the built-in presence sweeper (failover scheduler, reaper loop)."""
+    from coordinator.failover import failover_scheduler
+    from coordinator.reaper import reaper_loop
+
+    tasks: list[LeaderTask] = [failover_scheduler]
+    if ctx.config.reaper_interval > 0:
+        tasks.append(reaper_loop(_reaper_sweep(ctx), ctx.config.reaper_interval))
+    return tasks
+
+
+def build_reaper(ctx: WiringContext) -> Reaper:
+    """The ``Reap`` RPC's sweep ``(ttl, now) -> outcome counts``."""
+    return _reaper_sweep(ctx)

@@ -1,0 +1,165 @@
+"""The reaper (DESIGN.md §7): ends runs nobody came back to.
+
+One sweep lists every detached running run (by the reclaimable index, no scan of all runs)
+and decides each:
+
+* **expired** (detached for at least ``ttl``, inclusive as in the reference reaper): the
+  cancel is requested *only if the run is still detached as listed* (one etcd compare on
+  the record's revision), so a reader that came back between listing and claim wins.
+  A live driver sees the cancel via ``WatchRun`` (and the fast path ``CancelRun`` on its
+  host); an orphan is handed to a live host with purpose ``finalize``. The run ends
+  ``aborted`` with reason ``reaped``, its sandbox destroyed.
+* **finalized**: not expired and nobody drives it (no claim): a live host attaches and
+  drives it on; when its journal already ends with the exit sentinel the host replays,
+  appends the rest and finishes, so its transcript is saved.
+* **producing**: not expired and a live host drives it: left untouched.
+* **not-claimed**: a reader came back (``detached_since`` cleared or moved) before the
+  reaper acted: left untouched.
+* **unknown**: the run vanished or became terminal between listing and acting.
+* **reclaim-failed**: no live host accepted the run.
+* **failed**: the sweep's etcd or gRPC call for this run failed.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Awaitable, Callable
+
+import grpc
+
+from baton.errors import StoreUnavailable
+from baton.v1 import runs_pb2, sandbox_host_pb2
+from baton.v1.runs_pb2 import RunRecord
+
+from coordinator._election import LeaderContext
+from coordinator._store import RunStore, _Budget
+from coordinator.failover import HostPool, attach_somewhere
+
+log = logging.getLogger(__name__)
+
+OUTCOMES = ("expired", "finalized", "producing", "unknown", "not-claimed", "reclaim-failed", "failed")
+REAPED = "reaped"
+
+
+async def _cancel_if_still_detached(store: RunStore, listed: RunRecord, timeout: float) -> str | None:
+    """Set ``cancel_requested`` (reason ``reaped``) only while the run is detached as listed.
+
+    Returns:
+        ``None`` when the cancel was requested, else the outcome that stops the reap
+        (``unknown`` or ``not-claimed``).
+    """
+    b = _Budget(timeout)
+    while True:
+        snap = await store._snapshot(listed.run_id, b, with_claim=False)
+        cur = snap.record
+        if cur is None or cur.status != runs_pb2.RUN_STATUS_RUNNING:
+            return "unknown"
+        if not cur.HasField("detached_since") or cur.detached_since != listed.detached_since:
+            return "not-claimed"  # a reader came back (and maybe left again later)
+        if cur.cancel_requested and cur.cancel_reason == REAPED:
+            return None
+        new = RunRecord()
+        new.CopyFrom(cur)
+        new.cancel_requested = True
+        new.cancel_reason = REAPED
+        res = await store._write(snap, new, b)
+        if res.succeeded:
+            return None
+
+
+class ReaperSweep:
+    """The reaper: ``await sweep(ttl, now)`` → outcome counts (the ``Reap`` RPC's callable).
+
+    Args:
+        store: the etcd-backed store.
+        list_hosts_ctx: a :class:`LeaderContext`-like object for host lookups (store,
+            config, ``list_hosts``).
+        default_ttl: ``detached_run_ttl`` used when a sweep is asked with ``ttl <= 0``.
+        clock: Unix-seconds clock.
+    """
+
+    def __init__(self, ctx: LeaderContext, default_ttl: float, clock: Callable[[], float] = time.time) -> None:
+        self.ctx = ctx
+        self.default_ttl = default_ttl
+        self.clock = clock
+        self._lock = asyncio.Lock()
+
+    async def __call__(self, ttl: float, now: float) -> dict[str, int]:
+        return await self.sweep(ttl, now)
+
+    async def sweep(self, ttl: float = 0, now: float = 0) -> dict[str, int]:
+        """One sweep (serialised: two concurrent sweeps would race on the same runs)."""
+        ttl = ttl if ttl > 0 else self.default_ttl
+        now = now if now > 0 else self.clock()
+        counts = {k: 0 for k in OUTCOMES}
+        async with self._lock:
+            store, cfg = self.ctx.store, self.ctx.config
+            detached = await store.list_reclaimable(now, 0.0, 0, timeout=cfg.etcd_timeout)
+            pool = HostPool()
+            try:
+                for rec in detached:
+                    try:
+                        outcome = await self._reap_one(pool, rec, expired=rec.detached_since <= now - ttl)
+                    except (StoreUnavailable, grpc.aio.AioRpcError) as exc:
+                        log.warning("reaper: run %s: %s", rec.run_id, exc)
+                        outcome = "failed"
+                    counts[outcome] += 1
+            finally:
+                await pool.close()
+        log.info("reaper sweep: %s", counts)
+        return counts
+
+    async def _reap_one(self, pool: HostPool, listed: RunRecord, *, expired: bool) -> str:
+        store, cfg = self.ctx.store, self.ctx.config
+        if expired:
+            stop = await _cancel_if_still_detached(store, listed, cfg.etcd_timeout)
+            if stop is not None:
+                return stop
+            _, claim = await store.get_run(listed.run_id, timeout=cfg.etcd_timeout)
+            if claim is not None:
+                await self._fast_cancel(pool, claim.host_id, listed.run_id)
+                return "expired"
+            res = await attach_somewhere(self.ctx, pool, listed.run_id, "finalize", patience=5.0)
+            return "reclaim-failed" if res == "no-host" else "expired"
+        cur, claim = await store.get_run(listed.run_id, timeout=cfg.etcd_timeout)
+        if cur is None or cur.status != runs_pb2.RUN_STATUS_RUNNING:
+            return "unknown"
+        if not cur.HasField("detached_since"):
+            return "not-claimed"
+        if claim is not None:
+            return "producing"
+        res = await attach_somewhere(self.ctx, pool, listed.run_id, "drive", patience=5.0)
+        if res == "no-host":
+            return "reclaim-failed"
+        return "finalized"
+
+    async def _fast_cancel(self, pool: HostPool, host_id: str, run_id: str) -> None:
+        for h in await self.ctx.list_hosts():
+            if h.host_id == host_id and h.address:
+                try:
+                    await pool.stub(h.address).CancelRun(
+                        sandbox_host_pb2.CancelRunRequest(run_id=run_id, reason=REAPED), timeout=2.0)
+                except grpc.aio.AioRpcError as exc:
+                    # The durable flag is set; the driver sees it via WatchRun anyway.
+                    log.info("reaper: fast cancel of %s on %s failed: %s", run_id, host_id, exc.code())
+                return
+
+
+def reaper_loop(sweep: ReaperSweep, interval: float) -> Callable[[LeaderContext], Awaitable[None]]:
+    """A leader task that runs ``sweep`` every ``interval`` seconds (0 = never).
+
+    It never returns while leading: the election ends a term when a leader task returns.
+    """
+
+    async def loop(ctx: LeaderContext) -> None:
+        if interval <= 0:
+            await asyncio.Event().wait()
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await sweep.sweep()
+            except StoreUnavailable as exc:
+                log.warning("reaper sweep failed: %s", exc)
+
+    return loop
