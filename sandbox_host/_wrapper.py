@@ -1,0 +1,107 @@
+"""The launch wrapper: a POSIX ``sh`` script every provider runs around the agent.
+
+DESIGN.md §5.2. The wrapper
+
+1. reads the exit-sentinel nonce from a file and deletes that file before the agent starts,
+   so the nonce is never in the agent's environment, argv or file system (it lives only in
+   an unexported shell variable of the wrapper);
+2. runs the agent with stdout **redirected** (``>>``, append, never a pipe: a dead host
+   cannot SIGPIPE it) into the journal, stderr into its own file, stdin from a file (the
+   prompt) or ``/dev/null``;
+3. appends ``{"__exit":<code>,"__nonce":"<nonce>"}`` to the journal when the agent ends.
+
+It traps TERM/INT/HUP with a handler that only sets a flag (not ``''``, which children
+would inherit as "ignored"), so a signal that lands before the agent starts stops it from
+starting (sentinel 143), and a SIGTERM to the process group stops the agent while the wrapper survives
+to write the sentinel with the agent's status (143); SIGKILL ends both and leaves no
+sentinel, which the follower then reports as an incomplete journal.
+
+The nonce file disappears only after the trap is installed, so a launcher that waits for
+the file to vanish knows a SIGTERM from then on yields a sentinel.
+
+Invocation (same for every provider; the docker provider copies the script into the
+container)::
+
+    sh <wrapper.sh> <journal> <stderr> <nonce file> <stdin file or ""> <argv...>
+
+Exit codes of the wrapper itself: 97 when the nonce file is missing or malformed (the
+agent is then not started).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+WRAPPER_EXIT_BAD_NONCE = 97
+
+_SCRIPT = r"""#!/bin/sh
+# baton launch wrapper (sandbox_host/_wrapper.py). Args: journal stderr noncefile stdinfile argv...
+journal=$1; errfile=$2; noncefile=$3; stdinfile=$4
+shift 4
+stopped=
+trap 'stopped=1' TERM INT HUP
+nonce=$(cat "$noncefile" 2>/dev/null)
+rm -f "$noncefile"
+case $nonce in ''|*[!0-9a-f]*) exit 97 ;; esac
+if [ -n "$stopped" ]; then
+  # Signalled before the agent started: it never runs; report as a SIGTERM death.
+  printf '{"__exit":%d,"__nonce":"%s"}\n' 143 "$nonce" >>"$journal"
+  exit 0
+fi
+# The agent runs as a background job the wrapper waits for, so a signal the wrapper traps
+# is forwarded at once (a group signal landing between fork and exec would be lost).
+if [ -n "$stdinfile" ]; then
+  "$@" <"$stdinfile" >>"$journal" 2>>"$errfile" &
+else
+  "$@" </dev/null >>"$journal" 2>>"$errfile" &
+fi
+agent=$!
+trap 'stopped=1; kill -TERM "$agent" 2>/dev/null' TERM INT HUP
+resent=
+while :; do
+  if [ -n "$stopped" ] && [ -z "$resent" ]; then
+    # A signal that reached the agent's process between fork and exec is lost there
+    # (it still had our trap), so the whole group gets it again once the agent surely
+    # runs (its own children included; the wrapper only notes it).
+    resent=1
+    kill -TERM "$agent" 2>/dev/null
+    sleep 0.2
+    kill -TERM 0 2>/dev/null
+  fi
+  wait "$agent"
+  code=$?
+  kill -0 "$agent" 2>/dev/null || break
+done
+printf '{"__exit":%d,"__nonce":"%s"}\n' "$code" "$nonce" >>"$journal"
+exit 0
+"""
+
+
+def wrapper_script() -> str:
+    """The wrapper's source (POSIX ``sh``: ``cat``, ``rm``, ``sleep`` and the builtins ``printf``, ``kill``, ``wait``)."""
+    return _SCRIPT
+
+
+def wrapper_argv(
+    wrapper_path: str,
+    journal: str,
+    stderr: str,
+    nonce_file: str,
+    stdin_file: str | None,
+    argv: Sequence[str],
+) -> list[str]:
+    """The command line that runs ``argv`` under the wrapper.
+
+    Args:
+        wrapper_path: where :func:`wrapper_script` was written in the sandbox.
+        journal: the journal path (created/appended to).
+        stderr: the agent's stderr file.
+        nonce_file: a file holding the nonce (mode 0600); the wrapper deletes it.
+        stdin_file: a file fed to the agent's stdin, or ``None`` for ``/dev/null``.
+        argv: the agent's command line.
+
+    Raises:
+        ValueError: when ``argv`` is empty.
+    """
+    if not argv:
+        raise ValueError("argv must not be empty")
+    return ["sh", wrapper_path, journal, stderr, nonce_file, stdin_file or "", *argv]

@@ -1,0 +1,95 @@
+"""Agent kinds (DESIGN.md §5.3): a launch command + a journal format (+ its translator).
+
+- ``replay``: a recorded journal written back with its pacing (the default; no API keys).
+- ``claude-code``: ``claude -p --output-format stream-json --verbose [--include-partial-messages]``.
+- ``codex``: ``codex exec --json``.
+
+A host calls :func:`prepare_agent` on a fresh run and records ``launch.options`` in the
+run record; a takeover host calls :func:`journal_format_for` on the recorded options, so it
+translates with the same translator without re-reading anything.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+from baton.errors import InvalidArgument
+from sandbox_host.agents import _claude, _codex, _replay
+from sandbox_host.agents._spec import CLAUDE_STREAM_JSON, CODEX_EXEC_JSON, JOURNAL_FORMATS, AgentLaunch
+
+AGENT_KINDS = ("replay", "claude-code", "codex")
+
+
+def prepare_agent(
+    kind: str, options: Mapping[str, Any], *, prompt: str = "", env: Mapping[str, str] | None = None
+) -> AgentLaunch:
+    """The launch of an agent kind with validated options.
+
+    Args:
+        kind: ``replay`` | ``claude-code`` | ``codex``.
+        options: the agent's options (``AgentSpec.options_json`` decoded).
+        prompt: the user's prompt (see :func:`prompt_from_messages`).
+        env: where ``BATON_*`` settings are read (default ``os.environ``).
+
+    Raises:
+        InvalidArgument: unknown kind or bad options (field ``agent.kind`` / ``agent.options.*``).
+    """
+    if not isinstance(options, Mapping):
+        raise InvalidArgument("agent.options", "must be a JSON object")
+    if kind == "replay":
+        return _replay.prepare(options, prompt=prompt, env=env)
+    if kind == "claude-code":
+        return _claude.prepare(options, prompt=prompt, env=env)
+    if kind == "codex":
+        return _codex.prepare(options, prompt=prompt, env=env)
+    raise InvalidArgument("agent.kind", f"must be one of {', '.join(AGENT_KINDS)}")
+
+
+def journal_format_for(kind: str, options: Mapping[str, Any]) -> str:
+    """The journal format of a run from its recorded agent kind and options.
+
+    For ``replay`` the format recorded by :func:`prepare_agent` is used (detected again
+    from the journal path only when a record predates it).
+
+    Raises:
+        InvalidArgument: unknown kind, or a replay whose format cannot be determined.
+    """
+    if kind == "claude-code":
+        return CLAUDE_STREAM_JSON
+    if kind == "codex":
+        return CODEX_EXEC_JSON
+    if kind == "replay":
+        fmt = options.get("format")
+        if fmt in JOURNAL_FORMATS:
+            return str(fmt)
+        path = _replay.resolve_journal(options.get("journal", ""))
+        with open(path, "rb") as f:
+            return _replay.detect_format(path, f.read(65536))
+    raise InvalidArgument("agent.kind", f"must be one of {', '.join(AGENT_KINDS)}")
+
+
+def prompt_from_messages(messages: Iterable[Mapping[str, Any]]) -> str:
+    """The prompt for a CLI agent: the text of the last ``user`` message of an AG-UI input.
+
+    ``content`` may be a string or a list of parts; text parts are joined with newlines.
+    Returns ``""`` when there is no user message.
+    """
+    last: Mapping[str, Any] | None = None
+    for m in messages:
+        if isinstance(m, Mapping) and m.get("role") == "user":
+            last = m
+    if last is None:
+        return ""
+    content = last.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(p.get("text", "")) for p in content if isinstance(p, Mapping) and p.get("type") == "text"
+        )
+    return ""
+
+
+__all__ = [
+    "AGENT_KINDS", "AgentLaunch", "CLAUDE_STREAM_JSON", "CODEX_EXEC_JSON", "JOURNAL_FORMATS",
+    "journal_format_for", "prepare_agent", "prompt_from_messages",
+]

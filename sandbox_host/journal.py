@@ -1,0 +1,397 @@
+"""Journals: file names, the exit sentinel, following a journal, and the attach preflight.
+
+DESIGN.md §5.2. An agent's stdout is redirected (never piped) into
+``<journal_dir>/<file stem of the run id>.ndjson`` and its stderr into ``….err``; the launch
+wrapper (:mod:`sandbox_host._wrapper`) appends ``{"__exit": <code>, "__nonce": "<nonce>"}``
+when the agent ends. The nonce is made here, handed to the wrapper out of band, and never
+reaches the agent, so an agent cannot forge the end of its own journal.
+
+:func:`follow_journal` turns bytes from a provider into complete lines with absolute byte
+offsets. It never parses JSON (translators do) and never repairs a trailing fragment
+(journal-formats.md §0.3): at final EOF the fragment is reported as
+:class:`JournalTruncated`.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator, Awaitable, Callable, Union
+
+from baton.errors import JournalAttachUnavailable, JournalError
+from baton.ids import file_stem
+from sandbox_host.providers._base import Provider, SandboxHandle
+
+JOURNAL_SUFFIX = ".ndjson"
+STDERR_SUFFIX = ".err"
+#: Run statuses after which there is nothing to attach to (DESIGN.md §3.1).
+TERMINAL_STATUSES = frozenset({"completed", "failed", "aborted"})
+
+_SENTINEL_MARK = b'{"__exit":'
+_SENTINEL_RE = re.compile(rb'\{"__exit":\s*(-?\d+),\s*"__nonce":\s*"([0-9a-f]+)"\}')
+
+
+def journal_path(journal_dir: str, run_id: str) -> str:
+    """The journal file of a run: ``<journal_dir>/<file_stem(run_id)>.ndjson``.
+
+    The stem (:func:`baton.ids.file_stem`) is injective and shell-safe.
+    """
+    return os.path.join(journal_dir, file_stem(run_id) + JOURNAL_SUFFIX)
+
+
+def stderr_path(journal_dir: str, run_id: str) -> str:
+    """The agent's stderr file beside its journal: ``<journal_dir>/<stem>.err``."""
+    return os.path.join(journal_dir, file_stem(run_id) + STDERR_SUFFIX)
+
+
+def new_nonce() -> str:
+    """A fresh exit-sentinel nonce: 128 random bits as 32 lower-case hex characters."""
+    return secrets.token_hex(16)
+
+
+def exit_sentinel(code: int, nonce: str) -> bytes:
+    """The sentinel line (with its ``\\n``) the wrapper appends when the agent exits."""
+    return json.dumps({"__exit": code, "__nonce": nonce}, separators=(",", ":")).encode() + b"\n"
+
+
+def parse_sentinel(data: bytes, nonce: str) -> int | None:
+    """The exit code when ``data`` (one line, no ``\\n``) is the sentinel with ``nonce``.
+
+    A sentinel with any other nonce is an ordinary journal line (forged or foreign): the
+    caller passes it on to the translator, which reports it and does not obey it.
+    """
+    m = _SENTINEL_RE.fullmatch(data)
+    if m is None or not secrets.compare_digest(m.group(2), nonce.encode()):
+        return None
+    return int(m.group(1))
+
+
+@dataclass(frozen=True)
+class JournalLine:
+    """One complete journal line.
+
+    Attributes:
+        offset: byte offset of its first byte in the journal.
+        end: byte offset just past its ``\\n`` (where the next line starts).
+        data: the line without ``\\n`` and without trailing ``\\r`` (raw bytes; may be
+            invalid UTF-8 or longer than 1 MiB).
+    """
+
+    offset: int
+    end: int
+    data: bytes
+
+
+@dataclass(frozen=True)
+class JournalExit:
+    """The wrapper's exit sentinel (right nonce): the agent ended with ``code``.
+
+    Attributes:
+        code: the agent's exit status (128+N when killed by signal N, as the shell reports).
+        offset: byte offset of the sentinel.
+        end: byte offset past it (the journal's end).
+    """
+
+    code: int
+    offset: int
+    end: int
+
+
+@dataclass(frozen=True)
+class JournalTruncated:
+    """A trailing fragment without ``\\n`` at final EOF (reported, never repaired).
+
+    Attributes:
+        offset: byte offset of the fragment.
+        data: its bytes.
+    """
+
+    offset: int
+    data: bytes
+
+
+JournalItem = Union[JournalLine, JournalExit, JournalTruncated]
+
+
+class JournalDeleted(JournalError):
+    """The journal file disappeared while it was being followed.
+
+    Attributes:
+        path: the journal's path in the sandbox.
+        offset: bytes consumed before it went away.
+    """
+
+    def __init__(self, path: str, offset: int) -> None:
+        self.path = path
+        self.offset = offset
+        super().__init__(f"journal {path!r} disappeared after {offset} bytes")
+
+
+class LineSplitter:
+    """Split a byte stream into complete lines with absolute offsets (pure, no I/O).
+
+    Searches only the newly added bytes for ``\\n``, so a line of many MiB arriving in
+    small reads costs linear time. Lines are never decoded here: a UTF-8 character split
+    across two reads is joined before anyone decodes it.
+    """
+
+    def __init__(self, offset: int = 0) -> None:
+        self._buf = bytearray()
+        self._start = offset  # absolute offset of _buf[0]
+        self._scan = 0  # bytes of _buf already known to hold no "\n"
+
+    @property
+    def consumed(self) -> int:
+        """Absolute offset just past the last complete line."""
+        return self._start
+
+    @property
+    def pending(self) -> bytes:
+        """The bytes after the last complete line (a fragment, possibly empty)."""
+        return bytes(self._buf)
+
+    def feed(self, data: bytes) -> list[JournalLine]:
+        """Add bytes; return the lines they complete, in order."""
+        self._buf += data
+        out: list[JournalLine] = []
+        pos = 0
+        while True:
+            nl = self._buf.find(b"\n", max(pos, self._scan))
+            if nl < 0:
+                break
+            raw = bytes(self._buf[pos:nl])
+            if raw.endswith(b"\r"):
+                raw = raw.rstrip(b"\r")
+            out.append(JournalLine(self._start + pos, self._start + nl + 1, raw))
+            pos = nl + 1
+        if pos:
+            del self._buf[:pos]
+            self._start += pos
+        self._scan = len(self._buf)
+        return out
+
+
+def _classify(line: JournalLine, nonce: str) -> list[JournalItem]:
+    """Recognise the sentinel (only with the right nonce), also when glued to a fragment.
+
+    When the agent was killed mid-line, the wrapper's sentinel lands right after the
+    fragment on the same physical line: the fragment is reported as truncated and the
+    sentinel still counts.
+    """
+    if _SENTINEL_MARK not in line.data:
+        return [line]
+    code = parse_sentinel(line.data, nonce)
+    if code is not None:
+        return [JournalExit(code, line.offset, line.end)]
+    cut = line.data.rfind(_SENTINEL_MARK)
+    if cut > 0:
+        code = parse_sentinel(line.data[cut:], nonce)
+        if code is not None:
+            return [
+                JournalTruncated(line.offset, line.data[:cut]),
+                JournalExit(code, line.offset + cut, line.end),
+            ]
+    return [line]
+
+
+async def _next_chunk(stream: AsyncIterator[bytes]) -> bytes:
+    return await stream.__anext__()
+
+
+async def _discard(fut: "asyncio.Future[bytes]") -> None:
+    """Cancel our own pending read and wait for it to settle.
+
+    ``asyncio.wait`` does not raise the future's outcome, so only a cancellation of the
+    caller itself propagates from here; the read's exception is retrieved so it is not
+    reported as never retrieved.
+    """
+    fut.cancel()
+    await asyncio.wait({fut})
+    if not fut.cancelled():
+        fut.exception()
+
+
+async def follow_journal(
+    provider: Provider,
+    handle: SandboxHandle,
+    path: str,
+    *,
+    offset: int = 0,
+    nonce: str,
+    poll_interval: float = 0.25,
+) -> AsyncIterator[JournalItem]:
+    """Follow a journal from ``offset`` until its end, yielding complete lines.
+
+    Ends after a :class:`JournalExit` (the sentinel with ``nonce``), or when the agent's
+    processes are gone and the file stopped growing (then without ``JournalExit``). A
+    trailing fragment at final EOF is yielded as :class:`JournalTruncated` just before the
+    end. Silence alone is never the end (journal-formats.md §4.3): while a process lives,
+    this waits.
+
+    Use it as ``async with contextlib.aclosing(follow_journal(...)) as items`` so the
+    pending read is cancelled when the caller stops early.
+
+    Args:
+        provider: the sandbox's provider.
+        handle: the sandbox.
+        path: the journal's path in the sandbox.
+        offset: absolute byte offset to start from (must be a line start).
+        nonce: the run's exit-sentinel nonce.
+        poll_interval: seconds between liveness checks while idle, and between reads for
+            providers that cannot follow.
+
+    Yields:
+        ``JournalLine`` | ``JournalExit`` | ``JournalTruncated``, in file order.
+
+    Raises:
+        JournalDeleted: the journal vanished (or never existed) while being followed.
+    """
+    splitter = LineSplitter(offset)
+    pos = offset  # next byte to read
+
+    def items(data: bytes) -> list[JournalItem]:
+        out: list[JournalItem] = []
+        for line in splitter.feed(data):
+            out.extend(_classify(line, nonce))
+        return out
+
+    async def drain() -> bytes:
+        try:
+            return await provider.read_file(handle, path, pos)
+        except FileNotFoundError:
+            raise JournalDeleted(path, pos) from None
+
+    def at_eof() -> list[JournalItem]:
+        frag = splitter.pending
+        return [JournalTruncated(splitter.consumed, frag)] if frag else []
+
+    if not provider.can_follow:
+        while True:
+            data = await drain()
+            if data:
+                pos += len(data)
+                for it in items(data):
+                    yield it
+                    if isinstance(it, JournalExit):
+                        return
+                continue
+            if not await provider.processes_alive(handle):
+                data = await drain()
+                if not data:
+                    for it in at_eof():
+                        yield it
+                    return
+                pos += len(data)
+                for it in items(data):
+                    yield it
+                    if isinstance(it, JournalExit):
+                        return
+                continue
+            await asyncio.sleep(poll_interval)
+
+    stream = provider.follow(handle, path, offset)
+    pending: asyncio.Future[bytes] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(_next_chunk(stream))
+            done, _ = await asyncio.wait({pending}, timeout=poll_interval)
+            if done:
+                fut, pending = pending, None
+                try:
+                    data = fut.result()
+                except StopAsyncIteration:
+                    data = b""
+                    stream_ended = True
+                except FileNotFoundError:
+                    raise JournalDeleted(path, pos) from None
+                else:
+                    stream_ended = False
+                if data:
+                    pos += len(data)
+                    for item in items(data):
+                        yield item
+                        if isinstance(item, JournalExit):
+                            return
+                    continue
+                if not stream_ended:
+                    continue
+            # Idle (or the follow stream ended): the end is "processes gone and nothing
+            # more in the file". Read the file directly, since a follow may lag.
+            if await provider.processes_alive(handle):
+                continue
+            if pending is not None:
+                await _discard(pending)
+                pending = None
+            while True:
+                data = await drain()
+                if not data:
+                    break
+                pos += len(data)
+                for item in items(data):
+                    yield item
+                    if isinstance(item, JournalExit):
+                        return
+            for item in at_eof():
+                yield item
+            return
+    finally:
+        if pending is not None:
+            await _discard(pending)
+        aclose = getattr(stream, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+async def preflight_attach(
+    run_id: str,
+    *,
+    status: Callable[[], Awaitable[str | None]],
+    journal_size: Callable[[], Awaitable[int | None]],
+    attach_wait: float = 10.0,
+    poll_interval: float = 0.05,
+    clock: Callable[[], float] = time.monotonic,
+) -> int:
+    """Check that a run can be attached to (DESIGN.md §5.2); return the journal's size.
+
+    The record and the journal are read through callables, so this module stays free of
+    the coordinator client and of any one provider (e.g. ``status=lambda: ...`` returning
+    the record's status name, ``journal_size=lambda: provider.file_size(handle, path)``).
+
+    Args:
+        run_id: the run (for the error).
+        status: the record's status name (``"running"``, ``"completed"``, …), ``None``
+            when there is no record.
+        journal_size: the journal's size in bytes, ``None`` while it does not exist.
+        attach_wait: seconds to wait, in total, for the journal and its first byte.
+        poll_interval: seconds between checks.
+        clock: monotonic clock in seconds (injected for tests).
+
+    Returns:
+        The journal size (> 0) when the first byte is there.
+
+    Raises:
+        JournalAttachUnavailable: ``unknown-run`` (no record, at once), ``terminal-run``
+            (at once), ``journal-timeout`` (no journal file within ``attach_wait``), or
+            ``journal-stalled`` (the file exists but holds no byte within ``attach_wait``).
+    """
+    st = await status()
+    if st is None:
+        raise JournalAttachUnavailable(run_id, "unknown-run")
+    if st in TERMINAL_STATUSES:
+        raise JournalAttachUnavailable(run_id, "terminal-run")
+    deadline = clock() + attach_wait
+    seen_file = False
+    while True:
+        size = await journal_size()
+        if size is not None:
+            seen_file = True
+            if size > 0:
+                return size
+        if clock() >= deadline:
+            raise JournalAttachUnavailable(run_id, "journal-stalled" if seen_file else "journal-timeout")
+        await asyncio.sleep(poll_interval)

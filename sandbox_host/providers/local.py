@@ -1,0 +1,413 @@
+"""The ``local`` provider: a directory plus a detached process group (DESIGN.md §5.1).
+
+A sandbox is ``<base_dir>/<file stem of the key>/`` holding ``workspace/`` (the agent's
+working directory) and ``.baton/`` (the wrapper script, the one-shot nonce file, the
+prompt). The journal and its stderr file live in ``<journal_dir>`` named after the key
+(:func:`sandbox_host.journal.journal_path`). The agent runs under the launch wrapper in its
+own session (``setsid``) whose parent exits at once, so the agent is nobody's child: it
+survives the host process (even SIGKILL) and any host on the machine can follow, signal or
+destroy it from the handle (``data = {"dir", "pgid"}``).
+
+This module is the adapter: all process and file I/O of local sandboxes lives here.
+"""
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import os
+import secrets as _secrets
+import shutil
+import signal as _signal
+from typing import Any, AsyncIterator, Mapping, Sequence
+
+from baton.errors import SandboxBuildFailed
+from baton.ids import file_stem
+from sandbox_host import journal as _journal
+from sandbox_host._wrapper import wrapper_argv, wrapper_script
+from sandbox_host.providers._base import Provider, SandboxHandle, SandboxSpec
+from sandbox_host.providers._redact import redact
+
+#: Bytes of a failing step's stderr kept in ``SandboxBuildFailed.detail``.
+STDERR_TAIL = 2000
+_READ_CHUNK = 1 << 20
+# Host variables the agent inherits; everything else (the host's own credentials
+# included) stays out of the sandbox. Sandbox env and secrets are added on top.
+_INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "LOGNAME", "SHELL", "TZ")
+_PROXY_ENV = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "grpc_proxy")
+# Launch: `setsid` (not forking, as it is not a group leader in a non-interactive sh) makes
+# the wrapper a session and group leader with pid == pgid; the sh prints it and exits.
+_LAUNCHER = 'setsid "$@" </dev/null >/dev/null 2>&1 & echo $!'
+
+
+def _is_git_source(source: str, git_ref: str | None) -> bool:
+    """A git URL (or bare repository path) rather than a directory to copy."""
+    if git_ref:
+        return True
+    return "://" in source or source.startswith("git@") or source.rstrip("/").endswith(".git")
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """``(state, pgrp)`` of a process from ``/proc``, ``None`` when it does not exist."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # comm may contain spaces and parentheses: fields restart after the last ")".
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    return fields[0].decode(), int(fields[2])
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any non-zombie process is in process group ``pgid``.
+
+    ``killpg(pgid, 0)`` is not enough: detached agents are reparented to PID 1, which may
+    not reap them (it does not in our CI container), and a zombie still "exists" for kill.
+    """
+    st = _proc_stat(pgid)
+    if st is not None and st[0] != "Z" and st[1] == pgid:
+        return True
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        st = _proc_stat(int(name))
+        if st is not None and st[1] == pgid and st[0] != "Z":
+            return True
+    return False
+
+
+class _Inotify:
+    """Wake-ups when a file changes (Linux inotify through libc; no extra dependency)."""
+
+    _IN_MODIFY = 0x002
+    _IN_ATTRIB = 0x004
+    _IN_CLOSE_WRITE = 0x008
+    _IN_MOVE_SELF = 0x800
+    _IN_DELETE_SELF = 0x400
+    _IN_NONBLOCK = 0o4000
+    _IN_CLOEXEC = 0o2000000
+
+    def __init__(self, fd: int, loop: asyncio.AbstractEventLoop) -> None:
+        self._fd = fd
+        self._loop = loop
+        self._event = asyncio.Event()
+        loop.add_reader(fd, self._on_readable)
+
+    @classmethod
+    def open(cls, path: str) -> "_Inotify | None":
+        """A watch on ``path``, or ``None`` where inotify is unavailable (then poll)."""
+        name = ctypes.util.find_library("c")
+        if name is None:
+            return None
+        libc = ctypes.CDLL(name, use_errno=True)
+        fd = libc.inotify_init1(cls._IN_NONBLOCK | cls._IN_CLOEXEC)
+        if fd < 0:
+            return None
+        mask = cls._IN_MODIFY | cls._IN_ATTRIB | cls._IN_CLOSE_WRITE | cls._IN_MOVE_SELF | cls._IN_DELETE_SELF
+        if libc.inotify_add_watch(fd, os.fsencode(path), mask) < 0:
+            os.close(fd)
+            return None
+        return cls(fd, asyncio.get_running_loop())
+
+    def _on_readable(self) -> None:
+        try:
+            while os.read(self._fd, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        self._event.set()
+
+    async def wait(self, timeout: float) -> None:
+        """Return after a change or ``timeout`` seconds, whichever is first."""
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout)
+        except TimeoutError:
+            pass
+        self._event.clear()
+
+    def close(self) -> None:
+        self._loop.remove_reader(self._fd)
+        os.close(self._fd)
+
+
+class LocalProvider(Provider):
+    """Sandboxes as local directories with detached process groups.
+
+    Args:
+        base_dir: where sandboxes are created (default ``BATON_SANDBOX_DIR``).
+        journal_dir: where journals live (default ``BATON_JOURNAL_DIR``).
+        idle_check: seconds a follow waits for an inotify wake-up before it re-checks the
+            file anyway (also the poll interval where inotify is unavailable).
+    """
+
+    name = "local"
+    killable_processes = True
+    can_follow = True
+
+    def __init__(
+        self,
+        base_dir: str | None = None,
+        journal_dir: str | None = None,
+        *,
+        idle_check: float = 0.25,
+    ) -> None:
+        from baton import config
+
+        self.base_dir = base_dir or config.get("BATON_SANDBOX_DIR")
+        self.journal_dir = journal_dir or config.get("BATON_JOURNAL_DIR")
+        self.idle_check = idle_check
+
+    # --- building -------------------------------------------------------------------------
+
+    async def create(self, key: str, spec: SandboxSpec) -> SandboxHandle:
+        """Create the directory, fill the workspace, run the setup commands in order.
+
+        Raises:
+            SandboxBuildFailed: ``step`` is ``"create"`` (the sandbox already exists),
+                ``"workspace"`` (copy or git clone/checkout failed) or ``"setup[i]"`` (the
+                i-th setup command exited non-zero); ``detail`` is the redacted stderr tail.
+        """
+        base = spec.base_dir or self.base_dir
+        root = os.path.join(base, file_stem(key))
+        workdir = os.path.join(root, "workspace")
+        os.makedirs(base, exist_ok=True)
+        os.makedirs(self.journal_dir, exist_ok=True)
+        try:
+            os.mkdir(root)
+        except FileExistsError:
+            raise SandboxBuildFailed("create", f"sandbox {file_stem(key)} already exists") from None
+        os.mkdir(os.path.join(root, ".baton"), 0o700)
+        handle = SandboxHandle(
+            provider=self.name,
+            key=key,
+            journal_path=_journal.journal_path(self.journal_dir, key),
+            stderr_path=_journal.stderr_path(self.journal_dir, key),
+            workdir=workdir,
+            data={"dir": root, "pgid": None},
+        )
+        env = self._env(spec.env, spec.secrets)
+        try:
+            await self._workspace(spec, workdir, env)
+            for i, cmd in enumerate(spec.setup):
+                code, err = await self._run(["sh", "-c", cmd], workdir, env)
+                if code != 0:
+                    raise SandboxBuildFailed(
+                        f"setup[{i}]", redact(f"exit {code}: {_tail(err)}", spec.secrets)
+                    )
+        except BaseException:
+            await asyncio.shield(asyncio.to_thread(shutil.rmtree, root, True))
+            raise
+        return handle
+
+    async def _workspace(self, spec: SandboxSpec, workdir: str, env: Mapping[str, str]) -> None:
+        src = spec.workspace
+        if src is None:
+            os.mkdir(workdir)
+            return
+        if not _is_git_source(src, spec.git_ref):
+            try:
+                await asyncio.to_thread(shutil.copytree, src, workdir, symlinks=True)
+            except (OSError, shutil.Error) as exc:
+                raise SandboxBuildFailed("workspace", redact(f"copy failed: {exc}", spec.secrets)) from exc
+            return
+        git_env = {**env, "GIT_TERMINAL_PROMPT": "0"}
+        code, err = await self._run(["git", "clone", "--quiet", "--", src, workdir], None, git_env)
+        if code != 0:
+            raise SandboxBuildFailed("workspace", redact(f"git clone exit {code}: {_tail(err)}", spec.secrets))
+        if spec.git_ref:
+            code, err = await self._run(
+                ["git", "-c", "advice.detachedHead=false", "checkout", "--quiet", spec.git_ref, "--"],
+                workdir,
+                git_env,
+            )
+            if code != 0:
+                raise SandboxBuildFailed(
+                    "workspace", redact(f"git checkout exit {code}: {_tail(err)}", spec.secrets)
+                )
+
+    @staticmethod
+    async def _run(argv: Sequence[str], cwd: str | None, env: Mapping[str, str]) -> tuple[int, bytes]:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=cwd,
+            env=dict(env),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            _, err = await proc.communicate()
+        except BaseException:
+            if proc.returncode is None:
+                proc.kill()
+                await asyncio.shield(proc.wait())
+            raise
+        assert proc.returncode is not None
+        return proc.returncode, err
+
+    @staticmethod
+    def _env(env: Mapping[str, str] | None, secrets: Mapping[str, str] | None) -> dict[str, str]:
+        out = {k: os.environ[k] for k in _INHERITED_ENV if k in os.environ}
+        out.setdefault("LANG", "C.UTF-8")
+        out.update(env or {})
+        out.update(secrets or {})
+        for k in _PROXY_ENV:
+            out.pop(k, None)
+        return out
+
+    async def copy_in(self, handle: SandboxHandle, path: str, content: bytes, mode: int = 0o644) -> None:
+        """Write ``content`` to ``path`` (absolute, or relative to the workspace)."""
+        target = os.path.join(handle.workdir, path)
+
+        def write() -> None:
+            os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+            tmp = f"{target}.tmp-{_secrets.token_hex(4)}"
+            with open(tmp, "wb") as f:
+                f.write(content)
+            os.chmod(tmp, mode)
+            os.replace(tmp, target)
+
+        await asyncio.to_thread(write)
+
+    # --- running --------------------------------------------------------------------------
+
+    async def launch(
+        self,
+        handle: SandboxHandle,
+        argv: Sequence[str],
+        *,
+        nonce: str,
+        stdin: bytes | None = None,
+        env: Mapping[str, str] | None = None,
+        secrets: Mapping[str, str] | None = None,
+    ) -> Mapping[str, Any]:
+        """Start ``argv`` under the wrapper in a new session; returns ``{"pgid": int}``.
+
+        The journal is created (empty) before the agent starts, so an attach preflight
+        sees it at once. Returns once the process group exists; does not wait for the
+        agent.
+        """
+        meta = os.path.join(handle.data["dir"], ".baton")
+        wrapper = os.path.join(meta, "wrapper.sh")
+        nonce_file = os.path.join(meta, f"nonce-{_secrets.token_hex(8)}")
+        stdin_file = os.path.join(meta, "stdin") if stdin is not None else None
+
+        def prepare() -> None:
+            with open(wrapper, "w") as f:
+                f.write(wrapper_script())
+            fd = os.open(nonce_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(nonce)
+            if stdin_file is not None:
+                with open(stdin_file, "wb") as f:
+                    f.write(stdin or b"")
+            os.makedirs(os.path.dirname(handle.journal_path), exist_ok=True)
+            open(handle.journal_path, "ab").close()
+            open(handle.stderr_path, "ab").close()
+
+        await asyncio.to_thread(prepare)
+        cmd = wrapper_argv(wrapper, handle.journal_path, handle.stderr_path, nonce_file, stdin_file, argv)
+        proc = await asyncio.create_subprocess_exec(
+            "sh", "-c", _LAUNCHER, "baton-launch", *cmd,
+            cwd=handle.workdir,
+            env=self._env(env, secrets),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        out, _ = await proc.communicate()
+        try:
+            pgid = int(out.strip())
+        except ValueError:
+            raise SandboxBuildFailed("launch", redact(f"launcher printed {out[-200:]!r}", secrets)) from None
+        # The sh printed the pid right after fork; wait until the wrapper has deleted the
+        # nonce file (so it is a group leader with its TERM trap installed) or ended, so
+        # kill/processes_alive act on the group at once.
+        for _ in range(5000):
+            st = _proc_stat(pgid)
+            if st is None or st[0] == "Z" or (st[1] == pgid and not os.path.exists(nonce_file)):
+                break
+            await asyncio.sleep(0.001)
+        return {"pgid": pgid}
+
+    async def follow(self, handle: SandboxHandle, path: str, offset: int) -> AsyncIterator[bytes]:
+        """Yield the file's bytes from ``offset`` as they are written (inotify wake-ups).
+
+        Raises:
+            FileNotFoundError: the file does not exist, or was deleted (after everything
+                written to it was yielded).
+        """
+        f = open(path, "rb")
+        watch = _Inotify.open(path)
+        try:
+            f.seek(offset)
+            while True:
+                data = f.read(_READ_CHUNK)
+                if data:
+                    yield data
+                    continue
+                if watch is not None:
+                    await watch.wait(self.idle_check)
+                else:
+                    await asyncio.sleep(min(self.idle_check, 0.02))
+                if os.fstat(f.fileno()).st_nlink == 0:
+                    rest = f.read()
+                    if rest:
+                        yield rest
+                    raise FileNotFoundError(path)
+        finally:
+            if watch is not None:
+                watch.close()
+            f.close()
+
+    async def read_file(self, handle: SandboxHandle, path: str, offset: int = 0, limit: int | None = None) -> bytes:
+        def read() -> bytes:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                return f.read(-1 if limit is None else limit)
+
+        return await asyncio.to_thread(read)
+
+    async def file_size(self, handle: SandboxHandle, path: str) -> int | None:
+        try:
+            return os.stat(path).st_size
+        except FileNotFoundError:
+            return None
+
+    async def kill(self, handle: SandboxHandle, signal: int) -> bool:
+        pgid = handle.data.get("pgid")
+        if not pgid or not group_alive(pgid):
+            return False
+        try:
+            os.killpg(pgid, signal)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    async def processes_alive(self, handle: SandboxHandle) -> bool:
+        pgid = handle.data.get("pgid")
+        return bool(pgid) and await asyncio.to_thread(group_alive, pgid)
+
+    async def exists(self, handle: SandboxHandle) -> bool:
+        return os.path.isdir(handle.data["dir"])
+
+    async def destroy(self, handle: SandboxHandle) -> bool:
+        """SIGKILL the process group, remove the directory, the journal and its stderr."""
+        killed = await self.kill(handle, _signal.SIGKILL)
+        removed = False
+        root = handle.data["dir"]
+        if os.path.isdir(root):
+            await asyncio.to_thread(shutil.rmtree, root, True)
+            removed = True
+        for p in (handle.journal_path, handle.stderr_path):
+            try:
+                os.unlink(p)
+                removed = True
+            except FileNotFoundError:
+                pass
+        return killed or removed
+
+
+def _tail(err: bytes) -> str:
+    return err[-STDERR_TAIL:].decode("utf-8", "replace").strip()

@@ -1,0 +1,323 @@
+"""What every journal translator shares: framing, open-item bookkeeping, the terminal.
+
+A translator is a pure state machine over journal lines (journal-formats.md §0): the same
+lines in the same order give the same chunks on any host at any time. Ids come from journal
+data or from ``<run_id>-<n>`` (a run-scoped counter), never from the clock or randomness.
+
+Output contract (DESIGN.md §5.3, docs/internals.md): ``RUN_STARTED`` (our run and thread id)
+first; exactly one terminal, emitted by :meth:`Translator.finish` at final EOF from the
+last turn's outcome (so a journal with several turns is one run with one step per turn);
+nothing open at ``RUN_FINISHED``; nothing after the terminal. Non-JSON lines become
+``CUSTOM journal.unparsed_line``; a trailing fragment becomes ``CUSTOM
+journal.truncated_line`` followed by ``RUN_ERROR`` code ``incomplete_journal``.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ag_ui.core import (
+    BaseEvent,
+    CustomEvent,
+    ReasoningEndEvent,
+    ReasoningMessageContentEvent,
+    ReasoningMessageEndEvent,
+    ReasoningMessageStartEvent,
+    ReasoningStartEvent,
+    RunErrorEvent,
+    RunFinishedEvent,
+    RunStartedEvent,
+    StepFinishedEvent,
+    StepStartedEvent,
+    SubagentErrorEvent,
+    SubagentFinishedEvent,
+    TextMessageContentEvent,
+    TextMessageEndEvent,
+    TextMessageStartEvent,
+    TokenUsage,
+    ToolCallArgsEvent,
+    ToolCallEndEvent,
+    ToolCallResultEvent,
+    ToolCallStartEvent,
+)
+
+from baton.agui import event_to_chunk
+
+Chunk = dict[str, Any]
+#: Longest delta in one CONTENT/ARGS chunk (characters): one journal line can hold MiBs
+#: (a Write of a big file), a delivery-log message should not.
+MAX_DELTA = 256 * 1024
+#: Characters of an unparsed or truncated line quoted in its CUSTOM chunk.
+QUOTE_LIMIT = 4096
+INCOMPLETE = "incomplete_journal"
+
+
+@dataclass
+class Outcome:
+    """How the last turn ended (the terminal is emitted from it at final EOF)."""
+
+    ok: bool
+    message: str = ""
+    code: str = ""
+    result: Any = None
+    usage: TokenUsage | None = None
+
+
+def compact_json(value: Any) -> str:
+    """JSON as the CLIs write it: no spaces, non-ASCII kept (journal-formats.md §1.2)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def quote(data: bytes) -> str:
+    """A bounded, always-decodable quote of raw journal bytes."""
+    return data[:QUOTE_LIMIT].decode("utf-8", "replace")
+
+
+class Translator:
+    """Base of the journal → AG-UI translators.
+
+    Args:
+        run_id: our run id (``RUN_STARTED.runId``, and the prefix of generated ids).
+        thread_id: our thread id.
+    """
+
+    #: journal format name, e.g. ``claude-stream-json``.
+    format: str = ""
+    #: prefix of CUSTOM names for this format's own line types (``claude``, ``codex``).
+    prefix: str = ""
+
+    def __init__(self, run_id: str, thread_id: str) -> None:
+        self.run_id = run_id
+        self.thread_id = thread_id
+        self.line_no = 0
+        self._out: list[Chunk] = []
+        self._started = False
+        self._ended = False
+        self._n = 0
+        self._turn = 0
+        self._step: str | None = None
+        # id -> subagent run id (or None) of open items, in opening order.
+        self._text: dict[str, str | None] = {}
+        self._reasoning: dict[str, str | None] = {}
+        self._tools: dict[str, str | None] = {}
+        self._subagents: dict[str, None] = {}
+        self._done_subagents: set[str] = set()
+        self._outcome: Outcome | None = None
+
+    # --- public contract ------------------------------------------------------------------
+
+    def feed(self, line: bytes) -> list[Chunk]:
+        """Translate one complete journal line (without its ``\\n``; ``\\r`` is stripped).
+
+        Returns:
+            The chunks this line completes (possibly none). Never raises on bad input:
+            non-JSON lines and unknown line types become ``CUSTOM`` chunks.
+        """
+        if self._ended:
+            return []
+        self.line_no += 1
+        self._out = []
+        self._ensure_started()
+        line = line.strip()
+        if line:
+            try:
+                obj = self._parse(line)
+            except ValueError:  # includes UnicodeDecodeError (invalid UTF-8)
+                self._unparsed(line)
+            else:
+                if isinstance(obj, dict):
+                    self._line(obj)
+                else:
+                    self._custom("journal.unknown_line", {"line": self.line_no, "value": obj})
+        return self._take()
+
+    def finish(self, exit_code: int | None, trailing_fragment: bytes | None = None) -> list[Chunk]:
+        """Close the run at final EOF.
+
+        Args:
+            exit_code: the agent's exit status from the sentinel, ``None`` when unknown
+                (the journal ended without one: the wrapper was killed).
+            trailing_fragment: bytes after the last ``\\n`` (reported, never parsed).
+
+        Returns:
+            The closing chunks, ending with exactly one ``RUN_FINISHED`` or ``RUN_ERROR``;
+            ``[]`` when called again.
+        """
+        if self._ended:
+            return []
+        self._out = []
+        self._ensure_started()
+        self._before_finish()
+        outcome = self._outcome
+        if trailing_fragment:
+            self._custom("journal.truncated_line", {
+                "line": self.line_no + 1, "bytes": len(trailing_fragment), "text": quote(trailing_fragment),
+            })
+            outcome = Outcome(False, f"journal ends with a truncated line ({len(trailing_fragment)} bytes)", INCOMPLETE)
+        elif outcome is None:
+            outcome = Outcome(False, f"journal ended without a {self._end_word()}"
+                              + ("" if exit_code is None else f" (agent exit code {exit_code})"), INCOMPLETE)
+        elif outcome.ok and exit_code not in (None, 0):
+            outcome = Outcome(False, f"agent exited with code {exit_code}", "agent_exit", usage=outcome.usage)
+        self._close_all(abandoned=True)
+        self._end_step()
+        if outcome.ok:
+            self._emit(RunFinishedEvent(
+                thread_id=self.thread_id, run_id=self.run_id, result=outcome.result,
+                usage=[outcome.usage] if outcome.usage is not None else None,
+            ))
+        else:
+            self._emit(RunErrorEvent(
+                message=outcome.message or outcome.code, code=outcome.code,
+                usage=[outcome.usage] if outcome.usage is not None else None,
+            ))
+        self._ended = True
+        return self._take()
+
+    # --- for subclasses -------------------------------------------------------------------
+
+    def _line(self, obj: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _parse(self, line: bytes) -> Any:
+        return json.loads(line)
+
+    def _before_finish(self) -> None:
+        """Flush anything held back before the run is closed."""
+
+    def _end_word(self) -> str:
+        return "terminal line"
+
+    def _next_id(self) -> str:
+        self._n += 1
+        return f"{self.run_id}-{self._n}"
+
+    def _emit(self, event: BaseEvent) -> None:
+        self._out.append(event_to_chunk(event))
+
+    def _take(self) -> list[Chunk]:
+        out, self._out = self._out, []
+        return out
+
+    def _ensure_started(self) -> None:
+        if not self._started:
+            self._started = True
+            self._emit(RunStartedEvent(thread_id=self.thread_id, run_id=self.run_id))
+
+    def _custom(self, name: str, value: Any, subagent: str | None = None) -> None:
+        self._emit(CustomEvent(name=name, value=value, subagent_run_id=subagent))
+
+    def _unparsed(self, line: bytes) -> None:
+        self._custom("journal.unparsed_line", {"line": self.line_no, "bytes": len(line), "text": quote(line)})
+
+    def _unknown(self, name: str, obj: Any, subagent: str | None = None) -> None:
+        self._custom(f"{self.prefix}.{name}", obj, subagent)
+
+    # steps: one per turn
+    def _start_step(self) -> None:
+        self._end_step()
+        self._turn += 1
+        self._step = f"turn-{self._turn}"
+        self._emit(StepStartedEvent(step_name=self._step))
+
+    def _end_step(self) -> None:
+        if self._step is not None:
+            self._emit(StepFinishedEvent(step_name=self._step))
+            self._step = None
+
+    # text messages
+    def _text_start(self, mid: str, subagent: str | None) -> None:
+        if mid not in self._text:
+            self._text[mid] = subagent
+            self._emit(TextMessageStartEvent(message_id=mid, role="assistant", subagent_run_id=subagent))
+
+    def _text_delta(self, mid: str, delta: str) -> None:
+        sub = self._text.get(mid)
+        for i in range(0, len(delta), MAX_DELTA):
+            self._emit(TextMessageContentEvent(message_id=mid, delta=delta[i : i + MAX_DELTA], subagent_run_id=sub))
+
+    def _text_end(self, mid: str) -> None:
+        if mid in self._text:
+            sub = self._text.pop(mid)
+            self._emit(TextMessageEndEvent(message_id=mid, subagent_run_id=sub))
+
+    def _text_block(self, mid: str, text: str, subagent: str | None) -> None:
+        self._text_start(mid, subagent)
+        self._text_delta(mid, text)
+        self._text_end(mid)
+
+    # reasoning
+    def _reasoning_start(self, mid: str, subagent: str | None) -> None:
+        if mid not in self._reasoning:
+            self._reasoning[mid] = subagent
+            self._emit(ReasoningStartEvent(message_id=mid, subagent_run_id=subagent))
+            self._emit(ReasoningMessageStartEvent(message_id=mid, role="reasoning", subagent_run_id=subagent))
+
+    def _reasoning_delta(self, mid: str, delta: str) -> None:
+        sub = self._reasoning.get(mid)
+        for i in range(0, len(delta), MAX_DELTA):
+            self._emit(ReasoningMessageContentEvent(message_id=mid, delta=delta[i : i + MAX_DELTA], subagent_run_id=sub))
+
+    def _reasoning_end(self, mid: str) -> None:
+        if mid in self._reasoning:
+            sub = self._reasoning.pop(mid)
+            self._emit(ReasoningMessageEndEvent(message_id=mid, subagent_run_id=sub))
+            self._emit(ReasoningEndEvent(message_id=mid, subagent_run_id=sub))
+
+    def _reasoning_block(self, mid: str, text: str, subagent: str | None) -> None:
+        self._reasoning_start(mid, subagent)
+        self._reasoning_delta(mid, text)
+        self._reasoning_end(mid)
+
+    # tool calls
+    def _tool_start(self, tid: str, name: str, subagent: str | None, parent_message: str | None = None) -> None:
+        if tid not in self._tools:
+            self._tools[tid] = subagent
+            self._emit(ToolCallStartEvent(tool_call_id=tid, tool_call_name=name, parent_message_id=parent_message,
+                                          subagent_run_id=subagent))
+
+    def _tool_args(self, tid: str, delta: str) -> None:
+        sub = self._tools.get(tid)
+        for i in range(0, len(delta), MAX_DELTA):
+            self._emit(ToolCallArgsEvent(tool_call_id=tid, delta=delta[i : i + MAX_DELTA], subagent_run_id=sub))
+
+    def _tool_end(self, tid: str) -> None:
+        if tid in self._tools:
+            sub = self._tools.pop(tid)
+            self._emit(ToolCallEndEvent(tool_call_id=tid, subagent_run_id=sub))
+
+    def _tool_result(self, tid: str, content: str, subagent: str | None, metadata: dict[str, Any] | None) -> None:
+        self._emit(ToolCallResultEvent(message_id=f"{tid}:result", tool_call_id=tid, content=content, role="tool",
+                                       subagent_run_id=subagent, metadata=metadata or None))
+
+    # subagents
+    def _subagent_end(self, sid: str, error: str | None = None) -> None:
+        if sid not in self._subagents:
+            return
+        self._close_all(subagent=sid)
+        del self._subagents[sid]
+        self._done_subagents.add(sid)
+        if error is None:
+            self._emit(SubagentFinishedEvent(subagent_run_id=sid))
+        else:
+            self._emit(SubagentErrorEvent(subagent_run_id=sid, message=error))
+
+    def _close_all(self, *, subagent: str | None = None, abandoned: bool = False) -> None:
+        """End open messages, reasoning and tool calls (of one subagent, or all of them).
+
+        With ``abandoned`` (final EOF), open subagents end with ``SUBAGENT_ERROR`` too.
+        """
+        everything = subagent is None
+        for mid, sub in list(self._reasoning.items()):
+            if everything or sub == subagent:
+                self._reasoning_end(mid)
+        for mid, sub in list(self._text.items()):
+            if everything or sub == subagent:
+                self._text_end(mid)
+        for tid, sub in list(self._tools.items()):
+            if everything or sub == subagent:
+                self._tool_end(tid)
+        if everything and abandoned:
+            for sid in list(self._subagents):
+                self._subagent_end(sid, error="the journal ended before this subagent finished")

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Make a Docker engine and the offline sandbox image available to the docker tests.
+#
+# Idempotent: installs Debian's docker.io and debootstrap only when missing, starts dockerd
+# only when `docker info` fails (and waits for it), builds `baton-sandbox:latest` only when
+# the engine does not have it (or has an older build of it). No image registry is needed:
+# the image is a debootstrap'ed Debian bookworm (minbase + python3 with its standard library,
+# which the replay agent needs; python3-minimal lacks json) imported with `docker import`; the rootfs
+# tarball is cached under $BATON_DOCKER_CACHE so a rebuild does not hit the mirror again.
+#
+# Exit status 0 means: `docker info` answers and the image exists. Anything else prints the
+# failing step on stderr and exits non-zero (CI then runs without BATON_TEST_DOCKER=1).
+#
+# Environment:
+#   BATON_DOCKER_IMAGE   image tag to build (default baton-sandbox:latest)
+#   BATON_DOCKER_CACHE   cache directory for the rootfs tarball (default /var/cache/baton)
+#   BATON_DOCKERD_LOG    dockerd log file (default /tmp/dockerd.log)
+#   BATON_DEBIAN_MIRROR  mirror for debootstrap (default: the one apt is configured with)
+set -euo pipefail
+
+IMAGE="${BATON_DOCKER_IMAGE:-baton-sandbox:latest}"
+CACHE="${BATON_DOCKER_CACHE:-/var/cache/baton}"
+DOCKERD_LOG="${BATON_DOCKERD_LOG:-/tmp/dockerd.log}"
+SUITE=bookworm
+PACKAGES=python3
+# Bump when the image's content changes: an engine holding an older build gets a new one.
+IMAGE_VERSION=2
+TARBALL="$CACHE/sandbox-rootfs-$SUITE-v$IMAGE_VERSION.tar"
+
+say() { echo "docker_setup: $*" >&2; }
+die() { say "FAILED: $*"; exit 1; }
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; elif command -v sudo >/dev/null 2>&1; then sudo -n "$@"; else
+        die "need root for: $*"; fi
+}
+
+# --- 1. packages ---------------------------------------------------------------------------
+need=()
+command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
+command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+if [ "${#need[@]}" -gt 0 ]; then
+    say "installing ${need[*]}"
+    # Other jobs on the machine may hold the dpkg lock; wait for it instead of failing.
+    as_root apt-get -o DPkg::Lock::Timeout=600 update -qq || die "apt-get update"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+        "${need[@]}" >/dev/null || die "apt-get install ${need[*]}"
+fi
+command -v docker >/dev/null 2>&1 || die "no docker CLI after install"
+
+# --- 2. engine -----------------------------------------------------------------------------
+if ! docker info >/dev/null 2>&1; then
+    say "starting dockerd (log: $DOCKERD_LOG)"
+    # --iptables=false: sandboxes need no published ports, and nested/unprivileged
+    # environments often lack the iptables modules dockerd would otherwise insist on.
+    as_root sh -c "nohup dockerd --iptables=false </dev/null >>'$DOCKERD_LOG' 2>&1 &"
+    for _ in $(seq 1 120); do
+        docker info >/dev/null 2>&1 && break
+        sleep 0.5
+    done
+    docker info >/dev/null 2>&1 || { tail -n 30 "$DOCKERD_LOG" >&2 || true; die "dockerd did not answer within 60 s"; }
+fi
+
+# --- 3. image ------------------------------------------------------------------------------
+have=$(docker image inspect --format '{{ index .Config.Labels "baton.image-version" }}' "$IMAGE" 2>/dev/null || true)
+if [ "$have" = "$IMAGE_VERSION" ]; then
+    say "engine up, image $IMAGE present"
+    exit 0
+fi
+
+mirror="${BATON_DEBIAN_MIRROR:-}"
+if [ -z "$mirror" ]; then
+    # The mirror apt already uses is reachable here; a registry is not.
+    mirror=$(grep -rhoE '^URIs:\s*\S+' /etc/apt/sources.list.d/*.sources 2>/dev/null \
+                 | awk '{print $2}' | grep -v security | head -n1 || true)
+    [ -n "$mirror" ] || mirror=$(grep -hoE '^deb\s+\S+' /etc/apt/sources.list 2>/dev/null | awk '{print $2}' | head -n1 || true)
+    [ -n "$mirror" ] || mirror=http://deb.debian.org/debian
+fi
+
+as_root mkdir -p "$CACHE"
+if [ ! -s "$TARBALL" ]; then
+    rootfs=$(mktemp -d "$CACHE/rootfs.XXXXXX")
+    say "debootstrap $SUITE from $mirror into $rootfs (about a minute)"
+    as_root debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$rootfs" "$mirror" \
+        >"$CACHE/debootstrap.log" 2>&1 || { tail -n 30 "$CACHE/debootstrap.log" >&2; die "debootstrap"; }
+    # Downloaded .debs and apt lists are not needed at run time (halves the image).
+    as_root sh -c "rm -f '$rootfs'/var/cache/apt/archives/*.deb; rm -rf '$rootfs'/var/lib/apt/lists/*"
+    # Write to a temp name and rename, so an interrupted run never leaves a partial cache.
+    as_root tar -C "$rootfs" -cf "$TARBALL.part" . || die "tar rootfs"
+    as_root mv "$TARBALL.part" "$TARBALL"
+    as_root rm -rf "$rootfs"
+fi
+
+say "importing $TARBALL as $IMAGE"
+docker import --change 'CMD ["sleep", "infinity"]' --change "LABEL baton.image-version=$IMAGE_VERSION" --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    "$TARBALL" "$IMAGE" >/dev/null || die "docker import"
+docker run --rm "$IMAGE" python3 -c 'import json, argparse, datetime' >/dev/null || die "image smoke test (python3 stdlib)"
+say "engine up, image $IMAGE built"

@@ -1,0 +1,156 @@
+"""compose.yaml: the issue's shape, consistent with the code, and accepted by docker-compose."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.deploy.conftest import (
+    REPO,
+    console_scripts,
+    default_port,
+    host_of,
+    port_of,
+    resolve_console_script,
+    setting_names,
+)
+
+COMPOSE = REPO / "compose.yaml"
+BATON_SERVICES = {
+    "coordinator": "baton-coordinator",
+    "sandbox-host-1": "baton-sandbox-host",
+    "sandbox-host-2": "baton-sandbox-host",
+    "gateway": "baton-gateway",
+}
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    """The file as docker-compose resolves it when available (anchors, merges, ${VARS})."""
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        with open(COMPOSE, encoding="utf-8") as f:
+            return yaml.safe_load(f)  # anchors and merge keys are resolved by PyYAML too
+    out = subprocess.run(
+        [exe, "-f", str(COMPOSE), "config"], capture_output=True, text=True, timeout=60,
+        env={k: v for k, v in os.environ.items() if not k.startswith("BATON_")},
+    )
+    assert out.returncode == 0, out.stderr
+    return yaml.safe_load(out.stdout)
+
+
+def test_docker_compose_config_accepts_the_file() -> None:
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must validate compose.yaml with Debian's docker-compose (.ci/run installs it)")
+        pytest.skip("docker-compose not installed (apt-get install docker-compose)")
+    out = subprocess.run([exe, "-f", str(COMPOSE), "config", "-q"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+def test_docker_compose_config_rejects_a_broken_file(tmp_path: Any) -> None:
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        pytest.skip("docker-compose not installed")
+    bad = tmp_path / "compose.yaml"
+    bad.write_text(COMPOSE.read_text().replace("depends_on:", "depends_onn:", 1))
+    out = subprocess.run([exe, "-f", str(bad), "config", "-q"], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+
+
+def test_services_of_the_issue(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert set(services) == {"etcd", "nats", *BATON_SERVICES}
+    # etcd and NATS keep their data on volumes; NATS runs JetStream.
+    assert any(v.startswith("etcd-data:") or (isinstance(v, dict) and v.get("source") == "etcd-data")
+               for v in _volumes(services["etcd"]))
+    assert any("nats-data" in str(v) for v in _volumes(services["nats"]))
+    assert "-js" in services["nats"]["command"]
+    # The gateway is published.
+    assert services["gateway"]["ports"]
+
+
+def _volumes(svc: dict[str, Any]) -> list[Any]:
+    return list(svc.get("volumes", []))
+
+
+def test_every_service_has_a_health_check_and_waits_for_healthy_deps(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    for name, svc in services.items():
+        assert svc.get("healthcheck", {}).get("test"), name
+        deps = svc.get("depends_on", {})
+        assert isinstance(deps, dict), name
+        for dep, cond in deps.items():
+            assert dep in services
+            assert cond == {"condition": "service_healthy"}, (name, dep)
+    assert set(services["gateway"]["depends_on"]) >= {"coordinator", "sandbox-host-1", "sandbox-host-2"}
+    assert set(services["coordinator"]["depends_on"]) >= {"etcd"}
+
+
+def test_commands_are_console_scripts(compose: dict[str, Any]) -> None:
+    scripts = console_scripts()
+    for name, script in BATON_SERVICES.items():
+        cmd = compose["services"][name]["command"]
+        assert cmd == [script]
+        assert script in scripts and resolve_console_script(script)
+
+
+def test_env_names_are_baton_settings(compose: dict[str, Any]) -> None:
+    for name in BATON_SERVICES:
+        env = compose["services"][name]["environment"]
+        baton = {k for k in env if k.startswith("BATON_")}
+        assert baton == set(env), name
+        assert baton <= setting_names(), baton - setting_names()
+
+
+def _listen_port(env: dict[str, str], setting: str) -> int:
+    return port_of(env.get(setting, f"x:{default_port(setting)}"))
+
+
+def test_ports_addresses_and_health_checks_agree(compose: dict[str, Any]) -> None:
+    s = compose["services"]
+    coord_port = _listen_port(s["coordinator"]["environment"], "BATON_COORDINATOR_LISTEN")
+    assert f"127.0.0.1:{coord_port}" in s["coordinator"]["healthcheck"]["test"]
+    for name in BATON_SERVICES:
+        env = s[name]["environment"]
+        assert host_of(env["BATON_COORDINATOR"]) == "coordinator"
+        assert port_of(env["BATON_COORDINATOR"]) == coord_port
+        assert host_of(env["BATON_ETCD_ENDPOINTS"]) == "etcd"
+        assert "--listen-client-urls=http://0.0.0.0:%d" % port_of(env["BATON_ETCD_ENDPOINTS"]) in s["etcd"]["command"]
+        assert host_of(env["BATON_NATS_URL"]) == "nats"
+    for name in ("sandbox-host-1", "sandbox-host-2"):
+        env = s[name]["environment"]
+        port = _listen_port(env, "BATON_HOST_LISTEN")
+        assert env["BATON_HOST_ADVERTISE"] == f"{name}:{port}"
+        assert env["BATON_HOST_ID"] == name
+        assert f"127.0.0.1:{port}" in s[name]["healthcheck"]["test"]
+    assert s["sandbox-host-1"]["environment"]["BATON_HOST_ID"] != s["sandbox-host-2"]["environment"]["BATON_HOST_ID"]
+    gw_port = _listen_port(s["gateway"]["environment"], "BATON_GATEWAY_LISTEN")
+    (published,) = s["gateway"]["ports"]
+    target = published["target"] if isinstance(published, dict) else int(str(published).rsplit(":", 1)[1])
+    assert int(target) == gw_port
+    assert f"http://127.0.0.1:{gw_port}/readyz" in s["gateway"]["healthcheck"]["test"]
+
+
+def test_docker_provider_hosts_reach_the_engine(compose: dict[str, Any]) -> None:
+    for name in ("sandbox-host-1", "sandbox-host-2"):
+        svc = compose["services"][name]
+        assert svc["environment"]["BATON_PROVIDER"] == "docker"
+        assert any("/var/run/docker.sock" in str(v) for v in _volumes(svc))
+
+
+def test_health_checks_use_cli_commands_that_exist(compose: dict[str, Any]) -> None:
+    from typer.main import get_command
+
+    from baton.cli import app
+
+    commands = get_command(app).commands  # type: ignore[attr-defined]
+    for name in BATON_SERVICES:
+        test = compose["services"][name]["healthcheck"]["test"]
+        assert test[:3] in (["CMD", "baton", "health"],)
+        assert test[3] in commands["health"].commands  # type: ignore[attr-defined]

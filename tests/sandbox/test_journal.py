@@ -1,0 +1,188 @@
+"""Journal names, the exit sentinel, the line splitter, the follower and the attach preflight.
+
+Hostile journals (DESIGN.md §5.2, issue 4): a 2 MiB line, invalid UTF-8, CRLF, a forged
+sentinel, a 0-byte journal, a journal deleted mid-follow: each has one clear outcome.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import pathlib
+
+import pytest
+
+from baton.errors import JournalAttachUnavailable
+from baton.ids import file_stem
+from sandbox_host.journal import (
+    JournalDeleted,
+    JournalExit,
+    JournalLine,
+    JournalTruncated,
+    LineSplitter,
+    exit_sentinel,
+    journal_path,
+    new_nonce,
+    parse_sentinel,
+    preflight_attach,
+    stderr_path,
+)
+from sandbox_host.providers.local import LocalProvider
+from tests.conftest import assert_eventually
+from tests.sandbox.conftest import follow_all, with_data
+
+
+def test_journal_names_are_injective_and_shell_safe() -> None:
+    a = journal_path("/tmp/j", "run/1 $(rm -rf)")
+    b = journal_path("/tmp/j", "run%2F1")
+    assert a != b
+    assert a == f"/tmp/j/{file_stem('run/1 $(rm -rf)')}.ndjson"
+    assert set(os.path.basename(a)) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-%.")
+    assert stderr_path("/tmp/j", "r1") == "/tmp/j/r1.err"
+
+
+def test_sentinel_needs_the_right_nonce() -> None:
+    n = new_nonce()
+    assert len(n) == 32 and n != new_nonce()
+    line = exit_sentinel(3, n)
+    assert line == b'{"__exit":3,"__nonce":"' + n.encode() + b'"}\n'
+    assert parse_sentinel(line[:-1], n) == 3
+    assert parse_sentinel(line[:-1], new_nonce()) is None
+    assert parse_sentinel(b'{"__exit":0}', n) is None
+
+
+def test_splitter_offsets_crlf_and_split_utf8() -> None:
+    s = LineSplitter(10)
+    text = "a\r\nb€\n\nc".encode()
+    out: list[JournalLine] = []
+    for i in range(len(text)):  # one byte per read: "€" straddles three reads
+        out += s.feed(text[i : i + 1])
+    assert out == [JournalLine(10, 13, b"a"), JournalLine(13, 18, "b€".encode()), JournalLine(18, 19, b"")]
+    assert s.pending == b"c" and s.consumed == 19
+
+
+def test_splitter_two_mib_line_in_small_reads() -> None:
+    s = LineSplitter()
+    big = b'{"x":"' + b"y" * (2 << 20) + b'"}\n'
+    out: list[JournalLine] = []
+    for i in range(0, len(big), 65536):
+        out += s.feed(big[i : i + 65536])
+    assert len(out) == 1 and out[0].data == big[:-1] and out[0].end == len(big)
+
+
+async def _launch_sh(provider: LocalProvider, sandboxes: list, key: str, script: str, nonce: str):  # type: ignore[no-untyped-def]
+    from sandbox_host.providers import SandboxSpec
+
+    h = await provider.create(key, SandboxSpec())
+    sandboxes.append(h)
+    h = with_data(h, dict(await provider.launch(h, ["sh", "-c", script], nonce=nonce)))
+    sandboxes[-1] = h
+    return h
+
+
+async def test_follow_hostile_lines(local_provider: LocalProvider, sandboxes: list) -> None:
+    """2 MiB line, invalid UTF-8, CRLF and a forged sentinel come through as plain lines."""
+    nonce = new_nonce()
+    script = (
+        "head -c 2097152 /dev/zero | tr '\\0' 'x'; printf '\\n';"
+        "printf '\\377\\376 not utf-8\\n';"
+        "printf '{\"type\":\"turn.started\"}\\r\\n';"
+        "printf '{\"__exit\":0,\"__nonce\":\"0123abcd\"}\\n';"
+        "printf 'last'"
+    )
+    h = await _launch_sh(local_provider, sandboxes, "hostile", script, nonce)
+    items = await follow_all(local_provider, h, nonce)
+    assert [type(i) for i in items] == [JournalLine] * 4 + [JournalTruncated, JournalExit]
+    assert items[0].data == b"x" * 2097152 and items[0].offset == 0 and items[0].end == 2097153
+    assert items[1].data == b"\xff\xfe not utf-8"
+    assert items[2].data == b'{"type":"turn.started"}'
+    assert items[3].data == b'{"__exit":0,"__nonce":"0123abcd"}'  # forged: not obeyed
+    assert items[4] == JournalTruncated(items[3].end, b"last")  # fragment glued to the sentinel
+    assert isinstance(items[5], JournalExit) and items[5].code == 0
+    assert items[5].end == os.path.getsize(h.journal_path)
+
+
+async def test_follow_zero_byte_journal_ends_with_exit(local_provider: LocalProvider, sandboxes: list) -> None:
+    nonce = new_nonce()
+    h = await _launch_sh(local_provider, sandboxes, "empty", "exit 4", nonce)
+    items = await follow_all(local_provider, h, nonce)
+    assert items == [JournalExit(4, 0, os.path.getsize(h.journal_path))]
+
+
+async def test_follow_killed_agent_reports_fragment_without_exit(
+    local_provider: LocalProvider, sandboxes: list
+) -> None:
+    """SIGKILL of the whole group: no sentinel; the trailing fragment is reported."""
+    nonce = new_nonce()
+    h = await _launch_sh(local_provider, sandboxes, "killed", "printf 'one\\ntw'; exec sleep 60", nonce)
+    await assert_eventually(lambda: os.path.getsize(h.journal_path) == 6)
+    assert await local_provider.kill(h, 9)
+    items = await follow_all(local_provider, h, nonce)
+    assert items == [JournalLine(0, 4, b"one"), JournalTruncated(4, b"tw")]
+    assert not await local_provider.processes_alive(h)
+
+
+async def test_follow_resumes_from_offset(local_provider: LocalProvider, sandboxes: list) -> None:
+    nonce = new_nonce()
+    h = await _launch_sh(local_provider, sandboxes, "offset", "printf 'a\\nbb\\nccc\\n'", nonce)
+    full = await follow_all(local_provider, h, nonce)
+    again = await follow_all(local_provider, h, nonce, offset=2)
+    assert [i.data for i in full[:3]] == [b"a", b"bb", b"ccc"]  # type: ignore[union-attr]
+    assert again == full[1:]
+
+
+async def test_follow_journal_deleted_mid_follow(local_provider: LocalProvider, sandboxes: list) -> None:
+    nonce = new_nonce()
+    h = await _launch_sh(local_provider, sandboxes, "deleted", "printf 'a\\n'; exec sleep 60", nonce)
+    await assert_eventually(lambda: os.path.getsize(h.journal_path) == 2)
+
+    async def delete_soon() -> None:
+        await assert_eventually(lambda: True)
+        os.unlink(h.journal_path)
+
+    task = asyncio.create_task(delete_soon())
+    with pytest.raises(JournalDeleted) as ei:
+        await follow_all(local_provider, h, nonce)
+    await task
+    assert ei.value.path == h.journal_path and ei.value.offset >= 0
+
+
+async def test_follow_missing_journal_is_deleted(local_provider: LocalProvider, sandboxes: list) -> None:
+    from sandbox_host.providers import SandboxSpec
+
+    h = await local_provider.create("never", SandboxSpec())
+    sandboxes.append(h)
+    with pytest.raises(JournalDeleted):
+        await follow_all(local_provider, h, new_nonce())
+
+
+async def test_preflight_reasons(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "j.ndjson"
+
+    async def size() -> int | None:
+        return path.stat().st_size if path.exists() else None
+
+    async def status_of(value: str | None):  # type: ignore[no-untyped-def]
+        return value
+
+    cases = [(None, "unknown-run"), ("completed", "terminal-run"), ("aborted", "terminal-run"),
+             ("failed", "terminal-run")]
+    for st, reason in cases:
+        with pytest.raises(JournalAttachUnavailable) as ei:
+            await preflight_attach("r1", status=lambda st=st: status_of(st), journal_size=size, attach_wait=5)
+        assert ei.value.reason == reason and ei.value.run_id == "r1"
+    with pytest.raises(JournalAttachUnavailable) as ei:
+        await preflight_attach("r1", status=lambda: status_of("running"), journal_size=size, attach_wait=0.1)
+    assert ei.value.reason == "journal-timeout"
+    path.write_bytes(b"")
+    with pytest.raises(JournalAttachUnavailable) as ei:
+        await preflight_attach("r1", status=lambda: status_of("running"), journal_size=size, attach_wait=0.1)
+    assert ei.value.reason == "journal-stalled"
+
+    async def write_later() -> None:
+        await asyncio.sleep(0.05)
+        path.write_bytes(b"{}\n")
+
+    task = asyncio.create_task(write_later())
+    got = await preflight_attach("r1", status=lambda: status_of("interrupted"), journal_size=size, attach_wait=5)
+    await task
+    assert got == 3
