@@ -120,12 +120,15 @@ class AppendConflict(DeliveryLogError):
         run_id: the run.
         expected: the head sequence the writer expected.
         actual: the head sequence found.
+        landed: offsets of the batch's chunks that were stored before the conflict (a
+            prefix of the batch; nothing after the failed chunk landed).
     """
 
-    def __init__(self, run_id: str, expected: int, actual: int) -> None:
+    def __init__(self, run_id: str, expected: int, actual: int, landed: tuple[str, ...] = ()) -> None:
         self.run_id = run_id
         self.expected = expected
         self.actual = actual
+        self.landed = landed
         super().__init__(f"log head of run {run_id!r} moved: expected {expected}, found {actual}")
 
 
@@ -248,3 +251,33 @@ class LogAlreadyClosed(DeliveryLogError):
         self.epoch = epoch
         self.offset = offset
         super().__init__(f"delivery log of run {run_id!r} already closed ({status}) at epoch {epoch}")
+
+
+class LogUnavailable(DeliveryLogError):
+    """JetStream did not answer a delivery-log or transcript operation in time.
+
+    Attributes:
+        run_id: the run (or thread, for transcripts) concerned.
+        detail: what failed, for humans (never contains payloads or secrets).
+    """
+
+    def __init__(self, run_id: str, detail: str) -> None:
+        self.run_id = run_id
+        self.detail = detail
+        super().__init__(f"delivery log unavailable for {run_id!r}: {detail}")
+
+
+class TranscriptConflict(DeliveryLogError):
+    """A transcript save lost a compare-on-revision race.
+
+    Attributes:
+        thread_id: the thread.
+        expected_revision: the revision the caller based its save on (``None`` = absent).
+    """
+
+    def __init__(self, thread_id: str, expected_revision: int | None) -> None:
+        self.thread_id = thread_id
+        self.expected_revision = expected_revision
+        super().__init__(
+            f"transcript of thread {thread_id!r} changed since revision {expected_revision}"
+        )

@@ -81,6 +81,19 @@ TABLE: tuple[Mapping, ...] = (
     Mapping(e.InvalidOffset, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_OFFSET",
             lambda x: {"offset": x.offset},  # type: ignore[attr-defined]
             lambda m: e.InvalidOffset(m.get("offset", ""))),
+    Mapping(e.LogAlreadyClosed, grpc.StatusCode.FAILED_PRECONDITION, "LOG_ALREADY_CLOSED",
+            lambda x: {"run_id": x.run_id, "status": x.status, "epoch": str(x.epoch), "offset": str(x.offset)},  # type: ignore[attr-defined]
+            lambda m: e.LogAlreadyClosed(m.get("run_id", ""), m.get("status", ""), int(m.get("epoch", "0")), int(m.get("offset", "0")))),
+    Mapping(e.LogUnavailable, grpc.StatusCode.UNAVAILABLE, "LOG_UNAVAILABLE",
+            lambda x: {"run_id": x.run_id, "detail": x.detail},  # type: ignore[attr-defined]
+            lambda m: e.LogUnavailable(m.get("run_id", ""), m.get("detail", ""))),
+    Mapping(e.AppendConflict, grpc.StatusCode.ABORTED, "APPEND_CONFLICT",
+            lambda x: {"run_id": x.run_id, "expected": str(x.expected), "actual": str(x.actual), "landed": ",".join(x.landed)},  # type: ignore[attr-defined]
+            lambda m: e.AppendConflict(m.get("run_id", ""), int(m.get("expected", "0")), int(m.get("actual", "0")),
+                                       tuple(o for o in m.get("landed", "").split(",") if o))),
+    Mapping(e.TranscriptConflict, grpc.StatusCode.ABORTED, "TRANSCRIPT_CONFLICT",
+            lambda x: {"thread_id": x.thread_id, "expected_revision": "" if x.expected_revision is None else str(x.expected_revision)},  # type: ignore[attr-defined]
+            lambda m: e.TranscriptConflict(m.get("thread_id", ""), int(m["expected_revision"]) if m.get("expected_revision") else None)),
 )
 
 _BY_REASON = {m.reason: m for m in TABLE}

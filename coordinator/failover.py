@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Awaitable, Callable
+from typing import Awaitable
 
 import grpc
 
@@ -163,5 +163,3 @@ async def _guarded(work: Awaitable[str], run_id: str) -> str:
         log.warning("failover of run %s failed: %s", run_id, exc)
         return "failed"
 
-
-FailoverTask = Callable[[LeaderContext], Awaitable[None]]

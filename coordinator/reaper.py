@@ -73,14 +73,16 @@ class ReaperSweep:
 
     Args:
         store: the etcd-backed store.
-        list_hosts_ctx: a :class:`LeaderContext`-like object for host lookups (store,
-            config, ``list_hosts``).
+        ctx: a :class:`LeaderContext` (store, config, ``list_hosts``).
         default_ttl: ``detached_run_ttl`` used when a sweep is asked with ``ttl <= 0``.
         clock: Unix-seconds clock.
+        patience: seconds to keep asking hosts to take a run before ``reclaim-failed``.
     """
 
-    def __init__(self, ctx: LeaderContext, default_ttl: float, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, ctx: LeaderContext, default_ttl: float, clock: Callable[[], float] = time.time,
+                 *, patience: float = 1.0) -> None:
         self.ctx = ctx
+        self.patience = patience
         self.default_ttl = default_ttl
         self.clock = clock
         self._lock = asyncio.Lock()
@@ -120,7 +122,7 @@ class ReaperSweep:
             if claim is not None:
                 await self._fast_cancel(pool, claim.host_id, listed.run_id)
                 return "expired"
-            res = await attach_somewhere(self.ctx, pool, listed.run_id, "finalize", patience=5.0)
+            res = await attach_somewhere(self.ctx, pool, listed.run_id, "finalize", patience=self.patience)
             return "reclaim-failed" if res == "no-host" else "expired"
         cur, claim = await store.get_run(listed.run_id, timeout=cfg.etcd_timeout)
         if cur is None or cur.status != runs_pb2.RUN_STATUS_RUNNING:
@@ -129,7 +131,7 @@ class ReaperSweep:
             return "not-claimed"
         if claim is not None:
             return "producing"
-        res = await attach_somewhere(self.ctx, pool, listed.run_id, "drive", patience=5.0)
+        res = await attach_somewhere(self.ctx, pool, listed.run_id, "drive", patience=self.patience)
         if res == "no-host":
             return "reclaim-failed"
         return "finalized"

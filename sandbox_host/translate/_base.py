@@ -107,6 +107,20 @@ class Translator:
 
     # --- public contract ------------------------------------------------------------------
 
+    def start(self) -> list[Chunk]:
+        """The run's opening chunk (``RUN_STARTED``), before any journal line.
+
+        It depends on the run and thread ids alone, so a fresh start appends it (origin
+        ``journal``) before the sandbox exists — the log then opens with ``RUN_STARTED`` as
+        the AG-UI verifier demands, ahead of the host's ``run.accepted`` — and a replay on
+        another host reproduces it at the same position. Idempotent: ``[]`` once started.
+        """
+        if self._ended:
+            return []
+        self._out = []
+        self._ensure_started()
+        return self._take()
+
     def feed(self, line: bytes) -> list[Chunk]:
         """Translate one complete journal line (without its ``\\n``; ``\\r`` is stripped).
 

@@ -110,8 +110,8 @@ async def test_up_page_run_down_and_restart_keeps_the_runs(tmp_path: pathlib.Pat
             assert resp.status_code == 200, resp.text
             chunks = [c for _, c in _sse_chunks(resp.text)]
             types = [c["type"] for c in chunks]
-            assert types[0] == "CUSTOM" and chunks[0]["name"] == "run.accepted"
-            assert types[1] == "RUN_STARTED" and types[-1] == "RUN_FINISHED"
+            assert types[0] == "RUN_STARTED" and types[-1] == "RUN_FINISHED"
+            assert types[1] == "CUSTOM" and chunks[1]["name"] == "run.accepted"
             assert any(c.get("delta") for c in chunks if c["type"] == "TEXT_MESSAGE_CONTENT")
             rec = http.get(f"{url}/api/runs/cli-run").json()
             assert rec["status"] == "completed" and rec["threadId"] == "cli-thread"

@@ -47,8 +47,8 @@ async def test_fresh_docker_run(dcluster: Cluster) -> None:
     started = await dcluster.start_run(dcluster.hosts[0], JOURNAL)
     run_id, thread_id = started.record.run_id, started.record.thread_id
     chunks = [c for _, c in await dcluster.read_all(run_id)]
-    assert chunks[0]["type"] == "CUSTOM" and chunks[0]["name"] == "run.accepted"
-    assert chunks[1:] == expected_chunks(run_id, thread_id)
+    assert chunks[1]["type"] == "CUSTOM" and chunks[1]["name"] == "run.accepted"
+    assert [chunks[0], *chunks[2:]] == expected_chunks(run_id, thread_id)
     rec = await dcluster.wait_status(run_id, "completed")
     assert rec.driver_epoch == 1
     await assert_eventually(lambda: _none(containers_of(run_id)), timeout=15)
@@ -69,7 +69,8 @@ async def test_docker_run_survives_its_host_being_killed(dcluster: Cluster) -> N
                 assert len(cids) == 1  # the agent runs in its container while its host dies
                 victim.kill_now()
     assert killed
-    assert got[1:] == expected_chunks(run_id, thread_id)  # no gap, no duplicate, same order
+    assert got[1]["name"] == "run.accepted"
+    assert [got[0], *got[2:]] == expected_chunks(run_id, thread_id)  # no gap, no duplicate, same order
     rec = await dcluster.wait_status(run_id, "completed")
     assert rec.driver_epoch >= 2 and rec.driver_host != victim.host_id
     await assert_eventually(lambda: _none(containers_of(run_id)), timeout=15)

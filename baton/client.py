@@ -1,0 +1,284 @@
+"""Async Python client of the gateway's HTTP API (httpx).
+
+::
+
+    async with GatewayClient("http://127.0.0.1:8080", api_key=None) as gw:
+        async for ev in gw.start("run-1", "thread-1", [{"id": "m1", "role": "user", "content": "hi"}]):
+            print(ev.offset, ev.chunk["type"])      # reconnects on its own with Last-Event-ID
+        async for ev in gw.join("run-1"): ...       # the whole log, from the start
+        async for ev in gw.stream("run-1", after="42"): ...
+        await gw.cancel(run_id="run-1", wait=True)  # -> the final run view
+        await gw.get_run("run-1"); await gw.active_run("thread-1"); await gw.messages("thread-1")
+
+Errors come back as the domain exceptions of :mod:`baton.errors` (rebuilt from the
+response's ``reason`` and metadata, the same table as gRPC), or :class:`GatewayHTTPError`
+for anything else. A stream ends when the run's log closes; a dropped connection (or a
+response that ends without the end marker) is re-opened after the last offset seen, so
+every chunk is yielded exactly once, in order.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Mapping
+
+import httpx
+
+from baton import errors as e
+from baton.grpc_errors import TABLE as _GRPC_TABLE
+
+_BY_REASON = {m.reason: m for m in _GRPC_TABLE}
+TERMINAL_TYPES = frozenset({"RUN_FINISHED", "RUN_ERROR"})
+
+
+class GatewayHTTPError(e.BatonError):
+    """An HTTP error with no domain exception behind it.
+
+    Attributes:
+        status: the HTTP status.
+        reason: the body's ``reason`` (e.g. ``UNAUTHENTICATED``), or ``""``.
+        body: the decoded JSON body (or ``{"error": <text>}``).
+    """
+
+    def __init__(self, status: int, reason: str, body: Mapping[str, Any]) -> None:
+        self.status = status
+        self.reason = reason
+        self.body = dict(body)
+        super().__init__(f"HTTP {status} {reason}: {body.get('error', '')}")
+
+
+class StreamGap(e.BatonError):
+    """The offset asked for is older than what retention kept (a ``stream.gap`` chunk came).
+
+    Attributes:
+        run_id: the run.
+        earliest_offset: the earliest offset still stored.
+    """
+
+    def __init__(self, run_id: str, earliest_offset: str) -> None:
+        self.run_id = run_id
+        self.earliest_offset = earliest_offset
+        super().__init__(f"log of run {run_id!r} no longer holds the offset asked for; earliest is {earliest_offset}")
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """One chunk of a run's delivery log and its offset (an opaque resume token)."""
+
+    offset: str
+    chunk: dict[str, Any]
+
+
+def _error_from(resp: httpx.Response, body: bytes) -> BaseException:
+    try:
+        data = json.loads(body) if body else {}
+        if not isinstance(data, dict):
+            data = {"error": str(data)}
+    except ValueError:
+        data = {"error": body.decode(errors="replace")[:500]}
+    reason = str(data.get("reason", ""))
+    m = _BY_REASON.get(reason)
+    if m is not None:
+        meta = {k: str(v) for k, v in data.items() if k not in ("error", "reason")}
+        if reason == "THREAD_BUSY" and "active_run_id" not in meta and "activeRunId" in data:
+            meta["active_run_id"] = str(data["activeRunId"])
+        return m.from_meta(meta)
+    return GatewayHTTPError(resp.status_code, reason, data)
+
+
+class GatewayClient:
+    """Client of one gateway.
+
+    Args:
+        base_url: e.g. ``http://127.0.0.1:8080``.
+        api_key: bearer key when the gateway has ``BATON_API_KEYS``.
+        timeout: connect/read timeout of plain requests, seconds (streams have no read timeout:
+            keep-alives arrive at least every ``BATON_SSE_KEEPALIVE`` seconds).
+        reconnect_delay: seconds between stream reconnect attempts.
+        max_reconnects: consecutive reconnects without progress before giving up.
+        transport: an ``httpx`` transport (tests).
+    """
+
+    def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = 30.0,
+                 reconnect_delay: float = 0.25, max_reconnects: int = 20,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout,
+                                       transport=transport, trust_env=False)
+        self._reconnect_delay = reconnect_delay
+        self._max_reconnects = max_reconnects
+
+    async def __aenter__(self) -> "GatewayClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # --- plain requests -------------------------------------------------------------------
+
+    async def _json(self, method: str, url: str, *, ok: tuple[int, ...] = (200,), **kw: Any) -> Any:
+        resp = await self._http.request(method, url, **kw)
+        if resp.status_code not in ok:
+            raise _error_from(resp, resp.content)
+        return resp.json()
+
+    async def get_run(self, run_id: str) -> dict[str, Any]:
+        """``GET /api/runs/{runId}``. Raises ``UnknownRun``."""
+        return await self._json("GET", f"/api/runs/{_quote(run_id)}")  # type: ignore[no-any-return]
+
+    async def active_run(self, thread_id: str) -> str | None:
+        """The thread's running run id, or ``None``."""
+        data = await self._json("GET", "/api/chat/active", params={"threadId": thread_id})
+        return data.get("runId")  # type: ignore[no-any-return]
+
+    async def messages(self, thread_id: str) -> list[dict[str, Any]]:
+        """The thread's saved transcript."""
+        data = await self._json("GET", f"/api/threads/{_quote(thread_id)}/messages")
+        return list(data.get("messages", []))
+
+    async def agents(self) -> dict[str, Any]:
+        """The agents and replay journals the gateway offers."""
+        return await self._json("GET", "/api/agents")  # type: ignore[no-any-return]
+
+    async def cancel(self, run_id: str | None = None, thread_id: str | None = None, *, wait: bool = False,
+                     timeout: float | None = None) -> dict[str, Any]:
+        """Cancel a run (by id, or the thread's active run).
+
+        Args:
+            wait: return only once the run is terminal (the final run view, with the
+                host's ``confirmation``), else at once (``{"runId", "cancelRequested"}``).
+            timeout: seconds the gateway waits when ``wait``.
+
+        Raises:
+            UnknownRun: no such run (or no active run on the thread).
+            GatewayHTTPError: 504 when ``wait`` timed out.
+        """
+        body = {"runId": run_id} if run_id else {"threadId": thread_id}
+        params: dict[str, str] = {}
+        if wait:
+            params["wait"] = "true"
+            if timeout is not None:
+                params["timeout"] = str(timeout)
+        http_timeout = None if wait else self._http.timeout
+        return await self._json("POST", "/api/chat/cancel", ok=(200, 202), json=body, params=params,  # type: ignore[no-any-return]
+                                timeout=http_timeout)
+
+    # --- streams --------------------------------------------------------------------------
+
+    def start(self, run_id: str, thread_id: str, messages: list[dict[str, Any]], *,
+              agent: Mapping[str, Any] | None = None, detach_on_disconnect: bool = True,
+              ndjson: bool = False) -> AsyncIterator[StreamEvent]:
+        """Start a run and stream its log from the start, reconnecting on drops.
+
+        Raises (while iterating):
+            ThreadBusy: the thread has another active run (``.active_run_id``).
+            InvalidArgument, DurableRunIdRequired: bad input.
+        """
+        body: dict[str, Any] = {"threadId": thread_id, "runId": run_id, "messages": messages}
+        if agent is not None:
+            body["agent"] = dict(agent)
+        if not detach_on_disconnect:
+            body["detachOnDisconnect"] = False
+        first = ("POST", "/api/chat", {"json": body, "headers": {"X-Run-Id": run_id}})
+        return self._resumable(run_id, "-1", first, ndjson)
+
+    def stream(self, run_id: str, after: str = "-1", *, ndjson: bool = False) -> AsyncIterator[StreamEvent]:
+        """The run's log strictly after ``after``, until it closes (reconnecting on drops)."""
+        return self._resumable(run_id, after, None, ndjson)
+
+    def join(self, run_id: str, *, ndjson: bool = False) -> AsyncIterator[StreamEvent]:
+        """The run's whole log (``offset=-1``), until it closes."""
+        return self.stream(run_id, "-1", ndjson=ndjson)
+
+    async def _resumable(self, run_id: str, after: str, first: tuple[str, str, dict[str, Any]] | None,
+                         ndjson: bool) -> AsyncIterator[StreamEvent]:
+        last = after
+        stalls = 0
+        request = first
+        while True:
+            item: Any = None
+            progressed = False
+            ended = False
+            try:
+                if request is None:
+                    request = ("GET", "/api/chat", {"params": {"runId": run_id, "offset": last}})
+                method, url, kw = request
+                headers = dict(kw.get("headers", {}))
+                headers["Accept"] = "application/x-ndjson" if ndjson else "text/event-stream"
+                if last != "-1":
+                    headers["Last-Event-ID"] = last
+                kw = {**kw, "headers": headers}
+                timeout = httpx.Timeout(self._http.timeout.connect, read=None)
+                async with self._http.stream(method, url, timeout=timeout, **kw) as resp:
+                    if resp.status_code != 200:
+                        raise _error_from(resp, await resp.aread())
+                    parse = _ndjson_events(resp) if ndjson else _sse_events(resp)
+                    async for item in parse:
+                        if item is _END_MARK:
+                            break
+                        offset, chunk = item
+                        if offset is None:
+                            if chunk.get("type") == "CUSTOM" and chunk.get("name") == "stream.gap":
+                                raise StreamGap(run_id, str(chunk.get("value", {}).get("earliestOffset", "")))
+                            continue
+                        progressed = True
+                        last = offset
+                        yield StreamEvent(offset, chunk)
+                    # SSE: only the end marker means the log closed. NDJSON has no marker:
+                    # the gateway ends a response cleanly only when the log closed.
+                    ended = item is _END_MARK if not ndjson else True
+                if ended:
+                    return
+            except (httpx.TransportError, httpx.RemoteProtocolError):
+                pass
+            # Reconnect with the same request and Last-Event-ID (a re-sent POST resumes the
+            # existing run and starts nothing, as with the TanStack transport).
+            stalls = 0 if progressed else stalls + 1
+            if stalls > self._max_reconnects:
+                raise GatewayHTTPError(0, "STREAM_STALLED",
+                                       {"error": f"no progress on run {run_id!r} after {stalls} reconnects"})
+            await asyncio.sleep(self._reconnect_delay)
+
+
+_END_MARK = object()
+
+
+async def _sse_events(resp: httpx.Response) -> AsyncIterator[Any]:
+    """``(offset | None, chunk)`` per SSE event, then ``_END_MARK`` on the ``: end`` comment."""
+    offset: str | None = None
+    data: list[str] = []
+    async for line in resp.aiter_lines():
+        if line == "":
+            if data:
+                yield offset, json.loads("\n".join(data))
+            offset, data = None, []
+            continue
+        if line.startswith(":"):
+            if line[1:].strip() == "end":
+                yield _END_MARK
+                return
+            continue
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "id":
+            offset = value
+        elif name == "data":
+            data.append(value)
+
+
+async def _ndjson_events(resp: httpx.Response) -> AsyncIterator[Any]:
+    async for line in resp.aiter_lines():
+        if not line.strip():
+            continue
+        env = json.loads(line)
+        yield env.get("id"), env["chunk"]
+
+
+def _quote(value: str) -> str:
+    from urllib.parse import quote
+
+    return quote(value, safe="")

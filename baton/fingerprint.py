@@ -1,0 +1,83 @@
+"""Chunk fingerprints (DESIGN.md §5.4).
+
+A fingerprint identifies what a chunk *says*, not when it was said: the SHA-256 (hex) of
+the canonical JSON (sorted keys, ``(",", ":")`` separators, UTF-8, no ASCII escaping) of
+the chunk's ``type`` plus the AG-UI spec fields of that type. ``timestamp``, ``rawEvent``
+and ``metadata`` never count. A field present with ``null`` differs from an absent one.
+The per-type field lists are those of issue 3 (after the AG-UI event definitions); every
+type also counts ``subagentRunId`` when present, because ag-ui-protocol 1.0 puts it on
+every event and a subagent's message must not match its parent's. Types not listed count
+every field but the excluded ones.
+
+Pure and deterministic: the same chunk gives the same fingerprint on any host.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Mapping
+
+EXCLUDED: frozenset[str] = frozenset({"timestamp", "rawEvent", "metadata"})
+
+_REASONING_ID = ("messageId",)
+
+SPEC_FIELDS: dict[str, tuple[str, ...]] = {
+    "RUN_STARTED": ("threadId", "runId", "parentRunId", "input"),
+    "RUN_FINISHED": ("threadId", "runId", "result", "outcome", "usage"),
+    "RUN_ERROR": ("message", "code"),
+    "TEXT_MESSAGE_START": ("messageId", "role", "name"),
+    "TEXT_MESSAGE_CONTENT": ("messageId", "delta"),
+    "TEXT_MESSAGE_END": ("messageId",),
+    "TOOL_CALL_START": ("toolCallId", "toolCallName", "parentMessageId"),
+    "TOOL_CALL_ARGS": ("toolCallId", "delta"),
+    "TOOL_CALL_END": ("toolCallId",),
+    "TOOL_CALL_RESULT": ("messageId", "toolCallId", "content", "role"),
+    "REASONING_START": _REASONING_ID,
+    "REASONING_MESSAGE_START": ("messageId", "role"),
+    "REASONING_MESSAGE_CONTENT": ("messageId", "delta"),
+    "REASONING_MESSAGE_END": _REASONING_ID,
+    "REASONING_MESSAGE_CHUNK": ("messageId", "delta"),
+    "REASONING_END": _REASONING_ID,
+    "CUSTOM": ("name", "value"),
+    "RAW": ("event", "source"),
+    "STEP_STARTED": ("stepName",),
+    "STEP_FINISHED": ("stepName",),
+    "STATE_SNAPSHOT": ("snapshot",),
+    "STATE_DELTA": ("delta",),
+    "MESSAGES_SNAPSHOT": ("messages",),
+    "ACTIVITY_SNAPSHOT": ("messageId", "activityType", "content", "replace"),
+    "ACTIVITY_DELTA": ("messageId", "activityType", "patch"),
+    "SUBAGENT_STARTED": ("subagentRunId", "name"),
+    "SUBAGENT_FINISHED": ("subagentRunId",),
+    "SUBAGENT_ERROR": ("subagentRunId", "message"),
+}
+
+_ALWAYS = ("type", "subagentRunId")
+
+
+def spec_view(chunk: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of ``chunk`` that its fingerprint covers (present fields only)."""
+    fields = SPEC_FIELDS.get(str(chunk.get("type")))
+    if fields is None:
+        return {k: v for k, v in chunk.items() if k not in EXCLUDED}
+    return {k: chunk[k] for k in (*_ALWAYS, *fields) if k in chunk}
+
+
+def canonical_json(value: Any) -> bytes:
+    """Canonical JSON: sorted keys, no whitespace, UTF-8 (no ``\\u`` escaping)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def fingerprint(chunk: Mapping[str, Any]) -> str:
+    """The chunk's fingerprint: SHA-256 hex of the canonical JSON of :func:`spec_view`.
+
+    Args:
+        chunk: an AG-UI event as a camelCase JSON object (``type`` is the EventType value).
+
+    Returns:
+        64 lowercase hex characters.
+
+    Raises:
+        TypeError: when the chunk holds values JSON cannot encode.
+    """
+    return hashlib.sha256(canonical_json(spec_view(chunk))).hexdigest()

@@ -1,0 +1,63 @@
+"""The few raw JetStream API calls the delivery log needs beyond nats-py's helpers.
+
+Reads of single records go to ``$JS.API.STREAM.MSG.GET`` (answered by the stream leader,
+so never stale, unlike direct gets served by replicas) and parse the header block
+ourselves (nats-py's e-mail parser mangles UTF-8 values such as unicode run ids).
+"""
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import nats.js.errors
+from nats.aio.client import Client as NATS
+
+from baton.log._headers import parse_header_block
+
+# JetStream error codes (nats-server ``server/errors.json``).
+ERR_WRONG_LAST_SEQUENCE = 10071
+ERR_NO_MESSAGE_FOUND = 10037
+ERR_STREAM_NAME_IN_USE = 10058
+ERR_CONSUMER_NOT_FOUND = 10014
+
+
+@dataclass(frozen=True)
+class RawRecord:
+    """A stored message: stream sequence, headers, body."""
+
+    seq: int
+    headers: dict[str, str]
+    data: bytes
+
+
+async def _msg_get(nc: NATS, stream: str, req: dict[str, Any], timeout: float) -> RawRecord | None:
+    resp = await nc.request(f"$JS.API.STREAM.MSG.GET.{stream}", json.dumps(req).encode(), timeout=timeout)
+    body = json.loads(resp.data)
+    err = body.get("error")
+    if err is not None:
+        if err.get("err_code") == ERR_NO_MESSAGE_FOUND:
+            return None
+        raise nats.js.errors.APIError.from_error(err)
+    m = body["message"]
+    hdrs = parse_header_block(base64.b64decode(m["hdrs"])) if m.get("hdrs") else {}
+    data = base64.b64decode(m["data"]) if m.get("data") else b""
+    return RawRecord(seq=int(m["seq"]), headers=hdrs, data=data)
+
+
+async def last_on_subject(nc: NATS, stream: str, subject: str, timeout: float = 5.0) -> RawRecord | None:
+    """The last stored record of ``subject``, or ``None`` when it has none.
+
+    Raises:
+        nats.js.errors.APIError: for any other API failure (e.g. the stream is missing).
+        nats.errors.TimeoutError: when JetStream does not answer within ``timeout`` seconds.
+    """
+    return await _msg_get(nc, stream, {"last_by_subj": subject}, timeout)
+
+
+async def first_on_subject(
+    nc: NATS, stream: str, subject: str, start: int = 1, timeout: float = 5.0
+) -> RawRecord | None:
+    """The first stored record of ``subject`` with sequence >= ``start``, or ``None``."""
+    return await _msg_get(nc, stream, {"seq": max(start, 1), "next_by_subj": subject}, timeout)

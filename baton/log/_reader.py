@@ -1,0 +1,166 @@
+"""Reading a run's delivery log from an offset: catch up, then tail until the close record."""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any, AsyncGenerator, AsyncIterator
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NATS
+
+from baton.errors import InvalidOffset, LogUnavailable, OffsetExpired
+from baton.log import _headers as H
+from baton.log._api import first_on_subject, last_on_subject
+from baton.log._config import LogConfig
+from baton.log._consumer import OrderedConsumer
+
+_DECIMAL = re.compile(r"[0-9]{1,20}")
+
+Item = tuple[str, dict[str, Any]]
+
+
+def parse_offset(after: str) -> str | int:
+    """Validate a client offset: ``-1``, ``now``, or a decimal stream sequence.
+
+    Returns:
+        ``"-1"``, ``"now"`` or the sequence as an int.
+
+    Raises:
+        InvalidOffset: anything else.
+    """
+    if after in ("-1", "now"):
+        return after
+    if isinstance(after, str) and _DECIMAL.fullmatch(after):
+        return int(after)
+    raise InvalidOffset(str(after))
+
+
+class LogReader(AsyncIterator[Item]):
+    """Async iterator of ``(offset, chunk)`` strictly after an offset.
+
+    Yields chunk records only (fence and close records are skipped); ends after the
+    ``close`` record when ``stop_at_close`` (then :attr:`close_record` and
+    :attr:`close_status` tell how the run ended). Use ``async with`` (or call
+    :meth:`aclose`) so the consumer is removed at once when you stop early.
+
+    :meth:`open` checks the offset eagerly (``OffsetExpired``) so an HTTP edge can answer
+    with a status before it starts streaming; iteration calls it when needed.
+    """
+
+    def __init__(
+        self,
+        nc: NATS,
+        cfg: LogConfig,
+        run_id: str,
+        after: str,
+        *,
+        stop_at_close: bool = True,
+        idle_heartbeat: float = 1.0,
+        pending_msgs: int = 256,
+    ) -> None:
+        self.run_id = run_id
+        self.after = after
+        self._parsed = parse_offset(after)
+        self._nc = nc
+        self._cfg = cfg
+        self._subject = cfg.subject(run_id)
+        self._stop_at_close = stop_at_close
+        self._hb = idle_heartbeat
+        self._pending_msgs = pending_msgs
+        self._start_seq: int | None = None
+        self._ended = False
+        self._gen: AsyncGenerator[Item, None] | None = None
+        self.close_record: H.StoredRecord | None = None
+        self.consumer_resets = 0
+        self._last_offset: str | None = None
+
+    @property
+    def close_status(self) -> str | None:
+        """The close record's status once the read ended on it, else ``None``."""
+        return self.close_record.status if self.close_record else None
+
+    @property
+    def last_offset(self) -> str | None:
+        """Offset of the last chunk yielded (``None`` before the first)."""
+        return self._last_offset
+
+    async def open(self) -> None:
+        """Resolve the start position; idempotent.
+
+        Raises:
+            OffsetExpired: the offset is older than the run's earliest stored record.
+            LogUnavailable: JetStream did not answer.
+        """
+        if self._start_seq is not None or self._ended:
+            return
+        stream = self._cfg.stream
+        try:
+            tail = await last_on_subject(self._nc, stream, self._subject)
+            if self._parsed == "-1":
+                start = 1
+            elif self._parsed == "now":
+                start = tail.seq + 1 if tail else 1
+            else:
+                n = int(self._parsed)
+                start = n + 1
+                if n >= 1:
+                    first = await first_on_subject(self._nc, stream, self._subject)
+                    if first is None:
+                        # Everything this run ever stored is gone (or the offset is made up).
+                        raise OffsetExpired(self.run_id, self.after, "-1")
+                    if first.seq > n:
+                        raise OffsetExpired(self.run_id, self.after, str(first.seq))
+        except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
+            raise LogUnavailable(self.run_id, f"reading the log failed: {type(exc).__name__}") from exc
+        if self._stop_at_close and tail is not None and tail.headers.get(H.KIND) == "close" and tail.seq < start:
+            # The log closed at or before the offset: nothing more will ever come.
+            self.close_record = H.parse_record(tail.seq, tail.headers)
+            self._ended = True
+            return
+        self._start_seq = start
+
+    async def _iterate(self) -> AsyncGenerator[Item, None]:
+        await self.open()
+        if self._ended:
+            return
+        assert self._start_seq is not None
+        consumer = OrderedConsumer(
+            self._nc, self._cfg.stream, self._subject, self._start_seq,
+            idle_heartbeat=self._hb, batch=self._pending_msgs,
+        )
+        async with consumer:
+            try:
+                while True:
+                    rec = await consumer.next()
+                    kind = rec.headers.get(H.KIND, "chunk")
+                    if kind == "chunk":
+                        offset = str(rec.seq)
+                        self._last_offset = offset
+                        yield offset, json.loads(rec.data)
+                    elif kind == "close":
+                        self.close_record = H.parse_record(rec.seq, rec.headers)
+                        if self._stop_at_close:
+                            return
+            finally:
+                self.consumer_resets = consumer.resets
+
+    def __aiter__(self) -> "LogReader":
+        return self
+
+    async def __anext__(self) -> Item:
+        if self._gen is None:
+            self._gen = self._iterate()
+        return await self._gen.__anext__()
+
+    async def aclose(self) -> None:
+        """Stop reading and remove the consumer."""
+        if self._gen is not None:
+            await self._gen.aclose()
+
+    async def __aenter__(self) -> "LogReader":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

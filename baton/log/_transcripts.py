@@ -1,0 +1,194 @@
+"""Transcripts: a thread's messages in a JetStream KV bucket (DESIGN.md §4.2).
+
+Key = an injective, key-safe encoding of the thread id. The value is the JSON list of the
+thread's AG-UI messages. A value larger than what the bucket (or the server's max
+payload) accepts is split: its parts go under ``<key>.<generation>.<i>`` first, then the
+key gets a small manifest ``{"parts": n, "gen": ..., "bytes": ..., "sha256": ...}``
+written with the same compare-on-revision as a plain value. Parts of one save never
+overwrite another save's parts (fresh generation), so a lost race cannot corrupt the
+winner's transcript; the loser's parts and a replaced manifest's parts are deleted.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import uuid
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NATS
+from nats.js import api
+from nats.js.kv import KeyValue
+
+from baton.errors import LogUnavailable, TranscriptConflict
+from baton.ids import encode_token
+from baton.log._config import LogConfig
+
+# Room left in a part for the publish's headers and JSON framing.
+_HEADROOM = 1024
+_NATS_ERRORS = (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError)
+
+
+def thread_key(thread_id: str) -> str:
+    """Injective KV key of a thread: ``%XX`` escapes of :func:`baton.ids.encode_token` with
+    ``=`` for ``%`` (KV keys allow ``[-/_=.a-zA-Z0-9]``). Never contains ``.``, so a
+    thread's key cannot collide with another thread's part keys."""
+    return encode_token(thread_id).replace("%", "=")
+
+
+class TranscriptStore:
+    """Loads and saves transcripts with compare-on-revision.
+
+    Args:
+        nc: a connected NATS client.
+        cfg: the bucket name and replicas (``cfg.bucket``, ``cfg.replicas``).
+        max_value_size: bucket value limit in bytes used when this store creates the
+            bucket (-1 = the server's max payload).
+    """
+
+    def __init__(self, nc: NATS, cfg: LogConfig | None = None, *, max_value_size: int = -1) -> None:
+        self._nc = nc
+        self._js = nc.jetstream()
+        self._cfg = cfg or LogConfig.from_env()
+        self._max_value_size = max_value_size
+        self._kv: KeyValue | None = None
+        self._part_size: int | None = None
+
+    async def provision(self) -> None:
+        """Create the bucket if missing (idempotent)."""
+        try:
+            await self._js.key_value(self._cfg.bucket)
+            return
+        except nats.js.errors.BucketNotFoundError:
+            pass
+        await self._js.create_key_value(
+            api.KeyValueConfig(
+                bucket=self._cfg.bucket,
+                history=1,
+                storage=api.StorageType.FILE,
+                replicas=self._cfg.replicas,
+                max_value_size=self._max_value_size,
+            )
+        )
+
+    async def _bucket(self) -> tuple[KeyValue, int]:
+        if self._kv is None or self._part_size is None:
+            try:
+                kv = await self._js.key_value(self._cfg.bucket)
+            except nats.js.errors.BucketNotFoundError:
+                await self.provision()
+                kv = await self._js.key_value(self._cfg.bucket)
+            status = await kv.status()
+            limit = self._nc.max_payload
+            bucket_limit = status.stream_info.config.max_msg_size
+            if bucket_limit is not None and bucket_limit > 0:
+                limit = min(limit, bucket_limit)
+            self._part_size = max(limit - _HEADROOM, 64)
+            self._kv = kv
+        return self._kv, self._part_size
+
+    async def load(self, thread_id: str) -> tuple[list[dict[str, Any]], int | None]:
+        """The thread's saved messages and the revision to compare on.
+
+        Returns:
+            ``(messages, revision)``; ``([], None)`` when nothing is saved.
+
+        Raises:
+            LogUnavailable: JetStream did not answer, or a part is missing/corrupt.
+        """
+        key = thread_key(thread_id)
+        try:
+            kv, _ = await self._bucket()
+            try:
+                entry = await kv.get(key)
+            except nats.js.errors.KeyNotFoundError:
+                return [], None
+            raw = entry.value or b""
+            value = json.loads(raw) if raw else []
+            if isinstance(value, dict) and "parts" in value:
+                chunks = [(await kv.get(f"{key}.{value['gen']}.{i}")).value or b"" for i in range(int(value["parts"]))]
+                blob = b"".join(chunks)
+                if hashlib.sha256(blob).hexdigest() != value.get("sha256"):
+                    raise LogUnavailable(thread_id, "transcript parts do not match their manifest")
+                value = json.loads(blob)
+            return list(value), entry.revision
+        except _NATS_ERRORS as exc:
+            raise LogUnavailable(thread_id, f"loading the transcript failed: {type(exc).__name__}") from exc
+
+    async def save(
+        self, thread_id: str, messages: list[dict[str, Any]], expected_revision: int | None = None
+    ) -> int:
+        """Save the thread's messages if the saved revision is still ``expected_revision``.
+
+        Args:
+            thread_id: the thread.
+            messages: AG-UI messages (JSON-serialisable dicts).
+            expected_revision: the revision :meth:`load` returned; ``None`` (or 0) means
+                "nothing saved yet" (create).
+
+        Returns:
+            The new revision.
+
+        Raises:
+            TranscriptConflict: someone saved in between; load again and retry.
+            LogUnavailable: JetStream did not answer.
+        """
+        key = thread_key(thread_id)
+        blob = json.dumps(messages, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        try:
+            kv, part_size = await self._bucket()
+            old_manifest = await self._manifest(kv, key) if expected_revision else None
+            parts: list[str] = []
+            if len(blob) <= part_size:
+                value = blob
+            else:
+                gen = uuid.uuid4().hex[:16]
+                for i in range(0, len(blob), part_size):
+                    part_key = f"{key}.{gen}.{len(parts)}"
+                    await kv.put(part_key, blob[i : i + part_size])
+                    parts.append(part_key)
+                value = json.dumps(
+                    {"parts": len(parts), "gen": gen, "bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
+                ).encode()
+            try:
+                if expected_revision:
+                    rev = await kv.update(key, value, last=expected_revision)
+                else:
+                    rev = await kv.create(key, value)
+            except nats.js.errors.KeyWrongLastSequenceError as exc:
+                await self._delete(kv, parts)
+                raise TranscriptConflict(thread_id, expected_revision) from exc
+            except nats.js.errors.BadRequestError as exc:
+                if exc.err_code in (10071, 10164):
+                    await self._delete(kv, parts)
+                    raise TranscriptConflict(thread_id, expected_revision) from exc
+                raise
+            if old_manifest is not None:
+                await self._delete(
+                    kv, [f"{key}.{old_manifest['gen']}.{i}" for i in range(int(old_manifest["parts"]))]
+                )
+            return int(rev)
+        except _NATS_ERRORS as exc:
+            raise LogUnavailable(thread_id, f"saving the transcript failed: {type(exc).__name__}") from exc
+
+    @staticmethod
+    async def _manifest(kv: KeyValue, key: str) -> dict[str, Any] | None:
+        try:
+            entry = await kv.get(key)
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        raw = entry.value or b""
+        if raw[:1] != b"{":
+            return None
+        value = json.loads(raw)
+        return value if isinstance(value, dict) and "parts" in value else None
+
+    @staticmethod
+    async def _delete(kv: KeyValue, keys: list[str]) -> None:
+        # Best effort: a leftover part is garbage, never a wrong transcript.
+        for k in keys:
+            with contextlib.suppress(*_NATS_ERRORS):
+                await kv.purge(k)

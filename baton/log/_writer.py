@@ -1,0 +1,328 @@
+"""The claim-scoped writer of one run's delivery log (DESIGN.md §4.1).
+
+Every record is published with ``Nats-Expected-Last-Subject-Sequence`` set to the head
+the writer knows (the sequence of its previous record, or the head it read before its
+fence), so JetStream itself refuses a record from a writer whose successor has fenced the
+log: there is no window in which a paused writer can land anything after the fence.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Iterable, Mapping
+
+import nats.errors
+from nats.aio.client import Client as NATS
+from nats.js.client import JetStreamContext
+
+from baton.errors import AppendConflict, LogAlreadyClosed, LogUnavailable, RunClaimLost
+from baton.fingerprint import fingerprint
+from baton.log import _headers as H
+from baton.log._api import ERR_WRONG_LAST_SEQUENCE, RawRecord, last_on_subject
+from baton.log._config import LogConfig
+
+# Longest error text a close record carries; headers are not a place for stack traces.
+_MAX_ERROR_CHARS = 2000
+
+
+class _CompareFailed(Exception):
+    """The log head was not what the writer expected (JetStream error 10071)."""
+
+    def __init__(self, tail: RawRecord | None) -> None:
+        self.tail = tail
+
+
+def _header_safe(text: str) -> str:
+    # A CR/LF in a header value would end the header block (header injection).
+    return " ".join(text.splitlines())[:_MAX_ERROR_CHARS]
+
+
+def _describe(tail: RawRecord) -> str:
+    return f"{tail.headers.get(H.KIND, 'chunk')}@{tail.headers.get(H.EPOCH, '0')}"
+
+
+def _epoch_of(tail: RawRecord) -> int:
+    try:
+        return int(tail.headers.get(H.EPOCH, "0"))
+    except ValueError:
+        return 0
+
+
+class LogWriter:
+    """Appends one run's records under one claim (run id, epoch).
+
+    Not safe for use by two tasks at once without its own lock, which it has: calls are
+    serialised so the compare chain stays exact. One writer per (run, epoch): message ids
+    ``<run_id>/<epoch>/<n>`` count this writer's records, and JetStream drops a second
+    writer's colliding ids as duplicates within its de-duplication window.
+
+    Attributes:
+        run_id: the run.
+        epoch: the claim's epoch.
+    """
+
+    def __init__(
+        self,
+        nc: NATS,
+        js: JetStreamContext,
+        cfg: LogConfig,
+        run_id: str,
+        epoch: int,
+        *,
+        publish_timeout: float = 5.0,
+        max_attempts: int = 4,
+    ) -> None:
+        if epoch < 1:
+            raise ValueError("epoch must be >= 1")
+        self.run_id = run_id
+        self.epoch = epoch
+        self._nc = nc
+        self._js = js
+        self._cfg = cfg
+        self._subject = cfg.subject(run_id)
+        self._timeout = publish_timeout
+        self._max_attempts = max_attempts
+        self._head: int | None = None
+        self._n = 0
+        self._lost: RunClaimLost | None = None
+        self._closed = False
+        self._lock = asyncio.Lock()
+
+    # --- state ------------------------------------------------------------------------
+
+    @property
+    def head(self) -> int | None:
+        """Sequence of this writer's last record (``None`` before :meth:`fence`)."""
+        return self._head
+
+    @property
+    def latched(self) -> bool:
+        """True once the writer saw a higher epoch: it never appends again."""
+        return self._lost is not None
+
+    @property
+    def closed(self) -> bool:
+        """True once this writer's close record landed."""
+        return self._closed
+
+    def _check_live(self) -> None:
+        if self._lost is not None:
+            raise RunClaimLost(self.run_id, self.epoch, self._lost.observed)
+
+    def _latch(self, tail: RawRecord) -> RunClaimLost:
+        self._lost = RunClaimLost(self.run_id, self.epoch, _describe(tail))
+        return self._lost
+
+    # --- adapter ----------------------------------------------------------------------
+
+    async def _tail(self) -> RawRecord | None:
+        try:
+            return await last_on_subject(self._nc, self._cfg.stream, self._subject, timeout=self._timeout)
+        except (nats.errors.Error, asyncio.TimeoutError) as exc:
+            raise LogUnavailable(self.run_id, f"reading the log head failed: {type(exc).__name__}") from exc
+
+    async def _publish(self, payload: bytes, headers: dict[str, str], expected: int) -> int:
+        """Publish one record with compare on ``expected``; return its sequence.
+
+        A timed-out publish is retried with the same message id after checking the head:
+        nats-server checks the compare before de-duplication (DESIGN.md §4.1), so a retry
+        of a publish that did land is refused with 10071, and the head tells us it landed.
+
+        Raises:
+            _CompareFailed: the head is not ``expected`` and is not this record.
+            LogUnavailable: JetStream did not answer after ``max_attempts`` tries.
+        """
+        self._n += 1
+        msg_id = f"{self.run_id}/{self.epoch}/{self._n}"
+        headers[H.MSG_ID] = msg_id
+        headers[H.EXPECTED_LAST_SUBJECT_SEQ] = str(expected)
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                # A plain request instead of ``js.publish``: same wire exchange, without
+                # building a PubAck per record (the append path is CPU-bound in Python).
+                reply = await self._nc.request(self._subject, payload, timeout=self._timeout, headers=headers)
+            except (nats.errors.NoRespondersError, nats.errors.TimeoutError,
+                    nats.errors.ConnectionClosedError, asyncio.TimeoutError) as exc:
+                err_exc: BaseException = exc
+            else:
+                resp = json.loads(reply.data)
+                err = resp.get("error")
+                if err is None:
+                    return int(resp["seq"])
+                if err.get("err_code") != ERR_WRONG_LAST_SEQUENCE:
+                    raise LogUnavailable(self.run_id, f"publish refused: {err.get('description', '')}")
+                tail = await self._tail()
+                if tail is not None and tail.headers.get(H.MSG_ID) == msg_id:
+                    return tail.seq  # an earlier attempt of this very record landed
+                raise _CompareFailed(tail)
+            # No answer: did an earlier attempt land? Then it is not sent again.
+            try:
+                tail = await self._tail()
+            except LogUnavailable:
+                tail = None
+            if tail is not None and tail.headers.get(H.MSG_ID) == msg_id:
+                return tail.seq
+            if attempt >= self._max_attempts:
+                raise LogUnavailable(self.run_id, f"publish not acknowledged after {attempt} attempts") from err_exc
+            await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
+
+    # --- operations -------------------------------------------------------------------
+
+    async def fence(self) -> int:
+        """Append this claim's ``fence`` record with compare-and-set on the head it read.
+
+        Returns:
+            The fence record's sequence (offset).
+
+        Raises:
+            RunClaimLost: the log holds a record of a higher epoch (the writer latches).
+            LogAlreadyClosed: the log ends with a ``close`` of this or a lower epoch.
+            LogUnavailable: JetStream did not answer.
+        """
+        async with self._lock:
+            self._check_live()
+            while True:
+                tail = await self._tail()
+                if tail is not None:
+                    epoch = _epoch_of(tail)
+                    if epoch > self.epoch:
+                        raise self._latch(tail)
+                    if tail.headers.get(H.KIND) == "close":
+                        raise LogAlreadyClosed(self.run_id, tail.headers.get(H.STATUS, ""), epoch, tail.seq)
+                headers = {H.KIND: "fence", H.EPOCH: str(self.epoch)}
+                try:
+                    self._head = await self._publish(b"", headers, tail.seq if tail else 0)
+                    return self._head
+                except _CompareFailed:
+                    continue  # the head moved between read and publish: read it again
+
+    async def append(self, chunks: Iterable[Mapping[str, Any]], origin: H.Origin = "journal") -> list[str]:
+        """Append chunks, each with compare-and-set on the previous record.
+
+        Args:
+            chunks: AG-UI chunks (camelCase dicts), stored in this order.
+            origin: ``journal`` (reproducible by replay) or ``host``.
+
+        Returns:
+            One offset (decimal stream sequence) per chunk.
+
+        Raises:
+            RunClaimLost: a higher epoch's record is at the head; the writer latches and
+                nothing of this batch after the refused chunk landed.
+            AppendConflict: the head moved, but not to a higher epoch; ``landed`` names the
+                offsets of the batch's prefix that was stored.
+            LogUnavailable: JetStream did not answer.
+            RuntimeError: when called before :meth:`fence` or after :meth:`close`.
+        """
+        if origin not in H.ORIGINS:
+            raise ValueError(f"origin must be journal or host, got {origin!r}")
+        async with self._lock:
+            self._check_live()
+            if self._head is None:
+                raise RuntimeError("append before fence")
+            if self._closed:
+                raise RuntimeError("append after close")
+            offsets: list[str] = []
+            epoch = str(self.epoch)
+            for chunk in chunks:
+                payload = json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+                headers = {H.KIND: "chunk", H.EPOCH: epoch, H.ORIGIN: origin, H.FINGERPRINT: fingerprint(chunk)}
+                expected = self._head
+                try:
+                    self._head = await self._publish(payload, headers, expected)
+                except _CompareFailed as conflict:
+                    tail = conflict.tail
+                    if tail is not None and _epoch_of(tail) > self.epoch:
+                        raise self._latch(tail) from None
+                    raise AppendConflict(
+                        self.run_id, expected, tail.seq if tail else 0, landed=tuple(offsets)
+                    ) from None
+                offsets.append(str(self._head))
+            return offsets
+
+    async def resync(self) -> int:
+        """Adopt the current log head after an :class:`AppendConflict`.
+
+        Returns:
+            The head sequence now used as the compare base.
+
+        Raises:
+            RunClaimLost: the head is a record of a higher epoch (the writer latches).
+            LogAlreadyClosed: the head is a ``close`` record.
+        """
+        async with self._lock:
+            self._check_live()
+            tail = await self._tail()
+            if tail is None:
+                raise RuntimeError("resync on an empty log: fence first")
+            if _epoch_of(tail) > self.epoch:
+                raise self._latch(tail)
+            if tail.headers.get(H.KIND) == "close":
+                raise LogAlreadyClosed(self.run_id, tail.headers.get(H.STATUS, ""), _epoch_of(tail), tail.seq)
+            self._head = tail.seq
+            return tail.seq
+
+    async def close(
+        self,
+        status: H.CloseStatus,
+        error: str | Mapping[str, Any] | None = None,
+        *,
+        error_code: str | None = None,
+    ) -> bool:
+        """Append the ``close`` record, fenced by the log head only (DESIGN.md §4.1).
+
+        A writer whose claim lapsed but has no successor still closes, so tailers never
+        wait forever; a writer never closes over a successor's fence or close.
+
+        Args:
+            status: ``completed`` | ``failed`` | ``aborted`` | ``interrupted``.
+            error: the error message, or a mapping with ``message`` and ``code``.
+            error_code: the error code when ``error`` is a plain message.
+
+        Returns:
+            True when the close record landed (or this writer had already closed); False
+            when a higher epoch's record is at the head (the writer latches).
+
+        Raises:
+            LogUnavailable: JetStream did not answer.
+        """
+        if status not in H.CLOSE_STATUSES:
+            raise ValueError(f"close status must be one of {sorted(H.CLOSE_STATUSES)}, got {status!r}")
+        message: str | None
+        if isinstance(error, Mapping):
+            message = str(error.get("message") or "") or None
+            error_code = error_code or (str(error.get("code")) if error.get("code") else None)
+        else:
+            message = error
+        async with self._lock:
+            if self._lost is not None:
+                return False
+            if self._closed:
+                return True
+            headers = {H.KIND: "close", H.EPOCH: str(self.epoch), H.STATUS: status}
+            if message:
+                headers[H.ERROR] = _header_safe(message)
+            if error_code:
+                headers[H.ERROR_CODE] = _header_safe(error_code)
+            expected = self._head
+            while True:
+                if expected is None:
+                    tail = await self._tail()
+                    if tail is not None:
+                        if _epoch_of(tail) > self.epoch:
+                            self._latch(tail)
+                            return False
+                        if tail.headers.get(H.KIND) == "close":
+                            # Already closed by this claim (an earlier attempt) or a
+                            # predecessor: the log is final, nothing to add.
+                            self._closed = True
+                            return True
+                    expected = tail.seq if tail else 0
+                try:
+                    self._head = await self._publish(b"", dict(headers), expected)
+                    self._closed = True
+                    return True
+                except _CompareFailed:
+                    expected = None  # re-read the head and decide again

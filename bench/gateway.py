@@ -1,0 +1,407 @@
+"""Gateway fan-out: delivered chunks/s, append→reader p99 and RSS per idle reader, side by
+side with a minimal Starlette SSE endpoint serving the same bytes from memory, in one run.
+
+Scenarios (issue 6):
+- 1 run × 1,000 concurrent SSE readers: burst throughput, paced latency, RSS per idle reader;
+- 200 runs × 1 reader each: burst throughput and latency.
+
+Both servers are ``uvicorn`` subprocesses (the real ``python -m gateway`` against a real
+coordinator, etcd and nats-server; the minimal one is ``python -m bench.gateway --minimal``);
+the readers are raw asyncio sockets in this process, so both sides pay the same client
+cost. Chunks are appended with the real log writer (gateway) or POSTed to the minimal
+endpoint, each carrying its send time. Targets: p99 ≤ 50 ms with 1,000 readers, ≤ 100 KB
+RSS per idle reader, throughput ≥ 0.5 × the minimal endpoint's.
+
+Writes ``bench/results/gateway.json``.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pathlib
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Awaitable, Callable
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "gateway.json"
+READERS_ONE_RUN = 1000
+BURST_CHUNKS = 60
+PACED_CHUNKS = 30
+PACED_RATE = 15.0  # chunks/s
+MANY_RUNS = 200
+MANY_RUNS_CHUNKS = 20
+_EVENT = re.compile(rb"data: ([^\n]*)\n\n")
+_SENT = re.compile(rb'"t":([0-9.]+)')
+
+
+# --- the minimal endpoint (a subprocess) -------------------------------------------------
+
+
+def minimal_app() -> Any:
+    """One in-memory hub per run id: a publish is framed once and put on every reader's queue."""
+    import itertools
+
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    hubs: dict[str, set[asyncio.Queue[bytes]]] = {}
+    seq = itertools.count(1)
+
+    async def sse(request: Request) -> Response:
+        run = request.query_params["runId"]
+        q: asyncio.Queue[bytes] = asyncio.Queue()
+        hubs.setdefault(run, set()).add(q)
+
+        async def body() -> Any:
+            try:
+                while True:
+                    try:
+                        async with asyncio.timeout(15):
+                            item = await q.get()
+                    except TimeoutError:
+                        yield b": keep-alive\n\n"
+                        continue
+                    yield item
+            finally:
+                hubs[run].discard(q)
+
+        return StreamingResponse(body(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def publish(request: Request) -> Response:
+        # One chunk JSON per line (a batch, like one log append of several chunks).
+        run = request.query_params["runId"]
+        for line in (await request.body()).split(b"\n"):
+            frame = b"id: %d\ndata: %s\n\n" % (next(seq), line)
+            for q in hubs.get(run, ()):
+                q.put_nowait(frame)
+        return Response(status_code=204)
+
+    async def readers(request: Request) -> Response:
+        return JSONResponse({"readers": sum(len(s) for s in hubs.values())})
+
+    return Starlette(routes=[Route("/sse", sse), Route("/publish", publish, methods=["POST"]),
+                             Route("/readers", readers)])
+
+
+# --- measurement helpers -----------------------------------------------------------------
+
+
+def rss_kb(pid: int) -> int:
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Reader:
+    """A raw SSE reader: counts events and records append→receive latency (seconds)."""
+
+    def __init__(self, port: int, path: str) -> None:
+        self.port, self.path = port, path
+        self.latencies: list[float] = []
+        self.count = 0
+        self.last_at = 0.0
+        self.task: asyncio.Task[None] | None = None
+        self.connected = asyncio.Event()
+
+    async def run(self) -> None:
+        r, w = await asyncio.open_connection("127.0.0.1", self.port)
+        w.write(f"GET {self.path} HTTP/1.1\r\nHost: bench\r\nAccept: text/event-stream\r\n\r\n".encode())
+        await w.drain()
+        buf = b""
+        try:
+            while True:
+                data = await r.read(65536)
+                if not data:
+                    return
+                now = time.time()
+                if not self.connected.is_set():
+                    self.connected.set()
+                buf += data
+                end = 0
+                for m in _EVENT.finditer(buf):
+                    end = m.end()
+                    sent = _SENT.search(m.group(1))
+                    if sent:
+                        self.latencies.append(now - float(sent.group(1)))
+                    self.count += 1
+                    self.last_at = now
+                if end:
+                    buf = buf[end:]
+        finally:
+            w.close()
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self.run())
+
+
+async def open_readers(n: int, port: int, path_of: Callable[[int], str], count_readers: Callable[[], Awaitable[int]],
+                       base: int = 0) -> list[Reader]:
+    readers = [Reader(port, path_of(i)) for i in range(n)]
+    for i in range(0, n, 100):  # do not overflow the listen backlog
+        for rd in readers[i:i + 100]:
+            rd.start()
+        await asyncio.sleep(0.05)
+    deadline = time.monotonic() + 60
+    while await count_readers() < base + n:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {await count_readers() - base} of {n} readers registered")
+        await asyncio.sleep(0.1)
+    return readers
+
+
+async def close_readers(readers: list[Reader]) -> None:
+    tasks = [r.task for r in readers if r.task is not None]
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        await asyncio.wait(tasks)
+
+
+def chunk(i: int, run: str) -> dict[str, Any]:
+    # A realistic text delta; "t" is the send time (wall clock, same machine).
+    return {"type": "TEXT_MESSAGE_CONTENT", "messageId": f"{run}-m", "delta": f"token {i} " + "x" * 40,
+            "t": time.time()}
+
+
+def pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    v = sorted(values)
+    return v[min(len(v) - 1, int(p / 100 * len(v)))]
+
+
+async def wait_delivered(readers: list[Reader], per_reader: int, timeout: float = 60) -> float:
+    deadline = time.monotonic() + timeout
+    while any(r.count < per_reader for r in readers):
+        if time.monotonic() > deadline:
+            got = sum(min(r.count, per_reader) for r in readers)
+            raise TimeoutError(f"delivered {got} of {per_reader * len(readers)}")
+        await asyncio.sleep(0.01)
+    return max(r.last_at for r in readers)
+
+
+# --- scenarios, run against either server through a small adapter ----------------------
+
+
+class Target:
+    name = ""
+    port = 0
+    pid = 0
+
+    def path(self, run: str) -> str:
+        raise NotImplementedError
+
+    async def readers(self) -> int:
+        raise NotImplementedError
+
+    async def prepare(self, run: str) -> None:
+        return None
+
+    async def publish(self, run: str, chunks: list[dict[str, Any]]) -> None:
+        raise NotImplementedError
+
+
+async def scenario(target: Target, runs: list[str], readers_per_run: int, *, paced: bool) -> dict[str, Any]:
+    for run in runs:
+        await target.prepare(run)
+    deadline = time.monotonic() + 60
+    while await target.readers() != 0:  # the previous scenario's readers are gone
+        if time.monotonic() > deadline:
+            raise TimeoutError("readers of the previous scenario did not go away")
+        await asyncio.sleep(0.1)
+    base = 0
+    t_start = time.monotonic()
+    rss_before = rss_kb(target.pid)
+    paths = [target.path(run) for run in runs for _ in range(readers_per_run)]
+    readers = await open_readers(len(paths), target.port, lambda i: paths[i], target.readers, base)
+    rss_idle = rss_kb(target.pid)
+    print(f"  {target.name}: {len(readers)} readers connected in {time.monotonic() - t_start:.1f}s", flush=True)
+    out: dict[str, Any] = {"readers": len(readers), "rss_kb_before": rss_before, "rss_kb_idle": rss_idle,
+                           # Meaningful with many readers on a fresh process only (the 1-run
+                           # scenario runs first); later scenarios see freed memory come back.
+                           "rss_kb_per_idle_reader": round((rss_idle - rss_before) / len(readers), 1)
+                           if paced else None}
+    try:
+        # Burst: every run's chunks as fast as the publisher goes → delivered chunks/s.
+        n = BURST_CHUNKS if len(runs) == 1 else MANY_RUNS_CHUNKS
+        t0 = time.time()
+        await asyncio.gather(*(target.publish(run, [chunk(i, run) for i in range(n)]) for run in runs))
+        last = await wait_delivered(readers, n)
+        delivered = n * len(readers)
+        out["burst_chunks_per_run"] = n
+        out["delivered_chunks_per_s"] = round(delivered / max(last - t0, 1e-9))
+        out["burst_p99_ms"] = round(pct([x for r in readers for x in r.latencies], 99) * 1000, 1)
+        # Paced: a steady producer → append→reader latency.
+        if paced:
+            for r in readers:
+                r.latencies.clear()
+            for i in range(PACED_CHUNKS):
+                await asyncio.gather(*(target.publish(run, [chunk(n + i, run)]) for run in runs))
+                await asyncio.sleep(1 / PACED_RATE)
+            await wait_delivered(readers, n + PACED_CHUNKS)
+            lat = [x for r in readers for x in r.latencies]
+            out["paced_rate_per_s"] = PACED_RATE
+            out["latency_p50_ms"] = round(pct(lat, 50) * 1000, 1)
+            out["latency_p99_ms"] = round(pct(lat, 99) * 1000, 1)
+    finally:
+        await close_readers(readers)
+    print(f"  {target.name}: scenario done in {time.monotonic() - t_start:.1f}s: {out}", flush=True)
+    return out
+
+
+class GatewayTarget(Target):
+    name = "gateway"
+
+    def __init__(self, gw: Any, log: Any, http: Any) -> None:
+        self.gw, self.log, self.http = gw, log, http
+        self.port, self.pid = gw.port, gw.pid
+        self.writers: dict[str, Any] = {}
+
+    def path(self, run: str) -> str:
+        return f"/api/chat?runId={run}&offset=-1"
+
+    async def readers(self) -> int:
+        text = (await self.http.get(f"{self.gw.url}/metrics")).text
+        m = re.search(r"^baton_gateway_readers ([0-9.]+)$", text, re.M)
+        return int(float(m.group(1))) if m else 0
+
+    async def prepare(self, run: str) -> None:
+        w = self.log.writer(run, 1)
+        await w.fence()
+        self.writers[run] = w
+
+    async def publish(self, run: str, chunks: list[dict[str, Any]]) -> None:
+        await self.writers[run].append(chunks)
+
+
+class MinimalTarget(Target):
+    name = "minimal"
+
+    def __init__(self, port: int, pid: int, http: Any) -> None:
+        self.port, self.pid, self.http = port, pid, http
+
+    def path(self, run: str) -> str:
+        return f"/sse?runId={run}"
+
+    async def readers(self) -> int:
+        return int((await self.http.get(f"http://127.0.0.1:{self.port}/readers")).json()["readers"])
+
+    async def publish(self, run: str, chunks: list[dict[str, Any]]) -> None:
+        body = b"\n".join(json.dumps(c, separators=(",", ":")).encode() for c in chunks)
+        await self.http.post(f"http://127.0.0.1:{self.port}/publish", params={"runId": run}, content=body)
+
+
+async def main() -> dict[str, Any]:
+    import httpx
+
+    from baton.log import DeliveryLog, LogConfig
+    from baton.testing.cluster import start_coordinator, start_gateway
+    from baton.testing.servers import EtcdServer, NatsServer, env_without_proxy
+
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="baton-bench-gw-"))
+    etcd, nats = EtcdServer(tmp / "etcd"), NatsServer(tmp / "nats")
+    etcd.start()
+    nats.start()
+    cfg = LogConfig(stream="BENCH_GW", subject_prefix="bench.gw", bucket="bench-gw-threads")
+    coord = gw = None
+    port = _free_port()
+    env = env_without_proxy()
+    env["PYTHONPATH"] = str(pathlib.Path(__file__).resolve().parents[1])
+    minimal = subprocess.Popen([sys.executable, "-m", "bench.gateway", "--minimal", str(port)], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    results: dict[str, Any] = {}
+    try:
+        coord = await start_coordinator(etcd.endpoint, "/bench-gw/", log_dir=tmp)
+        gw = await start_gateway(coord.address, nats.url, log_dir=tmp, log_level="WARNING",
+                                 runs_stream=cfg.stream, subject_prefix=cfg.subject_prefix,
+                                 threads_bucket=cfg.bucket)
+        async with DeliveryLog(await _nats(nats.url), cfg, owns_connection=True) as log, \
+                httpx.AsyncClient(trust_env=False, timeout=30,
+                                  limits=httpx.Limits(max_connections=400)) as http:
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    (await http.get(f"http://127.0.0.1:{port}/readers")).raise_for_status()
+                    break
+                except httpx.HTTPError:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.05)
+            targets = [GatewayTarget(gw, log, http), MinimalTarget(port, minimal.pid, http)]
+            for t in targets:
+                one = await scenario(t, [f"bench-one-{t.name}"], READERS_ONE_RUN, paced=True)
+                many = await scenario(t, [f"bench-many-{t.name}-{i}" for i in range(MANY_RUNS)], 1, paced=False)
+                results[t.name] = {"one_run_1000_readers": one, "200_runs_1_reader": many}
+    finally:
+        if gw is not None:
+            await gw.stop()
+        if coord is not None:
+            await coord.stop()
+        minimal.terminate()
+        minimal.wait(10)
+        nats.stop()
+        etcd.stop()
+
+    g, m = results["gateway"], results["minimal"]
+    summary = {
+        "throughput_ratio_one_run": round(g["one_run_1000_readers"]["delivered_chunks_per_s"]
+                                          / m["one_run_1000_readers"]["delivered_chunks_per_s"], 2),
+        "throughput_ratio_many_runs": round(g["200_runs_1_reader"]["delivered_chunks_per_s"]
+                                            / m["200_runs_1_reader"]["delivered_chunks_per_s"], 2),
+        "p99_ms_1000_readers": g["one_run_1000_readers"]["latency_p99_ms"],
+        "rss_kb_per_idle_reader": g["one_run_1000_readers"]["rss_kb_per_idle_reader"],
+    }
+    summary["targets"] = {
+        "p99_le_50ms": summary["p99_ms_1000_readers"] <= 50,
+        "rss_le_100kb_per_reader": summary["rss_kb_per_idle_reader"] <= 100,
+        "throughput_ge_half_of_minimal": min(summary["throughput_ratio_one_run"],
+                                             summary["throughput_ratio_many_runs"]) >= 0.5,
+    }
+    out = {"bench": "gateway", "results": results, "summary": summary}
+    _print_table(out)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
+    return out
+
+
+async def _nats(url: str) -> Any:
+    import nats as nats_py
+
+    return await nats_py.connect(servers=[url])
+
+
+def _print_table(out: dict[str, Any]) -> None:
+    rows = [("scenario", "server", "chunks/s", "burst p99 ms", "paced p99 ms", "RSS KB/idle reader")]
+    for server, res in out["results"].items():
+        for scen, r in res.items():
+            rows.append((scen, server, str(r["delivered_chunks_per_s"]), str(r["burst_p99_ms"]),
+                         str(r.get("latency_p99_ms", "-")), str(r["rss_kb_per_idle_reader"])))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
+    print("summary:", json.dumps(out["summary"]))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--minimal":
+        import uvicorn
+
+        uvicorn.run(minimal_app(), host="127.0.0.1", port=int(sys.argv[2]), log_level="warning",
+                    access_log=False)
+    else:
+        asyncio.run(main())

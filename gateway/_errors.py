@@ -1,0 +1,136 @@
+"""The one table mapping domain errors to HTTP statuses (mirrors :mod:`baton.grpc_errors`).
+
+Routes raise domain exceptions; the app's exception handler turns them into a JSON body
+``{"error": <message>, "reason": <REASON>, ...metadata}`` with the status below. ``reason``
+and the metadata keys are the same as the gRPC ``ErrorInfo`` of the exception, so a client
+rebuilds the domain exception the same way in HTTP and gRPC (see :mod:`baton.client`).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from baton import errors as e
+from baton import grpc_errors
+
+log = logging.getLogger("gateway.errors")
+
+
+# --- errors that only exist at the HTTP edge ----------------------------------------------
+
+
+class Unauthorized(e.BatonError):
+    """No or an unknown bearer API key (the key itself never appears in the message)."""
+
+    def __init__(self) -> None:
+        super().__init__("a valid API key is required: send Authorization: Bearer <key>")
+
+
+class BodyTooLarge(e.BatonError):
+    """The request body is larger than the configured limit (bytes)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        super().__init__(f"request body larger than {limit} bytes")
+
+
+class NoHostAvailable(e.BatonError):
+    """No live, non-draining sandbox host could take the run."""
+
+    def __init__(self, detail: str = "no sandbox host is available") -> None:
+        self.detail = detail
+        super().__init__(detail)
+
+
+class CancelWaitTimeout(e.BatonError):
+    """``POST /api/chat/cancel?wait=true`` ran out of time before the run was terminal."""
+
+    def __init__(self, run_id: str, timeout: float) -> None:
+        self.run_id = run_id
+        self.timeout = timeout
+        super().__init__(f"run {run_id!r} was not terminal within {timeout:g}s of the cancel")
+
+
+class UnknownThread(e.BatonError):
+    """No thread of the caller's tenant has this id (other tenants' threads look unknown)."""
+
+    def __init__(self, thread_id: str) -> None:
+        self.thread_id = thread_id
+        super().__init__(f"unknown thread {thread_id!r}")
+
+
+@dataclass(frozen=True)
+class HttpMapping:
+    exc: type[e.BatonError]
+    status: int
+    reason: str
+
+
+# Ordered most specific first; lookup walks the MRO of the raised exception.
+TABLE: tuple[HttpMapping, ...] = (
+    HttpMapping(Unauthorized, 401, "UNAUTHENTICATED"),
+    HttpMapping(BodyTooLarge, 413, "BODY_TOO_LARGE"),
+    HttpMapping(NoHostAvailable, 503, "NO_HOST_AVAILABLE"),
+    HttpMapping(CancelWaitTimeout, 504, "CANCEL_WAIT_TIMEOUT"),
+    HttpMapping(UnknownThread, 404, "UNKNOWN_THREAD"),
+    HttpMapping(e.InvalidArgument, 400, "INVALID_ARGUMENT"),
+    HttpMapping(e.DurableRunIdRequired, 400, "DURABLE_RUN_ID_REQUIRED"),
+    HttpMapping(e.InvalidOffset, 400, "INVALID_OFFSET"),
+    HttpMapping(e.UnknownRun, 404, "UNKNOWN_RUN"),
+    HttpMapping(e.ThreadBusy, 409, "THREAD_BUSY"),
+    HttpMapping(e.RunClaimNotAcquired, 409, "RUN_CLAIM_NOT_ACQUIRED"),
+    HttpMapping(e.JournalAttachUnavailable, 409, "JOURNAL_ATTACH_UNAVAILABLE"),
+    HttpMapping(e.OffsetExpired, 410, "OFFSET_EXPIRED"),
+    HttpMapping(e.StoreUnavailable, 503, "STORE_UNAVAILABLE"),
+    HttpMapping(e.HostDraining, 503, "HOST_DRAINING"),
+    HttpMapping(e.SandboxBuildFailed, 502, "SANDBOX_BUILD_FAILED"),
+    HttpMapping(e.BatonError, 500, "INTERNAL"),
+)
+
+
+def mapping_for(exc: BaseException) -> HttpMapping | None:
+    """The table row for ``exc`` (most specific class first), or ``None``."""
+    for cls in type(exc).__mro__:
+        for m in TABLE:
+            if m.exc is cls:
+                return m
+    return None
+
+
+def error_body(exc: e.BatonError) -> tuple[int, dict[str, object]]:
+    """Status and JSON body for a domain error.
+
+    The body carries the gRPC table's metadata for the exception (when it has a row there)
+    so clients rebuild the same exception; ``ThreadBusy`` also carries ``activeRunId``
+    (the issue's wire contract for a busy thread).
+    """
+    m = mapping_for(exc)
+    assert m is not None  # BatonError is the last row
+    body: dict[str, object] = {"error": str(exc), "reason": m.reason}
+    g = grpc_errors.mapping_for(exc)
+    if g is not None and not isinstance(exc, e.StoreUnavailable):
+        body.update(g.to_meta(exc))
+    if isinstance(exc, e.ThreadBusy):
+        body["activeRunId"] = exc.active_run_id
+    if isinstance(exc, e.OffsetExpired):
+        body["earliestOffset"] = exc.earliest_offset
+    return m.status, body
+
+
+def error_response(exc: e.BatonError) -> Response:
+    status, body = error_body(exc)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+async def handle_baton_error(request: Request, exc: Exception) -> Response:
+    """Starlette exception handler: domain errors become their mapped status."""
+    assert isinstance(exc, e.BatonError)
+    m = mapping_for(exc)
+    if m is not None and m.status >= 500:
+        log.warning("%s %s -> %s: %s", request.method, request.url.path, m.status, exc)
+    return error_response(exc)
+

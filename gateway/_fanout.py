@@ -1,0 +1,175 @@
+"""One shared tail per run: every reader of a run in this gateway is served from memory.
+
+Without it, each reader would hold its own JetStream consumer and decode every chunk
+itself: 1,000 readers of one run cost 1,000 copies of each message from NATS. A
+:class:`RunHub` reads the run's log once (from the start), frames each chunk once, and
+readers walk its in-order frame list from their own offset, taking every frame that is
+already there in one write. The hub lives while it has readers; it keeps at most
+``max_frames`` frames (a reader that falls behind the oldest kept frame goes back to a
+reader of its own, so memory stays bounded and nothing is skipped).
+"""
+from __future__ import annotations
+
+import asyncio
+import bisect
+import json
+import logging
+from typing import Any
+
+log = logging.getLogger("gateway.fanout")
+
+MAX_FRAMES = 20_000
+
+
+async def cancel_and_wait(task: asyncio.Task[Any], patience: float = 10.0) -> None:
+    """Cancel ``task`` and wait for it to end, cancelling again while it has not.
+
+    A single cancel is not enough on Python 3.11: ``asyncio.wait_for`` inside a log read
+    swallows a cancellation that races with a message arriving, and the read goes on.
+    Gives up (logging) after ``patience`` seconds rather than hang a reader's cleanup.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + patience
+    while not task.done():
+        task.cancel()
+        await asyncio.wait([task], timeout=0.05)
+        if loop.time() > deadline:
+            log.error("task %s ignores cancellation; leaving it", task.get_name())
+            return
+
+
+def _dumps(chunk: dict[str, Any]) -> bytes:
+    return json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+class RunHub:
+    """The shared tail of one run's delivery log.
+
+    Attributes:
+        seqs: stream sequences of the kept frames, ascending.
+        base: how many frames were dropped from the front (indexes are absolute).
+        closed: the log ended with its close record.
+        failed: the read failed (readers end; clients reconnect with Last-Event-ID).
+    """
+
+    def __init__(self, run_id: str, delivery_log: Any, max_frames: int = MAX_FRAMES) -> None:
+        self.run_id = run_id
+        self._log = delivery_log
+        self._max = max_frames
+        self.seqs: list[int] = []
+        self.offsets: list[str] = []
+        self.payloads: list[bytes] = []
+        self.base = 0
+        self.closed = False
+        self.failed: BaseException | None = None
+        self.readers = 0
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._tail(), name=f"hub:{self.run_id}")
+
+    async def _tail(self) -> None:
+        reader = self._log.read(self.run_id, after="-1")
+        try:
+            async for offset, chunk in reader:
+                self.seqs.append(int(offset))
+                self.offsets.append(offset)
+                self.payloads.append(_dumps(chunk))
+                if len(self.seqs) > self._max:
+                    drop = len(self.seqs) - self._max
+                    del self.seqs[:drop], self.offsets[:drop], self.payloads[:drop]
+                    self.base += drop
+                self._notify()
+            self.closed = True
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # LogUnavailable or a bug: readers end, clients reconnect
+            log.warning("shared tail of run %s failed: %s", self.run_id, exc)
+            self.failed = exc
+        finally:
+            self._notify()
+            await reader.aclose()
+
+    def _notify(self) -> None:
+        ev, self._changed = self._changed, asyncio.Event()
+        ev.set()
+
+    @property
+    def end(self) -> int:
+        """Absolute index one past the newest frame."""
+        return self.base + len(self.seqs)
+
+    def index_after(self, seq: int) -> int:
+        """Absolute index of the first frame with a sequence greater than ``seq``."""
+        return self.base + bisect.bisect_right(self.seqs, seq)
+
+    def frames(self, start: int, framing: str) -> tuple[bytes, int, int]:
+        """Every kept frame from absolute index ``start``, joined, for one write.
+
+        Returns:
+            ``(bytes, count, next_index)``. Raises ``IndexError`` when ``start`` was dropped.
+        """
+        if start < self.base:
+            raise IndexError(start)
+        lo, hi = start - self.base, len(self.seqs)
+        if framing == "ndjson":
+            parts = [b'{"id":"%s","chunk":%s}\n' % (self.offsets[i].encode(), self.payloads[i]) for i in range(lo, hi)]
+        else:
+            parts = [b"id: %s\ndata: %s\n\n" % (self.offsets[i].encode(), self.payloads[i]) for i in range(lo, hi)]
+        return b"".join(parts), hi - lo, self.base + hi
+
+    async def changed(self, timeout: float) -> bool:
+        """Wait until new frames arrive or the hub ends; ``False`` on timeout."""
+        ev = self._changed
+        try:
+            async with asyncio.timeout(timeout):
+                await ev.wait()
+            return True
+        except TimeoutError:
+            return False
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            await cancel_and_wait(self._task)
+
+
+class Hubs:
+    """The hubs of one gateway, one per run with readers (owned by the app state)."""
+
+    def __init__(self, delivery_log: Any, max_frames: int = MAX_FRAMES) -> None:
+        self._log = delivery_log
+        self._max = max_frames
+        self._hubs: dict[str, RunHub] = {}
+
+    def acquire(self, run_id: str) -> RunHub:
+        hub = self._hubs.get(run_id)
+        if hub is None:
+            hub = self._hubs[run_id] = RunHub(run_id, self._log, self._max)
+            hub.start()
+        hub.readers += 1
+        return hub
+
+    async def release(self, hub: RunHub) -> None:
+        hub.readers -= 1
+        if hub.readers == 0 and self._hubs.get(hub.run_id) is hub:
+            del self._hubs[hub.run_id]
+            await hub.aclose()
+
+    async def aclose(self) -> None:
+        hubs, self._hubs = list(self._hubs.values()), {}
+        for h in hubs:
+            await h.aclose()
+
+
+async def check_offset_kept(delivery_log: Any, run_id: str, after: str) -> None:
+    """Raise ``OffsetExpired`` when ``after`` is older than what retention kept (no consumer
+    is created: ``open()`` only resolves the start position)."""
+    if after in ("-1", "now"):
+        return
+    reader = delivery_log.read(run_id, after=after)
+    try:
+        await reader.open()
+    finally:
+        await reader.aclose()
+

@@ -1,0 +1,117 @@
+"""Sandbox hosts as the gateway sees them: the registry (via the coordinator) and gRPC channels.
+
+The one adapter module of the gateway that speaks gRPC to sandbox hosts. Channels are
+cached per address and closed at shutdown; gRPC errors are translated once, here, into
+domain exceptions (``raise … from``).
+"""
+from __future__ import annotations
+
+import collections
+import logging
+from typing import Any, Awaitable, Callable, TypeVar
+
+import grpc
+
+from baton import errors as e
+from baton.grpc_errors import from_rpc_error
+from baton.v1 import coordinator_pb2, sandbox_host_pb2_grpc
+
+log = logging.getLogger("gateway.hosts")
+
+T = TypeVar("T")
+# A StartRun builds nothing before returning (DESIGN §5.5: the sandbox is built after
+# run.accepted), so a few seconds is generous; AttachRun returns once the claim is held.
+RPC_TIMEOUT = 10.0
+_CHANNEL_OPTIONS = [("grpc.enable_http_proxy", 0)]
+
+
+class HostPool:
+    """Live hosts (from ``ListHosts``) and one cached gRPC channel per host address.
+
+    Args:
+        coordinator: a ``CoordinatorClient`` (for ``list_hosts``).
+    """
+
+    def __init__(self, coordinator: Any) -> None:
+        self._coordinator = coordinator
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, sandbox_host_pb2_grpc.SandboxHostStub] = {}
+        # Runs this gateway handed to each host: the load signal used to pick the least
+        # loaded host (the registry carries capacity, not current load).
+        self._handed: collections.Counter[str] = collections.Counter()
+
+    def stub(self, address: str) -> sandbox_host_pb2_grpc.SandboxHostStub:
+        """The cached stub for a host address (``host:port``)."""
+        s = self._stubs.get(address)
+        if s is None:
+            ch = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            self._channels[address] = ch
+            s = self._stubs[address] = sandbox_host_pb2_grpc.SandboxHostStub(ch)
+        return s
+
+    async def live_hosts(self) -> list[coordinator_pb2.HostInfo]:
+        """Registered hosts that are not draining."""
+        hosts = await self._coordinator.list_hosts()
+        return [h for h in hosts if not h.draining and h.address]
+
+    def rank(self, hosts: list[coordinator_pb2.HostInfo]) -> list[coordinator_pb2.HostInfo]:
+        """Hosts ordered least loaded first: runs handed to it by this gateway per unit of
+        capacity, ties broken by host id (deterministic)."""
+        return sorted(hosts, key=lambda h: (self._handed[h.host_id] / max(h.capacity, 1), h.host_id))
+
+    def note_handed(self, host_id: str) -> None:
+        self._handed[host_id] += 1
+
+    async def address_of(self, host_id: str) -> str | None:
+        """The address of a registered host, or ``None``."""
+        for h in await self._coordinator.list_hosts():
+            if h.host_id == host_id:
+                return str(h.address)
+        return None
+
+    async def call(self, address: str, method: Callable[[Any, Any], Awaitable[T]] | str, request: Any,
+                   timeout: float = RPC_TIMEOUT) -> T:
+        """Call ``SandboxHost.<method>`` on ``address``.
+
+        Raises:
+            The domain exception of the host's error (``ThreadBusy``, ``RunClaimNotAcquired``,
+            ``HostDraining``…), or ``StoreUnavailable`` when the host cannot be reached.
+        """
+        stub = self.stub(address)
+        fn = getattr(stub, method) if isinstance(method, str) else method
+        try:
+            return await fn(request, timeout=timeout)  # type: ignore[call-arg]
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc) from exc
+
+    async def close(self) -> None:
+        """Close every channel (idempotent)."""
+        channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
+        for ch in channels:
+            await ch.close(grace=None)
+
+
+async def try_hosts(
+    pool: HostPool, hosts: list[coordinator_pb2.HostInfo], attempt: Callable[[coordinator_pb2.HostInfo], Awaitable[T]]
+) -> tuple[coordinator_pb2.HostInfo, T]:
+    """Run ``attempt`` on each host, least loaded first, until one does not fail as
+    unreachable or draining.
+
+    Raises:
+        NoHostAvailable (from ``gateway._errors``): no host, or all unreachable/draining.
+        Any other domain error ``attempt`` raises (e.g. ``ThreadBusy``), at once.
+    """
+    from gateway._errors import NoHostAvailable
+
+    last: BaseException | None = None
+    for h in pool.rank(hosts):
+        try:
+            result = await attempt(h)
+        except (e.StoreUnavailable, e.HostDraining) as exc:
+            log.warning("host %s (%s) refused or unreachable: %s", h.host_id, h.address, exc)
+            last = exc
+            continue
+        pool.note_handed(h.host_id)
+        return h, result
+    raise NoHostAvailable("no sandbox host is available" if last is None
+                          else "no sandbox host could take the run") from last

@@ -1,0 +1,237 @@
+"""``/api/chat``: start a run, join/resume its log, find the active run, cancel (DESIGN.md §6).
+
+Wire-compatible with the TanStack AI durable chat transport: ``POST`` carries the AG-UI run
+input and the run id in ``X-Run-Id``; a dropped stream is re-requested with
+``Last-Event-ID`` (the POST is re-sent as is, so a POST for an existing run resumes it
+instead of starting anything); ``GET ?runId&offset=-1`` joins.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from baton import errors as e
+from baton.ids import validate_id
+from baton.v1 import runs_pb2, sandbox_host_pb2
+from gateway._auth import check_run_visible
+from gateway._errors import CancelWaitTimeout
+from gateway._hosts import try_hosts
+from gateway._reader import stream_log
+from gateway._sse import StreamResponse, choose_framing
+from gateway._state import GatewayState
+from gateway._takeover import TERMINAL
+from gateway._validate import ChatStart, check_chat_start, check_offset, read_json_object
+from gateway._views import check_thread_visible, maybe_view, record_json, run_view, state_of, tenant
+
+log = logging.getLogger("gateway.chat")
+
+MAX_CANCEL_WAIT = 300.0
+CONFIRMATION_READ_TIMEOUT = 2.0
+
+
+async def _start_run(st: GatewayState, cs: ChatStart, tenant_id: str) -> runs_pb2.RunRecord:
+    req = sandbox_host_pb2.StartRunRequest(
+        run_id=cs.run_id,
+        thread_id=cs.thread_id,
+        agent=runs_pb2.AgentSpec(kind=cs.agent.kind, options_json=cs.agent.to_json()),
+        messages_json=json.dumps(cs.messages, separators=(",", ":")),
+        detach_on_disconnect=cs.detach_on_disconnect,
+        tenant=tenant_id,
+        interrupt_active=cs.interrupt_active,
+        parent_run_id=cs.parent_run_id,
+    )
+    hosts = await st.hosts.live_hosts()
+    try:
+        host, resp = await try_hosts(st.hosts, hosts, lambda h: st.hosts.call(h.address, "StartRun", req))
+    except e.ThreadBusy:
+        st.metrics.appends.labels("thread-busy").inc()
+        raise
+    st.metrics.appends.labels("created" if resp.created else "existing").inc()
+    log.info("run %s started on %s (created=%s)", cs.run_id, host.host_id, resp.created)
+    return resp.record  # type: ignore[no-any-return]
+
+
+async def start_chat(request: Request) -> Response:
+    """``POST /api/chat``: validate, start the run on a host, stream its log from the start."""
+    st = state_of(request)
+    t = tenant(request)
+    body = await read_json_object(request, st.settings.max_body_bytes)
+    cs = check_chat_start(body, request.headers, request.query_params, replay_dirs=st.settings.replay_dirs,
+                          default_agent=st.settings.default_agent, max_messages=st.settings.max_messages)
+    resume = request.headers.get("last-event-id")
+    after = check_offset(resume) if resume else "-1"
+    try:
+        view = await st.coordinator.get_run(cs.run_id)
+    except e.UnknownRun:
+        view = None
+    if view is not None:
+        # A retried POST or a transport reconnect: serve the existing run, start nothing.
+        check_run_visible(view.record, t, st.settings.auth_enabled)
+        if view.record.thread_id != cs.thread_id:
+            raise e.InvalidArgument("runId", "already names a run of another thread")
+        st.takeovers.consider(cs.run_id, view.record, view.claim)
+    else:
+        await check_thread_visible(request, cs.thread_id, must_exist=False)
+        await _start_run(st, cs, t)
+        after = "-1"
+
+    on_disconnect = None
+    if not cs.detach_on_disconnect:
+        async def on_disconnect() -> None:
+            # The run was started with detachOnDisconnect: false: the client leaving cancels it.
+            log.info("client of run %s left; cancelling it (detachOnDisconnect: false)", cs.run_id)
+            st.spawn(_cancel(st, cs.run_id, "client-disconnected"), name=f"cancel:{cs.run_id}")
+
+    framing = choose_framing(request.headers.get("accept"))
+    return StreamResponse(stream_log(st, cs.run_id, after, framing, on_disconnect=on_disconnect), framing,
+                          headers={"X-Run-Id": cs.run_id})
+
+
+async def join_chat(request: Request) -> Response:
+    """``GET /api/chat?runId&offset`` (or ``Last-Event-ID``): the log strictly after the offset.
+
+    Without ``runId`` but with ``threadId`` it answers the TanStack hydration probe
+    ``{messages, activeRun}``.
+    """
+    st = state_of(request)
+    tenant(request)
+    q = request.query_params
+    run_id = q.get("runId")
+    if not run_id:
+        if q.get("threadId") and q.get("offset") is None:
+            return await _hydrate(request, q["threadId"])
+        raise e.DurableRunIdRequired()
+    validate_id(run_id, "runId")
+    offset = request.headers.get("last-event-id") or q.get("offset")
+    if offset is None:
+        raise e.InvalidArgument("offset", "is required: ?offset=-1 reads from the start; "
+                                "reconnect with a Last-Event-ID header")
+    after = check_offset(offset)
+    view = await maybe_view(request, run_id)
+    st.takeovers.consider(run_id, view.record if view else None, view.claim if view else None)
+    framing = choose_framing(request.headers.get("accept"))
+    return StreamResponse(stream_log(st, run_id, after, framing), framing, headers={"X-Run-Id": run_id})
+
+
+async def _visible_active(request: Request, thread_id: str) -> runs_pb2.RunRecord | None:
+    st = state_of(request)
+    t = tenant(request)
+    rec = await st.coordinator.find_active_run(thread_id)
+    if rec is None or (st.settings.auth_enabled and rec.tenant != t):
+        return None
+    return rec  # type: ignore[no-any-return]
+
+
+async def _hydrate(request: Request, thread_id: str) -> Response:
+    st = state_of(request)
+    validate_id(thread_id, "threadId")
+    await check_thread_visible(request, thread_id, must_exist=False)
+    msgs, _rev = await st.transcripts.load(thread_id)
+    rec = await _visible_active(request, thread_id)
+    return JSONResponse({"messages": msgs or [], "activeRun": {"runId": rec.run_id} if rec else None})
+
+
+async def active_run(request: Request) -> Response:
+    """``GET /api/chat/active?threadId=…`` → ``{"runId": … | null}``."""
+    thread_id = request.query_params.get("threadId")
+    if not thread_id:
+        raise e.InvalidArgument("threadId", "is required")
+    validate_id(thread_id, "threadId")
+    tenant(request)
+    rec = await _visible_active(request, thread_id)
+    return JSONResponse({"runId": rec.run_id if rec else None})
+
+
+async def _cancel(st: GatewayState, run_id: str, reason: str) -> runs_pb2.RunRecord:
+    """Durable cancel (the flag in the record) + the fast path to the driving host.
+
+    A run with no live claim is handed to a live host to finalize (DESIGN §5.5: a cancel
+    of a run whose host is dead is carried out by whoever takes the claim).
+    """
+    rec = await st.coordinator.request_run_cancel(run_id, reason=reason)
+    view = await st.coordinator.get_run(run_id)
+    if view.claim is not None:
+        address = await st.hosts.address_of(view.claim.host_id)
+        if address is not None:
+            try:
+                await st.hosts.call(address, "CancelRun", sandbox_host_pb2.CancelRunRequest(run_id=run_id, reason=reason))
+            except e.BatonError as exc:
+                # The durable flag reaches the driver through WatchRun anyway.
+                log.warning("fast-path cancel of run %s on %s failed: %s", run_id, view.claim.host_id, exc)
+    else:
+        st.takeovers.consider(run_id, view.record, None)
+    return rec  # type: ignore[no-any-return]
+
+
+async def _confirmation(st: GatewayState, run_id: str) -> dict[str, Any] | None:
+    """The ``run.cancelled`` chunk's value (what the host confirmed), read from the log."""
+    found: dict[str, Any] | None = None
+
+    async def scan() -> None:
+        nonlocal found
+        async for _offset, chunk in st.log.read(run_id, after="-1"):
+            if chunk.get("type") == "CUSTOM" and chunk.get("name") == "run.cancelled":
+                value = chunk.get("value")
+                found = value if isinstance(value, dict) else {"value": value}
+
+    try:
+        await asyncio.wait_for(scan(), CONFIRMATION_READ_TIMEOUT)
+    except (TimeoutError, e.BatonError):
+        pass
+    return found
+
+
+async def cancel_chat(request: Request) -> Response:
+    """``POST /api/chat/cancel`` ``{runId | threadId}`` → 202; ``?wait=true`` → 200 once terminal, else 504."""
+    st = state_of(request)
+    tenant(request)
+    body = await read_json_object(request, st.settings.max_body_bytes)
+    q = request.query_params
+    run_id = body.get("runId") or q.get("runId")
+    thread_id = body.get("threadId") or q.get("threadId")
+    if run_id is not None and not isinstance(run_id, str) or thread_id is not None and not isinstance(thread_id, str):
+        raise e.InvalidArgument("runId", "runId and threadId must be strings")
+    if run_id:
+        validate_id(run_id, "runId")
+    elif thread_id:
+        validate_id(thread_id, "threadId")
+        rec = await _visible_active(request, thread_id)
+        if rec is None:
+            raise e.UnknownRun(f"(active run of thread {thread_id})")
+        run_id = rec.run_id
+    else:
+        raise e.InvalidArgument("runId", "send a runId or a threadId")
+    wait = q.get("wait", "false").lower() in ("1", "true", "yes")
+    timeout = st.settings.cancel_wait
+    if "timeout" in q:
+        try:
+            timeout = float(q["timeout"])
+        except ValueError:
+            raise e.InvalidArgument("timeout", "must be a number of seconds") from None
+        if not math.isfinite(timeout) or not 0 < timeout <= MAX_CANCEL_WAIT:
+            raise e.InvalidArgument("timeout", f"must be in (0, {MAX_CANCEL_WAIT:g}] seconds")
+
+    view = await run_view(request, run_id)
+    if view.record.status not in TERMINAL:
+        await _cancel(st, run_id, "user")
+    if not wait:
+        return JSONResponse({"runId": run_id, "cancelRequested": True}, status_code=202)
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        view = await st.coordinator.get_run(run_id)
+        if view.record.status in TERMINAL:
+            break
+        if loop.time() >= deadline:
+            raise CancelWaitTimeout(run_id, timeout)
+        await asyncio.sleep(min(0.05, max(deadline - loop.time(), 0)))
+    out = record_json(view.record, view.claim, view.reap_at)
+    out["confirmation"] = await _confirmation(st, run_id)
+    return JSONResponse(out, status_code=200)

@@ -1,0 +1,83 @@
+"""Read-only routes: run records, transcripts, the agent list, health, metrics, the web page."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import pathlib
+
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+
+from baton import errors as e
+from baton.ids import validate_id
+from gateway._validate import AGENT_KINDS, REPLAY_FORMATS, list_replay_journals
+from gateway._views import check_thread_visible, record_json, run_view, state_of, status_name, tenant
+
+log = logging.getLogger("gateway.routes")
+
+STATIC = pathlib.Path(__file__).resolve().parent / "static"
+METRICS_RUNS_LIMIT = 1000
+
+
+async def get_run(request: Request) -> Response:
+    """``GET /api/runs/{runId}``: status, owner host, epoch, ``detachedSince``, ``reapAt``."""
+    run_id = validate_id(request.path_params["run_id"], "runId")
+    view = await run_view(request, run_id)
+    return JSONResponse(record_json(view.record, view.claim, view.reap_at))
+
+
+async def thread_messages(request: Request) -> Response:
+    """``GET /api/threads/{threadId}/messages``: the saved transcript (AG-UI messages)."""
+    st = state_of(request)
+    thread_id = validate_id(request.path_params["thread_id"], "threadId")
+    await check_thread_visible(request, thread_id, must_exist=True)
+    msgs, revision = await st.transcripts.load(thread_id)
+    return JSONResponse({"threadId": thread_id, "messages": msgs or [], "revision": revision})
+
+
+async def agents(request: Request) -> Response:
+    """``GET /api/agents``: the agent kinds and the replay corpus the web page offers."""
+    st = state_of(request)
+    tenant(request)
+    items: list[dict[str, object]] = []
+    dirs = st.settings.replay_dirs
+    for path in list_replay_journals(dirs):
+        fmt = path.parent.name if path.parent.name in REPLAY_FORMATS else None
+        if fmt is None:
+            continue  # not a journal format the replay agent plays (e.g. recorded AG-UI streams)
+        rel = next((str(path.relative_to(d.resolve())) for d in dirs if path.is_relative_to(d.resolve())), path.name)
+        items.append({"kind": "replay", "journal": rel, "format": fmt, "name": f"replay: {rel}"})
+    items += [{"kind": k, "name": k} for k in AGENT_KINDS if k != "replay"]
+    return JSONResponse({"default": st.settings.default_agent, "agents": items})
+
+
+async def healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    st = state_of(request)
+    if st.ready:
+        return JSONResponse({"status": "ready", "session": st.session.id if st.session else None})
+    return JSONResponse({"status": "not ready"}, status_code=503)
+
+
+async def metrics(request: Request) -> Response:
+    """``/metrics``: Prometheus text; runs by status are read from the coordinator at scrape time."""
+    st = state_of(request)
+    tenant(request)
+    try:
+        recs = await asyncio.wait_for(st.coordinator.list_runs(limit=METRICS_RUNS_LIMIT), 2.0)
+        counts: dict[str, int] = {}
+        for r in recs:
+            counts[status_name(r.status)] = counts.get(status_name(r.status), 0) + 1
+        for name in ("running", "interrupted", "completed", "failed", "aborted"):
+            st.metrics.runs.labels(name).set(counts.get(name, 0))
+    except (e.BatonError, TimeoutError) as exc:
+        log.warning("runs by status not refreshed: %s", exc)
+    return Response(st.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+async def index(request: Request) -> Response:
+    return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})

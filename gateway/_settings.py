@@ -1,0 +1,108 @@
+"""Gateway settings, read once from ``BATON_*`` variables (DESIGN.md §9) at the composition root."""
+from __future__ import annotations
+
+import os
+import pathlib
+import socket
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from baton import config
+
+_REPO = pathlib.Path(__file__).resolve().parent.parent
+
+# Where the repository keeps the replay corpus it ships for the demo (copied, with
+# attribution, from ../shared/corpus). The first existing candidates win; the list is
+# ordered by how specific the location is.
+_CORPUS_CANDIDATES = (
+    _REPO / "sandbox_host" / "agents" / "corpus",
+    _REPO / "corpus",
+    _REPO / "demo" / "corpus",
+    _REPO / "tests" / "corpus",
+)
+
+
+def default_replay_dirs() -> tuple[pathlib.Path, ...]:
+    """The shipped replay corpus directories that exist in this checkout."""
+    return tuple(p.resolve() for p in _CORPUS_CANDIDATES if p.is_dir())
+
+
+def parse_api_keys(raw: str) -> dict[str, str]:
+    """Parse ``BATON_API_KEYS`` (``key=tenant`` pairs, comma-separated).
+
+    Raises:
+        ValueError: on a pair without ``=`` or with an empty key or tenant. The message
+            never contains the key itself (secrets never reach logs or errors).
+    """
+    keys: dict[str, str] = {}
+    for i, pair in enumerate(p.strip() for p in raw.split(",")):
+        if not pair:
+            continue
+        key, sep, tenant = pair.partition("=")
+        if not sep or not key.strip() or not tenant.strip():
+            raise ValueError(f"BATON_API_KEYS entry #{i + 1} must be key=tenant")
+        keys[key.strip()] = tenant.strip()
+    return keys
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """Everything the gateway needs; built by :meth:`from_env` or directly in tests.
+
+    Attributes:
+        coordinator: coordinator gRPC addresses (``host:port``).
+        nats_url: NATS server URL(s), comma-separated.
+        log_config: a ``baton.log.LogConfig``; ``None`` means ``LogConfig.from_env()``.
+        keepalive: seconds between keep-alive comments on an idle stream (≤ 15 s by default).
+        replay_dirs: directories replay journals may be read from.
+        api_keys: bearer key → tenant; empty disables auth.
+        default_agent: agent kind used when a request names none.
+        session_ttl: the gateway session's lease TTL, seconds.
+        gateway_id: the gateway's name in its session (for operators).
+        max_body_bytes: largest accepted request body, bytes.
+        max_messages: most messages accepted in one ``POST /api/chat``.
+        cancel_wait: default seconds ``POST /api/chat/cancel?wait=true`` waits.
+        reader_queue: chunks buffered per reader before backpressure reaches the log read.
+    """
+
+    coordinator: tuple[str, ...] = ("127.0.0.1:7100",)
+    nats_url: str = "nats://127.0.0.1:4222"
+    log_config: Any = None
+    keepalive: float = 15.0
+    replay_dirs: tuple[pathlib.Path, ...] = field(default_factory=default_replay_dirs)
+    api_keys: Mapping[str, str] = field(default_factory=dict)
+    default_agent: str = "replay"
+    session_ttl: float = 2.0
+    gateway_id: str = field(default_factory=lambda: f"gateway-{socket.gethostname()}-{os.getpid()}")
+    max_body_bytes: int = 1 << 20
+    max_messages: int = 500
+    cancel_wait: float = 30.0
+    reader_queue: int = 256
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "GatewaySettings":
+        """Read every gateway setting from ``env`` (default: ``os.environ``).
+
+        Raises:
+            ValueError: naming the variable when a value is malformed.
+        """
+        env = os.environ if env is None else env
+        raw_dirs = config.get("BATON_REPLAY_DIRS", env)
+        dirs = (
+            tuple(pathlib.Path(d).resolve() for d in raw_dirs.split(":") if d)
+            if raw_dirs
+            else default_replay_dirs()
+        )
+        return cls(
+            coordinator=tuple(a.strip() for a in config.get("BATON_COORDINATOR", env).split(",") if a.strip()),
+            nats_url=config.get("BATON_NATS_URL", env),
+            keepalive=config.get_float("BATON_SSE_KEEPALIVE", env),
+            replay_dirs=dirs,
+            api_keys=parse_api_keys(config.get("BATON_API_KEYS", env)),
+            default_agent=config.get("BATON_DEFAULT_AGENT", env),
+            session_ttl=config.get_float("BATON_SESSION_TTL", env),
+        )
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.api_keys)

@@ -1,0 +1,110 @@
+"""SSE and NDJSON framing of the delivery log, and a streaming response that ends on disconnect.
+
+Wire format (DESIGN.md §6, the TanStack AI durable chat transport):
+
+- SSE (``text/event-stream``): ``id: <offset>`` then ``data: <chunk json>`` per chunk, a
+  ``: keep-alive`` comment when idle, and a final ``: end`` comment when the log closed.
+- NDJSON (``Accept: application/x-ndjson``): one ``{"id": "<offset>", "chunk": {...}}`` per
+  line; an empty line is the keep-alive (line readers skip blank lines).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, AsyncIterator, Literal
+
+from starlette.types import Receive, Scope, Send
+
+log = logging.getLogger("gateway.sse")
+
+Framing = Literal["sse", "ndjson"]
+NDJSON = "application/x-ndjson"
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def choose_framing(accept: str | None) -> Framing:
+    """NDJSON when the client asks for ``application/x-ndjson``, else SSE."""
+    return "ndjson" if accept and NDJSON in accept.lower() else "sse"
+
+
+def _dumps(value: Any) -> str:
+    # Compact and without ASCII escaping: the chunk is shown to people, byte size matters.
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def frame_chunk(framing: Framing, offset: str | None, chunk: dict[str, Any]) -> bytes:
+    """One chunk on the wire. ``offset=None`` sends the chunk with no resume id (a gap notice)."""
+    if framing == "ndjson":
+        env: dict[str, Any] = {"chunk": chunk} if offset is None else {"id": offset, "chunk": chunk}
+        return (_dumps(env) + "\n").encode()
+    # JSON never contains a raw newline, so one data line always suffices.
+    head = "" if offset is None else f"id: {offset}\n"
+    return f"{head}data: {_dumps(chunk)}\n\n".encode()
+
+
+def frame_keepalive(framing: Framing) -> bytes:
+    return b"\n" if framing == "ndjson" else b": keep-alive\n\n"
+
+
+def frame_end(framing: Framing) -> bytes:
+    """Marks a clean end (the log closed), so clients can tell it from a dropped connection."""
+    return b"" if framing == "ndjson" else b": end\n\n"
+
+
+def media_type(framing: Framing) -> str:
+    return NDJSON if framing == "ndjson" else "text/event-stream"
+
+
+class StreamResponse:
+    """An ASGI streaming response that ends when the body ends or the client disconnects.
+
+    Unlike ``StarletteStreamingResponse`` under ASGI spec 2.4, it always listens for
+    ``http.disconnect``, so an idle reader (waiting for the next chunk) is noticed at once,
+    not at its next keep-alive write: presence must go away when the client does. The body
+    generator is always closed (``aclose``), so its ``finally`` (presence unregister) runs.
+    """
+
+    def __init__(self, body: AsyncIterator[bytes], framing: Framing, headers: dict[str, str] | None = None) -> None:
+        self._body = body
+        self._headers = {**STREAM_HEADERS, **(headers or {})}
+        self._framing = framing
+        self.disconnected = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raw = [(b"content-type", f"{media_type(self._framing)}; charset=utf-8".encode())]
+        raw += [(k.lower().encode(), v.encode()) for k, v in self._headers.items()]
+        await send({"type": "http.response.start", "status": 200, "headers": raw})
+
+        async def pump() -> None:
+            try:
+                async for data in self._body:
+                    if self.disconnected:
+                        return  # belt and braces: never stream on after a disconnect
+                    if data:
+                        await send({"type": "http.response.body", "body": data, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            finally:
+                await self._close_body()
+
+        async def listen() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    self.disconnected = True
+                    return
+
+        try:
+            async with asyncio.TaskGroup() as tg:
+                pump_t = tg.create_task(pump())
+                listen_t = tg.create_task(listen())
+                pump_t.add_done_callback(lambda _: listen_t.cancel())
+                listen_t.add_done_callback(lambda _: pump_t.cancel())
+        except* OSError:
+            # The socket went away under a write: the same as a disconnect.
+            self.disconnected = True
+
+    async def _close_body(self) -> None:
+        aclose = getattr(self._body, "aclose", None)
+        if aclose is not None:
+            await aclose()

@@ -1,0 +1,130 @@
+"""Everything a gateway app holds while it runs, built and torn down by the ASGI lifespan."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from baton import errors as e
+from gateway._fanout import Hubs
+from gateway._hosts import HostPool
+from gateway._metrics import Metrics
+from gateway._settings import GatewaySettings
+from gateway._takeover import TakeoverTrigger
+
+log = logging.getLogger("gateway.state")
+
+
+class GatewayState:
+    """Clients and owned tasks of one gateway app.
+
+    Attributes:
+        settings: the app's settings.
+        coordinator: ``CoordinatorClient``.
+        log: ``DeliveryLog`` (reads).
+        transcripts: ``TranscriptStore``.
+        hosts: host registry and channels.
+        takeovers: the takeover trigger.
+        metrics: the app's Prometheus metrics.
+        session: the gateway session (presence keys live under it), or ``None`` while it
+            is being (re)opened.
+    """
+
+    def __init__(self, settings: GatewaySettings, coordinator: Any, delivery_log: Any, transcripts: Any,
+                 metrics: Metrics) -> None:
+        self.settings = settings
+        self.coordinator = coordinator
+        self.log = delivery_log
+        self.transcripts = transcripts
+        self.metrics = metrics
+        self.hosts = HostPool(coordinator)
+        self.takeovers = TakeoverTrigger(self.hosts, metrics)
+        self.hubs = Hubs(delivery_log)
+        self.session: Any | None = None
+        self.session_changed = asyncio.Event()
+        self.shutting_down = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._session_task: asyncio.Task[None] | None = None
+
+    @property
+    def ready(self) -> bool:
+        """Ready only while holding a live session (CONVENTIONS: report ready when it holds
+        its session and has bound its port; uvicorn binds before the lifespan ends)."""
+        s = self.session
+        return s is not None and not s.lost.is_set() and not self.shutting_down
+
+    def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        """Start a background task owned by the app (awaited at shutdown)."""
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._reap)
+        return task
+
+    def _reap(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background task %s failed", task.get_name(), exc_info=task.exception())
+
+    def start(self) -> None:
+        self._session_task = asyncio.get_running_loop().create_task(self._keep_session(), name="gateway-session")
+
+    async def wait_session(self, timeout: float) -> Any | None:
+        """The live session, waiting up to ``timeout`` seconds for one; ``None`` if none."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not self.ready:
+            left = deadline - loop.time()
+            if left <= 0:
+                return None
+            self.session_changed.clear()
+            try:
+                await asyncio.wait_for(self.session_changed.wait(), min(left, 0.2))
+            except TimeoutError:
+                pass
+        return self.session
+
+    async def _keep_session(self) -> None:
+        """Hold a gateway session; reopen it when lost (readers then re-register)."""
+        delay = 0.1
+        while not self.shutting_down:
+            try:
+                session = await self.coordinator.open_session(ttl=self.settings.session_ttl,
+                                                              owner=self.settings.gateway_id)
+            except e.BatonError as exc:
+                log.warning("cannot open the gateway session yet: %s", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            delay = 0.1
+            self.session = session
+            self.session_changed.set()
+            log.info("gateway session %s open", session.id)
+            await session.lost.wait()
+            if self.session is session:
+                self.session = None
+            self.session_changed.set()
+            if not self.shutting_down:
+                log.warning("gateway session %s lost; reopening", session.id)
+
+    async def aclose(self) -> None:
+        """Shutdown: not ready → stop triggers → cancel owned tasks → close the session and channels."""
+        if self.shutting_down:
+            return
+        self.shutting_down = True
+        await self.takeovers.aclose()
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        if self._session_task is not None:
+            self._session_task.cancel()
+            await asyncio.wait([self._session_task])
+        session, self.session = self.session, None
+        if session is not None:
+            try:
+                await asyncio.wait_for(session.close(), 5.0)
+            except (e.BatonError, TimeoutError) as exc:
+                log.warning("closing the gateway session failed: %s", exc)
+        await self.hubs.aclose()
+        await self.hosts.close()

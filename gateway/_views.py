@@ -1,0 +1,102 @@
+"""Shared helpers of the route modules: the app state, the caller's tenant, JSON of records."""
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+
+from baton import errors as e
+from baton.v1 import runs_pb2
+from gateway._auth import check_run_visible, tenant_of
+from gateway._errors import UnknownThread
+from gateway._state import GatewayState
+
+
+def state_of(request: Request) -> GatewayState:
+    return request.app.state.gateway  # type: ignore[no-any-return]
+
+
+def tenant(request: Request) -> str:
+    """The caller's tenant (``""`` without auth). Raises ``Unauthorized``."""
+    return tenant_of(request, state_of(request).settings.api_keys)
+
+
+STATUS_NAMES = {v: k.removeprefix("RUN_STATUS_").lower() for k, v in runs_pb2.RunStatus.items()}
+
+
+def status_name(status: int) -> str:
+    return STATUS_NAMES.get(status, "unspecified")
+
+
+def _opt(msg: Any, name: str) -> Any:
+    return getattr(msg, name) if msg.HasField(name) else None
+
+
+def record_json(record: runs_pb2.RunRecord, claim: Any | None = None, reap_at: float | None = None) -> dict[str, Any]:
+    """The public view of a run (``GET /api/runs/{runId}``), camelCase."""
+    err = None
+    if record.HasField("error") and (record.error.message or record.error.code):
+        err = {"message": record.error.message, "code": record.error.code}
+    driver = claim.host_id if claim is not None and claim.host_id else (record.driver_host or None)
+    return {
+        "runId": record.run_id,
+        "threadId": record.thread_id,
+        "status": status_name(record.status),
+        "startedAt": _opt(record, "started_at"),
+        "finishedAt": _opt(record, "finished_at"),
+        "error": err,
+        "epoch": int(claim.epoch) if claim is not None else int(record.driver_epoch),
+        "driverHost": driver,
+        "claimed": claim is not None,
+        "detachedSince": _opt(record, "detached_since"),
+        "reapAt": reap_at,
+        "cancelRequested": record.cancel_requested,
+        "agent": record.agent.kind or None,
+    }
+
+
+async def run_view(request: Request, run_id: str) -> Any:
+    """The run's ``RunView`` as the caller may see it.
+
+    Raises:
+        UnknownRun: no record, or one of another tenant.
+        StoreUnavailable: the coordinator cannot be reached.
+    """
+    st = state_of(request)
+    t = tenant(request)
+    view = await st.coordinator.get_run(run_id)
+    check_run_visible(view.record, t, st.settings.auth_enabled)
+    return view
+
+
+async def check_thread_visible(request: Request, thread_id: str, *, must_exist: bool) -> None:
+    """With auth, a thread belongs to the tenant of its runs; other tenants get 404.
+
+    Args:
+        must_exist: when true, a thread with no run of the caller's tenant is unknown;
+            otherwise a thread with no runs at all is free to use.
+
+    Raises:
+        UnknownThread: as above.
+    """
+    st = state_of(request)
+    if not st.settings.auth_enabled:
+        return
+    t = tenant(request)
+    recs = await st.coordinator.list_runs(thread_id=thread_id, limit=1)
+    if recs and recs[0].tenant != t:
+        raise UnknownThread(thread_id)
+    if must_exist and not recs:
+        raise UnknownThread(thread_id)
+
+
+async def maybe_view(request: Request, run_id: str) -> Any | None:
+    """Like :func:`run_view` but ``None`` when the run has no record."""
+    try:
+        return await run_view(request, run_id)
+    except e.UnknownRun:
+        # Another tenant's run reads as unknown too: re-raise then, so it is never served.
+        st = state_of(request)
+        if st.settings.auth_enabled:
+            raise
+        return None

@@ -1,0 +1,86 @@
+"""The gateway's Starlette app (DESIGN.md §6): the only public door.
+
+All state lives in the ASGI lifespan: the coordinator client and the gateway session, the
+NATS connection (delivery log reads, transcripts), host channels and the app's tasks.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from baton import errors as e
+from gateway import _routes_chat as chat
+from gateway import _routes_misc as misc
+from gateway._errors import handle_baton_error
+from gateway._metrics import Metrics
+from gateway._settings import GatewaySettings
+from gateway._state import GatewayState
+
+log = logging.getLogger("gateway")
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.exception("%s %s failed", request.method, request.url.path, exc_info=exc)
+    return JSONResponse({"error": "internal error", "reason": "INTERNAL"}, status_code=500)
+
+
+def create_app(settings: GatewaySettings | None = None) -> Starlette:
+    """Build the gateway app.
+
+    Args:
+        settings: the gateway settings; ``GatewaySettings.from_env()`` when omitted.
+
+    Returns:
+        A Starlette app whose lifespan connects to the coordinator and NATS, opens the
+        gateway session (``/readyz`` answers 200 only while it is held), and closes all of
+        it on shutdown.
+    """
+    settings = settings or GatewaySettings.from_env()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # Imported here: the composition root is the only place that builds clients.
+        from baton.coordinator_client import CoordinatorClient
+        from baton.log import DeliveryLog, LogConfig, TranscriptStore
+
+        cfg = settings.log_config or LogConfig.from_env()
+        async with CoordinatorClient(list(settings.coordinator)) as cc:
+            dl = await DeliveryLog.connect(settings.nats_url, cfg)
+            try:
+                await dl.provision()
+                state = GatewayState(settings, cc, dl, TranscriptStore(dl.nc, cfg), Metrics())
+                app.state.gateway = state
+                state.start()
+                try:
+                    yield
+                finally:
+                    await state.aclose()
+            finally:
+                await dl.close()
+
+    routes = [
+        Route("/api/chat", chat.start_chat, methods=["POST"]),
+        Route("/api/chat", chat.join_chat, methods=["GET"]),
+        Route("/api/chat/active", chat.active_run, methods=["GET"]),
+        Route("/api/chat/cancel", chat.cancel_chat, methods=["POST"]),
+        Route("/api/runs/{run_id:str}", misc.get_run, methods=["GET"]),
+        Route("/api/threads/{thread_id:str}/messages", misc.thread_messages, methods=["GET"]),
+        Route("/api/agents", misc.agents, methods=["GET"]),
+        Route("/healthz", misc.healthz, methods=["GET"]),
+        Route("/readyz", misc.readyz, methods=["GET"]),
+        Route("/metrics", misc.metrics, methods=["GET"]),
+        Route("/", misc.index, methods=["GET"]),
+        Mount("/static", app=StaticFiles(directory=str(misc.STATIC)), name="static"),
+    ]
+    return Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={e.BatonError: handle_baton_error, Exception: _internal_error},
+    )

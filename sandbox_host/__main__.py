@@ -1,0 +1,211 @@
+"""``python -m sandbox_host`` / ``baton-sandbox-host``: the composition root of a sandbox host.
+
+Opens a coordinator session, connects to NATS, builds the providers and the run manager,
+serves ``baton.v1.SandboxHost`` and gRPC health, registers itself (address, capacity,
+providers) and prints ``sandbox host <id> listening on <port>`` once ready (test harnesses
+wait for it). SIGTERM/SIGINT drain: health NOT_SERVING → stop accepting runs → release
+every claim and ask a live peer to take each run over at once → exit. No run is finalized
+by a deploy. When the session is lost (the process was paused past its lease), every
+driver stops without writing, and the host opens a new session and registers again.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+from typing import Any, Sequence
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from baton import config
+from baton.v1 import coordinator_pb2
+from sandbox_host.driver import HostDeps, HostSettings, RunManager
+from sandbox_host.service import SandboxHostService, add_to_server
+
+log = logging.getLogger("baton.sandbox_host")
+SERVICE_NAME = "baton.v1.SandboxHost"
+_GRPC_OPTIONS = [("grpc.enable_http_proxy", 0)]
+
+
+def _advertise(listen: str, port: int) -> str:
+    adv = config.get("BATON_HOST_ADVERTISE")
+    if adv:
+        return adv
+    host = listen.rsplit(":", 1)[0]
+    if host in ("0.0.0.0", "[::]", "", "::"):
+        host = socket.gethostname()
+    return f"{host}:{port}"
+
+
+async def hand_over(cc: Any, run_ids: Sequence[str], self_id: str) -> int:
+    """Ask live, non-draining peers to take the released runs over (least loaded first).
+
+    The coordinator leader's failover does the same on its own when it sees the claims
+    vanish; whichever AttachRun comes second is refused with ``held``, harmlessly.
+
+    Returns:
+        How many runs a peer accepted.
+    """
+    from baton.v1 import sandbox_host_pb2 as hpb
+    from baton.v1 import sandbox_host_pb2_grpc as hgrpc
+
+    if not run_ids:
+        return 0
+    hosts = [h for h in await cc.list_hosts() if h.host_id != self_id and not h.draining and h.address]
+    if not hosts:
+        return 0
+    load: dict[str, int] = {h.host_id: 0 for h in hosts}
+    accepted = 0
+    channels: dict[str, grpc.aio.Channel] = {}
+    try:
+        for run_id in run_ids:
+            for h in sorted(hosts, key=lambda h: (load[h.host_id], h.host_id)):
+                ch = channels.get(h.address)
+                if ch is None:
+                    ch = channels[h.address] = grpc.aio.insecure_channel(h.address, options=_GRPC_OPTIONS)
+                try:
+                    await hgrpc.SandboxHostStub(ch).AttachRun(hpb.AttachRunRequest(run_id=run_id), timeout=5.0)
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                        break  # held by someone already (the leader's failover was quicker)
+                    continue
+                load[h.host_id] += 1
+                accepted += 1
+                break
+    finally:
+        for ch in channels.values():
+            await ch.close()
+    return accepted
+
+
+class Host:
+    """One sandbox host process: ``run()`` until stopped; ``shutdown()`` drains."""
+
+    def __init__(self) -> None:
+        self.settings = HostSettings.from_env()
+        self.host_id = config.get("BATON_HOST_ID") or f"{socket.gethostname()}-{os.getpid()}"
+        self.listen = config.get("BATON_HOST_LISTEN")
+        self.capacity = int(config.get_float("BATON_HOST_CAPACITY"))
+        self.stop = asyncio.Event()
+        self._drained: asyncio.Task[int] | None = None
+
+    async def run(self) -> None:
+        from baton.coordinator_client import CoordinatorClient
+        from baton.log import DeliveryLog, LogConfig, TranscriptStore
+        from sandbox_host.providers import provider_for
+
+        ttl = config.get_float("BATON_SESSION_TTL")
+        addrs = [a for a in config.get("BATON_COORDINATOR").split(",") if a]
+        nats_urls = [u for u in config.get("BATON_NATS_URL").split(",") if u]
+        providers: dict[str, Any] = {"local": provider_for("local")}
+        if self.settings.provider == "docker":
+            providers["docker"] = provider_for("docker")
+        cfg = LogConfig.from_env()
+        async with CoordinatorClient(addrs) as cc:
+            dlog = await DeliveryLog.connect(nats_urls, cfg)
+            try:
+                await dlog.provision()
+                session = await cc.open_session(ttl=ttl, owner=self.host_id)
+                deps = HostDeps(host_id=self.host_id, cc=cc, session=session, log=dlog,
+                                transcripts=TranscriptStore(dlog.nc, cfg), providers=providers,
+                                settings=self.settings)
+                self.manager = RunManager(deps)
+                server = grpc.aio.server(options=_GRPC_OPTIONS)
+                add_to_server(SandboxHostService(self.manager, self.drain), server)
+                health_servicer = health.aio.HealthServicer()
+                health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+                port = server.add_insecure_port(self.listen)
+                if port == 0:
+                    raise RuntimeError(f"cannot listen on {self.listen}")
+                await server.start()
+                self.address = _advertise(self.listen, port)
+                await self._register(draining=False)
+                for name in ("", SERVICE_NAME):
+                    await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+                print(f"sandbox host {self.host_id} listening on {port}", flush=True)
+                try:
+                    await self._serve_until_stopped(cc, ttl)
+                finally:
+                    for name in ("", SERVICE_NAME):
+                        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+                    await self.drain()
+                    await self.manager.shutdown()
+                    await server.stop(grace=1.0)
+                    try:
+                        await asyncio.wait_for(self.manager.deps.session.close(), timeout=3)
+                    except Exception:  # the session may be gone already; its lease expires anyway
+                        pass
+            finally:
+                await dlog.close()
+
+    async def _register(self, *, draining: bool) -> None:
+        deps = self.manager.deps
+        await deps.cc.register_host(coordinator_pb2.HostInfo(
+            host_id=self.host_id, address=self.address, capacity=self.capacity,
+            provider_kinds=sorted(deps.providers), session_id=deps.session.id, draining=draining))
+
+    async def _serve_until_stopped(self, cc: Any, ttl: float) -> None:
+        while not self.stop.is_set():
+            deps = self.manager.deps
+            lost = asyncio.ensure_future(deps.session.lost.wait())
+            stopped = asyncio.ensure_future(self.stop.wait())
+            try:
+                await asyncio.wait({lost, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                lost.cancel()
+                stopped.cancel()
+                await asyncio.wait({lost, stopped})
+            if self.stop.is_set():
+                return
+            # Paused past the lease (or partitioned): someone else owns our runs now.
+            log.warning("session %s lost; stopping drivers and opening a new session", deps.session.id)
+            self.manager.session_lost()
+            while not self.stop.is_set():
+                try:
+                    deps.session = await cc.open_session(ttl=ttl, owner=self.host_id)
+                    await self._register(draining=False)
+                    break
+                except Exception as exc:  # coordinator unreachable: retry until stopped
+                    log.warning("re-opening the session failed: %s", exc)
+                    await asyncio.sleep(min(ttl, 1.0))
+
+    async def drain(self) -> int:
+        """Stop accepting runs and hand every driven run over (idempotent)."""
+        if self._drained is None:
+            self._drained = asyncio.ensure_future(self._drain())
+        return await asyncio.shield(self._drained)
+
+    async def _drain(self) -> int:
+        self.manager.draining = True
+        try:
+            await self._register(draining=True)
+        except Exception as exc:
+            log.warning("could not mark the host draining: %s", exc)
+        handed = await self.manager.drain()
+        try:
+            return await hand_over(self.manager.deps.cc, handed, self.host_id)
+        except Exception as exc:
+            log.warning("hand-over failed (the coordinator's failover takes the runs): %s", exc)
+            return 0
+
+
+async def _main() -> None:
+    host = Host()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, host.stop.set)
+    await host.run()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    logging.basicConfig(level=config.get("BATON_LOG_LEVEL").upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    asyncio.run(_main())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,616 @@
+"""One driven run: the I/O around the pure state machine (DESIGN.md §5.4, §5.5).
+
+A :class:`RunDriver` holds one claim (run id, epoch) and does, in its own task:
+
+* fresh: (the claim, fence and ``run.accepted`` were done by :meth:`RunManager.start_run`)
+  build the sandbox → register it → launch the agent → follow → translate → append → finish;
+* attach: fence → preflight (or build + launch when the first host died before launching)
+  → replay the journal from byte 0 with a fresh translator → align against the headers
+  stored before the fence → append only the new suffix → follow → finish;
+* finalize (a cancel or reap of a run whose driver is gone): fence → kill → destroy →
+  ``run.cancelled`` + ``RUN_ERROR cancelled`` → ``aborted`` → close.
+
+Control events (a cancel seen via ``WatchRun`` or the in-process fast path, a detach with
+``detach_on_disconnect = false``, a successor's epoch, a lost session, a drain) reach the
+driver through :meth:`RunDriver.post`; the state machine (:mod:`sandbox_host._machine`)
+decides, and the final writes run shielded so a cancelled task still finishes them.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from typing import TYPE_CHECKING, Any, Literal
+
+from baton.errors import (
+    AppendConflict, BatonError, JournalAttachUnavailable, JournalReplayDiverged,
+    JournalReplayThreadIdMismatch, LogAlreadyClosed, LogUnavailable, RunClaimLost, SandboxError,
+    StoreUnavailable,
+)
+from baton.transcript import TranscriptBuilder
+from baton.v1 import runs_pb2
+from sandbox_host import _machine as M
+from sandbox_host._records import (
+    PB_TO_STATUS, STATUS_TO_PB, TERMINAL, RunStats, _Sandbox, accepted_chunk, status_name,
+)
+from sandbox_host._tasks import cancel_and_wait, reraise_if_cancelling
+from sandbox_host.align import Aligner
+
+if TYPE_CHECKING:
+    from sandbox_host.driver import HostDeps
+
+log = logging.getLogger("baton.sandbox_host.driver")
+
+Mode = Literal["fresh", "attach", "finalize"]
+Chunk = dict[str, Any]
+__all__ = ["PB_TO_STATUS", "STATUS_TO_PB", "TERMINAL", "RunDriver", "RunStats", "accepted_chunk", "status_name"]
+
+class RunDriver:
+    """Drives one run under one claim. Created and owned by :class:`RunManager`.
+
+    Args:
+        deps: the host's clients and settings.
+        record: the run record as returned by the claim.
+        epoch: the claim's epoch.
+        mode: ``fresh``, ``attach`` or ``finalize``.
+        writer: the claim's log writer (already fenced for ``fresh``).
+        input_messages: the run input's messages (``fresh`` only; a successor reads them
+            from the stored ``run.accepted`` chunk).
+    """
+
+    def __init__(
+        self,
+        deps: "HostDeps",
+        record: runs_pb2.RunRecord,
+        epoch: int,
+        mode: Mode,
+        writer: Any,
+        *,
+        input_messages: list[dict[str, Any]] | None = None,
+        fence_seq: int | None = None,
+        cancel_reason: str | None = None,
+        opened: list[Any] | None = None,
+    ) -> None:
+        self.deps = deps
+        # What a fresh start appended from the translator before the sandbox existed
+        # (RUN_STARTED): the replay reproduces it first, so it is this run's stored prefix.
+        self._opened: list[Any] = list(opened or [])
+        self.record = record
+        self.run_id = record.run_id
+        self.epoch = epoch
+        self.mode: Mode = mode
+        self.writer = writer
+        self.fence_seq = fence_seq
+        self.machine = M.RunMachine(keep_sandbox=record.keep_sandbox)
+        if fence_seq is not None:
+            self.machine.advance(M.Phase.FENCED)
+        self.builder = TranscriptBuilder(input_messages)
+        self.input_messages: list[dict[str, Any]] = list(input_messages or [])
+        self.stats = RunStats()
+        self._control: asyncio.Queue[M.Event] = asyncio.Queue(maxsize=64)
+        self._inflight: asyncio.Task[Any] | None = None
+        self._sandbox: _Sandbox | None = None
+        self._aligner: Aligner | None = None
+        self._inputs_loaded = mode == "fresh"
+        self._release_delay = 0.0
+        self._cancel_reason = cancel_reason
+        self._transcript_rev: int | None = None
+        self._transcript_loaded = False
+        self._snap_dirty = False
+        self.done = asyncio.Event()
+
+    # --- control --------------------------------------------------------------------------
+
+    def post(self, event: M.Event) -> bool:
+        """Hand a control event to the driver (never blocks; drops when full or done)."""
+        if self.done.is_set():
+            return False
+        try:
+            self._control.put_nowait(event)
+        except asyncio.QueueFull:
+            return False
+        return True
+
+    # --- main -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Drive the run to a decision and carry it out. Never raises domain errors."""
+        watch = asyncio.create_task(self._watch(), name=f"watch:{self.run_id}")
+        snap = asyncio.create_task(self._snapshots(), name=f"snap:{self.run_id}")
+        body = asyncio.create_task(self._body(), name=f"body:{self.run_id}")
+        try:
+            try:
+                decision = await self._supervise(body)
+            except Exception as exc:  # a driver bug: hand the run over rather than sit on it
+                log.exception("run %s: driver failed; releasing the claim", self.run_id)
+                self.stats.errors.append(repr(exc))
+                decision = M.Decision(release_claim=True, stop=True)
+            self.stats.decision = decision
+            if decision is not None:
+                fin = asyncio.create_task(self._execute(decision), name=f"final:{self.run_id}")
+                # Final writes survive cancellation of the driver (shielded, awaited).
+                try:
+                    await asyncio.shield(fin)
+                except asyncio.CancelledError:
+                    await asyncio.wait({fin}, timeout=self.deps.settings.final_write_timeout)
+                    raise
+        finally:
+            await cancel_and_wait({watch, snap, body})
+            for t in (watch, snap, body):
+                if not t.cancelled() and t.exception() is not None and t is not body:
+                    log.warning("run %s: %s ended with %r", self.run_id, t.get_name(), t.exception())
+            self.done.set()
+            log.info("run %s: driver ended at epoch %d (%s)", self.run_id, self.epoch, self.stats.outcome)
+
+    async def _supervise(self, body: "asyncio.Task[M.Decision | None]") -> M.Decision | None:
+        while True:
+            getter = asyncio.ensure_future(self._control.get())
+            try:
+                done, _ = await asyncio.wait({body, getter}, return_when=asyncio.FIRST_COMPLETED)
+            except BaseException:
+                getter.cancel()
+                raise
+            if getter in done:
+                event = getter.result()
+                d = self.machine.on(event)
+                if not d.stop:
+                    continue
+                log.info("run %s: %s → stopping (%s)", self.run_id, type(event).__name__,
+                         "terminal" if d.terminal else "no terminal writes")
+                await cancel_and_wait({body})
+                await self._settle_inflight(wait=d.terminal)
+                if not body.cancelled() and body.exception() is None and body.result() is not None:
+                    # The body reached its own decision first; the machine ignored ours.
+                    return body.result()
+                return d
+            getter.cancel()
+            await asyncio.wait({getter})
+            if body.cancelled():
+                return None
+            exc = body.exception()
+            if exc is not None:
+                return self._decide_failure(exc)
+            return body.result()
+
+    async def _settle_inflight(self, *, wait: bool) -> None:
+        """Let a shielded append finish before terminal writes (bounded), else drop it.
+
+        A stop without terminal writes (claim lost, session lost, drain) never appends
+        again with this writer, so an append stuck in publish retries is cancelled: the
+        fence makes whatever it might still land harmless for the successor.
+        """
+        task = self._inflight
+        if task is None:
+            return
+        if not wait:
+            task.cancel()
+        await asyncio.wait({task}, timeout=self.deps.settings.final_write_timeout)
+        if task.done() and not task.cancelled():
+            exc = task.exception()  # retrieved: the decision already accounts for it
+            if exc is not None and not isinstance(exc, RunClaimLost):
+                log.warning("run %s: last append failed: %r", self.run_id, exc)
+
+    def _decide_failure(self, exc: BaseException) -> M.Decision | None:
+        if isinstance(exc, RunClaimLost):
+            self.stats.outcome = "claim-lost"
+            return self.machine.on(M.ClaimLost(exc.observed))
+        if isinstance(exc, JournalReplayDiverged):
+            self.stats.outcome = "diverged"
+            return self.machine.on(M.Diverged(exc.index, isinstance(exc, JournalReplayThreadIdMismatch)))
+        if isinstance(exc, JournalAttachUnavailable):
+            self.stats.outcome = exc.reason
+            return self.machine.on(M.Failed(f"cannot attach: {exc.reason}", exc.reason.replace("-", "_")))
+        if isinstance(exc, SandboxError):
+            self.stats.outcome = "sandbox-failed"
+            return self.machine.on(M.Failed(str(exc), "sandbox_build_failed"))
+        log.error("run %s: driver failed", self.run_id, exc_info=exc)
+        self.stats.errors.append(repr(exc))
+        if isinstance(exc, (StoreUnavailable, LogUnavailable)):
+            # Infrastructure trouble: hand over (after a pause, so a cluster-wide outage
+            # does not turn failover into a hot loop), do not finalize.
+            self._release_delay = 1.0
+            return self.machine.on(M.Drain())
+        if isinstance(exc, BatonError):
+            return self.machine.on(M.Failed(str(exc), "host_error"))
+        return self.machine.on(M.Failed(f"host error: {type(exc).__name__}", "host_error"))
+
+    # --- body -----------------------------------------------------------------------------
+
+    async def _body(self) -> M.Decision | None:
+        if self.fence_seq is None:
+            try:
+                self.fence_seq = await self.writer.fence()
+            except LogAlreadyClosed as closed:
+                return self.machine.on(await self._stored_close(closed))
+            self.machine.advance(M.Phase.FENCED)
+        stored: list[Any] = list(self._opened)
+        if self.mode != "fresh":
+            stored = await self.deps.log.stored_headers(self.run_id, before=self.fence_seq)
+            await self._load_input_messages(stored)
+        if self.mode == "finalize" or (self.mode == "attach" and self.record.cancel_requested):
+            return self.machine.on(M.CancelRequested(reason=self._cancel_reason or self.record.cancel_reason or "user",
+                                                     path="reaper" if self._cancel_reason == "reaped" else "watch"))
+        self.machine.advance(M.Phase.PREPARING)
+        sbx = await self._ensure_sandbox()
+        aligner = self._aligner = Aligner(stored, thread_ids=())
+        self.stats.stored_prefix = aligner.stored_count
+        self.machine.advance(M.Phase.STREAMING)
+        return await self._stream(sbx, aligner)
+
+    async def _stream(self, sbx: _Sandbox, aligner: Aligner) -> M.Decision | None:
+        from sandbox_host.journal import JournalExit, JournalLine, JournalTruncated, follow_journal
+
+        translator = self.deps.translator(self.record, self.run_id)
+        exit_code: int | None = None
+        fragment: bytes | None = None
+        items = follow_journal(sbx.provider, sbx.handle, sbx.handle.journal_path, offset=0, nonce=sbx.nonce,
+                               poll_interval=self.deps.settings.journal_poll)
+        async with contextlib.aclosing(items) as it:
+            async for item in it:
+                if isinstance(item, JournalLine):
+                    d = await self._emit(translator.feed(item.data), aligner)
+                    if d is not None:
+                        return d
+                elif isinstance(item, JournalTruncated):
+                    fragment = item.data
+                elif isinstance(item, JournalExit):
+                    exit_code = item.code
+                    break
+        d = await self._emit(translator.finish(exit_code, fragment), aligner)
+        aligner.finish()
+        if d is not None:
+            return d
+        return self.machine.on(M.Failed("the journal ended without a terminal event", "incomplete_journal"))
+
+    async def _emit(self, chunks: list[Chunk], aligner: Aligner) -> M.Decision | None:
+        new: list[Chunk] = []
+        terminal: M.Event | None = None
+        for c in chunks:
+            try:
+                tagged = aligner.feed(c)
+            except JournalReplayDiverged as exc:
+                raise await self._refine(exc, aligner, c) from None
+            self.stats.replayed += 1
+            self.builder.feed(c)
+            self._snap_dirty = True
+            if tagged.tag == "stored":
+                self.machine.saw_chunk(c)
+                if M.is_terminal_chunk(c):
+                    terminal = M.StoredTerminal(c)
+                    break
+            else:
+                new.append(c)
+                if M.is_terminal_chunk(c):
+                    terminal = M.AgentTerminal(c)
+                    break
+        if new:
+            await self._append(new, "journal")
+        if terminal is not None:
+            return self.machine.on(terminal)
+        return None
+
+    async def _refine(self, exc: JournalReplayDiverged, aligner: Aligner, replayed: Chunk) -> JournalReplayDiverged:
+        """Tell a thread-id-only mismatch from any other divergence (reads one stored body)."""
+        if "threadId" not in replayed or exc.stored is None:
+            return exc
+        header = aligner.header(exc.index)
+        body = await self.deps.read_chunk(self.run_id, header.offset) if header is not None else None
+        if isinstance(body, dict) and "threadId" in body and body["threadId"] != replayed["threadId"]:
+            from baton.fingerprint import fingerprint
+
+            if fingerprint({**replayed, "threadId": body["threadId"]}) == exc.stored:
+                return JournalReplayThreadIdMismatch(exc.index, exc.stored, exc.replayed)
+        return exc
+
+    async def _append(self, chunks: list[Chunk], origin: Literal["journal", "host"]) -> None:
+        """Append under the fence; the publish itself is shielded from cancellation."""
+        task = asyncio.ensure_future(self._append_now(chunks, origin))
+        self._inflight = task
+        await asyncio.shield(task)
+
+    async def _append_now(self, chunks: list[Chunk], origin: Literal["journal", "host"]) -> None:
+        if self.stats.first_append_at is None and self.mode == "attach" and self.deps.settings.quiet_time > 0:
+            await asyncio.sleep(self.deps.settings.quiet_time)  # baseline emulation (bench only)
+        remaining = list(chunks)
+        for _ in range(8):
+            try:
+                await self.writer.append(remaining, origin=origin)
+                break
+            except AppendConflict as conflict:
+                # Another writer (not a successor) moved the head: keep what landed, adopt
+                # the head, and append only the rest. Never re-send a landed chunk.
+                landed = len(conflict.landed)
+                self._count(remaining[:landed])
+                remaining = remaining[landed:]
+                await self.writer.resync()
+        else:
+            raise RunClaimLost(self.run_id, self.epoch, "append-conflicts")
+        self._count(remaining)
+
+    def _count(self, chunks: list[Chunk]) -> None:
+        if chunks and self.stats.first_append_at is None:
+            self.stats.first_append_at = time.monotonic()
+        self.stats.appended += len(chunks)
+        for c in chunks:
+            self.machine.saw_chunk(c)
+
+    # --- sandbox --------------------------------------------------------------------------
+
+    async def _ensure_sandbox(self) -> _Sandbox:
+        deps = self.deps
+        if self.mode != "fresh" and self.record.sandbox_key:
+            found = await deps.find_sandbox(self.record.sandbox_key)
+            if found is not None and found.nonce:
+                self._sandbox = found
+                if found.handle.data.get("launched"):
+                    from sandbox_host.journal import preflight_attach
+
+                    async def status() -> str | None:
+                        return status_name(self.record)
+
+                    if await found.provider.file_size(found.handle, found.handle.journal_path) is None:
+                        log.info("run %s: waiting up to %.1fs for the journal", self.run_id, deps.settings.attach_wait)
+
+                    await preflight_attach(
+                        self.run_id, status=status,
+                        journal_size=lambda: found.provider.file_size(found.handle, found.handle.journal_path),
+                        attach_wait=deps.settings.attach_wait)
+                    return found
+                await self._launch(found)
+                return found
+        return await self._build_and_launch()
+
+    async def _build_and_launch(self) -> _Sandbox:
+        deps = self.deps
+        # A successor that rebuilds gets its own key: the first host's half-built
+        # directory (if any) is never reused.
+        key = self.run_id if self.mode == "fresh" else f"{self.run_id}#{self.epoch}"
+        provider = deps.provider_for_run(self.record)
+        spec = deps.sandbox_spec(self.record)
+        handle = await provider.create(key, spec)
+        from sandbox_host.journal import new_nonce
+
+        sbx = _Sandbox(provider, handle, new_nonce())
+        self._sandbox = sbx
+        # Registered before launch, so whoever takes over finds (and can destroy) it.
+        await deps.register_sandbox(self.record, sbx, launched=False, epoch=self.epoch)
+        await deps.cc.update_run(self.run_id, runs_pb2.RunRecord(sandbox_key=key), paths=["sandbox_key"],
+                                 epoch=self.epoch, session_id=deps.session.id)
+        self.record.sandbox_key = key
+        await self._launch(sbx)
+        return sbx
+
+    async def _launch(self, sbx: _Sandbox) -> None:
+        deps = self.deps
+        argv, stdin, env = await deps.launch_spec(self.record, sbx.provider, sbx.handle, self.input_messages)
+        data = await sbx.provider.launch(sbx.handle, argv, nonce=sbx.nonce, stdin=stdin, env=env)
+        from sandbox_host.providers import SandboxHandle
+
+        sbx.handle = SandboxHandle(provider=sbx.handle.provider, key=sbx.handle.key,
+                                   journal_path=sbx.handle.journal_path, stderr_path=sbx.handle.stderr_path,
+                                   workdir=sbx.handle.workdir, data={**sbx.handle.data, **data, "launched": True})
+        await deps.register_sandbox(self.record, sbx, launched=True, epoch=self.epoch)
+
+    async def _kill(self, sbx: _Sandbox) -> bool | None:
+        """SIGTERM the agent's process group, SIGKILL after the grace period.
+
+        Returns:
+            True when no agent process is left, None when the provider cannot tell.
+        """
+        p = sbx.provider
+        if not p.killable_processes:
+            return None
+        if not await p.processes_alive(sbx.handle):
+            return True
+        await p.kill(sbx.handle, signal.SIGTERM)
+        deadline = time.monotonic() + self.deps.settings.cancel_grace
+        while time.monotonic() < deadline:
+            if not await p.processes_alive(sbx.handle):
+                return True
+            await asyncio.sleep(0.05)
+        await p.kill(sbx.handle, signal.SIGKILL)
+        for _ in range(40):
+            if not await p.processes_alive(sbx.handle):
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+    async def _destroy(self, sbx: _Sandbox) -> bool:
+        if sbx.destroyed:
+            return True
+        ok = await sbx.provider.destroy(sbx.handle)
+        ok = ok or not await sbx.provider.exists(sbx.handle)
+        if ok:
+            sbx.destroyed = True
+            await self.deps.cc.delete_sandbox(sbx.handle.key)
+        return ok
+
+    # --- finishing ------------------------------------------------------------------------
+
+    async def _stored_close(self, closed: LogAlreadyClosed) -> M.StoredClose:
+        stored = await self.deps.log.stored_headers(self.run_id)
+        rec = next((r for r in reversed(stored) if r.kind == "close"), None)
+        return M.StoredClose(closed.status or "completed", getattr(rec, "error", None), getattr(rec, "error_code", None))
+
+    async def _load_input_messages(self, stored: list[Any]) -> None:
+        self._inputs_loaded = True
+        first_host = next((r for r in stored if r.kind == "chunk" and r.origin == "host"), None)
+        if first_host is None:
+            return
+        body = await self.deps.read_chunk(self.run_id, first_host.offset)
+        if isinstance(body, dict):
+            self.builder.feed(body)  # run.accepted: sets the input messages
+            value = body.get("value")
+            if isinstance(value, dict) and isinstance(value.get("messages"), list):
+                self.input_messages = list(value["messages"])
+
+    async def _execute(self, d: M.Decision) -> None:
+        deps = self.deps
+        self.stats.outcome = self.stats.outcome or d.status or ("handed-over" if d.release_claim else "stopped")
+        if not d.terminal:
+            if d.release_claim:
+                if self._replay_complete():
+                    await self._save_transcript_quietly()
+                if self._release_delay:
+                    await asyncio.sleep(self._release_delay)
+                with contextlib.suppress(BatonError):
+                    await deps.cc.release_claim(self.run_id, deps.session, self.epoch)
+            return
+        if self.fence_seq is None:
+            # A cancel can arrive before this claim's fence landed: fence first, since
+            # every write of a claim comes after its fence (DESIGN.md §4.1).
+            try:
+                self.fence_seq = await self.writer.fence()
+            except RunClaimLost:
+                return
+            except LogAlreadyClosed as closed:
+                d = self.machine.decision = M.decide(await self._stored_close(closed),
+                                                     keep_sandbox=self.record.keep_sandbox)
+        sbx = self._sandbox
+        if sbx is None and d.kill_agent and self.record.sandbox_key:
+            sbx = self._sandbox = await deps.find_sandbox(self.record.sandbox_key)
+        process_gone: bool | None = True
+        destroyed = True
+        if d.kill_agent and sbx is not None:
+            process_gone = await self._kill(sbx)
+            if self.mode != "fresh" and (self._aligner is None or not self._aligner.caught_up):
+                # The replay did not reach the end of what is stored: rebuild the
+                # transcript of what clients saw from the journal before it is destroyed.
+                await self._rebuild_transcript_from_journal(sbx)
+            destroyed = await self._destroy(sbx)
+        appended = list(d.append)
+        if appended and appended[0].get("name") == "run.cancelled":
+            appended[0] = M.cancelled_chunk(reason=appended[0]["value"]["reason"], process_gone=process_gone,
+                                            sandbox_destroyed=destroyed)
+        try:
+            if appended:
+                await self._append_now(appended, "host")
+        except RunClaimLost:
+            return
+        if d.save_transcript:
+            await self._save_transcript_quietly()
+        if d.status is not None:
+            fields: dict[str, Any] = {"status": STATUS_TO_PB[d.status]}
+            paths = ["status"]
+            if d.status in TERMINAL:
+                fields["finished_at"] = time.time()
+                paths.append("finished_at")
+            if d.error is not None:
+                fields["error"] = runs_pb2.RunError(message=d.error[0], code=d.error[1])
+                paths.append("error")
+            try:
+                await deps.cc.update_run(self.run_id, runs_pb2.RunRecord(**fields), paths=paths,
+                                         epoch=self.epoch, session_id=deps.session.id)
+            except RunClaimLost as lost:
+                # The claim lapsed (lease) but the log may have no successor: still close it
+                # (fenced by the head only), so tailers end; a successor finalizes the
+                # record from the close record.
+                log.warning("run %s: final status not written: %s", self.run_id, lost)
+        if d.close is not None:
+            err = {"message": d.error[0], "code": d.error[1]} if d.error else None
+            await self.writer.close(d.close, err)
+        if d.release_claim:
+            with contextlib.suppress(BatonError):
+                await deps.cc.release_claim(self.run_id, deps.session, self.epoch)
+        if d.sandbox == "destroy":
+            if sbx is None and self.record.sandbox_key:
+                sbx = await deps.find_sandbox(self.record.sandbox_key)
+            if sbx is not None:
+                with contextlib.suppress(SandboxError, OSError):
+                    await self._destroy(sbx)
+
+    async def _rebuild_transcript_from_journal(self, sbx: _Sandbox) -> None:
+        """The transcript of what the log holds (stored prefix), from the journal on disk."""
+        try:
+            stored = await self.deps.log.stored_headers(self.run_id, before=self.fence_seq)
+            if not self._inputs_loaded:
+                await self._load_input_messages(stored)
+            data = await sbx.provider.read_file(sbx.handle, sbx.handle.journal_path)
+        except (FileNotFoundError, BatonError, OSError):
+            return
+        aligner = Aligner(stored)
+        builder = TranscriptBuilder(self.input_messages)
+        translator = self.deps.translator(self.record, self.run_id)
+        from sandbox_host.journal import LineSplitter, parse_sentinel
+
+        done = False
+        for line in LineSplitter().feed(data):
+            if done or parse_sentinel(line.data, sbx.nonce) is not None:
+                break
+            for c in translator.feed(line.data):
+                if aligner.caught_up:
+                    done = True
+                    break
+                try:
+                    aligner.feed(c)
+                except JournalReplayDiverged:
+                    done = True
+                    break
+                builder.feed(c)
+                self.machine.saw_chunk(c)
+        self.builder = builder
+
+    def _replay_complete(self) -> bool:
+        """Whether the builder holds at least what the log holds (else a save would shrink
+        the saved transcript below what an earlier host saved)."""
+        return self._aligner is not None and self._aligner.caught_up
+
+    async def _save_transcript_quietly(self) -> None:
+        try:
+            await self._save_transcript()
+        except BatonError as exc:
+            reraise_if_cancelling()
+            log.warning("run %s: transcript not saved: %s", self.run_id, exc)
+
+    async def _save_transcript(self) -> None:
+        from baton.errors import TranscriptConflict
+
+        ts = self.deps.transcripts
+        thread = self.record.thread_id
+        msgs = self.builder.messages()
+        for _ in range(4):
+            if not self._transcript_loaded:
+                _, self._transcript_rev = await ts.load(thread)
+                self._transcript_loaded = True
+            try:
+                self._transcript_rev = await ts.save(thread, msgs, expected_revision=self._transcript_rev)
+                self._snap_dirty = False
+                return
+            except TranscriptConflict:
+                self._transcript_loaded = False
+
+    async def _snapshots(self) -> None:
+        interval = self.deps.settings.snapshot_interval
+        if interval <= 0:
+            return
+        while True:
+            await asyncio.sleep(interval)
+            if self._snap_dirty and self.machine.phase is M.Phase.STREAMING and self._replay_complete():
+                await self._save_transcript_quietly()
+
+    async def _watch(self) -> None:
+        """Turn record changes (WatchRun) into control events."""
+        deps = self.deps
+        lost = asyncio.ensure_future(deps.session.lost.wait())
+        try:
+            async for ev in deps.cc.watch_run(self.run_id):
+                if lost.done():
+                    self.post(M.SessionLost())
+                    return
+                rec = ev.record
+                if rec is None:
+                    self.post(M.ClaimLost("record-gone"))
+                    return
+                if rec.cancel_requested:
+                    self.post(M.CancelRequested(reason=rec.cancel_reason or "user", path="watch"))
+                elif not rec.detach_on_disconnect and rec.HasField("detached_since"):
+                    self.post(M.Detached(detach_on_disconnect=False))
+                claim = ev.claim
+                if claim is not None and claim.epoch > self.epoch:
+                    self.post(M.ClaimLost(f"claim@{claim.epoch}"))
+                    return
+        finally:
+            lost.cancel()
+

@@ -1,0 +1,359 @@
+"""The run driver of a sandbox host: fresh runs, takeovers, cancels, drain (DESIGN.md §5.5).
+
+:class:`RunManager` owns every :class:`~sandbox_host._run.RunDriver` of the host (a per-run
+dict of tasks, drained on shutdown); :class:`HostDeps` bundles the clients and settings a
+driver needs, built once by the composition root (``sandbox_host.__main__``).
+
+What a reader sees: a fresh start appends ``CUSTOM run.accepted`` (origin ``host``, it
+carries the run input's messages) and then the translator's chunks; a takeover appends no
+host chunk of its own, only the replay's new suffix. So a reader connected through any
+number of takeovers receives exactly the chunk sequence of the same run without one.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from baton import config
+from baton.errors import (
+    HostDraining, InvalidArgument, JournalAttachUnavailable, RunClaimNotAcquired, UnknownRun,
+)
+from baton.ids import validate_id
+from baton.v1 import coordinator_pb2, runs_pb2
+from sandbox_host import _machine as M
+from sandbox_host._records import TERMINAL, _Sandbox, accepted_chunk, status_name
+from sandbox_host._run import RunDriver
+
+log = logging.getLogger("baton.sandbox_host.driver")
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    """Driver settings (DESIGN.md §9), from ``BATON_*`` variables by :meth:`from_env`.
+
+    Attributes:
+        provider: default sandbox provider name.
+        attach_wait: seconds an attach waits for the journal / first byte.
+        cancel_grace: seconds between SIGTERM and SIGKILL on cancel.
+        journal_poll: seconds between liveness checks while a journal is idle.
+        snapshot_interval: seconds between periodic transcript snapshots (0 = none).
+        final_write_timeout: seconds final writes may take after the driver is cancelled.
+        quiet_time: seconds an attach waits after its fence before its first append. 0 here;
+            only ``bench/takeover.py`` sets it (``BATON_TAKEOVER_QUIET_TIME``) to emulate the
+            reference design's 5 s quiet window as a baseline — our fence needs no window.
+    """
+
+    provider: str = "local"
+    attach_wait: float = 10.0
+    cancel_grace: float = 5.0
+    journal_poll: float = 0.25
+    snapshot_interval: float = 2.0
+    final_write_timeout: float = 10.0
+    quiet_time: float = 0.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "HostSettings":
+        return cls(
+            provider=config.get("BATON_PROVIDER", env),
+            attach_wait=config.get_float("BATON_ATTACH_WAIT", env),
+            cancel_grace=config.get_float("BATON_CANCEL_GRACE", env),
+            journal_poll=config.get_float("BATON_JOURNAL_POLL", env),
+            quiet_time=float((os.environ if env is None else env).get("BATON_TAKEOVER_QUIET_TIME", "0") or 0),
+        )
+
+
+class HostDeps:
+    """The clients, identity and settings every driver of one host shares.
+
+    Args:
+        host_id: this host's id.
+        cc: a connected ``CoordinatorClient``.
+        session: this host's coordinator session (``.id``, ``.lost``).
+        log: a ``DeliveryLog``.
+        transcripts: a ``TranscriptStore``.
+        providers: provider name → provider instance.
+        settings: driver settings.
+    """
+
+    def __init__(self, *, host_id: str, cc: Any, session: Any, log: Any, transcripts: Any,
+                 providers: Mapping[str, Any], settings: HostSettings) -> None:
+        self.host_id = host_id
+        self.cc = cc
+        self.session = session
+        self.log = log
+        self.transcripts = transcripts
+        self.providers = dict(providers)
+        self.settings = settings
+
+    # --- agents and translators ---------------------------------------------------------
+
+    @staticmethod
+    def agent_options(record: runs_pb2.RunRecord) -> dict[str, Any]:
+        raw = record.agent.options_json or "{}"
+        try:
+            opts = json.loads(raw)
+        except ValueError:
+            raise InvalidArgument("agent.options", "must be a JSON object") from None
+        if not isinstance(opts, dict):
+            raise InvalidArgument("agent.options", "must be a JSON object")
+        return opts
+
+    def translator(self, record: runs_pb2.RunRecord, run_id: str) -> Any:
+        """A fresh translator for the run's journal format (same bytes → same chunks)."""
+        from sandbox_host.agents import journal_format_for
+        from sandbox_host.translate import translator_for
+
+        fmt = journal_format_for(record.agent.kind or config.get("BATON_DEFAULT_AGENT"), self.agent_options(record))
+        return translator_for(fmt, run_id=run_id, thread_id=record.thread_id)
+
+    def provider_for_run(self, record: runs_pb2.RunRecord) -> Any:
+        name = self.settings.provider
+        if name not in self.providers:
+            raise InvalidArgument("provider", f"this host has no {name!r} provider")
+        return self.providers[name]
+
+    def sandbox_spec(self, record: runs_pb2.RunRecord) -> Any:
+        from sandbox_host.providers import SandboxSpec
+
+        return SandboxSpec(provider=self.settings.provider)
+
+    async def launch_spec(self, record: runs_pb2.RunRecord, provider: Any, handle: Any,
+                          messages: list[dict[str, Any]]) -> tuple[list[str], bytes | None, dict[str, str]]:
+        """Prepare the agent (files copied in) and return ``(argv, stdin, env)``."""
+        from sandbox_host.agents import prepare_agent, prompt_from_messages
+
+        launch = prepare_agent(record.agent.kind or config.get("BATON_DEFAULT_AGENT"), self.agent_options(record),
+                               prompt=prompt_from_messages(messages))
+        for path, (content, mode) in launch.files.items():
+            await provider.copy_in(handle, path, content, mode)
+        return list(launch.argv), launch.stdin, dict(launch.env)
+
+    # --- sandboxes registry -------------------------------------------------------------
+
+    async def register_sandbox(self, record: runs_pb2.RunRecord, sbx: _Sandbox, *, launched: bool, epoch: int) -> None:
+        h = sbx.handle
+        handle_json = json.dumps({
+            "provider": h.provider, "key": h.key, "journal_path": h.journal_path, "stderr_path": h.stderr_path,
+            "workdir": h.workdir, "data": dict(h.data), "nonce": sbx.nonce,
+        }, sort_keys=True)
+        await self.cc.put_sandbox(coordinator_pb2.SandboxInstance(
+            sandbox_key=h.key, provider=h.provider, handle_json=handle_json, run_id=record.run_id,
+            journal_path=h.journal_path, created_at=time.time()))
+
+    async def find_sandbox(self, key: str) -> _Sandbox | None:
+        from sandbox_host.providers import SandboxHandle
+
+        inst = await self.cc.get_sandbox(key)
+        if inst is None or not inst.handle_json:
+            return None
+        raw = json.loads(inst.handle_json)
+        provider = self.providers.get(raw.get("provider") or inst.provider)
+        if provider is None:
+            return None
+        handle = SandboxHandle(provider=raw["provider"], key=raw["key"], journal_path=raw["journal_path"],
+                               stderr_path=raw["stderr_path"], workdir=raw["workdir"], data=raw.get("data") or {})
+        return _Sandbox(provider, handle, raw.get("nonce", ""))
+
+    # --- log bodies -----------------------------------------------------------------------
+
+    async def read_chunk(self, run_id: str, offset: int) -> dict[str, Any] | None:
+        """The stored chunk at ``offset`` (one body read), or ``None``."""
+        reader = self.log.read(run_id, after=str(int(offset) - 1), stop_at_close=True)
+        async with reader:
+            async for off, chunk in reader:
+                return chunk if int(off) == int(offset) else None
+        return None
+
+
+class RunManager:
+    """Every run this host drives: start, attach, cancel, drain, shutdown.
+
+    Args:
+        deps: the host's shared clients and settings.
+    """
+
+    def __init__(self, deps: HostDeps) -> None:
+        self.deps = deps
+        self.draining = False
+        self._drivers: dict[str, RunDriver] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._finished: list[RunDriver] = []
+
+    @property
+    def load(self) -> int:
+        """How many runs this host drives now."""
+        return sum(1 for t in self._tasks.values() if not t.done())
+
+    def driver(self, run_id: str) -> RunDriver | None:
+        return self._drivers.get(run_id)
+
+    def _spawn(self, driver: RunDriver) -> None:
+        run_id = driver.run_id
+        task = asyncio.create_task(driver.run(), name=f"run:{run_id}")
+        self._drivers[run_id] = driver
+        self._tasks[run_id] = task
+
+        def done(t: "asyncio.Task[None]") -> None:
+            if self._tasks.get(run_id) is t:
+                del self._tasks[run_id]
+                self._drivers.pop(run_id, None)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("run %s: driver crashed", run_id, exc_info=t.exception())
+
+        task.add_done_callback(done)
+
+    def _busy(self, run_id: str) -> bool:
+        t = self._tasks.get(run_id)
+        return t is not None and not t.done()
+
+    async def start_run(self, req: Any) -> tuple[runs_pb2.RunRecord, bool]:
+        """``StartRun``: create (or resume) the record, claim, fence, ``run.accepted``.
+
+        Returns once those landed; the run is driven in the background.
+
+        Raises:
+            HostDraining: the host takes no new runs.
+            InvalidArgument: bad ids, messages or agent options.
+            ThreadBusy, RunClaimNotAcquired, StoreUnavailable, LogUnavailable: from below.
+        """
+        from sandbox_host.agents import prepare_agent, prompt_from_messages
+
+        if self.draining:
+            raise HostDraining("host is draining")
+        validate_id(req.run_id, "run_id")
+        validate_id(req.thread_id, "thread_id")
+        try:
+            messages = json.loads(req.messages_json or "[]")
+        except ValueError:
+            raise InvalidArgument("messages_json", "must be a JSON array") from None
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise InvalidArgument("messages_json", "must be a JSON array of message objects")
+        kind = req.agent.kind or config.get("BATON_DEFAULT_AGENT")
+        try:
+            options = json.loads(req.agent.options_json or "{}")
+        except ValueError:
+            raise InvalidArgument("agent.options", "must be a JSON object") from None
+        launch = prepare_agent(kind, options, prompt=prompt_from_messages(messages))
+        deps = self.deps
+        seed = runs_pb2.RunRecord(
+            run_id=req.run_id, thread_id=req.thread_id, status=runs_pb2.RUN_STATUS_RUNNING,
+            started_at=time.time(), agent=runs_pb2.AgentSpec(kind=kind, options_json=json.dumps(dict(launch.options))),
+            detach_on_disconnect=req.detach_on_disconnect, keep_sandbox=req.keep_sandbox, tenant=req.tenant,
+            parent_run_id=req.parent_run_id, driver_host=deps.host_id)
+        record, created = await deps.cc.create_or_resume_run(seed, interrupt_active=req.interrupt_active)
+        if not created:
+            return record, False
+        mode: Any = "fresh"
+        try:
+            epoch, record = await deps.cc.claim_run(req.run_id, deps.session, deps.host_id, purpose="drive")
+        except RunClaimNotAcquired as refused:
+            if refused.reason != "cancel_requested":
+                raise
+            # Cancelled between create and claim: still ends aborted, by us.
+            epoch, record = await deps.cc.claim_run(req.run_id, deps.session, deps.host_id, purpose="finalize")
+            mode = "finalize"
+        writer = deps.log.writer(req.run_id, epoch)
+        # The log opens with the translator's RUN_STARTED (origin journal: a replay on any
+        # host reproduces it at index 0), then the host's run.accepted, so a joiner sees
+        # bytes before the sandbox exists and the stream still starts with RUN_STARTED, as
+        # the AG-UI verifier requires.
+        opening = deps.translator(record, req.run_id).start()
+        try:
+            fence_seq = await writer.fence()
+            opening_offsets = await writer.append(opening, origin="journal")
+            await writer.append([accepted_chunk(record, messages)], origin="host")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(deps.cc.release_claim(req.run_id, deps.session, epoch))
+            raise
+        from baton.fingerprint import fingerprint
+        from baton.log import StoredRecord
+
+        opened = [StoredRecord(int(off), "chunk", epoch, "journal", fingerprint(c))
+                  for off, c in zip(opening_offsets, opening)]
+        self._spawn(RunDriver(deps, record, epoch, mode, writer, input_messages=messages, fence_seq=fence_seq,
+                              cancel_reason=record.cancel_reason or None, opened=opened))
+        return record, True
+
+    async def attach_run(self, run_id: str, purpose: str = "drive") -> tuple[int, runs_pb2.RunRecord]:
+        """``AttachRun``: claim the run; fence, replay, align and drive in the background.
+
+        Raises:
+            HostDraining: the host takes no new runs.
+            JournalAttachUnavailable: ``unknown-run`` or ``terminal-run``, at once.
+            RunClaimNotAcquired: another live claim holds the run (``held``) etc.
+        """
+        if self.draining:
+            raise HostDraining("host is draining")
+        validate_id(run_id, "run_id")
+        purpose = purpose or "drive"
+        if purpose not in ("drive", "finalize"):
+            raise InvalidArgument("purpose", "must be drive or finalize")
+        deps = self.deps
+        try:
+            view = await deps.cc.get_run(run_id)
+        except UnknownRun:
+            raise JournalAttachUnavailable(run_id, "unknown-run") from None
+        if status_name(view.record) in TERMINAL:
+            raise JournalAttachUnavailable(run_id, "terminal-run")
+        if self._busy(run_id):
+            raise RunClaimNotAcquired(run_id, "held")
+        try:
+            epoch, record = await deps.cc.claim_run(run_id, deps.session, deps.host_id, purpose=purpose)
+        except RunClaimNotAcquired as refused:
+            if refused.reason == "cancel_requested" and purpose == "drive":
+                epoch, record = await deps.cc.claim_run(run_id, deps.session, deps.host_id, purpose="finalize")
+                purpose = "finalize"
+            elif refused.reason == "unknown":
+                raise JournalAttachUnavailable(run_id, "unknown-run") from None
+            elif refused.reason == "terminal":
+                raise JournalAttachUnavailable(run_id, "terminal-run") from None
+            else:
+                raise
+        mode: Any = "finalize" if purpose == "finalize" else "attach"
+        self._spawn(RunDriver(deps, record, epoch, mode, deps.log.writer(run_id, epoch),
+                              cancel_reason=record.cancel_reason or None))
+        return epoch, record
+
+    def cancel(self, run_id: str, reason: str = "user") -> bool:
+        """In-process fast path of a cancel; ``True`` when this host drives the run."""
+        d = self._drivers.get(run_id)
+        if d is None or not self._busy(run_id):
+            return False
+        return d.post(M.CancelRequested(reason=reason or "user", path="fast"))
+
+    def session_lost(self) -> None:
+        """The host's session expired: every driver stops without writing."""
+        for d in list(self._drivers.values()):
+            d.post(M.SessionLost())
+
+    async def drain(self, timeout: float = 10.0) -> list[str]:
+        """Stop taking runs and hand every driven run over (claims released, nothing final).
+
+        Returns:
+            The run ids handed over.
+        """
+        self.draining = True
+        handed: list[str] = []
+        tasks = []
+        for run_id, d in list(self._drivers.items()):
+            if self._busy(run_id) and d.post(M.Drain()):
+                handed.append(run_id)
+                tasks.append(self._tasks[run_id])
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
+        return handed
+
+    async def shutdown(self, timeout: float = 10.0) -> None:
+        """Cancel every driver (final writes in flight still finish) and await them."""
+        tasks = list(self._tasks.values())
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)

@@ -1,0 +1,90 @@
+"""The gRPC service ``baton.v1.SandboxHost`` (DESIGN.md §5): the edge of the run driver.
+
+Domain errors are mapped once, at this edge, through :mod:`baton.grpc_errors`; an error
+without a row there (a delivery-log outage, say) becomes ``UNAVAILABLE``.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Awaitable, Callable
+
+import grpc
+
+from baton.errors import BatonError
+from baton.grpc_errors import abort, mapping_for
+from baton.v1 import sandbox_host_pb2 as pb
+from baton.v1 import sandbox_host_pb2_grpc as pb_grpc
+from sandbox_host.driver import RunManager
+
+log = logging.getLogger("baton.sandbox_host.service")
+
+
+async def _fail(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+    if isinstance(exc, BatonError) and mapping_for(exc) is not None:
+        await abort(context, exc)
+    if isinstance(exc, BatonError):
+        await context.abort(grpc.StatusCode.UNAVAILABLE, f"{type(exc).__name__}: {exc}")
+    log.error("unexpected error", exc_info=exc)
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+
+
+class SandboxHostService(pb_grpc.SandboxHostServicer):
+    """Servicer over a :class:`RunManager`.
+
+    Args:
+        manager: the host's run manager.
+        drain: the host's drain procedure (stop accepting, hand every run over); returns
+            how many runs were handed over.
+    """
+
+    def __init__(self, manager: RunManager, drain: Callable[[], Awaitable[int]]) -> None:
+        self.manager = manager
+        self._drain = drain
+
+    async def StartRun(self, request: pb.StartRunRequest, context: grpc.aio.ServicerContext) -> pb.StartRunResponse:
+        try:
+            record, created = await self.manager.start_run(request)
+        except Exception as exc:  # mapped at the edge
+            await _fail(context, exc)
+            raise
+        return pb.StartRunResponse(record=record, created=created)
+
+    async def AttachRun(self, request: pb.AttachRunRequest, context: grpc.aio.ServicerContext) -> pb.AttachRunResponse:
+        try:
+            epoch, record = await self.manager.attach_run(request.run_id, request.purpose or "drive")
+        except Exception as exc:
+            await _fail(context, exc)
+            raise
+        return pb.AttachRunResponse(epoch=epoch, record=record)
+
+    async def CancelRun(self, request: pb.CancelRunRequest, context: grpc.aio.ServicerContext) -> pb.CancelRunResponse:
+        return pb.CancelRunResponse(driving=self.manager.cancel(request.run_id, request.reason or "user"))
+
+    async def DestroySandbox(self, request: pb.DestroySandboxRequest,
+                             context: grpc.aio.ServicerContext) -> pb.DestroySandboxResponse:
+        deps = self.manager.deps
+        try:
+            sbx = await deps.find_sandbox(request.sandbox_key)
+            if sbx is None:
+                return pb.DestroySandboxResponse(destroyed=False)
+            destroyed: Any = await sbx.provider.destroy(sbx.handle)
+            if destroyed or not await sbx.provider.exists(sbx.handle):
+                await deps.cc.delete_sandbox(request.sandbox_key)
+                return pb.DestroySandboxResponse(destroyed=True)
+            return pb.DestroySandboxResponse(destroyed=False)
+        except Exception as exc:
+            await _fail(context, exc)
+            raise
+
+    async def Drain(self, request: pb.DrainRequest, context: grpc.aio.ServicerContext) -> pb.DrainResponse:
+        try:
+            n = await self._drain()
+        except Exception as exc:
+            await _fail(context, exc)
+            raise
+        return pb.DrainResponse(handed_over=n)
+
+
+def add_to_server(service: SandboxHostService, server: grpc.aio.Server) -> None:
+    """Register the servicer on a ``grpc.aio`` server."""
+    pb_grpc.add_SandboxHostServicer_to_server(service, server)

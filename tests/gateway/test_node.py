@@ -1,0 +1,68 @@
+"""Real clients: the TanStack AI client (Node.js) and a real browser (Playwright + chromium)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pathlib
+import shutil
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO
+from tests.gateway.conftest import SLOW_TEXT, Gateway
+
+NODE_DIR = REPO / "tests" / "node"
+
+
+def need_node(*packages: str) -> str:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    for p in packages:
+        if not (NODE_DIR / "node_modules" / p).is_dir():
+            pytest.skip(f"npm package {p} missing (make node-deps)")
+    return node
+
+
+async def run_node(node: str, script: str, env: dict[str, str], timeout: float = 90) -> dict[str, Any]:
+    proc = await asyncio.create_subprocess_exec(
+        node, script, cwd=NODE_DIR, env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    lines = [ln for ln in out.decode().splitlines() if ln.startswith("{")]
+    assert lines, f"no result from {script} (rc={proc.returncode})\nstdout: {out.decode()[-3000:]}\nstderr: {err.decode()[-3000:]}"
+    result = json.loads(lines[-1])
+    assert proc.returncode == 0 and result.get("ok"), f"{script} failed: {result}\nstderr: {err.decode()[-3000:]}"
+    return result  # type: ignore[no-any-return]
+
+
+@pytest.mark.node
+async def test_tanstack_client_streams_reconnects_and_joins(host: Any, gateway: Gateway) -> None:
+    node = need_node("@tanstack/ai-client")
+    result = await run_node(node, "tanstack_client.mjs", {
+        "BATON_GATEWAY_URL": gateway.url, "BATON_JOURNAL": "claude-stream-json/slow.jsonl",
+        "BATON_REPLAY_DELAY": "0.05"})
+    assert result["calls"] >= 2
+    assert result["streamed"] == result["joined"] == result["log"]
+    assert result["text"] == SLOW_TEXT
+
+
+@pytest.mark.browser
+async def test_browser_reload_rejoins_stop_cancels_and_html_is_text(host: Any, gateway: Gateway) -> None:
+    node = need_node("playwright-core")
+    if not pathlib.Path("/usr/bin/chromium").exists():
+        pytest.skip("/usr/bin/chromium missing (apt-get install chromium)")
+    result = await run_node(node, "browser.mjs", {"BATON_GATEWAY_URL": gateway.url}, timeout=110)
+    assert result["reload"]["text"] == SLOW_TEXT
+    assert 12 <= result["reload"]["beforeReload"] < result["reload"]["log"]  # reloaded mid-run
+    assert result["reload"]["rendered"] == result["reload"]["log"]
+    assert result["stop"]["status"] == "aborted"
+    assert result["xss"]["text"] == ('<script>window.__xss = 1</script><img src=x onerror="window.__xss = 2">'
+                                     "<b>bold?</b>")

@@ -1,0 +1,41 @@
+"""The ordered consumer under the reader: bounded memory, exact order, any start."""
+from __future__ import annotations
+
+import asyncio
+
+from baton.log import DeliveryLog
+from baton.log._consumer import OrderedConsumer
+from tests.conftest import unique
+from tests.log.conftest import chunk
+
+
+async def test_a_slow_reader_holds_at_most_one_batch(dlog: DeliveryLog) -> None:
+    run_id = unique("run")
+    w = dlog.writer(run_id, 1)
+    await w.fence()
+    offsets: list[str] = []
+    for i in range(0, 2000, 200):
+        offsets += await w.append([chunk(j) for j in range(i, i + 200)])
+    seen: list[int] = []
+    most = 0
+    async with OrderedConsumer(dlog.nc, dlog.cfg.stream, dlog.cfg.subject(run_id), int(offsets[0]), batch=64) as c:
+        while len(seen) < 2000:
+            seq, _, _, _ = await c.next_raw()
+            seen.append(seq)
+            most = max(most, c.buffered)
+            if len(seen) % 100 == 0:
+                await asyncio.sleep(0.01)  # a slow client: the server must wait for us
+        assert c.resets == 0
+    assert [str(s) for s in seen] == offsets
+    assert most <= 64
+
+
+async def test_headers_only_delivers_no_bodies(dlog: DeliveryLog) -> None:
+    run_id = unique("run")
+    w = dlog.writer(run_id, 1)
+    await w.fence()
+    await w.append([chunk(0)])
+    async with OrderedConsumer(dlog.nc, dlog.cfg.stream, dlog.cfg.subject(run_id), 1, headers_only=True) as c:
+        await c.next()
+        rec = await c.next()
+    assert rec.data == b"" and rec.headers["Baton-Kind"] == "chunk" and rec.pending == 0
