@@ -35,6 +35,8 @@ from baton._cluster import (
 )
 
 DEFAULT_DATA_DIR = ".data/cluster"
+# Columns the demo prints at when stdout is not a terminal: its table's natural width.
+DEMO_LOG_WIDTH = 140
 
 app = typer.Typer(
     name="baton",
@@ -228,6 +230,10 @@ def demo(
     """
     from baton._demo import run_demo
 
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        # A CI log or a pipe has no width; rich would assume 80 columns, cut the status
+        # column and drop the journal column (the row's name). Logs scroll sideways.
+        console.width = max(console.width, DEMO_LOG_WIDTH)
     ok = run_demo(console, quick=quick, hosts=hosts, data_dir=data_dir)
     raise typer.Exit(0 if ok else 1)
 

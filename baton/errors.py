@@ -233,6 +233,18 @@ class HostDraining(BatonError):
     """The host is draining and takes no new runs."""
 
 
+class HostAtCapacity(BatonError):
+    """The host already drives ``capacity`` runs (``BATON_HOST_CAPACITY``) and takes no more.
+
+    Another host may take the run; callers that pick hosts try the next one.
+    """
+
+    def __init__(self, host_id: str, capacity: int) -> None:
+        self.host_id = host_id
+        self.capacity = capacity
+        super().__init__(f"host {host_id!r} is at capacity ({capacity} runs)")
+
+
 class LogAlreadyClosed(DeliveryLogError):
     """The delivery log already ends with a ``close`` record (of this or a lower epoch).
 

@@ -75,6 +75,9 @@ TABLE: tuple[Mapping, ...] = (
             lambda m: e.SandboxReclaimFailed(m.get("sandbox_key", ""), m.get("detail", ""))),
     Mapping(e.HostDraining, grpc.StatusCode.UNAVAILABLE, "HOST_DRAINING",
             _none, lambda m: e.HostDraining("host is draining")),
+    Mapping(e.HostAtCapacity, grpc.StatusCode.RESOURCE_EXHAUSTED, "HOST_AT_CAPACITY",
+            lambda x: {"host_id": x.host_id, "capacity": str(x.capacity)},  # type: ignore[attr-defined]
+            lambda m: e.HostAtCapacity(m.get("host_id", ""), int(m.get("capacity", "0")))),
     Mapping(e.OffsetExpired, grpc.StatusCode.OUT_OF_RANGE, "OFFSET_EXPIRED",
             lambda x: {"run_id": x.run_id, "offset": x.offset, "earliest_offset": x.earliest_offset},  # type: ignore[attr-defined]
             lambda m: e.OffsetExpired(m.get("run_id", ""), m.get("offset", ""), m.get("earliest_offset", ""))),

@@ -389,8 +389,9 @@ def _print_table(out: dict[str, Any]) -> None:
     rows = [("scenario", "server", "chunks/s", "burst p99 ms", "paced p99 ms", "RSS KB/idle reader")]
     for server, res in out["results"].items():
         for scen, r in res.items():
+            rss = r["rss_kb_per_idle_reader"]  # None: not measured in this scenario
             rows.append((scen, server, str(r["delivered_chunks_per_s"]), str(r["burst_p99_ms"]),
-                         str(r.get("latency_p99_ms", "-")), str(r["rss_kb_per_idle_reader"])))
+                         str(r.get("latency_p99_ms", "-")), "-" if rss is None else str(rss)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))

@@ -97,7 +97,7 @@ class Side:
         opts = {"journal": str(CORPUS / JOURNAL), "speed": 1.0, "delay": DELAY}
         await self.stub(host).StartRun(sandbox_host_pb2.StartRunRequest(
             run_id=run_id, thread_id=f"thr-{run_id}", agent=runs_pb2.AgentSpec(kind="replay", options_json=json.dumps(opts)),
-            messages_json='[{"id":"u1","role":"user","content":"go"}]', detach_on_disconnect=True),
+            messages_json='[{"id":"u1","role":"user","content":"go"}]'),
             timeout=15, wait_for_ready=True)
         return run_id
 

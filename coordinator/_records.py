@@ -33,6 +33,16 @@ def is_reclaimable(rec: RunRecord | None) -> bool:
     return is_active(rec) and rec is not None and rec.HasField("detached_since")
 
 
+def cancels_on_disconnect(rec: RunRecord) -> bool:
+    """Whether the run is cancelled (not detached) when its last reader leaves.
+
+    Only an explicit ``cancel_on_disconnect`` does so: the proto3 default (false, what a
+    client that omits the field sends) detaches, so no client cancels runs by omission.
+    The deprecated ``detach_on_disconnect`` is not read.
+    """
+    return rec.cancel_on_disconnect
+
+
 def check_paths(paths: Iterable[str]) -> list[str]:
     """Validate field-mask paths (top-level RunRecord field names).
 

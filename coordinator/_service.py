@@ -19,7 +19,7 @@ from baton.grpc_errors import abort
 from baton.ids import validate_id
 from baton.v1 import coordinator_pb2 as pb
 from baton.v1 import coordinator_pb2_grpc as pb_grpc
-from baton.v1.runs_pb2 import RunStatus
+from baton.v1.runs_pb2 import Claim, RunRecord, RunStatus
 
 from coordinator._records import check_paths
 from coordinator._store import PURPOSES, RunStore, UpdateOutcome
@@ -260,13 +260,15 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             await abort(context, exc)
         stop = asyncio.ensure_future(self._stopping.wait())
         it = self.store.watch_run(request.run_id, timeout=self._budget(context)).__aiter__()
+        # The pending ``__anext__`` lives in its own task; it must be finished before the
+        # generator is closed, or ``aclose()`` finds the generator still running (a client
+        # that cancels the stream cancels this handler while that task is mid-step).
+        nxt: asyncio.Future[tuple[RunRecord | None, Claim | None]] | None = None
         try:
             while True:
                 nxt = asyncio.ensure_future(it.__anext__())
                 done, _ = await asyncio.wait({nxt, stop}, return_when=asyncio.FIRST_COMPLETED)
                 if nxt not in done:
-                    nxt.cancel()
-                    await asyncio.gather(nxt, return_exceptions=True)
                     return
                 try:
                     rec, claim = nxt.result()
@@ -281,8 +283,10 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                     resp.claim.CopyFrom(claim)
                 yield resp
         finally:
-            stop.cancel()
-            await asyncio.gather(stop, return_exceptions=True)
+            pending = [f for f in (stop, nxt) if f is not None and not f.done()]
+            for f in pending:
+                f.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
             await it.aclose()  # type: ignore[attr-defined]
 
     # --- presence ---------------------------------------------------------------------

@@ -20,7 +20,8 @@ from baton.v1.runs_pb2 import Claim, RunRecord, RunStatus
 
 from coordinator import _etcd as E
 from coordinator._keys import Keys, prefix_end
-from coordinator._records import apply_mask, is_active, is_reclaimable, is_terminal
+from coordinator._records import (apply_mask, cancels_on_disconnect, is_active, is_reclaimable,
+                                  is_terminal)
 
 PURPOSES = ("drive", "finalize")
 
@@ -438,8 +439,8 @@ class RunStore:
     async def detach_if_unread(self, run_id: str, *, timeout: float) -> RunRecord | None:
         """When a running run has no reader left: stamp ``detached_since`` (DESIGN.md §3.3).
 
-        A run with ``detach_on_disconnect`` false is cancelled instead (reason
-        ``disconnected``), as runs.proto specifies. The stamp compares "no reader key" inside
+        A run with ``cancel_on_disconnect`` is cancelled instead (reason ``disconnected``),
+        as runs.proto specifies. The stamp compares "no reader key" inside
         the transaction, so a reader that arrives meanwhile wins.
 
         Returns:
@@ -455,7 +456,7 @@ class RunStore:
             new = RunRecord()
             new.CopyFrom(cur)
             new.detached_since = self.clock()
-            if not cur.detach_on_disconnect and not cur.cancel_requested:
+            if cancels_on_disconnect(cur) and not cur.cancel_requested:
                 new.cancel_requested = True
                 new.cancel_reason = "disconnected"
             res = await self._write(snap, new, b, [E.cmp_absent(readers, prefix_end(readers))],

@@ -2,8 +2,8 @@
 
 When a claim key disappears (its session lease expired because the host died, or a
 draining host released it) and the run is still ``running``, the leader calls ``AttachRun``
-on a live, non-draining host, least loaded first (load = claims it holds now), within
-milliseconds of the etcd delete event. A run with a cancel requested is handed over with
+on a live, non-draining host that is not full, least loaded first (load = claims it holds
+now; full = load at its registered capacity), within milliseconds of the etcd delete event. A run with a cancel requested is handed over with
 purpose ``finalize``, so a cancelled run whose host died still ends ``aborted``. Clients
 still connected see a pause, then the rest of the run.
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Awaitable
 
 import grpc
 
@@ -64,10 +63,17 @@ async def host_loads(ctx: LeaderContext) -> dict[str, int]:
 
 
 async def live_hosts_by_load(ctx: LeaderContext, exclude: str = "") -> list[HostInfo]:
-    """Live, non-draining hosts with an address, least loaded first (ties by host id)."""
+    """Live, non-draining hosts with an address and room for one more run, least loaded
+    first (ties by host id).
+
+    Load is the claims a host holds now (fresher than the load it publishes); a host with a
+    ``capacity`` > 0 and that many claims is skipped (it would refuse with
+    ``HOST_AT_CAPACITY`` anyway).
+    """
     hosts = [h for h in await ctx.list_hosts() if not h.draining and h.address and h.host_id != exclude]
     loads = await host_loads(ctx)
-    return sorted(hosts, key=lambda h: (loads.get(h.host_id, 0), h.host_id))
+    room = [h for h in hosts if h.capacity <= 0 or loads.get(h.host_id, 0) < h.capacity]
+    return sorted(room, key=lambda h: (loads.get(h.host_id, 0), h.host_id))
 
 
 async def attach_somewhere(ctx: LeaderContext, pool: HostPool, run_id: str, purpose: str, *,
@@ -117,20 +123,34 @@ async def failover_scheduler(ctx: LeaderContext) -> None:
     """Leader task: watch claim deletions and hand orphaned runs over at once.
 
     On start (a new leader) it also sweeps the claims it cannot have seen vanish: every
-    running run with no claim. Runs until cancelled (leadership lost).
+    running run with no claim. A claim's deletion is reported once, so nothing may lose
+    it: a hand-over is retried through transient etcd/gRPC failures, and a deletion that
+    arrives while a hand-over of the same run is in flight is looked at again after it.
+    Runs until cancelled (leadership lost).
     """
     store, keys, cfg = ctx.store, ctx.store.keys, ctx.config
     pool = HostPool()
     pending: dict[str, asyncio.Task[str]] = {}
+    # Runs whose claim vanished while a hand-over of theirs was in flight: that hand-over
+    # may have read the claim before it went ("skipped"), so the run is looked at again.
+    recheck: set[str] = set()
+    stopping = False
 
     def spawn(run_id: str) -> None:
         t = pending.get(run_id)
         if t is not None and not t.done():
+            recheck.add(run_id)
             return
-        task = asyncio.create_task(_guarded(hand_over_if_orphaned(ctx, pool, run_id), run_id),
-                                   name=f"failover:{run_id}")
+        task = asyncio.create_task(_guarded(ctx, pool, run_id), name=f"failover:{run_id}")
         pending[run_id] = task
-        task.add_done_callback(lambda t, r=run_id: pending.pop(r, None) if pending.get(r) is t else None)
+        task.add_done_callback(lambda t, r=run_id: finished(r, t))
+
+    def finished(run_id: str, task: asyncio.Task[str]) -> None:
+        if pending.get(run_id) is task:
+            del pending[run_id]
+        if not stopping and not task.cancelled() and run_id in recheck:
+            recheck.discard(run_id)
+            spawn(run_id)
 
     try:
         while True:
@@ -148,6 +168,7 @@ async def failover_scheduler(ctx: LeaderContext) -> None:
                 log.warning("failover watch: %s; watching again", exc)
                 await asyncio.sleep(0.2)
     finally:
+        stopping = True
         tasks = list(pending.values())
         for t in tasks:
             t.cancel()
@@ -156,10 +177,25 @@ async def failover_scheduler(ctx: LeaderContext) -> None:
         await pool.close()
 
 
-async def _guarded(work: Awaitable[str], run_id: str) -> str:
-    try:
-        return await work
-    except (StoreUnavailable, grpc.aio.AioRpcError) as exc:
-        log.warning("failover of run %s failed: %s", run_id, exc)
-        return "failed"
+async def _guarded(ctx: LeaderContext, pool: HostPool, run_id: str, *,
+                   patience: float = HANDOVER_PATIENCE) -> str:
+    """:func:`hand_over_if_orphaned`, retried while etcd (or a host) fails transiently.
+
+    No later event reports this run again (its claim is gone already), so giving up at the
+    first slow etcd answer would leave it orphaned until a reader or the reaper came.
+    Each attempt re-reads the record, so a retry never hands over a run that found a driver.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + patience
+    delay = 0.1
+    while True:
+        try:
+            return await hand_over_if_orphaned(ctx, pool, run_id)
+        except (StoreUnavailable, grpc.aio.AioRpcError) as exc:
+            if loop.time() >= deadline:
+                log.warning("failover of run %s failed: %s", run_id, exc)
+                return "failed"
+            log.info("failover of run %s: %s; retrying", run_id, exc)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 1.0)
 

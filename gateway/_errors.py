@@ -86,6 +86,7 @@ TABLE: tuple[HttpMapping, ...] = (
     HttpMapping(e.OffsetExpired, 410, "OFFSET_EXPIRED"),
     HttpMapping(e.StoreUnavailable, 503, "STORE_UNAVAILABLE"),
     HttpMapping(e.HostDraining, 503, "HOST_DRAINING"),
+    HttpMapping(e.HostAtCapacity, 503, "HOST_AT_CAPACITY"),
     HttpMapping(e.SandboxBuildFailed, 502, "SANDBOX_BUILD_FAILED"),
     HttpMapping(e.BatonError, 500, "INTERNAL"),
 )

@@ -36,8 +36,8 @@ class HostPool:
         self._coordinator = coordinator
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, sandbox_host_pb2_grpc.SandboxHostStub] = {}
-        # Runs this gateway handed to each host: the load signal used to pick the least
-        # loaded host (the registry carries capacity, not current load).
+        # Runs this gateway handed to each host: breaks ties between hosts whose published
+        # load is equal (it is refreshed about once a second, so a burst would all go to one).
         self._handed: collections.Counter[str] = collections.Counter()
 
     def stub(self, address: str) -> sandbox_host_pb2_grpc.SandboxHostStub:
@@ -55,9 +55,15 @@ class HostPool:
         return [h for h in hosts if not h.draining and h.address]
 
     def rank(self, hosts: list[coordinator_pb2.HostInfo]) -> list[coordinator_pb2.HostInfo]:
-        """Hosts ordered least loaded first: runs handed to it by this gateway per unit of
-        capacity, ties broken by host id (deterministic)."""
-        return sorted(hosts, key=lambda h: (self._handed[h.host_id] / max(h.capacity, 1), h.host_id))
+        """Hosts in the order to try them: those with room before those whose published load
+        says they are full (``capacity`` 0 = no limit; the load may be a second stale, so a
+        full one is tried last rather than never), then least loaded first: published load
+        per unit of capacity, runs this gateway handed to it, host id (deterministic)."""
+        def key(h: coordinator_pb2.HostInfo) -> tuple[bool, float, float, str]:
+            cap = max(h.capacity, 1)
+            full = h.capacity > 0 and h.load >= h.capacity
+            return (full, h.load / cap, self._handed[h.host_id] / cap, h.host_id)
+        return sorted(hosts, key=key)
 
     def note_handed(self, host_id: str) -> None:
         self._handed[host_id] += 1
@@ -95,23 +101,26 @@ async def try_hosts(
     pool: HostPool, hosts: list[coordinator_pb2.HostInfo], attempt: Callable[[coordinator_pb2.HostInfo], Awaitable[T]]
 ) -> tuple[coordinator_pb2.HostInfo, T]:
     """Run ``attempt`` on each host, least loaded first, until one does not fail as
-    unreachable or draining.
+    unreachable, draining or full.
 
     Raises:
+        HostAtCapacity: every host refused as full.
         NoHostAvailable (from ``gateway._errors``): no host, or all unreachable/draining.
         Any other domain error ``attempt`` raises (e.g. ``ThreadBusy``), at once.
     """
     from gateway._errors import NoHostAvailable
 
-    last: BaseException | None = None
+    refusals: list[BaseException] = []
     for h in pool.rank(hosts):
         try:
             result = await attempt(h)
-        except (e.StoreUnavailable, e.HostDraining) as exc:
+        except (e.StoreUnavailable, e.HostDraining, e.HostAtCapacity) as exc:
             log.warning("host %s (%s) refused or unreachable: %s", h.host_id, h.address, exc)
-            last = exc
+            refusals.append(exc)
             continue
         pool.note_handed(h.host_id)
         return h, result
-    raise NoHostAvailable("no sandbox host is available" if last is None
-                          else "no sandbox host could take the run") from last
+    if refusals and all(isinstance(x, e.HostAtCapacity) for x in refusals):
+        raise refusals[-1]  # every host is full: say so (503 HOST_AT_CAPACITY)
+    raise NoHostAvailable("no sandbox host could take the run" if refusals
+                          else "no sandbox host is available") from (refusals[-1] if refusals else None)

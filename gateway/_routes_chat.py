@@ -41,7 +41,7 @@ async def _start_run(st: GatewayState, cs: ChatStart, tenant_id: str) -> runs_pb
         thread_id=cs.thread_id,
         agent=runs_pb2.AgentSpec(kind=cs.agent.kind, options_json=cs.agent.to_json()),
         messages_json=json.dumps(cs.messages, separators=(",", ":")),
-        detach_on_disconnect=cs.detach_on_disconnect,
+        cancel_on_disconnect=cs.cancel_on_disconnect,
         tenant=tenant_id,
         interrupt_active=cs.interrupt_active,
         parent_run_id=cs.parent_run_id,
@@ -55,6 +55,18 @@ async def _start_run(st: GatewayState, cs: ChatStart, tenant_id: str) -> runs_pb
     st.metrics.appends.labels("created" if resp.created else "existing").inc()
     log.info("run %s started on %s (created=%s)", cs.run_id, host.host_id, resp.created)
     return resp.record  # type: ignore[no-any-return]
+
+
+def _check_same_run(record: runs_pb2.RunRecord, cs: ChatStart, tenant_id: str, auth_enabled: bool) -> None:
+    """An existing record may be served to this POST only if it is the caller's run.
+
+    Raises:
+        UnknownRun: the record belongs to another tenant (they must not learn it exists).
+        InvalidArgument: the run id already names a run of another thread.
+    """
+    check_run_visible(record, tenant_id, auth_enabled)
+    if record.thread_id != cs.thread_id:
+        raise e.InvalidArgument("runId", "already names a run of another thread")
 
 
 async def start_chat(request: Request) -> Response:
@@ -72,17 +84,19 @@ async def start_chat(request: Request) -> Response:
         view = None
     if view is not None:
         # A retried POST or a transport reconnect: serve the existing run, start nothing.
-        check_run_visible(view.record, t, st.settings.auth_enabled)
-        if view.record.thread_id != cs.thread_id:
-            raise e.InvalidArgument("runId", "already names a run of another thread")
+        _check_same_run(view.record, cs, t, st.settings.auth_enabled)
         st.takeovers.consider(cs.run_id, view.record, view.claim)
     else:
         await check_thread_visible(request, cs.thread_id, must_exist=False)
-        await _start_run(st, cs, t)
+        record = await _start_run(st, cs, t)
+        # A concurrent POST with the same run id may have created the record between our
+        # lookup and StartRun (the host then answers with that record, unchanged): the same
+        # checks as for a record found above, or another tenant's or thread's log is served.
+        _check_same_run(record, cs, t, st.settings.auth_enabled)
         after = "-1"
 
     on_disconnect = None
-    if not cs.detach_on_disconnect:
+    if cs.cancel_on_disconnect:
         async def on_disconnect() -> None:
             # The run was started with detachOnDisconnect: false: the client leaving cancels it.
             log.info("client of run %s left; cancelling it (detachOnDisconnect: false)", cs.run_id)

@@ -37,6 +37,9 @@ REPLAY_NUMBERS: Mapping[str, float] = {"speed": 1000.0, "delay": 60.0, "max_gap"
 MAX_OPTION_CHARS = 4096
 _OFFSET = re.compile(r"^(-1|now|[0-9]{1,20})$")
 JOURNAL_SUFFIXES = (".jsonl", ".ndjson")
+# Deeper bodies are refused: nothing we accept nests this deep, and every later step (the
+# host's JSON, protobuf, the transcript) recurses over the value.
+MAX_JSON_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,9 @@ class ChatStart:
     thread_id: str
     messages: list[dict[str, Any]]
     agent: AgentChoice
-    detach_on_disconnect: bool
+    #: ``detachOnDisconnect: false`` in the body (the TanStack transport's word); the wire
+    #: field is the inverse, so that omitting it detaches.
+    cancel_on_disconnect: bool
     interrupt_active: bool
     parent_run_id: str
 
@@ -70,7 +75,8 @@ async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
 
     Raises:
         BodyTooLarge: the body is larger than ``max_bytes``.
-        InvalidArgument: the body is not a JSON object.
+        InvalidArgument: the body is not a JSON object, or nests deeper than
+            ``MAX_JSON_DEPTH`` levels.
     """
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
@@ -86,9 +92,28 @@ async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
         value = json.loads(buf)
     except (ValueError, UnicodeDecodeError):
         raise e.InvalidArgument("body", "must be a JSON object") from None
+    except RecursionError:
+        # The decoder recurses per nesting level: a body within the size limit can exhaust it.
+        raise e.InvalidArgument("body", f"must not nest deeper than {MAX_JSON_DEPTH} levels") from None
     if not isinstance(value, dict):
         raise e.InvalidArgument("body", "must be a JSON object")
+    if _depth(value) > MAX_JSON_DEPTH:
+        raise e.InvalidArgument("body", f"must not nest deeper than {MAX_JSON_DEPTH} levels")
     return value
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of a decoded JSON value (iterative: the value may be deep)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict):
+            v = list(v.values())
+        if isinstance(v, list):
+            deepest = max(deepest, d)
+            stack.extend((x, d + 1) for x in v)
+    return deepest
 
 
 def check_offset(value: str) -> str:
@@ -303,7 +328,7 @@ def check_chat_start(
         thread_id=thread_id,
         messages=check_messages(body.get("messages"), max_messages),
         agent=check_agent(opt("agent"), replay_dirs, default_agent),
-        detach_on_disconnect=_opt_bool(opt("detachOnDisconnect"), "detachOnDisconnect", True),
+        cancel_on_disconnect=not _opt_bool(opt("detachOnDisconnect"), "detachOnDisconnect", True),
         interrupt_active=_opt_bool(opt("interruptActive"), "interruptActive", False),
         parent_run_id=parent,
     )

@@ -70,8 +70,9 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
         Route("/api/chat", chat.join_chat, methods=["GET"]),
         Route("/api/chat/active", chat.active_run, methods=["GET"]),
         Route("/api/chat/cancel", chat.cancel_chat, methods=["POST"]),
-        Route("/api/runs/{run_id:str}", misc.get_run, methods=["GET"]),
-        Route("/api/threads/{thread_id:str}/messages", misc.thread_messages, methods=["GET"]),
+        # `path`, not `str`: ids may contain "/" (baton.ids), sent percent-encoded.
+        Route("/api/runs/{run_id:path}", misc.get_run, methods=["GET"]),
+        Route("/api/threads/{thread_id:path}/messages", misc.thread_messages, methods=["GET"]),
         Route("/api/agents", misc.agents, methods=["GET"]),
         Route("/healthz", misc.healthz, methods=["GET"]),
         Route("/readyz", misc.readyz, methods=["GET"]),

@@ -89,7 +89,11 @@ class Host:
         self.settings = HostSettings.from_env()
         self.host_id = config.get("BATON_HOST_ID") or f"{socket.gethostname()}-{os.getpid()}"
         self.listen = config.get("BATON_HOST_LISTEN")
-        self.capacity = int(config.get_float("BATON_HOST_CAPACITY"))
+        self.capacity = self.settings.capacity
+        self._published_load = -1
+        # One registration at a time: a load update must not land after (and undo) the
+        # drain's "draining" registration.
+        self._register_lock = asyncio.Lock()
         self.stop = asyncio.Event()
         self._drained: asyncio.Task[int] | None = None
 
@@ -127,9 +131,12 @@ class Host:
                 for name in ("", SERVICE_NAME):
                     await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
                 print(f"sandbox host {self.host_id} listening on {port}", flush=True)
+                publisher = asyncio.create_task(self._publish_load(min(ttl / 3, 1.0)), name="publish-load")
                 try:
                     await self._serve_until_stopped(cc, ttl)
                 finally:
+                    publisher.cancel()
+                    await asyncio.gather(publisher, return_exceptions=True)
                     for name in ("", SERVICE_NAME):
                         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
                     await self.drain()
@@ -143,10 +150,29 @@ class Host:
                 await dlog.close()
 
     async def _register(self, *, draining: bool) -> None:
-        deps = self.manager.deps
-        await deps.cc.register_host(coordinator_pb2.HostInfo(
-            host_id=self.host_id, address=self.address, capacity=self.capacity,
-            provider_kinds=sorted(deps.providers), session_id=deps.session.id, draining=draining))
+        async with self._register_lock:
+            deps = self.manager.deps
+            load = self.manager.load
+            await deps.cc.register_host(coordinator_pb2.HostInfo(
+                host_id=self.host_id, address=self.address, capacity=self.capacity,
+                provider_kinds=sorted(deps.providers), session_id=deps.session.id,
+                draining=draining or self.manager.draining, load=load))
+            self._published_load = load
+
+    async def _publish_load(self, every: float) -> None:
+        """Re-register whenever the number of driven runs changed (checked every ``every`` s).
+
+        The registry's ``load`` lets gateways and the coordinator's failover skip full hosts
+        without asking each one; one etcd put per change, none while idle.
+        """
+        while True:
+            await asyncio.sleep(every)
+            if self.manager.load == self._published_load:
+                continue
+            try:
+                await self._register(draining=False)  # keeps "draining" once the drain set it
+            except Exception as exc:  # coordinator unreachable or session being replaced
+                log.warning("publishing the host's load failed: %s", exc)
 
     async def _serve_until_stopped(self, cc: Any, ttl: float) -> None:
         while not self.stop.is_set():

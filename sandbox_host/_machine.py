@@ -47,9 +47,12 @@ TERMINAL_PHASES = frozenset({Phase.DONE, Phase.STOPPED})
 
 @dataclass(frozen=True)
 class Detached:
-    """The last reader left (the coordinator stamped ``detached_since``)."""
+    """The last reader left (the coordinator stamped ``detached_since``).
 
-    detach_on_disconnect: bool
+    ``cancel_on_disconnect``: the run was started to be cancelled, not detached, then.
+    """
+
+    cancel_on_disconnect: bool
 
 
 @dataclass(frozen=True)
@@ -226,7 +229,7 @@ def decide(event: Event, *, keep_sandbox: bool = False, terminal_emitted: bool =
         values of ``run.cancelled``, which the driver fills in with :func:`cancelled_chunk`.
     """
     if isinstance(event, Detached):
-        if event.detach_on_disconnect:
+        if not event.cancel_on_disconnect:
             return CONTINUE
         return decide(CancelRequested(reason="disconnected", path="detach"), terminal_emitted=terminal_emitted)
     if isinstance(event, CancelRequested):

@@ -11,7 +11,7 @@ A :class:`RunDriver` holds one claim (run id, epoch) and does, in its own task:
   ``run.cancelled`` + ``RUN_ERROR cancelled`` → ``aborted`` → close.
 
 Control events (a cancel seen via ``WatchRun`` or the in-process fast path, a detach with
-``detach_on_disconnect = false``, a successor's epoch, a lost session, a drain) reach the
+``cancel_on_disconnect = true``, a successor's epoch, a lost session, a drain) reach the
 driver through :meth:`RunDriver.post`; the state machine (:mod:`sandbox_host._machine`)
 decides, and the final writes run shielded so a cancelled task still finishes them.
 """
@@ -435,16 +435,18 @@ class RunDriver:
         return M.StoredClose(closed.status or "completed", getattr(rec, "error", None), getattr(rec, "error_code", None))
 
     async def _load_input_messages(self, stored: list[Any]) -> None:
-        self._inputs_loaded = True
         first_host = next((r for r in stored if r.kind == "chunk" and r.origin == "host"), None)
-        if first_host is None:
-            return
-        body = await self.deps.read_chunk(self.run_id, first_host.offset)
-        if isinstance(body, dict):
-            self.builder.feed(body)  # run.accepted: sets the input messages
-            value = body.get("value")
-            if isinstance(value, dict) and isinstance(value.get("messages"), list):
-                self.input_messages = list(value["messages"])
+        if first_host is not None:
+            body = await self.deps.read_chunk(self.run_id, first_host.offset)
+            if isinstance(body, dict):
+                self.builder.feed(body)  # run.accepted: sets the input messages
+                value = body.get("value")
+                if isinstance(value, dict) and isinstance(value.get("messages"), list):
+                    self.input_messages = list(value["messages"])
+        # Marked loaded only now: a body cancelled inside the read above (a cancel seen via
+        # WatchRun while a successor is still loading) must let the final writes load the
+        # inputs again, else the saved transcript loses the user's messages.
+        self._inputs_loaded = True
 
     async def _execute(self, d: M.Decision) -> None:
         deps = self.deps
@@ -490,6 +492,11 @@ class RunDriver:
         except RunClaimLost:
             return
         if d.save_transcript:
+            if not self._inputs_loaded:
+                # Stopped before the body loaded the run input (no sandbox to rebuild from,
+                # or its journal unreadable): the transcript still starts with the user's
+                # messages, never overwrites a saved one with nothing.
+                await self._load_inputs_quietly()
             await self._save_transcript_quietly()
         if d.status is not None:
             fields: dict[str, Any] = {"status": STATUS_TO_PB[d.status]}
@@ -552,6 +559,14 @@ class RunDriver:
                 self.machine.saw_chunk(c)
         self.builder = builder
 
+    async def _load_inputs_quietly(self) -> None:
+        try:
+            stored = await self.deps.log.stored_headers(self.run_id, before=self.fence_seq)
+            await self._load_input_messages(stored)
+        except BatonError as exc:
+            reraise_if_cancelling()
+            log.warning("run %s: run input not loaded: %s", self.run_id, exc)
+
     def _replay_complete(self) -> bool:
         """Whether the builder holds at least what the log holds (else a save would shrink
         the saved transcript below what an earlier host saved)."""
@@ -605,8 +620,8 @@ class RunDriver:
                     return
                 if rec.cancel_requested:
                     self.post(M.CancelRequested(reason=rec.cancel_reason or "user", path="watch"))
-                elif not rec.detach_on_disconnect and rec.HasField("detached_since"):
-                    self.post(M.Detached(detach_on_disconnect=False))
+                elif rec.cancel_on_disconnect and rec.HasField("detached_since"):
+                    self.post(M.Detached(cancel_on_disconnect=True))
                 claim = ev.claim
                 if claim is not None and claim.epoch > self.epoch:
                     self.post(M.ClaimLost(f"claim@{claim.epoch}"))

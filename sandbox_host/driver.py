@@ -18,11 +18,12 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from baton import config
 from baton.errors import (
-    HostDraining, InvalidArgument, JournalAttachUnavailable, RunClaimNotAcquired, UnknownRun,
+    HostAtCapacity, HostDraining, InvalidArgument, JournalAttachUnavailable, RunClaimNotAcquired,
+    UnknownRun,
 )
 from baton.ids import validate_id
 from baton.v1 import coordinator_pb2, runs_pb2
@@ -44,6 +45,7 @@ class HostSettings:
         journal_poll: seconds between liveness checks while a journal is idle.
         snapshot_interval: seconds between periodic transcript snapshots (0 = none).
         final_write_timeout: seconds final writes may take after the driver is cancelled.
+        capacity: runs this host drives at most (``BATON_HOST_CAPACITY``; 0 = no limit).
         quiet_time: seconds an attach waits after its fence before its first append. 0 here;
             only ``bench/takeover.py`` sets it (``BATON_TAKEOVER_QUIET_TIME``) to emulate the
             reference design's 5 s quiet window as a baseline — our fence needs no window.
@@ -56,6 +58,7 @@ class HostSettings:
     snapshot_interval: float = 2.0
     final_write_timeout: float = 10.0
     quiet_time: float = 0.0
+    capacity: int = 64
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "HostSettings":
@@ -65,6 +68,7 @@ class HostSettings:
             cancel_grace=config.get_float("BATON_CANCEL_GRACE", env),
             journal_poll=config.get_float("BATON_JOURNAL_POLL", env),
             quiet_time=float((os.environ if env is None else env).get("BATON_TAKEOVER_QUIET_TIME", "0") or 0),
+            capacity=int(config.get_float("BATON_HOST_CAPACITY", env)),
         )
 
 
@@ -184,11 +188,31 @@ class RunManager:
         self._drivers: dict[str, RunDriver] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._finished: list[RunDriver] = []
+        self._reserved = 0  # slots taken by a StartRun/AttachRun between its check and its spawn
 
     @property
     def load(self) -> int:
         """How many runs this host drives now."""
         return sum(1 for t in self._tasks.values() if not t.done())
+
+    @contextlib.contextmanager
+    def _slot(self) -> Iterator[None]:
+        """Hold one unit of capacity from the check until the driver is spawned (or failed).
+
+        The check and the reservation happen with no ``await`` between them, so concurrent
+        requests cannot overshoot ``settings.capacity`` (DESIGN.md §9 ``BATON_HOST_CAPACITY``).
+
+        Raises:
+            HostAtCapacity: the host already drives (or is starting) ``capacity`` runs.
+        """
+        capacity = self.deps.settings.capacity
+        if capacity > 0 and self.load + self._reserved >= capacity:
+            raise HostAtCapacity(self.deps.host_id, capacity)
+        self._reserved += 1
+        try:
+            yield
+        finally:
+            self._reserved -= 1
 
     def driver(self, run_id: str) -> RunDriver | None:
         return self._drivers.get(run_id)
@@ -219,9 +243,16 @@ class RunManager:
 
         Raises:
             HostDraining: the host takes no new runs.
+            HostAtCapacity: the host already drives ``settings.capacity`` runs.
             InvalidArgument: bad ids, messages or agent options.
             ThreadBusy, RunClaimNotAcquired, StoreUnavailable, LogUnavailable: from below.
         """
+        if self.draining:
+            raise HostDraining("host is draining")
+        with self._slot():
+            return await self._start_run(req)
+
+    async def _start_run(self, req: Any) -> tuple[runs_pb2.RunRecord, bool]:
         from sandbox_host.agents import prepare_agent, prompt_from_messages
 
         if self.draining:
@@ -244,7 +275,7 @@ class RunManager:
         seed = runs_pb2.RunRecord(
             run_id=req.run_id, thread_id=req.thread_id, status=runs_pb2.RUN_STATUS_RUNNING,
             started_at=time.time(), agent=runs_pb2.AgentSpec(kind=kind, options_json=json.dumps(dict(launch.options))),
-            detach_on_disconnect=req.detach_on_disconnect, keep_sandbox=req.keep_sandbox, tenant=req.tenant,
+            cancel_on_disconnect=req.cancel_on_disconnect, keep_sandbox=req.keep_sandbox, tenant=req.tenant,
             parent_run_id=req.parent_run_id, driver_host=deps.host_id)
         record, created = await deps.cc.create_or_resume_run(seed, interrupt_active=req.interrupt_active)
         if not created:
@@ -284,13 +315,23 @@ class RunManager:
     async def attach_run(self, run_id: str, purpose: str = "drive") -> tuple[int, runs_pb2.RunRecord]:
         """``AttachRun``: claim the run; fence, replay, align and drive in the background.
 
+        Purpose ``finalize`` (carry out a cancel or a reap) is taken even at capacity: it
+        ends quickly, and a cancelled run must end ``aborted`` even when every host is full.
+
         Raises:
             HostDraining: the host takes no new runs.
+            HostAtCapacity: ``drive`` while the host already drives ``settings.capacity`` runs.
             JournalAttachUnavailable: ``unknown-run`` or ``terminal-run``, at once.
             RunClaimNotAcquired: another live claim holds the run (``held``) etc.
         """
         if self.draining:
             raise HostDraining("host is draining")
+        if purpose == "finalize":
+            return await self._attach_run(run_id, purpose)
+        with self._slot():
+            return await self._attach_run(run_id, purpose)
+
+    async def _attach_run(self, run_id: str, purpose: str) -> tuple[int, runs_pb2.RunRecord]:
         validate_id(run_id, "run_id")
         purpose = purpose or "drive"
         if purpose not in ("drive", "finalize"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pathlib
+import signal
 import time
 import uuid
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
@@ -23,6 +24,21 @@ for _k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "grpc_proxy
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Tear fixtures down on SIGTERM too (``timeout``, a CI job cancelled).
+
+    Servers and components are started in their own sessions (``start_new_session``), so
+    nothing ends them when pytest dies of an unhandled SIGTERM: etcd, nats-server,
+    coordinators and hosts lingered as orphans holding ports and CPU. As a
+    KeyboardInterrupt, pytest ends the session and runs every fixture's teardown.
+    """
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        def _interrupt(signum: int, _frame: object) -> None:
+            raise KeyboardInterrupt(f"signal {signum}")
+
+        signal.signal(signal.SIGTERM, _interrupt)
 
 
 def unique(prefix: str = "t") -> str:

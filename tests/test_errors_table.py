@@ -19,6 +19,7 @@ SAMPLES: list[tuple[e.BatonError, grpc.StatusCode]] = [
     (e.JournalReplayThreadIdMismatch(2, None, None), grpc.StatusCode.DATA_LOSS),
     (e.SandboxReclaimFailed("sb", "gone"), grpc.StatusCode.UNAVAILABLE),
     (e.OffsetExpired("r1", "3", "10"), grpc.StatusCode.OUT_OF_RANGE),
+    (e.HostAtCapacity("host-a", 2), grpc.StatusCode.RESOURCE_EXHAUSTED),
 ]
 
 

@@ -1,11 +1,18 @@
 """The server fixtures themselves: real binaries that can be restarted on the same data."""
 from __future__ import annotations
 
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
 import aetcd
 import nats as nats_client
 
 from baton.testing.servers import EtcdServer, NatsServer
-from tests.conftest import unique
+from tests.cli.conftest import processes_mentioning
+from tests.conftest import REPO, assert_eventually, unique
 
 
 async def test_etcd_restart_keeps_data(own_etcd: EtcdServer) -> None:
@@ -34,3 +41,45 @@ async def test_nats_jetstream_restart_keeps_stream(own_nats: NatsServer) -> None
     msg = await js.get_msg(name, ack.seq)
     assert msg.data == b"hello"
     await nc.close()
+
+
+HOLDING_TEST = """
+import pathlib
+import signal
+
+
+def test_hold(own_etcd, own_nats):
+    pathlib.Path(__file__).with_name("up").write_text("up")
+    signal.pause()  # holds the servers until the outer test SIGTERMs this pytest
+"""
+
+
+async def test_sigterm_to_pytest_tears_its_servers_down(tmp_path: pathlib.Path) -> None:
+    # `timeout`, or a cancelled CI job, SIGTERMs pytest: the servers it started (each in its
+    # own session) must not outlive it as orphans.
+    (tmp_path / "test_hold.py").write_text(HOLDING_TEST)
+    basetemp = tmp_path / "inner"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
+    output = tmp_path / "inner.log"
+    with open(output, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest",
+             "--rootdir", str(tmp_path), "-c", os.devnull, "--basetemp", str(basetemp), str(tmp_path / "test_hold.py")],
+            cwd=str(REPO), env=env, stdout=out, stderr=subprocess.STDOUT)
+
+    def servers() -> list[tuple[int, str]]:
+        return [(pid, cmd) for pid, cmd in processes_mentioning(str(basetemp)) if pid != proc.pid]
+
+    try:
+        await assert_eventually(lambda: (tmp_path / "up").exists() or proc.poll() is not None, timeout=60)
+        assert proc.poll() is None, output.read_text(errors="replace")
+        assert len(servers()) == 2, servers()  # etcd and nats-server
+        proc.send_signal(signal.SIGTERM)
+        await assert_eventually(lambda: proc.poll() is not None, timeout=30)
+        await assert_eventually(lambda: servers() == [], timeout=5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        for pid, _ in servers():  # a failing run must not leave them behind either
+            os.kill(pid, signal.SIGKILL)

@@ -877,12 +877,19 @@ class HostInfo(_message.Message):
     PROVIDER_KINDS_FIELD_NUMBER: _builtins.int
     SESSION_ID_FIELD_NUMBER: _builtins.int
     DRAINING_FIELD_NUMBER: _builtins.int
+    LOAD_FIELD_NUMBER: _builtins.int
     host_id: _builtins.str
     address: _builtins.str
     """host:port of its SandboxHost service"""
     capacity: _builtins.int
+    """runs it drives at most (0: not stated, no limit)"""
     session_id: _builtins.int
     draining: _builtins.bool
+    load: _builtins.int
+    """Runs it drives now, as last published by the host (it re-registers when this
+    changes, within about a second). A hint for choosing a host; the host itself
+    refuses work beyond its capacity (HOST_AT_CAPACITY).
+    """
     @_builtins.property
     def provider_kinds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -894,10 +901,11 @@ class HostInfo(_message.Message):
         provider_kinds: _abc.Iterable[_builtins.str] | None = ...,
         session_id: _builtins.int = ...,
         draining: _builtins.bool = ...,
+        load: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "capacity", b"capacity", "draining", b"draining", "host_id", b"host_id", "provider_kinds", b"provider_kinds", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "capacity", b"capacity", "draining", b"draining", "host_id", b"host_id", "load", b"load", "provider_kinds", b"provider_kinds", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

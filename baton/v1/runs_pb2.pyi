@@ -15,6 +15,11 @@ if sys.version_info >= (3, 11):
 else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
+if sys.version_info >= (3, 13):
+    from warnings import deprecated as _deprecated
+else:
+    from typing_extensions import deprecated as _deprecated
+
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class _RunStatus:
@@ -142,6 +147,7 @@ class RunRecord(_message.Message):
     KEEP_SANDBOX_FIELD_NUMBER: _builtins.int
     CANCEL_REASON_FIELD_NUMBER: _builtins.int
     REVISION_FIELD_NUMBER: _builtins.int
+    CANCEL_ON_DISCONNECT_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     thread_id: _builtins.str
     status: Global___RunStatus.ValueType
@@ -154,14 +160,32 @@ class RunRecord(_message.Message):
     driver_host: _builtins.str
     parent_run_id: _builtins.str
     tenant: _builtins.str
-    detach_on_disconnect: _builtins.bool
-    """When false, the run is cancelled (not detached) when its last reader leaves."""
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def detach_on_disconnect(self) -> _builtins.bool:
+        """Deprecated: its proto3 default (false) meant "cancel when the last reader
+        leaves", so a client that omitted it got its runs cancelled on disconnect.
+        Ignored; use cancel_on_disconnect. The number stays reserved for this field.
+        """
+
+    @detach_on_disconnect.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def detach_on_disconnect(self, value: _builtins.bool) -> None:
+        """Deprecated: its proto3 default (false) meant "cancel when the last reader
+        leaves", so a client that omitted it got its runs cancelled on disconnect.
+        Ignored; use cancel_on_disconnect. The number stays reserved for this field.
+        """
+
     keep_sandbox: _builtins.bool
     """Keep the sandbox after a successful finish (never after cancel or failure)."""
     cancel_reason: _builtins.str
     """Why a cancel was requested ("user", "reaped", "interrupted-by-new-run", ...)."""
     revision: _builtins.int
     """Revision of the record in the store (read-only; ignored on writes)."""
+    cancel_on_disconnect: _builtins.bool
+    """When true, the run is cancelled (reason "disconnected") when its last reader
+    leaves. Default false: the run detaches and keeps going (DESIGN.md §3.3).
+    """
     @_builtins.property
     def error(self) -> Global___RunError: ...
     @_builtins.property
@@ -190,10 +214,11 @@ class RunRecord(_message.Message):
         keep_sandbox: _builtins.bool = ...,
         cancel_reason: _builtins.str = ...,
         revision: _builtins.int = ...,
+        cancel_on_disconnect: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since", "_finished_at", b"_finished_at", "_started_at", b"_started_at", "agent", b"agent", "detached_since", b"detached_since", "error", b"error", "finished_at", b"finished_at", "started_at", b"started_at", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since", "_finished_at", b"_finished_at", "_started_at", b"_started_at", "agent", b"agent", "cancel_reason", b"cancel_reason", "cancel_requested", b"cancel_requested", "detach_on_disconnect", b"detach_on_disconnect", "detached_since", b"detached_since", "driver_epoch", b"driver_epoch", "driver_host", b"driver_host", "error", b"error", "finished_at", b"finished_at", "keep_sandbox", b"keep_sandbox", "parent_run_id", b"parent_run_id", "revision", b"revision", "run_id", b"run_id", "sandbox_key", b"sandbox_key", "started_at", b"started_at", "status", b"status", "tenant", b"tenant", "thread_id", b"thread_id", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since", "_finished_at", b"_finished_at", "_started_at", b"_started_at", "agent", b"agent", "cancel_on_disconnect", b"cancel_on_disconnect", "cancel_reason", b"cancel_reason", "cancel_requested", b"cancel_requested", "detach_on_disconnect", b"detach_on_disconnect", "detached_since", b"detached_since", "driver_epoch", b"driver_epoch", "driver_host", b"driver_host", "error", b"error", "finished_at", b"finished_at", "keep_sandbox", b"keep_sandbox", "parent_run_id", b"parent_run_id", "revision", b"revision", "run_id", b"run_id", "sandbox_key", b"sandbox_key", "started_at", b"started_at", "status", b"status", "tenant", b"tenant", "thread_id", b"thread_id", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__detached_since: _TypeAlias = _typing.Literal["detached_since"]  # noqa: Y015
     _WhichOneofArgType__detached_since: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since"]  # noqa: Y015

@@ -15,6 +15,11 @@ if sys.version_info >= (3, 11):
 else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
+if sys.version_info >= (3, 13):
+    from warnings import deprecated as _deprecated
+else:
+    from typing_extensions import deprecated as _deprecated
+
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
@@ -30,15 +35,31 @@ class StartRunRequest(_message.Message):
     TENANT_FIELD_NUMBER: _builtins.int
     INTERRUPT_ACTIVE_FIELD_NUMBER: _builtins.int
     PARENT_RUN_ID_FIELD_NUMBER: _builtins.int
+    CANCEL_ON_DISCONNECT_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     thread_id: _builtins.str
     messages_json: _builtins.str
     """The AG-UI run input's messages, as a JSON array (user prompt etc)."""
-    detach_on_disconnect: _builtins.bool
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def detach_on_disconnect(self) -> _builtins.bool:
+        """Deprecated and ignored (its default, false, meant "cancel on disconnect");
+        use cancel_on_disconnect.
+        """
+
+    @detach_on_disconnect.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def detach_on_disconnect(self, value: _builtins.bool) -> None:
+        """Deprecated and ignored (its default, false, meant "cancel on disconnect");
+        use cancel_on_disconnect.
+        """
+
     keep_sandbox: _builtins.bool
     tenant: _builtins.str
     interrupt_active: _builtins.bool
     parent_run_id: _builtins.str
+    cancel_on_disconnect: _builtins.bool
+    """Cancel the run when its last reader leaves. Default false: it detaches."""
     @_builtins.property
     def agent(self) -> _runs_pb2.AgentSpec: ...
     def __init__(
@@ -53,10 +74,11 @@ class StartRunRequest(_message.Message):
         tenant: _builtins.str = ...,
         interrupt_active: _builtins.bool = ...,
         parent_run_id: _builtins.str = ...,
+        cancel_on_disconnect: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "detach_on_disconnect", b"detach_on_disconnect", "interrupt_active", b"interrupt_active", "keep_sandbox", b"keep_sandbox", "messages_json", b"messages_json", "parent_run_id", b"parent_run_id", "run_id", b"run_id", "tenant", b"tenant", "thread_id", b"thread_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "cancel_on_disconnect", b"cancel_on_disconnect", "detach_on_disconnect", b"detach_on_disconnect", "interrupt_active", b"interrupt_active", "keep_sandbox", b"keep_sandbox", "messages_json", b"messages_json", "parent_run_id", b"parent_run_id", "run_id", b"run_id", "tenant", b"tenant", "thread_id", b"thread_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

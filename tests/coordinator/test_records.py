@@ -63,10 +63,10 @@ async def test_update_round_trips_every_field_and_explicit_clear_removes_it(cc: 
         usage=Usage(input_tokens=11, output_tokens=22, cost_usd=0.5), sandbox_key="sb-x",
         detached_since=150.0, cancel_requested=True, driver_epoch=4, driver_host="host-a",
         agent=AgentSpec(kind="claude-code", options_json="{}"), parent_run_id="parent-1",
-        tenant="t1", detach_on_disconnect=True, keep_sandbox=True, cancel_reason="user")
+        tenant="t1", cancel_on_disconnect=True, keep_sandbox=True, cancel_reason="user")
     paths = ["status", "started_at", "finished_at", "error", "usage", "sandbox_key", "detached_since",
              "cancel_requested", "driver_epoch", "driver_host", "agent", "parent_run_id", "tenant",
-             "detach_on_disconnect", "keep_sandbox", "cancel_reason"]
+             "cancel_on_disconnect", "keep_sandbox", "cancel_reason"]
     outcome, out = await cc.update_run(rec.run_id, patch, paths)
     assert outcome is UpdateOutcome.APPLIED
     stored = (await cc.get_run(rec.run_id)).record

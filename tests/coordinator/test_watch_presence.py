@@ -65,7 +65,7 @@ async def _detached(cc: CoordinatorClient, run_id: str) -> bool:
 
 
 async def test_last_reader_leaving_detaches_and_a_new_reader_reattaches(cc: CoordinatorClient) -> None:
-    rec = await _new(cc, detach_on_disconnect=True, sandbox_key="sb-1")
+    rec = await _new(cc, sandbox_key="sb-1")
     gw = await cc.open_session(2.0, owner="gateway")
     await cc.register_reader(rec.run_id, gw, "r1")
     await cc.register_reader(rec.run_id, gw, "r2")
@@ -85,7 +85,7 @@ async def test_last_reader_leaving_detaches_and_a_new_reader_reattaches(cc: Coor
 
 
 async def test_dead_gateway_session_detaches_within_ttl_plus_one_second(cc: CoordinatorClient) -> None:
-    rec = await _new(cc, detach_on_disconnect=True)
+    rec = await _new(cc)
     live = await cc.open_session(2.0, owner="gateway-live")
     dead = await open_bare_session(cc.addresses[0], 2.0)
     await cc.register_reader(rec.run_id, dead, "r-dead-1")
@@ -101,8 +101,8 @@ async def test_dead_gateway_session_detaches_within_ttl_plus_one_second(cc: Coor
 
 
 async def test_dead_gateway_does_not_detach_a_run_another_gateway_reads(cc: CoordinatorClient) -> None:
-    rec = await _new(cc, detach_on_disconnect=True)
-    control = await _new(cc, detach_on_disconnect=True)   # read by the dead gateway only
+    rec = await _new(cc)
+    control = await _new(cc)   # read by the dead gateway only
     live = await cc.open_session(2.0, owner="gateway-live")
     dead = await open_bare_session(cc.addresses[0], 2.0)
     await cc.register_reader(rec.run_id, live, "r-live")
@@ -114,8 +114,8 @@ async def test_dead_gateway_does_not_detach_a_run_another_gateway_reads(cc: Coor
     assert not await _detached(cc, rec.run_id)
 
 
-async def test_run_without_detach_on_disconnect_is_cancelled_when_last_reader_leaves(cc: CoordinatorClient) -> None:
-    rec = await _new(cc, detach_on_disconnect=False)
+async def test_run_with_cancel_on_disconnect_is_cancelled_when_last_reader_leaves(cc: CoordinatorClient) -> None:
+    rec = await _new(cc, cancel_on_disconnect=True)
     gw = await cc.open_session(2.0)
     await cc.register_reader(rec.run_id, gw, "r1")
     await cc.unregister_reader(rec.run_id, "r1")
@@ -123,8 +123,21 @@ async def test_run_without_detach_on_disconnect_is_cancelled_when_last_reader_le
     assert stored.cancel_requested and stored.cancel_reason == "disconnected" and stored.status == RUNNING
 
 
+async def test_a_client_that_names_no_disconnect_policy_gets_detach_not_cancel(cc: CoordinatorClient) -> None:
+    # A client in another language that omits the field sends proto3's default; the
+    # deprecated detach_on_disconnect is then false too, and must not mean "cancel".
+    rec = await _new(cc)
+    assert not rec.cancel_on_disconnect and not rec.detach_on_disconnect
+    gw = await cc.open_session(2.0)
+    await cc.register_reader(rec.run_id, gw, "r1")
+    await cc.unregister_reader(rec.run_id, "r1")
+    stored = (await cc.get_run(rec.run_id)).record
+    assert stored.HasField("detached_since") and stored.status == RUNNING
+    assert not stored.cancel_requested and stored.cancel_reason == ""
+
+
 async def test_terminal_run_is_not_detached(cc: CoordinatorClient) -> None:
-    rec = await _new(cc, detach_on_disconnect=True)
+    rec = await _new(cc)
     gw = await cc.open_session(2.0)
     await cc.register_reader(rec.run_id, gw, "r1")
     await cc.update_run(rec.run_id, RunRecord(status=COMPLETED), ["status"])

@@ -63,7 +63,7 @@ class Cluster:
 
     async def start_run(self, host: HostProcess, journal: str, *, speed: float = 1.0, delay: float = 0.0,
                         run_id: str | None = None, thread_id: str | None = None, messages: list[Any] | None = None,
-                        detach_on_disconnect: bool = True, keep_sandbox: bool = False,
+                        cancel_on_disconnect: bool = False, keep_sandbox: bool = False,
                         extra: dict[str, Any] | None = None) -> sandbox_host_pb2.StartRunResponse:
         opts = {"journal": str(CORPUS / journal), "speed": speed, "delay": delay, **(extra or {})}
         req = sandbox_host_pb2.StartRunRequest(
@@ -71,7 +71,7 @@ class Cluster:
             agent=runs_pb2.AgentSpec(kind="replay", options_json=json.dumps(opts)),
             messages_json=json.dumps(messages if messages is not None else
                                      [{"id": "u1", "role": "user", "content": "replay it"}]),
-            detach_on_disconnect=detach_on_disconnect, keep_sandbox=keep_sandbox)
+            cancel_on_disconnect=cancel_on_disconnect, keep_sandbox=keep_sandbox)
         return await self.stub(host).StartRun(req, timeout=15, wait_for_ready=True)
 
     async def record(self, run_id: str) -> runs_pb2.RunRecord:

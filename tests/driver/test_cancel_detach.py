@@ -148,8 +148,8 @@ async def _detached(cluster: Cluster, run_id: str) -> Any:
     return rec if rec.HasField("detached_since") else None
 
 
-async def test_detach_without_detach_on_disconnect_cancels_and_log_still_replays(cluster: Cluster) -> None:
-    started = await cluster.start_run(cluster.hosts[0], LONG, delay=SLOW, detach_on_disconnect=False)
+async def test_detach_with_cancel_on_disconnect_cancels_and_log_still_replays(cluster: Cluster) -> None:
+    started = await cluster.start_run(cluster.hosts[0], LONG, delay=SLOW, cancel_on_disconnect=True)
     run_id = started.record.run_id
     _, reader = await _read_until(cluster, run_id, 5)
     pgid = await _pgid(cluster, run_id)

@@ -14,12 +14,12 @@ ERROR = {"type": "RUN_ERROR", "message": "boom", "code": "incomplete_journal"}
 
 
 def test_detach_keeps_everything_open() -> None:
-    d = decide(Detached(detach_on_disconnect=True))
+    d = decide(Detached(cancel_on_disconnect=False))
     assert (d.status, d.close, d.append, d.sandbox, d.kill_agent, d.stop) == (None, None, (), "untouched", False, False)
 
 
-def test_detach_without_detach_on_disconnect_is_a_cancel() -> None:
-    d = decide(Detached(detach_on_disconnect=False))
+def test_detach_with_cancel_on_disconnect_is_a_cancel() -> None:
+    d = decide(Detached(cancel_on_disconnect=True))
     assert d.status == "aborted" and d.close == "aborted" and d.kill_agent and d.sandbox == "destroy"
     assert d.append[0]["name"] == "run.cancelled" and d.append[0]["value"]["reason"] == "disconnected"
 
@@ -92,7 +92,7 @@ def test_failed_kills_and_fails() -> None:
 def test_machine_first_stop_wins_and_phases() -> None:
     m = RunMachine()
     m.advance(Phase.FENCED); m.advance(Phase.PREPARING); m.advance(Phase.STREAMING)
-    assert m.on(Detached(True)).stop is False and m.phase is Phase.STREAMING
+    assert m.on(Detached(cancel_on_disconnect=False)).stop is False and m.phase is Phase.STREAMING
     d = m.on(CancelRequested())
     assert d.status == "aborted" and m.phase is Phase.CANCELLING
     assert m.on(AgentTerminal(FINISHED)).status is None  # a later event changes nothing

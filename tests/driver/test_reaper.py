@@ -36,7 +36,6 @@ async def _detach(cluster: Cluster, run_id: str) -> runs_pb2.RunRecord:
 async def _seed(cluster: Cluster, journal: str) -> runs_pb2.RunRecord:
     opts = {"journal": str(CORPUS / journal), "speed": 0, "delay": 0}
     seed = runs_pb2.RunRecord(run_id=unique("run-"), thread_id=unique("thr-"), status=runs_pb2.RUN_STATUS_RUNNING,
-                              detach_on_disconnect=True,
                               agent=runs_pb2.AgentSpec(kind="replay", options_json=json.dumps(opts)))
     rec, _ = await cluster.cc.create_or_resume_run(seed)
     return rec
@@ -60,6 +59,9 @@ async def sweep(cluster: Cluster) -> AsyncIterator[ReaperSweep]:
 async def test_expired_detached_run_is_cancelled_as_reaped(cluster: Cluster) -> None:
     started = await cluster.start_run(cluster.hosts[0], LONG, delay=0.05, keep_sandbox=True)
     run_id = started.record.run_id
+    # StartRun answers once run.accepted is stored, before the sandbox is built (§5.5):
+    # detach a run that has its sandbox, so the sweep has one to destroy.
+    await assert_eventually(lambda: _has_sandbox_key(cluster, run_id))
     rec = await _detach(cluster, run_id)
     assert rec.sandbox_key
     counts = await cluster.cc.reap(ttl=60, now=FAR_FUTURE)
@@ -70,6 +72,10 @@ async def test_expired_detached_run_is_cancelled_as_reaped(cluster: Cluster) -> 
     done = await cluster.wait_status(run_id, "aborted")
     assert done.cancel_reason == "reaped"
     await assert_eventually(lambda: _gone(cluster, rec.sandbox_key))
+
+
+async def _has_sandbox_key(cluster: Cluster, run_id: str) -> bool:
+    return bool((await cluster.record(run_id)).sandbox_key)
 
 
 async def _gone(cluster: Cluster, key: str) -> bool:

@@ -60,7 +60,7 @@ async def _seed_record(cluster: Cluster, journal: str, *, sandbox_key: str = "",
     if fmt:
         opts["format"] = fmt
     seed = runs_pb2.RunRecord(run_id=unique("run-"), thread_id=unique("thr-"), status=runs_pb2.RUN_STATUS_RUNNING,
-                              sandbox_key=sandbox_key, detach_on_disconnect=True,
+                              sandbox_key=sandbox_key,
                               agent=runs_pb2.AgentSpec(kind="replay", options_json=json.dumps(opts)))
     rec, created = await cluster.cc.create_or_resume_run(seed)
     assert created and rec.driver_epoch == 0  # never claimed: the leader's failover leaves it alone

@@ -94,6 +94,7 @@ async def test_detach_on_disconnect_false_cancels_when_the_client_leaves(
     body["detachOnDisconnect"] = False
     got = await read_stream(http, "POST", f"{gateway.url}/api/chat", json=body, stop_after=2)
     assert len(got.events) == 2
+    assert (await cc.get_run(run)).record.cancel_on_disconnect   # the record carries the policy
     try:
         await wait_status(cc, run, 5)  # RUN_STATUS_ABORTED
     except TimeoutError:

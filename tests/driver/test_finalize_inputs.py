@@ -1,0 +1,90 @@
+"""A successor stopped by a cancel keeps the run input in the saved transcript.
+
+The interleaving a loaded machine produced (``test_cancel_of_a_run_whose_host_died_is_
+carried_out_by_another`` saved an empty transcript once in a while): the successor's
+``WatchRun`` reports the cancel while its body is still reading the stored ``run.accepted``
+(the run input), so the body is cancelled inside that read. The final writes must load the
+input again, not save a transcript without the user's messages.
+
+Here the read is held open until the cancel stops the body, so the interleaving happens
+every time; etcd, NATS and the coordinator are real. The cluster has no host, so the
+leader's failover (which would take the orphaned run first) finds nobody to hand it to.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, AsyncIterator
+
+import pytest
+
+from baton.v1 import runs_pb2
+from sandbox_host._records import accepted_chunk
+from sandbox_host._run import RunDriver
+from sandbox_host.driver import HostDeps, HostSettings
+from tests.conftest import unique
+from tests.driver.conftest import CORPUS, Cluster, make_cluster
+
+LONG = "claude-stream-json/partial-messages-parallel-bash-denied.jsonl"
+USER = [{"id": "u1", "role": "user", "content": "replay it"}]
+
+
+class _FirstInputReadHangs(HostDeps):
+    """Host deps whose first read of a stored chunk (the run input) answers only when cancelled."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.held = asyncio.Event()
+
+    async def read_chunk(self, run_id: str, offset: int) -> dict[str, Any] | None:
+        if not self.held.is_set():
+            self.held.set()
+            await asyncio.Event().wait()  # ends only by cancellation (the cancel stops the body)
+        return await super().read_chunk(run_id, offset)
+
+
+@pytest.fixture
+async def hostless(etcd: Any, nats: Any, tmp_path: Any) -> AsyncIterator[Cluster]:
+    c = await make_cluster(etcd, nats, tmp_path, hosts=0)
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+async def test_cancel_seen_while_the_successor_loads_the_run_input_keeps_the_users_messages(
+        hostless: Cluster) -> None:
+    c = hostless
+    run_id, thread_id = unique("run-"), unique("thr-")
+    opts = {"journal": str(CORPUS / LONG), "speed": 1.0, "delay": 0.0}
+    rec, _ = await c.cc.create_or_resume_run(runs_pb2.RunRecord(
+        run_id=run_id, thread_id=thread_id, status=runs_pb2.RUN_STATUS_RUNNING,
+        agent=runs_pb2.AgentSpec(kind="replay", options_json=json.dumps(opts))))
+    # A first host claimed the run and wrote its opening, then died before it had a sandbox.
+    first = await c.cc.open_session(ttl=2, owner="first-host")
+    epoch, rec = await c.cc.claim_run(run_id, first, "first-host", purpose="drive")
+    w = c.log.writer(run_id, epoch)
+    await w.fence()
+    await w.append([{"type": "RUN_STARTED", "threadId": thread_id, "runId": run_id}], origin="journal")
+    await w.append([accepted_chunk(rec, USER)], origin="host")
+    await first.close()
+
+    session = await c.cc.open_session(ttl=2, owner="successor")
+    try:
+        deps = _FirstInputReadHangs(host_id="successor", cc=c.cc, session=session, log=c.log,
+                                    transcripts=c.transcripts, providers={}, settings=HostSettings(cancel_grace=1.0))
+        epoch2, rec2 = await c.cc.claim_run(run_id, session, "successor", purpose="drive")
+        driver = RunDriver(deps, rec2, epoch2, "attach", c.log.writer(run_id, epoch2))
+        running = asyncio.create_task(driver.run())
+        await asyncio.wait_for(deps.held.wait(), 30)  # the body is inside the read now
+        await c.cc.request_run_cancel(run_id, reason="user")
+        await asyncio.wait_for(running, 30)
+    finally:
+        await session.close()
+
+    chunks = [ch for _, ch in await c.read_all(run_id)]
+    assert chunks[-1] == {"type": "RUN_ERROR", "message": "run cancelled (user)", "code": "cancelled"}
+    done = await c.wait_status(run_id, "aborted")
+    assert done.driver_epoch == epoch2
+    msgs, _ = await c.transcripts.load(thread_id)
+    assert msgs == USER

@@ -1,0 +1,44 @@
+"""Hostile input found by the breaker: what a client can send must get a clear 4xx, never a 500.
+
+Real coordinator and gateway (no host needed: every case is refused or read-only).
+"""
+from __future__ import annotations
+
+import urllib.parse
+
+import httpx
+
+from baton.coordinator_client import CoordinatorClient
+from baton.v1 import runs_pb2
+from tests.conftest import unique
+from tests.gateway.conftest import Gateway
+
+
+def nested(depth: int) -> bytes:
+    """A JSON object whose ``messages`` hold ``depth`` nested arrays (valid JSON, deeper than
+    Python's recursion limit)."""
+    return (b'{"threadId":"t","messages":[{"role":"user","content":' + b"[" * depth + b"]" * depth + b"}]}")
+
+
+async def test_deeply_nested_json_body_is_a_400_not_a_500(gateway: Gateway, http: httpx.AsyncClient) -> None:
+    body = nested(100_000)  # ~200 kB: under the body limit
+    for path in ("/api/chat?runId=" + unique("deep"), "/api/chat/cancel"):
+        r = await http.post(f"{gateway.url}{path}", content=body, headers={"Content-Type": "application/json"})
+        assert r.status_code == 400, (path, r.status_code, r.text)
+        assert r.json()["reason"] == "INVALID_ARGUMENT" and r.json()["field"] == "body"
+
+
+async def test_run_and_thread_ids_with_a_slash_are_readable(gateway: Gateway, http: httpx.AsyncClient,
+                                                            cc: CoordinatorClient) -> None:
+    # Ids may hold any printable character (baton.ids), "/" included; the record and the
+    # transcript routes must serve them like any other id (percent-encoded in the path).
+    run_id, thread_id = unique("a/b/") + "/..", unique("th/") + "/x"
+    _rec, created = await cc.create_or_resume_run(runs_pb2.RunRecord(
+        run_id=run_id, thread_id=thread_id, agent=runs_pb2.AgentSpec(kind="replay"), detach_on_disconnect=True))
+    assert created
+    r = await http.get(f"{gateway.url}/api/runs/{urllib.parse.quote(run_id, safe='')}")
+    assert r.status_code == 200, r.text
+    assert r.json()["runId"] == run_id and r.json()["threadId"] == thread_id
+    r = await http.get(f"{gateway.url}/api/threads/{urllib.parse.quote(thread_id, safe='')}/messages")
+    assert r.status_code == 200, r.text
+    assert r.json()["messages"] == []
