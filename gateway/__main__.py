@@ -7,13 +7,44 @@ runs detach rather than stop) and closes the gateway session.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import sys
+from types import FrameType
 
 import uvicorn
 
 from baton import config
 from gateway._settings import GatewaySettings
 from gateway.app import create_app
+
+
+log = logging.getLogger("gateway")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, except that SIGTERM/SIGINT also end a startup that is still waiting
+    (NATS or the coordinator unreachable). uvicorn only checks for a signal once the app has
+    started, so the process ignored it until SIGKILL; a gateway still starting serves no
+    reader, so there is nothing to end gracefully."""
+
+    _serving: asyncio.Task[None] | None = None
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    async def _serve(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
+        self._loop, self._serving = asyncio.get_running_loop(), asyncio.current_task()
+        try:
+            await super()._serve(sockets)
+        except asyncio.CancelledError:
+            if self.started or not self.should_exit:
+                raise
+            log.info("stopped while starting")
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        if not self.started and self._serving is not None and self._loop is not None:
+            # A signal handler: hand the cancel to the loop.
+            self._loop.call_soon_threadsafe(self._serving.cancel)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -27,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     host, _, port = args.listen.rpartition(":")
     app = create_app(GatewaySettings.from_env())
-    uvicorn.run(
+    server = _Server(uvicorn.Config(
         app,
         host=host or "0.0.0.0",
         port=int(port),
@@ -36,7 +67,13 @@ def main(argv: list[str] | None = None) -> None:
         # Streams end quickly on shutdown: readers see the disconnect and unregister.
         timeout_graceful_shutdown=5,
         lifespan="on",
-    )
+    ))
+    try:
+        server.run()
+    except KeyboardInterrupt:  # SIGINT re-raised by uvicorn once it stopped
+        pass
+    if not server.started:
+        sys.exit(3)  # the app failed to start (what uvicorn.run exits with)
 
 
 if __name__ == "__main__":

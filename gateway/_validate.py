@@ -234,15 +234,20 @@ def _check_option(kind: str, name: str, value: Any, dirs: Sequence[pathlib.Path]
 
 
 def list_replay_journals(dirs: Sequence[pathlib.Path]) -> list[pathlib.Path]:
-    """Journal files in the replay directories (one level of subdirectories), sorted."""
+    """Journal files in the replay directories (one level of subdirectories), sorted.
+
+    Only files that resolve inside ``dirs`` are listed (a symlink out of them is not a
+    journal we may read), as :func:`resolve_replay_journal` would accept them.
+    """
     found: list[pathlib.Path] = []
     for d in dirs:
         if not d.is_dir():
             continue
         for pattern in ("*", "*/*"):
             for f in sorted(d.glob(pattern)):
-                if f.is_file() and f.name.endswith(JOURNAL_SUFFIXES):
-                    found.append(f.resolve())
+                real = f.resolve()
+                if f.name.endswith(JOURNAL_SUFFIXES) and real.is_file() and inside(real, dirs):
+                    found.append(real)
     return found
 
 

@@ -95,6 +95,8 @@ class Host:
         # drain's "draining" registration.
         self._register_lock = asyncio.Lock()
         self.stop = asyncio.Event()
+        #: Started and registered: a stop now drains instead of abandoning the start.
+        self.serving = False
         self._drained: asyncio.Task[int] | None = None
 
     async def run(self) -> None:
@@ -132,6 +134,8 @@ class Host:
                     await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
                 print(f"sandbox host {self.host_id} listening on {port}", flush=True)
                 publisher = asyncio.create_task(self._publish_load(min(ttl / 3, 1.0)), name="publish-load")
+                # From here on a stop drains (see _main); before, it just ends the start.
+                self.serving = True
                 try:
                     await self._serve_until_stopped(cc, ttl)
                 finally:
@@ -224,7 +228,20 @@ async def _main() -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, host.stop.set)
-    await host.run()
+    run = asyncio.ensure_future(host.run())
+    stopped = asyncio.ensure_future(host.stop.wait())
+    await asyncio.wait({run, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not run.done() and not host.serving:
+        # Stopped while still starting (NATS or the coordinator unreachable): the host drives
+        # no run yet, so there is nothing to drain, and waiting would hang the deploy.
+        run.cancel()
+        try:
+            await run
+        except asyncio.CancelledError:
+            log.info("stopped while starting")
+        return
+    await run
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -4,7 +4,8 @@ A :class:`RunDriver` holds one claim (run id, epoch) and does, in its own task:
 
 * fresh: (the claim, fence and ``run.accepted`` were done by :meth:`RunManager.start_run`)
   build the sandbox → register it → launch the agent → follow → translate → append → finish;
-* attach: fence → preflight (or build + launch when the first host died before launching)
+* attach: fence → preflight (or, when the first host never marked its agent launched in the
+  sandbox registry, kill whatever runs in its sandbox, destroy it, build + launch our own)
   → replay the journal from byte 0 with a fresh translator → align against the headers
   stored before the fence → append only the new suffix → follow → finish;
 * finalize (a cancel or reap of a run whose driver is gone): fence → kill → destroy →
@@ -22,12 +23,12 @@ import contextlib
 import logging
 import signal
 import time
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal, TypeVar
 
 from baton.errors import (
     AppendConflict, BatonError, JournalAttachUnavailable, JournalReplayDiverged,
     JournalReplayThreadIdMismatch, LogAlreadyClosed, LogUnavailable, RunClaimLost, SandboxError,
-    StoreUnavailable,
+    SandboxReclaimFailed, StoreUnavailable,
 )
 from baton.transcript import TranscriptBuilder
 from baton.v1 import runs_pb2
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("baton.sandbox_host.driver")
 
 Mode = Literal["fresh", "attach", "finalize"]
+T = TypeVar("T")
 Chunk = dict[str, Any]
 __all__ = ["PB_TO_STATUS", "STATUS_TO_PB", "TERMINAL", "RunDriver", "RunStats", "accepted_chunk", "status_name"]
 
@@ -343,8 +345,8 @@ class RunDriver:
         if self.mode != "fresh" and self.record.sandbox_key:
             found = await deps.find_sandbox(self.record.sandbox_key)
             if found is not None and found.nonce:
-                self._sandbox = found
                 if found.handle.data.get("launched"):
+                    self._sandbox = found
                     from sandbox_host.journal import preflight_attach
 
                     async def status() -> str | None:
@@ -358,14 +360,20 @@ class RunDriver:
                         journal_size=lambda: found.provider.file_size(found.handle, found.handle.journal_path),
                         attach_wait=deps.settings.attach_wait)
                     return found
-                await self._launch(found)
-                return found
+                # Registered but never marked launched: the previous host may still have
+                # started its agent (it died, or the store failed, between the launch and
+                # the mark). Launching into that sandbox would run a second agent on the
+                # same journal, and building beside it would leave the first one running:
+                # kill whatever runs there and destroy it before building our own.
+                log.info("run %s: sandbox %s was never marked launched; destroying it", self.run_id,
+                         found.handle.key)
+                await self._reclaim(found)
         return await self._build_and_launch()
 
     async def _build_and_launch(self) -> _Sandbox:
         deps = self.deps
-        # A successor that rebuilds gets its own key: the first host's half-built
-        # directory (if any) is never reused.
+        # A successor that rebuilds gets its own key (and so its own journal): the first
+        # host's sandbox, if any, is never reused.
         key = self.run_id if self.mode == "fresh" else f"{self.run_id}#{self.epoch}"
         provider = deps.provider_for_run(self.record)
         spec = deps.sandbox_spec(self.record)
@@ -374,24 +382,98 @@ class RunDriver:
 
         sbx = _Sandbox(provider, handle, new_nonce())
         self._sandbox = sbx
-        # Registered before launch, so whoever takes over finds (and can destroy) it.
-        await deps.register_sandbox(self.record, sbx, launched=False, epoch=self.epoch)
-        await deps.cc.update_run(self.run_id, runs_pb2.RunRecord(sandbox_key=key), paths=["sandbox_key"],
-                                 epoch=self.epoch, session_id=deps.session.id)
-        self.record.sandbox_key = key
-        await self._launch(sbx)
+        try:
+            # Registered before launch, so whoever takes over finds (and can destroy) it.
+            await self._store(lambda: deps.register_sandbox(self.record, sbx, launched=False, epoch=self.epoch))
+            await self._store(lambda: deps.cc.update_run(
+                self.run_id, runs_pb2.RunRecord(sandbox_key=key), paths=["sandbox_key"],
+                epoch=self.epoch, session_id=deps.session.id))
+            self.record.sandbox_key = key
+            await self._launch(sbx)
+        except BaseException:
+            # Given up before the agent is known to the registry as launched: a successor
+            # could neither follow nor stop it, so it must not outlive this claim.
+            await self._abandon(sbx)
+            raise
         return sbx
 
     async def _launch(self, sbx: _Sandbox) -> None:
         deps = self.deps
-        argv, stdin, env = await deps.launch_spec(self.record, sbx.provider, sbx.handle, self.input_messages)
-        data = await sbx.provider.launch(sbx.handle, argv, nonce=sbx.nonce, stdin=stdin, env=env)
+        argv, stdin, env, secrets = await deps.launch_spec(self.record, sbx.provider, sbx.handle, self.input_messages)
+        data = await sbx.provider.launch(sbx.handle, argv, nonce=sbx.nonce, stdin=stdin, env=env, secrets=secrets)
         from sandbox_host.providers import SandboxHandle
 
         sbx.handle = SandboxHandle(provider=sbx.handle.provider, key=sbx.handle.key,
                                    journal_path=sbx.handle.journal_path, stderr_path=sbx.handle.stderr_path,
                                    workdir=sbx.handle.workdir, data={**sbx.handle.data, **data, "launched": True})
-        await deps.register_sandbox(self.record, sbx, launched=True, epoch=self.epoch)
+        await self._store(lambda: deps.register_sandbox(self.record, sbx, launched=True, epoch=self.epoch))
+
+    async def _store(self, write: Callable[[], Awaitable[T]]) -> T:
+        """One idempotent coordinator write, retried while the store is unavailable.
+
+        The budget is ``settings.store_retry`` seconds and never outlasts this host's
+        session: once it is lost the claim is gone and a successor decides.
+
+        Raises:
+            StoreUnavailable: the store did not answer within the budget.
+        """
+        deadline = time.monotonic() + self.deps.settings.store_retry
+        pause = 0.05
+        while True:
+            try:
+                return await write()
+            except StoreUnavailable as exc:
+                if self.deps.session.lost.is_set() or time.monotonic() + pause > deadline:
+                    raise
+                log.warning("run %s: store unavailable, retrying: %s", self.run_id, exc)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.5)
+
+    async def _abandon(self, sbx: _Sandbox) -> None:
+        """Kill the agent of a sandbox this driver gives up and destroy it, before the claim
+        goes (shielded and bounded: it runs while the driver fails or is cancelled).
+
+        Raises:
+            asyncio.CancelledError: the driver was cancelled meanwhile (after the cleanup).
+        """
+        task = asyncio.ensure_future(self._reclaim(sbx))
+        deadline = time.monotonic() + self.deps.settings.final_write_timeout
+        cancelled = False
+        while not task.done() and time.monotonic() < deadline:
+            try:
+                await asyncio.wait({task}, timeout=deadline - time.monotonic())
+            except asyncio.CancelledError:
+                cancelled = True  # finish the cleanup first; re-raised below
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            log.error("run %s: sandbox %s not reclaimed: %r", self.run_id, sbx.handle.key, task.exception())
+        elif not task.done():
+            task.cancel()
+            log.error("run %s: sandbox %s not reclaimed in time", self.run_id, sbx.handle.key)
+        if cancelled:
+            raise asyncio.CancelledError()
+
+    async def _reclaim(self, sbx: _Sandbox) -> None:
+        """SIGKILL every agent process of the sandbox, confirm, then destroy it.
+
+        No grace period: nothing the agent writes from now on can reach a client.
+
+        Raises:
+            SandboxReclaimFailed: a process survived SIGKILL, or the sandbox still exists.
+        """
+        p, h = sbx.provider, sbx.handle
+        if p.killable_processes:
+            await p.kill(h, signal.SIGKILL)
+            for _ in range(100):
+                if not await p.processes_alive(h):
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                raise SandboxReclaimFailed(h.key, "agent processes survived SIGKILL")
+        if not sbx.destroyed and not await p.destroy(h) and await p.exists(h):
+            raise SandboxReclaimFailed(h.key, "the sandbox could not be destroyed")
+        sbx.destroyed = True
+        with contextlib.suppress(BatonError, TimeoutError):
+            await asyncio.wait_for(self.deps.cc.delete_sandbox(h.key), self.deps.settings.store_retry)
 
     async def _kill(self, sbx: _Sandbox) -> bool | None:
         """SIGTERM the agent's process group, SIGKILL after the grace period.
@@ -560,6 +642,7 @@ class RunDriver:
         self.builder = builder
 
     async def _load_inputs_quietly(self) -> None:
+        """Load the run input from the stored ``run.accepted`` (a failure is logged, not raised)."""
         try:
             stored = await self.deps.log.stored_headers(self.run_id, before=self.fence_seq)
             await self._load_input_messages(stored)

@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
 from baton import config
@@ -34,6 +34,11 @@ from sandbox_host._run import RunDriver
 log = logging.getLogger("baton.sandbox_host.driver")
 
 
+#: Environment variables a host hands to the agents that need them (``required_secrets`` of
+#: the agent kinds in :mod:`sandbox_host.agents`).
+AGENT_SECRET_NAMES = frozenset({"ANTHROPIC_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN", "OPENAI_API_KEY", "CODEX_API_KEY"})
+
+
 @dataclass(frozen=True)
 class HostSettings:
     """Driver settings (DESIGN.md §9), from ``BATON_*`` variables by :meth:`from_env`.
@@ -46,6 +51,8 @@ class HostSettings:
         snapshot_interval: seconds between periodic transcript snapshots (0 = none).
         final_write_timeout: seconds final writes may take after the driver is cancelled.
         capacity: runs this host drives at most (``BATON_HOST_CAPACITY``; 0 = no limit).
+        store_retry: seconds a driver retries a sandbox-registry write while the store is
+            unavailable (bounded by the session: a lost session ends the retries).
         quiet_time: seconds an attach waits after its fence before its first append. 0 here;
             only ``bench/takeover.py`` sets it (``BATON_TAKEOVER_QUIET_TIME``) to emulate the
             reference design's 5 s quiet window as a baseline — our fence needs no window.
@@ -59,6 +66,10 @@ class HostSettings:
     final_write_timeout: float = 10.0
     quiet_time: float = 0.0
     capacity: int = 64
+    store_retry: float = 5.0
+    #: Agent credentials from the host's own environment (``AGENT_SECRET_NAMES``); passed to
+    #: the agent as env only, never logged, journaled or stored.
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "HostSettings":
@@ -69,6 +80,8 @@ class HostSettings:
             journal_poll=config.get_float("BATON_JOURNAL_POLL", env),
             quiet_time=float((os.environ if env is None else env).get("BATON_TAKEOVER_QUIET_TIME", "0") or 0),
             capacity=int(config.get_float("BATON_HOST_CAPACITY", env)),
+            secrets={k: v for k, v in (os.environ if env is None else env).items()
+                     if k in AGENT_SECRET_NAMES and v},
         )
 
 
@@ -127,16 +140,31 @@ class HostDeps:
 
         return SandboxSpec(provider=self.settings.provider)
 
+    def agent_secrets(self, launch: Any) -> dict[str, str]:
+        """The host's secrets that ``launch`` (an ``AgentLaunch``) asks for.
+
+        Raises:
+            InvalidArgument: (field ``agent.kind``) naming the secret variables the host
+                lacks; never their values.
+        """
+        missing = launch.missing_secrets(self.settings.secrets)
+        if missing:
+            raise InvalidArgument("agent.kind", f"agent {launch.kind!r} needs a credential this host does not have: "
+                                  f"set {' and '.join(n.replace('|', ' or ') for n in missing)} in the host's environment")
+        wanted = {name for need in launch.required_secrets for name in need.split("|")}
+        return {k: v for k, v in self.settings.secrets.items() if k in wanted}
+
     async def launch_spec(self, record: runs_pb2.RunRecord, provider: Any, handle: Any,
-                          messages: list[dict[str, Any]]) -> tuple[list[str], bytes | None, dict[str, str]]:
-        """Prepare the agent (files copied in) and return ``(argv, stdin, env)``."""
+                          messages: list[dict[str, Any]]) -> tuple[list[str], bytes | None, dict[str, str], dict[str, str]]:
+        """Prepare the agent (files copied in) and return ``(argv, stdin, env, secrets)``."""
         from sandbox_host.agents import prepare_agent, prompt_from_messages
 
         launch = prepare_agent(record.agent.kind or config.get("BATON_DEFAULT_AGENT"), self.agent_options(record),
                                prompt=prompt_from_messages(messages))
+        secrets = self.agent_secrets(launch)
         for path, (content, mode) in launch.files.items():
             await provider.copy_in(handle, path, content, mode)
-        return list(launch.argv), launch.stdin, dict(launch.env)
+        return list(launch.argv), launch.stdin, dict(launch.env), secrets
 
     # --- sandboxes registry -------------------------------------------------------------
 
@@ -272,6 +300,7 @@ class RunManager:
             raise InvalidArgument("agent.options", "must be a JSON object") from None
         launch = prepare_agent(kind, options, prompt=prompt_from_messages(messages))
         deps = self.deps
+        deps.agent_secrets(launch)  # refuse up front, before any record exists
         seed = runs_pb2.RunRecord(
             run_id=req.run_id, thread_id=req.thread_id, status=runs_pb2.RUN_STATUS_RUNNING,
             started_at=time.time(), agent=runs_pb2.AgentSpec(kind=kind, options_json=json.dumps(dict(launch.options))),

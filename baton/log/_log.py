@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import nats
@@ -18,6 +19,46 @@ from baton.log._consumer import OrderedConsumer
 from baton.log._reader import LogReader, parse_offset
 from baton.log._transcripts import TranscriptStore
 from baton.log._writer import LogWriter
+
+log = logging.getLogger("baton.log")
+# What a dropped or refused connection raises (an outage, not a bug worth a traceback).
+_CONNECTION_ERRORS = (OSError, asyncio.TimeoutError, nats.errors.NoServersError, nats.errors.UnexpectedEOF,
+                      nats.errors.StaleConnectionError, nats.errors.ConnectionClosedError)
+
+
+class _ConnectionEvents:
+    """NATS connection events as single log lines.
+
+    nats-py's default logs every failed (re)connect attempt, 5 a second, with a full
+    traceback; an outage is one warning here, one debug line per attempt and one info line
+    when the connection is back. Messages name the exception, never the server URL (it may
+    carry credentials).
+    """
+
+    def __init__(self) -> None:
+        self.down = False
+        self.nc: NATS | None = None  # set once connected
+
+    async def error(self, exc: Exception) -> None:
+        if isinstance(exc, _CONNECTION_ERRORS):
+            if self.down:
+                log.debug("NATS still unreachable: %s", type(exc).__name__)
+            else:
+                self.down = True
+                log.warning("NATS unreachable (%s); reconnecting", type(exc).__name__)
+            return
+        log.warning("NATS error: %s: %s", type(exc).__name__, exc)
+
+    async def disconnected(self) -> None:
+        if self.nc is not None and self.nc.is_closed:
+            return  # our own close, not an outage
+        if not self.down:
+            self.down = True
+            log.warning("NATS connection lost; reconnecting")
+
+    async def reconnected(self) -> None:
+        self.down = False
+        log.info("NATS reconnected")
 
 
 class DeliveryLog:
@@ -53,7 +94,14 @@ class DeliveryLog:
         options.setdefault("max_reconnect_attempts", -1)
         options.setdefault("reconnect_time_wait", 0.2)
         options.setdefault("connect_timeout", 5)
+        events = _ConnectionEvents()
+        options.setdefault("error_cb", events.error)
+        options.setdefault("disconnected_cb", events.disconnected)
+        options.setdefault("reconnected_cb", events.reconnected)
         nc = await nats.connect(servers=servers, **options)
+        events.nc = nc
+        if events.down:  # the first connect needed retries (no reconnected callback for it)
+            await events.reconnected()
         return cls(nc, cfg, owns_connection=True)
 
     async def close(self) -> None:

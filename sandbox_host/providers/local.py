@@ -36,8 +36,12 @@ _READ_CHUNK = 1 << 20
 _INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "LOGNAME", "SHELL", "TZ")
 _PROXY_ENV = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "grpc_proxy")
 # Launch: `setsid` (not forking, as it is not a group leader in a non-interactive sh) makes
-# the wrapper a session and group leader with pid == pgid; the sh prints it and exits.
-_LAUNCHER = 'setsid "$@" </dev/null >/dev/null 2>&1 & echo $!'
+# the wrapper a session and group leader with pid == pgid; the sh records it in the sandbox
+# (`.baton/pgid`, first argument), prints it and exits. The record is what lets any host kill
+# an agent whose launch never reached the sandbox registry (the launching host died, or the
+# store was down, right after the launch).
+_LAUNCHER = 'f=$1; shift; setsid "$@" </dev/null >/dev/null 2>&1 & echo $! >"$f"; echo $!'
+_PGID_FILE = "pgid"
 
 
 def _is_git_source(source: str, git_ref: str | None) -> bool:
@@ -309,7 +313,7 @@ class LocalProvider(Provider):
         await asyncio.to_thread(prepare)
         cmd = wrapper_argv(wrapper, handle.journal_path, handle.stderr_path, nonce_file, stdin_file, argv)
         proc = await asyncio.create_subprocess_exec(
-            "sh", "-c", _LAUNCHER, "baton-launch", *cmd,
+            "sh", "-c", _LAUNCHER, "baton-launch", os.path.join(meta, _PGID_FILE), *cmd,
             cwd=handle.workdir,
             env=self._env(env, secrets),
             stdin=asyncio.subprocess.DEVNULL,
@@ -375,8 +379,24 @@ class LocalProvider(Provider):
         except FileNotFoundError:
             return None
 
-    async def kill(self, handle: SandboxHandle, signal: int) -> bool:
+    @staticmethod
+    def _pgid(handle: SandboxHandle) -> int | None:
+        """The agent's process group: from the handle, else as the launcher recorded it in
+        the sandbox (a handle registered before its launch does not know it)."""
         pgid = handle.data.get("pgid")
+        if pgid:
+            return int(pgid)
+        root = handle.data.get("dir")
+        if not root:
+            return None
+        try:
+            with open(os.path.join(root, ".baton", _PGID_FILE)) as f:
+                return int(f.read().strip())
+        except (FileNotFoundError, NotADirectoryError, ValueError):
+            return None
+
+    async def kill(self, handle: SandboxHandle, signal: int) -> bool:
+        pgid = self._pgid(handle)
         if not pgid or not group_alive(pgid):
             return False
         try:
@@ -386,7 +406,7 @@ class LocalProvider(Provider):
         return True
 
     async def processes_alive(self, handle: SandboxHandle) -> bool:
-        pgid = handle.data.get("pgid")
+        pgid = self._pgid(handle)
         return bool(pgid) and await asyncio.to_thread(group_alive, pgid)
 
     async def exists(self, handle: SandboxHandle) -> bool:

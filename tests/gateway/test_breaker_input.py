@@ -4,14 +4,17 @@ Real coordinator and gateway (no host needed: every case is refused or read-only
 """
 from __future__ import annotations
 
+import pathlib
 import urllib.parse
+from typing import Any
 
 import httpx
 
 from baton.coordinator_client import CoordinatorClient
 from baton.v1 import runs_pb2
+from gateway._validate import check_agent
 from tests.conftest import unique
-from tests.gateway.conftest import Gateway
+from tests.gateway.conftest import Gateway, claude_journal
 
 
 def nested(depth: int) -> bytes:
@@ -42,3 +45,21 @@ async def test_run_and_thread_ids_with_a_slash_are_readable(gateway: Gateway, ht
     r = await http.get(f"{gateway.url}/api/threads/{urllib.parse.quote(thread_id, safe='')}/messages")
     assert r.status_code == 200, r.text
     assert r.json()["messages"] == []
+
+
+async def test_a_symlink_out_of_the_replay_dirs_is_never_offered(make_gateway: Any, http: httpx.AsyncClient,
+                                                                 tmp_path: pathlib.Path) -> None:
+    # A link inside the allowed directory that resolves outside it is not a journal we may
+    # read: /api/agents must not offer it and a request naming no agent must not get it as
+    # the default (the host would refuse a request the client never got wrong).
+    allowed, outside = tmp_path / "replay", tmp_path / "outside"
+    (allowed / "claude-stream-json").mkdir(parents=True)
+    (outside / "claude-stream-json").mkdir(parents=True)
+    (outside / "claude-stream-json" / "private.jsonl").write_text(claude_journal(["not yours"]))
+    (allowed / "claude-stream-json" / "a-link.jsonl").symlink_to(outside / "claude-stream-json" / "private.jsonl")
+    (allowed / "claude-stream-json" / "hello.jsonl").write_text(claude_journal(["hello"]))
+    gw = await make_gateway(replay_dirs=(allowed,))
+    offered = [a.get("journal") for a in (await http.get(f"{gw.url}/api/agents")).json()["agents"]]
+    assert offered == ["claude-stream-json/hello.jsonl", None, None], offered
+    default = check_agent(None, [allowed], "replay")
+    assert default.options["journal"] == str((allowed / "claude-stream-json" / "hello.jsonl").resolve())

@@ -1,0 +1,35 @@
+"""Found by the breaker: a gateway started while NATS is down waited for it forever
+and ignored SIGTERM meanwhile, so a deploy (or ``baton down``) hung on it until SIGKILL.
+A gateway still starting serves no reader: SIGTERM ends it at once.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+from baton.testing.servers import env_without_proxy, free_port
+from tests.conftest import assert_eventually
+
+
+async def test_sigterm_stops_a_gateway_still_waiting_for_nats(tmp_path: pathlib.Path) -> None:
+    closed = free_port()  # nothing listens here: NATS is "down"
+    env = {**env_without_proxy(), "BATON_NATS_URL": f"nats://127.0.0.1:{closed}",
+           "BATON_COORDINATOR": f"127.0.0.1:{free_port()}",
+           "BATON_GATEWAY_LISTEN": f"127.0.0.1:{free_port()}"}
+    log_path = tmp_path / "gateway.log"
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "gateway"], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, cwd=str(pathlib.Path(__file__).parents[2]))
+    try:
+        # It is up and waiting for NATS (it says so, once).
+        await assert_eventually(lambda: b"NATS unreachable" in log_path.read_bytes(), timeout=20)
+        os.kill(proc.pid, signal.SIGTERM)
+        await assert_eventually(lambda: proc.poll() is not None, timeout=10)
+        assert b"Traceback" not in log_path.read_bytes(), log_path.read_text()[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
