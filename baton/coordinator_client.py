@@ -106,12 +106,17 @@ class Session:
     async def _keepalive(self) -> None:
         interval = self.ttl / 3
         last_ok = time.monotonic()
-        while True:
+        # ``_closed`` is checked as well as cancellation, and reads are bounded with
+        # ``asyncio.timeout``: Python 3.11's ``wait_for`` returns the read's result, swallowing
+        # the cancel, when the read completed in the same loop turn as ``close()`` cancelled
+        # us (CPython gh-86296); the loop would then go on and ``close()`` would hang.
+        while not self._closed:
             call = self._client._stub().KeepAlive(wait_for_ready=False)
             try:
-                while True:
+                while not self._closed:
                     await call.write(pb.KeepAliveRequest(session_id=self.id))
-                    resp = await asyncio.wait_for(call.read(), interval)
+                    async with asyncio.timeout(interval):  # not wait_for: see above
+                        resp = await call.read()
                     if resp is grpc.aio.EOF:
                         raise StoreUnavailable("keep-alive stream ended")
                     if resp.ttl_seconds <= 0:
@@ -138,7 +143,7 @@ class Session:
         self._closed = True
         self._client._sessions.discard(self)
         self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
+        await asyncio.wait({self._task}, timeout=timeout)
         if not self.lost.is_set():
             try:
                 await self._client._unary("CloseSession", pb.CloseSessionRequest(session_id=self.id),

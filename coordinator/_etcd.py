@@ -243,8 +243,11 @@ class KeepAliveStream:
                     self._call = self._stub.LeaseKeepAlive()
                 call = self._call
                 try:
-                    await asyncio.wait_for(call.write(rpc.LeaseKeepAliveRequest(ID=lease_id)), timeout)
-                    resp = await asyncio.wait_for(call.read(), timeout)
+                    # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
+                    # cancellation that races the read (CPython gh-86296).
+                    async with asyncio.timeout(timeout):
+                        await call.write(rpc.LeaseKeepAliveRequest(ID=lease_id))
+                        resp = await call.read()
                     if resp is grpc.aio.EOF:
                         raise StoreUnavailable("etcd keep-alive stream ended")
                     return int(resp.TTL)

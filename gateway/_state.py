@@ -78,7 +78,8 @@ class GatewayState:
                 return None
             self.session_changed.clear()
             try:
-                await asyncio.wait_for(self.session_changed.wait(), min(left, 0.2))
+                async with asyncio.timeout(min(left, 0.2)):  # not wait_for: it can swallow a cancel on 3.11
+                    await self.session_changed.wait()
             except TimeoutError:
                 pass
         return self.session

@@ -163,9 +163,14 @@ class RunDriver:
                          "terminal" if d.terminal else "no terminal writes")
                 await cancel_and_wait({body})
                 await self._settle_inflight(wait=d.terminal)
-                if not body.cancelled() and body.exception() is None and body.result() is not None:
+                own = body.result() if not body.cancelled() and body.exception() is None else None
+                if own is not None and own.stop:
                     # The body reached its own decision first; the machine ignored ours.
-                    return body.result()
+                    return own
+                # A body that swallowed the cancel (a client library's wait_for) and went on
+                # to decide after us got CONTINUE from the machine: ours is the decision.
+                # Returning its CONTINUE would end the driver with nothing written and the
+                # claim still held, so nobody would ever finish the run.
                 return d
             getter.cancel()
             await asyncio.wait({getter})

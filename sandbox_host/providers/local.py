@@ -125,7 +125,8 @@ class _Inotify:
     async def wait(self, timeout: float) -> None:
         """Return after a change or ``timeout`` seconds, whichever is first."""
         try:
-            await asyncio.wait_for(self._event.wait(), timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: it can swallow a cancel on 3.11
+                await self._event.wait()
         except TimeoutError:
             pass
         self._event.clear()

@@ -52,15 +52,13 @@ async def hostless(etcd: Any, nats: Any, tmp_path: Any) -> AsyncIterator[Cluster
         await c.close()
 
 
-async def test_cancel_seen_while_the_successor_loads_the_run_input_keeps_the_users_messages(
-        hostless: Cluster) -> None:
-    c = hostless
+async def _orphan(c: Cluster) -> tuple[str, str]:
+    """A run whose first host claimed it, wrote its opening and died before it had a sandbox."""
     run_id, thread_id = unique("run-"), unique("thr-")
     opts = {"journal": str(CORPUS / LONG), "speed": 1.0, "delay": 0.0}
     rec, _ = await c.cc.create_or_resume_run(runs_pb2.RunRecord(
         run_id=run_id, thread_id=thread_id, status=runs_pb2.RUN_STATUS_RUNNING,
         agent=runs_pb2.AgentSpec(kind="replay", options_json=json.dumps(opts))))
-    # A first host claimed the run and wrote its opening, then died before it had a sandbox.
     first = await c.cc.open_session(ttl=2, owner="first-host")
     epoch, rec = await c.cc.claim_run(run_id, first, "first-host", purpose="drive")
     w = c.log.writer(run_id, epoch)
@@ -68,7 +66,22 @@ async def test_cancel_seen_while_the_successor_loads_the_run_input_keeps_the_use
     await w.append([{"type": "RUN_STARTED", "threadId": thread_id, "runId": run_id}], origin="journal")
     await w.append([accepted_chunk(rec, USER)], origin="host")
     await first.close()
+    return run_id, thread_id
 
+
+async def _assert_aborted_with_input(c: Cluster, run_id: str, thread_id: str, epoch: int) -> None:
+    chunks = [ch for _, ch in await c.read_all(run_id, timeout=30)]
+    assert chunks[-1] == {"type": "RUN_ERROR", "message": "run cancelled (user)", "code": "cancelled"}
+    done = await c.wait_status(run_id, "aborted")
+    assert done.driver_epoch == epoch
+    msgs, _ = await c.transcripts.load(thread_id)
+    assert msgs == USER
+
+
+async def test_cancel_seen_while_the_successor_loads_the_run_input_keeps_the_users_messages(
+        hostless: Cluster) -> None:
+    c = hostless
+    run_id, thread_id = await _orphan(c)
     session = await c.cc.open_session(ttl=2, owner="successor")
     try:
         deps = _FirstInputReadHangs(host_id="successor", cc=c.cc, session=session, log=c.log,
@@ -81,10 +94,64 @@ async def test_cancel_seen_while_the_successor_loads_the_run_input_keeps_the_use
         await asyncio.wait_for(running, 30)
     finally:
         await session.close()
+    await _assert_aborted_with_input(c, run_id, thread_id, epoch2)
 
-    chunks = [ch for _, ch in await c.read_all(run_id)]
-    assert chunks[-1] == {"type": "RUN_ERROR", "message": "run cancelled (user)", "code": "cancelled"}
-    done = await c.wait_status(run_id, "aborted")
-    assert done.driver_epoch == epoch2
-    msgs, _ = await c.transcripts.load(thread_id)
-    assert msgs == USER
+
+class _ReadSwallowsTheCancel(HostDeps):
+    """The first stored-chunk read answers, then holds until cancelled and swallows that cancel
+    (as a client library's ``wait_for`` does on Python 3.11 when its inner read completed in
+    the same loop turn), so the body goes on to its own decision after the driver's."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.held = asyncio.Event()
+
+    async def read_chunk(self, run_id: str, offset: int) -> dict[str, Any] | None:
+        body = await super().read_chunk(run_id, offset)
+        if not self.held.is_set():
+            self.held.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                pass
+        return body
+
+
+class _WatchOnceHeld:
+    """The coordinator client, whose ``WatchRun`` starts once the body holds in its read."""
+
+    def __init__(self, cc: Any, held: asyncio.Event) -> None:
+        self._cc, self._held = cc, held
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cc, name)
+
+    async def watch_run(self, run_id: str) -> AsyncIterator[Any]:
+        await self._held.wait()
+        async for ev in self._cc.watch_run(run_id):
+            yield ev
+
+
+async def test_finalize_whose_body_decides_after_the_watched_cancel_still_finishes_the_run(
+        hostless: Cluster) -> None:
+    # The 30 s hang of test_cancel_of_a_run_whose_host_died_is_carried_out_by_another: the
+    # body, whose cancel was swallowed, returned the machine's CONTINUE after the driver had
+    # decided the cancel, and the driver executed that CONTINUE: nothing written, claim held.
+    c = hostless
+    run_id, thread_id = await _orphan(c)
+    await c.cc.request_run_cancel(run_id, reason="user")
+    session = await c.cc.open_session(ttl=2, owner="successor")
+    try:
+        held = asyncio.Event()
+        deps = _ReadSwallowsTheCancel(host_id="successor", cc=_WatchOnceHeld(c.cc, held), session=session,
+                                      log=c.log, transcripts=c.transcripts, providers={},
+                                      settings=HostSettings(cancel_grace=1.0))
+        deps.held = held
+        epoch2, rec2 = await c.cc.claim_run(run_id, session, "successor", purpose="finalize")
+        driver = RunDriver(deps, rec2, epoch2, "finalize", c.log.writer(run_id, epoch2),
+                           cancel_reason=rec2.cancel_reason or None)
+        await asyncio.wait_for(driver.run(), 30)
+    finally:
+        await session.close()
+    assert driver.stats.outcome == "aborted"
+    await _assert_aborted_with_input(c, run_id, thread_id, epoch2)
