@@ -614,6 +614,13 @@ class RunDriver:
             if sbx is not None:
                 with contextlib.suppress(SandboxError, OSError):
                     await self._destroy(sbx)
+        if d.close is not None and (sbx is not None or d.sandbox == "destroy"):
+            # The run is final: no sandbox of it but a kept one has a use any more.
+            keep = sbx.handle.key if sbx is not None and not sbx.destroyed else None
+            provider = sbx.provider if sbx is not None else deps.providers.get(deps.settings.provider)
+            if provider is not None:
+                with contextlib.suppress(SandboxError, OSError):
+                    await provider.destroy_leftovers(self.run_id, keep)
 
     async def _rebuild_transcript_from_journal(self, sbx: _Sandbox) -> None:
         """The transcript of what the log holds (stored prefix), from the journal on disk."""

@@ -138,7 +138,9 @@ class HostDeps:
     def sandbox_spec(self, record: runs_pb2.RunRecord) -> Any:
         from sandbox_host.providers import SandboxSpec
 
-        return SandboxSpec(provider=self.settings.provider)
+        # The run id labels every sandbox of the run (also `<run_id>#<epoch>` ones a successor
+        # builds), so leftovers of a host that died mid-build can be found and removed.
+        return SandboxSpec(provider=self.settings.provider, env={"BATON_RUN_ID": record.run_id})
 
     def agent_secrets(self, launch: Any) -> dict[str, str]:
         """The host's secrets that ``launch`` (an ``AgentLaunch``) asks for.

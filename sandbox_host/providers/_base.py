@@ -120,3 +120,12 @@ class Provider(abc.ABC):
     @abc.abstractmethod
     async def destroy(self, handle: SandboxHandle) -> bool:
         """Kill everything and remove the sandbox; ``True`` when something was destroyed."""
+
+    async def destroy_leftovers(self, run_id: str, keep_key: str | None) -> int:
+        """Remove every sandbox of ``run_id`` except ``keep_key``; returns how many.
+
+        Catches sandboxes no registry knows: a host that died between creating a sandbox
+        and registering it leaves one behind, and its successor builds its own. Called once
+        a run is final. The default finds nothing (providers that cannot list by run).
+        """
+        return 0

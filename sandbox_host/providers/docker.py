@@ -536,6 +536,29 @@ class DockerProvider(Provider):
             raise SandboxReclaimFailed(handle.key, _explain(exc)) from exc
         return True
 
+    async def destroy_leftovers(self, run_id: str, keep_key: str | None) -> int:
+        """Remove the containers labelled ``baton.run_id = run_id`` except sandbox ``keep_key``.
+
+        Raises:
+            SandboxReclaimFailed: the engine refused or could not be reached.
+        """
+        try:
+            found = await asyncio.to_thread(
+                self._api.containers, all=True, filters={"label": f"{LABEL_RUN}={run_id}"}
+            )
+            removed = 0
+            for c in found:
+                if keep_key is not None and (c.get("Labels") or {}).get(LABEL_KEY) == keep_key:
+                    continue
+                try:
+                    await asyncio.to_thread(self._api.remove_container, c["Id"], force=True, v=True)
+                    removed += 1
+                except docker.errors.NotFound:
+                    pass
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise SandboxReclaimFailed(run_id, _explain(exc)) from exc
+        return removed
+
     # --- discovery ------------------------------------------------------------------------
 
     async def find(self, key: str) -> list[str]:

@@ -6,6 +6,7 @@ the chunks of the recorded journal, end ``completed`` and leave no container beh
 """
 from __future__ import annotations
 
+import asyncio
 from typing import Any, AsyncIterator
 
 import pytest
@@ -79,3 +80,26 @@ async def test_docker_run_survives_its_host_being_killed(dcluster: Cluster) -> N
 
 async def _none(aw: Any) -> bool:
     return not await aw
+
+
+async def test_a_finished_run_leaves_no_container_of_a_host_that_died_mid_build(dcluster: Cluster) -> None:
+    """A host SIGKILLed between creating a container and registering it leaves one no registry
+    knows; once the run is final, every container labelled with its run id is removed."""
+    from sandbox_host.providers import SandboxSpec
+
+    started = await dcluster.start_run(dcluster.hosts[0], JOURNAL)
+    run_id = started.record.run_id
+    provider = DockerProvider()
+    try:
+        # What the dead host left: a container of this run under a key nobody registered.
+        leftover = await provider.create(f"{run_id}#dead", SandboxSpec(provider="docker", env={"BATON_RUN_ID": run_id}))
+        assert await provider.exists(leftover)
+        await dcluster.wait_status(run_id, "completed")
+
+        async def all_gone() -> bool:
+            found = await asyncio.to_thread(provider._api.containers, all=True,
+                                            filters={"label": f"baton.run_id={run_id}"})
+            return not found
+        await assert_eventually(all_gone, timeout=15)
+    finally:
+        provider.close()
