@@ -222,20 +222,14 @@ async def start_coordinator(etcd_endpoint: str, prefix: str, *, in_process: bool
 # --- sandbox hosts (issue 5) ---------------------------------------------------------------
 
 
-class HostProcess:
-    """A sandbox host subprocess (``python -m sandbox_host``). ``log_path`` holds its output.
+class _ServiceProcess:
+    """What the host and gateway subprocess handles share: spawn, signals, log, context."""
 
-    Attributes:
-        address: ``127.0.0.1:<port>`` of its ``baton.v1.SandboxHost`` service.
-        host_id: its host id.
-        pid: the process id (``None`` before :meth:`start`).
-    """
+    module = ""
 
-    def __init__(self, env: dict[str, str], port: int, host_id: str, log_path: pathlib.Path) -> None:
+    def __init__(self, env: dict[str, str], port: int, log_path: pathlib.Path) -> None:
         self.env = env
         self.port = port
-        self.address = f"127.0.0.1:{port}"
-        self.host_id = host_id
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -247,15 +241,64 @@ class HostProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", self.module], env=self.env, stdout=log,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        return self.proc
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM (a graceful shutdown), then SIGKILL after ``timeout`` seconds."""
+        if not self.alive:
+            return
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)  # a paused process cannot shut down
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.to_thread(self.proc.wait, timeout)
+        except subprocess.TimeoutExpired:
+            await self.kill()
+
+    async def kill(self) -> None:
+        """SIGKILL, as a crash."""
+        if not self.alive:
+            return
+        assert self.proc is not None
+        self.proc.kill()
+        await asyncio.to_thread(self.proc.wait)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    async def __aenter__(self) -> "_ServiceProcess":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+class HostProcess(_ServiceProcess):
+    """A sandbox host subprocess (``python -m sandbox_host``). ``log_path`` holds its output.
+
+    Attributes:
+        address: ``127.0.0.1:<port>`` of its ``baton.v1.SandboxHost`` service.
+        host_id: its host id.
+        pid: the process id (``None`` before :meth:`start`).
+    """
+
+    module = "sandbox_host"
+
+    def __init__(self, env: dict[str, str], port: int, host_id: str, log_path: pathlib.Path) -> None:
+        super().__init__(env, port, log_path)
+        self.address = f"127.0.0.1:{port}"
+        self.host_id = host_id
+
     async def start(self, timeout: float = 30.0) -> None:
         """Start (or restart, same port and id); returns once it reports SERVING."""
         if self.alive:
             return
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "sandbox_host"], env=self.env, stdout=log,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        proc = self.proc
+        proc = self._spawn()
         try:
             await wait_serving(self.address, timeout, alive=lambda: proc.poll() is None)
         except (RuntimeError, TimeoutError) as exc:
@@ -264,24 +307,10 @@ class HostProcess:
             raise RuntimeError(f"{exc}\n--- host log ---\n{tail}") from exc
 
     async def stop(self, timeout: float = 15.0) -> None:
-        """SIGTERM (drain: hand every run over), then SIGKILL after ``timeout`` seconds."""
-        if not self.alive:
-            return
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGCONT)  # a paused host cannot drain
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.to_thread(self.proc.wait, timeout)
-        except subprocess.TimeoutExpired:
-            await self.kill()
+        """SIGTERM (drain: hand every run over), then SIGKILL after ``timeout`` seconds.
 
-    async def kill(self) -> None:
-        """SIGKILL, as a crash (its agents live on: they are in their own sessions)."""
-        if not self.alive:
-            return
-        assert self.proc is not None
-        self.proc.kill()
-        await asyncio.to_thread(self.proc.wait)
+        A SIGKILL leaves the host's agents alive: they run in their own sessions."""
+        await super().stop(timeout)
 
     def kill_now(self) -> None:
         """SIGKILL and reap at once (for kill points inside a tight read loop: no await)."""
@@ -301,14 +330,6 @@ class HostProcess:
             assert self.proc is not None
             self.proc.send_signal(signal.SIGCONT)
 
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    async def __aenter__(self) -> "HostProcess":
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
 
 async def start_host(coordinator: str, nats_url: str, *, host_id: str | None = None,
@@ -352,7 +373,7 @@ async def start_host(coordinator: str, nats_url: str, *, host_id: str | None = N
 # --- gateway (issue 6) ----------------------------------------------------------------------
 
 
-class GatewayProcess:
+class GatewayProcess(_ServiceProcess):
     """A gateway subprocess (``python -m gateway``). ``log_path`` holds its output.
 
     Attributes:
@@ -361,20 +382,11 @@ class GatewayProcess:
         pid: the process id (``None`` before :meth:`start`).
     """
 
+    module = "gateway"
+
     def __init__(self, env: dict[str, str], port: int, log_path: pathlib.Path) -> None:
-        self.env = env
-        self.port = port
+        super().__init__(env, port, log_path)
         self.url = f"http://127.0.0.1:{port}"
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
 
     async def start(self, timeout: float = 30.0) -> None:
         """Start (or restart, same port); returns once ``/readyz`` answers 200 (it holds its
@@ -383,10 +395,7 @@ class GatewayProcess:
 
         if self.alive:
             return
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gateway"], env=self.env, stdout=log,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        self._spawn()
         deadline = time.monotonic() + timeout
         async with httpx.AsyncClient(trust_env=False, timeout=1.0) as http:
             while True:
@@ -404,33 +413,6 @@ class GatewayProcess:
                     raise RuntimeError(f"gateway not ready within {timeout}s\n--- gateway log ---\n{tail}")
                 await asyncio.sleep(0.05)
 
-    async def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM (streams end, readers unregister, the session closes), then SIGKILL."""
-        if not self.alive:
-            return
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.to_thread(self.proc.wait, timeout)
-        except subprocess.TimeoutExpired:
-            await self.kill()
-
-    async def kill(self) -> None:
-        """SIGKILL, as a crash (its presence keys go with its session's lease)."""
-        if not self.alive:
-            return
-        assert self.proc is not None
-        self.proc.kill()
-        await asyncio.to_thread(self.proc.wait)
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    async def __aenter__(self) -> "GatewayProcess":
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
 
 async def start_gateway(coordinator: str, nats_url: str, *, port: int | None = None,

@@ -160,7 +160,7 @@ async def main():
     data = await p.launch(h, list(launch.argv), nonce=nonce)
     print(json.dumps({"journal_path": h.journal_path, "stderr_path": h.stderr_path, "workdir": h.workdir,
                       "data": {**h.data, **data}}), flush=True)
-    await asyncio.sleep(3600)
+    await asyncio.Event().wait()  # stay alive until the test SIGKILLs this stand-in host
 
 asyncio.run(main())
 """
