@@ -38,6 +38,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("BATON_CANCEL_GRACE", "5", "seconds between SIGTERM and SIGKILL on cancel"),
     Setting("BATON_DETACHED_RUN_TTL", "3600", "seconds a run may stay detached before the reaper cancels it"),
     Setting("BATON_REAPER_INTERVAL", "60", "seconds between reaper sweeps (leader only)"),
+    Setting("BATON_RECORD_CACHE_SIZE", "10000", "runs whose record the coordinator remembers, so a claim or update is one etcd transaction (0 disables; writes still compare in etcd)"),
     Setting("BATON_RUNS_STREAM", "BATON_RUNS", "JetStream stream holding delivery logs"),
     Setting("BATON_SUBJECT_PREFIX", "baton.runs", "subject prefix of delivery logs"),
     Setting("BATON_THREADS_BUCKET", "baton-threads", "JetStream KV bucket holding transcripts"),

@@ -24,6 +24,7 @@ class CoordinatorConfig:
         detached_run_ttl: seconds a detached run lives (for ``reap_at`` and the reaper).
         reaper_interval: seconds between reaper sweeps on the leader.
         session_ttl: default session TTL in seconds when a caller sends none.
+        record_cache_size: runs whose last record and claim are remembered (0 disables).
     """
 
     listen: str = "0.0.0.0:7100"
@@ -35,6 +36,7 @@ class CoordinatorConfig:
     detached_run_ttl: float = 3600.0
     reaper_interval: float = 60.0
     session_ttl: float = 2.0
+    record_cache_size: int = 10_000
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "CoordinatorConfig":
@@ -55,6 +57,7 @@ class CoordinatorConfig:
             detached_run_ttl=f("BATON_DETACHED_RUN_TTL"),
             reaper_interval=f("BATON_REAPER_INTERVAL"),
             session_ttl=f("BATON_SESSION_TTL"),
+            record_cache_size=_count(config.get_float("BATON_RECORD_CACHE_SIZE", env), "BATON_RECORD_CACHE_SIZE"),
         )
 
     def with_overrides(self, **overrides: object) -> "CoordinatorConfig":
@@ -64,6 +67,12 @@ class CoordinatorConfig:
         if bad:
             raise TypeError(f"unknown coordinator settings: {sorted(bad)}")
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
+
+
+def _count(value: float, name: str) -> int:
+    if not value.is_integer() or value < 0:
+        raise ValueError(f"{name} must be a whole number >= 0, got {value:g}")
+    return int(value)
 
 
 def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> CoordinatorConfig:

@@ -4,21 +4,27 @@ Every change is one etcd transaction that compares what it read (optimistic conc
 as etcd's ``concurrency/stm.go``) and retries on a conflict until the caller's budget is
 spent. Indexes (the thread's active run, the reclaimable set) change in the same
 transaction as the record, so they can never disagree with it.
+
+A run this replica has seen recently starts from its cached record and claim
+(:mod:`coordinator._cache`), so a claim or update is one transaction, not a read and a
+transaction. The compare is the same either way, and a failed transaction reads the record
+back in its failure branch; answers that write nothing are always given from a fresh read.
 """
 from __future__ import annotations
 
 import enum
 import math
 import time
-from dataclasses import dataclass
-from typing import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Callable, Generic, Sequence, TypeVar
 
-from baton.errors import (InvalidArgument, RunClaimLost, RunClaimNotAcquired, SessionLost,
-                          StoreUnavailable, ThreadBusy, UnknownRun)
+from baton.errors import (BatonError, InvalidArgument, RunClaimLost, RunClaimNotAcquired,
+                          SessionLost, StoreUnavailable, ThreadBusy, UnknownRun)
 from baton.v1.coordinator_pb2 import HostInfo, SandboxInstance
 from baton.v1.runs_pb2 import Claim, RunRecord, RunStatus
 
 from coordinator import _etcd as E
+from coordinator._cache import RecordCache
 from coordinator._keys import Keys, prefix_end
 from coordinator._records import (apply_mask, cancels_on_disconnect, is_active, is_reclaimable,
                                   is_terminal)
@@ -70,12 +76,51 @@ def _bytes(rec: RunRecord) -> bytes:
 
 
 @dataclass(frozen=True)
-class _Snapshot:
-    """A record and its claim, read in one transaction."""
+class Snapshot:
+    """A run's record and claim as etcd held them at ``revision``.
 
+    ``cached`` marks one taken from the record cache rather than read just now: a write
+    may start from it (its compare catches staleness), an answer may not.
+    """
+
+    run_id: str
     kv: E.KV | None
     record: RunRecord | None
     claim_kv: E.KV | None
+    revision: int
+    cached: bool = False
+
+
+T = TypeVar("T")
+_KEEP: E.KV = E.KV(key=b"\0keep")  # Plan.claim default: the write leaves the claim key as it is
+
+
+@dataclass
+class Plan(Generic[T]):
+    """What one attempt of :meth:`RunStore.mutate` decided from a snapshot.
+
+    Attributes:
+        result: what ``mutate`` returns once the write commits (at once if ``write`` is false).
+        write: false answers ``result`` without writing (given only from a fresh read).
+        new: the record to put; ``None`` leaves it, but its mod revision is still compared.
+        cmps: further compares in the same transaction.
+        ops: further ops in the same transaction.
+        claim: the claim key-value after the write (for the cache): ``_KEEP`` when the write
+            leaves it, ``None`` when it deletes it.
+        failure: further ops in the failure branch, after its record and claim reads (so
+            their responses start at index 2).
+        give_up: called with a failed transaction; true ends ``mutate`` with ``None``
+            instead of retrying (e.g. the failure was a reader key existing).
+    """
+
+    result: T
+    write: bool = True
+    new: RunRecord | None = None
+    cmps: Sequence[E.Cmp] = ()
+    ops: Sequence[E.Op] = ()
+    claim: E.KV | None = field(default_factory=lambda: _KEEP)
+    failure: Sequence[E.Op] = ()
+    give_up: Callable[[E.TxnResult], bool] | None = field(default=None)
 
 
 class RunStore:
@@ -85,28 +130,42 @@ class RunStore:
         etcd: the etcd adapter.
         prefix: key prefix (``BATON_ETCD_PREFIX``).
         clock: Unix-seconds clock (injected so tests can pin time).
+        cache_size: runs whose last record and claim are remembered (``0`` disables the
+            cache; see :mod:`coordinator._cache`).
 
     Every method takes ``timeout`` (seconds, the whole budget including retries) and raises
     :class:`~baton.errors.StoreUnavailable` when etcd does not answer within it.
     """
 
-    def __init__(self, etcd: E.Etcd, prefix: str, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, etcd: E.Etcd, prefix: str, clock: Callable[[], float] = time.time,
+                 cache_size: int = 10_000) -> None:
         self.etcd = etcd
         self.keys = Keys(prefix)
         self.clock = clock
+        self.cache = RecordCache(cache_size)
 
     # --- reads -----------------------------------------------------------------------
 
-    async def _snapshot(self, run_id: str, b: _Budget, *, with_claim: bool = True) -> _Snapshot:
-        """Record (+ claim) in one read; the thread index is read later, only when needed."""
+    async def _snapshot(self, run_id: str, b: _Budget) -> Snapshot:
+        """Record and claim in one read (remembered in the cache)."""
         k = self.keys
-        ops = [E.get(k.run(run_id))] + ([E.get(k.claim(run_id))] if with_claim else [])
-        r = await self.etcd.txn([], ops, timeout=b.left())
-        kv = _first(r.kvs(0))
-        claim_kv = _first(r.kvs(1)) if with_claim else None
-        return _Snapshot(kv, _record(kv), claim_kv)
+        r = await self.etcd.txn([], [E.get(k.run(run_id)), E.get(k.claim(run_id))], timeout=b.left())
+        return self._observed(run_id, r, 0)
 
-    async def _index_ops(self, snap: _Snapshot, new: RunRecord, b: _Budget) -> tuple[list[E.Cmp], list[E.Op]]:
+    def _observed(self, run_id: str, r: E.TxnResult, at: int) -> Snapshot:
+        """The snapshot in responses ``at`` (record) and ``at + 1`` (claim) of ``r``."""
+        kv, claim_kv = _first(r.kvs(at)), _first(r.kvs(at + 1))
+        self.cache.put(run_id, kv, claim_kv, r.revision)
+        return Snapshot(run_id, kv, _record(kv), claim_kv, r.revision)
+
+    def _cached(self, run_id: str) -> Snapshot | None:
+        entry = self.cache.get(run_id)
+        if entry is None:
+            return None
+        return Snapshot(run_id, entry.run_kv, _record(entry.run_kv), entry.claim_kv,
+                         entry.revision, cached=True)
+
+    async def _index_ops(self, snap: Snapshot, new: RunRecord, b: _Budget) -> tuple[list[E.Cmp], list[E.Op]]:
         """Compares and ops that keep the thread-active and reclaimable indexes in step.
 
         The thread index is read only when the run enters or leaves ``running`` (claims and
@@ -140,21 +199,90 @@ class RunStore:
                 ops.append(E.put(new_key, new.run_id.encode()))
         return cmps, ops
 
-    async def _write(self, snap: _Snapshot, new: RunRecord, b: _Budget,
+    async def mutate(self, run_id: str, decide: Callable[[Snapshot], Plan[T]], *,
+                     timeout: float) -> T | None:
+        """Optimistic read-modify-write of one run's record (and claim), retried on conflict.
+
+        Starts from the cached snapshot when there is one, else reads etcd. ``decide`` turns
+        a snapshot into a :class:`Plan` or raises a :class:`~baton.errors.BatonError`; a
+        raise or an answer without a write is only final on a snapshot read just now (a
+        cached one is re-read first). The write compares the record's mod revision (absent
+        when there was none) plus ``plan.cmps``; when it fails, its failure branch carries
+        the current record and claim and ``decide`` runs again on those.
+
+        Args:
+            run_id: the run.
+            decide: pure function of the snapshot; may be called several times.
+            timeout: seconds for the whole operation, retries included.
+
+        Returns:
+            ``plan.result`` of the attempt that answered, or ``None`` when ``give_up`` said so.
+
+        Raises:
+            BatonError: whatever ``decide`` raised on a fresh snapshot.
+            StoreUnavailable: etcd did not answer within ``timeout``.
+            coordinator._etcd.LeaseNotFound: a put named a lease etcd does not know.
+        """
+        b = _Budget(timeout)
+        snap = self._cached(run_id) or await self._snapshot(run_id, b)
+        while True:
+            try:
+                plan = decide(snap)
+            except BatonError:
+                if not snap.cached:
+                    raise
+                snap = await self._snapshot(run_id, b)
+                continue
+            if not plan.write:
+                if not snap.cached:
+                    return plan.result
+                snap = await self._snapshot(run_id, b)
+                continue
+            res = await self._write(snap, plan.new, b, plan.cmps, plan.ops, plan.failure)
+            if res.succeeded:
+                self._remember(snap, plan, res.revision)
+                return plan.result
+            if plan.give_up is not None and plan.give_up(res):
+                return None
+            snap = self._observed(run_id, res, 0)
+
+    def _remember(self, snap: Snapshot, plan: Plan[T], revision: int) -> None:
+        """Cache what a committed write left in etcd (all its keys carry ``revision``)."""
+        run_kv = snap.kv
+        if plan.new is not None:
+            plan.new.revision = revision
+            run_kv = E.KV(key=self.keys.run(snap.run_id), value=_bytes(plan.new), mod_revision=revision)
+        claim_kv = snap.claim_kv
+        if plan.claim is not _KEEP:
+            claim_kv = None
+            if plan.claim is not None:
+                claim_kv = E.KV()
+                claim_kv.CopyFrom(plan.claim)
+                claim_kv.mod_revision = revision
+        self.cache.put(snap.run_id, run_kv, claim_kv, revision)
+
+    async def _write(self, snap: Snapshot, new: RunRecord | None, b: _Budget,
                      cmps: Sequence[E.Cmp] = (), ops: Sequence[E.Op] = (),
                      failure: Sequence[E.Op] = ()) -> E.TxnResult:
-        """Put ``new`` if the record (and indexes) are still as read."""
-        assert snap.kv is not None
-        icmps, iops = await self._index_ops(snap, new, b)
-        return await self.etcd.txn(
-            [E.cmp_mod(snap.kv.key, snap.kv.mod_revision), *icmps, *cmps],
-            [E.put(snap.kv.key, _bytes(new)), *iops, *ops], failure, timeout=b.left())
+        """Put ``new`` (``None``: leave the record) if the record and indexes are still as
+        in ``snap``. The failure branch reads the record and claim (responses 0 and 1),
+        then runs ``failure``."""
+        run_key, claim_key = self.keys.run(snap.run_id), self.keys.claim(snap.run_id)
+        all_cmps = [E.cmp_mod(run_key, snap.kv.mod_revision if snap.kv is not None else 0), *cmps]
+        all_ops = list(ops)
+        if new is not None:
+            icmps, iops = await self._index_ops(snap, new, b)
+            all_cmps += icmps
+            all_ops = [E.put(run_key, _bytes(new)), *iops, *ops]
+        return await self.etcd.txn(all_cmps, all_ops, [E.get(run_key), E.get(claim_key), *failure],
+                                   timeout=b.left())
 
     async def get_run(self, run_id: str, *, timeout: float) -> tuple[RunRecord | None, Claim | None]:
         """The record and the live claim (either may be ``None``)."""
         k = self.keys
         r = await self.etcd.txn([], [E.get(k.run(run_id)), E.get(k.claim(run_id))], timeout=timeout)
-        return _record(_first(r.kvs(0))), _claim(_first(r.kvs(1)))
+        snap = self._observed(run_id, r, 0)
+        return snap.record, _claim(snap.claim_kv)
 
     async def _get_many(self, run_ids: Sequence[str], b: _Budget) -> list[RunRecord]:
         out: list[RunRecord] = []
@@ -219,7 +347,7 @@ class RunStore:
             cmps = [E.cmp_absent(run_key), E.cmp_mod(active_key, active_kv.mod_revision if active_kv else 0)]
             ops: list[E.Op] = []
             if active_kv is not None:
-                other_snap = await self._snapshot(active_kv.value.decode(), b, with_claim=False)
+                other_snap = await self._snapshot(active_kv.value.decode(), b)
                 other = other_snap.record
                 if is_active(other):
                     assert other is not None and other_snap.kv is not None
@@ -244,6 +372,10 @@ class RunStore:
             res = await self.etcd.txn(cmps, ops, timeout=b.left())
             if res.succeeded:
                 new.revision = res.revision
+                if active_kv is not None:
+                    self.cache.forget(active_kv.value.decode())
+                self.cache.put(new.run_id, E.KV(key=run_key, value=_bytes(new), mod_revision=res.revision),
+                               None, res.revision)
                 return new, True
 
     async def update_run(self, run_id: str, patch: RunRecord, paths: Sequence[str], epoch: int,
@@ -258,16 +390,15 @@ class RunStore:
         Raises:
             RunClaimLost: owner write whose claim is gone or belongs to another epoch.
         """
-        b = _Budget(timeout)
         claim_key = self.keys.claim(run_id)
-        while True:
-            snap = await self._snapshot(run_id, b, with_claim=bool(session_id))
+
+        def decide(snap: Snapshot) -> Plan[tuple[UpdateOutcome, RunRecord | None]]:
             cur = snap.record
             if cur is None:
-                return UpdateOutcome.UNKNOWN_RUN, None
+                return Plan((UpdateOutcome.UNKNOWN_RUN, None), write=False)
             new = apply_mask(cur, patch, paths)
             if "status" in paths and is_terminal(new.status) and epoch < cur.driver_epoch:
-                return UpdateOutcome.SUPPRESSED, cur
+                return Plan((UpdateOutcome.SUPPRESSED, cur), write=False)
             cmps: list[E.Cmp] = []
             if session_id:
                 claim = _claim(snap.claim_kv)
@@ -276,10 +407,11 @@ class RunStore:
                     raise RunClaimLost(run_id, epoch, observed)
                 assert snap.claim_kv is not None
                 cmps.append(E.cmp_mod(claim_key, snap.claim_kv.mod_revision))
-            res = await self._write(snap, new, b, cmps)
-            if res.succeeded:
-                new.revision = res.revision
-                return UpdateOutcome.APPLIED, new
+            return Plan((UpdateOutcome.APPLIED, new), new=new, cmps=cmps)
+
+        out = await self.mutate(run_id, decide, timeout=timeout)
+        assert out is not None
+        return out
 
     async def request_cancel(self, run_id: str, reason: str, *, timeout: float) -> RunRecord:
         """Set ``cancel_requested`` (no status is written). Terminal runs are returned as is.
@@ -287,22 +419,21 @@ class RunStore:
         Raises:
             UnknownRun: no such run.
         """
-        b = _Budget(timeout)
-        while True:
-            snap = await self._snapshot(run_id, b, with_claim=False)
+        def decide(snap: Snapshot) -> Plan[RunRecord]:
             cur = snap.record
             if cur is None:
                 raise UnknownRun(run_id)
             if is_terminal(cur.status) or (cur.cancel_requested and cur.cancel_reason == reason):
-                return cur
+                return Plan(cur, write=False)
             new = RunRecord()
             new.CopyFrom(cur)
             new.cancel_requested = True
             new.cancel_reason = reason
-            res = await self._write(snap, new, b)
-            if res.succeeded:
-                new.revision = res.revision
-                return new
+            return Plan(new, new=new)
+
+        out = await self.mutate(run_id, decide, timeout=timeout)
+        assert out is not None
+        return out
 
     # --- sessions -----------------------------------------------------------------------
 
@@ -327,6 +458,9 @@ class RunStore:
                         timeout: float) -> tuple[int, RunRecord]:
         """Claim a run under a session, raising ``driver_epoch`` (DESIGN.md §3.2).
 
+        One etcd transaction when the run is in the record cache: it compares the record's
+        mod revision and the claim key's absence, and puts the record and the claim.
+
         Returns:
             (epoch, record after the claim).
 
@@ -335,10 +469,9 @@ class RunStore:
                 ``cancel_requested`` (drive only), checked in that order.
             SessionLost: the session's lease is gone.
         """
-        b = _Budget(timeout)
         claim_key = self.keys.claim(run_id)
-        while True:
-            snap = await self._snapshot(run_id, b)
+
+        def decide(snap: Snapshot) -> Plan[tuple[int, RunRecord]]:
             cur = snap.record
             if cur is None:
                 raise RunClaimNotAcquired(run_id, "unknown")
@@ -354,28 +487,31 @@ class RunStore:
             new.driver_epoch = epoch
             new.driver_host = host_id
             claim = Claim(run_id=run_id, epoch=epoch, host_id=host_id, session_id=session_id,
-                          purpose=purpose)
-            try:
-                res = await self._write(snap, new, b, [E.cmp_absent(claim_key)],
-                                        [E.put(claim_key, claim.SerializeToString(), session_id)])
-            except E.LeaseNotFound as exc:
-                raise SessionLost(session_id) from exc
-            if res.succeeded:
-                new.revision = res.revision
-                return epoch, new
+                          purpose=purpose).SerializeToString()
+            return Plan((epoch, new), new=new, cmps=[E.cmp_absent(claim_key)],
+                        ops=[E.put(claim_key, claim, session_id)],
+                        claim=E.KV(key=claim_key, value=claim, lease=session_id))
+
+        try:
+            out = await self.mutate(run_id, decide, timeout=timeout)
+        except E.LeaseNotFound as exc:
+            raise SessionLost(session_id) from exc
+        assert out is not None
+        return out
 
     async def release_claim(self, run_id: str, session_id: int, epoch: int, *, timeout: float) -> bool:
         """Delete the claim if this session holds it at ``epoch``; ``False`` otherwise."""
         b = _Budget(timeout)
-        key = self.keys.claim(run_id)
+        key, run_key = self.keys.claim(run_id), self.keys.run(run_id)
         while True:
             kvs, _ = await self.etcd.range(key, timeout=b.left())
             claim = _claim(_first(kvs))
             if claim is None or claim.session_id != session_id or claim.epoch != epoch:
                 return False
-            res = await self.etcd.txn([E.cmp_mod(key, kvs[0].mod_revision)], [E.delete(key)],
-                                      timeout=b.left())
+            res = await self.etcd.txn([E.cmp_mod(key, kvs[0].mod_revision)],
+                                      [E.delete(key), E.get(run_key)], timeout=b.left())
             if res.succeeded:
+                self.cache.put(run_id, _first(res.kvs(1)), None, res.revision)
                 return True
 
     async def watch_run(self, run_id: str, *, timeout: float) -> AsyncIterator[tuple[RunRecord | None, Claim | None]]:
@@ -407,28 +543,27 @@ class RunStore:
                               timeout: float) -> None:
         """Add a reader under the session's lease and clear ``detached_since`` (one txn).
 
+        The write compares the record, so a detach stamped meanwhile is seen and cleared.
         A reader of a run with no record is registered too (the gateway serves such logs).
 
         Raises:
             SessionLost: the session's lease is gone.
         """
-        b = _Budget(timeout)
         reader = E.put(self.keys.reader(run_id, reader_id), b"", session_id)
-        while True:
-            snap = await self._snapshot(run_id, b, with_claim=False)
+
+        def decide(snap: Snapshot) -> Plan[None]:
             cur = snap.record
-            try:
-                if cur is None or not cur.HasField("detached_since"):
-                    await self.etcd.txn([], [reader], timeout=b.left())
-                    return
-                new = RunRecord()
-                new.CopyFrom(cur)
-                new.ClearField("detached_since")
-                res = await self._write(snap, new, b, ops=[reader])
-            except E.LeaseNotFound as exc:
-                raise SessionLost(session_id) from exc
-            if res.succeeded:
-                return
+            if cur is None or not cur.HasField("detached_since"):
+                return Plan(None, ops=[reader])
+            new = RunRecord()
+            new.CopyFrom(cur)
+            new.ClearField("detached_since")
+            return Plan(None, new=new, ops=[reader])
+
+        try:
+            await self.mutate(run_id, decide, timeout=timeout)
+        except E.LeaseNotFound as exc:
+            raise SessionLost(session_id) from exc
 
     async def unregister_reader(self, run_id: str, reader_id: str, *, timeout: float) -> None:
         """Remove a reader; when it was the last, the run detaches (see :meth:`detach_if_unread`)."""
@@ -446,26 +581,23 @@ class RunStore:
         Returns:
             The record written, or ``None`` when nothing was to be done.
         """
-        b = _Budget(timeout)
         readers = self.keys.readers(run_id)
-        while True:
-            snap = await self._snapshot(run_id, b, with_claim=False)
+
+        def decide(snap: Snapshot) -> Plan[RunRecord | None]:
             cur = snap.record
             if not is_active(cur) or cur is None or cur.HasField("detached_since"):
-                return None
+                return Plan(None, write=False)
             new = RunRecord()
             new.CopyFrom(cur)
             new.detached_since = self.clock()
             if cancels_on_disconnect(cur) and not cur.cancel_requested:
                 new.cancel_requested = True
                 new.cancel_reason = "disconnected"
-            res = await self._write(snap, new, b, [E.cmp_absent(readers, prefix_end(readers))],
-                                    failure=[E.get(readers, prefix_end(readers), count_only=True)])
-            if res.succeeded:
-                new.revision = res.revision
-                return new
-            if res.count(0) > 0:
-                return None
+            return Plan(new, new=new, cmps=[E.cmp_absent(readers, prefix_end(readers))],
+                        failure=[E.get(readers, prefix_end(readers), count_only=True)],
+                        give_up=lambda res: res.count(2) > 0)
+
+        return await self.mutate(run_id, decide, timeout=timeout)
 
     async def reader_count(self, run_id: str, *, timeout: float) -> int:
         p = self.keys.readers(run_id)

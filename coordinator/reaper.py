@@ -33,7 +33,7 @@ from baton.v1 import runs_pb2, sandbox_host_pb2
 from baton.v1.runs_pb2 import RunRecord
 
 from coordinator._election import LeaderContext
-from coordinator._store import RunStore, _Budget
+from coordinator._store import Plan, RunStore, Snapshot
 from coordinator.failover import HostPool, attach_somewhere
 
 log = logging.getLogger(__name__)
@@ -49,23 +49,21 @@ async def _cancel_if_still_detached(store: RunStore, listed: RunRecord, timeout:
         ``None`` when the cancel was requested, else the outcome that stops the reap
         (``unknown`` or ``not-claimed``).
     """
-    b = _Budget(timeout)
-    while True:
-        snap = await store._snapshot(listed.run_id, b, with_claim=False)
+    def decide(snap: Snapshot) -> Plan[str | None]:
         cur = snap.record
         if cur is None or cur.status != runs_pb2.RUN_STATUS_RUNNING:
-            return "unknown"
+            return Plan("unknown", write=False)
         if not cur.HasField("detached_since") or cur.detached_since != listed.detached_since:
-            return "not-claimed"  # a reader came back (and maybe left again later)
+            return Plan("not-claimed", write=False)  # a reader came back (and maybe left again later)
         if cur.cancel_requested and cur.cancel_reason == REAPED:
-            return None
+            return Plan(None, write=False)
         new = RunRecord()
         new.CopyFrom(cur)
         new.cancel_requested = True
         new.cancel_reason = REAPED
-        res = await store._write(snap, new, b)
-        if res.succeeded:
-            return None
+        return Plan(None, new=new)
+
+    return await store.mutate(listed.run_id, decide, timeout=timeout)
 
 
 class ReaperSweep:
