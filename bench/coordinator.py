@@ -38,7 +38,8 @@ from baton.v1.runs_pb2 import Claim, RunRecord, RunStatus
 from coordinator._keys import Keys
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "coordinator.json"
-COUNTS = {1: 300, 20: 1500}  # operations per (path, op, concurrency) cell
+COUNTS = {1: 300, 20: 1500}  # operations per (path, op, concurrency) cell and round
+ROUNDS = 3  # every cell is measured this many times, the paths interleaved (noise hits all)
 
 
 async def _seed_runs(etcd: aetcd.Client, keys: Keys, run_ids: list[str]) -> None:
@@ -66,10 +67,16 @@ async def _measure(op: Callable[[str], Awaitable[None]], run_ids: list[str], con
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     elapsed = time.perf_counter() - t0
-    lat = sorted(latencies)
+    return {"ops": len(latencies), "ops_per_s": len(latencies) / elapsed, "latencies": latencies}
+
+
+def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median rate over the rounds; latency percentiles over every operation of them."""
+    lat = sorted(x for r in rounds for x in r["latencies"])
     return {
         "ops": len(lat),
-        "ops_per_s": len(lat) / elapsed,
+        "ops_per_s": statistics.median(r["ops_per_s"] for r in rounds),
+        "ops_per_s_rounds": [round(r["ops_per_s"], 1) for r in rounds],
         "p50_ms": statistics.median(lat) * 1000,
         "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000,
     }
@@ -194,19 +201,26 @@ async def _run(server: EtcdServer, tmp: pathlib.Path) -> dict[str, Any]:
                 ("coord-cold", "claim"): coord_claim, ("coord-cold", "update"): coord_update}
             for conc, n in COUNTS.items():
                 for op in ("claim", "update"):
+                    runs: dict[str, list[dict[str, Any]]] = {path: [] for path in PATHS}
+                    for rnd in range(ROUNDS):
+                        for path in PATHS[rnd % len(PATHS):] + PATHS[:rnd % len(PATHS)]:
+                            keys = coord_keys if path.startswith("coord") else raw_keys
+                            ids = [f"{path}-{op}-{conc}-{rnd}-{i}" for i in range(n)]
+                            if path == "coordinator":
+                                await _create_via_coordinator(cc, ids)
+                            else:
+                                await _seed_runs(etcd, keys, ids)
+                            if path == "raw-cas":
+                                await raw.learn(ids)
+                            warm, measured = ids[: min(20, n)], ids[min(20, n):]
+                            await _measure(fns[(path, op)], warm, conc)  # warm-up on runs not measured
+                            runs[path].append(await _measure(fns[(path, op)], measured, conc))
                     for path in PATHS:
-                        keys = coord_keys if path.startswith("coord") else raw_keys
-                        ids = [f"{path}-{op}-{conc}-{i}" for i in range(n)]
-                        if path == "coordinator":
-                            await _create_via_coordinator(cc, ids)
-                        else:
-                            await _seed_runs(etcd, keys, ids)
-                        if path == "raw-cas":
-                            await raw.learn(ids)
-                        warm, measured = ids[: min(20, n)], ids[min(20, n):]
-                        await _measure(fns[(path, op)], warm, conc)  # warm-up on runs not measured
-                        r = await _measure(fns[(path, op)], measured, conc)
-                        rows.append({"op": op, "concurrency": conc, "path": path, **r})
+                        base = runs["raw-etcd"]
+                        rows.append({"op": op, "concurrency": conc, "path": path, **_summary(runs[path]),
+                                     # per round against the baseline measured next to it
+                                     "ratio_vs_raw": statistics.median(
+                                         r["ops_per_s"] / b["ops_per_s"] for r, b in zip(runs[path], base))})
             await session.close()
             await lease.revoke()
     finally:
@@ -215,8 +229,6 @@ async def _run(server: EtcdServer, tmp: pathlib.Path) -> dict[str, Any]:
     result: dict[str, Any] = {"rows": rows, "targets": {}}
     print(f"{'op':8} {'callers':>7} {'path':12} {'ops/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'vs raw':>7}")
     for r in rows:
-        base = next(x for x in rows if x["op"] == r["op"] and x["concurrency"] == r["concurrency"] and x["path"] == "raw-etcd")
-        r["ratio_vs_raw"] = r["ops_per_s"] / base["ops_per_s"]
         print(f"{r['op']:8} {r['concurrency']:>7} {r['path']:12} {r['ops_per_s']:>9.0f} {r['p50_ms']:>8.2f} "
               f"{r['p99_ms']:>8.2f} {r['ratio_vs_raw']:>7.2f}")
     cell = lambda op, c, p: next(x for x in rows if x["op"] == op and x["concurrency"] == c and x["path"] == p)  # noqa: E731
