@@ -59,6 +59,18 @@ class ThreadBusy(BatonError):
         super().__init__(f"thread {thread_id!r} already has an active run {active_run_id!r}")
 
 
+class UnknownThread(BatonError):
+    """No thread of the caller's tenant has this id: another tenant's thread looks unknown.
+
+    A thread belongs to the tenant of its first run; a run of another tenant on it is
+    refused with this, never with :class:`ThreadBusy` (which would disclose the run id).
+    """
+
+    def __init__(self, thread_id: str) -> None:
+        self.thread_id = thread_id
+        super().__init__(f"unknown thread {thread_id!r}")
+
+
 # --- claims and fencing -------------------------------------------------------------------
 
 

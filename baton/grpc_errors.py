@@ -46,6 +46,9 @@ TABLE: tuple[Mapping, ...] = (
     Mapping(e.UnknownRun, grpc.StatusCode.NOT_FOUND, "UNKNOWN_RUN",
             lambda x: {"run_id": x.run_id},  # type: ignore[attr-defined]
             lambda m: e.UnknownRun(m.get("run_id", ""))),
+    Mapping(e.UnknownThread, grpc.StatusCode.NOT_FOUND, "UNKNOWN_THREAD",
+            lambda x: {"thread_id": x.thread_id},  # type: ignore[attr-defined]
+            lambda m: e.UnknownThread(m.get("thread_id", ""))),
     Mapping(e.ThreadBusy, grpc.StatusCode.ALREADY_EXISTS, "THREAD_BUSY",
             lambda x: {"thread_id": x.thread_id, "active_run_id": x.active_run_id},  # type: ignore[attr-defined]
             lambda m: e.ThreadBusy(m.get("thread_id", ""), m.get("active_run_id", ""))),

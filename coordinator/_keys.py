@@ -8,6 +8,7 @@ range over ``readers/<run>/`` can never catch another run's readers.
 ``runs/<run>``                          the RunRecord (protobuf bytes)
 ``claims/<run>``                        the Claim (protobuf bytes), under the session lease
 ``threads/<thread>/active``             run id of the thread's active (running) run
+``threads/<thread>/tenant``             the tenant the thread belongs to (its first run's)
 ``thread-runs/<thread>/<run>``          membership index for ``ListRuns(thread_id)``
 ``reclaimable/<µs:020d>/<run>``         running runs by ``detached_since`` (range read)
 ``readers/<run>/<reader>``              presence of one reader, under the gateway's lease
@@ -68,6 +69,10 @@ class Keys:
 
     def thread_active(self, thread_id: str) -> bytes:
         return self._k("threads", encode_token(thread_id), "active")
+
+    def thread_tenant(self, thread_id: str) -> bytes:
+        """The tenant a thread belongs to (written with its first run)."""
+        return self._k("threads", encode_token(thread_id), "tenant")
 
     def thread_run(self, thread_id: str, run_id: str) -> bytes:
         return self._k("thread-runs", encode_token(thread_id), encode_token(run_id))

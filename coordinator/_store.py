@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Generic, Sequence, TypeVar
 
 from baton.errors import (BatonError, InvalidArgument, RunClaimLost, RunClaimNotAcquired,
-                          SessionLost, StoreUnavailable, ThreadBusy, UnknownRun)
+                          SessionLost, StoreUnavailable, ThreadBusy, UnknownRun,
+                          UnknownThread)
 from baton.v1.coordinator_pb2 import HostInfo, SandboxInstance
 from baton.v1.runs_pb2 import Claim, RunRecord, RunStatus
 
@@ -332,23 +333,35 @@ class RunStore:
                                timeout: float) -> tuple[RunRecord, bool]:
         """Return the existing record unchanged, or create it ``running``.
 
+        A thread belongs to the tenant of its first run (``threads/<thread>/tenant``, written
+        in the same transaction); a run of another tenant on it is refused as if the thread
+        did not exist, before anything about its runs is looked at.
+
         Raises:
+            UnknownThread: the thread belongs to another tenant.
             ThreadBusy: the thread has another running run and ``interrupt_active`` is false.
         """
         b = _Budget(timeout)
         k = self.keys
         run_key, active_key = k.run(seed.run_id), k.thread_active(seed.thread_id)
+        owner_key = k.thread_tenant(seed.thread_id)
         while True:
-            r = await self.etcd.txn([], [E.get(run_key), E.get(active_key)], timeout=b.left())
+            r = await self.etcd.txn([], [E.get(run_key), E.get(active_key), E.get(owner_key)],
+                                    timeout=b.left())
             existing = _record(_first(r.kvs(0)))
             if existing is not None:
                 return existing, False
-            active_kv = _first(r.kvs(1))
-            cmps = [E.cmp_absent(run_key), E.cmp_mod(active_key, active_kv.mod_revision if active_kv else 0)]
+            active_kv, owner_kv = _first(r.kvs(1)), _first(r.kvs(2))
+            if owner_kv is not None and owner_kv.value.decode() != seed.tenant:
+                raise UnknownThread(seed.thread_id)
+            cmps = [E.cmp_absent(run_key), E.cmp_mod(active_key, active_kv.mod_revision if active_kv else 0),
+                    E.cmp_mod(owner_key, owner_kv.mod_revision if owner_kv else 0)]
             ops: list[E.Op] = []
             if active_kv is not None:
                 other_snap = await self._snapshot(active_kv.value.decode(), b)
                 other = other_snap.record
+                if other is not None and other.tenant != seed.tenant:
+                    raise UnknownThread(seed.thread_id)  # a thread from before owner keys
                 if is_active(other):
                     assert other is not None and other_snap.kv is not None
                     if not interrupt_active:
@@ -369,6 +382,8 @@ class RunStore:
                 new.started_at = self.clock()
             ops += [E.put(run_key, _bytes(new)), E.put(active_key, new.run_id.encode()),
                     E.put(k.thread_run(new.thread_id, new.run_id), b"")]
+            if owner_kv is None:
+                ops.append(E.put(owner_key, seed.tenant.encode()))
             res = await self.etcd.txn(cmps, ops, timeout=b.left())
             if res.succeeded:
                 new.revision = res.revision

@@ -54,12 +54,7 @@ class CancelWaitTimeout(e.BatonError):
         super().__init__(f"run {run_id!r} was not terminal within {timeout:g}s of the cancel")
 
 
-class UnknownThread(e.BatonError):
-    """No thread of the caller's tenant has this id (other tenants' threads look unknown)."""
-
-    def __init__(self, thread_id: str) -> None:
-        self.thread_id = thread_id
-        super().__init__(f"unknown thread {thread_id!r}")
+UnknownThread = e.UnknownThread  # shared with the coordinator (baton/errors.py)
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,12 @@ class CreateOrResumeRunRequest(_message.Message):
     """When the thread already has an active run: cancel it first, then start."""
     @_builtins.property
     def record(self) -> _runs_pb2.RunRecord:
-        """run_id and thread_id are required; other fields seed a new record."""
+        """run_id and thread_id are required; other fields seed a new record. An existing run is
+        returned unchanged. A thread belongs to the tenant of its first run: a new run of another
+        tenant on it fails NOT_FOUND (ErrorInfo reason UNKNOWN_THREAD); a new run on a thread with
+        a running run fails ALREADY_EXISTS (THREAD_BUSY, metadata active_run_id) unless
+        interrupt_active.
+        """
 
     def __init__(
         self,

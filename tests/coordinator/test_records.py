@@ -176,6 +176,28 @@ async def test_interrupt_active_cancels_the_active_run_then_starts(cc: Coordinat
     assert (await cc.find_active_run(thread)).run_id == new.run_id  # type: ignore[union-attr]
 
 
+async def test_a_thread_belongs_to_its_first_runs_tenant(cc: CoordinatorClient) -> None:
+    thread = unique("th-")
+    a1 = await _new(cc, thread, tenant="tenant-a")
+    # Another tenant learns nothing of the thread's runs: not ThreadBusy with a1's id, and an
+    # interrupt does not cancel a1.
+    for interrupt in (False, True):
+        with pytest.raises(errors.UnknownThread) as ei:
+            await cc.create_or_resume_run(RunRecord(run_id=unique("run-"), thread_id=thread, tenant="tenant-b"),
+                                          interrupt_active=interrupt)
+        assert ei.value.thread_id == thread and a1.run_id not in str(ei.value)
+    assert not (await cc.get_run(a1.run_id)).record.cancel_requested
+    # Still refused once the thread is idle; its own tenant goes on using it.
+    await cc.update_run(a1.run_id, RunRecord(status=COMPLETED), ["status"])
+    with pytest.raises(errors.UnknownThread):
+        await cc.create_or_resume_run(RunRecord(run_id=unique("run-"), thread_id=thread, tenant="tenant-b"))
+    a2 = await _new(cc, thread, tenant="tenant-a")
+    assert [r.run_id for r in await cc.list_runs(thread)] == [a1.run_id, a2.run_id]
+    # The same run id asked for again by anyone is returned unchanged (the caller checks it).
+    same, created = await cc.create_or_resume_run(RunRecord(run_id=a2.run_id, thread_id=thread, tenant="tenant-b"))
+    assert not created and same.tenant == "tenant-a"
+
+
 async def test_request_run_cancel_sets_the_flag_and_writes_no_status(cc: CoordinatorClient) -> None:
     rec = await _new(cc)
     out = await cc.request_run_cancel(rec.run_id, reason="user")
@@ -224,12 +246,15 @@ async def test_get_run_reports_reap_at_for_detached_running_runs(cc: Coordinator
 
 
 async def test_list_runs_by_thread_and_tenant(cc: CoordinatorClient) -> None:
-    thread = unique("th-")
-    a = await _new(cc, thread, tenant="x", started_at=1.0)
+    thread, other = unique("th-"), unique("th-")
+    x, y = unique("tenant-x-"), unique("tenant-y-")
+    a = await _new(cc, thread, tenant=x, started_at=1.0)
     await cc.update_run(a.run_id, RunRecord(status=COMPLETED), ["status"])
-    b = await _new(cc, thread, tenant="y", started_at=2.0)
+    b = await _new(cc, thread, tenant=x, started_at=2.0)
+    c = await _new(cc, other, tenant=y, started_at=3.0)
     assert [r.run_id for r in await cc.list_runs(thread)] == [a.run_id, b.run_id]
-    assert [r.run_id for r in await cc.list_runs(thread, tenant="y")] == [b.run_id]
+    assert [r.run_id for r in await cc.list_runs(thread, tenant=y)] == []
+    assert [r.run_id for r in await cc.list_runs("", tenant=y)] == [c.run_id]
     assert [r.run_id for r in await cc.list_runs(thread, limit=1)] == [b.run_id]
 
 

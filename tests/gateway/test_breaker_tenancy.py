@@ -39,3 +39,37 @@ async def test_racing_posts_of_one_run_id_never_cross_tenants_or_threads(
                 assert started["type"] == "RUN_STARTED" and started["threadId"] == thread
             else:
                 assert got.status in (400, 404), got.status
+
+
+async def test_racing_first_runs_of_two_tenants_on_one_thread_never_disclose_or_share_it(
+        host: Any, make_gateway: Any, http: httpx.AsyncClient, cc: Any) -> None:
+    """The thread goes to one tenant; the other gets 404 UNKNOWN_THREAD, never 409 with the
+    winner's run id, never a run on the winner's thread, never a cancel of the winner's run."""
+    gw: Gateway = await make_gateway(api_keys={"key-a": "tenant-a", "key-b": "tenant-b"})
+    for _round in range(6):
+        thread = unique("th-shared")
+        runs = {"key-a": unique("run-a"), "key-b": unique("run-b")}
+
+        async def post(key: str) -> tuple[str, int, dict[str, Any]]:
+            body = {**replay_body(thread, runs[key]), "interruptActive": True}
+            async with httpx.AsyncClient(trust_env=False, timeout=http.timeout) as own:
+                async with own.stream("POST", f"{gw.url}/api/chat", json=body,
+                                      headers={"Authorization": f"Bearer {key}"}) as resp:
+                    if resp.status_code == 200:
+                        return key, 200, {}
+                    await resp.aread()
+                    return key, resp.status_code, resp.json()
+
+        results = await asyncio.wait_for(asyncio.gather(post("key-a"), post("key-b")), 60)
+        winners = [key for key, status, _ in results if status == 200]
+        assert len(winners) == 1, results
+        winner = winners[0]
+        for key, status, body in results:
+            if key != winner:
+                assert status == 404 and body["reason"] == "UNKNOWN_THREAD", body
+                assert runs[winner] not in str(body)
+        # Only the winner's run is on the thread, and it was not cancelled by the loser.
+        on_thread = await cc.list_runs(thread)
+        assert [r.run_id for r in on_thread] == [runs[winner]]
+        assert on_thread[0].tenant == {"key-a": "tenant-a", "key-b": "tenant-b"}[winner]
+        assert on_thread[0].cancel_reason != "interrupted-by-new-run"
