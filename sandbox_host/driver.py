@@ -31,6 +31,11 @@ from sandbox_host import _machine as M
 from sandbox_host._records import TERMINAL, _Sandbox, accepted_chunk, status_name
 from sandbox_host._run import RunDriver
 
+
+#: Largest input (``messages``, compact JSON bytes) a run accepts: it is stored in the
+#: ``run.accepted`` chunk, one delivery-log message, with room left for the rest of the chunk.
+MAX_MESSAGES_BYTES = 768 * 1024
+
 log = logging.getLogger("baton.sandbox_host.driver")
 
 
@@ -295,6 +300,11 @@ class RunManager:
             raise InvalidArgument("messages_json", "must be a JSON array") from None
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise InvalidArgument("messages_json", "must be a JSON array of message objects")
+        size = len(json.dumps(messages, separators=(",", ":"), ensure_ascii=False).encode())
+        if size > MAX_MESSAGES_BYTES:
+            # They travel in the run.accepted chunk, one delivery-log message (NATS refuses
+            # messages over max_payload, 1 MiB by default), where a successor reads them back.
+            raise InvalidArgument("messages_json", f"is {size} bytes of JSON; at most {MAX_MESSAGES_BYTES}")
         kind = req.agent.kind or config.get("BATON_DEFAULT_AGENT")
         try:
             options = json.loads(req.agent.options_json or "{}")

@@ -48,6 +48,11 @@ Chunk = dict[str, Any]
 #: Longest delta in one CONTENT/ARGS chunk (characters): one journal line can hold MiBs
 #: (a Write of a big file), a delivery-log message should not.
 MAX_DELTA = 256 * 1024
+#: Largest TOOL_CALL_RESULT content kept, in bytes of its JSON string. One delivery-log message
+#: holds one chunk and NATS refuses messages over ``max_payload`` (1 MiB by default); Read
+#: results over 1 MiB are reported in the wild (journal-formats.md §0.2). A fixed number, not
+#: the server's setting, so every host cuts a result the same way and a replay aligns.
+MAX_RESULT_BYTES = 512 * 1024
 #: Characters of an unparsed or truncated line quoted in its CUSTOM chunk.
 QUOTE_LIMIT = 4096
 INCOMPLETE = "incomplete_journal"
@@ -72,6 +77,38 @@ def compact_json(value: Any) -> str:
 def quote(data: bytes) -> str:
     """A bounded, always-decodable quote of raw journal bytes."""
     return data[:QUOTE_LIMIT].decode("utf-8", "replace")
+
+
+def _json_size(text: str) -> int:
+    return len(json.dumps(text, ensure_ascii=False).encode())
+
+
+def _cut_marker(kept: int, total: int) -> str:
+    return f"\n[baton: tool result cut to {kept} of {total} characters]"
+
+
+def cut_result(content: str) -> tuple[str, dict[str, int] | None]:
+    """Fit a tool result into one delivery-log message (pure, deterministic).
+
+    Args:
+        content: the result text.
+
+    Returns:
+        ``(content, None)`` when its JSON string is at most :data:`MAX_RESULT_BYTES`; else
+        the longest prefix that fits together with a marker naming the cut, and
+        ``{"keptChars": k, "totalChars": n}`` for the event's metadata.
+    """
+    if _json_size(content) <= MAX_RESULT_BYTES:
+        return content, None
+    total = len(content)
+    lo, hi = 0, min(total, MAX_RESULT_BYTES)  # a character is at least one byte
+    while lo < hi:  # the longest prefix whose text + marker fits
+        mid = (lo + hi + 1) // 2
+        if _json_size(content[:mid] + _cut_marker(mid, total)) <= MAX_RESULT_BYTES:
+            lo = mid
+        else:
+            hi = mid - 1
+    return content[:lo] + _cut_marker(lo, total), {"keptChars": lo, "totalChars": total}
 
 
 class Translator:
@@ -208,7 +245,16 @@ class Translator:
         return f"{self.run_id}-{self._n}"
 
     def _emit(self, event: BaseEvent) -> None:
-        self._out.append(event_to_chunk(event))
+        chunk = event_to_chunk(event)
+        if chunk["type"] == "CUSTOM":
+            # A journal line the translator passes on as data (an unknown type, say) can be
+            # MiBs; one delivery-log message cannot. Deterministic, like cut_result.
+            raw = compact_json(chunk.get("value"))
+            size = len(raw.encode())
+            if size > MAX_RESULT_BYTES:
+                chunk["value"] = {"omitted": "larger than one delivery-log message", "bytes": size,
+                                  "text": raw[:QUOTE_LIMIT]}
+        self._out.append(chunk)
 
     def _take(self) -> list[Chunk]:
         out, self._out = self._out, []
@@ -302,6 +348,9 @@ class Translator:
             self._emit(ToolCallEndEvent(tool_call_id=tid, subagent_run_id=sub))
 
     def _tool_result(self, tid: str, content: str, subagent: str | None, metadata: dict[str, Any] | None) -> None:
+        content, cut = cut_result(content)
+        if cut is not None:
+            metadata = {**(metadata or {}), "truncated": cut}
         self._emit(ToolCallResultEvent(message_id=f"{tid}:result", tool_call_id=tid, content=content, role="tool",
                                        subagent_run_id=subagent, metadata=metadata or None))
 

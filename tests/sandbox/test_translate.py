@@ -86,6 +86,38 @@ def test_huge_line_is_split_into_bounded_chunks() -> None:
     assert "".join(deltas) == big and len(deltas) == 3 and max(map(len, deltas)) <= 256 * 1024
 
 
+def test_results_and_custom_values_too_big_for_a_message_are_cut_deterministically() -> None:
+    from sandbox_host.translate._base import MAX_RESULT_BYTES, cut_result
+
+    big = "ünïcode \"and\" escapes\n\t" * 60_000          # ~1.5 MB of JSON
+    tool = {"type": "item.completed", "item": {"id": "item_0", "type": "command_execution", "command": "cat big",
+                                                "aggregated_output": big, "exit_code": 0, "status": "completed"}}
+    odd = {"type": "brand_new_type", "blob": big}
+    journal = b"\n".join(json.dumps(x).encode() for x in (
+        {"type": "turn.started"}, tool, odd, {"type": "turn.completed"})) + b"\n"
+    ch = translate_bytes("codex-exec-json", journal, "r", "t")
+    assert ch == translate_bytes("codex-exec-json", journal, "r", "t")   # deterministic
+    for c in ch:
+        assert len(json.dumps(c, ensure_ascii=False).encode()) <= MAX_RESULT_BYTES + 1024
+    [result] = [c for c in ch if c["type"] == "TOOL_CALL_RESULT"]
+    kept = result["metadata"]["truncated"]["keptChars"]
+    assert result["metadata"]["truncated"]["totalChars"] == len(big)
+    assert result["content"].startswith(big[:kept]) and result["content"].endswith(f"of {len(big)} characters]")
+    [custom] = [c for c in ch if c["type"] == "CUSTOM" and c["name"].endswith("brand_new_type")]
+    assert custom["value"]["omitted"] and custom["value"]["bytes"] > MAX_RESULT_BYTES
+    assert len(custom["value"]["text"]) == 4096
+    assert check_well_formed(ch, require_terminal=True) == []
+    # Small results are untouched; the cut keeps the longest prefix that fits.
+    assert cut_result("short") == ("short", None)
+    from sandbox_host.translate._base import _cut_marker
+    src = "é" * (MAX_RESULT_BYTES + 10)
+    text, meta = cut_result(src)
+    assert meta is not None and len(json.dumps(text, ensure_ascii=False).encode()) <= MAX_RESULT_BYTES
+    k, n = meta["keptChars"], meta["totalChars"]
+    one_more = src[: k + 1] + _cut_marker(k + 1, n)
+    assert len(json.dumps(one_more, ensure_ascii=False).encode()) > MAX_RESULT_BYTES
+
+
 def test_truncated_journal_closes_open_items_then_errors() -> None:
     data = (CLAUDE_FILES[1].read_bytes())  # partial-messages-bash-exit-128
     cut = data.index(b'"text_delta"') + 400
