@@ -7,6 +7,11 @@ and nothing else. An answer that writes nothing (a refusal, "already so") is nev
 the cache: the store reads etcd first. With the cache, a claim or an update of a run this
 replica has seen is one etcd transaction instead of a read and a transaction.
 
+Revisions are only unique within one etcd data set: after a data wipe, revisions start over
+and a new record could land at a cached mod revision. The store therefore keeps an
+*incarnation* key holding a random id (written once, and again after a wipe); every entry
+carries the id read with it, and every write compares it too.
+
 Entries come from the store's own reads and writes (no watch: a watch would make every
 replica parse every change of every run to save a round trip on runs it may never touch).
 Pure and bounded (least recently used goes first); no I/O.
@@ -27,11 +32,14 @@ class Entry:
         run_kv: the record's key-value (``mod_revision`` is what a write compares).
         claim_kv: the claim's key-value, ``None`` when there was no claim.
         revision: the etcd revision the two were read or written at.
+        incarnation: the store's incarnation id when they were read (a write compares it
+            too, so an entry from before an etcd data wipe never matches).
     """
 
     run_kv: rpc.KeyValue
     claim_kv: rpc.KeyValue | None
     revision: int
+    incarnation: bytes
 
 
 class RecordCache:
@@ -58,21 +66,22 @@ class RecordCache:
         return entry
 
     def put(self, run_id: str, run_kv: rpc.KeyValue | None, claim_kv: rpc.KeyValue | None,
-            revision: int) -> None:
-        """Remember what etcd held at ``revision``.
+            revision: int, incarnation: bytes) -> None:
+        """Remember what etcd held at ``revision`` in ``incarnation``.
 
-        An older observation (``revision`` below the entry's) is ignored, so a slow read
-        cannot overwrite a newer write. ``run_kv=None`` (no record) forgets the run.
+        An older observation of the same incarnation (``revision`` below the entry's) is
+        ignored, so a slow read cannot overwrite a newer write. ``run_kv=None`` (no record)
+        or an empty ``incarnation`` (unknown) forgets the run.
         """
         if self.size == 0:
             return
         old = self._entries.get(run_id)
-        if old is not None and old.revision > revision:
+        if old is not None and old.incarnation == incarnation and old.revision > revision:
             return
-        if run_kv is None:
+        if run_kv is None or not incarnation:
             self._entries.pop(run_id, None)
             return
-        self._entries[run_id] = Entry(run_kv, claim_kv, revision)
+        self._entries[run_id] = Entry(run_kv, claim_kv, revision, incarnation)
         self._entries.move_to_end(run_id)
         while len(self._entries) > self.size:
             self._entries.popitem(last=False)
@@ -80,3 +89,7 @@ class RecordCache:
     def forget(self, run_id: str) -> None:
         """Drop the entry (the next write of this run reads etcd first)."""
         self._entries.pop(run_id, None)
+
+    def clear(self) -> None:
+        """Drop every entry (etcd's data is not the one they were read from)."""
+        self._entries.clear()

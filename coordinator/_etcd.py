@@ -85,6 +85,11 @@ def cmp_absent(key: bytes, range_end: bytes = b"") -> Cmp:
     return Cmp(key=key, range_end=range_end, target=Cmp.CREATE, result=Cmp.EQUAL, create_revision=0)
 
 
+def cmp_value(key: bytes, value: bytes) -> Cmp:
+    """The key exists and holds ``value``."""
+    return Cmp(key=key, target=Cmp.VALUE, result=Cmp.EQUAL, value=value)
+
+
 def cmp_lease(key: bytes, lease_id: int) -> Cmp:
     """The key exists and is attached to ``lease_id``."""
     return Cmp(key=key, target=Cmp.LEASE, result=Cmp.EQUAL, lease=lease_id)

@@ -16,6 +16,7 @@ range over ``readers/<run>/`` can never catch another run's readers.
 ``hosts/<host>``                        HostInfo (protobuf bytes), under the host's lease
 ``sessions/<lease hex>``                owner of a session, under its lease (operators)
 ``election/<lease hex>``                leader-election candidates (as etcd election.go)
+``incarnation``                         created once per etcd data set (record cache validity)
 =====================================  ==================================================
 """
 from __future__ import annotations
@@ -120,6 +121,10 @@ class Keys:
 
     def session(self, session_id: int) -> bytes:
         return self._k("sessions", f"{session_id:016x}")
+
+    @property
+    def incarnation(self) -> bytes:
+        return self._k("incarnation")
 
     @property
     def election(self) -> bytes:

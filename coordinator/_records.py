@@ -13,8 +13,9 @@ TERMINAL = frozenset({RunStatus.RUN_STATUS_COMPLETED, RunStatus.RUN_STATUS_FAILE
                       RunStatus.RUN_STATUS_ABORTED})
 
 # Paths a field mask may name. Identity and the store's own bookkeeping are not writable:
-# run_id/thread_id key the indexes, revision is the store's.
-_READ_ONLY = frozenset({"run_id", "thread_id", "revision"})
+# run_id/thread_id key the indexes, tenant owns the thread (threads/<t>/tenant), revision is
+# the store's, and driver_epoch only ever rises, by ClaimRun (the fence, DESIGN.md §3.2).
+_READ_ONLY = frozenset({"run_id", "thread_id", "revision", "tenant", "driver_epoch"})
 WRITABLE = frozenset(f.name for f in RunRecord.DESCRIPTOR.fields) - _READ_ONLY
 
 

@@ -13,8 +13,10 @@ back in its failure branch; answers that write nothing are always given from a f
 from __future__ import annotations
 
 import enum
+import logging
 import math
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Generic, Sequence, TypeVar
 
@@ -29,6 +31,8 @@ from coordinator._cache import RecordCache
 from coordinator._keys import Keys, prefix_end
 from coordinator._records import (apply_mask, cancels_on_disconnect, is_active, is_reclaimable,
                                   is_terminal)
+
+log = logging.getLogger(__name__)
 
 PURPOSES = ("drive", "finalize")
 
@@ -89,7 +93,13 @@ class Snapshot:
     record: RunRecord | None
     claim_kv: E.KV | None
     revision: int
+    incarnation: bytes
     cached: bool = False
+
+
+#: The failure branch of every record write reads the record, the claim and the incarnation
+#: key first; a plan's own failure ops answer from this index on.
+FAILURE_READS = 3
 
 
 T = TypeVar("T")
@@ -108,8 +118,8 @@ class Plan(Generic[T]):
         ops: further ops in the same transaction.
         claim: the claim key-value after the write (for the cache): ``_KEEP`` when the write
             leaves it, ``None`` when it deletes it.
-        failure: further ops in the failure branch, after its record and claim reads (so
-            their responses start at index 2).
+        failure: further ops in the failure branch, after its record, claim and incarnation
+            reads (so their responses start at index :data:`FAILURE_READS`).
         give_up: called with a failed transaction; true ends ``mutate`` with ``None``
             instead of retrying (e.g. the failure was a reader key existing).
     """
@@ -144,27 +154,53 @@ class RunStore:
         self.keys = Keys(prefix)
         self.clock = clock
         self.cache = RecordCache(cache_size)
+        self._incarnation = b""  # value of the incarnation key last seen
 
     # --- reads -----------------------------------------------------------------------
 
-    async def _snapshot(self, run_id: str, b: _Budget) -> Snapshot:
-        """Record and claim in one read (remembered in the cache)."""
+    def _reads(self, run_id: str) -> list[E.Op]:
         k = self.keys
-        r = await self.etcd.txn([], [E.get(k.run(run_id)), E.get(k.claim(run_id))], timeout=b.left())
-        return self._observed(run_id, r, 0)
+        return [E.get(k.run(run_id)), E.get(k.claim(run_id)), E.get(k.incarnation)]
+
+    async def _snapshot(self, run_id: str, b: _Budget) -> Snapshot:
+        """Record, claim and incarnation in one read (remembered in the cache).
+
+        Creates the incarnation key when it is missing (first use of the prefix, or etcd's
+        data was wiped) and reads again.
+        """
+        while True:
+            r = await self.etcd.txn([], self._reads(run_id), timeout=b.left())
+            snap = self._observed(run_id, r, 0)
+            if snap.incarnation:
+                return snap
+            await self._create_incarnation(b)
+
+    async def _create_incarnation(self, b: _Budget) -> None:
+        """Write the incarnation key (a random id) unless it exists."""
+        key = self.keys.incarnation
+        await self.etcd.txn([E.cmp_absent(key)], [E.put(key, uuid.uuid4().hex.encode())], timeout=b.left())
 
     def _observed(self, run_id: str, r: E.TxnResult, at: int) -> Snapshot:
-        """The snapshot in responses ``at`` (record) and ``at + 1`` (claim) of ``r``."""
-        kv, claim_kv = _first(r.kvs(at)), _first(r.kvs(at + 1))
-        self.cache.put(run_id, kv, claim_kv, r.revision)
-        return Snapshot(run_id, kv, _record(kv), claim_kv, r.revision)
+        """The snapshot in responses ``at`` .. ``at + 2`` (record, claim, incarnation) of ``r``."""
+        kv, claim_kv, inc_kv = _first(r.kvs(at)), _first(r.kvs(at + 1)), _first(r.kvs(at + 2))
+        incarnation = inc_kv.value if inc_kv is not None else b""
+        if incarnation != self._incarnation:
+            if self._incarnation:
+                # etcd's data is not the one the cache was filled from (wiped while we ran):
+                # revisions may repeat, forget them all.
+                log.warning("etcd incarnation changed (%s -> %s): record cache cleared",
+                            self._incarnation.decode(errors="replace"), incarnation.decode(errors="replace"))
+                self.cache.clear()
+            self._incarnation = incarnation
+        self.cache.put(run_id, kv, claim_kv, r.revision, incarnation)
+        return Snapshot(run_id, kv, _record(kv), claim_kv, r.revision, incarnation)
 
     def _cached(self, run_id: str) -> Snapshot | None:
         entry = self.cache.get(run_id)
         if entry is None:
             return None
         return Snapshot(run_id, entry.run_kv, _record(entry.run_kv), entry.claim_kv,
-                         entry.revision, cached=True)
+                        entry.revision, entry.incarnation, cached=True)
 
     async def _index_ops(self, snap: Snapshot, new: RunRecord, b: _Budget) -> tuple[list[E.Cmp], list[E.Op]]:
         """Compares and ops that keep the thread-active and reclaimable indexes in step.
@@ -184,8 +220,11 @@ class RunStore:
             active_rev = active_kv.mod_revision if active_kv else 0
             points_here = active_kv is not None and active_kv.value.decode() == new.run_id
             # Only a transition into `running` claims the index: a run that stays running (an
-            # interrupted-by-new-run one, say) must not take it back from the newer run.
+            # interrupted-by-new-run one, say) must not take it back from the newer run, and a
+            # run coming back to `running` while another run of the thread runs is refused.
             if is_active(new) and not points_here:
+                if active_kv is not None:
+                    raise ThreadBusy(new.thread_id, active_kv.value.decode())
                 cmps.append(E.cmp_mod(active_key, active_rev))
                 ops.append(E.put(active_key, new.run_id.encode()))
             elif not is_active(new) and points_here:
@@ -220,7 +259,8 @@ class RunStore:
             ``plan.result`` of the attempt that answered, or ``None`` when ``give_up`` said so.
 
         Raises:
-            BatonError: whatever ``decide`` raised on a fresh snapshot.
+            BatonError: whatever ``decide`` raised on a fresh snapshot; ``ThreadBusy`` when
+                the write would make the run ``running`` while another run of its thread is.
             StoreUnavailable: etcd did not answer within ``timeout``.
             coordinator._etcd.LeaseNotFound: a put named a lease etcd does not know.
         """
@@ -239,13 +279,21 @@ class RunStore:
                     return plan.result
                 snap = await self._snapshot(run_id, b)
                 continue
-            res = await self._write(snap, plan.new, b, plan.cmps, plan.ops, plan.failure)
+            try:
+                res = await self._write(snap, plan.new, b, plan.cmps, plan.ops, plan.failure)
+            except BatonError:  # the indexes refused the write (ThreadBusy): as for decide
+                if not snap.cached:
+                    raise
+                snap = await self._snapshot(run_id, b)
+                continue
             if res.succeeded:
                 self._remember(snap, plan, res.revision)
                 return plan.result
             if plan.give_up is not None and plan.give_up(res):
                 return None
             snap = self._observed(run_id, res, 0)
+            if not snap.incarnation:
+                snap = await self._snapshot(run_id, b)
 
     def _remember(self, snap: Snapshot, plan: Plan[T], revision: int) -> None:
         """Cache what a committed write left in etcd (all its keys carry ``revision``)."""
@@ -260,28 +308,28 @@ class RunStore:
                 claim_kv = E.KV()
                 claim_kv.CopyFrom(plan.claim)
                 claim_kv.mod_revision = revision
-        self.cache.put(snap.run_id, run_kv, claim_kv, revision)
+        self.cache.put(snap.run_id, run_kv, claim_kv, revision, snap.incarnation)
 
     async def _write(self, snap: Snapshot, new: RunRecord | None, b: _Budget,
                      cmps: Sequence[E.Cmp] = (), ops: Sequence[E.Op] = (),
                      failure: Sequence[E.Op] = ()) -> E.TxnResult:
-        """Put ``new`` (``None``: leave the record) if the record and indexes are still as
-        in ``snap``. The failure branch reads the record and claim (responses 0 and 1),
-        then runs ``failure``."""
-        run_key, claim_key = self.keys.run(snap.run_id), self.keys.claim(snap.run_id)
-        all_cmps = [E.cmp_mod(run_key, snap.kv.mod_revision if snap.kv is not None else 0), *cmps]
+        """Put ``new`` (``None``: leave the record) if the record, indexes and incarnation
+        are still as in ``snap``. The failure branch reads the record, claim and incarnation
+        (responses 0 to 2), then runs ``failure``."""
+        run_key = self.keys.run(snap.run_id)
+        all_cmps = [E.cmp_mod(run_key, snap.kv.mod_revision if snap.kv is not None else 0),
+                    E.cmp_value(self.keys.incarnation, snap.incarnation), *cmps]
         all_ops = list(ops)
         if new is not None:
             icmps, iops = await self._index_ops(snap, new, b)
             all_cmps += icmps
             all_ops = [E.put(run_key, _bytes(new)), *iops, *ops]
-        return await self.etcd.txn(all_cmps, all_ops, [E.get(run_key), E.get(claim_key), *failure],
+        return await self.etcd.txn(all_cmps, all_ops, [*self._reads(snap.run_id), *failure],
                                    timeout=b.left())
 
     async def get_run(self, run_id: str, *, timeout: float) -> tuple[RunRecord | None, Claim | None]:
         """The record and the live claim (either may be ``None``)."""
-        k = self.keys
-        r = await self.etcd.txn([], [E.get(k.run(run_id)), E.get(k.claim(run_id))], timeout=timeout)
+        r = await self.etcd.txn([], self._reads(run_id), timeout=timeout)
         snap = self._observed(run_id, r, 0)
         return snap.record, _claim(snap.claim_kv)
 
@@ -333,9 +381,11 @@ class RunStore:
                                timeout: float) -> tuple[RunRecord, bool]:
         """Return the existing record unchanged, or create it ``running``.
 
-        A thread belongs to the tenant of its first run (``threads/<thread>/tenant``, written
-        in the same transaction); a run of another tenant on it is refused as if the thread
-        did not exist, before anything about its runs is looked at.
+        An existing run id is returned as it is, whoever asks (the gateway checks its tenant
+        before serving it). A thread belongs to the tenant of its first run
+        (``threads/<thread>/tenant``, written in the same transaction; for a thread from before
+        that key, the tenant of its first run): a new run of another tenant on it is refused as
+        if the thread did not exist, before anything about its runs is looked at.
 
         Raises:
             UnknownThread: the thread belongs to another tenant.
@@ -346,22 +396,30 @@ class RunStore:
         run_key, active_key = k.run(seed.run_id), k.thread_active(seed.thread_id)
         owner_key = k.thread_tenant(seed.thread_id)
         while True:
-            r = await self.etcd.txn([], [E.get(run_key), E.get(active_key), E.get(owner_key)],
+            member = k.thread_runs(seed.thread_id)
+            r = await self.etcd.txn([], [E.get(run_key), E.get(active_key), E.get(owner_key),
+                                         E.get(k.incarnation), E.get(member, prefix_end(member), limit=1)],
                                     timeout=b.left())
             existing = _record(_first(r.kvs(0)))
             if existing is not None:
                 return existing, False
+            if not r.kvs(3):  # first use of the prefix (or a wiped etcd): see _snapshot
+                await self._create_incarnation(b)
+                continue
             active_kv, owner_kv = _first(r.kvs(1)), _first(r.kvs(2))
             if owner_kv is not None and owner_kv.value.decode() != seed.tenant:
                 raise UnknownThread(seed.thread_id)
+            if owner_kv is None and r.kvs(4):
+                # A thread from before owner keys: it belongs to the tenant of its runs.
+                first = await self._snapshot(k.run_id_of_thread_run(seed.thread_id, r.kvs(4)[0].key), b)
+                if first.record is not None and first.record.tenant != seed.tenant:
+                    raise UnknownThread(seed.thread_id)
             cmps = [E.cmp_absent(run_key), E.cmp_mod(active_key, active_kv.mod_revision if active_kv else 0),
                     E.cmp_mod(owner_key, owner_kv.mod_revision if owner_kv else 0)]
             ops: list[E.Op] = []
             if active_kv is not None:
                 other_snap = await self._snapshot(active_kv.value.decode(), b)
                 other = other_snap.record
-                if other is not None and other.tenant != seed.tenant:
-                    raise UnknownThread(seed.thread_id)  # a thread from before owner keys
                 if is_active(other):
                     assert other is not None and other_snap.kv is not None
                     if not interrupt_active:
@@ -389,8 +447,9 @@ class RunStore:
                 new.revision = res.revision
                 if active_kv is not None:
                     self.cache.forget(active_kv.value.decode())
+                inc_kv = _first(r.kvs(3))
                 self.cache.put(new.run_id, E.KV(key=run_key, value=_bytes(new), mod_revision=res.revision),
-                               None, res.revision)
+                               None, res.revision, inc_kv.value if inc_kv else b"")
                 return new, True
 
     async def update_run(self, run_id: str, patch: RunRecord, paths: Sequence[str], epoch: int,
@@ -404,6 +463,8 @@ class RunStore:
 
         Raises:
             RunClaimLost: owner write whose claim is gone or belongs to another epoch.
+            ThreadBusy: the write makes the run ``running`` again while another run of its
+                thread is running (one active run per thread).
         """
         claim_key = self.keys.claim(run_id)
 
@@ -524,9 +585,12 @@ class RunStore:
             if claim is None or claim.session_id != session_id or claim.epoch != epoch:
                 return False
             res = await self.etcd.txn([E.cmp_mod(key, kvs[0].mod_revision)],
-                                      [E.delete(key), E.get(run_key)], timeout=b.left())
+                                      [E.delete(key), E.get(run_key), E.get(self.keys.incarnation)],
+                                      timeout=b.left())
             if res.succeeded:
-                self.cache.put(run_id, _first(res.kvs(1)), None, res.revision)
+                inc_kv = _first(res.kvs(2))
+                self.cache.put(run_id, _first(res.kvs(1)), None, res.revision,
+                               inc_kv.value if inc_kv else b"")
                 return True
 
     async def watch_run(self, run_id: str, *, timeout: float) -> AsyncIterator[tuple[RunRecord | None, Claim | None]]:
@@ -610,7 +674,7 @@ class RunStore:
                 new.cancel_reason = "disconnected"
             return Plan(new, new=new, cmps=[E.cmp_absent(readers, prefix_end(readers))],
                         failure=[E.get(readers, prefix_end(readers), count_only=True)],
-                        give_up=lambda res: res.count(2) > 0)
+                        give_up=lambda res: res.count(FAILURE_READS) > 0)
 
         return await self.mutate(run_id, decide, timeout=timeout)
 

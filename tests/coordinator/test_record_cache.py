@@ -204,29 +204,42 @@ def _ids(cache: RecordCache, ids: Sequence[str]) -> list[str]:
 
 def test_least_recently_used_goes_first() -> None:
     cache = RecordCache(2)
-    cache.put("a", _kv(1), None, 1)
-    cache.put("b", _kv(2), None, 2)
+    cache.put("a", _kv(1), None, 1, b"i1")
+    cache.put("b", _kv(2), None, 2, b"i1")
     assert cache.get("a") is not None          # a is now the most recent
-    cache.put("c", _kv(3), None, 3)
+    cache.put("c", _kv(3), None, 3, b"i1")
     assert _ids(cache, ["a", "b", "c"]) == ["a", "c"] and len(cache) == 2
 
 
 def test_an_older_observation_never_replaces_a_newer_one() -> None:
     cache = RecordCache(4)
-    cache.put("a", _kv(7), _kv(7), 7)
-    cache.put("a", _kv(5), None, 6)            # a slow read that started before the write
+    cache.put("a", _kv(7), _kv(7), 7, b"i1")
+    cache.put("a", _kv(5), None, 6, b"i1")            # a slow read that started before the write
     e = cache.get("a")
     assert e is not None and (e.run_kv.mod_revision, e.claim_kv is not None, e.revision) == (7, True, 7)
-    cache.put("a", _kv(7), None, 9)            # same record, claim gone by revision 9
+    cache.put("a", _kv(7), None, 9, b"i1")            # same record, claim gone by revision 9
     e = cache.get("a")
     assert e is not None and e.claim_kv is None and e.revision == 9
-    cache.put("a", None, None, 10)             # the record is gone: forget it
+    cache.put("a", None, None, 10, b"i1")             # the record is gone: forget it
     assert cache.get("a") is None
+
+
+def test_another_incarnation_replaces_an_entry_and_an_unknown_one_forgets_it() -> None:
+    cache = RecordCache(4)
+    cache.put("a", _kv(900), None, 900, b"i1")
+    cache.put("a", _kv(5), None, 5, b"i2")        # etcd's data was replaced: revisions restarted
+    e = cache.get("a")
+    assert e is not None and (e.revision, e.incarnation) == (5, b"i2")
+    cache.put("a", _kv(6), None, 6, b"")         # read while no incarnation key existed
+    assert cache.get("a") is None
+    cache.put("b", _kv(7), None, 7, b"i2")
+    cache.clear()
+    assert len(cache) == 0
 
 
 def test_size_zero_remembers_nothing_and_negative_is_refused() -> None:
     cache = RecordCache(0)
-    cache.put("a", _kv(1), None, 1)
+    cache.put("a", _kv(1), None, 1, b"i1")
     assert cache.get("a") is None and len(cache) == 0
     with pytest.raises(ValueError, match="size"):
         RecordCache(-1)

@@ -23,7 +23,8 @@ def test_apply_mask_sets_clears_and_leaves_the_rest() -> None:
     assert cur.detached_since == 5.0   # the input is not modified
 
 
-@pytest.mark.parametrize("path", ["run_id", "thread_id", "revision", "nope", "error.message"])
+@pytest.mark.parametrize("path", ["run_id", "thread_id", "revision", "tenant", "driver_epoch", "nope",
+                                  "error.message"])
 def test_check_paths_refuses_read_only_and_unknown(path: str) -> None:
     with pytest.raises(errors.InvalidArgument) as ei:
         check_paths([path])

@@ -61,11 +61,11 @@ async def test_update_round_trips_every_field_and_explicit_clear_removes_it(cc: 
         status=INTERRUPTED, started_at=100.5, finished_at=200.25,
         error=RunError(message="boom", code="agent_exit"),
         usage=Usage(input_tokens=11, output_tokens=22, cost_usd=0.5), sandbox_key="sb-x",
-        detached_since=150.0, cancel_requested=True, driver_epoch=4, driver_host="host-a",
+        detached_since=150.0, cancel_requested=True, driver_host="host-a",
         agent=AgentSpec(kind="claude-code", options_json="{}"), parent_run_id="parent-1",
-        tenant="t1", cancel_on_disconnect=True, keep_sandbox=True, cancel_reason="user")
+        cancel_on_disconnect=True, keep_sandbox=True, cancel_reason="user")
     paths = ["status", "started_at", "finished_at", "error", "usage", "sandbox_key", "detached_since",
-             "cancel_requested", "driver_epoch", "driver_host", "agent", "parent_run_id", "tenant",
+             "cancel_requested", "driver_host", "agent", "parent_run_id",
              "cancel_on_disconnect", "keep_sandbox", "cancel_reason"]
     outcome, out = await cc.update_run(rec.run_id, patch, paths)
     assert outcome is UpdateOutcome.APPLIED
@@ -88,9 +88,29 @@ async def test_update_round_trips_every_field_and_explicit_clear_removes_it(cc: 
     assert stored.sandbox_key == "" and stored.driver_host == "h2"
 
 
+async def _raise_epoch(cc: CoordinatorClient, run_id: str, to: int) -> None:
+    """Claim and release until ``driver_epoch`` is ``to`` (only ClaimRun raises it)."""
+    s = await cc.open_session(5.0, owner="epoch-raiser")
+    for _ in range(to):
+        epoch, _rec = await cc.claim_run(run_id, s, "h")
+        assert await cc.release_claim(run_id, s, epoch)
+    await s.close()
+    assert (await cc.get_run(run_id)).record.driver_epoch == to
+
+
+async def test_driver_epoch_and_tenant_are_not_writable_by_update(cc: CoordinatorClient) -> None:
+    rec = await _new(cc, tenant="t1")
+    for path, patch in (("driver_epoch", RunRecord(driver_epoch=0)), ("tenant", RunRecord(tenant="t2"))):
+        with pytest.raises(errors.InvalidArgument) as ei:
+            await cc.update_run(rec.run_id, patch, [path])
+        assert ei.value.field == "update_mask" and path in ei.value.problem
+    stored = (await cc.get_run(rec.run_id)).record
+    assert (stored.tenant, stored.driver_epoch, stored.revision) == ("t1", 0, rec.revision)
+
+
 async def test_terminal_write_below_driver_epoch_is_suppressed(cc: CoordinatorClient) -> None:
     rec = await _new(cc)
-    await cc.update_run(rec.run_id, RunRecord(driver_epoch=3), ["driver_epoch"])
+    await _raise_epoch(cc, rec.run_id, 3)
     for status in (COMPLETED, FAILED, ABORTED):
         outcome, out = await cc.update_run(rec.run_id, RunRecord(status=status, finished_at=5.0),
                                            ["status", "finished_at"], epoch=2)
@@ -101,7 +121,7 @@ async def test_terminal_write_below_driver_epoch_is_suppressed(cc: CoordinatorCl
 
 async def test_non_terminal_write_with_old_epoch_passes(cc: CoordinatorClient) -> None:
     rec = await _new(cc)
-    await cc.update_run(rec.run_id, RunRecord(driver_epoch=5), ["driver_epoch"])
+    await _raise_epoch(cc, rec.run_id, 5)
     outcome, out = await cc.update_run(rec.run_id, RunRecord(status=INTERRUPTED, sandbox_key="kept"),
                                        ["status", "sandbox_key"], epoch=1)
     assert outcome is UpdateOutcome.APPLIED
@@ -110,7 +130,7 @@ async def test_non_terminal_write_with_old_epoch_passes(cc: CoordinatorClient) -
 
 async def test_terminal_write_at_current_epoch_applies(cc: CoordinatorClient) -> None:
     rec = await _new(cc)
-    await cc.update_run(rec.run_id, RunRecord(driver_epoch=2), ["driver_epoch"])
+    await _raise_epoch(cc, rec.run_id, 2)
     outcome, out = await cc.update_run(rec.run_id, RunRecord(status=COMPLETED, finished_at=9.0),
                                        ["status", "finished_at"], epoch=2)
     assert outcome is UpdateOutcome.APPLIED
