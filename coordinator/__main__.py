@@ -38,7 +38,15 @@ async def _serve(argv: Sequence[str] | None) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=baton_config.get("BATON_LOG_LEVEL").upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    asyncio.run(_serve(argv))
+    loop = baton_config.get("BATON_EVENT_LOOP")
+    if loop == "uvloop":
+        import uvloop
+
+        uvloop.run(_serve(argv))
+    elif loop == "asyncio":
+        asyncio.run(_serve(argv))
+    else:
+        sys.exit(f"BATON_EVENT_LOOP must be uvloop or asyncio, got {loop!r}")
 
 
 if __name__ == "__main__":

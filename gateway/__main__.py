@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> None:
         # Streams end quickly on shutdown: readers see the disconnect and unregister.
         timeout_graceful_shutdown=5,
         lifespan="on",
+        loop="asyncio",  # not uvicorn's "auto" (uvloop when installed): the tested loop
     ))
     try:
         server.run()

@@ -134,3 +134,14 @@ async def test_leader_crash_hands_over_after_the_lease_expires(etcd: EtcdServer,
 
 async def _eq(aw, expected) -> bool:  # type: ignore[no-untyped-def]
     return (await aw) == expected
+
+
+def test_an_unknown_event_loop_setting_is_refused_by_name() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "BATON_EVENT_LOOP": "tokio", "BATON_COORDINATOR_LISTEN": "127.0.0.1:0"}
+    p = subprocess.run([sys.executable, "-m", "coordinator"], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0
+    assert "BATON_EVENT_LOOP must be uvloop or asyncio, got 'tokio'" in p.stderr
