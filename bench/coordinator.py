@@ -39,7 +39,7 @@ from coordinator._keys import Keys
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "coordinator.json"
 COUNTS = {1: 300, 20: 1500}  # operations per (path, op, concurrency) cell and round
-ROUNDS = 3  # every cell is measured this many times, the paths interleaved (noise hits all)
+ROUNDS = 5  # every cell is measured this many times, the paths interleaved (noise hits all)
 
 
 async def _seed_runs(etcd: aetcd.Client, keys: Keys, run_ids: list[str]) -> None:
@@ -185,7 +185,7 @@ async def _run(server: EtcdServer, tmp: pathlib.Path) -> dict[str, Any]:
     try:
         async with aetcd.Client(host=host, port=int(port)) as etcd, CoordinatorClient(cp.address) as cc:
             session = await cc.open_session(60.0, owner="bench")
-            lease = await etcd.lease(60)
+            lease = await etcd.lease(3600)  # no keep-alive: outlives the bench
             raw = _Raw(etcd, raw_keys, lease)
 
             async def coord_claim(rid: str) -> None:
