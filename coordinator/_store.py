@@ -69,6 +69,10 @@ def _claim(kv: E.KV | None) -> Claim | None:
     return None if kv is None else Claim.FromString(kv.value)
 
 
+def _value(kv: E.KV | None) -> bytes:
+    return kv.value if kv is not None else b""
+
+
 def _first(kvs: Sequence[E.KV]) -> E.KV | None:
     return kvs[0] if kvs else None
 
@@ -183,7 +187,7 @@ class RunStore:
     def _observed(self, run_id: str, r: E.TxnResult, at: int) -> Snapshot:
         """The snapshot in responses ``at`` .. ``at + 2`` (record, claim, incarnation) of ``r``."""
         kv, claim_kv, inc_kv = _first(r.kvs(at)), _first(r.kvs(at + 1)), _first(r.kvs(at + 2))
-        incarnation = inc_kv.value if inc_kv is not None else b""
+        incarnation = _value(inc_kv)
         if incarnation != self._incarnation:
             if self._incarnation:
                 # etcd's data is not the one the cache was filled from (wiped while we ran):
@@ -279,15 +283,16 @@ class RunStore:
                     return plan.result
                 snap = await self._snapshot(run_id, b)
                 continue
+            value = _bytes(plan.new) if plan.new is not None else b""
             try:
-                res = await self._write(snap, plan.new, b, plan.cmps, plan.ops, plan.failure)
+                res = await self._write(snap, plan.new, value, b, plan.cmps, plan.ops, plan.failure)
             except BatonError:  # the indexes refused the write (ThreadBusy): as for decide
                 if not snap.cached:
                     raise
                 snap = await self._snapshot(run_id, b)
                 continue
             if res.succeeded:
-                self._remember(snap, plan, res.revision)
+                self._remember(snap, plan, value, res.revision)
                 return plan.result
             if plan.give_up is not None and plan.give_up(res):
                 return None
@@ -295,12 +300,12 @@ class RunStore:
             if not snap.incarnation:
                 snap = await self._snapshot(run_id, b)
 
-    def _remember(self, snap: Snapshot, plan: Plan[T], revision: int) -> None:
+    def _remember(self, snap: Snapshot, plan: Plan[T], value: bytes, revision: int) -> None:
         """Cache what a committed write left in etcd (all its keys carry ``revision``)."""
         run_kv = snap.kv
         if plan.new is not None:
             plan.new.revision = revision
-            run_kv = E.KV(key=self.keys.run(snap.run_id), value=_bytes(plan.new), mod_revision=revision)
+            run_kv = E.KV(key=self.keys.run(snap.run_id), value=value, mod_revision=revision)
         claim_kv = snap.claim_kv
         if plan.claim is not _KEEP:
             claim_kv = None
@@ -310,7 +315,7 @@ class RunStore:
                 claim_kv.mod_revision = revision
         self.cache.put(snap.run_id, run_kv, claim_kv, revision, snap.incarnation)
 
-    async def _write(self, snap: Snapshot, new: RunRecord | None, b: _Budget,
+    async def _write(self, snap: Snapshot, new: RunRecord | None, value: bytes, b: _Budget,
                      cmps: Sequence[E.Cmp] = (), ops: Sequence[E.Op] = (),
                      failure: Sequence[E.Op] = ()) -> E.TxnResult:
         """Put ``new`` (``None``: leave the record) if the record, indexes and incarnation
@@ -323,7 +328,7 @@ class RunStore:
         if new is not None:
             icmps, iops = await self._index_ops(snap, new, b)
             all_cmps += icmps
-            all_ops = [E.put(run_key, _bytes(new)), *iops, *ops]
+            all_ops = [E.put(run_key, value), *iops, *ops]
         return await self.etcd.txn(all_cmps, all_ops, [*self._reads(snap.run_id), *failure],
                                    timeout=b.left())
 
@@ -438,7 +443,8 @@ class RunStore:
             new.status = RunStatus.RUN_STATUS_RUNNING
             if not new.HasField("started_at"):
                 new.started_at = self.clock()
-            ops += [E.put(run_key, _bytes(new)), E.put(active_key, new.run_id.encode()),
+            value = _bytes(new)
+            ops += [E.put(run_key, value), E.put(active_key, new.run_id.encode()),
                     E.put(k.thread_run(new.thread_id, new.run_id), b"")]
             if owner_kv is None:
                 ops.append(E.put(owner_key, seed.tenant.encode()))
@@ -448,8 +454,8 @@ class RunStore:
                 if active_kv is not None:
                     self.cache.forget(active_kv.value.decode())
                 inc_kv = _first(r.kvs(3))
-                self.cache.put(new.run_id, E.KV(key=run_key, value=_bytes(new), mod_revision=res.revision),
-                               None, res.revision, inc_kv.value if inc_kv else b"")
+                self.cache.put(new.run_id, E.KV(key=run_key, value=value, mod_revision=res.revision),
+                               None, res.revision, _value(inc_kv))
                 return new, True
 
     async def update_run(self, run_id: str, patch: RunRecord, paths: Sequence[str], epoch: int,
@@ -590,7 +596,7 @@ class RunStore:
             if res.succeeded:
                 inc_kv = _first(res.kvs(2))
                 self.cache.put(run_id, _first(res.kvs(1)), None, res.revision,
-                               inc_kv.value if inc_kv else b"")
+                               _value(inc_kv))
                 return True
 
     async def watch_run(self, run_id: str, *, timeout: float) -> AsyncIterator[tuple[RunRecord | None, Claim | None]]:

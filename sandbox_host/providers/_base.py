@@ -8,6 +8,7 @@ process groups and destroys them. Any host that reaches the same machine (local)
 from __future__ import annotations
 
 import abc
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping, Sequence
 
@@ -129,3 +130,27 @@ class Provider(abc.ABC):
         a run is final. The default finds nothing (providers that cannot list by run).
         """
         return 0
+
+
+async def run_host_command(argv: Sequence[str], cwd: str | None, env: Mapping[str, str]) -> tuple[int, bytes]:
+    """Run a command on the host (sandbox set-up: git, a setup script) → ``(exit code, stderr)``.
+
+    stdout is discarded; a cancelled caller kills the command before the cancel goes on.
+    """
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        cwd=cwd,
+        env=dict(env),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        _, err = await proc.communicate()
+    except BaseException:
+        if proc.returncode is None:
+            proc.kill()
+            await asyncio.shield(proc.wait())
+        raise
+    assert proc.returncode is not None
+    return proc.returncode, err

@@ -46,7 +46,7 @@ from baton import config
 from baton.errors import SandboxBuildFailed, SandboxReclaimFailed
 from sandbox_host import journal as _journal
 from sandbox_host._wrapper import wrapper_argv, wrapper_script
-from sandbox_host.providers._base import Provider, SandboxHandle, SandboxSpec
+from sandbox_host.providers._base import Provider, SandboxHandle, SandboxSpec, run_host_command
 from sandbox_host.providers._redact import redact
 from sandbox_host.providers.local import _is_git_source
 
@@ -280,11 +280,11 @@ class DockerProvider(Provider):
         try:
             clone = os.path.join(tmp, "repo")
             git_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_TERMINAL_PROMPT": "0", "HOME": tmp}
-            code, err = await _run_host(["git", "clone", "--quiet", "--", src, clone], None, git_env)
+            code, err = await run_host_command(["git", "clone", "--quiet", "--", src, clone], None, git_env)
             if code != 0:
                 raise SandboxBuildFailed("workspace", redact(f"git clone exit {code}: {_tail(err)}", spec.secrets))
             if spec.git_ref:
-                code, err = await _run_host(
+                code, err = await run_host_command(
                     ["git", "-c", "advice.detachedHead=false", "checkout", "--quiet", spec.git_ref, "--"],
                     clone,
                     git_env,
@@ -569,25 +569,6 @@ class DockerProvider(Provider):
         return [str(c["Id"]) for c in found]
 
 
-async def _run_host(argv: Sequence[str], cwd: str | None, env: Mapping[str, str]) -> tuple[int, bytes]:
-    """Run a host command (git), returning ``(exit code, stderr)``."""
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        cwd=cwd,
-        env=dict(env),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        _, err = await proc.communicate()
-    except BaseException:
-        if proc.returncode is None:
-            proc.kill()
-            await asyncio.shield(proc.wait())
-        raise
-    assert proc.returncode is not None
-    return proc.returncode, err
 
 
 def _close_response(stream: Any) -> None:

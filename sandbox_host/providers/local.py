@@ -25,7 +25,7 @@ from baton.errors import SandboxBuildFailed
 from baton.ids import file_stem
 from sandbox_host import journal as _journal
 from sandbox_host._wrapper import wrapper_argv, wrapper_script
-from sandbox_host.providers._base import Provider, SandboxHandle, SandboxSpec
+from sandbox_host.providers._base import Provider, SandboxHandle, SandboxSpec, run_host_command
 from sandbox_host.providers._redact import redact
 
 #: Bytes of a failing step's stderr kept in ``SandboxBuildFailed.detail``.
@@ -195,7 +195,7 @@ class LocalProvider(Provider):
         try:
             await self._workspace(spec, workdir, env)
             for i, cmd in enumerate(spec.setup):
-                code, err = await self._run(["sh", "-c", cmd], workdir, env)
+                code, err = await run_host_command(["sh", "-c", cmd], workdir, env)
                 if code != 0:
                     raise SandboxBuildFailed(
                         f"setup[{i}]", redact(f"exit {code}: {_tail(err)}", spec.secrets)
@@ -217,11 +217,11 @@ class LocalProvider(Provider):
                 raise SandboxBuildFailed("workspace", redact(f"copy failed: {exc}", spec.secrets)) from exc
             return
         git_env = {**env, "GIT_TERMINAL_PROMPT": "0"}
-        code, err = await self._run(["git", "clone", "--quiet", "--", src, workdir], None, git_env)
+        code, err = await run_host_command(["git", "clone", "--quiet", "--", src, workdir], None, git_env)
         if code != 0:
             raise SandboxBuildFailed("workspace", redact(f"git clone exit {code}: {_tail(err)}", spec.secrets))
         if spec.git_ref:
-            code, err = await self._run(
+            code, err = await run_host_command(
                 ["git", "-c", "advice.detachedHead=false", "checkout", "--quiet", spec.git_ref, "--"],
                 workdir,
                 git_env,
@@ -230,26 +230,6 @@ class LocalProvider(Provider):
                 raise SandboxBuildFailed(
                     "workspace", redact(f"git checkout exit {code}: {_tail(err)}", spec.secrets)
                 )
-
-    @staticmethod
-    async def _run(argv: Sequence[str], cwd: str | None, env: Mapping[str, str]) -> tuple[int, bytes]:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            cwd=cwd,
-            env=dict(env),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        try:
-            _, err = await proc.communicate()
-        except BaseException:
-            if proc.returncode is None:
-                proc.kill()
-                await asyncio.shield(proc.wait())
-            raise
-        assert proc.returncode is not None
-        return proc.returncode, err
 
     @staticmethod
     def _env(env: Mapping[str, str] | None, secrets: Mapping[str, str] | None) -> dict[str, str]:

@@ -69,6 +69,12 @@ class Outcome:
     usage: TokenUsage | None = None
 
 
+def int_field(obj: dict[str, Any], key: str) -> int | None:
+    """``obj[key]`` when it is an integer (not a bool), else ``None`` (usage counters)."""
+    v = obj.get(key)
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
 def compact_json(value: Any) -> str:
     """JSON as the CLIs write it: no spaces, non-ASCII kept (journal-formats.md §1.2)."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)

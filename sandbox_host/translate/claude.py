@@ -30,7 +30,7 @@ from typing import Any
 
 from ag_ui.core import SubagentStartedEvent, TokenUsage
 
-from sandbox_host.translate._base import Outcome, Translator, compact_json
+from sandbox_host.translate._base import Outcome, Translator, compact_json, int_field
 
 # Tools whose calls run a subagent (renamed from Task to Agent in later CLIs).
 _SUBAGENT_TOOLS = frozenset({"Task", "Agent"})
@@ -168,11 +168,7 @@ class ClaudeTranslator(Translator):
     def _usage(raw: Any) -> TokenUsage | None:
         if not isinstance(raw, dict):
             return None
-
-        def num(key: str) -> int | None:
-            v = raw.get(key)
-            return v if isinstance(v, int) and not isinstance(v, bool) else None
-
+        num = lambda key: int_field(raw, key)  # noqa: E731
         return TokenUsage(
             provider="anthropic",
             input_tokens=num("input_tokens"),

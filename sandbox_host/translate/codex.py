@@ -29,7 +29,7 @@ from typing import Any
 
 from ag_ui.core import ActivitySnapshotEvent, TokenUsage
 
-from sandbox_host.translate._base import Outcome, Translator, compact_json
+from sandbox_host.translate._base import Outcome, Translator, compact_json, int_field
 
 
 def _first_id_wins(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -128,11 +128,7 @@ class CodexTranslator(Translator):
     def _usage(raw: Any) -> TokenUsage | None:
         if not isinstance(raw, dict):
             return None
-
-        def num(key: str) -> int | None:
-            v = raw.get(key)
-            return v if isinstance(v, int) and not isinstance(v, bool) else None
-
+        num = lambda key: int_field(raw, key)  # noqa: E731
         return TokenUsage(
             provider="openai",
             input_tokens=num("input_tokens"),

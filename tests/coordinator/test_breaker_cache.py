@@ -912,7 +912,7 @@ async def test_concurrent_batches_with_etcd_sigkilled_and_restarted(own_etcd: Et
     async def crash() -> None:
         await asyncio.sleep(0.002)
         own_etcd.kill()
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # the outage lasts this long (not a wait for a condition)
         await asyncio.to_thread(own_etcd.start)
 
         async def up() -> bool:
