@@ -27,6 +27,7 @@ import httpx
 
 from baton import errors as e
 from baton.grpc_errors import TABLE as _GRPC_TABLE
+from baton.runs import STREAM_GAP, is_host_chunk
 
 _BY_REASON = {m.reason: m for m in _GRPC_TABLE}
 TERMINAL_TYPES = frozenset({"RUN_FINISHED", "RUN_ERROR"})
@@ -222,7 +223,7 @@ class GatewayClient:
                             break
                         offset, chunk = item
                         if offset is None:
-                            if chunk.get("type") == "CUSTOM" and chunk.get("name") == "stream.gap":
+                            if is_host_chunk(chunk, STREAM_GAP):
                                 raise StreamGap(run_id, str(chunk.get("value", {}).get("earliestOffset", "")))
                             continue
                         progressed = True

@@ -25,10 +25,11 @@ import copy
 import json
 from typing import Any, Iterable, Sequence
 
+from baton.runs import RUN_ACCEPTED
+
 Chunk = dict[str, Any]
 Message = dict[str, Any]
 
-RUN_ACCEPTED = "run.accepted"
 
 
 def _content_text(content: Any) -> str:

@@ -32,8 +32,8 @@ from typing import Any, Awaitable, Callable
 import aetcd
 
 from baton.coordinator_client import CoordinatorClient
-from baton.testing.cluster import start_coordinator
-from baton.testing.servers import EtcdServer
+from baton_tools.testing.cluster import start_coordinator
+from baton_tools.testing.servers import EtcdServer
 from baton.v1.runs_pb2 import Claim, RunRecord, RunStatus
 from coordinator._keys import Keys
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import pathlib
 import re
 import socket
@@ -310,8 +309,8 @@ async def main() -> dict[str, Any]:
     import httpx
 
     from baton.log import DeliveryLog, LogConfig
-    from baton.testing.cluster import start_coordinator, start_gateway
-    from baton.testing.servers import EtcdServer, NatsServer, env_without_proxy
+    from baton_tools.testing.cluster import start_coordinator, start_gateway
+    from baton_tools.testing.servers import EtcdServer, NatsServer, env_without_proxy
 
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="baton-bench-gw-"))
     etcd, nats = EtcdServer(tmp / "etcd"), NatsServer(tmp / "nats")

@@ -26,7 +26,7 @@ import nats
 from nats.aio.client import Client as NATS
 
 from baton.log import DeliveryLog, LogConfig
-from baton.testing.servers import NatsServer
+from baton_tools.testing.servers import NatsServer
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "log.json"
 ONE_RUN_CHUNKS = 3000

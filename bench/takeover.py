@@ -60,7 +60,7 @@ class Side:
     async def start(self, etcd: Any, nats: Any) -> None:
         from baton.coordinator_client import CoordinatorClient
         from baton.log import DeliveryLog, LogConfig
-        from baton.testing.cluster import start_coordinator, start_host
+        from baton_tools.testing.cluster import start_coordinator, start_host
 
         tag = f"b{uuid.uuid4().hex[:8]}"
         self.env = {
@@ -189,7 +189,7 @@ async def main() -> dict[str, Any]:
     sys.path.insert(0, str(REPO))
     os.environ.pop("http_proxy", None)
     os.environ.pop("https_proxy", None)
-    from baton.testing.servers import EtcdServer, NatsServer
+    from baton_tools.testing.servers import EtcdServer, NatsServer
 
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench-takeover-"))
     etcd, nats = EtcdServer(tmp / "etcd"), NatsServer(tmp / "nats")

@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Iterable
 
 from baton.errors import InvalidArgument
+from baton.runs import TERMINAL_PB
 from baton.v1.runs_pb2 import RunRecord, RunStatus
 
-TERMINAL = frozenset({RunStatus.RUN_STATUS_COMPLETED, RunStatus.RUN_STATUS_FAILED,
-                      RunStatus.RUN_STATUS_ABORTED})
+TERMINAL = TERMINAL_PB
 
 # Paths a field mask may name. Identity and the store's own bookkeeping are not writable:
 # run_id/thread_id key the indexes, tenant owns the thread (threads/<t>/tenant), revision is

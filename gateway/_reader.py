@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from ag_ui.core import CustomEvent, EventType
 
 from baton import errors as e
+from baton.runs import STREAM_GAP
 from gateway._fanout import cancel_and_wait, check_offset_kept
 from gateway._sse import Framing, frame_chunk, frame_end, frame_keepalive
 from gateway._state import GatewayState
@@ -40,7 +41,7 @@ _END = object()
 
 def gap_chunk(earliest_offset: str) -> dict[str, Any]:
     """``CUSTOM stream.gap {earliestOffset}``: the offset asked for is older than retention."""
-    ev = CustomEvent(type=EventType.CUSTOM, name="stream.gap", value={"earliestOffset": earliest_offset})
+    ev = CustomEvent(type=EventType.CUSTOM, name=STREAM_GAP, value={"earliestOffset": earliest_offset})
     return ev.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 

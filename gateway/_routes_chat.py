@@ -25,7 +25,7 @@ from gateway._hosts import try_hosts
 from gateway._reader import stream_log
 from gateway._sse import StreamResponse, choose_framing
 from gateway._state import GatewayState
-from gateway._takeover import TERMINAL
+from baton.runs import RUN_CANCELLED, TERMINAL_PB, is_host_chunk
 from gateway._validate import ChatStart, check_chat_start, check_offset, read_json_object
 from gateway._views import check_thread_visible, maybe_view, record_json, run_view, state_of, tenant
 
@@ -190,7 +190,7 @@ async def _confirmation(st: GatewayState, run_id: str) -> dict[str, Any] | None:
     async def scan() -> None:
         nonlocal found
         async for _offset, chunk in st.log.read(run_id, after="-1"):
-            if chunk.get("type") == "CUSTOM" and chunk.get("name") == "run.cancelled":
+            if is_host_chunk(chunk, RUN_CANCELLED):
                 value = chunk.get("value")
                 found = value if isinstance(value, dict) else {"value": value}
 
@@ -232,7 +232,7 @@ async def cancel_chat(request: Request) -> Response:
             raise e.InvalidArgument("timeout", f"must be in (0, {MAX_CANCEL_WAIT:g}] seconds")
 
     view = await run_view(request, run_id)
-    if view.record.status not in TERMINAL:
+    if view.record.status not in TERMINAL_PB:
         await _cancel(st, run_id, "user")
     if not wait:
         return JSONResponse({"runId": run_id, "cancelRequested": True}, status_code=202)
@@ -241,7 +241,7 @@ async def cancel_chat(request: Request) -> Response:
     deadline = loop.time() + timeout
     while True:
         view = await st.coordinator.get_run(run_id)
-        if view.record.status in TERMINAL:
+        if view.record.status in TERMINAL_PB:
             break
         if loop.time() >= deadline:
             raise CancelWaitTimeout(run_id, timeout)

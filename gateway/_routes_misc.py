@@ -12,7 +12,8 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from baton import errors as e
 from baton.ids import validate_id
 from gateway._validate import AGENT_KINDS, REPLAY_FORMATS, list_replay_journals
-from gateway._views import check_thread_visible, record_json, run_view, state_of, status_name, tenant
+from baton.runs import STATUSES, status_name
+from gateway._views import check_thread_visible, record_json, run_view, state_of, tenant
 
 log = logging.getLogger("gateway.routes")
 
@@ -72,7 +73,7 @@ async def metrics(request: Request) -> Response:
         counts: dict[str, int] = {}
         for r in recs:
             counts[status_name(r.status)] = counts.get(status_name(r.status), 0) + 1
-        for name in ("running", "interrupted", "completed", "failed", "aborted"):
+        for name in STATUSES:
             st.metrics.runs.labels(name).set(counts.get(name, 0))
     except (e.BatonError, TimeoutError) as exc:
         log.warning("runs by status not refreshed: %s", exc)

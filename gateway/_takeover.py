@@ -22,6 +22,7 @@ import logging
 from typing import Any, Literal
 
 from baton import errors as e
+from baton.runs import TERMINAL_PB
 from baton.v1 import runs_pb2, sandbox_host_pb2
 from gateway._hosts import HostPool, try_hosts
 from gateway._metrics import Metrics
@@ -29,7 +30,6 @@ from gateway._metrics import Metrics
 log = logging.getLogger("gateway.takeover")
 
 Decision = Literal["no-record", "terminal", "interrupted", "claimed", "takeover", "finalize", "in-flight"]
-TERMINAL = frozenset({runs_pb2.RUN_STATUS_COMPLETED, runs_pb2.RUN_STATUS_FAILED, runs_pb2.RUN_STATUS_ABORTED})
 
 
 def decide(record: runs_pb2.RunRecord | None, claim: Any | None) -> Decision:
@@ -41,7 +41,7 @@ def decide(record: runs_pb2.RunRecord | None, claim: Any | None) -> Decision:
     """
     if record is None:
         return "no-record"
-    if record.status in TERMINAL:
+    if record.status in TERMINAL_PB:
         return "terminal"
     if record.status == runs_pb2.RUN_STATUS_INTERRUPTED:
         return "interrupted"

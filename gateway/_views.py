@@ -6,6 +6,7 @@ from typing import Any
 from starlette.requests import Request
 
 from baton import errors as e
+from baton.runs import status_name
 from baton.v1 import runs_pb2
 from gateway._auth import check_run_visible, tenant_of
 from gateway._errors import UnknownThread
@@ -19,13 +20,6 @@ def state_of(request: Request) -> GatewayState:
 def tenant(request: Request) -> str:
     """The caller's tenant (``""`` without auth). Raises ``Unauthorized``."""
     return tenant_of(request, state_of(request).settings.api_keys)
-
-
-STATUS_NAMES = {v: k.removeprefix("RUN_STATUS_").lower() for k, v in runs_pb2.RunStatus.items()}
-
-
-def status_name(status: int) -> str:
-    return STATUS_NAMES.get(status, "unspecified")
 
 
 def _opt(msg: Any, name: str) -> Any:

@@ -23,7 +23,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from baton import config
 from baton.v1 import coordinator_pb2
-from sandbox_host.driver import HostDeps, HostSettings, RunManager
+from sandbox_host.deps import HostDeps, HostSettings
+from sandbox_host.manager import RunManager
 from sandbox_host.service import SandboxHostService, add_to_server
 
 log = logging.getLogger("baton.sandbox_host")

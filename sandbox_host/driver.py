@@ -1,441 +1,739 @@
-"""The run driver of a sandbox host: fresh runs, takeovers, cancels, drain (DESIGN.md §5.5).
+"""One driven run: the I/O around the pure state machine (DESIGN.md §5.4, §5.5).
 
-:class:`RunManager` owns every :class:`~sandbox_host._run.RunDriver` of the host (a per-run
-dict of tasks, drained on shutdown); :class:`HostDeps` bundles the clients and settings a
-driver needs, built once by the composition root (``sandbox_host.__main__``).
+A :class:`RunDriver` holds one claim (run id, epoch) and does, in its own task:
 
-What a reader sees: a fresh start appends ``CUSTOM run.accepted`` (origin ``host``, it
-carries the run input's messages) and then the translator's chunks; a takeover appends no
-host chunk of its own, only the replay's new suffix. So a reader connected through any
-number of takeovers receives exactly the chunk sequence of the same run without one.
+* fresh: (the claim, fence and ``run.accepted`` were done by :meth:`RunManager.start_run`)
+  build the sandbox → register it → launch the agent → follow → translate → append → finish;
+* attach: fence → preflight (or, when the first host never marked its agent launched in the
+  sandbox registry, kill whatever runs in its sandbox, destroy it, build + launch our own)
+  → replay the journal from byte 0 with a fresh translator → align against the headers
+  stored before the fence → append only the new suffix → follow → finish;
+* finalize (a cancel or reap of a run whose driver is gone): fence → kill → destroy →
+  ``run.cancelled`` + ``RUN_ERROR cancelled`` → ``aborted`` → close.
+
+Control events (a cancel seen via ``WatchRun`` or the in-process fast path, a detach with
+``cancel_on_disconnect = true``, a successor's epoch, a lost session, a drain) reach the
+driver through :meth:`RunDriver.post`; the state machine (:mod:`sandbox_host.machine`)
+decides, and the final writes run shielded so a cancelled task still finishes them.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import os
+import signal
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal, TypeVar
 
-from baton import config
 from baton.errors import (
-    HostAtCapacity, HostDraining, InvalidArgument, JournalAttachUnavailable, RunClaimNotAcquired,
-    UnknownRun,
+    AppendConflict, BatonError, JournalAttachUnavailable, JournalReplayDiverged,
+    JournalReplayThreadIdMismatch, LogAlreadyClosed, LogUnavailable, RunClaimLost, SandboxError,
+    SandboxReclaimFailed, StoreUnavailable,
 )
-from baton.ids import validate_id
-from baton.v1 import coordinator_pb2, runs_pb2
-from sandbox_host import _machine as M
-from sandbox_host._records import TERMINAL, _Sandbox, accepted_chunk, status_name
-from sandbox_host._run import RunDriver
+from baton.transcript import TranscriptBuilder
+from baton.v1 import runs_pb2
+from sandbox_host import machine as M
+from baton.runs import RUN_CANCELLED, STATUS_TO_PB, TERMINAL, record_status
+from sandbox_host.sandboxes import Sandbox
+from sandbox_host._tasks import cancel_and_wait, reraise_if_cancelling
+from sandbox_host.align import Aligner
 
-
-#: Largest input (``messages``, compact JSON bytes) a run accepts: it is stored in the
-#: ``run.accepted`` chunk, one delivery-log message, with room left for the rest of the chunk.
-MAX_MESSAGES_BYTES = 768 * 1024
+if TYPE_CHECKING:
+    from sandbox_host.deps import HostDeps
 
 log = logging.getLogger("baton.sandbox_host.driver")
 
-
-#: Environment variables a host hands to the agents that need them (``required_secrets`` of
-#: the agent kinds in :mod:`sandbox_host.agents`).
-AGENT_SECRET_NAMES = frozenset({"ANTHROPIC_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN", "OPENAI_API_KEY", "CODEX_API_KEY"})
-
-
-@dataclass(frozen=True)
-class HostSettings:
-    """Driver settings (DESIGN.md §9), from ``BATON_*`` variables by :meth:`from_env`.
-
-    Attributes:
-        provider: default sandbox provider name.
-        attach_wait: seconds an attach waits for the journal / first byte.
-        cancel_grace: seconds between SIGTERM and SIGKILL on cancel.
-        journal_poll: seconds between liveness checks while a journal is idle.
-        snapshot_interval: seconds between periodic transcript snapshots (0 = none).
-        final_write_timeout: seconds final writes may take after the driver is cancelled.
-        capacity: runs this host drives at most (``BATON_HOST_CAPACITY``; 0 = no limit).
-        store_retry: seconds a driver retries a sandbox-registry write while the store is
-            unavailable (bounded by the session: a lost session ends the retries).
-        quiet_time: seconds an attach waits after its fence before its first append. 0 here;
-            only ``bench/takeover.py`` sets it (``BATON_TAKEOVER_QUIET_TIME``) to emulate the
-            reference design's 5 s quiet window as a baseline — our fence needs no window.
-    """
-
-    provider: str = "local"
-    attach_wait: float = 10.0
-    cancel_grace: float = 5.0
-    journal_poll: float = 0.25
-    snapshot_interval: float = 2.0
-    final_write_timeout: float = 10.0
-    quiet_time: float = 0.0
-    capacity: int = 64
-    store_retry: float = 5.0
-    #: Agent credentials from the host's own environment (``AGENT_SECRET_NAMES``); passed to
-    #: the agent as env only, never logged, journaled or stored.
-    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "HostSettings":
-        return cls(
-            provider=config.get("BATON_PROVIDER", env),
-            attach_wait=config.get_float("BATON_ATTACH_WAIT", env),
-            cancel_grace=config.get_float("BATON_CANCEL_GRACE", env),
-            journal_poll=config.get_float("BATON_JOURNAL_POLL", env),
-            quiet_time=float((os.environ if env is None else env).get("BATON_TAKEOVER_QUIET_TIME", "0") or 0),
-            capacity=int(config.get_float("BATON_HOST_CAPACITY", env)),
-            secrets={k: v for k, v in (os.environ if env is None else env).items()
-                     if k in AGENT_SECRET_NAMES and v},
-        )
+Mode = Literal["fresh", "attach", "finalize"]
+T = TypeVar("T")
+Chunk = dict[str, Any]
+__all__ = ["RunDriver", "RunStats"]
 
 
-class HostDeps:
-    """The clients, identity and settings every driver of one host shares.
+@dataclass
+class RunStats:
+    """What a driver did (for tests, logs and the bench)."""
+
+    stored_prefix: int = 0
+    appended: int = 0
+    replayed: int = 0
+    first_append_at: float | None = None
+    outcome: str | None = None
+    decision: M.Decision | None = None
+    errors: list[str] = field(default_factory=list)
+
+class RunDriver:
+    """Drives one run under one claim. Created and owned by :class:`RunManager`.
 
     Args:
-        host_id: this host's id.
-        cc: a connected ``CoordinatorClient``.
-        session: this host's coordinator session (``.id``, ``.lost``).
-        log: a ``DeliveryLog``.
-        transcripts: a ``TranscriptStore``.
-        providers: provider name → provider instance.
-        settings: driver settings.
+        deps: the host's clients and settings.
+        record: the run record as returned by the claim.
+        epoch: the claim's epoch.
+        mode: ``fresh``, ``attach`` or ``finalize``.
+        writer: the claim's log writer (already fenced for ``fresh``).
+        input_messages: the run input's messages (``fresh`` only; a successor reads them
+            from the stored ``run.accepted`` chunk).
     """
 
-    def __init__(self, *, host_id: str, cc: Any, session: Any, log: Any, transcripts: Any,
-                 providers: Mapping[str, Any], settings: HostSettings) -> None:
-        self.host_id = host_id
-        self.cc = cc
-        self.session = session
-        self.log = log
-        self.transcripts = transcripts
-        self.providers = dict(providers)
-        self.settings = settings
+    def __init__(
+        self,
+        deps: "HostDeps",
+        record: runs_pb2.RunRecord,
+        epoch: int,
+        mode: Mode,
+        writer: Any,
+        *,
+        input_messages: list[dict[str, Any]] | None = None,
+        fence_seq: int | None = None,
+        cancel_reason: str | None = None,
+        opened: list[Any] | None = None,
+    ) -> None:
+        self.deps = deps
+        # What a fresh start appended from the translator before the sandbox existed
+        # (RUN_STARTED): the replay reproduces it first, so it is this run's stored prefix.
+        self._opened: list[Any] = list(opened or [])
+        self.record = record
+        self.run_id = record.run_id
+        self.epoch = epoch
+        self.mode: Mode = mode
+        self.writer = writer
+        self.fence_seq = fence_seq
+        self.machine = M.RunMachine(keep_sandbox=record.keep_sandbox)
+        if fence_seq is not None:
+            self.machine.advance(M.Phase.FENCED)
+        self.builder = TranscriptBuilder(input_messages)
+        self.input_messages: list[dict[str, Any]] = list(input_messages or [])
+        self.stats = RunStats()
+        self._control: asyncio.Queue[M.Event] = asyncio.Queue(maxsize=64)
+        self._inflight: asyncio.Task[Any] | None = None
+        self._sandbox: Sandbox | None = None
+        self._aligner: Aligner | None = None
+        self._inputs_loaded = mode == "fresh"
+        self._release_delay = 0.0
+        self._cancel_reason = cancel_reason
+        self._transcript_rev: int | None = None
+        self._transcript_loaded = False
+        self._snap_dirty = False
+        self.done = asyncio.Event()
 
-    # --- agents and translators ---------------------------------------------------------
+    # --- control --------------------------------------------------------------------------
 
-    @staticmethod
-    def agent_options(record: runs_pb2.RunRecord) -> dict[str, Any]:
-        raw = record.agent.options_json or "{}"
+    def post(self, event: M.Event) -> bool:
+        """Hand a control event to the driver (never blocks; drops when full or done)."""
+        if self.done.is_set():
+            return False
         try:
-            opts = json.loads(raw)
-        except ValueError:
-            raise InvalidArgument("agent.options", "must be a JSON object") from None
-        if not isinstance(opts, dict):
-            raise InvalidArgument("agent.options", "must be a JSON object")
-        return opts
+            self._control.put_nowait(event)
+        except asyncio.QueueFull:
+            return False
+        return True
 
-    def translator(self, record: runs_pb2.RunRecord, run_id: str) -> Any:
-        """A fresh translator for the run's journal format (same bytes → same chunks)."""
-        from sandbox_host.agents import journal_format_for
-        from sandbox_host.translate import translator_for
+    # --- main -----------------------------------------------------------------------------
 
-        fmt = journal_format_for(record.agent.kind or config.get("BATON_DEFAULT_AGENT"), self.agent_options(record))
-        return translator_for(fmt, run_id=run_id, thread_id=record.thread_id)
+    async def run(self) -> None:
+        """Drive the run to a decision and carry it out. Never raises domain errors."""
+        watch = asyncio.create_task(self._watch(), name=f"watch:{self.run_id}")
+        snap = asyncio.create_task(self._snapshots(), name=f"snap:{self.run_id}")
+        body = asyncio.create_task(self._body(), name=f"body:{self.run_id}")
+        try:
+            try:
+                decision = await self._supervise(body)
+            except Exception as exc:  # a driver bug: hand the run over rather than sit on it
+                log.exception("run %s: driver failed; releasing the claim", self.run_id)
+                self.stats.errors.append(repr(exc))
+                decision = M.Decision(release_claim=True, stop=True)
+            self.stats.decision = decision
+            if decision is not None:
+                fin = asyncio.create_task(self._execute(decision), name=f"final:{self.run_id}")
+                # Final writes survive cancellation of the driver (shielded, awaited).
+                try:
+                    await asyncio.shield(fin)
+                except asyncio.CancelledError:
+                    await asyncio.wait({fin}, timeout=self.deps.settings.final_write_timeout)
+                    raise
+        finally:
+            await cancel_and_wait({watch, snap, body})
+            for t in (watch, snap, body):
+                if not t.cancelled() and t.exception() is not None and t is not body:
+                    log.warning("run %s: %s ended with %r", self.run_id, t.get_name(), t.exception())
+            self.done.set()
+            log.info("run %s: driver ended at epoch %d (%s)", self.run_id, self.epoch, self.stats.outcome)
 
-    def provider_for_run(self, record: runs_pb2.RunRecord) -> Any:
-        name = self.settings.provider
-        if name not in self.providers:
-            raise InvalidArgument("provider", f"this host has no {name!r} provider")
-        return self.providers[name]
+    async def _supervise(self, body: "asyncio.Task[M.Decision | None]") -> M.Decision | None:
+        while True:
+            getter = asyncio.ensure_future(self._control.get())
+            try:
+                done, _ = await asyncio.wait({body, getter}, return_when=asyncio.FIRST_COMPLETED)
+            except BaseException:
+                getter.cancel()
+                raise
+            if getter in done:
+                event = getter.result()
+                d = self.machine.on(event)
+                if not d.stop:
+                    continue
+                log.info("run %s: %s → stopping (%s)", self.run_id, type(event).__name__,
+                         "terminal" if d.terminal else "no terminal writes")
+                await cancel_and_wait({body})
+                await self._settle_inflight(wait=d.terminal)
+                own = body.result() if not body.cancelled() and body.exception() is None else None
+                if own is not None and own.stop:
+                    # The body reached its own decision first; the machine ignored ours.
+                    return own
+                # A body that swallowed the cancel (a client library's wait_for) and went on
+                # to decide after us got CONTINUE from the machine: ours is the decision.
+                # Returning its CONTINUE would end the driver with nothing written and the
+                # claim still held, so nobody would ever finish the run.
+                return d
+            getter.cancel()
+            await asyncio.wait({getter})
+            if body.cancelled():
+                return None
+            exc = body.exception()
+            if exc is not None:
+                return self._decide_failure(exc)
+            return body.result()
 
-    def sandbox_spec(self, record: runs_pb2.RunRecord) -> Any:
-        from sandbox_host.providers import SandboxSpec
+    async def _settle_inflight(self, *, wait: bool) -> None:
+        """Let a shielded append finish before terminal writes (bounded), else drop it.
 
-        # The run id labels every sandbox of the run (also `<run_id>#<epoch>` ones a successor
-        # builds), so leftovers of a host that died mid-build can be found and removed.
-        return SandboxSpec(provider=self.settings.provider, env={"BATON_RUN_ID": record.run_id})
-
-    def agent_secrets(self, launch: Any) -> dict[str, str]:
-        """The host's secrets that ``launch`` (an ``AgentLaunch``) asks for.
-
-        Raises:
-            InvalidArgument: (field ``agent.kind``) naming the secret variables the host
-                lacks; never their values.
+        A stop without terminal writes (claim lost, session lost, drain) never appends
+        again with this writer, so an append stuck in publish retries is cancelled: the
+        fence makes whatever it might still land harmless for the successor.
         """
-        missing = launch.missing_secrets(self.settings.secrets)
-        if missing:
-            raise InvalidArgument("agent.kind", f"agent {launch.kind!r} needs a credential this host does not have: "
-                                  f"set {' and '.join(n.replace('|', ' or ') for n in missing)} in the host's environment")
-        wanted = {name for need in launch.required_secrets for name in need.split("|")}
-        return {k: v for k, v in self.settings.secrets.items() if k in wanted}
+        task = self._inflight
+        if task is None:
+            return
+        if not wait:
+            task.cancel()
+        await asyncio.wait({task}, timeout=self.deps.settings.final_write_timeout)
+        if task.done() and not task.cancelled():
+            exc = task.exception()  # retrieved: the decision already accounts for it
+            if exc is not None and not isinstance(exc, RunClaimLost):
+                log.warning("run %s: last append failed: %r", self.run_id, exc)
 
-    async def launch_spec(self, record: runs_pb2.RunRecord, provider: Any, handle: Any,
-                          messages: list[dict[str, Any]]) -> tuple[list[str], bytes | None, dict[str, str], dict[str, str]]:
-        """Prepare the agent (files copied in) and return ``(argv, stdin, env, secrets)``."""
-        from sandbox_host.agents import prepare_agent, prompt_from_messages
+    def _decide_failure(self, exc: BaseException) -> M.Decision | None:
+        if isinstance(exc, RunClaimLost):
+            self.stats.outcome = "claim-lost"
+            return self.machine.on(M.ClaimLost(exc.observed))
+        if isinstance(exc, JournalReplayDiverged):
+            self.stats.outcome = "diverged"
+            return self.machine.on(M.Diverged(exc.index, isinstance(exc, JournalReplayThreadIdMismatch)))
+        if isinstance(exc, JournalAttachUnavailable):
+            self.stats.outcome = exc.reason
+            return self.machine.on(M.Failed(f"cannot attach: {exc.reason}", exc.reason.replace("-", "_")))
+        if isinstance(exc, SandboxError):
+            self.stats.outcome = "sandbox-failed"
+            return self.machine.on(M.Failed(str(exc), "sandbox_build_failed"))
+        log.error("run %s: driver failed", self.run_id, exc_info=exc)
+        self.stats.errors.append(repr(exc))
+        if isinstance(exc, (StoreUnavailable, LogUnavailable)):
+            # Infrastructure trouble: hand over (after a pause, so a cluster-wide outage
+            # does not turn failover into a hot loop), do not finalize.
+            self._release_delay = 1.0
+            return self.machine.on(M.Drain())
+        if isinstance(exc, BatonError):
+            return self.machine.on(M.Failed(str(exc), "host_error"))
+        return self.machine.on(M.Failed(f"host error: {type(exc).__name__}", "host_error"))
 
-        launch = prepare_agent(record.agent.kind or config.get("BATON_DEFAULT_AGENT"), self.agent_options(record),
-                               prompt=prompt_from_messages(messages))
-        secrets = self.agent_secrets(launch)
-        for path, (content, mode) in launch.files.items():
-            await provider.copy_in(handle, path, content, mode)
-        return list(launch.argv), launch.stdin, dict(launch.env), secrets
+    # --- body -----------------------------------------------------------------------------
 
-    # --- sandboxes registry -------------------------------------------------------------
+    async def _body(self) -> M.Decision | None:
+        if self.fence_seq is None:
+            try:
+                self.fence_seq = await self.writer.fence()
+            except LogAlreadyClosed as closed:
+                return self.machine.on(await self._stored_close(closed))
+            self.machine.advance(M.Phase.FENCED)
+        stored: list[Any] = list(self._opened)
+        if self.mode != "fresh":
+            stored = await self.deps.log.stored_headers(self.run_id, before=self.fence_seq)
+            await self._load_input_messages(stored)
+        if self.mode == "finalize" or (self.mode == "attach" and self.record.cancel_requested):
+            return self.machine.on(M.CancelRequested(reason=self._cancel_reason or self.record.cancel_reason or "user",
+                                                     path="reaper" if self._cancel_reason == "reaped" else "watch"))
+        self.machine.advance(M.Phase.PREPARING)
+        sbx = await self._ensure_sandbox()
+        aligner = self._aligner = Aligner(stored, thread_ids=())
+        self.stats.stored_prefix = aligner.stored_count
+        self.machine.advance(M.Phase.STREAMING)
+        return await self._stream(sbx, aligner)
 
-    async def register_sandbox(self, record: runs_pb2.RunRecord, sbx: _Sandbox, *, launched: bool, epoch: int) -> None:
-        h = sbx.handle
-        handle_json = json.dumps({
-            "provider": h.provider, "key": h.key, "journal_path": h.journal_path, "stderr_path": h.stderr_path,
-            "workdir": h.workdir, "data": dict(h.data), "nonce": sbx.nonce,
-        }, sort_keys=True)
-        await self.cc.put_sandbox(coordinator_pb2.SandboxInstance(
-            sandbox_key=h.key, provider=h.provider, handle_json=handle_json, run_id=record.run_id,
-            journal_path=h.journal_path, created_at=time.time()))
+    async def _stream(self, sbx: Sandbox, aligner: Aligner) -> M.Decision | None:
+        from sandbox_host.journal import JournalExit, JournalLine, JournalTruncated, follow_journal
 
-    async def find_sandbox(self, key: str) -> _Sandbox | None:
-        from sandbox_host.providers import SandboxHandle
+        translator = self.deps.translator(self.record, self.run_id)
+        exit_code: int | None = None
+        fragment: bytes | None = None
+        items = follow_journal(sbx.provider, sbx.handle, sbx.handle.journal_path, offset=0, nonce=sbx.nonce,
+                               poll_interval=self.deps.settings.journal_poll)
+        async with contextlib.aclosing(items) as it:
+            async for item in it:
+                if isinstance(item, JournalLine):
+                    d = await self._emit(translator.feed(item.data), aligner)
+                    if d is not None:
+                        return d
+                elif isinstance(item, JournalTruncated):
+                    fragment = item.data
+                elif isinstance(item, JournalExit):
+                    exit_code = item.code
+                    break
+        d = await self._emit(translator.finish(exit_code, fragment), aligner)
+        aligner.finish()
+        if d is not None:
+            return d
+        return self.machine.on(M.Failed("the journal ended without a terminal event", "incomplete_journal"))
 
-        inst = await self.cc.get_sandbox(key)
-        if inst is None or not inst.handle_json:
-            return None
-        raw = json.loads(inst.handle_json)
-        provider = self.providers.get(raw.get("provider") or inst.provider)
-        if provider is None:
-            return None
-        handle = SandboxHandle(provider=raw["provider"], key=raw["key"], journal_path=raw["journal_path"],
-                               stderr_path=raw["stderr_path"], workdir=raw["workdir"], data=raw.get("data") or {})
-        return _Sandbox(provider, handle, raw.get("nonce", ""))
-
-    # --- log bodies -----------------------------------------------------------------------
-
-    async def read_chunk(self, run_id: str, offset: int) -> dict[str, Any] | None:
-        """The stored chunk at ``offset`` (one body read), or ``None``."""
-        reader = self.log.read(run_id, after=str(int(offset) - 1), stop_at_close=True)
-        async with reader:
-            async for off, chunk in reader:
-                return chunk if int(off) == int(offset) else None
+    async def _emit(self, chunks: list[Chunk], aligner: Aligner) -> M.Decision | None:
+        new: list[Chunk] = []
+        terminal: M.Event | None = None
+        for c in chunks:
+            try:
+                tagged = aligner.feed(c)
+            except JournalReplayDiverged as exc:
+                raise await self._refine(exc, aligner, c) from None
+            self.stats.replayed += 1
+            self.builder.feed(c)
+            self._snap_dirty = True
+            if tagged.tag == "stored":
+                self.machine.saw_chunk(c)
+                if M.is_terminal_chunk(c):
+                    terminal = M.StoredTerminal(c)
+                    break
+            else:
+                new.append(c)
+                if M.is_terminal_chunk(c):
+                    terminal = M.AgentTerminal(c)
+                    break
+        if new:
+            await self._append(new, "journal")
+        if terminal is not None:
+            return self.machine.on(terminal)
         return None
 
+    async def _refine(self, exc: JournalReplayDiverged, aligner: Aligner, replayed: Chunk) -> JournalReplayDiverged:
+        """Tell a thread-id-only mismatch from any other divergence (reads one stored body)."""
+        if "threadId" not in replayed or exc.stored is None:
+            return exc
+        header = aligner.header(exc.index)
+        body = await self.deps.read_chunk(self.run_id, header.offset) if header is not None else None
+        if isinstance(body, dict) and "threadId" in body and body["threadId"] != replayed["threadId"]:
+            from baton.fingerprint import fingerprint
 
-class RunManager:
-    """Every run this host drives: start, attach, cancel, drain, shutdown.
+            if fingerprint({**replayed, "threadId": body["threadId"]}) == exc.stored:
+                return JournalReplayThreadIdMismatch(exc.index, exc.stored, exc.replayed)
+        return exc
 
-    Args:
-        deps: the host's shared clients and settings.
-    """
+    async def _append(self, chunks: list[Chunk], origin: Literal["journal", "host"]) -> None:
+        """Append under the fence; the publish itself is shielded from cancellation."""
+        task = asyncio.ensure_future(self._append_now(chunks, origin))
+        self._inflight = task
+        await asyncio.shield(task)
 
-    def __init__(self, deps: HostDeps) -> None:
-        self.deps = deps
-        self.draining = False
-        self._drivers: dict[str, RunDriver] = {}
-        self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._finished: list[RunDriver] = []
-        self._reserved = 0  # slots taken by a StartRun/AttachRun between its check and its spawn
+    async def _append_now(self, chunks: list[Chunk], origin: Literal["journal", "host"]) -> None:
+        if self.stats.first_append_at is None and self.mode == "attach" and self.deps.settings.quiet_time > 0:
+            await asyncio.sleep(self.deps.settings.quiet_time)  # baseline emulation (bench only)
+        remaining = list(chunks)
+        for _ in range(8):
+            try:
+                await self.writer.append(remaining, origin=origin)
+                break
+            except AppendConflict as conflict:
+                # Another writer (not a successor) moved the head: keep what landed, adopt
+                # the head, and append only the rest. Never re-send a landed chunk.
+                landed = len(conflict.landed)
+                self._count(remaining[:landed])
+                remaining = remaining[landed:]
+                await self.writer.resync()
+        else:
+            raise RunClaimLost(self.run_id, self.epoch, "append-conflicts")
+        self._count(remaining)
 
-    @property
-    def load(self) -> int:
-        """How many runs this host drives now."""
-        return sum(1 for t in self._tasks.values() if not t.done())
+    def _count(self, chunks: list[Chunk]) -> None:
+        if chunks and self.stats.first_append_at is None:
+            self.stats.first_append_at = time.monotonic()
+        self.stats.appended += len(chunks)
+        for c in chunks:
+            self.machine.saw_chunk(c)
 
-    @contextlib.contextmanager
-    def _slot(self) -> Iterator[None]:
-        """Hold one unit of capacity from the check until the driver is spawned (or failed).
+    # --- sandbox --------------------------------------------------------------------------
 
-        The check and the reservation happen with no ``await`` between them, so concurrent
-        requests cannot overshoot ``settings.capacity`` (DESIGN.md §9 ``BATON_HOST_CAPACITY``).
-
-        Raises:
-            HostAtCapacity: the host already drives (or is starting) ``capacity`` runs.
-        """
-        capacity = self.deps.settings.capacity
-        if capacity > 0 and self.load + self._reserved >= capacity:
-            raise HostAtCapacity(self.deps.host_id, capacity)
-        self._reserved += 1
-        try:
-            yield
-        finally:
-            self._reserved -= 1
-
-    def driver(self, run_id: str) -> RunDriver | None:
-        return self._drivers.get(run_id)
-
-    def _spawn(self, driver: RunDriver) -> None:
-        run_id = driver.run_id
-        task = asyncio.create_task(driver.run(), name=f"run:{run_id}")
-        self._drivers[run_id] = driver
-        self._tasks[run_id] = task
-
-        def done(t: "asyncio.Task[None]") -> None:
-            if self._tasks.get(run_id) is t:
-                del self._tasks[run_id]
-                self._drivers.pop(run_id, None)
-            if not t.cancelled() and t.exception() is not None:
-                log.error("run %s: driver crashed", run_id, exc_info=t.exception())
-
-        task.add_done_callback(done)
-
-    def _busy(self, run_id: str) -> bool:
-        t = self._tasks.get(run_id)
-        return t is not None and not t.done()
-
-    async def start_run(self, req: Any) -> tuple[runs_pb2.RunRecord, bool]:
-        """``StartRun``: create (or resume) the record, claim, fence, ``run.accepted``.
-
-        Returns once those landed; the run is driven in the background.
-
-        Raises:
-            HostDraining: the host takes no new runs.
-            HostAtCapacity: the host already drives ``settings.capacity`` runs.
-            InvalidArgument: bad ids, messages or agent options.
-            ThreadBusy, RunClaimNotAcquired, StoreUnavailable, LogUnavailable: from below.
-        """
-        if self.draining:
-            raise HostDraining("host is draining")
-        with self._slot():
-            return await self._start_run(req)
-
-    async def _start_run(self, req: Any) -> tuple[runs_pb2.RunRecord, bool]:
-        from sandbox_host.agents import prepare_agent, prompt_from_messages
-
-        if self.draining:
-            raise HostDraining("host is draining")
-        validate_id(req.run_id, "run_id")
-        validate_id(req.thread_id, "thread_id")
-        try:
-            messages = json.loads(req.messages_json or "[]")
-        except ValueError:
-            raise InvalidArgument("messages_json", "must be a JSON array") from None
-        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            raise InvalidArgument("messages_json", "must be a JSON array of message objects")
-        size = len(json.dumps(messages, separators=(",", ":"), ensure_ascii=False).encode())
-        if size > MAX_MESSAGES_BYTES:
-            # They travel in the run.accepted chunk, one delivery-log message (NATS refuses
-            # messages over max_payload, 1 MiB by default), where a successor reads them back.
-            raise InvalidArgument("messages_json", f"is {size} bytes of JSON; at most {MAX_MESSAGES_BYTES}")
-        kind = req.agent.kind or config.get("BATON_DEFAULT_AGENT")
-        try:
-            options = json.loads(req.agent.options_json or "{}")
-        except ValueError:
-            raise InvalidArgument("agent.options", "must be a JSON object") from None
-        launch = prepare_agent(kind, options, prompt=prompt_from_messages(messages))
+    async def _ensure_sandbox(self) -> Sandbox:
         deps = self.deps
-        deps.agent_secrets(launch)  # refuse up front, before any record exists
-        seed = runs_pb2.RunRecord(
-            run_id=req.run_id, thread_id=req.thread_id, status=runs_pb2.RUN_STATUS_RUNNING,
-            started_at=time.time(), agent=runs_pb2.AgentSpec(kind=kind, options_json=json.dumps(dict(launch.options))),
-            cancel_on_disconnect=req.cancel_on_disconnect, keep_sandbox=req.keep_sandbox, tenant=req.tenant,
-            parent_run_id=req.parent_run_id, driver_host=deps.host_id)
-        record, created = await deps.cc.create_or_resume_run(seed, interrupt_active=req.interrupt_active)
-        if not created:
-            return record, False
-        mode: Any = "fresh"
+        if self.mode != "fresh" and self.record.sandbox_key:
+            found = await deps.find_sandbox(self.record.sandbox_key)
+            if found is not None and found.nonce:
+                if found.handle.data.get("launched"):
+                    self._sandbox = found
+                    from sandbox_host.journal import preflight_attach
+
+                    async def status() -> str | None:
+                        return record_status(self.record)
+
+                    if await found.provider.file_size(found.handle, found.handle.journal_path) is None:
+                        log.info("run %s: waiting up to %.1fs for the journal", self.run_id, deps.settings.attach_wait)
+
+                    await preflight_attach(
+                        self.run_id, status=status,
+                        journal_size=lambda: found.provider.file_size(found.handle, found.handle.journal_path),
+                        attach_wait=deps.settings.attach_wait)
+                    return found
+                # Registered but never marked launched: the previous host may still have
+                # started its agent (it died, or the store failed, between the launch and
+                # the mark). Launching into that sandbox would run a second agent on the
+                # same journal, and building beside it would leave the first one running:
+                # kill whatever runs there and destroy it before building our own.
+                log.info("run %s: sandbox %s was never marked launched; destroying it", self.run_id,
+                         found.handle.key)
+                await self._reclaim(found)
+        return await self._build_and_launch()
+
+    async def _build_and_launch(self) -> Sandbox:
+        deps = self.deps
+        # A successor that rebuilds gets its own key (and so its own journal): the first
+        # host's sandbox, if any, is never reused.
+        key = self.run_id if self.mode == "fresh" else f"{self.run_id}#{self.epoch}"
+        provider = deps.provider_for_run(self.record)
+        spec = deps.sandbox_spec(self.record)
+        handle = await provider.create(key, spec)
+        from sandbox_host.journal import new_nonce
+
+        sbx = Sandbox(provider, handle, new_nonce())
+        self._sandbox = sbx
         try:
-            epoch, record = await deps.cc.claim_run(req.run_id, deps.session, deps.host_id, purpose="drive")
-        except RunClaimNotAcquired as refused:
-            if refused.reason != "cancel_requested":
-                raise
-            # Cancelled between create and claim: still ends aborted, by us.
-            epoch, record = await deps.cc.claim_run(req.run_id, deps.session, deps.host_id, purpose="finalize")
-            mode = "finalize"
-        writer = deps.log.writer(req.run_id, epoch)
-        # The log opens with the translator's RUN_STARTED (origin journal: a replay on any
-        # host reproduces it at index 0), then the host's run.accepted, so a joiner sees
-        # bytes before the sandbox exists and the stream still starts with RUN_STARTED, as
-        # the AG-UI verifier requires.
-        opening = deps.translator(record, req.run_id).start()
-        try:
-            fence_seq = await writer.fence()
-            opening_offsets = await writer.append(opening, origin="journal")
-            await writer.append([accepted_chunk(record, messages)], origin="host")
+            # Registered before launch, so whoever takes over finds (and can destroy) it.
+            await self._store(lambda: deps.register_sandbox(self.record, sbx, launched=False, epoch=self.epoch))
+            await self._store(lambda: deps.cc.update_run(
+                self.run_id, runs_pb2.RunRecord(sandbox_key=key), paths=["sandbox_key"],
+                epoch=self.epoch, session_id=deps.session.id))
+            self.record.sandbox_key = key
+            await self._launch(sbx)
         except BaseException:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(deps.cc.release_claim(req.run_id, deps.session, epoch))
+            # Given up before the agent is known to the registry as launched: a successor
+            # could neither follow nor stop it, so it must not outlive this claim.
+            await self._abandon(sbx)
             raise
-        from baton.fingerprint import fingerprint
-        from baton.log import StoredRecord
+        return sbx
 
-        opened = [StoredRecord(int(off), "chunk", epoch, "journal", fingerprint(c))
-                  for off, c in zip(opening_offsets, opening)]
-        self._spawn(RunDriver(deps, record, epoch, mode, writer, input_messages=messages, fence_seq=fence_seq,
-                              cancel_reason=record.cancel_reason or None, opened=opened))
-        return record, True
+    async def _launch(self, sbx: Sandbox) -> None:
+        deps = self.deps
+        argv, stdin, env, secrets = await deps.launch_spec(self.record, sbx.provider, sbx.handle, self.input_messages)
+        data = await sbx.provider.launch(sbx.handle, argv, nonce=sbx.nonce, stdin=stdin, env=env, secrets=secrets)
+        from sandbox_host.providers import SandboxHandle
 
-    async def attach_run(self, run_id: str, purpose: str = "drive") -> tuple[int, runs_pb2.RunRecord]:
-        """``AttachRun``: claim the run; fence, replay, align and drive in the background.
+        sbx.handle = SandboxHandle(provider=sbx.handle.provider, key=sbx.handle.key,
+                                   journal_path=sbx.handle.journal_path, stderr_path=sbx.handle.stderr_path,
+                                   workdir=sbx.handle.workdir, data={**sbx.handle.data, **data, "launched": True})
+        await self._store(lambda: deps.register_sandbox(self.record, sbx, launched=True, epoch=self.epoch))
 
-        Purpose ``finalize`` (carry out a cancel or a reap) is taken even at capacity: it
-        ends quickly, and a cancelled run must end ``aborted`` even when every host is full.
+    async def _store(self, write: Callable[[], Awaitable[T]]) -> T:
+        """One idempotent coordinator write, retried while the store is unavailable.
+
+        The budget is ``settings.store_retry`` seconds and never outlasts this host's
+        session: once it is lost the claim is gone and a successor decides.
 
         Raises:
-            HostDraining: the host takes no new runs.
-            HostAtCapacity: ``drive`` while the host already drives ``settings.capacity`` runs.
-            JournalAttachUnavailable: ``unknown-run`` or ``terminal-run``, at once.
-            RunClaimNotAcquired: another live claim holds the run (``held``) etc.
+            StoreUnavailable: the store did not answer within the budget.
         """
-        if self.draining:
-            raise HostDraining("host is draining")
-        if purpose == "finalize":
-            return await self._attach_run(run_id, purpose)
-        with self._slot():
-            return await self._attach_run(run_id, purpose)
+        deadline = time.monotonic() + self.deps.settings.store_retry
+        pause = 0.05
+        while True:
+            try:
+                return await write()
+            except StoreUnavailable as exc:
+                if self.deps.session.lost.is_set() or time.monotonic() + pause > deadline:
+                    raise
+                log.warning("run %s: store unavailable, retrying: %s", self.run_id, exc)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.5)
 
-    async def _attach_run(self, run_id: str, purpose: str) -> tuple[int, runs_pb2.RunRecord]:
-        validate_id(run_id, "run_id")
-        purpose = purpose or "drive"
-        if purpose not in ("drive", "finalize"):
-            raise InvalidArgument("purpose", "must be drive or finalize")
-        deps = self.deps
-        try:
-            view = await deps.cc.get_run(run_id)
-        except UnknownRun:
-            raise JournalAttachUnavailable(run_id, "unknown-run") from None
-        if status_name(view.record) in TERMINAL:
-            raise JournalAttachUnavailable(run_id, "terminal-run")
-        if self._busy(run_id):
-            raise RunClaimNotAcquired(run_id, "held")
-        try:
-            epoch, record = await deps.cc.claim_run(run_id, deps.session, deps.host_id, purpose=purpose)
-        except RunClaimNotAcquired as refused:
-            if refused.reason == "cancel_requested" and purpose == "drive":
-                epoch, record = await deps.cc.claim_run(run_id, deps.session, deps.host_id, purpose="finalize")
-                purpose = "finalize"
-            elif refused.reason == "unknown":
-                raise JournalAttachUnavailable(run_id, "unknown-run") from None
-            elif refused.reason == "terminal":
-                raise JournalAttachUnavailable(run_id, "terminal-run") from None
+    async def _abandon(self, sbx: Sandbox) -> None:
+        """Kill the agent of a sandbox this driver gives up and destroy it, before the claim
+        goes (shielded and bounded: it runs while the driver fails or is cancelled).
+
+        Raises:
+            asyncio.CancelledError: the driver was cancelled meanwhile (after the cleanup).
+        """
+        task = asyncio.ensure_future(self._reclaim(sbx))
+        deadline = time.monotonic() + self.deps.settings.final_write_timeout
+        cancelled = False
+        while not task.done() and time.monotonic() < deadline:
+            try:
+                await asyncio.wait({task}, timeout=deadline - time.monotonic())
+            except asyncio.CancelledError:
+                cancelled = True  # finish the cleanup first; re-raised below
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            log.error("run %s: sandbox %s not reclaimed: %r", self.run_id, sbx.handle.key, task.exception())
+        elif not task.done():
+            task.cancel()
+            log.error("run %s: sandbox %s not reclaimed in time", self.run_id, sbx.handle.key)
+        if cancelled:
+            raise asyncio.CancelledError()
+
+    async def _reclaim(self, sbx: Sandbox) -> None:
+        """SIGKILL every agent process of the sandbox, confirm, then destroy it.
+
+        No grace period: nothing the agent writes from now on can reach a client.
+
+        Raises:
+            SandboxReclaimFailed: a process survived SIGKILL, or the sandbox still exists.
+        """
+        p, h = sbx.provider, sbx.handle
+        if p.killable_processes:
+            await p.kill(h, signal.SIGKILL)
+            for _ in range(100):
+                if not await p.processes_alive(h):
+                    break
+                await asyncio.sleep(0.02)
             else:
-                raise
-        mode: Any = "finalize" if purpose == "finalize" else "attach"
-        self._spawn(RunDriver(deps, record, epoch, mode, deps.log.writer(run_id, epoch),
-                              cancel_reason=record.cancel_reason or None))
-        return epoch, record
+                raise SandboxReclaimFailed(h.key, "agent processes survived SIGKILL")
+        if not sbx.destroyed and not await p.destroy(h) and await p.exists(h):
+            raise SandboxReclaimFailed(h.key, "the sandbox could not be destroyed")
+        sbx.destroyed = True
+        with contextlib.suppress(BatonError, TimeoutError):
+            await asyncio.wait_for(self.deps.cc.delete_sandbox(h.key), self.deps.settings.store_retry)
 
-    def cancel(self, run_id: str, reason: str = "user") -> bool:
-        """In-process fast path of a cancel; ``True`` when this host drives the run."""
-        d = self._drivers.get(run_id)
-        if d is None or not self._busy(run_id):
-            return False
-        return d.post(M.CancelRequested(reason=reason or "user", path="fast"))
-
-    def session_lost(self) -> None:
-        """The host's session expired: every driver stops without writing."""
-        for d in list(self._drivers.values()):
-            d.post(M.SessionLost())
-
-    async def drain(self, timeout: float = 10.0) -> list[str]:
-        """Stop taking runs and hand every driven run over (claims released, nothing final).
+    async def _kill(self, sbx: Sandbox) -> bool | None:
+        """SIGTERM the agent's process group, SIGKILL after the grace period.
 
         Returns:
-            The run ids handed over.
+            True when no agent process is left, None when the provider cannot tell.
         """
-        self.draining = True
-        handed: list[str] = []
-        tasks = []
-        for run_id, d in list(self._drivers.items()):
-            if self._busy(run_id) and d.post(M.Drain()):
-                handed.append(run_id)
-                tasks.append(self._tasks[run_id])
-        if tasks:
-            await asyncio.wait(tasks, timeout=timeout)
-        return handed
+        p = sbx.provider
+        if not p.killable_processes:
+            return None
+        if not await p.processes_alive(sbx.handle):
+            return True
+        await p.kill(sbx.handle, signal.SIGTERM)
+        deadline = time.monotonic() + self.deps.settings.cancel_grace
+        while time.monotonic() < deadline:
+            if not await p.processes_alive(sbx.handle):
+                return True
+            await asyncio.sleep(0.05)
+        await p.kill(sbx.handle, signal.SIGKILL)
+        for _ in range(40):
+            if not await p.processes_alive(sbx.handle):
+                return True
+            await asyncio.sleep(0.05)
+        return False
 
-    async def shutdown(self, timeout: float = 10.0) -> None:
-        """Cancel every driver (final writes in flight still finish) and await them."""
-        tasks = list(self._tasks.values())
-        for t in tasks:
-            t.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=timeout)
+    async def _destroy(self, sbx: Sandbox) -> bool:
+        if sbx.destroyed:
+            return True
+        ok = await sbx.provider.destroy(sbx.handle)
+        ok = ok or not await sbx.provider.exists(sbx.handle)
+        if ok:
+            sbx.destroyed = True
+            await self.deps.cc.delete_sandbox(sbx.handle.key)
+        return ok
+
+    # --- finishing ------------------------------------------------------------------------
+
+    async def _stored_close(self, closed: LogAlreadyClosed) -> M.StoredClose:
+        stored = await self.deps.log.stored_headers(self.run_id)
+        rec = next((r for r in reversed(stored) if r.kind == "close"), None)
+        return M.StoredClose(closed.status or "completed", getattr(rec, "error", None), getattr(rec, "error_code", None))
+
+    async def _load_input_messages(self, stored: list[Any]) -> None:
+        first_host = next((r for r in stored if r.kind == "chunk" and r.origin == "host"), None)
+        if first_host is not None:
+            body = await self.deps.read_chunk(self.run_id, first_host.offset)
+            if isinstance(body, dict):
+                self.builder.feed(body)  # run.accepted: sets the input messages
+                value = body.get("value")
+                if isinstance(value, dict) and isinstance(value.get("messages"), list):
+                    self.input_messages = list(value["messages"])
+        # Marked loaded only now: a body cancelled inside the read above (a cancel seen via
+        # WatchRun while a successor is still loading) must let the final writes load the
+        # inputs again, else the saved transcript loses the user's messages.
+        self._inputs_loaded = True
+
+    async def _execute(self, d: M.Decision) -> None:
+        deps = self.deps
+        self.stats.outcome = self.stats.outcome or d.status or ("handed-over" if d.release_claim else "stopped")
+        if not d.terminal:
+            if d.release_claim:
+                if self._replay_complete():
+                    await self._save_transcript_quietly()
+                if self._release_delay:
+                    await asyncio.sleep(self._release_delay)
+                with contextlib.suppress(BatonError):
+                    await deps.cc.release_claim(self.run_id, deps.session, self.epoch)
+            return
+        if self.fence_seq is None:
+            # A cancel can arrive before this claim's fence landed: fence first, since
+            # every write of a claim comes after its fence (DESIGN.md §4.1).
+            try:
+                self.fence_seq = await self.writer.fence()
+            except RunClaimLost:
+                return
+            except LogAlreadyClosed as closed:
+                d = self.machine.decision = M.decide(await self._stored_close(closed),
+                                                     keep_sandbox=self.record.keep_sandbox)
+        sbx = self._sandbox
+        if sbx is None and d.kill_agent and self.record.sandbox_key:
+            sbx = self._sandbox = await deps.find_sandbox(self.record.sandbox_key)
+        process_gone: bool | None = True
+        destroyed = True
+        if d.kill_agent and sbx is not None:
+            process_gone = await self._kill(sbx)
+            if self.mode != "fresh" and (self._aligner is None or not self._aligner.caught_up):
+                # The replay did not reach the end of what is stored: rebuild the
+                # transcript of what clients saw from the journal before it is destroyed.
+                await self._rebuild_transcript_from_journal(sbx)
+            destroyed = await self._destroy(sbx)
+        appended = list(d.append)
+        if appended and appended[0].get("name") == RUN_CANCELLED:
+            appended[0] = M.cancelled_chunk(reason=appended[0]["value"]["reason"], process_gone=process_gone,
+                                            sandbox_destroyed=destroyed)
+        try:
+            if appended:
+                await self._append_now(appended, "host")
+        except RunClaimLost:
+            return
+        if d.save_transcript:
+            if not self._inputs_loaded:
+                # Stopped before the body loaded the run input (no sandbox to rebuild from,
+                # or its journal unreadable): the transcript still starts with the user's
+                # messages, never overwrites a saved one with nothing.
+                await self._load_inputs_quietly()
+            await self._save_transcript_quietly()
+        if d.status is not None:
+            fields: dict[str, Any] = {"status": STATUS_TO_PB[d.status]}
+            paths = ["status"]
+            if d.status in TERMINAL:
+                fields["finished_at"] = time.time()
+                paths.append("finished_at")
+            if d.error is not None:
+                fields["error"] = runs_pb2.RunError(message=d.error[0], code=d.error[1])
+                paths.append("error")
+            try:
+                await deps.cc.update_run(self.run_id, runs_pb2.RunRecord(**fields), paths=paths,
+                                         epoch=self.epoch, session_id=deps.session.id)
+            except RunClaimLost as lost:
+                # The claim lapsed (lease) but the log may have no successor: still close it
+                # (fenced by the head only), so tailers end; a successor finalizes the
+                # record from the close record.
+                log.warning("run %s: final status not written: %s", self.run_id, lost)
+        if d.close is not None:
+            err = {"message": d.error[0], "code": d.error[1]} if d.error else None
+            await self.writer.close(d.close, err)
+        if d.release_claim:
+            with contextlib.suppress(BatonError):
+                await deps.cc.release_claim(self.run_id, deps.session, self.epoch)
+        if d.sandbox == "destroy":
+            if sbx is None and self.record.sandbox_key:
+                sbx = await deps.find_sandbox(self.record.sandbox_key)
+            if sbx is not None:
+                with contextlib.suppress(SandboxError, OSError):
+                    await self._destroy(sbx)
+        if d.close is not None and (sbx is not None or d.sandbox == "destroy"):
+            # The run is final: no sandbox of it but a kept one has a use any more.
+            keep = sbx.handle.key if sbx is not None and not sbx.destroyed else None
+            provider = sbx.provider if sbx is not None else deps.providers.get(deps.settings.provider)
+            if provider is not None:
+                with contextlib.suppress(SandboxError, OSError):
+                    await provider.destroy_leftovers(self.run_id, keep)
+
+    async def _rebuild_transcript_from_journal(self, sbx: Sandbox) -> None:
+        """The transcript of what the log holds (stored prefix), from the journal on disk."""
+        try:
+            stored = await self.deps.log.stored_headers(self.run_id, before=self.fence_seq)
+            if not self._inputs_loaded:
+                await self._load_input_messages(stored)
+            data = await sbx.provider.read_file(sbx.handle, sbx.handle.journal_path)
+        except (FileNotFoundError, BatonError, OSError):
+            return
+        aligner = Aligner(stored)
+        builder = TranscriptBuilder(self.input_messages)
+        translator = self.deps.translator(self.record, self.run_id)
+        from sandbox_host.journal import LineSplitter, parse_sentinel
+
+        done = False
+        for line in LineSplitter().feed(data):
+            if done or parse_sentinel(line.data, sbx.nonce) is not None:
+                break
+            for c in translator.feed(line.data):
+                if aligner.caught_up:
+                    done = True
+                    break
+                try:
+                    aligner.feed(c)
+                except JournalReplayDiverged:
+                    done = True
+                    break
+                builder.feed(c)
+                self.machine.saw_chunk(c)
+        self.builder = builder
+
+    async def _load_inputs_quietly(self) -> None:
+        """Load the run input from the stored ``run.accepted`` (a failure is logged, not raised)."""
+        try:
+            stored = await self.deps.log.stored_headers(self.run_id, before=self.fence_seq)
+            await self._load_input_messages(stored)
+        except BatonError as exc:
+            reraise_if_cancelling()
+            log.warning("run %s: run input not loaded: %s", self.run_id, exc)
+
+    def _replay_complete(self) -> bool:
+        """Whether the builder holds at least what the log holds (else a save would shrink
+        the saved transcript below what an earlier host saved)."""
+        return self._aligner is not None and self._aligner.caught_up
+
+    async def _save_transcript_quietly(self) -> None:
+        try:
+            await self._save_transcript()
+        except BatonError as exc:
+            reraise_if_cancelling()
+            log.warning("run %s: transcript not saved: %s", self.run_id, exc)
+
+    async def _save_transcript(self) -> None:
+        from baton.errors import TranscriptConflict
+
+        ts = self.deps.transcripts
+        thread = self.record.thread_id
+        msgs = self.builder.messages()
+        for _ in range(4):
+            if not self._transcript_loaded:
+                _, self._transcript_rev = await ts.load(thread)
+                self._transcript_loaded = True
+            try:
+                self._transcript_rev = await ts.save(thread, msgs, expected_revision=self._transcript_rev)
+                self._snap_dirty = False
+                return
+            except TranscriptConflict:
+                self._transcript_loaded = False
+
+    async def _snapshots(self) -> None:
+        interval = self.deps.settings.snapshot_interval
+        if interval <= 0:
+            return
+        while True:
+            await asyncio.sleep(interval)
+            if self._snap_dirty and self.machine.phase is M.Phase.STREAMING and self._replay_complete():
+                await self._save_transcript_quietly()
+
+    async def _watch(self) -> None:
+        """Turn record changes (WatchRun) into control events."""
+        deps = self.deps
+        lost = asyncio.ensure_future(deps.session.lost.wait())
+        try:
+            async for ev in deps.cc.watch_run(self.run_id):
+                if lost.done():
+                    self.post(M.SessionLost())
+                    return
+                rec = ev.record
+                if rec is None:
+                    self.post(M.ClaimLost("record-gone"))
+                    return
+                if rec.cancel_requested:
+                    self.post(M.CancelRequested(reason=rec.cancel_reason or "user", path="watch"))
+                elif rec.cancel_on_disconnect and rec.HasField("detached_since"):
+                    self.post(M.Detached(cancel_on_disconnect=True))
+                claim = ev.claim
+                if claim is not None and claim.epoch > self.epoch:
+                    self.post(M.ClaimLost(f"claim@{claim.epoch}"))
+                    return
+        finally:
+            lost.cancel()
+

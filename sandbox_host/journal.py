@@ -24,12 +24,11 @@ from typing import AsyncIterator, Awaitable, Callable, Union
 
 from baton.errors import JournalAttachUnavailable, JournalError
 from baton.ids import file_stem
+from baton.runs import TERMINAL
 from sandbox_host.providers._base import Provider, SandboxHandle
 
 JOURNAL_SUFFIX = ".ndjson"
 STDERR_SUFFIX = ".err"
-#: Run statuses after which there is nothing to attach to (DESIGN.md §3.1).
-TERMINAL_STATUSES = frozenset({"completed", "failed", "aborted"})
 
 _SENTINEL_MARK = b'{"__exit":'
 _SENTINEL_RE = re.compile(rb'\{"__exit":\s*(-?\d+),\s*"__nonce":\s*"([0-9a-f]+)"\}')
@@ -382,7 +381,7 @@ async def preflight_attach(
     st = await status()
     if st is None:
         raise JournalAttachUnavailable(run_id, "unknown-run")
-    if st in TERMINAL_STATUSES:
+    if st in TERMINAL:
         raise JournalAttachUnavailable(run_id, "terminal-run")
     deadline = clock() + attach_wait
     seen_file = False

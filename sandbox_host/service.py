@@ -14,7 +14,7 @@ from baton.errors import BatonError
 from baton.grpc_errors import abort, mapping_for
 from baton.v1 import sandbox_host_pb2 as pb
 from baton.v1 import sandbox_host_pb2_grpc as pb_grpc
-from sandbox_host.driver import RunManager
+from sandbox_host.manager import RunManager
 
 log = logging.getLogger("baton.sandbox_host.service")
 

@@ -12,11 +12,11 @@ import pathlib
 import signal
 import time
 import uuid
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable, Iterator
 
 import pytest
 
-from baton.testing.servers import EtcdServer, NatsServer
+from baton_tools.testing.servers import EtcdServer, NatsServer
 
 # gRPC honours proxy variables even for loopback addresses.
 for _k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "grpc_proxy"):

@@ -10,7 +10,7 @@ import sys
 import aetcd
 import nats as nats_client
 
-from baton.testing.servers import EtcdServer, NatsServer
+from baton_tools.testing.servers import EtcdServer, NatsServer
 from tests.cli.conftest import processes_mentioning
 from tests.conftest import REPO, assert_eventually, unique
 

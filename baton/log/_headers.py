@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Literal, Mapping, NamedTuple
 
+
 Kind = Literal["chunk", "fence", "close"]
 Origin = Literal["journal", "host"]
 CloseStatus = Literal["completed", "failed", "aborted", "interrupted"]
@@ -17,7 +18,6 @@ ERROR = "Baton-Error"
 MSG_ID = "Nats-Msg-Id"
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 
-CLOSE_STATUSES: frozenset[str] = frozenset({"completed", "failed", "aborted", "interrupted"})
 ORIGINS: frozenset[str] = frozenset({"journal", "host"})
 
 

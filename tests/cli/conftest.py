@@ -8,14 +8,14 @@ import subprocess
 import sys
 from typing import Any
 
-from baton.testing.servers import env_without_proxy
+from baton_tools.testing.servers import env_without_proxy
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def baton_argv(*args: str) -> list[str]:
     """argv running the CLI with this interpreter (the console script may not be installed)."""
-    return [sys.executable, "-m", "baton.cli", *args]
+    return [sys.executable, "-m", "baton_tools.cli", *args]
 
 
 def cli_env(**extra: str) -> dict[str, str]:

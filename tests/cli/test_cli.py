@@ -11,7 +11,7 @@ import pytest
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from baton.cli import app
+from baton_tools.cli import app
 from tests.cli.conftest import baton_argv, cli_env, cluster_json, pid_alive, processes_mentioning, run_cli
 from tests.conftest import REPO, assert_eventually
 

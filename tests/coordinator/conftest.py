@@ -6,8 +6,8 @@ from typing import AsyncIterator
 import pytest
 
 from baton.coordinator_client import CoordinatorClient
-from baton.testing.cluster import InProcessCoordinator, start_coordinator
-from baton.testing.servers import EtcdServer
+from baton_tools.testing.cluster import InProcessCoordinator, start_coordinator
+from baton_tools.testing.servers import EtcdServer
 from tests.conftest import unique
 
 

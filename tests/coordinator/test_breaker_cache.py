@@ -16,8 +16,8 @@ import pytest
 from baton import errors
 from baton.coordinator_client import CoordinatorClient
 from baton.coordinator_client import UpdateOutcome as ClientOutcome
-from baton.testing.cluster import start_coordinator
-from baton.testing.servers import EtcdServer
+from baton_tools.testing.cluster import start_coordinator
+from baton_tools.testing.servers import EtcdServer
 from baton.v1.runs_pb2 import Claim, RunRecord, RunStatus
 from coordinator import _etcd as E
 from coordinator._etcd import Etcd

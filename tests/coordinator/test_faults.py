@@ -10,8 +10,8 @@ import pytest
 
 from baton import errors
 from baton.coordinator_client import CoordinatorClient, SandboxInstance
-from baton.testing.cluster import CoordinatorProcess, start_coordinator
-from baton.testing.servers import EtcdServer
+from baton_tools.testing.cluster import CoordinatorProcess, start_coordinator
+from baton_tools.testing.servers import EtcdServer
 from baton.v1 import coordinator_pb2 as pb
 from baton.v1 import coordinator_pb2_grpc as pb_grpc
 from baton.v1.runs_pb2 import RunRecord, RunStatus

@@ -8,8 +8,8 @@ import shutil
 import pytest
 
 from baton.coordinator_client import CoordinatorClient
-from baton.testing.cluster import InProcessCoordinator
-from baton.testing.servers import env_without_proxy
+from baton_tools.testing.cluster import InProcessCoordinator
+from baton_tools.testing.servers import env_without_proxy
 from tests.conftest import REPO, unique
 
 NODE_DIR = REPO / "tests" / "node"

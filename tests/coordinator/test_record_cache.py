@@ -12,7 +12,7 @@ from typing import Any, AsyncIterator, Sequence
 import pytest
 
 from baton import errors
-from baton.testing.servers import EtcdServer
+from baton_tools.testing.servers import EtcdServer
 from baton.v1.runs_pb2 import RunRecord, RunStatus
 from coordinator._cache import RecordCache
 from coordinator._etcd import Etcd, KV

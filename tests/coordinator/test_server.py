@@ -8,8 +8,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from baton.coordinator_client import CoordinatorClient
-from baton.testing.cluster import InProcessCoordinator, start_coordinator
-from baton.testing.servers import EtcdServer
+from baton_tools.testing.cluster import InProcessCoordinator, start_coordinator
+from baton_tools.testing.servers import EtcdServer
 from coordinator import CoordinatorConfig, LeaderContext, parse_args
 from tests.conftest import assert_eventually, unique
 

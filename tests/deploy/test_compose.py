@@ -147,7 +147,7 @@ def test_docker_provider_hosts_reach_the_engine(compose: dict[str, Any]) -> None
 def test_health_checks_use_cli_commands_that_exist(compose: dict[str, Any]) -> None:
     from typer.main import get_command
 
-    from baton.cli import app
+    from baton_tools.cli import app
 
     commands = get_command(app).commands  # type: ignore[attr-defined]
     for name in BATON_SERVICES:

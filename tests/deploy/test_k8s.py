@@ -10,7 +10,6 @@ from kubernetes import client
 
 from tests.deploy.conftest import (
     K8S,
-    REPO,
     console_scripts,
     default_port,
     host_of,
@@ -195,7 +194,7 @@ def test_sandbox_host_drains_before_it_is_killed(k8s_docs: list[tuple[pathlib.Pa
     # And `baton drain` really is a command of the CLI.
     from typer.main import get_command
 
-    from baton.cli import app
+    from baton_tools.cli import app
 
     assert "drain" in get_command(app).commands  # type: ignore[attr-defined]
 

@@ -16,8 +16,8 @@ import pytest
 
 from baton.coordinator_client import CoordinatorClient
 from baton.log import DeliveryLog, LogConfig, TranscriptStore
-from baton.testing.cluster import HostProcess, start_coordinator, start_host
-from baton.testing.servers import EtcdServer, NatsServer
+from baton_tools.testing.cluster import HostProcess, start_coordinator, start_host
+from baton_tools.testing.servers import EtcdServer, NatsServer
 from baton.v1 import runs_pb2, sandbox_host_pb2, sandbox_host_pb2_grpc
 from tests.conftest import assert_eventually, unique
 

@@ -6,7 +6,7 @@ import pytest
 
 from baton.errors import InvalidArgument
 from sandbox_host.agents import prepare_agent
-from sandbox_host.driver import HostDeps, HostSettings
+from sandbox_host.deps import HostDeps, HostSettings
 
 ENV = {"ANTHROPIC_API_KEY": "sk-ant-secret-value", "OPENAI_API_KEY": "sk-openai-secret", "HOME": "/root",
        "BATON_PROVIDER": "local"}

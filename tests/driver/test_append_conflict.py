@@ -6,10 +6,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from baton.log import DeliveryLog, LogConfig
-from baton.testing.servers import NatsServer
+from baton_tools.testing.servers import NatsServer
 from baton.v1 import runs_pb2
-from sandbox_host._run import RunDriver
-from sandbox_host.driver import HostSettings
+from sandbox_host.driver import RunDriver
+from sandbox_host.deps import HostSettings
 from tests.conftest import unique
 
 

@@ -11,7 +11,7 @@ from typing import Any, AsyncIterator
 
 import pytest
 
-from baton.testing.servers import EtcdServer, NatsServer
+from baton_tools.testing.servers import EtcdServer, NatsServer
 from baton.transcript import build_transcript
 from sandbox_host.translate._base import MAX_RESULT_BYTES
 from tests.driver.conftest import CORPUS, Cluster, make_cluster, status_of
@@ -74,7 +74,7 @@ async def test_an_input_too_big_for_its_accepted_chunk_is_refused_up_front(big_c
 
     from baton import errors
     from baton.grpc_errors import from_rpc_error
-    from sandbox_host.driver import MAX_MESSAGES_BYTES
+    from sandbox_host.manager import MAX_MESSAGES_BYTES
 
     huge = [{"id": "u1", "role": "user", "content": "x" * (MAX_MESSAGES_BYTES + 1)}]
     with pytest.raises(grpc.aio.AioRpcError) as ei:

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 
-from baton.testing.servers import env_without_proxy, free_port
+from baton_tools.testing.servers import env_without_proxy, free_port
 from tests.conftest import assert_eventually
 
 

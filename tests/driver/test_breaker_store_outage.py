@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Callable
 import pytest
 
 from baton.ids import file_stem
-from baton.testing.servers import EtcdServer, NatsServer
+from baton_tools.testing.servers import EtcdServer, NatsServer
 from baton.transcript import TranscriptBuilder
 from coordinator._etcd import Etcd
 from coordinator._store import RunStore

@@ -4,7 +4,6 @@ hands a dead host's run to a host with room, never to a full one."""
 from __future__ import annotations
 
 import json
-import pathlib
 from typing import Any, AsyncIterator
 
 import grpc
@@ -12,8 +11,8 @@ import pytest
 
 from baton.errors import HostAtCapacity, UnknownRun
 from baton.grpc_errors import from_rpc_error
-from baton.testing.cluster import HostProcess
-from baton.testing.servers import EtcdServer, NatsServer
+from baton_tools.testing.cluster import HostProcess
+from baton_tools.testing.servers import EtcdServer, NatsServer
 from baton.v1 import runs_pb2, sandbox_host_pb2
 from tests.conftest import assert_eventually, unique
 from tests.driver.conftest import CORPUS, Cluster, make_cluster, status_of

@@ -19,9 +19,9 @@ from typing import Any, AsyncIterator
 import pytest
 
 from baton.v1 import runs_pb2
-from sandbox_host._records import accepted_chunk
-from sandbox_host._run import RunDriver
-from sandbox_host.driver import HostDeps, HostSettings
+from sandbox_host.machine import accepted_chunk
+from sandbox_host.driver import RunDriver
+from sandbox_host.deps import HostDeps, HostSettings
 from tests.conftest import unique
 from tests.driver.conftest import CORPUS, Cluster, make_cluster
 
@@ -64,7 +64,7 @@ async def _orphan(c: Cluster) -> tuple[str, str]:
     w = c.log.writer(run_id, epoch)
     await w.fence()
     await w.append([{"type": "RUN_STARTED", "threadId": thread_id, "runId": run_id}], origin="journal")
-    await w.append([accepted_chunk(rec, USER)], origin="host")
+    await w.append([accepted_chunk(rec.run_id, rec.thread_id, rec.agent.kind, USER)], origin="host")
     await first.close()
     return run_id, thread_id
 

@@ -11,7 +11,7 @@ from typing import AsyncIterator
 
 import pytest
 
-from baton.testing.servers import EtcdServer, NatsServer
+from baton_tools.testing.servers import EtcdServer, NatsServer
 from coordinator._etcd import Etcd
 from coordinator._store import RunStore
 from sandbox_host.translate import translate_bytes

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from sandbox_host._machine import (
+from sandbox_host.machine import (
     AgentTerminal, CancelRequested, ClaimLost, Detached, Diverged, Drain, Failed, Phase,
     RunMachine, SessionLost, StoredClose, StoredTerminal, decide,
 )

@@ -17,7 +17,7 @@ import uvicorn
 
 from baton.coordinator_client import CoordinatorClient
 from baton.log import DeliveryLog, LogConfig
-from baton.testing.servers import free_port
+from baton_tools.testing.servers import free_port
 from gateway import GatewaySettings, create_app
 from tests.conftest import unique
 
@@ -43,7 +43,7 @@ class Gateway:
 @pytest.fixture(scope="session")
 async def coordinator(etcd: Any, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Any]:
     """A real coordinator subprocess (detached-run TTL long: no reaping during tests)."""
-    from baton.testing.cluster import start_coordinator
+    from baton_tools.testing.cluster import start_coordinator
 
     h = await start_coordinator(etcd.endpoint, f"/{unique('gw')}/", log_dir=tmp_path_factory.mktemp("coord"),
                                 detached_run_ttl=3600, session_ttl=2)
@@ -285,7 +285,7 @@ def host_settings(log_cfg: LogConfig, replay_dir: pathlib.Path, tmp: pathlib.Pat
 async def host(coordinator: Any, nats: Any, log_cfg: LogConfig, replay_dir: pathlib.Path,
                tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Any]:
     """A real sandbox host subprocess for this test module."""
-    from baton.testing.cluster import start_host
+    from baton_tools.testing.cluster import start_host
 
     tmp = tmp_path_factory.mktemp("host")
     h = await start_host(coordinator.address, nats.url, log_dir=tmp, **host_settings(log_cfg, replay_dir, tmp))

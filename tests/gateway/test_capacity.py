@@ -20,7 +20,7 @@ from tests.gateway.test_e2e import SLOW, replay_body
 async def full_host(coordinator: Any, nats: Any, log_cfg: LogConfig, replay_dir: pathlib.Path,
                     tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Any]:
     """The only sandbox host of this module, with room for one run."""
-    from baton.testing.cluster import start_host
+    from baton_tools.testing.cluster import start_host
 
     tmp = tmp_path_factory.mktemp("full-host")
     h = await start_host(coordinator.address, nats.url, log_dir=tmp,

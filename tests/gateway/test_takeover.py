@@ -14,7 +14,7 @@ import httpx
 
 from baton.coordinator_client import CoordinatorClient
 from baton.log import LogConfig
-from baton.testing.cluster import start_coordinator, start_host
+from baton_tools.testing.cluster import start_coordinator, start_host
 from tests.conftest import assert_eventually, unique
 from tests.gateway.conftest import SLOW_TEXT, host_settings, metric, read_stream
 

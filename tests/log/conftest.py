@@ -8,7 +8,7 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from baton.log import DeliveryLog, LogConfig
-from baton.testing.servers import NatsServer
+from baton_tools.testing.servers import NatsServer
 from tests.conftest import unique
 
 

@@ -10,7 +10,7 @@ import logging
 import pytest
 
 from baton.log import DeliveryLog, LogConfig
-from baton.testing.servers import NatsServer
+from baton_tools.testing.servers import NatsServer
 from tests.conftest import assert_eventually, unique
 
 

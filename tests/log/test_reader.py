@@ -10,7 +10,7 @@ from nats.aio.client import Client as NATS
 
 from baton.errors import InvalidOffset, OffsetExpired
 from baton.log import DeliveryLog, LogReader
-from baton.testing.servers import NatsServer
+from baton_tools.testing.servers import NatsServer
 from tests.conftest import assert_eventually, unique
 from tests.log.conftest import chunk, unique_cfg
 

@@ -2,7 +2,6 @@
 claude-code / codex launch specs."""
 from __future__ import annotations
 
-import os
 import pathlib
 import subprocess
 import sys

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from baton.testing.servers import env_without_proxy
+from baton_tools.testing.servers import env_without_proxy
 from sandbox_host.journal import LineSplitter
 from sandbox_host.translate import translate_bytes, translator_for
 from tests.conftest import REPO

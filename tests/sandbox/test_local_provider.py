@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from baton.errors import SandboxBuildFailed
-from baton.testing.servers import env_without_proxy
+from baton_tools.testing.servers import env_without_proxy
 from sandbox_host.journal import JournalExit, JournalLine, new_nonce
 from sandbox_host.providers import SandboxHandle, SandboxSpec, provider_for, redact
 from sandbox_host.providers.local import LocalProvider

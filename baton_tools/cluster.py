@@ -29,7 +29,7 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from baton.testing.servers import EtcdServer, NatsServer, env_without_proxy, free_port
+from baton_tools.testing.servers import EtcdServer, NatsServer, env_without_proxy, free_port
 
 #: Name of the description file inside the data directory.
 CLUSTER_FILE = "cluster.json"

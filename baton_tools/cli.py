@@ -11,7 +11,6 @@ import json
 import os
 import pathlib
 import signal
-import sys
 import time
 from datetime import datetime, timezone
 from typing import Annotated, Any, Optional
@@ -23,7 +22,8 @@ from rich.console import Console
 from rich.table import Table
 
 from baton import config
-from baton._cluster import (
+from baton.runs import status_name
+from baton_tools.cluster import (
     GRPC_OPTIONS,
     ClusterError,
     ClusterInfo,
@@ -106,12 +106,6 @@ def _http(api_key: str | None, timeout: float | None = 10.0) -> httpx.Client:
 def _fail(message: str, code: int = 1) -> typer.Exit:
     err.print(f"[red]error:[/red] {message}")
     return typer.Exit(code)
-
-
-def _status_name(status: int) -> str:
-    from baton.v1 import runs_pb2
-
-    return runs_pb2.RunStatus.Name(status).removeprefix("RUN_STATUS_").lower()
 
 
 def _when(ts: float | None) -> str:
@@ -228,7 +222,7 @@ def demo(
 
         baton demo --quick
     """
-    from baton._demo import run_demo
+    from baton_tools.demo import run_demo
 
     if not console.is_terminal and "COLUMNS" not in os.environ:
         # A CI log or a pipe has no width; rich would assume 80 columns, cut the status
@@ -280,7 +274,7 @@ def runs(
         table.add_column(col)
     for r in resp.records:
         table.add_row(
-            r.run_id, r.thread_id, _status_name(r.status), r.agent.kind or "-", r.driver_host or "-",
+            r.run_id, r.thread_id, status_name(r.status), r.agent.kind or "-", r.driver_host or "-",
             str(r.driver_epoch), _when(r.started_at if r.HasField("started_at") else None),
             _when(r.detached_since if r.HasField("detached_since") else None),
         )
@@ -463,7 +457,7 @@ def health_http(
 
 
 def main() -> None:
-    """Console entry point (``python -m baton.cli``)."""
+    """Console entry point (``python -m baton_tools.cli``)."""
     # gRPC honours proxy variables even for loopback; the CLI only dials what it is told.
     os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
     app()

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from baton.testing.servers import env_without_proxy, free_port
+from baton_tools.testing.servers import env_without_proxy, free_port
 
 # CoordinatorConfig field → environment variable.
 _ENV_NAMES = {

@@ -21,6 +21,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
+from baton.runs import RUN_ACCEPTED, RUN_CANCELLED
+
 Chunk = dict[str, Any]
 SandboxFate = Literal["keep", "destroy", "untouched"]
 CancelPath = Literal["watch", "fast", "detach", "reaper", "interrupt"]
@@ -200,8 +202,18 @@ def cancelled_chunk(*, reason: str, process_gone: bool | None, sandbox_destroyed
             cannot tell, e.g. it cannot kill; destroying the sandbox is the cancel).
         sandbox_destroyed: the sandbox is confirmed destroyed (or was never built).
     """
-    return {"type": "CUSTOM", "name": "run.cancelled",
+    return {"type": "CUSTOM", "name": RUN_CANCELLED,
             "value": {"reason": reason, "processGone": process_gone, "sandboxDestroyed": sandbox_destroyed}}
+
+
+def accepted_chunk(run_id: str, thread_id: str, agent: str | None, messages: list[dict[str, Any]]) -> Chunk:
+    """The ``CUSTOM run.accepted`` chunk (origin host) a fresh start appends first.
+
+    It carries the run input's messages, so a successor host can rebuild the transcript
+    (DESIGN.md §4.2) from the log alone, and launch the agent with its input.
+    """
+    return {"type": "CUSTOM", "name": RUN_ACCEPTED,
+            "value": {"runId": run_id, "threadId": thread_id, "agent": agent or None, "messages": messages}}
 
 
 def run_error_chunk(message: str, code: str) -> Chunk:

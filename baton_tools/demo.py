@@ -40,7 +40,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from baton._cluster import ClusterInfo, LocalCluster
+from baton_tools.cluster import ClusterInfo, LocalCluster
 
 _REPO = pathlib.Path(__file__).resolve().parent.parent
 CORPUS = _REPO / "corpus"

@@ -1,0 +1,54 @@
+"""The run vocabulary, defined once: status names, the terminal set, host chunk names.
+
+Every service speaks of a run's status by these lower-case names (the wire form of
+``baton.v1.RunStatus`` without its prefix, as the HTTP API shows them) and recognises the
+host's own ``CUSTOM`` chunks by these names (DESIGN.md §3.1, §4.2).
+"""
+from __future__ import annotations
+
+from typing import Final, Literal
+
+from baton.v1 import runs_pb2
+
+StatusName = Literal["running", "interrupted", "completed", "failed", "aborted"]
+
+#: Status name → ``RunStatus`` value.
+STATUS_TO_PB: Final[dict[str, int]] = {
+    "running": runs_pb2.RUN_STATUS_RUNNING,
+    "interrupted": runs_pb2.RUN_STATUS_INTERRUPTED,
+    "completed": runs_pb2.RUN_STATUS_COMPLETED,
+    "failed": runs_pb2.RUN_STATUS_FAILED,
+    "aborted": runs_pb2.RUN_STATUS_ABORTED,
+}
+#: ``RunStatus`` value → status name.
+PB_TO_STATUS: Final[dict[int, str]] = {v: k for k, v in STATUS_TO_PB.items()}
+#: Every status name, in lifecycle order.
+STATUSES: Final[tuple[str, ...]] = tuple(STATUS_TO_PB)
+#: Statuses after which a run never changes again. ``interrupted`` (a HITL pause) is not one.
+TERMINAL: Final[frozenset[str]] = frozenset({"completed", "failed", "aborted"})
+#: The same set as ``RunStatus`` values.
+TERMINAL_PB: Final[frozenset[int]] = frozenset(STATUS_TO_PB[s] for s in TERMINAL)
+#: Statuses a delivery log's close record may carry.
+CLOSE_STATUSES: Final[frozenset[str]] = TERMINAL | {"interrupted"}
+
+#: The host's first chunk of a fresh run: carries the run input (``value.messages``).
+RUN_ACCEPTED: Final = "run.accepted"
+#: The host's confirmation of a cancel (process gone, sandbox destroyed).
+RUN_CANCELLED: Final = "run.cancelled"
+#: A reader's notice that retention dropped chunks it asked for (``value.earliestOffset``).
+STREAM_GAP: Final = "stream.gap"
+
+
+def status_name(status: int) -> str:
+    """The lower-case name of a ``RunStatus`` value (``"unspecified"`` for an unknown one)."""
+    return PB_TO_STATUS.get(status, "unspecified")
+
+
+def record_status(record: runs_pb2.RunRecord) -> str:
+    """The record's status as a lower-case name; an unset status reads as ``running``."""
+    return PB_TO_STATUS.get(record.status, "running")
+
+
+def is_host_chunk(chunk: dict[str, object], name: str) -> bool:
+    """Whether ``chunk`` is the host's ``CUSTOM`` chunk called ``name``."""
+    return chunk.get("type") == "CUSTOM" and chunk.get("name") == name

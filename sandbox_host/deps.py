@@ -1,0 +1,190 @@
+"""What every run driver of one host shares: settings and clients (DESIGN.md §5.5, §9).
+
+:class:`HostSettings` are the driver's ``BATON_*`` settings; :class:`HostDeps` bundles the
+host's identity, clients and settings, built once by the composition root
+(``sandbox_host.__main__``) and passed to the :class:`~sandbox_host.manager.RunManager`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from baton import config
+from baton.errors import InvalidArgument
+from baton.v1 import coordinator_pb2, runs_pb2
+from sandbox_host.sandboxes import Sandbox
+
+#: Environment variables a host hands to the agents that need them (``required_secrets`` of
+#: the agent kinds in :mod:`sandbox_host.agents`).
+AGENT_SECRET_NAMES = frozenset({"ANTHROPIC_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN", "OPENAI_API_KEY", "CODEX_API_KEY"})
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    """Driver settings (DESIGN.md §9), from ``BATON_*`` variables by :meth:`from_env`.
+
+    Attributes:
+        provider: default sandbox provider name.
+        attach_wait: seconds an attach waits for the journal / first byte.
+        cancel_grace: seconds between SIGTERM and SIGKILL on cancel.
+        journal_poll: seconds between liveness checks while a journal is idle.
+        snapshot_interval: seconds between periodic transcript snapshots (0 = none).
+        final_write_timeout: seconds final writes may take after the driver is cancelled.
+        capacity: runs this host drives at most (``BATON_HOST_CAPACITY``; 0 = no limit).
+        store_retry: seconds a driver retries a sandbox-registry write while the store is
+            unavailable (bounded by the session: a lost session ends the retries).
+        quiet_time: seconds an attach waits after its fence before its first append. 0 here;
+            only ``bench/takeover.py`` sets it (``BATON_TAKEOVER_QUIET_TIME``) to emulate the
+            reference design's 5 s quiet window as a baseline — our fence needs no window.
+    """
+
+    provider: str = "local"
+    attach_wait: float = 10.0
+    cancel_grace: float = 5.0
+    journal_poll: float = 0.25
+    snapshot_interval: float = 2.0
+    final_write_timeout: float = 10.0
+    quiet_time: float = 0.0
+    capacity: int = 64
+    store_retry: float = 5.0
+    #: Agent credentials from the host's own environment (``AGENT_SECRET_NAMES``); passed to
+    #: the agent as env only, never logged, journaled or stored.
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "HostSettings":
+        return cls(
+            provider=config.get("BATON_PROVIDER", env),
+            attach_wait=config.get_float("BATON_ATTACH_WAIT", env),
+            cancel_grace=config.get_float("BATON_CANCEL_GRACE", env),
+            journal_poll=config.get_float("BATON_JOURNAL_POLL", env),
+            quiet_time=float((os.environ if env is None else env).get("BATON_TAKEOVER_QUIET_TIME", "0") or 0),
+            capacity=int(config.get_float("BATON_HOST_CAPACITY", env)),
+            secrets={k: v for k, v in (os.environ if env is None else env).items()
+                     if k in AGENT_SECRET_NAMES and v},
+        )
+
+
+class HostDeps:
+    """The clients, identity and settings every driver of one host shares.
+
+    Args:
+        host_id: this host's id.
+        cc: a connected ``CoordinatorClient``.
+        session: this host's coordinator session (``.id``, ``.lost``).
+        log: a ``DeliveryLog``.
+        transcripts: a ``TranscriptStore``.
+        providers: provider name → provider instance.
+        settings: driver settings.
+    """
+
+    def __init__(self, *, host_id: str, cc: Any, session: Any, log: Any, transcripts: Any,
+                 providers: Mapping[str, Any], settings: HostSettings) -> None:
+        self.host_id = host_id
+        self.cc = cc
+        self.session = session
+        self.log = log
+        self.transcripts = transcripts
+        self.providers = dict(providers)
+        self.settings = settings
+
+    # --- agents and translators ---------------------------------------------------------
+
+    @staticmethod
+    def agent_options(record: runs_pb2.RunRecord) -> dict[str, Any]:
+        raw = record.agent.options_json or "{}"
+        try:
+            opts = json.loads(raw)
+        except ValueError:
+            raise InvalidArgument("agent.options", "must be a JSON object") from None
+        if not isinstance(opts, dict):
+            raise InvalidArgument("agent.options", "must be a JSON object")
+        return opts
+
+    def translator(self, record: runs_pb2.RunRecord, run_id: str) -> Any:
+        """A fresh translator for the run's journal format (same bytes → same chunks)."""
+        from sandbox_host.agents import journal_format_for
+        from sandbox_host.translate import translator_for
+
+        fmt = journal_format_for(record.agent.kind or config.get("BATON_DEFAULT_AGENT"), self.agent_options(record))
+        return translator_for(fmt, run_id=run_id, thread_id=record.thread_id)
+
+    def provider_for_run(self, record: runs_pb2.RunRecord) -> Any:
+        name = self.settings.provider
+        if name not in self.providers:
+            raise InvalidArgument("provider", f"this host has no {name!r} provider")
+        return self.providers[name]
+
+    def sandbox_spec(self, record: runs_pb2.RunRecord) -> Any:
+        from sandbox_host.providers import SandboxSpec
+
+        # The run id labels every sandbox of the run (also `<run_id>#<epoch>` ones a successor
+        # builds), so leftovers of a host that died mid-build can be found and removed.
+        return SandboxSpec(provider=self.settings.provider, env={"BATON_RUN_ID": record.run_id})
+
+    def agent_secrets(self, launch: Any) -> dict[str, str]:
+        """The host's secrets that ``launch`` (an ``AgentLaunch``) asks for.
+
+        Raises:
+            InvalidArgument: (field ``agent.kind``) naming the secret variables the host
+                lacks; never their values.
+        """
+        missing = launch.missing_secrets(self.settings.secrets)
+        if missing:
+            raise InvalidArgument("agent.kind", f"agent {launch.kind!r} needs a credential this host does not have: "
+                                  f"set {' and '.join(n.replace('|', ' or ') for n in missing)} in the host's environment")
+        wanted = {name for need in launch.required_secrets for name in need.split("|")}
+        return {k: v for k, v in self.settings.secrets.items() if k in wanted}
+
+    async def launch_spec(self, record: runs_pb2.RunRecord, provider: Any, handle: Any,
+                          messages: list[dict[str, Any]]) -> tuple[list[str], bytes | None, dict[str, str], dict[str, str]]:
+        """Prepare the agent (files copied in) and return ``(argv, stdin, env, secrets)``."""
+        from sandbox_host.agents import prepare_agent, prompt_from_messages
+
+        launch = prepare_agent(record.agent.kind or config.get("BATON_DEFAULT_AGENT"), self.agent_options(record),
+                               prompt=prompt_from_messages(messages))
+        secrets = self.agent_secrets(launch)
+        for path, (content, mode) in launch.files.items():
+            await provider.copy_in(handle, path, content, mode)
+        return list(launch.argv), launch.stdin, dict(launch.env), secrets
+
+    # --- sandboxes registry -------------------------------------------------------------
+
+    async def register_sandbox(self, record: runs_pb2.RunRecord, sbx: Sandbox, *, launched: bool, epoch: int) -> None:
+        h = sbx.handle
+        handle_json = json.dumps({
+            "provider": h.provider, "key": h.key, "journal_path": h.journal_path, "stderr_path": h.stderr_path,
+            "workdir": h.workdir, "data": dict(h.data), "nonce": sbx.nonce,
+        }, sort_keys=True)
+        await self.cc.put_sandbox(coordinator_pb2.SandboxInstance(
+            sandbox_key=h.key, provider=h.provider, handle_json=handle_json, run_id=record.run_id,
+            journal_path=h.journal_path, created_at=time.time()))
+
+    async def find_sandbox(self, key: str) -> Sandbox | None:
+        from sandbox_host.providers import SandboxHandle
+
+        inst = await self.cc.get_sandbox(key)
+        if inst is None or not inst.handle_json:
+            return None
+        raw = json.loads(inst.handle_json)
+        provider = self.providers.get(raw.get("provider") or inst.provider)
+        if provider is None:
+            return None
+        handle = SandboxHandle(provider=raw["provider"], key=raw["key"], journal_path=raw["journal_path"],
+                               stderr_path=raw["stderr_path"], workdir=raw["workdir"], data=raw.get("data") or {})
+        return Sandbox(provider, handle, raw.get("nonce", ""))
+
+    # --- log bodies -----------------------------------------------------------------------
+
+    async def read_chunk(self, run_id: str, offset: int) -> dict[str, Any] | None:
+        """The stored chunk at ``offset`` (one body read), or ``None``."""
+        reader = self.log.read(run_id, after=str(int(offset) - 1), stop_at_close=True)
+        async with reader:
+            async for off, chunk in reader:
+                return chunk if int(off) == int(offset) else None
+        return None
+
+

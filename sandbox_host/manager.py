@@ -1,0 +1,269 @@
+"""The run driver of a sandbox host: fresh runs, takeovers, cancels, drain (DESIGN.md §5.5).
+
+:class:`RunManager` owns every :class:`~sandbox_host.driver.RunDriver` of the host (a per-run
+dict of tasks, drained on shutdown); :class:`HostDeps` bundles the clients and settings a
+driver needs, built once by the composition root (``sandbox_host.__main__``).
+
+What a reader sees: a fresh start appends ``CUSTOM run.accepted`` (origin ``host``, it
+carries the run input's messages) and then the translator's chunks; a takeover appends no
+host chunk of its own, only the replay's new suffix. So a reader connected through any
+number of takeovers receives exactly the chunk sequence of the same run without one.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from typing import Any, Iterator
+
+from baton import config
+from baton.errors import (
+    HostAtCapacity, HostDraining, InvalidArgument, JournalAttachUnavailable, RunClaimNotAcquired,
+    UnknownRun,
+)
+from baton.ids import validate_id
+from baton.v1 import runs_pb2
+from sandbox_host import machine as M
+from baton.runs import TERMINAL, record_status
+from sandbox_host.deps import HostDeps
+from sandbox_host.driver import RunDriver
+
+
+#: Largest input (``messages``, compact JSON bytes) a run accepts: it is stored in the
+#: ``run.accepted`` chunk, one delivery-log message, with room left for the rest of the chunk.
+MAX_MESSAGES_BYTES = 768 * 1024
+
+log = logging.getLogger("baton.sandbox_host.manager")
+
+
+class RunManager:
+    """Every run this host drives: start, attach, cancel, drain, shutdown.
+
+    Args:
+        deps: the host's shared clients and settings.
+    """
+
+    def __init__(self, deps: HostDeps) -> None:
+        self.deps = deps
+        self.draining = False
+        self._drivers: dict[str, RunDriver] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._finished: list[RunDriver] = []
+        self._reserved = 0  # slots taken by a StartRun/AttachRun between its check and its spawn
+
+    @property
+    def load(self) -> int:
+        """How many runs this host drives now."""
+        return sum(1 for t in self._tasks.values() if not t.done())
+
+    @contextlib.contextmanager
+    def _slot(self) -> Iterator[None]:
+        """Hold one unit of capacity from the check until the driver is spawned (or failed).
+
+        The check and the reservation happen with no ``await`` between them, so concurrent
+        requests cannot overshoot ``settings.capacity`` (DESIGN.md §9 ``BATON_HOST_CAPACITY``).
+
+        Raises:
+            HostAtCapacity: the host already drives (or is starting) ``capacity`` runs.
+        """
+        capacity = self.deps.settings.capacity
+        if capacity > 0 and self.load + self._reserved >= capacity:
+            raise HostAtCapacity(self.deps.host_id, capacity)
+        self._reserved += 1
+        try:
+            yield
+        finally:
+            self._reserved -= 1
+
+    def driver(self, run_id: str) -> RunDriver | None:
+        return self._drivers.get(run_id)
+
+    def _spawn(self, driver: RunDriver) -> None:
+        run_id = driver.run_id
+        task = asyncio.create_task(driver.run(), name=f"run:{run_id}")
+        self._drivers[run_id] = driver
+        self._tasks[run_id] = task
+
+        def done(t: "asyncio.Task[None]") -> None:
+            if self._tasks.get(run_id) is t:
+                del self._tasks[run_id]
+                self._drivers.pop(run_id, None)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("run %s: driver crashed", run_id, exc_info=t.exception())
+
+        task.add_done_callback(done)
+
+    def _busy(self, run_id: str) -> bool:
+        t = self._tasks.get(run_id)
+        return t is not None and not t.done()
+
+    async def start_run(self, req: Any) -> tuple[runs_pb2.RunRecord, bool]:
+        """``StartRun``: create (or resume) the record, claim, fence, ``run.accepted``.
+
+        Returns once those landed; the run is driven in the background.
+
+        Raises:
+            HostDraining: the host takes no new runs.
+            HostAtCapacity: the host already drives ``settings.capacity`` runs.
+            InvalidArgument: bad ids, messages or agent options.
+            ThreadBusy, RunClaimNotAcquired, StoreUnavailable, LogUnavailable: from below.
+        """
+        if self.draining:
+            raise HostDraining("host is draining")
+        with self._slot():
+            return await self._start_run(req)
+
+    async def _start_run(self, req: Any) -> tuple[runs_pb2.RunRecord, bool]:
+        from sandbox_host.agents import prepare_agent, prompt_from_messages
+
+        if self.draining:
+            raise HostDraining("host is draining")
+        validate_id(req.run_id, "run_id")
+        validate_id(req.thread_id, "thread_id")
+        try:
+            messages = json.loads(req.messages_json or "[]")
+        except ValueError:
+            raise InvalidArgument("messages_json", "must be a JSON array") from None
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise InvalidArgument("messages_json", "must be a JSON array of message objects")
+        size = len(json.dumps(messages, separators=(",", ":"), ensure_ascii=False).encode())
+        if size > MAX_MESSAGES_BYTES:
+            # They travel in the run.accepted chunk, one delivery-log message (NATS refuses
+            # messages over max_payload, 1 MiB by default), where a successor reads them back.
+            raise InvalidArgument("messages_json", f"is {size} bytes of JSON; at most {MAX_MESSAGES_BYTES}")
+        kind = req.agent.kind or config.get("BATON_DEFAULT_AGENT")
+        try:
+            options = json.loads(req.agent.options_json or "{}")
+        except ValueError:
+            raise InvalidArgument("agent.options", "must be a JSON object") from None
+        launch = prepare_agent(kind, options, prompt=prompt_from_messages(messages))
+        deps = self.deps
+        deps.agent_secrets(launch)  # refuse up front, before any record exists
+        seed = runs_pb2.RunRecord(
+            run_id=req.run_id, thread_id=req.thread_id, status=runs_pb2.RUN_STATUS_RUNNING,
+            started_at=time.time(), agent=runs_pb2.AgentSpec(kind=kind, options_json=json.dumps(dict(launch.options))),
+            cancel_on_disconnect=req.cancel_on_disconnect, keep_sandbox=req.keep_sandbox, tenant=req.tenant,
+            parent_run_id=req.parent_run_id, driver_host=deps.host_id)
+        record, created = await deps.cc.create_or_resume_run(seed, interrupt_active=req.interrupt_active)
+        if not created:
+            return record, False
+        mode: Any = "fresh"
+        try:
+            epoch, record = await deps.cc.claim_run(req.run_id, deps.session, deps.host_id, purpose="drive")
+        except RunClaimNotAcquired as refused:
+            if refused.reason != "cancel_requested":
+                raise
+            # Cancelled between create and claim: still ends aborted, by us.
+            epoch, record = await deps.cc.claim_run(req.run_id, deps.session, deps.host_id, purpose="finalize")
+            mode = "finalize"
+        writer = deps.log.writer(req.run_id, epoch)
+        # The log opens with the translator's RUN_STARTED (origin journal: a replay on any
+        # host reproduces it at index 0), then the host's run.accepted, so a joiner sees
+        # bytes before the sandbox exists and the stream still starts with RUN_STARTED, as
+        # the AG-UI verifier requires.
+        opening = deps.translator(record, req.run_id).start()
+        try:
+            fence_seq = await writer.fence()
+            opening_offsets = await writer.append(opening, origin="journal")
+            await writer.append([M.accepted_chunk(record.run_id, record.thread_id, record.agent.kind, messages)], origin="host")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(deps.cc.release_claim(req.run_id, deps.session, epoch))
+            raise
+        from baton.fingerprint import fingerprint
+        from baton.log import StoredRecord
+
+        opened = [StoredRecord(int(off), "chunk", epoch, "journal", fingerprint(c))
+                  for off, c in zip(opening_offsets, opening)]
+        self._spawn(RunDriver(deps, record, epoch, mode, writer, input_messages=messages, fence_seq=fence_seq,
+                              cancel_reason=record.cancel_reason or None, opened=opened))
+        return record, True
+
+    async def attach_run(self, run_id: str, purpose: str = "drive") -> tuple[int, runs_pb2.RunRecord]:
+        """``AttachRun``: claim the run; fence, replay, align and drive in the background.
+
+        Purpose ``finalize`` (carry out a cancel or a reap) is taken even at capacity: it
+        ends quickly, and a cancelled run must end ``aborted`` even when every host is full.
+
+        Raises:
+            HostDraining: the host takes no new runs.
+            HostAtCapacity: ``drive`` while the host already drives ``settings.capacity`` runs.
+            JournalAttachUnavailable: ``unknown-run`` or ``terminal-run``, at once.
+            RunClaimNotAcquired: another live claim holds the run (``held``) etc.
+        """
+        if self.draining:
+            raise HostDraining("host is draining")
+        if purpose == "finalize":
+            return await self._attach_run(run_id, purpose)
+        with self._slot():
+            return await self._attach_run(run_id, purpose)
+
+    async def _attach_run(self, run_id: str, purpose: str) -> tuple[int, runs_pb2.RunRecord]:
+        validate_id(run_id, "run_id")
+        purpose = purpose or "drive"
+        if purpose not in ("drive", "finalize"):
+            raise InvalidArgument("purpose", "must be drive or finalize")
+        deps = self.deps
+        try:
+            view = await deps.cc.get_run(run_id)
+        except UnknownRun:
+            raise JournalAttachUnavailable(run_id, "unknown-run") from None
+        if record_status(view.record) in TERMINAL:
+            raise JournalAttachUnavailable(run_id, "terminal-run")
+        if self._busy(run_id):
+            raise RunClaimNotAcquired(run_id, "held")
+        try:
+            epoch, record = await deps.cc.claim_run(run_id, deps.session, deps.host_id, purpose=purpose)
+        except RunClaimNotAcquired as refused:
+            if refused.reason == "cancel_requested" and purpose == "drive":
+                epoch, record = await deps.cc.claim_run(run_id, deps.session, deps.host_id, purpose="finalize")
+                purpose = "finalize"
+            elif refused.reason == "unknown":
+                raise JournalAttachUnavailable(run_id, "unknown-run") from None
+            elif refused.reason == "terminal":
+                raise JournalAttachUnavailable(run_id, "terminal-run") from None
+            else:
+                raise
+        mode: Any = "finalize" if purpose == "finalize" else "attach"
+        self._spawn(RunDriver(deps, record, epoch, mode, deps.log.writer(run_id, epoch),
+                              cancel_reason=record.cancel_reason or None))
+        return epoch, record
+
+    def cancel(self, run_id: str, reason: str = "user") -> bool:
+        """In-process fast path of a cancel; ``True`` when this host drives the run."""
+        d = self._drivers.get(run_id)
+        if d is None or not self._busy(run_id):
+            return False
+        return d.post(M.CancelRequested(reason=reason or "user", path="fast"))
+
+    def session_lost(self) -> None:
+        """The host's session expired: every driver stops without writing."""
+        for d in list(self._drivers.values()):
+            d.post(M.SessionLost())
+
+    async def drain(self, timeout: float = 10.0) -> list[str]:
+        """Stop taking runs and hand every driven run over (claims released, nothing final).
+
+        Returns:
+            The run ids handed over.
+        """
+        self.draining = True
+        handed: list[str] = []
+        tasks = []
+        for run_id, d in list(self._drivers.items()):
+            if self._busy(run_id) and d.post(M.Drain()):
+                handed.append(run_id)
+                tasks.append(self._tasks[run_id])
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
+        return handed
+
+    async def shutdown(self, timeout: float = 10.0) -> None:
+        """Cancel every driver (final writes in flight still finish) and await them."""
+        tasks = list(self._tasks.values())
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
