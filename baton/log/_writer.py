@@ -20,6 +20,7 @@ from baton.fingerprint import fingerprint
 from baton.log import _headers as H
 from baton.log._api import ERR_WRONG_LAST_SEQUENCE, RawRecord, last_on_subject
 from baton.log._config import LogConfig
+from baton.runs import CLOSE_STATUSES
 
 # Longest error text a close record carries; headers are not a place for stack traces.
 _MAX_ERROR_CHARS = 2000
@@ -288,8 +289,8 @@ class LogWriter:
         Raises:
             LogUnavailable: JetStream did not answer.
         """
-        if status not in H.CLOSE_STATUSES:
-            raise ValueError(f"close status must be one of {sorted(H.CLOSE_STATUSES)}, got {status!r}")
+        if status not in CLOSE_STATUSES:
+            raise ValueError(f"close status must be one of {sorted(CLOSE_STATUSES)}, got {status!r}")
         message: str | None
         if isinstance(error, Mapping):
             message = str(error.get("message") or "") or None
