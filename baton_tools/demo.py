@@ -342,7 +342,8 @@ async def _scenario(console: Console, info: ClusterInfo, cluster: LocalCluster, 
                     return {k: v["driverHost"] for k, v in views.items()}
                 await asyncio.sleep(STATUS_POLL)
 
-        owners = await asyncio.wait_for(all_claimed(), 30)
+        async with asyncio.timeout(30):
+            owners = await all_claimed()
         for r in runs:
             r.host_at_kill = owners[r.run_id]
         counts: dict[str, int] = {}
@@ -411,8 +412,8 @@ async def _scenario(console: Console, info: ClusterInfo, cluster: LocalCluster, 
 
         live = [rd for i, rd in enumerate(readers) if runs[i] is not disconnect_run and runs[i] is not reload_run]
         with console.status("runs finishing on the surviving host…"):
-            await asyncio.wait_for(asyncio.gather(*(rd.wait() for rd in live + [fresh, back]), *watchers),
-                                   pacing.deadline)
+            async with asyncio.timeout(pacing.deadline):
+                await asyncio.gather(*(rd.wait() for rd in live + [fresh, back]), *watchers)
         console.print(f"all logs closed {time.monotonic() - t0:.1f}s after the start")
 
         rows: list[Row] = []
