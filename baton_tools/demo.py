@@ -40,6 +40,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from baton.sse import Comment, aiter_sse
 from baton_tools.cluster import ClusterInfo, LocalCluster
 
 _REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -180,22 +181,11 @@ def compare(delivered: Sequence[str], expected: Sequence[str]) -> tuple[int, int
 
 async def _read_sse(resp: httpx.Response, into: Received) -> None:
     """Consume an SSE response: ``id:``/``data:`` events; ``: end`` marks the log's close."""
-    offset: str | None = None
-    data: list[str] = []
-    async for line in resp.aiter_lines():
-        if line == "":
-            if data:
-                into.items.append((offset, json.loads("\n".join(data))))
-            offset, data = None, []
-        elif line.startswith(":"):
-            if line[1:].strip() == "end":
-                into.ended = True
-        elif line.startswith("id:"):
-            offset = line[3:].strip()
-        elif line.startswith("data:"):
-            data.append(line[5:].lstrip())
-    if data:
-        into.items.append((offset, json.loads("\n".join(data))))
+    async for item in aiter_sse(resp.aiter_bytes()):
+        if isinstance(item, Comment):
+            into.ended = into.ended or item.text.strip() == "end"
+        else:
+            into.items.append((item.id, json.loads(item.data)))
 
 
 class Reader:
