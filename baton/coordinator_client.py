@@ -104,6 +104,27 @@ class Session:
         self._task = asyncio.create_task(self._keepalive(), name=f"session-{session_id:x}")
 
     async def _keepalive(self) -> None:
+        """Refresh the lease until close(); any other end of this task sets ``lost``.
+
+        A dead heartbeat must stop the work that needs the lease (CONVENTIONS: a lease is a
+        ``Session`` with a ``lost`` signal), so an unexpected exception or a cancel that
+        did not come from :meth:`close` is logged and reported as a lost session.
+        """
+        try:
+            await self._refresh()
+        except asyncio.CancelledError:
+            if not self._closed:
+                log.warning("session %x lost: keep-alive cancelled", self.id)
+            raise
+        except Exception:
+            # Not re-raised: it is logged here with its traceback, and nobody reads the
+            # task's result (close() only waits for it).
+            log.exception("session %x lost: keep-alive failed", self.id)
+        finally:
+            if not self._closed:
+                self.lost.set()
+
+    async def _refresh(self) -> None:
         interval = self.ttl / 3
         last_ok = time.monotonic()
         # ``_closed`` is checked as well as cancellation, and reads are bounded with

@@ -17,7 +17,7 @@ from ag_ui.core import CustomEvent, EventType
 
 from baton import errors as e
 from baton.runs import STREAM_GAP
-from gateway._fanout import cancel_and_wait, check_offset_kept
+from gateway._fanout import check_offset_kept, stop_read
 from gateway._sse import Framing, frame_chunk, frame_end, frame_keepalive
 from gateway._state import GatewayState
 
@@ -85,17 +85,22 @@ class Presence:
             log.warning("presence of reader %s on run %s not registered: %s", self.reader_id, self.run_id, exc)
 
     async def remove(self) -> None:
-        """Unregister (shielded and time-bounded: it must happen even when the reader is cancelled)."""
+        """Unregister, shielded and time-bounded: it must happen even when the reader is cancelled.
+
+        The unregister runs as a task owned by the app state, so when the reader is
+        cancelled it finishes on its own and the app still awaits it (at shutdown).
+        """
         if self.session is None:
             return
         self.session = None
-        coro = self._state.coordinator.unregister_reader(self.run_id, self.reader_id)
-        task = asyncio.ensure_future(asyncio.wait_for(coro, PRESENCE_TIMEOUT))
-        try:
+        task = self._state.spawn(self._unregister(), name=f"unregister-reader:{self.run_id}")
+        if task is not None:  # None: shutting down; closing the session removes the key
             await asyncio.shield(task)
-        except asyncio.CancelledError:
-            # Let the unregister finish on its own; the cancellation still propagates.
-            raise
+
+    async def _unregister(self) -> None:
+        try:
+            async with asyncio.timeout(PRESENCE_TIMEOUT):
+                await self._state.coordinator.unregister_reader(self.run_id, self.reader_id)
         except (e.BatonError, TimeoutError) as exc:
             log.warning("presence of reader %s on run %s not removed: %s", self.reader_id, self.run_id, exc)
 
@@ -160,7 +165,7 @@ async def stream_log(
                 if not await hub.changed(state.settings.keepalive):
                     yield frame_keepalive(framing)
         finally:
-            # Bounded (cancel_and_wait), so presence removal below is never held up for long.
+            # Bounded (stop_read), so presence removal below is never held up for long.
             await state.hubs.release(hub)
         async for data in _own_read(state, run_id, str(last), framing, presence, done):
             yield data
@@ -214,4 +219,4 @@ async def _own_read(state: GatewayState, run_id: str, after: str, framing: Frami
             state.metrics.chunks.inc()
             yield frame_chunk(framing, offset, chunk)
     finally:
-        await cancel_and_wait(pump)
+        await stop_read(pump)

@@ -195,7 +195,8 @@ async def _confirmation(st: GatewayState, run_id: str) -> dict[str, Any] | None:
                 found = value if isinstance(value, dict) else {"value": value}
 
     try:
-        await asyncio.wait_for(scan(), CONFIRMATION_READ_TIMEOUT)
+        async with asyncio.timeout(CONFIRMATION_READ_TIMEOUT):
+            await scan()
     except (TimeoutError, e.BatonError):
         pass
     return found

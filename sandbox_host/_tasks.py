@@ -5,6 +5,8 @@ import asyncio
 import logging
 from typing import Any
 
+from baton.aio import cancel_and_join
+
 log = logging.getLogger("baton.sandbox_host.driver")
 
 
@@ -21,15 +23,10 @@ def reraise_if_cancelling() -> None:
 
 
 async def cancel_and_wait(tasks: set["asyncio.Task[Any]"]) -> None:
-    """Cancel ``tasks`` and wait until every one has ended.
+    """Cancel ``tasks`` and wait until every one has ended, however long it takes.
 
-    The cancel is repeated every second for a task that swallowed it (see
-    :func:`reraise_if_cancelling`), so the owner never hangs and never drops a task.
+    Kept for the run driver's callers; it is :func:`baton.aio.cancel_and_join` without
+    patience (the cancel is repeated every second for a task that swallowed it, see
+    :func:`reraise_if_cancelling`), so the owner never drops a task.
     """
-    pending = {t for t in tasks if not t.done()}
-    while pending:
-        for t in pending:
-            t.cancel()
-        _, pending = await asyncio.wait(pending, timeout=1.0)
-        for t in pending:
-            log.warning("task %s ignored a cancel; cancelling it again", t.get_name())
+    await cancel_and_join(tasks)

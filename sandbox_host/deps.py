@@ -142,12 +142,14 @@ class HostDeps:
     async def launch_spec(self, record: runs_pb2.RunRecord, provider: Any, handle: Any,
                           messages: list[dict[str, Any]]) -> tuple[list[str], bytes | None, dict[str, str], dict[str, str]]:
         """Prepare the agent (files copied in) and return ``(argv, stdin, env, secrets)``."""
-        from sandbox_host.agents import prepare_agent, prompt_from_messages
+        from sandbox_host.agents import load_files, prepare_agent, prompt_from_messages
 
+        # The record's options were resolved by the first preparation (StartRun): this one
+        # reads nothing but the files it copies in, once, in a worker thread.
         launch = prepare_agent(record.agent.kind or config.get("BATON_DEFAULT_AGENT"), self.agent_options(record),
                                prompt=prompt_from_messages(messages))
         secrets = self.agent_secrets(launch)
-        for path, (content, mode) in launch.files.items():
+        for path, (content, mode) in (await load_files(launch)).items():
             await provider.copy_in(handle, path, content, mode)
         return list(launch.argv), launch.stdin, dict(launch.env), secrets
 

@@ -11,6 +11,7 @@ import pytest
 from typer.main import get_command
 from typer.testing import CliRunner
 
+from baton.sse import Event, SSEParser
 from baton_tools.cli import app
 from tests.cli.conftest import baton_argv, cli_env, cluster_json, pid_alive, processes_mentioning, run_cli
 from tests.conftest import REPO, assert_eventually
@@ -54,14 +55,8 @@ def test_health_fails_on_a_dead_address() -> None:
     assert out.returncode == 1 and "not serving" in out.stderr
 
 
-def _sse_chunks(text: str) -> list[tuple[str, dict]]:
-    items, offset = [], None
-    for line in text.splitlines():
-        if line.startswith("id:"):
-            offset = line[3:].strip()
-        elif line.startswith("data:"):
-            items.append((offset, json.loads(line[5:])))
-    return items
+def _sse_chunks(text: str) -> list[tuple[str | None, dict]]:
+    return [(ev.id, json.loads(ev.data)) for ev in SSEParser().feed(text) if isinstance(ev, Event)]
 
 
 async def _up(data_dir: pathlib.Path) -> tuple[subprocess.Popen[bytes], dict]:
