@@ -4,6 +4,9 @@ Every record is published with ``Nats-Expected-Last-Subject-Sequence`` set to th
 the writer knows (the sequence of its previous record, or the head it read before its
 fence), so JetStream itself refuses a record from a writer whose successor has fenced the
 log: there is no window in which a paused writer can land anything after the fence.
+
+What a tail record means for this writer is decided in one place, :func:`baton.log.fence.judge`;
+this module does the I/O around it.
 """
 from __future__ import annotations
 
@@ -20,6 +23,8 @@ from baton.fingerprint import fingerprint
 from baton.log import _headers as H
 from baton.log._api import ERR_WRONG_LAST_SEQUENCE, RawRecord, last_on_subject
 from baton.log._config import LogConfig
+from baton.log._headers import StoredRecord
+from baton.log.fence import Op, Verdict, describe, judge
 from baton.runs import CLOSE_STATUSES
 
 # Longest error text a close record carries; headers are not a place for stack traces.
@@ -38,15 +43,8 @@ def _header_safe(text: str) -> str:
     return " ".join(text.splitlines())[:_MAX_ERROR_CHARS]
 
 
-def _describe(tail: RawRecord) -> str:
-    return f"{tail.headers.get(H.KIND, 'chunk')}@{tail.headers.get(H.EPOCH, '0')}"
-
-
-def _epoch_of(tail: RawRecord) -> int:
-    try:
-        return int(tail.headers.get(H.EPOCH, "0"))
-    except ValueError:
-        return 0
+def _parsed(tail: RawRecord | None) -> StoredRecord | None:
+    return None if tail is None else H.parse_record(tail.seq, tail.headers)
 
 
 class LogWriter:
@@ -110,9 +108,14 @@ class LogWriter:
         if self._lost is not None:
             raise RunClaimLost(self.run_id, self.epoch, self._lost.observed)
 
-    def _latch(self, tail: RawRecord) -> RunClaimLost:
-        self._lost = RunClaimLost(self.run_id, self.epoch, _describe(tail))
+    def _latch(self, tail: StoredRecord | None) -> RunClaimLost:
+        assert tail is not None  # Verdict.LOST names a record
+        self._lost = RunClaimLost(self.run_id, self.epoch, describe(tail))
         return self._lost
+
+    def _already_closed(self, tail: StoredRecord | None) -> LogAlreadyClosed:
+        assert tail is not None  # Verdict.CLOSED names a record
+        return LogAlreadyClosed(self.run_id, tail.status or "", tail.epoch, tail.offset)
 
     # --- adapter ----------------------------------------------------------------------
 
@@ -185,16 +188,15 @@ class LogWriter:
         async with self._lock:
             self._check_live()
             while True:
-                tail = await self._tail()
-                if tail is not None:
-                    epoch = _epoch_of(tail)
-                    if epoch > self.epoch:
-                        raise self._latch(tail)
-                    if tail.headers.get(H.KIND) == "close":
-                        raise LogAlreadyClosed(self.run_id, tail.headers.get(H.STATUS, ""), epoch, tail.seq)
+                tail = _parsed(await self._tail())
+                verdict = judge(tail, self.epoch, Op.FENCE)
+                if verdict is Verdict.LOST:
+                    raise self._latch(tail)
+                if verdict is Verdict.CLOSED:
+                    raise self._already_closed(tail)
                 headers = {H.KIND: "fence", H.EPOCH: str(self.epoch)}
                 try:
-                    self._head = await self._publish(b"", headers, tail.seq if tail else 0)
+                    self._head = await self._publish(b"", headers, tail.offset if tail else 0)
                     return self._head
                 except _CompareFailed:
                     continue  # the head moved between read and publish: read it again
@@ -234,11 +236,11 @@ class LogWriter:
                 try:
                     self._head = await self._publish(payload, headers, expected)
                 except _CompareFailed as conflict:
-                    tail = conflict.tail
-                    if tail is not None and _epoch_of(tail) > self.epoch:
+                    tail = _parsed(conflict.tail)
+                    if judge(tail, self.epoch, Op.APPEND) is Verdict.LOST:
                         raise self._latch(tail) from None
                     raise AppendConflict(
-                        self.run_id, expected, tail.seq if tail else 0, landed=tuple(offsets)
+                        self.run_id, expected, tail.offset if tail else 0, landed=tuple(offsets)
                     ) from None
                 offsets.append(str(self._head))
             return offsets
@@ -255,15 +257,17 @@ class LogWriter:
         """
         async with self._lock:
             self._check_live()
-            tail = await self._tail()
+            tail = _parsed(await self._tail())
             if tail is None:
                 raise RuntimeError("resync on an empty log: fence first")
-            if _epoch_of(tail) > self.epoch:
+            # Adopting the head is judged as fencing on it would be.
+            verdict = judge(tail, self.epoch, Op.FENCE)
+            if verdict is Verdict.LOST:
                 raise self._latch(tail)
-            if tail.headers.get(H.KIND) == "close":
-                raise LogAlreadyClosed(self.run_id, tail.headers.get(H.STATUS, ""), _epoch_of(tail), tail.seq)
-            self._head = tail.seq
-            return tail.seq
+            if verdict is Verdict.CLOSED:
+                raise self._already_closed(tail)
+            self._head = tail.offset
+            return tail.offset
 
     async def close(
         self,
@@ -310,17 +314,17 @@ class LogWriter:
             expected = self._head
             while True:
                 if expected is None:
-                    tail = await self._tail()
-                    if tail is not None:
-                        if _epoch_of(tail) > self.epoch:
-                            self._latch(tail)
-                            return False
-                        if tail.headers.get(H.KIND) == "close":
-                            # Already closed by this claim (an earlier attempt) or a
-                            # predecessor: the log is final, nothing to add.
-                            self._closed = True
-                            return True
-                    expected = tail.seq if tail else 0
+                    tail = _parsed(await self._tail())
+                    verdict = judge(tail, self.epoch, Op.CLOSE)
+                    if verdict is Verdict.LOST:
+                        self._latch(tail)
+                        return False
+                    if verdict is Verdict.CLOSED:
+                        # Already closed by this claim (an earlier attempt) or a
+                        # predecessor: the log is final, nothing to add.
+                        self._closed = True
+                        return True
+                    expected = tail.offset if tail else 0
                 try:
                     self._head = await self._publish(b"", dict(headers), expected)
                     self._closed = True
