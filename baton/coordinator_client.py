@@ -25,6 +25,7 @@ from google.protobuf.field_mask_pb2 import FieldMask
 
 from baton.errors import SessionLost, StoreUnavailable
 from baton.grpc_errors import from_rpc_error
+from baton.retry import Attempts, Deadline
 from baton.v1 import coordinator_pb2 as pb
 from baton.v1 import coordinator_pb2_grpc as pb_grpc
 from baton.v1.coordinator_pb2 import HostInfo, SandboxInstance
@@ -216,10 +217,13 @@ class CoordinatorClient:
 
     async def _unary(self, method: str, request: Any, timeout: float | None = None,
                      idempotent: bool = False) -> Any:
+        # ``timeout`` is the budget of the call, not of each replica tried: the next replica
+        # gets what the last one left.
+        deadline = Deadline.after(timeout or self.timeout)
         attempts = len(self.addresses) if idempotent else 1
         for i in range(attempts):
             try:
-                return await getattr(self._stub(), method)(request, timeout=timeout or self.timeout)
+                return await getattr(self._stub(), method)(request, timeout=deadline.left())
             except grpc.aio.AioRpcError as err:
                 exc = from_rpc_error(err)
                 if err.code() == grpc.StatusCode.UNAVAILABLE:
@@ -361,12 +365,12 @@ class CoordinatorClient:
         Raises:
             InvalidArgument: a bad run id.
         """
-        backoff = 0.05
-        while True:
+        tries = Attempts(Deadline.never(), first_pause=0.05, max_pause=1.0)
+        async for _ in tries:
             call = self._stub().WatchRun(pb.WatchRunRequest(run_id=run_id))
             try:
                 async for resp in call:
-                    backoff = 0.05
+                    tries.reset()
                     yield WatchEvent(resp.record if resp.HasField("record") else None,
                                      resp.claim if resp.HasField("claim") else None)
             except grpc.aio.AioRpcError as err:
@@ -376,8 +380,6 @@ class CoordinatorClient:
                 self._rotate()
             finally:
                 call.cancel()
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 1.0)
 
     # --- presence -----------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from typing import AsyncIterator, Callable, Sequence, TypeVar
 
 from baton.errors import (BatonError, InvalidArgument, SessionLost, StoreUnavailable, ThreadBusy,
                           UnknownThread)
+from baton.retry import Deadline
 from baton.v1.coordinator_pb2 import HostInfo, SandboxInstance
 from baton.v1.runs_pb2 import Claim, RunRecord, RunStatus
 
@@ -43,11 +44,11 @@ class _Budget:
     """A deadline shared by every etcd call and retry of one operation."""
 
     def __init__(self, timeout: float) -> None:
-        self._deadline = time.monotonic() + timeout
+        self._deadline = Deadline.after(timeout)
 
     def left(self) -> float:
         """Seconds left. Raises StoreUnavailable when the budget is spent."""
-        rest = self._deadline - time.monotonic()
+        rest = self._deadline.left()
         if rest <= 0:
             raise StoreUnavailable("deadline exceeded before etcd answered")
         return rest
