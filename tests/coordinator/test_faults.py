@@ -99,7 +99,9 @@ async def test_coordinator_restart_keeps_sessions_and_claims(etcd: EtcdServer, t
     try:
         async with CoordinatorClient(cp.address) as cc:
             rec, _ = await cc.create_or_resume_run(RunRecord(run_id="r1", thread_id="t1"))
-            s = await cc.open_session(5.0, owner="host-a")
+            # The TTL must outlast the restart (a new Python process, serving again): 5 s did
+            # not on a loaded two-core machine, and the lease then rightly expired.
+            s = await cc.open_session(10.0, owner="host-a")
             epoch, _ = await cc.claim_run("r1", s, "host-a")
             await cp.restart()
             assert cp.proc is not None
