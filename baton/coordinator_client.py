@@ -133,7 +133,8 @@ class Session:
         # the cancel, when the read completed in the same loop turn as ``close()`` cancelled
         # us (CPython gh-86296); the loop would then go on and ``close()`` would hang.
         while not self._closed:
-            call = self._client._stub().KeepAlive(wait_for_ready=False)
+            replica = self._client._current
+            call = self._client._stub(replica).KeepAlive(wait_for_ready=False)
             try:
                 while not self._closed:
                     await call.write(pb.KeepAliveRequest(session_id=self.id))
@@ -149,7 +150,7 @@ class Session:
                     await asyncio.sleep(interval)
             except (grpc.aio.AioRpcError, grpc.aio.UsageError, StoreUnavailable,
                     asyncio.TimeoutError, asyncio.InvalidStateError) as exc:
-                self._client._rotate()
+                self._client._rotate(replica)
                 if time.monotonic() - last_ok >= self.ttl:
                     log.warning("session %x lost: no refresh for %.1fs (%s)", self.id, self.ttl, exc)
                     self.lost.set()
@@ -204,16 +205,23 @@ class CoordinatorClient:
 
     # --- plumbing -------------------------------------------------------------------
 
-    def _stub(self) -> pb_grpc.CoordinatorStub:
+    def _stub(self, replica: int | None = None) -> pb_grpc.CoordinatorStub:
+        """The stub of replica ``replica`` (an index into ``addresses``; default: current)."""
         if not self._stubs:
             for a in self.addresses:
                 ch = grpc.aio.insecure_channel(a, options=_CHANNEL_OPTIONS)
                 self._channels.append(ch)
                 self._stubs.append(pb_grpc.CoordinatorStub(ch))
-        return self._stubs[self._current % len(self._stubs)]
+        return self._stubs[(self._current if replica is None else replica) % len(self._stubs)]
 
-    def _rotate(self) -> None:
-        self._current = (self._current + 1) % max(len(self.addresses), 1)
+    def _rotate(self, failed: int) -> None:
+        """Move the shared cursor past replica ``failed``, unless a caller already moved it.
+
+        Several callers (reads, keep-alives, watches) fail on a dead replica at once; if each
+        advanced the cursor, every second one would move it back onto the dead replica.
+        """
+        if self._current == failed:
+            self._current = (failed + 1) % max(len(self.addresses), 1)
 
     async def _unary(self, method: str, request: Any, timeout: float | None = None,
                      idempotent: bool = False) -> Any:
@@ -221,13 +229,15 @@ class CoordinatorClient:
         # gets what the last one left.
         deadline = Deadline.after(timeout or self.timeout)
         attempts = len(self.addresses) if idempotent else 1
+        first = self._current
         for i in range(attempts):
+            replica = (first + i) % len(self.addresses)  # each retry on another replica
             try:
-                return await getattr(self._stub(), method)(request, timeout=deadline.left())
+                return await getattr(self._stub(replica), method)(request, timeout=deadline.left())
             except grpc.aio.AioRpcError as err:
                 exc = from_rpc_error(err)
                 if err.code() == grpc.StatusCode.UNAVAILABLE:
-                    self._rotate()
+                    self._rotate(replica)
                     if i + 1 < attempts:
                         continue
                 if exc is err:
@@ -367,7 +377,8 @@ class CoordinatorClient:
         """
         tries = Attempts(Deadline.never(), first_pause=0.05, max_pause=1.0)
         async for _ in tries:
-            call = self._stub().WatchRun(pb.WatchRunRequest(run_id=run_id))
+            replica = self._current
+            call = self._stub(replica).WatchRun(pb.WatchRunRequest(run_id=run_id))
             try:
                 async for resp in call:
                     tries.reset()
@@ -377,7 +388,7 @@ class CoordinatorClient:
                 exc = from_rpc_error(err)
                 if not isinstance(exc, StoreUnavailable):
                     raise (exc if exc is not err else err) from None
-                self._rotate()
+                self._rotate(replica)
             finally:
                 call.cancel()
 

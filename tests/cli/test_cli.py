@@ -44,12 +44,14 @@ def test_every_command_has_help_with_examples(command: list[str]) -> None:
     assert f"baton {' '.join(command)}" in result.output
 
 
+@pytest.mark.servers
 def test_down_without_a_cluster_says_so(tmp_path: pathlib.Path) -> None:
     out = run_cli("down", "--data-dir", str(tmp_path))
     assert out.returncode == 1
     assert "no cluster" in out.stderr and "baton up" in out.stderr
 
 
+@pytest.mark.servers
 def test_health_fails_on_a_dead_address() -> None:
     out = run_cli("health", "grpc", "127.0.0.1:1", "--timeout", "0.5")
     assert out.returncode == 1 and "not serving" in out.stderr
@@ -82,6 +84,7 @@ def _assert_nothing_left(data_dir: pathlib.Path, info: dict) -> None:
     assert processes_mentioning(str(data_dir)) == []
 
 
+@pytest.mark.servers
 @pytest.mark.timeout(180)
 async def test_up_page_run_down_and_restart_keeps_the_runs(tmp_path: pathlib.Path) -> None:
     data_dir = tmp_path / "cluster"
@@ -170,6 +173,7 @@ async def test_up_page_run_down_and_restart_keeps_the_runs(tmp_path: pathlib.Pat
             proc.wait()
 
 
+@pytest.mark.servers
 def test_up_refuses_a_busy_port_and_starts_nothing(tmp_path: pathlib.Path) -> None:
     import socket
 
