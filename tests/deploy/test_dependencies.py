@@ -59,7 +59,7 @@ def extras_for(path: pathlib.Path) -> tuple[str, ...]:
     rel = path.relative_to(REPO).as_posix()
     if rel == "sandbox_host/providers/docker.py":
         return ("server", "docker")
-    if rel.startswith(("coordinator/", "gateway/", "sandbox_host/", "baton/log/")) or rel == "baton/agui.py":
+    if rel.startswith(("coordinator/", "gateway/", "sandbox_host/", "baton/log/")) or rel in ("baton/agui.py", "baton/agents.py"):
         return ("server",)
     if rel in ("baton_tools/cli.py", "baton_tools/cluster.py"):
         return ("cli",)
