@@ -114,9 +114,10 @@ class RunDriver:
         self.sandboxes = RunSandboxes(deps, record, epoch, mode)
         self._aligner: Aligner | None = None
         self._inputs_loaded = mode == "fresh"
-        # Whether the run input (run.accepted) is known: a successor never launches an
-        # agent, nor saves a transcript, without it.
-        self._input_found = mode == "fresh"
+        # Whether the log lacks the run input (run.accepted) although an earlier claim
+        # existed (a start that failed half-way): then no agent is launched and no
+        # transcript saved. Known once the stored log was read.
+        self._input_missing = False
         self._release_delay = 0.0
         self._cancel_reason = cancel_reason
         self._transcript_rev: int | None = None
@@ -291,9 +292,9 @@ class RunDriver:
         if self.mode == "finalize" or (self.mode == "attach" and self.record.cancel_requested):
             return self.machine.on(M.CancelRequested(reason=self._cancel_reason or self.record.cancel_reason or "user",
                                                      path="reaper" if self._cancel_reason == "reaped" else "watch"))
-        if not self._input_found:
+        if self._input_missing:
             # A start that failed half-way left a log without the run's input: launching
-            # the agent would run it on an empty prompt. End the run, readers get the end.
+            # the agent would run it on an empty prompt. End the run; readers get the end.
             self.stats.outcome = "input-missing"
             return self.machine.on(M.Failed("the run's input (run.accepted) is missing from its log",
                                             "run_input_missing"))
@@ -414,6 +415,7 @@ class RunDriver:
 
     async def _load_input_messages(self, stored: list[Any]) -> None:
         first_host = next((r for r in stored if r.kind == "chunk" and r.origin == "host"), None)
+        found = False
         if first_host is not None:
             body = await self.deps.read_chunk(self.run_id, first_host.offset)
             if isinstance(body, dict) and body.get("name") == RUN_ACCEPTED:
@@ -421,7 +423,11 @@ class RunDriver:
                 value = body.get("value")
                 if isinstance(value, dict) and isinstance(value.get("messages"), list):
                     self.input_messages = list(value["messages"])
-                    self._input_found = True
+                    found = True
+        # An earlier claim (the StartRun's) writes run.accepted right after its fence. A
+        # record no StartRun ever claimed (seeded by a tool with its agent options only) has
+        # an empty log and still runs, without input messages.
+        self._input_missing = not found and (self.epoch > 1 or any(r.epoch < self.epoch for r in stored))
         # Marked loaded only now: a body cancelled inside the read above (a cancel seen via
         # WatchRun while a successor is still loading) must let the final writes load the
         # inputs again, else the saved transcript loses the user's messages.
@@ -450,7 +456,7 @@ class RunDriver:
         if d.terminal:
             save = d.save_transcript
         else:
-            save = d.release_claim and self._replay_complete() and self._input_found
+            save = d.release_claim and self._replay_complete()
         outcomes = await Finisher(self, d, save_transcript=save, release_delay=self._release_delay).finish()
         if any(o == "gave-up" for o in outcomes.values()):
             self.stats.outcome = f"{self.stats.outcome} (let go)"
@@ -531,8 +537,8 @@ class RunDriver:
         """
         if self._transcript_fenced is not None:
             raise self._transcript_fenced
-        if not self._input_found:
-            log.warning("run %s: transcript not saved: the run input is unknown", self.run_id)
+        if self._input_missing:
+            log.warning("run %s: transcript not saved: the run input is missing", self.run_id)
             return
         ts = self.deps.transcripts
         thread = self.record.thread_id

@@ -99,7 +99,7 @@ def plan(d: M.Decision, *, save_transcript: bool) -> Plan:
         steps.append(Step.KILL)
     if d.append:
         steps.append(Step.APPEND)
-    if save_transcript:
+    if save_transcript and (d.terminal or d.release_claim):  # never for a claim lost
         steps.append(Step.TRANSCRIPT)
     if d.close is not None:
         steps.append(Step.CLOSE)
