@@ -22,12 +22,14 @@ from typing import Any, AsyncIterator
 
 import pytest
 
+from baton.errors import StoreUnavailable
 from baton.ids import file_stem
 from baton.runs import RUN_ACCEPTED
 from baton_tools.testing.servers import EtcdServer, NatsServer
+from baton.v1 import runs_pb2
 from sandbox_host.translate import translate_bytes
 from tests.conftest import assert_eventually
-from tests.driver.conftest import CORPUS, Cluster, make_cluster
+from tests.driver.conftest import CORPUS, Cluster, make_cluster, status_of
 
 JOURNAL = "claude-stream-json/partial-messages-bash-exit-128.jsonl"
 DELAY = 0.02  # seconds per journal line
@@ -146,6 +148,20 @@ async def _run_through_an_outage(c: Cluster, link: EtcdLink, *, until_log: str) 
     return run_id, thread_id, got
 
 
+async def _wait_status(c: Cluster, run_id: str, status: str, timeout: float) -> runs_pb2.RunRecord:
+    """Poll the record until it has ``status``; the coordinator may still be reconnecting
+    to etcd after the outage (its calls answer ``StoreUnavailable`` meanwhile)."""
+    async def check() -> runs_pb2.RunRecord:
+        try:
+            rec = await c.record(run_id)
+        except StoreUnavailable as exc:
+            raise AssertionError(f"store still unavailable: {exc}") from None
+        assert status_of(rec) == status, f"status {status_of(rec)}, want {status}"
+        return rec
+
+    return await assert_eventually(check, timeout=timeout, interval=0.1)
+
+
 def _sandbox_gone(c: Cluster, run_id: str) -> bool:
     sandboxes = c.tmp / "sandboxes"
     return not any(n.startswith(file_stem(run_id)) for n in (os.listdir(sandboxes) if sandboxes.exists() else []))
@@ -158,7 +174,7 @@ async def test_a_run_finishing_during_a_store_blip_ends_completed_by_its_host(
     try:
         # The outage lasts until the host retried its final status at least once.
         run_id, thread_id, got = await _run_through_an_outage(c, link, until_log="final status unavailable, retrying")
-        rec = await c.wait_status(run_id, "completed", timeout=60)
+        rec = await _wait_status(c, run_id, "completed", timeout=90)
         assert rec.driver_epoch == 1 and rec.driver_host == c.hosts[0].host_id  # no takeover was needed
         heads = await c.log.stored_headers(run_id)
         closes = [h for h in heads if h.kind == "close"]
@@ -182,7 +198,7 @@ async def test_a_store_outage_longer_than_the_budget_lets_the_run_go_to_another_
         # Once the store answers, the host releases its claim; the leader hands the run to a
         # live host (here the same one, with a new claim), which finds the log closed and
         # finalizes the record from the close record.
-        rec = await c.wait_status(run_id, "completed", timeout=90)
+        rec = await _wait_status(c, run_id, "completed", timeout=90)
         assert rec.driver_epoch == 2
         heads = await c.log.stored_headers(run_id)
         closes = [h for h in heads if h.kind == "close"]

@@ -97,3 +97,33 @@ async def test_a_value_saved_without_a_writer_stays_readable_and_replaceable(
     assert await ts.load(thread) == ([{"id": "u1", "role": "user", "content": "hi"}], rev)
     rev2 = await ts.save(thread, msgs(2), expected_revision=rev, writer=W("r1", 1, 1.0))
     assert await ts.load(thread) == (msgs(2), rev2)
+
+
+@pytest.mark.timeout(30)
+async def test_a_driver_whose_run_has_a_successor_stops_saving(store: tuple[TranscriptStore, NATS, LogConfig]) -> None:
+    from types import SimpleNamespace
+
+    from baton.v1 import runs_pb2
+    from sandbox_host import machine as M
+    from sandbox_host.deps import HostSettings
+    from sandbox_host.driver import RunDriver
+
+    ts, _nc, _cfg = store
+    thread = unique("thr-")
+    rec = runs_pb2.RunRecord(run_id=unique("run-"), thread_id=thread, started_at=100.0)
+    deps: Any = SimpleNamespace(transcripts=ts, settings=HostSettings())
+    user = [{"id": "u1", "role": "user", "content": "hi"}]
+    old = RunDriver(deps, rec, 1, "fresh", None, input_messages=user, fence_seq=1)  # type: ignore[arg-type]
+    await old.save_transcript()  # a snapshot of the first host
+    # the successor (epoch 2) saves the whole run
+    final = [*user, {"id": "a1", "role": "assistant", "content": "the whole answer"}]
+    _, rev = await ts.load(thread)
+    rev2 = await ts.save(thread, final, expected_revision=rev, writer=W(rec.run_id, 2, 100.0))
+    # the first host wakes up with a stale view and saves again: refused, never retried
+    old.builder.feed({"type": "TEXT_MESSAGE_START", "messageId": "a0", "role": "assistant"})
+    with pytest.raises(TranscriptFenced):
+        await old.save_transcript()
+    with pytest.raises(TranscriptFenced):
+        await old.save_transcript()
+    assert await ts.load(thread) == (final, rev2)
+    assert old._control.get_nowait() == M.ClaimLost("transcript@2")  # the driver stops
