@@ -13,7 +13,7 @@ import logging
 import signal
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal, TypeVar
 
 from baton.errors import BatonError, SandboxReclaimFailed, StoreUnavailable
 from baton.runs import record_status
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from sandbox_host.providers import Provider, SandboxHandle
 
 log = logging.getLogger("baton.sandbox_host.driver")
+T = TypeVar("T")
 
 __all__ = ["RunSandboxes", "Sandbox"]
 
@@ -154,7 +155,7 @@ class RunSandboxes:
                                    workdir=sbx.handle.workdir, data={**sbx.handle.data, **data, "launched": True})
         await self._store(lambda: deps.register_sandbox(self.record, sbx, launched=True, epoch=self.epoch))
 
-    async def _store(self, write: Any) -> Any:
+    async def _store(self, write: Callable[[], Awaitable[T]]) -> T:
         """One idempotent registry/record write, retried for ``settings.store_retry`` seconds
         while the store is unavailable (never past this host's session)."""
         return await retry_unavailable(write, deadline=time.monotonic() + self.deps.settings.store_retry,
