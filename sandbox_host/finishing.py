@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal, Protocol, TypeVar
 
 from baton.errors import (
-    LogAlreadyClosed, LogUnavailable, RunClaimLost, SandboxError, StoreUnavailable, TranscriptFenced,
+    LogAlreadyClosed, LogUnavailable, RunClaimLost, SandboxError, StoreUnavailable, TranscriptConflict,
+    TranscriptFenced,
 )
 from baton.runs import RUN_CANCELLED, STATUS_TO_PB, TERMINAL
 from baton.v1 import runs_pb2
@@ -200,7 +201,7 @@ class Finisher:
     async def _do(self, step: Step) -> Outcome:
         try:
             return await getattr(self, f"_{step.value}")()
-        except (StoreUnavailable, LogUnavailable) as exc:
+        except (StoreUnavailable, LogUnavailable, TranscriptConflict) as exc:
             reraise_if_cancelling()
             log.warning("run %s: %s not done within the budget: %s", self.run.run_id, step.value, exc)
             return "gave-up"
