@@ -424,10 +424,12 @@ class RunDriver:
                 if isinstance(value, dict) and isinstance(value.get("messages"), list):
                     self.input_messages = list(value["messages"])
                     found = True
-        # An earlier claim (the StartRun's) writes run.accepted right after its fence. A
-        # record no StartRun ever claimed (seeded by a tool with its agent options only) has
-        # an empty log and still runs, without input messages.
-        self._input_missing = not found and (self.epoch > 1 or any(r.epoch < self.epoch for r in stored))
+        # The StartRun's claim writes run.accepted right after its fence: a log with an
+        # earlier claim's records but no run.accepted is a start that failed half-way. An
+        # empty log is a record no StartRun wrote (seeded by a tool or the reaper with its
+        # agent options only): it still runs, without input messages. (The epoch says
+        # nothing here: a reaper's or a refused claim also takes one.)
+        self._input_missing = not found and any(r.epoch < self.epoch for r in stored)
         # Marked loaded only now: a body cancelled inside the read above (a cancel seen via
         # WatchRun while a successor is still loading) must let the final writes load the
         # inputs again, else the saved transcript loses the user's messages.
