@@ -11,8 +11,10 @@ The end of a run is a duty, not a hope. A decision's final writes are steps, in 
    from the close record (``LogAlreadyClosed`` → ``StoredClose``), while a terminal record
    over an open log could never be closed by anyone (a terminal run is not attached);
 5. ``STATUS``: the record's final status (owner write, fenced by the claim);
-6. ``DESTROY``: the sandbox (unless kept) and the run's leftover sandboxes;
-7. ``RELEASE``: the claim, always last: once it is gone another host may take the run.
+6. ``RELEASE``: the claim (the driver is ``releasing`` from here on: it writes nothing to the
+   log or the record any more, so the host may take the run again);
+7. ``DESTROY``: the sandbox (unless kept) and the run's leftover sandboxes (DESIGN.md §5.5:
+   after the release).
 
 Each step is idempotent and retried while the store or the log is unavailable, within one
 budget (``settings.finish_budget`` seconds) that never outlives the session. When a step
@@ -62,8 +64,8 @@ class Step(enum.Enum):
     TRANSCRIPT = "transcript"
     CLOSE = "close"
     STATUS = "status"
-    DESTROY = "destroy"
     RELEASE = "release"
+    DESTROY = "destroy"
 
 
 ORDER = tuple(Step)
@@ -106,10 +108,10 @@ def plan(d: M.Decision, *, save_transcript: bool) -> Plan:
         steps.append(Step.CLOSE)
     if d.status is not None:
         steps.append(Step.STATUS)
-    if d.terminal and (d.sandbox == "destroy" or d.close is not None or log_final):
-        steps.append(Step.DESTROY)
     if d.release_claim:
         steps.append(Step.RELEASE)
+    if d.terminal and (d.sandbox == "destroy" or d.close is not None or log_final):
+        steps.append(Step.DESTROY)
     return Plan(tuple(steps), log_final)
 
 

@@ -8,17 +8,17 @@ import pytest
 from sandbox_host import machine as M
 from sandbox_host.finishing import Plan, Step, after, plan
 
-K, A, T, C, S, D, R = (Step.KILL, Step.APPEND, Step.TRANSCRIPT, Step.CLOSE, Step.STATUS, Step.DESTROY,
-                       Step.RELEASE)
+K, A, T, C, S, R, D = (Step.KILL, Step.APPEND, Step.TRANSCRIPT, Step.CLOSE, Step.STATUS, Step.RELEASE,
+                       Step.DESTROY)
 FINISHED = {"type": "RUN_FINISHED", "threadId": "t", "runId": "r"}
 
 
 @pytest.mark.parametrize("event,save,steps,log_final", [
-    (M.AgentTerminal(FINISHED), True, (T, C, S, D, R), False),
-    (M.AgentTerminal({"type": "RUN_ERROR", "message": "x", "code": "y"}), True, (T, C, S, D, R), False),
-    (M.CancelRequested("user"), True, (K, A, T, C, S, D, R), False),
-    (M.Failed("the run's input is missing", "run_input_missing"), False, (K, A, C, S, D, R), False),
-    (M.StoredClose("completed"), False, (S, D, R), True),   # a successor finalizes from the close record
+    (M.AgentTerminal(FINISHED), True, (T, C, S, R, D), False),
+    (M.AgentTerminal({"type": "RUN_ERROR", "message": "x", "code": "y"}), True, (T, C, S, R, D), False),
+    (M.CancelRequested("user"), True, (K, A, T, C, S, R, D), False),
+    (M.Failed("the run's input is missing", "run_input_missing"), False, (K, A, C, S, R, D), False),
+    (M.StoredClose("completed"), False, (S, R, D), True),   # a successor finalizes from the close record
     (M.Drain(), True, (T, R), False),                         # hand-over: transcript, then the claim
     (M.Drain(), False, (R,), False),
     (M.ClaimLost("fence@2"), True, (), False),                # someone else owns it: write nothing
@@ -31,17 +31,18 @@ def test_plan(event: M.Event, save: bool, steps: tuple[Step, ...], log_final: bo
 
 def test_interrupted_keeps_its_sandbox_but_removes_leftovers() -> None:
     d = M.decide(M.AgentTerminal({"type": "RUN_FINISHED", "outcome": {"type": "interrupt"}}))
-    assert d.sandbox == "keep" and plan(d, save_transcript=True).steps == (T, C, S, D, R)
+    assert d.sandbox == "keep" and plan(d, save_transcript=True).steps == (T, C, S, R, D)
 
 
-FULL = Plan((K, A, T, C, S, D, R))
-CLOSED = Plan((S, D, R), log_final=True)
+FULL = Plan((K, A, T, C, S, R, D))
+CLOSED = Plan((S, R, D), log_final=True)
 
 
 @pytest.mark.parametrize("p,step,outcome,left", [
-    (FULL, K, "done", (A, T, C, S, D, R)),
-    (FULL, C, "done", (S, D, R)),
-    (FULL, R, "done", ()),
+    (FULL, K, "done", (A, T, C, S, R, D)),
+    (FULL, C, "done", (S, R, D)),
+    (FULL, R, "done", (D,)),
+    (FULL, D, "done", ()),
     # a successor's fence/close/transcript refused the write: nothing more, not even a release
     (FULL, A, "fenced", ()),
     (FULL, T, "fenced", ()),
@@ -54,10 +55,10 @@ CLOSED = Plan((S, D, R), log_final=True)
     (FULL, T, "gave-up", (R,)),
     (FULL, C, "gave-up", (R,)),
     # ... after the log is final: the rest still runs (the successor finalizes the record)
-    (FULL, S, "gave-up", (D, R)),
-    (FULL, D, "gave-up", (R,)),
-    (FULL, R, "gave-up", ()),
-    (CLOSED, S, "gave-up", (D, R)),
+    (FULL, S, "gave-up", (R, D)),
+    (FULL, R, "gave-up", (D,)),       # the session is gone, and so is the claim
+    (FULL, D, "gave-up", ()),
+    (CLOSED, S, "gave-up", (R, D)),
     (Plan((T, R)), T, "gave-up", (R,)),
 ])
 def test_after(p: Plan, step: Step, outcome: str, left: tuple[Step, ...]) -> None:
