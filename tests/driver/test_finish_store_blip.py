@@ -179,7 +179,9 @@ async def test_a_run_finishing_during_a_store_blip_ends_completed_by_its_host(
         heads = await c.log.stored_headers(run_id)
         closes = [h for h in heads if h.kind == "close"]
         assert len(closes) == 1 and closes[0].status == "completed" and heads[-1].kind == "close"
-        assert (await c.cc.get_run(run_id)).claim is None  # released
+        async def released() -> bool:
+            return (await c.cc.get_run(run_id)).claim is None
+        await assert_eventually(released, timeout=30)
         await assert_eventually(lambda: _sandbox_gone(c, run_id), timeout=30)
         msgs, _ = await c.transcripts.load(thread_id)
         assert msgs[0] == MESSAGES[0] and msgs[-1]["role"] == "assistant"
@@ -205,7 +207,9 @@ async def test_a_store_outage_longer_than_the_budget_lets_the_run_go_to_another_
         assert len(closes) == 1 and closes[0].status == "completed" and closes[0].epoch == 1
         assert heads[-1].kind == "close"  # the successor wrote nothing to the closed log
         await assert_eventually(lambda: _sandbox_gone(c, run_id), timeout=30)
-        assert (await c.cc.get_run(run_id)).claim is None
+        async def released() -> bool:
+            return (await c.cc.get_run(run_id)).claim is None
+        await assert_eventually(released, timeout=30)
         assert "driver crashed" not in c.hosts[0].log_text()
     finally:
         await c.close()
