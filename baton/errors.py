@@ -291,6 +291,31 @@ class LogUnavailable(DeliveryLogError):
         super().__init__(f"delivery log unavailable for {run_id!r}: {detail}")
 
 
+class TranscriptFenced(DeliveryLogError):
+    """A transcript save was refused by the transcript fence: the saved transcript was
+    written by a successor of this run (a higher epoch) or by a later run of the thread.
+    The writer must never save this run's transcript again (DESIGN.md §4.2).
+
+    Attributes:
+        thread_id: the thread.
+        run_id: the refused writer's run.
+        epoch: the refused writer's epoch.
+        stored_run_id: the run that saved the transcript now stored.
+        stored_epoch: the epoch that saved it.
+    """
+
+    def __init__(self, thread_id: str, run_id: str, epoch: int, stored_run_id: str, stored_epoch: int) -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        self.epoch = epoch
+        self.stored_run_id = stored_run_id
+        self.stored_epoch = stored_epoch
+        super().__init__(
+            f"transcript of thread {thread_id!r} not saved by run {run_id!r} at epoch {epoch}: "
+            f"run {stored_run_id!r} at epoch {stored_epoch} saved it"
+        )
+
+
 class TranscriptConflict(DeliveryLogError):
     """A transcript save lost a compare-on-revision race.
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+import time
+from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 from baton.aio import cancel_and_join
 
@@ -30,3 +31,46 @@ async def cancel_and_wait(tasks: set["asyncio.Task[Any]"]) -> None:
     :func:`reraise_if_cancelling`), so the owner never drops a task.
     """
     await cancel_and_join(tasks)
+
+
+T = TypeVar("T")
+
+
+class _SessionLike(Protocol):
+    lost: asyncio.Event
+
+
+async def retry_unavailable(
+    op: Callable[[], Awaitable[T]],
+    *,
+    deadline: float | None,
+    session: _SessionLike,
+    what: str,
+    errors: tuple[type[BaseException], ...],
+) -> T:
+    """Run one idempotent operation, retrying it while it fails with ``errors``.
+
+    Args:
+        op: the operation (called again for each attempt).
+        deadline: ``time.monotonic()`` after which no attempt starts (a budget across
+            retries); ``None``: retry as long as the session lives.
+        session: this host's session; once it is lost the claim is gone and retrying is
+            pointless (a successor decides), so the last error is raised.
+        what: names the operation in the log.
+        errors: the transient errors (e.g. ``StoreUnavailable``, ``LogUnavailable``).
+
+    Raises:
+        The last of ``errors`` when the budget is spent or the session is lost; anything
+        else ``op`` raises, at once.
+    """
+    pause = 0.05
+    while True:
+        try:
+            return await op()
+        except errors as exc:
+            reraise_if_cancelling()
+            if session.lost.is_set() or (deadline is not None and time.monotonic() + pause > deadline):
+                raise
+            log.warning("%s unavailable, retrying: %s", what, exc)
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 0.5)
