@@ -269,6 +269,8 @@ async def _ndjson_events(resp: httpx.Response) -> AsyncIterator[Any]:
         if not line.strip():
             continue
         env = json.loads(line)
+        if "chunk" not in env:
+            continue  # a notice (e.g. {"notice": {"reason": "LOG_STORAGE_FULL", ...}}): not log data
         yield env.get("id"), env["chunk"]
 
 

@@ -90,6 +90,10 @@ TABLE: tuple[Mapping, ...] = (
     Mapping(e.LogAlreadyClosed, grpc.StatusCode.FAILED_PRECONDITION, "LOG_ALREADY_CLOSED",
             lambda x: {"run_id": x.run_id, "status": x.status, "epoch": str(x.epoch), "offset": str(x.offset)},  # type: ignore[attr-defined]
             lambda m: e.LogAlreadyClosed(m.get("run_id", ""), m.get("status", ""), int(m.get("epoch", "0")), int(m.get("offset", "0")))),
+    Mapping(e.LogStorageFull, grpc.StatusCode.UNAVAILABLE, "LOG_STORAGE_FULL",
+            lambda x: {"run_id": x.run_id, "detail": x.detail, "err_code": "" if x.err_code is None else str(x.err_code)},  # type: ignore[attr-defined]
+            lambda m: e.LogStorageFull(m.get("run_id", ""), m.get("detail", ""),
+                                       int(m["err_code"]) if m.get("err_code", "").isdigit() else None)),
     Mapping(e.LogUnavailable, grpc.StatusCode.UNAVAILABLE, "LOG_UNAVAILABLE",
             lambda x: {"run_id": x.run_id, "detail": x.detail},  # type: ignore[attr-defined]
             lambda m: e.LogUnavailable(m.get("run_id", ""), m.get("detail", ""))),

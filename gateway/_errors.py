@@ -79,6 +79,8 @@ TABLE: tuple[HttpMapping, ...] = (
     HttpMapping(e.RunClaimNotAcquired, 409, "RUN_CLAIM_NOT_ACQUIRED"),
     HttpMapping(e.JournalAttachUnavailable, 409, "JOURNAL_ATTACH_UNAVAILABLE"),
     HttpMapping(e.OffsetExpired, 410, "OFFSET_EXPIRED"),
+    HttpMapping(e.LogStorageFull, 503, "LOG_STORAGE_FULL"),
+    HttpMapping(e.LogUnavailable, 503, "LOG_UNAVAILABLE"),
     HttpMapping(e.StoreUnavailable, 503, "STORE_UNAVAILABLE"),
     HttpMapping(e.HostDraining, 503, "HOST_DRAINING"),
     HttpMapping(e.HostAtCapacity, 503, "HOST_AT_CAPACITY"),

@@ -9,6 +9,7 @@ from baton import errors as e
 from baton.aio import TaskOwner, cancel_and_join
 from gateway._fanout import Hubs
 from gateway._hosts import HostPool
+from gateway._log_health import LogHealth
 from gateway._metrics import Metrics
 from gateway._settings import GatewaySettings
 from gateway._takeover import TakeoverTrigger
@@ -26,6 +27,7 @@ class GatewayState:
         transcripts: ``TranscriptStore``.
         hosts: host registry and channels.
         takeovers: the takeover trigger.
+        log_health: whether the delivery log stores (a cached probe; issue 19).
         metrics: the app's Prometheus metrics.
         session: the gateway session (presence keys live under it), or ``None`` while it
             is being (re)opened.
@@ -41,6 +43,7 @@ class GatewayState:
         self.hosts = HostPool(coordinator)
         self.takeovers = TakeoverTrigger(self.hosts, metrics)
         self.hubs = Hubs(delivery_log)
+        self.log_health = LogHealth(delivery_log, settings.gateway_id)
         self.session: Any | None = None
         self.session_changed = asyncio.Event()
         self.shutting_down = False
@@ -126,4 +129,5 @@ class GatewayState:
             except (e.BatonError, TimeoutError) as exc:
                 log.warning("closing the gateway session failed: %s", exc)
         await self.hubs.aclose()
+        await self.log_health.aclose()
         await self.hosts.close()

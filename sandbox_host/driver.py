@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from baton.errors import (
     AppendConflict, BatonError, JournalAttachUnavailable, JournalReplayDiverged,
-    JournalReplayThreadIdMismatch, LogAlreadyClosed, LogUnavailable, RunClaimLost, SandboxError,
+    JournalReplayThreadIdMismatch, LogAlreadyClosed, LogStorageFull, LogUnavailable, RunClaimLost, SandboxError,
     StoreUnavailable, TranscriptConflict, TranscriptFenced,
 )
 from baton.log import TranscriptWriter
@@ -127,6 +127,7 @@ class RunDriver:
         #: Set when this driver starts releasing its claim: it writes nothing after that,
         #: so the host may take the run again (a successor after a let-go may be this host).
         self.releasing = False
+        self._storage_waits = 0
         self.done = asyncio.Event()
 
     # --- control --------------------------------------------------------------------------
@@ -269,8 +270,10 @@ class RunDriver:
         self.stats.errors.append(repr(exc))
         if isinstance(exc, (StoreUnavailable, LogUnavailable)):
             # Infrastructure trouble: hand over (after a pause, so a cluster-wide outage
-            # does not turn failover into a hot loop), do not finalize.
-            self._release_delay = 1.0
+            # does not turn failover into a hot loop), do not finalize. A full log store
+            # only gets here once the session is lost (appends wait for storage): the
+            # longer pause keeps a successor from meeting the same full store at once.
+            self._release_delay = 5.0 if isinstance(exc, LogStorageFull) else 1.0
             return self.machine.on(M.Drain())
         if isinstance(exc, BatonError):
             return self.machine.on(M.Failed(str(exc), "host_error"))
@@ -279,11 +282,14 @@ class RunDriver:
     # --- body -----------------------------------------------------------------------------
 
     async def _body(self) -> M.Decision | None:
-        if self.fence_seq is None:
+        while self.fence_seq is None:
             try:
                 self.fence_seq = await self.writer.fence()
             except LogAlreadyClosed as closed:
                 return self.machine.on(await self._stored_close(closed))
+            except LogStorageFull as full:
+                await self._wait_for_storage(full)
+                continue
             self.machine.advance(M.Phase.FENCED)
         stored: list[Any] = list(self._opened)
         if self.mode != "fresh":
@@ -384,20 +390,55 @@ class RunDriver:
         if self.stats.first_append_at is None and self.mode == "attach" and self.deps.settings.quiet_time > 0:
             await asyncio.sleep(self.deps.settings.quiet_time)  # baseline emulation (bench only)
         remaining = list(chunks)
-        for _ in range(8):
+        conflicts = 0
+        while conflicts < 8:
             try:
                 await self.writer.append(remaining, origin=origin)
                 break
+            except LogStorageFull as full:
+                # Keep the claim and wait for storage (issue 19): a handover would only
+                # meet the same full store on the next host. Only the unstored rest is
+                # sent again, its first record with the same message id.
+                landed = len(full.landed)
+                self._count(remaining[:landed])
+                remaining = remaining[landed:]
+                await self._wait_for_storage(full)
+                continue
             except AppendConflict as conflict:
                 # Another writer (not a successor) moved the head: keep what landed, adopt
                 # the head, and append only the rest. Never re-send a landed chunk.
                 landed = len(conflict.landed)
                 self._count(remaining[:landed])
                 remaining = remaining[landed:]
+                conflicts += 1
                 await self.writer.resync()
         else:
             raise RunClaimLost(self.run_id, self.epoch, "append-conflicts")
+        self._storage_waits = 0
         self._count(remaining)
+
+    async def _wait_for_storage(self, full: LogStorageFull) -> None:
+        """Pause before the next try while the log cannot store (growing, at most 5 s).
+
+        Bounded by the session, not by a budget: the run is not lost while the store is
+        full, and its journal keeps growing in the sandbox meanwhile.
+
+        Raises:
+            LogStorageFull: ``full`` again, once this host's session is lost.
+        """
+        if self.deps.session.lost.is_set():
+            raise full
+        self._storage_waits += 1
+        pause = min(0.5 * 2 ** min(self._storage_waits - 1, 4), 5.0)
+        if self._storage_waits == 1 or self._storage_waits % 10 == 0:
+            log.warning("run %s: the delivery log cannot store (%s); keeping the claim, retrying (try %d)",
+                        self.run_id, full.detail, self._storage_waits)
+        try:
+            async with asyncio.timeout(pause):
+                await self.deps.session.lost.wait()
+        except TimeoutError:
+            return
+        raise full
 
     def _count(self, chunks: list[Chunk]) -> None:
         if chunks and self.stats.first_append_at is None:

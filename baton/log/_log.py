@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any
 
@@ -11,9 +12,10 @@ import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.js import api
 
-from baton.errors import LogUnavailable
+from baton.errors import LogStorageFull, LogUnavailable
+from baton.ids import subject_token
 from baton.log import _headers as H
-from baton.log._api import ERR_STREAM_NAME_IN_USE, last_on_subject
+from baton.log._api import ERR_STREAM_NAME_IN_USE, STORAGE_FULL_CODES, last_on_subject
 from baton.log._config import LogConfig
 from baton.log._consumer import OrderedConsumer
 from baton.log._reader import LogReader, parse_offset
@@ -148,6 +150,46 @@ class DeliveryLog:
             await TranscriptStore(self.nc, self.cfg).provision()
         except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
             raise LogUnavailable(self.cfg.stream, f"provisioning failed: {exc}") from exc
+
+    async def probe_storage(self, prober: str, *, timeout: float = 2.0) -> None:
+        """Store one small probe record in the runs stream, to learn whether it stores.
+
+        The probe lives at ``<subject_prefix>._probe.<prober>``: two tokens, so never a run's
+        subject (those have one), and ``keep 1`` purges earlier probes, so probing leaves
+        one record per prober. A refusal-free probe of the runs stream itself is what
+        tells a full store: nats-server still answers reads, compare failures and
+        duplicates of a stream whose writes hit ENOSPC, and only real stores go unanswered.
+
+        Args:
+            prober: who probes (e.g. the gateway id).
+            timeout: seconds to wait for the acknowledgement.
+
+        Raises:
+            LogStorageFull: refused for lack of storage, or unanswered while reads answer.
+            LogUnavailable: JetStream does not answer at all.
+        """
+        stream = self.cfg.stream
+        subject = f"{self.cfg.subject_prefix}._probe.{subject_token(prober)}"
+        try:
+            reply = await self.nc.request(subject, b"", timeout=timeout, headers={H.KIND: "probe"})
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError, nats.errors.ConnectionClosedError,
+                asyncio.TimeoutError) as exc:
+            try:
+                await last_on_subject(self.nc, stream, subject, timeout=timeout)
+            except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError):
+                raise LogUnavailable(stream, f"JetStream does not answer: {type(exc).__name__}") from exc
+            raise LogStorageFull(stream, "JetStream answers reads but did not acknowledge a store") from exc
+        resp = json.loads(reply.data)
+        err = resp.get("error")
+        if err is not None:
+            code = err.get("err_code")
+            detail = f"probe refused: {err.get('description', '')} ({code})"
+            raise LogStorageFull(stream, detail, code) if code in STORAGE_FULL_CODES else LogUnavailable(stream, detail)
+        try:
+            await self.nc.request(f"$JS.API.STREAM.PURGE.{stream}",
+                                  json.dumps({"filter": subject, "keep": 1}).encode(), timeout=timeout)
+        except (nats.errors.Error, asyncio.TimeoutError) as exc:
+            log.debug("purging earlier probes failed: %s", type(exc).__name__)  # the next probe purges them
 
     def writer(self, run_id: str, epoch: int, *, publish_timeout: float = 5.0) -> LogWriter:
         """A writer for ``run_id`` under the claim of ``epoch``; call ``fence()`` first."""
