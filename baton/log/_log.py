@@ -23,6 +23,8 @@ from baton.log._transcripts import TranscriptStore
 from baton.log._writer import LogWriter
 
 log = logging.getLogger("baton.log")
+# How long a storage probe record is kept (nats-server per-message TTL).
+_PROBE_TTL = "60s"
 # What a dropped or refused connection raises (an outage, not a bug worth a traceback).
 _CONNECTION_ERRORS = (OSError, asyncio.TimeoutError, nats.errors.NoServersError, nats.errors.UnexpectedEOF,
                       nats.errors.StaleConnectionError, nats.errors.ConnectionClosedError)
@@ -129,6 +131,7 @@ class DeliveryLog:
             num_replicas=self.cfg.replicas,
             allow_direct=True,
             max_msgs_per_subject=self.cfg.max_msgs_per_subject,
+            allow_msg_ttl=True,  # storage probes expire (probe_storage)
         )
 
     async def provision(self) -> None:
@@ -155,8 +158,10 @@ class DeliveryLog:
         """Store one small probe record in the runs stream, to learn whether it stores.
 
         The probe lives at ``<subject_prefix>._probe.<prober>``: two tokens, so never a run's
-        subject (those have one), and ``keep 1`` purges earlier probes, so probing leaves
-        one record per prober. A refusal-free probe of the runs stream itself is what
+        subject (those have one). It expires after a minute (``Nats-TTL``; the stream
+        allows per-message TTLs), so probing leaves a few records at most. Not a purge of
+        earlier probes: a purge against a store that just hit ENOSPC held up reads of the
+        stream (seen with nats-server 2.15). A refusal-free probe of the runs stream itself is what
         tells a full store: nats-server still answers reads, compare failures and
         duplicates of a stream whose writes hit ENOSPC, and only real stores go unanswered.
 
@@ -171,7 +176,8 @@ class DeliveryLog:
         stream = self.cfg.stream
         subject = f"{self.cfg.subject_prefix}._probe.{subject_token(prober)}"
         try:
-            reply = await self.nc.request(subject, b"", timeout=timeout, headers={H.KIND: "probe"})
+            reply = await self.nc.request(subject, b"", timeout=timeout,
+                                          headers={H.KIND: "probe", "Nats-TTL": _PROBE_TTL})
         except (nats.errors.NoRespondersError, nats.errors.TimeoutError, nats.errors.ConnectionClosedError,
                 asyncio.TimeoutError) as exc:
             try:
@@ -185,11 +191,6 @@ class DeliveryLog:
             code = err.get("err_code")
             detail = f"probe refused: {err.get('description', '')} ({code})"
             raise LogStorageFull(stream, detail, code) if code in STORAGE_FULL_CODES else LogUnavailable(stream, detail)
-        try:
-            await self.nc.request(f"$JS.API.STREAM.PURGE.{stream}",
-                                  json.dumps({"filter": subject, "keep": 1}).encode(), timeout=timeout)
-        except (nats.errors.Error, asyncio.TimeoutError) as exc:
-            log.debug("purging earlier probes failed: %s", type(exc).__name__)  # the next probe purges them
 
     def writer(self, run_id: str, epoch: int, *, publish_timeout: float = 5.0) -> LogWriter:
         """A writer for ``run_id`` under the claim of ``epoch``; call ``fence()`` first."""
