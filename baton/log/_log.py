@@ -171,7 +171,7 @@ class DeliveryLog:
 
         Raises:
             LogStorageFull: refused for lack of storage, or unanswered while reads answer.
-            LogUnavailable: JetStream does not answer at all.
+            LogUnavailable: JetStream does not answer at all (not even reads).
         """
         stream = self.cfg.stream
         subject = f"{self.cfg.subject_prefix}._probe.{subject_token(prober)}"
@@ -189,8 +189,12 @@ class DeliveryLog:
         err = resp.get("error")
         if err is not None:
             code = err.get("err_code")
-            detail = f"probe refused: {err.get('description', '')} ({code})"
-            raise LogStorageFull(stream, detail, code) if code in STORAGE_FULL_CODES else LogUnavailable(stream, detail)
+            if code in STORAGE_FULL_CODES:
+                raise LogStorageFull(stream, f"probe refused: {err.get('description', '')} ({code})", code)
+            # Any other refusal (e.g. 10166 "per-message TTL is disabled" on a stream not yet
+            # re-provisioned) says nothing about storage: JetStream answered, so no problem
+            # is reported, and nobody is refused service on a guess.
+            log.debug("storage probe refused: %s (%s)", err.get("description", ""), code)
 
     def writer(self, run_id: str, epoch: int, *, publish_timeout: float = 5.0) -> LogWriter:
         """A writer for ``run_id`` under the claim of ``epoch``; call ``fence()`` first."""
