@@ -150,3 +150,60 @@ async def test_full_disk_is_storage_full_then_nothing_lost_after_restart(
         assert {h.epoch for h in headers} == {1}
     finally:
         await log.close()
+
+
+class LimitedNats(NatsServer):
+    """A nats-server whose JetStream may use at most ``max_file_store`` bytes."""
+
+    max_file_store = 2 * 1024 * 1024
+
+    def _argv(self) -> list[str]:
+        argv = super()._argv()
+        conf = self.data_dir / "limits.conf"
+        conf.write_text(f"jetstream {{ max_file_store: {self.max_file_store} }}\n")
+        return [*argv, "-c", str(conf)]
+
+
+async def test_max_file_store_reached_is_refused_with_10023_and_clears_by_itself(tmp_path: pathlib.Path) -> None:
+    server = LimitedNats(tmp_path / "limited")
+    server.start()
+    log = await DeliveryLog.connect(server.url, unique_cfg())
+    try:
+        await log.provision()
+        w = log.writer("run-limit-1", 1, publish_timeout=2.0)
+        await w.fence()
+        expected = [chunk(i) for i in range(10)]
+        await w.append(expected[:4])
+        # Another stream takes the rest of the server's file store.
+        js = log.nc.jetstream()
+        await js.add_stream(name="BALLAST", subjects=["ballast"])
+        while True:
+            ack = await log.nc.request("ballast", b"\0" * 65536, timeout=5)
+            if b'"error"' in ack.data:
+                break
+        with pytest.raises(LogStorageFull) as refused:
+            await w.append(expected[4:6])
+        assert refused.value.err_code == 10023 and refused.value.landed == ()
+        with pytest.raises(LogStorageFull):
+            await log.probe_storage("gw-test")
+
+        # Space inside the limit comes back: stores work again with no restart.
+        await js.delete_stream("BALLAST")
+        await assert_eventually(stores_now(log), timeout=30)
+        await w.append(expected[4:])
+        assert await w.close("completed")
+        assert [c for _, c in await read_all(log, "run-limit-1")] == expected
+    finally:
+        await log.close()
+        server.kill()
+
+
+def stores_now(log: DeliveryLog) -> Any:
+    async def check() -> bool:
+        try:
+            await log.probe_storage("gw-test", timeout=1.0)
+        except LogStorageFull:
+            return False
+        return True
+
+    return check
