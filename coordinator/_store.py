@@ -30,7 +30,7 @@ from coordinator import _etcd as E
 from coordinator._cache import RecordCache
 from coordinator._keys import Keys, prefix_end
 from coordinator._records import (apply_mask, cancels_on_disconnect, is_active, is_reclaimable,
-                                  is_terminal)
+                                  is_starting, is_terminal)
 
 log = logging.getLogger(__name__)
 
@@ -241,6 +241,11 @@ class RunStore:
                 ops.append(E.delete(old_key))
             if new_key is not None:
                 ops.append(E.put(new_key, new.run_id.encode()))
+        old_s = k.starting(old.started_at, old.run_id) if is_starting(old) else None
+        new_s = k.starting(new.started_at, new.run_id) if is_starting(new) else None
+        if old_s != new_s:
+            ops += [E.delete(old_s)] if old_s is not None else []
+            ops += [E.put(new_s, new.run_id.encode())] if new_s is not None else []
         return cmps, ops
 
     async def mutate(self, run_id: str, decide: Callable[[Snapshot], Plan[T]], *,
@@ -380,6 +385,14 @@ class RunStore:
         recs = await self._get_many([kv.value.decode() for kv in kvs], b)
         return [r for r in recs if is_reclaimable(r)]
 
+    async def list_starting(self, cutoff: float, *, timeout: float) -> list[RunRecord]:
+        """Runs still ``starting`` (input not durable) with ``started_at <= cutoff``."""
+        b = _Budget(timeout)
+        k = self.keys
+        kvs, _ = await self.etcd.range(k.starting_prefix, k.starting_until(cutoff), timeout=b.left())
+        recs = await self._get_many([kv.value.decode() for kv in kvs], b)
+        return [r for r in recs if is_starting(r)]
+
     # --- record writes ------------------------------------------------------------------
 
     async def create_or_resume(self, seed: RunRecord, interrupt_active: bool, *,
@@ -446,6 +459,8 @@ class RunStore:
             value = _bytes(new)
             ops += [E.put(run_key, value), E.put(active_key, new.run_id.encode()),
                     E.put(k.thread_run(new.thread_id, new.run_id), b"")]
+            if is_starting(new):  # the reaper ends it if its StartRun never completes
+                ops.append(E.put(k.starting(new.started_at, new.run_id), new.run_id.encode()))
             if owner_kv is None:
                 ops.append(E.put(owner_key, seed.tenant.encode()))
             res = await self.etcd.txn(cmps, ops, timeout=b.left())
