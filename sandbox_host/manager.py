@@ -172,7 +172,10 @@ class RunManager:
             cancel_on_disconnect=req.cancel_on_disconnect, keep_sandbox=req.keep_sandbox, tenant=req.tenant,
             parent_run_id=req.parent_run_id, driver_host=deps.host_id, starting=True)
         record, created = await deps.cc.create_or_resume_run(seed, interrupt_active=req.interrupt_active)
-        if not created and not (record.starting and record_status(record) == "running"):
+        if not created and not (record.starting and record_status(record) == "running"
+                                and record.thread_id == req.thread_id and record.tenant == req.tenant):
+            # Started already (join it), or not this caller's run: the gateway checks the
+            # record it gets back and refuses another tenant's or thread's run.
             return record, False
         if not created and self._busy(req.run_id):
             return record, False
@@ -180,8 +183,9 @@ class RunManager:
         try:
             epoch, record = await deps.cc.claim_run(req.run_id, deps.session, deps.host_id, purpose="drive")
         except RunClaimNotAcquired as refused:
-            if not created and refused.reason in ("held", "terminal"):
-                # Another start of it (or its finalizer) holds it, or it ended: join.
+            if refused.reason in ("held", "terminal"):
+                # Another start of it (a retry that came first, or its finalizer) holds
+                # it, or it ended: join it.
                 return (await deps.cc.get_run(req.run_id)).record, False
             if refused.reason != "cancel_requested":
                 raise
