@@ -150,6 +150,7 @@ async def test_post_while_the_log_is_paused_503_then_a_retry_starts_it_with_its_
     assert not any(c["type"].startswith("TEXT_MESSAGE") for c in chunks), chunks
 
 
+@pytest.mark.timeout(300)
 async def test_gateway_sigkilled_mid_burst_every_run_has_its_input_or_does_not_exist(
         plane: dict[str, Any], own_nats: Any, log_cfg: LogConfig, replay_dir: pathlib.Path,
         tmp_path: pathlib.Path, make_gateway: Any) -> None:
@@ -179,16 +180,17 @@ async def test_gateway_sigkilled_mid_burst_every_run_has_its_input_or_does_not_e
         # Every run id that exists ends with its input (a retry starts one the crash left
         # half-started); none is ever driven without it.
         gw2 = await make_gateway(coordinator=(p["coord"].address,), nats_url=own_nats.url)
-        existing = 0
-        for run_id, thread_id in runs:
+        async def converge(run_id: str, thread_id: str) -> bool:
             try:
                 view = await cc.get_run(run_id)
             except e.UnknownRun:
-                continue
-            existing += 1
+                return False
             if view.record.starting:
                 again = await read_stream(http, "POST", f"{gw2.url}/api/chat",
                                           json=chat_body(run_id, thread_id, run_id))
                 assert again.status == 200, again
             await assert_started_with_input(p, run_id, thread_id, run_id)
+            return True
+
+        existing = sum(await asyncio.gather(*(converge(r, t) for r, t in runs)))
         assert existing > 0
