@@ -52,6 +52,7 @@ class RunManager:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._finished: list[RunDriver] = []
         self._reserved = 0  # slots taken by a StartRun/AttachRun between its check and its spawn
+        self._starting: set[asyncio.Task[tuple[runs_pb2.RunRecord, bool]]] = set()
 
     @property
     def load(self) -> int:
@@ -137,6 +138,20 @@ class RunManager:
         """
         if self.draining:
             raise HostDraining("host is draining")
+        # A start once begun runs to its end even when the caller goes away (its gateway
+        # died, its deadline passed): cancelled half-way it could leave a claim that no
+        # driver holds (the claim landed, the answer did not), which nobody would release.
+        task = asyncio.create_task(self._start_in_slot(req), name=f"start:{req.run_id}")
+        self._starting.add(task)
+        task.add_done_callback(self._start_done)
+        return await asyncio.shield(task)
+
+    def _start_done(self, task: "asyncio.Task[tuple[runs_pb2.RunRecord, bool]]") -> None:
+        self._starting.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.info("start %s failed: %r", task.get_name(), task.exception())  # also told to the caller
+
+    async def _start_in_slot(self, req: Any) -> tuple[runs_pb2.RunRecord, bool]:
         with self._slot():
             return await self._start_run(req)
 
@@ -333,8 +348,8 @@ class RunManager:
         return handed
 
     async def shutdown(self, timeout: float = 10.0) -> None:
-        """Cancel every driver (final writes in flight still finish) and await them."""
-        tasks = list(self._tasks.values())
+        """Cancel every start and driver (final writes in flight still finish) and await them."""
+        tasks = [*self._starting, *self._tasks.values()]
         for t in tasks:
             t.cancel()
         if tasks:

@@ -185,11 +185,14 @@ async def test_gateway_sigkilled_mid_burst_every_run_has_its_input_or_does_not_e
                 view = await cc.get_run(run_id)
             except e.UnknownRun:
                 return False
-            if view.record.starting:
-                again = await read_stream(http, "POST", f"{gw2.url}/api/chat",
-                                          json=chat_body(run_id, thread_id, run_id))
-                assert again.status == 200, again
-            await assert_started_with_input(p, run_id, thread_id, run_id)
+            try:
+                if view.record.starting:
+                    again = await asyncio.wait_for(read_stream(
+                        http, "POST", f"{gw2.url}/api/chat", json=chat_body(run_id, thread_id, run_id)), 90)
+                    assert again.status == 200, again
+                await assert_started_with_input(p, run_id, thread_id, run_id)
+            except (AssertionError, TimeoutError) as exc:
+                raise AssertionError(f"{run_id} did not converge from {view}: now {await cc.get_run(run_id)}") from exc
             return True
 
         existing = sum(await asyncio.gather(*(converge(r, t) for r, t in runs)))
