@@ -20,8 +20,8 @@ from typing import Any, Iterator
 
 from baton import config
 from baton.errors import (
-    HostAtCapacity, HostDraining, InvalidArgument, JournalAttachUnavailable, RunClaimNotAcquired,
-    UnknownRun,
+    HostAtCapacity, HostDraining, InvalidArgument, JournalAttachUnavailable, RunClaimLost,
+    RunClaimNotAcquired, SessionLost, UnknownRun,
 )
 from baton.ids import validate_id
 from baton.v1 import runs_pb2
@@ -153,7 +153,30 @@ class RunManager:
 
     async def _start_in_slot(self, req: Any) -> tuple[runs_pb2.RunRecord, bool]:
         with self._slot():
+            session = self.deps.session
+            try:
+                return await self._start_run(req)
+            except (RunClaimLost, SessionLost):
+                lost = getattr(session, "lost", None)
+                if lost is None or not lost.is_set():
+                    raise
+            # The host's session expired mid-start (a pause past its lease): the run is
+            # still ``starting``; resume it once under the session the host opens next.
+            await self._next_session(session)
             return await self._start_run(req)
+
+    async def _next_session(self, old: Any, timeout: float = 10.0) -> None:
+        """Wait (polling, bounded) until the host holds a live session other than ``old``.
+
+        Raises:
+            SessionLost: none within ``timeout`` seconds.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.deps.session is old or self.deps.session.lost.is_set():
+            if loop.time() >= deadline:
+                raise SessionLost(getattr(old, "id", 0))
+            await asyncio.sleep(0.05)
 
     async def _start_run(self, req: Any) -> tuple[runs_pb2.RunRecord, bool]:
         from sandbox_host.agents import prepare_agent, prompt_from_messages
