@@ -53,6 +53,7 @@ class RunManager:
         self._finished: list[RunDriver] = []
         self._reserved = 0  # slots taken by a StartRun/AttachRun between its check and its spawn
         self._starting: set[asyncio.Task[tuple[runs_pb2.RunRecord, bool]]] = set()
+        self._start_claims: set[str] = set()  # runs whose claim a start of this host holds
 
     @property
     def load(self) -> int:
@@ -230,7 +231,13 @@ class RunManager:
             # Cancelled between create and claim: still ends aborted, by us.
             epoch, record = await deps.cc.claim_run(req.run_id, deps.session, deps.host_id, purpose="finalize")
             mode = "finalize"
+        except BaseException:
+            # The claim may have landed with its answer lost (a timeout): a claim no
+            # driver holds would keep the run from every retry until the host died.
+            await asyncio.shield(self._release_if_mine(req.run_id))
+            raise
         writer = deps.log.writer(req.run_id, epoch)
+        self._start_claims.add(req.run_id)
         try:
             fence_seq = await writer.fence()
             opened, messages = await self._open_log(record, writer, fence_seq, messages, fresh_record=created)
@@ -241,11 +248,22 @@ class RunManager:
             with contextlib.suppress(Exception):
                 await asyncio.shield(deps.cc.release_claim(req.run_id, deps.session, epoch))
             raise
+        finally:
+            self._start_claims.discard(req.run_id)
         if cleared is not None:
             record = cleared
         self._spawn(RunDriver(deps, record, epoch, mode, writer, input_messages=messages, fence_seq=fence_seq,
                               cancel_reason=record.cancel_reason or None, opened=opened))
         return record, True
+
+    async def _release_if_mine(self, run_id: str) -> None:
+        """Release the run's claim if this host's session holds it (best effort)."""
+        deps = self.deps
+        with contextlib.suppress(Exception):
+            claim = (await deps.cc.get_run(run_id)).claim
+            if (claim is not None and claim.session_id == deps.session.id and not self._busy(run_id)
+                    and run_id not in self._start_claims):
+                await deps.cc.release_claim(run_id, deps.session, claim.epoch)
 
     async def _open_log(self, record: runs_pb2.RunRecord, writer: Any, fence_seq: int,
                         messages: list[dict[str, Any]], *, fresh_record: bool) -> tuple[list[Any], list[dict[str, Any]]]:
