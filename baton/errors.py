@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-ClaimRefusal = Literal["unknown", "terminal", "cancel_requested", "held"]
+ClaimRefusal = Literal["unknown", "terminal", "cancel_requested", "held", "starting"]
 AttachRefusal = Literal["unknown-run", "terminal-run", "journal-timeout", "journal-stalled"]
 
 
@@ -83,7 +83,8 @@ class RunClaimNotAcquired(ClaimError):
 
     Attributes:
         run_id: the run.
-        reason: ``unknown`` | ``terminal`` | ``cancel_requested`` | ``held``.
+        reason: ``unknown`` | ``terminal`` | ``cancel_requested`` | ``held`` |
+            ``starting`` (its input is not durable yet: only its ``StartRun`` drives it).
     """
 
     def __init__(self, run_id: str, reason: ClaimRefusal) -> None:

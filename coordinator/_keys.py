@@ -11,6 +11,7 @@ range over ``readers/<run>/`` can never catch another run's readers.
 ``threads/<thread>/tenant``             the tenant the thread belongs to (its first run's)
 ``thread-runs/<thread>/<run>``          membership index for ``ListRuns(thread_id)``
 ``reclaimable/<µs:020d>/<run>``         running runs by ``detached_since`` (range read)
+``starting/<µs:020d>/<run>``            runs whose input is not durable yet, by ``started_at``
 ``readers/<run>/<reader>``              presence of one reader, under the gateway's lease
 ``sandboxes/<key>``                     SandboxInstance (protobuf bytes)
 ``hosts/<host>``                        HostInfo (protobuf bytes), under the host's lease
@@ -94,6 +95,17 @@ class Keys:
     def reclaimable_until(self, cutoff: float) -> bytes:
         """range_end covering every index key with ``detached_since <= cutoff`` (inclusive)."""
         return self._k("reclaimable", f"{micros(cutoff) + 1:020d}")
+
+    def starting(self, started_at: float, run_id: str) -> bytes:
+        return self._k("starting", f"{micros(started_at):020d}", encode_token(run_id))
+
+    @property
+    def starting_prefix(self) -> bytes:
+        return self._k("starting", "")
+
+    def starting_until(self, cutoff: float) -> bytes:
+        """range_end covering every starting-index key with ``started_at <= cutoff``."""
+        return self._k("starting", f"{micros(cutoff) + 1:020d}")
 
     def readers(self, run_id: str) -> bytes:
         return self._k("readers", encode_token(run_id), "")

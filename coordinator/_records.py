@@ -34,6 +34,14 @@ def is_reclaimable(rec: RunRecord | None) -> bool:
     return is_active(rec) and rec is not None and rec.HasField("detached_since")
 
 
+def is_starting(rec: RunRecord | None) -> bool:
+    """Indexed for the reaper: running, and its ``StartRun`` has not made the input durable.
+
+    Such a run is driven only by a ``StartRun`` of its own id (see ``RunRecord.starting``).
+    """
+    return is_active(rec) and rec is not None and rec.starting
+
+
 def cancels_on_disconnect(rec: RunRecord) -> bool:
     """Whether the run is cancelled (not detached) when its last reader leaves.
 
@@ -63,9 +71,16 @@ def apply_mask(current: RunRecord, patch: RunRecord, paths: Iterable[str]) -> Ru
 
     A path whose value is unset in ``patch`` clears the field (explicit clear, as in
     ``google.protobuf.FieldMask`` update semantics with ``replace_message_field``).
+
+    Raises:
+        InvalidArgument: the patch would set ``starting`` on a run that is not starting.
     """
+    paths = list(paths)
     new = RunRecord()
     new.CopyFrom(current)
+    if "starting" in paths and patch.starting and not current.starting:
+        # Hosts decide who may drive a run from this flag only ever going true -> false.
+        raise InvalidArgument("update_mask", "path 'starting' can only be cleared")
     for p in paths:
         field = RunRecord.DESCRIPTOR.fields_by_name[p]
         if field.has_presence:

@@ -31,7 +31,7 @@ from coordinator import _etcd as E
 from coordinator import rules
 from coordinator._cache import RecordCache
 from coordinator._keys import Keys, prefix_end
-from coordinator._records import is_active, is_reclaimable
+from coordinator._records import is_active, is_reclaimable, is_starting
 from coordinator.rules import KEEP as _KEEP
 from coordinator.rules import FAILURE_READS, PURPOSES, Plan, Snapshot, UpdateOutcome, holds
 
@@ -302,6 +302,14 @@ class RunStore:
         recs = await self._get_many([kv.value.decode() for kv in kvs], b)
         return [r for r in recs if is_reclaimable(r)]
 
+    async def list_starting(self, cutoff: float, *, timeout: float) -> list[RunRecord]:
+        """Runs still ``starting`` (input not durable) with ``started_at <= cutoff``."""
+        b = _Budget(timeout)
+        k = self.keys
+        kvs, _ = await self.etcd.range(k.starting_prefix, k.starting_until(cutoff), timeout=b.left())
+        recs = await self._get_many([kv.value.decode() for kv in kvs], b)
+        return [r for r in recs if is_starting(r)]
+
     # --- record writes ------------------------------------------------------------------
 
     async def create_or_resume(self, seed: RunRecord, interrupt_active: bool, *,
@@ -368,6 +376,8 @@ class RunStore:
             value = _bytes(new)
             ops += [E.put(run_key, value), E.put(active_key, new.run_id.encode()),
                     E.put(k.thread_run(new.thread_id, new.run_id), b"")]
+            if is_starting(new):  # the reaper ends it if its StartRun never completes
+                ops.append(E.put(k.starting(new.started_at, new.run_id), new.run_id.encode()))
             if owner_kv is None:
                 ops.append(E.put(owner_key, seed.tenant.encode()))
             res = await self.etcd.txn(cmps, ops, timeout=b.left())

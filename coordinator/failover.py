@@ -2,23 +2,29 @@
 
 When a claim key disappears (its session lease expired because the host died, or a
 draining host released it) and the run is still ``running``, the leader calls ``AttachRun``
-on a live, non-draining host that is not full, least loaded first (load = claims it holds
-now; full = load at its registered capacity), within milliseconds of the etcd delete event. A run with a cancel requested is handed over with
+on a live, non-draining host that is not full, within milliseconds of the etcd delete
+event. The host is chosen by :func:`baton.placement.assign` (load = claims it holds now
+plus hand-overs of this leader still in flight, so the orphans of one dead host spread
+over the hosts with room instead of all landing on the one least loaded before them). Hand-overs run in parallel, at most :data:`MAX_PARALLEL_HANDOVERS` at a time. A run with a cancel requested is handed over with
 purpose ``finalize``, so a cancelled run whose host died still ends ``aborted``. Clients
 still connected see a pause, then the rest of the run.
 
-A run that has never been claimed (``driver_epoch == 0``: its ``StartRun`` is between
-create and claim) is left alone.
+A run still ``starting`` (its ``StartRun`` has not made its input durable; this includes
+one never claimed) is left alone: only a retried ``StartRun`` drives it, and the reaper
+ends it when nobody retries (:mod:`coordinator.reaper`).
 """
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+from dataclasses import dataclass
 
 import grpc
 
 from baton.errors import JournalAttachUnavailable, RunClaimNotAcquired, StoreUnavailable
 from baton.grpc_errors import from_rpc_error
+from baton.placement import Candidate, assign
 from baton.retry import Attempts, Deadline, retry
 from baton.v1 import runs_pb2, sandbox_host_pb2, sandbox_host_pb2_grpc
 from baton.v1.coordinator_pb2 import HostInfo
@@ -32,6 +38,8 @@ log = logging.getLogger(__name__)
 _GRPC_OPTIONS = [("grpc.enable_http_proxy", 0)]
 #: How long a hand-over keeps trying when no host can take the run (seconds).
 HANDOVER_PATIENCE = 30.0
+#: Hand-overs of one leader in flight at once (the orphans of a dead host come together).
+MAX_PARALLEL_HANDOVERS = 16
 
 
 class HostPool:
@@ -63,33 +71,76 @@ async def host_loads(ctx: LeaderContext) -> dict[str, int]:
     return loads
 
 
-async def live_hosts_by_load(ctx: LeaderContext, exclude: str = "") -> list[HostInfo]:
-    """Live, non-draining hosts with an address and room for one more run, least loaded
-    first (ties by host id).
+@dataclass
+class _Assignment:
+    host_id: str
+    finished: int | None = None  # tick of the attach's end, None while in flight
 
-    Load is the claims a host holds now (fresher than the load it publishes); a host with a
-    ``capacity`` > 0 and that many claims is skipped (it would refuse with
-    ``HOST_AT_CAPACITY`` anyway).
+
+class Placer:
+    """Picks the host for each hand-over, counting this leader's own assignments as load.
+
+    The load of a host is the claims it holds in etcd; an ``AttachRun`` in flight has not
+    claimed yet, so without this book every orphan of one dead host would see the same
+    loads and go to the same host. An assignment counts until a later read of the claims
+    surely sees its claim: it counts for every pick whose read began before the attach
+    ended (a tick orders the two; no lock, picks read concurrently).
     """
-    hosts = [h for h in await ctx.list_hosts() if not h.draining and h.address and h.host_id != exclude]
-    loads = await host_loads(ctx)
-    room = [h for h in hosts if h.capacity <= 0 or loads.get(h.host_id, 0) < h.capacity]
-    return sorted(room, key=lambda h: (loads.get(h.host_id, 0), h.host_id))
+
+    def __init__(self, ctx: LeaderContext) -> None:
+        self.ctx = ctx
+        self._tick = itertools.count(1)
+        self._book: list[_Assignment] = []
+        self._reading: set[int] = set()  # ticks of picks reading now
+
+    async def pick(self, *, exclude: str = "", tried: frozenset[str] = frozenset()) -> tuple[HostInfo, _Assignment] | None:
+        """The best live host for one more run, or ``None`` when no host has room.
+
+        The caller must pass the assignment to :meth:`done` when its attach ended.
+        """
+        t0 = next(self._tick)
+        self._reading.add(t0)
+        try:
+            hosts = [h for h in await self.ctx.list_hosts()
+                     if not h.draining and h.address and h.host_id != exclude and h.host_id not in tried]
+            loads = await host_loads(self.ctx)
+        finally:
+            self._reading.discard(t0)
+        pending: dict[str, int] = {}
+        for a in self._book:
+            if a.finished is None or a.finished > t0:
+                pending[a.host_id] = pending.get(a.host_id, 0) + 1
+        got = assign([Candidate(h.host_id, loads.get(h.host_id, 0), h.capacity) for h in hosts], 1, pending=pending)
+        if not got:
+            return None
+        a = _Assignment(got[0])
+        self._book.append(a)
+        return next(h for h in hosts if h.host_id == got[0]), a
+
+    def done(self, a: _Assignment) -> None:
+        """The attach of ``a`` ended (its claim, if any, is in etcd now)."""
+        a.finished = next(self._tick)
+        oldest = min(self._reading, default=a.finished + 1)
+        self._book = [x for x in self._book if x.finished is None or x.finished > oldest]
 
 
 async def attach_somewhere(ctx: LeaderContext, pool: HostPool, run_id: str, purpose: str, *,
-                           patience: float = HANDOVER_PATIENCE, exclude: str = "") -> str:
-    """Ask live hosts, least loaded first, to take ``run_id`` over.
+                           patience: float = HANDOVER_PATIENCE, exclude: str = "",
+                           placer: Placer | None = None) -> str:
+    """Ask live hosts, best placed first (see :class:`Placer`), to take ``run_id`` over.
 
     Returns:
         ``"attached"`` (a host holds the claim now), ``"taken"`` (someone else already
-        holds it, or the run cannot be attached: terminal or gone), or ``"no-host"`` (no
-        host accepted within ``patience`` seconds).
+        holds it, or the run cannot be attached: terminal, gone or still starting), or
+        ``"no-host"`` (no host accepted within ``patience`` seconds).
     """
+    placer = placer or Placer(ctx)
     # ``patience`` bounds how long hosts are asked, not one AttachRun (which may take its
     # 5 s: the host claims, checks the journal and fences before it answers).
     async for _ in Attempts(Deadline.after(patience), first_pause=0.05, max_pause=0.5):
-        for h in await live_hosts_by_load(ctx, exclude):
+        tried: set[str] = set()
+        while (picked := await placer.pick(exclude=exclude, tried=frozenset(tried))) is not None:
+            h, a = picked
             try:
                 await pool.stub(h.address).AttachRun(
                     sandbox_host_pb2.AttachRunRequest(run_id=run_id, purpose=purpose), timeout=5.0)
@@ -100,20 +151,31 @@ async def attach_somewhere(ctx: LeaderContext, pool: HostPool, run_id: str, purp
                 if isinstance(exc, (RunClaimNotAcquired, JournalAttachUnavailable)):
                     return "taken"
                 log.warning("failover: %s refused run %s: %s", h.host_id, run_id, err.details())
+                tried.add(h.host_id)
+            finally:
+                placer.done(a)
     return "no-host"
 
 
-async def hand_over_if_orphaned(ctx: LeaderContext, pool: HostPool, run_id: str) -> str:
-    """Hand ``run_id`` to a live host when it is running, was claimed before, and has no claim.
+def orphaned(rec: runs_pb2.RunRecord | None, claim: Claim | None) -> bool:
+    """Whether failover hands the run over: running, started (input durable), no claim."""
+    return (rec is not None and claim is None and rec.status == runs_pb2.RUN_STATUS_RUNNING
+            and rec.driver_epoch > 0 and not rec.starting)
+
+
+async def hand_over_if_orphaned(ctx: LeaderContext, pool: HostPool, run_id: str,
+                                placer: Placer | None = None) -> str:
+    """Hand ``run_id`` to a live host when :func:`orphaned`.
 
     Returns:
         ``"skipped"`` or the outcome of :func:`attach_somewhere`.
     """
     rec, claim = await ctx.store.get_run(run_id, timeout=ctx.config.etcd_timeout)
-    if rec is None or claim is not None or rec.status != runs_pb2.RUN_STATUS_RUNNING or rec.driver_epoch == 0:
+    if not orphaned(rec, claim):
         return "skipped"
+    assert rec is not None
     purpose = "finalize" if rec.cancel_requested else "drive"
-    return await attach_somewhere(ctx, pool, run_id, purpose)
+    return await attach_somewhere(ctx, pool, run_id, purpose, placer=placer)
 
 
 async def failover_scheduler(ctx: LeaderContext) -> None:
@@ -127,6 +189,8 @@ async def failover_scheduler(ctx: LeaderContext) -> None:
     """
     store, keys, cfg = ctx.store, ctx.store.keys, ctx.config
     pool = HostPool()
+    placer = Placer(ctx)
+    slots = asyncio.Semaphore(MAX_PARALLEL_HANDOVERS)
     pending: dict[str, asyncio.Task[str]] = {}
     # Runs whose claim vanished while a hand-over of theirs was in flight: that hand-over
     # may have read the claim before it went ("skipped"), so the run is looked at again.
@@ -138,7 +202,8 @@ async def failover_scheduler(ctx: LeaderContext) -> None:
         if t is not None and not t.done():
             recheck.add(run_id)
             return
-        task = asyncio.create_task(_guarded(ctx, pool, run_id), name=f"failover:{run_id}")
+        task = asyncio.create_task(_guarded(ctx, pool, run_id, placer=placer, slots=slots),
+                                   name=f"failover:{run_id}")
         pending[run_id] = task
         task.add_done_callback(lambda t, r=run_id: finished(r, t))
 
@@ -155,7 +220,7 @@ async def failover_scheduler(ctx: LeaderContext) -> None:
                 _, rev = await store.etcd.range(keys.claims, prefix_end(keys.claims), keys_only=True,
                                                 timeout=cfg.etcd_timeout)
                 for rec in await store.list_runs("", "", 0, timeout=cfg.etcd_timeout):
-                    if rec.status == runs_pb2.RUN_STATUS_RUNNING and rec.driver_epoch > 0:
+                    if rec.status == runs_pb2.RUN_STATUS_RUNNING and rec.driver_epoch > 0 and not rec.starting:
                         spawn(rec.run_id)
                 async for _rev, events in store.etcd.watch([(keys.claims, prefix_end(keys.claims))],
                                                            start_revision=rev + 1, deletes_only=True):
@@ -174,19 +239,21 @@ async def failover_scheduler(ctx: LeaderContext) -> None:
         await pool.close()
 
 
-async def _guarded(ctx: LeaderContext, pool: HostPool, run_id: str, *,
-                   patience: float = HANDOVER_PATIENCE) -> str:
+async def _guarded(ctx: LeaderContext, pool: HostPool, run_id: str, *, placer: Placer,
+                   slots: asyncio.Semaphore, patience: float = HANDOVER_PATIENCE) -> str:
     """:func:`hand_over_if_orphaned`, retried while etcd (or a host) fails transiently.
 
     No later event reports this run again (its claim is gone already), so giving up at the
     first slow etcd answer would leave it orphaned until a reader or the reaper came.
     Each attempt re-reads the record, so a retry never hands over a run that found a driver.
     """
+    async def once() -> str:
+        async with slots:
+            return await hand_over_if_orphaned(ctx, pool, run_id, placer)
+
     try:
-        return await retry(lambda: hand_over_if_orphaned(ctx, pool, run_id),
-                           deadline=Deadline.after(patience),
-                           retry_on=(StoreUnavailable, grpc.aio.AioRpcError), first_pause=0.1,
-                           max_pause=1.0,
+        return await retry(once, deadline=Deadline.after(patience),
+                           retry_on=(StoreUnavailable, grpc.aio.AioRpcError), first_pause=0.1, max_pause=1.0,
                            on_retry=lambda exc: log.info("failover of run %s: %s; retrying", run_id, exc))
     except (StoreUnavailable, grpc.aio.AioRpcError) as exc:
         log.warning("failover of run %s failed: %s", run_id, exc)

@@ -12,12 +12,20 @@ and decides each:
 * **finalized**: not expired and nobody drives it (no claim): a live host attaches and
   drives it on; when its journal already ends with the exit sentinel the host replays,
   appends the rest and finishes, so its transcript is saved.
-* **producing**: not expired and a live host drives it: left untouched.
+* **producing**: not expired and a live host drives it: left untouched. A run still
+  ``starting`` (its input not durable) is never handed to a host to drive either.
 * **not-claimed**: a reader came back (``detached_since`` cleared or moved) before the
   reaper acted: left untouched.
 * **unknown**: the run vanished or became terminal between listing and acting.
 * **reclaim-failed**: no live host accepted the run.
 * **failed**: the sweep's etcd or gRPC call for this run failed.
+
+The same sweep ends **abandoned starts**: runs still ``starting`` (their ``StartRun``
+failed half-way, or their gateway or host died during it) for at least ``start_grace``
+seconds after ``started_at`` with nobody holding their claim. Their cancel is requested
+(reason ``start-abandoned``, only while still starting and unclaimed: one etcd compare) and
+a live host finalizes them: ``aborted``, no agent ever launched (outcome
+``start-abandoned``). Until then a retried ``POST`` with the same run id starts them.
 """
 from __future__ import annotations
 
@@ -32,6 +40,7 @@ from baton.errors import StoreUnavailable
 from baton.v1 import runs_pb2, sandbox_host_pb2
 from baton.v1.runs_pb2 import RunRecord
 
+from coordinator import _etcd as E
 from coordinator._election import LeaderContext
 from coordinator._store import RunStore
 from coordinator.rules import REAPED, Plan, Snapshot, reap_cancel
@@ -39,7 +48,12 @@ from coordinator.failover import HostPool, attach_somewhere
 
 log = logging.getLogger(__name__)
 
-OUTCOMES = ("expired", "finalized", "producing", "unknown", "not-claimed", "reclaim-failed", "failed")
+OUTCOMES = ("expired", "finalized", "producing", "unknown", "not-claimed", "reclaim-failed", "failed",
+            "start-abandoned")
+START_ABANDONED = "start-abandoned"
+#: Seconds a run may stay ``starting`` before the reaper ends it (a client retrying a
+#: failed POST has this long to start it).
+START_GRACE = 60.0
 
 
 async def _cancel_if_still_detached(store: RunStore, listed: RunRecord, timeout: float) -> str | None:
@@ -55,6 +69,32 @@ async def _cancel_if_still_detached(store: RunStore, listed: RunRecord, timeout:
     return await store.mutate(listed.run_id, decide, timeout=timeout)
 
 
+async def _cancel_if_still_starting(store: RunStore, run_id: str, timeout: float) -> bool:
+    """Set ``cancel_requested`` (reason ``start-abandoned``) only while the run is still
+    starting and nobody claims it (compared in the write, so a retried start wins).
+
+    Returns:
+        True when the run is (now) cancelled as an abandoned start.
+    """
+    claim_key = store.keys.claim(run_id)
+
+    def decide(snap: Snapshot) -> Plan[bool]:
+        cur = snap.record
+        if cur is None or cur.status != runs_pb2.RUN_STATUS_RUNNING or not cur.starting:
+            return Plan(False, write=False)
+        if cur.cancel_requested:
+            return Plan(snap.claim_kv is None, write=False)
+        if snap.claim_kv is not None:
+            return Plan(False, write=False)  # a start (or finalizer) holds it right now
+        new = RunRecord()
+        new.CopyFrom(cur)
+        new.cancel_requested = True
+        new.cancel_reason = START_ABANDONED
+        return Plan(True, new=new, cmps=[E.cmp_absent(claim_key)])
+
+    return bool(await store.mutate(run_id, decide, timeout=timeout))
+
+
 class ReaperSweep:
     """The reaper: ``await sweep(ttl, now)`` → outcome counts (the ``Reap`` RPC's callable).
 
@@ -67,8 +107,9 @@ class ReaperSweep:
     """
 
     def __init__(self, ctx: LeaderContext, default_ttl: float, clock: Callable[[], float] = time.time,
-                 *, patience: float = 1.0) -> None:
+                 *, patience: float = 1.0, start_grace: float = START_GRACE) -> None:
         self.ctx = ctx
+        self.start_grace = start_grace
         self.patience = patience
         self.default_ttl = default_ttl
         self.clock = clock
@@ -94,6 +135,20 @@ class ReaperSweep:
                         log.warning("reaper: run %s: %s", rec.run_id, exc)
                         outcome = "failed"
                     counts[outcome] += 1
+                try:
+                    abandoned = await store.list_starting(now - self.start_grace, timeout=cfg.etcd_timeout)
+                except StoreUnavailable as exc:
+                    log.warning("reaper: listing abandoned starts: %s", exc)
+                    abandoned = []
+                for rec in abandoned:
+                    try:
+                        if await _cancel_if_still_starting(store, rec.run_id, cfg.etcd_timeout):
+                            res = await attach_somewhere(self.ctx, pool, rec.run_id, "finalize",
+                                                         patience=self.patience)
+                            counts["reclaim-failed" if res == "no-host" else "start-abandoned"] += 1
+                    except (StoreUnavailable, grpc.aio.AioRpcError) as exc:
+                        log.warning("reaper: abandoned start %s: %s", rec.run_id, exc)
+                        counts["failed"] += 1
             finally:
                 await pool.close()
         log.info("reaper sweep: %s", counts)
@@ -116,7 +171,7 @@ class ReaperSweep:
             return "unknown"
         if not cur.HasField("detached_since"):
             return "not-claimed"
-        if claim is not None:
+        if claim is not None or cur.starting:
             return "producing"
         res = await attach_somewhere(self.ctx, pool, listed.run_id, "drive", patience=self.patience)
         if res == "no-host":

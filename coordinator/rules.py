@@ -27,7 +27,8 @@ from baton.v1.runs_pb2 import Claim, RunRecord, RunStatus
 
 from coordinator import _etcd as E
 from coordinator._keys import Keys, prefix_end
-from coordinator._records import apply_mask, cancels_on_disconnect, is_active, is_reclaimable, is_terminal
+from coordinator._records import (apply_mask, cancels_on_disconnect, is_active, is_reclaimable, is_starting,
+                                  is_terminal)
 
 #: Why a claim is taken: ``drive`` runs the agent on; ``finalize`` only ends the run.
 PURPOSES = ("drive", "finalize")
@@ -274,7 +275,7 @@ def enters_or_leaves_running(old: RunRecord, new: RunRecord) -> bool:
 
 def index_changes(keys: Keys, old: RunRecord, new: RunRecord,
                   active_kv: E.KV | None) -> tuple[list[E.Cmp], list[E.Op]]:
-    """Compares and ops that keep the thread-active and reclaimable indexes in step.
+    """Compares and ops that keep the thread-active, reclaimable and starting indexes in step.
 
     Args:
         keys: the key layout.
@@ -311,4 +312,11 @@ def index_changes(keys: Keys, old: RunRecord, new: RunRecord,
             ops.append(E.delete(old_key))
         if new_key is not None:
             ops.append(E.put(new_key, new.run_id.encode()))
+    old_s = keys.starting(old.started_at, old.run_id) if is_starting(old) else None
+    new_s = keys.starting(new.started_at, new.run_id) if is_starting(new) else None
+    if old_s != new_s:
+        if old_s is not None:
+            ops.append(E.delete(old_s))
+        if new_s is not None:
+            ops.append(E.put(new_s, new.run_id.encode()))
     return cmps, ops

@@ -54,6 +54,25 @@ class CancelWaitTimeout(e.BatonError):
         super().__init__(f"run {run_id!r} was not terminal within {timeout:g}s of the cancel")
 
 
+class StartFailed(e.BatonError):
+    """A ``POST /api/chat`` whose start did not complete: the cause, and whether the run exists.
+
+    The response is the cause's (status, reason, metadata) plus ``runExists``: ``true``
+    (the run exists but was not started: a retry of the same POST, same run id, starts it),
+    ``false`` (nothing was created: a retry creates it), or ``null`` (the store could not
+    be asked; a retry with the same run id is safe either way).
+
+    Attributes:
+        cause: the domain error the start failed with.
+        run_exists: see above.
+    """
+
+    def __init__(self, cause: e.BatonError, run_exists: bool | None) -> None:
+        self.cause = cause
+        self.run_exists = run_exists
+        super().__init__(str(cause))
+
+
 UnknownThread = e.UnknownThread  # shared with the coordinator (baton/errors.py)
 
 
@@ -82,6 +101,7 @@ TABLE: tuple[HttpMapping, ...] = (
     HttpMapping(e.LogStorageFull, 503, "LOG_STORAGE_FULL"),
     HttpMapping(e.LogUnavailable, 503, "LOG_UNAVAILABLE"),
     HttpMapping(e.StoreUnavailable, 503, "STORE_UNAVAILABLE"),
+    HttpMapping(e.LogUnavailable, 503, "LOG_UNAVAILABLE"),
     HttpMapping(e.HostDraining, 503, "HOST_DRAINING"),
     HttpMapping(e.HostAtCapacity, 503, "HOST_AT_CAPACITY"),
     HttpMapping(e.SandboxBuildFailed, 502, "SANDBOX_BUILD_FAILED"),
@@ -105,6 +125,10 @@ def error_body(exc: e.BatonError) -> tuple[int, dict[str, object]]:
     so clients rebuild the same exception; ``ThreadBusy`` also carries ``activeRunId``
     (the issue's wire contract for a busy thread).
     """
+    if isinstance(exc, StartFailed):
+        status, body = error_body(exc.cause)
+        body["runExists"] = exc.run_exists
+        return status, body
     m = mapping_for(exc)
     assert m is not None  # BatonError is the last row
     body: dict[str, object] = {"error": str(exc), "reason": m.reason}
@@ -127,7 +151,7 @@ def error_response(exc: e.BatonError) -> Response:
 async def handle_baton_error(request: Request, exc: Exception) -> Response:
     """Starlette exception handler: domain errors become their mapped status."""
     assert isinstance(exc, e.BatonError)
-    m = mapping_for(exc)
+    m = mapping_for(exc.cause if isinstance(exc, StartFailed) else exc)
     if m is not None and m.status >= 500:
         log.warning("%s %s -> %s: %s", request.method, request.url.path, m.status, exc)
     return error_response(exc)

@@ -13,6 +13,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 import grpc
 
 from baton import errors as e
+from baton import placement
 from baton.grpc_errors import from_rpc_error
 from baton.v1 import coordinator_pb2, sandbox_host_pb2_grpc
 
@@ -55,15 +56,14 @@ class HostPool:
         return [h for h in hosts if not h.draining and h.address]
 
     def rank(self, hosts: list[coordinator_pb2.HostInfo]) -> list[coordinator_pb2.HostInfo]:
-        """Hosts in the order to try them: those with room before those whose published load
-        says they are full (``capacity`` 0 = no limit; the load may be a second stale, so a
-        full one is tried last rather than never), then least loaded first: published load
+        """Non-draining hosts in the order to try them (:func:`baton.placement.order`): those
+        with room before those whose published load says they are full (the load may be a
+        second stale, so a full one is tried last rather than never), then published load
         per unit of capacity, runs this gateway handed to it, host id (deterministic)."""
-        def key(h: coordinator_pb2.HostInfo) -> tuple[bool, float, float, str]:
-            cap = max(h.capacity, 1)
-            full = h.capacity > 0 and h.load >= h.capacity
-            return (full, h.load / cap, self._handed[h.host_id] / cap, h.host_id)
-        return sorted(hosts, key=key)
+        by_id = {h.host_id: h for h in hosts}
+        ranked = placement.order(
+            [placement.Candidate(h.host_id, h.load, h.capacity, h.draining) for h in hosts], handed=self._handed)
+        return [by_id[c.host_id] for c in ranked]
 
     def note_handed(self, host_id: str) -> None:
         self._handed[host_id] += 1

@@ -20,7 +20,7 @@ from baton import errors as e
 from baton.ids import validate_id
 from baton.v1 import runs_pb2, sandbox_host_pb2
 from gateway._auth import check_run_visible
-from gateway._errors import CancelWaitTimeout
+from gateway._errors import CancelWaitTimeout, StartFailed, mapping_for
 from gateway._hosts import try_hosts
 from gateway._reader import stream_log
 from gateway._sse import StreamResponse, choose_framing
@@ -74,6 +74,33 @@ async def _check_log_stores(st: GatewayState, run_id: str) -> None:
         raise e.LogUnavailable(run_id, problem.detail)
 
 
+async def _start_or_explain(st: GatewayState, cs: ChatStart, tenant_id: str) -> runs_pb2.RunRecord:
+    """:func:`_start_run`; a server-side failure (5xx) says whether the run exists.
+
+    Raises:
+        StartFailed: the start failed with a 5xx cause (``runExists`` in the body).
+        BatonError: a client error (4xx) as is.
+    """
+    try:
+        return await _start_run(st, cs, tenant_id)
+    except e.BatonError as exc:
+        m = mapping_for(exc)
+        if m is None or m.status < 500:
+            raise
+        exists: bool | None
+        if isinstance(exc, e.LogUnavailable):
+            exists = True  # the host touches the log only once the record exists
+        else:
+            try:
+                await st.coordinator.get_run(cs.run_id, timeout=2.0)
+                exists = True
+            except e.UnknownRun:
+                exists = False
+            except e.BatonError:
+                exists = None
+        raise StartFailed(exc, exists) from exc
+
+
 def _check_same_run(record: runs_pb2.RunRecord, cs: ChatStart, tenant_id: str, auth_enabled: bool) -> None:
     """An existing record may be served to this POST only if it is the caller's run.
 
@@ -99,14 +126,19 @@ async def start_chat(request: Request) -> Response:
         view = await st.coordinator.get_run(cs.run_id)
     except e.UnknownRun:
         view = None
-    if view is not None:
+    if view is not None and not view.record.starting:
         # A retried POST or a transport reconnect: serve the existing run, start nothing.
         _check_same_run(view.record, cs, t, st.settings.auth_enabled)
         st.takeovers.consider(cs.run_id, view.record, view.claim)
     else:
-        await check_thread_visible(request, cs.thread_id, must_exist=False)
+        # No run, or one whose start failed half-way (still ``starting``): StartRun creates
+        # or resumes it, idempotently by run id; a start in progress elsewhere is joined.
+        if view is not None:
+            _check_same_run(view.record, cs, t, st.settings.auth_enabled)
+        else:
+            await check_thread_visible(request, cs.thread_id, must_exist=False)
         await _check_log_stores(st, cs.run_id)
-        record = await _start_run(st, cs, t)
+        record = await _start_or_explain(st, cs, t)
         # A concurrent POST with the same run id may have created the record between our
         # lookup and StartRun (the host then answers with that record, unchanged): the same
         # checks as for a record found above, or another tenant's or thread's log is served.

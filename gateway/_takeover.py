@@ -11,6 +11,9 @@ reports itself in the run's own log (``RUN_ERROR``).
 | record terminal                    | ``terminal``   | serve the log, drive nothing       |
 | record interrupted (HITL pause)    | ``interrupted``| serve the log, drive nothing       |
 | another host holds the claim       | ``claimed``    | serve and tail, drive nothing      |
+| running, still ``starting``        | ``starting``   | serve and tail, drive nothing (its |
+|                                    |                | input may not be durable: only a   |
+|                                    |                | retried POST starts it)            |
 | running, no live claim             | ``takeover``   | AttachRun on the least loaded host |
 | …and a cancel is requested         | ``finalize``   | AttachRun(purpose=finalize)        |
 | a takeover of it already in flight | ``in-flight``  | nothing more (one takeover)        |
@@ -29,7 +32,8 @@ from gateway._metrics import Metrics
 
 log = logging.getLogger("gateway.takeover")
 
-Decision = Literal["no-record", "terminal", "interrupted", "claimed", "takeover", "finalize", "in-flight"]
+Decision = Literal["no-record", "terminal", "interrupted", "claimed", "starting", "takeover", "finalize",
+                   "in-flight"]
 
 
 def decide(record: runs_pb2.RunRecord | None, claim: Any | None) -> Decision:
@@ -47,6 +51,8 @@ def decide(record: runs_pb2.RunRecord | None, claim: Any | None) -> Decision:
         return "interrupted"
     if claim is not None:
         return "claimed"
+    if record.starting and not record.cancel_requested:
+        return "starting"
     return "finalize" if record.cancel_requested else "takeover"
 
 

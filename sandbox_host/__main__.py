@@ -43,10 +43,13 @@ def _advertise(listen: str, port: int) -> str:
 
 
 async def hand_over(cc: Any, run_ids: Sequence[str], self_id: str) -> int:
-    """Ask live, non-draining peers to take the released runs over (least loaded first).
+    """Ask live, non-draining peers to take the released runs over, in parallel.
 
-    The coordinator leader's failover does the same on its own when it sees the claims
-    vanish; whichever AttachRun comes second is refused with ``held``, harmlessly.
+    Each run goes to the peer :func:`baton.placement.assign` picks, counting the runs this
+    drain has placed so far on top of each peer's published load and respecting its
+    capacity; a peer that refuses is skipped for that run. The coordinator leader's
+    failover does the same on its own when it sees the claims vanish; whichever AttachRun
+    comes second is refused with ``held``, harmlessly.
 
     Returns:
         How many runs a peer accepted.
@@ -59,28 +62,46 @@ async def hand_over(cc: Any, run_ids: Sequence[str], self_id: str) -> int:
     hosts = [h for h in await cc.list_hosts() if h.host_id != self_id and not h.draining and h.address]
     if not hosts:
         return 0
-    load: dict[str, int] = {h.host_id: 0 for h in hosts}
-    accepted = 0
+    from baton import placement
+
+    cands = [placement.Candidate(h.host_id, h.load, h.capacity) for h in hosts]
+    address = {h.host_id: h.address for h in hosts}
+    placed: dict[str, int] = {}  # runs this drain gave each peer (not in its published load yet)
     channels: dict[str, grpc.aio.Channel] = {}
+
+    slots = asyncio.Semaphore(16)
+
+    async def place(run_id: str) -> bool:
+        async with slots:
+            return await place_one(run_id)
+
+    async def place_one(run_id: str) -> bool:
+        refused: set[str] = set()
+        while True:
+            # No await between choosing and counting: parallel placements see each other.
+            got = placement.assign([c for c in cands if c.host_id not in refused], 1, pending=placed)
+            if not got:
+                return False
+            host_id = got[0]
+            placed[host_id] = placed.get(host_id, 0) + 1
+            ch = channels.get(host_id)
+            if ch is None:
+                ch = channels[host_id] = grpc.aio.insecure_channel(address[host_id], options=_GRPC_OPTIONS)
+            try:
+                await hgrpc.SandboxHostStub(ch).AttachRun(hpb.AttachRunRequest(run_id=run_id), timeout=5.0)
+                return True
+            except grpc.aio.AioRpcError as exc:
+                placed[host_id] -= 1
+                if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    return False  # held by someone already (the leader's failover was quicker)
+                refused.add(host_id)
+
     try:
-        for run_id in run_ids:
-            for h in sorted(hosts, key=lambda h: (load[h.host_id], h.host_id)):
-                ch = channels.get(h.address)
-                if ch is None:
-                    ch = channels[h.address] = grpc.aio.insecure_channel(h.address, options=_GRPC_OPTIONS)
-                try:
-                    await hgrpc.SandboxHostStub(ch).AttachRun(hpb.AttachRunRequest(run_id=run_id), timeout=5.0)
-                except grpc.aio.AioRpcError as exc:
-                    if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                        break  # held by someone already (the leader's failover was quicker)
-                    continue
-                load[h.host_id] += 1
-                accepted += 1
-                break
+        results = await asyncio.gather(*(place(r) for r in run_ids))
     finally:
         for ch in channels.values():
             await ch.close()
-    return accepted
+    return sum(results)
 
 
 class Host:

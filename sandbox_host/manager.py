@@ -20,8 +20,8 @@ from typing import Any, Iterator
 
 from baton import config
 from baton.errors import (
-    HostAtCapacity, HostDraining, InvalidArgument, JournalAttachUnavailable, RunClaimNotAcquired,
-    UnknownRun,
+    HostAtCapacity, HostDraining, InvalidArgument, JournalAttachUnavailable, RunClaimLost,
+    RunClaimNotAcquired, SessionLost, UnknownRun,
 )
 from baton.ids import validate_id
 from baton.v1 import runs_pb2
@@ -52,6 +52,8 @@ class RunManager:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._finished: list[RunDriver] = []
         self._reserved = 0  # slots taken by a StartRun/AttachRun between its check and its spawn
+        self._starting: set[asyncio.Task[tuple[runs_pb2.RunRecord, bool]]] = set()
+        self._start_claims: set[str] = set()  # runs whose claim a start of this host holds
 
     @property
     def load(self) -> int:
@@ -105,18 +107,80 @@ class RunManager:
     async def start_run(self, req: Any) -> tuple[runs_pb2.RunRecord, bool]:
         """``StartRun``: create (or resume) the record, claim, fence, ``run.accepted``.
 
-        Returns once those landed; the run is driven in the background.
+        Start is atomic as the rest of the cluster sees it, and idempotent by run id:
+
+        * The record is created ``starting`` (``RunRecord.starting``): while it is, failover,
+          gateway takeovers and the reaper never hand the run to a host to *drive* (hosts
+          refuse such an ``AttachRun``), so nobody can launch an agent for it before its
+          input is durable.
+        * This host then claims, fences, appends ``RUN_STARTED`` and ``run.accepted`` (the
+          input), and clears ``starting`` by an owner write fenced by its claim. Only then
+          is the driver spawned: a run still ``starting`` never had an agent.
+        * When any step fails the claim is released and the error raised; the run stays
+          ``starting``. A retried ``StartRun`` with the same run id (on any host) resumes
+          it: it claims anew, appends only what the log lacks (the first stored input wins)
+          and clears ``starting``. A retry while another start of it holds the claim joins.
+        * A start nobody retries (its gateway or host died) is ended by the reaper after
+          its start grace: cancel, then a ``finalize`` attach (``aborted``, no agent).
+
+        The alternatives were rejected: the input in the etcd record (up to 768 KiB per
+        record write, for every run) costs etcd far more than one small write; ending a
+        failed start as ``failed`` at once would turn a 3-second NATS pause into failed
+        runs a retry could not start.
+
+        Returns:
+            (record, started): ``started`` is false when the run existed already and this
+            call started nothing (the caller joins it).
 
         Raises:
             HostDraining: the host takes no new runs.
             HostAtCapacity: the host already drives ``settings.capacity`` runs.
             InvalidArgument: bad ids, messages or agent options.
-            ThreadBusy, RunClaimNotAcquired, StoreUnavailable, LogUnavailable: from below.
+            ThreadBusy, RunClaimNotAcquired, StoreUnavailable, LogUnavailable: from below;
+                after ``StoreUnavailable``/``LogUnavailable`` from the claim on, the run
+                exists, ``starting``, and a retry with the same run id starts it.
         """
         if self.draining:
             raise HostDraining("host is draining")
+        # A start once begun runs to its end even when the caller goes away (its gateway
+        # died, its deadline passed): cancelled half-way it could leave a claim that no
+        # driver holds (the claim landed, the answer did not), which nobody would release.
+        task = asyncio.create_task(self._start_in_slot(req), name=f"start:{req.run_id}")
+        self._starting.add(task)
+        task.add_done_callback(self._start_done)
+        return await asyncio.shield(task)
+
+    def _start_done(self, task: "asyncio.Task[tuple[runs_pb2.RunRecord, bool]]") -> None:
+        self._starting.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.info("start %s failed: %r", task.get_name(), task.exception())  # also told to the caller
+
+    async def _start_in_slot(self, req: Any) -> tuple[runs_pb2.RunRecord, bool]:
         with self._slot():
+            session = self.deps.session
+            try:
+                return await self._start_run(req)
+            except (RunClaimLost, SessionLost):
+                lost = getattr(session, "lost", None)
+                if lost is None or not lost.is_set():
+                    raise
+            # The host's session expired mid-start (a pause past its lease): the run is
+            # still ``starting``; resume it once under the session the host opens next.
+            await self._next_session(session)
             return await self._start_run(req)
+
+    async def _next_session(self, old: Any, timeout: float = 10.0) -> None:
+        """Wait (polling, bounded) until the host holds a live session other than ``old``.
+
+        Raises:
+            SessionLost: none within ``timeout`` seconds.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.deps.session is old or self.deps.session.lost.is_set():
+            if loop.time() >= deadline:
+                raise SessionLost(getattr(old, "id", 0))
+            await asyncio.sleep(0.05)
 
     async def _start_run(self, req: Any) -> tuple[runs_pb2.RunRecord, bool]:
         from sandbox_host.agents import prepare_agent, prompt_from_messages
@@ -148,41 +212,101 @@ class RunManager:
             run_id=req.run_id, thread_id=req.thread_id, status=runs_pb2.RUN_STATUS_RUNNING,
             started_at=time.time(), agent=runs_pb2.AgentSpec(kind=kind, options_json=json.dumps(dict(launch.options))),
             cancel_on_disconnect=req.cancel_on_disconnect, keep_sandbox=req.keep_sandbox, tenant=req.tenant,
-            parent_run_id=req.parent_run_id, driver_host=deps.host_id)
+            parent_run_id=req.parent_run_id, driver_host=deps.host_id, starting=True)
         record, created = await deps.cc.create_or_resume_run(seed, interrupt_active=req.interrupt_active)
-        if not created:
+        if not created and not (record.starting and record_status(record) == "running"
+                                and record.thread_id == req.thread_id and record.tenant == req.tenant):
+            # Started already (join it), or not this caller's run: the gateway checks the
+            # record it gets back and refuses another tenant's or thread's run.
+            return record, False
+        if not created and self._busy(req.run_id):
             return record, False
         mode: Any = "fresh"
         try:
             epoch, record = await deps.cc.claim_run(req.run_id, deps.session, deps.host_id, purpose="drive")
         except RunClaimNotAcquired as refused:
+            if refused.reason in ("held", "terminal"):
+                # Another start of it (a retry that came first, or its finalizer) holds
+                # it, or it ended: join it.
+                return (await deps.cc.get_run(req.run_id)).record, False
             if refused.reason != "cancel_requested":
                 raise
             # Cancelled between create and claim: still ends aborted, by us.
             epoch, record = await deps.cc.claim_run(req.run_id, deps.session, deps.host_id, purpose="finalize")
             mode = "finalize"
+        except BaseException:
+            # The claim may have landed with its answer lost (a timeout): a claim no
+            # driver holds would keep the run from every retry until the host died.
+            await asyncio.shield(self._release_if_mine(req.run_id))
+            raise
         writer = deps.log.writer(req.run_id, epoch)
-        # The log opens with the translator's RUN_STARTED (origin journal: a replay on any
-        # host reproduces it at index 0), then the host's run.accepted, so a joiner sees
-        # bytes before the sandbox exists and the stream still starts with RUN_STARTED, as
-        # the AG-UI verifier requires.
-        opening = deps.translator(record, req.run_id).start()
+        self._start_claims.add(req.run_id)
         try:
             fence_seq = await writer.fence()
-            opening_offsets = await writer.append(opening, origin="journal")
-            await writer.append([M.accepted_chunk(record.run_id, record.thread_id, record.agent.kind, messages)], origin="host")
+            opened, messages = await self._open_log(record, writer, fence_seq, messages, fresh_record=created)
+            # The input is durable: from here on anyone may take the run over.
+            _, cleared = await deps.cc.update_run(req.run_id, runs_pb2.RunRecord(starting=False), ["starting"],
+                                                  epoch=epoch, session_id=deps.session)
         except BaseException:
             with contextlib.suppress(Exception):
                 await asyncio.shield(deps.cc.release_claim(req.run_id, deps.session, epoch))
             raise
-        from baton.fingerprint import fingerprint
-        from baton.log import StoredRecord
-
-        opened = [StoredRecord(int(off), "chunk", epoch, "journal", fingerprint(c))
-                  for off, c in zip(opening_offsets, opening)]
+        finally:
+            self._start_claims.discard(req.run_id)
+        if cleared is not None:
+            record = cleared
         self._spawn(RunDriver(deps, record, epoch, mode, writer, input_messages=messages, fence_seq=fence_seq,
                               cancel_reason=record.cancel_reason or None, opened=opened))
         return record, True
+
+    async def _release_if_mine(self, run_id: str) -> None:
+        """Release the run's claim if this host's session holds it (best effort)."""
+        deps = self.deps
+        with contextlib.suppress(Exception):
+            claim = (await deps.cc.get_run(run_id)).claim
+            if (claim is not None and claim.session_id == deps.session.id and not self._busy(run_id)
+                    and run_id not in self._start_claims):
+                await deps.cc.release_claim(run_id, deps.session, claim.epoch)
+
+    async def _open_log(self, record: runs_pb2.RunRecord, writer: Any, fence_seq: int,
+                        messages: list[dict[str, Any]], *, fresh_record: bool) -> tuple[list[Any], list[dict[str, Any]]]:
+        """Make the log open with ``RUN_STARTED`` then ``run.accepted``; append what it lacks.
+
+        The log opens with the translator's RUN_STARTED (origin journal: a replay on any
+        host reproduces it at index 0), then the host's run.accepted, so a joiner sees
+        bytes before the sandbox exists and the stream still starts with RUN_STARTED, as
+        the AG-UI verifier requires. A resumed start (an earlier attempt failed half-way)
+        may find either already stored; a stored ``run.accepted`` is the run's input, even
+        if the retry carried other messages.
+
+        Returns:
+            (the stored journal-origin opening records, the run input's messages).
+
+        Raises:
+            LogUnavailable: JetStream did not answer.
+            RunClaimLost: a higher epoch fenced the log meanwhile.
+        """
+        from baton.fingerprint import fingerprint
+        from baton.log import StoredRecord
+
+        deps, run_id = self.deps, record.run_id
+        stored = [] if fresh_record else [
+            r for r in await deps.log.stored_headers(run_id, before=fence_seq) if r.kind == "chunk"]
+        host = next((r for r in stored if r.origin == "host"), None)
+        opened: list[Any] = [r for r in stored if r.origin == "journal" and (host is None or r.offset < host.offset)]
+        if not opened and host is None:
+            opening = deps.translator(record, run_id).start()
+            offsets = await writer.append(opening, origin="journal")
+            opened = [StoredRecord(int(off), "chunk", writer.epoch, "journal", fingerprint(c))
+                      for off, c in zip(offsets, opening)]
+        if host is None:
+            await writer.append([M.accepted_chunk(run_id, record.thread_id, record.agent.kind, messages)], origin="host")
+            return opened, messages
+        body = await deps.read_chunk(run_id, host.offset)
+        value = body.get("value") if isinstance(body, dict) else None
+        if isinstance(value, dict) and isinstance(value.get("messages"), list):
+            messages = list(value["messages"])
+        return opened, messages
 
     async def attach_run(self, run_id: str, purpose: str = "drive") -> tuple[int, runs_pb2.RunRecord]:
         """``AttachRun``: claim the run; fence, replay, align and drive in the background.
@@ -215,6 +339,10 @@ class RunManager:
             raise JournalAttachUnavailable(run_id, "unknown-run") from None
         if record_status(view.record) in TERMINAL:
             raise JournalAttachUnavailable(run_id, "terminal-run")
+        if view.record.starting and purpose == "drive":
+            # Its input may not be durable: only a StartRun of it drives it. The flag only
+            # ever goes from true to false, so a record read false stays false.
+            raise RunClaimNotAcquired(run_id, "starting")
         if self._busy(run_id):
             raise RunClaimNotAcquired(run_id, "held")
         try:
@@ -264,8 +392,8 @@ class RunManager:
         return handed
 
     async def shutdown(self, timeout: float = 10.0) -> None:
-        """Cancel every driver (final writes in flight still finish) and await them."""
-        tasks = list(self._tasks.values())
+        """Cancel every start and driver (final writes in flight still finish) and await them."""
+        tasks = [*self._starting, *self._tasks.values()]
         for t in tasks:
             t.cancel()
         if tasks:
