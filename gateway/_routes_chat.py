@@ -48,13 +48,46 @@ async def _start_run(st: GatewayState, cs: ChatStart, tenant_id: str) -> runs_pb
     )
     hosts = await st.hosts.live_hosts()
     try:
-        host, resp = await try_hosts(st.hosts, hosts, lambda h: st.hosts.call(h.address, "StartRun", req))
+        try:
+            host, resp = await try_hosts(st.hosts, hosts, lambda h: st.hosts.call(h.address, "StartRun", req))
+        except e.ThreadBusy as busy:
+            if not await _finishing(st, busy.active_run_id):
+                raise
+            host, resp = await try_hosts(st.hosts, hosts, lambda h: st.hosts.call(h.address, "StartRun", req))
     except e.ThreadBusy:
         st.metrics.appends.labels("thread-busy").inc()
         raise
     st.metrics.appends.labels("created" if resp.created else "existing").inc()
     log.info("run %s started on %s (created=%s)", cs.run_id, host.host_id, resp.created)
     return resp.record  # type: ignore[no-any-return]
+
+
+#: Seconds a start waits for the thread's previous run to write its terminal status once that
+#: run's log is closed.
+FINISHING_WAIT = 5.0
+
+
+async def _finishing(st: GatewayState, run_id: str) -> bool:
+    """Whether ``run_id`` ended: its log is closed and its record turned terminal in time.
+
+    A host closes a run's log before it writes the terminal status (a successor finalizes a
+    ``running`` record from a closed log, never the other way round), so a client that read
+    to the end and at once sends the thread's next message can meet the previous run still
+    ``running`` for one write's time. That run is over for the client: wait for its status
+    (at most :data:`FINISHING_WAIT` seconds) instead of answering ``409 THREAD_BUSY``.
+    """
+    try:
+        tail = await st.log.last_record(run_id)
+        if tail is None or tail.kind != "close":
+            return False
+        async with asyncio.timeout(FINISHING_WAIT):
+            while True:
+                view = await st.coordinator.get_run(run_id)
+                if view.record.status in TERMINAL_PB:
+                    return True
+                await asyncio.sleep(0.05)
+    except (e.BatonError, TimeoutError):
+        return False
 
 
 async def _check_log_stores(st: GatewayState, run_id: str) -> None:

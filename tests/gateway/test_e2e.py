@@ -165,3 +165,31 @@ async def test_silent_agent_keeps_the_connection_open(host: Any, make_gateway: A
     # 1.5 s without a chunk is more than keep-alive x 4 (0.8 s): comments kept it open.
     assert got.keepalives >= 4
     assert got.ended and text_of(got.events) == "before the silenceafter the silence"
+
+
+async def test_next_message_right_after_the_end_waits_for_the_previous_runs_status(
+        host: Any, gateway: Gateway, http: httpx.AsyncClient, cc: CoordinatorClient, dlog: Any) -> None:
+    """A host closes a run's log before it writes the terminal status; a client that read to
+    the end and at once sends the thread's next message gets that run, not 409 THREAD_BUSY."""
+    from baton.v1 import runs_pb2
+    from tests.gateway.conftest import run_chunks, write_run
+
+    thread, first, second = unique("th"), unique("run"), unique("run")
+    await cc.create_or_resume_run(runs_pb2.RunRecord(run_id=first, thread_id=thread,
+                                                     status=runs_pb2.RUN_STATUS_RUNNING, started_at=1.0),
+                                  interrupt_active=False)
+    await write_run(dlog, first, run_chunks(first, thread, ["done"]), close=True)
+
+    async def status_lands_late() -> None:
+        await asyncio.sleep(2.0)  # the finishing host's status write, one write after its close
+        await cc.update_run(first, runs_pb2.RunRecord(status=runs_pb2.RUN_STATUS_COMPLETED, finished_at=2.0),
+                            paths=["status", "finished_at"])
+
+    late = asyncio.create_task(status_lands_late())
+    try:
+        got = await asyncio.wait_for(read_stream(http, "POST", f"{gateway.url}/api/chat",
+                                                 json=replay_body(thread, second), headers={"X-Run-Id": second}), 60)
+    finally:
+        await late
+    assert got.status == 200 and got.ended
+    assert text_of(got.events) == "hello from the replay"
