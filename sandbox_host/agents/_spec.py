@@ -7,7 +7,9 @@ from typing import Any, Mapping
 
 #: Journal formats known to :func:`sandbox_host.translate.translator_for` (defined with the
 #: option schemas, which the gateway shares).
-from baton.agents import CLAUDE_STREAM_JSON, CODEX_EXEC_JSON, JOURNAL_FORMATS
+from baton.agents import CLAUDE_STREAM_JSON as CLAUDE_STREAM_JSON
+from baton.agents import CODEX_EXEC_JSON as CODEX_EXEC_JSON
+from baton.agents import JOURNAL_FORMATS as JOURNAL_FORMATS
 
 
 @dataclass(frozen=True)
