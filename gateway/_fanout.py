@@ -17,6 +17,7 @@ import logging
 from typing import Any
 
 from baton.aio import cancel_and_join
+from baton.errors import DeliveryLogError
 
 log = logging.getLogger("gateway.fanout")
 
@@ -78,8 +79,11 @@ class RunHub:
             self.closed = True
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # LogUnavailable or a bug: readers end, clients reconnect
+        except DeliveryLogError as exc:  # LogUnavailable and the like: readers end, clients reconnect
             log.warning("shared tail of run %s failed: %s", self.run_id, exc)
+            self.failed = exc
+        except Exception as exc:  # a bug: same, but with its traceback
+            log.exception("shared tail of run %s failed", self.run_id)
             self.failed = exc
         finally:
             self._notify()

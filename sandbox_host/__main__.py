@@ -22,6 +22,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from baton import config
+from baton.errors import BatonError
 from baton.v1 import coordinator_pb2
 from sandbox_host.deps import HostDeps, HostSettings
 from sandbox_host.manager import RunManager
@@ -171,8 +172,8 @@ class Host:
                     try:
                         async with asyncio.timeout(3):
                             await self.manager.deps.session.close()
-                    except Exception:  # the session may be gone already; its lease expires anyway
-                        pass
+                    except (TimeoutError, BatonError, grpc.RpcError):
+                        pass  # the session may be gone already; its lease expires anyway
             finally:
                 await dlog.close()
 
@@ -198,8 +199,10 @@ class Host:
                 continue
             try:
                 await self._register(draining=False)  # keeps "draining" once the drain set it
-            except Exception as exc:  # coordinator unreachable or session being replaced
+            except (BatonError, grpc.RpcError) as exc:  # coordinator unreachable or session being replaced
                 log.warning("publishing the host's load failed: %s", exc)
+            except Exception:  # a bug: keep publishing, but show it
+                log.exception("publishing the host's load failed")
 
     async def _serve_until_stopped(self, cc: Any, ttl: float) -> None:
         while not self.stop.is_set():
@@ -222,8 +225,11 @@ class Host:
                     deps.session = await cc.open_session(ttl=ttl, owner=self.host_id)
                     await self._register(draining=False)
                     break
-                except Exception as exc:  # coordinator unreachable: retry until stopped
+                except (BatonError, grpc.RpcError) as exc:  # coordinator unreachable: retry until stopped
                     log.warning("re-opening the session failed: %s", exc)
+                    await asyncio.sleep(min(ttl, 1.0))
+                except Exception:  # a bug: retry as well (the host must not stay without a session)
+                    log.exception("re-opening the session failed")
                     await asyncio.sleep(min(ttl, 1.0))
 
     async def drain(self) -> int:
@@ -236,13 +242,18 @@ class Host:
         self.manager.draining = True
         try:
             await self._register(draining=True)
-        except Exception as exc:
+        except (BatonError, grpc.RpcError) as exc:
             log.warning("could not mark the host draining: %s", exc)
+        except Exception:  # a bug: the drain goes on regardless
+            log.exception("could not mark the host draining")
         handed = await self.manager.drain()
         try:
             return await hand_over(self.manager.deps.cc, handed, self.host_id)
-        except Exception as exc:
+        except (BatonError, grpc.RpcError) as exc:
             log.warning("hand-over failed (the coordinator's failover takes the runs): %s", exc)
+            return 0
+        except Exception:  # a bug: the coordinator's failover takes the runs as well
+            log.exception("hand-over failed (the coordinator's failover takes the runs)")
             return 0
 
 
