@@ -23,6 +23,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from baton_tools.testing.servers import env_without_proxy, free_port
 
 # CoordinatorConfig field → environment variable.
+#: The checkout, put on the children's PYTHONPATH.
+_REPO = pathlib.Path(__file__).resolve().parents[2]
+
 _ENV_NAMES = {
     "replica_id": "BATON_COORDINATOR_ID",
     "etcd_timeout": "BATON_ETCD_TIMEOUT",
@@ -79,15 +82,19 @@ class CoordinatorProcess:
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
 
-    async def start(self, timeout: float = 30.0) -> None:
-        """Start (or restart) on the same port; returns once it reports SERVING."""
-        if self.proc is not None and self.proc.poll() is None:
-            return
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        # A fork/exec and a local log file: quick, like the other launchers' _spawn.
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "coordinator"], env=self.env, stdout=log,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        proc = self.proc
+        return self.proc
+
+    async def start(self, timeout: float = 30.0) -> None:
+        """Start (or restart) on the same port; returns once it reports SERVING."""
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        proc = self._spawn()
         try:
             await wait_serving(self.address, timeout, alive=lambda: proc.poll() is None)
         except (RuntimeError, TimeoutError) as exc:
@@ -208,8 +215,7 @@ async def start_coordinator(etcd_endpoint: str, prefix: str, *, in_process: bool
         "BATON_COORDINATOR_ID": f"coordinator-{port}",
         "PYTHONUNBUFFERED": "1",
     })
-    repo = pathlib.Path(__file__).resolve().parents[2]
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH", "")) if p)
     for k, v in settings.items():
         env[k if k.startswith("BATON_") else _ENV_NAMES.get(k, f"BATON_{k.upper()}")] = str(v)
     d = pathlib.Path(log_dir) if log_dir is not None else pathlib.Path(tempfile.mkdtemp(prefix="baton-coord-"))
@@ -359,8 +365,7 @@ async def start_host(coordinator: str, nats_url: str, *, host_id: str | None = N
         "BATON_HOST_ID": hid,
         "PYTHONUNBUFFERED": "1",
     })
-    repo = pathlib.Path(__file__).resolve().parents[2]
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH", "")) if p)
     for k, v in settings.items():
         env[k if k.startswith("BATON_") else f"BATON_{k.upper()}"] = str(v)
     d = pathlib.Path(log_dir) if log_dir is not None else pathlib.Path(tempfile.mkdtemp(prefix="baton-host-"))
@@ -439,8 +444,7 @@ async def start_gateway(coordinator: str, nats_url: str, *, port: int | None = N
         "BATON_GATEWAY_LISTEN": f"127.0.0.1:{port}",
         "PYTHONUNBUFFERED": "1",
     })
-    repo = pathlib.Path(__file__).resolve().parents[2]
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH", "")) if p)
     for k, v in settings.items():
         env[k if k.startswith("BATON_") else f"BATON_{k.upper()}"] = str(v)
     d = pathlib.Path(log_dir) if log_dir is not None else pathlib.Path(tempfile.mkdtemp(prefix="baton-gateway-"))
