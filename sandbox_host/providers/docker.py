@@ -269,7 +269,7 @@ class DockerProvider(Provider):
         if src is None:
             return
         if not _is_git_source(src, spec.git_ref):
-            if not os.path.isdir(src):
+            if not os.path.isdir(src):  # noqa: ASYNC240 -- one stat; the copy itself runs in a thread
                 raise SandboxBuildFailed("workspace", redact(f"not a directory: {src}", spec.secrets))
             try:
                 await asyncio.to_thread(self._put_dir_sync, container_id, src)
