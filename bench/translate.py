@@ -51,7 +51,7 @@ def _throughput(seconds: float = 2.0) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for fmt in ("claude-stream-json", "codex-exec-json"):
         files = sorted((REPO / "corpus" / fmt).glob("*.jsonl"))
-        journals = [[l for l in f.read_bytes().split(b"\n") if l] for f in files]
+        journals = [[line for line in f.read_bytes().split(b"\n") if line] for f in files]
         n_lines = sum(len(j) for j in journals)
 
         def translate_all() -> None:
@@ -117,7 +117,7 @@ async def _follow_latency(tmp: str) -> list[float]:
 async def _bare_latency(tmp: str) -> list[float]:
     """The same writer, read by a plain loop: os.read every 0.5 ms, split, json.loads."""
     path = os.path.join(tmp, "bare.ndjson")
-    with open(path, "wb") as out:
+    with open(path, "wb") as out:  # noqa: ASYNC230 -- setup, before anything is timed
         proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _WRITER, stdout=out)
     lat: list[float] = []
     buf = b""
