@@ -141,7 +141,7 @@ async def test_up_page_run_down_and_restart_keeps_the_runs(tmp_path: pathlib.Pat
 
         tail = run_cli("tail", "cli-run", "--data-dir", str(data_dir), "--json")
         assert tail.returncode == 0, tail.stderr
-        assert [json.loads(l)["chunk"] for l in tail.stdout.splitlines()] == chunks
+        assert [json.loads(line)["chunk"] for line in tail.stdout.splitlines()] == chunks
 
         down = run_cli("down", "--data-dir", str(data_dir))
         assert down.returncode == 0, down.stderr

@@ -35,7 +35,7 @@ def instructions() -> list[tuple[str, str]]:
 
 def dockerignore() -> list[str]:
     lines = (REPO / ".dockerignore").read_text(encoding="utf-8").splitlines()
-    return [l.strip() for l in lines if l.strip() and not l.startswith("#")]
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
 
 def ignored(path: str) -> bool:

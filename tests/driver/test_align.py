@@ -30,10 +30,13 @@ def headers(chunks: list[dict[str, Any]], *, host_at: tuple[int, ...] = (), fenc
     seq = 1
     for i, c in enumerate(chunks):
         if i in fence_at:
-            out.append(H("fence", None, None, seq)); seq += 1
+            out.append(H("fence", None, None, seq))
+            seq += 1
         if i in host_at:
-            out.append(H("chunk", "host", fp({"type": "CUSTOM", "name": "run.accepted"}), seq)); seq += 1
-        out.append(H("chunk", "journal", fp(c), seq)); seq += 1
+            out.append(H("chunk", "host", fp({"type": "CUSTOM", "name": "run.accepted"}), seq))
+            seq += 1
+        out.append(H("chunk", "journal", fp(c), seq))
+        seq += 1
     return out
 
 
@@ -99,7 +102,8 @@ def test_incremental_aligner_caught_up() -> None:
     chunks = run(2)
     a = Aligner(headers(chunks[:2]), fingerprint=fp)
     assert a.stored_count == 2 and not a.caught_up
-    a.feed(chunks[0]); a.feed(chunks[1])
+    a.feed(chunks[0])
+    a.feed(chunks[1])
     assert a.caught_up
     assert a.feed(chunks[2]).tag == "new"
     a.finish()

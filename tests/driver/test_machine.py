@@ -91,12 +91,15 @@ def test_failed_kills_and_fails() -> None:
 
 def test_machine_first_stop_wins_and_phases() -> None:
     m = RunMachine()
-    m.advance(Phase.FENCED); m.advance(Phase.PREPARING); m.advance(Phase.STREAMING)
+    m.advance(Phase.FENCED)
+    m.advance(Phase.PREPARING)
+    m.advance(Phase.STREAMING)
     assert m.on(Detached(cancel_on_disconnect=False)).stop is False and m.phase is Phase.STREAMING
     d = m.on(CancelRequested())
     assert d.status == "aborted" and m.phase is Phase.CANCELLING
     assert m.on(AgentTerminal(FINISHED)).status is None  # a later event changes nothing
-    m.advance(Phase.FINISHING); m.advance(Phase.DONE)
+    m.advance(Phase.FINISHING)
+    m.advance(Phase.DONE)
     with pytest.raises(RuntimeError):
         m.advance(Phase.STREAMING)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import time
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 import pytest
 

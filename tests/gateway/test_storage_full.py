@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import pathlib
-from typing import Any
 
 import httpx
 import pytest

@@ -50,7 +50,7 @@ def test_official_verifier_accepts_our_chunks(tmp_path: pathlib.Path) -> None:
 
 
 def test_official_verifier_rejects_the_bad_corpus_streams(tmp_path: pathlib.Path) -> None:
-    streams = {p.stem: [json.loads(l) for l in p.read_text().splitlines()] for p in AGUI_FILES}
+    streams = {p.stem: [json.loads(line) for line in p.read_text().splitlines()] for p in AGUI_FILES}
     result = _verify(streams, tmp_path)
     assert result["pydantic-ai-parallel-tools"] == {"ok": True, "count": 27}
     assert not result["langgraph-raw-steps-snapshots"]["ok"]

@@ -22,7 +22,7 @@ Chunks = list[dict[str, Any]]
 
 
 def _lines(journal: pathlib.Path) -> list[dict[str, Any]]:
-    return [json.loads(l) for l in journal.read_bytes().splitlines() if l.strip()]
+    return [json.loads(line) for line in journal.read_bytes().splitlines() if line.strip()]
 
 
 def _of(chunks: Chunks, t: str) -> Chunks:

@@ -139,7 +139,7 @@ def test_tool_result_without_call_and_results_out_of_order() -> None:
         {"type": "user", "message": {"content": [{"type": "tool_result", "tool_use_id": "a", "content": ""}]}},
         {"type": "result", "subtype": "success", "is_error": True, "result": "API Error: overloaded"},
     ]
-    ch = translate_bytes("claude-stream-json", b"".join(json.dumps(l).encode() + b"\n" for l in lines), "r", "t")
+    ch = translate_bytes("claude-stream-json", b"".join(json.dumps(line).encode() + b"\n" for line in lines), "r", "t")
     assert [(c["type"], c.get("toolCallId")) for c in ch if c["type"].startswith("TOOL_CALL_")
             and c["type"] != "TOOL_CALL_ARGS"] == [
         ("TOOL_CALL_START", "a"), ("TOOL_CALL_END", "a"), ("TOOL_CALL_START", "b"), ("TOOL_CALL_END", "b"),
@@ -155,16 +155,16 @@ def test_several_turns_one_run_last_outcome_wins() -> None:
             {"type": "assistant", "message": {"id": None, "content": [{"type": "text", "text": "hi"}]}}]
     lines = turn + [{"type": "result", "subtype": "error_during_execution", "is_error": True, "errors": ["e1", "e2"]}]
     lines += turn + [{"type": "result", "subtype": "success", "is_error": False, "result": ""}]
-    ch = translate_bytes("claude-stream-json", b"".join(json.dumps(l).encode() + b"\n" for l in lines), "r", "t")
+    ch = translate_bytes("claude-stream-json", b"".join(json.dumps(line).encode() + b"\n" for line in lines), "r", "t")
     assert [c["stepName"] for c in ch if c["type"] == "STEP_STARTED"] == ["turn-1", "turn-2"]
     assert [c["messageId"] for c in ch if c["type"] == "TEXT_MESSAGE_START"] == ["r-1:0", "r-2:0"]
     assert ch[-1] == {"type": "RUN_FINISHED", "threadId": "t", "runId": "r"}
     assert check_well_formed(ch, require_terminal=True) == []
     lines2 = lines[:3]
-    ch2 = translate_bytes("claude-stream-json", b"".join(json.dumps(l).encode() + b"\n" for l in lines2), "r", "t")
+    ch2 = translate_bytes("claude-stream-json", b"".join(json.dumps(line).encode() + b"\n" for line in lines2), "r", "t")
     assert ch2[-1] == {"type": "RUN_ERROR", "message": "e1; e2", "code": "error_during_execution"}
     # a successful result but a non-zero exit is not a success
-    ch3 = translate_bytes("claude-stream-json", b"".join(json.dumps(l).encode() + b"\n" for l in lines), "r", "t",
+    ch3 = translate_bytes("claude-stream-json", b"".join(json.dumps(line).encode() + b"\n" for line in lines), "r", "t",
                           exit_code=2)
     assert ch3[-1]["code"] == "agent_exit"
 
@@ -185,7 +185,7 @@ def test_codex_nonfatal_error_abandoned_command_duplicate_id_and_updates() -> No
         {"type": "turn.completed", "usage": {"input_tokens": 1, "cached_input_tokens": 0, "output_tokens": 2,
                                              "reasoning_output_tokens": 3}},
     ]
-    raw = b"".join(json.dumps(l).encode() + b"\n" for l in lines)
+    raw = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
     raw += b'{"type":"item.completed","item":{"id":"item_5","type":"web_search","id":"ws_1","query":"q"}}\n'
     ch = translate_bytes("codex-exec-json", raw, "r", "t")
     assert [c["value"]["message"] for c in ch if c.get("name") == "codex.warning"] == [
@@ -216,7 +216,7 @@ def test_finish_is_idempotent_and_feed_after_finish_is_ignored() -> None:
 
 def _agui(name: str) -> list[dict]:
     path = next(p for p in AGUI_FILES if p.stem == name)
-    return [json.loads(l) for l in path.read_text().splitlines()]
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def test_check_reports_langgraph_defects() -> None:
