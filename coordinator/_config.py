@@ -45,8 +45,12 @@ class CoordinatorConfig:
         Raises:
             ValueError: naming the variable when a number does not parse.
         """
-        g = lambda n: config.get(n, env)  # noqa: E731
-        f = lambda n: config.get_float(n, env)  # noqa: E731
+        def g(n: str) -> str:
+            return config.get(n, env)
+
+        def f(n: str) -> float:
+            return config.get_float(n, env)
+
         return cls(
             listen=g("BATON_COORDINATOR_LISTEN"),
             etcd_endpoints=tuple(x.strip() for x in g("BATON_ETCD_ENDPOINTS").split(",") if x.strip()),

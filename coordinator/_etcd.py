@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 from dataclasses import dataclass
-from typing import AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Sequence, TypeAlias
 
 import grpc
 from aetcd import rpc
@@ -29,9 +29,9 @@ _CHANNEL_OPTIONS = (
     ("grpc.enable_http_proxy", 0),
 )
 
-Op = rpc.RequestOp
-Cmp = rpc.Compare
-KV = rpc.KeyValue
+Op: TypeAlias = rpc.RequestOp
+Cmp: TypeAlias = rpc.Compare
+KV: TypeAlias = rpc.KeyValue
 
 
 class LeaseNotFound(Exception):
@@ -136,7 +136,7 @@ class Etcd:
         self._watch = rpc.WatchStub(self._channel)
 
     async def close(self) -> None:
-        await self._channel.close()
+        await self._channel.close(None)  # grace=None, the default (grpc-stubs makes it positional)
 
     async def txn(self, compare: Sequence[Cmp], success: Sequence[Op],
                   failure: Sequence[Op] = (), *, timeout: float) -> TxnResult:
@@ -215,7 +215,7 @@ class Etcd:
                 await call.write(rpc.WatchRequest(create_request=create))
             while True:
                 resp = await call.read()
-                if resp is grpc.aio.EOF:
+                if resp is grpc.aio.EOF:  # type: ignore[attr-defined]  # grpc-stubs lacks grpc.aio.EOF
                     raise StoreUnavailable("etcd watch stream ended")
                 if resp.compact_revision:
                     raise StoreUnavailable(f"etcd watch compacted at {resp.compact_revision}")
@@ -234,7 +234,7 @@ class KeepAliveStream:
 
     def __init__(self, stub: rpc.LeaseStub) -> None:
         self._stub = stub
-        self._call: grpc.aio.StreamStreamCall | None = None
+        self._call: grpc.aio.StreamStreamCall[Any, Any] | None = None  # aetcd's messages are untyped
         self._lock = asyncio.Lock()
 
     async def refresh(self, lease_id: int, *, timeout: float) -> int:
@@ -252,8 +252,8 @@ class KeepAliveStream:
                     # cancellation that races the read (CPython gh-86296).
                     async with asyncio.timeout(timeout):
                         await call.write(rpc.LeaseKeepAliveRequest(ID=lease_id))
-                        resp = await call.read()
-                    if resp is grpc.aio.EOF:
+                        resp: Any = await call.read()  # a LeaseKeepAliveResponse, or EOF
+                    if resp is grpc.aio.EOF:  # type: ignore[attr-defined]  # grpc-stubs lacks grpc.aio.EOF
                         raise StoreUnavailable("etcd keep-alive stream ended")
                     return int(resp.TTL)
                 except (grpc.aio.AioRpcError, StoreUnavailable, asyncio.InvalidStateError) as exc:

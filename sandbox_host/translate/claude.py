@@ -168,7 +168,9 @@ class ClaudeTranslator(Translator):
     def _usage(raw: Any) -> TokenUsage | None:
         if not isinstance(raw, dict):
             return None
-        num = lambda key: int_field(raw, key)  # noqa: E731
+        def num(key: str) -> int | None:
+            return int_field(raw, key)
+
         return TokenUsage(
             provider="anthropic",
             input_tokens=num("input_tokens"),

@@ -128,7 +128,9 @@ class CodexTranslator(Translator):
     def _usage(raw: Any) -> TokenUsage | None:
         if not isinstance(raw, dict):
             return None
-        num = lambda key: int_field(raw, key)  # noqa: E731
+        def num(key: str) -> int | None:
+            return int_field(raw, key)
+
         return TokenUsage(
             provider="openai",
             input_tokens=num("input_tokens"),
