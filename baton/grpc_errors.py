@@ -9,7 +9,7 @@ ErrorInfo: ``reason`` is the exception's condition name, ``domain`` is ``baton.d
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, NoReturn
+from typing import Any, Callable, NoReturn
 
 import grpc
 from google.protobuf import any_pb2
@@ -142,9 +142,9 @@ def to_status(exc: e.BatonError) -> grpc.Status:
     return rpc_status.to_status(st)
 
 
-async def abort(context: grpc.aio.ServicerContext, exc: e.BatonError) -> NoReturn:
+async def abort(context: grpc.aio.ServicerContext[Any, Any], exc: e.BatonError) -> NoReturn:
     """Abort the current RPC with the mapped status of ``exc``."""
-    await context.abort_with_status(to_status(exc))
+    await context.abort_with_status(to_status(exc))  # type: ignore[attr-defined]  # grpc-stubs' aio context lacks it
     raise AssertionError("unreachable")  # abort_with_status always raises
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from typing import AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import grpc
 
@@ -81,14 +81,14 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         """Ends every open WatchRun/KeepAlive stream (graceful shutdown)."""
         self._stopping.set()
 
-    def _budget(self, context: grpc.aio.ServicerContext) -> float:
+    def _budget(self, context: grpc.aio.ServicerContext[Any, Any]) -> float:
         left = context.time_remaining()
         if left is None:
             return self.etcd_timeout
         slack = max(_DEADLINE_SLACK, left * _DEADLINE_SLACK_SHARE)
         return max(min(self.etcd_timeout, left - slack), 0.001)
 
-    async def _call(self, context: grpc.aio.ServicerContext, coro: Awaitable[T]) -> T:
+    async def _call(self, context: grpc.aio.ServicerContext[Any, Any], coro: Awaitable[T]) -> T:
         try:
             return await coro
         except errors.BatonError as exc:
@@ -97,7 +97,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     # --- run records ------------------------------------------------------------------
 
-    async def CreateOrResumeRun(self, request: pb.CreateOrResumeRunRequest, context: grpc.aio.ServicerContext) -> pb.CreateOrResumeRunResponse:
+    async def CreateOrResumeRun(self, request: pb.CreateOrResumeRunRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.CreateOrResumeRunResponse:
         async def go() -> pb.CreateOrResumeRunResponse:
             rec = request.record
             validate_id(rec.run_id, "record.run_id")
@@ -111,7 +111,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             return pb.CreateOrResumeRunResponse(record=out, created=created)
         return await self._call(context, go())
 
-    async def GetRun(self, request: pb.GetRunRequest, context: grpc.aio.ServicerContext) -> pb.GetRunResponse:
+    async def GetRun(self, request: pb.GetRunRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.GetRunResponse:
         async def go() -> pb.GetRunResponse:
             validate_id(request.run_id, "run_id")
             rec, claim = await self.store.get_run(request.run_id, timeout=self._budget(context))
@@ -125,7 +125,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             return resp
         return await self._call(context, go())
 
-    async def UpdateRun(self, request: pb.UpdateRunRequest, context: grpc.aio.ServicerContext) -> pb.UpdateRunResponse:
+    async def UpdateRun(self, request: pb.UpdateRunRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.UpdateRunResponse:
         async def go() -> pb.UpdateRunResponse:
             validate_id(request.run_id, "run_id")
             paths = check_paths(request.update_mask.paths)
@@ -142,14 +142,14 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             return resp
         return await self._call(context, go())
 
-    async def FindActiveRun(self, request: pb.FindActiveRunRequest, context: grpc.aio.ServicerContext) -> pb.FindActiveRunResponse:
+    async def FindActiveRun(self, request: pb.FindActiveRunRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.FindActiveRunResponse:
         async def go() -> pb.FindActiveRunResponse:
             validate_id(request.thread_id, "thread_id")
             rec = await self.store.find_active_run(request.thread_id, timeout=self._budget(context))
             return pb.FindActiveRunResponse(record=rec) if rec is not None else pb.FindActiveRunResponse()
         return await self._call(context, go())
 
-    async def ListRuns(self, request: pb.ListRunsRequest, context: grpc.aio.ServicerContext) -> pb.ListRunsResponse:
+    async def ListRuns(self, request: pb.ListRunsRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.ListRunsResponse:
         async def go() -> pb.ListRunsResponse:
             if request.thread_id:
                 validate_id(request.thread_id, "thread_id")
@@ -162,7 +162,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             return pb.ListRunsResponse(records=recs)
         return await self._call(context, go())
 
-    async def ListReclaimable(self, request: pb.ListReclaimableRequest, context: grpc.aio.ServicerContext) -> pb.ListReclaimableResponse:
+    async def ListReclaimable(self, request: pb.ListReclaimableRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.ListReclaimableResponse:
         async def go() -> pb.ListReclaimableResponse:
             now = _positive(request.now, "now") or self.store.clock()
             ttl = _positive(request.ttl_seconds, "ttl_seconds")
@@ -172,7 +172,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             return pb.ListReclaimableResponse(records=recs)
         return await self._call(context, go())
 
-    async def RequestRunCancel(self, request: pb.RequestRunCancelRequest, context: grpc.aio.ServicerContext) -> pb.RequestRunCancelResponse:
+    async def RequestRunCancel(self, request: pb.RequestRunCancelRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.RequestRunCancelResponse:
         async def go() -> pb.RequestRunCancelResponse:
             validate_id(request.run_id, "run_id")
             if len(request.reason.encode()) > 256:
@@ -184,7 +184,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     # --- sessions ---------------------------------------------------------------------
 
-    async def OpenSession(self, request: pb.OpenSessionRequest, context: grpc.aio.ServicerContext) -> pb.OpenSessionResponse:
+    async def OpenSession(self, request: pb.OpenSessionRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.OpenSessionResponse:
         async def go() -> pb.OpenSessionResponse:
             ttl = _positive(request.ttl_seconds, "ttl_seconds")
             if ttl > 3600:
@@ -196,7 +196,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             return pb.OpenSessionResponse(session_id=sid, ttl_seconds=float(granted))
         return await self._call(context, go())
 
-    async def KeepAlive(self, request_iterator: AsyncIterator[pb.KeepAliveRequest], context: grpc.aio.ServicerContext) -> AsyncIterator[pb.KeepAliveResponse]:
+    async def KeepAlive(self, request_iterator: AsyncIterator[pb.KeepAliveRequest], context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[pb.KeepAliveResponse]:
         """Refresh leases for as long as the client streams requests.
 
         Each request refreshes its session's lease through one etcd keep-alive stream; the
@@ -220,7 +220,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         finally:
             ka.close()
 
-    async def CloseSession(self, request: pb.CloseSessionRequest, context: grpc.aio.ServicerContext) -> pb.CloseSessionResponse:
+    async def CloseSession(self, request: pb.CloseSessionRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.CloseSessionResponse:
         async def go() -> pb.CloseSessionResponse:
             await self.store.close_session(_session(request.session_id), timeout=self._budget(context))
             return pb.CloseSessionResponse()
@@ -228,7 +228,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     # --- claims -----------------------------------------------------------------------
 
-    async def ClaimRun(self, request: pb.ClaimRunRequest, context: grpc.aio.ServicerContext) -> pb.ClaimRunResponse:
+    async def ClaimRun(self, request: pb.ClaimRunRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.ClaimRunResponse:
         async def go() -> pb.ClaimRunResponse:
             validate_id(request.run_id, "run_id")
             validate_id(request.host_id, "host_id")
@@ -241,7 +241,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             return pb.ClaimRunResponse(epoch=epoch, record=rec)
         return await self._call(context, go())
 
-    async def ReleaseClaim(self, request: pb.ReleaseClaimRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseClaimResponse:
+    async def ReleaseClaim(self, request: pb.ReleaseClaimRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.ReleaseClaimResponse:
         async def go() -> pb.ReleaseClaimResponse:
             validate_id(request.run_id, "run_id")
             ok = await self.store.release_claim(request.run_id, _session(request.session_id),
@@ -249,7 +249,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             return pb.ReleaseClaimResponse(released=ok)
         return await self._call(context, go())
 
-    async def WatchRun(self, request: pb.WatchRunRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.WatchRunResponse]:
+    async def WatchRun(self, request: pb.WatchRunRequest, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[pb.WatchRunResponse]:
         """Stream (record, claim) now and after every change, until the client leaves.
 
         Ends with ``UNAVAILABLE`` when etcd goes away, so the client re-subscribes.
@@ -291,7 +291,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     # --- presence ---------------------------------------------------------------------
 
-    async def RegisterReader(self, request: pb.RegisterReaderRequest, context: grpc.aio.ServicerContext) -> pb.RegisterReaderResponse:
+    async def RegisterReader(self, request: pb.RegisterReaderRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.RegisterReaderResponse:
         async def go() -> pb.RegisterReaderResponse:
             validate_id(request.run_id, "run_id")
             validate_id(request.reader_id, "reader_id")
@@ -300,7 +300,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             return pb.RegisterReaderResponse()
         return await self._call(context, go())
 
-    async def UnregisterReader(self, request: pb.UnregisterReaderRequest, context: grpc.aio.ServicerContext) -> pb.UnregisterReaderResponse:
+    async def UnregisterReader(self, request: pb.UnregisterReaderRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.UnregisterReaderResponse:
         async def go() -> pb.UnregisterReaderResponse:
             validate_id(request.run_id, "run_id")
             validate_id(request.reader_id, "reader_id")
@@ -311,7 +311,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     # --- sandboxes and hosts ----------------------------------------------------------
 
-    async def PutSandbox(self, request: pb.PutSandboxRequest, context: grpc.aio.ServicerContext) -> pb.PutSandboxResponse:
+    async def PutSandbox(self, request: pb.PutSandboxRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.PutSandboxResponse:
         async def go() -> pb.PutSandboxResponse:
             sb = request.sandbox
             validate_id(sb.sandbox_key, "sandbox.sandbox_key")
@@ -323,21 +323,21 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             return pb.PutSandboxResponse()
         return await self._call(context, go())
 
-    async def GetSandbox(self, request: pb.GetSandboxRequest, context: grpc.aio.ServicerContext) -> pb.GetSandboxResponse:
+    async def GetSandbox(self, request: pb.GetSandboxRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.GetSandboxResponse:
         async def go() -> pb.GetSandboxResponse:
             validate_id(request.sandbox_key, "sandbox_key")
             sb = await self.store.get_sandbox(request.sandbox_key, timeout=self._budget(context))
             return pb.GetSandboxResponse(sandbox=sb) if sb is not None else pb.GetSandboxResponse()
         return await self._call(context, go())
 
-    async def DeleteSandbox(self, request: pb.DeleteSandboxRequest, context: grpc.aio.ServicerContext) -> pb.DeleteSandboxResponse:
+    async def DeleteSandbox(self, request: pb.DeleteSandboxRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.DeleteSandboxResponse:
         async def go() -> pb.DeleteSandboxResponse:
             validate_id(request.sandbox_key, "sandbox_key")
             await self.store.delete_sandbox(request.sandbox_key, timeout=self._budget(context))
             return pb.DeleteSandboxResponse()
         return await self._call(context, go())
 
-    async def RegisterHost(self, request: pb.RegisterHostRequest, context: grpc.aio.ServicerContext) -> pb.RegisterHostResponse:
+    async def RegisterHost(self, request: pb.RegisterHostRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.RegisterHostResponse:
         async def go() -> pb.RegisterHostResponse:
             h = request.host
             validate_id(h.host_id, "host.host_id")
@@ -348,12 +348,12 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             return pb.RegisterHostResponse()
         return await self._call(context, go())
 
-    async def ListHosts(self, request: pb.ListHostsRequest, context: grpc.aio.ServicerContext) -> pb.ListHostsResponse:
+    async def ListHosts(self, request: pb.ListHostsRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.ListHostsResponse:
         async def go() -> pb.ListHostsResponse:
             return pb.ListHostsResponse(hosts=await self.store.list_hosts(timeout=self._budget(context)))
         return await self._call(context, go())
 
-    async def Reap(self, request: pb.ReapRequest, context: grpc.aio.ServicerContext) -> pb.ReapResponse:
+    async def Reap(self, request: pb.ReapRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.ReapResponse:
         async def go() -> pb.ReapResponse:
             ttl = _positive(request.ttl_seconds, "ttl_seconds") or self.detached_run_ttl
             now = _positive(request.now, "now") or self.store.clock()

@@ -19,7 +19,7 @@ from sandbox_host.manager import RunManager
 log = logging.getLogger("baton.sandbox_host.service")
 
 
-async def _fail(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+async def _fail(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> None:
     if isinstance(exc, BatonError) and mapping_for(exc) is not None:
         await abort(context, exc)
     if isinstance(exc, BatonError):
@@ -41,7 +41,7 @@ class SandboxHostService(pb_grpc.SandboxHostServicer):
         self.manager = manager
         self._drain = drain
 
-    async def StartRun(self, request: pb.StartRunRequest, context: grpc.aio.ServicerContext) -> pb.StartRunResponse:
+    async def StartRun(self, request: pb.StartRunRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.StartRunResponse:
         try:
             record, created = await self.manager.start_run(request)
         except Exception as exc:  # mapped at the edge
@@ -49,7 +49,7 @@ class SandboxHostService(pb_grpc.SandboxHostServicer):
             raise
         return pb.StartRunResponse(record=record, created=created)
 
-    async def AttachRun(self, request: pb.AttachRunRequest, context: grpc.aio.ServicerContext) -> pb.AttachRunResponse:
+    async def AttachRun(self, request: pb.AttachRunRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.AttachRunResponse:
         try:
             epoch, record = await self.manager.attach_run(request.run_id, request.purpose or "drive")
         except Exception as exc:
@@ -57,11 +57,11 @@ class SandboxHostService(pb_grpc.SandboxHostServicer):
             raise
         return pb.AttachRunResponse(epoch=epoch, record=record)
 
-    async def CancelRun(self, request: pb.CancelRunRequest, context: grpc.aio.ServicerContext) -> pb.CancelRunResponse:
+    async def CancelRun(self, request: pb.CancelRunRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.CancelRunResponse:
         return pb.CancelRunResponse(driving=self.manager.cancel(request.run_id, request.reason or "user"))
 
     async def DestroySandbox(self, request: pb.DestroySandboxRequest,
-                             context: grpc.aio.ServicerContext) -> pb.DestroySandboxResponse:
+                             context: grpc.aio.ServicerContext[Any, Any]) -> pb.DestroySandboxResponse:
         deps = self.manager.deps
         try:
             sbx = await deps.find_sandbox(request.sandbox_key)
@@ -76,7 +76,7 @@ class SandboxHostService(pb_grpc.SandboxHostServicer):
             await _fail(context, exc)
             raise
 
-    async def Drain(self, request: pb.DrainRequest, context: grpc.aio.ServicerContext) -> pb.DrainResponse:
+    async def Drain(self, request: pb.DrainRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.DrainResponse:
         try:
             n = await self._drain()
         except Exception as exc:
