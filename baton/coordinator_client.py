@@ -140,7 +140,7 @@ class Session:
                     await call.write(pb.KeepAliveRequest(session_id=self.id))
                     async with asyncio.timeout(interval):  # not wait_for: see above
                         resp = await call.read()
-                    if resp is grpc.aio.EOF:
+                    if resp is grpc.aio.EOF:  # type: ignore[attr-defined]  # grpc-stubs lacks grpc.aio.EOF
                         raise StoreUnavailable("keep-alive stream ended")
                     if resp.ttl_seconds <= 0:
                         log.warning("session %x lost: lease gone", self.id)
@@ -250,7 +250,7 @@ class CoordinatorClient:
         await asyncio.gather(*(s.close() for s in list(self._sessions)), return_exceptions=True)
         self._sessions.clear()
         for ch in self._channels:
-            await ch.close()
+            await ch.close(None)  # grace=None, the default (grpc-stubs makes it positional)
         self._channels.clear()
         self._stubs.clear()
 
@@ -332,7 +332,8 @@ class CoordinatorClient:
         """Set ``cancel_requested`` (no status written). Raises UnknownRun."""
         r = await self._unary("RequestRunCancel", pb.RequestRunCancelRequest(run_id=run_id, reason=reason),
                               timeout)
-        return r.record
+        record: RunRecord = r.record
+        return record
 
     # --- sessions and claims ----------------------------------------------------------
 

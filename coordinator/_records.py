@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from google.protobuf.message import Message
+
 from baton.errors import InvalidArgument
 from baton.runs import TERMINAL_PB
 from baton.v1.runs_pb2 import RunRecord, RunStatus
@@ -81,16 +83,19 @@ def apply_mask(current: RunRecord, patch: RunRecord, paths: Iterable[str]) -> Ru
     if "starting" in paths and patch.starting and not current.starting:
         # Hosts decide who may drive a run from this flag only ever going true -> false.
         raise InvalidArgument("update_mask", "path 'starting' can only be cleared")
+    # Through the base class: the paths are field names checked by check_paths, not literals.
+    patch_msg: Message = patch
+    new_msg: Message = new
     for p in paths:
         field = RunRecord.DESCRIPTOR.fields_by_name[p]
         if field.has_presence:
-            if patch.HasField(p):
+            if patch_msg.HasField(p):
                 if field.message_type is not None:
                     getattr(new, p).CopyFrom(getattr(patch, p))
                 else:
                     setattr(new, p, getattr(patch, p))
             else:
-                new.ClearField(p)
+                new_msg.ClearField(p)
         else:
             setattr(new, p, getattr(patch, p))
     return new

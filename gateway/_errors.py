@@ -131,7 +131,7 @@ def error_body(exc: e.BatonError) -> tuple[int, dict[str, object]]:
         return status, body
     m = mapping_for(exc)
     assert m is not None  # BatonError is the last row
-    body: dict[str, object] = {"error": str(exc), "reason": m.reason}
+    body = {"error": str(exc), "reason": m.reason}
     g = grpc_errors.mapping_for(exc)
     if g is not None and not isinstance(exc, e.StoreUnavailable):
         body.update(g.to_meta(exc))
