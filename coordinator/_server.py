@@ -53,7 +53,7 @@ class CoordinatorServer:
         self.service: CoordinatorService | None = None
         self.election: LeaderElection | None = None
         self._server: grpc.aio.Server | None = None
-        self._health = health.aio.HealthServicer()
+        self._health = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc_health stubs lack .aio
         self._election_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self._shutdown_started = False

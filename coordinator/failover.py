@@ -16,6 +16,7 @@ ends it when nobody retries (:mod:`coordinator.reaper`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 from dataclasses import dataclass
@@ -57,7 +58,7 @@ class HostPool:
     async def close(self) -> None:
         chans, self._channels = list(self._channels.values()), {}
         for ch in chans:
-            await ch.close()
+            await ch.close(None)  # grace=None, the default (grpc-stubs makes it positional)
 
 
 async def host_loads(ctx: LeaderContext) -> dict[str, int]:
@@ -205,7 +206,7 @@ async def failover_scheduler(ctx: LeaderContext) -> None:
         task = asyncio.create_task(_guarded(ctx, pool, run_id, placer=placer, slots=slots),
                                    name=f"failover:{run_id}")
         pending[run_id] = task
-        task.add_done_callback(lambda t, r=run_id: finished(r, t))
+        task.add_done_callback(functools.partial(finished, run_id))
 
     def finished(run_id: str, task: asyncio.Task[str]) -> None:
         if pending.get(run_id) is task:

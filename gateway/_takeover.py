@@ -21,6 +21,7 @@ reports itself in the run's own log (``RUN_ERROR``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import Any, Literal
 
@@ -86,7 +87,7 @@ class TakeoverTrigger:
                 purpose = "finalize" if decision == "finalize" else "drive"
                 task = asyncio.get_running_loop().create_task(self._attach(run_id, purpose), name=f"takeover:{run_id}")
                 self._inflight[run_id] = task
-                task.add_done_callback(lambda t, r=run_id: self._done(r, t))
+                task.add_done_callback(functools.partial(self._done, run_id))
         self._metrics.takeover_decisions.labels(decision).inc()
         return decision
 

@@ -101,7 +101,7 @@ async def hand_over(cc: Any, run_ids: Sequence[str], self_id: str) -> int:
         results = await asyncio.gather(*(place(r) for r in run_ids))
     finally:
         for ch in channels.values():
-            await ch.close()
+            await ch.close(None)  # grace=None, the default (grpc-stubs makes it positional)
     return sum(results)
 
 
@@ -145,7 +145,7 @@ class Host:
                 self.manager = RunManager(deps)
                 server = grpc.aio.server(options=_GRPC_OPTIONS)
                 add_to_server(SandboxHostService(self.manager, self.drain), server)
-                health_servicer = health.aio.HealthServicer()
+                health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc_health stubs lack .aio
                 health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
                 port = server.add_insecure_port(self.listen)
                 if port == 0:
