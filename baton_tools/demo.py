@@ -91,7 +91,7 @@ class Received:
 
     @property
     def last_offset(self) -> str | None:
-        for off, _ in reversed(self.items):
+        for off, _ in self.items[::-1]:
             if off is not None:
                 return off
         return None

@@ -92,7 +92,8 @@ async def _cancel_if_still_starting(store: RunStore, run_id: str, timeout: float
         new.cancel_reason = START_ABANDONED
         return Plan(True, new=new, cmps=[E.cmp_absent(claim_key)])
 
-    return bool(await store.mutate(run_id, decide, timeout=timeout))
+    cancelled = await store.mutate(run_id, decide, timeout=timeout)  # bool | None (None: gave up)
+    return bool(cancelled)
 
 
 class ReaperSweep:

@@ -47,6 +47,7 @@ async def _start_run(st: GatewayState, cs: ChatStart, tenant_id: str) -> runs_pb
         parent_run_id=cs.parent_run_id,
     )
     hosts = await st.hosts.live_hosts()
+    resp: sandbox_host_pb2.StartRunResponse
     try:
         try:
             host, resp = await try_hosts(st.hosts, hosts, lambda h: st.hosts.call(h.address, "StartRun", req))
@@ -59,7 +60,7 @@ async def _start_run(st: GatewayState, cs: ChatStart, tenant_id: str) -> runs_pb
         raise
     st.metrics.appends.labels("created" if resp.created else "existing").inc()
     log.info("run %s started on %s (created=%s)", cs.run_id, host.host_id, resp.created)
-    return resp.record  # type: ignore[no-any-return]
+    return resp.record
 
 
 #: Seconds a start waits for the thread's previous run to write its terminal status once that
@@ -146,7 +147,7 @@ def _check_same_run(record: runs_pb2.RunRecord, cs: ChatStart, tenant_id: str, a
         raise e.InvalidArgument("runId", "already names a run of another thread")
 
 
-async def start_chat(request: Request) -> Response:
+async def start_chat(request: Request) -> Response | StreamResponse:
     """``POST /api/chat``: validate, start the run on a host, stream its log from the start."""
     st = state_of(request)
     t = tenant(request)
@@ -190,7 +191,7 @@ async def start_chat(request: Request) -> Response:
                           headers={"X-Run-Id": cs.run_id})
 
 
-async def join_chat(request: Request) -> Response:
+async def join_chat(request: Request) -> Response | StreamResponse:
     """``GET /api/chat?runId&offset`` (or ``Last-Event-ID``): the log strictly after the offset.
 
     Without ``runId`` but with ``threadId`` it answers the TanStack hydration probe

@@ -202,7 +202,8 @@ class Finisher:
 
     async def _do(self, step: Step) -> Outcome:
         try:
-            return await getattr(self, f"_{step.value}")()
+            outcome: Outcome = await getattr(self, f"_{step.value}")()
+            return outcome
         except (StoreUnavailable, LogUnavailable, TranscriptConflict) as exc:
             reraise_if_cancelling()
             log.warning("run %s: %s not done within the budget: %s", self.run.run_id, step.value, exc)

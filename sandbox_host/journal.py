@@ -20,7 +20,7 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator, Awaitable, Callable, Union
+from typing import AsyncGenerator, AsyncIterator, Awaitable, Callable, Union
 
 from baton.errors import JournalAttachUnavailable, JournalError
 from baton.ids import file_stem
@@ -222,7 +222,7 @@ async def follow_journal(
     offset: int = 0,
     nonce: str,
     poll_interval: float = 0.25,
-) -> AsyncIterator[JournalItem]:
+) -> AsyncGenerator[JournalItem, None]:
     """Follow a journal from ``offset`` until its end, yielding complete lines.
 
     Ends after a :class:`JournalExit` (the sentinel with ``nonce``), or when the agent's

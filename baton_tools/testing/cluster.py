@@ -400,13 +400,13 @@ class GatewayProcess(_ServiceProcess):
 
         if self.alive:
             return
-        self._spawn()
+        proc = self._spawn()
         deadline = time.monotonic() + timeout
         async with httpx.AsyncClient(trust_env=False, timeout=1.0) as http:
             while True:
                 if not self.alive:
                     tail = self.log_path.read_text(errors="replace")[-3000:]
-                    raise RuntimeError(f"gateway exited with {self.proc.returncode}\n--- gateway log ---\n{tail}")
+                    raise RuntimeError(f"gateway exited with {proc.returncode}\n--- gateway log ---\n{tail}")
                 try:
                     if (await http.get(f"{self.url}/readyz")).status_code == 200:
                         return

@@ -406,7 +406,9 @@ class DockerProvider(Provider):
                 except docker.errors.APIError as exc:  # e.g. container not running
                     raise FileNotFoundError(f"{path}: {_explain(exc)}") from exc
                 try:
-                    stream = await asyncio.to_thread(self._api.exec_start, ex["Id"], stream=True)
+                    # Called in a lambda so the stubs' overload for stream=True applies.
+                    exec_id = ex["Id"]
+                    stream = await asyncio.to_thread(lambda: self._api.exec_start(exec_id, stream=True))
                 except docker.errors.APIError as exc:  # removed between create and start
                     raise FileNotFoundError(f"{path}: {_explain(exc)}") from exc
                 tail_pid: int | None = None
