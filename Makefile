@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 NODE_STAMP := tests/node/node_modules/.installed-stamp
 
-.PHONY: venv lock protos protos-check test test-unit lint typecheck demo bench node-deps clean
+.PHONY: venv lock protos protos-check check test test-unit lint typecheck demo bench node-deps clean
 
 # Exact versions from requirements.lock: the code overrides private internals of nats-py,
 # uvicorn and the docker SDK, so an unpinned upgrade can break it silently.
@@ -37,7 +37,8 @@ protos: venv
 protos-check: venv
 	$(PY) scripts/gen_protos.py --check
 
-test: venv node-deps
+# ruff and mypy first (seconds): `make test` fails on a lint or type error as on a test.
+test: venv node-deps check
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The server-free core (pure logic, no etcd/NATS/Docker/node): seconds.
@@ -50,6 +51,8 @@ lint: venv
 
 typecheck: venv
 	$(VENV)/bin/mypy
+
+check: lint typecheck
 
 demo: venv
 	$(VENV)/bin/baton demo $(DEMO_ARGS)
