@@ -227,10 +227,14 @@ class CoordinatorClient:
                      idempotent: bool = False) -> Any:
         # ``timeout`` is the budget of the call, not of each replica tried: the next replica
         # gets what the last one left.
+        # An idempotent call tries every replica once, then goes on trying them (with a
+        # growing pause) while its budget lasts, so a coordinator restart or a replica that
+        # is still starting costs a pause, not an error. Other calls get one try.
         deadline = Deadline.after(timeout or self.timeout)
-        attempts = len(self.addresses) if idempotent else 1
         first = self._current
-        for i in range(attempts):
+        pause = 0.05
+        i = 0
+        while True:
             replica = (first + i) % len(self.addresses)  # each retry on another replica
             try:
                 return await getattr(self._stub(replica), method)(request, timeout=deadline.left())
@@ -238,12 +242,16 @@ class CoordinatorClient:
                 exc = from_rpc_error(err)
                 if err.code() == grpc.StatusCode.UNAVAILABLE:
                     self._rotate(replica)
-                    if i + 1 < attempts:
+                    i += 1
+                    if idempotent and i < len(self.addresses):
+                        continue
+                    if idempotent and deadline.left() > pause:
+                        await asyncio.sleep(pause)
+                        pause = min(pause * 2, 0.5)
                         continue
                 if exc is err:
                     raise
                 raise exc from err
-        raise AssertionError("unreachable")
 
     async def close(self) -> None:
         """Close open sessions (revoking their leases) and the channels."""

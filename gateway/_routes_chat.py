@@ -170,7 +170,10 @@ async def start_chat(request: Request) -> Response:
             _check_same_run(view.record, cs, t, st.settings.auth_enabled)
         else:
             await check_thread_visible(request, cs.thread_id, must_exist=False)
-        await _check_log_stores(st, cs.run_id)
+        try:
+            await _check_log_stores(st, cs.run_id)
+        except e.LogUnavailable as exc:
+            raise StartFailed(exc, view is not None) from exc
         record = await _start_or_explain(st, cs, t)
         # A concurrent POST with the same run id may have created the record between our
         # lookup and StartRun (the host then answers with that record, unchanged): the same
