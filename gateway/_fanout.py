@@ -16,6 +16,8 @@ import json
 import logging
 from typing import Any
 
+from gateway import _grpc_wire
+
 log = logging.getLogger("gateway.fanout")
 
 MAX_FRAMES = 20_000
@@ -61,6 +63,7 @@ class RunHub:
         self.payloads: list[bytes] = []
         self.base = 0
         self.closed = False
+        self.close_status: str | None = None
         self.failed: BaseException | None = None
         self.readers = 0
         self._changed = asyncio.Event()
@@ -81,6 +84,7 @@ class RunHub:
                     del self.seqs[:drop], self.offsets[:drop], self.payloads[:drop]
                     self.base += drop
                 self._notify()
+            self.close_status = getattr(reader, "close_status", None)
             self.closed = True
         except asyncio.CancelledError:
             raise
@@ -113,7 +117,9 @@ class RunHub:
         if start < self.base:
             raise IndexError(start)
         lo, hi = start - self.base, len(self.seqs)
-        if framing == "ndjson":
+        if framing == "grpc":
+            parts = [_grpc_wire.chunk_frame(self.offsets[i].encode(), self.payloads[i]) for i in range(lo, hi)]
+        elif framing == "ndjson":
             parts = [b'{"id":"%s","chunk":%s}\n' % (self.offsets[i].encode(), self.payloads[i]) for i in range(lo, hi)]
         else:
             parts = [b"id: %s\ndata: %s\n\n" % (self.offsets[i].encode(), self.payloads[i]) for i in range(lo, hi)]

@@ -43,6 +43,8 @@ class GatewayState:
         self.session: Any | None = None
         self.session_changed = asyncio.Event()
         self.shutting_down = False
+        #: The bound port of the gRPC Runs API (0 when it is not served).
+        self.grpc_port = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._session_task: asyncio.Task[None] | None = None
 

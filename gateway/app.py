@@ -58,9 +58,19 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
                 state = GatewayState(settings, cc, dl, TranscriptStore(dl.nc, cfg), Metrics())
                 app.state.gateway = state
                 state.start()
+                grpc_server = None
                 try:
+                    if settings.grpc_listen:
+                        # The gRPC twin of the HTTP API, on its own port, sharing this state.
+                        from gateway._grpc import RunsServer
+
+                        grpc_server = RunsServer(state, settings.grpc_listen)
+                        await grpc_server.start()
+                        state.grpc_port = grpc_server.port
                     yield
                 finally:
+                    if grpc_server is not None:
+                        await grpc_server.stop()
                     await state.aclose()
             finally:
                 await dl.close()
