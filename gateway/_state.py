@@ -37,7 +37,7 @@ class GatewayState:
         self.log = delivery_log
         self.transcripts = transcripts
         self.metrics = metrics
-        self.hosts = HostPool(coordinator)
+        self.hosts = HostPool(coordinator, settings.internal_token)
         self.takeovers = TakeoverTrigger(self.hosts, metrics)
         self.hubs = Hubs(delivery_log)
         self.session: Any | None = None

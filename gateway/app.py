@@ -51,7 +51,7 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
         from baton.log import DeliveryLog, LogConfig, TranscriptStore
 
         cfg = settings.log_config or LogConfig.from_env()
-        async with CoordinatorClient(list(settings.coordinator)) as cc:
+        async with CoordinatorClient(list(settings.coordinator), token=settings.internal_token) as cc:
             dl = await DeliveryLog.connect(settings.nats_url, cfg)
             try:
                 await dl.provision()
