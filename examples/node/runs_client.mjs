@@ -8,7 +8,8 @@
 //   4. A second run: CancelRun with wait, then its log to the end ("aborted").
 //
 // Usage: node runs_client.mjs <host:port> <thread_id> <run_id> <journal> [<thread2> <run2>]
-// BATON_API_KEY: the bearer key when the gateway has BATON_API_KEYS. BATON_PROTOS: the
+// BATON_API_KEY: the bearer key when the gateway has BATON_API_KEYS. BATON_REPLAY_DELAY:
+// seconds between the replay journal's lines (default 0.05). BATON_PROTOS: the
 // protos/ directory (default: ../../protos from this file).
 // Prints one JSON object on stdout ({"ok": true, ...}); exits non-zero on failure.
 import path from "node:path";
@@ -75,8 +76,9 @@ const agent = (speedDelay) => ({ kind: "replay", options_json: JSON.stringify({ 
 try {
   // 1 + 2: start, break after 3 chunks, resume after the last offset held.
   const chunks = [];
+  const delay = Number(process.env.BATON_REPLAY_DELAY || "0.05"); // seconds between the replay's lines
   const first = await read(client.StartRun({ thread_id: threadId, run_id: runId, messages_json: messages,
-    agent: agent(0.05) }, md), chunks, 3);
+    agent: agent(delay) }, md), chunks, 3);
   const resumedAt = chunks.length;
   const status = first.status ?? (await follow(runId, chunks));
   // 3: the transcript.

@@ -113,3 +113,34 @@ async def channel(grpc_gateway: Gateway) -> AsyncIterator[grpc.aio.Channel]:
 @pytest.fixture
 def runs(channel: grpc.aio.Channel) -> pbg.RunsStub:
     return pbg.RunsStub(channel)
+
+
+async def kill_driver_mid_run(cc: Any, dlog: Any, hosts: list[Any], run_id: str, after_chunks: int,
+                              timeout: float = 60) -> str:
+    """SIGKILL the host driving ``run_id`` once its log holds ``after_chunks`` chunks.
+
+    Returns:
+        The killed host's id.
+    """
+    import asyncio
+
+    from baton import errors as e
+
+    seen = 0
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                await cc.get_run(run_id)
+                break
+            except e.UnknownRun:  # not created yet
+                await asyncio.sleep(0.02)
+        async with dlog.read(run_id, after="-1") as reader:
+            async for _offset, _chunk in reader:
+                seen += 1
+                if seen >= after_chunks:
+                    break
+        view = await cc.get_run(run_id)
+        assert view.claim is not None, "the run is not driven by anyone"
+        victim = next(h for h in hosts if h.host_id == view.claim.host_id)
+        await victim.kill()
+        return str(victim.host_id)

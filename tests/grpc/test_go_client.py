@@ -1,7 +1,7 @@
 """The Go example client (examples/go/runs_client) against a real cluster, built with
 Debian's Go and grpc-go in GOPATH mode (the module proxy is unreachable) from stubs that
 protoc generates here: streams a run, breaks its stream and resumes after its last offset,
-reads the transcript, cancels a run with wait; every chunk once, in order, byte-equal to
+streams on through a SIGKILL of the host driving the run, reads the transcript, cancels a run with wait; every chunk once, in order, byte-equal to
 the SSE stream."""
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ import httpx
 import pytest
 
 from tests.conftest import REPO, unique
-from tests.gateway.conftest import SLOW_TEXT
-from tests.grpc.conftest import sse_chunks
+from baton_tools.testing.cluster import start_host
+from tests.gateway.conftest import SLOW_TEXT, host_settings
+from tests.grpc.conftest import kill_driver_mid_run, sse_chunks
 
 GOCODE = pathlib.Path("/usr/share/gocode")
 TOOLS = ("go", "protoc", "protoc-gen-go-grpc")  # protoc-gen-go is built here from Debian's source
@@ -41,8 +42,9 @@ async def _run(*cmd: str, env: dict[str, str], cwd: pathlib.Path | None = None, 
                                                 stderr=asyncio.subprocess.PIPE)
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout)
-    except TimeoutError:
-        proc.kill()
+    except BaseException:  # timed out, or the test failed meanwhile: leave no process behind
+        if proc.returncode is None:
+            proc.kill()
         await proc.wait()
         raise
     assert proc.returncode is not None
@@ -73,10 +75,26 @@ async def go_client(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 
 @pytest.mark.timeout(900)
-async def test_go_client(go_client: pathlib.Path, host: Any, grpc_gateway: Any, http: httpx.AsyncClient) -> None:
+async def test_go_client(go_client: pathlib.Path, host: Any, grpc_gateway: Any, http: httpx.AsyncClient,
+                         coordinator: Any, nats: Any, cc: Any, dlog: Any, log_cfg: Any, replay_dir: Any,
+                         tmp_path: pathlib.Path) -> None:
+    # A second host, so the run lives on when its driver is SIGKILLed mid-stream.
+    other = await start_host(coordinator.address, nats.url, log_dir=tmp_path,
+                             **host_settings(log_cfg, replay_dir, tmp_path))
     thread, run, thread2, run2 = unique("th"), unique("run"), unique("th"), unique("run")
-    rc, out, err = await _run(str(go_client), f"127.0.0.1:{grpc_gateway.state.grpc_port}", thread, run,
-                              "claude-stream-json/slow.jsonl", thread2, run2, env=dict(os.environ), timeout=120)
+    try:
+        client = asyncio.create_task(_run(
+            str(go_client), f"127.0.0.1:{grpc_gateway.state.grpc_port}", thread, run,
+            "claude-stream-json/slow.jsonl", thread2, run2, env={**os.environ, "BATON_REPLAY_DELAY": "0.15"},
+            timeout=120))
+        killed = await kill_driver_mid_run(cc, dlog, [host, other], run, after_chunks=10)
+        rc, out, err = await client
+    finally:
+        if not client.done():
+            client.cancel()
+            await asyncio.wait([client])
+        await other.stop()
+    assert killed
     lines = [ln for ln in out.splitlines() if ln.startswith("{")]
     assert lines and rc == 0, f"stdout: {out[-2000:]}\nstderr: {err[-2000:]}"
     result = json.loads(lines[-1])

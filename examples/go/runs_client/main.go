@@ -10,7 +10,8 @@
 // `go build` in GOPATH mode or in your module.
 //
 // Usage: runs_client <host:port> <thread_id> <run_id> <journal> [<thread2> <run2>]
-// BATON_API_KEY: the bearer key when the gateway has BATON_API_KEYS.
+// BATON_API_KEY: the bearer key when the gateway has BATON_API_KEYS. BATON_REPLAY_DELAY:
+// seconds between the replay journal's lines (default 0.05).
 // Prints one JSON object on stdout ({"ok": true, ...}); exits non-zero on failure.
 package main
 
@@ -20,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"time"
 
 	pb "baton.dev/v1"
@@ -104,6 +106,14 @@ func follow(ctx context.Context, client pb.RunsClient, runID string, out *[][2]s
 	return "", fmt.Errorf("the stream kept breaking")
 }
 
+// replayDelay is BATON_REPLAY_DELAY: seconds between the replay journal's lines (default 0.05).
+func replayDelay() float64 {
+	if d, err := strconv.ParseFloat(os.Getenv("BATON_REPLAY_DELAY"), 64); err == nil {
+		return d
+	}
+	return 0.05
+}
+
 func run() (map[string]any, error) {
 	if len(os.Args) < 5 {
 		fmt.Fprintln(os.Stderr, "usage: runs_client <host:port> <thread_id> <run_id> <journal> [<thread2> <run2>]")
@@ -132,7 +142,7 @@ func run() (map[string]any, error) {
 	chunks := [][2]string{}
 	sctx, cancel := context.WithCancel(ctx)
 	s, err := client.StartRun(sctx, &pb.RunStartRequest{ThreadId: threadID, RunId: runID,
-		MessagesJson: messages, Agent: agent(0.05)})
+		MessagesJson: messages, Agent: agent(replayDelay())})
 	if err != nil {
 		cancel()
 		return nil, err
