@@ -3,7 +3,8 @@
 Scenarios, each served once over SSE (``GET /api/chat``) and once over gRPC
 (``baton.v1.Runs/JoinRun``):
 
-- 1 reader of a closed 10,000-chunk run: delivered chunks/s (best of ``REPEATS``);
+- 1 reader of a closed 10,000-chunk run: delivered chunks/s (median and best of ``REPEATS``,
+  the two protocols interleaved on the same gateway process);
 - 1,000 readers of one live run: burst chunks/s, paced append→reader p99 and RSS per idle
   reader (each protocol on a fresh gateway process, so freed memory of one does not flatter
   the other).
@@ -21,6 +22,7 @@ import asyncio
 import json
 import pathlib
 import re
+import statistics
 import tempfile
 import time
 from typing import Any
@@ -34,7 +36,7 @@ READERS = 1000
 BURST_CHUNKS = 60
 PACED_CHUNKS = 30
 PACED_RATE = 15.0  # chunks/s
-REPEATS = 3
+REPEATS = 6
 GRPC_CHANNELS = 10  # readers are spread over this many HTTP/2 connections
 _SENT = re.compile(rb'"t":([0-9.]+)')
 
@@ -118,10 +120,13 @@ async def _many_readers(proto: str, gw: Any, stubs: list[Any], http: Any, writer
                                                 lambda: _count_readers(http, gw.url))
     else:
         readers = [GrpcReader(stubs[i % len(stubs)], run_id) for i in range(READERS)]
-        for i in range(0, READERS, 100):
-            for rd in readers[i:i + 100]:
+        # Joins arrive in waves, as the SSE readers do (every join reads the run's record
+        # from the coordinator; etcd 3.5.1 panics when a read it is applying gets cancelled
+        # under an overload, so the bench does not pile up 1,000 joins at once).
+        for i in range(0, READERS, 50):
+            for rd in readers[i:i + 50]:
                 rd.start()
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.1)
         while await _count_readers(http, gw.url) < READERS:
             if time.monotonic() - t_start > 60:
                 raise TimeoutError("gRPC readers did not all register")
@@ -200,13 +205,17 @@ async def main() -> dict[str, Any]:
             for i in range(0, BIG_RUN_CHUNKS, 500):
                 await w.append([chunk(j, big) for j in range(i, min(i + 500, BIG_RUN_CHUNKS))])
             await w.close("completed")
-            for proto in ("sse", "grpc"):
-                rates = []
-                for _ in range(REPEATS):
-                    rates.append(await _one_reader(proto, gateways[proto], stubs, big))
-                results["one_reader_10000_chunks"][proto] = {"chunks_per_s": round(max(rates)),
-                                                             "runs": [round(r) for r in rates]}
-                print(f"  {proto}: 1 reader of {BIG_RUN_CHUNKS} chunks: {[round(r) for r in rates]} chunks/s",
+            # Both protocols from the same gateway process, interleaved (A/B, B/A, ...), so a
+            # busy machine slows both alike; the best of each is reported.
+            rates: dict[str, list[float]] = {"sse": [], "grpc": []}
+            for rep in range(REPEATS):
+                for proto in (("sse", "grpc") if rep % 2 == 0 else ("grpc", "sse")):
+                    rates[proto].append(await _one_reader(proto, gateways["grpc"], stubs, big))
+            for proto, rs in rates.items():
+                results["one_reader_10000_chunks"][proto] = {"chunks_per_s_median": round(statistics.median(rs)),
+                                                             "chunks_per_s_best": round(max(rs)),
+                                                             "runs": [round(r) for r in rs]}
+                print(f"  {proto}: 1 reader of {BIG_RUN_CHUNKS} chunks: {[round(r) for r in rs]} chunks/s",
                       flush=True)
             await session.close()
     finally:
@@ -221,7 +230,12 @@ async def main() -> dict[str, Any]:
 
     one, many = results["one_reader_10000_chunks"], results["one_run_1000_readers"]
     summary = {
-        "throughput_ratio_grpc_over_sse": round(one["grpc"]["chunks_per_s"] / one["sse"]["chunks_per_s"], 2),
+        # The median of the interleaved repeats: on a shared machine the best of each is an outlier.
+        "throughput_ratio_grpc_over_sse": round(one["grpc"]["chunks_per_s_median"]
+                                                / one["sse"]["chunks_per_s_median"], 2),
+        "throughput_ratio_best": round(one["grpc"]["chunks_per_s_best"] / one["sse"]["chunks_per_s_best"], 2),
+        "burst_ratio_1000_readers": round(many["grpc"]["burst_delivered_chunks_per_s"]
+                                          / many["sse"]["burst_delivered_chunks_per_s"], 2),
         "p99_ms_sse": many["sse"]["latency_p99_ms"],
         "p99_ms_grpc": many["grpc"]["latency_p99_ms"],
         "rss_kb_per_idle_reader_sse": many["sse"]["rss_kb_per_idle_reader"],

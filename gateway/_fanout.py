@@ -61,6 +61,9 @@ class RunHub:
         self.seqs: list[int] = []
         self.offsets: list[str] = []
         self.payloads: list[bytes] = []
+        # gRPC frames (RunEvent.chunks entries), built once per chunk when a gRPC reader
+        # first needs them, aligned with ``seqs`` from ``base`` (may be shorter).
+        self._grpc: list[bytes] = []
         self.base = 0
         self.closed = False
         self.close_status: str | None = None
@@ -81,7 +84,7 @@ class RunHub:
                 self.payloads.append(_dumps(chunk))
                 if len(self.seqs) > self._max:
                     drop = len(self.seqs) - self._max
-                    del self.seqs[:drop], self.offsets[:drop], self.payloads[:drop]
+                    del self.seqs[:drop], self.offsets[:drop], self.payloads[:drop], self._grpc[:drop]
                     self.base += drop
                 self._notify()
             self.close_status = getattr(reader, "close_status", None)
@@ -118,7 +121,10 @@ class RunHub:
             raise IndexError(start)
         lo, hi = start - self.base, len(self.seqs)
         if framing == "grpc":
-            parts = [_grpc_wire.chunk_frame(self.offsets[i].encode(), self.payloads[i]) for i in range(lo, hi)]
+            g = self._grpc
+            if len(g) < hi:
+                g.extend(_grpc_wire.chunk_frame(self.offsets[i].encode(), self.payloads[i]) for i in range(len(g), hi))
+            parts = g[lo:hi]
         elif framing == "ndjson":
             parts = [b'{"id":"%s","chunk":%s}\n' % (self.offsets[i].encode(), self.payloads[i]) for i in range(lo, hi)]
         else:

@@ -17,7 +17,14 @@ _F1 = 0x0A       # LogChunk.offset = 1, LogGap.earliest_offset = 1, LogEnd.statu
 _F2 = 0x12       # LogChunk.json = 2
 
 
+_SMALL = tuple(bytes((i,)) for i in range(0x80))
+
+
 def _varint(n: int) -> bytes:
+    if n < 0x80:
+        return _SMALL[n]
+    if n < 0x4000:
+        return bytes(((n & 0x7F) | 0x80, n >> 7))
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -32,7 +39,13 @@ def _field(tag: int, value: bytes) -> bytes:
 
 def chunk_frame(offset: bytes, payload: bytes) -> bytes:
     """One ``RunEvent.chunks`` entry: ``offset`` (ASCII digits) and the chunk's JSON bytes."""
-    return _field(_CHUNKS, _field(_F1, offset) + _field(_F2, payload))
+    if len(offset) >= 0x80:  # never for a stream sequence; kept correct anyway
+        return _field(_CHUNKS, _field(_F1, offset) + _field(_F2, payload))
+    # One formatting call per chunk (this runs once per chunk per reader batch):
+    # tag, length, then LogChunk's offset and json fields.
+    vp = _varint(len(payload))
+    inner = 3 + len(offset) + len(vp) + len(payload)
+    return b"\n%b\n%b%b\x12%b%b" % (_varint(inner), _SMALL[len(offset)], offset, vp, payload)
 
 
 def gap_frame(earliest_offset: str) -> bytes:

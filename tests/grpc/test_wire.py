@@ -25,3 +25,53 @@ def test_end_gap_and_keepalive() -> None:
     ka = pb.RunEvent.FromString(w.KEEPALIVE)
     assert not ka.chunks and not ka.HasField("end") and not ka.HasField("gap")
     assert w.end_frame("x")[0] == w.END_TAG and w.gap_frame("1")[0] == w.GAP_TAG
+
+
+class _Source:
+    """The log-read surface the hub uses (async iteration, ``aclose``, ``close_status``)."""
+
+    def __init__(self, items: list[tuple[str, dict[str, object]]], gate: "asyncio.Event") -> None:
+        self._items, self._gate = items, gate
+        self.close_status = "completed"
+
+    def __aiter__(self) -> "_Source":
+        return self
+
+    async def __anext__(self) -> tuple[str, dict[str, object]]:
+        if not self._items:
+            raise StopAsyncIteration
+        if len(self._items) == 5:
+            await self._gate.wait()  # the first frames are taken before the rest arrive
+        return self._items.pop(0)
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_hub_grpc_frames_stay_aligned_when_old_frames_are_dropped() -> None:
+    import asyncio
+
+    from gateway._fanout import RunHub
+
+    gate = asyncio.Event()
+    items = [(str(10 + i), {"type": "X", "i": i}) for i in range(12)]
+
+    class Log:
+        def read(self, run_id: str, after: str) -> _Source:
+            return _Source(list(items), gate)
+
+    hub = RunHub("r", Log(), max_frames=4)
+    hub.start()
+    while hub.end < 7:
+        await hub.changed(1.0)
+    first, _, _ = hub.frames(hub.base, "grpc")  # builds the cached frames of the kept window
+    assert [c.offset for c in pb.RunEvent.FromString(first).chunks] == ["13", "14", "15", "16"]
+    gate.set()
+    while not hub.closed:
+        await hub.changed(1.0)
+    assert hub.close_status == "completed" and hub.base == 8
+    data, n, nxt = hub.frames(hub.base, "grpc")
+    ev = pb.RunEvent.FromString(data)
+    assert [c.offset for c in ev.chunks] == ["18", "19", "20", "21"] and (n, nxt) == (4, 12)
+    assert [c.json for c in ev.chunks] == hub.payloads
+    await hub.aclose()
