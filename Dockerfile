@@ -4,6 +4,9 @@
 #   docker run IMAGE baton-sandbox-host    (gRPC :7200)
 #   docker run IMAGE baton-gateway         (HTTP :8080)
 #   docker run IMAGE baton --help          (operator CLI: runs, tail, cancel, reap, health, drain)
+# The image installs the extras `server`, `docker` and `cli` (the CLI's health and drain
+# commands are what the probes run) at the versions of requirements.lock; not `tools`: no
+# etcd or nats-server binaries ship in it (compose and Kubernetes run their own).
 # Configuration is BATON_* environment variables only (README.md, `python -m baton.config`).
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
@@ -12,12 +15,13 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md requirements.lock ./
 COPY baton ./baton
+COPY baton_tools ./baton_tools
 COPY coordinator ./coordinator
 COPY sandbox_host ./sandbox_host
 COPY gateway ./gateway
-RUN pip wheel --wheel-dir /wheels .
+RUN pip wheel --constraint requirements.lock --wheel-dir /wheels '.[server,docker,cli]'
 
 # ---- runtime ------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE}
@@ -28,7 +32,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 \
     BATON_SANDBOX_DIR=/var/lib/baton/sandboxes
 # Plain COPY (not a BuildKit bind mount) so the classic builder of docker-compose works too.
 COPY --from=build /wheels /tmp/wheels
-RUN pip install --no-index --find-links=/tmp/wheels baton \
+RUN pip install --no-index --find-links=/tmp/wheels 'baton[server,docker,cli]' \
  && rm -rf /tmp/wheels \
  && groupadd --system --gid 10001 baton \
  && useradd --system --uid 10001 --gid baton --home-dir /var/lib/baton --create-home baton \

@@ -6,15 +6,22 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 NODE_STAMP := tests/node/node_modules/.installed-stamp
 
-.PHONY: venv protos protos-check test demo bench node-deps clean
+.PHONY: venv lock protos protos-check test test-unit lint typecheck demo bench node-deps clean
 
-$(STAMP): pyproject.toml
+# Exact versions from requirements.lock: the code overrides private internals of nats-py,
+# uvicorn and the docker SDK, so an unpinned upgrade can break it silently.
+$(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install -q --disable-pip-version-check -c requirements.lock -e '.[dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# Re-pin after changing dependencies in pyproject.toml (review the diff of requirements.lock).
+lock: venv
+	$(VENV)/bin/pip-compile -q --extra dev --strip-extras --no-emit-index-url --no-emit-find-links \
+	  --unsafe-package baton -o requirements.lock pyproject.toml
 
 # Node.js clients used by the cross-language tests (grpc-js, @ag-ui/client, TanStack, Playwright).
 $(NODE_STAMP): tests/node/package.json
@@ -32,6 +39,17 @@ protos-check: venv
 
 test: venv node-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The server-free core (pure logic, no etcd/NATS/Docker/node): seconds.
+test-unit: venv
+	$(PY) -m pytest -m unit -q $(PYTEST_ARGS)
+
+# Configured in pyproject.toml ([tool.ruff], [tool.mypy]); generated baton/v1 stubs excluded.
+lint: venv
+	$(VENV)/bin/ruff check .
+
+typecheck: venv
+	$(VENV)/bin/mypy
 
 demo: venv
 	$(VENV)/bin/baton demo $(DEMO_ARGS)

@@ -28,6 +28,7 @@ import httpx
 from baton import errors as e
 from baton.grpc_errors import TABLE as _GRPC_TABLE
 from baton.runs import STREAM_GAP, is_host_chunk
+from baton.sse import Comment, aiter_sse
 
 _BY_REASON = {m.reason: m for m in _GRPC_TABLE}
 TERMINAL_TYPES = frozenset({"RUN_FINISHED", "RUN_ERROR"})
@@ -249,26 +250,18 @@ _END_MARK = object()
 
 
 async def _sse_events(resp: httpx.Response) -> AsyncIterator[Any]:
-    """``(offset | None, chunk)`` per SSE event, then ``_END_MARK`` on the ``: end`` comment."""
-    offset: str | None = None
-    data: list[str] = []
-    async for line in resp.aiter_lines():
-        if line == "":
-            if data:
-                yield offset, json.loads("\n".join(data))
-            offset, data = None, []
-            continue
-        if line.startswith(":"):
-            if line[1:].strip() == "end":
+    """``(offset | None, chunk)`` per SSE event, then ``_END_MARK`` on the ``: end`` comment.
+
+    The offset is the event's own ``id`` (not the spec's persisting last id): a chunk the
+    gateway sends without one (``stream.gap``) has no offset to resume after.
+    """
+    async for item in aiter_sse(resp.aiter_bytes()):
+        if isinstance(item, Comment):
+            if item.text.strip() == "end":
                 yield _END_MARK
                 return
             continue
-        name, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if name == "id":
-            offset = value
-        elif name == "data":
-            data.append(value)
+        yield item.id, json.loads(item.data)
 
 
 async def _ndjson_events(resp: httpx.Response) -> AsyncIterator[Any]:
@@ -276,6 +269,8 @@ async def _ndjson_events(resp: httpx.Response) -> AsyncIterator[Any]:
         if not line.strip():
             continue
         env = json.loads(line)
+        if "chunk" not in env:
+            continue  # a notice (e.g. {"notice": {"reason": "LOG_STORAGE_FULL", ...}}): not log data
         yield env.get("id"), env["chunk"]
 
 

@@ -26,6 +26,7 @@ from google.protobuf.field_mask_pb2 import FieldMask
 from baton import internal_auth
 from baton.errors import SessionLost, StoreUnavailable
 from baton.grpc_errors import from_rpc_error
+from baton.retry import Attempts, Deadline
 from baton.v1 import coordinator_pb2 as pb
 from baton.v1 import coordinator_pb2_grpc as pb_grpc
 from baton.v1.coordinator_pb2 import HostInfo, SandboxInstance
@@ -105,6 +106,27 @@ class Session:
         self._task = asyncio.create_task(self._keepalive(), name=f"session-{session_id:x}")
 
     async def _keepalive(self) -> None:
+        """Refresh the lease until close(); any other end of this task sets ``lost``.
+
+        A dead heartbeat must stop the work that needs the lease (CONVENTIONS: a lease is a
+        ``Session`` with a ``lost`` signal), so an unexpected exception or a cancel that
+        did not come from :meth:`close` is logged and reported as a lost session.
+        """
+        try:
+            await self._refresh()
+        except asyncio.CancelledError:
+            if not self._closed:
+                log.warning("session %x lost: keep-alive cancelled", self.id)
+            raise
+        except Exception:
+            # Not re-raised: it is logged here with its traceback, and nobody reads the
+            # task's result (close() only waits for it).
+            log.exception("session %x lost: keep-alive failed", self.id)
+        finally:
+            if not self._closed:
+                self.lost.set()
+
+    async def _refresh(self) -> None:
         interval = self.ttl / 3
         last_ok = time.monotonic()
         # ``_closed`` is checked as well as cancellation, and reads are bounded with
@@ -112,7 +134,8 @@ class Session:
         # the cancel, when the read completed in the same loop turn as ``close()`` cancelled
         # us (CPython gh-86296); the loop would then go on and ``close()`` would hang.
         while not self._closed:
-            call = self._client._stub().KeepAlive(wait_for_ready=False)
+            replica = self._client._current
+            call = self._client._stub(replica).KeepAlive(wait_for_ready=False)
             try:
                 while not self._closed:
                     await call.write(pb.KeepAliveRequest(session_id=self.id))
@@ -128,7 +151,7 @@ class Session:
                     await asyncio.sleep(interval)
             except (grpc.aio.AioRpcError, grpc.aio.UsageError, StoreUnavailable,
                     asyncio.TimeoutError, asyncio.InvalidStateError) as exc:
-                self._client._rotate()
+                self._client._rotate(replica)
                 if time.monotonic() - last_ok >= self.ttl:
                     log.warning("session %x lost: no refresh for %.1fs (%s)", self.id, self.ttl, exc)
                     self.lost.set()
@@ -186,27 +209,39 @@ class CoordinatorClient:
 
     # --- plumbing -------------------------------------------------------------------
 
-    def _stub(self) -> pb_grpc.CoordinatorStub:
+    def _stub(self, replica: int | None = None) -> pb_grpc.CoordinatorStub:
+        """The stub of replica ``replica`` (an index into ``addresses``; default: current)."""
         if not self._stubs:
             for a in self.addresses:
                 ch = internal_auth.insecure_channel(a, _CHANNEL_OPTIONS, self._token)
                 self._channels.append(ch)
                 self._stubs.append(pb_grpc.CoordinatorStub(ch))
-        return self._stubs[self._current % len(self._stubs)]
+        return self._stubs[(self._current if replica is None else replica) % len(self._stubs)]
 
-    def _rotate(self) -> None:
-        self._current = (self._current + 1) % max(len(self.addresses), 1)
+    def _rotate(self, failed: int) -> None:
+        """Move the shared cursor past replica ``failed``, unless a caller already moved it.
+
+        Several callers (reads, keep-alives, watches) fail on a dead replica at once; if each
+        advanced the cursor, every second one would move it back onto the dead replica.
+        """
+        if self._current == failed:
+            self._current = (failed + 1) % max(len(self.addresses), 1)
 
     async def _unary(self, method: str, request: Any, timeout: float | None = None,
                      idempotent: bool = False) -> Any:
+        # ``timeout`` is the budget of the call, not of each replica tried: the next replica
+        # gets what the last one left.
+        deadline = Deadline.after(timeout or self.timeout)
         attempts = len(self.addresses) if idempotent else 1
+        first = self._current
         for i in range(attempts):
+            replica = (first + i) % len(self.addresses)  # each retry on another replica
             try:
-                return await getattr(self._stub(), method)(request, timeout=timeout or self.timeout)
+                return await getattr(self._stub(replica), method)(request, timeout=deadline.left())
             except grpc.aio.AioRpcError as err:
                 exc = from_rpc_error(err)
                 if err.code() == grpc.StatusCode.UNAVAILABLE:
-                    self._rotate()
+                    self._rotate(replica)
                     if i + 1 < attempts:
                         continue
                 if exc is err:
@@ -344,23 +379,22 @@ class CoordinatorClient:
         Raises:
             InvalidArgument: a bad run id.
         """
-        backoff = 0.05
-        while True:
-            call = self._stub().WatchRun(pb.WatchRunRequest(run_id=run_id))
+        tries = Attempts(Deadline.never(), first_pause=0.05, max_pause=1.0)
+        async for _ in tries:
+            replica = self._current
+            call = self._stub(replica).WatchRun(pb.WatchRunRequest(run_id=run_id))
             try:
                 async for resp in call:
-                    backoff = 0.05
+                    tries.reset()
                     yield WatchEvent(resp.record if resp.HasField("record") else None,
                                      resp.claim if resp.HasField("claim") else None)
             except grpc.aio.AioRpcError as err:
                 exc = from_rpc_error(err)
                 if not isinstance(exc, StoreUnavailable):
                     raise (exc if exc is not err else err) from None
-                self._rotate()
+                self._rotate(replica)
             finally:
                 call.cancel()
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 1.0)
 
     # --- presence -----------------------------------------------------------------------
 

@@ -283,12 +283,65 @@ class LogUnavailable(DeliveryLogError):
     Attributes:
         run_id: the run (or thread, for transcripts) concerned.
         detail: what failed, for humans (never contains payloads or secrets).
+        landed: from ``LogWriter.append``: the offsets of the batch's prefix that was
+            stored before the failure (a retry sends only the rest).
     """
+
+    landed: tuple[str, ...] = ()
 
     def __init__(self, run_id: str, detail: str) -> None:
         self.run_id = run_id
         self.detail = detail
         super().__init__(f"delivery log unavailable for {run_id!r}: {detail}")
+
+
+class LogStorageFull(LogUnavailable):
+    """JetStream answers but does not store: its file store is full.
+
+    Two ways nats-server shows it (checked against nats-server 2.15, docs/operating-nats.md):
+    a refusal with JetStream error 10023 ``insufficient resources`` (or 10047) when the
+    server's ``max_file_store`` is reached; or, when the disk itself filled first
+    (ENOSPC), publishes to the stream go unanswered while reads still answer, until
+    nats-server is restarted with free space. Writers keep their claim and retry; nothing
+    unacknowledged was stored.
+
+    Attributes:
+        run_id: the run (or the stream, for a probe) concerned.
+        detail: what failed, for humans.
+        err_code: the JetStream error code of a refusal, or ``None`` when publishes went
+            unanswered while JetStream answered reads.
+    """
+
+    def __init__(self, run_id: str, detail: str, err_code: int | None = None) -> None:
+        self.run_id = run_id
+        self.detail = detail
+        self.err_code = err_code
+        DeliveryLogError.__init__(self, f"delivery log cannot store for {run_id!r} (JetStream storage full?): {detail}")
+
+
+class TranscriptFenced(DeliveryLogError):
+    """A transcript save was refused by the transcript fence: the saved transcript was
+    written by a successor of this run (a higher epoch) or by a later run of the thread.
+    The writer must never save this run's transcript again (DESIGN.md §4.2).
+
+    Attributes:
+        thread_id: the thread.
+        run_id: the refused writer's run.
+        epoch: the refused writer's epoch.
+        stored_run_id: the run that saved the transcript now stored.
+        stored_epoch: the epoch that saved it.
+    """
+
+    def __init__(self, thread_id: str, run_id: str, epoch: int, stored_run_id: str, stored_epoch: int) -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        self.epoch = epoch
+        self.stored_run_id = stored_run_id
+        self.stored_epoch = stored_epoch
+        super().__init__(
+            f"transcript of thread {thread_id!r} not saved by run {run_id!r} at epoch {epoch}: "
+            f"run {stored_run_id!r} at epoch {stored_epoch} saved it"
+        )
 
 
 class TranscriptConflict(DeliveryLogError):

@@ -90,6 +90,10 @@ TABLE: tuple[Mapping, ...] = (
     Mapping(e.LogAlreadyClosed, grpc.StatusCode.FAILED_PRECONDITION, "LOG_ALREADY_CLOSED",
             lambda x: {"run_id": x.run_id, "status": x.status, "epoch": str(x.epoch), "offset": str(x.offset)},  # type: ignore[attr-defined]
             lambda m: e.LogAlreadyClosed(m.get("run_id", ""), m.get("status", ""), int(m.get("epoch", "0")), int(m.get("offset", "0")))),
+    Mapping(e.LogStorageFull, grpc.StatusCode.UNAVAILABLE, "LOG_STORAGE_FULL",
+            lambda x: {"run_id": x.run_id, "detail": x.detail, "err_code": "" if x.err_code is None else str(x.err_code)},  # type: ignore[attr-defined]
+            lambda m: e.LogStorageFull(m.get("run_id", ""), m.get("detail", ""),
+                                       int(m["err_code"]) if m.get("err_code", "").isdigit() else None)),
     Mapping(e.LogUnavailable, grpc.StatusCode.UNAVAILABLE, "LOG_UNAVAILABLE",
             lambda x: {"run_id": x.run_id, "detail": x.detail},  # type: ignore[attr-defined]
             lambda m: e.LogUnavailable(m.get("run_id", ""), m.get("detail", ""))),
@@ -97,6 +101,11 @@ TABLE: tuple[Mapping, ...] = (
             lambda x: {"run_id": x.run_id, "expected": str(x.expected), "actual": str(x.actual), "landed": ",".join(x.landed)},  # type: ignore[attr-defined]
             lambda m: e.AppendConflict(m.get("run_id", ""), int(m.get("expected", "0")), int(m.get("actual", "0")),
                                        tuple(o for o in m.get("landed", "").split(",") if o))),
+    Mapping(e.TranscriptFenced, grpc.StatusCode.ABORTED, "TRANSCRIPT_FENCED",
+            lambda x: {"thread_id": x.thread_id, "run_id": x.run_id, "epoch": str(x.epoch),  # type: ignore[attr-defined]
+                       "stored_run_id": x.stored_run_id, "stored_epoch": str(x.stored_epoch)},  # type: ignore[attr-defined]
+            lambda m: e.TranscriptFenced(m.get("thread_id", ""), m.get("run_id", ""), int(m.get("epoch", "0")),
+                                         m.get("stored_run_id", ""), int(m.get("stored_epoch", "0")))),
     Mapping(e.TranscriptConflict, grpc.StatusCode.ABORTED, "TRANSCRIPT_CONFLICT",
             lambda x: {"thread_id": x.thread_id, "expected_revision": "" if x.expected_revision is None else str(x.expected_revision)},  # type: ignore[attr-defined]
             lambda m: e.TranscriptConflict(m.get("thread_id", ""), int(m["expected_revision"]) if m.get("expected_revision") else None)),

@@ -19,6 +19,7 @@ import grpc
 import httpx
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from baton import config
@@ -116,7 +117,8 @@ def _http(api_key: str | None, timeout: float | None = 10.0) -> httpx.Client:
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[red]error:[/red] {message}")
+    # Escaped: a message holding brackets (``baton[tools]``, a path) is not rich markup.
+    err.print(f"[red]error:[/red] {escape(message)}")
     return typer.Exit(code)
 
 

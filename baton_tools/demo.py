@@ -40,6 +40,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from baton.sse import Comment, aiter_sse
 from baton_tools.cluster import ClusterInfo, LocalCluster
 
 _REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -180,22 +181,11 @@ def compare(delivered: Sequence[str], expected: Sequence[str]) -> tuple[int, int
 
 async def _read_sse(resp: httpx.Response, into: Received) -> None:
     """Consume an SSE response: ``id:``/``data:`` events; ``: end`` marks the log's close."""
-    offset: str | None = None
-    data: list[str] = []
-    async for line in resp.aiter_lines():
-        if line == "":
-            if data:
-                into.items.append((offset, json.loads("\n".join(data))))
-            offset, data = None, []
-        elif line.startswith(":"):
-            if line[1:].strip() == "end":
-                into.ended = True
-        elif line.startswith("id:"):
-            offset = line[3:].strip()
-        elif line.startswith("data:"):
-            data.append(line[5:].lstrip())
-    if data:
-        into.items.append((offset, json.loads("\n".join(data))))
+    async for item in aiter_sse(resp.aiter_bytes()):
+        if isinstance(item, Comment):
+            into.ended = into.ended or item.text.strip() == "end"
+        else:
+            into.items.append((item.id, json.loads(item.data)))
 
 
 class Reader:
@@ -342,7 +332,8 @@ async def _scenario(console: Console, info: ClusterInfo, cluster: LocalCluster, 
                     return {k: v["driverHost"] for k, v in views.items()}
                 await asyncio.sleep(STATUS_POLL)
 
-        owners = await asyncio.wait_for(all_claimed(), 30)
+        async with asyncio.timeout(30):
+            owners = await all_claimed()
         for r in runs:
             r.host_at_kill = owners[r.run_id]
         counts: dict[str, int] = {}
@@ -411,8 +402,8 @@ async def _scenario(console: Console, info: ClusterInfo, cluster: LocalCluster, 
 
         live = [rd for i, rd in enumerate(readers) if runs[i] is not disconnect_run and runs[i] is not reload_run]
         with console.status("runs finishing on the surviving host…"):
-            await asyncio.wait_for(asyncio.gather(*(rd.wait() for rd in live + [fresh, back]), *watchers),
-                                   pacing.deadline)
+            async with asyncio.timeout(pacing.deadline):
+                await asyncio.gather(*(rd.wait() for rd in live + [fresh, back]), *watchers)
         console.print(f"all logs closed {time.monotonic() - t0:.1f}s after the start")
 
         rows: list[Row] = []

@@ -36,7 +36,7 @@ from typing import Any
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "takeover.json"
 REPO = pathlib.Path(__file__).resolve().parent.parent
-CORPUS = pathlib.Path("/work/shared/corpus") if pathlib.Path("/work/shared/corpus").exists() else REPO / "corpus"
+CORPUS = REPO / "corpus"  # the repository's own recorded journals
 JOURNAL = "claude-stream-json/partial-messages-parallel-bash-denied.jsonl"
 DELAY = 0.01  # seconds per journal line: the agent keeps writing while its host is dead
 KILL_AT = 40  # chunks a reader has seen when the host is killed / drained

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable, Sequence
 
 from baton.errors import StoreUnavailable
+from baton.retry import Attempts, Deadline
 from baton.v1.coordinator_pb2 import HostInfo
 
 from coordinator import _etcd as E
@@ -72,14 +73,14 @@ class LeaderElection:
 
     async def run(self) -> None:
         """Campaign, lead, step down, campaign again... until cancelled."""
-        while True:
+        pause = min(self.config.election_ttl / 3, 0.5)
+        async for _ in Attempts(Deadline.never(), first_pause=pause, max_pause=pause):
             try:
                 await self._term()
             except (StoreUnavailable, _LeaseLost, E.LeaseNotFound) as exc:
                 log.warning("leader election: %s; campaigning again", exc)
             finally:
                 self.is_leader.clear()
-            await asyncio.sleep(min(self.config.election_ttl / 3, 0.5))
 
     async def _term(self) -> None:
         etcd, keys, cfg = self.store.etcd, self.store.keys, self.config
@@ -162,7 +163,7 @@ class LeaderElection:
     async def _supervise(self, task: LeaderTask, ctx: LeaderContext) -> None:
         """Run one leader task; restart it (after a pause) if it fails, while leader."""
         name = getattr(task, "__qualname__", repr(task))
-        while True:
+        async for _ in Attempts(Deadline.never(), first_pause=1.0, max_pause=1.0):
             try:
                 await task(ctx)
                 return
@@ -170,4 +171,3 @@ class LeaderElection:
                 log.warning("leader task %s: %s; restarting", name, exc)
             except Exception:
                 log.exception("leader task %s failed; restarting", name)
-            await asyncio.sleep(1.0)

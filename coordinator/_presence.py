@@ -17,6 +17,7 @@ import asyncio
 import logging
 
 from baton.errors import StoreUnavailable
+from baton.retry import Attempts, Deadline
 from baton.v1.runs_pb2 import RunRecord
 
 from coordinator._election import LeaderContext
@@ -40,7 +41,8 @@ async def presence_sweeper(ctx: LeaderContext) -> None:
     # reaches the watch (from handled + 1), and detaching twice is a no-op.
     async with asyncio.TaskGroup() as tg:
         tg.create_task(catch_up_sweep(ctx, handled), name="presence-catch-up")
-        while True:
+        # Watch again after a failure, until leadership is lost (this task is cancelled).
+        async for _ in Attempts(Deadline.never(), first_pause=0.2, max_pause=0.2):
             try:
                 async for _rev, events in store.etcd.watch([(prefix, prefix_end(prefix))],
                                                           start_revision=handled + 1, deletes_only=True):
@@ -49,7 +51,6 @@ async def presence_sweeper(ctx: LeaderContext) -> None:
                     handled = max(ev.kv.mod_revision for ev in events)
             except StoreUnavailable as exc:
                 log.warning("presence sweeper: %s; resuming after revision %d", exc, handled)
-                await asyncio.sleep(0.2)
 
 
 async def catch_up_sweep(ctx: LeaderContext, term_revision: int, *, grace: float = START_GRACE) -> int:

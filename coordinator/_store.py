@@ -9,49 +9,46 @@ A run this replica has seen recently starts from its cached record and claim
 (:mod:`coordinator._cache`), so a claim or update is one transaction, not a read and a
 transaction. The compare is the same either way, and a failed transaction reads the record
 back in its failure branch; answers that write nothing are always given from a fresh read.
+
+What each write decides (claim, update, cancel, presence, detach, the indexes) is a pure
+rule in :mod:`coordinator.rules`; this module does the etcd I/O around it.
 """
 from __future__ import annotations
 
-import enum
 import logging
 import math
 import time
 import uuid
-from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Generic, Sequence, TypeVar
+from typing import AsyncIterator, Callable, Sequence, TypeVar
 
-from baton.errors import (BatonError, InvalidArgument, RunClaimLost, RunClaimNotAcquired,
-                          SessionLost, StoreUnavailable, ThreadBusy, UnknownRun,
+from baton.errors import (BatonError, InvalidArgument, SessionLost, StoreUnavailable, ThreadBusy,
                           UnknownThread)
+from baton.retry import Deadline
 from baton.v1.coordinator_pb2 import HostInfo, SandboxInstance
 from baton.v1.runs_pb2 import Claim, RunRecord, RunStatus
 
 from coordinator import _etcd as E
+from coordinator import rules
 from coordinator._cache import RecordCache
 from coordinator._keys import Keys, prefix_end
-from coordinator._records import (apply_mask, cancels_on_disconnect, is_active, is_reclaimable,
-                                  is_terminal)
+from coordinator._records import is_active, is_reclaimable
+from coordinator.rules import KEEP as _KEEP
+from coordinator.rules import FAILURE_READS, PURPOSES, Plan, Snapshot, UpdateOutcome, holds
+
+__all__ = ["FAILURE_READS", "PURPOSES", "Plan", "RunStore", "Snapshot", "UpdateOutcome"]
 
 log = logging.getLogger(__name__)
-
-PURPOSES = ("drive", "finalize")
-
-
-class UpdateOutcome(enum.Enum):
-    APPLIED = "applied"
-    SUPPRESSED = "suppressed"
-    UNKNOWN_RUN = "unknown_run"
 
 
 class _Budget:
     """A deadline shared by every etcd call and retry of one operation."""
 
     def __init__(self, timeout: float) -> None:
-        self._deadline = time.monotonic() + timeout
+        self._deadline = Deadline.after(timeout)
 
     def left(self) -> float:
         """Seconds left. Raises StoreUnavailable when the budget is spent."""
-        rest = self._deadline - time.monotonic()
+        rest = self._deadline.left()
         if rest <= 0:
             raise StoreUnavailable("deadline exceeded before etcd answered")
         return rest
@@ -65,8 +62,7 @@ def _record(kv: E.KV | None) -> RunRecord | None:
     return rec
 
 
-def _claim(kv: E.KV | None) -> Claim | None:
-    return None if kv is None else Claim.FromString(kv.value)
+_claim = rules.claim_of
 
 
 def _value(kv: E.KV | None) -> bytes:
@@ -84,58 +80,7 @@ def _bytes(rec: RunRecord) -> bytes:
     return clean.SerializeToString(deterministic=True)
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    """A run's record and claim as etcd held them at ``revision``.
-
-    ``cached`` marks one taken from the record cache rather than read just now: a write
-    may start from it (its compare catches staleness), an answer may not.
-    """
-
-    run_id: str
-    kv: E.KV | None
-    record: RunRecord | None
-    claim_kv: E.KV | None
-    revision: int
-    incarnation: bytes
-    cached: bool = False
-
-
-#: The failure branch of every record write reads the record, the claim and the incarnation
-#: key first; a plan's own failure ops answer from this index on.
-FAILURE_READS = 3
-
-
 T = TypeVar("T")
-_KEEP: E.KV = E.KV(key=b"\0keep")  # Plan.claim default: the write leaves the claim key as it is
-
-
-@dataclass
-class Plan(Generic[T]):
-    """What one attempt of :meth:`RunStore.mutate` decided from a snapshot.
-
-    Attributes:
-        result: what ``mutate`` returns once the write commits (at once if ``write`` is false).
-        write: false answers ``result`` without writing (given only from a fresh read).
-        new: the record to put; ``None`` leaves it, but its mod revision is still compared.
-        cmps: further compares in the same transaction.
-        ops: further ops in the same transaction.
-        claim: the claim key-value after the write (for the cache): ``_KEEP`` when the write
-            leaves it, ``None`` when it deletes it.
-        failure: further ops in the failure branch, after its record, claim and incarnation
-            reads (so their responses start at index :data:`FAILURE_READS`).
-        give_up: called with a failed transaction; true ends ``mutate`` with ``None``
-            instead of retrying (e.g. the failure was a reader key existing).
-    """
-
-    result: T
-    write: bool = True
-    new: RunRecord | None = None
-    cmps: Sequence[E.Cmp] = ()
-    ops: Sequence[E.Op] = ()
-    claim: E.KV | None = field(default_factory=lambda: _KEEP)
-    failure: Sequence[E.Op] = ()
-    give_up: Callable[[E.TxnResult], bool] | None = field(default=None)
 
 
 class RunStore:
@@ -212,36 +157,13 @@ class RunStore:
         The thread index is read only when the run enters or leaves ``running`` (claims and
         most updates do not), and its revision is compared in the write.
         """
-        k = self.keys
         old = snap.record
         assert old is not None
-        cmps: list[E.Cmp] = []
-        ops: list[E.Op] = []
-        if is_active(new) != is_active(old):
-            active_key = k.thread_active(new.thread_id)
-            kvs, _ = await self.etcd.range(active_key, timeout=b.left())
+        active_kv = None
+        if rules.enters_or_leaves_running(old, new):
+            kvs, _ = await self.etcd.range(self.keys.thread_active(new.thread_id), timeout=b.left())
             active_kv = _first(kvs)
-            active_rev = active_kv.mod_revision if active_kv else 0
-            points_here = active_kv is not None and active_kv.value.decode() == new.run_id
-            # Only a transition into `running` claims the index: a run that stays running (an
-            # interrupted-by-new-run one, say) must not take it back from the newer run, and a
-            # run coming back to `running` while another run of the thread runs is refused.
-            if is_active(new) and not points_here:
-                if active_kv is not None:
-                    raise ThreadBusy(new.thread_id, active_kv.value.decode())
-                cmps.append(E.cmp_mod(active_key, active_rev))
-                ops.append(E.put(active_key, new.run_id.encode()))
-            elif not is_active(new) and points_here:
-                cmps.append(E.cmp_mod(active_key, active_rev))
-                ops.append(E.delete(active_key))
-        old_key = k.reclaimable(old.detached_since, old.run_id) if is_reclaimable(old) else None
-        new_key = k.reclaimable(new.detached_since, new.run_id) if is_reclaimable(new) else None
-        if old_key != new_key:
-            if old_key is not None:
-                ops.append(E.delete(old_key))
-            if new_key is not None:
-                ops.append(E.put(new_key, new.run_id.encode()))
-        return cmps, ops
+        return rules.index_changes(self.keys, old, new, active_kv)
 
     async def mutate(self, run_id: str, decide: Callable[[Snapshot], Plan[T]], *,
                      timeout: float) -> T | None:
@@ -472,24 +394,9 @@ class RunStore:
             ThreadBusy: the write makes the run ``running`` again while another run of its
                 thread is running (one active run per thread).
         """
-        claim_key = self.keys.claim(run_id)
-
         def decide(snap: Snapshot) -> Plan[tuple[UpdateOutcome, RunRecord | None]]:
-            cur = snap.record
-            if cur is None:
-                return Plan((UpdateOutcome.UNKNOWN_RUN, None), write=False)
-            new = apply_mask(cur, patch, paths)
-            if "status" in paths and is_terminal(new.status) and epoch < cur.driver_epoch:
-                return Plan((UpdateOutcome.SUPPRESSED, cur), write=False)
-            cmps: list[E.Cmp] = []
-            if session_id:
-                claim = _claim(snap.claim_kv)
-                if claim is None or claim.session_id != session_id or claim.epoch != epoch:
-                    observed = "claim-gone" if claim is None else f"epoch@{claim.epoch}"
-                    raise RunClaimLost(run_id, epoch, observed)
-                assert snap.claim_kv is not None
-                cmps.append(E.cmp_mod(claim_key, snap.claim_kv.mod_revision))
-            return Plan((UpdateOutcome.APPLIED, new), new=new, cmps=cmps)
+            return rules.update(snap, keys=self.keys, patch=patch, paths=paths, epoch=epoch,
+                                session_id=session_id)
 
         out = await self.mutate(run_id, decide, timeout=timeout)
         assert out is not None
@@ -502,16 +409,7 @@ class RunStore:
             UnknownRun: no such run.
         """
         def decide(snap: Snapshot) -> Plan[RunRecord]:
-            cur = snap.record
-            if cur is None:
-                raise UnknownRun(run_id)
-            if is_terminal(cur.status) or (cur.cancel_requested and cur.cancel_reason == reason):
-                return Plan(cur, write=False)
-            new = RunRecord()
-            new.CopyFrom(cur)
-            new.cancel_requested = True
-            new.cancel_reason = reason
-            return Plan(new, new=new)
+            return rules.request_cancel(snap, reason=reason)
 
         out = await self.mutate(run_id, decide, timeout=timeout)
         assert out is not None
@@ -551,28 +449,9 @@ class RunStore:
                 ``cancel_requested`` (drive only), checked in that order.
             SessionLost: the session's lease is gone.
         """
-        claim_key = self.keys.claim(run_id)
-
         def decide(snap: Snapshot) -> Plan[tuple[int, RunRecord]]:
-            cur = snap.record
-            if cur is None:
-                raise RunClaimNotAcquired(run_id, "unknown")
-            if is_terminal(cur.status):
-                raise RunClaimNotAcquired(run_id, "terminal")
-            if snap.claim_kv is not None:
-                raise RunClaimNotAcquired(run_id, "held")
-            if purpose == "drive" and cur.cancel_requested:
-                raise RunClaimNotAcquired(run_id, "cancel_requested")
-            epoch = cur.driver_epoch + 1
-            new = RunRecord()
-            new.CopyFrom(cur)
-            new.driver_epoch = epoch
-            new.driver_host = host_id
-            claim = Claim(run_id=run_id, epoch=epoch, host_id=host_id, session_id=session_id,
-                          purpose=purpose).SerializeToString()
-            return Plan((epoch, new), new=new, cmps=[E.cmp_absent(claim_key)],
-                        ops=[E.put(claim_key, claim, session_id)],
-                        claim=E.KV(key=claim_key, value=claim, lease=session_id))
+            return rules.claim(snap, keys=self.keys, session_id=session_id, host_id=host_id,
+                               purpose=purpose)
 
         try:
             out = await self.mutate(run_id, decide, timeout=timeout)
@@ -587,8 +466,7 @@ class RunStore:
         key, run_key = self.keys.claim(run_id), self.keys.run(run_id)
         while True:
             kvs, _ = await self.etcd.range(key, timeout=b.left())
-            claim = _claim(_first(kvs))
-            if claim is None or claim.session_id != session_id or claim.epoch != epoch:
+            if not holds(_claim(_first(kvs)), session_id, epoch):
                 return False
             res = await self.etcd.txn([E.cmp_mod(key, kvs[0].mod_revision)],
                                       [E.delete(key), E.get(run_key), E.get(self.keys.incarnation)],
@@ -634,16 +512,9 @@ class RunStore:
         Raises:
             SessionLost: the session's lease is gone.
         """
-        reader = E.put(self.keys.reader(run_id, reader_id), b"", session_id)
-
         def decide(snap: Snapshot) -> Plan[None]:
-            cur = snap.record
-            if cur is None or not cur.HasField("detached_since"):
-                return Plan(None, ops=[reader])
-            new = RunRecord()
-            new.CopyFrom(cur)
-            new.ClearField("detached_since")
-            return Plan(None, new=new, ops=[reader])
+            return rules.register_reader(snap, keys=self.keys, reader_id=reader_id,
+                                         session_id=session_id)
 
         try:
             await self.mutate(run_id, decide, timeout=timeout)
@@ -666,21 +537,8 @@ class RunStore:
         Returns:
             The record written, or ``None`` when nothing was to be done.
         """
-        readers = self.keys.readers(run_id)
-
         def decide(snap: Snapshot) -> Plan[RunRecord | None]:
-            cur = snap.record
-            if not is_active(cur) or cur is None or cur.HasField("detached_since"):
-                return Plan(None, write=False)
-            new = RunRecord()
-            new.CopyFrom(cur)
-            new.detached_since = self.clock()
-            if cancels_on_disconnect(cur) and not cur.cancel_requested:
-                new.cancel_requested = True
-                new.cancel_reason = "disconnected"
-            return Plan(new, new=new, cmps=[E.cmp_absent(readers, prefix_end(readers))],
-                        failure=[E.get(readers, prefix_end(readers), count_only=True)],
-                        give_up=lambda res: res.count(FAILURE_READS) > 0)
+            return rules.detach(snap, keys=self.keys, now=self.clock())
 
         return await self.mutate(run_id, decide, timeout=timeout)
 

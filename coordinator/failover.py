@@ -21,6 +21,7 @@ from baton import internal_auth
 
 from baton.errors import JournalAttachUnavailable, RunClaimNotAcquired, StoreUnavailable
 from baton.grpc_errors import from_rpc_error
+from baton.retry import Attempts, Deadline, retry
 from baton.v1 import runs_pb2, sandbox_host_pb2, sandbox_host_pb2_grpc
 from baton.v1.coordinator_pb2 import HostInfo
 from baton.v1.runs_pb2 import Claim
@@ -87,10 +88,9 @@ async def attach_somewhere(ctx: LeaderContext, pool: HostPool, run_id: str, purp
         holds it, or the run cannot be attached: terminal or gone), or ``"no-host"`` (no
         host accepted within ``patience`` seconds).
     """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + patience
-    delay = 0.05
-    while True:
+    # ``patience`` bounds how long hosts are asked, not one AttachRun (which may take its
+    # 5 s: the host claims, checks the journal and fences before it answers).
+    async for _ in Attempts(Deadline.after(patience), first_pause=0.05, max_pause=0.5):
         for h in await live_hosts_by_load(ctx, exclude):
             try:
                 await pool.stub(h.address).AttachRun(
@@ -102,10 +102,7 @@ async def attach_somewhere(ctx: LeaderContext, pool: HostPool, run_id: str, purp
                 if isinstance(exc, (RunClaimNotAcquired, JournalAttachUnavailable)):
                     return "taken"
                 log.warning("failover: %s refused run %s: %s", h.host_id, run_id, err.details())
-        if loop.time() >= deadline:
-            return "no-host"
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 0.5)
+    return "no-host"
 
 
 async def hand_over_if_orphaned(ctx: LeaderContext, pool: HostPool, run_id: str) -> str:
@@ -187,17 +184,13 @@ async def _guarded(ctx: LeaderContext, pool: HostPool, run_id: str, *,
     first slow etcd answer would leave it orphaned until a reader or the reaper came.
     Each attempt re-reads the record, so a retry never hands over a run that found a driver.
     """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + patience
-    delay = 0.1
-    while True:
-        try:
-            return await hand_over_if_orphaned(ctx, pool, run_id)
-        except (StoreUnavailable, grpc.aio.AioRpcError) as exc:
-            if loop.time() >= deadline:
-                log.warning("failover of run %s failed: %s", run_id, exc)
-                return "failed"
-            log.info("failover of run %s: %s; retrying", run_id, exc)
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 1.0)
+    try:
+        return await retry(lambda: hand_over_if_orphaned(ctx, pool, run_id),
+                           deadline=Deadline.after(patience),
+                           retry_on=(StoreUnavailable, grpc.aio.AioRpcError), first_pause=0.1,
+                           max_pause=1.0,
+                           on_retry=lambda exc: log.info("failover of run %s: %s; retrying", run_id, exc))
+    except (StoreUnavailable, grpc.aio.AioRpcError) as exc:
+        log.warning("failover of run %s failed: %s", run_id, exc)
+        return "failed"
 

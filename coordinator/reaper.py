@@ -33,13 +33,13 @@ from baton.v1 import runs_pb2, sandbox_host_pb2
 from baton.v1.runs_pb2 import RunRecord
 
 from coordinator._election import LeaderContext
-from coordinator._store import Plan, RunStore, Snapshot
+from coordinator._store import RunStore
+from coordinator.rules import REAPED, Plan, Snapshot, reap_cancel
 from coordinator.failover import HostPool, attach_somewhere
 
 log = logging.getLogger(__name__)
 
 OUTCOMES = ("expired", "finalized", "producing", "unknown", "not-claimed", "reclaim-failed", "failed")
-REAPED = "reaped"
 
 
 async def _cancel_if_still_detached(store: RunStore, listed: RunRecord, timeout: float) -> str | None:
@@ -50,18 +50,7 @@ async def _cancel_if_still_detached(store: RunStore, listed: RunRecord, timeout:
         (``unknown`` or ``not-claimed``).
     """
     def decide(snap: Snapshot) -> Plan[str | None]:
-        cur = snap.record
-        if cur is None or cur.status != runs_pb2.RUN_STATUS_RUNNING:
-            return Plan("unknown", write=False)
-        if not cur.HasField("detached_since") or cur.detached_since != listed.detached_since:
-            return Plan("not-claimed", write=False)  # a reader came back (and maybe left again later)
-        if cur.cancel_requested and cur.cancel_reason == REAPED:
-            return Plan(None, write=False)
-        new = RunRecord()
-        new.CopyFrom(cur)
-        new.cancel_requested = True
-        new.cancel_reason = REAPED
-        return Plan(None, new=new)
+        return reap_cancel(snap, listed_detached_since=listed.detached_since)
 
     return await store.mutate(listed.run_id, decide, timeout=timeout)
 

@@ -79,6 +79,8 @@ TABLE: tuple[HttpMapping, ...] = (
     HttpMapping(e.RunClaimNotAcquired, 409, "RUN_CLAIM_NOT_ACQUIRED"),
     HttpMapping(e.JournalAttachUnavailable, 409, "JOURNAL_ATTACH_UNAVAILABLE"),
     HttpMapping(e.OffsetExpired, 410, "OFFSET_EXPIRED"),
+    HttpMapping(e.LogStorageFull, 503, "LOG_STORAGE_FULL"),
+    HttpMapping(e.LogUnavailable, 503, "LOG_UNAVAILABLE"),
     HttpMapping(e.StoreUnavailable, 503, "STORE_UNAVAILABLE"),
     HttpMapping(e.HostDraining, 503, "HOST_DRAINING"),
     HttpMapping(e.HostAtCapacity, 503, "HOST_AT_CAPACITY"),
@@ -161,8 +163,15 @@ def grpc_status(exc: e.BatonError) -> "grpc.Status":
         NoHostAvailable: grpc.StatusCode.UNAVAILABLE,
         CancelWaitTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
     }
+    # Any other edge error: the code of its HTTP status.
+    by_http = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
+               404: grpc.StatusCode.NOT_FOUND, 409: grpc.StatusCode.FAILED_PRECONDITION,
+               410: grpc.StatusCode.OUT_OF_RANGE, 413: grpc.StatusCode.INVALID_ARGUMENT,
+               502: grpc.StatusCode.UNAVAILABLE, 503: grpc.StatusCode.UNAVAILABLE,
+               504: grpc.StatusCode.DEADLINE_EXCEEDED}
     m = mapping_for(exc)
-    code = next((c for cls, c in codes.items() if isinstance(exc, cls)), grpc.StatusCode.INTERNAL)
+    fallback = by_http.get(m.status, grpc.StatusCode.INTERNAL) if m is not None else grpc.StatusCode.INTERNAL
+    code = next((c for cls, c in codes.items() if isinstance(exc, cls)), fallback)
     reason = m.reason if m is not None else "INTERNAL"
     info = error_details_pb2.ErrorInfo(reason=reason, domain=grpc_errors.DOMAIN, metadata=_edge_meta(exc))
     detail = any_pb2.Any()

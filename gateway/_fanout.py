@@ -16,28 +16,22 @@ import json
 import logging
 from typing import Any
 
+from baton.aio import cancel_and_join
+
 from gateway import _grpc_wire
 
 log = logging.getLogger("gateway.fanout")
 
 MAX_FRAMES = 20_000
 
+#: Seconds a reader's cleanup waits for its log read to end before leaving it (logged): a
+#: read that ignores cancellation must not hold up the reader's presence removal.
+STOP_PATIENCE = 10.0
 
-async def cancel_and_wait(task: asyncio.Task[Any], patience: float = 10.0) -> None:
-    """Cancel ``task`` and wait for it to end, cancelling again while it has not.
 
-    A single cancel is not enough on Python 3.11: ``asyncio.wait_for`` inside a log read
-    swallows a cancellation that races with a message arriving, and the read goes on.
-    Gives up (logging) after ``patience`` seconds rather than hang a reader's cleanup.
-    """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + patience
-    while not task.done():
-        task.cancel()
-        await asyncio.wait([task], timeout=0.05)
-        if loop.time() > deadline:
-            log.error("task %s ignores cancellation; leaving it", task.get_name())
-            return
+async def stop_read(task: asyncio.Task[Any]) -> None:
+    """Cancel a log-read task and wait for it, for at most :data:`STOP_PATIENCE` seconds."""
+    await cancel_and_join(task, patience=STOP_PATIENCE, every=0.05)
 
 
 def _dumps(chunk: dict[str, Any]) -> bytes:
@@ -143,7 +137,7 @@ class RunHub:
 
     async def aclose(self) -> None:
         if self._task is not None:
-            await cancel_and_wait(self._task)
+            await stop_read(self._task)
 
 
 class Hubs:

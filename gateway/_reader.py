@@ -17,8 +17,9 @@ from ag_ui.core import CustomEvent, EventType
 
 from baton import errors as e
 from baton.runs import STREAM_GAP
-from gateway._fanout import cancel_and_wait, check_offset_kept
-from gateway._sse import Framing, frame_chunk, frame_end, frame_gap, frame_keepalive
+from gateway._errors import mapping_for
+from gateway._fanout import check_offset_kept, stop_read
+from gateway._sse import Framing, frame_chunk, frame_end, frame_gap, frame_keepalive, frame_notice
 from gateway._state import GatewayState
 
 log = logging.getLogger("gateway.reader")
@@ -45,6 +46,20 @@ def gap_chunk(earliest_offset: str) -> dict[str, Any]:
     """``CUSTOM stream.gap {earliestOffset}``: the offset asked for is older than retention."""
     ev = CustomEvent(type=EventType.CUSTOM, name=STREAM_GAP, value={"earliestOffset": earliest_offset})
     return ev.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+async def idle_frame(state: GatewayState, framing: Framing) -> bytes:
+    """What an idle stream gets: a keep-alive, or a notice naming why no chunk comes.
+
+    While the delivery log cannot store (issue 19), runs make no progress a reader could
+    see; the notice (not log data: no id, no chunk) names the cause, e.g.
+    ``LOG_STORAGE_FULL``. The answer is the gateway's cached probe (:mod:`gateway._log_health`).
+    """
+    problem = await state.log_health.problem()
+    if problem is None:
+        return frame_keepalive(framing)
+    m = mapping_for(problem)
+    return frame_notice(framing, m.reason if m is not None else "LOG_UNAVAILABLE", str(problem))
 
 
 async def _pump(source: AsyncIterator[tuple[str, dict[str, Any]]], queue: asyncio.Queue[Any]) -> None:
@@ -87,17 +102,22 @@ class Presence:
             log.warning("presence of reader %s on run %s not registered: %s", self.reader_id, self.run_id, exc)
 
     async def remove(self) -> None:
-        """Unregister (shielded and time-bounded: it must happen even when the reader is cancelled)."""
+        """Unregister, shielded and time-bounded: it must happen even when the reader is cancelled.
+
+        The unregister runs as a task owned by the app state, so when the reader is
+        cancelled it finishes on its own and the app still awaits it (at shutdown).
+        """
         if self.session is None:
             return
         self.session = None
-        coro = self._state.coordinator.unregister_reader(self.run_id, self.reader_id)
-        task = asyncio.ensure_future(asyncio.wait_for(coro, PRESENCE_TIMEOUT))
-        try:
+        task = self._state.spawn(self._unregister(), name=f"unregister-reader:{self.run_id}")
+        if task is not None:  # None: shutting down; closing the session removes the key
             await asyncio.shield(task)
-        except asyncio.CancelledError:
-            # Let the unregister finish on its own; the cancellation still propagates.
-            raise
+
+    async def _unregister(self) -> None:
+        try:
+            async with asyncio.timeout(PRESENCE_TIMEOUT):
+                await self._state.coordinator.unregister_reader(self.run_id, self.reader_id)
         except (e.BatonError, TimeoutError) as exc:
             log.warning("presence of reader %s on run %s not removed: %s", self.reader_id, self.run_id, exc)
 
@@ -113,7 +133,8 @@ async def stream_log(
     """The framed delivery log of ``run_id`` strictly after ``after``, until it closes.
 
     Served from the run's shared tail (:mod:`gateway._fanout`) when possible, else from a
-    log read of its own. Yields keep-alives every ``settings.keepalive`` seconds while idle.
+    log read of its own. Yields keep-alives every ``settings.keepalive`` seconds while idle,
+    or a notice naming the cause while the delivery log cannot store (:func:`idle_frame`).
     An expired offset yields one ``stream.gap`` chunk and ends. When the generator is
     closed before the log closed (the client went away), ``on_disconnect`` runs (e.g.
     cancel a run started with ``detachOnDisconnect: false``).
@@ -160,9 +181,9 @@ async def stream_log(
                 if presence.session is not state.session:
                     await presence.ensure()  # the gateway session was reopened
                 if not await hub.changed(state.settings.keepalive):
-                    yield frame_keepalive(framing)
+                    yield await idle_frame(state, framing)
         finally:
-            # Bounded (cancel_and_wait), so presence removal below is never held up for long.
+            # Bounded (stop_read), so presence removal below is never held up for long.
             await state.hubs.release(hub)
         async for data in _own_read(state, run_id, str(last), framing, presence, done):
             yield data
@@ -194,7 +215,7 @@ async def _own_read(state: GatewayState, run_id: str, after: str, framing: Frami
                     async with asyncio.timeout(st.keepalive):
                         item = await queue.get()
                 except TimeoutError:
-                    yield frame_keepalive(framing)
+                    yield await idle_frame(state, framing)
                     continue
             else:
                 item = queue.get_nowait()
@@ -216,4 +237,4 @@ async def _own_read(state: GatewayState, run_id: str, after: str, framing: Frami
             state.metrics.chunks.inc()
             yield frame_chunk(framing, offset, chunk)
     finally:
-        await cancel_and_wait(pump)
+        await stop_read(pump)

@@ -58,6 +58,23 @@ async def _start_run(st: GatewayState, cs: ChatStart, tenant_id: str) -> runs_pb
     return resp.record  # type: ignore[no-any-return]
 
 
+async def _check_log_stores(st: GatewayState, run_id: str) -> None:
+    """Refuse a new run at once while the delivery log cannot store (issue 19).
+
+    Its fence and ``run.accepted`` could not land, so the POST would hang; the client gets
+    ``503 LOG_STORAGE_FULL`` (or ``LOG_UNAVAILABLE``) naming the cause instead.
+
+    Raises:
+        LogStorageFull: the log answers but does not store.
+        LogUnavailable: JetStream does not answer.
+    """
+    problem = await st.log_health.problem()
+    if isinstance(problem, e.LogStorageFull):
+        raise e.LogStorageFull(run_id, problem.detail, problem.err_code)
+    if problem is not None:
+        raise e.LogUnavailable(run_id, problem.detail)
+
+
 def _check_same_run(record: runs_pb2.RunRecord, cs: ChatStart, tenant_id: str, auth_enabled: bool) -> None:
     """An existing record may be served to this POST only if it is the caller's run.
 
@@ -98,6 +115,7 @@ async def open_start(st: GatewayState, cs: ChatStart, tenant_id: str, after: str
         st.takeovers.consider(cs.run_id, view.record, view.claim)
     else:
         await thread_visible_for(st, tenant_id, cs.thread_id, must_exist=False)
+        await _check_log_stores(st, cs.run_id)
         record = await _start_run(st, cs, tenant_id)
         # A concurrent POST with the same run id may have created the record between our
         # lookup and StartRun (the host then answers with that record, unchanged): the same
@@ -219,7 +237,8 @@ async def _confirmation(st: GatewayState, run_id: str) -> dict[str, Any] | None:
                 found = value if isinstance(value, dict) else {"value": value}
 
     try:
-        await asyncio.wait_for(scan(), CONFIRMATION_READ_TIMEOUT)
+        async with asyncio.timeout(CONFIRMATION_READ_TIMEOUT):
+            await scan()
     except (TimeoutError, e.BatonError):
         pass
     return found

@@ -74,7 +74,8 @@ async def metrics(request: Request) -> Response:
     st = state_of(request)
     tenant(request)
     try:
-        recs = await asyncio.wait_for(st.coordinator.list_runs(limit=METRICS_RUNS_LIMIT), 2.0)
+        async with asyncio.timeout(2.0):
+            recs = await st.coordinator.list_runs(limit=METRICS_RUNS_LIMIT)
         counts: dict[str, int] = {}
         for r in recs:
             counts[status_name(r.status)] = counts.get(status_name(r.status), 0) + 1

@@ -6,6 +6,10 @@ Wire format (DESIGN.md §6, the TanStack AI durable chat transport):
   ``: keep-alive`` comment when idle, and a final ``: end`` comment when the log closed.
 - NDJSON (``Accept: application/x-ndjson``): one ``{"id": "<offset>", "chunk": {...}}`` per
   line; an empty line is the keep-alive (line readers skip blank lines).
+- Notices (the log cannot store, issue 19) are not log data: never an ``id`` nor a
+  chunk. SSE sends a comment ``: notice LOG_STORAGE_FULL <message>`` (EventSource and
+  AG-UI parsers ignore comments); NDJSON a line ``{"notice": {"reason", "message"}}``
+  without ``chunk`` (clients skip lines without one). A notice also serves as keep-alive.
 """
 from __future__ import annotations
 
@@ -52,6 +56,19 @@ def frame_keepalive(framing: Framing) -> bytes:
     if framing == "grpc":
         return _grpc_wire.KEEPALIVE
     return b"\n" if framing == "ndjson" else b": keep-alive\n\n"
+
+
+def frame_notice(framing: Framing, reason: str, message: str) -> bytes:
+    """A notice to the client that is not log data (see the module docstring).
+
+    The gRPC framing has no notice field: it sends a keep-alive (an empty ``RunEvent``).
+    """
+    if framing == "grpc":
+        return _grpc_wire.KEEPALIVE
+    if framing == "ndjson":
+        return (_dumps({"notice": {"reason": reason, "message": message}}) + "\n").encode()
+    text = " ".join(message.splitlines())  # one comment line: a newline would end it
+    return f": notice {reason} {text}\n\n".encode()
 
 
 def frame_end(framing: Framing, status: str | None = None) -> bytes:

@@ -6,8 +6,10 @@ import logging
 from typing import Any
 
 from baton import errors as e
+from baton.aio import TaskOwner, cancel_and_join
 from gateway._fanout import Hubs
 from gateway._hosts import HostPool
+from gateway._log_health import LogHealth
 from gateway._metrics import Metrics
 from gateway._settings import GatewaySettings
 from gateway._takeover import TakeoverTrigger
@@ -25,6 +27,7 @@ class GatewayState:
         transcripts: ``TranscriptStore``.
         hosts: host registry and channels.
         takeovers: the takeover trigger.
+        log_health: whether the delivery log stores (a cached probe; issue 19).
         metrics: the app's Prometheus metrics.
         session: the gateway session (presence keys live under it), or ``None`` while it
             is being (re)opened.
@@ -40,12 +43,13 @@ class GatewayState:
         self.hosts = HostPool(coordinator, settings.internal_token)
         self.takeovers = TakeoverTrigger(self.hosts, metrics)
         self.hubs = Hubs(delivery_log)
+        self.log_health = LogHealth(delivery_log, settings.gateway_id)
         self.session: Any | None = None
         self.session_changed = asyncio.Event()
         self.shutting_down = False
         #: The bound port of the gRPC Runs API (0 when it is not served).
         self.grpc_port = 0
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self.tasks = TaskOwner("gateway")
         self._session_task: asyncio.Task[None] | None = None
 
     @property
@@ -55,17 +59,18 @@ class GatewayState:
         s = self.session
         return s is not None and not s.lost.is_set() and not self.shutting_down
 
-    def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
-        """Start a background task owned by the app (awaited at shutdown)."""
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._reap)
-        return task
+    def spawn(self, coro: Any, name: str) -> asyncio.Task[Any] | None:
+        """Start a background task owned by the app (cancelled and awaited at shutdown).
 
-    def _reap(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("background task %s failed", task.get_name(), exc_info=task.exception())
+        Returns:
+            The task, or ``None`` when the app is already shutting down (the coroutine is
+            closed unrun and a warning logged: nothing would await it).
+        """
+        try:
+            return self.tasks.spawn(coro, name)
+        except RuntimeError:
+            log.warning("gateway shutting down: background task %s not started", name)
+            return None
 
     def start(self) -> None:
         self._session_task = asyncio.get_running_loop().create_task(self._keep_session(), name="gateway-session")
@@ -115,19 +120,16 @@ class GatewayState:
             return
         self.shutting_down = True
         await self.takeovers.aclose()
-        tasks = list(self._tasks)
-        for t in tasks:
-            t.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
+        await self.tasks.aclose()
         if self._session_task is not None:
-            self._session_task.cancel()
-            await asyncio.wait([self._session_task])
+            await cancel_and_join(self._session_task)
         session, self.session = self.session, None
         if session is not None:
             try:
-                await asyncio.wait_for(session.close(), 5.0)
+                async with asyncio.timeout(5.0):
+                    await session.close()
             except (e.BatonError, TimeoutError) as exc:
                 log.warning("closing the gateway session failed: %s", exc)
         await self.hubs.aclose()
+        await self.log_health.aclose()
         await self.hosts.close()

@@ -7,34 +7,26 @@ alone, so a request can never make the gateway or a host read an arbitrary file.
 from __future__ import annotations
 
 import json
-import math
-import os
 import pathlib
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
 from starlette.requests import Request
 
 from baton import errors as e
+from baton.agents import (AGENT_KINDS, JOURNAL_FORMATS, ReplayOptions, invalid_argument, is_inside,
+                          parse_agent_options, resolve_replay_journal)
 from baton.ids import validate_id
 from gateway._errors import BodyTooLarge
 
-AGENT_KINDS = ("replay", "claude-code", "codex")
+__all__ = ["AGENT_KINDS", "REPLAY_FORMATS", "AgentChoice", "ChatStart", "check_agent", "check_chat_start",
+           "check_offset", "list_replay_journals", "read_json_object", "run_id_from"]
 
-# Allowed option names per agent kind; anything else is refused, so a typo never silently
-# changes what runs. Values are type-checked in `_check_option`.
-AGENT_FIELDS: Mapping[str, frozenset[str]] = {
-    "replay": frozenset({"kind", "journal", "speed", "delay", "max_gap", "format"}),
-    "claude-code": frozenset({
-        "kind", "model", "maxTurns", "permissionMode", "allowedTools", "disallowedTools",
-        "includePartialMessages", "appendSystemPrompt",
-    }),
-    "codex": frozenset({"kind", "model", "sandbox", "profile"}),
-}
-REPLAY_FORMATS = ("claude-stream-json", "codex-exec-json")
-REPLAY_NUMBERS: Mapping[str, float] = {"speed": 1000.0, "delay": 60.0, "max_gap": 3600.0}
-MAX_OPTION_CHARS = 4096
+#: The formats a replay journal may have (the ``/api/agents`` listing shows only these).
+REPLAY_FORMATS = JOURNAL_FORMATS
 _OFFSET = re.compile(r"^(-1|now|[0-9]{1,20})$")
 JOURNAL_SUFFIXES = (".jsonl", ".ndjson")
 # Deeper bodies are refused: nothing we accept nests this deep, and every later step (the
@@ -136,14 +128,6 @@ def _opt_str(body: Mapping[str, Any], name: str) -> str | None:
     return value
 
 
-def _opt_bool(value: Any, name: str, default: bool) -> bool:
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise e.InvalidArgument(name, "must be true or false")
-    return value
-
-
 def run_id_from(headers: Mapping[str, str], query: Mapping[str, str], body: Mapping[str, Any]) -> str:
     """The run id: ``X-Run-Id`` header, else ``?runId``, else the body's ``runId`` (DESIGN.md §6).
 
@@ -161,84 +145,13 @@ def run_id_from(headers: Mapping[str, str], query: Mapping[str, str], body: Mapp
     raise e.DurableRunIdRequired()
 
 
-def inside(path: pathlib.Path, dirs: Sequence[pathlib.Path]) -> bool:
-    """Whether ``path`` (already resolved) lies inside one of ``dirs`` (resolved here)."""
-    for d in dirs:
-        root = os.path.realpath(d)
-        try:
-            if os.path.commonpath([root, str(path)]) == root:
-                return True
-        except ValueError:
-            continue
-    return False
-
-
-def resolve_replay_journal(value: Any, dirs: Sequence[pathlib.Path]) -> str:
-    """Resolve a replay journal path and check it lies inside an allowed directory.
-
-    Args:
-        value: the path the client sent: absolute, or relative to one of ``dirs``.
-        dirs: the allowed replay directories (``BATON_REPLAY_DIRS``).
-
-    Returns:
-        The resolved absolute path (symlinks followed), for the host to read.
-
-    Raises:
-        InvalidArgument: not a string, outside every allowed directory (after resolving
-            symlinks and ``..``), or not a regular file. The file's content is never read.
-    """
-    field_name = "agent.journal"
-    if not isinstance(value, str) or not value or "\x00" in value or len(value) > 4096:
-        raise e.InvalidArgument(field_name, "must be a non-empty path string")
-    p = pathlib.Path(value)
-    candidates = [p] if p.is_absolute() else [d / p for d in dirs]
-    for c in candidates:
-        real = pathlib.Path(os.path.realpath(c))
-        if inside(real, dirs) and real.is_file():
-            return str(real)
-    raise e.InvalidArgument(
-        field_name, "must name a journal file inside the allowed replay directories (BATON_REPLAY_DIRS)"
-    )
-
-
-def _check_option(kind: str, name: str, value: Any, dirs: Sequence[pathlib.Path]) -> Any:
-    where = f"agent.{name}"
-    if kind == "replay" and name == "journal":
-        return resolve_replay_journal(value, dirs)
-    if kind == "replay" and name in REPLAY_NUMBERS:
-        # speed divides the journal's pacing (0 = no waits); delay is the wait per line
-        # without a timestamp and max_gap caps every wait, both in seconds.
-        top = REPLAY_NUMBERS[name]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                or not 0 <= value <= top:
-            raise e.InvalidArgument(where, f"must be a number in [0, {top:g}]")
-        return float(value)
-    if kind == "replay" and name == "format":
-        if value not in REPLAY_FORMATS:
-            raise e.InvalidArgument(where, f"must be one of {', '.join(REPLAY_FORMATS)}")
-        return value
-    if name in ("maxTurns",):
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000:
-            raise e.InvalidArgument(where, "must be an integer in [1, 1000]")
-        return value
-    if name == "includePartialMessages":
-        return _opt_bool(value, where, False)
-    if name in ("allowedTools", "disallowedTools"):
-        if not isinstance(value, list) or not all(isinstance(t, str) and 0 < len(t) <= 256 for t in value) \
-                or len(value) > 256:
-            raise e.InvalidArgument(where, "must be a list of tool names")
-        return value
-    if not isinstance(value, str) or len(value) > MAX_OPTION_CHARS or "\x00" in value:
-        raise e.InvalidArgument(where, f"must be a string of at most {MAX_OPTION_CHARS} characters")
-    return value
-
-
 def list_replay_journals(dirs: Sequence[pathlib.Path]) -> list[pathlib.Path]:
     """Journal files in the replay directories (one level of subdirectories), sorted.
 
     Only files that resolve inside ``dirs`` are listed (a symlink out of them is not a
-    journal we may read), as :func:`resolve_replay_journal` would accept them.
+    journal we may read), as :func:`baton.agents.resolve_replay_journal` would accept them.
     """
+    roots = [str(d.resolve()) for d in dirs]
     found: list[pathlib.Path] = []
     for d in dirs:
         if not d.is_dir():
@@ -246,7 +159,7 @@ def list_replay_journals(dirs: Sequence[pathlib.Path]) -> list[pathlib.Path]:
         for pattern in ("*", "*/*"):
             for f in sorted(d.glob(pattern)):
                 real = f.resolve()
-                if f.name.endswith(JOURNAL_SUFFIXES) and real.is_file() and inside(real, dirs):
+                if f.name.endswith(JOURNAL_SUFFIXES) and real.is_file() and is_inside(str(real), roots):
                     found.append(real)
     return found
 
@@ -254,8 +167,12 @@ def list_replay_journals(dirs: Sequence[pathlib.Path]) -> list[pathlib.Path]:
 def check_agent(agent: Any, dirs: Sequence[pathlib.Path], default_kind: str) -> AgentChoice:
     """Validate the request's ``agent`` object (or pick the configured default).
 
+    The options are checked with the kind's schema from :mod:`baton.agents`, the one the
+    host launches from; a replay journal is resolved inside ``dirs`` (path checks only).
+
     Raises:
-        InvalidArgument: unknown kind, unknown field, or a bad value.
+        InvalidArgument: unknown kind, unknown option (named in the field, e.g.
+            ``agent.cmd``), or a bad value.
     """
     if agent is None:
         if default_kind == "replay":
@@ -267,31 +184,52 @@ def check_agent(agent: Any, dirs: Sequence[pathlib.Path], default_kind: str) -> 
     kind = agent.get("kind")
     if kind not in AGENT_KINDS:
         raise e.InvalidArgument("agent.kind", f"must be one of {', '.join(AGENT_KINDS)}")
-    unknown = sorted(set(agent) - AGENT_FIELDS[kind])
-    if unknown:
-        raise e.InvalidArgument(f"agent.{unknown[0]}", f"is not an option of the {kind} agent")
-    options = {k: _check_option(kind, k, v, dirs) for k, v in agent.items() if k != "kind"}
-    if kind == "replay" and "journal" not in options:
-        raise e.InvalidArgument("agent.journal", "is required for the replay agent")
-    return AgentChoice(kind, options)
+    options = parse_agent_options(kind, {k: v for k, v in agent.items() if k != "kind"}, field="agent")
+    if isinstance(options, ReplayOptions):
+        real = resolve_replay_journal(options.journal, dirs, field="agent.journal")
+        options = options.model_copy(update={"journal": real})
+    return AgentChoice(kind, options.to_record())
 
 
-def check_messages(value: Any, max_messages: int) -> list[dict[str, Any]]:
-    """The AG-UI messages: a list of at most ``max_messages`` objects with a string ``role``.
+class _Message(BaseModel):
+    """An AG-UI message as far as the gateway reads it: the host passes the rest through."""
 
-    Raises:
-        InvalidArgument: otherwise.
+    model_config = ConfigDict(extra="allow", strict=True)
+    role: str
+
+
+class _ChatBody(BaseModel):
+    """The fields of a ``POST /api/chat`` body the gateway reads, by their AG-UI names.
+
+    Not ``ag_ui.core.RunAgentInput`` itself: that requires ``runId`` in the body (we also
+    take it from ``X-Run-Id`` or ``?runId``), ``messages`` and ``threadId``, and validates
+    each message against its role's full schema (``id`` required), which would refuse the
+    message shapes TanStack clients send and the host passes through untouched. Any other
+    field (``state``, ``tools``, ``context``, ...) is allowed.
     """
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise e.InvalidArgument("messages", "must be a list")
-    if len(value) > max_messages:
-        raise e.InvalidArgument("messages", f"must hold at most {max_messages} messages")
-    for i, m in enumerate(value):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise e.InvalidArgument(f"messages[{i}]", "must be an object with a string role")
-    return value
+
+    model_config = ConfigDict(extra="allow", strict=True, alias_generator=to_camel)
+    run_id: str | None = None
+    thread_id: str | None = None
+    parent_run_id: str | None = None
+    messages: list[_Message] | None = None
+    forwarded_props: dict[str, Any] | None = None
+
+
+class _ChatOptions(BaseModel):
+    """Our options, at the top level or under ``forwardedProps`` (merged before this)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, alias_generator=to_camel)
+    agent: dict[str, Any] | None = None
+    detach_on_disconnect: bool = Field(True, description="false: the client leaving cancels the run")
+    interrupt_active: bool = False
+
+
+def _validated(model: type[BaseModel], value: Mapping[str, Any]) -> Any:
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        raise invalid_argument(exc) from None
 
 
 def check_chat_start(
@@ -310,30 +248,30 @@ def check_chat_start(
 
     Raises:
         DurableRunIdRequired: no run id anywhere.
-        InvalidArgument: any other bad input.
+        InvalidArgument: any other bad input, naming the field (``messages[3].role``).
     """
+    parsed: _ChatBody = _validated(_ChatBody, body)
     run_id = run_id_from(headers, query, body)
-    thread_id = _opt_str(body, "threadId") or query.get("threadId")
+    thread_id = parsed.thread_id or query.get("threadId")
     if not thread_id:
         raise e.InvalidArgument("threadId", "is required")
     validate_id(thread_id, "threadId")
-    props = body.get("forwardedProps")
-    if props is not None and not isinstance(props, dict):
-        raise e.InvalidArgument("forwardedProps", "must be an object")
-    props = props or {}
-
-    def opt(name: str) -> Any:
-        return body[name] if body.get(name) is not None else props.get(name)
-
-    parent = _opt_str(body, "parentRunId") or ""
+    props = parsed.forwarded_props or {}
+    merged = {name: body[name] if body.get(name) is not None else props.get(name)
+              for name in ("agent", "detachOnDisconnect", "interruptActive")}
+    opts: _ChatOptions = _validated(_ChatOptions, {k: v for k, v in merged.items() if v is not None})
+    messages: list[dict[str, Any]] = list(body.get("messages") or [])
+    if len(messages) > max_messages:
+        raise e.InvalidArgument("messages", f"must hold at most {max_messages} messages")
+    parent = parsed.parent_run_id or ""
     if parent:
         validate_id(parent, "parentRunId")
     return ChatStart(
         run_id=run_id,
         thread_id=thread_id,
-        messages=check_messages(body.get("messages"), max_messages),
-        agent=check_agent(opt("agent"), replay_dirs, default_agent),
-        cancel_on_disconnect=not _opt_bool(opt("detachOnDisconnect"), "detachOnDisconnect", True),
-        interrupt_active=_opt_bool(opt("interruptActive"), "interruptActive", False),
+        messages=messages,
+        agent=check_agent(opts.agent, replay_dirs, default_agent),
+        cancel_on_disconnect=not opts.detach_on_disconnect,
+        interrupt_active=opts.interrupt_active,
         parent_run_id=parent,
     )

@@ -153,7 +153,8 @@ class Host:
                     await self.manager.shutdown()
                     await server.stop(grace=1.0)
                     try:
-                        await asyncio.wait_for(self.manager.deps.session.close(), timeout=3)
+                        async with asyncio.timeout(3):
+                            await self.manager.deps.session.close()
                     except Exception:  # the session may be gone already; its lease expires anyway
                         pass
             finally:

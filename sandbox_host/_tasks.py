@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+import time
+from typing import Any, Awaitable, Callable, Protocol, TypeVar
+
+from baton.aio import cancel_and_join
 
 log = logging.getLogger("baton.sandbox_host.driver")
 
@@ -21,15 +24,53 @@ def reraise_if_cancelling() -> None:
 
 
 async def cancel_and_wait(tasks: set["asyncio.Task[Any]"]) -> None:
-    """Cancel ``tasks`` and wait until every one has ended.
+    """Cancel ``tasks`` and wait until every one has ended, however long it takes.
 
-    The cancel is repeated every second for a task that swallowed it (see
-    :func:`reraise_if_cancelling`), so the owner never hangs and never drops a task.
+    Kept for the run driver's callers; it is :func:`baton.aio.cancel_and_join` without
+    patience (the cancel is repeated every second for a task that swallowed it, see
+    :func:`reraise_if_cancelling`), so the owner never drops a task.
     """
-    pending = {t for t in tasks if not t.done()}
-    while pending:
-        for t in pending:
-            t.cancel()
-        _, pending = await asyncio.wait(pending, timeout=1.0)
-        for t in pending:
-            log.warning("task %s ignored a cancel; cancelling it again", t.get_name())
+    await cancel_and_join(tasks)
+
+
+T = TypeVar("T")
+
+
+class _SessionLike(Protocol):
+    lost: asyncio.Event
+
+
+async def retry_unavailable(
+    op: Callable[[], Awaitable[T]],
+    *,
+    deadline: float | None,
+    session: _SessionLike,
+    what: str,
+    errors: tuple[type[BaseException], ...],
+) -> T:
+    """Run one idempotent operation, retrying it while it fails with ``errors``.
+
+    Args:
+        op: the operation (called again for each attempt).
+        deadline: ``time.monotonic()`` after which no attempt starts (a budget across
+            retries); ``None``: retry as long as the session lives.
+        session: this host's session; once it is lost the claim is gone and retrying is
+            pointless (a successor decides), so the last error is raised.
+        what: names the operation in the log.
+        errors: the transient errors (e.g. ``StoreUnavailable``, ``LogUnavailable``).
+
+    Raises:
+        The last of ``errors`` when the budget is spent or the session is lost; anything
+        else ``op`` raises, at once.
+    """
+    pause = 0.05
+    while True:
+        try:
+            return await op()
+        except errors as exc:
+            reraise_if_cancelling()
+            if session.lost.is_set() or (deadline is not None and time.monotonic() + pause > deadline):
+                raise
+            log.warning("%s unavailable, retrying: %s", what, exc)
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 0.5)

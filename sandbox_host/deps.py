@@ -36,6 +36,9 @@ class HostSettings:
         capacity: runs this host drives at most (``BATON_HOST_CAPACITY``; 0 = no limit).
         store_retry: seconds a driver retries a sandbox-registry write while the store is
             unavailable (bounded by the session: a lost session ends the retries).
+        finish_budget: seconds a driver retries its final writes (close, status, sandbox
+            removal) while the store or the log is unavailable before it lets the run go
+            (``BATON_FINISH_BUDGET``; bounded by the session as well).
         quiet_time: seconds an attach waits after its fence before its first append. 0 here;
             only ``bench/takeover.py`` sets it (``BATON_TAKEOVER_QUIET_TIME``) to emulate the
             reference design's 5 s quiet window as a baseline — our fence needs no window.
@@ -50,6 +53,7 @@ class HostSettings:
     quiet_time: float = 0.0
     capacity: int = 64
     store_retry: float = 5.0
+    finish_budget: float = 30.0
     #: Agent credentials from the host's own environment (``AGENT_SECRET_NAMES``); passed to
     #: the agent as env only, never logged, journaled or stored.
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
@@ -63,6 +67,7 @@ class HostSettings:
             journal_poll=config.get_float("BATON_JOURNAL_POLL", env),
             quiet_time=float((os.environ if env is None else env).get("BATON_TAKEOVER_QUIET_TIME", "0") or 0),
             capacity=int(config.get_float("BATON_HOST_CAPACITY", env)),
+            finish_budget=float((os.environ if env is None else env).get("BATON_FINISH_BUDGET", "30") or 30),
             secrets={k: v for k, v in (os.environ if env is None else env).items()
                      if k in AGENT_SECRET_NAMES and v},
         )
@@ -142,12 +147,14 @@ class HostDeps:
     async def launch_spec(self, record: runs_pb2.RunRecord, provider: Any, handle: Any,
                           messages: list[dict[str, Any]]) -> tuple[list[str], bytes | None, dict[str, str], dict[str, str]]:
         """Prepare the agent (files copied in) and return ``(argv, stdin, env, secrets)``."""
-        from sandbox_host.agents import prepare_agent, prompt_from_messages
+        from sandbox_host.agents import load_files, prepare_agent, prompt_from_messages
 
+        # The record's options were resolved by the first preparation (StartRun): this one
+        # reads nothing but the files it copies in, once, in a worker thread.
         launch = prepare_agent(record.agent.kind or config.get("BATON_DEFAULT_AGENT"), self.agent_options(record),
                                prompt=prompt_from_messages(messages))
         secrets = self.agent_secrets(launch)
-        for path, (content, mode) in launch.files.items():
+        for path, (content, mode) in (await load_files(launch)).items():
             await provider.copy_in(handle, path, content, mode)
         return list(launch.argv), launch.stdin, dict(launch.env), secrets
 

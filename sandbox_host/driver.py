@@ -14,38 +14,43 @@ A :class:`RunDriver` holds one claim (run id, epoch) and does, in its own task:
 Control events (a cancel seen via ``WatchRun`` or the in-process fast path, a detach with
 ``cancel_on_disconnect = true``, a successor's epoch, a lost session, a drain) reach the
 driver through :meth:`RunDriver.post`; the state machine (:mod:`sandbox_host.machine`)
-decides, and the final writes run shielded so a cancelled task still finishes them.
+decides. This module supervises and streams; the sandbox I/O is
+:class:`~sandbox_host.sandboxes.RunSandboxes`, and the final writes are
+:class:`~sandbox_host.finishing.Finisher`'s, run shielded so a cancelled task still
+finishes them (bounded), and retried so a short store or log outage does not leave the
+run ``running`` forever.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import signal
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal
 
 from baton.errors import (
     AppendConflict, BatonError, JournalAttachUnavailable, JournalReplayDiverged,
-    JournalReplayThreadIdMismatch, LogAlreadyClosed, LogUnavailable, RunClaimLost, SandboxError,
-    SandboxReclaimFailed, StoreUnavailable,
+    JournalReplayThreadIdMismatch, LogAlreadyClosed, LogStorageFull, LogUnavailable, RunClaimLost, SandboxError,
+    StoreUnavailable, TranscriptConflict, TranscriptFenced,
 )
+from baton.log import TranscriptWriter
+from baton.runs import RUN_ACCEPTED
 from baton.transcript import TranscriptBuilder
 from baton.v1 import runs_pb2
 from sandbox_host import machine as M
-from baton.runs import RUN_CANCELLED, STATUS_TO_PB, TERMINAL, record_status
-from sandbox_host.sandboxes import Sandbox
-from sandbox_host._tasks import cancel_and_wait, reraise_if_cancelling
+from sandbox_host._tasks import cancel_and_wait, reraise_if_cancelling, retry_unavailable
 from sandbox_host.align import Aligner
+from sandbox_host.finishing import Finisher
+from sandbox_host.sandboxes import RunSandboxes, Sandbox
 
 if TYPE_CHECKING:
+    from baton.log import LogWriter
     from sandbox_host.deps import HostDeps
 
 log = logging.getLogger("baton.sandbox_host.driver")
 
 Mode = Literal["fresh", "attach", "finalize"]
-T = TypeVar("T")
 Chunk = dict[str, Any]
 __all__ = ["RunDriver", "RunStats"]
 
@@ -81,7 +86,7 @@ class RunDriver:
         record: runs_pb2.RunRecord,
         epoch: int,
         mode: Mode,
-        writer: Any,
+        writer: "LogWriter",
         *,
         input_messages: list[dict[str, Any]] | None = None,
         fence_seq: int | None = None,
@@ -106,14 +111,23 @@ class RunDriver:
         self.stats = RunStats()
         self._control: asyncio.Queue[M.Event] = asyncio.Queue(maxsize=64)
         self._inflight: asyncio.Task[Any] | None = None
-        self._sandbox: Sandbox | None = None
+        self.sandboxes = RunSandboxes(deps, record, epoch, mode)
         self._aligner: Aligner | None = None
         self._inputs_loaded = mode == "fresh"
+        # Whether the log lacks the run input (run.accepted) although an earlier claim
+        # existed (a start that failed half-way): then no agent is launched and no
+        # transcript saved. Known once the stored log was read.
+        self._input_missing = False
         self._release_delay = 0.0
         self._cancel_reason = cancel_reason
         self._transcript_rev: int | None = None
         self._transcript_loaded = False
+        self._transcript_fenced: TranscriptFenced | None = None
         self._snap_dirty = False
+        #: Set when this driver starts releasing its claim: it writes nothing after that,
+        #: so the host may take the run again (a successor after a let-go may be this host).
+        self.releasing = False
+        self._storage_waits = 0
         self.done = asyncio.Event()
 
     # --- control --------------------------------------------------------------------------
@@ -144,20 +158,47 @@ class RunDriver:
                 decision = M.Decision(release_claim=True, stop=True)
             self.stats.decision = decision
             if decision is not None:
-                fin = asyncio.create_task(self._execute(decision), name=f"final:{self.run_id}")
-                # Final writes survive cancellation of the driver (shielded, awaited).
-                try:
-                    await asyncio.shield(fin)
-                except asyncio.CancelledError:
-                    await asyncio.wait({fin}, timeout=self.deps.settings.final_write_timeout)
-                    raise
+                await self._finish_shielded(decision)
         finally:
             await cancel_and_wait({watch, snap, body})
-            for t in (watch, snap, body):
-                if not t.cancelled() and t.exception() is not None and t is not body:
+            if not body.cancelled():
+                body.exception()  # retrieved: _supervise decided on it (or the driver failed)
+            for t in (watch, snap):
+                if not t.cancelled() and t.exception() is not None:
                     log.warning("run %s: %s ended with %r", self.run_id, t.get_name(), t.exception())
+            await self._drop_inflight()
             self.done.set()
             log.info("run %s: driver ended at epoch %d (%s)", self.run_id, self.epoch, self.stats.outcome)
+
+    async def _finish_shielded(self, decision: M.Decision) -> None:
+        """Run the final writes in their own task, shielded from the driver's cancellation.
+
+        A cancelled driver (host shutdown) still gives them ``final_write_timeout`` seconds,
+        then cancels them and waits until they ended: the task never outlives its owner.
+        """
+        fin = asyncio.create_task(self._execute(decision), name=f"final:{self.run_id}")
+        try:
+            await asyncio.shield(fin)
+        except asyncio.CancelledError:
+            try:
+                await asyncio.wait({fin}, timeout=self.deps.settings.final_write_timeout)
+            finally:
+                await cancel_and_wait({fin})
+                if not fin.cancelled() and fin.exception() is not None:
+                    log.error("run %s: final writes failed", self.run_id, exc_info=fin.exception())
+            raise
+
+    async def _drop_inflight(self) -> None:
+        """Await the shielded append a cancelled body left (cancelled: nothing waits for it,
+        and whatever it still lands is harmless under the fence)."""
+        task, self._inflight = self._inflight, None
+        if task is None:
+            return
+        await cancel_and_wait({task})
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            if not isinstance(exc, RunClaimLost):
+                log.warning("run %s: last append failed: %r", self.run_id, exc)
 
     async def _supervise(self, body: "asyncio.Task[M.Decision | None]") -> M.Decision | None:
         while True:
@@ -229,8 +270,10 @@ class RunDriver:
         self.stats.errors.append(repr(exc))
         if isinstance(exc, (StoreUnavailable, LogUnavailable)):
             # Infrastructure trouble: hand over (after a pause, so a cluster-wide outage
-            # does not turn failover into a hot loop), do not finalize.
-            self._release_delay = 1.0
+            # does not turn failover into a hot loop), do not finalize. A full log store
+            # only gets here once the session is lost (appends wait for storage): the
+            # longer pause keeps a successor from meeting the same full store at once.
+            self._release_delay = 5.0 if isinstance(exc, LogStorageFull) else 1.0
             return self.machine.on(M.Drain())
         if isinstance(exc, BatonError):
             return self.machine.on(M.Failed(str(exc), "host_error"))
@@ -239,11 +282,14 @@ class RunDriver:
     # --- body -----------------------------------------------------------------------------
 
     async def _body(self) -> M.Decision | None:
-        if self.fence_seq is None:
+        while self.fence_seq is None:
             try:
                 self.fence_seq = await self.writer.fence()
             except LogAlreadyClosed as closed:
                 return self.machine.on(await self._stored_close(closed))
+            except LogStorageFull as full:
+                await self._wait_for_storage(full)
+                continue
             self.machine.advance(M.Phase.FENCED)
         stored: list[Any] = list(self._opened)
         if self.mode != "fresh":
@@ -252,8 +298,14 @@ class RunDriver:
         if self.mode == "finalize" or (self.mode == "attach" and self.record.cancel_requested):
             return self.machine.on(M.CancelRequested(reason=self._cancel_reason or self.record.cancel_reason or "user",
                                                      path="reaper" if self._cancel_reason == "reaped" else "watch"))
+        if self._input_missing:
+            # A start that failed half-way left a log without the run's input: launching
+            # the agent would run it on an empty prompt. End the run; readers get the end.
+            self.stats.outcome = "input-missing"
+            return self.machine.on(M.Failed("the run's input (run.accepted) is missing from its log",
+                                            "run_input_missing"))
         self.machine.advance(M.Phase.PREPARING)
-        sbx = await self._ensure_sandbox()
+        sbx = await self.sandboxes.ensure(self.input_messages)
         aligner = self._aligner = Aligner(stored, thread_ids=())
         self.stats.stored_prefix = aligner.stored_count
         self.machine.advance(M.Phase.STREAMING)
@@ -324,6 +376,10 @@ class RunDriver:
                 return JournalReplayThreadIdMismatch(exc.index, exc.stored, exc.replayed)
         return exc
 
+    async def append_host(self, chunks: list[Chunk]) -> None:
+        """Append host-origin chunks under the fence (the final writes' ``APPEND`` step)."""
+        await self._append_now(chunks, "host")
+
     async def _append(self, chunks: list[Chunk], origin: Literal["journal", "host"]) -> None:
         """Append under the fence; the publish itself is shielded from cancellation."""
         task = asyncio.ensure_future(self._append_now(chunks, origin))
@@ -334,20 +390,55 @@ class RunDriver:
         if self.stats.first_append_at is None and self.mode == "attach" and self.deps.settings.quiet_time > 0:
             await asyncio.sleep(self.deps.settings.quiet_time)  # baseline emulation (bench only)
         remaining = list(chunks)
-        for _ in range(8):
+        conflicts = 0
+        while conflicts < 8:
             try:
                 await self.writer.append(remaining, origin=origin)
                 break
+            except LogStorageFull as full:
+                # Keep the claim and wait for storage (issue 19): a handover would only
+                # meet the same full store on the next host. Only the unstored rest is
+                # sent again, its first record with the same message id.
+                landed = len(full.landed)
+                self._count(remaining[:landed])
+                remaining = remaining[landed:]
+                await self._wait_for_storage(full)
+                continue
             except AppendConflict as conflict:
                 # Another writer (not a successor) moved the head: keep what landed, adopt
                 # the head, and append only the rest. Never re-send a landed chunk.
                 landed = len(conflict.landed)
                 self._count(remaining[:landed])
                 remaining = remaining[landed:]
+                conflicts += 1
                 await self.writer.resync()
         else:
             raise RunClaimLost(self.run_id, self.epoch, "append-conflicts")
+        self._storage_waits = 0
         self._count(remaining)
+
+    async def _wait_for_storage(self, full: LogStorageFull) -> None:
+        """Pause before the next try while the log cannot store (growing, at most 5 s).
+
+        Bounded by the session, not by a budget: the run is not lost while the store is
+        full, and its journal keeps growing in the sandbox meanwhile.
+
+        Raises:
+            LogStorageFull: ``full`` again, once this host's session is lost.
+        """
+        if self.deps.session.lost.is_set():
+            raise full
+        self._storage_waits += 1
+        pause = min(0.5 * 2 ** min(self._storage_waits - 1, 4), 5.0)
+        if self._storage_waits == 1 or self._storage_waits % 10 == 0:
+            log.warning("run %s: the delivery log cannot store (%s); keeping the claim, retrying (try %d)",
+                        self.run_id, full.detail, self._storage_waits)
+        try:
+            async with asyncio.timeout(pause):
+                await self.deps.session.lost.wait()
+        except TimeoutError:
+            return
+        raise full
 
     def _count(self, chunks: list[Chunk]) -> None:
         if chunks and self.stats.first_append_at is None:
@@ -355,177 +446,6 @@ class RunDriver:
         self.stats.appended += len(chunks)
         for c in chunks:
             self.machine.saw_chunk(c)
-
-    # --- sandbox --------------------------------------------------------------------------
-
-    async def _ensure_sandbox(self) -> Sandbox:
-        deps = self.deps
-        if self.mode != "fresh" and self.record.sandbox_key:
-            found = await deps.find_sandbox(self.record.sandbox_key)
-            if found is not None and found.nonce:
-                if found.handle.data.get("launched"):
-                    self._sandbox = found
-                    from sandbox_host.journal import preflight_attach
-
-                    async def status() -> str | None:
-                        return record_status(self.record)
-
-                    if await found.provider.file_size(found.handle, found.handle.journal_path) is None:
-                        log.info("run %s: waiting up to %.1fs for the journal", self.run_id, deps.settings.attach_wait)
-
-                    await preflight_attach(
-                        self.run_id, status=status,
-                        journal_size=lambda: found.provider.file_size(found.handle, found.handle.journal_path),
-                        attach_wait=deps.settings.attach_wait)
-                    return found
-                # Registered but never marked launched: the previous host may still have
-                # started its agent (it died, or the store failed, between the launch and
-                # the mark). Launching into that sandbox would run a second agent on the
-                # same journal, and building beside it would leave the first one running:
-                # kill whatever runs there and destroy it before building our own.
-                log.info("run %s: sandbox %s was never marked launched; destroying it", self.run_id,
-                         found.handle.key)
-                await self._reclaim(found)
-        return await self._build_and_launch()
-
-    async def _build_and_launch(self) -> Sandbox:
-        deps = self.deps
-        # A successor that rebuilds gets its own key (and so its own journal): the first
-        # host's sandbox, if any, is never reused.
-        key = self.run_id if self.mode == "fresh" else f"{self.run_id}#{self.epoch}"
-        provider = deps.provider_for_run(self.record)
-        spec = deps.sandbox_spec(self.record)
-        handle = await provider.create(key, spec)
-        from sandbox_host.journal import new_nonce
-
-        sbx = Sandbox(provider, handle, new_nonce())
-        self._sandbox = sbx
-        try:
-            # Registered before launch, so whoever takes over finds (and can destroy) it.
-            await self._store(lambda: deps.register_sandbox(self.record, sbx, launched=False, epoch=self.epoch))
-            await self._store(lambda: deps.cc.update_run(
-                self.run_id, runs_pb2.RunRecord(sandbox_key=key), paths=["sandbox_key"],
-                epoch=self.epoch, session_id=deps.session.id))
-            self.record.sandbox_key = key
-            await self._launch(sbx)
-        except BaseException:
-            # Given up before the agent is known to the registry as launched: a successor
-            # could neither follow nor stop it, so it must not outlive this claim.
-            await self._abandon(sbx)
-            raise
-        return sbx
-
-    async def _launch(self, sbx: Sandbox) -> None:
-        deps = self.deps
-        argv, stdin, env, secrets = await deps.launch_spec(self.record, sbx.provider, sbx.handle, self.input_messages)
-        data = await sbx.provider.launch(sbx.handle, argv, nonce=sbx.nonce, stdin=stdin, env=env, secrets=secrets)
-        from sandbox_host.providers import SandboxHandle
-
-        sbx.handle = SandboxHandle(provider=sbx.handle.provider, key=sbx.handle.key,
-                                   journal_path=sbx.handle.journal_path, stderr_path=sbx.handle.stderr_path,
-                                   workdir=sbx.handle.workdir, data={**sbx.handle.data, **data, "launched": True})
-        await self._store(lambda: deps.register_sandbox(self.record, sbx, launched=True, epoch=self.epoch))
-
-    async def _store(self, write: Callable[[], Awaitable[T]]) -> T:
-        """One idempotent coordinator write, retried while the store is unavailable.
-
-        The budget is ``settings.store_retry`` seconds and never outlasts this host's
-        session: once it is lost the claim is gone and a successor decides.
-
-        Raises:
-            StoreUnavailable: the store did not answer within the budget.
-        """
-        deadline = time.monotonic() + self.deps.settings.store_retry
-        pause = 0.05
-        while True:
-            try:
-                return await write()
-            except StoreUnavailable as exc:
-                if self.deps.session.lost.is_set() or time.monotonic() + pause > deadline:
-                    raise
-                log.warning("run %s: store unavailable, retrying: %s", self.run_id, exc)
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 0.5)
-
-    async def _abandon(self, sbx: Sandbox) -> None:
-        """Kill the agent of a sandbox this driver gives up and destroy it, before the claim
-        goes (shielded and bounded: it runs while the driver fails or is cancelled).
-
-        Raises:
-            asyncio.CancelledError: the driver was cancelled meanwhile (after the cleanup).
-        """
-        task = asyncio.ensure_future(self._reclaim(sbx))
-        deadline = time.monotonic() + self.deps.settings.final_write_timeout
-        cancelled = False
-        while not task.done() and time.monotonic() < deadline:
-            try:
-                await asyncio.wait({task}, timeout=deadline - time.monotonic())
-            except asyncio.CancelledError:
-                cancelled = True  # finish the cleanup first; re-raised below
-        if task.done() and not task.cancelled() and task.exception() is not None:
-            log.error("run %s: sandbox %s not reclaimed: %r", self.run_id, sbx.handle.key, task.exception())
-        elif not task.done():
-            task.cancel()
-            log.error("run %s: sandbox %s not reclaimed in time", self.run_id, sbx.handle.key)
-        if cancelled:
-            raise asyncio.CancelledError()
-
-    async def _reclaim(self, sbx: Sandbox) -> None:
-        """SIGKILL every agent process of the sandbox, confirm, then destroy it.
-
-        No grace period: nothing the agent writes from now on can reach a client.
-
-        Raises:
-            SandboxReclaimFailed: a process survived SIGKILL, or the sandbox still exists.
-        """
-        p, h = sbx.provider, sbx.handle
-        if p.killable_processes:
-            await p.kill(h, signal.SIGKILL)
-            for _ in range(100):
-                if not await p.processes_alive(h):
-                    break
-                await asyncio.sleep(0.02)
-            else:
-                raise SandboxReclaimFailed(h.key, "agent processes survived SIGKILL")
-        if not sbx.destroyed and not await p.destroy(h) and await p.exists(h):
-            raise SandboxReclaimFailed(h.key, "the sandbox could not be destroyed")
-        sbx.destroyed = True
-        with contextlib.suppress(BatonError, TimeoutError):
-            await asyncio.wait_for(self.deps.cc.delete_sandbox(h.key), self.deps.settings.store_retry)
-
-    async def _kill(self, sbx: Sandbox) -> bool | None:
-        """SIGTERM the agent's process group, SIGKILL after the grace period.
-
-        Returns:
-            True when no agent process is left, None when the provider cannot tell.
-        """
-        p = sbx.provider
-        if not p.killable_processes:
-            return None
-        if not await p.processes_alive(sbx.handle):
-            return True
-        await p.kill(sbx.handle, signal.SIGTERM)
-        deadline = time.monotonic() + self.deps.settings.cancel_grace
-        while time.monotonic() < deadline:
-            if not await p.processes_alive(sbx.handle):
-                return True
-            await asyncio.sleep(0.05)
-        await p.kill(sbx.handle, signal.SIGKILL)
-        for _ in range(40):
-            if not await p.processes_alive(sbx.handle):
-                return True
-            await asyncio.sleep(0.05)
-        return False
-
-    async def _destroy(self, sbx: Sandbox) -> bool:
-        if sbx.destroyed:
-            return True
-        ok = await sbx.provider.destroy(sbx.handle)
-        ok = ok or not await sbx.provider.exists(sbx.handle)
-        if ok:
-            sbx.destroyed = True
-            await self.deps.cc.delete_sandbox(sbx.handle.key)
-        return ok
 
     # --- finishing ------------------------------------------------------------------------
 
@@ -536,104 +456,73 @@ class RunDriver:
 
     async def _load_input_messages(self, stored: list[Any]) -> None:
         first_host = next((r for r in stored if r.kind == "chunk" and r.origin == "host"), None)
+        found = False
         if first_host is not None:
             body = await self.deps.read_chunk(self.run_id, first_host.offset)
-            if isinstance(body, dict):
+            if isinstance(body, dict) and body.get("name") == RUN_ACCEPTED:
                 self.builder.feed(body)  # run.accepted: sets the input messages
                 value = body.get("value")
                 if isinstance(value, dict) and isinstance(value.get("messages"), list):
                     self.input_messages = list(value["messages"])
+                    found = True
+        # The StartRun's claim writes run.accepted right after its fence: a log with an
+        # earlier claim's records but no run.accepted is a start that failed half-way. An
+        # empty log is a record no StartRun wrote (seeded by a tool or the reaper with its
+        # agent options only): it still runs, without input messages. (The epoch says
+        # nothing here: a reaper's or a refused claim also takes one.)
+        self._input_missing = not found and any(r.epoch < self.epoch for r in stored)
         # Marked loaded only now: a body cancelled inside the read above (a cancel seen via
         # WatchRun while a successor is still loading) must let the final writes load the
         # inputs again, else the saved transcript loses the user's messages.
         self._inputs_loaded = True
 
     async def _execute(self, d: M.Decision) -> None:
-        deps = self.deps
+        """Carry out decision ``d``: its final writes, as :class:`Finisher` steps."""
         self.stats.outcome = self.stats.outcome or d.status or ("handed-over" if d.release_claim else "stopped")
-        if not d.terminal:
-            if d.release_claim:
-                if self._replay_complete():
-                    await self._save_transcript_quietly()
-                if self._release_delay:
-                    await asyncio.sleep(self._release_delay)
-                with contextlib.suppress(BatonError):
-                    await deps.cc.release_claim(self.run_id, deps.session, self.epoch)
-            return
-        if self.fence_seq is None:
+        if d.terminal and self.fence_seq is None:
             # A cancel can arrive before this claim's fence landed: fence first, since
             # every write of a claim comes after its fence (DESIGN.md §4.1).
             try:
-                self.fence_seq = await self.writer.fence()
+                self.fence_seq = await retry_unavailable(
+                    self.writer.fence, deadline=time.monotonic() + self.deps.settings.finish_budget,
+                    session=self.deps.session, what=f"run {self.run_id}: fence", errors=(LogUnavailable,))
             except RunClaimLost:
                 return
             except LogAlreadyClosed as closed:
-                d = self.machine.decision = M.decide(await self._stored_close(closed),
-                                                     keep_sandbox=self.record.keep_sandbox)
-        sbx = self._sandbox
-        if sbx is None and d.kill_agent and self.record.sandbox_key:
-            sbx = self._sandbox = await deps.find_sandbox(self.record.sandbox_key)
-        process_gone: bool | None = True
-        destroyed = True
-        if d.kill_agent and sbx is not None:
-            process_gone = await self._kill(sbx)
+                try:
+                    d = self.machine.decision = M.decide(await self._stored_close(closed),
+                                                         keep_sandbox=self.record.keep_sandbox)
+                except LogUnavailable:
+                    d = M.Decision(release_claim=True, stop=True)
+            except LogUnavailable:
+                d = M.Decision(release_claim=True, stop=True)  # let go: a successor fences
+        if d.terminal:
+            save = d.save_transcript
+        else:
+            save = d.release_claim and self._replay_complete()
+        outcomes = await Finisher(self, d, save_transcript=save, release_delay=self._release_delay).finish()
+        if any(o == "gave-up" for o in outcomes.values()):
+            self.stats.outcome = f"{self.stats.outcome} (let go)"
+
+    async def prepare_transcript(self, sbx: Sandbox | None) -> None:
+        """Make the builder hold what the log holds before the sandbox goes or the transcript
+        is saved: rebuild it from the journal (``sbx``) when the replay did not catch up,
+        and load the run input when the body stopped before it did.
+
+        Raises:
+            LogUnavailable: the run input could not be read (``sbx`` is None).
+        """
+        if sbx is not None:
             if self.mode != "fresh" and (self._aligner is None or not self._aligner.caught_up):
                 # The replay did not reach the end of what is stored: rebuild the
                 # transcript of what clients saw from the journal before it is destroyed.
                 await self._rebuild_transcript_from_journal(sbx)
-            destroyed = await self._destroy(sbx)
-        appended = list(d.append)
-        if appended and appended[0].get("name") == RUN_CANCELLED:
-            appended[0] = M.cancelled_chunk(reason=appended[0]["value"]["reason"], process_gone=process_gone,
-                                            sandbox_destroyed=destroyed)
-        try:
-            if appended:
-                await self._append_now(appended, "host")
-        except RunClaimLost:
             return
-        if d.save_transcript:
-            if not self._inputs_loaded:
-                # Stopped before the body loaded the run input (no sandbox to rebuild from,
-                # or its journal unreadable): the transcript still starts with the user's
-                # messages, never overwrites a saved one with nothing.
-                await self._load_inputs_quietly()
-            await self._save_transcript_quietly()
-        if d.status is not None:
-            fields: dict[str, Any] = {"status": STATUS_TO_PB[d.status]}
-            paths = ["status"]
-            if d.status in TERMINAL:
-                fields["finished_at"] = time.time()
-                paths.append("finished_at")
-            if d.error is not None:
-                fields["error"] = runs_pb2.RunError(message=d.error[0], code=d.error[1])
-                paths.append("error")
-            try:
-                await deps.cc.update_run(self.run_id, runs_pb2.RunRecord(**fields), paths=paths,
-                                         epoch=self.epoch, session_id=deps.session.id)
-            except RunClaimLost as lost:
-                # The claim lapsed (lease) but the log may have no successor: still close it
-                # (fenced by the head only), so tailers end; a successor finalizes the
-                # record from the close record.
-                log.warning("run %s: final status not written: %s", self.run_id, lost)
-        if d.close is not None:
-            err = {"message": d.error[0], "code": d.error[1]} if d.error else None
-            await self.writer.close(d.close, err)
-        if d.release_claim:
-            with contextlib.suppress(BatonError):
-                await deps.cc.release_claim(self.run_id, deps.session, self.epoch)
-        if d.sandbox == "destroy":
-            if sbx is None and self.record.sandbox_key:
-                sbx = await deps.find_sandbox(self.record.sandbox_key)
-            if sbx is not None:
-                with contextlib.suppress(SandboxError, OSError):
-                    await self._destroy(sbx)
-        if d.close is not None and (sbx is not None or d.sandbox == "destroy"):
-            # The run is final: no sandbox of it but a kept one has a use any more.
-            keep = sbx.handle.key if sbx is not None and not sbx.destroyed else None
-            provider = sbx.provider if sbx is not None else deps.providers.get(deps.settings.provider)
-            if provider is not None:
-                with contextlib.suppress(SandboxError, OSError):
-                    await provider.destroy_leftovers(self.run_id, keep)
+        if not self._inputs_loaded:
+            # Stopped before the body loaded the run input (no sandbox to rebuild from, or
+            # its journal unreadable): the transcript still starts with the user's messages.
+            stored = await self.deps.log.stored_headers(self.run_id, before=self.fence_seq)
+            await self._load_input_messages(stored)
 
     async def _rebuild_transcript_from_journal(self, sbx: Sandbox) -> None:
         """The transcript of what the log holds (stored prefix), from the journal on disk."""
@@ -666,15 +555,6 @@ class RunDriver:
                 self.machine.saw_chunk(c)
         self.builder = builder
 
-    async def _load_inputs_quietly(self) -> None:
-        """Load the run input from the stored ``run.accepted`` (a failure is logged, not raised)."""
-        try:
-            stored = await self.deps.log.stored_headers(self.run_id, before=self.fence_seq)
-            await self._load_input_messages(stored)
-        except BatonError as exc:
-            reraise_if_cancelling()
-            log.warning("run %s: run input not loaded: %s", self.run_id, exc)
-
     def _replay_complete(self) -> bool:
         """Whether the builder holds at least what the log holds (else a save would shrink
         the saved transcript below what an earlier host saved)."""
@@ -682,27 +562,47 @@ class RunDriver:
 
     async def _save_transcript_quietly(self) -> None:
         try:
-            await self._save_transcript()
+            await self.save_transcript()
         except BatonError as exc:
             reraise_if_cancelling()
             log.warning("run %s: transcript not saved: %s", self.run_id, exc)
 
-    async def _save_transcript(self) -> None:
-        from baton.errors import TranscriptConflict
+    async def save_transcript(self) -> None:
+        """Save the builder's transcript, fenced (run id, epoch, run start): a successor's or
+        a later run's transcript is never replaced. A run whose input is unknown saves
+        nothing (it would replace the thread's transcript with less).
 
+        Raises:
+            TranscriptFenced: a successor or a later run saved; this driver never saves
+                again and stops (its claim is gone).
+            TranscriptConflict: other writers kept saving in between.
+            LogUnavailable: JetStream did not answer.
+        """
+        if self._transcript_fenced is not None:
+            raise self._transcript_fenced
+        if self._input_missing:
+            log.warning("run %s: transcript not saved: the run input is missing", self.run_id)
+            return
         ts = self.deps.transcripts
         thread = self.record.thread_id
+        writer = TranscriptWriter(self.run_id, self.epoch, self.record.started_at)
         msgs = self.builder.messages()
-        for _ in range(4):
+        for _ in range(8):
             if not self._transcript_loaded:
                 _, self._transcript_rev = await ts.load(thread)
                 self._transcript_loaded = True
             try:
-                self._transcript_rev = await ts.save(thread, msgs, expected_revision=self._transcript_rev)
+                self._transcript_rev = await ts.save(thread, msgs, expected_revision=self._transcript_rev,
+                                                     writer=writer)
                 self._snap_dirty = False
                 return
             except TranscriptConflict:
                 self._transcript_loaded = False
+            except TranscriptFenced as fenced:
+                self._transcript_fenced = fenced
+                self.post(M.ClaimLost(f"transcript@{fenced.stored_epoch}"))
+                raise
+        raise TranscriptConflict(thread, self._transcript_rev)
 
     async def _snapshots(self) -> None:
         interval = self.deps.settings.snapshot_interval
@@ -710,6 +610,8 @@ class RunDriver:
             return
         while True:
             await asyncio.sleep(interval)
+            if self._transcript_fenced is not None:
+                return  # a successor saved: this driver never saves again
             if self._snap_dirty and self.machine.phase is M.Phase.STREAMING and self._replay_complete():
                 await self._save_transcript_quietly()
 

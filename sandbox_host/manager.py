@@ -97,7 +97,10 @@ class RunManager:
 
     def _busy(self, run_id: str) -> bool:
         t = self._tasks.get(run_id)
-        return t is not None and not t.done()
+        d = self._drivers.get(run_id)
+        # A driver releasing its claim writes nothing more: the run may be taken again
+        # (failover may hand a let-go run back to this host at once).
+        return t is not None and not t.done() and not (d is not None and d.releasing)
 
     async def start_run(self, req: Any) -> tuple[runs_pb2.RunRecord, bool]:
         """``StartRun``: create (or resume) the record, claim, fence, ``run.accepted``.

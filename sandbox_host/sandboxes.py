@@ -1,11 +1,33 @@
-"""A sandbox as a driver holds it: provider, handle and the journal's sentinel nonce."""
+"""The sandbox of one driven run and its lifecycle: find or build, register, launch, kill,
+reclaim, destroy (DESIGN.md §5.1, §5.5).
+
+A :class:`Sandbox` is a sandbox as a driver holds it (provider, handle, the journal's
+sentinel nonce). :class:`RunSandboxes` does the provider and sandbox-registry I/O of one
+claim (run id, epoch); the :class:`~sandbox_host.driver.RunDriver` decides when.
+"""
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import signal
+import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal, TypeVar
+
+from baton.errors import BatonError, SandboxReclaimFailed, StoreUnavailable
+from baton.runs import record_status
+from baton.v1 import runs_pb2
+from sandbox_host._tasks import cancel_and_wait, retry_unavailable
 
 if TYPE_CHECKING:
+    from sandbox_host.deps import HostDeps
     from sandbox_host.providers import Provider, SandboxHandle
+
+log = logging.getLogger("baton.sandbox_host.driver")
+T = TypeVar("T")
+
+__all__ = ["RunSandboxes", "Sandbox"]
 
 
 @dataclass
@@ -23,3 +45,218 @@ class Sandbox:
     handle: "SandboxHandle"
     nonce: str
     destroyed: bool = False
+
+
+class RunSandboxes:
+    """The sandbox I/O of one claim. Holds the run's current sandbox (:attr:`current`).
+
+    Args:
+        deps: the host's clients and settings.
+        record: the run record (its ``sandbox_key`` is updated when this claim builds one).
+        epoch: the claim's epoch.
+        mode: the driver's mode (``fresh`` builds under the run id; a successor under
+            ``<run_id>#<epoch>``).
+    """
+
+    def __init__(self, deps: "HostDeps", record: runs_pb2.RunRecord, epoch: int,
+                 mode: Literal["fresh", "attach", "finalize"]) -> None:
+        self.deps = deps
+        self.record = record
+        self.run_id = record.run_id
+        self.epoch = epoch
+        self.mode = mode
+        self.current: Sandbox | None = None
+
+    # --- find or build ----------------------------------------------------------------
+
+    async def ensure(self, input_messages: list[dict[str, Any]]) -> Sandbox:
+        """The sandbox to follow: the registered, launched one (after the attach preflight),
+        or a new one with the agent launched on ``input_messages``.
+
+        Raises:
+            JournalAttachUnavailable: the preflight found no journal in time.
+            SandboxError: building, launching or reclaiming failed.
+            StoreUnavailable: the registry did not answer within ``settings.store_retry``.
+        """
+        deps = self.deps
+        if self.mode != "fresh" and self.record.sandbox_key:
+            found = await deps.find_sandbox(self.record.sandbox_key)
+            if found is not None and found.nonce:
+                if found.handle.data.get("launched"):
+                    self.current = found
+                    from sandbox_host.journal import preflight_attach
+
+                    async def status() -> str | None:
+                        return record_status(self.record)
+
+                    if await found.provider.file_size(found.handle, found.handle.journal_path) is None:
+                        log.info("run %s: waiting up to %.1fs for the journal", self.run_id, deps.settings.attach_wait)
+
+                    await preflight_attach(
+                        self.run_id, status=status,
+                        journal_size=lambda: found.provider.file_size(found.handle, found.handle.journal_path),
+                        attach_wait=deps.settings.attach_wait)
+                    return found
+                # Registered but never marked launched: the previous host may still have
+                # started its agent (it died, or the store failed, between the launch and
+                # the mark). Launching into that sandbox would run a second agent on the
+                # same journal, and building beside it would leave the first one running:
+                # kill whatever runs there and destroy it before building our own.
+                log.info("run %s: sandbox %s was never marked launched; destroying it", self.run_id,
+                         found.handle.key)
+                await self.reclaim(found)
+        return await self._build_and_launch(input_messages)
+
+    async def find(self) -> Sandbox | None:
+        """The current sandbox, else the one the record names (from the registry), else None.
+
+        Raises:
+            StoreUnavailable: the registry did not answer.
+        """
+        if self.current is None and self.record.sandbox_key:
+            self.current = await self.deps.find_sandbox(self.record.sandbox_key)
+        return self.current
+
+    async def _build_and_launch(self, input_messages: list[dict[str, Any]]) -> Sandbox:
+        deps = self.deps
+        # A successor that rebuilds gets its own key (and so its own journal): the first
+        # host's sandbox, if any, is never reused.
+        key = self.run_id if self.mode == "fresh" else f"{self.run_id}#{self.epoch}"
+        provider = deps.provider_for_run(self.record)
+        spec = deps.sandbox_spec(self.record)
+        handle = await provider.create(key, spec)
+        from sandbox_host.journal import new_nonce
+
+        sbx = Sandbox(provider, handle, new_nonce())
+        self.current = sbx
+        try:
+            # Registered before launch, so whoever takes over finds (and can destroy) it.
+            await self._store(lambda: deps.register_sandbox(self.record, sbx, launched=False, epoch=self.epoch))
+            await self._store(lambda: deps.cc.update_run(
+                self.run_id, runs_pb2.RunRecord(sandbox_key=key), paths=["sandbox_key"],
+                epoch=self.epoch, session_id=deps.session.id))
+            self.record.sandbox_key = key
+            await self._launch(sbx, input_messages)
+        except BaseException:
+            # Given up before the agent is known to the registry as launched: a successor
+            # could neither follow nor stop it, so it must not outlive this claim.
+            await self.abandon(sbx)
+            raise
+        return sbx
+
+    async def _launch(self, sbx: Sandbox, input_messages: list[dict[str, Any]]) -> None:
+        deps = self.deps
+        argv, stdin, env, secrets = await deps.launch_spec(self.record, sbx.provider, sbx.handle, input_messages)
+        data = await sbx.provider.launch(sbx.handle, argv, nonce=sbx.nonce, stdin=stdin, env=env, secrets=secrets)
+        from sandbox_host.providers import SandboxHandle
+
+        sbx.handle = SandboxHandle(provider=sbx.handle.provider, key=sbx.handle.key,
+                                   journal_path=sbx.handle.journal_path, stderr_path=sbx.handle.stderr_path,
+                                   workdir=sbx.handle.workdir, data={**sbx.handle.data, **data, "launched": True})
+        await self._store(lambda: deps.register_sandbox(self.record, sbx, launched=True, epoch=self.epoch))
+
+    async def _store(self, write: Callable[[], Awaitable[T]]) -> T:
+        """One idempotent registry/record write, retried for ``settings.store_retry`` seconds
+        while the store is unavailable (never past this host's session)."""
+        return await retry_unavailable(write, deadline=time.monotonic() + self.deps.settings.store_retry,
+                                       session=self.deps.session, what=f"run {self.run_id}: store",
+                                       errors=(StoreUnavailable,))
+
+    # --- stop and remove --------------------------------------------------------------
+
+    async def abandon(self, sbx: Sandbox) -> None:
+        """Kill the agent of a sandbox this driver gives up and destroy it, before the claim
+        goes (shielded and bounded: it runs while the driver fails or is cancelled).
+
+        Raises:
+            asyncio.CancelledError: the driver was cancelled meanwhile (after the cleanup).
+        """
+        task = asyncio.ensure_future(self.reclaim(sbx))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.deps.settings.final_write_timeout
+        cancelled = False
+        while not task.done() and loop.time() < deadline:
+            try:
+                await asyncio.wait({task}, timeout=deadline - loop.time())
+            except asyncio.CancelledError:
+                cancelled = True  # finish the cleanup first; re-raised below
+        if not task.done():
+            log.error("run %s: sandbox %s not reclaimed in time", self.run_id, sbx.handle.key)
+            await cancel_and_wait({task})  # its owner awaits it, even when giving up on it
+        elif not task.cancelled() and task.exception() is not None:
+            log.error("run %s: sandbox %s not reclaimed: %r", self.run_id, sbx.handle.key, task.exception())
+        if cancelled:
+            raise asyncio.CancelledError()
+
+    async def reclaim(self, sbx: Sandbox) -> None:
+        """SIGKILL every agent process of the sandbox, confirm, then destroy it.
+
+        No grace period: nothing the agent writes from now on can reach a client.
+
+        Raises:
+            SandboxReclaimFailed: a process survived SIGKILL, or the sandbox still exists.
+        """
+        p, h = sbx.provider, sbx.handle
+        if p.killable_processes:
+            await p.kill(h, signal.SIGKILL)
+            for _ in range(100):
+                if not await p.processes_alive(h):
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                raise SandboxReclaimFailed(h.key, "agent processes survived SIGKILL")
+        if not sbx.destroyed and not await p.destroy(h) and await p.exists(h):
+            raise SandboxReclaimFailed(h.key, "the sandbox could not be destroyed")
+        sbx.destroyed = True
+        with contextlib.suppress(BatonError, TimeoutError):
+            async with asyncio.timeout(self.deps.settings.store_retry):
+                await self.deps.cc.delete_sandbox(h.key)
+
+    async def kill(self, sbx: Sandbox) -> bool | None:
+        """SIGTERM the agent's process group, SIGKILL after the grace period.
+
+        Returns:
+            True when no agent process is left, None when the provider cannot tell.
+        """
+        p = sbx.provider
+        if not p.killable_processes:
+            return None
+        if not await p.processes_alive(sbx.handle):
+            return True
+        await p.kill(sbx.handle, signal.SIGTERM)
+        deadline = time.monotonic() + self.deps.settings.cancel_grace
+        while time.monotonic() < deadline:
+            if not await p.processes_alive(sbx.handle):
+                return True
+            await asyncio.sleep(0.05)
+        await p.kill(sbx.handle, signal.SIGKILL)
+        for _ in range(40):
+            if not await p.processes_alive(sbx.handle):
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+    async def destroy(self, sbx: Sandbox) -> bool:
+        """Destroy the sandbox, then remove it from the registry (idempotent).
+
+        Returns:
+            True when the sandbox is confirmed gone.
+
+        Raises:
+            StoreUnavailable: the registry entry could not be removed (the sandbox is gone;
+                calling again retries only the registry).
+        """
+        if not sbx.destroyed:
+            ok = await sbx.provider.destroy(sbx.handle)
+            if not (ok or not await sbx.provider.exists(sbx.handle)):
+                return False
+            sbx.destroyed = True
+        await self.deps.cc.delete_sandbox(sbx.handle.key)
+        return True
+
+    async def destroy_leftovers(self, keep: str | None) -> None:
+        """Remove every other sandbox of this run (a host that died mid-build left it)."""
+        sbx = self.current
+        provider = sbx.provider if sbx is not None else self.deps.providers.get(self.deps.settings.provider)
+        if provider is not None:
+            await provider.destroy_leftovers(self.run_id, keep)

@@ -3,6 +3,14 @@
 Tests isolate themselves with :func:`unique` prefixes/stream names. Tests that stop, kill or
 restart a server use the function-scoped ``own_etcd`` / ``own_nats`` fixtures so they do not
 disturb the shared ones.
+
+Also here, for every test:
+
+- :func:`require` / ``@pytest.mark.requires(condition, reason=...)``: a missing prerequisite
+  (Docker, node, chromium, docker-compose) skips outside CI and fails under ``CI=true``.
+- the ``unit`` marker, set by :func:`pytest_collection_modifyitems` on every test that needs
+  no server (``pytest -m unit``: the pure core in seconds).
+- :func:`no_task_leaks`: a test that leaves asyncio tasks running fails.
 """
 from __future__ import annotations
 
@@ -12,9 +20,10 @@ import pathlib
 import signal
 import time
 import uuid
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
+import pytest_asyncio
 
 from baton_tools.testing.servers import EtcdServer, NatsServer
 
@@ -39,6 +48,89 @@ def pytest_configure(config: pytest.Config) -> None:
             raise KeyboardInterrupt(f"signal {signum}")
 
         signal.signal(signal.SIGTERM, _interrupt)
+
+
+#: ``CI=true`` (as .ci/run sets): a prerequisite the machine lacks is a failure, not a skip.
+IN_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def require(condition: object, reason: str) -> None:
+    """Go on when ``condition`` holds; else skip with ``reason``, or fail under CI.
+
+    Outside CI a machine without Docker, node or chromium skips what it cannot run (README:
+    `make test` only skips what the machine lacks). Under ``CI=true`` the setup promised
+    them, so a missing one must turn the run red instead of silently skipping its tests.
+    """
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(f"CI prerequisite missing: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+# Fixtures that start or need a server (etcd, NATS, processes); a test whose fixture closure
+# holds none of them, and that has none of SERVER_MARKS, is a `unit` test.
+SERVER_FIXTURES = frozenset({"etcd", "nats", "own_etcd", "own_nats"})
+SERVER_MARKS = frozenset({"docker", "node", "browser", "slow", "requires"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the server-free tests ``unit`` (by what they use, so no list goes stale).
+
+    The fixture closure is transitive: a test using a cluster fixture that uses ``etcd`` is
+    not a unit test. Tests that spawn servers by hand sit in modules marked
+    ``pytestmark = pytest.mark.servers`` (see ``SERVER_MARKS``).
+    """
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        marks = {m.name for m in item.iter_markers()}
+        if not used & SERVER_FIXTURES and not marks & (SERVER_MARKS | {"servers"}):
+            item.add_marker(pytest.mark.unit)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Apply ``@pytest.mark.requires(condition, reason=...)`` through :func:`require`."""
+    for mark in item.iter_markers("requires"):
+        condition = mark.args[0] if mark.args else mark.kwargs["condition"]
+        require(condition, mark.kwargs.get("reason") or (mark.args[1] if len(mark.args) > 1 else "unmet"))
+
+
+# How long tasks a test started may take to finish after it (cancelled tasks unwinding,
+# a close() callback scheduled on the loop) before they count as leaked.
+TASK_LEAK_GRACE = 2.0
+
+
+@pytest_asyncio.fixture(autouse=True, loop_scope="session")
+async def no_task_leaks() -> AsyncIterator[None]:
+    """Fail a test that leaves asyncio tasks running on the session loop.
+
+    Autouse, so it is set up before and torn down after the test's own function-scoped
+    fixtures: tasks those fixtures own are awaited by their teardown first. Tasks of module
+    or session fixtures already exist when the snapshot is taken. Leaked tasks are cancelled
+    after the failure so they cannot disturb the next test.
+    """
+    before = asyncio.all_tasks()
+    yield
+    deadline = time.monotonic() + TASK_LEAK_GRACE
+    while True:
+        leaked = asyncio.all_tasks() - before - {asyncio.current_task()}
+        if not leaked or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.02)
+    if not leaked:
+        return
+    described = sorted(_describe(t) for t in leaked)
+    for t in leaked:
+        t.cancel()
+    await asyncio.wait(leaked, timeout=TASK_LEAK_GRACE)
+    pytest.fail(f"{len(leaked)} asyncio task(s) outlived the test: " + "; ".join(described), pytrace=False)
+
+
+def _describe(task: asyncio.Task[Any]) -> str:
+    coro = task.get_coro()
+    code = getattr(coro, "cr_code", None) or getattr(coro, "gi_code", None)
+    where = f" {code.co_filename}:{code.co_firstlineno}" if code is not None else ""
+    return f"{task.get_name()} {getattr(coro, '__qualname__', coro)!s}{where}"
 
 
 def unique(prefix: str = "t") -> str:

@@ -9,6 +9,7 @@ import sys
 
 import aetcd
 import nats as nats_client
+import pytest
 
 from baton_tools.testing.servers import EtcdServer, NatsServer
 from tests.cli.conftest import processes_mentioning
@@ -54,6 +55,7 @@ def test_hold(own_etcd, own_nats):
 """
 
 
+@pytest.mark.servers
 async def test_sigterm_to_pytest_tears_its_servers_down(tmp_path: pathlib.Path) -> None:
     # `timeout`, or a cancelled CI job, SIGTERMs pytest: the servers it started (each in its
     # own session) must not outlive it as orphans.

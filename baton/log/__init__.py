@@ -15,6 +15,7 @@ from baton.log._config import LogConfig
 from baton.log._headers import CloseStatus, Kind, Origin, StoredRecord
 from baton.log._log import DeliveryLog
 from baton.log._reader import LogReader, parse_offset
+from baton.log._transcript_fence import TranscriptWriter
 from baton.log._transcripts import TranscriptStore
 from baton.log._writer import LogWriter
 
@@ -28,5 +29,6 @@ __all__ = [
     "Origin",
     "StoredRecord",
     "TranscriptStore",
+    "TranscriptWriter",
     "parse_offset",
 ]

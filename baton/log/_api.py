@@ -21,6 +21,12 @@ ERR_WRONG_LAST_SEQUENCE = 10071
 ERR_NO_MESSAGE_FOUND = 10037
 ERR_STREAM_NAME_IN_USE = 10058
 ERR_CONSUMER_NOT_FOUND = 10014
+# A publish refused for lack of storage: 10023 "insufficient resources" (the server's
+# max_file_store is reached; seen with nats-server 2.15) and 10047 "insufficient storage
+# resources available" (an account or reservation limit).
+ERR_INSUFFICIENT_RESOURCES = 10023
+ERR_STORAGE_RESOURCES_EXCEEDED = 10047
+STORAGE_FULL_CODES = frozenset({ERR_INSUFFICIENT_RESOURCES, ERR_STORAGE_RESOURCES_EXCEEDED})
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,8 @@ from nats.aio.subscription import Subscription
 from nats.js import api
 from nats.js.manager import JetStreamManager
 
+from baton.retry import Deadline, retry
+
 log = logging.getLogger(__name__)
 
 _STATUS = "Status"
@@ -134,36 +136,38 @@ class OrderedConsumer:
                 await self._jsm.delete_consumer(self._stream, consumer)
 
     async def _create(self) -> None:
-        """(Re)create the consumer from ``_next_seq``, retrying until it exists."""
-        delay = 0.05
-        while True:
-            await self._drop()
-            try:
-                # Room for one full batch plus status messages: the client never drops.
-                self._sub = await self._nc.subscribe(
-                    self._nc.new_inbox(), cb=self._on_msg,
-                    pending_msgs_limit=self._batch + 64, pending_bytes_limit=0,
-                )
-                cfg = api.ConsumerConfig(
-                    deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-                    opt_start_seq=self._next_seq,
-                    filter_subject=self._subject,
-                    ack_policy=api.AckPolicy.NONE,
-                    headers_only=self._headers_only or None,
-                    mem_storage=True,
-                    num_replicas=1,
-                    inactive_threshold=max(30.0, self._hb * 10),
-                )
-                info = await self._jsm.add_consumer(self._stream, config=cfg, timeout=self._timeout)
-                self._consumer = info.name
-                self._cseq = 0
-                await self._pull()
-                return
-            except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
-                # Typically the server is restarting; nats-py reconnects on its own.
-                log.debug("creating consumer on %s failed (%s); retrying", self._stream, type(exc).__name__)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        """(Re)create the consumer from ``_next_seq``, retrying until it exists.
+
+        No budget: a reader waits out a NATS restart (nats-py reconnects on its own) until
+        its owner cancels it.
+        """
+        await retry(self._create_once, deadline=Deadline.never(),
+                    retry_on=(nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError),
+                    first_pause=0.05, max_pause=1.0,
+                    on_retry=lambda exc: log.debug("creating consumer on %s failed (%s); retrying",
+                                                   self._stream, type(exc).__name__))
+
+    async def _create_once(self) -> None:
+        await self._drop()
+        # Room for one full batch plus status messages: the client never drops.
+        self._sub = await self._nc.subscribe(
+            self._nc.new_inbox(), cb=self._on_msg,
+            pending_msgs_limit=self._batch + 64, pending_bytes_limit=0,
+        )
+        cfg = api.ConsumerConfig(
+            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=self._next_seq,
+            filter_subject=self._subject,
+            ack_policy=api.AckPolicy.NONE,
+            headers_only=self._headers_only or None,
+            mem_storage=True,
+            num_replicas=1,
+            inactive_threshold=max(30.0, self._hb * 10),
+        )
+        info = await self._jsm.add_consumer(self._stream, config=cfg, timeout=self._timeout)
+        self._consumer = info.name
+        self._cseq = 0
+        await self._pull()
 
     async def _pull(self) -> None:
         assert self._sub is not None and self._consumer is not None

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any
 
@@ -11,9 +12,10 @@ import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.js import api
 
-from baton.errors import LogUnavailable
+from baton.errors import LogStorageFull, LogUnavailable
+from baton.ids import subject_token
 from baton.log import _headers as H
-from baton.log._api import ERR_STREAM_NAME_IN_USE, last_on_subject
+from baton.log._api import ERR_STREAM_NAME_IN_USE, STORAGE_FULL_CODES, last_on_subject
 from baton.log._config import LogConfig
 from baton.log._consumer import OrderedConsumer
 from baton.log._reader import LogReader, parse_offset
@@ -21,6 +23,8 @@ from baton.log._transcripts import TranscriptStore
 from baton.log._writer import LogWriter
 
 log = logging.getLogger("baton.log")
+# How long a storage probe record is kept (nats-server per-message TTL).
+_PROBE_TTL = "60s"
 # What a dropped or refused connection raises (an outage, not a bug worth a traceback).
 _CONNECTION_ERRORS = (OSError, asyncio.TimeoutError, nats.errors.NoServersError, nats.errors.UnexpectedEOF,
                       nats.errors.StaleConnectionError, nats.errors.ConnectionClosedError)
@@ -127,6 +131,7 @@ class DeliveryLog:
             num_replicas=self.cfg.replicas,
             allow_direct=True,
             max_msgs_per_subject=self.cfg.max_msgs_per_subject,
+            allow_msg_ttl=True,  # storage probes expire (probe_storage)
         )
 
     async def provision(self) -> None:
@@ -148,6 +153,48 @@ class DeliveryLog:
             await TranscriptStore(self.nc, self.cfg).provision()
         except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
             raise LogUnavailable(self.cfg.stream, f"provisioning failed: {exc}") from exc
+
+    async def probe_storage(self, prober: str, *, timeout: float = 2.0) -> None:
+        """Store one small probe record in the runs stream, to learn whether it stores.
+
+        The probe lives at ``<subject_prefix>._probe.<prober>``: two tokens, so never a run's
+        subject (those have one). It expires after a minute (``Nats-TTL``; the stream
+        allows per-message TTLs), so probing leaves a few records at most. Not a purge of
+        earlier probes: a purge against a store that just hit ENOSPC held up reads of the
+        stream (seen with nats-server 2.15). A refusal-free probe of the runs stream itself is what
+        tells a full store: nats-server still answers reads, compare failures and
+        duplicates of a stream whose writes hit ENOSPC, and only real stores go unanswered.
+
+        Args:
+            prober: who probes (e.g. the gateway id).
+            timeout: seconds to wait for the acknowledgement.
+
+        Raises:
+            LogStorageFull: refused for lack of storage, or unanswered while reads answer.
+            LogUnavailable: JetStream does not answer at all (not even reads).
+        """
+        stream = self.cfg.stream
+        subject = f"{self.cfg.subject_prefix}._probe.{subject_token(prober)}"
+        try:
+            reply = await self.nc.request(subject, b"", timeout=timeout,
+                                          headers={H.KIND: "probe", "Nats-TTL": _PROBE_TTL})
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError, nats.errors.ConnectionClosedError,
+                asyncio.TimeoutError) as exc:
+            try:
+                await last_on_subject(self.nc, stream, subject, timeout=timeout)
+            except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError):
+                raise LogUnavailable(stream, f"JetStream does not answer: {type(exc).__name__}") from exc
+            raise LogStorageFull(stream, "JetStream answers reads but did not acknowledge a store") from exc
+        resp = json.loads(reply.data)
+        err = resp.get("error")
+        if err is not None:
+            code = err.get("err_code")
+            if code in STORAGE_FULL_CODES:
+                raise LogStorageFull(stream, f"probe refused: {err.get('description', '')} ({code})", code)
+            # Any other refusal (e.g. 10166 "per-message TTL is disabled" on a stream not yet
+            # re-provisioned) says nothing about storage: JetStream answered, so no problem
+            # is reported, and nobody is refused service on a guess.
+            log.debug("storage probe refused: %s (%s)", err.get("description", ""), code)
 
     def writer(self, run_id: str, epoch: int, *, publish_timeout: float = 5.0) -> LogWriter:
         """A writer for ``run_id`` under the claim of ``epoch``; call ``fence()`` first."""

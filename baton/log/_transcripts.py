@@ -1,9 +1,13 @@
 """Transcripts: a thread's messages in a JetStream KV bucket (DESIGN.md §4.2).
 
-Key = an injective, key-safe encoding of the thread id. The value is the JSON list of the
-thread's AG-UI messages. A value larger than what the bucket (or the server's max
+Key = an injective, key-safe encoding of the thread id. The value is
+``{"writer": {"run", "epoch", "at"}, "messages": [...]}`` (values saved before the
+transcript fence are a bare JSON list and stay readable). A save with a writer is fenced
+(:mod:`baton.log._transcript_fence`): it reads the stored value's writer, refuses to
+replace a successor's or a later run's transcript, and writes with compare-and-set on the
+revision it read. A value larger than what the bucket (or the server's max
 payload) accepts is split: its parts go under ``<key>.<generation>.<i>`` first, then the
-key gets a small manifest ``{"parts": n, "gen": ..., "bytes": ..., "sha256": ...}``
+key gets a small manifest ``{"parts": n, "gen": ..., "bytes": ..., "sha256": ..., "writer": ...}``
 written with the same compare-on-revision as a plain value. Parts of one save never
 overwrite another save's parts (fresh generation), so a lost race cannot corrupt the
 winner's transcript; the loser's parts and a replaced manifest's parts are deleted.
@@ -23,9 +27,10 @@ from nats.aio.client import Client as NATS
 from nats.js import api
 from nats.js.kv import KeyValue
 
-from baton.errors import LogUnavailable, TranscriptConflict
+from baton.errors import LogUnavailable, TranscriptConflict, TranscriptFenced
 from baton.ids import encode_token
 from baton.log._config import LogConfig
+from baton.log._transcript_fence import TranscriptWriter, verdict
 
 # Room left in a part for the publish's headers and JSON framing.
 _HEADROOM = 1024
@@ -106,9 +111,8 @@ class TranscriptStore:
                 entry = await kv.get(key)
             except nats.js.errors.KeyNotFoundError:
                 return [], None
-            raw = entry.value or b""
-            value = json.loads(raw) if raw else []
-            if isinstance(value, dict) and "parts" in value:
+            value, _writer = _decode(entry.value or b"")
+            if isinstance(value, dict):
                 chunks = [(await kv.get(f"{key}.{value['gen']}.{i}")).value or b"" for i in range(int(value["parts"]))]
                 blob = b"".join(chunks)
                 if hashlib.sha256(blob).hexdigest() != value.get("sha256"):
@@ -119,7 +123,8 @@ class TranscriptStore:
             raise LogUnavailable(thread_id, f"loading the transcript failed: {type(exc).__name__}") from exc
 
     async def save(
-        self, thread_id: str, messages: list[dict[str, Any]], expected_revision: int | None = None
+        self, thread_id: str, messages: list[dict[str, Any]], expected_revision: int | None = None,
+        *, writer: TranscriptWriter | None = None,
     ) -> int:
         """Save the thread's messages if the saved revision is still ``expected_revision``.
 
@@ -128,31 +133,53 @@ class TranscriptStore:
             messages: AG-UI messages (JSON-serialisable dicts).
             expected_revision: the revision :meth:`load` returned; ``None`` (or 0) means
                 "nothing saved yet" (create).
+            writer: who saves (run, epoch, run start). When given, the save is fenced: it
+                is refused if the stored value was saved by this run at a higher epoch or by
+                a later run of the thread, and the writer is stored with the value.
 
         Returns:
             The new revision.
 
         Raises:
+            TranscriptFenced: the stored transcript is a successor's or a later run's;
+                never save this run's transcript again.
             TranscriptConflict: someone saved in between; load again and retry.
             LogUnavailable: JetStream did not answer.
         """
         key = thread_key(thread_id)
-        blob = json.dumps(messages, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        body = json.dumps(messages, separators=(",", ":"), ensure_ascii=False)
+        stamp = json.dumps(writer.to_json(), separators=(",", ":")) if writer is not None else None
+        blob = body.encode("utf-8")
         try:
             kv, part_size = await self._bucket()
-            old_manifest = await self._manifest(kv, key) if expected_revision else None
+            current = await self._current(kv, key) if expected_revision or writer is not None else None
+            if writer is not None and current is not None:
+                rev_now, stored_value, stored_writer = current
+                if expected_revision and rev_now != expected_revision:
+                    # The fence is judged on the value the compare-and-set replaces.
+                    raise TranscriptConflict(thread_id, expected_revision)
+                if not expected_revision:
+                    raise TranscriptConflict(thread_id, expected_revision)  # create, but it exists
+                if verdict(stored_writer, writer) != "replace":
+                    assert stored_writer is not None
+                    raise TranscriptFenced(thread_id, writer.run_id, writer.epoch,
+                                           stored_writer.run_id, stored_writer.epoch)
+            old_manifest = current[1] if current is not None and isinstance(current[1], dict) else None
             parts: list[str] = []
-            if len(blob) <= part_size:
-                value = blob
+            inline = blob if stamp is None else f'{{"writer":{stamp},"messages":{body}}}'.encode("utf-8")
+            if len(inline) <= part_size:
+                value = inline
             else:
                 gen = uuid.uuid4().hex[:16]
                 for i in range(0, len(blob), part_size):
                     part_key = f"{key}.{gen}.{len(parts)}"
                     await kv.put(part_key, blob[i : i + part_size])
                     parts.append(part_key)
-                value = json.dumps(
-                    {"parts": len(parts), "gen": gen, "bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
-                ).encode()
+                manifest: dict[str, Any] = {"parts": len(parts), "gen": gen, "bytes": len(blob),
+                                            "sha256": hashlib.sha256(blob).hexdigest()}
+                if writer is not None:
+                    manifest["writer"] = writer.to_json()
+                value = json.dumps(manifest).encode()
             try:
                 if expected_revision:
                     rev = await kv.update(key, value, last=expected_revision)
@@ -175,16 +202,14 @@ class TranscriptStore:
             raise LogUnavailable(thread_id, f"saving the transcript failed: {type(exc).__name__}") from exc
 
     @staticmethod
-    async def _manifest(kv: KeyValue, key: str) -> dict[str, Any] | None:
+    async def _current(kv: KeyValue, key: str) -> tuple[int, Any, TranscriptWriter | None] | None:
+        """The stored entry: ``(revision, messages list or manifest dict, writer)``, or ``None``."""
         try:
             entry = await kv.get(key)
         except nats.js.errors.KeyNotFoundError:
             return None
-        raw = entry.value or b""
-        if raw[:1] != b"{":
-            return None
-        value = json.loads(raw)
-        return value if isinstance(value, dict) and "parts" in value else None
+        value, writer = _decode(entry.value or b"")
+        return int(entry.revision or 0), value, writer
 
     @staticmethod
     async def _delete(kv: KeyValue, keys: list[str]) -> None:
@@ -192,3 +217,18 @@ class TranscriptStore:
         for k in keys:
             with contextlib.suppress(*_NATS_ERRORS):
                 await kv.purge(k)
+
+
+def _decode(raw: bytes) -> tuple[Any, TranscriptWriter | None]:
+    """A stored value → (messages list, or a parts manifest dict; its writer or ``None``).
+
+    Three shapes are readable: a bare list (saved without a writer), ``{"writer",
+    "messages"}``, and a parts manifest (``{"parts", "gen", ...}``, with or without writer).
+    """
+    value = json.loads(raw) if raw else []
+    if isinstance(value, dict):
+        writer = TranscriptWriter.from_json(value.get("writer"))
+        if "parts" in value:
+            return value, writer
+        return list(value.get("messages") or []), writer
+    return value, None

@@ -4,6 +4,9 @@ Every record is published with ``Nats-Expected-Last-Subject-Sequence`` set to th
 the writer knows (the sequence of its previous record, or the head it read before its
 fence), so JetStream itself refuses a record from a writer whose successor has fenced the
 log: there is no window in which a paused writer can land anything after the fence.
+
+What a tail record means for this writer is decided in one place, :func:`baton.log.fence.judge`;
+this module does the I/O around it.
 """
 from __future__ import annotations
 
@@ -15,11 +18,13 @@ import nats.errors
 from nats.aio.client import Client as NATS
 from nats.js.client import JetStreamContext
 
-from baton.errors import AppendConflict, LogAlreadyClosed, LogUnavailable, RunClaimLost
+from baton.errors import AppendConflict, LogAlreadyClosed, LogStorageFull, LogUnavailable, RunClaimLost
 from baton.fingerprint import fingerprint
 from baton.log import _headers as H
-from baton.log._api import ERR_WRONG_LAST_SEQUENCE, RawRecord, last_on_subject
+from baton.log._api import ERR_WRONG_LAST_SEQUENCE, STORAGE_FULL_CODES, RawRecord, last_on_subject
 from baton.log._config import LogConfig
+from baton.log._headers import StoredRecord
+from baton.log.fence import Op, Verdict, describe, judge
 from baton.runs import CLOSE_STATUSES
 
 # Longest error text a close record carries; headers are not a place for stack traces.
@@ -38,15 +43,8 @@ def _header_safe(text: str) -> str:
     return " ".join(text.splitlines())[:_MAX_ERROR_CHARS]
 
 
-def _describe(tail: RawRecord) -> str:
-    return f"{tail.headers.get(H.KIND, 'chunk')}@{tail.headers.get(H.EPOCH, '0')}"
-
-
-def _epoch_of(tail: RawRecord) -> int:
-    try:
-        return int(tail.headers.get(H.EPOCH, "0"))
-    except ValueError:
-        return 0
+def _parsed(tail: RawRecord | None) -> StoredRecord | None:
+    return None if tail is None else H.parse_record(tail.seq, tail.headers)
 
 
 class LogWriter:
@@ -85,6 +83,11 @@ class LogWriter:
         self._max_attempts = max_attempts
         self._head: int | None = None
         self._n = 0
+        # The record whose publish went unacknowledged: (expected head, payload, headers
+        # without the message id, its number). A retry of the same record at the same
+        # head reuses the number, so JetStream's de-duplication and the head check both
+        # recognise it if an earlier attempt did land.
+        self._unacked: tuple[int, bytes, dict[str, str], int] | None = None
         self._lost: RunClaimLost | None = None
         self._closed = False
         self._lock = asyncio.Lock()
@@ -110,9 +113,14 @@ class LogWriter:
         if self._lost is not None:
             raise RunClaimLost(self.run_id, self.epoch, self._lost.observed)
 
-    def _latch(self, tail: RawRecord) -> RunClaimLost:
-        self._lost = RunClaimLost(self.run_id, self.epoch, _describe(tail))
+    def _latch(self, tail: StoredRecord | None) -> RunClaimLost:
+        assert tail is not None  # Verdict.LOST names a record
+        self._lost = RunClaimLost(self.run_id, self.epoch, describe(tail))
         return self._lost
+
+    def _already_closed(self, tail: StoredRecord | None) -> LogAlreadyClosed:
+        assert tail is not None  # Verdict.CLOSED names a record
+        return LogAlreadyClosed(self.run_id, tail.status or "", tail.epoch, tail.offset)
 
     # --- adapter ----------------------------------------------------------------------
 
@@ -128,16 +136,32 @@ class LogWriter:
         A timed-out publish is retried with the same message id after checking the head:
         nats-server checks the compare before de-duplication (DESIGN.md §4.1), so a retry
         of a publish that did land is refused with 10071, and the head tells us it landed.
+        The same holds across calls: when this raised ``LogUnavailable`` and the caller
+        publishes the same record at the same head again, it goes out with the same id.
 
         Raises:
             _CompareFailed: the head is not ``expected`` and is not this record.
+            LogStorageFull: JetStream refused for lack of storage (10023/10047), or answered
+                reads but acknowledged none of ``max_attempts`` publishes (a full disk).
             LogUnavailable: JetStream did not answer after ``max_attempts`` tries.
         """
-        self._n += 1
-        msg_id = f"{self.run_id}/{self.epoch}/{self._n}"
+        identity = dict(headers)
+        if self._unacked is not None and self._unacked[:3] == (expected, payload, identity):
+            n = self._unacked[3]
+        else:
+            self._n += 1
+            n = self._n
+        msg_id = f"{self.run_id}/{self.epoch}/{n}"
         headers[H.MSG_ID] = msg_id
         headers[H.EXPECTED_LAST_SUBJECT_SEQ] = str(expected)
+        self._unacked = (expected, payload, identity, n)
+        seq = await self._publish_attempts(payload, headers, msg_id)
+        self._unacked = None
+        return seq
+
+    async def _publish_attempts(self, payload: bytes, headers: dict[str, str], msg_id: str) -> int:
         attempt = 0
+        reads_answered = False
         while True:
             attempt += 1
             try:
@@ -152,20 +176,34 @@ class LogWriter:
                 err = resp.get("error")
                 if err is None:
                     return int(resp["seq"])
-                if err.get("err_code") != ERR_WRONG_LAST_SEQUENCE:
+                code = err.get("err_code")
+                if code in STORAGE_FULL_CODES:
+                    # max_file_store reached: refused before storing, clears by itself
+                    # once space is freed (retention, deletes).
+                    raise LogStorageFull(self.run_id, f"publish refused: {err.get('description', '')} ({code})", code)
+                if code != ERR_WRONG_LAST_SEQUENCE:
                     raise LogUnavailable(self.run_id, f"publish refused: {err.get('description', '')}")
                 tail = await self._tail()
                 if tail is not None and tail.headers.get(H.MSG_ID) == msg_id:
                     return tail.seq  # an earlier attempt of this very record landed
+                self._unacked = None  # refused, not unacknowledged: never the same record again
                 raise _CompareFailed(tail)
             # No answer: did an earlier attempt land? Then it is not sent again.
             try:
                 tail = await self._tail()
+                reads_answered = True
             except LogUnavailable:
                 tail = None
+                reads_answered = False
             if tail is not None and tail.headers.get(H.MSG_ID) == msg_id:
                 return tail.seq
             if attempt >= self._max_attempts:
+                if reads_answered:
+                    # Reads answer, stores do not: what nats-server does after a write hit
+                    # ENOSPC (the stream stores again only after a restart with free space).
+                    raise LogStorageFull(
+                        self.run_id, f"JetStream answers reads but acknowledged none of {attempt} publishes"
+                    ) from err_exc
                 raise LogUnavailable(self.run_id, f"publish not acknowledged after {attempt} attempts") from err_exc
             await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
 
@@ -185,16 +223,15 @@ class LogWriter:
         async with self._lock:
             self._check_live()
             while True:
-                tail = await self._tail()
-                if tail is not None:
-                    epoch = _epoch_of(tail)
-                    if epoch > self.epoch:
-                        raise self._latch(tail)
-                    if tail.headers.get(H.KIND) == "close":
-                        raise LogAlreadyClosed(self.run_id, tail.headers.get(H.STATUS, ""), epoch, tail.seq)
+                tail = _parsed(await self._tail())
+                verdict = judge(tail, self.epoch, Op.FENCE)
+                if verdict is Verdict.LOST:
+                    raise self._latch(tail)
+                if verdict is Verdict.CLOSED:
+                    raise self._already_closed(tail)
                 headers = {H.KIND: "fence", H.EPOCH: str(self.epoch)}
                 try:
-                    self._head = await self._publish(b"", headers, tail.seq if tail else 0)
+                    self._head = await self._publish(b"", headers, tail.offset if tail else 0)
                     return self._head
                 except _CompareFailed:
                     continue  # the head moved between read and publish: read it again
@@ -214,7 +251,10 @@ class LogWriter:
                 nothing of this batch after the refused chunk landed.
             AppendConflict: the head moved, but not to a higher epoch; ``landed`` names the
                 offsets of the batch's prefix that was stored.
-            LogUnavailable: JetStream did not answer.
+            LogUnavailable: JetStream did not answer; ``landed`` names the offsets of the
+                batch's prefix that was stored. Appending the rest at once is safe: the
+                unacknowledged record goes out again with its message id.
+            LogStorageFull: (a ``LogUnavailable``) JetStream cannot store; the same holds.
             RuntimeError: when called before :meth:`fence` or after :meth:`close`.
         """
         if origin not in H.ORIGINS:
@@ -233,12 +273,15 @@ class LogWriter:
                 expected = self._head
                 try:
                     self._head = await self._publish(payload, headers, expected)
+                except LogUnavailable as exc:
+                    exc.landed = tuple(offsets)  # a retry must not send these again
+                    raise
                 except _CompareFailed as conflict:
-                    tail = conflict.tail
-                    if tail is not None and _epoch_of(tail) > self.epoch:
+                    tail = _parsed(conflict.tail)
+                    if judge(tail, self.epoch, Op.APPEND) is Verdict.LOST:
                         raise self._latch(tail) from None
                     raise AppendConflict(
-                        self.run_id, expected, tail.seq if tail else 0, landed=tuple(offsets)
+                        self.run_id, expected, tail.offset if tail else 0, landed=tuple(offsets)
                     ) from None
                 offsets.append(str(self._head))
             return offsets
@@ -255,15 +298,17 @@ class LogWriter:
         """
         async with self._lock:
             self._check_live()
-            tail = await self._tail()
+            tail = _parsed(await self._tail())
             if tail is None:
                 raise RuntimeError("resync on an empty log: fence first")
-            if _epoch_of(tail) > self.epoch:
+            # Adopting the head is judged as fencing on it would be.
+            verdict = judge(tail, self.epoch, Op.FENCE)
+            if verdict is Verdict.LOST:
                 raise self._latch(tail)
-            if tail.headers.get(H.KIND) == "close":
-                raise LogAlreadyClosed(self.run_id, tail.headers.get(H.STATUS, ""), _epoch_of(tail), tail.seq)
-            self._head = tail.seq
-            return tail.seq
+            if verdict is Verdict.CLOSED:
+                raise self._already_closed(tail)
+            self._head = tail.offset
+            return tail.offset
 
     async def close(
         self,
@@ -310,17 +355,17 @@ class LogWriter:
             expected = self._head
             while True:
                 if expected is None:
-                    tail = await self._tail()
-                    if tail is not None:
-                        if _epoch_of(tail) > self.epoch:
-                            self._latch(tail)
-                            return False
-                        if tail.headers.get(H.KIND) == "close":
-                            # Already closed by this claim (an earlier attempt) or a
-                            # predecessor: the log is final, nothing to add.
-                            self._closed = True
-                            return True
-                    expected = tail.seq if tail else 0
+                    tail = _parsed(await self._tail())
+                    verdict = judge(tail, self.epoch, Op.CLOSE)
+                    if verdict is Verdict.LOST:
+                        self._latch(tail)
+                        return False
+                    if verdict is Verdict.CLOSED:
+                        # Already closed by this claim (an earlier attempt) or a
+                        # predecessor: the log is final, nothing to add.
+                        self._closed = True
+                        return True
+                    expected = tail.offset if tail else 0
                 try:
                     self._head = await self._publish(b"", dict(headers), expected)
                     self._closed = True

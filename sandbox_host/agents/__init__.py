@@ -12,17 +12,20 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
+from baton.agents import AGENT_KINDS, ClaudeCodeOptions, ReplayOptions, parse_agent_options
 from baton.errors import InvalidArgument
 from sandbox_host.agents import _claude, _codex, _replay
-from sandbox_host.agents._spec import CLAUDE_STREAM_JSON, CODEX_EXEC_JSON, JOURNAL_FORMATS, AgentLaunch
-
-AGENT_KINDS = ("replay", "claude-code", "codex")
+from sandbox_host.agents._spec import CLAUDE_STREAM_JSON, CODEX_EXEC_JSON, JOURNAL_FORMATS, AgentLaunch, load_files
 
 
 def prepare_agent(
     kind: str, options: Mapping[str, Any], *, prompt: str = "", env: Mapping[str, str] | None = None
 ) -> AgentLaunch:
     """The launch of an agent kind with validated options.
+
+    Reads no more than a replay journal's first 64 KiB (only when its format is not given,
+    a read small enough to stay inline); the files to copy in are read at launch
+    (:func:`load_files`).
 
     Args:
         kind: ``replay`` | ``claude-code`` | ``codex``.
@@ -33,15 +36,12 @@ def prepare_agent(
     Raises:
         InvalidArgument: unknown kind or bad options (field ``agent.kind`` / ``agent.options.*``).
     """
-    if not isinstance(options, Mapping):
-        raise InvalidArgument("agent.options", "must be a JSON object")
-    if kind == "replay":
-        return _replay.prepare(options, prompt=prompt, env=env)
-    if kind == "claude-code":
-        return _claude.prepare(options, prompt=prompt, env=env)
-    if kind == "codex":
-        return _codex.prepare(options, prompt=prompt, env=env)
-    raise InvalidArgument("agent.kind", f"must be one of {', '.join(AGENT_KINDS)}")
+    opts = parse_agent_options(kind, options, field="agent.options")
+    if isinstance(opts, ReplayOptions):
+        return _replay.prepare(opts, env=env)
+    if isinstance(opts, ClaudeCodeOptions):
+        return _claude.prepare(opts, prompt=prompt)
+    return _codex.prepare(opts, prompt=prompt)
 
 
 def journal_format_for(kind: str, options: Mapping[str, Any]) -> str:
@@ -62,8 +62,7 @@ def journal_format_for(kind: str, options: Mapping[str, Any]) -> str:
         if fmt in JOURNAL_FORMATS:
             return str(fmt)
         path = _replay.resolve_journal(options.get("journal", ""))
-        with open(path, "rb") as f:
-            return _replay.detect_format(path, f.read(65536))
+        return _replay.detect_format(path, _replay.read_head(path))
     raise InvalidArgument("agent.kind", f"must be one of {', '.join(AGENT_KINDS)}")
 
 
@@ -91,5 +90,5 @@ def prompt_from_messages(messages: Iterable[Mapping[str, Any]]) -> str:
 
 __all__ = [
     "AGENT_KINDS", "AgentLaunch", "CLAUDE_STREAM_JSON", "CODEX_EXEC_JSON", "JOURNAL_FORMATS",
-    "journal_format_for", "prepare_agent", "prompt_from_messages",
+    "journal_format_for", "load_files", "prepare_agent", "prompt_from_messages",
 ]

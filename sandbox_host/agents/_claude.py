@@ -3,56 +3,37 @@
 Command: ``claude -p --output-format stream-json --verbose [--include-partial-messages]``
 (``--verbose`` is mandatory with ``-p`` + ``stream-json``, journal-formats.md §1), prompt on
 stdin. Needs a sandbox image with the ``claude`` CLI and the secret ``ANTHROPIC_API_KEY``
-(or ``CLAUDE_CODE_OAUTH_TOKEN``), passed as env only.
+(or ``CLAUDE_CODE_OAUTH_TOKEN``), passed as env only. Options:
+:class:`baton.agents.ClaudeCodeOptions`.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
-
-from baton.errors import InvalidArgument
+from baton.agents import ClaudeCodeOptions
 from sandbox_host.agents._spec import CLAUDE_STREAM_JSON, AgentLaunch
 
-_PERMISSION_MODES = ("default", "acceptEdits", "bypassPermissions", "plan")
 
-
-def prepare(options: Mapping[str, Any], *, prompt: str, env: Mapping[str, str] | None = None) -> AgentLaunch:
-    """The launch of Claude Code.
-
-    Args:
-        options: ``partial_messages`` (bool, default true), ``model`` (str),
-            ``max_turns`` (int), ``permission_mode`` (one of Claude's modes).
-        prompt: the user's prompt, fed on stdin.
-        env: unused (kept for a uniform signature).
-
-    Raises:
-        InvalidArgument: for a malformed option.
-    """
+def prepare(options: ClaudeCodeOptions, *, prompt: str) -> AgentLaunch:
+    """The launch of Claude Code (``options`` already validated by their schema)."""
     argv = ["claude", "-p", "--output-format", "stream-json", "--verbose"]
-    partial = options.get("partial_messages", True)
-    if not isinstance(partial, bool):
-        raise InvalidArgument("agent.options.partial_messages", "must be a boolean")
-    if partial:
+    if options.include_partial_messages:
         argv.append("--include-partial-messages")
-    model = options.get("model")
-    if model is not None:
-        if not isinstance(model, str) or not model or model.startswith("-"):
-            raise InvalidArgument("agent.options.model", "must be a model name")
-        argv += ["--model", model]
-    turns = options.get("max_turns")
-    if turns is not None:
-        if isinstance(turns, bool) or not isinstance(turns, int) or turns < 1:
-            raise InvalidArgument("agent.options.max_turns", "must be a positive integer")
-        argv += ["--max-turns", str(turns)]
-    mode = options.get("permission_mode")
-    if mode is not None:
-        if mode not in _PERMISSION_MODES:
-            raise InvalidArgument("agent.options.permission_mode", f"must be one of {', '.join(_PERMISSION_MODES)}")
-        argv += ["--permission-mode", mode]
+    if options.model is not None:
+        argv += ["--model", options.model]
+    if options.max_turns is not None:
+        argv += ["--max-turns", str(options.max_turns)]
+    if options.permission_mode is not None:
+        argv += ["--permission-mode", options.permission_mode]
+    if options.allowed_tools:
+        argv += ["--allowedTools", ",".join(options.allowed_tools)]
+    if options.disallowed_tools:
+        argv += ["--disallowedTools", ",".join(options.disallowed_tools)]
+    if options.append_system_prompt is not None:
+        argv += ["--append-system-prompt", options.append_system_prompt]
     return AgentLaunch(
         kind="claude-code",
         argv=tuple(argv),
         journal_format=CLAUDE_STREAM_JSON,
-        options=dict(options),
+        options=options.to_record(),
         stdin=prompt.encode("utf-8"),
         required_secrets=("ANTHROPIC_API_KEY|CLAUDE_CODE_OAUTH_TOKEN",),
     )

@@ -8,12 +8,12 @@ the sandbox's ``python3`` runs.
 from __future__ import annotations
 
 import json
-import math
 import os
 import pathlib
-from typing import Any, Mapping
+from typing import Mapping
 
 from baton import config
+from baton.agents import ReplayOptions, resolve_replay_journal
 from baton.errors import InvalidArgument
 from sandbox_host.agents._spec import CLAUDE_STREAM_JSON, CODEX_EXEC_JSON, JOURNAL_FORMATS, AgentLaunch
 
@@ -34,28 +34,23 @@ def replay_dirs(env: Mapping[str, str] | None = None) -> list[str]:
 
 
 def resolve_journal(journal: str, env: Mapping[str, str] | None = None) -> str:
-    """The real path of a replay journal inside an allowed directory.
+    """The real path of a replay journal inside an allowed directory (path checks only).
 
     Args:
         journal: an absolute path, or a path relative to an allowed directory
             (``claude-stream-json/x.jsonl``).
 
     Raises:
-        InvalidArgument: not a string, not found in any allowed directory, or outside them
-            (symlinks and ``..`` are resolved before the check).
+        InvalidArgument: not found in any allowed directory, or outside them (symlinks
+            and ``..`` are resolved before the check).
     """
-    if not isinstance(journal, str) or not journal:
-        raise InvalidArgument(_FIELD, "must name a recorded journal")
-    allowed = replay_dirs(env)
-    candidates = [journal] if os.path.isabs(journal) else [os.path.join(d, journal) for d in allowed]
-    for cand in candidates:
-        real = os.path.realpath(cand)
-        inside = any(os.path.commonpath([real, d]) == d for d in allowed)
-        if not inside:
-            raise InvalidArgument(_FIELD, "is outside the allowed replay directories (BATON_REPLAY_DIRS)")
-        if os.path.isfile(real):
-            return real
-    raise InvalidArgument(_FIELD, f"no such journal in the replay directories: {journal!r}")
+    return resolve_replay_journal(journal, replay_dirs(env), field=_FIELD)
+
+
+def read_head(path: str) -> bytes:
+    """The first 64 KiB of a journal: enough for :func:`detect_format` (a small read)."""
+    with open(path, "rb") as f:
+        return f.read(65536)
 
 
 def detect_format(path: str, head: bytes) -> str:
@@ -82,22 +77,17 @@ def detect_format(path: str, head: bytes) -> str:
     raise InvalidArgument(_FIELD, "journal format not recognised (claude-stream-json or codex-exec-json)")
 
 
-def _number(options: Mapping[str, Any], key: str, default: float) -> float:
-    raw = options.get(key, default)
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw) or raw < 0:
-        raise InvalidArgument(f"agent.options.{key}", "must be a non-negative number")
-    return float(raw)
-
-
-def prepare(options: Mapping[str, Any], *, prompt: str = "", env: Mapping[str, str] | None = None,
+def prepare(options: ReplayOptions, *, env: Mapping[str, str] | None = None,
             python: str = "python3") -> AgentLaunch:
-    """The launch of a replay agent.
+    """The launch of a replay agent (``options`` already validated by their schema).
+
+    Only the journal's path is checked here, and its first 64 KiB read when the format
+    must be detected (the recorded options name it, so a second preparation of the same
+    run reads nothing); the journal itself is copied in at launch (``AgentLaunch.sources``,
+    read in a worker thread), once.
 
     Args:
-        options: ``journal`` (required), ``speed`` (pacing divisor, default 1; 0 = no
-            waits), ``delay`` (seconds per line without a timestamp, default 0.05),
-            ``max_gap`` (longest wait, default 5 s), ``format`` (optional override).
-        prompt: ignored (a replay does not listen).
+        options: see :class:`baton.agents.ReplayOptions`.
         env: environment to read ``BATON_REPLAY_DIRS`` from (default ``os.environ``).
         python: the sandbox's interpreter.
 
@@ -105,26 +95,18 @@ def prepare(options: Mapping[str, Any], *, prompt: str = "", env: Mapping[str, s
         The launch, with ``options`` recording the resolved journal path and format.
 
     Raises:
-        InvalidArgument: bad options or a journal outside the allowed directories.
+        InvalidArgument: a journal outside the allowed directories, or of unknown format.
     """
-    path = resolve_journal(options.get("journal", ""), env)
-    with open(path, "rb") as f:
-        content = f.read()
-    speed = _number(options, "speed", 1.0)
-    delay = _number(options, "delay", 0.05)
-    max_gap = _number(options, "max_gap", 5.0)
-    fmt = options.get("format") or detect_format(path, content[:65536])
-    if fmt not in JOURNAL_FORMATS:
-        raise InvalidArgument("agent.options.format", f"must be one of {', '.join(JOURNAL_FORMATS)}")
-    with open(PROGRAM_PATH, "rb") as f:
-        program = f.read()
+    path = resolve_journal(options.journal, env)
+    fmt = options.format or detect_format(path, read_head(path))
+    resolved = options.model_copy(update={"journal": path, "format": fmt})
     prog_rel = f"{SANDBOX_DIR}/replay_agent.py"
     journal_rel = f"{SANDBOX_DIR}/journal.jsonl"
     return AgentLaunch(
         kind="replay",
-        argv=(python, prog_rel, "--journal", journal_rel, "--speed", repr(speed),
-              "--delay", repr(delay), "--max-gap", repr(max_gap)),
+        argv=(python, prog_rel, "--journal", journal_rel, "--speed", repr(resolved.speed),
+              "--delay", repr(resolved.delay), "--max-gap", repr(resolved.max_gap)),
         journal_format=fmt,
-        options={"journal": path, "speed": speed, "delay": delay, "max_gap": max_gap, "format": fmt},
-        files={prog_rel: (program, 0o755), journal_rel: (content, 0o644)},
+        options=resolved.to_record(),
+        sources={prog_rel: (PROGRAM_PATH, 0o755), journal_rel: (path, 0o644)},
     )

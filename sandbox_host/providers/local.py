@@ -308,7 +308,8 @@ class LocalProvider(Provider):
             raise SandboxBuildFailed("launch", redact(f"launcher printed {out[-200:]!r}", secrets)) from None
         # The sh printed the pid right after fork; wait until the wrapper has deleted the
         # nonce file (so it is a group leader with its TERM trap installed) or ended, so
-        # kill/processes_alive act on the group at once.
+        # kill/processes_alive act on the group at once. (One small /proc read per poll:
+        # inline, negligible, unlike the full /proc scan of group_alive.)
         for _ in range(5000):
             st = _proc_stat(pgid)
             if st is None or st[0] == "Z" or (st[1] == pgid and not os.path.exists(nonce_file)):
@@ -323,12 +324,26 @@ class LocalProvider(Provider):
             FileNotFoundError: the file does not exist, or was deleted (after everything
                 written to it was yielded).
         """
+        # Reads run in a worker thread: a catch-up over a long journal reads megabytes. The
+        # read is shielded and awaited before the file is closed, so a cancelled follow
+        # never closes the file under a read still running in its thread. open and fstat
+        # stay inline (metadata only, negligible).
+        loop = asyncio.get_running_loop()
         f = open(path, "rb")
         watch = _Inotify.open(path)
+        reading: asyncio.Future[bytes] | None = None
+
+        async def read(n: int) -> bytes:
+            nonlocal reading
+            reading = loop.run_in_executor(None, f.read, n)
+            data = await asyncio.shield(reading)
+            reading = None
+            return data
+
         try:
             f.seek(offset)
             while True:
-                data = f.read(_READ_CHUNK)
+                data = await read(_READ_CHUNK)
                 if data:
                     yield data
                     continue
@@ -337,13 +352,17 @@ class LocalProvider(Provider):
                 else:
                     await asyncio.sleep(min(self.idle_check, 0.02))
                 if os.fstat(f.fileno()).st_nlink == 0:
-                    rest = f.read()
+                    rest = await read(-1)
                     if rest:
                         yield rest
                     raise FileNotFoundError(path)
         finally:
             if watch is not None:
                 watch.close()
+            if reading is not None:
+                await asyncio.wait({reading})
+                if not reading.cancelled():
+                    reading.exception()  # retrieved: the follow is ending anyway
             f.close()
 
     async def read_file(self, handle: SandboxHandle, path: str, offset: int = 0, limit: int | None = None) -> bytes:
@@ -377,6 +396,10 @@ class LocalProvider(Provider):
             return None
 
     async def kill(self, handle: SandboxHandle, signal: int) -> bool:
+        # The liveness check scans /proc (one read per process on the machine): in a thread.
+        return await asyncio.to_thread(self._kill_sync, handle, signal)
+
+    def _kill_sync(self, handle: SandboxHandle, signal: int) -> bool:
         pgid = self._pgid(handle)
         if not pgid or not group_alive(pgid):
             return False
@@ -387,8 +410,11 @@ class LocalProvider(Provider):
         return True
 
     async def processes_alive(self, handle: SandboxHandle) -> bool:
+        return await asyncio.to_thread(self._alive_sync, handle)
+
+    def _alive_sync(self, handle: SandboxHandle) -> bool:
         pgid = self._pgid(handle)
-        return bool(pgid) and await asyncio.to_thread(group_alive, pgid)
+        return bool(pgid) and group_alive(pgid)
 
     async def exists(self, handle: SandboxHandle) -> bool:
         return os.path.isdir(handle.data["dir"])

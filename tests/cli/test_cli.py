@@ -11,6 +11,7 @@ import pytest
 from typer.main import get_command
 from typer.testing import CliRunner
 
+from baton.sse import Event, SSEParser
 from baton_tools.cli import app
 from tests.cli.conftest import baton_argv, cli_env, cluster_json, pid_alive, processes_mentioning, run_cli
 from tests.conftest import REPO, assert_eventually
@@ -43,25 +44,21 @@ def test_every_command_has_help_with_examples(command: list[str]) -> None:
     assert f"baton {' '.join(command)}" in result.output
 
 
+@pytest.mark.servers
 def test_down_without_a_cluster_says_so(tmp_path: pathlib.Path) -> None:
     out = run_cli("down", "--data-dir", str(tmp_path))
     assert out.returncode == 1
     assert "no cluster" in out.stderr and "baton up" in out.stderr
 
 
+@pytest.mark.servers
 def test_health_fails_on_a_dead_address() -> None:
     out = run_cli("health", "grpc", "127.0.0.1:1", "--timeout", "0.5")
     assert out.returncode == 1 and "not serving" in out.stderr
 
 
-def _sse_chunks(text: str) -> list[tuple[str, dict]]:
-    items, offset = [], None
-    for line in text.splitlines():
-        if line.startswith("id:"):
-            offset = line[3:].strip()
-        elif line.startswith("data:"):
-            items.append((offset, json.loads(line[5:])))
-    return items
+def _sse_chunks(text: str) -> list[tuple[str | None, dict]]:
+    return [(ev.id, json.loads(ev.data)) for ev in SSEParser().feed(text) if isinstance(ev, Event)]
 
 
 async def _up(data_dir: pathlib.Path) -> tuple[subprocess.Popen[bytes], dict]:
@@ -87,6 +84,7 @@ def _assert_nothing_left(data_dir: pathlib.Path, info: dict) -> None:
     assert processes_mentioning(str(data_dir)) == []
 
 
+@pytest.mark.servers
 @pytest.mark.timeout(180)
 async def test_up_page_run_down_and_restart_keeps_the_runs(tmp_path: pathlib.Path) -> None:
     data_dir = tmp_path / "cluster"
@@ -175,6 +173,7 @@ async def test_up_page_run_down_and_restart_keeps_the_runs(tmp_path: pathlib.Pat
             proc.wait()
 
 
+@pytest.mark.servers
 def test_up_refuses_a_busy_port_and_starts_nothing(tmp_path: pathlib.Path) -> None:
     import socket
 

@@ -7,6 +7,9 @@ import pytest
 
 from tests.cli.conftest import processes_mentioning, run_cli
 
+# Starts baton processes by hand: not a `unit` test (tests/conftest.py).
+pytestmark = pytest.mark.servers
+
 
 @pytest.mark.timeout(150)
 def test_demo_quick_passes_and_leaves_nothing_behind(tmp_path: pathlib.Path) -> None:

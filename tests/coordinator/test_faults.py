@@ -11,7 +11,7 @@ import pytest
 from baton import errors
 from baton.coordinator_client import CoordinatorClient, SandboxInstance
 from baton_tools.testing.cluster import CoordinatorProcess, start_coordinator
-from baton_tools.testing.servers import EtcdServer
+from baton_tools.testing.servers import EtcdServer, free_port
 from baton.v1 import coordinator_pb2 as pb
 from baton.v1 import coordinator_pb2_grpc as pb_grpc
 from baton.v1.runs_pb2 import RunRecord, RunStatus
@@ -99,7 +99,9 @@ async def test_coordinator_restart_keeps_sessions_and_claims(etcd: EtcdServer, t
     try:
         async with CoordinatorClient(cp.address) as cc:
             rec, _ = await cc.create_or_resume_run(RunRecord(run_id="r1", thread_id="t1"))
-            s = await cc.open_session(5.0, owner="host-a")
+            # The TTL must outlast the restart (a new Python process, serving again): 5 s did
+            # not on a loaded two-core machine, and the lease then rightly expired.
+            s = await cc.open_session(10.0, owner="host-a")
             epoch, _ = await cc.claim_run("r1", s, "host-a")
             await cp.restart()
             assert cp.proc is not None
@@ -133,6 +135,24 @@ async def test_client_fails_over_between_replicas(etcd: EtcdServer, tmp_path) ->
             await _observe(s.ttl + 1.0, lambda: _claim_held(cc, s.id))
     finally:
         await a.stop()
+        await b.stop()
+
+
+async def test_concurrent_failures_on_a_dead_replica_all_go_to_the_live_one(etcd: EtcdServer) -> None:
+    # Several callers fail on the dead replica at once (reads, a session's keep-alive): each
+    # must move on to the live one. A shared cursor that every failure advanced sent every
+    # second caller back to the dead replica for its retry (seen as a flaky failover test).
+    prefix = f"/{unique()}/"
+    b = await start_coordinator(etcd.endpoint, prefix, in_process=True)
+    dead = f"127.0.0.1:{free_port()}"
+    try:
+        async with CoordinatorClient(b.address) as direct:
+            await direct.create_or_resume_run(RunRecord(run_id="r1", thread_id="t1"))
+        for _ in range(3):  # a new client starts on the first (dead) replica
+            async with CoordinatorClient([dead, b.address]) as cc:
+                views = await asyncio.gather(*(cc.get_run("r1") for _ in range(8)))
+                assert [v.record.run_id for v in views] == ["r1"] * 8
+    finally:
         await b.stop()
 
 

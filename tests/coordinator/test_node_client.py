@@ -17,9 +17,9 @@ SCRIPT = NODE_DIR / "coordinator_client.mjs"
 
 pytestmark = [
     pytest.mark.node,
-    pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed"),
-    pytest.mark.skipif(not (NODE_DIR / "node_modules" / "@grpc" / "grpc-js").exists(),
-                       reason="run `make node-deps` first"),
+    pytest.mark.requires(shutil.which("node") is not None, reason="node is not installed"),
+    pytest.mark.requires((NODE_DIR / "node_modules" / "@grpc" / "grpc-js").exists(),
+                         reason="npm package @grpc/grpc-js missing (make node-deps)"),
 ]
 
 

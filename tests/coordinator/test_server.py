@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -136,6 +137,7 @@ async def _eq(aw, expected) -> bool:  # type: ignore[no-untyped-def]
     return (await aw) == expected
 
 
+@pytest.mark.servers
 def test_an_unknown_event_loop_setting_is_refused_by_name() -> None:
     import os
     import subprocess

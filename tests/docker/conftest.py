@@ -3,7 +3,8 @@
 Every test here needs a running Docker engine and the offline sandbox image
 (``scripts/docker_setup.sh`` provides both; ``.ci/run`` calls it and exports
 ``BATON_TEST_DOCKER=1`` when it succeeded). Without that variable the tests are skipped
-with the reason below; with it, a missing engine is a failure, not a skip.
+with the reason below (failed under ``CI=true``: tests/conftest.py ``require``); with it, a
+missing engine is a failure, not a skip.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ SKIP_REASON = (
 
 
 #: Put on every docker test module: ``pytestmark = DOCKER_MARKS``.
-DOCKER_MARKS = [pytest.mark.docker, pytest.mark.skipif(not DOCKER_ENABLED, reason=SKIP_REASON)]
+DOCKER_MARKS = [pytest.mark.docker, pytest.mark.requires(DOCKER_ENABLED, reason=SKIP_REASON)]
 
 
 @pytest.fixture

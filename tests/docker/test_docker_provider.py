@@ -16,7 +16,7 @@ import docker
 import pytest
 
 from baton.errors import SandboxBuildFailed
-from sandbox_host.agents import prepare_agent
+from sandbox_host.agents import load_files, prepare_agent
 from sandbox_host.journal import JournalDeleted, JournalExit, JournalLine, JournalTruncated, new_nonce
 from sandbox_host.providers import SandboxSpec, provider_for
 from sandbox_host.providers.docker import LABEL_KEY, LABEL_RUN, DockerProvider
@@ -40,7 +40,7 @@ def corpus_lines(path: pathlib.Path) -> list[bytes]:
 async def launch_replay(provider: DockerProvider, handle, journal: pathlib.Path, *, delay: float, nonce: str):
     """Copy the replay agent and its journal in, launch it; the handle with its pgid."""
     launch = prepare_agent("replay", {"journal": str(journal), "speed": 1, "delay": delay})
-    for rel, (content, mode) in launch.files.items():
+    for rel, (content, mode) in (await load_files(launch)).items():
         await provider.copy_in(handle, rel, content, mode)
     data = await provider.launch(handle, launch.argv, nonce=nonce, stdin=launch.stdin, env=launch.env)
     return with_data(handle, data)

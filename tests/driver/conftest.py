@@ -19,11 +19,9 @@ from baton.log import DeliveryLog, LogConfig, TranscriptStore
 from baton_tools.testing.cluster import HostProcess, start_coordinator, start_host
 from baton_tools.testing.servers import EtcdServer, NatsServer
 from baton.v1 import runs_pb2, sandbox_host_pb2, sandbox_host_pb2_grpc
-from tests.conftest import assert_eventually, unique
+from tests.conftest import REPO, assert_eventually, unique
 
-CORPUS = pathlib.Path("/work/shared/corpus")
-if not CORPUS.exists():
-    CORPUS = pathlib.Path(__file__).resolve().parents[2] / "corpus"
+CORPUS = REPO / "corpus"  # the repository's own recorded journals
 GRPC_OPTIONS = [("grpc.enable_http_proxy", 0)]
 STATUS = {v: k for k, v in runs_pb2.RunStatus.items()}
 

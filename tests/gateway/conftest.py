@@ -17,6 +17,7 @@ import uvicorn
 
 from baton.coordinator_client import CoordinatorClient
 from baton.log import DeliveryLog, LogConfig
+from baton.sse import Comment, aiter_sse
 from baton_tools.testing.servers import free_port
 from gateway import GatewaySettings, create_app
 from tests.conftest import unique
@@ -230,30 +231,26 @@ async def _read_stream(http: httpx.AsyncClient, method: str, url: str, *, ndjson
         if resp.status_code != 200:
             await resp.aread()
             return Received([], 0, False, resp.status_code, resp.headers)
-        pending_id: str | None = None
-        data: list[str] = []
-        async for line in resp.aiter_lines():
-            if ndjson:
+        if ndjson:
+            async for line in resp.aiter_lines():
                 if not line.strip():
                     keep += 1
                     continue
                 env = json.loads(line)
                 events.append((env.get("id"), env["chunk"]))
-            elif line == "":
-                if data:
-                    events.append((pending_id, json.loads("".join(data))))
-                pending_id, data = None, []
-            elif line.startswith(":"):
-                if line == ": end":
-                    ended = True
-                else:
-                    keep += 1
-            elif line.startswith("id: "):
-                pending_id = line[4:]
-            elif line.startswith("data: "):
-                data.append(line[6:])
-            if stop_after is not None and len(events) >= stop_after:
-                break
+                if stop_after is not None and len(events) >= stop_after:
+                    break
+        else:
+            async for item in aiter_sse(resp.aiter_bytes()):
+                if isinstance(item, Comment):
+                    if item.text == "end":
+                        ended = True
+                    else:
+                        keep += 1
+                    continue
+                events.append((item.id, json.loads(item.data)))
+                if stop_after is not None and len(events) >= stop_after:
+                    break
         return Received(events, keep, ended, resp.status_code, resp.headers)
 
 

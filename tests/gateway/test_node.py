@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, require
 from tests.gateway.conftest import SLOW_TEXT, Gateway
 
 NODE_DIR = REPO / "tests" / "node"
@@ -18,11 +18,10 @@ NODE_DIR = REPO / "tests" / "node"
 
 def need_node(*packages: str) -> str:
     node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not installed")
+    require(node is not None, "node is not installed")
+    assert node is not None
     for p in packages:
-        if not (NODE_DIR / "node_modules" / p).is_dir():
-            pytest.skip(f"npm package {p} missing (make node-deps)")
+        require((NODE_DIR / "node_modules" / p).is_dir(), f"npm package {p} missing (make node-deps)")
     return node
 
 
@@ -57,8 +56,7 @@ async def test_tanstack_client_streams_reconnects_and_joins(host: Any, gateway: 
 @pytest.mark.browser
 async def test_browser_reload_rejoins_stop_cancels_and_html_is_text(host: Any, gateway: Gateway) -> None:
     node = need_node("playwright-core")
-    if not pathlib.Path("/usr/bin/chromium").exists():
-        pytest.skip("/usr/bin/chromium missing (apt-get install chromium)")
+    require(pathlib.Path("/usr/bin/chromium").exists(), "/usr/bin/chromium missing (apt-get install chromium)")
     result = await run_node(node, "browser.mjs", {"BATON_GATEWAY_URL": gateway.url}, timeout=110)
     assert result["reload"]["text"] == SLOW_TEXT
     assert 12 <= result["reload"]["beforeReload"] < result["reload"]["log"]  # reloaded mid-run

@@ -16,6 +16,7 @@ from tests.test_errors_table import _FakeCall
     (e.AppendConflict("r1", 5, 7), grpc.StatusCode.ABORTED),
     (e.TranscriptConflict("t1", 12), grpc.StatusCode.ABORTED),
     (e.TranscriptConflict("t1", None), grpc.StatusCode.ABORTED),
+    (e.TranscriptFenced("t1", "r1", 1, "r1", 2), grpc.StatusCode.ABORTED),
 ], ids=lambda x: type(x).__name__)
 def test_log_errors_round_trip(exc: e.BatonError, code: grpc.StatusCode) -> None:
     status = grpc_errors.to_status(exc)

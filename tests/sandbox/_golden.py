@@ -1,8 +1,10 @@
-"""Golden chunk sequences: where they live, how they are written (one chunk per line)."""
+"""Golden chunk sequences: where they live, how they are written (one chunk per line).
+
+The tests only read them; ``scripts/update_goldens.py`` writes them.
+"""
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 from typing import Any
 
@@ -26,10 +28,6 @@ def dump(chunks: list[dict[str, Any]]) -> str:
     return "[\n" + ",\n".join(json.dumps(c, ensure_ascii=False, sort_keys=True) for c in chunks) + "\n]\n"
 
 
-def load_or_regen(journal: pathlib.Path) -> list[dict[str, Any]]:
-    """The committed golden; with ``BATON_REGEN_GOLDEN=1`` rewritten from the translator first
-    (review the diff before committing: the goldens are checked by hand)."""
-    path = golden_path(journal)
-    if os.environ.get("BATON_REGEN_GOLDEN") == "1":
-        path.write_text(dump(translate_file(journal)), encoding="utf-8")
-    return json.loads(path.read_text(encoding="utf-8"))
+def load(journal: pathlib.Path) -> list[dict[str, Any]]:
+    """The committed golden of ``journal`` (``scripts/update_goldens.py`` rewrites them)."""
+    return json.loads(golden_path(journal).read_text(encoding="utf-8"))  # type: ignore[no-any-return]

@@ -2,6 +2,7 @@
 claude-code / codex launch specs."""
 from __future__ import annotations
 
+import asyncio
 import pathlib
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import time
 import pytest
 
 from baton.errors import InvalidArgument
-from sandbox_host.agents import journal_format_for, prepare_agent, prompt_from_messages
+from sandbox_host.agents import journal_format_for, load_files, prepare_agent, prompt_from_messages
 from sandbox_host.agents._replay import PROGRAM_PATH, detect_format
 from tests.sandbox.conftest import CLAUDE_FILES, CODEX_FILES, CORPUS
 
@@ -21,7 +22,9 @@ def test_replay_records_format_and_copies_journal(path: pathlib.Path) -> None:
     launch = prepare_agent("replay", {"journal": rel, "speed": 0})
     assert launch.journal_format == path.parent.name
     assert launch.options["format"] == path.parent.name and launch.options["journal"] == str(path)
-    assert launch.files[".baton-replay/journal.jsonl"] == (path.read_bytes(), 0o644)
+    # The journal is copied in at launch (read then, once), not when the launch is prepared.
+    assert launch.sources[".baton-replay/journal.jsonl"] == (str(path), 0o644)
+    assert asyncio.run(load_files(launch))[".baton-replay/journal.jsonl"] == (path.read_bytes(), 0o644)
     assert journal_format_for("replay", launch.options) == path.parent.name
     # Detected from the first lines too, when the directory name does not tell.
     assert detect_format("/x/y.jsonl", path.read_bytes()[:65536]) == path.parent.name

@@ -18,8 +18,9 @@ from tests.sandbox.conftest import AGUI_FILES, CLAUDE_FILES, CODEX_FILES
 NODE_DIR = REPO / "tests" / "node"
 pytestmark = [
     pytest.mark.node,
-    pytest.mark.skipif(shutil.which("node") is None or not (NODE_DIR / "node_modules" / "@ag-ui" / "client").is_dir(),
-                       reason="node and tests/node/node_modules (make node-deps) are needed"),
+    pytest.mark.requires(shutil.which("node") is not None, reason="node is not installed"),
+    pytest.mark.requires((NODE_DIR / "node_modules" / "@ag-ui" / "client").is_dir(),
+                         reason="npm package @ag-ui/client missing (make node-deps)"),
 ]
 
 

@@ -145,7 +145,7 @@ async def _not(value: "asyncio.Future[bool] | Any") -> bool:
 
 _LAUNCHER = """
 import asyncio, json, sys
-from sandbox_host.agents import prepare_agent
+from sandbox_host.agents import load_files, prepare_agent
 from sandbox_host.providers import SandboxSpec
 from sandbox_host.providers.local import LocalProvider
 
@@ -155,7 +155,7 @@ async def main():
     launch = prepare_agent("replay", {"journal": "codex-exec-json/command-with-stderr-noise-v0.46.jsonl",
                                       "delay": 0.15, "speed": 1})
     h = await p.create("survivor", SandboxSpec())
-    for path, (content, mode) in launch.files.items():
+    for path, (content, mode) in (await load_files(launch)).items():
         await p.copy_in(h, path, content, mode)
     data = await p.launch(h, list(launch.argv), nonce=nonce)
     print(json.dumps({"journal_path": h.journal_path, "stderr_path": h.stderr_path, "workdir": h.workdir,

@@ -1,4 +1,4 @@
-"""Hostile input found by the breaker: what a client can send must get a clear 4xx, never a 500.
+"""Hostile input: what a client can send must get a clear 4xx, never a 500.
 
 Real coordinator and gateway (no host needed: every case is refused or read-only).
 """

@@ -1,4 +1,4 @@
-"""Found by the breaker: two POSTs racing on one new run id must never serve one caller the
+"""Two POSTs racing on one new run id must never serve one caller the
 other's run (another tenant's log, or a run of another thread).
 
 Gateway + real coordinator + a real sandbox host running the replay agent.

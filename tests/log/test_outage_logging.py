@@ -1,4 +1,4 @@
-"""Found by the breaker: while NATS is down every reconnect attempt (5 a second) was logged
+"""While NATS is down every reconnect attempt (5 a second) was logged
 with a full traceback by every gateway and host, so an outage of a minute buried the logs
 under thousands of lines. An outage is now one warning, one line per attempt (debug) and
 one line when the connection is back; the client still reconnects on its own.

@@ -1,4 +1,4 @@
-"""Found by the breaker: a gateway started while NATS is down waited for it forever
+"""A gateway started while NATS is down waited for it forever
 and ignored SIGTERM meanwhile, so a deploy (or ``baton down``) hung on it until SIGKILL.
 A gateway still starting serves no reader: SIGTERM ends it at once.
 """
@@ -10,8 +10,13 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from baton_tools.testing.servers import env_without_proxy, free_port
 from tests.conftest import assert_eventually
+
+# Starts baton processes by hand: not a `unit` test (tests/conftest.py).
+pytestmark = pytest.mark.servers
 
 
 async def test_sigterm_stops_a_gateway_still_waiting_for_nats(tmp_path: pathlib.Path) -> None:

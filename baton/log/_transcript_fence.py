@@ -1,0 +1,73 @@
+"""The transcript fence (DESIGN.md §4.2): which saved transcript a writer may replace.
+
+Pure: no I/O, so the rule is table-tested without servers. The store
+(:class:`~baton.log._transcripts.TranscriptStore`) applies it inside the write: it reads the
+stored value's writer, asks :func:`may_replace`, and replaces the value with
+compare-and-set on the revision it read, so no save lands between the check and the put.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Verdict = Literal["replace", "newer-epoch", "later-run"]
+
+
+@dataclass(frozen=True)
+class TranscriptWriter:
+    """Who saved a transcript: the run, its claim's epoch and the run's start time.
+
+    Attributes:
+        run_id: the run whose driver saved.
+        epoch: the claim's epoch (>= 1).
+        started_at: the run record's ``started_at`` (seconds since the epoch). It orders
+            the runs of one thread: a thread has at most one active run, so a later run is
+            created after the earlier one ended.
+    """
+
+    run_id: str
+    epoch: int
+    started_at: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run": self.run_id, "epoch": self.epoch, "at": self.started_at}
+
+    @classmethod
+    def from_json(cls, value: Any) -> "TranscriptWriter | None":
+        """The writer stored with a value, or ``None`` for a value saved without one
+        (older values, or a malformed field: anyone may replace it)."""
+        if not isinstance(value, dict):
+            return None
+        try:
+            return cls(str(value["run"]), int(value["epoch"]), float(value["at"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+def verdict(stored: TranscriptWriter | None, writer: TranscriptWriter) -> Verdict:
+    """Whether ``writer`` may replace a transcript saved by ``stored``.
+
+    Args:
+        stored: the writer of the saved value (``None``: nothing saved, or saved by an
+            older version without a writer identity).
+        writer: the writer that wants to save.
+
+    Returns:
+        ``"replace"`` when it may; ``"newer-epoch"`` when ``stored`` is the same run at a
+        higher epoch (a successor took the run over); ``"later-run"`` when ``stored`` is a
+        later run of the thread. The same writer replaces its own value, and an equal
+        epoch of the same run replaces too (the log fence already allows one writer per
+        epoch).
+    """
+    if stored is None:
+        return "replace"
+    if stored.run_id == writer.run_id:
+        return "newer-epoch" if stored.epoch > writer.epoch else "replace"
+    if (stored.started_at, stored.run_id) > (writer.started_at, writer.run_id):
+        return "later-run"
+    return "replace"
+
+
+def may_replace(stored: TranscriptWriter | None, writer: TranscriptWriter) -> bool:
+    """``verdict(stored, writer) == "replace"``."""
+    return verdict(stored, writer) == "replace"

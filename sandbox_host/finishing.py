@@ -1,0 +1,310 @@
+"""Finishing a run: the final writes of a decision, as a duty (DESIGN.md §5.5, CONVENTIONS).
+
+The end of a run is a duty, not a hope. A decision's final writes are steps, in this order:
+
+1. ``KILL``: stop the agent, rebuild the transcript from its journal if the replay did not
+   catch up, destroy the sandbox (a cancel states what it confirmed in ``run.cancelled``);
+2. ``APPEND``: the host chunks (``run.cancelled``, ``RUN_ERROR``), fenced by the log;
+3. ``TRANSCRIPT``: the saved transcript, fenced by the transcript fence;
+4. ``CLOSE``: the log's close record, fenced by the log head. Readers get the end here,
+   so it comes before the record: a successor that finds a closed log finalizes the record
+   from the close record (``LogAlreadyClosed`` → ``StoredClose``), while a terminal record
+   over an open log could never be closed by anyone (a terminal run is not attached);
+5. ``STATUS``: the record's final status (owner write, fenced by the claim);
+6. ``RELEASE``: the claim (the driver is ``releasing`` from here on: it writes nothing to the
+   log or the record any more, so the host may take the run again);
+7. ``DESTROY``: the sandbox (unless kept) and the run's leftover sandboxes (DESIGN.md §5.5:
+   after the release).
+
+Each step is idempotent and retried while the store or the log is unavailable, within one
+budget (``settings.finish_budget`` seconds) that never outlives the session. When a step
+cannot be done the run is let go: if the log is not final yet the sandbox is kept and only
+the claim is released, so another owner replays the journal and finishes from what is
+stored; the release is retried as long as the session lives (the claim lives no longer).
+A step refused by a fence means a successor owns the run: nothing more is written.
+
+:func:`plan` and :func:`after` are the pure part (table-tested); :class:`Finisher` is the I/O.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal, Protocol, TypeVar
+
+from baton.errors import (
+    LogAlreadyClosed, LogUnavailable, RunClaimLost, SandboxError, StoreUnavailable, TranscriptConflict,
+    TranscriptFenced,
+)
+from baton.runs import RUN_CANCELLED, STATUS_TO_PB, TERMINAL
+from baton.v1 import runs_pb2
+from sandbox_host import machine as M
+from sandbox_host._tasks import reraise_if_cancelling, retry_unavailable
+
+if TYPE_CHECKING:
+    from baton.log import LogWriter
+    from sandbox_host.deps import HostDeps
+    from sandbox_host.sandboxes import RunSandboxes, Sandbox
+
+log = logging.getLogger("baton.sandbox_host.driver")
+
+T = TypeVar("T")
+Outcome = Literal["done", "gave-up", "fenced", "claim-lapsed"]
+__all__ = ["Finisher", "FinishingRun", "Outcome", "Plan", "Step", "after", "plan"]
+
+
+class Step(enum.Enum):
+    """One final write (in the order they run)."""
+
+    KILL = "kill"
+    APPEND = "append"
+    TRANSCRIPT = "transcript"
+    CLOSE = "close"
+    STATUS = "status"
+    RELEASE = "release"
+    DESTROY = "destroy"
+
+
+ORDER = tuple(Step)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The steps of one decision.
+
+    Attributes:
+        steps: the steps to do, in :data:`ORDER`.
+        log_final: the log already ends with a close record (a ``StoredClose`` decision),
+            so the run's end is durable before any step.
+    """
+
+    steps: tuple[Step, ...]
+    log_final: bool = False
+
+
+def plan(d: M.Decision, *, save_transcript: bool) -> Plan:
+    """The steps of decision ``d``.
+
+    Args:
+        d: a decision that stops the run.
+        save_transcript: the transcript may be saved (``d.save_transcript`` and the run's
+            input is known: a transcript without it would replace the thread's with less).
+
+    Returns:
+        The :class:`Plan`; empty for a decision that writes nothing (claim or session lost).
+    """
+    log_final = d.terminal and d.close is None
+    steps: list[Step] = []
+    if d.kill_agent:
+        steps.append(Step.KILL)
+    if d.append:
+        steps.append(Step.APPEND)
+    if save_transcript and (d.terminal or d.release_claim):  # never for a claim lost
+        steps.append(Step.TRANSCRIPT)
+    if d.close is not None:
+        steps.append(Step.CLOSE)
+    if d.status is not None:
+        steps.append(Step.STATUS)
+    if d.release_claim:
+        steps.append(Step.RELEASE)
+    if d.terminal and (d.sandbox == "destroy" or d.close is not None or log_final):
+        steps.append(Step.DESTROY)
+    return Plan(tuple(steps), log_final)
+
+
+def after(p: Plan, step: Step, outcome: Outcome) -> tuple[Step, ...]:
+    """The steps left once ``step`` ended with ``outcome``.
+
+    * ``done``: the rest of the plan.
+    * ``fenced``: a successor's fence, close or transcript refused the write: the run is
+      theirs, nothing more is written (not even a release: the claim is gone).
+    * ``claim-lapsed``: the final status was refused because this claim lapsed (lease),
+      after this claim closed the log: the run's end is durable, so the sandbox is still
+      removed; there is no claim to release.
+    * ``gave-up``: the step could not be done within the budget. Before the log is final
+      the run is let go: only the release is left (the sandbox stays for the successor's
+      replay). Once the log is final the rest still runs (the successor finalizes the
+      record from the close record).
+    """
+    rest = p.steps[p.steps.index(step) + 1:]
+    if outcome == "done":
+        return rest
+    if outcome == "fenced":
+        return ()
+    if outcome == "claim-lapsed":
+        return tuple(s for s in rest if s is not Step.RELEASE)
+    log_final = p.log_final or (Step.CLOSE in p.steps and ORDER.index(step) > ORDER.index(Step.CLOSE))
+    if log_final:
+        return rest
+    return (Step.RELEASE,) if step is not Step.RELEASE else ()
+
+
+class FinishingRun(Protocol):
+    """What a :class:`Finisher` needs of the driver it finishes for."""
+
+    deps: "HostDeps"
+    record: runs_pb2.RunRecord
+    run_id: str
+    epoch: int
+    writer: "LogWriter"
+    sandboxes: "RunSandboxes"
+    releasing: bool
+
+    async def append_host(self, chunks: list[dict[str, Any]]) -> None: ...
+
+    async def save_transcript(self) -> None: ...
+
+    async def prepare_transcript(self, sbx: "Sandbox | None") -> None: ...
+
+
+class Finisher:
+    """Carries out one decision's final writes for ``run`` (see the module docstring).
+
+    Args:
+        run: the driver.
+        d: the decision (it stops the run).
+        save_transcript: whether the transcript may be saved.
+        release_delay: seconds to wait before a hand-over's release (so a cluster-wide
+            outage does not turn failover into a hot loop).
+    """
+
+    def __init__(self, run: FinishingRun, d: M.Decision, *, save_transcript: bool,
+                 release_delay: float = 0.0) -> None:
+        self.run = run
+        self.d = d
+        self.plan = plan(d, save_transcript=save_transcript)
+        self.release_delay = release_delay
+        self.deadline = time.monotonic() + run.deps.settings.finish_budget
+        self.outcomes: dict[Step, Outcome] = {}
+        self._process_gone: bool | None = True
+        self._destroyed = True
+
+    async def finish(self) -> dict[Step, Outcome]:
+        """Do the plan's steps; never raises a domain error.
+
+        Returns:
+            Each step that ran → its outcome (steps skipped after a let-go are absent).
+        """
+        todo = self.plan.steps
+        while todo:
+            step, todo = todo[0], todo[1:]
+            outcome = await self._do(step)
+            self.outcomes[step] = outcome
+            if outcome != "done":
+                todo = after(self.plan, step, outcome)
+                level = logging.INFO if outcome == "fenced" else logging.WARNING
+                log.log(level, "run %s: %s %s; left: %s", self.run.run_id, step.value, outcome,
+                        [s.value for s in todo] or "nothing")
+        return self.outcomes
+
+    async def _do(self, step: Step) -> Outcome:
+        try:
+            return await getattr(self, f"_{step.value}")()
+        except (StoreUnavailable, LogUnavailable, TranscriptConflict) as exc:
+            reraise_if_cancelling()
+            log.warning("run %s: %s not done within the budget: %s", self.run.run_id, step.value, exc)
+            return "gave-up"
+        except RunClaimLost as exc:
+            log.info("run %s: %s refused: %s", self.run.run_id, step.value, exc)
+            return "claim-lapsed" if step is Step.STATUS else "fenced"
+        except (LogAlreadyClosed, TranscriptFenced) as exc:
+            log.info("run %s: %s refused: %s", self.run.run_id, step.value, exc)
+            return "fenced"
+        except Exception:  # a bug must not leave the run claimed and unfinished: let go
+            log.exception("run %s: %s failed", self.run.run_id, step.value)
+            return "gave-up"
+
+    async def _retry(self, op: Callable[[], Awaitable[T]], what: str, *, until_session_lost: bool = False) -> T:
+        return await retry_unavailable(op, deadline=None if until_session_lost else self.deadline,
+                                       session=self.run.deps.session, what=f"run {self.run.run_id}: {what}",
+                                       errors=(StoreUnavailable, LogUnavailable))
+
+    # --- steps ------------------------------------------------------------------------
+
+    async def _kill(self) -> Outcome:
+        run = self.run
+        try:
+            sbx = await self._retry(run.sandboxes.find, "finding the sandbox")
+        except StoreUnavailable:
+            sbx = None  # unknown: the cancel says nothing was confirmed
+            self._process_gone, self._destroyed = None, False
+        if sbx is not None:
+            try:
+                self._process_gone = await run.sandboxes.kill(sbx)
+            except (SandboxError, OSError) as exc:
+                log.error("run %s: agent not killed: %r", run.run_id, exc)
+                self._process_gone = False
+            await run.prepare_transcript(sbx)
+            try:
+                self._destroyed = await run.sandboxes.destroy(sbx)
+            except StoreUnavailable:
+                self._destroyed = sbx.destroyed  # the registry entry goes in DESTROY
+            except (SandboxError, OSError) as exc:
+                log.error("run %s: sandbox not destroyed: %r", run.run_id, exc)
+                self._destroyed = False
+        return "done"
+
+    async def _append(self) -> Outcome:
+        chunks = list(self.d.append)
+        if chunks and chunks[0].get("name") == RUN_CANCELLED:
+            chunks[0] = M.cancelled_chunk(reason=chunks[0]["value"]["reason"], process_gone=self._process_gone,
+                                          sandbox_destroyed=self._destroyed)
+        # One chunk per attempt: a retried append never sends a chunk that landed again.
+        for c in chunks:
+            await self._retry(lambda c=c: self.run.append_host([c]), "appending")  # type: ignore[misc]
+        return "done"
+
+    async def _transcript(self) -> Outcome:
+        await self._retry(lambda: self.run.prepare_transcript(None), "loading the run input")
+        await self._retry(self.run.save_transcript, "saving the transcript")
+        return "done"
+
+    async def _close(self) -> Outcome:
+        d = self.d
+        assert d.close is not None
+        err = {"message": d.error[0], "code": d.error[1]} if d.error else None
+        landed = await self._retry(lambda: self.run.writer.close(d.close, err), "closing the log")  # type: ignore[arg-type]
+        return "done" if landed else "fenced"
+
+    async def _status(self) -> Outcome:
+        run, d = self.run, self.d
+        assert d.status is not None
+        fields: dict[str, Any] = {"status": STATUS_TO_PB[d.status]}
+        paths = ["status"]
+        if d.status in TERMINAL:
+            fields["finished_at"] = time.time()
+            paths.append("finished_at")
+        if d.error is not None:
+            fields["error"] = runs_pb2.RunError(message=d.error[0], code=d.error[1])
+            paths.append("error")
+        rec = runs_pb2.RunRecord(**fields)
+        await self._retry(lambda: run.deps.cc.update_run(run.run_id, rec, paths=paths, epoch=run.epoch,
+                                                         session_id=run.deps.session.id), "final status")
+        return "done"
+
+    async def _destroy(self) -> Outcome:
+        run, d = self.run, self.d
+        sbx = await self._retry(run.sandboxes.find, "finding the sandbox")
+        if d.sandbox == "destroy" and sbx is not None:
+            try:
+                await self._retry(lambda: run.sandboxes.destroy(sbx), "removing the sandbox")
+            except (SandboxError, OSError) as exc:
+                log.error("run %s: sandbox %s not destroyed: %r", run.run_id, sbx.handle.key, exc)
+        # The run is final: no sandbox of it but a kept one has a use any more.
+        keep = sbx.handle.key if sbx is not None and not sbx.destroyed else None
+        with contextlib.suppress(SandboxError, OSError):
+            await run.sandboxes.destroy_leftovers(keep)
+        return "done"
+
+    async def _release(self) -> Outcome:
+        run = self.run
+        if self.release_delay:
+            await asyncio.sleep(self.release_delay)
+        # From here on this driver writes nothing: the host may take the run again.
+        run.releasing = True
+        await self._retry(lambda: run.deps.cc.release_claim(run.run_id, run.deps.session, run.epoch),
+                          "releasing the claim", until_session_lost=True)
+        return "done"
