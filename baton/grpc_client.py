@@ -109,6 +109,8 @@ class RunStream:
         run_id: the run.
         last_offset: offset of the last chunk yielded (``None`` before the first).
         status: the log's close status once it closed, else ``None``.
+        notice: the last ``(reason, message)`` notice (why no chunk comes, e.g.
+            ``LOG_STORAGE_FULL``), cleared when chunks flow again; else ``None``.
 
     Raises (while iterating):
         OffsetExpired: the position is older than retention.
@@ -124,6 +126,7 @@ class RunStream:
         self._max_retries = max_retries
         self.last_offset: str | None = None
         self.status: str | None = None
+        self.notice: tuple[str, str] | None = None
         self.resumes = 0
 
     def _open(self) -> Any:
@@ -144,6 +147,10 @@ class RunStream:
             call = self._open()
             try:
                 async for ev in call:
+                    if ev.HasField("notice"):
+                        self.notice = (ev.notice.reason, ev.notice.message)
+                    elif ev.chunks:
+                        self.notice = None
                     for c in ev.chunks:
                         self.last_offset = c.offset
                         failures = 0

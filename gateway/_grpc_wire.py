@@ -13,6 +13,7 @@ from __future__ import annotations
 _CHUNKS = 0x0A   # RunEvent.chunks = 1
 _GAP = 0x12      # RunEvent.gap = 2
 _END = 0x1A      # RunEvent.end = 3
+_NOTICE = 0x22   # RunEvent.notice = 4
 _F1 = 0x0A       # LogChunk.offset = 1, LogGap.earliest_offset = 1, LogEnd.status = 1
 _F2 = 0x12       # LogChunk.json = 2
 
@@ -56,6 +57,11 @@ def gap_frame(earliest_offset: str) -> bytes:
 def end_frame(status: str | None) -> bytes:
     """A whole ``RunEvent`` with ``end`` set (present even when the status is unknown)."""
     return _field(_END, _field(_F1, status.encode()) if status else b"")
+
+
+def notice_frame(reason: str, message: str) -> bytes:
+    """A whole ``RunEvent`` with ``notice`` set (no chunk: it also serves as keep-alive)."""
+    return _field(_NOTICE, _field(_F1, reason.encode()) + _field(_F2, message.encode()))
 
 
 KEEPALIVE = b""  # an empty RunEvent

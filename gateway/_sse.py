@@ -59,12 +59,9 @@ def frame_keepalive(framing: Framing) -> bytes:
 
 
 def frame_notice(framing: Framing, reason: str, message: str) -> bytes:
-    """A notice to the client that is not log data (see the module docstring).
-
-    The gRPC framing has no notice field: it sends a keep-alive (an empty ``RunEvent``).
-    """
+    """A notice to the client that is not log data (see the module docstring)."""
     if framing == "grpc":
-        return _grpc_wire.KEEPALIVE
+        return _grpc_wire.notice_frame(reason, message)
     if framing == "ndjson":
         return (_dumps({"notice": {"reason": reason, "message": message}}) + "\n").encode()
     text = " ".join(message.splitlines())  # one comment line: a newline would end it

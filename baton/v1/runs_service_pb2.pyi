@@ -103,7 +103,7 @@ Global___RunJoinRequest: _TypeAlias = RunJoinRequest  # noqa: Y015
 @_typing.final
 class RunEvent(_message.Message):
     """One message of a run's stream. A message with no chunks, no gap and no end is a
-    keep-alive (sent while the run is idle).
+    keep-alive (sent while the run is idle; it may carry a notice).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -111,6 +111,7 @@ class RunEvent(_message.Message):
     CHUNKS_FIELD_NUMBER: _builtins.int
     GAP_FIELD_NUMBER: _builtins.int
     END_FIELD_NUMBER: _builtins.int
+    NOTICE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def chunks(self) -> _containers.RepeatedCompositeFieldContainer[Global___LogChunk]:
         """Chunks in log order, each exactly once."""
@@ -125,20 +126,50 @@ class RunEvent(_message.Message):
         without `end` or `gap` broke: join again after the last offset you hold.
         """
 
+    @_builtins.property
+    def notice(self) -> Global___LogNotice:
+        """Not log data: why no chunk comes while the stream idles (e.g. LOG_STORAGE_FULL: the
+        delivery log cannot store; the run goes on once it can). The SSE `: notice` comment.
+        """
+
     def __init__(
         self,
         *,
         chunks: _abc.Iterable[Global___LogChunk] | None = ...,
         gap: Global___LogGap | None = ...,
         end: Global___LogEnd | None = ...,
+        notice: Global___LogNotice | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["end", b"end", "gap", b"gap"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["end", b"end", "gap", b"gap", "notice", b"notice"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunks", b"chunks", "end", b"end", "gap", b"gap"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunks", b"chunks", "end", b"end", "gap", b"gap", "notice", b"notice"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RunEvent: _TypeAlias = RunEvent  # noqa: Y015
+
+@_typing.final
+class LogNotice(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    """the error reason, as in ErrorInfo"""
+    message: _builtins.str
+    def __init__(
+        self,
+        *,
+        reason: _builtins.str = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LogNotice: _TypeAlias = LogNotice  # noqa: Y015
 
 @_typing.final
 class LogChunk(_message.Message):

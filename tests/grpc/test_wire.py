@@ -22,6 +22,9 @@ def test_end_gap_and_keepalive() -> None:
     assert unknown.HasField("end") and unknown.end.status == ""
     gap = pb.RunEvent.FromString(w.gap_frame("42"))
     assert gap.HasField("gap") and gap.gap.earliest_offset == "42" and not gap.HasField("end")
+    notice = pb.RunEvent.FromString(w.notice_frame("LOG_STORAGE_FULL", "the log cannot store: é"))
+    assert (notice.notice.reason, notice.notice.message) == ("LOG_STORAGE_FULL", "the log cannot store: é")
+    assert not notice.chunks and not notice.HasField("end") and not notice.HasField("gap")
     ka = pb.RunEvent.FromString(w.KEEPALIVE)
     assert not ka.chunks and not ka.HasField("end") and not ka.HasField("gap")
     assert w.end_frame("x")[0] == w.END_TAG and w.gap_frame("1")[0] == w.GAP_TAG
