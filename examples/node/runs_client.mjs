@@ -1,5 +1,6 @@
 // A Node.js client of baton's gRPC run API (baton.v1.Runs), reading the .proto files at
-// run time (no generated code). Copy it: it needs @grpc/grpc-js and @grpc/proto-loader.
+// run time (no generated code). Copy it: it needs @grpc/grpc-js, @grpc/proto-loader and
+// protobufjs (for the google.rpc.ErrorInfo of errors).
 //
 // What it does, as a user's client would:
 //   1. StartRun: stream a run; after a few chunks the stream breaks (we cancel it)...
@@ -16,6 +17,7 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import grpc from "@grpc/grpc-js";
 import protoLoader from "@grpc/proto-loader";
+import protobuf from "protobufjs";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const protoRoot = process.env.BATON_PROTOS || path.resolve(here, "..", "..", "protos");
@@ -32,6 +34,30 @@ const { Runs } = grpc.loadPackageDefinition(def).baton.v1;
 const client = new Runs(address, grpc.credentials.createInsecure());
 const md = new grpc.Metadata();
 if (process.env.BATON_API_KEY) md.set("authorization", `Bearer ${process.env.BATON_API_KEY}`);
+
+// google.rpc.Status / ErrorInfo: errors carry their reason (the same as the HTTP API's)
+// in the grpc-status-details-bin trailer.
+const rpcTypes = protobuf.Root.fromJSON({
+  nested: {
+    Any: { fields: { type_url: { type: "string", id: 1 }, value: { type: "bytes", id: 2 } } },
+    Status: { fields: { code: { type: "int32", id: 1 }, message: { type: "string", id: 2 },
+                        details: { rule: "repeated", type: "Any", id: 3 } } },
+    ErrorInfo: { fields: { reason: { type: "string", id: 1 }, domain: { type: "string", id: 2 },
+                           metadata: { keyType: "string", type: "string", id: 3 } } },
+  },
+});
+
+function errorInfo(err) {
+  const raw = err.metadata?.get("grpc-status-details-bin")?.[0];
+  if (!raw) return null;
+  for (const d of rpcTypes.lookupType("Status").decode(raw).details) {
+    if (d.type_url.endsWith("google.rpc.ErrorInfo")) {
+      const info = rpcTypes.lookupType("ErrorInfo").decode(d.value);
+      return { reason: info.reason, domain: info.domain, metadata: { ...info.metadata } };
+    }
+  }
+  return null;
+}
 
 const unary = (method, req) => new Promise((resolve, reject) =>
   client[method](req, md, (err, resp) => (err ? reject(err) : resolve(resp))));
@@ -99,6 +125,7 @@ try {
     await unary("GetRun", { run_id: "no-such-run-" + runId });
   } catch (err) {
     result.unknownCode = err.code;
+    result.unknownInfo = errorInfo(err); // {reason: "UNKNOWN_RUN", domain: "baton.dev", metadata: {run_id}}
   }
   console.log(JSON.stringify(result));
   client.close();

@@ -84,3 +84,5 @@ async def test_node_client(host: Any, grpc_gateway: Any, http: httpx.AsyncClient
     sse2, _ = await sse_chunks(http, grpc_gateway.url, run2)
     assert sse2 == [(o, j.encode()) for o, j in result["cancelChunks"]]
     assert result["unknownCode"] == 5  # NOT_FOUND
+    assert result["unknownInfo"] == {"reason": "UNKNOWN_RUN", "domain": "baton.dev",
+                                     "metadata": {"run_id": f"no-such-run-{run}"}}
