@@ -23,6 +23,7 @@ from typing import Any, AsyncIterator, Sequence, TypeVar
 import grpc
 from google.protobuf.field_mask_pb2 import FieldMask
 
+from baton import internal_auth
 from baton.errors import SessionLost, StoreUnavailable
 from baton.grpc_errors import from_rpc_error
 from baton.retry import Attempts, Deadline
@@ -189,15 +190,18 @@ class CoordinatorClient:
         addresses: ``host:port`` or a list of them (replicas). After ``UNAVAILABLE`` the
             next call goes to the next replica; reads are retried on each replica once.
         timeout: default per-call deadline in seconds.
+        token: the cluster's internal token sent on every call (:mod:`baton.internal_auth`);
+            ``None`` reads ``BATON_INTERNAL_TOKEN``; ``""`` sends none.
     """
 
-    def __init__(self, addresses: str | Sequence[str], timeout: float = 5.0) -> None:
+    def __init__(self, addresses: str | Sequence[str], timeout: float = 5.0, token: str | None = None) -> None:
         if isinstance(addresses, str):
             addresses = [a.strip() for a in addresses.split(",") if a.strip()]
         if not addresses:
             raise ValueError("at least one coordinator address is required")
         self.addresses = list(addresses)
         self.timeout = timeout
+        self._token = token
         self._channels: list[grpc.aio.Channel] = []
         self._stubs: list[pb_grpc.CoordinatorStub] = []
         self._current = 0
@@ -209,7 +213,7 @@ class CoordinatorClient:
         """The stub of replica ``replica`` (an index into ``addresses``; default: current)."""
         if not self._stubs:
             for a in self.addresses:
-                ch = grpc.aio.insecure_channel(a, options=_CHANNEL_OPTIONS)
+                ch = internal_auth.insecure_channel(a, _CHANNEL_OPTIONS, self._token)
                 self._channels.append(ch)
                 self._stubs.append(pb_grpc.CoordinatorStub(ch))
         return self._stubs[(self._current if replica is None else replica) % len(self._stubs)]
