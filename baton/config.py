@@ -28,6 +28,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("BATON_HOST_ID", "", "sandbox host id (default: hostname-pid)"),
     Setting("BATON_HOST_CAPACITY", "64", "runs one sandbox host drives at most"),
     Setting("BATON_GATEWAY_LISTEN", "0.0.0.0:8080", "gateway HTTP listen address"),
+    Setting("BATON_GATEWAY_GRPC_LISTEN", "0.0.0.0:8081", "gateway gRPC listen address of the public baton.v1.Runs API (empty = off)"),
+    Setting("BATON_INTERNAL_TOKEN", "", "shared secret every internal gRPC call (coordinator, sandbox hosts) must carry; empty = no internal auth"),
     Setting("BATON_SESSION_TTL", "2", "session lease TTL in seconds (keep-alive every TTL/3)"),
     Setting("BATON_ATTACH_WAIT", "10", "seconds an attach waits for the journal to appear / first byte"),
     Setting("BATON_JOURNAL_POLL", "0.25", "journal poll interval in seconds (providers that cannot follow)"),

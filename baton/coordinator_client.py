@@ -23,6 +23,7 @@ from typing import Any, AsyncIterator, Sequence, TypeVar
 import grpc
 from google.protobuf.field_mask_pb2 import FieldMask
 
+from baton import internal_auth
 from baton.errors import SessionLost, StoreUnavailable
 from baton.grpc_errors import from_rpc_error
 from baton.retry import Attempts, Deadline
@@ -189,15 +190,18 @@ class CoordinatorClient:
         addresses: ``host:port`` or a list of them (replicas). After ``UNAVAILABLE`` the
             next call goes to the next replica; reads are retried on each replica once.
         timeout: default per-call deadline in seconds.
+        token: the cluster's internal token sent on every call (:mod:`baton.internal_auth`);
+            ``None`` reads ``BATON_INTERNAL_TOKEN``; ``""`` sends none.
     """
 
-    def __init__(self, addresses: str | Sequence[str], timeout: float = 5.0) -> None:
+    def __init__(self, addresses: str | Sequence[str], timeout: float = 5.0, token: str | None = None) -> None:
         if isinstance(addresses, str):
             addresses = [a.strip() for a in addresses.split(",") if a.strip()]
         if not addresses:
             raise ValueError("at least one coordinator address is required")
         self.addresses = list(addresses)
         self.timeout = timeout
+        self._token = token
         self._channels: list[grpc.aio.Channel] = []
         self._stubs: list[pb_grpc.CoordinatorStub] = []
         self._current = 0
@@ -209,7 +213,7 @@ class CoordinatorClient:
         """The stub of replica ``replica`` (an index into ``addresses``; default: current)."""
         if not self._stubs:
             for a in self.addresses:
-                ch = grpc.aio.insecure_channel(a, options=_CHANNEL_OPTIONS)
+                ch = internal_auth.insecure_channel(a, _CHANNEL_OPTIONS, self._token)
                 self._channels.append(ch)
                 self._stubs.append(pb_grpc.CoordinatorStub(ch))
         return self._stubs[(self._current if replica is None else replica) % len(self._stubs)]
@@ -227,10 +231,14 @@ class CoordinatorClient:
                      idempotent: bool = False) -> Any:
         # ``timeout`` is the budget of the call, not of each replica tried: the next replica
         # gets what the last one left.
+        # An idempotent call tries every replica once, then goes on trying them (with a
+        # growing pause) while its budget lasts, so a coordinator restart or a replica that
+        # is still starting costs a pause, not an error. Other calls get one try.
         deadline = Deadline.after(timeout or self.timeout)
-        attempts = len(self.addresses) if idempotent else 1
         first = self._current
-        for i in range(attempts):
+        pause = 0.05
+        i = 0
+        while True:
             replica = (first + i) % len(self.addresses)  # each retry on another replica
             try:
                 return await getattr(self._stub(replica), method)(request, timeout=deadline.left())
@@ -238,12 +246,16 @@ class CoordinatorClient:
                 exc = from_rpc_error(err)
                 if err.code() == grpc.StatusCode.UNAVAILABLE:
                     self._rotate(replica)
-                    if i + 1 < attempts:
+                    i += 1
+                    if idempotent and i < len(self.addresses):
+                        continue
+                    if idempotent and deadline.left() > pause:
+                        await asyncio.sleep(pause)
+                        pause = min(pause * 2, 0.5)
                         continue
                 if exc is err:
                     raise
                 raise exc from err
-        raise AssertionError("unreachable")
 
     async def close(self) -> None:
         """Close open sessions (revoking their leases) and the channels."""

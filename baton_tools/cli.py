@@ -23,9 +23,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from baton import config
+from baton.internal_auth import sync_channel
 from baton.runs import status_name
 from baton_tools.cluster import (
     GRPC_OPTIONS,
+    INTERNAL_TOKEN_FILE,
     ClusterError,
     ClusterInfo,
     LocalCluster,
@@ -88,6 +90,16 @@ def _gateway_url(url: str | None, data_dir: pathlib.Path) -> str:
         return info.url
     host, _, port = config.get("BATON_GATEWAY_LISTEN").rpartition(":")
     return f"http://{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{port}"
+
+
+def _internal_token(data_dir: pathlib.Path) -> str | None:
+    """``BATON_INTERNAL_TOKEN``, else the token `baton up` keeps in the data directory."""
+    if config.get("BATON_INTERNAL_TOKEN"):
+        return None  # sync_channel reads it from the environment
+    try:
+        return (data_dir / INTERNAL_TOKEN_FILE).read_text().strip() or None
+    except OSError:
+        return None
 
 
 def _coordinator(addr: str | None, data_dir: pathlib.Path) -> str:
@@ -260,7 +272,7 @@ def runs(
     from baton.v1 import coordinator_pb2, coordinator_pb2_grpc
 
     addr = _coordinator(coordinator, data_dir)
-    with grpc.insecure_channel(addr, options=GRPC_OPTIONS) as ch:
+    with sync_channel(addr, GRPC_OPTIONS, _internal_token(data_dir)) as ch:
         try:
             resp = coordinator_pb2_grpc.CoordinatorStub(ch).ListRuns(
                 coordinator_pb2.ListRunsRequest(thread_id=thread or "", limit=limit), timeout=10
@@ -385,7 +397,7 @@ def reap(
     from baton.v1 import coordinator_pb2, coordinator_pb2_grpc
 
     addr = _coordinator(coordinator, data_dir)
-    with grpc.insecure_channel(addr, options=GRPC_OPTIONS) as ch:
+    with sync_channel(addr, GRPC_OPTIONS, _internal_token(data_dir)) as ch:
         try:
             resp = coordinator_pb2_grpc.CoordinatorStub(ch).Reap(coordinator_pb2.ReapRequest(ttl_seconds=ttl), timeout=120)
         except grpc.RpcError as exc:
@@ -418,7 +430,7 @@ def drain(
     """
     from baton.v1 import sandbox_host_pb2, sandbox_host_pb2_grpc
 
-    with grpc.insecure_channel(address, options=GRPC_OPTIONS) as ch:
+    with sync_channel(address, GRPC_OPTIONS) as ch:
         try:
             resp = sandbox_host_pb2_grpc.SandboxHostStub(ch).Drain(sandbox_host_pb2.DrainRequest(), timeout=timeout)
         except grpc.RpcError as exc:

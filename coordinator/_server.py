@@ -11,6 +11,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from baton.errors import StoreUnavailable
+from baton.internal_auth import server_interceptors
 from baton.v1 import coordinator_pb2, coordinator_pb2_grpc
 
 from coordinator._config import CoordinatorConfig
@@ -69,7 +70,8 @@ class CoordinatorServer:
         cfg, store = self.config, self.store
         self.service = CoordinatorService(store, etcd_timeout=cfg.etcd_timeout,
                                           detached_run_ttl=cfg.detached_run_ttl, reaper=self._reaper)
-        self._server = server = grpc.aio.server(options=(("grpc.so_reuseport", 0),))
+        self._server = server = grpc.aio.server(options=(("grpc.so_reuseport", 0),),
+                                                interceptors=server_interceptors(cfg.internal_token))
         coordinator_pb2_grpc.add_CoordinatorServicer_to_server(self.service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import grpc
 
+from baton import internal_auth
+
 from baton.errors import JournalAttachUnavailable, RunClaimNotAcquired, StoreUnavailable
 from baton.grpc_errors import from_rpc_error
 from baton.placement import Candidate, assign
@@ -52,7 +54,7 @@ class HostPool:
     def stub(self, address: str) -> sandbox_host_pb2_grpc.SandboxHostStub:
         ch = self._channels.get(address)
         if ch is None:
-            ch = self._channels[address] = grpc.aio.insecure_channel(address, options=_GRPC_OPTIONS)
+            ch = self._channels[address] = internal_auth.insecure_channel(address, _GRPC_OPTIONS)
         return sandbox_host_pb2_grpc.SandboxHostStub(ch)
 
     async def close(self) -> None:

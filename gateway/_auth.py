@@ -32,7 +32,20 @@ def tenant_of(request: Request, api_keys: Mapping[str, str]) -> str:
     """
     if not api_keys:
         return ""
-    header = request.headers.get("authorization", "")
+    return tenant_of_header(request.headers.get("authorization", ""), api_keys)
+
+
+def tenant_of_header(header: str, api_keys: Mapping[str, str]) -> str:
+    """The tenant of an ``Authorization`` value (HTTP header or gRPC ``authorization`` metadata).
+
+    Returns:
+        The tenant, or ``""`` when auth is disabled (``api_keys`` empty).
+
+    Raises:
+        Unauthorized: auth is enabled and the value is missing or the key unknown.
+    """
+    if not api_keys:
+        return ""
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         raise Unauthorized()

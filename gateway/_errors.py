@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from baton import errors as e
 from baton import grpc_errors
+
+if TYPE_CHECKING:
+    import grpc
 
 log = logging.getLogger("gateway.errors")
 
@@ -156,3 +160,51 @@ async def handle_baton_error(request: Request, exc: Exception) -> Response:
         log.warning("%s %s -> %s: %s", request.method, request.url.path, m.status, exc)
     return error_response(exc)
 
+
+
+# --- the same errors over gRPC (the Runs service) -----------------------------------------
+
+def _edge_meta(exc: e.BatonError) -> dict[str, str]:
+    if isinstance(exc, BodyTooLarge):
+        return {"limit": str(exc.limit)}
+    if isinstance(exc, CancelWaitTimeout):
+        return {"run_id": exc.run_id, "timeout": f"{exc.timeout:g}"}
+    return {}
+
+
+def grpc_status(exc: e.BatonError) -> "grpc.Status":
+    """The rich gRPC status (code, message, ``ErrorInfo``) of a domain error at the gRPC edge.
+
+    Errors with a row in :data:`baton.grpc_errors.TABLE` use it; the edge's own errors get
+    the code below and the reason of this module's HTTP table; anything else is INTERNAL.
+    """
+    import grpc
+    from google.protobuf import any_pb2
+    from google.rpc import code_pb2, error_details_pb2, status_pb2
+    from grpc_status import rpc_status
+
+    if isinstance(exc, StartFailed):
+        return grpc_status(exc.cause)  # the cause's code and reason, as HTTP answers it
+    if grpc_errors.mapping_for(exc) is not None:
+        return grpc_errors.to_status(exc)
+    codes = {
+        Unauthorized: grpc.StatusCode.UNAUTHENTICATED,
+        BodyTooLarge: grpc.StatusCode.INVALID_ARGUMENT,
+        NoHostAvailable: grpc.StatusCode.UNAVAILABLE,
+        CancelWaitTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
+    }
+    # Any other edge error: the code of its HTTP status.
+    by_http = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
+               404: grpc.StatusCode.NOT_FOUND, 409: grpc.StatusCode.FAILED_PRECONDITION,
+               410: grpc.StatusCode.OUT_OF_RANGE, 413: grpc.StatusCode.INVALID_ARGUMENT,
+               502: grpc.StatusCode.UNAVAILABLE, 503: grpc.StatusCode.UNAVAILABLE,
+               504: grpc.StatusCode.DEADLINE_EXCEEDED}
+    m = mapping_for(exc)
+    fallback = by_http.get(m.status, grpc.StatusCode.INTERNAL) if m is not None else grpc.StatusCode.INTERNAL
+    code = next((c for cls, c in codes.items() if isinstance(exc, cls)), fallback)
+    reason = m.reason if m is not None else "INTERNAL"
+    info = error_details_pb2.ErrorInfo(reason=reason, domain=grpc_errors.DOMAIN, metadata=_edge_meta(exc))
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    st = status_pb2.Status(code=getattr(code_pb2, code.name), message=str(exc), details=[detail])
+    return rpc_status.to_status(st)

@@ -19,6 +19,8 @@ from typing import Any
 from baton.aio import cancel_and_join
 from baton.errors import DeliveryLogError
 
+from gateway import _grpc_wire
+
 log = logging.getLogger("gateway.fanout")
 
 MAX_FRAMES = 20_000
@@ -54,8 +56,12 @@ class RunHub:
         self.seqs: list[int] = []
         self.offsets: list[str] = []
         self.payloads: list[bytes] = []
+        # gRPC frames (RunEvent.chunks entries), built once per chunk when a gRPC reader
+        # first needs them, aligned with ``seqs`` from ``base`` (may be shorter).
+        self._grpc: list[bytes] = []
         self.base = 0
         self.closed = False
+        self.close_status: str | None = None
         self.failed: BaseException | None = None
         self.readers = 0
         self._changed = asyncio.Event()
@@ -73,9 +79,10 @@ class RunHub:
                 self.payloads.append(_dumps(chunk))
                 if len(self.seqs) > self._max:
                     drop = len(self.seqs) - self._max
-                    del self.seqs[:drop], self.offsets[:drop], self.payloads[:drop]
+                    del self.seqs[:drop], self.offsets[:drop], self.payloads[:drop], self._grpc[:drop]
                     self.base += drop
                 self._notify()
+            self.close_status = getattr(reader, "close_status", None)
             self.closed = True
         except asyncio.CancelledError:
             raise
@@ -111,7 +118,12 @@ class RunHub:
         if start < self.base:
             raise IndexError(start)
         lo, hi = start - self.base, len(self.seqs)
-        if framing == "ndjson":
+        if framing == "grpc":
+            g = self._grpc
+            if len(g) < hi:
+                g.extend(_grpc_wire.chunk_frame(self.offsets[i].encode(), self.payloads[i]) for i in range(len(g), hi))
+            parts = g[lo:hi]
+        elif framing == "ndjson":
             parts = [b'{"id":"%s","chunk":%s}\n' % (self.offsets[i].encode(), self.payloads[i]) for i in range(lo, hi)]
         else:
             parts = [b"id: %s\ndata: %s\n\n" % (self.offsets[i].encode(), self.payloads[i]) for i in range(lo, hi)]

@@ -13,7 +13,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 import grpc
 
 from baton import errors as e
-from baton import placement
+from baton import internal_auth, placement
 from baton.grpc_errors import from_rpc_error
 from baton.v1 import coordinator_pb2, sandbox_host_pb2_grpc
 
@@ -31,10 +31,12 @@ class HostPool:
 
     Args:
         coordinator: a ``CoordinatorClient`` (for ``list_hosts``).
+        token: the cluster's internal token sent to hosts (``None``: ``BATON_INTERNAL_TOKEN``).
     """
 
-    def __init__(self, coordinator: Any) -> None:
+    def __init__(self, coordinator: Any, token: str | None = None) -> None:
         self._coordinator = coordinator
+        self._token = token
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, sandbox_host_pb2_grpc.SandboxHostStub] = {}
         # Runs this gateway handed to each host: breaks ties between hosts whose published
@@ -45,7 +47,7 @@ class HostPool:
         """The cached stub for a host address (``host:port``)."""
         s = self._stubs.get(address)
         if s is None:
-            ch = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            ch = internal_auth.insecure_channel(address, _CHANNEL_OPTIONS, self._token)
             self._channels[address] = ch
             s = self._stubs[address] = sandbox_host_pb2_grpc.SandboxHostStub(ch)
         return s

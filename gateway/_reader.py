@@ -19,7 +19,7 @@ from baton import errors as e
 from baton.runs import STREAM_GAP
 from gateway._errors import mapping_for
 from gateway._fanout import check_offset_kept, stop_read
-from gateway._sse import Framing, frame_chunk, frame_end, frame_keepalive, frame_notice
+from gateway._sse import Framing, frame_chunk, frame_end, frame_gap, frame_keepalive, frame_notice
 from gateway._state import GatewayState
 
 log = logging.getLogger("gateway.reader")
@@ -37,7 +37,9 @@ class _Failed:
     error: BaseException
 
 
-_END = object()
+@dataclass(frozen=True)
+class _End:
+    status: str | None  # the log's close status
 
 
 def gap_chunk(earliest_offset: str) -> dict[str, Any]:
@@ -64,7 +66,7 @@ async def _pump(source: AsyncIterator[tuple[str, dict[str, Any]]], queue: asynci
     try:
         async for item in source:
             await queue.put(item)
-        await queue.put(_END)
+        await queue.put(_End(getattr(source, "close_status", None)))
     except e.OffsetExpired as exc:
         await queue.put(_Gap(exc.earliest_offset))
     except e.BatonError as exc:
@@ -150,7 +152,7 @@ async def stream_log(
             await check_offset_kept(state.log, run_id, after)
         except e.OffsetExpired as exc:
             done[0] = True
-            yield frame_chunk(framing, None, gap_chunk(exc.earliest_offset))
+            yield frame_gap(framing, gap_chunk(exc.earliest_offset), exc.earliest_offset)
             return
         except e.BatonError as exc:
             done[0] = True
@@ -171,7 +173,7 @@ async def stream_log(
                     continue
                 if hub.closed:
                     done[0] = True
-                    yield frame_end(framing)
+                    yield frame_end(framing, hub.close_status)
                     return
                 if hub.failed is not None:
                     done[0] = True  # not a disconnect: the client reconnects with Last-Event-ID
@@ -217,13 +219,13 @@ async def _own_read(state: GatewayState, run_id: str, after: str, framing: Frami
                     continue
             else:
                 item = queue.get_nowait()
-            if item is _END:
+            if isinstance(item, _End):
                 done[0] = True
-                yield frame_end(framing)
+                yield frame_end(framing, item.status)
                 return
             if isinstance(item, _Gap):
                 done[0] = True
-                yield frame_chunk(framing, None, gap_chunk(item.earliest))
+                yield frame_gap(framing, gap_chunk(item.earliest), item.earliest)
                 return
             if isinstance(item, _Failed):
                 # End the response without an end marker: the client reconnects with

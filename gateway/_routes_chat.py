@@ -11,7 +11,7 @@ import asyncio
 import json
 import logging
 import math
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -27,7 +27,8 @@ from gateway._sse import StreamResponse, choose_framing
 from gateway._state import GatewayState
 from baton.runs import RUN_CANCELLED, TERMINAL_PB, is_host_chunk
 from gateway._validate import ChatStart, check_chat_start, check_offset, read_json_object
-from gateway._views import check_thread_visible, maybe_view, record_json, run_view, state_of, tenant
+from gateway._views import (check_thread_visible, maybe_view, record_json, run_view_for, state_of, tenant,
+                            thread_visible_for)
 
 log = logging.getLogger("gateway.chat")
 
@@ -147,36 +148,48 @@ def _check_same_run(record: runs_pb2.RunRecord, cs: ChatStart, tenant_id: str, a
         raise e.InvalidArgument("runId", "already names a run of another thread")
 
 
-async def start_chat(request: Request) -> Response | StreamResponse:
-    """``POST /api/chat``: validate, start the run on a host, stream its log from the start."""
-    st = state_of(request)
-    t = tenant(request)
-    body = await read_json_object(request, st.settings.max_body_bytes)
-    cs = check_chat_start(body, request.headers, request.query_params, replay_dirs=st.settings.replay_dirs,
-                          default_agent=st.settings.default_agent, max_messages=st.settings.max_messages)
-    resume = request.headers.get("last-event-id")
-    after = check_offset(resume) if resume else "-1"
+async def open_start(st: GatewayState, cs: ChatStart, tenant_id: str, after: str
+                     ) -> tuple[str, Callable[[], Awaitable[None]] | None]:
+    """The start path shared by ``POST /api/chat`` and gRPC ``Runs.StartRun``.
+
+    Starts the run on a host, or, when the run id exists (a retry or a reconnect), checks
+    it is the caller's run of the same thread and starts nothing (the takeover trigger
+    looks at it as a join would).
+
+    Args:
+        after: the offset to serve from when the run exists (``-1``: from the start).
+
+    Returns:
+        ``(after, on_disconnect)``: where to serve the log from, and what to run when the
+        client leaves before the log closed (cancel, for ``cancel_on_disconnect``).
+
+    Raises:
+        UnknownRun, UnknownThread, InvalidArgument, ThreadBusy, NoHostAvailable, …
+    """
     try:
         view = await st.coordinator.get_run(cs.run_id)
     except e.UnknownRun:
         view = None
     if view is not None and not view.record.starting:
         # A retried POST or a transport reconnect: serve the existing run, start nothing.
-        _check_same_run(view.record, cs, t, st.settings.auth_enabled)
+        _check_same_run(view.record, cs, tenant_id, st.settings.auth_enabled)
         st.takeovers.consider(cs.run_id, view.record, view.claim)
     else:
         # No run, or one whose start failed half-way (still ``starting``): StartRun creates
         # or resumes it, idempotently by run id; a start in progress elsewhere is joined.
         if view is not None:
-            _check_same_run(view.record, cs, t, st.settings.auth_enabled)
+            _check_same_run(view.record, cs, tenant_id, st.settings.auth_enabled)
         else:
-            await check_thread_visible(request, cs.thread_id, must_exist=False)
-        await _check_log_stores(st, cs.run_id)
-        record = await _start_or_explain(st, cs, t)
+            await thread_visible_for(st, tenant_id, cs.thread_id, must_exist=False)
+        try:
+            await _check_log_stores(st, cs.run_id)
+        except e.LogUnavailable as exc:
+            raise StartFailed(exc, view is not None) from exc
+        record = await _start_or_explain(st, cs, tenant_id)
         # A concurrent POST with the same run id may have created the record between our
         # lookup and StartRun (the host then answers with that record, unchanged): the same
         # checks as for a record found above, or another tenant's or thread's log is served.
-        _check_same_run(record, cs, t, st.settings.auth_enabled)
+        _check_same_run(record, cs, tenant_id, st.settings.auth_enabled)
         after = "-1"
 
     on_disconnect = None
@@ -185,7 +198,18 @@ async def start_chat(request: Request) -> Response | StreamResponse:
             # The run was started with detachOnDisconnect: false: the client leaving cancels it.
             log.info("client of run %s left; cancelling it (detachOnDisconnect: false)", cs.run_id)
             st.spawn(_cancel(st, cs.run_id, "client-disconnected"), name=f"cancel:{cs.run_id}")
+    return after, on_disconnect
 
+
+async def start_chat(request: Request) -> Response | StreamResponse:
+    """``POST /api/chat``: validate, start the run on a host, stream its log from the start."""
+    st = state_of(request)
+    t = tenant(request)
+    body = await read_json_object(request, st.settings.max_body_bytes)
+    cs = check_chat_start(body, request.headers, request.query_params, replay_dirs=st.settings.replay_dirs,
+                          default_agent=st.settings.default_agent, max_messages=st.settings.max_messages)
+    resume = request.headers.get("last-event-id")
+    after, on_disconnect = await open_start(st, cs, t, check_offset(resume) if resume else "-1")
     framing = choose_framing(request.headers.get("accept"))
     return StreamResponse(stream_log(st, cs.run_id, after, framing, on_disconnect=on_disconnect), framing,
                           headers={"X-Run-Id": cs.run_id})
@@ -217,13 +241,16 @@ async def join_chat(request: Request) -> Response | StreamResponse:
     return StreamResponse(stream_log(st, run_id, after, framing), framing, headers={"X-Run-Id": run_id})
 
 
-async def _visible_active(request: Request, thread_id: str) -> runs_pb2.RunRecord | None:
-    st = state_of(request)
-    t = tenant(request)
+async def visible_active(st: GatewayState, tenant_id: str, thread_id: str) -> runs_pb2.RunRecord | None:
+    """The thread's active run if ``tenant_id`` may see it, else ``None``."""
     rec = await st.coordinator.find_active_run(thread_id)
-    if rec is None or (st.settings.auth_enabled and rec.tenant != t):
+    if rec is None or (st.settings.auth_enabled and rec.tenant != tenant_id):
         return None
     return rec  # type: ignore[no-any-return]
+
+
+async def _visible_active(request: Request, thread_id: str) -> runs_pb2.RunRecord | None:
+    return await visible_active(state_of(request), tenant(request), thread_id)
 
 
 async def _hydrate(request: Request, thread_id: str) -> Response:
@@ -286,42 +313,50 @@ async def _confirmation(st: GatewayState, run_id: str) -> dict[str, Any] | None:
     return found
 
 
-async def cancel_chat(request: Request) -> Response:
-    """``POST /api/chat/cancel`` ``{runId | threadId}`` → 202; ``?wait=true`` → 200 once terminal, else 504."""
-    st = state_of(request)
-    tenant(request)
-    body = await read_json_object(request, st.settings.max_body_bytes)
-    q = request.query_params
-    run_id = body.get("runId") or q.get("runId")
-    thread_id = body.get("threadId") or q.get("threadId")
-    if run_id is not None and not isinstance(run_id, str) or thread_id is not None and not isinstance(thread_id, str):
-        raise e.InvalidArgument("runId", "runId and threadId must be strings")
+def check_cancel_timeout(raw: float | None, default: float) -> float:
+    """The seconds a cancel with ``wait`` waits: ``raw`` in (0, MAX_CANCEL_WAIT], or ``default``.
+
+    Raises:
+        InvalidArgument: out of range or not finite.
+    """
+    if raw is None:
+        return default
+    if not math.isfinite(raw) or not 0 < raw <= MAX_CANCEL_WAIT:
+        raise e.InvalidArgument("timeout", f"must be in (0, {MAX_CANCEL_WAIT:g}] seconds")
+    return raw
+
+
+async def cancel_run(st: GatewayState, tenant_id: str, run_id: str | None, thread_id: str | None, *,
+                     wait: bool, timeout: float) -> tuple[str, Any | None, dict[str, Any] | None]:
+    """The cancel shared by ``POST /api/chat/cancel`` and gRPC ``Runs.CancelRun``.
+
+    Args:
+        run_id: the run to cancel; else ``thread_id``'s active run.
+        wait: wait until the run is terminal (up to ``timeout`` seconds).
+
+    Returns:
+        ``(run_id, view, confirmation)``; ``view`` (the terminal ``RunView``) and the host's
+        ``run.cancelled`` value only with ``wait``.
+
+    Raises:
+        InvalidArgument: neither id. UnknownRun: no such (visible) run or active run.
+        CancelWaitTimeout: with ``wait``, the run was not terminal in time.
+    """
     if run_id:
         validate_id(run_id, "runId")
     elif thread_id:
         validate_id(thread_id, "threadId")
-        rec = await _visible_active(request, thread_id)
+        rec = await visible_active(st, tenant_id, thread_id)
         if rec is None:
             raise e.UnknownRun(f"(active run of thread {thread_id})")
         run_id = rec.run_id
     else:
         raise e.InvalidArgument("runId", "send a runId or a threadId")
-    wait = q.get("wait", "false").lower() in ("1", "true", "yes")
-    timeout = st.settings.cancel_wait
-    if "timeout" in q:
-        try:
-            timeout = float(q["timeout"])
-        except ValueError:
-            raise e.InvalidArgument("timeout", "must be a number of seconds") from None
-        if not math.isfinite(timeout) or not 0 < timeout <= MAX_CANCEL_WAIT:
-            raise e.InvalidArgument("timeout", f"must be in (0, {MAX_CANCEL_WAIT:g}] seconds")
-
-    view = await run_view(request, run_id)
+    view = await run_view_for(st, tenant_id, run_id)
     if view.record.status not in TERMINAL_PB:
         await _cancel(st, run_id, "user")
     if not wait:
-        return JSONResponse({"runId": run_id, "cancelRequested": True}, status_code=202)
-
+        return run_id, None, None
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
@@ -331,6 +366,34 @@ async def cancel_chat(request: Request) -> Response:
         if loop.time() >= deadline:
             raise CancelWaitTimeout(run_id, timeout)
         await asyncio.sleep(min(0.05, max(deadline - loop.time(), 0)))
+    return run_id, view, await _confirmation(st, run_id)
+
+
+async def cancel_chat(request: Request) -> Response:
+    """``POST /api/chat/cancel`` ``{runId | threadId}`` → 202; ``?wait=true`` → 200 once terminal, else 504."""
+    st = state_of(request)
+    t = tenant(request)
+    body = await read_json_object(request, st.settings.max_body_bytes)
+    q = request.query_params
+    run_id = body.get("runId") or q.get("runId")
+    thread_id = body.get("threadId") or q.get("threadId")
+    if run_id is not None and not isinstance(run_id, str) or thread_id is not None and not isinstance(thread_id, str):
+        raise e.InvalidArgument("runId", "runId and threadId must be strings")
+    wait = q.get("wait", "false").lower() in ("1", "true", "yes")
+    raw_timeout = None
+    if "timeout" in q:
+        try:
+            raw_timeout = float(q["timeout"])
+        except ValueError:
+            raise e.InvalidArgument("timeout", "must be a number of seconds") from None
+    if run_id:
+        validate_id(run_id, "runId")
+    elif thread_id:
+        validate_id(thread_id, "threadId")
+    timeout = check_cancel_timeout(raw_timeout, st.settings.cancel_wait)
+    run_id, view, confirmation = await cancel_run(st, t, run_id, thread_id, wait=wait, timeout=timeout)
+    if view is None:
+        return JSONResponse({"runId": run_id, "cancelRequested": True}, status_code=202)
     out = record_json(view.record, view.claim, view.reap_at)
-    out["confirmation"] = await _confirmation(st, run_id)
+    out["confirmation"] = confirmation
     return JSONResponse(out, status_code=200)

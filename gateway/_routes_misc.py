@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import pathlib
+from typing import Sequence
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
@@ -41,8 +42,12 @@ async def agents(request: Request) -> Response:
     """``GET /api/agents``: the agent kinds and the replay corpus the web page offers."""
     st = state_of(request)
     tenant(request)
-    items: list[dict[str, object]] = []
-    dirs = st.settings.replay_dirs
+    return JSONResponse({"default": st.settings.default_agent, "agents": agent_list(st.settings.replay_dirs)})
+
+
+def agent_list(dirs: Sequence[pathlib.Path]) -> list[dict[str, str]]:
+    """The agents a client may pick (shared by HTTP and gRPC): replay journals, then the kinds."""
+    items: list[dict[str, str]] = []
     for path in list_replay_journals(dirs):
         fmt = path.parent.name if path.parent.name in REPLAY_FORMATS else None
         if fmt is None:
@@ -50,7 +55,7 @@ async def agents(request: Request) -> Response:
         rel = next((str(path.relative_to(d.resolve())) for d in dirs if path.is_relative_to(d.resolve())), path.name)
         items.append({"kind": "replay", "journal": rel, "format": fmt, "name": f"replay: {rel}"})
     items += [{"kind": k, "name": k} for k in AGENT_KINDS if k != "replay"]
-    return JSONResponse({"default": st.settings.default_agent, "agents": items})
+    return items
 
 
 async def healthz(request: Request) -> Response:

@@ -63,6 +63,10 @@ class GatewaySettings:
         max_messages: most messages accepted in one ``POST /api/chat``.
         cancel_wait: default seconds ``POST /api/chat/cancel?wait=true`` waits.
         reader_queue: chunks buffered per reader before backpressure reaches the log read.
+        grpc_listen: ``host:port`` of the gRPC ``baton.v1.Runs`` API (port 0: any free
+            port); empty serves no gRPC.
+        internal_token: the cluster's internal token, sent on every call to the
+            coordinator and the sandbox hosts; empty sends none.
     """
 
     coordinator: tuple[str, ...] = ("127.0.0.1:7100",)
@@ -78,6 +82,8 @@ class GatewaySettings:
     max_messages: int = 500
     cancel_wait: float = 30.0
     reader_queue: int = 256
+    grpc_listen: str = ""
+    internal_token: str = field(default="", repr=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "GatewaySettings":
@@ -101,6 +107,8 @@ class GatewaySettings:
             api_keys=parse_api_keys(config.get("BATON_API_KEYS", env)),
             default_agent=config.get("BATON_DEFAULT_AGENT", env),
             session_ttl=config.get_float("BATON_SESSION_TTL", env),
+            grpc_listen=config.get("BATON_GATEWAY_GRPC_LISTEN", env),
+            internal_token=config.get("BATON_INTERNAL_TOKEN", env),
         )
 
     @property

@@ -20,9 +20,12 @@ from typing import Any, AsyncIterator, Literal
 
 from starlette.types import Receive, Scope, Send
 
+from gateway import _grpc_wire
+
 log = logging.getLogger("gateway.sse")
 
-Framing = Literal["sse", "ndjson"]
+# "grpc": baton.v1.RunEvent bytes (gateway._grpc_wire), for the Runs service.
+Framing = Literal["sse", "ndjson", "grpc"]
 NDJSON = "application/x-ndjson"
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -39,6 +42,8 @@ def _dumps(value: Any) -> str:
 
 def frame_chunk(framing: Framing, offset: str | None, chunk: dict[str, Any]) -> bytes:
     """One chunk on the wire. ``offset=None`` sends the chunk with no resume id (a gap notice)."""
+    if framing == "grpc":
+        return _grpc_wire.chunk_frame((offset or "").encode(), _dumps(chunk).encode())
     if framing == "ndjson":
         env: dict[str, Any] = {"chunk": chunk} if offset is None else {"id": offset, "chunk": chunk}
         return (_dumps(env) + "\n").encode()
@@ -48,20 +53,36 @@ def frame_chunk(framing: Framing, offset: str | None, chunk: dict[str, Any]) -> 
 
 
 def frame_keepalive(framing: Framing) -> bytes:
+    if framing == "grpc":
+        return _grpc_wire.KEEPALIVE
     return b"\n" if framing == "ndjson" else b": keep-alive\n\n"
 
 
 def frame_notice(framing: Framing, reason: str, message: str) -> bytes:
     """A notice to the client that is not log data (see the module docstring)."""
+    if framing == "grpc":
+        return _grpc_wire.notice_frame(reason, message)
     if framing == "ndjson":
         return (_dumps({"notice": {"reason": reason, "message": message}}) + "\n").encode()
     text = " ".join(message.splitlines())  # one comment line: a newline would end it
     return f": notice {reason} {text}\n\n".encode()
 
 
-def frame_end(framing: Framing) -> bytes:
-    """Marks a clean end (the log closed), so clients can tell it from a dropped connection."""
+def frame_end(framing: Framing, status: str | None = None) -> bytes:
+    """Marks a clean end (the log closed), so clients can tell it from a dropped connection.
+
+    ``status`` (the log's close status) is carried by the gRPC framing only.
+    """
+    if framing == "grpc":
+        return _grpc_wire.end_frame(status)
     return b"" if framing == "ndjson" else b": end\n\n"
+
+
+def frame_gap(framing: Framing, chunk: dict[str, Any], earliest_offset: str) -> bytes:
+    """The answer to an expired offset: the ``stream.gap`` chunk, or the gRPC ``gap`` field."""
+    if framing == "grpc":
+        return _grpc_wire.gap_frame(earliest_offset)
+    return frame_chunk(framing, None, chunk)
 
 
 def media_type(framing: Framing) -> str:

@@ -40,13 +40,15 @@ class GatewayState:
         self.log = delivery_log
         self.transcripts = transcripts
         self.metrics = metrics
-        self.hosts = HostPool(coordinator)
+        self.hosts = HostPool(coordinator, settings.internal_token)
         self.takeovers = TakeoverTrigger(self.hosts, metrics)
         self.hubs = Hubs(delivery_log)
         self.log_health = LogHealth(delivery_log, settings.gateway_id)
         self.session: Any | None = None
         self.session_changed = asyncio.Event()
         self.shutting_down = False
+        #: The bound port of the gRPC Runs API (0 when it is not served).
+        self.grpc_port = 0
         self.tasks = TaskOwner("gateway")
         self._session_task: asyncio.Task[None] | None = None
 

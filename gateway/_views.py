@@ -49,21 +49,24 @@ def record_json(record: runs_pb2.RunRecord, claim: Any | None = None, reap_at: f
     }
 
 
-async def run_view(request: Request, run_id: str) -> Any:
-    """The run's ``RunView`` as the caller may see it.
+async def run_view_for(st: GatewayState, tenant_id: str, run_id: str) -> Any:
+    """The run's ``RunView`` as ``tenant_id`` may see it (no request: shared by HTTP and gRPC).
 
     Raises:
         UnknownRun: no record, or one of another tenant.
         StoreUnavailable: the coordinator cannot be reached.
     """
-    st = state_of(request)
-    t = tenant(request)
     view = await st.coordinator.get_run(run_id)
-    check_run_visible(view.record, t, st.settings.auth_enabled)
+    check_run_visible(view.record, tenant_id, st.settings.auth_enabled)
     return view
 
 
-async def check_thread_visible(request: Request, thread_id: str, *, must_exist: bool) -> None:
+async def run_view(request: Request, run_id: str) -> Any:
+    """The run's ``RunView`` as the caller may see it (see :func:`run_view_for`)."""
+    return await run_view_for(state_of(request), tenant(request), run_id)
+
+
+async def thread_visible_for(st: GatewayState, tenant_id: str, thread_id: str, *, must_exist: bool) -> None:
     """With auth, a thread belongs to the tenant of its runs; other tenants get 404.
 
     Args:
@@ -73,24 +76,34 @@ async def check_thread_visible(request: Request, thread_id: str, *, must_exist: 
     Raises:
         UnknownThread: as above.
     """
-    st = state_of(request)
     if not st.settings.auth_enabled:
         return
-    t = tenant(request)
     recs = await st.coordinator.list_runs(thread_id=thread_id, limit=1)
-    if recs and recs[0].tenant != t:
+    if recs and recs[0].tenant != tenant_id:
         raise UnknownThread(thread_id)
     if must_exist and not recs:
         raise UnknownThread(thread_id)
 
 
-async def maybe_view(request: Request, run_id: str) -> Any | None:
-    """Like :func:`run_view` but ``None`` when the run has no record."""
+async def check_thread_visible(request: Request, thread_id: str, *, must_exist: bool) -> None:
+    """:func:`thread_visible_for` the request's tenant."""
+    st = state_of(request)
+    if not st.settings.auth_enabled:
+        return
+    await thread_visible_for(st, tenant(request), thread_id, must_exist=must_exist)
+
+
+async def maybe_view_for(st: GatewayState, tenant_id: str, run_id: str) -> Any | None:
+    """Like :func:`run_view_for` but ``None`` when the run has no record."""
     try:
-        return await run_view(request, run_id)
+        return await run_view_for(st, tenant_id, run_id)
     except e.UnknownRun:
         # Another tenant's run reads as unknown too: re-raise then, so it is never served.
-        st = state_of(request)
         if st.settings.auth_enabled:
             raise
         return None
+
+
+async def maybe_view(request: Request, run_id: str) -> Any | None:
+    """Like :func:`run_view` but ``None`` when the run has no record."""
+    return await maybe_view_for(state_of(request), tenant(request), run_id)

@@ -51,16 +51,26 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
         from baton.log import DeliveryLog, LogConfig, TranscriptStore
 
         cfg = settings.log_config or LogConfig.from_env()
-        async with CoordinatorClient(list(settings.coordinator)) as cc:
+        async with CoordinatorClient(list(settings.coordinator), token=settings.internal_token) as cc:
             dl = await DeliveryLog.connect(settings.nats_url, cfg)
             try:
                 await dl.provision()
                 state = GatewayState(settings, cc, dl, TranscriptStore(dl.nc, cfg), Metrics())
                 app.state.gateway = state
                 state.start()
+                grpc_server = None
                 try:
+                    if settings.grpc_listen:
+                        # The gRPC twin of the HTTP API, on its own port, sharing this state.
+                        from gateway._grpc import RunsServer
+
+                        grpc_server = RunsServer(state, settings.grpc_listen)
+                        await grpc_server.start()
+                        state.grpc_port = grpc_server.port
                     yield
                 finally:
+                    if grpc_server is not None:
+                        await grpc_server.stop()
                     await state.aclose()
             finally:
                 await dl.close()

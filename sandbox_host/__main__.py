@@ -20,8 +20,9 @@ from typing import Any, Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
-from baton import config
+from baton import config, internal_auth
 from baton.errors import BatonError
 from baton.v1 import coordinator_pb2
 from sandbox_host.deps import HostDeps, HostSettings
@@ -87,7 +88,7 @@ async def hand_over(cc: Any, run_ids: Sequence[str], self_id: str) -> int:
             placed[host_id] = placed.get(host_id, 0) + 1
             ch = channels.get(host_id)
             if ch is None:
-                ch = channels[host_id] = grpc.aio.insecure_channel(address[host_id], options=_GRPC_OPTIONS)
+                ch = channels[host_id] = internal_auth.insecure_channel(address[host_id], _GRPC_OPTIONS)
             try:
                 await hgrpc.SandboxHostStub(ch).AttachRun(hpb.AttachRunRequest(run_id=run_id), timeout=5.0)
                 return True
@@ -143,10 +144,14 @@ class Host:
                                 transcripts=TranscriptStore(dlog.nc, cfg), providers=providers,
                                 settings=self.settings)
                 self.manager = RunManager(deps)
-                server = grpc.aio.server(options=_GRPC_OPTIONS)
+                # BATON_INTERNAL_TOKEN: only the cluster may call; health and reflection stay open.
+                server = grpc.aio.server(options=_GRPC_OPTIONS, interceptors=internal_auth.server_interceptors())
                 add_to_server(SandboxHostService(self.manager, self.drain), server)
                 health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc_health stubs lack .aio
                 health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+                reflection.enable_server_reflection(
+                    (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                     reflection.SERVICE_NAME), server)
                 port = server.add_insecure_port(self.listen)
                 if port == 0:
                     raise RuntimeError(f"cannot listen on {self.listen}")

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from baton import config
 from baton.errors import InvalidArgument
 from baton.v1 import coordinator_pb2, runs_pb2
-from sandbox_host.sandboxes import Sandbox
+from sandbox_host.providers import Sandbox
 
 #: Environment variables a host hands to the agents that need them (``required_secrets`` of
 #: the agent kinds in :mod:`sandbox_host.agents`).

@@ -19,6 +19,10 @@ decides. This module supervises and streams; the sandbox I/O is
 :class:`~sandbox_host.finishing.Finisher`'s, run shielded so a cancelled task still
 finishes them (bounded), and retried so a short store or log outage does not leave the
 run ``running`` forever.
+
+The module is a little over 600 lines: streaming, the storage-full wait and the transcript
+snapshots all read and write the one run's state (builder, machine, aligner, in-flight
+append); splitting them further would pass that state around instead of holding it.
 """
 from __future__ import annotations
 

@@ -12,39 +12,21 @@ import contextlib
 import logging
 import signal
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal, TypeVar
 
 from baton.errors import BatonError, SandboxReclaimFailed, StoreUnavailable
 from baton.runs import record_status
 from baton.v1 import runs_pb2
 from sandbox_host._tasks import cancel_and_wait, retry_unavailable
+from sandbox_host.providers import Sandbox
 
 if TYPE_CHECKING:
     from sandbox_host.deps import HostDeps
-    from sandbox_host.providers import Provider, SandboxHandle
 
 log = logging.getLogger("baton.sandbox_host.driver")
 T = TypeVar("T")
 
 __all__ = ["RunSandboxes", "Sandbox"]
-
-
-@dataclass
-class Sandbox:
-    """One sandbox of a run (built by this host or re-opened from the registry).
-
-    Attributes:
-        provider: the provider that built it.
-        handle: the provider's handle (paths, container id, ...).
-        nonce: the journal sentinel's nonce (``""`` when the registry had none).
-        destroyed: set once the sandbox is confirmed gone.
-    """
-
-    provider: "Provider"
-    handle: "SandboxHandle"
-    nonce: str
-    destroyed: bool = False
 
 
 class RunSandboxes:

@@ -154,3 +154,20 @@ async def run_host_command(argv: Sequence[str], cwd: str | None, env: Mapping[st
         raise
     assert proc.returncode is not None
     return proc.returncode, err
+
+
+@dataclass
+class Sandbox:
+    """One sandbox of a run (built by this host or re-opened from the registry).
+
+    Attributes:
+        provider: the provider that built it.
+        handle: the provider's handle (paths, container id, ...).
+        nonce: the journal sentinel's nonce (``""`` when the registry had none).
+        destroyed: set once the sandbox is confirmed gone.
+    """
+
+    provider: Provider
+    handle: SandboxHandle
+    nonce: str
+    destroyed: bool = False

@@ -166,7 +166,9 @@ def test_ports_addresses_and_health_checks_agree(compose: dict[str, Any]) -> Non
         assert f"127.0.0.1:{port}" in s[name]["healthcheck"]["test"]
     assert s["sandbox-host-1"]["environment"]["BATON_HOST_ID"] != s["sandbox-host-2"]["environment"]["BATON_HOST_ID"]
     gw_port = _listen_port(s["gateway"]["environment"], "BATON_GATEWAY_LISTEN")
-    (published,) = s["gateway"]["ports"]
+    published, grpc_published = s["gateway"]["ports"]
+    assert int(str(grpc_published).rsplit(":", 1)[1]) == _listen_port(s["gateway"]["environment"],
+                                                                       "BATON_GATEWAY_GRPC_LISTEN")
     target = published["target"] if isinstance(published, dict) else int(str(published).rsplit(":", 1)[1])
     assert int(target) == gw_port
     assert f"http://127.0.0.1:{gw_port}/readyz" in s["gateway"]["healthcheck"]["test"]

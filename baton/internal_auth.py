@@ -1,0 +1,162 @@
+"""The cluster's internal credential: one shared token on every internal gRPC call.
+
+The coordinator and the sandbox hosts are internal services; with ``BATON_INTERNAL_TOKEN``
+set they refuse (``UNAUTHENTICATED``, ``ErrorInfo`` reason ``UNAUTHENTICATED``) any call
+that does not carry the token in the ``x-baton-internal-token`` metadata. Health checks and
+server reflection stay open (container and Kubernetes probes carry no credentials).
+
+Why a shared token and not TLS client certificates: it deploys offline with nothing but a
+Secret (no CA, no per-pod certificates to issue and rotate), it works on the insecure
+loopback channels the local cluster and tests use, and it is checked in one interceptor.
+It authenticates callers but does not encrypt: run the cluster network as private (or add
+TLS underneath; the token then travels encrypted). The token never appears in a log, an
+error or a record: comparisons are constant-time, and refusals name no value.
+"""
+from __future__ import annotations
+
+import hmac
+import os
+from typing import Any, Awaitable, Callable, Sequence
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+TOKEN_METADATA = "x-baton-internal-token"
+ENV = "BATON_INTERNAL_TOKEN"
+#: Methods callable without the token (probes and tooling).
+OPEN_PREFIXES = (
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+    "/grpc.reflection.v1.ServerReflection/",
+)
+_DOMAIN = "baton.dev"
+
+
+def token_from_env(env: Any = None) -> str:
+    """``BATON_INTERNAL_TOKEN`` (``""`` when unset: no internal auth)."""
+    return (os.environ if env is None else env).get(ENV, "")
+
+
+def _refusal() -> grpc.Status:
+    info = error_details_pb2.ErrorInfo(reason="UNAUTHENTICATED", domain=_DOMAIN)
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    return rpc_status.to_status(status_pb2.Status(
+        code=code_pb2.UNAUTHENTICATED, message="internal service: the cluster's internal token is required",
+        details=[detail]))
+
+
+async def _deny(_request: Any, context: grpc.aio.ServicerContext) -> None:
+    await context.abort_with_status(_refusal())
+
+
+class TokenCheck(grpc.aio.ServerInterceptor):
+    """Server interceptor refusing calls without the token (except :data:`OPEN_PREFIXES`).
+
+    Args:
+        token: the expected token; must not be empty.
+    """
+
+    def __init__(self, token: str) -> None:
+        if not token:
+            raise ValueError("TokenCheck needs a non-empty token")
+        self._token = token.encode()
+
+    async def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler_call_details.method.startswith(OPEN_PREFIXES):
+            return handler
+        got = b""
+        for key, value in handler_call_details.invocation_metadata or ():
+            if key == TOKEN_METADATA:
+                got = value.encode() if isinstance(value, str) else value
+        if got and hmac.compare_digest(got, self._token):
+            return handler
+        # The same kind of handler as the real one, answering UNAUTHENTICATED.
+        kw = dict(request_deserializer=handler.request_deserializer,
+                  response_serializer=handler.response_serializer)
+        if handler.request_streaming and handler.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(_deny, **kw)
+        if handler.request_streaming:
+            return grpc.stream_unary_rpc_method_handler(_deny, **kw)
+        if handler.response_streaming:
+            return grpc.unary_stream_rpc_method_handler(_deny, **kw)
+        return grpc.unary_unary_rpc_method_handler(_deny, **kw)
+
+
+def server_interceptors(token: str | None = None) -> list[grpc.aio.ServerInterceptor]:
+    """Interceptors for an internal server: the token check, or none without a token.
+
+    Args:
+        token: the cluster's token; ``None`` reads ``BATON_INTERNAL_TOKEN``.
+    """
+    token = token_from_env() if token is None else token
+    return [TokenCheck(token)] if token else []
+
+
+class _AddToken(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor,
+                grpc.aio.StreamUnaryClientInterceptor, grpc.aio.StreamStreamClientInterceptor):
+    def __init__(self, token: str) -> None:
+        self._pair = (TOKEN_METADATA, token)
+
+    def _details(self, d: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        md = grpc.aio.Metadata(*(tuple(d.metadata) if d.metadata else ()), self._pair)
+        return d._replace(metadata=md)  # type: ignore[attr-defined, no-any-return]
+
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+    async def intercept_stream_unary(self, continuation: Any, details: Any, request_iterator: Any) -> Any:
+        return await continuation(self._details(details), request_iterator)
+
+    async def intercept_stream_stream(self, continuation: Any, details: Any, request_iterator: Any) -> Any:
+        return await continuation(self._details(details), request_iterator)
+
+
+def insecure_channel(address: str, options: Sequence[tuple[str, Any]] = (), token: str | None = None
+                     ) -> grpc.aio.Channel:
+    """An aio channel to an internal service that sends the token on every call.
+
+    Args:
+        token: the cluster's token; ``None`` reads ``BATON_INTERNAL_TOKEN``; ``""`` sends none.
+    """
+    token = token_from_env() if token is None else token
+    interceptors = [_AddToken(token)] if token else None
+    return grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors)
+
+
+class _SyncAddToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    def __init__(self, token: str) -> None:
+        self._pair = (TOKEN_METADATA, token)
+
+    def _details(self, d: Any) -> Any:
+        return _SyncDetails(d.method, d.timeout, [*(d.metadata or ()), self._pair], d.credentials,
+                            getattr(d, "wait_for_ready", None), getattr(d, "compression", None))
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+
+class _SyncDetails(grpc.ClientCallDetails):
+    def __init__(self, method: str, timeout: Any, metadata: Any, credentials: Any, wait_for_ready: Any,
+                 compression: Any) -> None:
+        self.method, self.timeout, self.metadata = method, timeout, metadata
+        self.credentials, self.wait_for_ready, self.compression = credentials, wait_for_ready, compression
+
+
+def sync_channel(address: str, options: Sequence[tuple[str, Any]] = (), token: str | None = None) -> grpc.Channel:
+    """A blocking channel to an internal service that sends the token (for the CLI)."""
+    token = token_from_env() if token is None else token
+    ch = grpc.insecure_channel(address, options=list(options))
+    return grpc.intercept_channel(ch, _SyncAddToken(token)) if token else ch

@@ -1,0 +1,81 @@
+"""Internal services refuse callers without the cluster's token (BATON_INTERNAL_TOKEN);
+health and reflection stay open; a cluster whose parts share the token works end to end,
+and the token appears in no log."""
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from baton import internal_auth
+from baton.log import LogConfig
+from baton.v1 import coordinator_pb2, coordinator_pb2_grpc, sandbox_host_pb2, sandbox_host_pb2_grpc
+from baton.v1 import runs_service_pb2_grpc as pbg
+from baton_tools.testing.cluster import start_coordinator, start_host
+from tests.conftest import unique
+from tests.gateway.conftest import host_settings
+from tests.grpc.conftest import CHANNEL_OPTIONS, error_info, read_events, start_request
+
+
+async def _refused(call: Any) -> None:
+    try:
+        await call
+    except grpc.aio.AioRpcError as exc:
+        assert exc.code() == grpc.StatusCode.UNAUTHENTICATED, exc
+        assert error_info(exc).reason == "UNAUTHENTICATED"
+        return
+    raise AssertionError("the call was not refused")
+
+
+async def _probes_open(address: str, service: str) -> None:
+    async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as ch:
+        hc = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""))
+        assert hc.status == health_pb2.HealthCheckResponse.SERVING
+        refl = reflection_pb2_grpc.ServerReflectionStub(ch).ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        names = [s.name async for r in refl for s in r.list_services_response.service]
+        assert service in names and "grpc.health.v1.Health" in names
+
+
+async def test_internal_services_need_the_token(etcd: Any, nats: Any, log_cfg: LogConfig, replay_dir: pathlib.Path,
+                                                tmp_path: pathlib.Path, make_gateway: Any) -> None:
+    token = f"tok-{unique()}-secret"
+    coord = await start_coordinator(etcd.endpoint, f"/{unique('ia')}/", log_dir=tmp_path,
+                                    BATON_INTERNAL_TOKEN=token, session_ttl=2)
+    host = None
+    try:
+        host = await start_host(coord.address, nats.url, log_dir=tmp_path, BATON_INTERNAL_TOKEN=token,
+                                **host_settings(log_cfg, replay_dir, tmp_path))
+        # Without the token (or with a wrong one): UNAUTHENTICATED, on both services.
+        for tok in ("", "wrong"):
+            async with internal_auth.insecure_channel(coord.address, CHANNEL_OPTIONS, tok) as ch:
+                stub = coordinator_pb2_grpc.CoordinatorStub(ch)
+                await _refused(stub.ListHosts(coordinator_pb2.ListHostsRequest()))
+                await _refused(stub.GetRun(coordinator_pb2.GetRunRequest(run_id="r")))
+            async with internal_auth.insecure_channel(host.address, CHANNEL_OPTIONS, tok) as ch:
+                hs = sandbox_host_pb2_grpc.SandboxHostStub(ch)
+                await _refused(hs.CancelRun(sandbox_host_pb2.CancelRunRequest(run_id="r")))
+                await _refused(hs.Drain(sandbox_host_pb2.DrainRequest()))
+        # Health and reflection: open, on both.
+        await _probes_open(coord.address, "baton.v1.Coordinator")
+        await _probes_open(host.address, "baton.v1.SandboxHost")
+        # With the token: served.
+        async with internal_auth.insecure_channel(coord.address, CHANNEL_OPTIONS, token) as ch:
+            hosts = await coordinator_pb2_grpc.CoordinatorStub(ch).ListHosts(coordinator_pb2.ListHostsRequest())
+            assert [h.host_id for h in hosts.hosts] == [host.host_id]
+
+        # The whole path (gateway → coordinator, gateway → host, host → coordinator) carries it.
+        gw = await make_gateway(coordinator=(coord.address,), grpc_listen="127.0.0.1:0", internal_token=token)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.state.grpc_port}", options=CHANNEL_OPTIONS) as ch:
+            got = await read_events(pbg.RunsStub(ch).StartRun(start_request(unique("th"), unique("run"))))
+        assert got.error is None and got.end == "completed"
+        assert "".join(c.get("delta", "") for c in got.json()) == "hello from the replay"
+    finally:
+        if host is not None:
+            await host.stop()
+        await coord.stop()
+    for f in tmp_path.rglob("*.log"):
+        assert token not in f.read_text(errors="replace"), f
