@@ -198,7 +198,7 @@ class RunsClient:
 
     async def close(self) -> None:
         if self._own:
-            await self._channel.close()
+            await self._channel.close(None)  # grace=None, the default (grpc-stubs makes it positional)
 
     async def _unary(self, method: str, request: Any, timeout: float | None = 30.0) -> Any:
         try:

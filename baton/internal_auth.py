@@ -48,11 +48,11 @@ def _refusal() -> grpc.Status:
         details=[detail]))
 
 
-async def _deny(_request: Any, context: grpc.aio.ServicerContext) -> None:
-    await context.abort_with_status(_refusal())
+async def _deny(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    await context.abort_with_status(_refusal())  # type: ignore[attr-defined]  # grpc-stubs' aio context lacks it
 
 
-class TokenCheck(grpc.aio.ServerInterceptor):
+class TokenCheck(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]  # generic only in grpc-stubs, not at runtime
     """Server interceptor refusing calls without the token (except :data:`OPEN_PREFIXES`).
 
     Args:
@@ -65,9 +65,9 @@ class TokenCheck(grpc.aio.ServerInterceptor):
         self._token = token.encode()
 
     async def intercept_service(
-        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[Any, Any]:
         handler = await continuation(handler_call_details)
         if handler is None or handler_call_details.method.startswith(OPEN_PREFIXES):
             return handler
@@ -89,7 +89,7 @@ class TokenCheck(grpc.aio.ServerInterceptor):
         return grpc.unary_unary_rpc_method_handler(_deny, **kw)
 
 
-def server_interceptors(token: str | None = None) -> list[grpc.aio.ServerInterceptor]:
+def server_interceptors(token: str | None = None) -> list[grpc.aio.ServerInterceptor[Any, Any]]:
     """Interceptors for an internal server: the token check, or none without a token.
 
     Args:
@@ -99,8 +99,8 @@ def server_interceptors(token: str | None = None) -> list[grpc.aio.ServerInterce
     return [TokenCheck(token)] if token else []
 
 
-class _AddToken(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor,
-                grpc.aio.StreamUnaryClientInterceptor, grpc.aio.StreamStreamClientInterceptor):
+class _AddToken(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor,  # type: ignore[type-arg]  # generic only in grpc-stubs, not at runtime
+                grpc.aio.StreamUnaryClientInterceptor, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[type-arg]
     def __init__(self, token: str) -> None:
         self._pair = (TOKEN_METADATA, token)
 
@@ -130,10 +130,11 @@ def insecure_channel(address: str, options: Sequence[tuple[str, Any]] = (), toke
     """
     token = token_from_env() if token is None else token
     interceptors = [_AddToken(token)] if token else None
-    return grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors)
+    # grpc-stubs types aio interceptors as a placeholder class "to cast or ignore".
+    return grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors)  # type: ignore[arg-type]
 
 
-class _SyncAddToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+class _SyncAddToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):  # type: ignore[type-arg]  # generic only in grpc-stubs, not at runtime
     def __init__(self, token: str) -> None:
         self._pair = (TOKEN_METADATA, token)
 

@@ -18,6 +18,7 @@ import logging
 from typing import Any, Awaitable, Callable
 
 import grpc
+from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -104,7 +105,7 @@ def _parse_agent(spec: runs_pb2.AgentSpec) -> Any:
     return {**options, "kind": spec.kind}
 
 
-Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+Handler = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
 
 
 class RunsService:
@@ -117,14 +118,14 @@ class RunsService:
     def __init__(self, state: GatewayState) -> None:
         self._st = state
 
-    def _tenant(self, context: grpc.aio.ServicerContext) -> str:
+    def _tenant(self, context: grpc.aio.ServicerContext[Any, Any]) -> str:
         header = ""
         for key, value in context.invocation_metadata() or ():
             if key == "authorization":
                 header = value if isinstance(value, str) else value.decode("latin-1")
         return tenant_of_header(header, self._st.settings.api_keys)
 
-    async def _stream(self, context: grpc.aio.ServicerContext, run_id: str, after: str,
+    async def _stream(self, context: grpc.aio.ServicerContext[Any, Any], run_id: str, after: str,
                       on_disconnect: Callable[[], Awaitable[None]] | None) -> None:
         """Write the log's frames; a stream that ends without end/gap fails UNAVAILABLE."""
         body = stream_log(self._st, run_id, after, "grpc", on_disconnect=on_disconnect)
@@ -142,7 +143,7 @@ class RunsService:
 
     # --- streams ------------------------------------------------------------------------
 
-    async def StartRun(self, request: pb.RunStartRequest, context: grpc.aio.ServicerContext) -> None:
+    async def StartRun(self, request: pb.RunStartRequest, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         st = self._st
         t = self._tenant(context)
         if request.ByteSize() > st.settings.max_body_bytes:
@@ -162,7 +163,7 @@ class RunsService:
         await context.send_initial_metadata((("x-run-id", cs.run_id),))
         await self._stream(context, cs.run_id, after, on_disconnect)
 
-    async def JoinRun(self, request: pb.RunJoinRequest, context: grpc.aio.ServicerContext) -> None:
+    async def JoinRun(self, request: pb.RunJoinRequest, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         st = self._st
         t = self._tenant(context)
         run_id = validate_id(request.run_id, "runId")
@@ -181,7 +182,7 @@ class RunsService:
 
     # --- unary --------------------------------------------------------------------------
 
-    async def CancelRun(self, request: pb.RunCancelRequest, context: grpc.aio.ServicerContext) -> pb.RunCancelResponse:
+    async def CancelRun(self, request: pb.RunCancelRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.RunCancelResponse:
         st = self._st
         t = self._tenant(context)
         target = request.WhichOneof("target")
@@ -195,18 +196,18 @@ class RunsService:
             out.confirmation_json = json.dumps(confirmation, separators=(",", ":")) if confirmation is not None else ""
         return out
 
-    async def GetRun(self, request: pb.RunGetRequest, context: grpc.aio.ServicerContext) -> pb.RunInfo:
+    async def GetRun(self, request: pb.RunGetRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.RunInfo:
         t = self._tenant(context)
         view = await run_view_for(self._st, t, validate_id(request.run_id, "runId"))
         return run_info(view.record, view.claim, view.reap_at)
 
-    async def FindActiveRun(self, request: pb.ActiveRunRequest, context: grpc.aio.ServicerContext
+    async def FindActiveRun(self, request: pb.ActiveRunRequest, context: grpc.aio.ServicerContext[Any, Any]
                             ) -> pb.ActiveRunResponse:
         t = self._tenant(context)
         rec = await visible_active(self._st, t, validate_id(request.thread_id, "threadId"))
         return pb.ActiveRunResponse(run_id=rec.run_id if rec is not None else "")
 
-    async def GetTranscript(self, request: pb.TranscriptRequest, context: grpc.aio.ServicerContext) -> pb.Transcript:
+    async def GetTranscript(self, request: pb.TranscriptRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.Transcript:
         st = self._st
         t = self._tenant(context)
         thread_id = validate_id(request.thread_id, "threadId")
@@ -215,7 +216,7 @@ class RunsService:
         return pb.Transcript(thread_id=thread_id, messages_json=json.dumps(msgs or [], separators=(",", ":")),
                              revision=revision or 0)
 
-    async def ListRuns(self, request: pb.RunListRequest, context: grpc.aio.ServicerContext) -> pb.RunListResponse:
+    async def ListRuns(self, request: pb.RunListRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.RunListResponse:
         st = self._st
         t = self._tenant(context)
         if request.page_size < 0 or request.page_size > MAX_PAGE:
@@ -235,7 +236,7 @@ class RunsService:
         token = _encode_token(_page_key(page[-1])) if len(recs) > size else ""
         return pb.RunListResponse(runs=[run_info(r) for r in page], next_page_token=token)
 
-    async def ListAgents(self, request: pb.AgentListRequest, context: grpc.aio.ServicerContext
+    async def ListAgents(self, request: pb.AgentListRequest, context: grpc.aio.ServicerContext[Any, Any]
                          ) -> pb.AgentListResponse:
         self._tenant(context)
         items = agent_list(self._st.settings.replay_dirs)
@@ -246,11 +247,11 @@ class RunsService:
 def _guard(fn: Handler) -> Handler:
     """Map what a method raises to its gRPC status (never a stack trace to the client)."""
 
-    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         try:
             return await fn(request, context)
         except e.BatonError as exc:
-            await context.abort_with_status(grpc_status(exc))
+            await context.abort_with_status(grpc_status(exc))  # type: ignore[attr-defined]  # grpc-stubs' aio context lacks it
         except grpc.aio.AbortError:
             raise
         except Exception:
@@ -261,10 +262,10 @@ def _guard(fn: Handler) -> Handler:
     return call
 
 
-def generic_handler(service: RunsService) -> grpc.GenericRpcHandler:
+def generic_handler(service: RunsService) -> grpc.GenericRpcHandler[Any, Any]:
     """The method table of ``baton.v1.Runs``. The streams have no response serializer: they
     write ``RunEvent`` bytes framed by the reader."""
-    unary = {
+    unary: dict[str, tuple[type[Message], type[Message]]] = {
         "CancelRun": (pb.RunCancelRequest, pb.RunCancelResponse),
         "GetRun": (pb.RunGetRequest, pb.RunInfo),
         "FindActiveRun": (pb.ActiveRunRequest, pb.ActiveRunResponse),
@@ -272,7 +273,7 @@ def generic_handler(service: RunsService) -> grpc.GenericRpcHandler:
         "ListRuns": (pb.RunListRequest, pb.RunListResponse),
         "ListAgents": (pb.AgentListRequest, pb.AgentListResponse),
     }
-    handlers: dict[str, grpc.RpcMethodHandler] = {
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         name: grpc.unary_unary_rpc_method_handler(_guard(getattr(service, name)), request_deserializer=req.FromString,
                                                   response_serializer=resp.SerializeToString)
         for name, (req, resp) in unary.items()
@@ -295,7 +296,7 @@ class RunsServer:
     def __init__(self, state: GatewayState, listen: str) -> None:
         self._state = state
         self._listen = listen
-        self._health = health.aio.HealthServicer()
+        self._health = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc_health stubs lack .aio
         self._server: grpc.aio.Server | None = None
         self.port = 0
 

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 from ag_ui.core import CustomEvent, EventType
 
@@ -129,7 +129,7 @@ async def stream_log(
     framing: Framing,
     *,
     on_disconnect: Callable[[], Awaitable[None]] | None = None,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """The framed delivery log of ``run_id`` strictly after ``after``, until it closes.
 
     Served from the run's shared tail (:mod:`gateway._fanout`) when possible, else from a

@@ -11,7 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from baton.v1 import runs_pb2, runs_service_pb2 as pb, runs_service_pb2_grpc as pbg
-from tests.conftest import assert_eventually, unique
+from tests.conftest import unique
 from tests.grpc.conftest import (CHANNEL_OPTIONS, agent, error_info, read_events, sse_chunks,
                                  start_request)
 

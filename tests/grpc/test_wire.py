@@ -1,6 +1,8 @@
 """The hand-built ``RunEvent`` frames (gateway._grpc_wire) parse as the generated classes say."""
 from __future__ import annotations
 
+import asyncio
+
 from baton.v1 import runs_service_pb2 as pb
 from gateway import _grpc_wire as w
 
@@ -33,7 +35,7 @@ def test_end_gap_and_keepalive() -> None:
 class _Source:
     """The log-read surface the hub uses (async iteration, ``aclose``, ``close_status``)."""
 
-    def __init__(self, items: list[tuple[str, dict[str, object]]], gate: "asyncio.Event") -> None:
+    def __init__(self, items: list[tuple[str, dict[str, object]]], gate: asyncio.Event) -> None:
         self._items, self._gate = items, gate
         self.close_status = "completed"
 
