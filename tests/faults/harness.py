@@ -33,11 +33,13 @@ import httpx
 
 from baton.fingerprint import fingerprint
 from baton.log import DeliveryLog, LogConfig
+from baton.runs import RUN_ACCEPTED, is_host_chunk
 from baton.transcript import build_transcript
 from baton_tools.reference import expected_status, reference_chunks, speed_for
 from baton_tools.testing.cluster import CoordinatorProcess, GatewayProcess, HostProcess, start_coordinator, \
     start_gateway, start_host
 from baton_tools.testing.proxy import TcpProxy
+from baton_tools.testing.replicated import EtcdCluster, NatsCluster
 from baton_tools.testing.servers import EtcdServer, NatsServer
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -208,6 +210,18 @@ class Reader:
 
 
 @dataclass
+class _NatsWithStore(NatsServer):
+    """A nats-server whose JetStream store lives in ``store`` (its log does not)."""
+
+    store: pathlib.Path = pathlib.Path()
+
+    def _argv(self) -> list[str]:
+        argv = super()._argv()
+        argv[argv.index("-sd") + 1] = str(self.store)
+        return argv
+
+
+@dataclass
 class StoredLog:
     """A run's raw log: every record's headers, and the chunk bodies by offset."""
 
@@ -245,12 +259,27 @@ class FaultCluster:
     # lifecycle
 
     async def start(self, *, hosts: int = 3, etcd_proxy: bool = False, session_ttl: float = 2,
+                    nats_store: pathlib.Path | None = None, replicated: bool = False,
                     coordinator_env: dict[str, Any] | None = None, host_env: dict[str, Any] | None = None,
                     gateway_env: dict[str, Any] | None = None) -> "FaultCluster":
-        """Start every process; returns once the gateway is ready and every host serves."""
+        """Start every process; returns once the gateway is ready and every host serves.
+
+        Args:
+            hosts: sandbox hosts to start.
+            etcd_proxy: the coordinator reaches etcd through :attr:`etcd_proxy`.
+            session_ttl: ``BATON_SESSION_TTL`` of the coordinator, hosts and gateway (s).
+            nats_store: JetStream's store directory (e.g. a small tmpfs); its log stays out.
+            replicated: 3-node etcd and 3-node JetStream cluster (streams R3) instead of one
+                of each (:mod:`baton_tools.testing.replicated`).
+            coordinator_env, host_env, gateway_env: more ``BATON_*`` settings.
+        """
+        if nats_store is not None:
+            self.nats = _NatsWithStore(self.tmp / "nats", store=nats_store)
+        if replicated:
+            self.etcd, self.nats = EtcdCluster(self.tmp / "etcd"), NatsCluster(self.tmp / "nats")  # type: ignore[assignment]
         await asyncio.to_thread(self.etcd.start)
         await asyncio.to_thread(self.nats.start)
-        etcd_endpoint = self.etcd.endpoint
+        etcd_endpoint = self.etcd.endpoints if replicated else self.etcd.endpoint  # type: ignore[attr-defined]
         if etcd_proxy:
             self.etcd_proxy = await TcpProxy(self.etcd.port).start()
             etcd_endpoint = self.etcd_proxy.endpoint
@@ -266,12 +295,46 @@ class FaultCluster:
             "BATON_SESSION_TTL": str(session_ttl),
             "BATON_LOG_LEVEL": "INFO",
         }
+        if replicated:
+            self.env["BATON_LOG_REPLICAS"] = "3"
+            await self._jetstream_ready()
         for i in range(hosts):
             await self.add_host(**(host_env or {}))
         assert self.coordinator is not None
         self.gateway = await start_gateway(self.coordinator.address, self.nats.url, log_dir=logs,
                                            **{**self.env, "BATON_SSE_KEEPALIVE": "1", **(gateway_env or {})})
         return self
+
+    async def _jetstream_ready(self, timeout: float = 60.0) -> None:
+        """Until the JetStream cluster has a meta leader (an R3 stream can be created)."""
+        import nats
+
+        nc = await nats.connect(self.nats.url.split(","), max_reconnect_attempts=-1)
+        try:
+            async def ready() -> None:
+                try:
+                    await nc.jetstream().account_info()
+                except Exception as exc:  # noqa: BLE001 - not ready yet, whatever the reason
+                    raise AssertionError(f"JetStream not ready: {exc!r}") from exc
+            await eventually(ready, timeout, interval=0.2)
+        finally:
+            await nc.close()
+
+    async def stream_leader(self) -> str:
+        """The server name of the node leading the delivery-log stream (replicated only)."""
+        import nats
+
+        nc = await nats.connect(self.nats.url.split(","))
+        try:
+            info = await nc.jetstream().stream_info(self.env["BATON_RUNS_STREAM"])
+        finally:
+            await nc.close()
+        assert info.cluster is not None and info.cluster.leader, info
+        return info.cluster.leader
+
+    def _server_procs(self) -> list[Any]:
+        servers = [*getattr(self.etcd, "members", [self.etcd]), *getattr(self.nats, "nodes", [self.nats])]
+        return [s.proc for s in servers if s.proc is not None and s.proc.poll() is None]
 
     async def add_host(self, **settings: Any) -> HostProcess:
         assert self.coordinator is not None
@@ -306,9 +369,8 @@ class FaultCluster:
                 await r.reader.stop()
         with contextlib.suppress(Exception):
             await self.http.aclose()
-        for proc in (self.etcd.proc, self.nats.proc):
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)
+        for proc in self._server_procs():
+            proc.send_signal(signal.SIGCONT)
         if self.coordinator is not None:
             self.coordinator.resume()
         for h in self.hosts:
@@ -442,7 +504,7 @@ class FaultCluster:
     # the checks
 
     async def stored_log(self, run_id: str) -> StoredLog:
-        async with await DeliveryLog.connect(self.nats.url, LogConfig.from_env(self.env)) as dlog:
+        async with await DeliveryLog.connect(self.nats.url.split(","), LogConfig.from_env(self.env)) as dlog:
             recs = await dlog.stored_headers(run_id)
         return StoredLog(recs, {str(r.offset): r.origin or "" for r in recs if r.kind == "chunk"})
 
@@ -487,6 +549,16 @@ class FaultCluster:
         assert [o for o, _ in fresh] == list(stored.origin), f"{rid}: a fresh read differs from the stored offsets"
         assert [c for o, c in fresh if stored.origin[o] == "journal"] == run.reference, \
             f"{rid}: a fresh read's journal chunks differ from the uninterrupted replay"
+
+        # The input was durable before the agent ran: the log opens with RUN_STARTED, then
+        # run.accepted carrying the messages, before any chunk the agent's journal produced.
+        accepted = [i for i, (o, c) in enumerate(fresh) if is_host_chunk(c, RUN_ACCEPTED)]
+        journal_at = [i for i, (o, _) in enumerate(fresh) if stored.origin[o] == "journal"]
+        assert fresh[0][1].get("type") == "RUN_STARTED", f"{rid}: the log opens with {fresh[0][1].get('type')}"
+        assert len(accepted) == 1 and accepted[0] < journal_at[1], \
+            f"{rid}: run.accepted at {accepted}, the agent's first chunk at {journal_at[1]}"
+        assert fresh[accepted[0]][1].get("value", {}).get("messages") == run.messages, \
+            f"{rid}: run.accepted lacks the input messages"
 
         # Every reader: exactly once, in order, nothing missing, the same chunks as the log.
         if run.reader is not None:
