@@ -54,6 +54,10 @@ TERMINAL = frozenset({"completed", "failed", "cancelled", "interrupted", "aborte
 #: A reader that gets nothing (not even a keep-alive) for this long reconnects.
 READ_TIMEOUT = 10.0
 RECONNECT_PAUSE = 0.2
+#: Session TTL of every component (s). The product's default (2 s) loses sessions on a
+#: machine whose 2 cores run several suites at once, before any fault: a case would then
+#: test that instead of its own fault. Cases that need sessions lost fault for longer.
+SESSION_TTL = 5.0
 
 
 def _format_of(journal: str) -> str:
@@ -258,7 +262,7 @@ class FaultCluster:
 
     # lifecycle
 
-    async def start(self, *, hosts: int = 3, etcd_proxy: bool = False, session_ttl: float = 2,
+    async def start(self, *, hosts: int = 3, etcd_proxy: bool = False, session_ttl: float = SESSION_TTL,
                     nats_store: pathlib.Path | None = None, replicated: bool = False,
                     coordinator_env: dict[str, Any] | None = None, host_env: dict[str, Any] | None = None,
                     gateway_env: dict[str, Any] | None = None) -> "FaultCluster":
@@ -285,7 +289,7 @@ class FaultCluster:
             etcd_endpoint = self.etcd_proxy.endpoint
         logs = self.tmp / "logs"
         self.coordinator = await start_coordinator(  # type: ignore[assignment]
-            etcd_endpoint, f"/{self.tag}/", log_dir=logs, detached_run_ttl=3600, reaper_interval=1,
+            etcd_endpoint, f"/{self.tag}/", log_dir=logs, detached_run_ttl=3600, reaper_interval=5,
             session_ttl=session_ttl, election_ttl=2, **(coordinator_env or {}))
         self.env = {
             "BATON_RUNS_STREAM": f"RUNS_{self.tag}",
@@ -426,12 +430,23 @@ class FaultCluster:
         return runs
 
     async def wait_first_chunks(self, runs: Sequence[FaultRun], timeout: float = 60.0) -> None:
-        async def all_started() -> None:
-            await asyncio.gather(*(r.reader.first_chunk.wait() for r in runs if r.reader is not None))
+        """Until every run's reader got its first chunk; a reader that gave up fails at once."""
+        async def started(rd: Reader) -> None:
+            assert rd.task is not None
+            got = asyncio.create_task(rd.first_chunk.wait())
+            try:
+                await asyncio.wait({got, rd.task}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                got.cancel()
+            if not rd.first_chunk.is_set():
+                rd.task.result()  # its AssertionError (a 4xx), if any
+                raise AssertionError(f"{rd.run.run_id}: the reader ended without a chunk")
         try:
-            await asyncio.wait_for(all_started(), timeout)
+            await asyncio.wait_for(asyncio.gather(*(started(r.reader) for r in runs if r.reader is not None)), timeout)
         except TimeoutError as exc:
             raise AssertionError(f"runs did not start within {timeout}s\n{self.log_tails()}") from exc
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.log_tails()}") from exc
 
     async def view(self, run_id: str) -> dict[str, Any]:
         """``GET /api/runs/{runId}`` (``{}`` when unknown or the gateway does not answer)."""

@@ -50,6 +50,7 @@ async def test_nats_killed(fault_cluster: ClusterFactory) -> None:
     await c.check()
 
 
+@slow
 @pytest.mark.timeout(180)
 async def test_nats_stopped_briefly(fault_cluster: ClusterFactory) -> None:
     c = await fault_cluster()
@@ -102,6 +103,7 @@ async def test_etcd_killed_under_detached_runs(fault_cluster: ClusterFactory) ->
     await c.check()
 
 
+@slow
 @pytest.mark.timeout(180)
 async def test_etcd_stopped(fault_cluster: ClusterFactory) -> None:
     """Shorter than a session TTL (2 s): nobody loses a session."""
@@ -117,6 +119,7 @@ async def test_etcd_stopped(fault_cluster: ClusterFactory) -> None:
 # --- coordinator, gateway -------------------------------------------------------------------------
 
 
+@slow
 @pytest.mark.timeout(240)
 async def test_coordinator_killed_mid_takeover(fault_cluster: ClusterFactory) -> None:
     c = await fault_cluster()
@@ -149,6 +152,7 @@ async def test_gateway_killed_under_readers(fault_cluster: ClusterFactory) -> No
 # --- hosts ----------------------------------------------------------------------------------------
 
 
+@slow
 @pytest.mark.timeout(240)
 async def test_two_hosts_killed_in_a_row(fault_cluster: ClusterFactory) -> None:
     c = await fault_cluster()
@@ -167,6 +171,7 @@ async def test_two_hosts_killed_in_a_row(fault_cluster: ClusterFactory) -> None:
     await c.check()
 
 
+@slow
 @pytest.mark.timeout(240)
 async def test_sigstop_zombie_host(fault_cluster: ClusterFactory) -> None:
     """Frozen past its session TTL: others take its runs over; it wakes mid-run and must not
@@ -185,6 +190,7 @@ async def test_sigstop_zombie_host(fault_cluster: ClusterFactory) -> None:
     await c.check()
 
 
+@slow
 @pytest.mark.timeout(240)
 async def test_drain_and_kill_at_once(fault_cluster: ClusterFactory) -> None:
     c = await fault_cluster()

@@ -7,6 +7,7 @@ from tests.faults.conftest import ClusterFactory
 from tests.faults.harness import CODEX, SHORT
 
 
+@pytest.mark.faults_slow
 @pytest.mark.timeout(120)
 async def test_no_fault_every_run_equals_the_uninterrupted_replay(fault_cluster: ClusterFactory) -> None:
     c = await fault_cluster(hosts=3)
