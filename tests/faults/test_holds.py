@@ -52,6 +52,19 @@ async def test_nats_killed(fault_cluster: ClusterFactory) -> None:
 
 @slow
 @pytest.mark.timeout(180)
+async def test_nats_killed_under_detached_runs(fault_cluster: ClusterFactory) -> None:
+    c = await fault_cluster()
+    runs = await c.start_runs(5, seconds=10, detached=5)
+    await eventually(lambda: all(r.reader.got.items for r in runs), 30)  # type: ignore[union-attr]
+    async with c.fault("nats-server SIGKILL, restarted at once; every run detached"):
+        await asyncio.to_thread(c.nats.kill)
+        await asyncio.to_thread(c.nats.start)
+    await c.finish()
+    await c.check()
+
+
+@slow
+@pytest.mark.timeout(180)
 async def test_nats_stopped_briefly(fault_cluster: ClusterFactory) -> None:
     c = await fault_cluster()
     runs = await c.start_runs(5, seconds=10, detached=1)
@@ -120,6 +133,20 @@ async def test_etcd_stopped(fault_cluster: ClusterFactory) -> None:
 
 
 @slow
+@pytest.mark.timeout(180)
+async def test_coordinator_killed(fault_cluster: ClusterFactory) -> None:
+    c = await fault_cluster()
+    runs = await c.start_runs(5, seconds=10, detached=1)
+    await c.wait_progress(runs, 30)
+    assert c.coordinator is not None
+    async with c.fault("coordinator SIGKILL, restarted on the same port"):
+        await c.coordinator.kill()
+        await c.coordinator.start()
+    await c.finish()
+    await c.check()
+
+
+@slow
 @pytest.mark.timeout(240)
 async def test_coordinator_killed_mid_takeover(fault_cluster: ClusterFactory) -> None:
     c = await fault_cluster()
@@ -150,6 +177,20 @@ async def test_gateway_killed_under_readers(fault_cluster: ClusterFactory) -> No
 
 
 # --- hosts ----------------------------------------------------------------------------------------
+
+
+@slow
+@pytest.mark.timeout(240)
+async def test_host_killed(fault_cluster: ClusterFactory) -> None:
+    c = await fault_cluster()
+    runs = await c.start_runs(6, seconds=12, detached=2)
+    await c.wait_progress(runs, 20)
+    victim, theirs = await c.busiest_host(runs)
+    async with c.fault(f"host {victim.host_id} SIGKILL (driving {len(theirs)} runs)"):
+        victim.kill_now()
+        await _taken_over(c, theirs, victim.host_id)
+    await c.finish()
+    await c.check()
 
 
 @slow
