@@ -19,6 +19,7 @@ import pytest
 
 from tests.faults.conftest import ClusterFactory
 from tests.faults.harness import CODEX, SHORT, FaultCluster, FaultRun, eventually
+from tests.faults.readers import Reader
 
 slow = pytest.mark.faults_slow
 
@@ -226,8 +227,6 @@ async def test_D_jetstream_store_full_then_freed(fault_cluster: ClusterFactory, 
         await eventually(lambda: all(_names_cause(r.reader.got) for r in runs if not r.detached), 30)  # type: ignore[union-attr]
         await asyncio.sleep(max(0.0, t_full + 15 - time.monotonic()))
         filler.unlink()
-    from tests.faults.harness import Reader
-
     refused.reader = Reader(c.http, c.url, refused).start()
     await c.finish(timeout=180)
     await c.check()
