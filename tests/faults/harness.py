@@ -6,9 +6,10 @@ stop or restart any of them), plus an optional :class:`~baton_tools.testing.prox
 between the coordinator and etcd for network blips.
 
 Runs are started through ``POST /api/chat`` with the replay agent (agent kind ``replay``)
-playing a corpus journal at a speed; each run has a :class:`Reader` (an SSE tab that
-reconnects with ``Last-Event-ID``, as the TanStack client does; :mod:`tests.faults.readers`) or is *detached* (its
-reader leaves after the first chunks and only a fresh read at the end sees the rest).
+playing a corpus journal at a speed; each run has a :class:`~tests.faults.readers.Reader`
+(an SSE tab that reconnects with ``Last-Event-ID``, as the TanStack client does) or is
+*detached* (its reader leaves after the first chunks; only a fresh read at the end sees
+the rest).
 
 :meth:`FaultCluster.check` compares every run with the uninterrupted replay of its journal
 (:mod:`baton_tools.reference`): each reader's chunks, a fresh full read, the raw stored log
