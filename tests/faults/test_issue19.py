@@ -51,7 +51,7 @@ async def test_A_runs_finish_during_etcd_blips(fault_cluster: ClusterFactory) ->
         for _ in range(4):
             await c.etcd_proxy.blip(0.8)
             await asyncio.sleep(0.3)  # link up between the drops
-    await c.finish()
+    await c.finish(timeout=60)
     await c.check()
 
 
@@ -68,7 +68,7 @@ async def test_A_etcd_killed_a_few_chunks_before_the_end(fault_cluster: ClusterF
         await asyncio.to_thread(c.etcd.kill)
         await asyncio.sleep(2)
         await asyncio.to_thread(c.etcd.start)
-    await c.finish()
+    await c.finish(timeout=60)
     await c.check()
 
 
@@ -91,7 +91,7 @@ async def test_B_sigstopped_host_wakes_after_successors_finished(fault_cluster: 
     async with c.fault(f"host {zombie.host_id} (driving 16 runs) SIGSTOP until they all ended elsewhere, SIGCONT"):
         zombie.sigstop()
         try:
-            await c.finish(timeout=180)
+            await c.finish(timeout=120)
         finally:
             zombie.sigcont()
     # Woken, the zombie finds its session gone and stops its drivers; whatever it wrote on
