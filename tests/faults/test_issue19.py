@@ -15,6 +15,7 @@ import subprocess
 import time
 from typing import Any, Iterator
 
+import httpx
 import pytest
 
 from tests.faults.conftest import ClusterFactory
@@ -222,7 +223,11 @@ async def test_D_jetstream_store_full_then_freed(fault_cluster: ClusterFactory, 
     async with c.fault("JetStream store (64 MB tmpfs) full for 15 s"):
         t_full = time.monotonic()
         await asyncio.to_thread(_fill, filler)
-        resp = await c.http.post(f"{c.url}/api/chat", json=refused.body, headers={"X-Run-Id": refused.run_id})
+        try:
+            resp = await c.http.post(f"{c.url}/api/chat", json=refused.body, headers={"X-Run-Id": refused.run_id},
+                                     timeout=15)
+        except httpx.TimeoutException as exc:
+            raise AssertionError("a POST while the store is full was not answered within 15 s") from exc
         assert resp.status_code == 503 and _CAUSE.search(resp.text), (resp.status_code, resp.text)
         await eventually(lambda: all(_names_cause(r.reader.got) for r in runs if not r.detached), 30)  # type: ignore[union-attr]
         await asyncio.sleep(max(0.0, t_full + 15 - time.monotonic()))
