@@ -69,7 +69,11 @@ class TcpProxy:
             except (ConnectionError, OSError):
                 pass
             finally:
-                dst.transport.abort() if self.down else dst.close()
+                # A blip resets the other side too; an orderly end is passed on as one.
+                if self.down:
+                    dst.transport.abort()
+                else:
+                    dst.close()
 
         pipes = [asyncio.create_task(pipe(r, uw)), asyncio.create_task(pipe(ur, w))]
         try:
