@@ -59,6 +59,10 @@ class TcpProxy:
         except OSError:
             w.transport.abort()
             return
+        if self.down:  # the link went down while we dialled the target
+            uw.transport.abort()
+            w.transport.abort()
+            return
         self._writers |= {w, uw}
 
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
