@@ -41,6 +41,7 @@ async def _near_end(c: FaultCluster, runs: list[FaultRun], remaining: int, timeo
 
 
 @xfail("A", "finish (finishing path)")
+@slow  # fast once fixed (~30 s): may join `make test` then
 @pytest.mark.timeout(180)
 async def test_A_runs_finish_during_etcd_blips(fault_cluster: ClusterFactory) -> None:
     """coordinator→etcd through a proxy that drops the link 4 × 0.8 s while 10 runs finish."""
