@@ -194,7 +194,7 @@ class FaultCluster:
                                            **{**self.env, "BATON_SSE_KEEPALIVE": "1", **(gateway_env or {})})
         return self
 
-    async def _jetstream_ready(self, timeout: float = 60.0) -> None:
+    async def _jetstream_ready(self, timeout: float = 60.0) -> None:  # noqa: ASYNC109 - a polling budget, as assert_eventually
         """Until the JetStream cluster has a meta leader (an R3 stream can be created)."""
         import nats
 
@@ -314,7 +314,7 @@ class FaultCluster:
                 await r.reader.stop()
         return runs
 
-    async def wait_first_chunks(self, runs: Sequence[FaultRun], timeout: float = 60.0) -> None:
+    async def wait_first_chunks(self, runs: Sequence[FaultRun], timeout: float = 60.0) -> None:  # noqa: ASYNC109 - a polling budget, as assert_eventually
         """Until every run's reader got its first chunk; a reader that gave up fails at once."""
         async def started(rd: Reader) -> None:
             assert rd.task is not None
@@ -358,7 +358,7 @@ class FaultCluster:
         victim = max(sorted(counts), key=lambda h: counts[h])
         return self.host(victim), [r for r in runs if owners[r.run_id] == victim]
 
-    async def wait_progress(self, runs: Sequence[FaultRun], chunks: int, timeout: float = 60.0) -> None:
+    async def wait_progress(self, runs: Sequence[FaultRun], chunks: int, timeout: float = 60.0) -> None:  # noqa: ASYNC109 - a polling budget, as assert_eventually
         """Until every live reader of ``runs`` got at least ``chunks`` chunks."""
         def enough() -> bool:
             return all(len(r.reader.got.items) >= chunks for r in runs if r.reader is not None and not r.detached)
@@ -374,7 +374,7 @@ class FaultCluster:
         yield
         self.fault_ended = time.monotonic()
 
-    async def finish(self, runs: Sequence[FaultRun] | None = None, timeout: float = 120.0) -> None:
+    async def finish(self, runs: Sequence[FaultRun] | None = None, timeout: float = 120.0) -> None:  # noqa: ASYNC109 - a polling budget, as assert_eventually
         """Until every reader got the end of its log and every run has a terminal status;
         then the recovery time (fault end → every reader got its next chunk or the end)."""
         runs = list(self.runs if runs is None else runs)
@@ -408,7 +408,7 @@ class FaultCluster:
             recs = await dlog.stored_headers(run_id)
         return StoredLog(recs, {str(r.offset): r.origin or "" for r in recs if r.kind == "chunk"})
 
-    async def fresh_read(self, run_id: str, timeout: float = 30.0) -> list[tuple[str, dict[str, Any]]]:
+    async def fresh_read(self, run_id: str, timeout: float = 30.0) -> list[tuple[str, dict[str, Any]]]:  # noqa: ASYNC109 - a polling budget, as assert_eventually
         """``GET /api/chat?runId&offset=-1`` to the end (a page opened after the run)."""
         run = next(r for r in self.runs if r.run_id == run_id)
         rd = Reader(self.http, self.url, run).start(post=False)
@@ -481,7 +481,7 @@ class FaultCluster:
         view = await self.view(rid)
         assert view.get("status") == run.expected_status, f"{rid}: status {view.get('status')}, want {run.expected_status}"
 
-    async def check_nothing_left(self, timeout: float = 30.0) -> None:
+    async def check_nothing_left(self, timeout: float = 30.0) -> None:  # noqa: ASYNC109 - a polling budget, as assert_eventually
         """No sandbox directory and no agent process of this cluster's runs is left."""
         ids = self._run_ids()
 
@@ -496,7 +496,7 @@ class FaultCluster:
 # --- helpers ------------------------------------------------------------------------------------
 
 
-async def eventually(check: Any, timeout: float, interval: float = 0.1) -> Any:
+async def eventually(check: Any, timeout: float, interval: float = 0.1) -> Any:  # noqa: ASYNC109 - a polling budget, as assert_eventually
     """Poll ``check`` (sync or async) until it returns truthy or ``None`` without raising
     AssertionError; raise the last AssertionError (or TimeoutError) after ``timeout``."""
     deadline = time.monotonic() + timeout

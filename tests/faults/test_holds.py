@@ -14,6 +14,9 @@ import pytest
 from tests.faults.conftest import ClusterFactory
 from tests.faults.harness import CODEX, SHORT, FaultCluster, eventually
 
+# Every case starts its own etcd, NATS and service processes (never `unit`).
+pytestmark = pytest.mark.servers
+
 slow = pytest.mark.faults_slow
 
 
@@ -26,7 +29,7 @@ async def _stopped(proc: object, seconds: float) -> None:
         proc.send_signal(signal.SIGCONT)  # type: ignore[attr-defined]
 
 
-async def _taken_over(c: FaultCluster, runs: list, victim: str, timeout: float = 60.0) -> None:
+async def _taken_over(c: FaultCluster, runs: list, victim: str, timeout: float = 60.0) -> None:  # noqa: ASYNC109 - a polling budget, as assert_eventually
     """Until no unfinished run of ``runs`` is driven by ``victim`` any more."""
     async def moved() -> None:
         for r in runs:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import os
 import pathlib
 import re
 import signal
@@ -18,9 +17,13 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
+from tests.conftest import require
 from tests.faults.conftest import ClusterFactory
 from tests.faults.harness import CODEX, SHORT, FaultCluster, FaultRun, eventually
 from tests.faults.readers import Reader
+
+# Every case starts its own etcd, NATS and service processes (never `unit`).
+pytestmark = pytest.mark.servers
 
 slow = pytest.mark.faults_slow
 
@@ -29,7 +32,7 @@ def xfail(case: str, branch: str) -> pytest.MarkDecorator:
     return pytest.mark.xfail(strict=False, reason=f"issue 19 {case}: fixed on branch {branch}")
 
 
-async def _near_end(c: FaultCluster, runs: list[FaultRun], remaining: int, timeout: float = 60.0) -> None:
+async def _near_end(c: FaultCluster, runs: list[FaultRun], remaining: int, timeout: float = 60.0) -> None:  # noqa: ASYNC109 - a polling budget, as assert_eventually
     """Until every live reader is within ``remaining`` chunks of its run's end."""
     def close_to_end() -> bool:
         return all(len(r.reader.got.items) >= len(r.reference) - remaining
@@ -159,16 +162,12 @@ async def test_C_gateway_killed_in_a_burst_of_posts(fault_cluster: ClusterFactor
 
 @pytest.fixture
 def small_tmpfs(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
-    """A 64 MB tmpfs (root only). Skipped where it cannot be mounted, but under ``CI=true`` a
-    missing capability fails."""
+    """A 64 MB tmpfs (root only)."""
     mnt = tmp_path / "js-store"
     mnt.mkdir()
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        why = f"cannot mount a 64 MB tmpfs for the full-disk case: {r.stderr.strip() or r.returncode}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(why)
-        pytest.skip(why)
+    # Skipped where the machine cannot mount (not root, no tmpfs); under CI=true that fails.
+    require(r.returncode == 0, f"cannot mount a 64 MB tmpfs for the full-disk case: {r.stderr.strip() or r.returncode}")
     try:
         yield mnt
     finally:

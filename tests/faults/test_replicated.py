@@ -9,6 +9,9 @@ import pytest
 from tests.faults.conftest import ClusterFactory
 from tests.faults.harness import FaultCluster, eventually
 
+# Every case starts its own etcd, NATS and service processes (never `unit`).
+pytestmark = pytest.mark.servers
+
 slow = pytest.mark.faults_slow
 
 

@@ -6,6 +6,9 @@ import pytest
 from tests.faults.conftest import ClusterFactory
 from tests.faults.harness import CODEX, SHORT
 
+# Every case starts its own etcd, NATS and service processes (never `unit`).
+pytestmark = pytest.mark.servers
+
 
 @pytest.mark.faults_slow
 @pytest.mark.timeout(120)
