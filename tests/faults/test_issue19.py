@@ -1,7 +1,7 @@
 """Issue 19: the five faults that broke (A–E), each compared with the uninterrupted replay
 of its journals (``FaultCluster.check``) on top of the case's own expectation.
 
-The fixes are on other branches; until they merge these are expected to fail here.
+A case whose fix is not on this branch yet is marked expected-to-fail (not strict).
 """
 from __future__ import annotations
 
@@ -43,7 +43,9 @@ async def _near_end(c: FaultCluster, runs: list[FaultRun], remaining: int, timeo
 # --- A: a run that finishes during a short etcd blip -------------------------------------------
 
 
-@xfail("A", "finish (finishing path)")
+# The finish branch is merged, yet 1 of 2 runs here still timed out with every run
+# "running" after the blips (finishing meets StoreUnavailable): kept expected-to-fail.
+@xfail("A", "finish (finishing path); still fails sometimes after its merge")
 @slow  # fast once fixed (~30 s): may join `make test` then
 @pytest.mark.timeout(180)
 async def test_A_runs_finish_during_etcd_blips(fault_cluster: ClusterFactory) -> None:
@@ -60,7 +62,6 @@ async def test_A_runs_finish_during_etcd_blips(fault_cluster: ClusterFactory) ->
     await c.check()
 
 
-@xfail("A", "finish (finishing path)")
 @slow
 @pytest.mark.timeout(180)
 async def test_A_etcd_killed_a_few_chunks_before_the_end(fault_cluster: ClusterFactory) -> None:
@@ -80,7 +81,6 @@ async def test_A_etcd_killed_a_few_chunks_before_the_end(fault_cluster: ClusterF
 # --- B: a paused host wakes after its successors finished ---------------------------------------
 
 
-@xfail("B", "finish (transcript fence)")
 @slow
 @pytest.mark.timeout(300)
 async def test_B_sigstopped_host_wakes_after_successors_finished(fault_cluster: ClusterFactory) -> None:
