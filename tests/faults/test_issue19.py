@@ -204,7 +204,6 @@ def _names_cause(got: Any) -> bool:
     return any(_CAUSE.search(t) for t in texts)
 
 
-@xfail("D", "disk")
 @slow
 @pytest.mark.timeout(300)
 async def test_D_jetstream_store_full_then_freed(fault_cluster: ClusterFactory, small_tmpfs: pathlib.Path) -> None:
