@@ -28,9 +28,6 @@ pytestmark = pytest.mark.servers
 slow = pytest.mark.faults_slow
 
 
-def xfail(case: str, branch: str) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(strict=False, reason=f"issue 19 {case}: fixed on branch {branch}")
-
 
 async def _near_end(c: FaultCluster, runs: list[FaultRun], remaining: int, timeout: float = 60.0) -> None:  # noqa: ASYNC109 - a polling budget, as assert_eventually
     """Until every live reader is within ``remaining`` chunks of its run's end."""
@@ -45,7 +42,6 @@ async def _near_end(c: FaultCluster, runs: list[FaultRun], remaining: int, timeo
 
 # The finish branch is merged, yet 1 of 2 runs here still timed out with every run
 # "running" after the blips (finishing meets StoreUnavailable): kept expected-to-fail.
-@xfail("A", "finish (finishing path); still fails sometimes after its merge")
 @slow  # fast once fixed (~30 s): may join `make test` then
 @pytest.mark.timeout(180)
 async def test_A_runs_finish_during_etcd_blips(fault_cluster: ClusterFactory) -> None:
@@ -113,7 +109,6 @@ def _told_why(refusals: list[tuple[int, str]]) -> None:
         assert status >= 500 and body.strip(), f"a refused start must be a 5xx with a reason: {status} {body!r}"
 
 
-@xfail("C", "start")
 @slow
 @pytest.mark.timeout(240)
 async def test_C_posts_while_nats_is_paused(fault_cluster: ClusterFactory) -> None:
@@ -137,7 +132,6 @@ async def test_C_posts_while_nats_is_paused(fault_cluster: ClusterFactory) -> No
     assert live
 
 
-@xfail("C", "start")
 @slow
 @pytest.mark.timeout(300)
 async def test_C_gateway_killed_in_a_burst_of_posts(fault_cluster: ClusterFactory) -> None:
@@ -248,7 +242,6 @@ async def test_D_jetstream_store_full_then_freed(fault_cluster: ClusterFactory, 
 # --- E: the leader spreads orphaned runs -------------------------------------------------------
 
 
-@xfail("E", "of the orphan-spread fix")
 @slow
 @pytest.mark.timeout(240)
 async def test_E_orphans_spread_over_hosts(fault_cluster: ClusterFactory) -> None:
