@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 NODE_STAMP := tests/node/node_modules/.installed-stamp
 
-.PHONY: venv lock protos protos-check check test test-unit lint typecheck demo bench node-deps clean
+.PHONY: venv lock protos protos-check check test test-unit test-faults lint typecheck demo bench node-deps clean
 
 # Exact versions from requirements.lock: the code overrides private internals of nats-py,
 # uvicorn and the docker SDK, so an unpinned upgrade can break it silently.
@@ -53,6 +53,12 @@ typecheck: venv
 	$(VENV)/bin/mypy
 
 check: lint typecheck
+
+# The whole fault suite of issue 19 (tests/faults), slow cases included: real etcd, NATS,
+# coordinator, hosts and gateway processes under faults. Prints the recovery-time table and
+# writes bench/results/faults.json. `make test` runs only its fast cases.
+test-faults: venv
+	BATON_FAULTS=all $(PY) -m pytest tests/faults -p no:cacheprovider $(PYTEST_ARGS)
 
 demo: venv
 	$(VENV)/bin/baton demo $(DEMO_ARGS)

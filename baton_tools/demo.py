@@ -42,6 +42,8 @@ from rich.table import Table
 
 from baton.sse import Comment, aiter_sse
 from baton_tools.cluster import ClusterInfo, LocalCluster
+# The uninterrupted replay (also used by tests/faults); re-exported for the demo's callers.
+from baton_tools.reference import expected_status, reference_chunks, speed_for  # noqa: F401
 
 _REPO = pathlib.Path(__file__).resolve().parent.parent
 CORPUS = _REPO / "corpus"
@@ -49,10 +51,6 @@ CORPUS = _REPO / "corpus"
 CODEX_JOURNAL = "codex-exec-json/zsh-commands-and-file-change.jsonl"
 #: The one journal of ``--quick``: Claude with partial messages, 122 lines.
 QUICK_JOURNAL = "claude-stream-json/partial-messages-bash-exit-128.jsonl"
-#: The replay agent waits this long before each line without a timestamp (divided by the
-#: speed we send); see ``sandbox_host/agents/_replay.py``.
-REPLAY_LINE_DELAY = 0.05
-REPLAY_MAX_GAP = 5.0
 STATUS_POLL = 0.05
 
 
@@ -137,30 +135,6 @@ class Row:
 
 def _format_of(journal: str) -> str:
     return pathlib.PurePath(journal).parts[0]
-
-
-def reference_chunks(journal_path: pathlib.Path, fmt: str, run_id: str, thread_id: str) -> list[dict[str, Any]]:
-    """The chunk sequence of the journal replayed without interruption (what the host's
-    translator produces for these bytes, this run id and thread id; exit code 0)."""
-    from sandbox_host.translate import translator_for
-
-    data = journal_path.read_bytes()
-    lines = data.split(b"\n")
-    trailing = lines.pop()  # b"" when the file ends with a newline
-    tr = translator_for(fmt, run_id=run_id, thread_id=thread_id)
-    out: list[dict[str, Any]] = []
-    for line in lines:
-        out += tr.feed(line)
-    out += tr.finish(0, trailing)
-    return out
-
-
-def expected_status(chunks: Sequence[dict[str, Any]]) -> str:
-    last = chunks[-1]["type"] if chunks else None
-    if last == "RUN_FINISHED":
-        outcome = chunks[-1].get("outcome")
-        return "interrupted" if isinstance(outcome, dict) and outcome.get("type") == "interrupt" else "completed"
-    return "failed"
 
 
 def compare(delivered: Sequence[str], expected: Sequence[str]) -> tuple[int, int]:
@@ -254,13 +228,6 @@ def _journals(quick: bool) -> list[str]:
     return claude + [CODEX_JOURNAL]
 
 
-def _speed_for(journal: pathlib.Path, seconds: float) -> float:
-    """The replay speed that spreads the journal's lines over about ``seconds``."""
-    n_waits = max(1, journal.read_bytes().count(b"\n") - 1)
-    per_line = min(seconds / n_waits, REPLAY_MAX_GAP)
-    return max(0.001, min(1000.0, REPLAY_LINE_DELAY / per_line))
-
-
 async def _get_run(http: httpx.AsyncClient, base: str, run_id: str) -> dict[str, Any]:
     """``GET /api/runs/{runId}``; ``{}`` while the run does not exist yet."""
     r = await http.get(f"{base}/api/runs/{run_id}")
@@ -309,7 +276,7 @@ async def _scenario(console: Console, info: ClusterInfo, cluster: LocalCluster, 
         slug = pathlib.PurePath(journal).stem[:24]
         runs.append(DemoRun(
             journal=journal, run_id=f"demo-{tag}-{i}-{slug}", thread_id=f"demo-{tag}-thread-{i}",
-            speed=_speed_for(CORPUS / journal, pacing.run_seconds),
+            speed=speed_for(CORPUS / journal, pacing.run_seconds),
             messages=[{"id": f"demo-{tag}-{i}-user", "role": "user", "content": f"Replay {journal}"}],
         ))
     refs = {r.run_id: reference_chunks(CORPUS / r.journal, _format_of(r.journal), r.run_id, r.thread_id) for r in runs}

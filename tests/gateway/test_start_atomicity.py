@@ -20,6 +20,7 @@ import pytest
 
 from baton import errors as e
 from baton.coordinator_client import CoordinatorClient
+from baton.errors import UnknownRun
 from baton.log import DeliveryLog, LogConfig, TranscriptStore
 from baton.runs import RUN_ACCEPTED, status_name
 from baton_tools.testing.cluster import start_coordinator, start_gateway, start_host
@@ -96,6 +97,10 @@ async def test_post_while_the_log_is_paused_503_then_a_retry_starts_it_with_its_
     run_id, thread_id = unique("run-"), unique("thr-")
     lost_run, lost_thread = unique("run-"), unique("thr-")
     async with httpx.AsyncClient(trust_env=False, timeout=60) as http:
+        # The gateway's storage probe (cached for 3 s) said "fine" just before NATS froze:
+        # the POSTs reach a host, whose start then fails half-way. (A POST after the probe
+        # saw the outage is refused before anything exists: asserted at the end.)
+        assert await gw.state.log_health.problem() is None
         own_nats.proc.send_signal(signal.SIGSTOP)
         try:
             r1, r2 = await asyncio.gather(
@@ -134,6 +139,23 @@ async def test_post_while_the_log_is_paused_503_then_a_retry_starts_it_with_its_
         joined = await read_stream(http, "POST", f"{gw.url}/api/chat", json=chat_body(run_id, thread_id, "first"))
         assert joined.events == again.events
         assert (await cc.get_run(run_id)).record.driver_epoch == epoch + 1
+
+        # Once the probe sees the outage, a new POST is refused before anything exists.
+        own_nats.proc.send_signal(signal.SIGSTOP)
+        try:
+            fresh_run = unique("run-")
+
+            async def probe_saw_it() -> bool:
+                return await gw.state.log_health.problem() is not None
+
+            await assert_eventually(probe_saw_it, timeout=30, interval=0.5)
+            r3 = await http.post(f"{gw.url}/api/chat", json=chat_body(fresh_run, unique("thr-"), "x"))
+        finally:
+            own_nats.proc.send_signal(signal.SIGCONT)
+        assert r3.status_code == 503 and r3.json()["reason"] == "LOG_UNAVAILABLE", r3.text
+        assert r3.json()["runExists"] is False
+        with pytest.raises(UnknownRun):
+            await cc.get_run(fresh_run)
 
     # The start nobody retried is ended by the reaper once its grace is over: aborted,
     # without an agent ever launched.

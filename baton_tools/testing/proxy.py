@@ -1,0 +1,114 @@
+"""A TCP proxy whose link can be cut and blocked: a network blip between two processes.
+
+It runs in the caller's event loop and forwards ``127.0.0.1:<port>`` to a target address,
+so any process (a coordinator subprocess talking to etcd, a host talking to NATS) can be
+pointed at :attr:`TcpProxy.endpoint` instead of the real server.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+
+class TcpProxy:
+    """Forward TCP connections to ``target_host:target_port``.
+
+    ``cut()`` aborts every open connection (both sides see a reset); while ``down`` is set,
+    new connections are accepted and closed at once (a peer that is unreachable fast, as
+    after a route flap) instead of being forwarded.
+
+    Attributes:
+        port: the local port (0 until :meth:`start`).
+        down: refuse to forward new connections.
+        connections: connections accepted so far.
+    """
+
+    def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
+        self.target_host = target_host
+        self.target_port = target_port
+        self.port = 0
+        self.down = False
+        self.connections = 0
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    @property
+    def endpoint(self) -> str:
+        """``127.0.0.1:<port>``."""
+        return f"127.0.0.1:{self.port}"
+
+    async def start(self, port: int = 0) -> "TcpProxy":
+        """Listen on ``port`` (0 = a free one); returns self."""
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def _serve(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        me = asyncio.current_task()
+        assert me is not None
+        self._tasks.add(me)
+        me.add_done_callback(self._tasks.discard)
+        if self.down:
+            w.transport.abort()
+            return
+        try:
+            ur, uw = await asyncio.open_connection(self.target_host, self.target_port)
+        except OSError:
+            w.transport.abort()
+            return
+        if self.down:  # the link went down while we dialled the target
+            uw.transport.abort()
+            w.transport.abort()
+            return
+        self._writers |= {w, uw}
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                # A blip resets the other side too; an orderly end is passed on as one.
+                if self.down:
+                    dst.transport.abort()
+                else:
+                    dst.close()
+
+        pipes = [asyncio.create_task(pipe(r, uw)), asyncio.create_task(pipe(ur, w))]
+        try:
+            await asyncio.wait(pipes)
+        finally:
+            for t in pipes:
+                t.cancel()
+            await asyncio.gather(*pipes, return_exceptions=True)
+            self._writers -= {w, uw}
+
+    def cut(self) -> None:
+        """Abort every open connection (both sides see a reset)."""
+        for w in list(self._writers):
+            w.transport.abort()
+
+    async def blip(self, seconds: float) -> None:
+        """Cut every connection and refuse new ones for ``seconds``, then forward again."""
+        self.down = True
+        self.cut()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self.down = False
+
+    async def close(self) -> None:
+        """Stop listening and abort every connection; returns once every handler ended."""
+        self.down = True
+        self.cut()
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=5)

@@ -1,0 +1,65 @@
+"""Issue 19: replicated engines lose their leaders (3-node etcd, 3-node JetStream with the
+delivery log at R3). The runs go on, compared with the uninterrupted replay as everywhere."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.faults.conftest import ClusterFactory
+from tests.faults.harness import FaultCluster, eventually
+
+# Every case starts its own etcd, NATS and service processes (never `unit`).
+pytestmark = pytest.mark.servers
+
+slow = pytest.mark.faults_slow
+
+
+@slow
+@pytest.mark.timeout(300)
+async def test_etcd_leader_killed(fault_cluster: ClusterFactory) -> None:
+    c = await fault_cluster(replicated=True)
+    runs = await c.start_runs(5, seconds=12, detached=1)
+    await c.wait_progress(runs, 20)
+    leader = await asyncio.to_thread(c.etcd.leader)  # type: ignore[attr-defined]
+    async with c.fault(f"etcd leader {leader.member} SIGKILL (2 of 3 members left)"):
+        await asyncio.to_thread(leader.kill)
+    await c.finish()
+    await c.check()
+
+
+@slow
+@pytest.mark.timeout(300)
+async def test_nats_stream_leader_killed(fault_cluster: ClusterFactory) -> None:
+    c = await fault_cluster(replicated=True)
+    runs = await c.start_runs(5, seconds=12, detached=1)
+    await c.wait_progress(runs, 20)
+    name = await c.stream_leader()
+    async with c.fault(f"JetStream stream leader {name} SIGKILL (R3: 2 of 3 replicas left)"):
+        await asyncio.to_thread(c.nats.node(name).kill)  # type: ignore[attr-defined]
+    await c.finish()
+    await c.check()
+
+
+@slow
+@pytest.mark.timeout(300)
+async def test_nats_stream_leader_killed_and_back(fault_cluster: ClusterFactory) -> None:
+    """The old stream leader comes back mid-run and catches up as a follower."""
+    c = await fault_cluster(replicated=True)
+    runs = await c.start_runs(5, seconds=14, detached=1)
+    await c.wait_progress(runs, 20)
+    name = await c.stream_leader()
+    node = c.nats.node(name)  # type: ignore[attr-defined]
+    async with c.fault(f"JetStream stream leader {name} SIGKILL, restarted once a new leader serves"):
+        await asyncio.to_thread(node.kill)
+        await eventually(lambda: _leader_is_not(c, name), 30)
+        await asyncio.to_thread(node.start)
+    await c.finish()
+    await c.check()
+
+
+async def _leader_is_not(c: FaultCluster, name: str) -> bool:
+    try:
+        return await c.stream_leader() != name
+    except Exception:  # noqa: BLE001 - no leader yet (an election is under way)
+        return False

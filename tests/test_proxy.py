@@ -1,0 +1,49 @@
+"""The TCP proxy of the fault suite: forwards, cuts, and refuses while down."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from baton_tools.testing.proxy import TcpProxy
+
+
+async def _echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+    while data := await r.read(1024):
+        w.write(data)
+        await w.drain()
+    w.close()
+
+
+async def _roundtrip(port: int, payload: bytes) -> bytes:
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        w.write(payload)
+        await w.drain()
+        return await asyncio.wait_for(r.read(1024), 5)
+    finally:
+        w.close()
+
+
+@pytest.mark.timeout(20)
+async def test_blip_resets_open_connections_refuses_new_ones_then_forwards() -> None:
+    server = await asyncio.start_server(_echo, "127.0.0.1", 0)
+    proxy = await TcpProxy(server.sockets[0].getsockname()[1]).start()
+    try:
+        assert await _roundtrip(proxy.port, b"before") == b"before"
+        r, w = await asyncio.open_connection("127.0.0.1", proxy.port)
+        w.write(b"open")
+        assert await r.readexactly(4) == b"open"  # forwarded end to end
+        blip = asyncio.create_task(proxy.blip(0.5))
+        await asyncio.sleep(0)  # the blip has begun: down, every connection aborted
+        with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
+            await asyncio.wait_for(r.readexactly(1), 5)
+        w.close()
+        with pytest.raises(ConnectionResetError):   # accepted and reset at once
+            await _roundtrip(proxy.port, b"during")
+        await blip
+        assert await _roundtrip(proxy.port, b"after") == b"after"
+    finally:
+        await proxy.close()
+        server.close()
+        await server.wait_closed()
