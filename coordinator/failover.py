@@ -181,6 +181,42 @@ async def hand_over_if_orphaned(ctx: LeaderContext, pool: HostPool, run_id: str,
     return await attach_somewhere(ctx, pool, run_id, purpose, placer=placer)
 
 
+async def settle_hosts(ctx: LeaderContext, drivers: set[str], budget: float, *, quiet: float = 0.3,
+                       poll: float = 0.1) -> list[str]:
+    """Let hosts come back before a leader's first sweep places what it found orphaned.
+
+    Runs are orphaned at the start of a term when the cluster had no leader, most often an
+    etcd outage that also ended every host's session: the hosts are alive and re-open their
+    sessions one by one. Placing at once would hand every run to the first host back (issue
+    19 E). So wait until every host that drove an orphan is registered again and the set of
+    live hosts has not grown for ``quiet`` seconds, or ``budget`` seconds (the session TTL:
+    a live host re-registers within it) have passed, whichever comes first.
+
+    Args:
+        drivers: ``driver_host`` of the orphaned runs.
+        budget: seconds to wait at most.
+
+    Returns:
+        The live host ids seen last (for logs and tests).
+    """
+    deadline = Deadline.after(budget)
+    seen: set[str] = set()
+    stable_since = 0.0
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            live = {h.host_id for h in await ctx.list_hosts() if not h.draining and h.address}
+        except StoreUnavailable:
+            live = seen
+        now = loop.time()
+        if live - seen:
+            stable_since = now
+        seen = live
+        if (drivers <= live and now - stable_since >= quiet) or deadline.left() <= 0:
+            return sorted(live)
+        await asyncio.sleep(min(poll, max(deadline.left(), 0.0)))
+
+
 async def failover_scheduler(ctx: LeaderContext) -> None:
     """Leader task: watch claim deletions and hand orphaned runs over at once.
 
@@ -222,9 +258,13 @@ async def failover_scheduler(ctx: LeaderContext) -> None:
             try:
                 _, rev = await store.etcd.range(keys.claims, prefix_end(keys.claims), keys_only=True,
                                                 timeout=cfg.etcd_timeout)
-                for rec in await store.list_runs("", "", 0, timeout=cfg.etcd_timeout):
-                    if rec.status == runs_pb2.RUN_STATUS_RUNNING and rec.driver_epoch > 0 and not rec.starting:
-                        spawn(rec.run_id)
+                orphans = [rec for rec in await store.list_runs("", "", 0, timeout=cfg.etcd_timeout)
+                           if rec.status == runs_pb2.RUN_STATUS_RUNNING and rec.driver_epoch > 0
+                           and not rec.starting]
+                if orphans:
+                    await settle_hosts(ctx, {rec.driver_host for rec in orphans}, cfg.session_ttl)
+                for rec in orphans:
+                    spawn(rec.run_id)
                 async for _rev, events in store.etcd.watch([(keys.claims, prefix_end(keys.claims))],
                                                            start_revision=rev + 1, deletes_only=True):
                     for ev in events:
