@@ -1,4 +1,4 @@
-"""Configuration from ``BATON_*`` environment variables (DESIGN.md §9).
+"""Configuration from ``BATON_*`` environment variables (docs/design.md §9).
 
 Every setting has a default; each service reads the ones it needs. The table in README.md
 is generated from :data:`SETTINGS` (``python -m baton.config``), so it cannot drift.

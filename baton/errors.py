@@ -1,4 +1,4 @@
-"""Domain exceptions (DESIGN.md §8): one root per concern, named by condition, carrying data.
+"""Domain exceptions (docs/design.md §8): one root per concern, named by condition, carrying data.
 
 Callers branch on the class and its attributes, never on ``str(exc)``. The gRPC mapping of
 every class lives in one table, :mod:`baton.grpc_errors`.
@@ -51,7 +51,7 @@ class UnknownRun(BatonError):
 
 
 class ThreadBusy(BatonError):
-    """The thread already has an active run (at most one per thread, DESIGN.md §3.1)."""
+    """The thread already has an active run (at most one per thread, docs/design.md §3.1)."""
 
     def __init__(self, thread_id: str, active_run_id: str) -> None:
         self.thread_id = thread_id
@@ -193,7 +193,7 @@ class JournalAttachUnavailable(JournalError):
 
 
 class JournalReplayDiverged(JournalError):
-    """The replayed journal does not match the stored log (DESIGN.md §5.4).
+    """The replayed journal does not match the stored log (docs/design.md §5.4).
 
     Attributes:
         index: position among journal-origin chunks where they differ.
@@ -323,7 +323,7 @@ class LogStorageFull(LogUnavailable):
 class TranscriptFenced(DeliveryLogError):
     """A transcript save was refused by the transcript fence: the saved transcript was
     written by a successor of this run (a higher epoch) or by a later run of the thread.
-    The writer must never save this run's transcript again (DESIGN.md §4.2).
+    The writer must never save this run's transcript again (docs/design.md §4.2).
 
     Attributes:
         thread_id: the thread.

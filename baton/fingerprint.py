@@ -1,4 +1,4 @@
-"""Chunk fingerprints (DESIGN.md §5.4).
+"""Chunk fingerprints (docs/design.md §5.4).
 
 A fingerprint identifies what a chunk *says*, not when it was said: the SHA-256 (hex) of
 the canonical JSON (sorted keys, ``(",", ":")`` separators, UTF-8, no ASCII escaping) of

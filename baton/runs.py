@@ -2,7 +2,7 @@
 
 Every service speaks of a run's status by these lower-case names (the wire form of
 ``baton.v1.RunStatus`` without its prefix, as the HTTP API shows them) and recognises the
-host's own ``CUSTOM`` chunks by these names (DESIGN.md §3.1, §4.2).
+host's own ``CUSTOM`` chunks by these names (docs/design.md §3.1, §4.2).
 """
 from __future__ import annotations
 

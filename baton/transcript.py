@@ -1,4 +1,4 @@
-"""Transcript builder: AG-UI chunks → AG-UI messages (DESIGN.md §4.2, §5.5). Pure.
+"""Transcript builder: AG-UI chunks → AG-UI messages (docs/design.md §4.2, §5.5). Pure.
 
 The saved transcript of a thread is the run's input messages (the AG-UI run input, which
 carries the conversation so far and the new user message) followed by what the run

@@ -1,4 +1,4 @@
-"""The coordinator service: the control plane over etcd (DESIGN.md §3).
+"""The coordinator service: the control plane over etcd (docs/design.md §3).
 
 Public surface: :class:`CoordinatorServer` (composition root), :class:`CoordinatorConfig`,
 :class:`RunStore` (the etcd-backed store), :class:`LeaderContext` and :data:`LeaderTask`

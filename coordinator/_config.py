@@ -1,4 +1,4 @@
-"""Coordinator settings: ``BATON_*`` environment variables, overridable by flags (DESIGN.md §9)."""
+"""Coordinator settings: ``BATON_*`` environment variables, overridable by flags (docs/design.md §9)."""
 from __future__ import annotations
 
 import argparse

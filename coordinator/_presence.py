@@ -2,7 +2,7 @@
 
 ``UnregisterReader`` detaches at once on the replica that serves it; this task covers
 reader keys that vanish with their session's lease (a dead gateway), which no RPC reports
-(DESIGN.md §3.3). It watches deletions under ``readers/`` and resumes after an etcd
+(docs/design.md §3.3). It watches deletions under ``readers/`` and resumes after an etcd
 outage from the last revision it fully handled, so no deletion is missed while etcd keeps
 history.
 

@@ -1,4 +1,4 @@
-"""Pure rules over run records (DESIGN.md §3.1): terminal states, field masks, index shape.
+"""Pure rules over run records (docs/design.md §3.1): terminal states, field masks, index shape.
 
 Nothing here talks to etcd, so every rule is unit-testable on its own.
 """
@@ -16,7 +16,7 @@ TERMINAL = TERMINAL_PB
 
 # Paths a field mask may name. Identity and the store's own bookkeeping are not writable:
 # run_id/thread_id key the indexes, tenant owns the thread (threads/<t>/tenant), revision is
-# the store's, and driver_epoch only ever rises, by ClaimRun (the fence, DESIGN.md §3.2).
+# the store's, and driver_epoch only ever rises, by ClaimRun (the fence, docs/design.md §3.2).
 _READ_ONLY = frozenset({"run_id", "thread_id", "revision", "tenant", "driver_epoch"})
 WRITABLE = frozenset(f.name for f in RunRecord.DESCRIPTOR.fields) - _READ_ONLY
 
@@ -32,7 +32,7 @@ def is_active(rec: RunRecord | None) -> bool:
 
 
 def is_reclaimable(rec: RunRecord | None) -> bool:
-    """Indexed for the reaper: running and detached (DESIGN.md §3.3, §7)."""
+    """Indexed for the reaper: running and detached (docs/design.md §3.3, §7)."""
     return is_active(rec) and rec is not None and rec.HasField("detached_since")
 
 

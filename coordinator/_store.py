@@ -1,4 +1,4 @@
-"""The etcd-backed store behind every Coordinator RPC (DESIGN.md §3).
+"""The etcd-backed store behind every Coordinator RPC (docs/design.md §3).
 
 Every change is one etcd transaction that compares what it read (optimistic concurrency,
 as etcd's ``concurrency/stm.go``) and retries on a conflict until the caller's budget is
@@ -269,7 +269,7 @@ class RunStore:
         return out
 
     async def find_active_run(self, thread_id: str, *, timeout: float) -> RunRecord | None:
-        """The newest running run of the thread, from the index (DESIGN.md §3.1)."""
+        """The newest running run of the thread, from the index (docs/design.md §3.1)."""
         b = _Budget(timeout)
         kvs, _ = await self.etcd.range(self.keys.thread_active(thread_id), timeout=b.left())
         if not kvs:
@@ -392,7 +392,7 @@ class RunStore:
 
     async def update_run(self, run_id: str, patch: RunRecord, paths: Sequence[str], epoch: int,
                          session_id: int, *, timeout: float) -> tuple[UpdateOutcome, RunRecord | None]:
-        """Apply a field-mask update (DESIGN.md §3.1).
+        """Apply a field-mask update (docs/design.md §3.1).
 
         Unknown run → ``UNKNOWN_RUN`` (nothing done). A terminal status with ``epoch`` below
         the record's ``driver_epoch`` → ``SUPPRESSED`` (nothing done). With ``session_id``
@@ -446,7 +446,7 @@ class RunStore:
 
     async def claim_run(self, run_id: str, session_id: int, host_id: str, purpose: str, *,
                         timeout: float) -> tuple[int, RunRecord]:
-        """Claim a run under a session, raising ``driver_epoch`` (DESIGN.md §3.2).
+        """Claim a run under a session, raising ``driver_epoch`` (docs/design.md §3.2).
 
         One etcd transaction when the run is in the record cache: it compares the record's
         mod revision and the claim key's absence, and puts the record and the claim.
@@ -538,7 +538,7 @@ class RunStore:
         await self.detach_if_unread(run_id, timeout=b.left())
 
     async def detach_if_unread(self, run_id: str, *, timeout: float) -> RunRecord | None:
-        """When a running run has no reader left: stamp ``detached_since`` (DESIGN.md §3.3).
+        """When a running run has no reader left: stamp ``detached_since`` (docs/design.md §3.3).
 
         A run with ``cancel_on_disconnect`` is cancelled instead (reason ``disconnected``),
         as runs.proto specifies. The stamp compares "no reader key" inside

@@ -1,4 +1,4 @@
-"""Proactive failover (DESIGN.md §3.2): the leader hands a dead host's runs to a live host.
+"""Proactive failover (docs/design.md §3.2): the leader hands a dead host's runs to a live host.
 
 When a claim key disappears (its session lease expired because the host died, or a
 draining host released it) and the run is still ``running``, the leader calls ``AttachRun``

@@ -1,4 +1,4 @@
-"""The reaper (DESIGN.md §7): ends runs nobody came back to.
+"""The reaper (docs/design.md §7): ends runs nobody came back to.
 
 One sweep lists every detached running run (by the reclaimable index, no scan of all runs)
 and decides each:

@@ -1,4 +1,4 @@
-"""The control-plane rules, pure (DESIGN.md §3): claim, update, cancel, presence, detach.
+"""The control-plane rules, pure (docs/design.md §3): claim, update, cancel, presence, detach.
 
 Every write of one run record goes through :meth:`coordinator._store.RunStore.mutate`
 ``(run_id, decide)``; ``decide`` is one of the functions here bound to its arguments. It
@@ -116,7 +116,7 @@ def _copy(rec: RunRecord) -> RunRecord:
 
 def claim(snap: Snapshot, *, keys: Keys, session_id: int, host_id: str,
           purpose: str) -> Plan[tuple[int, RunRecord]]:
-    """Claim the run under ``session_id``, raising ``driver_epoch`` by one (DESIGN.md §3.2).
+    """Claim the run under ``session_id``, raising ``driver_epoch`` by one (docs/design.md §3.2).
 
     The write compares the claim key's absence and puts it under the session's lease.
 
@@ -153,7 +153,7 @@ def claim(snap: Snapshot, *, keys: Keys, session_id: int, host_id: str,
 
 def update(snap: Snapshot, *, keys: Keys, patch: RunRecord, paths: Sequence[str], epoch: int,
            session_id: int) -> Plan[tuple[UpdateOutcome, RunRecord | None]]:
-    """Apply a field-mask update (DESIGN.md §3.1).
+    """Apply a field-mask update (docs/design.md §3.1).
 
     Unknown run → ``UNKNOWN_RUN``, no write. A terminal status written at an ``epoch`` below
     the record's ``driver_epoch`` → ``SUPPRESSED``, no write (a stale driver's last word).
@@ -239,7 +239,7 @@ def register_reader(snap: Snapshot, *, keys: Keys, reader_id: str, session_id: i
 
 
 def detach(snap: Snapshot, *, keys: Keys, now: float) -> Plan[RunRecord | None]:
-    """Stamp ``detached_since = now`` on a running run that has no reader (DESIGN.md §3.3).
+    """Stamp ``detached_since = now`` on a running run that has no reader (docs/design.md §3.3).
 
     A run with ``cancel_on_disconnect`` is also cancelled (reason ``disconnected``), unless
     a cancel is already requested. The write compares "no reader key", and a failure with

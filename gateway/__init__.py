@@ -1,4 +1,4 @@
-"""The gateway: the HTTP/SSE edge of baton (DESIGN.md §6).
+"""The gateway: the HTTP/SSE edge of baton (docs/design.md §6).
 
 Public surface::
 

@@ -1,4 +1,4 @@
-"""Bearer API keys → tenants (DESIGN.md §6, ``BATON_API_KEYS``).
+"""Bearer API keys → tenants (docs/design.md §6, ``BATON_API_KEYS``).
 
 With no keys configured every caller is the empty tenant ``""`` and sees everything. With
 keys, every route but health and the static page needs ``Authorization: Bearer <key>``; a

@@ -1,4 +1,4 @@
-"""``baton.v1.Runs``: the public run API over gRPC, the twin of the HTTP routes (DESIGN.md §6).
+"""``baton.v1.Runs``: the public run API over gRPC, the twin of the HTTP routes (docs/design.md §6).
 
 Served from the gateway process on its own port and sharing the app's state: every
 operation calls the same functions as its HTTP route (start path, cancel, views, the

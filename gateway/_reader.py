@@ -1,6 +1,6 @@
 """One reader of a run's delivery log: presence, keep-alives, bounded buffering, gap answers.
 
-A reader registers a presence key under the gateway session (DESIGN.md §3.3) for as long
+A reader registers a presence key under the gateway session (docs/design.md §3.3) for as long
 as it is connected, so the last reader leaving detaches the run. Chunks flow from the log
 read through a bounded queue: a slow client applies backpressure to its own log read and
 never grows memory.

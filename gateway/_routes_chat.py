@@ -1,4 +1,4 @@
-"""``/api/chat``: start a run, join/resume its log, find the active run, cancel (DESIGN.md §6).
+"""``/api/chat``: start a run, join/resume its log, find the active run, cancel (docs/design.md §6).
 
 Wire-compatible with the TanStack AI durable chat transport: ``POST`` carries the AG-UI run
 input and the run id in ``X-Run-Id``; a dropped stream is re-requested with

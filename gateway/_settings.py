@@ -1,4 +1,4 @@
-"""Gateway settings, read once from ``BATON_*`` variables (DESIGN.md §9) at the composition root."""
+"""Gateway settings, read once from ``BATON_*`` variables (docs/design.md §9) at the composition root."""
 from __future__ import annotations
 
 import os

@@ -1,6 +1,6 @@
 """SSE and NDJSON framing of the delivery log, and a streaming response that ends on disconnect.
 
-Wire format (DESIGN.md §6, the TanStack AI durable chat transport):
+Wire format (docs/design.md §6, the TanStack AI durable chat transport):
 
 - SSE (``text/event-stream``): ``id: <offset>`` then ``data: <chunk json>`` per chunk, a
   ``: keep-alive`` comment when idle, and a final ``: end`` comment when the log closed.

@@ -1,4 +1,4 @@
-"""The takeover trigger of a join (DESIGN.md §6 table).
+"""The takeover trigger of a join (docs/design.md §6 table).
 
 Beside serving a join, the gateway looks at the run: when the record is ``running`` and no
 live claim exists, it asks a live host to take the run over (``AttachRun``) in a task owned

@@ -1,4 +1,4 @@
-"""Validation and limits for everything a client sends (DESIGN.md §6: bad input → a clear 4xx).
+"""Validation and limits for everything a client sends (docs/design.md §6: bad input → a clear 4xx).
 
 Nothing here talks to a server or reads a file's content: a replay journal path is resolved
 (symlinks and ``..`` included) and checked to lie inside ``BATON_REPLAY_DIRS`` from its path
@@ -129,7 +129,7 @@ def _opt_str(body: Mapping[str, Any], name: str) -> str | None:
 
 
 def run_id_from(headers: Mapping[str, str], query: Mapping[str, str], body: Mapping[str, Any]) -> str:
-    """The run id: ``X-Run-Id`` header, else ``?runId``, else the body's ``runId`` (DESIGN.md §6).
+    """The run id: ``X-Run-Id`` header, else ``?runId``, else the body's ``runId`` (docs/design.md §6).
 
     Raises:
         DurableRunIdRequired: none of the three carries one.

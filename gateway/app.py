@@ -1,4 +1,4 @@
-"""The gateway's Starlette app (DESIGN.md §6): the only public door.
+"""The gateway's Starlette app (docs/design.md §6): the only public door.
 
 All state lives in the ASGI lifespan: the coordinator client and the gateway session, the
 NATS connection (delivery log reads, transcripts), host channels and the app's tasks.

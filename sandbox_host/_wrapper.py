@@ -1,6 +1,6 @@
 """The launch wrapper: a POSIX ``sh`` script every provider runs around the agent.
 
-DESIGN.md §5.2. The wrapper
+docs/design.md §5.2. The wrapper
 
 1. reads the exit-sentinel nonce from a file and deletes that file before the agent starts,
    so the nonce is never in the agent's environment, argv or file system (it lives only in

@@ -1,4 +1,4 @@
-"""Alignment of a journal replay with the stored delivery log (DESIGN.md §5.4).
+"""Alignment of a journal replay with the stored delivery log (docs/design.md §5.4).
 
 Alignment runs only on attach (aligning a fresh run would swallow its own chunks). The
 driver reads the headers of everything stored before its own fence, once, and feeds the

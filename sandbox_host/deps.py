@@ -1,4 +1,4 @@
-"""What every run driver of one host shares: settings and clients (DESIGN.md §5.5, §9).
+"""What every run driver of one host shares: settings and clients (docs/design.md §5.5, §9).
 
 :class:`HostSettings` are the driver's ``BATON_*`` settings; :class:`HostDeps` bundles the
 host's identity, clients and settings, built once by the composition root
@@ -24,7 +24,7 @@ AGENT_SECRET_NAMES = frozenset({"ANTHROPIC_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN", 
 
 @dataclass(frozen=True)
 class HostSettings:
-    """Driver settings (DESIGN.md §9), from ``BATON_*`` variables by :meth:`from_env`.
+    """Driver settings (docs/design.md §9), from ``BATON_*`` variables by :meth:`from_env`.
 
     Attributes:
         provider: default sandbox provider name.

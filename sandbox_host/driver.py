@@ -1,4 +1,4 @@
-"""One driven run: the I/O around the pure state machine (DESIGN.md §5.4, §5.5).
+"""One driven run: the I/O around the pure state machine (docs/design.md §5.4, §5.5).
 
 A :class:`RunDriver` holds one claim (run id, epoch) and does, in its own task:
 
@@ -485,7 +485,7 @@ class RunDriver:
         self.stats.outcome = self.stats.outcome or d.status or ("handed-over" if d.release_claim else "stopped")
         if d.terminal and self.fence_seq is None:
             # A cancel can arrive before this claim's fence landed: fence first, since
-            # every write of a claim comes after its fence (DESIGN.md §4.1).
+            # every write of a claim comes after its fence (docs/design.md §4.1).
             try:
                 self.fence_seq = await retry_unavailable(
                     self.writer.fence, deadline=time.monotonic() + self.deps.settings.finish_budget,

@@ -1,4 +1,4 @@
-"""Finishing a run: the final writes of a decision, as a duty (DESIGN.md §5.5, CONVENTIONS).
+"""Finishing a run: the final writes of a decision, as a duty (docs/design.md §5.5, CONVENTIONS).
 
 The end of a run is a duty, not a hope. A decision's final writes are steps, in this order:
 
@@ -13,7 +13,7 @@ The end of a run is a duty, not a hope. A decision's final writes are steps, in 
 5. ``STATUS``: the record's final status (owner write, fenced by the claim);
 6. ``RELEASE``: the claim (the driver is ``releasing`` from here on: it writes nothing to the
    log or the record any more, so the host may take the run again);
-7. ``DESTROY``: the sandbox (unless kept) and the run's leftover sandboxes (DESIGN.md §5.5:
+7. ``DESTROY``: the sandbox (unless kept) and the run's leftover sandboxes (docs/design.md §5.5:
    after the release).
 
 Each step is idempotent and retried while the store or the log is unavailable, within one

@@ -1,6 +1,6 @@
 """Journals: file names, the exit sentinel, following a journal, and the attach preflight.
 
-DESIGN.md §5.2. An agent's stdout is redirected (never piped) into
+docs/design.md §5.2. An agent's stdout is redirected (never piped) into
 ``<journal_dir>/<file stem of the run id>.ndjson`` and its stderr into ``….err``; the launch
 wrapper (:mod:`sandbox_host._wrapper`) appends ``{"__exit": <code>, "__nonce": "<nonce>"}``
 when the agent ends. The nonce is made here, handed to the wrapper out of band, and never
@@ -355,7 +355,7 @@ async def preflight_attach(
     poll_interval: float = 0.05,
     clock: Callable[[], float] = time.monotonic,
 ) -> int:
-    """Check that a run can be attached to (DESIGN.md §5.2); return the journal's size.
+    """Check that a run can be attached to (docs/design.md §5.2); return the journal's size.
 
     The record and the journal are read through callables, so this module stays free of
     the coordinator client and of any one provider (e.g. ``status=lambda: ...`` returning

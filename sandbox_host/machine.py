@@ -1,9 +1,9 @@
-"""The run state machine (DESIGN.md §5.5) as pure transitions.
+"""The run state machine (docs/design.md §5.5) as pure transitions.
 
 The driver (``sandbox_host/driver.py``) does the I/O; this module decides what a run's
 events mean: which status the record gets, which host chunks are appended, whether the log
 is closed, whether the sandbox is kept and whether the agent is killed. Every row of the
-table in DESIGN.md §5.5 is a case of :func:`decide`, so the table is unit-tested without
+table in docs/design.md §5.5 is a case of :func:`decide`, so the table is unit-tested without
 servers.
 
 | Event | sandbox | record | delivery log |
@@ -75,7 +75,7 @@ class AgentTerminal:
 @dataclass(frozen=True)
 class StoredTerminal:
     """Alignment met a stored journal-origin terminal chunk (the old host appended it but
-    did not close the log). It is interpreted before it is dropped (DESIGN.md §5.5)."""
+    did not close the log). It is interpreted before it is dropped (docs/design.md §5.5)."""
 
     chunk: Chunk
 
@@ -210,7 +210,7 @@ def accepted_chunk(run_id: str, thread_id: str, agent: str | None, messages: lis
     """The ``CUSTOM run.accepted`` chunk (origin host) a fresh start appends first.
 
     It carries the run input's messages, so a successor host can rebuild the transcript
-    (DESIGN.md §4.2) from the log alone, and launch the agent with its input.
+    (docs/design.md §4.2) from the log alone, and launch the agent with its input.
     """
     return {"type": "CUSTOM", "name": RUN_ACCEPTED,
             "value": {"runId": run_id, "threadId": thread_id, "agent": agent or None, "messages": messages}}
@@ -222,12 +222,12 @@ def run_error_chunk(message: str, code: str) -> Chunk:
 
 
 def divergence_message(index: int) -> str:
-    """The exact text of the divergence ``RUN_ERROR`` (DESIGN.md §5.4)."""
+    """The exact text of the divergence ``RUN_ERROR`` (docs/design.md §5.4)."""
     return f"journal replay diverged at index {index}"
 
 
 def decide(event: Event, *, keep_sandbox: bool = False, terminal_emitted: bool = False) -> Decision:
-    """The decision for one event (DESIGN.md §5.5).
+    """The decision for one event (docs/design.md §5.5).
 
     Args:
         event: what happened.

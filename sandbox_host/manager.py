@@ -1,4 +1,4 @@
-"""The run driver of a sandbox host: fresh runs, takeovers, cancels, drain (DESIGN.md §5.5).
+"""The run driver of a sandbox host: fresh runs, takeovers, cancels, drain (docs/design.md §5.5).
 
 :class:`RunManager` owns every :class:`~sandbox_host.driver.RunDriver` of the host (a per-run
 dict of tasks, drained on shutdown); :class:`HostDeps` bundles the clients and settings a
@@ -65,7 +65,7 @@ class RunManager:
         """Hold one unit of capacity from the check until the driver is spawned (or failed).
 
         The check and the reservation happen with no ``await`` between them, so concurrent
-        requests cannot overshoot ``settings.capacity`` (DESIGN.md §9 ``BATON_HOST_CAPACITY``).
+        requests cannot overshoot ``settings.capacity`` (docs/design.md §9 ``BATON_HOST_CAPACITY``).
 
         Raises:
             HostAtCapacity: the host already drives (or is starting) ``capacity`` runs.

@@ -1,5 +1,5 @@
 """The sandbox of one driven run and its lifecycle: find or build, register, launch, kill,
-reclaim, destroy (DESIGN.md §5.1, §5.5).
+reclaim, destroy (docs/design.md §5.1, §5.5).
 
 A :class:`Sandbox` is a sandbox as a driver holds it (provider, handle, the journal's
 sentinel nonce). :class:`RunSandboxes` does the provider and sandbox-registry I/O of one

@@ -1,4 +1,4 @@
-"""The gRPC service ``baton.v1.SandboxHost`` (DESIGN.md §5): the edge of the run driver.
+"""The gRPC service ``baton.v1.SandboxHost`` (docs/design.md §5): the edge of the run driver.
 
 Domain errors are mapped once, at this edge, through :mod:`baton.grpc_errors`; an error
 without a row there (a delivery-log outage, say) becomes ``UNAVAILABLE``.

@@ -1,4 +1,4 @@
-"""The delivery log and the transcripts store on NATS JetStream (DESIGN.md §4).
+"""The delivery log and the transcripts store on NATS JetStream (docs/design.md §4).
 
 Public surface::
 

@@ -1,4 +1,4 @@
-"""Names and limits of the delivery-log stream and the transcripts bucket (DESIGN.md §4)."""
+"""Names and limits of the delivery-log stream and the transcripts bucket (docs/design.md §4)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,4 @@
-"""Record headers of the delivery log and their parsed form (DESIGN.md §4.1)."""
+"""Record headers of the delivery log and their parsed form (docs/design.md §4.1)."""
 from __future__ import annotations
 
 from typing import Literal, Mapping, NamedTuple
@@ -32,7 +32,7 @@ class StoredRecord(NamedTuple):
         kind: ``chunk`` | ``fence`` | ``close``.
         epoch: the epoch of the writer that appended it.
         origin: ``journal`` | ``host`` for chunks, ``None`` otherwise.
-        fingerprint: the chunk's fingerprint (DESIGN.md §5.4), ``None`` for fence/close.
+        fingerprint: the chunk's fingerprint (docs/design.md §5.4), ``None`` for fence/close.
         msg_id: the ``Nats-Msg-Id`` it was published with (``<run_id>/<epoch>/<n>``).
         status: the final status of a ``close`` record, ``None`` otherwise.
         error_code: the close record's error code, if any.

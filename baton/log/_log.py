@@ -1,4 +1,4 @@
-"""The delivery log: provisioning, writers, readers and headers-only reads (DESIGN.md §4.1)."""
+"""The delivery log: provisioning, writers, readers and headers-only reads (docs/design.md §4.1)."""
 from __future__ import annotations
 
 import asyncio
@@ -227,7 +227,7 @@ class DeliveryLog:
     async def stored_headers(self, run_id: str, before: int | str | None = None) -> list[H.StoredRecord]:
         """Every record of the run (headers only, bodies not transferred), in order.
 
-        Alignment reads this once, right after its fence landed (DESIGN.md §5.4).
+        Alignment reads this once, right after its fence landed (docs/design.md §5.4).
 
         Args:
             run_id: the run.

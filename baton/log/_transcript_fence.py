@@ -1,4 +1,4 @@
-"""The transcript fence (DESIGN.md §4.2): which saved transcript a writer may replace.
+"""The transcript fence (docs/design.md §4.2): which saved transcript a writer may replace.
 
 Pure: no I/O, so the rule is table-tested without servers. The store
 (:class:`~baton.log._transcripts.TranscriptStore`) applies it inside the write: it reads the

@@ -1,4 +1,4 @@
-"""Transcripts: a thread's messages in a JetStream KV bucket (DESIGN.md §4.2).
+"""Transcripts: a thread's messages in a JetStream KV bucket (docs/design.md §4.2).
 
 Key = an injective, key-safe encoding of the thread id. The value is
 ``{"writer": {"run", "epoch", "at"}, "messages": [...]}`` (values saved before the

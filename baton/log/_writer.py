@@ -1,4 +1,4 @@
-"""The claim-scoped writer of one run's delivery log (DESIGN.md §4.1).
+"""The claim-scoped writer of one run's delivery log (docs/design.md §4.1).
 
 Every record is published with ``Nats-Expected-Last-Subject-Sequence`` set to the head
 the writer knows (the sequence of its previous record, or the head it read before its
@@ -134,7 +134,7 @@ class LogWriter:
         """Publish one record with compare on ``expected``; return its sequence.
 
         A timed-out publish is retried with the same message id after checking the head:
-        nats-server checks the compare before de-duplication (DESIGN.md §4.1), so a retry
+        nats-server checks the compare before de-duplication (docs/design.md §4.1), so a retry
         of a publish that did land is refused with 10071, and the head tells us it landed.
         The same holds across calls: when this raised ``LogUnavailable`` and the caller
         publishes the same record at the same head again, it goes out with the same id.
@@ -317,7 +317,7 @@ class LogWriter:
         *,
         error_code: str | None = None,
     ) -> bool:
-        """Append the ``close`` record, fenced by the log head only (DESIGN.md §4.1).
+        """Append the ``close`` record, fenced by the log head only (docs/design.md §4.1).
 
         A writer whose claim lapsed but has no successor still closes, so tailers never
         wait forever; a writer never closes over a successor's fence or close.

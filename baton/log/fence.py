@@ -1,4 +1,4 @@
-"""The epoch fence of the delivery log, as one pure rule (DESIGN.md §4.1).
+"""The epoch fence of the delivery log, as one pure rule (docs/design.md §4.1).
 
 A writer holds a claim at epoch ``E``. Before it writes (a ``fence`` or a ``close``), and
 after JetStream refused one of its appends (the head was not the record it expected), it

@@ -1,4 +1,4 @@
-"""Agent kinds (DESIGN.md §5.3): a launch command + a journal format (+ its translator).
+"""Agent kinds (docs/design.md §5.3): a launch command + a journal format (+ its translator).
 
 - ``replay``: a recorded journal written back with its pacing (the default; no API keys).
 - ``claude-code``: ``claude -p --output-format stream-json --verbose [--include-partial-messages]``.

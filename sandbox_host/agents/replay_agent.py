@@ -2,7 +2,7 @@
 """The replay agent: writes a recorded journal to stdout with its original pacing.
 
 Standard library only: this file is copied into the sandbox and run with the sandbox's
-``python3`` (DESIGN.md §5.3). The journal it replays is a sandbox-local copy made by the
+``python3`` (docs/design.md §5.3). The journal it replays is a sandbox-local copy made by the
 host, which checked the source against ``BATON_REPLAY_DIRS`` before copying.
 
 Pacing: a line with a top-level ISO-8601 ``timestamp`` (Claude 2.1.x writes one on some

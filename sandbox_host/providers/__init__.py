@@ -1,4 +1,4 @@
-"""Sandbox providers (DESIGN.md §5.1) behind one interface, :class:`Provider`.
+"""Sandbox providers (docs/design.md §5.1) behind one interface, :class:`Provider`.
 
 ``provider_for(name, **config)`` builds one by name. Providers are imported lazily, so a
 host without the Docker SDK (or engine) can still run local sandboxes.

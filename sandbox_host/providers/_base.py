@@ -1,4 +1,4 @@
-"""The sandbox provider interface (DESIGN.md §5.1).
+"""The sandbox provider interface (docs/design.md §5.1).
 
 A provider creates isolated places where an agent runs and writes its journal, launches
 processes there detached (so they outlive the host), reads and follows files in them, kills

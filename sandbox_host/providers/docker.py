@@ -1,4 +1,4 @@
-"""The ``docker`` provider: one container per run through the Docker SDK (DESIGN.md §5.1).
+"""The ``docker`` provider: one container per run through the Docker SDK (docs/design.md §5.1).
 
 A sandbox is a container of the sandbox image (default ``BATON_DOCKER_IMAGE``) whose PID 1
 is ``docker-init`` (so orphaned agents are reaped and a finished agent is really gone)

@@ -1,4 +1,4 @@
-"""The ``local`` provider: a directory plus a detached process group (DESIGN.md §5.1).
+"""The ``local`` provider: a directory plus a detached process group (docs/design.md §5.1).
 
 A sandbox is ``<base_dir>/<file stem of the key>/`` holding ``workspace/`` (the agent's
 working directory) and ``.baton/`` (the wrapper script, the one-shot nonce file, the

@@ -1,4 +1,4 @@
-"""Journal → AG-UI translators (DESIGN.md §5.3): pure, deterministic state machines.
+"""Journal → AG-UI translators (docs/design.md §5.3): pure, deterministic state machines.
 
 ``translator_for(fmt, run_id, thread_id)`` returns a fresh translator; feed it complete
 journal lines with ``feed(line)`` and close it with ``finish(exit_code, trailing_fragment)``.

@@ -4,7 +4,7 @@ A translator is a pure state machine over journal lines (journal-formats.md §0)
 lines in the same order give the same chunks on any host at any time. Ids come from journal
 data or from ``<run_id>-<n>`` (a run-scoped counter), never from the clock or randomness.
 
-Output contract (DESIGN.md §5.3, docs/internals.md): ``RUN_STARTED`` (our run and thread id)
+Output contract (docs/design.md §5.3, docs/internals.md): ``RUN_STARTED`` (our run and thread id)
 first; exactly one terminal, emitted by :meth:`Translator.finish` at final EOF from the
 last turn's outcome (so a journal with several turns is one run with one step per turn);
 nothing open at ``RUN_FINISHED``; nothing after the terminal. Non-JSON lines become

@@ -1,4 +1,4 @@
-"""Sessions, claims and epochs (DESIGN.md §3.2) against a real etcd."""
+"""Sessions, claims and epochs (docs/design.md §3.2) against a real etcd."""
 from __future__ import annotations
 
 import asyncio

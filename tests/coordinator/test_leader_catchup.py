@@ -2,7 +2,7 @@
 
 A new leader's watches start at the revision it read when it won; whatever vanished before
 (a gateway's reader lease, a host's claim lease) is found by a catch-up sweep at the start
-of its term (DESIGN.md §3.2, §3.3).
+of its term (docs/design.md §3.2, §3.3).
 """
 from __future__ import annotations
 

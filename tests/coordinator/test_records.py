@@ -1,4 +1,4 @@
-"""Run-record rules of DESIGN.md §3.1, one test each, against a real etcd."""
+"""Run-record rules of docs/design.md §3.1, one test each, against a real etcd."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""WatchRun (DESIGN.md §3.2) and presence/detach (§3.3) against a real etcd."""
+"""WatchRun (docs/design.md §3.2) and presence/detach (§3.3) against a real etcd."""
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,4 @@
-"""Alignment (DESIGN.md §5.4): pure, no servers."""
+"""Alignment (docs/design.md §5.4): pure, no servers."""
 from __future__ import annotations
 
 import hashlib

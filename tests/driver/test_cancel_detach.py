@@ -1,4 +1,4 @@
-"""Cancel (both paths), detach, and drain: the rows of DESIGN.md §5.5's table, for real."""
+"""Cancel (both paths), detach, and drain: the rows of docs/design.md §5.5's table, for real."""
 from __future__ import annotations
 
 import asyncio

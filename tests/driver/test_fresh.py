@@ -1,4 +1,4 @@
-"""Fresh runs end to end (DESIGN.md §5.5): real coordinator, host processes, etcd, NATS."""
+"""Fresh runs end to end (docs/design.md §5.5): real coordinator, host processes, etcd, NATS."""
 from __future__ import annotations
 
 import os
@@ -29,7 +29,7 @@ async def test_fresh_run_completes_with_accepted_first_transcript_and_sandbox_de
     msgs, _ = await cluster.transcripts.load(thread_id)
     assert msgs == build_transcript([chunks[0], *chunks[2:]], USER)
     assert msgs[0] == USER[0] and any(m.get("toolCalls") for m in msgs)
-    # Destroyed after close and release (DESIGN.md §5.5 "Finish").
+    # Destroyed after close and release (docs/design.md §5.5 "Finish").
     await assert_eventually(lambda: _gone(cluster, rec.sandbox_key))
     assert run_id not in os.listdir(cluster.tmp / "sandboxes")
     assert not (cluster.tmp / "journals" / f"{run_id}.ndjson").exists()

@@ -1,4 +1,4 @@
-"""Kill points: SIGKILL the driving host anywhere; another host takes over (DESIGN.md §5.4).
+"""Kill points: SIGKILL the driving host anywhere; another host takes over (docs/design.md §5.4).
 
 A reader connected the whole time must receive exactly the chunk sequence of the same run
 without a kill (no gap, no duplicate, same order), the saved transcript must be equal and

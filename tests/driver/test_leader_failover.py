@@ -1,4 +1,4 @@
-"""Failover of a run whose host died while no coordinator led (DESIGN.md §3.2).
+"""Failover of a run whose host died while no coordinator led (docs/design.md §3.2).
 
 The failover scheduler watches claim deletions only from the start of its term; a claim
 that vanished before (every coordinator was down, or leadership was changing hands) is

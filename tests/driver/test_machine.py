@@ -1,4 +1,4 @@
-"""The run state machine: every row of DESIGN.md §5.5's table, without servers."""
+"""The run state machine: every row of docs/design.md §5.5's table, without servers."""
 from __future__ import annotations
 
 import pytest

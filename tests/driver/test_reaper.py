@@ -1,4 +1,4 @@
-"""The reaper (DESIGN.md §7): one test per sweep outcome, on real servers."""
+"""The reaper (docs/design.md §7): one test per sweep outcome, on real servers."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""A store outage while a fresh run launches its agent (DESIGN.md §5.5, §4.1).
+"""A store outage while a fresh run launches its agent (docs/design.md §5.5, §4.1).
 
 The coordinator dies right when the driving host builds the sandbox and launches the agent:
 the host's registration of the launched agent fails, its session lapses and another host

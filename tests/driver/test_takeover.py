@@ -1,4 +1,4 @@
-"""Takeover scenarios (DESIGN.md §5.2, §5.4, §4.1): fencing, races, preflight, divergence."""
+"""Takeover scenarios (docs/design.md §5.2, §5.4, §4.1): fencing, races, preflight, divergence."""
 from __future__ import annotations
 
 import asyncio

@@ -1,5 +1,5 @@
 """The gateway's takeover trigger end to end: a detached run whose host died is taken over
-by a live host when readers come back (DESIGN.md §6), exactly once.
+by a live host when readers come back (docs/design.md §6), exactly once.
 
 The coordinator here runs in-process with no leader tasks, so its proactive failover does
 not race the gateway: the takeover under test is the one a join triggers.

@@ -1,4 +1,4 @@
-"""Fingerprints (DESIGN.md §5.4): what a chunk says, not when or how it was serialised."""
+"""Fingerprints (docs/design.md §5.4): what a chunk says, not when or how it was serialised."""
 from __future__ import annotations
 
 from hypothesis import given

@@ -1,4 +1,4 @@
-"""The claim-scoped writer: fence, append with compare-and-set, latch, close (DESIGN.md §4.1)."""
+"""The claim-scoped writer: fence, append with compare-and-set, latch, close (docs/design.md §4.1)."""
 from __future__ import annotations
 
 import pytest
