@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 from baton.aio import cancel_and_join
+from baton.retry import Deadline, retry
 
 log = logging.getLogger("baton.sandbox_host.driver")
 
@@ -63,14 +63,10 @@ async def retry_unavailable(
         The last of ``errors`` when the budget is spent or the session is lost; anything
         else ``op`` raises, at once.
     """
-    pause = 0.05
-    while True:
-        try:
-            return await op()
-        except errors as exc:
-            reraise_if_cancelling()
-            if session.lost.is_set() or (deadline is not None and time.monotonic() + pause > deadline):
-                raise
-            log.warning("%s unavailable, retrying: %s", what, exc)
-        await asyncio.sleep(pause)
-        pause = min(pause * 2, 0.5)
+    def retrying(exc: BaseException) -> None:
+        reraise_if_cancelling()
+        log.warning("%s unavailable, retrying: %s", what, exc)
+
+    budget = Deadline.never() if deadline is None else Deadline(deadline)
+    return await retry(op, deadline=budget, retry_on=errors, first_pause=0.05, max_pause=0.5,
+                       stop=session.lost, on_retry=retrying)
