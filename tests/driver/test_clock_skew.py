@@ -5,6 +5,7 @@ processes (one with its clock ten minutes ahead), etcd and NATS.
 from __future__ import annotations
 
 import pathlib
+import time
 from typing import AsyncIterator
 
 import pytest
@@ -52,6 +53,8 @@ async def test_a_later_run_on_a_host_with_a_slower_clock_still_saves_its_transcr
     b = await skewed.start_run(right, JOURNAL, thread_id=thread, messages=second_in)
     await skewed.wait_status(b.record.run_id, "completed")
     ra, rb = await skewed.record(a.record.run_id), await skewed.record(b.record.run_id)
+    # Stamped by the coordinator's clock, not by the host's (ten minutes ahead).
+    assert ra.started_at <= time.time()
     # The run created later is later, whatever the clock of the host that started it.
     assert (ra.started_at, ra.run_id) < (rb.started_at, rb.run_id)
     msgs, _ = await skewed.transcripts.load(thread)
