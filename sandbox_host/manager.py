@@ -194,7 +194,10 @@ class RunManager:
             raise InvalidArgument("messages_json", "must be a JSON array") from None
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise InvalidArgument("messages_json", "must be a JSON array of message objects")
-        size = len(json.dumps(messages, separators=(",", ":"), ensure_ascii=False).encode())
+        try:
+            size = len(json.dumps(messages, separators=(",", ":"), ensure_ascii=False).encode())
+        except UnicodeEncodeError:  # a lone surrogate: no UTF-8 store can hold it
+            raise InvalidArgument("messages_json", "must not contain a lone surrogate") from None
         if size > MAX_MESSAGES_BYTES:
             # They travel in the run.accepted chunk, one delivery-log message (NATS refuses
             # messages over max_payload, 1 MiB by default), where a successor reads them back.
