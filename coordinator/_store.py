@@ -352,6 +352,7 @@ class RunStore:
             cmps = [E.cmp_absent(run_key), E.cmp_mod(active_key, active_kv.mod_revision if active_kv else 0),
                     E.cmp_mod(owner_key, owner_kv.mod_revision if owner_kv else 0)]
             ops: list[E.Op] = []
+            other = None
             if active_kv is not None:
                 other_snap = await self._snapshot(active_kv.value.decode(), b)
                 other = other_snap.record
@@ -373,6 +374,11 @@ class RunStore:
             new.status = RunStatus.RUN_STATUS_RUNNING
             if not new.HasField("started_at"):
                 new.started_at = self.clock()
+                if is_active(other) and other is not None and new.started_at <= other.started_at:
+                    # It interrupts ``other``: it is the later run of the thread (started_at
+                    # orders them for the transcript fence), even if the coordinator that
+                    # stamped ``other`` had a clock ahead of ours.
+                    new.started_at = other.started_at + 1e-6
             value = _bytes(new)
             ops += [E.put(run_key, value), E.put(active_key, new.run_id.encode()),
                     E.put(k.thread_run(new.thread_id, new.run_id), b"")]

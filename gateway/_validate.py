@@ -263,6 +263,12 @@ def check_chat_start(
     messages: list[dict[str, Any]] = list(body.get("messages") or [])
     if len(messages) > max_messages:
         raise e.InvalidArgument("messages", f"must hold at most {max_messages} messages")
+    try:
+        # JSON may escape a lone surrogate ("\ud800"); UTF-8 cannot hold it, and the input
+        # is stored as UTF-8 (run.accepted, the transcript).
+        json.dumps(messages, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise e.InvalidArgument("messages", "must not contain a lone surrogate (\\ud800-\\udfff)") from None
     parent = parsed.parent_run_id or ""
     if parent:
         validate_id(parent, "parentRunId")

@@ -576,13 +576,19 @@ class RunDriver:
         a later run's transcript is never replaced. A run whose input is unknown saves
         nothing (it would replace the thread's transcript with less).
 
+        A later run of the thread having saved is no error: the thread's transcript is that
+        run's from then on, so this run saves nothing more but still ends as usual (closes
+        its log, writes its status); it is typically a run interrupted by that later one.
+
         Raises:
-            TranscriptFenced: a successor or a later run saved; this driver never saves
-                again and stops (its claim is gone).
+            TranscriptFenced: a successor (a higher epoch of this run) saved; this driver
+                never saves again and stops (its claim is gone).
             TranscriptConflict: other writers kept saving in between.
             LogUnavailable: JetStream did not answer.
         """
         if self._transcript_fenced is not None:
+            if self._transcript_fenced.stored_run_id != self.run_id:
+                return
             raise self._transcript_fenced
         if self._input_missing:
             log.warning("run %s: transcript not saved: the run input is missing", self.run_id)
@@ -604,6 +610,11 @@ class RunDriver:
                 self._transcript_loaded = False
             except TranscriptFenced as fenced:
                 self._transcript_fenced = fenced
+                if fenced.stored_run_id != self.run_id:
+                    # A later run of the thread: this run's claim is still good.
+                    log.info("run %s: transcript not saved: later run %s of the thread saved it",
+                             self.run_id, fenced.stored_run_id)
+                    return
                 self.post(M.ClaimLost(f"transcript@{fenced.stored_epoch}"))
                 raise
         raise TranscriptConflict(thread, self._transcript_rev)

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 from typing import Any, Iterator
 
 from baton import config
@@ -195,7 +194,10 @@ class RunManager:
             raise InvalidArgument("messages_json", "must be a JSON array") from None
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise InvalidArgument("messages_json", "must be a JSON array of message objects")
-        size = len(json.dumps(messages, separators=(",", ":"), ensure_ascii=False).encode())
+        try:
+            size = len(json.dumps(messages, separators=(",", ":"), ensure_ascii=False).encode())
+        except UnicodeEncodeError:  # a lone surrogate: no UTF-8 store can hold it
+            raise InvalidArgument("messages_json", "must not contain a lone surrogate") from None
         if size > MAX_MESSAGES_BYTES:
             # They travel in the run.accepted chunk, one delivery-log message (NATS refuses
             # messages over max_payload, 1 MiB by default), where a successor reads them back.
@@ -208,9 +210,12 @@ class RunManager:
         launch = prepare_agent(kind, options, prompt=prompt_from_messages(messages))
         deps = self.deps
         deps.agent_secrets(launch)  # refuse up front, before any record exists
+        # No started_at: the coordinator stamps it with its clock. It orders the runs of a
+        # thread (the transcript fence) and times the reaper's start grace, so it must not
+        # come from whichever host started the run (hosts' clocks may disagree).
         seed = runs_pb2.RunRecord(
             run_id=req.run_id, thread_id=req.thread_id, status=runs_pb2.RUN_STATUS_RUNNING,
-            started_at=time.time(), agent=runs_pb2.AgentSpec(kind=kind, options_json=json.dumps(dict(launch.options))),
+            agent=runs_pb2.AgentSpec(kind=kind, options_json=json.dumps(dict(launch.options))),
             cancel_on_disconnect=req.cancel_on_disconnect, keep_sandbox=req.keep_sandbox, tenant=req.tenant,
             parent_run_id=req.parent_run_id, driver_host=deps.host_id, starting=True)
         record, created = await deps.cc.create_or_resume_run(seed, interrupt_active=req.interrupt_active)

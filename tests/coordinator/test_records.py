@@ -1,6 +1,8 @@
 """Run-record rules of docs/design.md §3.1, one test each, against a real etcd."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from baton import errors
@@ -288,3 +290,16 @@ async def test_sandbox_instances_round_trip(cc: CoordinatorClient) -> None:
     assert await cc.get_sandbox(sb.sandbox_key) == sb
     await cc.delete_sandbox(sb.sandbox_key)
     assert await cc.get_sandbox(sb.sandbox_key) is None
+
+
+async def test_a_run_interrupting_another_starts_after_it_whatever_the_clocks(cc: CoordinatorClient) -> None:
+    # The active run was stamped by a coordinator whose clock ran ten minutes ahead (or
+    # sent its own started_at); the run that interrupts it is still the later run of the
+    # thread: the transcript fence orders a thread's runs by started_at.
+    thread = unique("th-")
+    a = await _new(cc, thread, started_at=time.time() + 600)
+    b, created = await cc.create_or_resume_run(RunRecord(run_id=unique("run-"), thread_id=thread),
+                                               interrupt_active=True)
+    assert created
+    assert b.started_at > a.started_at
+    assert (await cc.get_run(a.run_id)).record.cancel_requested

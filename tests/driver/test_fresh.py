@@ -85,3 +85,22 @@ async def test_transcript_snapshots_are_saved_while_running(cluster: Cluster) ->
     assert status_of(await cluster.record(run_id)) == "running"
     await cluster.cc.request_run_cancel(run_id)
     await cluster.wait_status(run_id, "aborted")
+
+
+async def test_an_input_with_a_lone_surrogate_is_refused_up_front(cluster: Cluster) -> None:
+    import grpc
+    import pytest
+
+    from baton import errors
+    from baton.grpc_errors import from_rpc_error
+    from tests.conftest import unique
+
+    run_id = unique("run-")
+    with pytest.raises(grpc.aio.AioRpcError) as ei:
+        # json.dumps escapes it ("\ud800"): valid JSON, but no UTF-8 store can hold it.
+        await cluster.start_run(cluster.hosts[0], JOURNAL, run_id=run_id,
+                                messages=[{"id": "u1", "role": "user", "content": "a\ud800b"}])
+    exc = from_rpc_error(ei.value)
+    assert isinstance(exc, errors.InvalidArgument) and exc.field == "messages_json"
+    with pytest.raises(errors.UnknownRun):
+        await cluster.cc.get_run(run_id)  # nothing was created
