@@ -15,7 +15,9 @@ from typing import Any, Mapping
 from baton import config
 from baton.errors import InvalidArgument
 from baton.v1 import coordinator_pb2, runs_pb2
-from sandbox_host.providers import Sandbox
+from baton.coordinator_client import CoordinatorClient, Session
+from baton.log import DeliveryLog, TranscriptStore
+from sandbox_host.providers import Provider, Sandbox
 
 #: Environment variables a host hands to the agents that need them (``required_secrets`` of
 #: the agent kinds in :mod:`sandbox_host.agents`).
@@ -86,8 +88,8 @@ class HostDeps:
         settings: driver settings.
     """
 
-    def __init__(self, *, host_id: str, cc: Any, session: Any, log: Any, transcripts: Any,
-                 providers: Mapping[str, Any], settings: HostSettings) -> None:
+    def __init__(self, *, host_id: str, cc: CoordinatorClient, session: Session, log: DeliveryLog,
+                 transcripts: TranscriptStore, providers: Mapping[str, Provider], settings: HostSettings) -> None:
         self.host_id = host_id
         self.cc = cc
         self.session = session
