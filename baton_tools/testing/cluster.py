@@ -442,6 +442,9 @@ async def start_gateway(coordinator: str, nats_url: str, *, port: int | None = N
         "BATON_COORDINATOR": coordinator,
         "BATON_NATS_URL": nats_url,
         "BATON_GATEWAY_LISTEN": f"127.0.0.1:{port}",
+        # Any free port for the gRPC API unless a test names one: the default (8081) would
+        # collide between gateways of concurrent tests and suites.
+        "BATON_GATEWAY_GRPC_LISTEN": "127.0.0.1:0",
         "PYTHONUNBUFFERED": "1",
     })
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH", "")) if p)

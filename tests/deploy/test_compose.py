@@ -147,6 +147,14 @@ def _listen_port(env: dict[str, str], setting: str) -> int:
     return port_of(env.get(setting, f"x:{default_port(setting)}"))
 
 
+def _container_port(mapping: Any) -> int:
+    """The container side of a compose port mapping: short ("8080:8080") or long syntax (a
+    mapping with ``target``, as ``docker-compose config`` prints it)."""
+    if isinstance(mapping, dict):
+        return int(mapping["target"])
+    return int(str(mapping).rsplit(":", 1)[1])
+
+
 def test_ports_addresses_and_health_checks_agree(compose: dict[str, Any]) -> None:
     s = compose["services"]
     coord_port = _listen_port(s["coordinator"]["environment"], "BATON_COORDINATOR_LISTEN")
@@ -167,10 +175,8 @@ def test_ports_addresses_and_health_checks_agree(compose: dict[str, Any]) -> Non
     assert s["sandbox-host-1"]["environment"]["BATON_HOST_ID"] != s["sandbox-host-2"]["environment"]["BATON_HOST_ID"]
     gw_port = _listen_port(s["gateway"]["environment"], "BATON_GATEWAY_LISTEN")
     published, grpc_published = s["gateway"]["ports"]
-    assert int(str(grpc_published).rsplit(":", 1)[1]) == _listen_port(s["gateway"]["environment"],
-                                                                       "BATON_GATEWAY_GRPC_LISTEN")
-    target = published["target"] if isinstance(published, dict) else int(str(published).rsplit(":", 1)[1])
-    assert int(target) == gw_port
+    assert _container_port(grpc_published) == _listen_port(s["gateway"]["environment"], "BATON_GATEWAY_GRPC_LISTEN")
+    assert _container_port(published) == gw_port
     assert f"http://127.0.0.1:{gw_port}/readyz" in s["gateway"]["healthcheck"]["test"]
 
 

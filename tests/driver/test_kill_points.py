@@ -117,6 +117,7 @@ async def run_kill_point(c: Cluster, baseline: dict[str, Any], point: str) -> No
     started = await c.start_run(victim, JOURNAL, delay=DELAY)
     run_id, thread_id = started.record.run_id, started.record.thread_id
     restarts: dict[str, asyncio.Task[None]] = {}
+    still_running = True
 
     async def kill(h: Any) -> None:
         pending = restarts.get(h.host_id)
@@ -139,10 +140,13 @@ async def run_kill_point(c: Cluster, baseline: dict[str, Any], point: str) -> No
                         view = await c.cc.get_run(run_id)
                         successor = next(h for h in c.hosts if view.claim and h.host_id == view.claim.host_id)
                         await kill(successor)
+                        # On a slow machine the successor may have finished the run before
+                        # the kill landed: only a successor killed mid-run forces a third claim.
+                        still_running = status_of((await c.cc.get_run(run_id)).record) == "running"
     finally:
         await asyncio.gather(*restarts.values())
     rec = await c.wait_status(run_id, "completed")
-    assert rec.driver_epoch >= (3 if point.startswith("double:") else 2)
+    assert rec.driver_epoch >= (3 if point.startswith("double:") and still_running else 2)
     assert normalize(got, run_id, thread_id) == baseline["norm"]
     msgs, _ = await c.transcripts.load(thread_id)
     assert normalize_obj(msgs, run_id, thread_id) == baseline["transcript"]
