@@ -99,7 +99,8 @@ async def baton_latency(log: DeliveryLog, runs: int, tag: str) -> list[float]:
                 await w.append([payload(i, time.perf_counter())])
                 await asyncio.sleep(LATENCY_GAP_S)
             await w.close("completed")
-            await asyncio.wait_for(task, 30)
+            async with asyncio.timeout(30):
+                await task
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
@@ -127,7 +128,8 @@ async def raw_latency(nc: NATS, prefix: str, runs: int, tag: str) -> list[float]
             for i in range(LATENCY_CHUNKS):
                 await js.publish(subject, encode(payload(i, time.perf_counter())))
                 await asyncio.sleep(LATENCY_GAP_S)
-            await asyncio.wait_for(done.wait(), 30)
+            async with asyncio.timeout(30):
+                await done.wait()
         finally:
             await sub.unsubscribe()
 

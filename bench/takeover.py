@@ -128,14 +128,16 @@ class Side:
 
         reader = asyncio.create_task(read())
         watcher = asyncio.create_task(watch())
-        await asyncio.wait_for(reached.wait(), 60)
+        async with asyncio.timeout(60):
+            await reached.wait()
         t0 = time.monotonic()
         if how == "kill":
             victim.kill_now()
             stopping = None
         else:
             stopping = asyncio.create_task(victim.stop())
-        await asyncio.wait_for(reader, 90)
+        async with asyncio.timeout(90):
+            await reader
         if stopping is not None:
             await stopping
         watcher.cancel()

@@ -129,7 +129,8 @@ async def _bare_latency(tmp: str) -> list[float]:
                 if proc.returncode is not None:
                     break
                 try:
-                    await asyncio.wait_for(proc.wait(), 0.0005)
+                    async with asyncio.timeout(0.0005):
+                        await proc.wait()
                 except TimeoutError:
                     pass
                 continue
