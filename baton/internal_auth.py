@@ -99,8 +99,9 @@ def server_interceptors(token: str | None = None) -> list[grpc.aio.ServerInterce
     return [TokenCheck(token)] if token else []
 
 
-class _AddToken(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor,  # type: ignore[type-arg]  # generic only in grpc-stubs, not at runtime
-                grpc.aio.StreamUnaryClientInterceptor, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[type-arg]
+class _TokenMetadata:
+    """Adds the token to a call's metadata (shared by the four interceptor kinds below)."""
+
     def __init__(self, token: str) -> None:
         self._pair = (TOKEN_METADATA, token)
 
@@ -108,15 +109,27 @@ class _AddToken(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClient
         md = grpc.aio.Metadata(*(tuple(d.metadata) if d.metadata else ()), self._pair)
         return d._replace(metadata=md)  # type: ignore[attr-defined, no-any-return]
 
+
+# One class per call kind, never one class implementing all four: grpc.aio files an
+# interceptor under the *first* kind it implements (an if/elif chain in
+# ``grpc.aio.Channel.__init__``), so a single object would only ever see unary-unary calls,
+# and keep-alive streams, watches and other streaming calls would go out without the token.
+class _UnaryUnary(_TokenMetadata, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]  # generic only in grpc-stubs, not at runtime
     async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(self._details(details), request)
 
+
+class _UnaryStream(_TokenMetadata, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[type-arg]
     async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(self._details(details), request)
 
+
+class _StreamUnary(_TokenMetadata, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[type-arg]
     async def intercept_stream_unary(self, continuation: Any, details: Any, request_iterator: Any) -> Any:
         return await continuation(self._details(details), request_iterator)
 
+
+class _StreamStream(_TokenMetadata, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[type-arg]
     async def intercept_stream_stream(self, continuation: Any, details: Any, request_iterator: Any) -> Any:
         return await continuation(self._details(details), request_iterator)
 
@@ -129,7 +142,8 @@ def insecure_channel(address: str, options: Sequence[tuple[str, Any]] = (), toke
         token: the cluster's token; ``None`` reads ``BATON_INTERNAL_TOKEN``; ``""`` sends none.
     """
     token = token_from_env() if token is None else token
-    interceptors = [_AddToken(token)] if token else None
+    interceptors = ([_UnaryUnary(token), _UnaryStream(token), _StreamUnary(token), _StreamStream(token)]
+                    if token else None)
     # grpc-stubs types aio interceptors as a placeholder class "to cast or ignore".
     return grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors)  # type: ignore[arg-type]
 

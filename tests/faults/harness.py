@@ -173,10 +173,14 @@ class FaultCluster:
             self.etcd_proxy = await TcpProxy(self.etcd.port).start()
             etcd_endpoint = self.etcd_proxy.endpoint
         logs = self.tmp / "logs"
+        # Internal auth on, as in every deployment: the suite then also proves that each
+        # internal call (keep-alive streams and watches included) carries the token.
+        token = f"faults-token-{self.tag}"
         self.coordinator = await start_coordinator(  # type: ignore[assignment]
             etcd_endpoint, f"/{self.tag}/", log_dir=logs, detached_run_ttl=3600, reaper_interval=5,
-            session_ttl=session_ttl, election_ttl=2, **(coordinator_env or {}))
+            session_ttl=session_ttl, election_ttl=2, BATON_INTERNAL_TOKEN=token, **(coordinator_env or {}))
         self.env = {
+            "BATON_INTERNAL_TOKEN": token,
             "BATON_RUNS_STREAM": f"RUNS_{self.tag}",
             "BATON_SUBJECT_PREFIX": f"baton.{self.tag}",
             "BATON_THREADS_BUCKET": f"threads-{self.tag}",

@@ -3,6 +3,7 @@ health and reflection stay open; a cluster whose parts share the token works end
 and the token appears in no log."""
 from __future__ import annotations
 
+import asyncio
 import pathlib
 from typing import Any
 
@@ -11,6 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from baton import internal_auth
+from baton.coordinator_client import CoordinatorClient
 from baton.log import LogConfig
 from baton.v1 import coordinator_pb2, coordinator_pb2_grpc, sandbox_host_pb2, sandbox_host_pb2_grpc
 from baton.v1 import runs_service_pb2_grpc as pbg
@@ -79,3 +81,34 @@ async def test_internal_services_need_the_token(etcd: Any, nats: Any, log_cfg: L
         await coord.stop()
     for f in tmp_path.rglob("*.log"):
         assert token not in f.read_text(errors="replace"), f
+
+
+async def test_streaming_internal_calls_carry_the_token(etcd: Any, tmp_path: pathlib.Path) -> None:
+    """Keep-alive streams (stream-stream) and run watches (unary-stream) carry the token too.
+
+    grpc.aio files a client interceptor under the first call kind it implements, so one
+    interceptor object for all kinds sent the token on unary calls only: every session of a
+    cluster with a token was lost after one TTL, and watches were refused.
+    """
+    token = f"tok-{unique()}-secret"
+    coord = await start_coordinator(etcd.endpoint, f"/{unique('ia')}/", log_dir=tmp_path,
+                                    BATON_INTERNAL_TOKEN=token, session_ttl=1)
+    client = CoordinatorClient(coord.address, token=token)
+    try:
+        session = await client.open_session(ttl=1.0, owner="auth-test")
+        # What is tested is time passing: three TTLs during which only the keep-alive
+        # stream can hold the lease.
+        await asyncio.sleep(3.5)
+        assert not session.lost.is_set()
+        async with asyncio.timeout(10):
+            event = await anext(aiter(client.watch_run(unique("run"))))
+        assert event.record is None
+        await session.close()
+        # And a keep-alive without the token is refused, not silently accepted.
+        async with internal_auth.insecure_channel(coord.address, CHANNEL_OPTIONS, "") as ch:
+            call = coordinator_pb2_grpc.CoordinatorStub(ch).KeepAlive()
+            await call.write(coordinator_pb2.KeepAliveRequest(session_id=session.id))
+            await _refused(call.read())
+    finally:
+        await client.close()
+        await coord.stop()
