@@ -104,6 +104,7 @@ class FastFailover:
     Attributes:
         outcomes: counts of judged streams by outcome (``revoked``, ``alive``,
             ``unknown``, ``moved``, ``gone-already``, ``failed``), for tests and benches.
+        armed: sessions armed so far (streams × sessions).
     """
 
     def __init__(self, store: RunStore, *, enabled: bool, etcd_timeout: float,
@@ -113,6 +114,7 @@ class FastFailover:
         self.etcd_timeout = etcd_timeout
         self.probe_timeout = probe_timeout
         self.outcomes: Counter[str] = Counter()
+        self.armed = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
@@ -141,6 +143,7 @@ class FastFailover:
             await self.store.etcd.txn([], [E.put(self.store.keys.keeper(session_id), stream.token,
                                                  session_id)], timeout=self.etcd_timeout)
             stream.armed[session_id] = address
+            self.armed += 1
         except (StoreUnavailable, E.LeaseNotFound) as exc:
             log.debug("session %x not armed for fast failover: %s", session_id, exc)
         finally:
