@@ -62,6 +62,10 @@ RUNS_PER_KILL = 10
 MANY = 50  # (f)
 BLIPS = 10  # (g)
 FAST_KILL_AT = 15  # chunks every reader of (e)-(g) has seen before the fault
+#: Session TTL of the (e)-(g) clusters (s): the product's 2 s loses sessions before any
+#: fault on a 2-core machine shared with other suites (as in tests/faults); the fast path
+#: does not depend on it, the ttl side waits for it.
+FAST_TTL = 5.0
 
 
 @dataclass
@@ -71,6 +75,7 @@ class Side:
     tmp: pathlib.Path
     fast: bool = True
     n_hosts: int = 2
+    ttl: float = TTL
     coordinator: Any = None
     hosts: list[Any] = field(default_factory=list)
     cc: Any = None
@@ -88,11 +93,11 @@ class Side:
             "BATON_RUNS_STREAM": f"RUNS_{tag}", "BATON_SUBJECT_PREFIX": f"baton.{tag}",
             "BATON_THREADS_BUCKET": f"threads-{tag}", "BATON_JOURNAL_DIR": str(self.tmp / "journals"),
             "BATON_SANDBOX_DIR": str(self.tmp / "sandboxes"), "BATON_REPLAY_DIRS": str(CORPUS),
-            "BATON_SESSION_TTL": str(int(TTL)), "BATON_TAKEOVER_QUIET_TIME": str(self.quiet),
+            "BATON_SESSION_TTL": str(int(self.ttl)), "BATON_TAKEOVER_QUIET_TIME": str(self.quiet),
             "BATON_LOG_LEVEL": "WARNING",
         }
         self.coordinator = await start_coordinator(etcd.endpoint, f"/{tag}/", log_dir=self.tmp / "logs",
-                                                   BATON_SESSION_TTL=str(int(TTL)), BATON_REAPER_INTERVAL="0",
+                                                   BATON_SESSION_TTL=str(int(self.ttl)), BATON_REAPER_INTERVAL="0",
                                                    BATON_FAST_FAILOVER="1" if self.fast else "0")
         for i in range(self.n_hosts):
             self.hosts.append(await start_host(self.coordinator.address, nats.url, host_id=f"{self.name}-{i}",
@@ -221,8 +226,24 @@ async def _follow(log: Any, run_id: str, arrivals: list[tuple[int, float]], seen
 
 async def _drive(side: Side, host: Any, n: int, delay: float) -> tuple[list[str], dict[str, list[tuple[int, float]]], list[asyncio.Task[None]]]:
     """Start ``n`` runs on ``host``, each with a reader; returns once each reader saw
-    ``FAST_KILL_AT`` chunks."""
-    run_ids = list(await asyncio.gather(*(side.start_run(host, delay) for _ in range(n))))
+    ``FAST_KILL_AT`` chunks.
+
+    A start refused because the host's session was lost meanwhile (a 2 s TTL on a loaded
+    2-core machine) is retried: the sample is about the kill, not about that."""
+    import grpc
+
+    async def start() -> str:
+        for attempt in range(5):
+            try:
+                return await side.start_run(host, delay)
+            except grpc.aio.AioRpcError as exc:
+                print(f"  ({side.name}: start refused: {exc.details()}; again)", flush=True)
+                if attempt == 4:
+                    raise
+                await asyncio.sleep(0.5)
+        raise AssertionError("unreachable")
+
+    run_ids = list(await asyncio.gather(*(start() for _ in range(n))))
     arrivals: dict[str, list[tuple[int, float]]] = {r: [] for r in run_ids}
     seen = {r: asyncio.Event() for r in run_ids}
     readers = [asyncio.create_task(_follow(side.log, r, arrivals[r], seen[r])) for r in run_ids]
@@ -262,7 +283,9 @@ async def kills(side: Side, n_kills: int, runs: int = RUNS_PER_KILL, delay: floa
             t0 = time.monotonic()
             victim.kill_now()
             restarts.append(asyncio.create_task(victim.start()))
-            out += await _successor_delays(side, run_ids, arrivals, readers, t0)
+            got = await _successor_delays(side, run_ids, arrivals, readers, t0)
+            print(f"  {side.name} kill {i + 1}/{n_kills}: max {max(got, default=0) * 1000:.0f} ms over {len(got)} runs", flush=True)
+            out += got
     finally:
         await asyncio.gather(*restarts)
     return out
@@ -320,8 +343,8 @@ def _pct(xs: list[float]) -> dict[str, float]:
 
 async def fast_failover(etcd: Any, nats: Any, tmp: pathlib.Path) -> dict[str, Any]:
     """(e), (f) and (g), fast path and TTL path side by side."""
-    fast = Side("fast", 0.0, tmp / "fast", fast=True, n_hosts=3)
-    ttl = Side("ttl", 0.0, tmp / "ttl", fast=False, n_hosts=3)
+    fast = Side("fast", 0.0, tmp / "fast", fast=True, n_hosts=3, ttl=FAST_TTL)
+    ttl = Side("ttl", 0.0, tmp / "ttl", fast=False, n_hosts=3, ttl=FAST_TTL)
     try:
         await fast.start(etcd, nats)
         await ttl.start(etcd, nats)
@@ -344,6 +367,41 @@ async def fast_failover(etcd: Any, nats: Any, tmp: pathlib.Path) -> dict[str, An
 
 def _stats(xs: list[float]) -> dict[str, float]:
     return {"p50": statistics.median(xs), "max": max(xs), "n": len(xs)} if xs else {}
+
+
+async def main_fast() -> dict[str, Any]:
+    """Only (e)-(g) (``python -m bench.takeover fast``): writes ``takeover_fast.json``."""
+    sys.path.insert(0, str(REPO))
+    os.environ.pop("http_proxy", None)
+    os.environ.pop("https_proxy", None)
+    from baton_tools.testing.servers import EtcdServer, NatsServer
+
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench-takeover-"))
+    etcd, nats = EtcdServer(tmp / "etcd"), NatsServer(tmp / "nats")
+    etcd.start()
+    nats.start()
+    try:
+        r = await fast_failover(etcd, nats, tmp)
+    finally:
+        nats.kill()
+        etcd.kill()
+    r["lease_ttl_s"] = FAST_TTL
+    r["targets_met"] = _fast_targets(r)
+    _print_fast(r)
+    out = RESULTS.with_name("takeover_fast.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(r, indent=2, sort_keys=True) + "\n")
+    return r
+
+
+def _fast_targets(r: dict[str, Any]) -> dict[str, bool]:
+    e = r["e_sigkill_next_chunk_s"]["fast"]
+    return {
+        "e_p50_le_300ms": bool(e) and e["p50"] <= 0.300,
+        "e_max_le_600ms": bool(e) and e["max"] <= 0.600,
+        "f_le_1s": r["f_50_runs_all_continued_s"]["fast"] <= 1.0,
+        "g_no_unneeded_takeover": r["g_blip"]["takeovers"] == 0,
+    }
 
 
 async def main() -> dict[str, Any]:
@@ -392,10 +450,7 @@ async def main() -> dict[str, Any]:
         "b_le_ttl_plus_500ms": results["b_sigkill_stall_s"]["ours"]["max"] <= TTL + 0.5,
         "c_le_300ms": results["c_drain_stall_s"]["ours"]["max"] <= 0.300,
         "align_100k_le_2s": results["alignment_s"]["100000"] <= 2.0,
-        "e_p50_le_300ms": results["e_sigkill_next_chunk_s"]["fast"]["p50"] <= 0.300,
-        "e_max_le_600ms": results["e_sigkill_next_chunk_s"]["fast"]["max"] <= 0.600,
-        "f_le_1s": results["f_50_runs_all_continued_s"]["fast"] <= 1.0,
-        "g_no_unneeded_takeover": results["g_blip"]["takeovers"] == 0,
+        **_fast_targets(results),
     }
     results["targets_met"] = targets
     _print(results)
@@ -415,6 +470,16 @@ def _print(r: dict[str, Any]) -> None:
         o, b = r[key]["ours"], r[key]["baseline"]
         print(f"{label:42} {ms(o.get('p50'))} {ms(o.get('max'))} {ms(b.get('p50'))}")
     print(f"speedup (a) p50: {r['a_expiry_to_first_new_chunk_s']['speedup_p50']}")
+    _print_fast(r)
+    for n, s in r["alignment_s"].items():
+        print(f"alignment of {int(n):>7} stored chunks: {ms(s)}")
+    print("targets:", r["targets_met"])
+
+
+def _print_fast(r: dict[str, Any]) -> None:
+    def ms(x: Any) -> str:
+        return f"{x * 1000:8.1f} ms" if isinstance(x, (int, float)) else f"{'-':>11}"
+
     e = r["e_sigkill_next_chunk_s"]
     print(f"{'fast failover (issue 17)':42} {'p50':>11} {'p99':>11} {'max':>11} {'n':>5}")
     for side in ("fast", "ttl"):
@@ -424,10 +489,9 @@ def _print(r: dict[str, Any]) -> None:
     print(f"{'(f) 50 runs on one killed host, fast':42} {ms(f['fast'])}")
     print(f"{'(f) 50 runs on one killed host, ttl':42} {ms(f['ttl'])}")
     print(f"(g) blip: {r['g_blip']}")
-    for n, s in r["alignment_s"].items():
-        print(f"alignment of {int(n):>7} stored chunks: {ms(s)}")
-    print("targets:", r["targets_met"])
+    if "e_p50_le_300ms" in r.get("targets_met", {}) and "a_p50_le_150ms" not in r["targets_met"]:
+        print("targets:", r["targets_met"])
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    asyncio.run(main_fast() if sys.argv[1:] == ["fast"] else main())

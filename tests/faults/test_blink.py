@@ -55,18 +55,22 @@ async def test_host_sigkill_runs_continue_well_under_the_ttl(fault_cluster: Clus
 
 @pytest.mark.timeout(180)
 async def test_host_cut_from_its_coordinator_keeps_its_session(fault_cluster: ClusterFactory) -> None:
-    """The host's coordinator connection (keep-alive included) is reset by a proxy, three
-    times; the host lives on, so nothing is revoked and no run changes hands."""
-    c = await fault_cluster(hosts=0, session_ttl=5.0)
+    """The host's coordinator connection (keep-alive included) is reset by a proxy, twice;
+    the host lives on, so nothing is revoked and no run changes hands.
+
+    The TTL is the long one: in this cluster a host cut off by the proxy has been seen to
+    need 4-5 s to get a keep-alive answered again (a 5 s TTL then loses the session, which
+    is the TTL path, not the fast one, at work)."""
+    c = await fault_cluster(hosts=0, session_ttl=TTL)
     assert c.coordinator is not None
     proxy = await TcpProxy(c.coordinator.port).start()  # type: ignore[union-attr]
     try:
         cut_off = await c.add_host(coordinator=proxy.endpoint)
-        runs = await c.start_runs(2, seconds=10)
+        runs = await c.start_runs(2, seconds=20)
         await c.add_host()  # somewhere a needless takeover could go
         await c.wait_progress(runs, 10)
-        async with c.fault(f"host {cut_off.host_id}'s coordinator connection reset 3 times"):
-            for n in range(1, 4):
+        async with c.fault(f"host {cut_off.host_id}'s coordinator connection reset twice"):
+            for n in range(1, 3):
                 proxy.cut()
                 # The coordinator judged the broken stream (the host is alive) before the next.
                 await eventually(lambda n=n: len(re.findall(r"is alive: the TTL decides", _coordinator_log(c))) >= n, 30)
