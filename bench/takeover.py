@@ -258,7 +258,7 @@ async def _successor_delays(side: Side, run_ids: list[str], arrivals: dict[str, 
                             readers: list[asyncio.Task[None]], t0: float) -> list[float]:
     """Per run: seconds from ``t0`` to the first chunk after the successor's fence (once
     every run ended). Runs that ended before the fault (no fence above epoch 1) are left out."""
-    async with asyncio.timeout(180):
+    async with asyncio.timeout(600):
         await asyncio.gather(*readers)
     out = []
     for r in run_ids:
@@ -335,6 +335,14 @@ async def blips(side: Side, nats: Any) -> dict[str, int]:
     return {"runs": len(run_ids), "blips": BLIPS, "takeovers": takeovers, "revokes_during_blips": max(0, revoked - 1)}
 
 
+async def _or_error(coro: Any) -> Any:
+    try:
+        return await coro
+    except (TimeoutError, AssertionError, OSError) as exc:
+        print(f"  failed: {exc!r}", flush=True)
+        return {"error": repr(exc)}
+
+
 def _pct(xs: list[float]) -> dict[str, float]:
     if not xs:
         return {}
@@ -353,9 +361,10 @@ async def fast_failover(etcd: Any, nats: Any, tmp: pathlib.Path) -> dict[str, An
         e_fast = await kills(fast, KILLS_FAST)
         e_ttl = await kills(ttl, KILLS_TTL)
         print(f"(e) fast {_pct(e_fast)}\n(e) ttl {_pct(e_ttl)}", flush=True)
-        f_fast = await many_on_one(fast)
-        f_ttl = await many_on_one(ttl)
-        g = await blips(fast, nats)
+        # (f) and (g) may fail on an overloaded machine; (e) is kept either way.
+        f_fast = await _or_error(many_on_one(fast))
+        f_ttl = await _or_error(many_on_one(ttl))
+        g = await _or_error(blips(fast, nats))
     finally:
         await fast.close()
         await ttl.close()
@@ -402,8 +411,9 @@ def _fast_targets(r: dict[str, Any]) -> dict[str, bool]:
     return {
         "e_p50_le_300ms": bool(e) and e["p50"] <= 0.300,
         "e_max_le_600ms": bool(e) and e["max"] <= 0.600,
-        "f_le_1s": r["f_50_runs_all_continued_s"]["fast"] <= 1.0,
-        "g_no_unneeded_takeover": r["g_blip"]["takeovers"] == 0,
+        "f_le_1s": isinstance(r["f_50_runs_all_continued_s"]["fast"], float)
+        and r["f_50_runs_all_continued_s"]["fast"] <= 1.0,
+        "g_no_unneeded_takeover": r["g_blip"].get("takeovers") == 0,
     }
 
 
