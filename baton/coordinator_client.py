@@ -93,13 +93,19 @@ class Session:
         id: the session id (the etcd lease id).
         ttl: granted TTL in seconds.
         owner: who opened it (for operators).
+        probe_address: ``host:port`` that accepts TCP connections while this process lives
+            (sent with every keep-alive; may be set once the process listens). When the
+            keep-alive stream breaks and a connect there is refused, the coordinator revokes
+            the session at once (fast failover). Empty: the lease TTL only.
         lost: set when the lease is gone (or could not be refreshed for a whole TTL).
     """
 
-    def __init__(self, client: "CoordinatorClient", session_id: int, ttl: float, owner: str) -> None:
+    def __init__(self, client: "CoordinatorClient", session_id: int, ttl: float, owner: str,
+                 probe_address: str = "") -> None:
         self.id = session_id
         self.ttl = ttl
         self.owner = owner
+        self.probe_address = probe_address
         self.lost = asyncio.Event()
         self._client = client
         self._closed = False
@@ -138,7 +144,8 @@ class Session:
             call = self._client._stub(replica).KeepAlive(wait_for_ready=False)
             try:
                 while not self._closed:
-                    await call.write(pb.KeepAliveRequest(session_id=self.id))
+                    await call.write(pb.KeepAliveRequest(session_id=self.id,
+                                                         probe_address=self.probe_address))
                     async with asyncio.timeout(interval):  # not wait_for: see above
                         resp = await call.read()
                     if resp is grpc.aio.EOF:  # type: ignore[attr-defined]  # grpc-stubs lacks grpc.aio.EOF
@@ -349,11 +356,14 @@ class CoordinatorClient:
 
     # --- sessions and claims ----------------------------------------------------------
 
-    async def open_session(self, ttl: float = 2.0, owner: str = "", *,
+    async def open_session(self, ttl: float = 2.0, owner: str = "", *, probe_address: str = "",
                            timeout: float | None = None) -> Session:
-        """Open a session (one etcd lease, TTL rounded up to whole seconds) and keep it alive."""
+        """Open a session (one etcd lease, TTL rounded up to whole seconds) and keep it alive.
+
+        ``probe_address``: see :attr:`Session.probe_address`.
+        """
         r = await self._unary("OpenSession", pb.OpenSessionRequest(ttl_seconds=ttl, owner=owner), timeout)
-        s = Session(self, r.session_id, r.ttl_seconds, owner)
+        s = Session(self, r.session_id, r.ttl_seconds, owner, probe_address)
         self._sessions.add(s)
         return s
 

@@ -27,6 +27,9 @@ class CoordinatorConfig:
         record_cache_size: runs whose last record and claim are remembered (0 disables).
         internal_token: the cluster's internal token every caller must send
             (:mod:`baton.internal_auth`); empty: no check.
+        fast_failover: revoke a session at once when its keep-alive stream resets and its
+            probe address refuses connections (:mod:`coordinator._liveness`); ``False``:
+            the lease TTL only.
     """
 
     listen: str = "0.0.0.0:7100"
@@ -40,6 +43,7 @@ class CoordinatorConfig:
     session_ttl: float = 2.0
     record_cache_size: int = 10_000
     internal_token: str = field(default="", repr=False)
+    fast_failover: bool = True
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "CoordinatorConfig":
@@ -66,6 +70,7 @@ class CoordinatorConfig:
             session_ttl=f("BATON_SESSION_TTL"),
             record_cache_size=_count(config.get_float("BATON_RECORD_CACHE_SIZE", env), "BATON_RECORD_CACHE_SIZE"),
             internal_token=g("BATON_INTERNAL_TOKEN"),
+            fast_failover=_flag(g("BATON_FAST_FAILOVER"), "BATON_FAST_FAILOVER"),
         )
 
     def with_overrides(self, **overrides: object) -> "CoordinatorConfig":
@@ -75,6 +80,15 @@ class CoordinatorConfig:
         if bad:
             raise TypeError(f"unknown coordinator settings: {sorted(bad)}")
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
+
+
+def _flag(value: str, name: str) -> bool:
+    v = value.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"{name} must be 1 or 0, got {value!r}")
 
 
 def _count(value: float, name: str) -> int:

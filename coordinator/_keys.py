@@ -16,6 +16,8 @@ range over ``readers/<run>/`` can never catch another run's readers.
 ``sandboxes/<key>``                     SandboxInstance (protobuf bytes)
 ``hosts/<host>``                        HostInfo (protobuf bytes), under the host's lease
 ``sessions/<lease hex>``                owner of a session, under its lease (operators)
+``keepers/<lease hex>``                 token of the keep-alive stream that armed the session
+                                        for fast failover, under its lease (_liveness.py)
 ``election/<lease hex>``                leader-election candidates (as etcd election.go)
 ``incarnation``                         created once per etcd data set (record cache validity)
 =====================================  ==================================================
@@ -133,6 +135,9 @@ class Keys:
 
     def session(self, session_id: int) -> bytes:
         return self._k("sessions", f"{session_id:016x}")
+
+    def keeper(self, session_id: int) -> bytes:
+        return self._k("keepers", f"{session_id:016x}")
 
     @property
     def incarnation(self) -> bytes:

@@ -17,6 +17,7 @@ from baton.v1 import coordinator_pb2, coordinator_pb2_grpc
 from coordinator._config import CoordinatorConfig
 from coordinator._election import LeaderElection, LeaderTask
 from coordinator._etcd import Etcd
+from coordinator._liveness import FastFailover
 from coordinator._presence import presence_sweeper
 from coordinator._service import CoordinatorService, Reaper, no_reaper
 from coordinator._store import RunStore
@@ -52,6 +53,7 @@ class CoordinatorServer:
         self.store = store if store is not None else build_store(config)
         self.etcd: Etcd = self.store.etcd
         self.service: CoordinatorService | None = None
+        self.fast_failover: FastFailover | None = None
         self.election: LeaderElection | None = None
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc_health stubs lack .aio
@@ -68,8 +70,10 @@ class CoordinatorServer:
     async def start(self) -> None:
         """Bind, serve, and start campaigning. Reports SERVING once etcd answered once."""
         cfg, store = self.config, self.store
+        self.fast_failover = FastFailover(store, enabled=cfg.fast_failover, etcd_timeout=cfg.etcd_timeout)
         self.service = CoordinatorService(store, etcd_timeout=cfg.etcd_timeout,
-                                          detached_run_ttl=cfg.detached_run_ttl, reaper=self._reaper)
+                                          detached_run_ttl=cfg.detached_run_ttl, reaper=self._reaper,
+                                          fast_failover=self.fast_failover)
         self._server = server = grpc.aio.server(options=(("grpc.so_reuseport", 0),),
                                                 interceptors=server_interceptors(cfg.internal_token))
         coordinator_pb2_grpc.add_CoordinatorServicer_to_server(self.service, server)
@@ -112,6 +116,8 @@ class CoordinatorServer:
                 await asyncio.gather(self._election_task, return_exceptions=True)
             if self._server is not None:
                 await self._server.stop(grace)
+            if self.fast_failover is not None:
+                await self.fast_failover.aclose()
             await self.etcd.close()
         finally:
             self._stopped.set()

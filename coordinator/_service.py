@@ -24,6 +24,7 @@ from baton.v1.runs_pb2 import Claim, RunRecord, RunStatus
 from coordinator._records import check_paths
 from coordinator._store import PURPOSES, RunStore, UpdateOutcome
 from coordinator._etcd import LeaseNotFound
+from coordinator._liveness import FastFailover, StreamKeeper
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +67,13 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         etcd_timeout: seconds an RPC may spend on etcd when the caller set no deadline.
         detached_run_ttl: seconds, for ``reap_at`` and the default ``Reap`` TTL.
         reaper: one reaper sweep ``(ttl, now) -> outcome counts``.
-        clock: Unix-seconds clock.
+        fast_failover: judges broken keep-alive streams; default: disabled (TTL only).
     """
 
     def __init__(self, store: RunStore, *, etcd_timeout: float, detached_run_ttl: float,
-                 reaper: Reaper = no_reaper) -> None:
+                 reaper: Reaper = no_reaper, fast_failover: FastFailover | None = None) -> None:
         self.store = store
+        self.fast_failover = fast_failover or FastFailover(store, enabled=False, etcd_timeout=etcd_timeout)
         self.etcd_timeout = etcd_timeout
         self.detached_run_ttl = detached_run_ttl
         self.reaper = reaper
@@ -201,24 +203,38 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
         Each request refreshes its session's lease through one etcd keep-alive stream; the
         answer's ``ttl_seconds <= 0`` says the session is gone. When etcd is unreachable the
-        stream ends with ``UNAVAILABLE`` and the client reconnects (to any replica).
+        stream ends with ``UNAVAILABLE`` and the client reconnects (to any replica). A
+        stream that ends by the client's side (a reset connection, a cancel) is judged by
+        :class:`FastFailover`, which revokes the lease of a process that is gone.
         """
         ka = self.store.etcd.keepalive_stream()
+        stream = StreamKeeper()
+        # grpcio's server reports a reset connection as the plain end of the request stream
+        # (not as a cancellation), so every end this handler did not cause is judged; the
+        # probe, not the way the stream ended, is what is definite.
+        ended_here = False
         try:
             async for req in request_iterator:
                 if self._stopping.is_set():
+                    ended_here = True
                     break
                 if req.session_id <= 0:
+                    ended_here = True
                     await abort(context, errors.InvalidArgument("session_id", "must be a session id"))
                 try:
                     ttl = await ka.refresh(req.session_id, timeout=self.etcd_timeout)
                 except errors.StoreUnavailable as exc:
+                    ended_here = True
                     await abort(context, exc)
                 except LeaseNotFound:
                     ttl = 0
+                if ttl > 0:
+                    self.fast_failover.refreshed(stream, req.session_id, req.probe_address)
                 yield pb.KeepAliveResponse(session_id=req.session_id, ttl_seconds=float(ttl))
         finally:
             ka.close()
+            if not ended_here and not self._stopping.is_set():
+                self.fast_failover.broken(stream)
 
     async def CloseSession(self, request: pb.CloseSessionRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.CloseSessionResponse:
         async def go() -> pb.CloseSessionResponse:

@@ -7,8 +7,10 @@ runs detach rather than stop) and closes the gateway session.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import asyncio
 import logging
+import socket
 import sys
 from types import FrameType
 
@@ -57,7 +59,12 @@ def main(argv: list[str] | None = None) -> None:
     level = args.log_level.upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     host, _, port = args.listen.rpartition(":")
-    app = create_app(GatewaySettings.from_env())
+    settings = GatewaySettings.from_env()
+    if not settings.probe_address:
+        # The coordinator probes this address when the gateway's keep-alive stream breaks.
+        probe_host = socket.gethostname() if host in ("", "0.0.0.0", "::", "[::]") else host
+        settings = dataclasses.replace(settings, probe_address=f"{probe_host}:{port}")
+    app = create_app(settings)
     server = _Server(uvicorn.Config(
         app,
         host=host or "0.0.0.0",

@@ -67,6 +67,10 @@ class GatewaySettings:
             port); empty serves no gRPC.
         internal_token: the cluster's internal token, sent on every call to the
             coordinator and the sandbox hosts; empty sends none.
+        probe_address: ``host:port`` the coordinator may connect to while this gateway
+            lives (``BATON_GATEWAY_ADVERTISE``; ``python -m gateway`` defaults it to its
+            HTTP listen address). A dead gateway's readers then go at once, not after the
+            session TTL (fast failover); empty: the TTL only.
     """
 
     coordinator: tuple[str, ...] = ("127.0.0.1:7100",)
@@ -84,6 +88,7 @@ class GatewaySettings:
     reader_queue: int = 256
     grpc_listen: str = ""
     internal_token: str = field(default="", repr=False)
+    probe_address: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "GatewaySettings":
@@ -109,6 +114,7 @@ class GatewaySettings:
             session_ttl=config.get_float("BATON_SESSION_TTL", env),
             grpc_listen=config.get("BATON_GATEWAY_GRPC_LISTEN", env),
             internal_token=config.get("BATON_INTERNAL_TOKEN", env),
+            probe_address=config.get("BATON_GATEWAY_ADVERTISE", env),
         )
 
     @property

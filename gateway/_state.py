@@ -97,7 +97,8 @@ class GatewayState:
         while not self.shutting_down:
             try:
                 session = await self.coordinator.open_session(ttl=self.settings.session_ttl,
-                                                              owner=self.settings.gateway_id)
+                                                              owner=self.settings.gateway_id,
+                                                              probe_address=self.settings.probe_address)
             except e.BatonError as exc:
                 log.warning("cannot open the gateway session yet: %s", exc)
                 await asyncio.sleep(delay)

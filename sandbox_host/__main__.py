@@ -157,6 +157,7 @@ class Host:
                     raise RuntimeError(f"cannot listen on {self.listen}")
                 await server.start()
                 self.address = _advertise(self.listen, port)
+                session.probe_address = self.address  # fast failover (coordinator/_liveness.py)
                 await self._register(draining=False)
                 for name in ("", SERVICE_NAME):
                     await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -227,7 +228,8 @@ class Host:
             self.manager.session_lost()
             while not self.stop.is_set():
                 try:
-                    deps.session = await cc.open_session(ttl=ttl, owner=self.host_id)
+                    deps.session = await cc.open_session(ttl=ttl, owner=self.host_id,
+                                                         probe_address=self.address)
                     await self._register(draining=False)
                     break
                 except (BatonError, grpc.RpcError) as exc:  # coordinator unreachable: retry until stopped

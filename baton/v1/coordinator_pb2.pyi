@@ -441,15 +441,24 @@ class KeepAliveRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
+    PROBE_ADDRESS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.int
+    probe_address: _builtins.str
+    """host:port that accepts TCP connections for as long as the session's process lives
+    (a host's advertised SandboxHost address, a gateway's listen address). When the
+    stream breaks without CloseSession and a connect there is refused, the coordinator
+    revokes the lease at once instead of waiting for its TTL (docs/design.md §3.2).
+    Empty: no fast path, the TTL only.
+    """
     def __init__(
         self,
         *,
         session_id: _builtins.int = ...,
+        probe_address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["probe_address", b"probe_address", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -229,10 +229,12 @@ class FaultCluster:
         servers = [*getattr(self.etcd, "members", [self.etcd]), *getattr(self.nats, "nodes", [self.nats])]
         return [s.proc for s in servers if s.proc is not None and s.proc.poll() is None]
 
-    async def add_host(self, **settings: Any) -> HostProcess:
+    async def add_host(self, *, coordinator: str | None = None, **settings: Any) -> HostProcess:
+        """Start one more host; ``coordinator``: the address it dials (default: the
+        coordinator's own; e.g. a :class:`TcpProxy` in between)."""
         assert self.coordinator is not None
         n = len(self.hosts) + 1
-        h = await start_host(self.coordinator.address, self.nats.url, host_id=f"h{n}-{self.tag[:4]}",
+        h = await start_host(coordinator or self.coordinator.address, self.nats.url, host_id=f"h{n}-{self.tag[:4]}",
                              log_dir=self.tmp / "logs", **{
                                  **self.env,
                                  "BATON_JOURNAL_DIR": str(self.tmp / "journals"),

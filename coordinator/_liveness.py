@@ -1,0 +1,194 @@
+"""Fast failover: revoke a dead process's session when its keep-alive stream breaks.
+
+A host or gateway that crashes (OOM kill, segfault, ``kill -9``, a container restart)
+leaves its lease to expire by its TTL, and its runs and readers wait for that. But the
+kernel closes a dead process's sockets at once: the coordinator replica holding its
+keep-alive stream sees the stream end, and a connect to the address the process
+listened on is refused. Both together are definite; only then is the lease revoked, and
+the usual failover (the watch on claim deletions, :mod:`coordinator.failover`) and
+presence sweeper (:mod:`coordinator._presence`) act right away (docs/design.md §3.2).
+
+grpcio's server reports a reset connection and a client's half-close alike, as the end of
+the request stream, so every end the server did not cause (shutdown, an abort) is judged;
+the refused connect is what is definite. Everything else keeps the TTL path: a connect
+that succeeds (the process is alive, only its stream broke: a network blip, a
+client that moved to another replica), a connect that times out or fails otherwise (a
+partition, a paused VM), an address that never accepted a connect from here (a wrong
+``BATON_HOST_ADVERTISE``), or a stream that is not the session's latest keeper (the
+process reconnected its keep-alive to this or another replica meanwhile). Being wrong
+costs an unneeded takeover, never a duplicate: the epoch fence stays the safety net.
+
+Each stream, the first time it refreshes a session that names a probe address, *arms*
+that session: one connect must succeed (calibration) and the stream writes its token to
+``keepers/<lease>`` under the session's lease. Judging a broken stream compares that
+key inside the write that removes it, then revokes.
+"""
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Coroutine
+
+from baton.errors import StoreUnavailable
+
+from coordinator import _etcd as E
+from coordinator._store import RunStore
+
+log = logging.getLogger(__name__)
+
+#: Seconds a probe connect may take; a connect still pending then is not definite.
+PROBE_TIMEOUT = 0.5
+
+
+class Verdict(enum.Enum):
+    """What a connect to a session's probe address says about its process."""
+
+    GONE = "gone"  # refused: nothing listens there
+    ALIVE = "alive"  # accepted
+    UNKNOWN = "unknown"  # timed out, unreachable, unresolvable: not definite
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+async def probe(address: str, timeout: float = PROBE_TIMEOUT) -> Verdict:
+    """Open and close one TCP connection to ``address`` (``host:port``).
+
+    Returns:
+        :attr:`Verdict.GONE` only on ``ECONNREFUSED``; :attr:`Verdict.ALIVE` when the
+        connect succeeds; :attr:`Verdict.UNKNOWN` on anything else (timeout, no route,
+        a name that does not resolve, a malformed address).
+    """
+    try:
+        host, port = _split(address)
+        async with asyncio.timeout(timeout):  # not wait_for: it can swallow a cancel on 3.11
+            _, writer = await asyncio.open_connection(host, port)
+    except ConnectionRefusedError:
+        return Verdict.GONE
+    except (OSError, ValueError, TimeoutError):
+        return Verdict.UNKNOWN
+    writer.close()
+    try:
+        await writer.wait_closed()
+    except OSError:
+        pass
+    return Verdict.ALIVE
+
+
+@dataclass
+class StreamKeeper:
+    """One KeepAlive stream's view: the sessions it armed, by id → probe address."""
+
+    token: bytes = field(default_factory=lambda: uuid.uuid4().hex.encode())
+    armed: dict[int, str] = field(default_factory=dict)
+    arming: set[int] = field(default_factory=set)
+
+
+class FastFailover:
+    """Arms sessions on their keep-alive streams and judges the streams that break.
+
+    Owns its background tasks (:meth:`aclose` cancels and awaits them).
+
+    Args:
+        store: the store (its etcd adapter and key layout).
+        enabled: ``False`` keeps every session on the TTL path (``BATON_FAST_FAILOVER=0``).
+        etcd_timeout: seconds per etcd call.
+        probe_timeout: seconds per probe connect.
+
+    Attributes:
+        outcomes: counts of judged streams by outcome (``revoked``, ``alive``,
+            ``unknown``, ``moved``, ``gone-already``, ``failed``), for tests and benches.
+        armed: sessions armed so far (streams × sessions).
+    """
+
+    def __init__(self, store: RunStore, *, enabled: bool, etcd_timeout: float,
+                 probe_timeout: float = PROBE_TIMEOUT) -> None:
+        self.store = store
+        self.enabled = enabled
+        self.etcd_timeout = etcd_timeout
+        self.probe_timeout = probe_timeout
+        self.outcomes: Counter[str] = Counter()
+        self.armed = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        if self._closed:
+            coro.close()
+            return
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def refreshed(self, stream: StreamKeeper, session_id: int, probe_address: str) -> None:
+        """A request of ``stream`` refreshed ``session_id``: arm it once (in the background)."""
+        if (not self.enabled or not probe_address or session_id in stream.armed
+                or session_id in stream.arming):
+            return
+        stream.arming.add(session_id)
+        self._spawn(self._arm(stream, session_id, probe_address), f"arm-session-{session_id:x}")
+
+    async def _arm(self, stream: StreamKeeper, session_id: int, address: str) -> None:
+        try:
+            if await probe(address, self.probe_timeout) is not Verdict.ALIVE:
+                # Not reachable from here (yet): a refusal later would prove nothing. The
+                # next request of this stream tries again.
+                return
+            await self.store.etcd.txn([], [E.put(self.store.keys.keeper(session_id), stream.token,
+                                                 session_id)], timeout=self.etcd_timeout)
+            stream.armed[session_id] = address
+            self.armed += 1
+        except (StoreUnavailable, E.LeaseNotFound) as exc:
+            log.debug("session %x not armed for fast failover: %s", session_id, exc)
+        finally:
+            stream.arming.discard(session_id)
+
+    def broken(self, stream: StreamKeeper) -> None:
+        """``stream`` ended by the client's side: judge each session it armed (in the background)."""
+        for session_id, address in stream.armed.items():
+            self._spawn(self.judge(stream.token, session_id, address), f"judge-session-{session_id:x}")
+
+    async def judge(self, token: bytes, session_id: int, address: str) -> None:
+        """Revoke ``session_id`` when its process is definitely gone (see module docstring)."""
+        verdict = await probe(address, self.probe_timeout)
+        if verdict is not Verdict.GONE:
+            self.outcomes[verdict.value] += 1
+            log.info("session %x: keep-alive stream broke, %s is %s: the TTL decides",
+                     session_id, address, verdict.value)
+            return
+        key = self.store.keys.keeper(session_id)
+        try:
+            # Still this stream's session? A keep-alive reconnected to any replica since
+            # has written its own token; then the process is not gone after all.
+            txn = await self.store.etcd.txn([E.cmp_value(key, token)], [E.delete(key)],
+                                            timeout=self.etcd_timeout)
+            if not txn.succeeded:
+                self.outcomes["moved"] += 1
+                log.info("session %x: keep-alive moved to another stream; not revoked", session_id)
+                return
+            await self.store.etcd.revoke(session_id, timeout=self.etcd_timeout)
+        except E.LeaseNotFound:
+            self.outcomes["gone-already"] += 1
+            return
+        except StoreUnavailable as exc:
+            self.outcomes["failed"] += 1
+            log.warning("session %x: fast failover failed (%s); the TTL decides", session_id, exc)
+            return
+        self.outcomes["revoked"] += 1
+        log.warning("session %x: keep-alive stream ended and %s refuses connections: "
+                    "lease revoked (fast failover)", session_id, address)
+
+    async def aclose(self) -> None:
+        """Cancel and await every arming and judging task. Idempotent."""
+        self._closed = True
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks)

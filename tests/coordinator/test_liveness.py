@@ -1,0 +1,84 @@
+"""Fast failover (issue 17) on one in-process coordinator and a real etcd: which ends of a
+keep-alive stream revoke the session. Processes and SIGKILL: tests/faults/test_blink.py."""
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from baton.coordinator_client import CoordinatorClient
+from baton_tools.testing.cluster import InProcessCoordinator
+from coordinator._liveness import Verdict, probe
+from tests.conftest import assert_eventually
+
+
+def _refusing_address() -> str:
+    """A loopback port nothing listens on (bound, then closed)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return f"127.0.0.1:{port}"
+
+
+async def _listener() -> tuple[asyncio.Server, str]:
+    srv = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    return srv, f"127.0.0.1:{srv.sockets[0].getsockname()[1]}"
+
+
+@pytest.mark.unit
+async def test_probe_verdicts() -> None:
+    srv, alive = await _listener()
+    async with srv:
+        assert await probe(alive) is Verdict.ALIVE
+    assert await probe(_refusing_address()) is Verdict.GONE
+    assert await probe("not an address") is Verdict.UNKNOWN
+    assert await probe("no-such-host.invalid:80", timeout=2.0) is Verdict.UNKNOWN
+
+
+def _drop_stream(session: object) -> None:
+    """End the keep-alive stream without CloseSession, as a process that died does (the
+    client's own ``lost`` fires; the lease is the coordinator's to judge)."""
+    session._task.cancel()  # type: ignore[attr-defined]
+
+
+async def _lease_ttl(coord: InProcessCoordinator, session_id: int) -> int:
+    return await coord.server.etcd.time_to_live(session_id, timeout=5)  # type: ignore[no-any-return]
+
+
+async def test_a_dead_process_is_revoked_and_a_live_one_is_not(coord: InProcessCoordinator) -> None:
+    ff = coord.server.fast_failover
+    srv, alive = await _listener()
+    async with CoordinatorClient(coord.address, token="") as cc:
+        live = await cc.open_session(ttl=30, owner="live", probe_address=alive)
+        dead = await cc.open_session(ttl=30, owner="dead", probe_address=_refusing_address())
+        gone_listener, later_dead = await _listener()
+        dying = await cc.open_session(ttl=30, owner="dying", probe_address=later_dead)
+        # Armed: a connect there succeeded once (not for "dead", whose address never answered).
+        await assert_eventually(lambda: sum(ff.outcomes.values()) == 0 and ff.armed >= 2)
+        gone_listener.close()
+        await gone_listener.wait_closed()
+        for s in (live, dead, dying):
+            _drop_stream(s)
+        await assert_eventually(lambda: ff.outcomes["revoked"] == 1 and ff.outcomes["alive"] == 1)
+        assert await _lease_ttl(coord, dying.id) == -1  # revoked at once, not after 30 s
+        assert await _lease_ttl(coord, live.id) > 0  # alive: the TTL decides
+        assert await _lease_ttl(coord, dead.id) > 0  # never armed: the TTL decides
+    srv.close()
+    await srv.wait_closed()
+
+
+async def test_a_stream_that_is_no_longer_the_keeper_does_not_revoke(coord: InProcessCoordinator) -> None:
+    """The process reconnected its keep-alive (to any replica) since: its new stream wrote
+    its own token, so the old stream's judgement, even on a refused connect, revokes nothing."""
+    ff = coord.server.fast_failover
+    srv, alive = await _listener()
+    async with CoordinatorClient(coord.address, token="") as cc:
+        s = await cc.open_session(ttl=30, owner="moved", probe_address=alive)
+        await assert_eventually(lambda: ff.armed >= 1)
+        await ff.judge(b"an-older-stream", s.id, _refusing_address())
+        assert ff.outcomes["moved"] == 1
+        assert await _lease_ttl(coord, s.id) > 0
+    srv.close()
+    await srv.wait_closed()

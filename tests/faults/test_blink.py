@@ -1,0 +1,134 @@
+"""Issue 17: fast failover. A process that died is known at once (its keep-alive stream
+resets and its address refuses connections), so its lease is revoked without waiting for the
+TTL; a process that is alive but cut off, or paused, keeps the TTL path.
+
+The session TTL here is long (10 s), so "well under the TTL" is unambiguous on a loaded
+machine: every bound below is the TTL itself or a large share of it, never a speed target
+(those are in ``bench/takeover.py``).
+"""
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from baton.coordinator_client import CoordinatorClient
+from baton_tools.testing.proxy import TcpProxy
+from tests.faults.conftest import ClusterFactory
+from tests.faults.harness import FaultCluster, eventually
+
+pytestmark = pytest.mark.servers
+
+TTL = 10.0
+REVOKED = "lease revoked (fast failover)"
+
+
+def _coordinator_log(c: FaultCluster) -> str:
+    assert c.coordinator is not None
+    return c.coordinator.log_path.read_text(errors="replace")  # type: ignore[union-attr]
+
+
+async def _epochs(c: FaultCluster, run_id: str) -> set[int]:
+    return {r.epoch for r in (await c.stored_log(run_id)).records if r.kind == "fence"}
+
+
+@pytest.mark.timeout(180)
+async def test_host_sigkill_runs_continue_well_under_the_ttl(fault_cluster: ClusterFactory) -> None:
+    c = await fault_cluster(hosts=2, session_ttl=TTL)
+    runs = await c.start_runs(4, seconds=10)
+    await c.wait_progress(runs, 15)
+    victim, theirs = await c.busiest_host(runs)
+    async with c.fault(f"host {victim.host_id} SIGKILL (driving {len(theirs)} runs), TTL {TTL:g} s"):
+        killed_at = time.monotonic()
+        victim.kill_now()
+    await c.finish()
+    for r in theirs:
+        assert r.reader is not None
+        nxt = r.reader.got.first_after(killed_at)
+        assert nxt is not None, r.run_id
+        # Before the lease would have expired: only the fast path can have handed it over.
+        assert nxt - killed_at < TTL, (r.run_id, nxt - killed_at)
+    assert REVOKED in _coordinator_log(c)
+    await c.check()
+
+
+@pytest.mark.timeout(180)
+async def test_host_cut_from_its_coordinator_keeps_its_session(fault_cluster: ClusterFactory) -> None:
+    """The host's coordinator connection (keep-alive included) is reset by a proxy, twice;
+    the host lives on, so nothing is revoked and no run changes hands.
+
+    The TTL is the long one: in this cluster a host cut off by the proxy has been seen to
+    need 4-5 s to get a keep-alive answered again (a 5 s TTL then loses the session, which
+    is the TTL path, not the fast one, at work)."""
+    c = await fault_cluster(hosts=0, session_ttl=TTL)
+    assert c.coordinator is not None
+    proxy = await TcpProxy(c.coordinator.port).start()  # type: ignore[union-attr]
+    try:
+        cut_off = await c.add_host(coordinator=proxy.endpoint)
+        runs = await c.start_runs(2, seconds=20)
+        await c.add_host()  # somewhere a needless takeover could go
+        await c.wait_progress(runs, 10)
+        async with c.fault(f"host {cut_off.host_id}'s coordinator connection reset twice"):
+            for n in range(1, 3):
+                proxy.cut()
+                # The coordinator judged the broken stream (the host is alive) before the next.
+                await eventually(lambda n=n: len(re.findall(r"is alive: the TTL decides", _coordinator_log(c))) >= n, 30)
+        await c.finish()
+    finally:
+        await proxy.close()
+    log = _coordinator_log(c)
+    assert REVOKED not in log
+    # The host never lost its session (it would stop its drivers and open a new one).
+    assert "opening a new session" not in cut_off.log_text(), cut_off.log_text()[-2000:]
+    for r in runs:
+        assert (await c.view(r.run_id))["driverHost"] in (cut_off.host_id, None)
+        assert len(await _epochs(c, r.run_id)) == 1, r.run_id
+    await c.check()
+
+
+@pytest.mark.faults_slow
+@pytest.mark.timeout(240)
+async def test_sigstopped_host_takes_the_ttl_path(fault_cluster: ClusterFactory) -> None:
+    """A paused host keeps its sockets: no fast path; the TTL hands its runs over, and when it
+    wakes nothing of it lands after the successor's fence (``check`` reads the raw log)."""
+    c = await fault_cluster(hosts=2, session_ttl=3.0)
+    runs = await c.start_runs(3, seconds=14)
+    await c.wait_progress(runs, 15)
+    victim, theirs = await c.busiest_host(runs)
+    async with c.fault(f"host {victim.host_id} SIGSTOP until its runs moved, then SIGCONT"):
+        victim.sigstop()
+        try:
+            async def moved() -> None:
+                for r in theirs:
+                    v = await c.view(r.run_id)
+                    assert v.get("status") != "running" or v.get("driverHost") not in (None, victim.host_id)
+            await eventually(moved, 60)
+        finally:
+            victim.sigcont()
+    await c.finish()
+    assert REVOKED not in _coordinator_log(c)
+    await c.check()
+
+
+@pytest.mark.timeout(180)
+async def test_gateway_sigkill_detaches_its_runs_at_once(fault_cluster: ClusterFactory) -> None:
+    c = await fault_cluster(hosts=1, session_ttl=TTL)
+    assert c.coordinator is not None and c.gateway is not None
+    runs = await c.start_runs(2, seconds=10)
+    await c.wait_progress(runs, 10)
+    async with CoordinatorClient(c.coordinator.address, token="") as cc:
+        async def detached() -> None:
+            for r in runs:
+                assert (await cc.get_run(r.run_id)).record.HasField("detached_since"), r.run_id
+
+        async with c.fault("gateway SIGKILL (its readers' runs detach), restarted"):
+            killed_at = time.monotonic()
+            await c.gateway.kill()
+            await eventually(detached, TTL)
+            took = time.monotonic() - killed_at
+            await c.gateway.start()
+    assert took < TTL / 2, took
+    assert REVOKED in _coordinator_log(c)
+    await c.finish()
+    await c.check()
