@@ -203,9 +203,12 @@ async def test_thread_messages_returns_the_saved_transcript(gateway: Gateway, ht
     await TranscriptStore(dlog.nc, dlog.cfg).save(thread, msgs)
     r = await http.get(f"{gateway.url}/api/threads/{thread}/messages")
     assert r.status_code == 200 and r.json()["messages"] == msgs
-    # The TanStack hydration probe: GET /api/chat?threadId → {messages, activeRun}.
+    # The TanStack hydration probe: GET /api/chat?threadId → {messages, activeRun}, the
+    # messages in @tanstack/ai-client's own UIMessage shape (parts).
     r = await http.get(f"{gateway.url}/api/chat", params={"threadId": thread})
-    assert r.json() == {"messages": msgs, "activeRun": None}
+    assert r.json() == {"messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "content": "hi"}]},
+                                     {"id": "a1", "role": "assistant", "parts": [{"type": "text", "content": "<b>yo</b>"}]}],
+                        "activeRun": None}
 
 
 async def test_agents_lists_the_replay_corpus(gateway: Gateway, http: httpx.AsyncClient) -> None:
