@@ -177,6 +177,12 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             validate_id(request.run_id, "run_id")
             if len(request.reason.encode()) > 256:
                 raise errors.InvalidArgument("reason", "must be at most 256 bytes")
+            if request.HasField("tenant"):
+                found = await self.store.user_cancel(request.run_id, request.reason or "user", request.tenant,
+                                                     timeout=self._budget(context))
+                if found is None:
+                    return pb.RequestRunCancelResponse(intent=True)
+                return pb.RequestRunCancelResponse(record=found)
             rec = await self.store.request_cancel(request.run_id, request.reason or "user",
                                                   timeout=self._budget(context))
             return pb.RequestRunCancelResponse(record=rec)

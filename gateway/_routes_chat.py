@@ -420,6 +420,7 @@ async def cancel_run(st: GatewayState, tenant_id: str, run_id: str | None, threa
         InvalidArgument: neither id. UnknownRun: no such (visible) run or active run.
         CancelWaitTimeout: with ``wait``, the run was not terminal in time.
     """
+    by_thread = not run_id
     if run_id:
         validate_id(run_id, "runId")
     elif thread_id:
@@ -430,17 +431,32 @@ async def cancel_run(st: GatewayState, tenant_id: str, run_id: str | None, threa
         run_id = rec.run_id
     else:
         raise e.InvalidArgument("runId", "send a runId or a threadId")
-    view = await run_view_for(st, tenant_id, run_id)
-    if view.record.status not in TERMINAL_PB:
+    try:
+        view = await run_view_for(st, tenant_id, run_id)
+    except e.UnknownRun:
+        if by_thread:
+            raise
+        # No run by that id (yet): a client that minted the id may send its Stop before its
+        # POST landed. The coordinator keeps the intent (tenant-scoped, expiring); a start
+        # that comes later is born cancelled. Another tenant's run stays unknown.
+        if await st.coordinator.user_cancel(run_id, tenant_id, "user") is None:
+            log.info("cancel of run %s before its start: intent recorded", run_id)
+            view = None
+        else:
+            view = await run_view_for(st, tenant_id, run_id)  # created meanwhile
+    if view is not None and view.record.status not in TERMINAL_PB:
         await _cancel(st, run_id, "user")
     if not wait:
         return run_id, None, None
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
-        view = await st.coordinator.get_run(run_id)
-        if view.record.status in TERMINAL_PB:
-            break
+        try:
+            view = await st.coordinator.get_run(run_id)
+            if view.record.status in TERMINAL_PB:
+                break
+        except e.UnknownRun:
+            pass  # an intent waiting for its start
         if loop.time() >= deadline:
             raise CancelWaitTimeout(run_id, timeout)
         await asyncio.sleep(min(0.05, max(deadline - loop.time(), 0)))
