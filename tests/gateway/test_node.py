@@ -64,3 +64,16 @@ async def test_browser_reload_rejoins_stop_cancels_and_html_is_text(host: Any, g
     assert result["stop"]["status"] == "aborted"
     assert result["xss"]["text"] == ('<script>window.__xss = 1</script><img src=x onerror="window.__xss = 2">'
                                      "<b>bold?</b>")
+
+
+@pytest.mark.node
+async def test_tanstack_unknown_run_persistence_and_ndjson_adapter(host: Any, gateway: Gateway) -> None:
+    """Issue 12 items 1-3 with @tanstack/ai-client: an unknown run errors, persistence: true
+    hydrates and tails a reloaded run without a duplicated text part, fetchHttpStream needs only a URL."""
+    node = need_node("@tanstack/ai-client")
+    result = await run_node(node, "tanstack_edges.mjs", {"BATON_GATEWAY_URL": gateway.url}, timeout=150)
+    assert "404" in result["unknown_sse"]["error"] and "404" in result["unknown_ndjson"]["error"]
+    assert result["ndjson"]["text"] == "hello from the replay"
+    for journal in ("claude-stream-json/slow.jsonl", "claude-stream-json/thinking.jsonl"):
+        got = result[journal]
+        assert got["text"] == SLOW_TEXT and got["textParts"] == 1
