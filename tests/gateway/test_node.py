@@ -77,3 +77,19 @@ async def test_tanstack_unknown_run_persistence_and_ndjson_adapter(host: Any, ga
     for journal in ("claude-stream-json/slow.jsonl", "claude-stream-json/thinking.jsonl"):
         got = result[journal]
         assert got["text"] == SLOW_TEXT and got["textParts"] == 1
+
+
+@pytest.mark.browser
+async def test_browser_eventsource_stops_after_the_end(gateway: Gateway, dlog: Any) -> None:
+    """Issue 12 item 4: after ``: end`` a native EventSource reconnects once, gets 204, and stops."""
+    from tests.conftest import unique
+    from tests.gateway.conftest import run_chunks, write_run
+
+    node = need_node("playwright-core")
+    require(pathlib.Path("/usr/bin/chromium").exists(), "/usr/bin/chromium missing (apt-get install chromium)")
+    run_id = unique("run")
+    _, offsets = await write_run(dlog, run_id, run_chunks(run_id, "t", ["a", "b"]))
+    result = await run_node(node, "eventsource_end.mjs", {"BATON_GATEWAY_URL": gateway.url, "BATON_RUN_ID": run_id})
+    assert result["ids"] == offsets  # every chunk once
+    assert result["opens"] == 1 and result["state"] == 2  # CLOSED: no reconnect loop
+    assert result["requests"] == [None, offsets[-1]]  # one reconnect, at the last offset, answered 204
