@@ -28,7 +28,7 @@ from baton.v1.coordinator_pb2 import HostInfo, SandboxInstance
 from baton.v1.runs_pb2 import Claim, RunRecord, RunStatus
 
 from coordinator import _etcd as E
-from coordinator import rules
+from coordinator import _intents, rules
 from coordinator._cache import RecordCache
 from coordinator._keys import Keys, prefix_end
 from coordinator._records import is_active, is_reclaimable, is_starting
@@ -332,10 +332,8 @@ class RunStore:
         owner_key = k.thread_tenant(seed.thread_id)
         while True:
             member = k.thread_runs(seed.thread_id)
-            intent_key = k.cancel_intent(seed.run_id)
-            r = await self.etcd.txn([], [E.get(run_key), E.get(active_key), E.get(owner_key),
-                                         E.get(k.incarnation), E.get(member, prefix_end(member), limit=1),
-                                         E.get(intent_key)],
+            r = await self.etcd.txn([], [E.get(run_key), E.get(active_key), E.get(owner_key), E.get(k.incarnation),
+                                         E.get(member, prefix_end(member), limit=1), E.get(k.cancel_intent(seed.run_id))],
                                     timeout=b.left())
             existing = _record(_first(r.kvs(0)))
             if existing is not None:
@@ -374,13 +372,7 @@ class RunStore:
                       "driver_host", "cancel_requested", "cancel_reason"):
                 new.ClearField(f)
             new.status = RunStatus.RUN_STATUS_RUNNING
-            intent_kv = _first(r.kvs(5))
-            cmps.append(E.cmp_mod(intent_key, intent_kv.mod_revision if intent_kv else 0))
-            born = rules.born_cancelled(intent_kv.value if intent_kv else None, seed.tenant)
-            if born is not None:  # a Stop that came before the start (issue 12)
-                new.cancel_requested = True
-                new.cancel_reason = born
-                ops.append(E.delete(intent_key))
+            ops += _intents.on_create(k, new, _first(r.kvs(5)), cmps)  # a Stop before the start
             if not new.HasField("started_at"):
                 new.started_at = self.clock()
                 if is_active(other) and other is not None and new.started_at <= other.started_at:
@@ -439,38 +431,6 @@ class RunStore:
         out = await self.mutate(run_id, decide, timeout=timeout)
         assert out is not None
         return out
-
-    async def user_cancel(self, run_id: str, reason: str, tenant: str, *, timeout: float) -> RunRecord | None:
-        """A user's cancel: :meth:`request_cancel` of a run of ``tenant``, or, for a run id
-        with no record yet, a cancel intent the run's start will find (issue 12).
-
-        The intent is written only while the run key is absent (compared in the write), and
-        a start compares the intent key in its own write, so a cancel racing the start is
-        either seen by the start or lands on the created record; never lost. It lives
-        :data:`~coordinator.rules.CANCEL_INTENT_TTL` seconds (an etcd lease).
-
-        Returns:
-            The record (cancel requested), or ``None`` when an intent was recorded.
-
-        Raises:
-            UnknownRun: the run is another tenant's.
-        """
-        b = _Budget(timeout)
-        run_key, intent_key = self.keys.run(run_id), self.keys.cancel_intent(run_id)
-        while True:
-            r = await self.etcd.txn([], [E.get(run_key, count_only=True)], timeout=b.left())
-            if r.count(0):
-                out = await self.mutate(
-                    run_id, lambda snap: rules.cancel_for_tenant(snap, reason=reason, tenant=tenant), timeout=b.left())
-                assert out is not None
-                return out
-            lease_id, _ = await self.etcd.grant(rules.CANCEL_INTENT_TTL, timeout=b.left())
-            res = await self.etcd.txn([E.cmp_absent(run_key)],
-                                      [E.put(intent_key, rules.cancel_intent_value(tenant, reason), lease_id)],
-                                      timeout=b.left())
-            if res.succeeded:
-                return None
-            # The run was created meanwhile: cancel its record (the lease expires unused).
 
     # --- sessions -----------------------------------------------------------------------
 

@@ -76,7 +76,8 @@ async def test_tanstack_unknown_run_persistence_and_ndjson_adapter(host: Any, ga
     assert result["ndjson"]["text"] == "hello from the replay"
     for journal in ("claude-stream-json/slow.jsonl", "claude-stream-json/thinking.jsonl"):
         got = result[journal]
-        assert got["text"] == SLOW_TEXT and got["textParts"] == 1
+        assert got["text"] == SLOW_TEXT and got["textParts"] == 40 and got["users"] == 1 and got["uniqueIds"]
+    assert result["claude-stream-json/thinking.jsonl"]["thinking"] == ["Let me think."]
 
 
 @pytest.mark.browser
