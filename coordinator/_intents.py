@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from baton.errors import StoreUnavailable
 from baton.retry import Deadline
 from baton.v1.runs_pb2 import RunRecord
 from coordinator import _etcd as E
@@ -50,19 +51,25 @@ async def user_cancel(store: "RunStore", run_id: str, reason: str, tenant: str, 
         StoreUnavailable: etcd did not answer within ``timeout`` seconds.
     """
     deadline = Deadline.after(timeout)
+
+    def left() -> float:
+        if deadline.expired:
+            raise StoreUnavailable("deadline exceeded before etcd answered")
+        return deadline.left()
+
     run_key, intent_key = store.keys.run(run_id), store.keys.cancel_intent(run_id)
     while True:
-        r = await store.etcd.txn([], [E.get(run_key, count_only=True)], timeout=deadline.left())
+        r = await store.etcd.txn([], [E.get(run_key, count_only=True)], timeout=left())
         if r.count(0):
             out = await store.mutate(
                 run_id, lambda snap: rules.cancel_for_tenant(snap, reason=reason, tenant=tenant),
-                timeout=deadline.left())
+                timeout=left())
             assert out is not None
             return out
-        lease_id, _ = await store.etcd.grant(rules.CANCEL_INTENT_TTL, timeout=deadline.left())
+        lease_id, _ = await store.etcd.grant(rules.CANCEL_INTENT_TTL, timeout=left())
         res = await store.etcd.txn([E.cmp_absent(run_key)],
                                    [E.put(intent_key, rules.cancel_intent_value(tenant, reason), lease_id)],
-                                   timeout=deadline.left())
+                                   timeout=left())
         if res.succeeded:
             return None
         # The run was created meanwhile: cancel its record (the unused lease expires).

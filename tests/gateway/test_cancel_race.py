@@ -14,7 +14,7 @@ SLOW = {"kind": "replay", "journal": "claude-stream-json/slow.jsonl", "speed": 1
 
 
 async def _cancel(http: httpx.AsyncClient, url: str, run_id: str) -> httpx.Response:
-    return await http.post(f"{url}/api/chat/cancel", json={"runId": run_id})
+    return await http.post(f"{url}/api/chat/cancel", json={"runId": run_id}, timeout=30)
 
 
 @pytest.mark.parametrize("delay_ms", [None, 0, 5, 50], ids=["before", "at-0ms", "at-5ms", "at-50ms"])
