@@ -181,12 +181,12 @@ async def test_cancel_wait_on_a_terminal_run_answers_the_final_record(
 
 
 @pytest.mark.parametrize("body,params,status", [
-    ({"runId": "nope-" + "x" * 8}, {}, 404),
+    ({"runId": "nope-" + "x" * 8}, {}, 202),  # kept for the run's start (issue 12)
     ({"threadId": "no-such-thread-x1"}, {}, 404),
     ({}, {}, 400),
     ({"runId": 5}, {}, 400),
     ({"runId": "r"}, {"wait": "true", "timeout": "-1"}, 400),
-], ids=["unknown-run", "thread-without-active-run", "neither", "not-a-string", "bad-timeout"])
+], ids=["run-not-started-yet", "thread-without-active-run", "neither", "not-a-string", "bad-timeout"])
 async def test_cancel_bad_input(gateway: Gateway, http: httpx.AsyncClient, body: dict[str, Any],
                                 params: dict[str, str], status: int) -> None:
     r = await http.post(f"{gateway.url}/api/chat/cancel", json=body, params=params)
