@@ -9,7 +9,7 @@ the start sees the intent. Kept apart from :mod:`coordinator._store`, which appl
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Callable, Protocol
 
 from baton.errors import StoreUnavailable
 from baton.retry import Deadline
@@ -18,8 +18,16 @@ from coordinator import _etcd as E
 from coordinator import rules
 from coordinator._keys import Keys
 
-if TYPE_CHECKING:
-    from coordinator._store import RunStore
+
+
+class _Store(Protocol):
+    """What :func:`user_cancel` needs of :class:`coordinator._store.RunStore` (no import cycle)."""
+
+    keys: Keys
+    etcd: Any
+
+    async def mutate(self, run_id: str, decide: Callable[[rules.Snapshot], rules.Plan[Any]], *,
+                     timeout: float) -> Any: ...
 
 
 def on_create(keys: Keys, new: RunRecord, intent: E.KV | None, cmps: list[E.Cmp]) -> list[E.Op]:
@@ -39,7 +47,7 @@ def on_create(keys: Keys, new: RunRecord, intent: E.KV | None, cmps: list[E.Cmp]
     return [E.delete(key)]
 
 
-async def user_cancel(store: "RunStore", run_id: str, reason: str, tenant: str, *, timeout: float) -> RunRecord | None:
+async def user_cancel(store: _Store, run_id: str, reason: str, tenant: str, *, timeout: float) -> RunRecord | None:
     """A user's cancel: the store's ``request_cancel`` of a run of ``tenant``, or, for a run
     id with no record yet, a cancel intent the run's start will find.
 
@@ -61,7 +69,7 @@ async def user_cancel(store: "RunStore", run_id: str, reason: str, tenant: str, 
     while True:
         r = await store.etcd.txn([], [E.get(run_key, count_only=True)], timeout=left())
         if r.count(0):
-            out = await store.mutate(
+            out: RunRecord | None = await store.mutate(
                 run_id, lambda snap: rules.cancel_for_tenant(snap, reason=reason, tenant=tenant),
                 timeout=left())
             assert out is not None
