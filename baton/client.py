@@ -216,6 +216,8 @@ class GatewayClient:
                 kw = {**kw, "headers": headers}
                 timeout = httpx.Timeout(self._http.timeout.connect, read=None)
                 async with self._http.stream(method, url, timeout=timeout, **kw) as resp:
+                    if resp.status_code == 204:
+                        return  # the log closed with nothing after our offset
                     if resp.status_code != 200:
                         raise _error_from(resp, await resp.aread())
                     parse = _ndjson_events(resp) if ndjson else _sse_events(resp)

@@ -354,6 +354,15 @@ class CoordinatorClient:
         record: RunRecord = r.record
         return record
 
+    async def user_cancel(self, run_id: str, tenant: str, reason: str = "user", *,
+                          timeout: float | None = None) -> RunRecord | None:
+        """A user's cancel (tenant-scoped): the record with ``cancel_requested``, or ``None``
+        when the run does not exist yet and a cancel intent its start will find was recorded
+        (it expires after a bounded time). Raises UnknownRun for another tenant's run."""
+        r = await self._unary("RequestRunCancel", pb.RequestRunCancelRequest(run_id=run_id, reason=reason,
+                                                                             tenant=tenant), timeout)
+        return None if r.intent else r.record
+
     # --- sessions and claims ----------------------------------------------------------
 
     async def open_session(self, ttl: float = 2.0, owner: str = "", *, probe_address: str = "",

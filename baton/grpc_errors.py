@@ -1,10 +1,16 @@
-"""The one table mapping domain errors to gRPC status codes with ``google.rpc.ErrorInfo``.
+"""The one table of domain errors: reason, gRPC status code (+ ``google.rpc.ErrorInfo``), HTTP status.
+
+Every concrete error class of :mod:`baton.errors` has one row; the gateway answers the
+same reason, metadata keys and status over gRPC and HTTP (``gateway/_errors.py`` adds the
+errors that exist only at its edge). ``tests/test_errors_table.py`` walks every class over
+both protocols and checks the README's error table against this one.
 
 Servers call :func:`to_status` (or :func:`abort`) at the edge; clients call
 :func:`from_rpc_error` to rebuild the domain exception, so no caller parses messages.
 ErrorInfo: ``reason`` is the exception's condition name, ``domain`` is ``baton.dev``, and
-``metadata`` carries the exception's data as strings. Clients in any language branch on
-``reason`` and ``metadata``.
+``metadata`` carries the exception's data as strings (never under the keys ``reason`` or
+``error``: the HTTP body puts the metadata beside those two). Clients in any language
+branch on ``reason`` and ``metadata``.
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ DOMAIN = "baton.dev"
 class Mapping:
     exc: type[e.BatonError]
     code: grpc.StatusCode
+    http: int  # the HTTP status the gateway answers with (gateway/_errors.py)
     reason: str
     to_meta: Callable[[e.BatonError], dict[str, str]]
     from_meta: Callable[[dict[str, str]], e.BatonError]
@@ -36,77 +43,77 @@ def _none(_: e.BatonError) -> dict[str, str]:
 
 # Ordered most specific first: lookup walks the MRO of the raised exception.
 TABLE: tuple[Mapping, ...] = (
-    Mapping(e.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT",
+    Mapping(e.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT, 400, "INVALID_ARGUMENT",
             lambda x: {"field": x.field, "problem": x.problem},  # type: ignore[attr-defined]
             lambda m: e.InvalidArgument(m.get("field", ""), m.get("problem", ""))),
-    Mapping(e.DurableRunIdRequired, grpc.StatusCode.INVALID_ARGUMENT, "DURABLE_RUN_ID_REQUIRED",
+    Mapping(e.DurableRunIdRequired, grpc.StatusCode.INVALID_ARGUMENT, 400, "DURABLE_RUN_ID_REQUIRED",
             _none, lambda m: e.DurableRunIdRequired()),
-    Mapping(e.StoreUnavailable, grpc.StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE",
+    Mapping(e.StoreUnavailable, grpc.StatusCode.UNAVAILABLE, 503, "STORE_UNAVAILABLE",
             _none, lambda m: e.StoreUnavailable(m.get("detail", "store unavailable"))),
-    Mapping(e.UnknownRun, grpc.StatusCode.NOT_FOUND, "UNKNOWN_RUN",
+    Mapping(e.UnknownRun, grpc.StatusCode.NOT_FOUND, 404, "UNKNOWN_RUN",
             lambda x: {"run_id": x.run_id},  # type: ignore[attr-defined]
             lambda m: e.UnknownRun(m.get("run_id", ""))),
-    Mapping(e.UnknownThread, grpc.StatusCode.NOT_FOUND, "UNKNOWN_THREAD",
+    Mapping(e.UnknownThread, grpc.StatusCode.NOT_FOUND, 404, "UNKNOWN_THREAD",
             lambda x: {"thread_id": x.thread_id},  # type: ignore[attr-defined]
             lambda m: e.UnknownThread(m.get("thread_id", ""))),
-    Mapping(e.ThreadBusy, grpc.StatusCode.ALREADY_EXISTS, "THREAD_BUSY",
+    Mapping(e.ThreadBusy, grpc.StatusCode.ALREADY_EXISTS, 409, "THREAD_BUSY",
             lambda x: {"thread_id": x.thread_id, "active_run_id": x.active_run_id},  # type: ignore[attr-defined]
             lambda m: e.ThreadBusy(m.get("thread_id", ""), m.get("active_run_id", ""))),
-    Mapping(e.RunClaimNotAcquired, grpc.StatusCode.FAILED_PRECONDITION, "RUN_CLAIM_NOT_ACQUIRED",
-            lambda x: {"run_id": x.run_id, "reason": x.reason},  # type: ignore[attr-defined]
-            lambda m: e.RunClaimNotAcquired(m.get("run_id", ""), m.get("reason", "held"))),  # type: ignore[arg-type]
-    Mapping(e.RunClaimLost, grpc.StatusCode.ABORTED, "RUN_CLAIM_LOST",
+    Mapping(e.RunClaimNotAcquired, grpc.StatusCode.FAILED_PRECONDITION, 409, "RUN_CLAIM_NOT_ACQUIRED",
+            lambda x: {"run_id": x.run_id, "refusal": x.reason},  # type: ignore[attr-defined]
+            lambda m: e.RunClaimNotAcquired(m.get("run_id", ""), m.get("refusal", "held"))),  # type: ignore[arg-type]
+    Mapping(e.RunClaimLost, grpc.StatusCode.ABORTED, 409, "RUN_CLAIM_LOST",
             lambda x: {"run_id": x.run_id, "held_epoch": str(x.held_epoch), "observed": x.observed},  # type: ignore[attr-defined]
             lambda m: e.RunClaimLost(m.get("run_id", ""), int(m.get("held_epoch", "0")), m.get("observed", ""))),
-    Mapping(e.SessionLost, grpc.StatusCode.FAILED_PRECONDITION, "SESSION_LOST",
+    Mapping(e.SessionLost, grpc.StatusCode.FAILED_PRECONDITION, 503, "SESSION_LOST",
             lambda x: {"session_id": str(x.session_id)},  # type: ignore[attr-defined]
             lambda m: e.SessionLost(int(m.get("session_id", "0")))),
-    Mapping(e.JournalAttachUnavailable, grpc.StatusCode.FAILED_PRECONDITION, "JOURNAL_ATTACH_UNAVAILABLE",
-            lambda x: {"run_id": x.run_id, "reason": x.reason},  # type: ignore[attr-defined]
-            lambda m: e.JournalAttachUnavailable(m.get("run_id", ""), m.get("reason", "unknown-run"))),  # type: ignore[arg-type]
-    Mapping(e.JournalReplayThreadIdMismatch, grpc.StatusCode.DATA_LOSS, "JOURNAL_REPLAY_THREAD_ID_MISMATCH",
+    Mapping(e.JournalAttachUnavailable, grpc.StatusCode.FAILED_PRECONDITION, 409, "JOURNAL_ATTACH_UNAVAILABLE",
+            lambda x: {"run_id": x.run_id, "refusal": x.reason},  # type: ignore[attr-defined]
+            lambda m: e.JournalAttachUnavailable(m.get("run_id", ""), m.get("refusal", "unknown-run"))),  # type: ignore[arg-type]
+    Mapping(e.JournalReplayThreadIdMismatch, grpc.StatusCode.DATA_LOSS, 500, "JOURNAL_REPLAY_THREAD_ID_MISMATCH",
             lambda x: {"index": str(x.index)},  # type: ignore[attr-defined]
             lambda m: e.JournalReplayThreadIdMismatch(int(m.get("index", "0")), None, None)),
-    Mapping(e.JournalReplayDiverged, grpc.StatusCode.DATA_LOSS, "JOURNAL_REPLAY_DIVERGED",
+    Mapping(e.JournalReplayDiverged, grpc.StatusCode.DATA_LOSS, 500, "JOURNAL_REPLAY_DIVERGED",
             lambda x: {"index": str(x.index)},  # type: ignore[attr-defined]
             lambda m: e.JournalReplayDiverged(int(m.get("index", "0")), None, None)),
-    Mapping(e.SandboxBuildFailed, grpc.StatusCode.FAILED_PRECONDITION, "SANDBOX_BUILD_FAILED",
+    Mapping(e.SandboxBuildFailed, grpc.StatusCode.FAILED_PRECONDITION, 502, "SANDBOX_BUILD_FAILED",
             lambda x: {"step": x.step, "detail": x.detail},  # type: ignore[attr-defined]
             lambda m: e.SandboxBuildFailed(m.get("step", ""), m.get("detail", ""))),
-    Mapping(e.SandboxReclaimFailed, grpc.StatusCode.UNAVAILABLE, "SANDBOX_RECLAIM_FAILED",
+    Mapping(e.SandboxReclaimFailed, grpc.StatusCode.UNAVAILABLE, 503, "SANDBOX_RECLAIM_FAILED",
             lambda x: {"sandbox_key": x.sandbox_key, "detail": x.detail},  # type: ignore[attr-defined]
             lambda m: e.SandboxReclaimFailed(m.get("sandbox_key", ""), m.get("detail", ""))),
-    Mapping(e.HostDraining, grpc.StatusCode.UNAVAILABLE, "HOST_DRAINING",
+    Mapping(e.HostDraining, grpc.StatusCode.UNAVAILABLE, 503, "HOST_DRAINING",
             _none, lambda m: e.HostDraining("host is draining")),
-    Mapping(e.HostAtCapacity, grpc.StatusCode.RESOURCE_EXHAUSTED, "HOST_AT_CAPACITY",
+    Mapping(e.HostAtCapacity, grpc.StatusCode.RESOURCE_EXHAUSTED, 503, "HOST_AT_CAPACITY",
             lambda x: {"host_id": x.host_id, "capacity": str(x.capacity)},  # type: ignore[attr-defined]
             lambda m: e.HostAtCapacity(m.get("host_id", ""), int(m.get("capacity", "0")))),
-    Mapping(e.OffsetExpired, grpc.StatusCode.OUT_OF_RANGE, "OFFSET_EXPIRED",
+    Mapping(e.OffsetExpired, grpc.StatusCode.OUT_OF_RANGE, 410, "OFFSET_EXPIRED",
             lambda x: {"run_id": x.run_id, "offset": x.offset, "earliest_offset": x.earliest_offset},  # type: ignore[attr-defined]
             lambda m: e.OffsetExpired(m.get("run_id", ""), m.get("offset", ""), m.get("earliest_offset", ""))),
-    Mapping(e.InvalidOffset, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_OFFSET",
+    Mapping(e.InvalidOffset, grpc.StatusCode.INVALID_ARGUMENT, 400, "INVALID_OFFSET",
             lambda x: {"offset": x.offset},  # type: ignore[attr-defined]
             lambda m: e.InvalidOffset(m.get("offset", ""))),
-    Mapping(e.LogAlreadyClosed, grpc.StatusCode.FAILED_PRECONDITION, "LOG_ALREADY_CLOSED",
+    Mapping(e.LogAlreadyClosed, grpc.StatusCode.FAILED_PRECONDITION, 409, "LOG_ALREADY_CLOSED",
             lambda x: {"run_id": x.run_id, "status": x.status, "epoch": str(x.epoch), "offset": str(x.offset)},  # type: ignore[attr-defined]
             lambda m: e.LogAlreadyClosed(m.get("run_id", ""), m.get("status", ""), int(m.get("epoch", "0")), int(m.get("offset", "0")))),
-    Mapping(e.LogStorageFull, grpc.StatusCode.UNAVAILABLE, "LOG_STORAGE_FULL",
+    Mapping(e.LogStorageFull, grpc.StatusCode.UNAVAILABLE, 503, "LOG_STORAGE_FULL",
             lambda x: {"run_id": x.run_id, "detail": x.detail, "err_code": "" if x.err_code is None else str(x.err_code)},  # type: ignore[attr-defined]
             lambda m: e.LogStorageFull(m.get("run_id", ""), m.get("detail", ""),
                                        int(m["err_code"]) if m.get("err_code", "").isdigit() else None)),
-    Mapping(e.LogUnavailable, grpc.StatusCode.UNAVAILABLE, "LOG_UNAVAILABLE",
+    Mapping(e.LogUnavailable, grpc.StatusCode.UNAVAILABLE, 503, "LOG_UNAVAILABLE",
             lambda x: {"run_id": x.run_id, "detail": x.detail},  # type: ignore[attr-defined]
             lambda m: e.LogUnavailable(m.get("run_id", ""), m.get("detail", ""))),
-    Mapping(e.AppendConflict, grpc.StatusCode.ABORTED, "APPEND_CONFLICT",
+    Mapping(e.AppendConflict, grpc.StatusCode.ABORTED, 409, "APPEND_CONFLICT",
             lambda x: {"run_id": x.run_id, "expected": str(x.expected), "actual": str(x.actual), "landed": ",".join(x.landed)},  # type: ignore[attr-defined]
             lambda m: e.AppendConflict(m.get("run_id", ""), int(m.get("expected", "0")), int(m.get("actual", "0")),
                                        tuple(o for o in m.get("landed", "").split(",") if o))),
-    Mapping(e.TranscriptFenced, grpc.StatusCode.ABORTED, "TRANSCRIPT_FENCED",
+    Mapping(e.TranscriptFenced, grpc.StatusCode.ABORTED, 409, "TRANSCRIPT_FENCED",
             lambda x: {"thread_id": x.thread_id, "run_id": x.run_id, "epoch": str(x.epoch),  # type: ignore[attr-defined]
                        "stored_run_id": x.stored_run_id, "stored_epoch": str(x.stored_epoch)},  # type: ignore[attr-defined]
             lambda m: e.TranscriptFenced(m.get("thread_id", ""), m.get("run_id", ""), int(m.get("epoch", "0")),
                                          m.get("stored_run_id", ""), int(m.get("stored_epoch", "0")))),
-    Mapping(e.TranscriptConflict, grpc.StatusCode.ABORTED, "TRANSCRIPT_CONFLICT",
+    Mapping(e.TranscriptConflict, grpc.StatusCode.ABORTED, 409, "TRANSCRIPT_CONFLICT",
             lambda x: {"thread_id": x.thread_id, "expected_revision": "" if x.expected_revision is None else str(x.expected_revision)},  # type: ignore[attr-defined]
             lambda m: e.TranscriptConflict(m.get("thread_id", ""), int(m["expected_revision"]) if m.get("expected_revision") else None)),
 )

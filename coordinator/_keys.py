@@ -78,6 +78,10 @@ class Keys:
         """The tenant a thread belongs to (written with its first run)."""
         return self._k("threads", encode_token(thread_id), "tenant")
 
+    def cancel_intent(self, run_id: str) -> bytes:
+        """A user's cancel of a run id that has no record yet (leased: it expires)."""
+        return self._k("cancel-intents", encode_token(run_id))
+
     def thread_run(self, thread_id: str, run_id: str) -> bytes:
         return self._k("thread-runs", encode_token(thread_id), encode_token(run_id))
 

@@ -21,6 +21,7 @@ from baton.v1 import coordinator_pb2 as pb
 from baton.v1 import coordinator_pb2_grpc as pb_grpc
 from baton.v1.runs_pb2 import Claim, RunRecord, RunStatus
 
+from coordinator import _intents
 from coordinator._records import check_paths
 from coordinator._store import PURPOSES, RunStore, UpdateOutcome
 from coordinator._etcd import LeaseNotFound
@@ -179,6 +180,12 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             validate_id(request.run_id, "run_id")
             if len(request.reason.encode()) > 256:
                 raise errors.InvalidArgument("reason", "must be at most 256 bytes")
+            if request.HasField("tenant"):
+                found = await _intents.user_cancel(self.store, request.run_id, request.reason or "user",
+                                                   request.tenant, timeout=self._budget(context))
+                if found is None:
+                    return pb.RequestRunCancelResponse(intent=True)
+                return pb.RequestRunCancelResponse(record=found)
             rec = await self.store.request_cancel(request.run_id, request.reason or "user",
                                                   timeout=self._budget(context))
             return pb.RequestRunCancelResponse(record=rec)

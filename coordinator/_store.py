@@ -28,7 +28,7 @@ from baton.v1.coordinator_pb2 import HostInfo, SandboxInstance
 from baton.v1.runs_pb2 import Claim, RunRecord, RunStatus
 
 from coordinator import _etcd as E
-from coordinator import rules
+from coordinator import _intents, rules
 from coordinator._cache import RecordCache
 from coordinator._keys import Keys, prefix_end
 from coordinator._records import is_active, is_reclaimable, is_starting
@@ -332,8 +332,8 @@ class RunStore:
         owner_key = k.thread_tenant(seed.thread_id)
         while True:
             member = k.thread_runs(seed.thread_id)
-            r = await self.etcd.txn([], [E.get(run_key), E.get(active_key), E.get(owner_key),
-                                         E.get(k.incarnation), E.get(member, prefix_end(member), limit=1)],
+            r = await self.etcd.txn([], [E.get(run_key), E.get(active_key), E.get(owner_key), E.get(k.incarnation),
+                                         E.get(member, prefix_end(member), limit=1), E.get(k.cancel_intent(seed.run_id))],
                                     timeout=b.left())
             existing = _record(_first(r.kvs(0)))
             if existing is not None:
@@ -372,6 +372,7 @@ class RunStore:
                       "driver_host", "cancel_requested", "cancel_reason"):
                 new.ClearField(f)
             new.status = RunStatus.RUN_STATUS_RUNNING
+            ops += _intents.on_create(k, new, _first(r.kvs(5)), cmps)  # a Stop before the start
             if not new.HasField("started_at"):
                 new.started_at = self.clock()
                 if is_active(other) and other is not None and new.started_at <= other.started_at:

@@ -19,6 +19,7 @@ session's claim is simply absent from a fresh snapshot.
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass, field
 from typing import Callable, Generic, Sequence, TypeVar
 
@@ -320,3 +321,44 @@ def index_changes(keys: Keys, old: RunRecord, new: RunRecord,
         if new_s is not None:
             ops.append(E.put(new_s, new.run_id.encode()))
     return cmps, ops
+
+
+# --- a Stop that races the start (issue 12) ------------------------------------------------
+
+#: Seconds a cancel intent waits for the start of its run: a client that minted the run id
+#: sends its POST at most this long before its Stop can land; after that the intent expires.
+CANCEL_INTENT_TTL = 60
+
+
+def cancel_intent_value(tenant: str, reason: str) -> bytes:
+    """The stored cancel intent of ``tenant`` for a run id with no record yet."""
+    return json.dumps({"tenant": tenant, "reason": reason}, separators=(",", ":")).encode()
+
+
+def born_cancelled(intent: bytes | None, tenant: str) -> str | None:
+    """The cancel reason a new run of ``tenant`` is born with, or ``None``.
+
+    A run whose id a user of the same tenant cancelled before the run existed starts with
+    ``cancel_requested``: its host claims it only to finalize it (``aborted``, no agent
+    launched). Another tenant's intent is ignored (it must not stop someone else's run).
+    """
+    if not intent:
+        return None
+    try:
+        value = json.loads(intent)
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or value.get("tenant") != tenant:
+        return None
+    return str(value.get("reason") or "user")
+
+
+def cancel_for_tenant(snap: Snapshot, *, reason: str, tenant: str) -> Plan[RunRecord]:
+    """:func:`request_cancel` of a user of ``tenant``: another tenant's run is unknown.
+
+    Raises:
+        UnknownRun: no such run, or it is another tenant's.
+    """
+    if snap.record is not None and snap.record.tenant != tenant:
+        raise UnknownRun(snap.run_id)
+    return request_cancel(snap, reason=reason)

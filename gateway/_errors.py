@@ -87,28 +87,20 @@ class HttpMapping:
     reason: str
 
 
-# Ordered most specific first; lookup walks the MRO of the raised exception.
+#: The errors that exist only at the gateway's edge, with their gRPC codes.
+EDGE: tuple[tuple[type[e.BatonError], int, str, str], ...] = (
+    (Unauthorized, 401, "UNAUTHENTICATED", "UNAUTHENTICATED"),
+    (BodyTooLarge, 413, "BODY_TOO_LARGE", "INVALID_ARGUMENT"),
+    (NoHostAvailable, 503, "NO_HOST_AVAILABLE", "UNAVAILABLE"),
+    (CancelWaitTimeout, 504, "CANCEL_WAIT_TIMEOUT", "DEADLINE_EXCEEDED"),
+)
+
+# Lookup walks the MRO of the raised exception, so a row per class suffices: the edge's
+# own errors, then every domain error with the status of the one table
+# (baton/grpc_errors.py), then anything else as 500 INTERNAL.
 TABLE: tuple[HttpMapping, ...] = (
-    HttpMapping(Unauthorized, 401, "UNAUTHENTICATED"),
-    HttpMapping(BodyTooLarge, 413, "BODY_TOO_LARGE"),
-    HttpMapping(NoHostAvailable, 503, "NO_HOST_AVAILABLE"),
-    HttpMapping(CancelWaitTimeout, 504, "CANCEL_WAIT_TIMEOUT"),
-    HttpMapping(UnknownThread, 404, "UNKNOWN_THREAD"),
-    HttpMapping(e.InvalidArgument, 400, "INVALID_ARGUMENT"),
-    HttpMapping(e.DurableRunIdRequired, 400, "DURABLE_RUN_ID_REQUIRED"),
-    HttpMapping(e.InvalidOffset, 400, "INVALID_OFFSET"),
-    HttpMapping(e.UnknownRun, 404, "UNKNOWN_RUN"),
-    HttpMapping(e.ThreadBusy, 409, "THREAD_BUSY"),
-    HttpMapping(e.RunClaimNotAcquired, 409, "RUN_CLAIM_NOT_ACQUIRED"),
-    HttpMapping(e.JournalAttachUnavailable, 409, "JOURNAL_ATTACH_UNAVAILABLE"),
-    HttpMapping(e.OffsetExpired, 410, "OFFSET_EXPIRED"),
-    HttpMapping(e.LogStorageFull, 503, "LOG_STORAGE_FULL"),
-    HttpMapping(e.LogUnavailable, 503, "LOG_UNAVAILABLE"),
-    HttpMapping(e.StoreUnavailable, 503, "STORE_UNAVAILABLE"),
-    HttpMapping(e.LogUnavailable, 503, "LOG_UNAVAILABLE"),
-    HttpMapping(e.HostDraining, 503, "HOST_DRAINING"),
-    HttpMapping(e.HostAtCapacity, 503, "HOST_AT_CAPACITY"),
-    HttpMapping(e.SandboxBuildFailed, 502, "SANDBOX_BUILD_FAILED"),
+    *(HttpMapping(cls, status, reason) for cls, status, reason, _code in EDGE),
+    *(HttpMapping(m.exc, m.http, m.reason) for m in grpc_errors.TABLE),
     HttpMapping(e.BatonError, 500, "INTERNAL"),
 )
 
@@ -139,6 +131,7 @@ def error_body(exc: e.BatonError) -> tuple[int, dict[str, object]]:
     g = grpc_errors.mapping_for(exc)
     if g is not None and not isinstance(exc, e.StoreUnavailable):
         body.update(g.to_meta(exc))
+    body.update(_edge_meta(exc))
     if isinstance(exc, e.ThreadBusy):
         body["activeRunId"] = exc.active_run_id
     if isinstance(exc, e.OffsetExpired):
@@ -187,21 +180,9 @@ def grpc_status(exc: e.BatonError) -> "grpc.Status":
         return grpc_status(exc.cause)  # the cause's code and reason, as HTTP answers it
     if grpc_errors.mapping_for(exc) is not None:
         return grpc_errors.to_status(exc)
-    codes = {
-        Unauthorized: grpc.StatusCode.UNAUTHENTICATED,
-        BodyTooLarge: grpc.StatusCode.INVALID_ARGUMENT,
-        NoHostAvailable: grpc.StatusCode.UNAVAILABLE,
-        CancelWaitTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
-    }
-    # Any other edge error: the code of its HTTP status.
-    by_http = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
-               404: grpc.StatusCode.NOT_FOUND, 409: grpc.StatusCode.FAILED_PRECONDITION,
-               410: grpc.StatusCode.OUT_OF_RANGE, 413: grpc.StatusCode.INVALID_ARGUMENT,
-               502: grpc.StatusCode.UNAVAILABLE, 503: grpc.StatusCode.UNAVAILABLE,
-               504: grpc.StatusCode.DEADLINE_EXCEEDED}
     m = mapping_for(exc)
-    fallback = by_http.get(m.status, grpc.StatusCode.INTERNAL) if m is not None else grpc.StatusCode.INTERNAL
-    code = next((c for cls, c in codes.items() if isinstance(exc, cls)), fallback)
+    edge = next((row for row in EDGE if isinstance(exc, row[0])), None)
+    code = getattr(grpc.StatusCode, edge[3]) if edge is not None else grpc.StatusCode.INTERNAL
     reason = m.reason if m is not None else "INTERNAL"
     info = error_details_pb2.ErrorInfo(reason=reason, domain=grpc_errors.DOMAIN, metadata=_edge_meta(exc))
     detail = any_pb2.Any()

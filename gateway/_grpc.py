@@ -29,11 +29,11 @@ from gateway import _grpc_wire
 from gateway._auth import tenant_of_header
 from gateway._errors import BodyTooLarge, grpc_status
 from gateway._reader import stream_log
-from gateway._routes_chat import cancel_run, check_cancel_timeout, open_start, visible_active
+from gateway._routes_chat import cancel_run, check_cancel_timeout, log_gone, open_start, visible_active
 from gateway._routes_misc import agent_list
 from gateway._state import GatewayState
 from gateway._validate import MAX_JSON_DEPTH, _depth, check_chat_start, check_offset
-from gateway._views import maybe_view_for, run_view_for, thread_visible_for
+from gateway._views import join_view_for, load_thread_transcript, run_view_for, thread_visible_for
 
 log = logging.getLogger("gateway.grpc")
 
@@ -126,9 +126,9 @@ class RunsService:
         return tenant_of_header(header, self._st.settings.api_keys)
 
     async def _stream(self, context: grpc.aio.ServicerContext[Any, Any], run_id: str, after: str,
-                      on_disconnect: Callable[[], Awaitable[None]] | None) -> None:
+                      on_disconnect: Callable[[], Awaitable[None]] | None, *, gone: bool = False) -> None:
         """Write the log's frames; a stream that ends without end/gap fails UNAVAILABLE."""
-        body = stream_log(self._st, run_id, after, "grpc", on_disconnect=on_disconnect)
+        body = stream_log(self._st, run_id, after, "grpc", on_disconnect=on_disconnect, gone=gone)
         finished = False
         try:
             async for frame in body:
@@ -174,11 +174,9 @@ class RunsService:
             after = "now"
         else:
             after = "-1"
-        view = await maybe_view_for(st, t, run_id)
-        if view is None:
-            raise e.UnknownRun(run_id)
-        st.takeovers.consider(run_id, view.record, view.claim)
-        await self._stream(context, run_id, after, None)
+        view = await join_view_for(st, t, run_id)
+        st.takeovers.consider(run_id, view.record if view else None, view.claim if view else None)
+        await self._stream(context, run_id, after, None, gone=view is not None and await log_gone(st, view.record))
 
     # --- unary --------------------------------------------------------------------------
 
@@ -211,9 +209,8 @@ class RunsService:
         st = self._st
         t = self._tenant(context)
         thread_id = validate_id(request.thread_id, "threadId")
-        await thread_visible_for(st, t, thread_id, must_exist=True)
-        msgs, revision = await st.transcripts.load(thread_id)
-        return pb.Transcript(thread_id=thread_id, messages_json=json.dumps(msgs or [], separators=(",", ":")),
+        msgs, revision = await load_thread_transcript(st, t, thread_id)
+        return pb.Transcript(thread_id=thread_id, messages_json=json.dumps(msgs, separators=(",", ":")),
                              revision=revision or 0)
 
     async def ListRuns(self, request: pb.RunListRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.RunListResponse:

@@ -129,6 +129,7 @@ async def stream_log(
     framing: Framing,
     *,
     on_disconnect: Callable[[], Awaitable[None]] | None = None,
+    gone: bool = False,
 ) -> AsyncGenerator[bytes, None]:
     """The framed delivery log of ``run_id`` strictly after ``after``, until it closes.
 
@@ -137,8 +138,12 @@ async def stream_log(
     or a notice naming the cause while the delivery log cannot store (:func:`idle_frame`).
     An expired offset yields one ``stream.gap`` chunk and ends. When the generator is
     closed before the log closed (the client went away), ``on_disconnect`` runs (e.g.
-    cancel a run started with ``detachOnDisconnect: false``).
+    cancel a run started with ``detachOnDisconnect: false``). ``gone``: the run is terminal
+    and its whole log expired; the reader gets the gap at once (``earliestOffset`` ``-1``).
     """
+    if gone:
+        yield frame_gap(framing, gap_chunk("-1"), "-1")
+        return
     presence = Presence(state, run_id)
     await presence.ensure()
     state.metrics.readers.inc()

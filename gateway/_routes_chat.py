@@ -23,11 +23,12 @@ from gateway._auth import check_run_visible
 from gateway._errors import CancelWaitTimeout, StartFailed, mapping_for
 from gateway._hosts import try_hosts
 from gateway._reader import stream_log
-from gateway._sse import StreamResponse, choose_framing
+from gateway._sse import FORMAT_PARAM, StreamResponse, choose_framing
 from gateway._state import GatewayState
-from baton.runs import RUN_CANCELLED, TERMINAL_PB, is_host_chunk
+from gateway._ui_messages import to_ui_messages
+from baton.runs import RUN_ACCEPTED, RUN_CANCELLED, TERMINAL_PB, is_host_chunk
 from gateway._validate import ChatStart, check_chat_start, check_offset, read_json_object
-from gateway._views import (check_thread_visible, maybe_view, record_json, run_view_for, state_of, tenant,
+from gateway._views import (check_thread_visible, join_view_for, record_json, run_view_for, state_of, tenant,
                             thread_visible_for)
 
 log = logging.getLogger("gateway.chat")
@@ -210,7 +211,7 @@ async def start_chat(request: Request) -> Response | StreamResponse:
                           default_agent=st.settings.default_agent, max_messages=st.settings.max_messages)
     resume = request.headers.get("last-event-id")
     after, on_disconnect = await open_start(st, cs, t, check_offset(resume) if resume else "-1")
-    framing = choose_framing(request.headers.get("accept"))
+    framing = choose_framing(request.headers.get("accept"), request.query_params.get(FORMAT_PARAM))
     return StreamResponse(stream_log(st, cs.run_id, after, framing, on_disconnect=on_disconnect), framing,
                           headers={"X-Run-Id": cs.run_id})
 
@@ -222,7 +223,7 @@ async def join_chat(request: Request) -> Response | StreamResponse:
     ``{messages, activeRun}``.
     """
     st = state_of(request)
-    tenant(request)
+    t = tenant(request)
     q = request.query_params
     run_id = q.get("runId")
     if not run_id:
@@ -235,10 +236,54 @@ async def join_chat(request: Request) -> Response | StreamResponse:
         raise e.InvalidArgument("offset", "is required: ?offset=-1 reads from the start; "
                                 "reconnect with a Last-Event-ID header")
     after = check_offset(offset)
-    view = await maybe_view(request, run_id)
+    framing = choose_framing(request.headers.get("accept"), q.get(FORMAT_PARAM))
+    view = await join_view_for(st, t, run_id)
     st.takeovers.consider(run_id, view.record if view else None, view.claim if view else None)
-    framing = choose_framing(request.headers.get("accept"))
-    return StreamResponse(stream_log(st, run_id, after, framing), framing, headers={"X-Run-Id": run_id})
+    if (framing == "sse" and request.headers.get("last-event-id") is not None
+            and await closed_after(st, run_id, after)):
+        # A reconnect to a log that closed with nothing after the offset: 204 is how the
+        # SSE spec lets a server stop an EventSource from reconnecting for ever.
+        return Response(status_code=204, headers={"X-Run-Id": run_id})
+    return StreamResponse(stream_log(st, run_id, after, framing, gone=view is not None and await log_gone(st, view.record)),
+                          framing,
+                          headers={"X-Run-Id": run_id})
+
+
+async def closed_after(st: GatewayState, run_id: str, after: str) -> bool:
+    """Whether the run's log is closed with no chunk after ``after`` (a decimal offset).
+
+    Raises:
+        LogUnavailable: JetStream did not answer.
+    """
+    if after in ("-1", "now"):
+        return False
+    tail = await st.log.last_record(run_id)
+    if tail is None or tail.kind != "close":
+        return False
+    reader = st.log.read(run_id, after=after)
+    try:
+        async with asyncio.timeout(CONFIRMATION_READ_TIMEOUT):
+            async for _item in reader:
+                return False
+    except (TimeoutError, e.BatonError):
+        return False  # let the stream itself answer (a gap, or the rest)
+    finally:
+        await reader.aclose()
+    return True
+
+
+async def log_gone(st: GatewayState, record: runs_pb2.RunRecord) -> bool:
+    """Whether a terminal run's whole log is gone (expired): readers then get a gap, not a wait.
+
+    A run that is not terminal yet may simply not have written; a terminal run always wrote
+    at least its close record, so an empty log means retention removed it.
+    """
+    if record.status not in TERMINAL_PB:
+        return False
+    try:
+        return await st.log.last_record(record.run_id) is None
+    except e.BatonError:
+        return False
 
 
 async def visible_active(st: GatewayState, tenant_id: str, thread_id: str) -> runs_pb2.RunRecord | None:
@@ -257,9 +302,42 @@ async def _hydrate(request: Request, thread_id: str) -> Response:
     st = state_of(request)
     validate_id(thread_id, "threadId")
     await check_thread_visible(request, thread_id, must_exist=False)
-    msgs, _rev = await st.transcripts.load(thread_id)
     rec = await _visible_active(request, thread_id)
-    return JSONResponse({"messages": msgs or [], "activeRun": {"runId": rec.run_id} if rec else None})
+    msgs: list[dict[str, Any]] | None = None
+    if rec is not None:
+        # A run is going: the client re-plays its log from the start (joinRun), so the
+        # transcript to show is what came before it: the run's input (the conversation
+        # so far plus the new user message), never a partial answer it would show twice.
+        msgs = await _run_input(st, rec.run_id)
+    if msgs is None:
+        saved, _rev = await st.transcripts.load(thread_id)
+        msgs = list(saved or [])
+    return JSONResponse({"messages": to_ui_messages(msgs), "activeRun": {"runId": rec.run_id} if rec else None})
+
+
+async def _run_input(st: GatewayState, run_id: str) -> list[dict[str, Any]] | None:
+    """The input messages of a run, from its ``run.accepted`` chunk (``None``: not readable in time)."""
+    found: list[dict[str, Any]] | None = None
+
+    async def scan() -> None:
+        nonlocal found
+        reader = st.log.read(run_id, after="-1")
+        try:
+            async for _offset, chunk in reader:
+                if is_host_chunk(chunk, RUN_ACCEPTED):
+                    value = chunk.get("value")
+                    messages = value.get("messages") if isinstance(value, dict) else None
+                    found = [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
+                    return
+        finally:
+            await reader.aclose()
+
+    try:
+        async with asyncio.timeout(CONFIRMATION_READ_TIMEOUT):
+            await scan()
+    except (TimeoutError, e.BatonError):
+        pass
+    return found
 
 
 async def active_run(request: Request) -> Response:
@@ -342,6 +420,7 @@ async def cancel_run(st: GatewayState, tenant_id: str, run_id: str | None, threa
         InvalidArgument: neither id. UnknownRun: no such (visible) run or active run.
         CancelWaitTimeout: with ``wait``, the run was not terminal in time.
     """
+    by_thread = not run_id
     if run_id:
         validate_id(run_id, "runId")
     elif thread_id:
@@ -352,17 +431,32 @@ async def cancel_run(st: GatewayState, tenant_id: str, run_id: str | None, threa
         run_id = rec.run_id
     else:
         raise e.InvalidArgument("runId", "send a runId or a threadId")
-    view = await run_view_for(st, tenant_id, run_id)
-    if view.record.status not in TERMINAL_PB:
+    try:
+        view = await run_view_for(st, tenant_id, run_id)
+    except e.UnknownRun:
+        if by_thread:
+            raise
+        # No run by that id (yet): a client that minted the id may send its Stop before its
+        # POST landed. The coordinator keeps the intent (tenant-scoped, expiring); a start
+        # that comes later is born cancelled. Another tenant's run stays unknown.
+        if await st.coordinator.user_cancel(run_id, tenant_id, "user") is None:
+            log.info("cancel of run %s before its start: intent recorded", run_id)
+            view = None
+        else:
+            view = await run_view_for(st, tenant_id, run_id)  # created meanwhile
+    if view is not None and view.record.status not in TERMINAL_PB:
         await _cancel(st, run_id, "user")
     if not wait:
         return run_id, None, None
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
-        view = await st.coordinator.get_run(run_id)
-        if view.record.status in TERMINAL_PB:
-            break
+        try:
+            view = await st.coordinator.get_run(run_id)
+            if view.record.status in TERMINAL_PB:
+                break
+        except e.UnknownRun:
+            pass  # an intent waiting for its start
         if loop.time() >= deadline:
             raise CancelWaitTimeout(run_id, timeout)
         await asyncio.sleep(min(0.05, max(deadline - loop.time(), 0)))

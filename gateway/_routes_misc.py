@@ -14,7 +14,7 @@ from baton import errors as e
 from baton.ids import validate_id
 from gateway._validate import AGENT_KINDS, REPLAY_FORMATS, list_replay_journals
 from baton.runs import STATUSES, status_name
-from gateway._views import check_thread_visible, record_json, run_view, state_of, tenant
+from gateway._views import load_thread_transcript, record_json, run_view, state_of, tenant
 
 log = logging.getLogger("gateway.routes")
 
@@ -33,9 +33,8 @@ async def thread_messages(request: Request) -> Response:
     """``GET /api/threads/{threadId}/messages``: the saved transcript (AG-UI messages)."""
     st = state_of(request)
     thread_id = validate_id(request.path_params["thread_id"], "threadId")
-    await check_thread_visible(request, thread_id, must_exist=True)
-    msgs, revision = await st.transcripts.load(thread_id)
-    return JSONResponse({"threadId": thread_id, "messages": msgs or [], "revision": revision})
+    msgs, revision = await load_thread_transcript(st, tenant(request), thread_id)
+    return JSONResponse({"threadId": thread_id, "messages": msgs, "revision": revision})
 
 
 async def agents(request: Request) -> Response:

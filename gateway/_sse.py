@@ -20,6 +20,7 @@ from typing import Any, AsyncIterator, Literal
 
 from starlette.types import Receive, Scope, Send
 
+from baton import errors as e
 from gateway import _grpc_wire
 
 log = logging.getLogger("gateway.sse")
@@ -30,8 +31,26 @@ NDJSON = "application/x-ndjson"
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def choose_framing(accept: str | None) -> Framing:
-    """NDJSON when the client asks for ``application/x-ndjson``, else SSE."""
+#: The query parameter that picks the framing by URL alone (``?format=ndjson``).
+FORMAT_PARAM = "format"
+
+
+def choose_framing(accept: str | None, fmt: str | None = None) -> Framing:
+    """NDJSON when the URL says ``?format=ndjson`` or the client asks for
+    ``application/x-ndjson``, else SSE.
+
+    TanStack's NDJSON adapters (``fetchHttpStream``, ``xhrHttpStream``) send no ``Accept``
+    header, exactly like its SSE adapter, and take nothing but a URL: the URL is the only
+    thing that can tell them apart, as it does for TanStack's own server helpers (one route
+    per framing). ``?format=sse`` forces SSE whatever ``Accept`` says.
+
+    Raises:
+        InvalidArgument: ``format`` is neither ``sse`` nor ``ndjson``.
+    """
+    if fmt is not None:
+        if fmt not in ("sse", "ndjson"):
+            raise e.InvalidArgument("format", "must be sse or ndjson")
+        return "ndjson" if fmt == "ndjson" else "sse"
     return "ndjson" if accept and NDJSON in accept.lower() else "sse"
 
 

@@ -1,6 +1,7 @@
 """Shared helpers of the route modules: the app state, the caller's tenant, JSON of records."""
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from starlette.requests import Request
@@ -107,3 +108,52 @@ async def maybe_view_for(st: GatewayState, tenant_id: str, run_id: str) -> Any |
 async def maybe_view(request: Request, run_id: str) -> Any | None:
     """Like :func:`run_view` but ``None`` when the run has no record."""
     return await maybe_view_for(state_of(request), tenant(request), run_id)
+
+
+#: Seconds a join waits for the record of a run it does not know yet. A client that mints
+#: run ids (TanStack does) may join a run whose POST is still on its way; the record
+#: appears as soon as a host takes the start, so a short wait tells "not yet" from "never".
+JOIN_RECORD_WAIT = 3.0
+
+
+async def join_view_for(st: GatewayState, tenant_id: str, run_id: str, wait: float = JOIN_RECORD_WAIT) -> Any | None:
+    """The run's ``RunView`` for a join, waiting up to ``wait`` seconds for the run to exist.
+
+    A run exists when it has a record or a delivery log (the log is what readers read; it
+    outlives a record that was removed). Without auth a run with a log but no record is
+    served as such (``None``); with auth a run must have a record of the caller's tenant.
+
+    Raises:
+        UnknownRun: neither a record nor a log after ``wait`` seconds (or another tenant's run).
+        StoreUnavailable: the coordinator cannot be reached.
+        LogUnavailable: JetStream did not answer.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    while True:
+        view = await maybe_view_for(st, tenant_id, run_id)
+        if view is not None:
+            return view
+        if not st.settings.auth_enabled and await st.log.last_record(run_id) is not None:
+            return None
+        if loop.time() >= deadline:
+            raise e.UnknownRun(run_id)
+        await asyncio.sleep(min(0.1, max(deadline - loop.time(), 0)))
+
+
+async def load_thread_transcript(st: GatewayState, tenant_id: str, thread_id: str) -> tuple[list[Any], int | None]:
+    """The thread's saved transcript and its revision, for a caller that may see the thread.
+
+    A thread is known when it has a saved transcript or a run (one still going has no
+    transcript yet); anything else is unknown, as is another tenant's thread.
+
+    Raises:
+        UnknownThread: as above.
+    """
+    await thread_visible_for(st, tenant_id, thread_id, must_exist=True)
+    msgs, revision = await st.transcripts.load(thread_id)
+    if revision is None and not st.settings.auth_enabled:
+        # With auth, thread_visible_for already required a run of the caller's tenant.
+        if not await st.coordinator.list_runs(thread_id=thread_id, limit=1):
+            raise UnknownThread(thread_id)
+    return list(msgs or []), revision

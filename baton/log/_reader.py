@@ -37,6 +37,11 @@ def parse_offset(after: str) -> str | int:
     raise InvalidOffset(str(after))
 
 
+def _is_origin(headers: dict[str, str] | None) -> bool:
+    """Whether a record is its run's first: published on an empty subject (expected head 0)."""
+    return (headers or {}).get(H.EXPECTED_LAST_SUBJECT_SEQ) == "0"
+
+
 class LogReader(AsyncIterator[Item]):
     """Async iterator of ``(offset, chunk)`` strictly after an offset.
 
@@ -107,11 +112,17 @@ class LogReader(AsyncIterator[Item]):
                 start = n + 1
                 if n >= 1:
                     first = await first_on_subject(self._nc, stream, self._subject)
-                    if first is None:
-                        # Everything this run ever stored is gone (or the offset is made up).
-                        raise OffsetExpired(self.run_id, self.after, "-1")
-                    if first.seq > n:
-                        raise OffsetExpired(self.run_id, self.after, str(first.seq))
+                    # Offsets are stream-wide sequences: an offset before the run's first
+                    # record is a gap only when records of *this run* are gone. The run's
+                    # first record is the only one appended on an empty subject (expected
+                    # head 0); while it is kept, nothing of the run was lost and the offset
+                    # reads from the start. An empty log lost nothing either (the run has
+                    # not written yet); a run whose whole log expired is the gateway's to
+                    # tell by its terminal record (docs/design.md §6).
+                    if first is not None and first.seq > n:
+                        if not _is_origin(first.headers):
+                            raise OffsetExpired(self.run_id, self.after, str(first.seq))
+                        start = first.seq
         except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
             raise LogUnavailable(self.run_id, f"reading the log failed: {type(exc).__name__}") from exc
         if self._stop_at_close and tail is not None and tail.headers.get(H.KIND) == "close" and tail.seq < start:

@@ -354,19 +354,28 @@ class RequestRunCancelRequest(_message.Message):
 
     RUN_ID_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     reason: _builtins.str
+    tenant: _builtins.str
+    """Set by a user's cancel (the gateway): a run of another tenant is unknown to it, and a
+    run id with no record yet gets a cancel intent of this tenant (a start racing the
+    Stop is born cancelled; the intent expires after a bounded time).
+    """
     def __init__(
         self,
         *,
         run_id: _builtins.str = ...,
         reason: _builtins.str = ...,
+        tenant: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_tenant", b"_tenant", "tenant", b"tenant"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_tenant", b"_tenant", "reason", b"reason", "run_id", b"run_id", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__tenant: _TypeAlias = _typing.Literal["tenant"]  # noqa: Y015
+    _WhichOneofArgType__tenant: _TypeAlias = _typing.Literal["_tenant", b"_tenant"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tenant) -> _WhichOneofReturnType__tenant | None: ...
 
 Global___RequestRunCancelRequest: _TypeAlias = RequestRunCancelRequest  # noqa: Y015
 
@@ -375,16 +384,22 @@ class RequestRunCancelResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     RECORD_FIELD_NUMBER: _builtins.int
+    INTENT_FIELD_NUMBER: _builtins.int
+    intent: _builtins.bool
+    """no run yet: the cancel waits for its start (bounded)"""
     @_builtins.property
-    def record(self) -> _runs_pb2.RunRecord: ...
+    def record(self) -> _runs_pb2.RunRecord:
+        """empty when only an intent was recorded"""
+
     def __init__(
         self,
         *,
         record: _runs_pb2.RunRecord | None = ...,
+        intent: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["record", b"record"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["record", b"record"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["intent", b"intent", "record", b"record"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

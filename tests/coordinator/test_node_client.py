@@ -38,7 +38,7 @@ async def test_node_client_creates_claims_and_reads_a_run(coord: InProcessCoordi
     assert got["claim"] == {"epoch": "1", "host_id": "node-host", "session_id": got["session_id"]}
     # The refused second claim: FAILED_PRECONDITION (9) with ErrorInfo a Node client can branch on.
     assert got["refused"] == {"code": 9, "info": {"reason": "RUN_CLAIM_NOT_ACQUIRED", "domain": "baton.dev",
-                                                  "metadata": {"run_id": run_id, "reason": "held"}}}
+                                                  "metadata": {"run_id": run_id, "refusal": "held"}}}
     assert got["claim_after_close"] is None
     # And Python sees the same run.
     view = await cc.get_run(run_id)

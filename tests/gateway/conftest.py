@@ -89,6 +89,12 @@ def replay_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
         obj["timestamp"] = ts
         silent[i] = json.dumps(obj)
     (d / "claude-stream-json" / "silent.jsonl").write_text("\n".join(silent) + "\n")
+    # A run that starts with reasoning (a thinking block), then answers slowly.
+    lines = claude_journal([f"part {i}. " for i in range(40)]).splitlines()
+    think = json.loads(lines[1])
+    think["message"] = {**think["message"], "id": "msg_think",
+                        "content": [{"type": "thinking", "thinking": "Let me think.", "signature": "sig"}]}
+    (d / "claude-stream-json" / "thinking.jsonl").write_text("\n".join([lines[0], json.dumps(think), *lines[1:]]) + "\n")
     return d
 
 

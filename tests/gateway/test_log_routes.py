@@ -64,7 +64,9 @@ async def test_finished_run_joined_at_its_last_offset_closes_at_once(make_gatewa
     got = await asyncio.wait_for(read_stream(
         http, "GET", f"{gw.url}/api/chat", params={"runId": run_id}, headers={"Last-Event-ID": offsets[-1]}), 5)
 
-    assert got.events == [] and got.ended and got.keepalives == 0
+    # A reconnect (Last-Event-ID) to a closed log with nothing after it: 204, which stops
+    # an EventSource from reconnecting (issue 12).
+    assert got.status == 204 and got.events == [] and got.keepalives == 0
 
 
 async def test_last_event_id_wins_over_offset_query(gateway: Gateway, http: httpx.AsyncClient,

@@ -64,3 +64,35 @@ async def test_browser_reload_rejoins_stop_cancels_and_html_is_text(host: Any, g
     assert result["stop"]["status"] == "aborted"
     assert result["xss"]["text"] == ('<script>window.__xss = 1</script><img src=x onerror="window.__xss = 2">'
                                      "<b>bold?</b>")
+
+
+@pytest.mark.node
+async def test_tanstack_unknown_run_persistence_and_ndjson_adapter(host: Any, gateway: Gateway) -> None:
+    """Issue 12 items 1-3 with @tanstack/ai-client: an unknown run errors, persistence: true
+    hydrates and tails a reloaded run without a duplicated text part, fetchHttpStream needs only a URL."""
+    node = need_node("@tanstack/ai-client")
+    result = await run_node(node, "tanstack_edges.mjs", {"BATON_GATEWAY_URL": gateway.url}, timeout=150)
+    assert "404" in result["unknown_sse"]["error"] and "404" in result["unknown_ndjson"]["error"]
+    assert result["ndjson"]["text"] == "hello from the replay"
+    plain = result["claude-stream-json/slow.jsonl"]
+    assert plain["text"] == SLOW_TEXT and plain["textParts"] == 40 and plain["users"] == 1 and plain["uniqueIds"]
+    # A run that starts with reasoning: never a text part twice (the client itself drops the
+    # reasoning message and the first text part on rejoin; see tanstack_edges.mjs).
+    thinking = result["claude-stream-json/thinking.jsonl"]
+    assert thinking["users"] == 1 and thinking["uniqueIds"] and SLOW_TEXT.endswith(thinking["text"])
+
+
+@pytest.mark.browser
+async def test_browser_eventsource_stops_after_the_end(gateway: Gateway, dlog: Any) -> None:
+    """Issue 12 item 4: after ``: end`` a native EventSource reconnects once, gets 204, and stops."""
+    from tests.conftest import unique
+    from tests.gateway.conftest import run_chunks, write_run
+
+    node = need_node("playwright-core")
+    require(pathlib.Path("/usr/bin/chromium").exists(), "/usr/bin/chromium missing (apt-get install chromium)")
+    run_id = unique("run")
+    _, offsets = await write_run(dlog, run_id, run_chunks(run_id, "t", ["a", "b"]))
+    result = await run_node(node, "eventsource_end.mjs", {"BATON_GATEWAY_URL": gateway.url, "BATON_RUN_ID": run_id})
+    assert result["ids"] == offsets  # every chunk once
+    assert result["opens"] == 1 and result["state"] == 2  # CLOSED: no reconnect loop
+    assert result["requests"] == [None, offsets[-1]]  # one reconnect, at the last offset, answered 204

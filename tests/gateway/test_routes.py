@@ -181,12 +181,12 @@ async def test_cancel_wait_on_a_terminal_run_answers_the_final_record(
 
 
 @pytest.mark.parametrize("body,params,status", [
-    ({"runId": "nope-" + "x" * 8}, {}, 404),
+    ({"runId": "nope-" + "x" * 8}, {}, 202),  # kept for the run's start (issue 12)
     ({"threadId": "no-such-thread-x1"}, {}, 404),
     ({}, {}, 400),
     ({"runId": 5}, {}, 400),
     ({"runId": "r"}, {"wait": "true", "timeout": "-1"}, 400),
-], ids=["unknown-run", "thread-without-active-run", "neither", "not-a-string", "bad-timeout"])
+], ids=["run-not-started-yet", "thread-without-active-run", "neither", "not-a-string", "bad-timeout"])
 async def test_cancel_bad_input(gateway: Gateway, http: httpx.AsyncClient, body: dict[str, Any],
                                 params: dict[str, str], status: int) -> None:
     r = await http.post(f"{gateway.url}/api/chat/cancel", json=body, params=params)
@@ -203,9 +203,12 @@ async def test_thread_messages_returns_the_saved_transcript(gateway: Gateway, ht
     await TranscriptStore(dlog.nc, dlog.cfg).save(thread, msgs)
     r = await http.get(f"{gateway.url}/api/threads/{thread}/messages")
     assert r.status_code == 200 and r.json()["messages"] == msgs
-    # The TanStack hydration probe: GET /api/chat?threadId → {messages, activeRun}.
+    # The TanStack hydration probe: GET /api/chat?threadId → {messages, activeRun}, the
+    # messages in @tanstack/ai-client's own UIMessage shape (parts).
     r = await http.get(f"{gateway.url}/api/chat", params={"threadId": thread})
-    assert r.json() == {"messages": msgs, "activeRun": None}
+    assert r.json() == {"messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "content": "hi"}]},
+                                     {"id": "a1", "role": "assistant", "parts": [{"type": "text", "content": "<b>yo</b>"}]}],
+                        "activeRun": None}
 
 
 async def test_agents_lists_the_replay_corpus(gateway: Gateway, http: httpx.AsyncClient) -> None:

@@ -152,7 +152,8 @@ async def test_bad_input_each_with_its_status_and_reason(host: Any, grpc_gateway
     missing = unique("missing")
     assert (await _fails(runs.JoinRun(pb.RunJoinRequest(run_id=missing)), NF, "UNKNOWN_RUN"))["run_id"] == missing
     await _fails(runs.GetRun(pb.RunGetRequest(run_id=missing)), NF, "UNKNOWN_RUN")
-    await _fails(runs.CancelRun(pb.RunCancelRequest(run_id=missing)), NF, "UNKNOWN_RUN")
+    # A cancel of a run id with no run yet is kept for its start (issue 12), not refused.
+    assert (await runs.CancelRun(pb.RunCancelRequest(run_id=missing))).run_id == missing
     await _fails(runs.CancelRun(pb.RunCancelRequest(thread_id=unique("th"))), NF, "UNKNOWN_RUN")
     await _fails(runs.CancelRun(pb.RunCancelRequest()), IA, "INVALID_ARGUMENT")
     await _fails(runs.CancelRun(pb.RunCancelRequest(run_id=missing, wait=True, timeout_seconds=1e9)),
@@ -227,3 +228,19 @@ async def test_tenancy_and_credentials(host: Any, make_gateway: Any, http: httpx
             iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
         names = [s.name async for r in refl for s in r.list_services_response.service]
         assert "baton.v1.Runs" in names
+
+
+async def test_unknown_run_and_offsets_before_a_new_run_as_over_http(grpc_gateway: Any, runs: pbg.RunsStub,
+                                                                      dlog: Any) -> None:
+    """Issue 12 over gRPC: an unknown run is NOT_FOUND after the bounded wait; an offset before
+    a new run's first chunk reads it from the start (a gap means this run's chunks are gone)."""
+    from tests.gateway.conftest import run_chunks, write_run
+
+    got = await read_events(runs.JoinRun(pb.RunJoinRequest(run_id="no-such", after_offset="-1")))
+    assert got.error is not None and got.error.code() == grpc.StatusCode.NOT_FOUND
+    assert error_info(got.error).reason == "UNKNOWN_RUN"
+    run = unique("run")
+    chunks = run_chunks(run, "t", ["a", "b"])
+    _, offsets = await write_run(dlog, run, chunks)
+    from_one = await read_events(runs.JoinRun(pb.RunJoinRequest(run_id=run, after_offset="1")))
+    assert [o for o, _ in from_one.chunks] == offsets and from_one.end == "completed" and from_one.gap is None

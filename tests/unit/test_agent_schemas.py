@@ -116,3 +116,38 @@ def test_chat_body_errors_name_the_field(tmp_path: pathlib.Path) -> None:
     ok = check_chat_start({**base, "state": {}, "tools": [], "forwardedProps": {"detachOnDisconnect": False}},
                           {}, {}, replay_dirs=[tmp_path], default_agent="codex", max_messages=10)
     assert ok.cancel_on_disconnect and ok.agent.kind == "codex" and ok.messages == []
+
+
+def _http_body_to_launch(agent: dict, tmp_path: pathlib.Path):  # type: ignore[no-untyped-def]
+    """The whole path of an agent object: POST /api/chat body → the gateway's StartRunRequest
+    (options_json) → the host's launch → the record's options → the launch a successor builds."""
+    import json
+
+    body = {"threadId": "t1", "messages": [{"id": "u1", "role": "user", "content": "hi"}], "agent": agent}
+    cs = check_chat_start(body, {"x-run-id": "r1"}, {}, replay_dirs=[tmp_path], default_agent="replay",
+                          max_messages=100)
+    first = prepare_agent(cs.agent.kind, json.loads(cs.agent.to_json()), prompt="hi")
+    recorded = json.loads(json.dumps(dict(first.options)))  # the record's AgentSpec.options_json
+    again = prepare_agent(cs.agent.kind, recorded, prompt="hi")
+    assert (again.argv, dict(again.env)) == (first.argv, dict(first.env))
+    return first
+
+
+def test_contract_from_the_http_body_to_argv_and_env(tmp_path: pathlib.Path) -> None:
+    """Issue 12 item 8: every option the HTTP API names reaches the agent's command line."""
+    claude = _http_body_to_launch({"kind": "claude-code", "model": "sonnet", "maxTurns": 3, "permissionMode": "plan",
+                                   "includePartialMessages": False, "allowedTools": ["Read"],
+                                   "appendSystemPrompt": "be brief"}, tmp_path)
+    assert claude.argv == ("claude", "-p", "--output-format", "stream-json", "--verbose", "--model", "sonnet",
+                           "--max-turns", "3", "--permission-mode", "plan", "--allowedTools", "Read",
+                           "--append-system-prompt", "be brief")
+    assert "--include-partial-messages" not in claude.argv  # false means false
+    # The host's own (snake_case) names are the same options, accepted at the edge too.
+    snake = _http_body_to_launch({"kind": "claude-code", "max_turns": 3, "include_partial_messages": False}, tmp_path)
+    assert "--include-partial-messages" not in snake.argv and ("--max-turns", "3") == snake.argv[-2:]
+    codex = _http_body_to_launch({"kind": "codex", "profile": "ci", "model": "o4"}, tmp_path)
+    assert codex.argv[:3] == ("codex", "exec", "--json") and "--profile" in codex.argv and "ci" in codex.argv
+    # Unknown options are refused up front, naming the option.
+    with pytest.raises(InvalidArgument) as ei:
+        _http_body_to_launch({"kind": "claude-code", "maxTurnz": 3}, tmp_path)
+    assert "maxTurnz" in f"{ei.value.field} {ei.value.problem}"

@@ -1,0 +1,78 @@
+"""AG-UI messages → TanStack AI ``UIMessage``s (the hydration answer of ``GET /api/chat?threadId``). Pure.
+
+``@tanstack/ai-client`` with ``persistence: true`` hydrates a chat from the server and
+expects its own message shape, ``{id, role, parts: [...]}``, not AG-UI messages. The
+conversion follows ``modelMessagesToUIMessages`` of ``@tanstack/ai`` (0.33): a user or
+system message's text is one ``text`` part; an assistant message gives a ``text`` part
+and one ``tool-call`` part per tool call (``state: input-complete``, ``input`` when the
+arguments parse); a ``tool`` message becomes a ``tool-result`` part of the assistant
+message that made the call (``state: complete``), and the call's part turns ``complete``
+with its ``output``.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+Message = dict[str, Any]
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return ""
+
+
+def _parsed(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def to_ui_messages(messages: Sequence[Message]) -> list[Message]:
+    """Convert AG-UI messages (``role``, ``content``, ``toolCalls``, ``toolCallId``) to UI messages.
+
+    Messages of other roles (``reasoning``, ``activity``, ``developer``) carry nothing
+    the chat shows after a reload and are left out.
+    """
+    out: list[Message] = []
+    current: Message | None = None  # the assistant message tool results attach to
+    for m in messages:
+        role = m.get("role")
+        mid = str(m.get("id") or f"msg-{len(out)}")
+        if role == "tool":
+            content = _text(m.get("content"))
+            result = {"type": "tool-result", "toolCallId": m.get("toolCallId", ""), "content": content,
+                      "state": "complete"}
+            if current is None:
+                current = {"id": mid, "role": "assistant", "parts": []}
+                out.append(current)
+            for p in current["parts"]:
+                if p.get("type") == "tool-call" and p.get("id") == m.get("toolCallId"):
+                    p["state"] = "complete"
+                    output = _parsed(content)
+                    p["output"] = output if output is not None else content
+            current["parts"].append(result)
+            continue
+        if role not in ("user", "assistant", "system"):
+            continue
+        parts: list[dict[str, Any]] = []
+        text = _text(m.get("content"))
+        if text:
+            parts.append({"type": "text", "content": text})
+        for call in m.get("toolCalls") or () if role == "assistant" else ():
+            fn = call.get("function") or {}
+            args = fn.get("arguments", "")
+            part: dict[str, Any] = {"type": "tool-call", "id": call.get("id", ""), "name": fn.get("name", ""),
+                                    "arguments": args, "state": "input-complete"}
+            parsed = _parsed(args) if isinstance(args, str) else None
+            if parsed is not None:
+                part["input"] = parsed
+            parts.append(part)
+        ui = {"id": mid, "role": role, "parts": parts}
+        out.append(ui)
+        current = ui if role == "assistant" else None
+    return out
