@@ -19,7 +19,6 @@ from typing import Any
 
 from ag_ui.core import (
     BaseEvent,
-    CustomEvent,
     ReasoningEncryptedValueEvent,
     ReasoningEndEvent,
     ReasoningMessageContentEvent,
@@ -316,7 +315,9 @@ class Translator:
         return f"{self.run_id}-{self._n}"
 
     def _emit(self, event: BaseEvent) -> None:
-        chunk = event_to_chunk(event)
+        self._emit_chunk(event_to_chunk(event))
+
+    def _emit_chunk(self, chunk: Chunk) -> None:
         if chunk["type"] == "CUSTOM":
             # A journal line the translator passes on as data (an unknown type, say) can be
             # MiBs; one delivery-log message cannot. Deterministic, like cut_result.
@@ -337,7 +338,15 @@ class Translator:
             self._emit(RunStartedEvent(thread_id=self.thread_id, run_id=self.run_id))
 
     def _custom(self, name: str, value: Any, subagent: str | None = None) -> None:
-        self._emit(CustomEvent(name=name, value=value, subagent_run_id=subagent))
+        # The chunk CustomEvent(...) dumps to, built directly: CUSTOM is the most frequent
+        # chunk of a Claude journal and its value is parsed JSON already (same keys, same order).
+        chunk: Chunk = {"type": "CUSTOM"}
+        if subagent is not None:
+            chunk["subagentRunId"] = subagent
+        chunk["name"] = name
+        if value is not None:
+            chunk["value"] = value
+        self._emit_chunk(chunk)
 
     def _unparsed(self, line: bytes) -> None:
         self._custom("journal.unparsed_line", {"line": self.line_no, "bytes": len(line), "text": quote(line)})

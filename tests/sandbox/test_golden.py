@@ -29,6 +29,10 @@ def _of(chunks: Chunks, t: str) -> Chunks:
     return [c for c in chunks if c["type"] == t]
 
 
+def _customs(ch: Chunks, name: str) -> list[Any]:
+    return [c["value"] for c in ch if c["type"] == "CUSTOM" and c["name"] == name]
+
+
 def _text_by_id(chunks: Chunks, t: str = "TEXT_MESSAGE_CONTENT", key: str = "messageId") -> dict[str, str]:
     out: dict[str, str] = {}
     for c in _of(chunks, t):
@@ -111,6 +115,9 @@ def pins_synthetic(journal: pathlib.Path, ch: Chunks) -> None:
     """Synthetic message (UUID id, <synthetic> model); `type` as a late key on the result
     line; empty `result` → RUN_FINISHED without `result`."""
     assert _text_by_id(ch) == {"1b4cee83-e755-4896-ad94-d71b241fa184:0": "Error: No messages to compact"}
+    # the local command (local_command_run/outcome/source) as a named notice
+    assert _customs(ch, "agent.local_command") == [
+        {"command": "compact", "args": "", "outcome": "failed", "stderr": "Error: No messages to compact"}]
     assert ch[-1]["type"] == "RUN_FINISHED" and "result" not in ch[-1]
 
 
@@ -152,10 +159,6 @@ def pins_codex_zsh(journal: pathlib.Path, ch: Chunks) -> None:
     # which files changed, as recorded (item.completed.changes)
     assert _of(ch, "TOOL_CALL_RESULT")[2]["metadata"] == {
         "status": "completed", "changes": [{"path": "/tmp/codex-test-dir/summary.txt", "kind": "add"}]}
-
-
-def _customs(ch: Chunks, name: str) -> list[Any]:
-    return [c["value"] for c in ch if c["type"] == "CUSTOM" and c["name"] == name]
 
 
 def pins_autocompact(journal: pathlib.Path, ch: Chunks) -> None:
