@@ -129,6 +129,26 @@ def bounded(value: Any, depth: int = 0) -> Any:
     return value
 
 
+#: Largest structured form (JSON bytes) kept in one result's metadata, beside a content of up
+#: to :data:`MAX_RESULT_BYTES`: together they stay under one delivery-log message.
+STRUCT_LIMIT = 64 * 1024
+
+
+def structured(value: Any) -> Any:
+    """:func:`bounded`, and when its JSON is still over :data:`STRUCT_LIMIT` bytes, only the
+    top-level scalars (numbers, booleans, strings up to 256 characters) and an ``omitted``
+    note (``{"bytes": n, "keys": [...]}``). Pure and deterministic."""
+    value = bounded(value)
+    size = len(compact_json(value).encode())
+    if size <= STRUCT_LIMIT:
+        return value
+    if not isinstance(value, dict):
+        return {"omitted": {"bytes": size}}
+    kept = {k: v for k, v in value.items()
+            if isinstance(v, (bool, int, float)) or (isinstance(v, str) and len(v) <= 256)}
+    return {**kept, "omitted": {"bytes": size, "keys": sorted(k for k in value if k not in kept)}}
+
+
 def compact_json(value: Any) -> str:
     """JSON as the CLIs write it: no spaces, non-ASCII kept (journal-formats.md §1.2)."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)

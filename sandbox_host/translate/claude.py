@@ -50,7 +50,7 @@ from typing import Any
 
 from ag_ui.core import SubagentStartedEvent, TokenUsage
 
-from sandbox_host.translate._base import Outcome, Translator, bounded, compact_json, int_field
+from sandbox_host.translate._base import Outcome, Translator, bounded, compact_json, int_field, structured
 
 # Tools whose calls run a subagent (renamed from Task to Agent in later CLIs).
 _SUBAGENT_TOOLS = frozenset({"Task", "Agent"})
@@ -86,7 +86,7 @@ def _structured(result: dict[str, Any]) -> Any:
     if isinstance(f, dict) and isinstance(f.get("content"), str):
         f = {k: v for k, v in f.items() if k != "content"} | {"contentChars": len(f["content"])}
         result = {**result, "file": f}
-    return bounded(result)
+    return structured(result)
 
 
 class _Block:
@@ -508,13 +508,13 @@ class ClaudeTranslator(Translator):
             return
         # The line's tool_use_result describes its tool result when there is exactly one.
         results = [b for b in content if isinstance(b, dict) and b.get("type") == "tool_result"]
-        structured = obj.get("tool_use_result") if len(results) == 1 else None
+        raw_result = obj.get("tool_use_result") if len(results) == 1 else None
         for block in content:
             if not isinstance(block, dict):
                 continue
             kind = block.get("type")
             if kind == "tool_result":
-                self._tool_result_block(block, scope, structured)
+                self._tool_result_block(block, scope, raw_result)
             elif kind == "text":
                 self._user_text(str(block.get("text", "")), obj, scope)
             else:
@@ -532,7 +532,7 @@ class ClaudeTranslator(Translator):
             return
         self._custom("claude.user_message", {"text": text}, scope)
 
-    def _tool_result_block(self, block: dict[str, Any], scope: str | None, structured: Any = None) -> None:
+    def _tool_result_block(self, block: dict[str, Any], scope: str | None, raw_result: Any = None) -> None:
         tid = block.get("tool_use_id")
         if not isinstance(tid, str) or not tid:
             self._unknown("content.tool_result", block, scope)
@@ -550,8 +550,8 @@ class ClaudeTranslator(Translator):
         if tid in self._subagents:
             self._subagent_end(tid, error=text if is_error else None)
         meta: dict[str, Any] = {"isError": True} if is_error else {}
-        if isinstance(structured, dict):  # a string tool_use_result repeats the content: not kept
-            meta["toolUseResult"] = _structured(structured)
+        if isinstance(raw_result, dict):  # a string tool_use_result repeats the content: not kept
+            meta["toolUseResult"] = _structured(raw_result)
         self._tool_result(tid, text, owner, meta or None)
 
 

@@ -47,6 +47,7 @@ from sandbox_host.translate._base import (
     bounded,
     compact_json,
     int_field,
+    structured,
     sub_usage,
     usage_dict,
 )
@@ -272,7 +273,7 @@ class CodexTranslator(Translator):
         if isinstance(item.get("query"), str) and item["query"]:
             lines.append(f"query: {item['query']}")
         if isinstance(results, list):
-            meta["results"] = bounded(results)
+            meta["results"] = structured(results)
             for r in results:
                 if not isinstance(r, dict):
                     continue
@@ -287,7 +288,7 @@ class CodexTranslator(Translator):
         lines = [str(item.get("status", ""))]
         changes = item.get("changes")
         if isinstance(changes, list):
-            meta["changes"] = bounded(changes)
+            meta["changes"] = structured(changes)
             for c in changes:
                 if isinstance(c, dict):
                     lines.append(f"{c.get('kind', 'change')} {c.get('path', '')}")

@@ -99,6 +99,24 @@ def test_bash_structured_result_keeps_stdout_stderr_and_interrupted() -> None:
     assert ch[-1]["metadata"] == {"turns": 1, "costUsd": 0.5}
 
 
+def test_a_huge_structured_result_keeps_its_scalars_and_fits_one_message() -> None:
+    # 100 edits of 20k characters each: the structured form would be MiBs; it keeps the
+    # top-level scalars and says what it left out, so the chunk still fits a log message.
+    raw = {"filePath": "/w/a.py", "interrupted": False, "edits": [{"old": "x" * 20_000}] * 100}
+    lines = [
+        {"type": "assistant", "message": {"id": "msg_1", "role": "assistant", "content": [
+            {"type": "tool_use", "id": "toolu_1", "name": "MultiEdit", "input": {}}]}},
+        {"type": "user", "message": {"role": "user", "content": [
+            {"tool_use_id": "toolu_1", "type": "tool_result", "content": "ok"}]}, "tool_use_result": raw},
+    ]
+    ch = translate_bytes("claude-stream-json", _dump(lines), "r", "t", exit_code=None)
+    (res,) = [c for c in ch if c["type"] == "TOOL_CALL_RESULT"]
+    meta = res["metadata"]["toolUseResult"]
+    assert meta["filePath"] == "/w/a.py" and meta["interrupted"] is False
+    assert meta["omitted"]["keys"] == ["edits"] and meta["omitted"]["bytes"] > 1_000_000
+    assert len(json.dumps(res).encode()) < 1024 * 1024
+
+
 def _partial() -> list[dict[str, Any]]:
     return [json.loads(line) for line in (CLAUDE / "partial-messages-bash-exit-128.jsonl").read_bytes().splitlines()]
 
