@@ -21,7 +21,6 @@ from ag_ui.core import (
     BaseEvent,
     ReasoningEncryptedValueEvent,
     ReasoningEndEvent,
-    ReasoningMessageContentEvent,
     ReasoningMessageEndEvent,
     ReasoningMessageStartEvent,
     ReasoningStartEvent,
@@ -32,11 +31,9 @@ from ag_ui.core import (
     StepStartedEvent,
     SubagentErrorEvent,
     SubagentFinishedEvent,
-    TextMessageContentEvent,
     TextMessageEndEvent,
     TextMessageStartEvent,
     TokenUsage,
-    ToolCallArgsEvent,
     ToolCallEndEvent,
     ToolCallResultEvent,
     ToolCallStartEvent,
@@ -357,6 +354,16 @@ class Translator:
             self._started = True
             self._emit(RunStartedEvent(thread_id=self.thread_id, run_id=self.run_id))
 
+    def _delta(self, kind: str, key: str, ident: str, delta: str, sub: str | None) -> None:
+        """A CONTENT/ARGS chunk, built as its event would dump (the most frequent chunks;
+        ``delta`` is a non-empty str, so no validation is lost)."""
+        chunk: Chunk = {"type": kind}
+        if sub is not None:
+            chunk["subagentRunId"] = sub
+        chunk[key] = ident
+        chunk["delta"] = delta
+        self._out.append(chunk)
+
     def _custom(self, name: str, value: Any, subagent: str | None = None) -> None:
         # The chunk CustomEvent(...) dumps to, built directly: CUSTOM is the most frequent
         # chunk of a Claude journal and its value is parsed JSON already (same keys, same order).
@@ -411,7 +418,7 @@ class Translator:
     def _text_delta(self, mid: str, delta: str) -> None:
         sub = self._text.get(mid)
         for i in range(0, len(delta), MAX_DELTA):
-            self._emit(TextMessageContentEvent(message_id=mid, delta=delta[i : i + MAX_DELTA], subagent_run_id=sub))
+            self._delta("TEXT_MESSAGE_CONTENT", "messageId", mid, delta[i : i + MAX_DELTA], sub)
 
     def _text_end(self, mid: str) -> None:
         if mid in self._text:
@@ -433,7 +440,7 @@ class Translator:
     def _reasoning_delta(self, mid: str, delta: str) -> None:
         sub = self._reasoning.get(mid)
         for i in range(0, len(delta), MAX_DELTA):
-            self._emit(ReasoningMessageContentEvent(message_id=mid, delta=delta[i : i + MAX_DELTA], subagent_run_id=sub))
+            self._delta("REASONING_MESSAGE_CONTENT", "messageId", mid, delta[i : i + MAX_DELTA], sub)
 
     def _reasoning_end(self, mid: str) -> None:
         if mid in self._reasoning:
@@ -463,7 +470,7 @@ class Translator:
     def _tool_args(self, tid: str, delta: str) -> None:
         sub = self._tools.get(tid)
         for i in range(0, len(delta), MAX_DELTA):
-            self._emit(ToolCallArgsEvent(tool_call_id=tid, delta=delta[i : i + MAX_DELTA], subagent_run_id=sub))
+            self._delta("TOOL_CALL_ARGS", "toolCallId", tid, delta[i : i + MAX_DELTA], sub)
 
     def _tool_end(self, tid: str) -> None:
         if tid in self._tools:
