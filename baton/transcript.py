@@ -9,13 +9,27 @@ After a takeover the driver feeds the builder the replayed chunks tagged ``store
 ``new``, so the transcript equals that of the same run without a restart, including a tool
 call whose arguments were split between deltas on either side of the takeover.
 
-Message shapes follow ``ag_ui.core`` (``AssistantMessage``, ``ToolMessage``, ``ToolCall``)
-dumped with camelCase aliases. Grouping of tool calls follows the AG-UI TypeScript client's
-default event application: a ``TOOL_CALL_START`` joins the last message when its
-``parentMessageId`` names it, otherwise it opens a new assistant message whose id is the
-``parentMessageId`` (or the tool call id).
+Message shapes follow ``ag_ui.core`` (``AssistantMessage``, ``ReasoningMessage``,
+``ToolMessage``, ``ActivityMessage``, ``ToolCall``) dumped with camelCase aliases, and the
+messages are assembled the way the AG-UI TypeScript client's default event application
+(``defaultApplyEvents`` of ``@ag-ui/client``, which ``HttpAgent`` runs) assembles them from the
+same chunks, so a client's view and the saved transcript agree (tests/sandbox/test_agui_node.py
+compares them on every corpus journal):
 
-Chunks that carry no conversation content (run lifecycle, steps, reasoning, state, raw,
+- ``TEXT_MESSAGE_START`` / ``REASONING_MESSAGE_START`` open a message (role ``assistant`` /
+  ``reasoning``) with ``content: ""``; their ``CONTENT`` chunks append to it.
+- ``TOOL_CALL_START`` joins the assistant message whose id is its ``parentMessageId``
+  wherever it is; it opens a new assistant message (no ``content`` key) with that id, or with
+  the tool call id when there is no parent or the id names a non-assistant message.
+- ``TOOL_CALL_RESULT`` becomes a ``role: "tool"`` message placed after the assistant message
+  holding the call (and the tool messages already after it), else at the end.
+- ``REASONING_ENCRYPTED_VALUE`` sets ``encryptedValue`` on the message (or tool call) it names.
+- ``ACTIVITY_SNAPSHOT`` adds or replaces a ``role: "activity"`` message.
+- A chunk's ``metadata`` is merged (shallowly) into the message or tool call it applies to.
+- Subagents: a message opened by a chunk with ``subagentRunId`` carries it; a tool call that
+  joins an existing message does not change that message's owner.
+
+Chunks that carry no conversation content (run lifecycle, steps, reasoning spans, state, raw,
 custom) are ignored, except ``CUSTOM run.accepted`` whose ``value.messages`` supplies the
 input messages when the builder was created without them.
 """
@@ -40,6 +54,13 @@ def _content_text(content: Any) -> str:
         parts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
         return "".join(parts)
     return json.dumps(content, sort_keys=True, ensure_ascii=False)
+
+
+def _merge_metadata(target: dict[str, Any], chunk: Chunk) -> None:
+    """``target.metadata = {**target.metadata, **chunk.metadata}`` (AG-UI ``mergeMetadata``)."""
+    meta = chunk.get("metadata")
+    if isinstance(meta, dict):
+        target["metadata"] = {**(target.get("metadata") or {}), **copy.deepcopy(meta)}
 
 
 class TranscriptBuilder:
@@ -82,23 +103,32 @@ class TranscriptBuilder:
                 if isinstance(msgs, list):
                     self._input = [copy.deepcopy(m) for m in msgs if isinstance(m, dict)]
             return
-        if t in ("TEXT_MESSAGE_START", "TEXT_MESSAGE_CHUNK"):
+        if t in ("TEXT_MESSAGE_START", "TEXT_MESSAGE_CHUNK", "REASONING_MESSAGE_START", "REASONING_MESSAGE_CHUNK"):
             mid = chunk.get("messageId")
             if not isinstance(mid, str):
                 return
+            reasoning = t.startswith("REASONING")
             msg = self._by_id.get(mid)
             if msg is None:
-                msg = {"id": mid, "role": chunk.get("role") or "assistant", "content": ""}
-                if chunk.get("name"):
+                role = "reasoning" if reasoning else (chunk.get("role") or "assistant")
+                msg = {"id": mid, "role": role, "content": ""}
+                if chunk.get("name") and not reasoning:
                     msg["name"] = chunk["name"]
                 self._add(msg, chunk)
-            if t == "TEXT_MESSAGE_CHUNK" and isinstance(chunk.get("delta"), str):
+            if t.endswith("_CHUNK") and isinstance(chunk.get("delta"), str):
                 msg["content"] = (msg.get("content") or "") + chunk["delta"]
+            _merge_metadata(msg, chunk)
             return
-        if t == "TEXT_MESSAGE_CONTENT":
+        if t in ("TEXT_MESSAGE_CONTENT", "REASONING_MESSAGE_CONTENT"):
             msg = self._by_id.get(chunk.get("messageId", ""))
-            if msg is not None and isinstance(chunk.get("delta"), str):
+            if msg is not None and msg.get("role") != "activity" and isinstance(chunk.get("delta"), str):
                 msg["content"] = (msg.get("content") or "") + chunk["delta"]
+                _merge_metadata(msg, chunk)
+            return
+        if t in ("TEXT_MESSAGE_END", "REASONING_MESSAGE_END"):
+            msg = self._by_id.get(chunk.get("messageId", ""))
+            if msg is not None and msg.get("role") != "activity":
+                _merge_metadata(msg, chunk)
             return
         if t in ("TOOL_CALL_START", "TOOL_CALL_CHUNK"):
             tcid = chunk.get("toolCallId")
@@ -111,23 +141,17 @@ class TranscriptBuilder:
                 call = {"id": tcid, "type": "function",
                         "function": {"name": chunk.get("toolCallName", ""), "arguments": ""}}
                 self._tool_calls[tcid] = call
-                parent = chunk.get("parentMessageId")
-                last = self._out[-1] if self._out else None
-                if parent and last is not None and last.get("id") == parent and last.get("role") == "assistant":
-                    last.setdefault("toolCalls", []).append(call)
-                else:
-                    msg = {"id": parent or tcid, "role": "assistant", "toolCalls": [call]}
-                    if msg["id"] in self._by_id:
-                        # Same parent id reused after other messages: keep ids unique.
-                        msg["id"] = f"{msg['id']}:{tcid}"
-                    self._add(msg, chunk)
+                self._owner(chunk.get("parentMessageId"), tcid, chunk).setdefault("toolCalls", []).append(call)
             if t == "TOOL_CALL_CHUNK" and isinstance(chunk.get("delta"), str):
                 call["function"]["arguments"] += chunk["delta"]
+            _merge_metadata(call, chunk)
             return
-        if t == "TOOL_CALL_ARGS":
+        if t in ("TOOL_CALL_ARGS", "TOOL_CALL_END"):
             call = self._tool_calls.get(chunk.get("toolCallId", ""))
-            if call is not None and isinstance(chunk.get("delta"), str):
-                call["function"]["arguments"] += chunk["delta"]
+            if call is not None:
+                if t == "TOOL_CALL_ARGS" and isinstance(chunk.get("delta"), str):
+                    call["function"]["arguments"] += chunk["delta"]
+                _merge_metadata(call, chunk)
             return
         if t == "TOOL_CALL_RESULT":
             tcid = chunk.get("toolCallId")
@@ -136,8 +160,60 @@ class TranscriptBuilder:
                 return
             msg = {"id": mid, "role": "tool", "content": _content_text(chunk.get("content", "")),
                    "toolCallId": tcid}
-            self._add(msg, chunk)
+            if chunk.get("subagentRunId"):
+                msg["subagentRunId"] = chunk["subagentRunId"]
+            _merge_metadata(msg, chunk)
+            at = next((i for i, m in enumerate(self._out) if m.get("role") == "assistant"
+                       and any(c.get("id") == tcid for c in m.get("toolCalls", []))), None)
+            if at is None:
+                self._out.append(msg)
+            else:
+                at += 1
+                while at < len(self._out) and self._out[at].get("role") == "tool":
+                    at += 1
+                self._out.insert(at, msg)
+            self._by_id[mid] = msg
             return
+        if t == "REASONING_ENCRYPTED_VALUE":
+            entity, value = chunk.get("entityId"), chunk.get("encryptedValue")
+            if not isinstance(entity, str) or not isinstance(value, str):
+                return
+            target = self._tool_calls.get(entity) if chunk.get("subtype") == "tool-call" else self._by_id.get(entity)
+            if target is not None and target.get("role") != "activity":
+                target["encryptedValue"] = value
+            return
+        if t == "ACTIVITY_SNAPSHOT":
+            mid = chunk.get("messageId")
+            if not isinstance(mid, str):
+                return
+            msg = {"id": mid, "role": "activity", "activityType": chunk.get("activityType"),
+                   "content": copy.deepcopy(chunk.get("content"))}
+            if chunk.get("subagentRunId"):
+                msg["subagentRunId"] = chunk["subagentRunId"]
+            old = self._by_id.get(mid)
+            if old is None:
+                self._out.append(msg)
+            elif chunk.get("replace", True) is not False:
+                if old.get("metadata") is not None and old.get("role") == "activity":
+                    msg["metadata"] = old["metadata"]
+                self._out[self._out.index(old)] = msg
+            else:
+                return
+            self._by_id[mid] = msg
+            _merge_metadata(msg, chunk)
+            return
+
+    def _owner(self, parent: Any, tcid: str, chunk: Chunk) -> Message:
+        """The assistant message a new tool call joins (the AG-UI client's rule)."""
+        if isinstance(parent, str) and parent:
+            found = self._by_id.get(parent)
+            if found is not None and found.get("role") == "assistant":
+                return found
+            msg: Message = {"id": tcid if found is not None else parent, "role": "assistant"}
+        else:
+            msg = {"id": tcid, "role": "assistant"}
+        self._add(msg, chunk)
+        return msg
 
     def _add(self, msg: Message, chunk: Chunk) -> None:
         if chunk.get("subagentRunId"):
@@ -148,16 +224,10 @@ class TranscriptBuilder:
     def messages(self) -> list[Message]:
         """The transcript so far: input messages, then the run's messages (deep copies).
 
-        Assistant messages with no text keep no ``content`` key only when they carry tool
-        calls; an empty text message is kept with ``content: ""``.
+        An assistant message opened by a tool call has no ``content`` key; a text message
+        keeps its ``content`` (``""`` when empty), as in the AG-UI client.
         """
-        out = [copy.deepcopy(m) for m in (self._input or [])]
-        for m in self._out:
-            c = copy.deepcopy(m)
-            if c.get("role") == "assistant" and c.get("content") == "" and c.get("toolCalls"):
-                del c["content"]
-            out.append(c)
-        return out
+        return [copy.deepcopy(m) for m in (self._input or [])] + [copy.deepcopy(m) for m in self._out]
 
 
 def build_transcript(chunks: Iterable[Chunk], input_messages: Sequence[Message] | None = None) -> list[Message]:

@@ -19,9 +19,8 @@ from typing import Any
 
 from ag_ui.core import (
     BaseEvent,
-    CustomEvent,
+    ReasoningEncryptedValueEvent,
     ReasoningEndEvent,
-    ReasoningMessageContentEvent,
     ReasoningMessageEndEvent,
     ReasoningMessageStartEvent,
     ReasoningStartEvent,
@@ -32,11 +31,9 @@ from ag_ui.core import (
     StepStartedEvent,
     SubagentErrorEvent,
     SubagentFinishedEvent,
-    TextMessageContentEvent,
     TextMessageEndEvent,
     TextMessageStartEvent,
     TokenUsage,
-    ToolCallArgsEvent,
     ToolCallEndEvent,
     ToolCallResultEvent,
     ToolCallStartEvent,
@@ -56,6 +53,11 @@ MAX_RESULT_BYTES = 512 * 1024
 #: Characters of an unparsed or truncated line quoted in its CUSTOM chunk.
 QUOTE_LIMIT = 4096
 INCOMPLETE = "incomplete_journal"
+#: Characters of one string kept in a structured tool result (``metadata``): the full text is
+#: the result's ``content`` already; the structured form is for fields a UI shows apart.
+STRUCT_STRING_LIMIT = 16 * 1024
+_USAGE_FIELDS = ("input_tokens", "output_tokens", "total_tokens", "reasoning_tokens", "cached_input_tokens",
+                 "cache_write_input_tokens")
 
 
 @dataclass
@@ -66,13 +68,82 @@ class Outcome:
     message: str = ""
     code: str = ""
     result: Any = None
-    usage: TokenUsage | None = None
 
 
 def int_field(obj: dict[str, Any], key: str) -> int | None:
     """``obj[key]`` when it is an integer (not a bool), else ``None`` (usage counters)."""
     v = obj.get(key)
     return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def add_usage(a: TokenUsage | None, b: TokenUsage) -> TokenUsage:
+    """Field-wise sum of two usages (a field absent from both stays absent)."""
+    if a is None:
+        return b
+    vals: dict[str, int | None] = {}
+    for f in _USAGE_FIELDS:
+        x, y = getattr(a, f), getattr(b, f)
+        vals[f] = None if x is None and y is None else (x or 0) + (y or 0)
+    return TokenUsage(provider=b.provider or a.provider, **vals)  # type: ignore[arg-type]
+
+
+def sub_usage(cur: TokenUsage, prev: TokenUsage) -> TokenUsage | None:
+    """``cur - prev`` field-wise when no field went down (a running total), else ``None``."""
+    vals: dict[str, int | None] = {}
+    for f in _USAGE_FIELDS:
+        x, y = getattr(cur, f), getattr(prev, f)
+        if x is not None and y is not None and x < y:
+            return None
+        vals[f] = None if x is None else x - (y or 0)
+    return TokenUsage(provider=cur.provider, **vals)  # type: ignore[arg-type]
+
+
+def usage_dict(usage: TokenUsage) -> dict[str, Any]:
+    """A usage as its chunk form (camelCase, absent fields omitted)."""
+    return usage.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def bounded(value: Any, depth: int = 0) -> Any:
+    """A copy of structured tool-result data small enough for one delivery-log message.
+
+    Strings over :data:`STRUCT_STRING_LIMIT` characters are cut and marked
+    (``"…[baton: cut to N of M characters]"``); nesting deeper than 4 levels and lists over
+    100 items are summarised. Pure and deterministic, like :func:`cut_result`.
+    """
+    if isinstance(value, str):
+        if len(value) <= STRUCT_STRING_LIMIT:
+            return value
+        return value[:STRUCT_STRING_LIMIT] + f"…[baton: cut to {STRUCT_STRING_LIMIT} of {len(value)} characters]"
+    if isinstance(value, dict):
+        if depth >= 4:
+            return {"omitted": "nested too deep", "keys": len(value)}
+        return {str(k): bounded(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        if depth >= 4:
+            return {"omitted": "nested too deep", "items": len(value)}
+        head = [bounded(v, depth + 1) for v in value[:100]]
+        return head + ([{"omitted": f"{len(value) - 100} more items"}] if len(value) > 100 else [])
+    return value
+
+
+#: Largest structured form (JSON bytes) kept in one result's metadata, beside a content of up
+#: to :data:`MAX_RESULT_BYTES`: together they stay under one delivery-log message.
+STRUCT_LIMIT = 64 * 1024
+
+
+def structured(value: Any) -> Any:
+    """:func:`bounded`, and when its JSON is still over :data:`STRUCT_LIMIT` bytes, only the
+    top-level scalars (numbers, booleans, strings up to 256 characters) and an ``omitted``
+    note (``{"bytes": n, "keys": [...]}``). Pure and deterministic."""
+    value = bounded(value)
+    size = len(compact_json(value).encode())
+    if size <= STRUCT_LIMIT:
+        return value
+    if not isinstance(value, dict):
+        return {"omitted": {"bytes": size}}
+    kept = {k: v for k, v in value.items()
+            if isinstance(v, (bool, int, float)) or (isinstance(v, str) and len(v) <= 256)}
+    return {**kept, "omitted": {"bytes": size, "keys": sorted(k for k in value if k not in kept)}}
 
 
 def compact_json(value: Any) -> str:
@@ -147,6 +218,9 @@ class Translator:
         self._subagents: dict[str, None] = {}
         self._done_subagents: set[str] = set()
         self._outcome: Outcome | None = None
+        self._run_usage: TokenUsage | None = None  # sum of the turns' usage
+        self._run_cost: float | None = None  # sum of the turns' cost (USD)
+        self._usage_turns = 0
 
     # --- public contract ------------------------------------------------------------------
 
@@ -216,18 +290,25 @@ class Translator:
             outcome = Outcome(False, f"journal ended without a {self._end_word()}"
                               + ("" if exit_code is None else f" (agent exit code {exit_code})"), INCOMPLETE)
         elif outcome.ok and exit_code not in (None, 0):
-            outcome = Outcome(False, f"agent exited with code {exit_code}", "agent_exit", usage=outcome.usage)
+            outcome = Outcome(False, f"agent exited with code {exit_code}", "agent_exit")
         self._close_all(abandoned=True)
         self._end_step()
+        # The run's totals over every turn (docs/translation.md "Usage"); each turn's own
+        # figures went out as CUSTOM turn.usage.
+        usage = [self._run_usage] if self._run_usage is not None else None
+        meta: dict[str, Any] = {}
+        if self._usage_turns:
+            meta["turns"] = self._usage_turns
+        if self._run_cost is not None:
+            meta["costUsd"] = round(self._run_cost, 9)
         if outcome.ok:
             self._emit(RunFinishedEvent(
-                thread_id=self.thread_id, run_id=self.run_id, result=outcome.result,
-                usage=[outcome.usage] if outcome.usage is not None else None,
+                thread_id=self.thread_id, run_id=self.run_id, result=outcome.result, usage=usage,
+                metadata=meta or None,
             ))
         else:
             self._emit(RunErrorEvent(
-                message=outcome.message or outcome.code, code=outcome.code,
-                usage=[outcome.usage] if outcome.usage is not None else None,
+                message=outcome.message or outcome.code, code=outcome.code, usage=usage, metadata=meta or None,
             ))
         self._ended = True
         return self._take()
@@ -251,7 +332,9 @@ class Translator:
         return f"{self.run_id}-{self._n}"
 
     def _emit(self, event: BaseEvent) -> None:
-        chunk = event_to_chunk(event)
+        self._emit_chunk(event_to_chunk(event))
+
+    def _emit_chunk(self, chunk: Chunk) -> None:
         if chunk["type"] == "CUSTOM":
             # A journal line the translator passes on as data (an unknown type, say) can be
             # MiBs; one delivery-log message cannot. Deterministic, like cut_result.
@@ -271,11 +354,45 @@ class Translator:
             self._started = True
             self._emit(RunStartedEvent(thread_id=self.thread_id, run_id=self.run_id))
 
+    def _delta(self, kind: str, key: str, ident: str, delta: str, sub: str | None) -> None:
+        """A CONTENT/ARGS chunk, built as its event would dump (the most frequent chunks;
+        ``delta`` is a non-empty str, so no validation is lost)."""
+        chunk: Chunk = {"type": kind}
+        if sub is not None:
+            chunk["subagentRunId"] = sub
+        chunk[key] = ident
+        chunk["delta"] = delta
+        self._out.append(chunk)
+
     def _custom(self, name: str, value: Any, subagent: str | None = None) -> None:
-        self._emit(CustomEvent(name=name, value=value, subagent_run_id=subagent))
+        # The chunk CustomEvent(...) dumps to, built directly: CUSTOM is the most frequent
+        # chunk of a Claude journal and its value is parsed JSON already (same keys, same order).
+        chunk: Chunk = {"type": "CUSTOM"}
+        if subagent is not None:
+            chunk["subagentRunId"] = subagent
+        chunk["name"] = name
+        if value is not None:
+            chunk["value"] = value
+        self._emit_chunk(chunk)
 
     def _unparsed(self, line: bytes) -> None:
         self._custom("journal.unparsed_line", {"line": self.line_no, "bytes": len(line), "text": quote(line)})
+
+    def _turn_usage(self, usage: TokenUsage | None, cost: float | None, extra: dict[str, Any] | None = None) -> None:
+        """Report one turn's usage (``CUSTOM turn.usage``) and add it to the run's totals."""
+        if usage is None and cost is None:
+            return
+        value: dict[str, Any] = {"turn": self._turn}
+        if usage is not None:
+            value["usage"] = usage_dict(usage)
+            self._run_usage = add_usage(self._run_usage, usage)
+        if cost is not None:
+            value["costUsd"] = round(cost, 9)
+            self._run_cost = (self._run_cost or 0.0) + cost
+        if extra:
+            value.update(extra)
+        self._usage_turns += 1
+        self._custom("turn.usage", value)
 
     def _unknown(self, name: str, obj: Any, subagent: str | None = None) -> None:
         self._custom(f"{self.prefix}.{name}", obj, subagent)
@@ -301,7 +418,7 @@ class Translator:
     def _text_delta(self, mid: str, delta: str) -> None:
         sub = self._text.get(mid)
         for i in range(0, len(delta), MAX_DELTA):
-            self._emit(TextMessageContentEvent(message_id=mid, delta=delta[i : i + MAX_DELTA], subagent_run_id=sub))
+            self._delta("TEXT_MESSAGE_CONTENT", "messageId", mid, delta[i : i + MAX_DELTA], sub)
 
     def _text_end(self, mid: str) -> None:
         if mid in self._text:
@@ -323,7 +440,7 @@ class Translator:
     def _reasoning_delta(self, mid: str, delta: str) -> None:
         sub = self._reasoning.get(mid)
         for i in range(0, len(delta), MAX_DELTA):
-            self._emit(ReasoningMessageContentEvent(message_id=mid, delta=delta[i : i + MAX_DELTA], subagent_run_id=sub))
+            self._delta("REASONING_MESSAGE_CONTENT", "messageId", mid, delta[i : i + MAX_DELTA], sub)
 
     def _reasoning_end(self, mid: str) -> None:
         if mid in self._reasoning:
@@ -331,10 +448,17 @@ class Translator:
             self._emit(ReasoningMessageEndEvent(message_id=mid, subagent_run_id=sub))
             self._emit(ReasoningEndEvent(message_id=mid, subagent_run_id=sub))
 
-    def _reasoning_block(self, mid: str, text: str, subagent: str | None) -> None:
+    def _reasoning_block(self, mid: str, text: str, subagent: str | None, encrypted: str | None = None) -> None:
         self._reasoning_start(mid, subagent)
         self._reasoning_delta(mid, text)
         self._reasoning_end(mid)
+        self._reasoning_encrypted(mid, encrypted, subagent)
+
+    def _reasoning_encrypted(self, mid: str, value: str | None, subagent: str | None) -> None:
+        """The opaque form of a reasoning message (a signature, redacted thinking)."""
+        if isinstance(value, str) and value and len(value) <= MAX_DELTA:
+            self._emit(ReasoningEncryptedValueEvent(subtype="message", entity_id=mid, encrypted_value=value,
+                                                    subagent_run_id=subagent))
 
     # tool calls
     def _tool_start(self, tid: str, name: str, subagent: str | None, parent_message: str | None = None) -> None:
@@ -346,7 +470,7 @@ class Translator:
     def _tool_args(self, tid: str, delta: str) -> None:
         sub = self._tools.get(tid)
         for i in range(0, len(delta), MAX_DELTA):
-            self._emit(ToolCallArgsEvent(tool_call_id=tid, delta=delta[i : i + MAX_DELTA], subagent_run_id=sub))
+            self._delta("TOOL_CALL_ARGS", "toolCallId", tid, delta[i : i + MAX_DELTA], sub)
 
     def _tool_end(self, tid: str) -> None:
         if tid in self._tools:

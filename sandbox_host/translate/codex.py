@@ -1,21 +1,33 @@
 """Codex ``exec --json`` → AG-UI (journal-formats.md §2; pitfalls §4).
 
-- Item ids (``item_N``) count per Codex thread, so AG-UI ids are scoped by our run:
-  ``<run_id>:<item id>`` (messages, reasoning, tool calls; ``…:result`` for results).
+- Item ids (``item_N``) restart with every ``codex exec`` invocation (a resumed thread appends
+  to the same journal), so AG-UI ids are scoped by our run and by invocation:
+  ``<run_id>:<item id>`` in the first scope, ``<run_id>:s<N>:<item id>`` in the N-th
+  (messages, reasoning, tool calls; ``…:result`` for results). A ``thread.started`` or
+  ``turn.started`` that follows any item begins a new scope.
 - ``agent_message``: text message; ``item.updated`` carries the cumulative text, so only
   the suffix beyond what was sent is emitted.
 - ``command_execution`` → tool call ``shell`` (args ``{"command"}``) + result
   (``aggregated_output``; ``metadata`` ``{exitCode, status}``; ``exit_code: null`` on a
   completed item is reported as ``exitStatus: "unknown"``, pitfall 10). ``file_change`` →
-  ``apply_patch``; ``mcp_tool_call`` → ``mcp__<server>__<tool>``; ``web_search`` →
-  ``web_search``; ``todo_list`` → ``ACTIVITY_SNAPSHOT``; ``error`` items → ``CUSTOM
-  codex.warning``.
+  ``apply_patch`` (result: the status and one ``<kind> <path>`` line per change; ``metadata``
+  ``{status, changes}``); ``mcp_tool_call`` → ``mcp__<server>__<tool>``; ``todo_list`` →
+  ``ACTIVITY_SNAPSHOT``; ``error`` items → ``CUSTOM codex.warning``.
+- ``web_search`` → ``web_search``, held until ``item.completed``: ``item.started`` carries an
+  empty query and ``action.type: "other"``; the completed item carries the query,
+  ``action.search`` and ``results[]``. The whole call (start, args, end, result) is emitted
+  from the completed item, so its arguments are the most complete form and the output stays a
+  function of the journal prefix. A search never completed gets its call from the started item
+  and an ``abandoned`` result at the end of its turn.
+- Usage: ``turn.completed.usage`` is the thread's running total (a resumed thread continues
+  it); each turn's own figures (the difference to the thread's previous total) go out as
+  ``CUSTOM turn.usage`` and the run's total is on the terminal.
 - A top-level ``error`` is held until the next line: dropped when a ``turn.failed`` with the
   same message follows (one error, not two), else ``CUSTOM codex.warning`` (non-fatal
   retry notices, pitfall 9).
 - ``turn.started`` starts a step ``turn-N``; ``turn.completed``/``turn.failed`` end it
   (``CUSTOM codex.turn_failed`` for a failure). The run's terminal is emitted at final EOF
-  from the last turn: completed → ``RUN_FINISHED`` (usage), failed → ``RUN_ERROR`` code
+  from the last turn: completed → ``RUN_FINISHED`` (the run's usage), failed → ``RUN_ERROR`` code
   ``turn_failed``, none → ``RUN_ERROR`` code ``incomplete_journal``; commands still in
   progress then get a result with status ``abandoned``.
 - Duplicate ``"id"`` keys (``web_search`` items, §0.8): the first one wins. The first
@@ -29,7 +41,16 @@ from typing import Any
 
 from ag_ui.core import ActivitySnapshotEvent, TokenUsage
 
-from sandbox_host.translate._base import Outcome, Translator, compact_json, int_field
+from sandbox_host.translate._base import (
+    Outcome,
+    Translator,
+    bounded,
+    compact_json,
+    int_field,
+    structured,
+    sub_usage,
+    usage_dict,
+)
 
 
 def _first_id_wins(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -53,6 +74,11 @@ class CodexTranslator(Translator):
         self._in_progress: dict[str, str] = {}  # tool call id -> item type (started, no result)
         self._pending_error: str | None = None
         self._completed: set[str] = set()  # tool call ids that got their result
+        self._held: dict[str, dict[str, Any]] = {}  # web_search id -> started item (no chunk yet)
+        self._scope = 1  # invocation scope of item ids
+        self._scope_used = False  # an item was seen in this scope
+        self._thread: str | None = None
+        self._thread_total: dict[str | None, TokenUsage] = {}  # thread id -> last running total
 
     def _end_word(self) -> str:
         return "turn.completed or turn.failed line"
@@ -63,7 +89,15 @@ class CodexTranslator(Translator):
         return json.loads(line)
 
     def _sid(self, item_id: Any) -> str:
-        return f"{self.run_id}:{item_id}" if isinstance(item_id, str) and item_id else self._next_id()
+        self._scope_used = True
+        if not isinstance(item_id, str) or not item_id:
+            return self._next_id()
+        return f"{self.run_id}:{item_id}" if self._scope == 1 else f"{self.run_id}:s{self._scope}:{item_id}"
+
+    def _new_scope(self) -> None:
+        if self._scope_used:
+            self._scope += 1
+            self._scope_used = False
 
     # --- dispatch ---------------------------------------------------------------------------
 
@@ -78,8 +112,12 @@ class CodexTranslator(Translator):
             self._custom("codex.legacy_event", obj)
             return
         if t == "thread.started":
-            self._custom("codex.thread", {"threadId": obj.get("thread_id")})
+            self._new_scope()
+            tid = obj.get("thread_id")
+            self._thread = tid if isinstance(tid, str) else None
+            self._custom("codex.thread", {"threadId": tid})
         elif t == "turn.started":
+            self._new_scope()
             self._close_all()
             self._start_step()
         elif t in ("item.started", "item.updated", "item.completed"):
@@ -89,8 +127,8 @@ class CodexTranslator(Translator):
             else:
                 self._unknown(str(t), obj)
         elif t == "turn.completed":
-            self._end_turn()
-            self._outcome = Outcome(True, usage=self._usage(obj.get("usage")))
+            self._end_turn(self._usage(obj.get("usage")))
+            self._outcome = Outcome(True)
         elif t == "turn.failed":
             err = obj.get("error")
             message = err.get("message") if isinstance(err, dict) else None
@@ -112,13 +150,21 @@ class CodexTranslator(Translator):
             self._pending_error = None
         self._abandon()
 
-    def _end_turn(self) -> None:
+    def _end_turn(self, usage: TokenUsage | None = None) -> None:
         self._abandon()
         self._close_all()
+        if usage is not None:
+            prev = self._thread_total.get(self._thread)
+            own = sub_usage(usage, prev) if prev is not None else usage
+            self._thread_total[self._thread] = usage
+            # A total that went down is not a running total of this thread: take it as is.
+            self._turn_usage(own if own is not None else usage, None, {"threadTotal": usage_dict(usage)})
         self._end_step()
 
     def _abandon(self) -> None:
         """Items started but never completed get a result saying so (pitfall 10)."""
+        for ident, item in list(self._held.items()):
+            self._web_search(ident, item)
         for tid in list(self._in_progress):
             self._in_progress.pop(tid)
             self._tool_end(tid)
@@ -137,6 +183,7 @@ class CodexTranslator(Translator):
             cached_input_tokens=num("cached_input_tokens"),
             output_tokens=num("output_tokens"),
             reasoning_tokens=num("reasoning_output_tokens"),
+            cache_write_input_tokens=num("cache_write_input_tokens"),
         )
 
     # --- items ------------------------------------------------------------------------------
@@ -158,14 +205,18 @@ class CodexTranslator(Translator):
                             lambda: self._command_result(item))
         elif kind == "file_change":
             self._tool_item(phase, ident, "apply_patch", {"changes": item.get("changes")}, item,
-                            lambda: (str(item.get("status", "")), self._status_meta(item)))
+                            lambda: self._file_change_result(item))
         elif kind == "mcp_tool_call":
             name = f"mcp__{item.get('server', '')}__{item.get('tool', '')}"
             self._tool_item(phase, ident, name, item.get("arguments"), item, lambda: self._mcp_result(item))
         elif kind == "web_search":
-            args = {k: item[k] for k in ("query", "action") if k in item}
-            self._tool_item(phase, ident, "web_search", args, item,
-                            lambda: (str(item.get("query", "")), self._status_meta(item)))
+            if ident in self._completed:
+                return
+            if phase != "completed":
+                self._held[ident] = item  # the started/updated form: kept in case it never completes
+                return
+            self._held.pop(ident, None)
+            self._web_search(ident, item)
         elif kind == "todo_list":
             items = item.get("items")
             self._emit(ActivitySnapshotEvent(message_id=ident, activity_type="todo_list",
@@ -202,6 +253,46 @@ class CodexTranslator(Translator):
             self._completed.add(ident)
             content, meta = result()
             self._tool_result(ident, content, None, meta)
+
+    def _web_search(self, ident: str, item: dict[str, Any]) -> None:
+        """One whole web_search call from its most complete item (completed, or last seen)."""
+        completed = ident not in self._held
+        self._held.pop(ident, None)
+        self._completed.add(ident)
+        args = {k: item[k] for k in ("query", "action") if k in item}
+        self._tool_start(ident, "web_search", None)
+        self._tool_args(ident, compact_json(args))
+        self._tool_end(ident)
+        if not completed:
+            self._tool_result(ident, "", None, {"status": "abandoned"})
+            return
+        meta = self._status_meta(item)
+        meta.update(bounded(args))
+        results = item.get("results")
+        lines: list[str] = []
+        if isinstance(item.get("query"), str) and item["query"]:
+            lines.append(f"query: {item['query']}")
+        if isinstance(results, list):
+            meta["results"] = structured(results)
+            for r in results:
+                if not isinstance(r, dict):
+                    continue
+                head = " — ".join(str(r[k]) for k in ("title", "url") if isinstance(r.get(k), str) and r[k])
+                lines.append(head or str(r.get("type", "result")))
+                if isinstance(r.get("snippet"), str) and r["snippet"]:
+                    lines.append(f"  {r['snippet']}")
+        self._tool_result(ident, "\n".join(lines), None, meta)
+
+    def _file_change_result(self, item: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        meta = self._status_meta(item)
+        lines = [str(item.get("status", ""))]
+        changes = item.get("changes")
+        if isinstance(changes, list):
+            meta["changes"] = structured(changes)
+            for c in changes:
+                if isinstance(c, dict):
+                    lines.append(f"{c.get('kind', 'change')} {c.get('path', '')}")
+        return "\n".join(lines), meta
 
     @staticmethod
     def _status_meta(item: dict[str, Any]) -> dict[str, Any]:

@@ -29,6 +29,10 @@ def _of(chunks: Chunks, t: str) -> Chunks:
     return [c for c in chunks if c["type"] == t]
 
 
+def _customs(ch: Chunks, name: str) -> list[Any]:
+    return [c["value"] for c in ch if c["type"] == "CUSTOM" and c["name"] == name]
+
+
 def _text_by_id(chunks: Chunks, t: str = "TEXT_MESSAGE_CONTENT", key: str = "messageId") -> dict[str, str]:
     out: dict[str, str] = {}
     for c in _of(chunks, t):
@@ -102,7 +106,7 @@ def pins_partial_exit_128(journal: pathlib.Path, ch: Chunks) -> None:
 def pins_max_turns(journal: pathlib.Path, ch: Chunks) -> None:
     """error_max_turns with is_error false and no `result` key → RUN_ERROR code error_max_turns."""
     assert ch[-1] == {"type": "RUN_ERROR", "code": "error_max_turns", "message": "error_max_turns",
-                      "usage": ch[-1]["usage"]}
+                      "usage": ch[-1]["usage"], "metadata": {"turns": 1, "costUsd": 0.0184485}}
     assert [c["toolCallName"] for c in _of(ch, "TOOL_CALL_START")] == ["StructuredOutput"]
     assert len(_of(ch, "REASONING_START")) == 1
 
@@ -111,6 +115,9 @@ def pins_synthetic(journal: pathlib.Path, ch: Chunks) -> None:
     """Synthetic message (UUID id, <synthetic> model); `type` as a late key on the result
     line; empty `result` → RUN_FINISHED without `result`."""
     assert _text_by_id(ch) == {"1b4cee83-e755-4896-ad94-d71b241fa184:0": "Error: No messages to compact"}
+    # the local command (local_command_run/outcome/source) as a named notice
+    assert _customs(ch, "agent.local_command") == [
+        {"command": "compact", "args": "", "outcome": "failed", "stderr": "Error: No messages to compact"}]
     assert ch[-1]["type"] == "RUN_FINISHED" and "result" not in ch[-1]
 
 
@@ -147,11 +154,84 @@ def pins_codex_zsh(journal: pathlib.Path, ch: Chunks) -> None:
     file_change with started+completed → apply_patch; ids scoped by our run."""
     assert [c["toolCallName"] for c in _of(ch, "TOOL_CALL_START")] == ["shell", "shell", "apply_patch"]
     assert list(_text_by_id(ch)) == [f"{RUN_ID}:item_0", f"{RUN_ID}:item_4"]
-    assert [r["content"] for r in _of(ch, "TOOL_CALL_RESULT")] == ["hello world\n", "file1.txt\nfile2.txt\n",
-                                                                  "completed"]
+    assert [r["content"] for r in _of(ch, "TOOL_CALL_RESULT")] == [
+        "hello world\n", "file1.txt\nfile2.txt\n", "completed\nadd /tmp/codex-test-dir/summary.txt"]
+    # which files changed, as recorded (item.completed.changes)
+    assert _of(ch, "TOOL_CALL_RESULT")[2]["metadata"] == {
+        "status": "completed", "changes": [{"path": "/tmp/codex-test-dir/summary.txt", "kind": "add"}]}
+
+
+def pins_autocompact(journal: pathlib.Path, ch: Chunks) -> None:
+    """Four turns (init … result) with an automatic compaction in the third: per-turn usage
+    (result.usage) and cost (total_cost_usd runs over the process), run totals on the
+    terminal; the compaction, its summary, the rate-limit warning and thinking-token progress
+    as named notices; Read's truncatedByTokenCap kept; signature-only thinking blocks as empty
+    reasoning messages carrying their signature."""
+    results = [o for o in _lines(journal) if o["type"] == "result"]
+    turns = _customs(ch, "turn.usage")
+    assert [t["turn"] for t in turns] == [1, 2, 3, 4]
+    assert [(t["usage"]["inputTokens"], t["usage"]["outputTokens"]) for t in turns] == [
+        (r["usage"]["input_tokens"], r["usage"]["output_tokens"]) for r in results]
+    totals = [r["total_cost_usd"] for r in results]
+    assert [t["costUsd"] for t in turns] == pytest.approx([totals[0]] + [b - a for a, b in zip(totals, totals[1:])])
+    assert ch[-1]["type"] == "RUN_FINISHED" and ch[-1]["metadata"]["turns"] == 4
+    assert ch[-1]["metadata"]["costUsd"] == pytest.approx(totals[-1])
+    assert ch[-1]["usage"][0]["outputTokens"] == sum(r["usage"]["output_tokens"] for r in results)
+    assert ch[-1]["usage"][0]["cachedInputTokens"] == sum(r["usage"]["cache_read_input_tokens"] for r in results)
+    assert _customs(ch, "agent.compaction") == [
+        {"phase": "started"}, {"phase": "finished", "result": "success"},
+        {"phase": "boundary", "trigger": "auto", "preTokens": 79267, "postTokens": 15092, "durationMs": 18422}]
+    (summary,) = _customs(ch, "agent.compaction_summary")
+    assert summary["text"].startswith("This session is being continued from a previous conversation")
+    (limit,) = _customs(ch, "agent.rate_limit")
+    assert limit["status"] == "allowed_warning" and limit["rateLimitType"] == "seven_day"
+    assert [v["estimatedTokens"] for v in _customs(ch, "claude.thinking_tokens")] == [50, 157, 50, 198]
+    assert not _customs(ch, "claude.user_message")
+    reads = [r["metadata"]["toolUseResult"]["file"] for r in _of(ch, "TOOL_CALL_RESULT")]
+    assert [(f["totalLines"], f["numLines"], f["truncatedByTokenCap"]) for f in reads] == [
+        (901, 321, True), (901, 321, True), (901, 320, True)]
+    signatures = _snapshots(journal, "thinking", "signature")
+    assert [c["encryptedValue"] for c in _of(ch, "REASONING_ENCRYPTED_VALUE")] == signatures
+    assert len(_of(ch, "REASONING_MESSAGE_START")) == len(signatures) == 7
+    assert not _of(ch, "REASONING_MESSAGE_CONTENT")  # "thinking": "" in every block
+
+
+def pins_codex_resume(journal: pathlib.Path, ch: Chunks) -> None:
+    """Three `codex exec` invocations (fresh, resume, resume --last) in one journal: item ids
+    restart (item_2 three times) but the messages stay apart; usage is the thread's running
+    total, so each turn reports the difference and the run the last total."""
+    assert _text_by_id(ch) == {f"{RUN_ID}:item_2": "Hi!", f"{RUN_ID}:s2:item_2": "Hi again!",
+                               f"{RUN_ID}:s3:item_2": "Hi once more!"}
+    assert [t["usage"]["inputTokens"] for t in _customs(ch, "turn.usage")] == [10656, 21328 - 10656, 32017 - 21328]
+    assert [t["threadTotal"]["inputTokens"] for t in _customs(ch, "turn.usage")] == [10656, 21328, 32017]
+    assert ch[-1]["usage"] == [{"provider": "openai", "inputTokens": 32017, "cachedInputTokens": 21760,
+                                "outputTokens": 21, "reasoningTokens": 0, "cacheWriteInputTokens": 0}]
+    assert ch[-1]["metadata"] == {"turns": 3}
+
+
+def pins_codex_web_search(journal: pathlib.Path, ch: Chunks) -> None:
+    """web_search: item.started has an empty query; the call's arguments come from
+    item.completed (query, action.search) and its result keeps results[] (duplicate "id"
+    keys: the first, item_N, wins)."""
+    completed = [o["item"] for o in _lines(journal) if o["type"] == "item.completed" and o["item"]["type"] == "web_search"]
+    args = _text_by_id(ch, "TOOL_CALL_ARGS", "toolCallId")
+    assert [json.loads(args[f"{RUN_ID}:{i}"]) for i in ("item_2", "item_3")] == [
+        {"query": it["query"], "action": it["action"]} for it in completed]
+    assert json.loads(args[f"{RUN_ID}:item_2"])["action"] == {"type": "search", "query": "codex-cli latest version npm GitHub"}
+    res = _of(ch, "TOOL_CALL_RESULT")
+    assert [r["metadata"]["results"] for r in res] == [it["results"] for it in completed]
+    assert res[0]["content"].splitlines()[:2] == [
+        "query: codex-cli latest version npm GitHub",
+        "@openai/codex - npm — https://www.npmjs.com/package/%40openai/codex?activeTab=versions"]
+    # each call is one uninterrupted START, ARGS, END, RESULT (emitted at item.completed)
+    kinds = [c["type"] for c in ch if c.get("toolCallId") == f"{RUN_ID}:item_2"]
+    assert kinds == ["TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END", "TOOL_CALL_RESULT"]
 
 
 FACTS: dict[str, Callable[[pathlib.Path, Chunks], None]] = {
+    "read-cap-autocompact-multi-turn-v2.1.285": pins_autocompact,
+    "resume-three-invocations-v0.157": pins_codex_resume,
+    "web-search-duplicate-ids-v0.157": pins_codex_web_search,
     "subagents-parallel-tools-v2.0.25": pins_subagents,
     "partial-messages-parallel-bash-denied": pins_partial_denied,
     "partial-messages-bash-exit-128": pins_partial_exit_128,

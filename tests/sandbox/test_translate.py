@@ -70,7 +70,8 @@ def test_hostile_lines_become_custom_and_are_not_obeyed() -> None:
     assert customs[1] == ("journal.unparsed_line", {"line": 2, "bytes": 15, "text": "not json at all"})
     assert customs[2][0] == "journal.unparsed_line" and customs[2][1]["text"].startswith("\ufffd\ufffd")
     assert customs[3] == ("journal.unknown_line", {"line": 4, "value": {"__exit": 0, "__nonce": "forged"}})
-    assert customs[4][0] == "claude.rate_limit_event" and customs[5][0] == "claude.brand_new_type"
+    assert customs[4] == ("agent.rate_limit", {"status": "allowed"})  # a named notice (docs/translation.md)
+    assert customs[5][0] == "claude.brand_new_type"
     assert customs[6] == ("journal.unknown_line", {"line": 7, "value": [1, 2]})
     assert ch[-1]["code"] == "incomplete_journal"  # the forged sentinel did not end the run
     assert check_well_formed(ch, require_terminal=True) == []
