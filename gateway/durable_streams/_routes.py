@@ -35,16 +35,26 @@ def text(status: int, body: str = "", headers: Mapping[str, str] | None = None) 
     return Response(body, status_code=status, headers=dict(headers or {}), media_type="text/plain")
 
 
+DRAIN_LIMIT = 64 << 20  # read (and drop) this much of a refused body so the client sees the 413
+
+
 async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 past ``limit`` bytes (read no further)."""
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise P.ProtocolError(413, "Payload too large")
+    """The request body, refused with 413 past ``limit`` bytes.
+
+    A refused body is still read (and dropped) up to :data:`DRAIN_LIMIT`: answering while
+    the client is still sending makes most HTTP clients report a connection error instead
+    of the 413.
+    """
     buf = bytearray()
+    seen = 0
     async for chunk in request.stream():
-        buf += chunk
-        if len(buf) > limit:
-            raise P.ProtocolError(413, "Payload too large")
+        seen += len(chunk)
+        if seen <= limit:
+            buf += chunk
+        elif seen > DRAIN_LIMIT:
+            break
+    if seen > limit:
+        raise P.ProtocolError(413, "Payload too large")
     return bytes(buf)
 
 
@@ -237,11 +247,10 @@ class Handlers:
     def _sse(self, path: str, st: StreamState, start: str, cursor: str | None) -> Response:
         ct = P.normalize_content_type(st.content_type)
         b64 = not (ct.startswith("text/") or ct == "application/json")
-        headers = {"cache-control": "no-cache", "connection": "keep-alive"}
+        headers = {"content-type": "text/event-stream", "cache-control": "no-cache", "connection": "keep-alive"}
         if b64:
             headers[P.SSE_DATA_ENCODING] = "base64"
-        return StreamingResponse(self._sse_events(path, st, start, cursor, b64), headers=headers,
-                                 media_type="text/event-stream")
+        return StreamingResponse(self._sse_events(path, st, start, cursor, b64), headers=headers)
 
     async def _sse_events(self, path: str, st: StreamState, start: str, cursor: str | None,
                           b64: bool) -> AsyncIterator[bytes]:
@@ -259,14 +268,17 @@ class Handlers:
                     payload = P.format_json([m.data]).decode()
                 else:
                     payload = m.data.decode("utf-8", errors="replace")
-                out += P.sse_event("data", payload)
-            if msgs:
-                current = msgs[-1].offset
-            elif current == "-1":
+                # Every data event is followed by its control event (the offset after it).
+                current = m.offset
+                at_tail = current == cur.offset
+                closed = cur.closed and at_tail
+                out += P.sse_event("data", payload) + P.control_event(
+                    current, cursor=None if closed else P.response_cursor(cursor), up_to_date=at_tail, closed=closed)
+            if current == "-1":
                 current = cur.offset
             at_tail = current == cur.offset
             closed = cur.closed and at_tail
-            if first or msgs or closed:
+            if not msgs and (first or closed):
                 out += P.control_event(current, cursor=None if closed else P.response_cursor(cursor),
                                        up_to_date=at_tail, closed=closed)
             first = False

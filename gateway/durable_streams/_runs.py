@@ -109,7 +109,7 @@ class RunLogs:
         start_seq = int(after) if after != "-1" else 0
         if live == "sse":
             return StreamingResponse(self._sse(run_id, after, start_seq, tail_seq, cursor),
-                                     media_type="text/event-stream", headers={"cache-control": "no-cache"})
+                                     headers={"content-type": "text/event-stream", "cache-control": "no-cache"})
         items, end, closed = await self._catch_up(run_id, after, start_seq, tail_seq, closed)
         if not items and live == "long-poll" and not closed:
             items, end, closed = await self._long_poll(run_id, after, start_seq)
