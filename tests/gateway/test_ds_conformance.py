@@ -23,7 +23,15 @@ SUITE = "@durable-streams/server-conformance-tests"
 
 # Tests that also fail against the reference server on this machine, and why they may fail
 # against baton (docs/design.md §6.4 lists them). Empty when baton passes them all.
-REFERENCE_FAILS: dict[str, str] = {}
+REFERENCE_FAILS: dict[str, str] = {
+    "Chunking and Large Payloads should handle large payload appropriately": (
+        "the PUT opening the test fails in undici ('fetch failed') right after the previous test's 100 KB "
+        "pagination, against the reference server too (same line); alone it passes (413 for 10 MB)"),
+}
+# vitest's default 5 s per test measures this machine's load more than the server: the
+# property-based tests make hundreds of requests each, and the reference server misses 5 s
+# with them too when the two cores are shared. Both servers are run with this one timeout.
+TEST_TIMEOUT_MS = 30_000
 
 
 async def run_suite(base_url: str, report: pathlib.Path, timeout: float = 600) -> dict[str, Any]:
@@ -31,7 +39,7 @@ async def run_suite(base_url: str, report: pathlib.Path, timeout: float = 600) -
     vitest = NODE_DIR / "node_modules" / ".bin" / "vitest"
     require(vitest.exists() and (NODE_DIR / "node_modules" / SUITE).is_dir(), f"{SUITE} missing (make node-deps)")
     proc = await asyncio.create_subprocess_exec(
-        str(vitest), "run", "ds/conformance.test.mjs", "--no-coverage", "--reporter=json",
+        str(vitest), "run", "ds/conformance.test.mjs", "--no-coverage", "--reporter=json", f"--testTimeout={TEST_TIMEOUT_MS}",
         f"--outputFile={report}", cwd=NODE_DIR, env={**os.environ, "CONFORMANCE_TEST_URL": base_url},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     try:
@@ -55,6 +63,7 @@ def outcomes(report: dict[str, Any]) -> dict[str, tuple[str, str]]:
 
 
 @pytest.mark.node
+@pytest.mark.timeout(900)
 async def test_conformance_suite_passes(make_gateway: GatewayFactory, tmp_path: pathlib.Path,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     # A short long-poll keeps the suite's waits short (the suite allows up to 20 s).
