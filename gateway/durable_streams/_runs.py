@@ -111,8 +111,9 @@ class RunLogs:
             return StreamingResponse(self._sse(run_id, after, start_seq, tail_seq, cursor),
                                      headers={"content-type": "text/event-stream", "cache-control": "no-cache"})
         items, end, closed = await self._catch_up(run_id, after, start_seq, tail_seq, closed)
-        if not items and live == "long-poll" and not closed:
-            items, end, closed = await self._long_poll(run_id, after, start_seq)
+        if not items and live == "long-poll":
+            if not closed:
+                items, end, closed = await self._long_poll(run_id, after, start_seq)
             if not items:
                 headers = {P.NEXT_OFFSET: to_ds(end), P.UP_TO_DATE: "true", P.CURSOR: P.response_cursor(cursor)}
                 if closed:
