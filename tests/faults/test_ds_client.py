@@ -19,7 +19,7 @@ pytestmark = pytest.mark.servers
 
 @pytest.mark.node
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("live", ["sse", "long-poll"])
+@pytest.mark.parametrize("live", ["sse", pytest.param("long-poll", marks=pytest.mark.faults_slow)])
 async def test_ds_client_reads_a_run_through_a_host_sigkill(fault_cluster: ClusterFactory, live: str) -> None:
     node = shutil.which("node")
     require(node is not None and (NODE_DIR / "node_modules" / "@durable-streams" / "client").is_dir(),
