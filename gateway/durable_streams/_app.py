@@ -15,7 +15,7 @@ from gateway._auth import tenant_of
 from gateway._errors import Unauthorized, error_body
 from gateway.durable_streams import _protocol as P
 from gateway.durable_streams._routes import DSSettings, Handlers, text
-from gateway.durable_streams._store import StoreConfig, StreamStore
+from gateway.durable_streams._store import Conflict, StoreConfig, StreamStore
 
 log = logging.getLogger("gateway.durable_streams")
 
@@ -74,7 +74,7 @@ class DurableStreams:
         except e.BatonError as exc:
             status, body = error_body(exc)
             return text(status, str(body.get("error", "")))
-        except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
+        except (Conflict, nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
             log.warning("%s %s: JetStream failed: %r", method, public, exc)
             return text(503, "Stream storage unavailable", {"retry-after": "1"})
 

@@ -15,6 +15,7 @@ never write a run's log (see ``_runs.py``).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hashlib
 import logging
@@ -52,12 +53,15 @@ class StoreConfig:
         replicas: JetStream replicas of the stream.
         max_bytes: the stream's byte limit (-1: none); appends past it are refused, not old
             data dropped (discard ``new``): a stream never silently loses its beginning.
+        cached_streams: most streams a gateway keeps folded in memory; the least recently
+            used beyond it are dropped (and reloaded from JetStream when next read).
     """
 
     stream: str = "BATON_DS"
     subject_prefix: str = "baton.ds"
     replicas: int = 1
     max_bytes: int = -1
+    cached_streams: int = 10_000
 
 
 class Conflict(Exception):
@@ -78,7 +82,7 @@ class StreamStore:
         self.cfg = cfg or StoreConfig()
         self._js = nc.jetstream()
         self._clock = clock
-        self._cache: dict[str, StreamState] = {}
+        self._cache: collections.OrderedDict[str, StreamState] = collections.OrderedDict()
         self._key_to_path: dict[str, str] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._lock_users: dict[str, int] = {}
@@ -127,15 +131,22 @@ class StreamStore:
             self._forget(path)
 
     def _forget(self, path: str) -> None:
+        """Drop a stream's view (its readers wake and reload it from JetStream)."""
         st = self._cache.pop(path, None)
+        self._key_to_path.pop(_key(path), None)
         if st is not None:
             st.notify()
 
+    def _remember(self, path: str, st: StreamState) -> None:
+        self._cache[path] = st
+        self._cache.move_to_end(path)
+        self._key_to_path[_key(path)] = path
+        while len(self._cache) > self.cfg.cached_streams:
+            self._forget(next(iter(self._cache)))
+
     def subject(self, path: str) -> str:
         """The subject of a stream path."""
-        key = hashlib.sha256(path.encode()).hexdigest()[:40]
-        self._key_to_path[key] = path
-        return f"{self.cfg.subject_prefix}.{key}"
+        return f"{self.cfg.subject_prefix}.{_key(path)}"
 
     @contextlib.asynccontextmanager
     async def _locked(self, path: str) -> AsyncIterator[None]:
@@ -176,12 +187,13 @@ class StreamStore:
         """The cached view, else a fresh fold (cached when the stream exists)."""
         st = self._cache.get(path)
         if st is not None:
+            self._cache.move_to_end(path)
             return st, st.js_last
         st, last = await self._load(path)
         if st is not None:
             if st.forked_from:
                 await self._ancestors(st)
-            self._cache[path] = st
+            self._remember(path, st)
         return st, last
 
     async def _ancestors(self, st: StreamState) -> None:
@@ -248,7 +260,7 @@ class StreamStore:
         if new is None:
             self._cache.pop(path, None)
         else:
-            self._cache[path] = new
+            self._remember(path, new)
         if st is not None:
             st.notify()
         return new
@@ -507,6 +519,10 @@ class StreamStore:
         except TimeoutError:
             return False
         return True
+
+
+def _key(path: str) -> str:
+    return hashlib.sha256(path.encode()).hexdigest()[:40]
 
 
 def _after(messages: list[Message], after: str | None) -> list[Message]:
