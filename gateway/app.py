@@ -18,6 +18,7 @@ from starlette.staticfiles import StaticFiles
 from baton import errors as e
 from gateway import _routes_chat as chat
 from gateway import _routes_misc as misc
+from gateway import durable_streams
 from gateway._errors import handle_baton_error
 from gateway._metrics import Metrics
 from gateway._settings import GatewaySettings
@@ -58,6 +59,7 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
                 state = GatewayState(settings, cc, dl, TranscriptStore(dl.nc, cfg), Metrics())
                 app.state.gateway = state
                 state.start()
+                ds_store = await durable_streams.start_for(app, state)
                 grpc_server = None
                 try:
                     if settings.grpc_listen:
@@ -71,6 +73,7 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
                 finally:
                     if grpc_server is not None:
                         await grpc_server.stop()
+                    await ds_store.stop()
                     await state.aclose()
             finally:
                 await dl.close()
@@ -89,9 +92,12 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
         Route("/metrics", misc.metrics, methods=["GET"]),
         Route("/", misc.index, methods=["GET"]),
         Mount("/static", app=StaticFiles(directory=str(misc.STATIC)), name="static"),
+        # The Durable Streams protocol (gateway/durable_streams): its own namespace and store.
+        Mount(durable_streams.PREFIX, app=durable_streams.build_app(lambda: durable_streams.of(app_ref))),
     ]
-    return Starlette(
+    app_ref = Starlette(
         routes=routes,
         lifespan=lifespan,
         exception_handlers={e.BatonError: handle_baton_error, Exception: _internal_error},
     )
+    return app_ref

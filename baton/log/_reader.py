@@ -80,6 +80,9 @@ class LogReader(AsyncIterator[Item]):
         self.close_record: H.StoredRecord | None = None
         self.consumer_resets = 0
         self._last_offset: str | None = None
+        # Stop after the record at this stream sequence, whatever its kind (a catch-up read
+        # up to a known tail that may be a fence record); ``None``: tail on.
+        self.until: int | None = None
 
     @property
     def close_status(self) -> str | None:
@@ -137,6 +140,8 @@ class LogReader(AsyncIterator[Item]):
         if self._ended:
             return
         assert self._start_seq is not None
+        if self.until is not None and self.until < self._start_seq:
+            return
         consumer = OrderedConsumer(
             self._nc, self._cfg.stream, self._subject, self._start_seq,
             idle_heartbeat=self._hb, batch=self._pending_msgs,
@@ -154,6 +159,8 @@ class LogReader(AsyncIterator[Item]):
                         self.close_record = H.parse_record(rec.seq, rec.headers)
                         if self._stop_at_close:
                             return
+                    if self.until is not None and rec.seq >= self.until:
+                        return
             finally:
                 self.consumer_resets = consumer.resets
 

@@ -1,0 +1,555 @@
+"""Durable Streams kept in JetStream: one subject per stream in the ``BATON_DS`` stream.
+
+The adapter between the protocol and NATS. Each stream is the fold (``_model.apply``) of
+its subject's records; a gateway caches the fold of every stream it serves and publishes
+each write with ``Nats-Expected-Last-Subject-Sequence`` = the last record it folded, so a
+write from a stale view (another gateway wrote since) is refused by JetStream, the view is
+reloaded and the request re-decided: writes to one stream are linearised by JetStream
+itself, whichever gateway takes them. Every gateway also listens (core NATS) on the
+streams' subjects and drops its view of a stream another gateway wrote, waking its readers,
+which reload. Deleting a stream writes a ``delete`` record and purges the subject down to it.
+
+This is separate from the runs' delivery log (``BATON_RUNS``): a client of this protocol can
+never write a run's log (see ``_runs.py``).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import hashlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import AsyncIterator, Awaitable, Callable, TypeVar
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import api
+
+from baton.log._api import ERR_STREAM_NAME_IN_USE, ERR_WRONG_LAST_SEQUENCE, last_on_subject
+from baton.log._consumer import OrderedConsumer
+from gateway.durable_streams import _model as M
+from gateway.durable_streams import _protocol as P
+from gateway.durable_streams._model import Message, StreamState, Verdict
+
+log = logging.getLogger("gateway.durable_streams")
+
+T = TypeVar("T")
+_EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Where and how streams are kept.
+
+    Attributes:
+        stream: the JetStream stream's name.
+        subject_prefix: subjects are ``<prefix>.<sha256 of the path>``.
+        replicas: JetStream replicas of the stream.
+        max_bytes: the stream's byte limit (-1: none); appends past it are refused, not old
+            data dropped (discard ``new``): a stream never silently loses its beginning.
+        cached_streams: most streams a gateway keeps folded in memory; the least recently
+            used beyond it are dropped (and reloaded from JetStream when next read).
+    """
+
+    stream: str = "BATON_DS"
+    subject_prefix: str = "baton.ds"
+    replicas: int = 1
+    max_bytes: int = -1
+    cached_streams: int = 10_000
+
+
+class Conflict(Exception):
+    """JetStream refused a write because the stream changed under us: reload and retry."""
+
+
+class StreamStore:
+    """Durable Streams on JetStream, with one cached view per stream this gateway serves.
+
+    Args:
+        nc: a connected NATS client (shared with the delivery log).
+        cfg: the store's configuration.
+        clock: wall-clock seconds (injected for expiry tests).
+    """
+
+    def __init__(self, nc: NATS, cfg: StoreConfig | None = None, clock: Callable[[], float] = time.time) -> None:
+        self._nc = nc
+        self.cfg = cfg or StoreConfig()
+        self._js = nc.jetstream()
+        self._clock = clock
+        self._cache: collections.OrderedDict[str, StreamState] = collections.OrderedDict()
+        self._key_to_path: dict[str, str] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._lock_users: dict[str, int] = {}
+        self._gw = uuid.uuid4().hex
+        self._sub: Subscription | None = None
+
+    async def start(self) -> None:
+        """Create (or update) the JetStream stream and listen for other gateways' writes."""
+        cfg = api.StreamConfig(
+            name=self.cfg.stream,
+            subjects=[f"{self.cfg.subject_prefix}.*"],
+            storage=api.StorageType.FILE,
+            retention=api.RetentionPolicy.LIMITS,
+            discard=api.DiscardPolicy.NEW,
+            max_bytes=self.cfg.max_bytes,
+            num_replicas=self.cfg.replicas,
+            allow_direct=True,
+        )
+        try:
+            await self._js.add_stream(cfg)
+        except nats.js.errors.BadRequestError as exc:
+            if exc.err_code != ERR_STREAM_NAME_IN_USE:
+                raise
+            await self._js.update_stream(cfg)
+        self._sub = await self._nc.subscribe(f"{self.cfg.subject_prefix}.*", cb=self._on_record)
+
+    async def stop(self) -> None:
+        """Stop listening and wake every waiting reader."""
+        if self._sub is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await self._sub.unsubscribe()
+            self._sub = None
+        for st in self._cache.values():
+            st.notify()
+        self._cache.clear()
+
+    async def _on_record(self, msg: Msg) -> None:
+        try:
+            meta, _ = M.decode_record(msg.data)
+        except ValueError:
+            return
+        if meta.get(M.GATEWAY) == self._gw:
+            return
+        path = self._key_to_path.get(msg.subject.rsplit(".", 1)[-1])
+        if path is not None:
+            self._forget(path)
+
+    def _forget(self, path: str) -> None:
+        """Drop a stream's view (its readers wake and reload it from JetStream)."""
+        st = self._cache.pop(path, None)
+        self._key_to_path.pop(_key(path), None)
+        if st is not None:
+            st.notify()
+
+    def _remember(self, path: str, st: StreamState) -> None:
+        self._cache[path] = st
+        self._cache.move_to_end(path)
+        self._key_to_path[_key(path)] = path
+        while len(self._cache) > self.cfg.cached_streams:
+            self._forget(next(iter(self._cache)))
+
+    def subject(self, path: str) -> str:
+        """The subject of a stream path."""
+        return f"{self.cfg.subject_prefix}.{_key(path)}"
+
+    @contextlib.asynccontextmanager
+    async def _locked(self, path: str) -> AsyncIterator[None]:
+        lock = self._locks.setdefault(path, asyncio.Lock())
+        self._lock_users[path] = self._lock_users.get(path, 0) + 1
+        try:
+            async with lock:
+                yield
+        finally:
+            self._lock_users[path] -= 1
+            if not self._lock_users[path]:
+                del self._lock_users[path]
+                del self._locks[path]
+
+    # -- loading -------------------------------------------------------------------------
+
+    async def _load(self, path: str) -> tuple[StreamState | None, int]:
+        """Fold a stream's subject from JetStream: ``(state or None, last subject sequence)``."""
+        subj = self.subject(path)
+        last = await last_on_subject(self._nc, self.cfg.stream, subj)
+        if last is None:
+            return None, 0
+        # last_on_subject parses headers only; the body is ours.
+        meta, _ = M.decode_record(last.data)
+        if meta.get(M.OP) == "delete":
+            return None, last.seq
+        st: StreamState | None = None
+        async with OrderedConsumer(self._nc, self.cfg.stream, subj, 1, batch=1024) as c:
+            while True:
+                seq, _, _, body = await c.next_raw()
+                m, d = M.decode_record(body)
+                st = M.apply(st, seq, m, d)
+                if seq >= last.seq:
+                    break
+        return st, last.seq
+
+    async def _view(self, path: str) -> tuple[StreamState | None, int]:
+        """The cached view, else a fresh fold (cached when the stream exists)."""
+        st = self._cache.get(path)
+        if st is not None:
+            self._cache.move_to_end(path)
+            return st, st.js_last
+        st, last = await self._load(path)
+        if st is not None:
+            if st.forked_from:
+                await self._ancestors(st)
+            self._remember(path, st)
+        return st, last
+
+    async def _ancestors(self, st: StreamState) -> None:
+        src = st.forked_from
+        while src:
+            s, _ = await self._view(src)
+            if s is None:
+                return
+            src = s.forked_from
+
+    async def get(self, path: str, *, touch: bool = False, held: bool = False) -> StreamState | None:
+        """A stream's state, or ``None`` when it does not exist or has expired.
+
+        An expired stream is deleted (soft-deleted while forks still read it). A soft-deleted
+        stream is returned (``soft_deleted``) so the caller can answer 410. ``held``: the
+        caller holds the path's lock (inside a write).
+        """
+        st, _ = await self._view(path)
+        if st is None:
+            return None
+        now = self._clock()
+        if not st.soft_deleted and st.expired(now):
+            if held:
+                await self._drop(path, st)
+            else:
+                await self._expire(path)
+            st, _ = await self._view(path)
+            if st is None or not st.soft_deleted:
+                return None
+        if touch:
+            st.last_access = now
+        return st
+
+    async def _expire(self, path: str) -> None:
+        async def op() -> None:
+            st, _ = await self._view(path)
+            if st is None or st.soft_deleted or not st.expired(self._clock()):
+                return
+            await self._drop(path, st)
+
+        await self._retrying(path, op)
+
+    # -- writing -------------------------------------------------------------------------
+
+    async def _publish(self, path: str, st_last: int, meta: dict[str, object], data: bytes = b"") -> int:
+        meta[M.GATEWAY] = self._gw
+        try:
+            ack = await self._js.publish(
+                self.subject(path), M.encode_record(meta, data),
+                headers={_EXPECTED_LAST_SUBJECT_SEQ: str(st_last)},
+            )
+        except nats.js.errors.APIError as exc:
+            if exc.err_code == ERR_WRONG_LAST_SEQUENCE:
+                self._forget(path)
+                raise Conflict(path) from exc
+            raise
+        return int(ack.seq)
+
+    async def _write(self, path: str, st: StreamState | None, last: int, meta: dict[str, object],
+                     data: bytes = b"") -> StreamState | None:
+        """Publish one record fenced on ``last`` and fold it into the cached view."""
+        seq = await self._publish(path, last, meta, data)
+        new = M.apply(st, seq, meta, data)
+        if new is None:
+            self._cache.pop(path, None)
+        else:
+            self._remember(path, new)
+        if st is not None:
+            st.notify()
+        return new
+
+    async def _retrying(self, path: str, op: Callable[[], Awaitable[T]]) -> T:
+        for _ in range(5):
+            async with self._locked(path):
+                try:
+                    return await op()
+                except Conflict:
+                    continue
+        async with self._locked(path):
+            return await op()
+
+    async def create(self, path: str, cfg: dict[str, object], initial: bytes) -> tuple[StreamState, bool]:
+        """Create a stream, or confirm an identical one exists.
+
+        Args:
+            path: the stream path.
+            cfg: ``contentType``, ``ttl``, ``expiresAt``, ``expiresTs``, ``closed``,
+                ``forkedFrom``, ``forkOffset``, ``forkSubOffset`` as requested.
+            initial: the request body (the first append), possibly empty.
+
+        Returns:
+            ``(state, created)``; ``created`` is false for an idempotent repeat.
+
+        Raises:
+            ProtocolError: 409 for a different configuration or a path still held by forks;
+                404/400/409 for a bad fork source, offset or content type; 400 for bad JSON.
+        """
+
+        async def op() -> tuple[StreamState, bool]:
+            st, last = await self._view(path)
+            if st is not None and not st.soft_deleted and st.expired(self._clock()):
+                await self._drop(path, st)
+                st, last = await self._view(path)
+            if st is not None:
+                if st.soft_deleted:
+                    raise P.ProtocolError(409, "stream was deleted but still has active forks")
+                if not _same_config(st, cfg):
+                    raise P.ProtocolError(409, "Stream already exists with different configuration")
+                return st, False
+            return await self._create_new(path, last, dict(cfg), initial), True
+
+        return await self._retrying(path, op)
+
+    async def _create_new(self, path: str, last: int, cfg: dict[str, object], initial: bytes) -> StreamState:
+        src_path = cfg.get("forkedFrom")
+        prefix = b""
+        if isinstance(src_path, str) and src_path:
+            src = await self.get(src_path)
+            if src is None:
+                raise P.ProtocolError(404, "Source stream not found")
+            if src.soft_deleted:
+                raise P.ProtocolError(409, "source stream was deleted but still has active forks")
+            ct = cfg.get("contentType")
+            if isinstance(ct, str) and P.normalize_content_type(ct) != P.normalize_content_type(src.content_type):
+                raise P.ProtocolError(409, "Content type mismatch with source stream")
+            cfg["contentType"] = src.content_type if not ct else ct
+            fork_offset = cfg.get("forkOffset") or src.offset
+            assert isinstance(fork_offset, str)
+            if fork_offset < P.ZERO_OFFSET or fork_offset > src.offset:
+                raise P.ProtocolError(400, "Fork offset beyond source stream length")
+            cfg["forkOffset"] = fork_offset
+            sub = int(cfg.get("forkSubOffset") or 0)  # type: ignore[call-overload]
+            if sub > 0:
+                prefix = self._sub_offset_prefix(src, fork_offset, sub)
+            if cfg.get("ttl") is None and cfg.get("expiresAt") is None:
+                cfg["ttl"], cfg["expiresAt"], cfg["expiresTs"] = src.ttl, src.expires_at, src.expires_ts
+        fragment = initial
+        if initial and P.is_json(cfg.get("contentType")):  # type: ignore[arg-type]
+            fragment = P.process_json_append(initial, initial=True)
+        cfg["path"] = path
+        cfg["created"] = self._clock()
+        closed = bool(cfg.get("closed"))
+        cfg["closed"] = False  # closed after the initial data, by a close record
+        if isinstance(src_path, str) and src_path:
+            await self._ref(src_path, +1)
+        st = await self._write(path, None, last, {M.OP: "create", M.CONFIG: cfg})
+        assert st is not None
+        for data in (prefix, fragment):
+            if data:
+                st = await self._write(path, st, st.js_last, {M.OP: "append", M.OFFSET: P.next_offset(st.offset, len(data))}, data)
+                assert st is not None
+        if closed:
+            st = await self._write(path, st, st.js_last, {M.OP: "close"})
+            assert st is not None
+        return st
+
+    def _sub_offset_prefix(self, src: StreamState, fork_offset: str, sub: int) -> bytes:
+        msgs = self.read(src, fork_offset)
+        if not msgs:
+            raise P.ProtocolError(400, "Invalid fork sub-offset: no data past the fork offset")
+        first = msgs[0].data
+        if P.is_json(src.content_type):
+            values = P.json_values(first)
+            if sub > len(values):
+                raise P.ProtocolError(400, "Invalid fork sub-offset")
+            return "".join(P._dump(v) + "," for v in values[:sub]).encode()
+        if sub > len(first):
+            raise P.ProtocolError(400, "Invalid fork sub-offset")
+        return first[:sub]
+
+    async def _ref(self, path: str, delta: int) -> None:
+        async def op() -> None:
+            st, _ = await self._view(path)
+            if st is None:
+                return
+            await self._write(path, st, st.js_last, {M.OP: "ref" if delta > 0 else "unref"})
+            if delta < 0 and st.refs == 0 and st.soft_deleted:
+                await self._drop(path, st)
+
+        await self._retrying(path, op)
+
+    async def append(
+        self, path: str, data: bytes, *, content_type: str | None, seq: str | None,
+        producer: P.Producer | None, close: bool,
+    ) -> tuple[StreamState, str, Verdict | None]:
+        """Append (and optionally close), deciding producer and sequence rules on fresh state.
+
+        Returns:
+            ``(state, offset after the append, producer verdict or None)``; a verdict other
+            than ``accepted`` means nothing was written.
+
+        Raises:
+            ProtocolError: 404 unknown stream; 409 closed (with ``Stream-Closed``), content-type
+                mismatch or ``Stream-Seq`` regression; 400 bad JSON.
+        """
+
+        async def op() -> tuple[StreamState, str, Verdict | None]:
+            st = await self.get(path, touch=True, held=True)
+            if st is None:
+                raise P.ProtocolError(404, "Stream not found")
+            if st.soft_deleted:
+                raise P.ProtocolError(410, "Stream is gone")
+            if st.closed:
+                if producer is not None and st.closed_by == (producer.id, producer.epoch, producer.seq):
+                    return st, st.offset, Verdict("duplicate", last_seq=producer.seq)
+                raise P.ProtocolError(409, "Stream is closed", {P.CLOSED: "true", P.NEXT_OFFSET: st.offset})
+            if content_type and st.content_type and (
+                P.normalize_content_type(content_type) != P.normalize_content_type(st.content_type)
+            ):
+                raise P.ProtocolError(409, "Content-type mismatch")
+            verdict = None
+            if producer is not None:
+                verdict = M.check_producer(st, producer)
+                if verdict.status != "accepted":
+                    return st, st.offset, verdict
+            if seq is not None and st.last_seq is not None and seq <= st.last_seq:
+                raise P.ProtocolError(409, "Sequence conflict")
+            fragment = P.process_json_append(data) if P.is_json(st.content_type) else data
+            off = P.next_offset(st.offset, len(fragment))
+            meta: dict[str, object] = {M.OP: "append", M.OFFSET: off}
+            if seq is not None:
+                meta[M.SEQ] = seq
+            if producer is not None:
+                meta.update({M.PID: producer.id, M.PEPOCH: producer.epoch, M.PSEQ: producer.seq})
+            if close:
+                meta[M.CLOSE] = True
+            new = await self._write(path, st, st.js_last, meta, fragment)
+            assert new is not None
+            return new, off, verdict
+
+        return await self._retrying(path, op)
+
+    async def close(self, path: str, producer: P.Producer | None) -> tuple[StreamState, Verdict | None]:
+        """Close a stream without data (idempotent; with a producer, sequenced like an append).
+
+        Raises:
+            ProtocolError: 404 unknown stream; 409 closed by another producer.
+        """
+
+        async def op() -> tuple[StreamState, Verdict | None]:
+            st = await self.get(path, touch=True, held=True)
+            if st is None:
+                raise P.ProtocolError(404, "Stream not found")
+            if st.soft_deleted:
+                raise P.ProtocolError(410, "Stream is gone")
+            if producer is None:
+                if st.closed:
+                    return st, None
+                new = await self._write(path, st, st.js_last, {M.OP: "close"})
+                assert new is not None
+                return new, None
+            if st.closed:
+                if st.closed_by == (producer.id, producer.epoch, producer.seq):
+                    return st, Verdict("duplicate", last_seq=producer.seq)
+                raise P.ProtocolError(409, "Stream is closed", {P.CLOSED: "true", P.NEXT_OFFSET: st.offset})
+            verdict = M.check_producer(st, producer)
+            if verdict.status != "accepted":
+                return st, verdict
+            meta: dict[str, object] = {M.OP: "close", M.PID: producer.id, M.PEPOCH: producer.epoch, M.PSEQ: producer.seq}
+            new = await self._write(path, st, st.js_last, meta)
+            assert new is not None
+            return new, verdict
+
+        return await self._retrying(path, op)
+
+    async def delete(self, path: str) -> None:
+        """Delete a stream (soft-delete while forks still read it).
+
+        Raises:
+            ProtocolError: 404 unknown; 410 already soft-deleted.
+        """
+
+        async def op() -> None:
+            st = await self.get(path, held=True)
+            if st is None:
+                raise P.ProtocolError(404, "Stream not found")
+            if st.soft_deleted:
+                raise P.ProtocolError(410, "Stream is gone")
+            await self._drop(path, st)
+
+        await self._retrying(path, op)
+
+    async def _drop(self, path: str, st: StreamState) -> None:
+        """Delete (caller holds the path's lock): soft while referenced, else purge and unref."""
+        if st.refs > 0:
+            await self._write(path, st, st.js_last, {M.OP: "softdelete"})
+            return
+        await self._write(path, st, st.js_last, {M.OP: "delete"})
+        with contextlib.suppress(nats.errors.Error, nats.js.errors.Error):
+            await self._js.purge_stream(self.cfg.stream, subject=self.subject(path), keep=1)
+        if st.forked_from:
+            src = st.forked_from
+            # The source's own lock: always child before parent, so never a cycle.
+            await self._ref(src, -1)
+
+    # -- reading -------------------------------------------------------------------------
+
+    def read(self, st: StreamState, offset: str | None) -> list[Message]:
+        """Messages strictly after ``offset`` (``None``/``-1``: from the start), forks included."""
+        after = None if offset in (None, "-1") else offset
+        out: list[Message] = []
+        if st.forked_from and st.fork_offset and (after is None or after < st.fork_offset):
+            out += self._inherited(st.forked_from, after, st.fork_offset)
+        out += _after(st.messages, after)
+        return out
+
+    def _inherited(self, path: str, after: str | None, cap: str) -> list[Message]:
+        src = self._cache.get(path)
+        if src is None:
+            return []
+        out: list[Message] = []
+        if src.forked_from and src.fork_offset and (after is None or after < src.fork_offset):
+            out += self._inherited(src.forked_from, after, min(src.fork_offset, cap))
+        out += [m for m in _after(src.messages, after) if m.offset <= cap]
+        return out
+
+    async def wait(self, st: StreamState, timeout: float) -> bool:
+        """Wait until ``st`` changes (or another gateway changed it); ``False`` on timeout."""
+        ev = st.changed
+        try:
+            async with asyncio.timeout(timeout):
+                await ev.wait()
+        except TimeoutError:
+            return False
+        return True
+
+
+def _key(path: str) -> str:
+    return hashlib.sha256(path.encode()).hexdigest()[:40]
+
+
+def _after(messages: list[Message], after: str | None) -> list[Message]:
+    if after is None:
+        return list(messages)
+    # Offsets increase strictly: binary search the first one past ``after``.
+    lo, hi = 0, len(messages)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if messages[mid].offset <= after:
+            lo = mid + 1
+        else:
+            hi = mid
+    return messages[lo:]
+
+
+def _same_config(st: StreamState, cfg: dict[str, object]) -> bool:
+    want_ct = P.normalize_content_type(cfg.get("contentType")) or P.DEFAULT_CONTENT_TYPE  # type: ignore[arg-type]
+    have_ct = P.normalize_content_type(st.content_type) or P.DEFAULT_CONTENT_TYPE
+    if cfg.get("forkedFrom") and not cfg.get("contentType"):
+        want_ct = have_ct
+    return (
+        want_ct == have_ct
+        and cfg.get("ttl") == st.ttl
+        and cfg.get("expiresAt") == st.expires_at
+        and bool(cfg.get("closed")) == st.closed
+        and (cfg.get("forkedFrom") or None) == st.forked_from
+        and (cfg.get("forkOffset") is None or cfg.get("forkOffset") == st.fork_offset)
+        and int(cfg.get("forkSubOffset") or 0) == st.fork_sub_offset  # type: ignore[call-overload]
+    )

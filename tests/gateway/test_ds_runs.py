@@ -1,0 +1,92 @@
+"""A run's delivery log read as a Durable Stream (``/ds/runs/<runId>``): catch-up, live SSE,
+closed at the end, read-only, and the gateway's tenancy."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+from baton.sse import Event, aiter_sse
+from tests.conftest import unique
+from tests.gateway.conftest import Gateway, GatewayFactory, read_stream
+from tests.gateway.test_e2e import SLOW, replay_body
+
+
+async def joined_chunks(http: httpx.AsyncClient, gw: Gateway, run: str, **kw: Any) -> list[dict[str, Any]]:
+    got = await read_stream(http, "GET", f"{gw.url}/api/chat", params={"runId": run, "offset": "-1"}, **kw)
+    return [c for _, c in got.events]
+
+
+async def test_finished_run_reads_as_a_closed_json_stream_and_refuses_writes(
+        host: Any, gateway: Gateway, http: httpx.AsyncClient) -> None:
+    thread, run = unique("th"), unique("run")
+    await read_stream(http, "POST", f"{gateway.url}/api/chat", json=replay_body(thread, run), headers={"X-Run-Id": run})
+    chunks = await joined_chunks(http, gateway, run)
+    url = f"{gateway.url}/ds/runs/{run}"
+
+    r = await http.get(url, params={"offset": "-1"})
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    assert r.json() == chunks
+    assert r.headers["stream-closed"] == "true" and r.headers["stream-up-to-date"] == "true"
+    tail = r.headers["stream-next-offset"]
+    head = await http.head(url)
+    assert head.headers["stream-next-offset"] == tail and head.headers["stream-closed"] == "true"
+    # Resuming from a middle offset gives exactly the rest.
+    half = await http.get(url, params={"offset": "-1"})
+    assert half.json() == chunks
+    poll = await http.get(url, params={"offset": tail, "live": "long-poll"})
+    assert poll.status_code == 204 and poll.headers["stream-closed"] == "true"
+    # SSE from the start: every chunk once, in order, then the closing control event.
+    data, controls = await read_sse(http, url, "-1")
+    assert data == chunks and controls[-1].get("streamClosed") is True
+    # Only the run's fenced writer appends: the protocol's writes are refused, nothing changes.
+    for method in ("POST", "PUT", "DELETE"):
+        w = await http.request(method, url, content=b'{"type":"RAW"}', headers={"content-type": "application/json"})
+        assert w.status_code == 405
+    assert (await http.get(url, params={"offset": "-1"})).json() == chunks
+
+
+async def test_live_run_tails_over_sse_until_it_closes(host: Any, gateway: Gateway, http: httpx.AsyncClient) -> None:
+    thread, run = unique("th"), unique("run")
+    # The starting client leaves after a few chunks; the run goes on and is read live.
+    await read_stream(http, "POST", f"{gateway.url}/api/chat", json=replay_body(thread, run, SLOW, speed=1),
+                      headers={"X-Run-Id": run}, stop_after=3)
+    data, controls = await read_sse(http, f"{gateway.url}/ds/runs/{run}", "-1")
+    assert controls[-1].get("streamClosed") is True
+    assert data == await joined_chunks(http, gateway, run)
+    assert data[-1]["type"] == "RUN_FINISHED"
+
+
+async def test_tenancy_other_tenants_run_is_unknown(host: Any, make_gateway: GatewayFactory,
+                                                   http: httpx.AsyncClient) -> None:
+    gw = await make_gateway(api_keys={"key-a": "a", "key-b": "b"})
+    thread, run = unique("th"), unique("run")
+    a = {"authorization": "Bearer key-a"}
+    await read_stream(http, "POST", f"{gw.url}/api/chat", json=replay_body(thread, run),
+                      headers={"X-Run-Id": run, **a})
+    url = f"{gw.url}/ds/runs/{run}"
+    assert (await http.get(url, params={"offset": "-1"}, headers=a)).status_code == 200
+    assert (await http.get(url, params={"offset": "-1"}, headers={"authorization": "Bearer key-b"})).status_code == 404
+    assert (await http.get(url, params={"offset": "-1"})).status_code == 401
+    # Streams a tenant creates are its own namespace.
+    s = f"{gw.url}/ds/v1/stream/{unique('s')}"
+    assert (await http.put(s, headers={**a, "content-type": "text/plain"}, content=b"x")).status_code == 201
+    assert (await http.get(s, params={"offset": "-1"}, headers={"authorization": "Bearer key-b"})).status_code == 404
+    assert (await http.get(s, params={"offset": "-1"}, headers=a)).content == b"x"
+
+
+async def read_sse(http: httpx.AsyncClient, url: str, offset: str) -> tuple[list[Any], list[dict[str, Any]]]:
+    """Read a protocol SSE stream to its end: (values of the data events, control events)."""
+    data: list[Any] = []
+    controls: list[dict[str, Any]] = []
+    async with http.stream("GET", url, params={"offset": offset, "live": "sse"}, timeout=60) as resp:
+        assert resp.status_code == 200
+        async for ev in aiter_sse(resp.aiter_bytes()):
+            if not isinstance(ev, Event):
+                continue
+            if ev.event == "data":
+                data += json.loads(ev.data)
+            elif ev.event == "control":
+                controls.append(json.loads(ev.data))
+    return data, controls
