@@ -47,6 +47,8 @@ def page_replay(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     shutil.copy(corpus / "claude-stream-json" / "result-error-max-turns-structured-output.jsonl",
                 d / "claude-stream-json" / "max-turns.jsonl")
     shutil.copy(corpus / "codex-exec-json" / "turn-failed-invalid-request.jsonl", d / "codex-exec-json" / "turn-failed.jsonl")
+    shutil.copy(corpus / "claude-stream-json" / "subagents-parallel-tools-v2.0.25.jsonl",
+                d / "claude-stream-json" / "subagents.jsonl")
     (d / "claude-stream-json" / "slow.jsonl").write_text(claude_journal([f"part {i}. " for i in range(40)]))
     (d / "claude-stream-json" / "hello.jsonl").write_text(claude_journal(["hello from the replay"]))
     (d / "claude-stream-json" / "hostile.jsonl").write_text(claude_journal(HOSTILE))
@@ -126,6 +128,23 @@ async def test_page_endpoints_answer_the_callers_tenant_only(page_gateway: Gatew
     assert ov["runsByStatus"].get("completed", 0) >= 1
     ov_b = (await http.get(f"{gw.url}/api/ops/overview", headers=B)).json()
     assert run not in {r["runId"] for r in ov_b["live"] + ov_b["takeovers"] + ov_b["reaps"]}
+
+    # A run nobody watches is detached: the overview says since when and when the reaper acts.
+    detached = unique("run-")
+    body = {"threadId": unique("thread-"), "runId": detached, "messages": [{"id": "u", "role": "user", "content": "go"}],
+            "agent": {"kind": "replay", "journal": "claude-stream-json/slow.jsonl", "speed": 1, "delay": 1}}
+    async with http.stream("POST", f"{gw.url}/api/chat", json=body, headers=A, timeout=60) as resp:
+        async for _ in resp.aiter_bytes():
+            break  # the client leaves at once
+
+    async def shown_detached() -> dict[str, Any]:
+        live = (await http.get(f"{gw.url}/api/ops/overview", headers=A)).json()["live"]
+        row = next(r for r in live if r["runId"] == detached)
+        assert row["detachedSince"] and row["reapAt"] > row["detachedSince"]
+        return row  # type: ignore[no-any-return]
+    row = await assert_eventually(shown_detached, timeout=15)
+    assert row["status"] == "running" and row["epoch"] == 1
+    await http.post(f"{gw.url}/api/chat/cancel", json={"runId": detached}, params={"wait": "true"}, headers=A)
 
     icon = await http.get(f"{gw.url}/favicon.ico")
     assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg+xml")

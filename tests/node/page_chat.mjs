@@ -114,6 +114,29 @@ await main(async (browser) => {
   await shot(page, 'chat-failed')
   results.failed = { c: c.errors, d: d.errors, statusC: (await record(runC)).status, statusD: (await record(runD)).status }
 
+  // subagent activity sits inside the card of the tool call that started it
+  await page.click('#new-thread')
+  const runS = await send(page, J('claude-stream-json/subagents.jsonl', { speed: 0 }), 'diagnose')
+  await waitState(page, 'completed')
+  const sub = await page.evaluate((id) => {
+    const s = document.querySelector(`section.run[data-run-id="${id}"]`)
+    return {
+      subagents: [...s.querySelectorAll('.tool .subagent')].map((e) => ({
+        name: e.querySelector('.sub-name').textContent, state: e.dataset.state,
+        parent: e.closest('.tool').querySelector('.tool-name').textContent,
+        tools: e.querySelectorAll('.sub-body .tool').length })),
+      topTools: s.querySelectorAll('.run-body > .tool').length
+    }
+  }, runS)
+  const logS = await rawLog(runS)
+  const nested = logS.filter((e) => e.chunk.type === 'TOOL_CALL_START' && e.chunk.subagentRunId).length
+  const top = logS.filter((e) => e.chunk.type === 'TOOL_CALL_START' && !e.chunk.subagentRunId).length
+  results.subagents = { ...sub, nested, top }
+  check(sub.subagents.length === 2 && sub.subagents.every((x) => x.state === 'done' && x.parent === 'Task'),
+    'subagents are not grouped under their Task call', sub)
+  check(sub.subagents.reduce((n, x) => n + x.tools, 0) === nested && sub.topTools === top,
+    'subagent tool calls are not nested under their parent', results.subagents)
+
   // --- 4. hostile output ---------------------------------------------------------------------------
   const fetched = []
   page.on('request', (r) => { if (!r.url().startsWith(process.env.BATON_GATEWAY_URL)) fetched.push(r.url()) })

@@ -104,8 +104,8 @@ export const pill = (page) => page.textContent('#run-state')
 
 /** Wait until the page shows the run ended in `state` (the pill's data-state). */
 export async function waitState (page, state, timeout = 60000) {
-  await page.waitForFunction((s) => !window.__baton.live && document.getElementById('run-state').dataset.state === s,
-    state, { timeout })
+  await page.waitForFunction((s) => !window.__baton.live && document.getElementById('run-state').dataset.state === s &&
+    document.querySelector('#transcript > section.run:last-child .outcome'), state, { timeout })
 }
 
 /** The run's section as a user reads it. */
@@ -141,11 +141,11 @@ export function checkOnce (renderedOffsets, log, what) {
 export const textOf = (log) => log.filter((e) => e.chunk.type === 'TEXT_MESSAGE_CONTENT' && !e.chunk.subagentRunId)
   .map((e) => e.chunk.delta).join('')
 
-export async function shot (page, name) {
+export async function shot (page, name, { fullPage = false } = {}) {
   if (!artifacts) return
   fs.mkdirSync(artifacts, { recursive: true })
   const file = path.join(artifacts, `${name}.png`)
-  await page.screenshot({ path: file, fullPage: false })
+  await page.screenshot({ path: file, fullPage })
   results.screenshots.push(file)
 }
 

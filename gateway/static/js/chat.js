@@ -399,7 +399,19 @@ async function loadAgents () {
 
 // --- wiring ---------------------------------------------------------------------------------------
 
+// Keep the newest output in view while the reader is at the bottom; leave them be once they
+// scroll up to read.
+function stickToBottom () {
+  let atBottom = true
+  const near = () => window.innerHeight + window.scrollY >= document.documentElement.scrollHeight - 120
+  window.addEventListener('scroll', () => { atBottom = near() }, { passive: true })
+  new MutationObserver(() => {
+    if (atBottom && !near()) window.scrollTo(0, document.documentElement.scrollHeight)
+  }).observe($('transcript'), { childList: true, subtree: true, characterData: true })
+}
+
 function init () {
+  stickToBottom()
   // On a phone the threads list starts folded, so the conversation comes first.
   if (matchMedia('(max-width: 760px)').matches) document.querySelector('.threads-box').open = false
   bindApiKey($('api-key'), () => { loadAgents(); loadThreads(); openThread(state.threadId) })

@@ -310,7 +310,8 @@ export class RunView {
   }
 
   subagent (c) {
-    const parent = this.tool(c.parentToolCallId ?? c.subagentRunId, c.name, c)
+    const id = c.parentToolCallId ?? c.subagentRunId
+    const parent = this.tools.get(id) ?? this.tool(id, null, c)
     const card = el('div', 'subagent')
     card.dataset.state = 'running'
     const head = el('div', 'sub-head')
