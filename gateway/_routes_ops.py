@@ -37,6 +37,8 @@ from gateway._views import check_thread_visible, record_json, run_view, state_of
 RECENT_RUNS = 500
 #: Most samples of record times the timeline reads to draw a chunk rate.
 RATE_SAMPLES = 40
+#: Most live runs the overview lists (each costs one record read).
+LIVE_ROWS = 50
 _READ_TIMEOUT = 5.0
 
 
@@ -88,7 +90,7 @@ async def overview(request: Request) -> Response:
     newest_first = list(reversed(recs))
     takeovers = [record_json(r) for r in newest_first if r.driver_epoch > 1][:20]
     reaps = [record_json(r) for r in newest_first if r.cancel_reason == "reaped"][:20]
-    running = [record_json(r) for r in newest_first if status_name(r.status) not in TERMINAL][:50]
+    running = await _live_views(request, [r for r in newest_first if status_name(r.status) not in TERMINAL][:LIVE_ROWS])
     return JSONResponse({
         "hosts": [{"hostId": h.host_id, "address": h.address, "load": h.load, "capacity": h.capacity,
                    "draining": h.draining, "providers": list(h.provider_kinds)}
@@ -99,6 +101,19 @@ async def overview(request: Request) -> Response:
         "takeovers": takeovers,
         "reaps": reaps,
     })
+
+
+async def _live_views(request: Request, recs: list[runs_pb2.RunRecord]) -> list[dict[str, Any]]:
+    """Live runs with their claim and ``reapAt`` (the run view has them, the listing not)."""
+    st = state_of(request)
+
+    async def one(r: runs_pb2.RunRecord) -> dict[str, Any]:
+        try:
+            view = await st.coordinator.get_run(r.run_id, timeout=_READ_TIMEOUT)
+        except e.UnknownRun:
+            return record_json(r)
+        return record_json(view.record, view.claim, view.reap_at)
+    return list(await asyncio.gather(*(one(r) for r in recs)))
 
 
 _FRACTION = re.compile(r"(\.\d{6})\d+")

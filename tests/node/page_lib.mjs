@@ -56,7 +56,10 @@ export async function newPage (context, { expectStatus = [] } = {}) {
   const page = await context.newPage()
   page.problems = []
   page.on('pageerror', (e) => page.problems.push(`pageerror: ${e}`))
-  page.on('console', (m) => { if (m.type() === 'error') page.problems.push(`console: ${m.text()}`) })
+  // Chromium logs every answer >= 400 as a console error; those are judged by status below.
+  page.on('console', (m) => {
+    if (m.type() === 'error' && !m.text().startsWith('Failed to load resource')) page.problems.push(`console: ${m.text()}`)
+  })
   page.on('dialog', async (d) => { page.problems.push(`dialog: ${d.message()}`); await d.dismiss() })
   page.on('response', (r) => {
     if (r.status() >= 400 && !expectStatus.includes(r.status())) page.problems.push(`HTTP ${r.status()} ${r.url()}`)
