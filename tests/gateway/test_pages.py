@@ -110,11 +110,12 @@ async def test_page_endpoints_answer_the_callers_tenant_only(page_gateway: Gatew
     assert (await http.get(f"{gw.url}/api/threads")).status_code == 401
 
     runs = (await http.get(f"{gw.url}/api/threads/{thread}/runs", headers=A)).json()
-    assert [(r["runId"], r["status"], r["epoch"]) for r in runs["runs"]] == [(run, "completed", 1)]
+    assert [(r["runId"], r["status"]) for r in runs["runs"]] == [(run, "completed")]
+    epoch = runs["runs"][0]["epoch"]  # 1, or more when a loaded machine cost a host its lease
     assert (await http.get(f"{gw.url}/api/threads/{thread}/runs", headers=B)).status_code == 404
 
     tl = (await http.get(f"{gw.url}/api/ops/timeline", params={"runId": run}, headers=A)).json()
-    assert [f["epoch"] for f in tl["epochs"]] == [1]
+    assert [f["epoch"] for f in tl["epochs"]] == list(range(1, epoch + 1))
     assert tl["close"]["status"] == "completed" and tl["close"]["at"] >= tl["epochs"][0]["at"] > 0
     log = (await http.get(f"{gw.url}/api/chat", params={"runId": run, "offset": "-1"}, headers=A)).text
     assert tl["chunks"] == log.count("\nid: ") + log.startswith("id: ")

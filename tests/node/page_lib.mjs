@@ -99,8 +99,11 @@ export async function send (page, spec, prompt) {
   await page.fill('#prompt', prompt)
   await page.focus('#prompt')
   await page.keyboard.press('Enter')
-  await page.waitForFunction((b) => window.__baton.live && window.__baton.live.runId !== b, before)
-  return page.evaluate(() => window.__baton.live.runId)
+  const handle = await page.waitForFunction((b) => {
+    const id = window.__baton.live?.runId
+    return id && id !== b ? id : null
+  }, before)
+  return handle.jsonValue()
 }
 
 export const pill = (page) => page.textContent('#run-state')
@@ -167,6 +170,16 @@ export async function main (body) {
     results.error = String(err?.message ?? err)
     if (err?.extra) results.extra = err.extra
     if (!(err instanceof Failure)) results.stack = String(err?.stack ?? '')
+    // What the pages showed when it failed.
+    results.pages = []
+    for (const ctx of browser.contexts()) {
+      for (const p of ctx.pages()) {
+        results.pages.push(await p.evaluate(() => ({
+          url: location.href, state: document.getElementById('run-state')?.textContent,
+          info: document.getElementById('run-info')?.textContent, body: document.body.innerText.slice(-1500)
+        })).catch((e) => String(e)))
+      }
+    }
   } finally {
     await browser.close()
   }

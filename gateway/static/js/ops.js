@@ -103,7 +103,7 @@ async function refresh () {
 // --- one run's timeline ---------------------------------------------------------------------
 
 function sparkline (rate) {
-  const w = 600; const h = 80
+  const w = 600; const h = 90
   const svg = document.createElementNS(SVG, 'svg')
   svg.setAttribute('viewBox', `0 0 ${w} ${h}`)
   svg.setAttribute('class', 'spark')
@@ -112,14 +112,22 @@ function sparkline (rate) {
   const t0 = rate[0].at; const t1 = rate[rate.length - 1].at
   const span = Math.max(t1 - t0, 1e-3)
   svg.setAttribute('aria-label', `chunk rate, peak ${max} chunks per second`)
-  const pts = rate.map((p) => `${((p.at - t0) / span) * (w - 10) + 5},${h - 5 - (p.perSecond / max) * (h - 20)}`)
+  const pts = rate.map((p) => `${((p.at - t0) / span) * (w - 10) + 5},${h - 16 - (p.perSecond / max) * (h - 32)}`)
   const line = document.createElementNS(SVG, 'polyline')
   line.setAttribute('points', pts.join(' '))
   svg.append(line)
   const label = document.createElementNS(SVG, 'text')
   label.setAttribute('x', '6'); label.setAttribute('y', '12')
-  label.textContent = `peak ${max}/s`
+  label.textContent = `peak ${max} chunks/s`
   svg.append(label)
+  // The time axis: when the sampled chunks start and end.
+  for (const [x, anchor, t] of [[6, 'start', t0], [w - 6, 'end', t1]]) {
+    const tick = document.createElementNS(SVG, 'text')
+    tick.setAttribute('x', String(x)); tick.setAttribute('y', String(h - 2))
+    tick.setAttribute('text-anchor', anchor)
+    tick.textContent = clock(t)
+    svg.append(tick)
+  }
   return svg
 }
 
