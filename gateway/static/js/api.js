@@ -70,6 +70,8 @@ export async function joinRun (runId, offset, signal) {
  * comment) was read, false when the stream dropped before it.
  */
 export async function * readSSE (response) {
+  // 204: nothing after this offset and the log is closed (an EventSource is told to stop).
+  if (response.status === 204 || !response.body) return true
   const reader = response.body.getReader()
   const decoder = new TextDecoder()
   let buf = ''
