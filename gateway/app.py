@@ -18,6 +18,7 @@ from starlette.staticfiles import StaticFiles
 from baton import errors as e
 from gateway import _routes_chat as chat
 from gateway import _routes_misc as misc
+from gateway import _routes_ops as ops
 from gateway import durable_streams
 from gateway._errors import handle_baton_error
 from gateway._metrics import Metrics
@@ -79,6 +80,7 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
                 await dl.close()
 
     routes = [
+        *ops.ROUTES,  # read-only routes of the web pages (threads, operator view)
         Route("/api/chat", chat.start_chat, methods=["POST"]),
         Route("/api/chat", chat.join_chat, methods=["GET"]),
         Route("/api/chat/active", chat.active_run, methods=["GET"]),

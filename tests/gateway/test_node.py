@@ -1,4 +1,4 @@
-"""Real clients: the TanStack AI client (Node.js) and a real browser (Playwright + chromium)."""
+"""Real clients: the TanStack AI client (Node.js) and a browser EventSource. The web pages' browser tests are in test_pages.py."""
 from __future__ import annotations
 
 import asyncio
@@ -51,19 +51,6 @@ async def test_tanstack_client_streams_reconnects_and_joins(host: Any, gateway: 
     assert result["calls"] >= 2
     assert result["streamed"] == result["joined"] == result["log"]
     assert result["text"] == SLOW_TEXT
-
-
-@pytest.mark.browser
-async def test_browser_reload_rejoins_stop_cancels_and_html_is_text(host: Any, gateway: Gateway) -> None:
-    node = need_node("playwright-core")
-    require(pathlib.Path("/usr/bin/chromium").exists(), "/usr/bin/chromium missing (apt-get install chromium)")
-    result = await run_node(node, "browser.mjs", {"BATON_GATEWAY_URL": gateway.url}, timeout=110)
-    assert result["reload"]["text"] == SLOW_TEXT
-    assert 12 <= result["reload"]["beforeReload"] < result["reload"]["log"]  # reloaded mid-run
-    assert result["reload"]["rendered"] == result["reload"]["log"]
-    assert result["stop"]["status"] == "aborted"
-    assert result["xss"]["text"] == ('<script>window.__xss = 1</script><img src=x onerror="window.__xss = 2">'
-                                     "<b>bold?</b>")
 
 
 @pytest.mark.node

@@ -1,0 +1,440 @@
+// The chat page: threads, the conversation of one thread, its live run.
+//
+// The URL names the thread (`/?thread=<id>`), so a reload or a second tab opens the same
+// conversation. Opening a thread reads each of its runs' logs from the start (the user's
+// prompt comes from the run's `run.accepted` chunk, so every tab shows it) and follows
+// the live one; a dropped stream rejoins strictly after the last offset rendered, so
+// nothing is shown twice. The run's record (GET /api/runs/{id}) is polled while it is
+// live: it gives the state, the driving host and epoch, detach and reap times; a higher
+// epoch places a takeover marker where the new claim's fence landed in the log.
+
+import { $, el, clock, duration, relative, bindApiKey } from './dom.js'
+import { ApiError, cancelRun, enc, getJSON, joinRun, readSSE, startRun } from './api.js'
+import { RunView, errorSentence } from './transcript.js'
+
+const TERMINAL = new Set(['completed', 'failed', 'aborted'])
+const STATE_WORDS = {
+  running: 'running',
+  detached: 'detached',
+  completed: 'completed',
+  failed: 'failed',
+  aborted: 'stopped',
+  interrupted: 'interrupted',
+  stopping: 'stopping…',
+  connecting: 'connecting…',
+  reconnecting: 'reconnecting…',
+  idle: 'idle'
+}
+const POLL_MS = 1000
+
+const state = {
+  threadId: null,
+  live: null, // {runId, view, controller, record}
+  openSeq: 0
+}
+window.__baton = state
+
+// --- run state shown in the header ------------------------------------------------------
+
+function showState (name, detail) {
+  const pill = $('run-state')
+  pill.dataset.state = name
+  pill.textContent = STATE_WORDS[name] ?? name
+  if (detail !== undefined) $('run-info').textContent = detail
+}
+
+function recordState (rec) {
+  if (rec.status === 'running') {
+    if (rec.cancelRequested) return 'stopping'
+    return rec.detachedSince ? 'detached' : 'running'
+  }
+  return rec.status
+}
+
+function recordInfo (rec) {
+  const parts = []
+  if (rec.driverHost) parts.push(`host ${rec.driverHost}`)
+  if (rec.epoch) parts.push(`epoch ${rec.epoch}`)
+  if (rec.startedAt) parts.push(`started ${clock(rec.startedAt)}`)
+  if (rec.finishedAt && rec.startedAt) parts.push(`took ${duration(rec.finishedAt - rec.startedAt)}`)
+  // A finished run keeps the stamp of its last reader leaving; only a live run is "detached".
+  if (rec.detachedSince && rec.status === 'running') parts.push(`detached since ${clock(rec.detachedSince)}`)
+  if (rec.reapAt && rec.status === 'running') parts.push(`reaper acts ${relative(rec.reapAt)} (${clock(rec.reapAt)})`)
+  return parts.join(' · ')
+}
+
+function showRecord (rec) {
+  showState(recordState(rec), recordInfo(rec))
+  $('run-id').textContent = rec.runId
+}
+
+function outcomeText (rec, view) {
+  switch (rec.status) {
+    case 'completed': return `Completed${rec.finishedAt && rec.startedAt ? ` in ${duration(rec.finishedAt - rec.startedAt)}` : ''}.`
+    case 'failed':
+      // The log's RUN_ERROR already said why, just above; repeat it only if it is not shown.
+      if (view.errorShown) return `Failed${rec.finishedAt ? ` at ${clock(rec.finishedAt)}` : ''}.`
+      return `Failed: ${errorSentence(rec.error?.message, rec.error?.code)}`
+    case 'aborted': return `Stopped (aborted)${rec.finishedAt ? ` at ${clock(rec.finishedAt)}` : ''}.`
+    case 'interrupted': return 'Paused: the agent is waiting for input (interrupted).'
+    default: return ''
+  }
+}
+
+// --- takeovers ---------------------------------------------------------------------------
+
+async function markTakeovers (view, rec) {
+  if (!rec || rec.epoch <= 1) return
+  try {
+    const tl = await getJSON(`/api/ops/timeline?runId=${enc(view.runId)}`)
+    const last = tl.epochs.length ? tl.epochs[tl.epochs.length - 1].epoch : 0
+    for (const f of tl.epochs) {
+      // Only the current (or last) epoch's host is recorded; older ones are named by epoch.
+      view.takeover(f.epoch, f.offset, f.epoch === last ? tl.run.driverHost : null)
+    }
+  } catch (err) {
+    console.warn('takeover markers unavailable:', err.message)
+  }
+}
+
+// --- reading and following runs -------------------------------------------------------------
+
+/** Read a run whose log is closed, from the start to its end. */
+async function readClosed (view, rec, signal) {
+  const resp = await joinRun(view.runId, '-1', signal)
+  const it = readSSE(resp)
+  for (;;) {
+    const { value, done } = await it.next()
+    if (done) break
+    if (value.chunk) view.add(value.offset, value.chunk)
+  }
+  view.flush()
+  if (rec.epoch > 1) await markTakeovers(view, rec)
+  view.placeFences(Infinity)
+  view.setOutcome(outcomeText(rec, view), rec.status)
+}
+
+const sleep = (ms, signal) => new Promise((resolve) => {
+  const t = setTimeout(resolve, ms)
+  signal?.addEventListener('abort', () => { clearTimeout(t); resolve() }, { once: true })
+})
+
+/**
+ * Follow a live run until its log closes: render, reconnect after the last offset on a
+ * drop, poll its record. `first` is the response of the POST that started it, if any.
+ */
+async function follow (view, runId, first = null) {
+  const controller = new AbortController()
+  const live = { runId, view, controller, record: null, epoch: 0 }
+  state.live = live
+  $('stop').disabled = false
+  $('run-id').textContent = runId
+  showState('connecting', '')
+  const poll = pollRecord(live)
+  let response = first
+  let delay = 250
+  try {
+    while (!controller.signal.aborted) {
+      try {
+        response = response ?? await joinRun(runId, view.lastOffset, controller.signal)
+        showState(live.record ? recordState(live.record) : 'running')
+        const it = readSSE(response)
+        response = null
+        let ended = false
+        for (;;) {
+          const { value, done } = await it.next()
+          if (done) { ended = value; break }
+          if (value.notice) {
+            $('run-info').textContent = `${value.notice.reason}: ${value.notice.message}`
+          } else {
+            view.add(value.offset, value.chunk)
+            delay = 250
+          }
+        }
+        if (ended) break
+      } catch (err) {
+        if (controller.signal.aborted) return
+        if (err instanceof ApiError && err.status < 500 && err.status !== 409) {
+          view.note(`Cannot read this run: ${err.message} (${err.reason ?? err.status})`, 'error')
+          return
+        }
+      }
+      showState('reconnecting')
+      await sleep(delay, controller.signal)
+      delay = Math.min(delay * 2, 4000)
+    }
+  } finally {
+    controller.abort()
+    await poll
+    view.flush()
+    if (state.live === live) {
+      state.live = null
+      $('stop').disabled = true
+      $('busy').hidden = true // a refusal because of this run no longer holds
+    }
+  }
+  // The log closed: show the final record (its status is written right after the close).
+  const rec = await finalRecord(runId)
+  if (rec) {
+    await markTakeovers(view, rec).catch(() => {})
+    view.placeFences(Infinity)
+    view.setOutcome(outcomeText(rec, view), rec.status)
+    if (state.live === null && view.section.isConnected) showRecord(rec)
+  }
+  loadThreads()
+}
+
+async function pollRecord (live) {
+  const signal = live.controller.signal
+  while (!signal.aborted) {
+    try {
+      const rec = await getJSON(`/api/runs/${enc(live.runId)}`, signal)
+      live.record = rec
+      if (state.live === live) showRecord(rec)
+      if (rec.epoch > live.epoch) {
+        live.epoch = rec.epoch
+        if (rec.epoch > 1) await markTakeovers(live.view, rec)
+      }
+    } catch (err) {
+      if (signal.aborted) return
+    }
+    await sleep(POLL_MS, signal)
+  }
+}
+
+async function finalRecord (runId) {
+  for (let i = 0; i < 40; i++) {
+    try {
+      const rec = await getJSON(`/api/runs/${enc(runId)}`)
+      if (TERMINAL.has(rec.status) || rec.status === 'interrupted') return rec
+    } catch (err) {
+      if (err instanceof ApiError && err.status === 404) return null
+    }
+    await sleep(250)
+  }
+  return null
+}
+
+// --- threads -------------------------------------------------------------------------------
+
+function threadFromUrl () {
+  return new URLSearchParams(location.search).get('thread') || null
+}
+
+function setThreadUrl (threadId, push) {
+  const url = threadId ? `/?thread=${enc(threadId)}` : '/'
+  if (push) history.pushState({ threadId }, '', url)
+  else history.replaceState({ threadId }, '', url)
+}
+
+async function openThread (threadId) {
+  const seq = ++state.openSeq
+  state.live?.controller.abort()
+  state.live = null
+  state.threadId = threadId
+  $('stop').disabled = true
+  $('busy').hidden = true
+  $('transcript').replaceChildren()
+  $('thread-title').textContent = threadId ?? 'New conversation'
+  $('run-id').textContent = ''
+  showState('idle', threadId ? '' : 'Type a message to start a run.')
+  markCurrentThread()
+  if (!threadId) return
+  let runs
+  try {
+    runs = (await getJSON(`/api/threads/${enc(threadId)}/runs`)).runs
+  } catch (err) {
+    $('transcript').append(el('div', 'note error', `This thread cannot be opened: ${err.message}`))
+    return
+  }
+  if (seq !== state.openSeq) return
+  if (!runs.length) { showState('idle', 'No runs in this thread yet.'); return }
+  for (const rec of runs) {
+    if (seq !== state.openSeq) return
+    const view = new RunView($('transcript'), rec.runId)
+    if (rec.status === 'running') {
+      follow(view, rec.runId)
+    } else {
+      try {
+        await readClosed(view, rec, AbortSignal.timeout(20000))
+      } catch (err) {
+        view.note(`This run's log cannot be read: ${err.message}`, 'error')
+      }
+      if (seq === state.openSeq && !state.live) showRecord(rec)
+    }
+  }
+}
+
+function markCurrentThread () {
+  for (const a of document.querySelectorAll('#threads a')) {
+    if (a.dataset.threadId === state.threadId) a.setAttribute('aria-current', 'page')
+    else a.removeAttribute('aria-current')
+  }
+}
+
+async function loadThreads () {
+  let threads
+  try {
+    threads = (await getJSON('/api/threads')).threads
+  } catch (err) {
+    $('threads').replaceChildren(el('li', 'note error', err.status === 401 ? 'Enter an API key to see your threads.' : err.message))
+    return
+  }
+  const items = threads.map((t) => {
+    const a = el('a')
+    a.href = `/?thread=${enc(t.threadId)}`
+    a.dataset.threadId = t.threadId
+    a.append(el('span', 'thread-name', t.threadId),
+      el('span', `badge ${t.status}`, STATE_WORDS[t.status] ?? t.status),
+      el('span', 'thread-meta', `${t.runs} run${t.runs === 1 ? '' : 's'} · ${clock(t.startedAt)}`))
+    a.addEventListener('click', (ev) => {
+      if (ev.metaKey || ev.ctrlKey || ev.shiftKey || ev.button !== 0) return
+      ev.preventDefault()
+      setThreadUrl(t.threadId, true)
+      openThread(t.threadId)
+      $('prompt').focus()
+    })
+    const li = el('li')
+    li.append(a)
+    return li
+  })
+  $('threads').replaceChildren(...(items.length ? items : [el('li', 'note', 'No threads yet.')]))
+  markCurrentThread()
+}
+
+// --- send and stop --------------------------------------------------------------------------
+
+function selectedAgent () {
+  try { return JSON.parse($('agent').value || 'null') } catch { return null }
+}
+
+async function send () {
+  const prompt = $('prompt').value.trim()
+  if (!prompt) { $('prompt').focus(); return }
+  if (!state.threadId) {
+    state.threadId = `thread-${crypto.randomUUID().slice(0, 8)}`
+    setThreadUrl(state.threadId, true)
+    $('thread-title').textContent = state.threadId
+  }
+  const runId = `run-${crypto.randomUUID()}`
+  $('busy').hidden = true
+  $('send').disabled = true
+  let response
+  try {
+    response = await startRun({ threadId: state.threadId, runId, prompt, agent: selectedAgent() })
+  } catch (err) {
+    $('send').disabled = false
+    if (err instanceof ApiError && err.reason === 'THREAD_BUSY') {
+      showBusy(err.body.activeRunId)
+    } else {
+      showComposerError(err instanceof ApiError ? errorSentence(err.message, err.reason) : `Could not reach the gateway: ${err.message}`)
+    }
+    return
+  }
+  $('send').disabled = false
+  $('prompt').value = ''
+  const view = new RunView($('transcript'), runId)
+  follow(view, runId, response)
+  loadThreads()
+}
+
+function showComposerError (text) {
+  const box = $('busy')
+  box.replaceChildren(el('span', null, text))
+  box.hidden = false
+}
+
+// A refused second Send: say why, keep the prompt, offer to stop the running run.
+function showBusy (activeRunId) {
+  const box = $('busy')
+  const stopBtn = el('button', 'danger', 'Stop the running run')
+  stopBtn.type = 'button'
+  stopBtn.addEventListener('click', () => stop(activeRunId))
+  box.replaceChildren(
+    el('span', null, 'Not sent: this thread already has a run in progress. Wait for it to finish, or stop it and send again.'),
+    stopBtn)
+  box.hidden = false
+  stopBtn.focus()
+  // Follow that run here if this page did not know of it (another tab started it).
+  if (activeRunId && state.live?.runId !== activeRunId) {
+    const view = new RunView($('transcript'), activeRunId)
+    follow(view, activeRunId)
+  }
+}
+
+async function stop (runId = state.live?.runId) {
+  if (!runId) return
+  showState('stopping')
+  try {
+    await cancelRun(runId)
+  } catch (err) {
+    showComposerError(`Stop failed: ${err.message}${err.reason ? ` (${err.reason})` : ''}`)
+  }
+  // The stream ends by itself: run.cancelled, RUN_ERROR cancelled, then the log closes.
+}
+
+// --- agents ------------------------------------------------------------------------------------
+
+async function loadAgents () {
+  let list
+  try {
+    list = await getJSON('/api/agents')
+  } catch {
+    return
+  }
+  const sel = $('agent')
+  const saved = localStorage.getItem('baton.agent')
+  sel.replaceChildren()
+  for (const a of list.agents) {
+    const spec = a.kind === 'replay' ? { kind: 'replay', journal: a.journal, speed: 1 } : { kind: a.kind }
+    const opt = el('option', null, a.name)
+    opt.value = JSON.stringify(spec)
+    sel.append(opt)
+  }
+  const values = [...sel.options].map((o) => o.value)
+  const dflt = [...sel.options].find((o) => JSON.parse(o.value).kind === list.default)
+  if (saved && values.includes(saved)) sel.value = saved
+  else if (dflt) sel.value = dflt.value
+}
+
+// --- wiring ---------------------------------------------------------------------------------------
+
+// Keep the newest output in view while the reader is at the bottom; leave them be once they
+// scroll up to read.
+function stickToBottom () {
+  let atBottom = true
+  const near = () => window.innerHeight + window.scrollY >= document.documentElement.scrollHeight - 120
+  window.addEventListener('scroll', () => { atBottom = near() }, { passive: true })
+  new MutationObserver(() => {
+    if (atBottom && !near()) window.scrollTo(0, document.documentElement.scrollHeight)
+  }).observe($('transcript'), { childList: true, subtree: true, characterData: true })
+}
+
+function init () {
+  stickToBottom()
+  // On a phone the threads list starts folded, so the conversation comes first.
+  if (matchMedia('(max-width: 760px)').matches) document.querySelector('.threads-box').open = false
+  bindApiKey($('api-key'), () => { loadAgents(); loadThreads(); openThread(state.threadId) })
+  $('agent').addEventListener('change', () => localStorage.setItem('baton.agent', $('agent').value))
+  $('new-thread').addEventListener('click', () => {
+    setThreadUrl(null, true)
+    openThread(null)
+    $('prompt').focus()
+  })
+  $('composer').addEventListener('submit', (ev) => ev.preventDefault())
+  $('send').addEventListener('click', () => { send() })
+  $('stop').addEventListener('click', () => { stop() })
+  $('prompt').addEventListener('keydown', (ev) => {
+    if (ev.key === 'Enter' && !ev.shiftKey && !ev.isComposing) { ev.preventDefault(); send() }
+  })
+  document.addEventListener('keydown', (ev) => {
+    if (ev.key === 'Escape' && state.live) { ev.preventDefault(); stop() }
+  })
+  window.addEventListener('popstate', () => openThread(threadFromUrl()))
+  setInterval(loadThreads, 5000)
+  const agents = loadAgents()
+  loadThreads()
+  return agents.then(() => openThread(threadFromUrl()))
+}
+
+window.__batonReady = init()

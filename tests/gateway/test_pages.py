@@ -1,0 +1,233 @@
+"""The web pages (issue 13): the chat at ``/`` and the operator view at ``/ops``, in a real
+browser (Playwright + Debian chromium) against two real sandbox hosts, plus the read-only
+endpoints they use (``/api/threads``, ``/api/threads/{id}/runs``, ``/api/ops/*``) with
+auth and tenancy.
+
+Screenshots (chat mid-run, finished, busy, cancelled, failed, hostile, phone, takeover;
+operator view) go to ``artifacts/browser/`` (gitignored; the path is printed).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pathlib
+import shutil
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import httpx
+import pytest
+
+from baton.log import LogConfig
+from tests.conftest import REPO, assert_eventually, require, unique
+from tests.gateway.conftest import SLOW_TEXT, Gateway, GatewayFactory, claude_journal, host_settings
+from tests.gateway.test_node import NODE_DIR, need_node
+
+ARTIFACTS = REPO / "artifacts" / "browser"
+KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
+A = {"Authorization": "Bearer key-a"}
+B = {"Authorization": "Bearer key-b"}
+
+HOSTILE = [
+    "<script>window.__xss = 1</script>",
+    '<img src=x onerror="window.__xss = 2">',
+    "![tracker](http://127.0.0.1:9/pixel.png) and [click me](javascript:window.__xss=3) and [ok](https://example.com/)",
+    "**bold** `code` <b>not bold</b>\n\n```html\n<script>window.__xss = 4</script>\n```\n\n- item one\n- item two",
+]
+
+
+@pytest.fixture(scope="module")
+def page_replay(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """Journals the page tests replay: corpus journals (reasoning, tools, failures) and hand-made ones."""
+    d = tmp_path_factory.mktemp("page-replay")
+    (d / "claude-stream-json").mkdir()
+    (d / "codex-exec-json").mkdir()
+    corpus = REPO / "corpus"
+    shutil.copy(corpus / "claude-stream-json" / "partial-messages-bash-exit-128.jsonl", d / "claude-stream-json" / "thinking.jsonl")
+    shutil.copy(corpus / "claude-stream-json" / "result-error-max-turns-structured-output.jsonl",
+                d / "claude-stream-json" / "max-turns.jsonl")
+    shutil.copy(corpus / "codex-exec-json" / "turn-failed-invalid-request.jsonl", d / "codex-exec-json" / "turn-failed.jsonl")
+    shutil.copy(corpus / "claude-stream-json" / "subagents-parallel-tools-v2.0.25.jsonl",
+                d / "claude-stream-json" / "subagents.jsonl")
+    (d / "claude-stream-json" / "slow.jsonl").write_text(claude_journal([f"part {i}. " for i in range(40)]))
+    (d / "claude-stream-json" / "hello.jsonl").write_text(claude_journal(["hello from the replay"]))
+    (d / "claude-stream-json" / "hostile.jsonl").write_text(claude_journal(HOSTILE))
+    return d
+
+
+@pytest.fixture(scope="module")
+async def two_hosts(coordinator: Any, nats: Any, log_cfg: LogConfig, page_replay: pathlib.Path,
+                    tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[list[Any]]:
+    """Two sandbox hosts on one machine (shared journal and sandbox dirs: either can take over)."""
+    from baton_tools.testing.cluster import start_host
+
+    tmp = tmp_path_factory.mktemp("page-hosts")
+    # A longer lease than the default 2 s: the page tests share two cores with browsers.
+    settings = {**host_settings(log_cfg, page_replay, tmp), "BATON_SESSION_TTL": "5"}
+    hosts = [await start_host(coordinator.address, nats.url, log_dir=tmp, host_id=unique(f"host-{i}-"), **settings)
+             for i in (1, 2)]
+    yield hosts
+    for h in hosts:
+        await h.stop()
+
+
+@pytest.fixture
+async def page_gateway(make_gateway: GatewayFactory, page_replay: pathlib.Path, two_hosts: list[Any],
+                       cc: Any) -> Gateway:
+    async def both_registered() -> bool:
+        ids = {h.host_id for h in await cc.list_hosts()}
+        return all(h.host_id in ids for h in two_hosts)
+    await assert_eventually(both_registered, timeout=20)
+    return await make_gateway(keepalive=0.5, api_keys=KEYS, replay_dirs=(page_replay,))
+
+
+async def _run_to_end(http: httpx.AsyncClient, gw: Gateway, headers: dict[str, str], thread: str, journal: str) -> str:
+    run = unique("run-")
+    body = {"threadId": thread, "runId": run, "messages": [{"id": "u", "role": "user", "content": "hi"}],
+            "agent": {"kind": "replay", "journal": journal, "speed": 0}}
+    async with http.stream("POST", f"{gw.url}/api/chat", json=body, headers=headers, timeout=60) as resp:
+        assert resp.status_code == 200
+        async for _ in resp.aiter_bytes():
+            pass
+
+    async def terminal() -> bool:
+        r = await http.get(f"{gw.url}/api/runs/{run}", headers=headers)
+        return bool(r.json()["status"] == "completed")
+    await assert_eventually(terminal, timeout=10)
+    return run
+
+
+async def test_page_endpoints_answer_the_callers_tenant_only(page_gateway: Gateway, http: httpx.AsyncClient,
+                                                             two_hosts: list[Any]) -> None:
+    gw = page_gateway
+    thread = unique("thread-")
+    run = await _run_to_end(http, gw, A, thread, "claude-stream-json/hello.jsonl")
+
+    threads = (await http.get(f"{gw.url}/api/threads", headers=A)).json()["threads"]
+    mine = next(t for t in threads if t["threadId"] == thread)
+    assert mine == {"threadId": thread, "runs": 1, "lastRunId": run, "status": "completed", "startedAt": mine["startedAt"]}
+    assert thread not in {t["threadId"] for t in (await http.get(f"{gw.url}/api/threads", headers=B)).json()["threads"]}
+    assert (await http.get(f"{gw.url}/api/threads")).status_code == 401
+
+    runs = (await http.get(f"{gw.url}/api/threads/{thread}/runs", headers=A)).json()
+    assert [(r["runId"], r["status"]) for r in runs["runs"]] == [(run, "completed")]
+    epoch = runs["runs"][0]["epoch"]  # 1, or more when a loaded machine cost a host its lease
+    assert (await http.get(f"{gw.url}/api/threads/{thread}/runs", headers=B)).status_code == 404
+
+    tl = (await http.get(f"{gw.url}/api/ops/timeline", params={"runId": run}, headers=A)).json()
+    assert [f["epoch"] for f in tl["epochs"]] == list(range(1, epoch + 1))
+    assert tl["close"]["status"] == "completed" and tl["close"]["at"] >= tl["epochs"][0]["at"] > 0
+    log = (await http.get(f"{gw.url}/api/chat", params={"runId": run, "offset": "-1"}, headers=A)).text
+    assert tl["chunks"] == log.count("\nid: ") + log.startswith("id: ")
+    assert tl["run"]["runId"] == run and tl["run"]["status"] == "completed"
+    assert (await http.get(f"{gw.url}/api/ops/timeline", params={"runId": run}, headers=B)).status_code == 404
+    assert (await http.get(f"{gw.url}/api/ops/timeline", headers=A)).status_code == 400
+
+    ov = (await http.get(f"{gw.url}/api/ops/overview", headers=A)).json()
+    assert {h.host_id for h in two_hosts} <= {h["hostId"] for h in ov["hosts"]}
+    assert all(h["capacity"] > 0 and h["load"] >= 0 for h in ov["hosts"])
+    assert ov["runsByStatus"].get("completed", 0) >= 1
+    ov_b = (await http.get(f"{gw.url}/api/ops/overview", headers=B)).json()
+    assert run not in {r["runId"] for r in ov_b["live"] + ov_b["takeovers"] + ov_b["reaps"]}
+
+    # A run nobody watches is detached: the overview says since when and when the reaper acts.
+    detached = unique("run-")
+    body = {"threadId": unique("thread-"), "runId": detached, "messages": [{"id": "u", "role": "user", "content": "go"}],
+            "agent": {"kind": "replay", "journal": "claude-stream-json/slow.jsonl", "speed": 1, "delay": 1}}
+    async with http.stream("POST", f"{gw.url}/api/chat", json=body, headers=A, timeout=60) as resp:
+        async for _ in resp.aiter_bytes():
+            break  # the client leaves at once
+
+    async def shown_detached() -> dict[str, Any]:
+        live = (await http.get(f"{gw.url}/api/ops/overview", headers=A)).json()["live"]
+        row = next(r for r in live if r["runId"] == detached)
+        assert row["detachedSince"] and row["reapAt"] > row["detachedSince"]
+        return row  # type: ignore[no-any-return]
+    row = await assert_eventually(shown_detached, timeout=15)
+    assert row["status"] == "running" and row["epoch"] == 1
+    await http.post(f"{gw.url}/api/chat/cancel", json={"runId": detached}, params={"wait": "true"}, headers=A)
+
+    icon = await http.get(f"{gw.url}/favicon.ico")
+    assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg+xml")
+    ops = await http.get(f"{gw.url}/ops")
+    assert ops.status_code == 200 and "Operator view" in ops.text
+
+
+def need_browser() -> str:
+    node = need_node("playwright-core")
+    require(pathlib.Path("/usr/bin/chromium").exists(), "/usr/bin/chromium missing (apt-get install chromium)")
+    return node
+
+
+async def run_page_script(node: str, script: str, gw: Gateway, *, timeout: float,
+                          on_line: Callable[[dict[str, Any]], Awaitable[None]] | None = None) -> dict[str, Any]:
+    """Run a Playwright script; ``on_line`` answers its requests (JSON lines without ``ok``) on stdin."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    print(f"screenshots: {ARTIFACTS}")
+    env = {**os.environ, "BATON_GATEWAY_URL": gw.url, "BATON_API_KEY": "key-a", "BATON_ARTIFACTS": str(ARTIFACTS)}
+    proc = await asyncio.create_subprocess_exec(node, script, cwd=NODE_DIR, env=env, stdin=asyncio.subprocess.PIPE,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdin is not None and proc.stderr is not None
+    result: dict[str, Any] | None = None
+    out: list[str] = []
+
+    async def read() -> None:
+        nonlocal result
+        assert proc.stdout is not None and proc.stdin is not None
+        async for raw in proc.stdout:
+            line = raw.decode()
+            out.append(line)
+            if not line.startswith("{"):
+                continue
+            msg = json.loads(line)
+            if "ok" in msg:
+                result = msg
+            elif on_line is not None:
+                await on_line(msg)
+                proc.stdin.write(b"done\n")
+                await proc.stdin.drain()
+
+    try:
+        err = await asyncio.wait_for(asyncio.gather(read(), proc.stderr.read(), proc.wait()), timeout)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise AssertionError(f"{script} timed out\nstdout: {''.join(out)[-3000:]}") from None
+    stderr = err[1].decode()
+    assert result is not None, f"no result from {script}\nstdout: {''.join(out)[-3000:]}\nstderr: {stderr[-3000:]}"
+    assert proc.returncode == 0 and result["ok"], f"{script} failed: {json.dumps(result, indent=1)[:6000]}\n{stderr[-2000:]}"
+    return result
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(240)
+async def test_chat_page_reloads_tabs_busy_stop_failures_and_hostile_output(page_gateway: Gateway) -> None:
+    node = need_browser()
+    result = await run_page_script(node, "page_chat.mjs", page_gateway, timeout=220)
+    assert result["reload"]["beforeReload"] > 0
+    assert result["stop"]["status"] == "aborted"
+    assert result["failed"]["statusC"] == result["failed"]["statusD"] == "failed"
+    assert result["xss"]["flag"] is None and result["xss"]["imgs"] == 0
+    assert [pathlib.Path(p).name for p in result["screenshots"]] == [
+        "chat-mid-run.png", "chat-finished.png", "chat-busy.png", "chat-cancelled.png", "chat-failed.png",
+        "chat-hostile.png", "chat-phone.png"]
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(240)
+async def test_host_killed_mid_run_shows_one_takeover_marker_and_the_operator_view(
+        page_gateway: Gateway, two_hosts: list[Any]) -> None:
+    """Last in this module: it SIGKILLs one of the two hosts."""
+    node = need_browser()
+    killed: list[str] = []
+
+    async def kill(msg: dict[str, Any]) -> None:
+        host = next(h for h in two_hosts if h.host_id == msg["host"])
+        await host.kill()
+        killed.append(host.host_id)
+
+    result = await run_page_script(node, "page_takeover.mjs", page_gateway, timeout=220, on_line=kill)
+    t = result["takeover"]
+    assert killed == [t["from"]] and t["to"] != t["from"] and t["epoch"] == 2 and t["status"] == "completed"
+    assert t["text"] == SLOW_TEXT
+    assert t["shownText"] == SLOW_TEXT  # no part shown twice, none missing

@@ -1,0 +1,85 @@
+// A host SIGKILLed mid-run, seen in the browser: the page shows an inline "continued on
+// <host>, epoch 2" marker where the takeover happened, renders every offset once, and the
+// operator view shows the surviving host, the takeover and the run's two epochs.
+//
+// Talks to the Python test over stdio: prints {"kill": runId} when the run is mid-way and
+// waits for a line on stdin once the driving host is dead.
+import readline from 'node:readline'
+import {
+  check, checkOnce, main, newContext, newPage, open, rawLog, record, rendered, results, runSection, send, shot,
+  textOf, waitState, noProblems
+} from './page_lib.mjs'
+
+const stdin = readline.createInterface({ input: process.stdin })
+const nextLine = () => new Promise((resolve) => stdin.once('line', resolve))
+
+// How many assistant messages come before the takeover marker of the run.
+const beforeMarker = (page, runId) => page.evaluate((id) => {
+  const body = document.querySelector(`section.run[data-run-id="${id}"] .run-body`)
+  const kids = [...body.children]
+  const at = kids.findIndex((e) => e.classList.contains('takeover'))
+  return { at, messagesBefore: kids.slice(0, at).filter((e) => e.classList.contains('assistant')).length,
+    messagesAfter: kids.slice(at).filter((e) => e.classList.contains('assistant')).length }
+}, runId)
+
+await main(async (browser) => {
+  const context = await newContext(browser)
+  const page = await newPage(context)
+  await open(page, '/')
+  const runId = await send(page, { kind: 'replay', journal: 'claude-stream-json/slow.jsonl', speed: 1, delay: 0.15 }, 'count slowly')
+  await page.waitForFunction(() => document.querySelectorAll('.run-body > .msg.assistant').length >= 6)
+  const first = await record(runId)
+  console.log(JSON.stringify({ kill: runId, host: first.driverHost }))
+  await nextLine()
+  await page.waitForSelector('.note.takeover', { timeout: 45000 })
+  await page.locator('.note.takeover').scrollIntoViewIfNeeded()
+  await shot(page, 'chat-takeover')
+  await waitState(page, 'completed', 60000)
+  const rec = await record(runId)
+  const log = await rawLog(runId)
+  checkOnce(await rendered(page), log, 'takeover')
+  const s = await runSection(page, runId)
+  check(s.takeovers.length === 1 && s.takeovers[0] === `Continued on ${rec.driverHost}, epoch 2`, 'no takeover marker', s)
+  check(s.user.includes('count slowly'), 'no prompt', s)
+  const where = await beforeMarker(page, runId)
+  check(where.messagesBefore >= 6 && where.messagesAfter >= 1, 'the marker is not where the takeover happened', where)
+  check((await page.textContent('#run-info')).includes(`host ${rec.driverHost} · epoch 2`), 'host and epoch not shown')
+  await page.reload()
+  await page.evaluate(() => window.__batonReady)
+  await page.waitForFunction(() => document.querySelector('.outcome'))
+  const again = await beforeMarker(page, runId)
+  check(JSON.stringify(again) === JSON.stringify(where), 'the marker moved on reload', { again, where })
+  checkOnce(await rendered(page), log, 'reload after the takeover')
+  results.takeover = { runId, from: first.driverHost, to: rec.driverHost, epoch: rec.epoch, status: rec.status,
+    where, log: log.length, text: textOf(log), shownText: s.assistant }
+  noProblems(page, 'chat page')
+
+  // --- the operator view ------------------------------------------------------------------
+  const ops = await newPage(context)
+  await open(ops, `/ops?run=${encodeURIComponent(runId)}`)
+  await ops.waitForFunction(() => document.querySelectorAll('#timeline .epoch-seg').length === 2)
+  await ops.waitForFunction((id) => [...document.querySelectorAll('#takeovers td')].some((td) => td.textContent === id), runId)
+  const view = await ops.evaluate(() => ({
+    hosts: [...document.querySelectorAll('#hosts tbody tr')].map((tr) => [...tr.children].map((td) => td.textContent)),
+    chips: [...document.querySelectorAll('#by-status .chip')].map((c) => c.textContent),
+    epochs: [...document.querySelectorAll('#timeline .epoch-seg')].map((e) => e.textContent),
+    events: [...document.querySelectorAll('#timeline .events li')].map((e) => e.textContent),
+    spark: !!document.querySelector('#timeline svg.spark polyline')
+  }))
+  results.ops = view
+  check(view.hosts.length === 1 && view.hosts[0][0] === rec.driverHost, 'the live hosts are wrong', view)
+  check(view.epochs[1].includes(rec.driverHost), 'the second epoch does not name its host', view)
+  check(view.events.some((e) => e.includes('taken over')) && view.events.some((e) => e.includes('log closed: completed')),
+    'the timeline lacks the takeover or the close', view)
+  check(view.spark, 'no chunk rate drawn', view)
+  await shot(ops, 'ops', { fullPage: true })
+  const phoneCtx = await newContext(browser, { width: 390, height: 844 })
+  const phone = await newPage(phoneCtx)
+  await open(phone, `/ops?run=${encodeURIComponent(runId)}`)
+  await phone.waitForFunction(() => document.querySelectorAll('#timeline .epoch-seg').length === 2)
+  await shot(phone, 'ops-phone', { fullPage: true })
+  await phoneCtx.close()
+  noProblems(ops, 'operator page')
+  noProblems(phone, 'operator page on a phone')
+  stdin.close()
+})
