@@ -18,6 +18,7 @@ that variable set, a missing engine or docker-compose skips outside CI and fails
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import pathlib
@@ -151,7 +152,8 @@ async def test_a_run_survives_a_sigkill_of_its_host_container(stack: Stack) -> N
     got: list[tuple[str, dict[str, Any]]] = []
     victim = ""
     try:
-        async with RunsClient(f"127.0.0.1:{stack.grpc_port}", api_key=API_KEY) as runs:
+        # Bounded, so a stuck run fails with the stack's logs rather than at pytest's time-out.
+        async with asyncio.timeout(600), RunsClient(f"127.0.0.1:{stack.grpc_port}", api_key=API_KEY) as runs:
             stream = runs.start(run_id, thread_id, messages, agent=agent)
             async for chunk in stream:
                 got.append((chunk.offset, chunk.event))
