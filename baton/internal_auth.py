@@ -99,8 +99,9 @@ def server_interceptors(token: str | None = None) -> list[grpc.aio.ServerInterce
     return [TokenCheck(token)] if token else []
 
 
-class _AddToken(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor,  # type: ignore[type-arg]  # generic only in grpc-stubs, not at runtime
-                grpc.aio.StreamUnaryClientInterceptor, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[type-arg]
+class _AddToken:
+    """Adds the token to a call's metadata; one subclass per aio interceptor kind below."""
+
     def __init__(self, token: str) -> None:
         self._pair = (TOKEN_METADATA, token)
 
@@ -121,6 +122,28 @@ class _AddToken(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClient
         return await continuation(self._details(details), request_iterator)
 
 
+# grpc.aio files each interceptor under the FIRST kind it is an instance of (an if/elif chain
+# in grpc/aio/_channel.py): one object implementing all four kinds intercepted unary-unary
+# calls only, and the streams (the session keep-alive, watches) went out without the token.
+class _AddTokenUnaryUnary(_AddToken, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]  # generic only in grpc-stubs
+    pass
+
+
+class _AddTokenUnaryStream(_AddToken, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[type-arg]
+    pass
+
+
+class _AddTokenStreamUnary(_AddToken, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[type-arg]
+    pass
+
+
+class _AddTokenStreamStream(_AddToken, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[type-arg]
+    pass
+
+
+_TOKEN_INTERCEPTORS = (_AddTokenUnaryUnary, _AddTokenUnaryStream, _AddTokenStreamUnary, _AddTokenStreamStream)
+
+
 def insecure_channel(address: str, options: Sequence[tuple[str, Any]] = (), token: str | None = None
                      ) -> grpc.aio.Channel:
     """An aio channel to an internal service that sends the token on every call.
@@ -129,7 +152,7 @@ def insecure_channel(address: str, options: Sequence[tuple[str, Any]] = (), toke
         token: the cluster's token; ``None`` reads ``BATON_INTERNAL_TOKEN``; ``""`` sends none.
     """
     token = token_from_env() if token is None else token
-    interceptors = [_AddToken(token)] if token else None
+    interceptors = [kind(token) for kind in _TOKEN_INTERCEPTORS] if token else None
     # grpc-stubs types aio interceptors as a placeholder class "to cast or ignore".
     return grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors)  # type: ignore[arg-type]
 
