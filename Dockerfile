@@ -8,36 +8,63 @@
 # commands are what the probes run) at the versions of requirements.lock; not `tools`: no
 # etcd or nats-server binaries ship in it (compose and Kubernetes run their own).
 # Configuration is BATON_* environment variables only (README.md, `python -m baton.config`).
+#
+# Targets: the default (last) stage is the service image; `--target sandbox` is the image the
+# docker provider starts sandboxes from (compose builds both).
+#
+# Two ways to build, same file:
+#   docker build -t baton:local .                 (with an index: python:3.11 base, pip from PyPI)
+#   scripts/build_image.sh                        (offline: a debootstrap'ed Debian base,
+#       BASE=baton-base:bookworm, and every wheel from wheelhouse/ with OFFLINE=1)
+# Only the classic builder's features are used (docker-compose v1 builds with it).
 
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# Any Debian-like image with python3 >= 3.11 and its venv module.
+ARG BASE=python:3.11-slim-bookworm
 
-# ---- build: wheels for the project and every dependency --------------------------------
-FROM ${PYTHON_IMAGE} AS build
+# ---- build: a virtualenv with the dependencies, then the project ----------------------
+FROM ${BASE} AS build
+# OFFLINE=1: install from wheelhouse/ alone, never an index (scripts/build_image.sh fills it).
+ARG OFFLINE=
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
-COPY pyproject.toml README.md requirements.lock ./
+RUN python3 -m venv /opt/baton/venv
+# Dependencies first, in a layer of their own: it is reused until pyproject.toml, the lock or
+# the wheelhouse change, so a source change rebuilds only the small layer below.
+COPY pyproject.toml requirements.lock ./
+COPY scripts/image_requirements.py ./scripts/
+COPY wheelhouse/ /wheelhouse/
+RUN python3 scripts/image_requirements.py server,docker,cli > /tmp/requirements.txt \
+ && /opt/baton/venv/bin/pip install -q ${OFFLINE:+--no-index} --find-links /wheelhouse \
+      --constraint requirements.lock --requirement /tmp/requirements.txt
+COPY README.md ./
 COPY baton ./baton
 COPY baton_tools ./baton_tools
 COPY coordinator ./coordinator
 COPY sandbox_host ./sandbox_host
 COPY gateway ./gateway
-RUN pip wheel --constraint requirements.lock --wheel-dir /wheels '.[server,docker,cli]'
+# --no-deps: every dependency is in already (the extras' list above is the same).
+RUN /opt/baton/venv/bin/pip install -q ${OFFLINE:+--no-index} --find-links /wheelhouse --no-deps . \
+ && /opt/baton/venv/bin/pip check
 
-# ---- runtime ------------------------------------------------------------------------------
-FROM ${PYTHON_IMAGE}
-ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 \
+# ---- sandbox: what the docker provider starts agents in --------------------------------
+# The base's python3 (the replay agent), sh and coreutils; root inside the sandbox, as the
+# provider's execs need to create /workspace and /baton. A real agent (claude, codex) needs an
+# image with its CLI instead: set BATON_DOCKER_IMAGE.
+FROM ${BASE} AS sandbox
+CMD ["sleep", "infinity"]
+
+# ---- runtime --------------------------------------------------------------------------
+FROM ${BASE}
+ENV PATH=/opt/baton/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
     BATON_REPLAY_DIRS=/opt/baton/corpus \
     BATON_JOURNAL_DIR=/var/lib/baton/runs \
     BATON_SANDBOX_DIR=/var/lib/baton/sandboxes
-# Plain COPY (not a BuildKit bind mount) so the classic builder of docker-compose works too.
-COPY --from=build /wheels /tmp/wheels
-RUN pip install --no-index --find-links=/tmp/wheels 'baton[server,docker,cli]' \
- && rm -rf /tmp/wheels \
- && groupadd --system --gid 10001 baton \
+RUN groupadd --system --gid 10001 baton \
  && useradd --system --uid 10001 --gid baton --home-dir /var/lib/baton --create-home baton \
  && mkdir -p /var/lib/baton/runs /var/lib/baton/sandboxes \
  && chown -R baton:baton /var/lib/baton
+COPY --from=build /opt/baton/venv /opt/baton/venv
 # The replay agent's recorded journals (read only from BATON_REPLAY_DIRS).
 COPY corpus /opt/baton/corpus
 USER baton

@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 NODE_STAMP := tests/node/node_modules/.installed-stamp
 
-.PHONY: venv lock protos protos-check check test test-unit test-faults lint typecheck demo bench node-deps clean
+.PHONY: venv lock protos protos-check check test test-unit test-faults test-deploy image lint typecheck demo bench node-deps clean
 
 # Exact versions from requirements.lock: the code overrides private internals of nats-py,
 # uvicorn and the docker SDK, so an unpinned upgrade can break it silently.
@@ -59,6 +59,17 @@ check: lint typecheck
 # writes bench/results/faults.json. `make test` runs only its fast cases.
 test-faults: venv
 	BATON_FAULTS=all $(PY) -m pytest tests/faults -p no:cacheprovider $(PYTEST_ARGS)
+
+# The offline image build (scripts/build_image.sh): engine, debootstrap'ed base, wheelhouse,
+# then baton:local and baton-sandbox:local, the images compose.yaml runs.
+image: venv
+	scripts/build_image.sh
+
+# The shipped compose.yaml run for real on a local engine (tests/deploy/test_compose_run.py):
+# builds the images, brings the stack up, SIGKILLs a host container mid-run. Needs a Docker
+# engine (scripts/docker_setup.sh) and docker-compose; a few minutes, so not in `make test`.
+test-deploy: venv
+	BATON_TEST_DEPLOY=1 $(PY) -m pytest tests/deploy/test_compose_run.py -p no:cacheprovider -s $(PYTEST_ARGS)
 
 demo: venv
 	$(VENV)/bin/baton demo $(DEMO_ARGS)

@@ -99,8 +99,8 @@ def server_interceptors(token: str | None = None) -> list[grpc.aio.ServerInterce
     return [TokenCheck(token)] if token else []
 
 
-class _TokenMetadata:
-    """Adds the token to a call's metadata (shared by the four interceptor kinds below)."""
+class _AddToken:
+    """Adds the token to a unary-unary call's metadata (streams: :class:`_WithToken`)."""
 
     def __init__(self, token: str) -> None:
         self._pair = (TOKEN_METADATA, token)
@@ -109,29 +109,42 @@ class _TokenMetadata:
         md = grpc.aio.Metadata(*(tuple(d.metadata) if d.metadata else ()), self._pair)
         return d._replace(metadata=md)  # type: ignore[attr-defined, no-any-return]
 
-
-# One class per call kind, never one class implementing all four: grpc.aio files an
-# interceptor under the *first* kind it implements (an if/elif chain in
-# ``grpc.aio.Channel.__init__``), so a single object would only ever see unary-unary calls,
-# and keep-alive streams, watches and other streaming calls would go out without the token.
-class _UnaryUnary(_TokenMetadata, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]  # generic only in grpc-stubs, not at runtime
     async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(self._details(details), request)
 
 
-class _UnaryStream(_TokenMetadata, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[type-arg]
-    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(self._details(details), request)
+
+# grpc.aio files each interceptor under the FIRST kind it is an instance of (an if/elif chain
+# in grpc/aio/_channel.py): one object implementing all four kinds intercepted unary-unary
+# calls only, and the streams (the session keep-alive, watches) went out without the token.
+# Stream interceptors are no way out: an intercepted stream-stream call written to without a
+# request iterator (the keep-alive) fails its later writes ("RPC already finished"). So the
+# unary-unary calls keep the interceptor and the stream calls get the token as call metadata.
+class _AddTokenUnaryUnary(_AddToken, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]  # generic only in grpc-stubs
+    pass
 
 
-class _StreamUnary(_TokenMetadata, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[type-arg]
-    async def intercept_stream_unary(self, continuation: Any, details: Any, request_iterator: Any) -> Any:
-        return await continuation(self._details(details), request_iterator)
+class _WithToken:
+    """A stream multi-callable that adds the token to each call's metadata."""
+
+    def __init__(self, callable_: Any, pair: tuple[str, str]) -> None:
+        self._callable = callable_
+        self._pair = pair
+
+    def __call__(self, *args: Any, metadata: Any = None, **kwargs: Any) -> Any:
+        md = grpc.aio.Metadata(*(tuple(metadata) if metadata else ()), self._pair)
+        return self._callable(*args, metadata=md, **kwargs)
 
 
-class _StreamStream(_TokenMetadata, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[type-arg]
-    async def intercept_stream_stream(self, continuation: Any, details: Any, request_iterator: Any) -> Any:
-        return await continuation(self._details(details), request_iterator)
+def _add_token_to_streams(channel: grpc.aio.Channel, token: str) -> None:
+    pair = (TOKEN_METADATA, token)
+    for kind in ("unary_stream", "stream_unary", "stream_stream"):
+        factory = getattr(channel, kind)
+
+        def wrapped(*args: Any, _factory: Any = factory, **kwargs: Any) -> Any:
+            return _WithToken(_factory(*args, **kwargs), pair)
+
+        setattr(channel, kind, wrapped)
 
 
 def insecure_channel(address: str, options: Sequence[tuple[str, Any]] = (), token: str | None = None
@@ -142,10 +155,12 @@ def insecure_channel(address: str, options: Sequence[tuple[str, Any]] = (), toke
         token: the cluster's token; ``None`` reads ``BATON_INTERNAL_TOKEN``; ``""`` sends none.
     """
     token = token_from_env() if token is None else token
-    interceptors = ([_UnaryUnary(token), _UnaryStream(token), _StreamUnary(token), _StreamStream(token)]
-                    if token else None)
+    interceptors = [_AddTokenUnaryUnary(token)] if token else None
     # grpc-stubs types aio interceptors as a placeholder class "to cast or ignore".
-    return grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors)  # type: ignore[arg-type]
+    channel = grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors)  # type: ignore[arg-type]
+    if token:
+        _add_token_to_streams(channel, token)
+    return channel
 
 
 class _SyncAddToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):  # type: ignore[type-arg]  # generic only in grpc-stubs, not at runtime

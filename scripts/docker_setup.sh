@@ -1,30 +1,35 @@
 #!/usr/bin/env bash
-# Make a Docker engine and the offline sandbox image available to the docker tests.
+# Make a Docker engine, the offline sandbox image and the offline base of the baton image available.
 #
 # Idempotent: installs Debian's docker.io and debootstrap only when missing, starts dockerd
 # only when `docker info` fails (and waits for it), builds `baton-sandbox:latest` only when
 # the engine does not have it (or has an older build of it). No image registry is needed:
 # the image is a debootstrap'ed Debian bookworm (minbase + python3 with its standard library,
-# which the replay agent needs; python3-minimal lacks json) imported with `docker import`; the rootfs
-# tarball is cached under $BATON_DOCKER_CACHE so a rebuild does not hit the mirror again.
+# which the replay agent needs; python3-minimal lacks json; + python3-venv, which the baton
+# image's Dockerfile uses) imported with `docker import`; the rootfs tarball is cached under
+# $BATON_DOCKER_CACHE so a rebuild does not hit the mirror again. The same import is also
+# tagged $BATON_BASE_IMAGE: the base the baton service image builds FROM offline
+# (scripts/build_image.sh). One tarball, one layer: the two tags share it on the engine.
 #
-# Exit status 0 means: `docker info` answers and the image exists. Anything else prints the
+# Exit status 0 means: `docker info` answers and both tags exist. Anything else prints the
 # failing step on stderr and exits non-zero (CI then runs without BATON_TEST_DOCKER=1).
 #
 # Environment:
 #   BATON_DOCKER_IMAGE   image tag to build (default baton-sandbox:latest)
+#   BATON_BASE_IMAGE     second tag of the same image, the service image's base (default baton-base:bookworm)
 #   BATON_DOCKER_CACHE   cache directory for the rootfs tarball (default /var/cache/baton)
 #   BATON_DOCKERD_LOG    dockerd log file (default /tmp/dockerd.log)
 #   BATON_DEBIAN_MIRROR  mirror for debootstrap (default: the one apt is configured with)
 set -euo pipefail
 
 IMAGE="${BATON_DOCKER_IMAGE:-baton-sandbox:latest}"
+BASE_IMAGE="${BATON_BASE_IMAGE:-baton-base:bookworm}"
 CACHE="${BATON_DOCKER_CACHE:-/var/cache/baton}"
 DOCKERD_LOG="${BATON_DOCKERD_LOG:-/tmp/dockerd.log}"
 SUITE=bookworm
-PACKAGES=python3
+PACKAGES=python3,python3-venv
 # Bump when the image's content changes: an engine holding an older build gets a new one.
-IMAGE_VERSION=2
+IMAGE_VERSION=3
 TARBALL="$CACHE/sandbox-rootfs-$SUITE-v$IMAGE_VERSION.tar"
 
 say() { echo "docker_setup: $*" >&2; }
@@ -62,9 +67,12 @@ if ! docker info >/dev/null 2>&1; then
 fi
 
 # --- 3. image ------------------------------------------------------------------------------
-have=$(docker image inspect --format '{{ index .Config.Labels "baton.image-version" }}' "$IMAGE" 2>/dev/null || true)
-if [ "$have" = "$IMAGE_VERSION" ]; then
-    say "engine up, image $IMAGE present"
+version_of() { docker image inspect --format '{{ index .Config.Labels "baton.image-version" }}' "$1" 2>/dev/null || true; }
+if [ "$(version_of "$IMAGE")" = "$IMAGE_VERSION" ]; then
+    if [ "$(version_of "$BASE_IMAGE")" != "$IMAGE_VERSION" ]; then
+        docker tag "$IMAGE" "$BASE_IMAGE" || die "docker tag $BASE_IMAGE"
+    fi
+    say "engine up, images $IMAGE and $BASE_IMAGE present"
     exit 0
 fi
 
@@ -94,5 +102,6 @@ fi
 say "importing $TARBALL as $IMAGE"
 docker import --change 'CMD ["sleep", "infinity"]' --change "LABEL baton.image-version=$IMAGE_VERSION" --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     "$TARBALL" "$IMAGE" >/dev/null || die "docker import"
-docker run --rm "$IMAGE" python3 -c 'import json, argparse, datetime' >/dev/null || die "image smoke test (python3 stdlib)"
-say "engine up, image $IMAGE built"
+docker run --rm "$IMAGE" python3 -c 'import json, argparse, datetime, ensurepip' >/dev/null || die "image smoke test (python3 stdlib)"
+docker tag "$IMAGE" "$BASE_IMAGE" || die "docker tag $BASE_IMAGE"
+say "engine up, images $IMAGE and $BASE_IMAGE built"

@@ -100,7 +100,7 @@ def test_docker_compose_config_rejects_a_broken_file(tmp_path: Any) -> None:
 
 def test_services_of_the_issue(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    assert set(services) == {"etcd", "nats", *BATON_SERVICES}
+    assert set(services) == {"etcd", "nats", "sandbox-image", *BATON_SERVICES}
     # etcd and NATS keep their data on volumes; NATS runs JetStream.
     assert any(v.startswith("etcd-data:") or (isinstance(v, dict) and v.get("source") == "etcd-data")
                for v in _volumes(services["etcd"]))
@@ -117,12 +117,14 @@ def _volumes(svc: dict[str, Any]) -> list[Any]:
 def test_every_service_has_a_health_check_and_waits_for_healthy_deps(compose: dict[str, Any]) -> None:
     services = compose["services"]
     for name, svc in services.items():
-        assert svc.get("healthcheck", {}).get("test"), name
+        if name != "sandbox-image":  # builds an image and exits: nothing to check the health of
+            assert svc.get("healthcheck", {}).get("test"), name
         deps = svc.get("depends_on", {})
         assert isinstance(deps, dict), name
         for dep, cond in deps.items():
             assert dep in services
-            assert cond == {"condition": "service_healthy"}, (name, dep)
+            want = "service_completed_successfully" if dep == "sandbox-image" else "service_healthy"
+            assert cond == {"condition": want}, (name, dep)
     assert set(services["gateway"]["depends_on"]) >= {"coordinator", "sandbox-host-1", "sandbox-host-2"}
     assert set(services["coordinator"]["depends_on"]) >= {"etcd"}
 
@@ -181,10 +183,32 @@ def test_ports_addresses_and_health_checks_agree(compose: dict[str, Any]) -> Non
 
 
 def test_docker_provider_hosts_reach_the_engine(compose: dict[str, Any]) -> None:
+    sandbox = compose["services"]["sandbox-image"]
     for name in ("sandbox-host-1", "sandbox-host-2"):
         svc = compose["services"][name]
         assert svc["environment"]["BATON_PROVIDER"] == "docker"
         assert any("/var/run/docker.sock" in str(v) for v in _volumes(svc))
+        # Sandboxes start from the image the sandbox-image service builds (the Dockerfile's
+        # `sandbox` target), which the hosts wait for.
+        assert svc["environment"]["BATON_DOCKER_IMAGE"] == sandbox["image"]
+        assert svc["depends_on"]["sandbox-image"] == {"condition": "service_completed_successfully"}
+    assert sandbox["build"]["target"] == "sandbox"
+    assert "AS sandbox" in (REPO / "Dockerfile").read_text()
+
+
+def test_the_test_override_replaces_only_the_engines_images() -> None:
+    # The shipped file keeps the upstream images a user pulls; the test override
+    # (tests/deploy/compose.test.yaml) swaps in images built from the pip binaries.
+    shipped = yaml.safe_load(COMPOSE.read_text())["services"]
+    assert shipped["etcd"]["image"].startswith("quay.io/coreos/etcd:")
+    assert shipped["nats"]["image"].startswith("nats:")
+    override = yaml.safe_load((REPO / "tests" / "deploy" / "compose.test.yaml").read_text())["services"]
+    assert {n for n, svc in override.items() if "image" in svc} == {"etcd", "nats"}
+    # The baton services keep their image, command and settings; only health-check time-outs
+    # are relaxed for a loaded machine.
+    for name in BATON_SERVICES:
+        assert set(override.get(name, {})) <= {"healthcheck"}, name
+        assert "test" not in override.get(name, {}).get("healthcheck", {}), name
 
 
 def test_health_checks_use_cli_commands_that_exist(compose: dict[str, Any]) -> None:

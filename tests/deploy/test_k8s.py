@@ -1,13 +1,18 @@
 """deploy/k8s: schema-valid manifests that agree with the code's config and entry points."""
 from __future__ import annotations
 
+import copy
 import pathlib
 import re
+import shutil
+import subprocess
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
+from tests.conftest import require
 from tests.deploy.conftest import (
     K8S,
     console_scripts,
@@ -204,3 +209,50 @@ def test_image_is_the_one_the_kustomization_pins(k8s_docs: list[tuple[pathlib.Pa
     (img,) = kust["images"]
     for d in by_kind(k8s_docs, "Deployment").values():
         assert container(d)["image"].split(":")[0] == img["name"]
+
+
+# --- the rendered kustomization --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def rendered() -> list[dict[str, Any]]:
+    """``kubectl kustomize deploy/k8s``: the objects ``kubectl apply -k`` would send."""
+    exe = shutil.which("kubectl")
+    require(exe is not None, "kubectl not installed (apt-get install kubernetes-client)")
+    assert exe is not None
+    out = subprocess.run([exe, "kustomize", str(K8S)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d is not None]
+
+
+def test_kustomize_renders_every_manifest(
+    rendered: list[dict[str, Any]], k8s_docs: list[tuple[pathlib.Path, dict[str, Any]]]
+) -> None:
+    names = sorted((d["kind"], d["metadata"]["name"]) for d in rendered)
+    assert names == sorted((d["kind"], d["metadata"]["name"]) for _, d in k8s_docs)
+    (kust,) = load_yaml_docs(K8S / "kustomization.yaml")
+    (img,) = kust["images"]
+    for d in rendered:
+        assert d["metadata"]["labels"]["app.kubernetes.io/part-of"] == "baton", d["metadata"]["name"]
+        if d["kind"] != "Namespace":
+            assert d["metadata"]["namespace"] == kust["namespace"], d["metadata"]["name"]
+        if d["kind"] == "Deployment":
+            assert container(d)["image"] == f"{img['newName']}:{img['newTag']}"
+
+
+def test_every_rendered_object_is_a_strict_kubernetes_model(rendered: list[dict[str, Any]]) -> None:
+    for d in rendered:
+        key = (d["apiVersion"], d["kind"])
+        assert key in MODELS, f"unexpected {key}"
+        # The client's pydantic models refuse unknown fields (extra="forbid"), wrong types and
+        # missing required fields; dumped back they equal the input, so nothing was coerced
+        # or dropped on the way.
+        model = MODELS[key].model_validate(d)
+        assert model.model_dump(by_alias=True, exclude_none=True, mode="json") == d, d["metadata"]["name"]
+
+
+def test_the_strict_models_refuse_an_unknown_nested_field(rendered: list[dict[str, Any]]) -> None:
+    deploy = copy.deepcopy(next(d for d in rendered if d["kind"] == "Deployment"))
+    deploy["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["periodSecond"] = 5
+    with pytest.raises(Exception, match="periodSecond"):
+        client.V1Deployment.model_validate(deploy)

@@ -112,3 +112,58 @@ async def test_streaming_internal_calls_carry_the_token(etcd: Any, tmp_path: pat
     finally:
         await client.close()
         await coord.stop()
+
+
+async def test_the_token_goes_out_on_every_kind_of_call() -> None:
+    """Streams too: grpc.aio files an interceptor object under one call kind only, so the
+    session keep-alive (a stream-stream call) once went out without the token and every
+    host's session was lost within its TTL wherever a token was set (compose, Kubernetes)."""
+    seen: list[str] = []
+
+    def token(context: Any) -> bytes:
+        got = dict(context.invocation_metadata()).get(internal_auth.TOKEN_METADATA, "<none>")
+        seen.append(got)
+        return got.encode()  # type: ignore[no-any-return]
+
+    async def uu(request: bytes, context: Any) -> bytes:
+        return token(context)
+
+    async def us(request: bytes, context: Any) -> Any:
+        yield token(context)
+
+    async def su(requests: Any, context: Any) -> bytes:
+        async for _ in requests:
+            pass
+        return token(context)
+
+    async def ss(requests: Any, context: Any) -> Any:
+        async for _ in requests:
+            yield token(context)
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("t.T", {
+        "UU": grpc.unary_unary_rpc_method_handler(uu), "US": grpc.unary_stream_rpc_method_handler(us),
+        "SU": grpc.stream_unary_rpc_method_handler(su), "SS": grpc.stream_stream_rpc_method_handler(ss),
+    }),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    secret = unique("tok")
+    ch = internal_auth.insecure_channel(f"127.0.0.1:{port}", (), secret)
+    try:
+        assert await ch.unary_unary("/t.T/UU")(b"x") == secret.encode()
+        assert [r async for r in ch.unary_stream("/t.T/US")(b"x")] == [secret.encode()]
+
+        async def one() -> Any:
+            yield b"x"
+        assert await ch.stream_unary("/t.T/SU")(one()) == secret.encode()
+        # The keep-alive's way: a stream-stream call written to, without a request
+        # iterator, more than once (later writes must work too).
+        call = ch.stream_stream("/t.T/SS")()
+        for _ in range(3):
+            await call.write(b"x")
+            assert await call.read() == secret.encode()
+        await call.done_writing()
+        assert seen == [secret] * 6
+    finally:
+        await ch.close()
+        await server.stop(0)
