@@ -3,6 +3,9 @@ delivery log at R3). The runs go on, compared with the uninterrupted replay as e
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
+from typing import AsyncIterator
 
 import pytest
 
@@ -35,8 +38,9 @@ async def test_nats_stream_leader_killed(fault_cluster: ClusterFactory) -> None:
     runs = await c.start_runs(5, seconds=12, detached=1)
     await c.wait_progress(runs, 20)
     name = await c.stream_leader()
-    async with c.fault(f"JetStream stream leader {name} SIGKILL (R3: 2 of 3 replicas left)"):
-        await asyncio.to_thread(c.nats.node(name).kill)  # type: ignore[attr-defined]
+    async with _election_watch(c, name):
+        async with c.fault(f"JetStream stream leader {name} SIGKILL (R3: 2 of 3 replicas left)"):
+            await asyncio.to_thread(c.nats.node(name).kill)  # type: ignore[attr-defined]
     await c.finish()
     await c.check()
 
@@ -63,3 +67,30 @@ async def _leader_is_not(c: FaultCluster, name: str) -> bool:
         return await c.stream_leader() != name
     except Exception:  # noqa: BLE001 - no leader yet (an election is under way)
         return False
+
+
+
+@contextlib.asynccontextmanager
+async def _election_watch(c: FaultCluster, old: str) -> AsyncIterator[None]:
+    """Around a kill of stream leader ``old``: note how long NATS itself took to elect a new
+    one (stream info through a surviving node, from the kill), so the recovery time can be
+    split into NATS's part and baton's."""
+    import nats
+
+    others = [n.url for n in c.nats.nodes if n.node != old]  # type: ignore[attr-defined]
+    nc = await nats.connect(others, max_reconnect_attempts=-1, reconnect_time_wait=0.05)
+    try:
+        yield
+        assert c.fault_started is not None
+        js = nc.jetstream(timeout=0.5)
+
+        async def elected() -> bool:
+            try:
+                info = await js.stream_info(c.env["BATON_RUNS_STREAM"])
+            except Exception:  # noqa: BLE001 - no leader yet (an election is under way)
+                return False
+            return info.cluster is not None and info.cluster.leader not in (None, old)
+        await eventually(elected, 60, interval=0.05)
+        c.notes.append(f"NATS elected a new stream leader {time.monotonic() - c.fault_started:.2f}s after the kill")
+    finally:
+        await nc.close()
