@@ -11,6 +11,7 @@ import pytest
 
 from tests.faults.conftest import ClusterFactory
 from tests.faults.harness import FaultCluster, eventually
+from tests.faults.test_holds import _taken_over
 
 # Every case starts its own etcd, NATS and service processes (never `unit`).
 pytestmark = pytest.mark.servers
@@ -68,6 +69,27 @@ async def _leader_is_not(c: FaultCluster, name: str) -> bool:
     except Exception:  # noqa: BLE001 - no leader yet (an election is under way)
         return False
 
+
+
+@slow
+@pytest.mark.timeout(300)
+async def test_host_killed_while_an_etcd_member_is_down(fault_cluster: ClusterFactory) -> None:
+    """The takeover (session expiry, claim, fence) runs on a 2-of-3 etcd quorum: the
+    member that led is down for the whole case, so the coordinator works through the
+    new leader from the start of the failover."""
+    c = await fault_cluster(replicated=True)
+    runs = await c.start_runs(6, seconds=14, detached=2)
+    await c.wait_progress(runs, 20)
+    member = await asyncio.to_thread(c.etcd.leader)  # type: ignore[attr-defined]
+    await asyncio.to_thread(member.kill)
+    await asyncio.to_thread(c.etcd.leader)  # type: ignore[attr-defined]  # a new one, of the 2 left
+    victim, theirs = await c.busiest_host(runs)
+    async with c.fault(f"etcd member {member.member} down (the leader), then host {victim.host_id} SIGKILL "
+                       f"(driving {len(theirs)} runs)"):
+        victim.kill_now()
+        await _taken_over(c, theirs, victim.host_id)
+    await c.finish()
+    await c.check()
 
 
 @contextlib.asynccontextmanager
