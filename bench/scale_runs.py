@@ -26,6 +26,7 @@ import os
 import pathlib
 import platform
 import re
+import signal
 import statistics
 import tempfile
 import time
@@ -36,9 +37,12 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "scale_runs.json"
 CORPUS = REPO / "corpus"
 JOURNAL = "claude-stream-json/subagents-parallel-tools-v2.0.25.jsonl"
-RUNS = 200
+#: Scale (env ``BENCH_SCALE_RUNS`` / ``BENCH_SCALE_SECONDS`` to run it smaller).
+RUNS = int(os.environ.get("BENCH_SCALE_RUNS", "200"))
 HOSTS = 4
-SECONDS = 20.0
+SECONDS = float(os.environ.get("BENCH_SCALE_SECONDS", "20"))
+#: A reader still going this long after the start is counted as not completed.
+BUDGET = SECONDS * 6 + 60
 TTL = 5.0
 _ID = re.compile(rb"\nid: ?([0-9]+)\n")
 
@@ -99,8 +103,8 @@ async def _stored_times(nats_url: str, stream: str) -> dict[int, float]:
         total = (await js.stream_info(stream)).state.messages
         while len(out) < total:
             try:
-                msgs = await psub.fetch(2000, timeout=5)
-            except nats.errors.TimeoutError:
+                msgs = await psub.fetch(500, timeout=10)
+            except (nats.errors.TimeoutError, asyncio.TimeoutError):
                 break
             for m in msgs:
                 md = m.metadata
@@ -123,7 +127,7 @@ async def side(name: str, replicated: bool, tmp: pathlib.Path) -> dict[str, Any]
     await asyncio.to_thread(etcd.start)
     await asyncio.to_thread(nats_.start)
     endpoints = etcd.endpoints if replicated else etcd.endpoint
-    env = {"BATON_RUNS_STREAM": f"RUNS_{tag}", "BATON_SUBJECT_PREFIX": f"baton.{tag}",
+    env: dict[str, Any] = {"BATON_RUNS_STREAM": f"RUNS_{tag}", "BATON_SUBJECT_PREFIX": f"baton.{tag}",
            "BATON_THREADS_BUCKET": f"threads-{tag}", "BATON_REPLAY_DIRS": str(CORPUS),
            "BATON_JOURNAL_DIR": str(tmp / "journals"), "BATON_SANDBOX_DIR": str(tmp / "sandboxes"),
            "BATON_SESSION_TTL": str(TTL), "BATON_LOG_LEVEL": "WARNING",
@@ -148,8 +152,11 @@ async def side(name: str, replicated: bool, tmp: pathlib.Path) -> dict[str, Any]
                                "agent": {"kind": "replay", "journal": JOURNAL, "speed": speed}}).encode()
             readers.append(Reader(port, run_id, body))
         t0 = time.time()
-        async with asyncio.timeout(SECONDS * 10 + 120):
-            await asyncio.gather(*(r.run() for r in readers))
+        tasks = [asyncio.create_task(r.run()) for r in readers]
+        _, late = await asyncio.wait(tasks, timeout=BUDGET)
+        for t in late:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # a refused or broken reader counts as not completed
         stored = await _stored_times(nats_.url, env["BATON_RUNS_STREAM"])
         lat = sorted((at - stored[off]) * 1000 for r in readers for off, at in r.arrivals.items() if off in stored)
         received = sum(len(r.arrivals) for r in readers)
@@ -159,6 +166,7 @@ async def side(name: str, replicated: bool, tmp: pathlib.Path) -> dict[str, Any]
             "engines": name,
             "runs": RUNS, "hosts": HOSTS,
             "completed": len(ends),
+            "unfinished_after_budget": len(late),
             "refused": sum(1 for r in readers if r.status >= 400),
             "chunks": received,
             "chunks_per_s": round(received / (max(ends) - t0), 1) if ends else None,
@@ -182,10 +190,15 @@ async def side(name: str, replicated: bool, tmp: pathlib.Path) -> dict[str, Any]
 
 async def main() -> dict[str, Any]:
     """Both sides, one after the other in this run; prints a table, writes the results."""
+    # SIGTERM cancels the bench, so every process it started is stopped on the way out.
+    me = asyncio.current_task()
+    assert me is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, me.cancel)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-scale-runs-") as d:
         for name, replicated in (("1-node", False), ("replicated (3 etcd + 3 NATS, R3)", True)):
             rows.append(await side(name, replicated, pathlib.Path(d) / ("r" if replicated else "s")))
+            print(json.dumps(rows[-1]), flush=True)
     print(f"{'engines':<34} {'runs':>4} {'done':>5} {'chunks/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} "
           f"{'started':>8}")
     for r in rows:

@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 import json
 import pathlib
+import signal
 from typing import Any, AsyncIterator
 
 import pytest
 
-from baton.errors import RunClaimLost
+from baton.errors import LogUnavailable, RunClaimLost
 from baton.fingerprint import fingerprint
 from baton.log import DeliveryLog
 from baton.log import _headers as H
@@ -105,4 +106,41 @@ async def test_compare_dedup_and_fence_hold_across_a_stream_leader_kill(cluster:
         assert [c for _, c in got] == chunks
         assert [o for o, _ in got] == [str(r.offset) for r in recs]
     finally:
+        await log.close()
+
+
+@pytest.mark.timeout(120)
+async def test_a_frozen_server_is_left_for_another_and_appends_go_on(cluster: NatsCluster) -> None:
+    """The server the log is connected to stops answering without closing the connection
+    (SIGSTOP: a lost machine, a partition): the client notices by its pings and moves to
+    another server of the list, and the writer's appends land there, each once."""
+    log = await DeliveryLog.connect(cluster.url, unique_cfg(replicas=3))
+    frozen = None
+    try:
+        await log.provision()
+        w = log.writer("frozen-run", 1)
+        await w.fence()
+        await w.append([chunk(0)])
+        port = log.nc.connected_url.port if log.nc.connected_url else None
+        frozen = next(n for n in cluster.nodes if n.port == port)
+        assert frozen.proc is not None
+        frozen.proc.send_signal(signal.SIGSTOP)
+        sent = 1
+
+        async def appended() -> bool:
+            nonlocal sent
+            try:
+                await w.append([chunk(sent)])
+            except LogUnavailable as exc:  # LogStorageFull included: not yet moved
+                raise AssertionError(f"not yet: {exc}") from exc
+            sent += 1
+            return True
+        await assert_eventually(appended, timeout=60, interval=0.5)
+        assert log.nc.connected_url is not None and log.nc.connected_url.port != port
+        await w.append([chunk(sent)])
+        stored = [r for r in await log.stored_headers("frozen-run") if r.kind == "chunk"]
+        assert [r.fingerprint for r in stored] == [fingerprint(chunk(i)) for i in range(sent + 1)]
+    finally:
+        if frozen is not None and frozen.proc is not None:
+            frozen.proc.send_signal(signal.SIGCONT)
         await log.close()
