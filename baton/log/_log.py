@@ -203,7 +203,7 @@ class DeliveryLog:
             # is reported, and nobody is refused service on a guess.
             log.debug("storage probe refused: %s (%s)", err.get("description", ""), code)
 
-    def writer(self, run_id: str, epoch: int, *, publish_timeout: float = 1.0) -> LogWriter:
+    def writer(self, run_id: str, epoch: int, *, publish_timeout: float = 2.0) -> LogWriter:
         """A writer for ``run_id`` under the claim of ``epoch``; call ``fence()`` first."""
         return LogWriter(self.nc, self.js, self.cfg, run_id, epoch, publish_timeout=publish_timeout)
 

@@ -78,8 +78,8 @@ class LogWriter:
         run_id: str,
         epoch: int,
         *,
-        publish_timeout: float = 1.0,
-        max_attempts: int = 8,
+        publish_timeout: float = 2.0,
+        max_attempts: int = 5,
     ) -> None:
         if epoch < 1:
             raise ValueError("epoch must be >= 1")
