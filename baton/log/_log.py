@@ -92,12 +92,19 @@ class DeliveryLog:
         Args:
             nats_url: server URL(s) (``nats://host:port``, comma-separated allowed).
             cfg: names and limits; ``LogConfig.from_env()`` when omitted.
-            options: passed to ``nats.connect`` (defaults reconnect forever).
+            options: passed to ``nats.connect`` (defaults: reconnect forever every 0.2 s, ping
+                every 5 s, a server that leaves more than 2 unanswered is left).
         """
         servers = nats_url.split(",") if isinstance(nats_url, str) else nats_url
         options.setdefault("max_reconnect_attempts", -1)
         options.setdefault("reconnect_time_wait", 0.2)
         options.setdefault("connect_timeout", 5)
+        # A server that vanishes without closing the connection (a machine lost, a network
+        # partition) is noticed once more than two pings go unanswered: in about 15 s, not
+        # nats-py's default 6 minutes.
+        # Then the client moves to another server of the list (docs/deploy.md).
+        options.setdefault("ping_interval", 5)
+        options.setdefault("max_outstanding_pings", 2)
         events = _ConnectionEvents()
         options.setdefault("error_cb", events.error)
         options.setdefault("disconnected_cb", events.disconnected)
@@ -196,7 +203,7 @@ class DeliveryLog:
             # is reported, and nobody is refused service on a guess.
             log.debug("storage probe refused: %s (%s)", err.get("description", ""), code)
 
-    def writer(self, run_id: str, epoch: int, *, publish_timeout: float = 5.0) -> LogWriter:
+    def writer(self, run_id: str, epoch: int, *, publish_timeout: float = 2.0) -> LogWriter:
         """A writer for ``run_id`` under the claim of ``epoch``; call ``fence()`` first."""
         return LogWriter(self.nc, self.js, self.cfg, run_id, epoch, publish_timeout=publish_timeout)
 

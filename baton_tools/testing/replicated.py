@@ -7,12 +7,14 @@ signals on ``.proc``), started together; :meth:`EtcdCluster.leader` and
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import pathlib
 import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from typing import Any, Coroutine
 
 from baton_tools.testing.servers import EtcdServer, NatsServer, find_binary, free_port
 
@@ -32,11 +34,16 @@ class _EtcdMember(EtcdServer):
 class EtcdCluster:
     """Three etcd members. ``endpoints`` is the comma-separated client list."""
 
-    def __init__(self, data_dir: pathlib.Path, size: int = 3) -> None:
-        peers = [free_port() for _ in range(size)]
+    def __init__(self, data_dir: pathlib.Path, size: int = 3, *, ports: list[int] | None = None,
+                 peer_ports: list[int] | None = None) -> None:
+        """``ports`` / ``peer_ports``: client and peer port of each member (free ones if
+        omitted). A restart on the same data directory must reuse the peer ports: etcd
+        keeps its members' peer URLs in its data."""
+        peers = peer_ports or [free_port() for _ in range(size)]
+        clients = ports or [free_port() for _ in range(size)]
         cluster = ",".join(f"m{i}=http://127.0.0.1:{p}" for i, p in enumerate(peers))
-        self.members = [_EtcdMember(data_dir / f"m{i}", peer_port=p, member=f"m{i}", initial_cluster=cluster)
-                        for i, p in enumerate(peers)]
+        self.members = [_EtcdMember(data_dir / f"m{i}", port=c, peer_port=p, member=f"m{i}", initial_cluster=cluster)
+                        for i, (c, p) in enumerate(zip(clients, peers))]
 
     @property
     def endpoints(self) -> str:
@@ -85,6 +92,19 @@ class EtcdCluster:
         for m in self.members:
             m.kill()
 
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM every member."""
+        for m in self.members:
+            m.stop(timeout)
+
+
+def _run(coro: "Coroutine[Any, Any, None]") -> BaseException | None:
+    try:
+        asyncio.run(coro)
+    except BaseException as exc:  # noqa: BLE001 - handed to the calling thread, which raises it
+        return exc
+    return None
+
 
 @dataclass
 class _NatsNode(NatsServer):
@@ -104,19 +124,62 @@ class _NatsNode(NatsServer):
 class NatsCluster:
     """Three nats-servers forming one JetStream cluster. ``url`` lists every node."""
 
-    def __init__(self, data_dir: pathlib.Path, size: int = 3) -> None:
-        cports = [free_port() for _ in range(size)]
+    def __init__(self, data_dir: pathlib.Path, size: int = 3, *, ports: list[int] | None = None,
+                 cluster_ports: list[int] | None = None) -> None:
+        """``ports`` / ``cluster_ports``: client and route port of each node (free ones if
+        omitted)."""
+        cports = cluster_ports or [free_port() for _ in range(size)]
+        clients = ports or [free_port() for _ in range(size)]
         routes = ",".join(f"nats://127.0.0.1:{p}" for p in cports)
-        self.nodes = [_NatsNode(data_dir / f"n{i}", node=f"n{i}", cluster_port=p, routes=routes)
-                      for i, p in enumerate(cports)]
+        self.nodes = [_NatsNode(data_dir / f"n{i}", port=c, node=f"n{i}", cluster_port=p, routes=routes)
+                      for i, (c, p) in enumerate(zip(clients, cports))]
 
     @property
     def url(self) -> str:
         return ",".join(n.url for n in self.nodes)
 
     def start(self) -> None:
+        """Start every node; returns once JetStream has a meta leader (an R3 stream can be
+        created: until then every JetStream request is refused)."""
         for n in self.nodes:
             n.start()
+        self.wait_jetstream()
+
+    def wait_jetstream(self, timeout: float = 60.0) -> None:
+        """Block until JetStream answers ``account_info`` through any node.
+
+        Raises:
+            TimeoutError: not within ``timeout`` seconds.
+        """
+        result: list[BaseException | None] = []
+        # Its own event loop in its own thread: callable from sync code and from a running loop.
+        thread = threading.Thread(target=lambda: result.append(_run(self._jetstream_ready(timeout))))
+        thread.start()
+        thread.join()
+        if result and result[0] is not None:
+            raise result[0]
+
+    async def _jetstream_ready(self, timeout: float) -> None:  # noqa: ASYNC109 - a polling budget
+        import nats
+
+        deadline = time.monotonic() + timeout
+        nc = await nats.connect(self.url.split(","), max_reconnect_attempts=-1, reconnect_time_wait=0.1)
+        try:
+            while True:
+                try:
+                    await nc.jetstream().account_info()
+                    return
+                except Exception as exc:  # noqa: BLE001 - not ready yet, whatever the reason
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"JetStream cluster not ready within {timeout}s: {exc!r}") from exc
+                await asyncio.sleep(0.1)
+        finally:
+            await nc.close()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM every node (each steps down its leaderships first)."""
+        for n in self.nodes:
+            n.stop(timeout)
 
     def node(self, name: str) -> NatsServer:
         return next(n for n in self.nodes if n.node == name)
