@@ -74,9 +74,12 @@ async def catch_up_sweep(ctx: LeaderContext, term_revision: int, *, grace: float
         StoreUnavailable: etcd did not answer (the leader task is restarted).
     """
     store, keys, timeout = ctx.store, ctx.store.keys, ctx.config.etcd_timeout
+    t0 = asyncio.get_running_loop().time()
     live = await live_runs(store, revision=term_revision, timeout=timeout)
     readers, _ = await store.etcd.range_all(keys.all_readers, prefix_end(keys.all_readers),
                                             keys_only=True, timeout=timeout)
+    log.info("presence catch-up: %d live run(s) and %d reader(s) read in %.3f s", len(live), len(readers),
+             asyncio.get_running_loop().time() - t0)
     read = {keys.run_id_of_reader(kv.key) for kv in readers}
     now = store.clock()
     due: list[tuple[float, str]] = []

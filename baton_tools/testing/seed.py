@@ -19,8 +19,8 @@ from coordinator._keys import Keys
 
 COMPLETED = RunStatus.RUN_STATUS_COMPLETED
 RUNNING = RunStatus.RUN_STATUS_RUNNING
-#: Records per seeding transaction (up to four puts each; etcd allows 128 ops).
-PER_TXN = 30
+#: Records per seeding transaction (up to five puts each; etcd allows 128 ops).
+PER_TXN = 25
 
 
 def terminal_record(i: int, *, tag: str, finished_at: float, tenant: str = "acme") -> RunRecord:
