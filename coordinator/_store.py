@@ -2,7 +2,7 @@
 
 Every change is one etcd transaction that compares what it read (optimistic concurrency,
 as etcd's ``concurrency/stm.go``) and retries on a conflict until the caller's budget is
-spent. Indexes (the thread's active run, the reclaimable set) change in the same
+spent. Indexes (the thread's active run, the reclaimable, starting, live and ended sets) change in the same
 transaction as the record, so they can never disagree with it.
 
 A run this replica has seen recently starts from its cached record and claim
@@ -11,10 +11,11 @@ transaction. The compare is the same either way, and a failed transaction reads 
 back in its failure branch; answers that write nothing are always given from a fresh read.
 
 What each write decides (claim, update, cancel, presence, detach, the indexes) is a pure
-rule in :mod:`coordinator.rules`; this module does the etcd I/O around it. It is longer
-than 600 lines because every read and write of the run keys sits here, behind one class the
-RPCs use; the leader-only index walks live in :mod:`coordinator._indexes` and
-:mod:`coordinator.retention`.
+rule in :mod:`coordinator.rules`; this module does the etcd I/O around it.
+
+It is longer than 600 lines because every read and write of the run keys sits here, behind
+the one class the RPCs use; the leader-only index walks live in :mod:`coordinator._indexes`
+and :mod:`coordinator.retention`.
 """
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ range of 8,000 to 10,000 records passed gRPC's 4 MiB limit, issue 18).
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Sequence
@@ -21,6 +22,8 @@ COMPLETED = RunStatus.RUN_STATUS_COMPLETED
 RUNNING = RunStatus.RUN_STATUS_RUNNING
 #: Records per seeding transaction (up to five puts each; etcd allows 128 ops).
 PER_TXN = 25
+#: Transactions in flight at once: etcd commits concurrent ones together (one fsync).
+IN_FLIGHT = 32
 
 
 def terminal_record(i: int, *, tag: str, finished_at: float, tenant: str = "acme") -> RunRecord:
@@ -59,8 +62,12 @@ async def seed(etcd: E.Etcd, prefix: str, recs: Sequence[RunRecord], *, indexed:
     """Write ``recs`` with their thread entries (and live/ended index entries when
     ``indexed``; without, the store looks like one written before those indexes)."""
     keys = Keys(prefix)
-    for i in range(0, len(recs), PER_TXN):
-        ops = [op for rec in recs[i : i + PER_TXN] for op in _ops(keys, rec, indexed)]
-        await etcd.txn([], ops, timeout=timeout)
+    slots = asyncio.Semaphore(IN_FLIGHT)
+
+    async def one(batch: Sequence[RunRecord]) -> None:
+        async with slots:
+            await etcd.txn([], [op for rec in batch for op in _ops(keys, rec, indexed)], timeout=timeout)
+
+    await asyncio.gather(*(one(recs[i : i + PER_TXN]) for i in range(0, len(recs), PER_TXN)))
     if indexed:
         await etcd.txn([], [E.put(keys.indexes_marker, b"v1")], timeout=timeout)

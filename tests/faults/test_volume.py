@@ -45,8 +45,8 @@ async def _count(etcd: E.Etcd, prefix: bytes) -> int:
 
 
 @pytest.mark.parametrize(("n", "page"), [
-    pytest.param(2_000, 40, id="2k"),
-    pytest.param(100_000, 500, id="100k", marks=pytest.mark.faults_slow),
+    pytest.param(2_000, 40, id="2k", marks=pytest.mark.timeout(300)),
+    pytest.param(100_000, 500, id="100k", marks=[pytest.mark.faults_slow, pytest.mark.timeout(1200)]),
 ])
 async def test_a_fresh_leader_over_many_finished_records(etcd: EtcdServer, nats: NatsServer, tmp_path: Any,
                                                          n: int, page: int) -> None:
