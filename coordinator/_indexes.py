@@ -13,6 +13,7 @@ record's mod revision, so an entry is never put for a status the record has left
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Sequence
 
@@ -36,14 +37,15 @@ async def records(store: RunStore, run_ids: Sequence[str], *, timeout: float) ->
     """The record key-values of ``run_ids`` (``None`` for a run with no record), in order.
 
     Args:
-        timeout: seconds per transaction (one per :data:`READ_BATCH` runs).
+        timeout: seconds per transaction (one per :data:`READ_BATCH` runs, all at once).
     """
-    out: list[tuple[str, E.KV | None]] = []
-    for i in range(0, len(run_ids), READ_BATCH):
-        chunk = run_ids[i : i + READ_BATCH]
+    async def read(chunk: Sequence[str]) -> list[tuple[str, E.KV | None]]:
         r = await store.etcd.txn([], [E.get(store.keys.run(x)) for x in chunk], timeout=timeout)
-        out += [(x, (r.kvs(j) or [None])[0]) for j, x in enumerate(chunk)]
-    return out
+        return [(x, (r.kvs(j) or [None])[0]) for j, x in enumerate(chunk)]
+
+    # The transactions go together (one round trip's wait for many records).
+    parts = await asyncio.gather(*(read(run_ids[i : i + READ_BATCH]) for i in range(0, len(run_ids), READ_BATCH)))
+    return [item for part in parts for item in part]
 
 
 def _parse(kv: E.KV) -> RunRecord:

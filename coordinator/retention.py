@@ -23,13 +23,13 @@ from baton.v1.runs_pb2 import RunRecord
 from coordinator import _etcd as E
 from coordinator import rules
 from coordinator._election import LeaderContext
-from coordinator._indexes import ensure_indexes, records
+from coordinator._indexes import READ_BATCH, ensure_indexes, records
 from coordinator._store import RunStore
 
 log = logging.getLogger(__name__)
 
-#: Ended-index entries read per batch.
-BATCH = 100
+#: Ended-index entries read per batch (their records are read and deleted together).
+BATCH = 500
 #: Records deleted per transaction (at most four deletes and two compares each; etcd allows 128 ops).
 PER_TXN = 25
 #: Pause between batches (seconds), so a large backlog does not crowd out the RPCs' etcd calls.
@@ -64,17 +64,9 @@ async def expire_batch(store: RunStore, cutoff: float, *, timeout: float, batch:
         if plan is not None:
             # More than one op: the record goes (a stale entry alone is one delete).
             plans.append((*plan, len(plan[1]) > 1))
-    deleted = 0
-    for i in range(0, len(plans), PER_TXN):
-        chunk = plans[i : i + PER_TXN]
-        res = await store.etcd.txn([c for p in chunk for c in p[0]], [o for p in chunk for o in p[1]],
-                                   timeout=timeout)
-        if res.succeeded:
-            deleted += sum(p[2] for p in chunk)
-            continue
-        for cmps, ops, removes in chunk:  # one changed meanwhile: the others one by one
-            res = await store.etcd.txn(cmps, ops, timeout=timeout)
-            deleted += res.succeeded and removes
+    # The transactions of one batch go together: etcd commits concurrent ones in one fsync.
+    chunks = [plans[i : i + PER_TXN] for i in range(0, len(plans), PER_TXN)]
+    deleted = sum(await asyncio.gather(*(_delete(store, chunk, timeout) for chunk in chunks)))
     for _id, kv in found:
         if kv is not None:
             store.cache.forget(_id)
@@ -87,13 +79,29 @@ def _sandbox_key(store: RunStore, kv: E.KV | None) -> bytes:
     return store.keys.sandbox(key) if key else b""
 
 
+async def _delete(store: RunStore, chunk: list[tuple[list[E.Cmp], list[E.Op], bool]], timeout: float) -> int:
+    """One transaction for ``chunk``; when one of its records changed meanwhile, each on its
+    own (the changed one fails its compare and stays). Returns the records deleted."""
+    res = await store.etcd.txn([c for p in chunk for c in p[0]], [o for p in chunk for o in p[1]], timeout=timeout)
+    if res.succeeded:
+        return sum(p[2] for p in chunk)
+    deleted = 0
+    for cmps, ops, removes in chunk:
+        res = await store.etcd.txn(cmps, ops, timeout=timeout)
+        deleted += res.succeeded and removes
+    return deleted
+
+
 async def _get_each(store: RunStore, keys: list[bytes], timeout: float) -> list[E.KV | None]:
     """The key-value at each key (``b""``: not asked, ``None``)."""
     asked = [key for key in keys if key]
     got: dict[bytes, E.KV] = {}
-    for i in range(0, len(asked), 100):
-        r = await store.etcd.txn([], [E.get(key) for key in asked[i : i + 100]], timeout=timeout)
-        got.update({kv.key: kv for j in range(len(asked[i : i + 100])) for kv in r.kvs(j)})
+
+    async def read(part: list[bytes]) -> None:
+        r = await store.etcd.txn([], [E.get(key) for key in part], timeout=timeout)
+        got.update({kv.key: kv for j in range(len(part)) for kv in r.kvs(j)})
+
+    await asyncio.gather(*(read(asked[i : i + READ_BATCH]) for i in range(0, len(asked), READ_BATCH)))
     return [got.get(key) if key else None for key in keys]
 
 
