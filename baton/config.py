@@ -43,6 +43,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("BATON_DETACHED_RUN_TTL", "3600", "seconds a run may stay detached before the reaper cancels it"),
     Setting("BATON_REAPER_INTERVAL", "60", "seconds between reaper sweeps (leader only)"),
     Setting("BATON_RECORD_CACHE_SIZE", "10000", "runs whose record the coordinator remembers, so a claim or update is one etcd transaction (0 disables; writes still compare in etcd)"),
+    Setting("BATON_RECORD_RETENTION", "", "seconds a terminal run record (with its thread-membership and sandbox entries) is kept after the run ended; empty = BATON_LOG_MAX_AGE, 0 = forever (leader only)"),
+    Setting("BATON_ETCD_PAGE_SIZE", "500", "keys per etcd range response: the coordinator pages every range read"),
     Setting("BATON_RUNS_STREAM", "BATON_RUNS", "JetStream stream holding delivery logs"),
     Setting("BATON_SUBJECT_PREFIX", "baton.runs", "subject prefix of delivery logs"),
     Setting("BATON_THREADS_BUCKET", "baton-threads", "JetStream KV bucket holding transcripts"),

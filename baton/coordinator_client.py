@@ -339,6 +339,17 @@ class CoordinatorClient:
             thread_id=thread_id or "", limit=limit, tenant=tenant or ""), timeout, idempotent=True)
         return list(r.records)
 
+    async def thread_runs(self, thread_id: str, limit: int = 1, *,
+                          timeout: float | None = None) -> tuple[list[RunRecord], str]:
+        """The thread's newest ``limit`` runs (oldest first) and the tenant it belongs to.
+
+        The tenant is the thread's owner key, which outlives the records (retention deletes
+        old records, not the owner): ``""`` only for a thread from before that key.
+        """
+        r = await self._unary("ListRuns", pb.ListRunsRequest(thread_id=thread_id, limit=limit), timeout,
+                              idempotent=True)
+        return list(r.records), r.thread_tenant
+
     async def list_reclaimable(self, now: float, ttl: float, limit: int = 0, *,
                                timeout: float | None = None) -> list[RunRecord]:
         """Running runs with ``detached_since <= now - ttl`` (inclusive). ``now=0``: coordinator clock."""

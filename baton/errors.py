@@ -33,6 +33,25 @@ class StoreUnavailable(BatonError):
     """The coordination store (etcd) or the coordinator could not be reached in time."""
 
 
+class StoreRefused(StoreUnavailable):
+    """etcd answered a request with an error other than "unreachable" or "too slow".
+
+    For example ``RESOURCE_EXHAUSTED`` (a response over gRPC's receive limit, or etcd's
+    space quota), ``OUT_OF_RANGE`` (a revision compacted meanwhile), ``INVALID_ARGUMENT``.
+    A kind of :class:`StoreUnavailable`, so every caller that retries or reports an
+    unreachable store handles it too; the message names the etcd status.
+
+    Attributes:
+        code: the gRPC status name etcd answered (``"RESOURCE_EXHAUSTED"``).
+        details: etcd's message.
+    """
+
+    def __init__(self, code: str, details: str) -> None:
+        self.code = code
+        self.details = details
+        super().__init__(f"etcd refused the request ({code}): {details or 'no details'}")
+
+
 class DurableRunIdRequired(BatonError):
     """A durable run was requested without a run id."""
 

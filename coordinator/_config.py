@@ -25,6 +25,8 @@ class CoordinatorConfig:
         reaper_interval: seconds between reaper sweeps on the leader.
         session_ttl: default session TTL in seconds when a caller sends none.
         record_cache_size: runs whose last record and claim are remembered (0 disables).
+        record_retention: seconds a terminal record is kept after its run ended (0: forever).
+        etcd_page_size: keys per etcd range response (every range read is paged).
         internal_token: the cluster's internal token every caller must send
             (:mod:`baton.internal_auth`); empty: no check.
         fast_failover: revoke a session at once when its keep-alive stream resets and its
@@ -42,6 +44,8 @@ class CoordinatorConfig:
     reaper_interval: float = 60.0
     session_ttl: float = 2.0
     record_cache_size: int = 10_000
+    record_retention: float = 30 * 24 * 3600.0
+    etcd_page_size: int = 500
     internal_token: str = field(default="", repr=False)
     fast_failover: bool = True
 
@@ -69,6 +73,9 @@ class CoordinatorConfig:
             reaper_interval=f("BATON_REAPER_INTERVAL"),
             session_ttl=f("BATON_SESSION_TTL"),
             record_cache_size=_count(config.get_float("BATON_RECORD_CACHE_SIZE", env), "BATON_RECORD_CACHE_SIZE"),
+            record_retention=f("BATON_RECORD_RETENTION") if g("BATON_RECORD_RETENTION").strip()
+            else f("BATON_LOG_MAX_AGE"),
+            etcd_page_size=_count(f("BATON_ETCD_PAGE_SIZE"), "BATON_ETCD_PAGE_SIZE") or 1,
             internal_token=g("BATON_INTERNAL_TOKEN"),
             fast_failover=_flag(g("BATON_FAST_FAILOVER"), "BATON_FAST_FAILOVER"),
         )

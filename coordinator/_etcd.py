@@ -5,7 +5,13 @@ every call here needs its own deadline (a deadline is a budget passed down from 
 CONVENTIONS "Concurrency"), multi-op transactions with range compares, leases with a
 long-lived keep-alive stream and watches that start at a revision. Foreign errors are
 translated once, here: unreachable or too slow → :class:`~baton.errors.StoreUnavailable`; a
-lease etcd no longer knows → :class:`LeaseNotFound`.
+lease etcd no longer knows → :class:`LeaseNotFound`; anything else etcd refuses (a
+response over gRPC's receive limit, a compacted revision, a request too large, a quota)
+→ :class:`~baton.errors.StoreRefused`. No ``grpc.aio.AioRpcError`` leaves this module.
+
+Range reads are paged (:meth:`Etcd.range_pages`): ``page_size`` keys per response at one
+pinned revision, continuing from the last key, so no response nears gRPC's 4 MiB limit
+however many records etcd holds.
 """
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ from typing import Any, AsyncIterator, Sequence, TypeAlias
 import grpc
 from aetcd import rpc
 
-from baton.errors import StoreUnavailable
+from baton.errors import StoreRefused, StoreUnavailable
 
 # Reconnect quickly after an etcd restart: gRPC's default backoff grows to 120 s.
 _CHANNEL_OPTIONS = (
@@ -42,15 +48,30 @@ class LeaseNotFound(Exception):
         super().__init__(f"lease {lease_id:x} not found")
 
 
+#: Keys per range response (:meth:`Etcd.range_pages`). A record is a few KiB at most, so a
+#: page stays far below gRPC's 4 MiB receive limit.
+PAGE_SIZE = 500
+
+#: gRPC codes that mean "etcd did not answer (now)": the caller may retry.
+_TRANSIENT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                        grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN, grpc.StatusCode.ABORTED})
+
+
 def _translate(exc: grpc.aio.AioRpcError, lease_id: int = 0) -> Exception:
+    """The domain error for a failed etcd call (every gRPC status maps to one).
+
+    ``NOT_FOUND`` "lease not found" → :class:`LeaseNotFound`; unreachable, too slow,
+    leader changes → :class:`StoreUnavailable`; everything else (``RESOURCE_EXHAUSTED``
+    for a response over the receive limit or a full quota, ``OUT_OF_RANGE`` for a compacted
+    revision, ``INVALID_ARGUMENT``, ``FAILED_PRECONDITION``, ...) → :class:`StoreRefused`.
+    """
     code = exc.code()
     details = exc.details() or ""
     if code == grpc.StatusCode.NOT_FOUND and "lease not found" in details:
         return LeaseNotFound(lease_id)
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN):
+    if code in _TRANSIENT:
         return StoreUnavailable(f"etcd {code.name.lower()}: {details}")
-    return exc
+    return StoreRefused(code.name, details)
 
 
 def _target(endpoints: Sequence[str]) -> str:
@@ -129,7 +150,10 @@ class Etcd:
         StoreUnavailable: etcd unreachable, or the deadline passed.
     """
 
-    def __init__(self, endpoints: Sequence[str]) -> None:
+    def __init__(self, endpoints: Sequence[str], *, page_size: int = PAGE_SIZE) -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        self.page_size = page_size
         self._channel = grpc.aio.insecure_channel(_target(endpoints), options=_CHANNEL_OPTIONS)
         self._kv = rpc.KVStub(self._channel)
         self._lease = rpc.LeaseStub(self._channel)
@@ -163,6 +187,58 @@ class Etcd:
         except grpc.aio.AioRpcError as exc:
             raise _translate(exc) from exc
         return list(resp.kvs), resp.header.revision
+
+    async def range_pages(self, key: bytes, range_end: bytes, *, timeout: float,
+                          keys_only: bool = False, revision: int = 0, page_size: int = 0,
+                          pin: bool = True) -> AsyncIterator[tuple[list[KV], int]]:
+        """Every key in ``[key, range_end)``, in key order, ``page_size`` keys per response.
+
+        All pages are read at one revision (the first page's, or ``revision``), so together
+        they are one consistent snapshot, as one unpaged read would be. Each page continues
+        after the last key of the one before (etcd's ``limit`` and ``more``).
+
+        Args:
+            timeout: seconds for each page (a page is one round trip).
+            page_size: keys per response (default: this connection's ``page_size``).
+            pin: false reads each page at the current revision instead (a long walk that
+                must not fail when etcd compacts meanwhile; it still sees every key that
+                exists throughout).
+
+        Yields:
+            (kvs of one page, the revision every page is read at). A range with no key
+            yields one empty page, so the caller learns the revision.
+
+        Raises:
+            StoreUnavailable: etcd did not answer a page in time.
+            StoreRefused: the pinned revision was compacted between pages.
+        """
+        size = page_size or self.page_size
+        start = key
+        while True:
+            req = rpc.RangeRequest(key=start, range_end=range_end, limit=size, keys_only=keys_only,
+                                   revision=revision)
+            try:
+                resp = await self._kv.Range(req, timeout=max(timeout, 0.001))
+            except grpc.aio.AioRpcError as exc:
+                raise _translate(exc) from exc
+            kvs = list(resp.kvs)
+            if pin:
+                revision = revision or resp.header.revision
+            yield kvs, revision or resp.header.revision
+            if not resp.more or not kvs:
+                return
+            start = kvs[-1].key + b"\0"  # the smallest key after the last one read
+
+    async def range_all(self, key: bytes, range_end: bytes, *, timeout: float, keys_only: bool = False,
+                        revision: int = 0) -> tuple[list[KV], int]:
+        """:meth:`range_pages` gathered → (every kv, revision). For ranges known to stay small
+        (hosts, claims, readers, live runs); ``timeout`` is per page."""
+        out: list[KV] = []
+        rev = revision
+        async for kvs, rev in self.range_pages(key, range_end, timeout=timeout, keys_only=keys_only,
+                                               revision=revision):
+            out += kvs
+        return out, rev
 
     async def grant(self, ttl: int, *, timeout: float, lease_id: int = 0) -> tuple[int, int]:
         """Grant a lease → (lease id, granted TTL in seconds)."""

@@ -12,6 +12,9 @@ range over ``readers/<run>/`` can never catch another run's readers.
 ``thread-runs/<thread>/<run>``          membership index for ``ListRuns(thread_id)``
 ``reclaimable/<µs:020d>/<run>``         running runs by ``detached_since`` (range read)
 ``starting/<µs:020d>/<run>``            runs whose input is not durable yet, by ``started_at``
+``live/<run>``                          every ``running`` run (failover sweep, presence catch-up)
+``ended/<µs:020d>/<run>``               terminal runs by ``finished_at`` (retention)
+``indexes``                             marker: live/ended were backfilled for older records
 ``readers/<run>/<reader>``              presence of one reader, under the gateway's lease
 ``sandboxes/<key>``                     SandboxInstance (protobuf bytes)
 ``hosts/<host>``                        HostInfo (protobuf bytes), under the host's lease
@@ -113,6 +116,32 @@ class Keys:
         """range_end covering every starting-index key with ``started_at <= cutoff``."""
         return self._k("starting", f"{micros(cutoff) + 1:020d}")
 
+    def live(self, run_id: str) -> bytes:
+        return self._k("live", encode_token(run_id))
+
+    @property
+    def live_prefix(self) -> bytes:
+        return self._k("live", "")
+
+    def run_id_of_live(self, key: bytes) -> str:
+        return decode_token(key[len(self.live_prefix) :].decode())
+
+    def ended(self, finished_at: float, run_id: str) -> bytes:
+        return self._k("ended", f"{micros(finished_at):020d}", encode_token(run_id))
+
+    @property
+    def ended_prefix(self) -> bytes:
+        return self._k("ended", "")
+
+    def ended_until(self, cutoff: float) -> bytes:
+        """range_end covering every ended-index key with ``finished_at <= cutoff``."""
+        return self._k("ended", f"{micros(cutoff) + 1:020d}")
+
+    @property
+    def indexes_marker(self) -> bytes:
+        """Present once the live and ended indexes cover records written before them."""
+        return self._k("indexes")
+
     def readers(self, run_id: str) -> bytes:
         return self._k("readers", encode_token(run_id), "")
 
@@ -126,6 +155,10 @@ class Keys:
     def run_id_of_reader(self, key: bytes) -> str:
         rest = key[len(self.all_readers) :].decode()
         return decode_token(rest.split("/", 1)[0])
+
+    @property
+    def sandboxes(self) -> bytes:
+        return self._k("sandboxes", "")
 
     def sandbox(self, sandbox_key: str) -> bytes:
         return self._k("sandboxes", encode_token(sandbox_key))

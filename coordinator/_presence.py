@@ -18,9 +18,9 @@ import logging
 
 from baton.errors import StoreUnavailable
 from baton.retry import Attempts, Deadline
-from baton.v1.runs_pb2 import RunRecord
 
 from coordinator._election import LeaderContext
+from coordinator._indexes import ensure_indexes, live_runs
 from coordinator._keys import prefix_end
 from coordinator._records import is_active
 
@@ -36,6 +36,9 @@ async def presence_sweeper(ctx: LeaderContext) -> None:
     """Run until cancelled (leadership lost)."""
     store, timeout = ctx.store, ctx.config.etcd_timeout
     prefix = store.keys.all_readers
+    # Before the term's revision, so the catch-up (which reads the live index as it was
+    # then) sees every entry the backfill writes.
+    await ensure_indexes(store, timeout=timeout)
     _, handled = await store.etcd.range(prefix, timeout=timeout)
     # The catch-up judges the runs that existed at ``handled``; every deletion after it
     # reaches the watch (from handled + 1), and detaching twice is a no-op.
@@ -57,8 +60,9 @@ async def catch_up_sweep(ctx: LeaderContext, term_revision: int, *, grace: float
     """Detach every running, not detached run that has no reader key (start of a term).
 
     Only runs that existed at ``term_revision`` (the revision the term's watch starts
-    after) are judged: a reader of a later run can only vanish in view of the watch. One
-    range read of the runs and one (keys only) of the readers; each candidate is then
+    after) are judged: a reader of a later run can only vanish in view of the watch. The
+    runs come from the live index as it was at ``term_revision`` (paged; no finished record
+    is read), the readers from one paged keys-only read; each candidate is then
     detached by :meth:`RunStore.detach_if_unread`, which compares "no reader" inside its
     write, so a reader that arrives meanwhile wins. A run started less than ``grace``
     seconds ago is judged once it is that old.
@@ -70,15 +74,16 @@ async def catch_up_sweep(ctx: LeaderContext, term_revision: int, *, grace: float
         StoreUnavailable: etcd did not answer (the leader task is restarted).
     """
     store, keys, timeout = ctx.store, ctx.store.keys, ctx.config.etcd_timeout
-    kvs, _ = await store.etcd.range(keys.runs, prefix_end(keys.runs), revision=term_revision,
-                                    timeout=timeout)
-    readers, _ = await store.etcd.range(keys.all_readers, prefix_end(keys.all_readers),
-                                        keys_only=True, timeout=timeout)
+    t0 = asyncio.get_running_loop().time()
+    live = await live_runs(store, revision=term_revision, timeout=timeout)
+    readers, _ = await store.etcd.range_all(keys.all_readers, prefix_end(keys.all_readers),
+                                            keys_only=True, timeout=timeout)
+    log.info("presence catch-up: %d live run(s) and %d reader(s) read in %.3f s", len(live), len(readers),
+             asyncio.get_running_loop().time() - t0)
     read = {keys.run_id_of_reader(kv.key) for kv in readers}
     now = store.clock()
     due: list[tuple[float, str]] = []
-    for kv in kvs:
-        rec = RunRecord.FromString(kv.value)
+    for rec in live:
         if not is_active(rec) or rec.HasField("detached_since") or rec.run_id in read:
             continue
         age = now - rec.started_at if rec.HasField("started_at") else grace

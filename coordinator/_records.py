@@ -44,6 +44,26 @@ def is_starting(rec: RunRecord | None) -> bool:
     return is_active(rec) and rec is not None and rec.starting
 
 
+def is_live(rec: RunRecord | None) -> bool:
+    """Indexed as live (``live/<run>``): the failover sweep and the presence catch-up read
+    only these. The same set as :func:`is_active`, named for the index."""
+    return is_active(rec)
+
+
+def is_ended(rec: RunRecord | None) -> bool:
+    """Indexed for retention (``ended/<µs>/<run>``): the record is terminal."""
+    return rec is not None and is_terminal(rec.status)
+
+
+def ended_at(rec: RunRecord) -> float:
+    """When a terminal run ended, for retention: ``finished_at``, else ``started_at``.
+
+    The host stamps ``finished_at`` with the terminal status; a record written without it
+    (by an older host, or a test) ages from its start, which is never later.
+    """
+    return rec.finished_at if rec.HasField("finished_at") else rec.started_at
+
+
 def cancels_on_disconnect(rec: RunRecord) -> bool:
     """Whether the run is cancelled (not detached) when its last reader leaves.
 

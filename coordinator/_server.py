@@ -30,7 +30,7 @@ SERVICE_NAME = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_n
 
 def build_store(config: CoordinatorConfig, clock: Callable[[], float] = time.time) -> RunStore:
     """The etcd connection and store for ``config`` (no I/O until first used)."""
-    return RunStore(Etcd(config.etcd_endpoints), config.prefix, clock, config.record_cache_size)
+    return RunStore(Etcd(config.etcd_endpoints, page_size=config.etcd_page_size), config.prefix, clock, config.record_cache_size)
 
 
 class CoordinatorServer:

@@ -160,9 +160,11 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 validate_id(request.tenant, "tenant")
             if request.limit < 0:
                 raise errors.InvalidArgument("limit", "must be >= 0")
+            budget = self._budget(context)
             recs = await self.store.list_runs(request.thread_id, request.tenant, request.limit,
-                                              timeout=self._budget(context))
-            return pb.ListRunsResponse(records=recs)
+                                              timeout=budget)
+            owner = await self.store.thread_tenant(request.thread_id, timeout=budget) if request.thread_id else ""
+            return pb.ListRunsResponse(records=recs, thread_tenant=owner)
         return await self._call(context, go())
 
     async def ListReclaimable(self, request: pb.ListReclaimableRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.ListReclaimableResponse:

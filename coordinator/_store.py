@@ -2,7 +2,7 @@
 
 Every change is one etcd transaction that compares what it read (optimistic concurrency,
 as etcd's ``concurrency/stm.go``) and retries on a conflict until the caller's budget is
-spent. Indexes (the thread's active run, the reclaimable set) change in the same
+spent. Indexes (the thread's active run, the reclaimable, starting, live and ended sets) change in the same
 transaction as the record, so they can never disagree with it.
 
 A run this replica has seen recently starts from its cached record and claim
@@ -12,9 +12,15 @@ back in its failure branch; answers that write nothing are always given from a f
 
 What each write decides (claim, update, cancel, presence, detach, the indexes) is a pure
 rule in :mod:`coordinator.rules`; this module does the etcd I/O around it.
+
+It is longer than 600 lines because every read and write of the run keys sits here, behind
+the one class the RPCs use; the leader-only index walks live in :mod:`coordinator._indexes`
+and :mod:`coordinator.retention`.
 """
 from __future__ import annotations
 
+import asyncio
+import heapq
 import logging
 import math
 import time
@@ -104,6 +110,8 @@ class RunStore:
         self.clock = clock
         self.cache = RecordCache(cache_size)
         self._incarnation = b""  # value of the incarnation key last seen
+        # Serialises the one-time index backfill (coordinator._indexes) between leader tasks.
+        self.backfill_lock = asyncio.Lock()
 
     # --- reads -----------------------------------------------------------------------
 
@@ -278,27 +286,54 @@ class RunStore:
         return rec if is_active(rec) else None
 
     async def list_runs(self, thread_id: str, tenant: str, limit: int, *, timeout: float) -> list[RunRecord]:
-        """Records of one thread (or all), optionally of one tenant, oldest first."""
-        b = _Budget(timeout)
+        """Records of one thread (or all), optionally of one tenant, oldest first.
+
+        Reads are paged (``Etcd.page_size`` keys per response, one pinned revision), and with
+        ``limit`` only the newest ``limit`` records are kept while reading, so neither a
+        response nor this replica's memory grows with every record etcd holds.
+        ``timeout`` is per etcd call.
+        """
         k = self.keys
+        newest: list[tuple[tuple[float, str], RunRecord]] = []  # a min-heap when limit > 0
+
+        def keep(recs: Sequence[RunRecord]) -> None:
+            for r in recs:
+                if tenant and r.tenant != tenant:
+                    continue
+                item = ((r.started_at, r.run_id), r)
+                if limit <= 0:
+                    newest.append(item)
+                elif len(newest) < limit:
+                    heapq.heappush(newest, item)
+                elif item[0] > newest[0][0]:
+                    heapq.heapreplace(newest, item)
+
         if thread_id:
             p = k.thread_runs(thread_id)
-            kvs, _ = await self.etcd.range(p, prefix_end(p), keys_only=True, timeout=b.left())
-            recs = await self._get_many([k.run_id_of_thread_run(thread_id, kv.key) for kv in kvs], b)
+            async for kvs, _ in self.etcd.range_pages(p, prefix_end(p), keys_only=True, timeout=timeout):
+                keep(await self._get_many([k.run_id_of_thread_run(thread_id, kv.key) for kv in kvs],
+                                          _Budget(timeout)))
         else:
-            kvs, _ = await self.etcd.range(k.runs, prefix_end(k.runs), timeout=b.left())
-            recs = [r for kv in kvs if (r := _record(kv)) is not None]
-        if tenant:
-            recs = [r for r in recs if r.tenant == tenant]
-        recs.sort(key=lambda r: (r.started_at, r.run_id))
-        return recs[-limit:] if limit > 0 else recs
+            async for kvs, _ in self.etcd.range_pages(k.runs, prefix_end(k.runs), timeout=timeout):
+                keep([r for kv in kvs if (r := _record(kv)) is not None])
+        return [r for _key, r in sorted(newest, key=lambda item: item[0])]
+
+    async def thread_tenant(self, thread_id: str, *, timeout: float) -> str:
+        """The tenant the thread belongs to (``threads/<thread>/tenant``; kept by retention),
+        or ``""`` for a thread with no such key."""
+        kvs, _ = await self.etcd.range(self.keys.thread_tenant(thread_id), timeout=timeout)
+        return kvs[0].value.decode() if kvs else ""
 
     async def list_reclaimable(self, now: float, ttl: float, limit: int, *, timeout: float) -> list[RunRecord]:
         """Running runs with ``detached_since <= now - ttl`` (inclusive), by a range read."""
         b = _Budget(timeout)
         k = self.keys
-        kvs, _ = await self.etcd.range(k.reclaimable_prefix, k.reclaimable_until(now - ttl),
-                                       limit=max(limit, 0), timeout=b.left())
+        if limit > 0:
+            kvs, _ = await self.etcd.range(k.reclaimable_prefix, k.reclaimable_until(now - ttl),
+                                           limit=limit, timeout=b.left())
+        else:
+            kvs, _ = await self.etcd.range_all(k.reclaimable_prefix, k.reclaimable_until(now - ttl),
+                                               timeout=b.left())
         recs = await self._get_many([kv.value.decode() for kv in kvs], b)
         return [r for r in recs if is_reclaimable(r)]
 
@@ -306,7 +341,7 @@ class RunStore:
         """Runs still ``starting`` (input not durable) with ``started_at <= cutoff``."""
         b = _Budget(timeout)
         k = self.keys
-        kvs, _ = await self.etcd.range(k.starting_prefix, k.starting_until(cutoff), timeout=b.left())
+        kvs, _ = await self.etcd.range_all(k.starting_prefix, k.starting_until(cutoff), timeout=b.left())
         recs = await self._get_many([kv.value.decode() for kv in kvs], b)
         return [r for r in recs if is_starting(r)]
 
@@ -383,8 +418,9 @@ class RunStore:
             value = _bytes(new)
             ops += [E.put(run_key, value), E.put(active_key, new.run_id.encode()),
                     E.put(k.thread_run(new.thread_id, new.run_id), b"")]
-            if is_starting(new):  # the reaper ends it if its StartRun never completes
-                ops.append(E.put(k.starting(new.started_at, new.run_id), new.run_id.encode()))
+            # live/ (failover, presence) and starting/ (the reaper ends a start that never
+            # completes) from the first write on.
+            ops += rules.creation_indexes(k, new)
             if owner_kv is None:
                 ops.append(E.put(owner_key, seed.tenant.encode()))
             res = await self.etcd.txn(cmps, ops, timeout=b.left())
@@ -595,5 +631,5 @@ class RunStore:
     async def list_hosts(self, *, timeout: float) -> list[HostInfo]:
         """Live hosts (their session lease still holds), sorted by host id."""
         k = self.keys
-        kvs, _ = await self.etcd.range(k.hosts, prefix_end(k.hosts), timeout=timeout)
+        kvs, _ = await self.etcd.range_all(k.hosts, prefix_end(k.hosts), timeout=timeout)
         return [HostInfo.FromString(kv.value) for kv in kvs]

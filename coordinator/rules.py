@@ -24,12 +24,13 @@ from dataclasses import dataclass, field
 from typing import Callable, Generic, Sequence, TypeVar
 
 from baton.errors import RunClaimLost, RunClaimNotAcquired, ThreadBusy, UnknownRun
+from baton.v1.coordinator_pb2 import SandboxInstance
 from baton.v1.runs_pb2 import Claim, RunRecord, RunStatus
 
 from coordinator import _etcd as E
 from coordinator._keys import Keys, prefix_end
-from coordinator._records import (apply_mask, cancels_on_disconnect, is_active, is_reclaimable, is_starting,
-                                  is_terminal)
+from coordinator._records import (apply_mask, cancels_on_disconnect, ended_at, is_active, is_ended, is_live,
+                                  is_reclaimable, is_starting, is_terminal)
 
 #: Why a claim is taken: ``drive`` runs the agent on; ``finalize`` only ends the run.
 PURPOSES = ("drive", "finalize")
@@ -276,7 +277,8 @@ def enters_or_leaves_running(old: RunRecord, new: RunRecord) -> bool:
 
 def index_changes(keys: Keys, old: RunRecord, new: RunRecord,
                   active_kv: E.KV | None) -> tuple[list[E.Cmp], list[E.Op]]:
-    """Compares and ops that keep the thread-active, reclaimable and starting indexes in step.
+    """Compares and ops that keep the thread-active, reclaimable, starting, live and ended
+    indexes in step.
 
     Args:
         keys: the key layout.
@@ -315,11 +317,11 @@ def index_changes(keys: Keys, old: RunRecord, new: RunRecord,
             ops.append(E.put(new_key, new.run_id.encode()))
     old_s = keys.starting(old.started_at, old.run_id) if is_starting(old) else None
     new_s = keys.starting(new.started_at, new.run_id) if is_starting(new) else None
-    if old_s != new_s:
-        if old_s is not None:
-            ops.append(E.delete(old_s))
-        if new_s is not None:
-            ops.append(E.put(new_s, new.run_id.encode()))
+    ops += _move(old_s, new_s, new.run_id)
+    ops += _move(keys.live(old.run_id) if is_live(old) else None,
+                 keys.live(new.run_id) if is_live(new) else None, new.run_id)
+    ops += _move(keys.ended(ended_at(old), old.run_id) if is_ended(old) else None,
+                 keys.ended(ended_at(new), new.run_id) if is_ended(new) else None, new.run_id)
     return cmps, ops
 
 
@@ -362,3 +364,81 @@ def cancel_for_tenant(snap: Snapshot, *, reason: str, tenant: str) -> Plan[RunRe
     if snap.record is not None and snap.record.tenant != tenant:
         raise UnknownRun(snap.run_id)
     return request_cancel(snap, reason=reason)
+
+
+def _move(old_key: bytes | None, new_key: bytes | None, run_id: str) -> list[E.Op]:
+    """Ops that move one index entry (value: the run id) from ``old_key`` to ``new_key``
+    (``None``: absent). Nothing when they are the same key."""
+    if old_key == new_key:
+        return []
+    ops: list[E.Op] = []
+    if old_key is not None:
+        ops.append(E.delete(old_key))
+    if new_key is not None:
+        ops.append(E.put(new_key, run_id.encode()))
+    return ops
+
+
+def creation_indexes(keys: Keys, new: RunRecord) -> list[E.Op]:
+    """Index entries a newly created record gets (its thread's active entry aside)."""
+    return _move(None, keys.starting(new.started_at, new.run_id) if is_starting(new) else None, new.run_id) + \
+        _move(None, keys.live(new.run_id) if is_live(new) else None, new.run_id)
+
+
+def backfill_indexes(keys: Keys, rec: RunRecord) -> list[E.Op]:
+    """Puts of the live/ended entries a record written before those indexes should have.
+
+    Idempotent: re-putting an entry that exists changes nothing a reader sees.
+    """
+    ops: list[E.Op] = []
+    if is_live(rec):
+        ops.append(E.put(keys.live(rec.run_id), rec.run_id.encode()))
+    if is_ended(rec):
+        ops.append(E.put(keys.ended(ended_at(rec), rec.run_id), rec.run_id.encode()))
+    return ops
+
+
+# --- retention ------------------------------------------------------------------------------
+
+def expire(keys: Keys, run_id: str, rec_kv: E.KV | None, index_key: bytes, sandbox_kv: E.KV | None,
+           *, cutoff: float) -> tuple[list[E.Cmp], list[E.Op]] | None:
+    """The transaction retention makes for one ended-index entry, or ``None`` to leave it.
+
+    A terminal record that ended at or before ``cutoff`` (inclusive) is deleted together
+    with its ended-index entry, its thread-membership entry, and its sandbox entry when that
+    entry still names this run (a later run of the thread may have taken the sandbox over).
+    The write compares the record's mod revision (and the sandbox entry's), so a record that
+    changed since it was read is not deleted. The thread's tenant key stays: a thread keeps
+    its owner, so its transcript stays its tenant's.
+
+    An entry that no longer matches its record (the record is gone, is not terminal, or
+    ended at another time) is stale: only the entry is deleted, comparing the record as read.
+
+    Args:
+        run_id: the run the entry names.
+        rec_kv: its record as read (``None``: no record).
+        index_key: the ended-index key the run was found by.
+        sandbox_kv: the ``sandboxes/<record.sandbox_key>`` entry as read, if any.
+        cutoff: Unix seconds.
+
+    Returns:
+        ``(compares, ops)``, or ``None`` when the record is too young.
+    """
+    run_key = keys.run(run_id)
+    if rec_kv is None:
+        return [E.cmp_absent(run_key)], [E.delete(index_key)]
+    rec = RunRecord.FromString(rec_kv.value)
+    cmps = [E.cmp_mod(run_key, rec_kv.mod_revision)]
+    if not is_ended(rec) or keys.ended(ended_at(rec), run_id) != index_key:
+        return cmps, [E.delete(index_key)]
+    if ended_at(rec) > cutoff:
+        return None
+    ops = [E.delete(run_key), E.delete(index_key), E.delete(keys.thread_run(rec.thread_id, run_id))]
+    if sandbox_kv is not None and _sandbox_run(sandbox_kv) == run_id:
+        cmps.append(E.cmp_mod(sandbox_kv.key, sandbox_kv.mod_revision))
+        ops.append(E.delete(sandbox_kv.key))
+    return cmps, ops
+
+
+def _sandbox_run(kv: E.KV) -> str:
+    return SandboxInstance.FromString(kv.value).run_id

@@ -68,21 +68,27 @@ async def run_view(request: Request, run_id: str) -> Any:
 
 
 async def thread_visible_for(st: GatewayState, tenant_id: str, thread_id: str, *, must_exist: bool) -> None:
-    """With auth, a thread belongs to the tenant of its runs; other tenants get 404.
+    """With auth, a thread belongs to the tenant of its first run; other tenants get 404.
+
+    Ownership is the thread's owner key (``threads/<thread>/tenant``), which retention keeps
+    when it deletes the thread's old records, so their transcript stays readable.
 
     Args:
-        must_exist: when true, a thread with no run of the caller's tenant is unknown;
-            otherwise a thread with no runs at all is free to use.
+        must_exist: when true, a thread the caller's tenant does not own is unknown;
+            otherwise a thread nobody owns yet is free to use.
 
     Raises:
         UnknownThread: as above.
     """
     if not st.settings.auth_enabled:
         return
-    recs = await st.coordinator.list_runs(thread_id=thread_id, limit=1)
-    if recs and recs[0].tenant != tenant_id:
+    recs, owner = await st.coordinator.thread_runs(thread_id, limit=1)
+    # The owner key outlives the records (retention), so a thread whose runs are gone stays
+    # its tenant's and its transcript readable; a thread from before owner keys has runs.
+    owner = owner or (recs[0].tenant if recs else "")
+    if owner and owner != tenant_id:
         raise UnknownThread(thread_id)
-    if must_exist and not recs:
+    if must_exist and not owner:
         raise UnknownThread(thread_id)
 
 

@@ -286,16 +286,22 @@ class ListRunsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     RECORDS_FIELD_NUMBER: _builtins.int
+    THREAD_TENANT_FIELD_NUMBER: _builtins.int
+    thread_tenant: _builtins.str
+    """With thread_id: the tenant the thread belongs to (threads/<thread>/tenant), also when
+    retention deleted its records; empty for a thread from before that key.
+    """
     @_builtins.property
     def records(self) -> _containers.RepeatedCompositeFieldContainer[_runs_pb2.RunRecord]: ...
     def __init__(
         self,
         *,
         records: _abc.Iterable[_runs_pb2.RunRecord] | None = ...,
+        thread_tenant: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["records", b"records"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["records", b"records", "thread_tenant", b"thread_tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

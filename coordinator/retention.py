@@ -1,0 +1,145 @@
+"""Retention of terminal run records (docs/design.md §3.5): a leader task deletes what is old.
+
+A terminal record, its thread-membership entry (``thread-runs/<thread>/<run>``) and its
+sandbox entry (when that still names the run) are deleted once the run ended
+``BATON_RECORD_RETENTION`` seconds ago (default: the delivery log's retention,
+``BATON_LOG_MAX_AGE``, so a record goes about when its log does; 0 keeps records forever). Runs are found by the ended index (``ended/<µs>/<run>``, oldest
+first), read in bounded batches, and deleted by transactions that compare each record's mod
+revision: a record that changed since it was read is not deleted (the next pass looks again).
+
+What stays: the thread's tenant key (a thread keeps its owner), its transcript (NATS KV)
+and its delivery log until the log's own retention drops it. The gateway serves a transcript
+by thread id and ownership by the tenant key, so it stays readable without its records.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Awaitable, Callable
+
+from baton.errors import StoreUnavailable
+from baton.v1.runs_pb2 import RunRecord
+
+from coordinator import _etcd as E
+from coordinator import rules
+from coordinator._election import LeaderContext
+from coordinator._indexes import READ_BATCH, ensure_indexes, records
+from coordinator._store import RunStore
+
+log = logging.getLogger(__name__)
+
+#: Ended-index entries read per batch (their records are read and deleted together).
+BATCH = 500
+#: Records deleted per transaction (at most four deletes and two compares each; etcd allows 128 ops).
+PER_TXN = 25
+#: Pause between batches (seconds), so a large backlog does not crowd out the RPCs' etcd calls.
+PAUSE = 0.01
+
+
+async def expire_batch(store: RunStore, cutoff: float, *, timeout: float, batch: int = BATCH) -> tuple[int, int]:
+    """Delete the oldest terminal records that ended at or before ``cutoff`` (one batch).
+
+    Args:
+        cutoff: Unix seconds (inclusive).
+        timeout: seconds per etcd call.
+        batch: ended-index entries looked at.
+
+    Returns:
+        (index entries looked at, records deleted). Fewer entries than ``batch``: nothing
+        more is due.
+
+    Raises:
+        StoreUnavailable: etcd did not answer.
+    """
+    k = store.keys
+    entries, _ = await store.etcd.range(k.ended_prefix, k.ended_until(cutoff), limit=batch, timeout=timeout)
+    if not entries:
+        return 0, 0
+    found = await records(store, [kv.value.decode() for kv in entries], timeout=timeout)
+    sandbox_keys = [_sandbox_key(store, kv) for _id, kv in found]
+    sandboxes = await _get_each(store, sandbox_keys, timeout)
+    plans: list[tuple[list[E.Cmp], list[E.Op], bool]] = []
+    for entry, (run_id, kv), sandbox in zip(entries, found, sandboxes):
+        plan = rules.expire(k, run_id, kv, entry.key, sandbox, cutoff=cutoff)
+        if plan is not None:
+            # More than one op: the record goes (a stale entry alone is one delete).
+            plans.append((*plan, len(plan[1]) > 1))
+    # The transactions of one batch go together: etcd commits concurrent ones in one fsync.
+    chunks = [plans[i : i + PER_TXN] for i in range(0, len(plans), PER_TXN)]
+    deleted = sum(await asyncio.gather(*(_delete(store, chunk, timeout) for chunk in chunks)))
+    for _id, kv in found:
+        if kv is not None:
+            store.cache.forget(_id)
+    return len(entries), deleted
+
+
+def _sandbox_key(store: RunStore, kv: E.KV | None) -> bytes:
+    """The sandbox entry key of the record in ``kv`` (``b""``: none)."""
+    key = RunRecord.FromString(kv.value).sandbox_key if kv is not None else ""
+    return store.keys.sandbox(key) if key else b""
+
+
+async def _delete(store: RunStore, chunk: list[tuple[list[E.Cmp], list[E.Op], bool]], timeout: float) -> int:
+    """One transaction for ``chunk``; when one of its records changed meanwhile, each on its
+    own (the changed one fails its compare and stays). Returns the records deleted."""
+    res = await store.etcd.txn([c for p in chunk for c in p[0]], [o for p in chunk for o in p[1]], timeout=timeout)
+    if res.succeeded:
+        return sum(p[2] for p in chunk)
+    deleted = 0
+    for cmps, ops, removes in chunk:
+        res = await store.etcd.txn(cmps, ops, timeout=timeout)
+        deleted += res.succeeded and removes
+    return deleted
+
+
+async def _get_each(store: RunStore, keys: list[bytes], timeout: float) -> list[E.KV | None]:
+    """The key-value at each key (``b""``: not asked, ``None``)."""
+    asked = [key for key in keys if key]
+    got: dict[bytes, E.KV] = {}
+
+    async def read(part: list[bytes]) -> None:
+        r = await store.etcd.txn([], [E.get(key) for key in part], timeout=timeout)
+        got.update({kv.key: kv for j in range(len(part)) for kv in r.kvs(j)})
+
+    await asyncio.gather(*(read(asked[i : i + READ_BATCH]) for i in range(0, len(asked), READ_BATCH)))
+    return [got.get(key) if key else None for key in keys]
+
+
+async def expire(store: RunStore, cutoff: float, *, timeout: float, batch: int = BATCH,
+                 pause: float = PAUSE) -> int:
+    """Delete every terminal record that ended at or before ``cutoff``, batch after batch.
+
+    Stops when nothing more is due, or when a whole batch deleted nothing (what is left
+    changed meanwhile; the next pass looks again).
+
+    Returns:
+        How many records were deleted.
+    """
+    total = 0
+    while True:
+        seen, deleted = await expire_batch(store, cutoff, timeout=timeout, batch=batch)
+        total += deleted
+        if seen < batch or deleted == 0:
+            return total
+        await asyncio.sleep(pause)
+
+
+def retention_loop(retention: float, interval: float) -> Callable[[LeaderContext], Awaitable[None]]:
+    """A leader task deleting records older than ``retention`` seconds every ``interval``
+    seconds (either 0 = never). It never returns while leading."""
+
+    async def retention_pass(ctx: LeaderContext) -> None:
+        if retention <= 0 or interval <= 0:
+            await asyncio.Event().wait()
+        store, timeout = ctx.store, ctx.config.etcd_timeout
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await ensure_indexes(store, timeout=timeout)
+                n = await expire(store, store.clock() - retention, timeout=timeout)
+                if n:
+                    log.info("retention: %d terminal record(s) older than %gs deleted", n, retention)
+            except StoreUnavailable as exc:
+                log.warning("retention pass failed: %s", exc)
+
+    return retention_pass

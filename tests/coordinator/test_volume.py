@@ -1,0 +1,142 @@
+"""The coordinator at volume on a real etcd (docs/design.md §3.5, issue 18): paged ranges,
+every etcd error translated, the live/ended indexes and their backfill, retention."""
+from __future__ import annotations
+
+import time
+from typing import AsyncIterator
+
+import pytest
+
+from baton.errors import StoreRefused
+from baton.v1.coordinator_pb2 import SandboxInstance
+from baton.v1.runs_pb2 import RunRecord, RunStatus
+from baton_tools.testing.seed import running_record, seed, terminal_record
+from baton_tools.testing.servers import EtcdServer
+from coordinator import _etcd as E
+from coordinator import retention, rules
+from coordinator._indexes import ensure_indexes, live_runs
+from coordinator._keys import prefix_end
+from coordinator._store import RunStore
+from tests.conftest import unique
+
+RUNNING, COMPLETED = RunStatus.RUN_STATUS_RUNNING, RunStatus.RUN_STATUS_COMPLETED
+
+
+@pytest.fixture
+async def store(etcd: EtcdServer) -> AsyncIterator[RunStore]:
+    """A store with 3-key pages, so a few records exercise continuation."""
+    s = RunStore(E.Etcd([etcd.endpoint], page_size=3), f"/{unique('v')}/", cache_size=0)
+    try:
+        yield s
+    finally:
+        await s.etcd.close()
+
+
+async def test_range_pages_walk_every_key_in_order_at_one_revision(store: RunStore) -> None:
+    p = store.keys.prefix.encode() + b"k/"
+    await store.etcd.txn([], [E.put(p + b"%02d" % i, b"v") for i in range(10)], timeout=5)
+    pages, revs = [], set()
+    async for kvs, rev in store.etcd.range_pages(p, prefix_end(p), timeout=5):
+        pages.append([kv.key[len(p):] for kv in kvs])
+        revs.add(rev)
+        if len(pages) == 1:  # written after the first page: not in this snapshot
+            await store.etcd.txn([], [E.put(p + b"05a", b"v"), E.delete(p + b"09")], timeout=5)
+    assert pages == [[b"00", b"01", b"02"], [b"03", b"04", b"05"], [b"06", b"07", b"08"], [b"09"]]
+    assert len(revs) == 1
+    kvs, _ = await store.etcd.range_all(p, prefix_end(p), timeout=5, keys_only=True)
+    assert [kv.key[len(p):] for kv in kvs] == [b"00", b"01", b"02", b"03", b"04", b"05", b"05a", b"06", b"07", b"08"]
+
+
+async def test_an_empty_range_yields_one_empty_page_with_the_revision(store: RunStore) -> None:
+    p = store.keys.prefix.encode() + b"none/"
+    pages = [(kvs, rev) async for kvs, rev in store.etcd.range_pages(p, prefix_end(p), timeout=5)]
+    assert len(pages) == 1 and pages[0][0] == [] and pages[0][1] > 0
+
+
+async def test_a_response_over_the_grpc_limit_is_a_domain_error_and_paging_reads_it(store: RunStore) -> None:
+    # Five values of 1 MiB: one unpaged range answers 5 MiB, over gRPC's 4 MiB receive limit.
+    p = store.keys.prefix.encode() + b"big/"
+    for i in range(5):
+        await store.etcd.txn([], [E.put(p + b"%d" % i, b"x" * (1 << 20))], timeout=10)
+    with pytest.raises(StoreRefused) as ei:
+        await store.etcd.range(p, prefix_end(p), timeout=10)
+    assert ei.value.code == "RESOURCE_EXHAUSTED" and "RESOURCE_EXHAUSTED" in str(ei.value)
+    kvs, _ = await store.etcd.range_all(p, prefix_end(p), timeout=10, keys_only=True)
+    assert len(kvs) == 5
+    await store.etcd.txn([], [E.delete(p, prefix_end(p))], timeout=5)
+
+
+async def test_a_future_revision_is_refused_with_a_domain_error(store: RunStore) -> None:
+    _, rev = await store.etcd.range(store.keys.runs, timeout=5)
+    with pytest.raises(StoreRefused) as ei:
+        await store.etcd.range(store.keys.runs, prefix_end(store.keys.runs), revision=rev + 1000, timeout=5)
+    assert ei.value.code == "OUT_OF_RANGE"
+
+
+async def test_list_runs_pages_and_keeps_the_newest(store: RunStore) -> None:
+    now = time.time()
+    recs = [terminal_record(i, tag="a", finished_at=now - 100 + i) for i in range(8)]
+    recs[2].tenant = "other"
+    await seed(store.etcd, store.keys.prefix, recs)
+    got = await store.list_runs("", "", 0, timeout=5)
+    assert [r.run_id for r in got] == [r.run_id for r in recs]
+    newest = await store.list_runs("", "acme", 3, timeout=5)
+    assert [r.run_id for r in newest] == [recs[5].run_id, recs[6].run_id, recs[7].run_id]
+    assert [r.run_id for r in await store.list_runs("", "other", 0, timeout=5)] == [recs[2].run_id]
+
+
+async def test_status_writes_keep_the_live_and_ended_indexes(store: RunStore) -> None:
+    k = store.keys
+    rec, _ = await store.create_or_resume(RunRecord(run_id=unique("r"), thread_id=unique("t"), tenant="acme"),
+                                          False, timeout=5)
+    assert [r.run_id for r in await live_runs(store, timeout=5)] == [rec.run_id]
+    patch = RunRecord(status=COMPLETED, finished_at=1234.5)
+    await store.update_run(rec.run_id, patch, ["status", "finished_at"], 0, 0, timeout=5)
+    assert await live_runs(store, timeout=5) == []
+    ended, _ = await store.etcd.range_all(k.ended_prefix, prefix_end(k.ended_prefix), timeout=5)
+    assert [kv.key for kv in ended] == [k.ended(1234.5, rec.run_id)]
+
+
+async def test_backfill_indexes_a_store_written_before_the_indexes_once(store: RunStore) -> None:
+    k = store.keys
+    now = time.time()
+    old = [terminal_record(i, tag="b", finished_at=now - 10) for i in range(7)]
+    live = [running_record(i, tag="b") for i in range(4)]
+    await seed(store.etcd, k.prefix, [*old, *live], indexed=False)
+    assert await ensure_indexes(store, timeout=5) == 11
+    assert sorted(r.run_id for r in await live_runs(store, timeout=5)) == [r.run_id for r in live]
+    ended, _ = await store.etcd.range_all(k.ended_prefix, prefix_end(k.ended_prefix), keys_only=True, timeout=5)
+    assert len(ended) == 7
+    assert await ensure_indexes(store, timeout=5) == 0  # the marker: one read from now on
+
+
+async def test_retention_deletes_old_terminal_records_their_entries_and_own_sandboxes(store: RunStore) -> None:
+    k = store.keys
+    now = time.time()
+    old = [terminal_record(i, tag="c", finished_at=now - 1000 + i) for i in range(10)]
+    young = [terminal_record(100 + i, tag="c", finished_at=now) for i in range(2)]
+    live = [running_record(i, tag="c") for i in range(2)]
+    await seed(store.etcd, k.prefix, [*old, *young, *live])
+    for rec in (old[0], young[0]):
+        await store.put_sandbox(SandboxInstance(sandbox_key=rec.sandbox_key, run_id=rec.run_id), timeout=5)
+    # A sandbox entry a later run took over stays with it.
+    await store.put_sandbox(SandboxInstance(sandbox_key=old[1].sandbox_key, run_id="later"), timeout=5)
+    # A record that changes between the read and the delete is not deleted (compare-on-write).
+    before, _ = await store.etcd.range(k.run(old[3].run_id), timeout=5)
+    await store.etcd.txn([], [E.put(k.run(old[3].run_id), before[0].value)], timeout=5)
+    plan = rules.expire(k, old[3].run_id, before[0], k.ended(old[3].finished_at, old[3].run_id), None, cutoff=now)
+    assert plan is not None and len(plan[1]) == 3
+    assert not (await store.etcd.txn(*plan, timeout=5)).succeeded
+    assert (await store.get_run(old[3].run_id, timeout=5))[0] is not None
+    deleted = await retention.expire(store, now - 500, timeout=5, batch=4, pause=0)
+    assert deleted == 10
+    left = {r.run_id for r in await store.list_runs("", "", 0, timeout=5)}
+    assert left == {r.run_id for r in [*young, *live]}
+    assert await store.get_sandbox(old[0].sandbox_key, timeout=5) is None
+    assert (await store.get_sandbox(old[1].sandbox_key, timeout=5)) is not None
+    assert (await store.get_sandbox(young[0].sandbox_key, timeout=5)) is not None
+    members, _ = await store.etcd.range_all(k.prefix.encode() + b"thread-runs/", prefix_end(k.prefix.encode() + b"thread-runs/"),
+                                            keys_only=True, timeout=5)
+    assert len(members) == 4
+    # The thread keeps its owner, so its transcript stays its tenant's.
+    assert await store.thread_tenant(old[0].thread_id, timeout=5) == "acme"
