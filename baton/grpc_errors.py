@@ -48,6 +48,13 @@ TABLE: tuple[Mapping, ...] = (
             lambda m: e.InvalidArgument(m.get("field", ""), m.get("problem", ""))),
     Mapping(e.DurableRunIdRequired, grpc.StatusCode.INVALID_ARGUMENT, 400, "DURABLE_RUN_ID_REQUIRED",
             _none, lambda m: e.DurableRunIdRequired()),
+    # A store that answered with an error (RESOURCE_EXHAUSTED, OUT_OF_RANGE...) is, to a
+    # client, a store it cannot use now: the same code and status as unreachable, its own
+    # reason so an operator can tell them apart.
+    Mapping(e.StoreRefused, grpc.StatusCode.UNAVAILABLE, 503, "STORE_REFUSED",
+            # Not "code"/"details": an HTTP error body has its own top-level "code".
+            lambda x: {"store_code": x.code, "store_details": x.details},  # type: ignore[attr-defined]
+            lambda m: e.StoreRefused(m.get("store_code", ""), m.get("store_details", ""))),
     Mapping(e.StoreUnavailable, grpc.StatusCode.UNAVAILABLE, 503, "STORE_UNAVAILABLE",
             _none, lambda m: e.StoreUnavailable(m.get("detail", "store unavailable"))),
     Mapping(e.UnknownRun, grpc.StatusCode.NOT_FOUND, 404, "UNKNOWN_RUN",
@@ -140,7 +147,7 @@ def to_status(exc: e.BatonError) -> grpc.Status:
     if m is None:
         raise KeyError(f"no gRPC mapping for {type(exc).__name__}")
     meta = m.to_meta(exc)
-    if isinstance(exc, e.StoreUnavailable):
+    if m.exc is e.StoreUnavailable:
         meta = {"detail": str(exc)}
     info = error_details_pb2.ErrorInfo(reason=m.reason, domain=DOMAIN, metadata=meta)
     detail = any_pb2.Any()

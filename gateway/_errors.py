@@ -129,7 +129,7 @@ def error_body(exc: e.BatonError) -> tuple[int, dict[str, object]]:
     assert m is not None  # BatonError is the last row
     body = {"error": str(exc), "reason": m.reason}
     g = grpc_errors.mapping_for(exc)
-    if g is not None and not isinstance(exc, e.StoreUnavailable):
+    if g is not None and g.exc is not e.StoreUnavailable:
         body.update(g.to_meta(exc))
     body.update(_edge_meta(exc))
     if isinstance(exc, e.ThreadBusy):

@@ -70,6 +70,7 @@ from gateway import _errors as edge  # noqa: E402
 EVERY: dict[type[e.BatonError], e.BatonError] = {
     e.InvalidArgument: e.InvalidArgument("runId", "is required"),
     e.StoreUnavailable: e.StoreUnavailable("etcd did not answer"),
+    e.StoreRefused: e.StoreRefused("RESOURCE_EXHAUSTED", "response too large"),
     e.DurableRunIdRequired: e.DurableRunIdRequired(),
     e.UnknownRun: e.UnknownRun("r1"),
     e.ThreadBusy: e.ThreadBusy("t1", "r0"),
