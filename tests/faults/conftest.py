@@ -28,7 +28,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("BATON_FAULTS") == "all":
+    mode = os.environ.get("BATON_FAULTS")
+    if mode == "all":
+        return
+    if mode == "slow":  # CI after `make test`: only the cases make test skipped
+        fast = pytest.mark.skip(reason="fast fault case: `make test` runs it")
+        for item in items:
+            if "faults_slow" not in item.keywords and "tests/faults/" in item.nodeid:
+                item.add_marker(fast)
         return
     skip = pytest.mark.skip(reason="slow fault case: `make test-faults` (BATON_FAULTS=all) runs it")
     for item in items:

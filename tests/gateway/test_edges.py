@@ -96,3 +96,22 @@ async def test_the_url_picks_the_framing(gateway: Gateway, http: httpx.AsyncClie
     assert resp.status_code == 200 and resp.headers["content-type"].startswith(want)
     bad = await http.get(f"{gateway.url}/api/chat", params={**params, "format": "xml"})
     assert bad.status_code == 400 and bad.json()["field"] == "format"
+
+
+async def test_a_finished_run_whose_log_expired_gets_the_gap_at_once(host: Any, gateway: Gateway,
+                                                                     http: httpx.AsyncClient, dlog: DeliveryLog) -> None:
+    """A terminal run always wrote its close record, so an empty log means retention removed it:
+    a join gets one ``stream.gap`` (``earliestOffset`` ``-1``) and ends, never a wait."""
+    run_id, thread_id = unique("run"), unique("th")
+    body = {"threadId": thread_id, "runId": run_id, "messages": [{"id": "u1", "role": "user", "content": "hi"}],
+            "agent": {"kind": "replay", "journal": "claude-stream-json/hello.jsonl", "speed": 10}}
+    done = await asyncio.wait_for(read_stream(http, "POST", f"{gateway.url}/api/chat", json=body), 60)
+    assert done.status == 200 and done.ended
+    offsets = [o for o, _ in done.events]
+    await dlog.js.purge_stream(dlog.cfg.stream, subject=dlog.cfg.subject(run_id))
+    for after in ("-1", offsets[3]):
+        got = await asyncio.wait_for(read_stream(http, "GET", f"{gateway.url}/api/chat",
+                                                 params={"runId": run_id, "offset": after}), 15)
+        assert got.status == 200  # and the stream ended: read_stream returned
+        assert [c["name"] for _, c in got.events] == ["stream.gap"]
+        assert got.events[0][1]["value"]["earliestOffset"] == "-1"

@@ -40,7 +40,10 @@ async def test_a_thread_whose_records_retention_deleted_keeps_its_transcript_and
     r = await http.get(f"{gw.url}/api/threads/{thread}/messages", headers=a)
     assert r.status_code == 200 and r.json()["messages"] == msgs
     r = await http.get(f"{gw.url}/api/chat", params={"threadId": thread}, headers=a)
-    assert r.status_code == 200 and r.json() == {"messages": msgs, "activeRun": None}
+    # The TanStack hydration shape (issue 12): UI messages with parts.
+    ui = [{"id": "u1", "role": "user", "parts": [{"type": "text", "content": "hi"}]},
+          {"id": "a1", "role": "assistant", "parts": [{"type": "text", "content": "yo"}]}]
+    assert r.status_code == 200 and r.json() == {"messages": ui, "activeRun": None}
     # Another tenant still cannot read it, nor take the thread over.
     assert (await http.get(f"{gw.url}/api/threads/{thread}/messages", headers=b)).status_code == 404
     assert (await http.get(f"{gw.url}/api/chat", params={"threadId": thread}, headers=b)).status_code == 404

@@ -106,8 +106,9 @@ async def test_streaming_internal_calls_carry_the_token(etcd: Any, tmp_path: pat
         await session.close()
         # And a keep-alive without the token is refused, not silently accepted.
         async with internal_auth.insecure_channel(coord.address, CHANNEL_OPTIONS, "") as ch:
-            call = coordinator_pb2_grpc.CoordinatorStub(ch).KeepAlive()
-            await call.write(coordinator_pb2.KeepAliveRequest(session_id=session.id))
+            # (Requests from an iterator: an explicit write can lose the race with the refusal.)
+            call = coordinator_pb2_grpc.CoordinatorStub(ch).KeepAlive(
+                iter([coordinator_pb2.KeepAliveRequest(session_id=session.id)]))
             await _refused(call.read())
     finally:
         await client.close()

@@ -153,7 +153,7 @@ await main(async (browser) => {
       images: [...s.querySelectorAll('.md-image')].map((e) => e.textContent),
       strong: [...s.querySelectorAll('strong')].map((e) => e.textContent),
       code: [...s.querySelectorAll('pre code')].map((e) => e.textContent),
-      items: s.querySelectorAll('li').length,
+      items: s.querySelectorAll('.msg.assistant .text li').length,
       messages: [...s.querySelectorAll('.msg.assistant .text')].map((e) => e.textContent)
     }
   }, runE)

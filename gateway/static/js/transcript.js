@@ -369,6 +369,23 @@ export class RunView {
       case 'claude.init':
         if (v.model) this.note(`${v.model}${v.claude_code_version ? ` · Claude Code ${v.claude_code_version}` : ''}`, 'init')
         break
+      // The named notices of docs/translation.md a reader cares about, in plain words.
+      case 'agent.compaction':
+        if (v.phase === 'started') this.note('The agent is compacting its context…', 'notice')
+        else if (v.phase === 'boundary') this.note(`Context compacted${v.preTokens ? ` (${v.preTokens} tokens before)` : ''}.`, 'notice')
+        else if (v.error) this.note(`Compaction failed: ${v.error}`, 'notice')
+        break
+      case 'agent.rate_limit':
+        if (v.status && v.status !== 'allowed') {
+          const until = typeof v.resetsAt === 'number' ? ` until ${new Date(v.resetsAt * 1000).toLocaleTimeString()}` : ''
+          this.note(`Rate limit: ${v.status === 'rejected' ? 'requests refused' : 'close to the limit'}${until}.`, 'notice')
+        }
+        break
+      // Per-turn figures and stop reasons: the run's totals are shown at its end.
+      case 'turn.usage':
+      case 'claude.stop_reason':
+      case 'claude.thinking_tokens':
+        break
       default:
         this.other(c.name, c)
     }
