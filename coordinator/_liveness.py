@@ -71,7 +71,7 @@ async def probe(address: str, timeout: float = PROBE_TIMEOUT) -> Verdict:
             _, writer = await asyncio.open_connection(host, port)
     except ConnectionRefusedError:
         return Verdict.GONE
-    except (OSError, ValueError, TimeoutError):
+    except (OSError, ValueError, OverflowError, TimeoutError):  # Overflow: a port past 65535
         return Verdict.UNKNOWN
     writer.close()
     try:

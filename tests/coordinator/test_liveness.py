@@ -35,6 +35,10 @@ async def test_probe_verdicts() -> None:
     assert await probe(_refusing_address()) is Verdict.GONE
     assert await probe("not an address") is Verdict.UNKNOWN
     assert await probe("no-such-host.invalid:80", timeout=2.0) is Verdict.UNKNOWN
+    # A client's probe_address is free text: a port out of range is not definite either
+    # (it raised OverflowError out of the arming task).
+    for bad in ("127.0.0.1:70000", "127.0.0.1:-1", "[::1]:99999999999999999999", "\x00:1", ":1"):
+        assert await probe(bad) is Verdict.UNKNOWN, bad
 
 
 def _drop_stream(session: object) -> None:
