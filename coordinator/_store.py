@@ -368,7 +368,7 @@ class RunStore:
         while True:
             member = k.thread_runs(seed.thread_id)
             r = await self.etcd.txn([], [E.get(run_key), E.get(active_key), E.get(owner_key), E.get(k.incarnation),
-                                         E.get(member, prefix_end(member), limit=1), E.get(k.cancel_intent(seed.run_id))],
+                                         E.get(member, prefix_end(member), limit=1), E.get(k.cancel_intent(seed.run_id, seed.tenant))],
                                     timeout=b.left())
             existing = _record(_first(r.kvs(0)))
             if existing is not None:
