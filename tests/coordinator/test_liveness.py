@@ -86,3 +86,34 @@ async def test_a_stream_that_is_no_longer_the_keeper_does_not_revoke(coord: InPr
         assert await _lease_ttl(coord, s.id) > 0
     srv.close()
     await srv.wait_closed()
+
+
+async def test_a_lease_that_is_not_a_session_is_never_revoked_for_a_caller(coord: InProcessCoordinator) -> None:
+    """A keep-alive (or CloseSession) naming a lease id that is not a session's (the
+    election's, a cancel intent's: lease ids are guessable) must not get it revoked."""
+    from baton import internal_auth
+    from baton.v1 import coordinator_pb2 as cpb
+    from baton.v1 import coordinator_pb2_grpc
+
+    ff = coord.server.fast_failover
+    other, _ = await coord.server.etcd.grant(30, timeout=5)  # someone else's lease
+    srv, alive = await _listener()
+    async with CoordinatorClient(coord.address, token="") as cc:
+        marker = await cc.open_session(ttl=30, owner="marker", probe_address=alive)
+        await assert_eventually(lambda: ff.armed >= 1)  # the real session arms (calibration)
+        armed_before = ff.armed
+        async with internal_auth.insecure_channel(coord.address, token="") as ch:
+            stub = coordinator_pb2_grpc.CoordinatorStub(ch)
+            call = stub.KeepAlive()
+            for _ in range(3):
+                await call.write(cpb.KeepAliveRequest(session_id=other, probe_address=alive))
+                assert (await call.read()).ttl_seconds > 0
+            await asyncio.sleep(0.3)  # give an (unwanted) arming time to land: nothing to poll
+            assert ff.armed == armed_before
+            srv.close()
+            await srv.wait_closed()
+            call.cancel()  # the stream breaks and the probe address now refuses
+            await stub.CloseSession(cpb.CloseSessionRequest(session_id=other))
+        assert await _lease_ttl(coord, other) > 0
+        await marker.close()  # a real session still closes (CloseSession revokes it)
+        assert await _lease_ttl(coord, marker.id) == -1
