@@ -117,7 +117,7 @@ async def test_gateway_sigkill_detaches_its_runs_at_once(fault_cluster: ClusterF
     assert c.coordinator is not None and c.gateway is not None
     runs = await c.start_runs(2, seconds=10)
     await c.wait_progress(runs, 10)
-    async with CoordinatorClient(c.coordinator.address, token="") as cc:
+    async with CoordinatorClient(c.coordinator.address, token=c.env["BATON_INTERNAL_TOKEN"]) as cc:
         async def detached() -> None:
             for r in runs:
                 assert (await cc.get_run(r.run_id)).record.HasField("detached_since"), r.run_id
