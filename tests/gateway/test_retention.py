@@ -40,7 +40,9 @@ async def test_a_thread_whose_records_retention_deleted_keeps_its_transcript_and
     r = await http.get(f"{gw.url}/api/threads/{thread}/messages", headers=a)
     assert r.status_code == 200 and r.json()["messages"] == msgs
     r = await http.get(f"{gw.url}/api/chat", params={"threadId": thread}, headers=a)
-    assert r.status_code == 200 and r.json() == {"messages": msgs, "activeRun": None}
+    # /api/chat?threadId answers the TanStack hydration shape (text as parts).
+    hydrated = [{"id": m["id"], "role": m["role"], "parts": [{"type": "text", "content": m["content"]}]} for m in msgs]
+    assert r.status_code == 200 and r.json() == {"messages": hydrated, "activeRun": None}
     # Another tenant still cannot read it, nor take the thread over.
     assert (await http.get(f"{gw.url}/api/threads/{thread}/messages", headers=b)).status_code == 404
     assert (await http.get(f"{gw.url}/api/chat", params={"threadId": thread}, headers=b)).status_code == 404
