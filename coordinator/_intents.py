@@ -2,7 +2,8 @@
 
 A client that mints run ids (TanStack does) can send its Stop before its POST landed. The
 intent (tenant + reason, :func:`coordinator.rules.cancel_intent_value`) is stored under
-``cancel-intents/<run>`` on a lease of :data:`~coordinator.rules.CANCEL_INTENT_TTL`
+``cancel-intents/<run>/<tenant>`` (one per tenant: another tenant's cancel of the same id
+neither replaces nor stops it) on a lease of :data:`~coordinator.rules.CANCEL_INTENT_TTL`
 seconds, written only while the run key is absent; the run's create transaction reads and
 compares the intent key (:func:`on_create`), so either the cancel lands on the record or
 the start sees the intent. Kept apart from :mod:`coordinator._store`, which applies it.
@@ -37,7 +38,7 @@ def on_create(keys: Keys, new: RunRecord, intent: E.KV | None, cmps: list[E.Cmp]
     the create retry) and returns the ops to add: the intent's deletion when it applied.
     ``new`` gets ``cancel_requested`` and the intent's reason then.
     """
-    key = keys.cancel_intent(new.run_id)
+    key = keys.cancel_intent(new.run_id, new.tenant)
     cmps.append(E.cmp_mod(key, intent.mod_revision if intent else 0))
     reason = rules.born_cancelled(intent.value if intent else None, new.tenant)
     if reason is None:
@@ -65,7 +66,7 @@ async def user_cancel(store: _Store, run_id: str, reason: str, tenant: str, *, t
             raise StoreUnavailable("deadline exceeded before etcd answered")
         return deadline.left()
 
-    run_key, intent_key = store.keys.run(run_id), store.keys.cancel_intent(run_id)
+    run_key, intent_key = store.keys.run(run_id), store.keys.cancel_intent(run_id, tenant)
     while True:
         r = await store.etcd.txn([], [E.get(run_key, count_only=True)], timeout=left())
         if r.count(0):

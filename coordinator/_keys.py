@@ -21,6 +21,8 @@ range over ``readers/<run>/`` can never catch another run's readers.
 ``sessions/<lease hex>``                owner of a session, under its lease (operators)
 ``keepers/<lease hex>``                 token of the keep-alive stream that armed the session
                                         for fast failover, under its lease (_liveness.py)
+``cancel-intents/<run>/<tenant>``       a user's Stop of a run id with no record yet, under a
+                                        lease of 60 s (_intents.py)
 ``election/<lease hex>``                leader-election candidates (as etcd election.go)
 ``incarnation``                         created once per etcd data set (record cache validity)
 =====================================  ==================================================
@@ -81,9 +83,10 @@ class Keys:
         """The tenant a thread belongs to (written with its first run)."""
         return self._k("threads", encode_token(thread_id), "tenant")
 
-    def cancel_intent(self, run_id: str) -> bytes:
-        """A user's cancel of a run id that has no record yet (leased: it expires)."""
-        return self._k("cancel-intents", encode_token(run_id))
+    def cancel_intent(self, run_id: str, tenant: str) -> bytes:
+        """A user's cancel of a run id that has no record yet (leased: it expires), one key
+        per tenant: another tenant's cancel of the same id cannot replace it."""
+        return self._k("cancel-intents", encode_token(run_id), encode_token(tenant))
 
     def thread_run(self, thread_id: str, run_id: str) -> bytes:
         return self._k("thread-runs", encode_token(thread_id), encode_token(run_id))

@@ -20,7 +20,8 @@ costs an unneeded takeover, never a duplicate: the epoch fence stays the safety 
 
 Each stream, the first time it refreshes a session that names a probe address, *arms*
 that session: one connect must succeed (calibration) and the stream writes its token to
-``keepers/<lease>`` under the session's lease. Judging a broken stream compares that
+``keepers/<lease>`` under the session's lease, only when the lease is a session's (its
+``sessions/<lease>`` key is on it: another lease id, the election's, is never armed). Judging a broken stream compares that
 key inside the write that removes it, then revokes.
 """
 from __future__ import annotations
@@ -71,7 +72,7 @@ async def probe(address: str, timeout: float = PROBE_TIMEOUT) -> Verdict:
             _, writer = await asyncio.open_connection(host, port)
     except ConnectionRefusedError:
         return Verdict.GONE
-    except (OSError, ValueError, TimeoutError):
+    except (OSError, ValueError, OverflowError, TimeoutError):  # Overflow: a port past 65535
         return Verdict.UNKNOWN
     writer.close()
     try:
@@ -140,8 +141,15 @@ class FastFailover:
                 # Not reachable from here (yet): a refusal later would prove nothing. The
                 # next request of this stream tries again.
                 return
-            await self.store.etcd.txn([], [E.put(self.store.keys.keeper(session_id), stream.token,
-                                                 session_id)], timeout=self.etcd_timeout)
+            # Only a session's lease (its sessions/<lease> key is on it): a keep-alive naming
+            # another lease id (the election's, a cancel intent's) must not get it revoked.
+            k = self.store.keys
+            txn = await self.store.etcd.txn([E.cmp_lease(k.session(session_id), session_id)],
+                                            [E.put(k.keeper(session_id), stream.token, session_id)],
+                                            timeout=self.etcd_timeout)
+            if not txn.succeeded:
+                log.debug("lease %x is not a session: not armed for fast failover", session_id)
+                return
             stream.armed[session_id] = address
             self.armed += 1
         except (StoreUnavailable, E.LeaseNotFound) as exc:

@@ -21,6 +21,7 @@ from baton.v1 import coordinator_pb2 as pb
 from baton.v1 import coordinator_pb2_grpc as pb_grpc
 from baton.v1.runs_pb2 import Claim, RunRecord, RunStatus
 
+from coordinator import _etcd as E
 from coordinator import _intents
 from coordinator._records import check_paths
 from coordinator._store import PURPOSES, RunStore, UpdateOutcome
@@ -218,6 +219,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         """
         ka = self.store.etcd.keepalive_stream()
         stream = StreamKeeper()
+        sessions: set[int] = set()  # ids this stream found to be sessions (checked once each)
         # grpcio's server reports a reset connection as the plain end of the request stream
         # (not as a cancellation), so every end this handler did not cause is judged; the
         # probe, not the way the stream ended, is what is definite.
@@ -231,7 +233,11 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                     ended_here = True
                     await abort(context, errors.InvalidArgument("session_id", "must be a session id"))
                 try:
-                    ttl = await ka.refresh(req.session_id, timeout=self.etcd_timeout)
+                    if req.session_id in sessions or await self._is_session(req.session_id):
+                        sessions.add(req.session_id)
+                        ttl = await ka.refresh(req.session_id, timeout=self.etcd_timeout)
+                    else:
+                        ttl = 0  # not a session's lease (the election's, an intent's): left to expire
                 except errors.StoreUnavailable as exc:
                     ended_here = True
                     await abort(context, exc)
@@ -244,6 +250,12 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             ka.close()
             if not ended_here and not self._stopping.is_set():
                 self.fast_failover.broken(stream)
+
+    async def _is_session(self, lease_id: int) -> bool:
+        """Whether ``lease_id`` is a session's lease (its ``sessions/<lease>`` key is on it)."""
+        k = self.store.keys.session(lease_id)
+        txn = await self.store.etcd.txn([E.cmp_lease(k, lease_id)], [], timeout=self.etcd_timeout)
+        return bool(txn.succeeded)
 
     async def CloseSession(self, request: pb.CloseSessionRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.CloseSessionResponse:
         async def go() -> pb.CloseSessionResponse:

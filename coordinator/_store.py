@@ -368,7 +368,7 @@ class RunStore:
         while True:
             member = k.thread_runs(seed.thread_id)
             r = await self.etcd.txn([], [E.get(run_key), E.get(active_key), E.get(owner_key), E.get(k.incarnation),
-                                         E.get(member, prefix_end(member), limit=1), E.get(k.cancel_intent(seed.run_id))],
+                                         E.get(member, prefix_end(member), limit=1), E.get(k.cancel_intent(seed.run_id, seed.tenant))],
                                     timeout=b.left())
             existing = _record(_first(r.kvs(0)))
             if existing is not None:
@@ -479,9 +479,18 @@ class RunStore:
         return lease_id, granted
 
     async def close_session(self, session_id: int, *, timeout: float) -> None:
-        """Revoke the lease: its claims, readers and host entry go at once. Idempotent."""
+        """Revoke the lease: its claims, readers and host entry go at once. Idempotent.
+
+        Only a session's lease (its ``sessions/<lease>`` key is on it): another lease id (the
+        election's, a cancel intent's) is left alone, as is a session already gone.
+        """
+        b = _Budget(timeout)
+        k = self.keys.session(session_id)
+        r = await self.etcd.txn([E.cmp_lease(k, session_id)], [], timeout=b.left())
+        if not r.succeeded:
+            return
         try:
-            await self.etcd.revoke(session_id, timeout=timeout)
+            await self.etcd.revoke(session_id, timeout=b.left())
         except E.LeaseNotFound:
             pass
 

@@ -137,7 +137,12 @@ async def join_view_for(st: GatewayState, tenant_id: str, run_id: str, wait: flo
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
     while True:
-        view = await maybe_view_for(st, tenant_id, run_id)
+        try:
+            view = await maybe_view_for(st, tenant_id, run_id)
+        except e.UnknownRun:
+            # With auth "no record yet" reads as unknown too (maybe_view_for re-raises): keep
+            # waiting. Another tenant's run waits as long, so the 404 tells nothing about it.
+            view = None
         if view is not None:
             return view
         if not st.settings.auth_enabled and await st.log.last_record(run_id) is not None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 from typing import Any, Callable, Mapping
+from urllib.parse import quote
 
 import nats.errors
 import nats.js.errors
@@ -52,7 +53,12 @@ class DurableStreams:
 
             def qualify(p: str) -> str:
                 # A tenant's streams live in its own namespace; "@" never starts a client path.
-                return f"@{tenant}{p}" if tenant else p
+                # The tenant is quoted ("/" and "%" too) and the path made to start with "/",
+                # so no path of one tenant ("acme" + "2/s", "acme" + "/x/s") spells another's
+                # ("acme2" + "/s", "acme/x" + "/s"). A fork source is a header, free text.
+                if not p.startswith("/"):
+                    p = "/" + p
+                return f"@{quote(tenant, safe='')}{p}" if tenant else p
 
             path = qualify(public)
             h = self.handlers

@@ -35,6 +35,10 @@ async def test_probe_verdicts() -> None:
     assert await probe(_refusing_address()) is Verdict.GONE
     assert await probe("not an address") is Verdict.UNKNOWN
     assert await probe("no-such-host.invalid:80", timeout=2.0) is Verdict.UNKNOWN
+    # A client's probe_address is free text: a port out of range is not definite either
+    # (it raised OverflowError out of the arming task).
+    for bad in ("127.0.0.1:70000", "127.0.0.1:-1", "[::1]:99999999999999999999", "\x00:1", ":1"):
+        assert await probe(bad) is Verdict.UNKNOWN, bad
 
 
 def _drop_stream(session: object) -> None:
@@ -82,3 +86,36 @@ async def test_a_stream_that_is_no_longer_the_keeper_does_not_revoke(coord: InPr
         assert await _lease_ttl(coord, s.id) > 0
     srv.close()
     await srv.wait_closed()
+
+
+async def test_a_lease_that_is_not_a_session_is_never_revoked_for_a_caller(coord: InProcessCoordinator) -> None:
+    """A keep-alive (or CloseSession) naming a lease id that is not a session's (the
+    election's, a cancel intent's: lease ids are guessable) must neither refresh it nor get
+    it revoked."""
+    from baton import internal_auth
+    from baton.v1 import coordinator_pb2 as cpb
+    from baton.v1 import coordinator_pb2_grpc
+
+    ff = coord.server.fast_failover
+    other, _ = await coord.server.etcd.grant(30, timeout=5)  # someone else's lease
+    srv, alive = await _listener()
+    async with CoordinatorClient(coord.address, token="") as cc:
+        marker = await cc.open_session(ttl=30, owner="marker", probe_address=alive)
+        await assert_eventually(lambda: ff.armed >= 1)  # the real session arms (calibration)
+        armed_before = ff.armed
+        async with internal_auth.insecure_channel(coord.address, token="") as ch:
+            stub = coordinator_pb2_grpc.CoordinatorStub(ch)
+            call = stub.KeepAlive()
+            for _ in range(3):
+                await call.write(cpb.KeepAliveRequest(session_id=other, probe_address=alive))
+                # Not refreshed either: a keep-alive cannot hold another lease up forever.
+                assert (await call.read()).ttl_seconds == 0
+            await asyncio.sleep(0.3)  # give an (unwanted) arming time to land: nothing to poll
+            assert ff.armed == armed_before
+            srv.close()
+            await srv.wait_closed()
+            call.cancel()  # the stream breaks and the probe address now refuses
+            await stub.CloseSession(cpb.CloseSessionRequest(session_id=other))
+        assert 0 < await _lease_ttl(coord, other) <= 30
+        await marker.close()  # a real session still closes (CloseSession revokes it)
+        assert await _lease_ttl(coord, marker.id) == -1

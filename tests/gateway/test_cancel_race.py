@@ -59,3 +59,44 @@ async def test_an_intent_of_another_tenant_does_not_stop_the_run(host: Any, make
     again = await http.post(f"{gw.url}/api/chat/cancel", json={"runId": run_id},
                             headers={"Authorization": "Bearer k2"})
     assert again.status_code == 404
+
+
+async def test_another_tenants_cancel_does_not_undo_an_intent(host: Any, make_gateway: Any,
+                                                              http: httpx.AsyncClient) -> None:
+    # tenant-a stops its own run id before the start; tenant-b then cancels the same id: b's
+    # intent must not replace a's (b could otherwise undo a's Stop of a's run).
+    gw = await make_gateway(keepalive=0.5, api_keys={"k1": "tenant-a", "k2": "tenant-b"})
+    run_id, thread = unique("run"), unique("th")
+    for key in ("k1", "k2"):
+        r = await http.post(f"{gw.url}/api/chat/cancel", json={"runId": run_id},
+                            headers={"Authorization": f"Bearer {key}"})
+        assert r.status_code == 202, r.text
+    body = {"threadId": thread, "messages": [{"id": "u1", "role": "user", "content": "hi"}], "agent": SLOW}
+    got = await asyncio.wait_for(read_stream(http, "POST", f"{gw.url}/api/chat", json=body,
+                                             headers={"X-Run-Id": run_id, "Authorization": "Bearer k1"}), 60)
+    types = [c["type"] for _o, c in got.events]
+    assert types[-1] == "RUN_ERROR" and got.events[-1][1].get("code") == "cancelled", types
+    assert not any(t.startswith("TEXT_MESSAGE") for t in types), types
+    run = (await http.get(f"{gw.url}/api/runs/{run_id}", headers={"Authorization": "Bearer k1"})).json()
+    assert run["status"] == "aborted" and run["cancelRequested"] is True
+
+
+async def test_with_auth_a_join_before_the_start_waits_for_the_run(host: Any, make_gateway: Any,
+                                                                   http: httpx.AsyncClient) -> None:
+    # The join wait (a client that mints run ids joins before its POST landed) with API keys
+    # on: it answered 404 at once. Another tenant's join of the run still gets 404.
+    gw = await make_gateway(keepalive=0.5, api_keys={"k1": "tenant-a", "k2": "tenant-b"})
+    run_id, thread = unique("run"), unique("th")
+    a, b = {"Authorization": "Bearer k1"}, {"Authorization": "Bearer k2"}
+    join = asyncio.create_task(read_stream(http, "GET", f"{gw.url}/api/chat",
+                                           params={"runId": run_id, "offset": "-1"}, headers=a))
+    await asyncio.sleep(0.3)  # the join is waiting for the run to exist (no condition to poll on)
+    body = {"threadId": thread, "messages": [{"id": "u1", "role": "user", "content": "hi"}],
+            "agent": {"kind": "replay", "journal": "claude-stream-json/hello.jsonl"}}
+    started = await asyncio.wait_for(read_stream(http, "POST", f"{gw.url}/api/chat", json=body,
+                                                 headers={"X-Run-Id": run_id, **a}), 60)
+    joined = await asyncio.wait_for(join, 60)
+    assert joined.status == 200 and joined.events == started.events
+    assert started.events[-1][1]["type"] == "RUN_FINISHED"
+    other = await http.get(f"{gw.url}/api/chat", params={"runId": run_id, "offset": "-1"}, headers=b, timeout=30)
+    assert other.status_code == 404 and other.json()["reason"] == "UNKNOWN_RUN"

@@ -90,3 +90,30 @@ async def read_sse(http: httpx.AsyncClient, url: str, offset: str) -> tuple[list
             elif ev.event == "control":
                 controls.append(json.loads(ev.data))
     return data, controls
+
+
+async def test_a_fork_source_never_names_another_tenants_stream(make_gateway: GatewayFactory,
+                                                              http: httpx.AsyncClient) -> None:
+    # Tenant names are free text: "acme" is a prefix of "acme2", and one may contain "/".
+    gw = await make_gateway(api_keys={"key-a": "acme", "key-b": "acme2", "key-c": "acme/x"})
+    a, b, c = ({"authorization": f"Bearer key-{k}"} for k in "abc")
+    name = unique("secret")
+    secret = f"{gw.url}/ds/{name}"
+    assert (await http.put(secret, headers={**b, "content-type": "text/plain"}, content=b"b's")).status_code == 201
+    assert (await http.put(secret, headers={**c, "content-type": "text/plain"}, content=b"c's")).status_code == 201
+    # A fork source without a leading "/" must not reach past the tenant's own namespace.
+    fork = f"{gw.url}/ds/{unique('fork')}"
+    r = await http.put(fork, headers={**a, "stream-forked-from": f"2/{name}"})
+    assert r.status_code == 404
+    assert (await http.get(fork, params={"offset": "-1"}, headers=a)).status_code == 404
+    # Nor does a path under a tenant whose name is "acme" + "/x".
+    assert (await http.get(f"{gw.url}/ds/x/{name}", params={"offset": "-1"}, headers=a)).status_code == 404
+    assert (await http.get(secret, params={"offset": "-1"}, headers=c)).content == b"c's"
+    # A fork of the tenant's own stream, with or without the leading "/", still works.
+    own = unique("own")
+    assert (await http.put(f"{gw.url}/ds/{own}", headers={**a, "content-type": "text/plain"},
+                           content=b"a's")).status_code == 201
+    for src in (f"/{own}", own):
+        f = f"{gw.url}/ds/{unique('fork')}"
+        assert (await http.put(f, headers={**a, "stream-forked-from": src})).status_code == 201
+        assert (await http.get(f, params={"offset": "-1"}, headers=a)).content == b"a's"
