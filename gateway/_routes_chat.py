@@ -315,20 +315,22 @@ async def _hydrate(request: Request, thread_id: str) -> Response:
     return JSONResponse({"messages": to_ui_messages(msgs), "activeRun": {"runId": rec.run_id} if rec else None})
 
 
-async def _run_input(st: GatewayState, run_id: str) -> list[dict[str, Any]] | None:
-    """The input messages of a run, from its ``run.accepted`` chunk (``None``: not readable in time)."""
-    found: list[dict[str, Any]] | None = None
+async def _host_chunk_value(st: GatewayState, run_id: str, name: str, *, first: bool) -> tuple[bool, Any]:
+    """``(found, value)`` of the run's ``name`` host chunk, read from the log's start.
+
+    ``first``: stop at the first one; else the last one stored before the read caught up
+    (bounded by ``CONFIRMATION_READ_TIMEOUT``). Not readable in time counts as not found.
+    """
+    found: list[Any] = []
 
     async def scan() -> None:
-        nonlocal found
         reader = st.log.read(run_id, after="-1")
         try:
             async for _offset, chunk in reader:
-                if is_host_chunk(chunk, RUN_ACCEPTED):
-                    value = chunk.get("value")
-                    messages = value.get("messages") if isinstance(value, dict) else None
-                    found = [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
-                    return
+                if is_host_chunk(chunk, name):
+                    found[:] = [chunk.get("value")]
+                    if first:
+                        return
         finally:
             await reader.aclose()
 
@@ -337,7 +339,16 @@ async def _run_input(st: GatewayState, run_id: str) -> list[dict[str, Any]] | No
             await scan()
     except (TimeoutError, e.BatonError):
         pass
-    return found
+    return (True, found[0]) if found else (False, None)
+
+
+async def _run_input(st: GatewayState, run_id: str) -> list[dict[str, Any]] | None:
+    """The input messages of a run, from its ``run.accepted`` chunk (``None``: not readable in time)."""
+    found, value = await _host_chunk_value(st, run_id, RUN_ACCEPTED, first=True)
+    if not found:
+        return None
+    messages = value.get("messages") if isinstance(value, dict) else None
+    return [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
 
 
 async def active_run(request: Request) -> Response:
@@ -374,21 +385,10 @@ async def _cancel(st: GatewayState, run_id: str, reason: str) -> runs_pb2.RunRec
 
 async def _confirmation(st: GatewayState, run_id: str) -> dict[str, Any] | None:
     """The ``run.cancelled`` chunk's value (what the host confirmed), read from the log."""
-    found: dict[str, Any] | None = None
-
-    async def scan() -> None:
-        nonlocal found
-        async for _offset, chunk in st.log.read(run_id, after="-1"):
-            if is_host_chunk(chunk, RUN_CANCELLED):
-                value = chunk.get("value")
-                found = value if isinstance(value, dict) else {"value": value}
-
-    try:
-        async with asyncio.timeout(CONFIRMATION_READ_TIMEOUT):
-            await scan()
-    except (TimeoutError, e.BatonError):
-        pass
-    return found
+    found, value = await _host_chunk_value(st, run_id, RUN_CANCELLED, first=False)
+    if not found:
+        return None
+    return value if isinstance(value, dict) else {"value": value}
 
 
 def check_cancel_timeout(raw: float | None, default: float) -> float:

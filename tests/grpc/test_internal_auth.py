@@ -4,6 +4,7 @@ and the token appears in no log."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pathlib
 from typing import Any
 
@@ -96,9 +97,11 @@ async def test_streaming_internal_calls_carry_the_token(etcd: Any, tmp_path: pat
     client = CoordinatorClient(coord.address, token=token)
     try:
         session = await client.open_session(ttl=1.0, owner="auth-test")
-        # What is tested is time passing: three TTLs during which only the keep-alive
-        # stream can hold the lease.
-        await asyncio.sleep(3.5)
+        # Observed over three TTLs, during which only the keep-alive stream can hold the
+        # lease: the session is never lost.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(3 * session.ttl + 0.5):
+                await session.lost.wait()
         assert not session.lost.is_set()
         async with asyncio.timeout(10):
             event = await anext(aiter(client.watch_run(unique("run"))))
