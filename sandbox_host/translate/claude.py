@@ -57,6 +57,7 @@ _SUBAGENT_TOOLS = frozenset({"Task", "Agent"})
 _LOCAL_OUTPUT = re.compile(r"<local-command-(stdout|stderr)>(.*?)</local-command-\1>", re.DOTALL)
 _RESULT_FIELDS = ("subtype", "is_error", "num_turns", "duration_ms", "duration_api_ms", "total_cost_usd",
                   "usage", "permission_denials", "stop_reason", "terminal_reason", "structured_output", "errors")
+_TURN_LINES = frozenset({"stream_event", "assistant", "user"})  # lines only a turn in progress writes
 
 
 def _content_text(content: Any) -> str:
@@ -143,6 +144,10 @@ class ClaudeTranslator(Translator):
 
     def _line(self, obj: dict[str, Any]) -> None:
         t = obj.get("type")
+        if t in _TURN_LINES or (t == "system" and obj.get("subtype") == "init"):
+            # A turn (or a resumed process) began after a result: that result no longer ends
+            # the journal, so a journal cut here is incomplete (docs/translation.md "Terminal").
+            self._outcome = None
         if t == "stream_event":
             self._stream_event(obj)
         elif t == "assistant":

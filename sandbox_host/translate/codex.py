@@ -111,6 +111,10 @@ class CodexTranslator(Translator):
         if t is None and "msg" in obj and "id" in obj:
             self._custom("codex.legacy_event", obj)
             return
+        if t in ("thread.started", "turn.started"):
+            # A new invocation or turn: the last one's outcome no longer ends the journal, so
+            # a journal cut here is incomplete (docs/translation.md "Terminal").
+            self._outcome = None
         if t == "thread.started":
             self._new_scope()
             tid = obj.get("thread_id")

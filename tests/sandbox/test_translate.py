@@ -39,7 +39,42 @@ def test_prefix_translation_is_prefix_and_well_formed(journal: pathlib.Path, fra
     assert full[: len(fed)] == fed  # chunks completed within the prefix are a prefix
     assert check_well_formed(closed, require_terminal=True) == []
     if cut < len(data) and data[:cut].count(b"\n") < data.count(b"\n"):
-        assert closed[-1]["type"] == "RUN_ERROR"
+        assert closed[-1]["type"] == _expected_terminal(fmt, data[:cut])
+
+
+def _expected_terminal(fmt: str, prefix: bytes) -> str:
+    """The terminal a journal cut after ``prefix`` closes with (docs/translation.md#terminal):
+    finished only when the cut falls right after a turn that ended well."""
+    if not prefix.endswith(b"\n"):
+        return "RUN_ERROR"  # a truncated line
+    last = json.loads(prefix.rstrip(b"\n").rsplit(b"\n", 1)[-1] or b"null")
+    if not isinstance(last, dict):
+        return "RUN_ERROR"
+    if fmt == "codex-exec-json":
+        ok = last.get("type") == "turn.completed"
+    else:
+        ok = last.get("type") == "result" and last.get("subtype") == "success" and not last.get("is_error")
+    return "RUN_FINISHED" if ok else "RUN_ERROR"
+
+
+@pytest.mark.parametrize("journal", ALL, ids=lambda p: p.stem)
+def test_every_line_boundary_closes_by_the_last_turn(journal: pathlib.Path) -> None:
+    """Cut after every complete line (the cuts the property above rarely hits): a cut inside a
+    later turn or a resumed invocation is incomplete, never finished by an earlier turn."""
+    data, fmt = journal.read_bytes(), journal.parent.name
+    ends = [i + 1 for i, b in enumerate(data) if b == 0x0A]
+    for cut in ends[:-1]:
+        _, closed = _cut_translation(fmt, data, cut)
+        want = _expected_terminal(fmt, data[:cut])
+        assert (cut, closed[-1]["type"]) == (cut, want)
+        last = json.loads(data[:cut].rstrip(b"\n").rsplit(b"\n", 1)[-1] or b"null")
+        if isinstance(last, dict) and last.get("type") in _INSIDE_A_TURN:
+            assert closed[-1]["code"] == "incomplete_journal"
+
+
+# Lines written only inside a turn (docs/translation.md#terminal), and a turn's items.
+_INSIDE_A_TURN = {"assistant", "user", "stream_event", "thread.started", "turn.started",
+                  "item.started", "item.updated", "item.completed"}
 
 
 @pytest.mark.parametrize("journal", ALL, ids=lambda p: p.stem)
