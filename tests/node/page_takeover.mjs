@@ -1,7 +1,8 @@
 // A host SIGKILLed mid-run, seen in the browser: the page shows an inline "continued on
 // <host>, epoch 2" marker where the takeover happened, renders every offset once, and the
 // operator view shows the surviving host with its load, the takeover, the run's two epochs,
-// and a run nobody watches as detached, with since when and when the reaper acts.
+// and a run nobody watches as detached, with since when and when the reaper acts, then,
+// once a reaper sweep took it, among the recent reaps (and its chat says why it stopped).
 //
 // Talks to the Python test over stdio: asks it to kill the driving host when the run is
 // mid-way and goes on once the host is dead.
@@ -51,14 +52,14 @@ await main(async (browser) => {
   noProblems(page, 'chat page')
 
   // --- the operator view ------------------------------------------------------------------
-  const { runId: idleRun } = JSON.parse(await ask({ detach: true })) // started, its client gone
+  const { runId: idleRun, threadId: idleThread } = JSON.parse(await ask({ detach: true })) // its client gone
   const ops = await newPage(context)
   await open(ops, `/ops?run=${encodeURIComponent(runId)}`)
   const liveRow = (id) => ops.evaluate((run) => [...document.querySelectorAll('#live tbody tr')]
     .map((tr) => [...tr.children].map((td) => td.textContent)).find((cells) => cells[0] === run) ?? null, id)
   await ops.waitForFunction((run) => [...document.querySelectorAll('#live tbody tr')].some((tr) =>
     tr.children[0].textContent === run && tr.children[2].textContent === 'detached' && tr.children[6].textContent !== '—'),
-  idleRun, { timeout: 30000 })
+  idleRun, { timeout: 60000 })
   const idle = await liveRow(idleRun)
   await ops.waitForFunction(() => document.querySelectorAll('#timeline .epoch-seg').length === 2)
   await ops.waitForFunction((id) => [...document.querySelectorAll('#takeovers td')].some((td) => td.textContent === id), runId)
@@ -76,6 +77,25 @@ await main(async (browser) => {
   // [run, thread, state, host, epoch, detached since, reaper acts]
   check(idle[3] === rec.driverHost && idle[4] === '1' && /^\d\d:\d\d:\d\d \(.+\)$/.test(idle[5]) &&
     /^\d\d:\d\d:\d\d \(in .+\)$/.test(idle[6]), 'the detached run lacks its details', { idle })
+  await shot(ops, 'ops-detached', { fullPage: true })
+  // The reaper takes it: it moves to the recent reaps, and its chat says why it stopped.
+  await ask({ reap: idleRun })
+  await ops.waitForFunction((run) => [...document.querySelectorAll('#reaps tbody tr')].some((tr) =>
+    tr.children[0].textContent === run && tr.children[2].textContent === 'aborted'), idleRun, { timeout: 60000 })
+  const reaped = await ops.evaluate((run) => [...document.querySelectorAll('#reaps tbody tr')]
+    .map((tr) => [...tr.children].map((td) => td.textContent)).find((cells) => cells[0] === run), idleRun)
+  // [run, thread, state, detached since, finished]
+  check(reaped[1] === idleThread && /^\d\d:\d\d:\d\d$/.test(reaped[3]) && /^\d\d:\d\d:\d\d$/.test(reaped[4]),
+    'the reaped run lacks its details', { reaped })
+  results.ops.reaped = reaped
+  const chat = await newPage(context)
+  await open(chat, `/?thread=${encodeURIComponent(idleThread)}`)
+  await waitState(chat, 'aborted')
+  const r = await runSection(chat, idleRun)
+  check(r.notes.some((t) => t.startsWith('Stopped because nobody watched it for too long (reaper).')) &&
+    r.outcome.startsWith('Stopped'), 'the reaped run does not say the reaper stopped it', r)
+  await chat.close()
+  noProblems(chat, 'chat of the reaped run')
   check(view.epochs[1].includes(rec.driverHost), 'the second epoch does not name its host', view)
   check(view.events.some((e) => e.includes('taken over')) && view.events.some((e) => e.includes('log closed: completed')),
     'the timeline lacks the takeover or the close', view)
