@@ -106,6 +106,9 @@ await main(async (browser) => {
   await open(phone, `/ops?run=${encodeURIComponent(runId)}`)
   await phone.waitForFunction(() => document.querySelectorAll('#timeline .epoch-seg').length === 2)
   await shot(phone, 'ops-phone', { fullPage: true })
+  // Wide tables scroll inside their own box; the page itself never scrolls sideways.
+  const overflow = await phone.evaluate(() => document.documentElement.scrollWidth - window.innerWidth)
+  check(overflow <= 0, 'the operator view scrolls sideways on a phone', { overflow })
   await phoneCtx.close()
   noProblems(ops, 'operator page')
   noProblems(phone, 'operator page on a phone')
