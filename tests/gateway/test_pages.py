@@ -3,8 +3,8 @@ browser (Playwright + Debian chromium) against two real sandbox hosts, plus the 
 endpoints they use (``/api/threads``, ``/api/threads/{id}/runs``, ``/api/ops/*``) with
 auth and tenancy.
 
-Screenshots (chat mid-run, finished, busy, cancelled, failed, hostile, phone, takeover;
-operator view) go to ``artifacts/browser/`` (gitignored; the path is printed).
+Screenshots (chat mid-run, finished, busy, cancelled, interrupted, failed, hostile, phone,
+takeover; operator view) go to ``artifacts/browser/`` (gitignored; the path is printed).
 """
 from __future__ import annotations
 
@@ -18,7 +18,10 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import httpx
 import pytest
 
-from baton.log import LogConfig
+from baton.coordinator_client import CoordinatorClient, Session
+from baton.log import DeliveryLog, LogConfig
+from baton.v1 import runs_pb2
+from sandbox_host.machine import accepted_chunk
 from tests.conftest import REPO, assert_eventually, require, unique
 from tests.gateway.conftest import SLOW_TEXT, Gateway, GatewayFactory, claude_journal, host_settings
 from tests.gateway.test_node import NODE_DIR, need_node
@@ -160,8 +163,10 @@ def need_browser() -> str:
 
 
 async def run_page_script(node: str, script: str, gw: Gateway, *, timeout: float,
-                          on_line: Callable[[dict[str, Any]], Awaitable[None]] | None = None) -> dict[str, Any]:
-    """Run a Playwright script; ``on_line`` answers its requests (JSON lines without ``ok``) on stdin."""
+                          on_line: Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]] | None = None
+                          ) -> dict[str, Any]:
+    """Run a Playwright script; ``on_line`` answers its requests (JSON lines without ``ok``) on
+    stdin: with the JSON of what it returns, or ``done``."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     print(f"screenshots: {ARTIFACTS}")
     env = {**os.environ, "BATON_GATEWAY_URL": gw.url, "BATON_API_KEY": "key-a", "BATON_ARTIFACTS": str(ARTIFACTS)}
@@ -183,50 +188,133 @@ async def run_page_script(node: str, script: str, gw: Gateway, *, timeout: float
             if "ok" in msg:
                 result = msg
             elif on_line is not None:
-                await on_line(msg)
-                proc.stdin.write(b"done\n")
+                reply = await on_line(msg)
+                proc.stdin.write(json.dumps(reply).encode() + b"\n" if reply is not None else b"done\n")
                 await proc.stdin.drain()
 
     try:
         err = await asyncio.wait_for(asyncio.gather(read(), proc.stderr.read(), proc.wait()), timeout)
     except TimeoutError:
-        proc.kill()
-        await proc.wait()
         raise AssertionError(f"{script} timed out\nstdout: {''.join(out)[-3000:]}") from None
+    finally:
+        if proc.returncode is None:  # timed out, or an answer to the script failed: no browser left behind
+            proc.kill()
+            await proc.wait()
     stderr = err[1].decode()
     assert result is not None, f"no result from {script}\nstdout: {''.join(out)[-3000:]}\nstderr: {stderr[-3000:]}"
     assert proc.returncode == 0 and result["ok"], f"{script} failed: {json.dumps(result, indent=1)[:6000]}\n{stderr[-2000:]}"
     return result
 
 
+class PausingHost:
+    """Drives one run the way a sandbox host does when its agent pauses for the user
+    (docs/design.md §5.5, the interrupt row), for the page's ``interrupted`` state.
+
+    No shipped agent asks a human yet (no translator emits ``RUN_FINISHED`` with outcome
+    ``interrupt``), so the test plays that host with the real pieces: a coordinator session
+    and claim, the fenced delivery-log writer, then the host's finishing order (close the
+    log ``interrupted``, write the status under the claim, release it).
+    """
+
+    def __init__(self, cc: CoordinatorClient, dlog: DeliveryLog) -> None:
+        self.cc, self.dlog = cc, dlog
+        self.session: Session | None = None
+
+    async def __call__(self, msg: dict[str, Any]) -> None:
+        run, thread, host = msg["runId"], msg["threadId"], msg["host"]
+        mid = f"{run}-m1"
+        if msg["hitl"] == "start":
+            await self.cc.create_or_resume_run(runs_pb2.RunRecord(
+                run_id=run, thread_id=thread, tenant=KEYS["key-a"], agent=runs_pb2.AgentSpec(kind="replay")))
+            self.session = await self.cc.open_session(5.0, owner=host)
+            self.epoch, _ = await self.cc.claim_run(run, self.session, host)
+            self.writer = self.dlog.writer(run, self.epoch)
+            await self.writer.fence()
+            await self.writer.append([accepted_chunk(run, thread, "replay", [{"id": "u1", "role": "user",
+                                                                              "content": msg["prompt"]}])], origin="host")
+            await self.writer.append([{"type": "RUN_STARTED", "threadId": thread, "runId": run},
+                                      {"type": "TEXT_MESSAGE_START", "messageId": mid, "role": "assistant"},
+                                      {"type": "TEXT_MESSAGE_CONTENT", "messageId": mid,
+                                       "delta": "I will delete the build directory."}])
+            return
+        assert self.session is not None
+        await self.writer.append([{"type": "TEXT_MESSAGE_CONTENT", "messageId": mid, "delta": " May I go ahead?"},
+                                  {"type": "TEXT_MESSAGE_END", "messageId": mid},
+                                  {"type": "RUN_FINISHED", "threadId": thread, "runId": run,
+                                   "outcome": {"type": "interrupt", "interrupts": [{"id": f"{run}-i1"}]}}])
+        assert await self.writer.close("interrupted")
+        await self.cc.update_run(run, runs_pb2.RunRecord(status=runs_pb2.RUN_STATUS_INTERRUPTED), ["status"],
+                                 epoch=self.epoch, session_id=self.session)
+        assert await self.cc.release_claim(run, self.session, self.epoch)
+        await self.session.close()
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+
 @pytest.mark.browser
-@pytest.mark.timeout(240)
-async def test_chat_page_reloads_tabs_busy_stop_failures_and_hostile_output(page_gateway: Gateway) -> None:
+@pytest.mark.timeout(300)
+async def test_chat_page_reloads_tabs_busy_stop_failures_and_hostile_output(
+        page_gateway: Gateway, cc: CoordinatorClient, dlog: DeliveryLog) -> None:
     node = need_browser()
-    result = await run_page_script(node, "page_chat.mjs", page_gateway, timeout=220)
+    host = PausingHost(cc, dlog)
+    try:
+        result = await run_page_script(node, "page_chat.mjs", page_gateway, timeout=280, on_line=host)
+    finally:
+        await host.close()
     assert result["reload"]["beforeReload"] > 0
     assert result["stop"]["status"] == "aborted"
+    assert result["esc"]["status"] == "aborted" and result["esc"]["cancels"] == 1
+    assert result["interrupted"]["status"] == "interrupted"
+    assert result["interrupted"]["shown"]["section"]["outcome"] == "Paused: the agent is waiting for input (interrupted)."
     assert result["failed"]["statusC"] == result["failed"]["statusD"] == "failed"
     assert result["xss"]["flag"] is None and result["xss"]["imgs"] == 0
     assert [pathlib.Path(p).name for p in result["screenshots"]] == [
-        "chat-mid-run.png", "chat-finished.png", "chat-busy.png", "chat-cancelled.png", "chat-failed.png",
-        "chat-hostile.png", "chat-phone.png"]
+        "chat-mid-run.png", "chat-finished.png", "chat-busy.png", "chat-cancelled.png", "chat-interrupted.png",
+        "chat-failed.png", "chat-hostile.png", "chat-phone.png"]
 
 
 @pytest.mark.browser
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
 async def test_host_killed_mid_run_shows_one_takeover_marker_and_the_operator_view(
-        page_gateway: Gateway, two_hosts: list[Any]) -> None:
+        page_gateway: Gateway, two_hosts: list[Any], http: httpx.AsyncClient, cc: CoordinatorClient) -> None:
     """Last in this module: it SIGKILLs one of the two hosts."""
     node = need_browser()
     killed: list[str] = []
 
-    async def kill(msg: dict[str, Any]) -> None:
-        host = next(h for h in two_hosts if h.host_id == msg["host"])
-        await host.kill()
-        killed.append(host.host_id)
+    detached: list[str] = []
 
-    result = await run_page_script(node, "page_takeover.mjs", page_gateway, timeout=220, on_line=kill)
+    async def answer(msg: dict[str, Any]) -> dict[str, Any] | None:
+        if "kill" in msg:
+            host = next(h for h in two_hosts if h.host_id == msg["host"])
+            await host.kill()
+            killed.append(host.host_id)
+            return None
+        if "reap" in msg:
+            # One sweep, with a TTL that has just run out for this run (and for any run
+            # detached before it: none of this module's others is).
+            since = (await http.get(f"{page_gateway.url}/api/runs/{msg['reap']}", headers=A)).json()["detachedSince"]
+            counts = await cc.reap(ttl=0.001, now=since + 0.001)
+            assert counts["expired"] >= 1, counts
+            return None
+        # A run nobody watches, for the operator view's live table: its client leaves at once.
+        run, thread = unique("run-"), unique("thread-")
+        body = {"threadId": thread, "runId": run, "messages": [{"id": "u", "role": "user", "content": "go"}],
+                "agent": {"kind": "replay", "journal": "claude-stream-json/slow.jsonl", "speed": 1, "delay": 1}}
+        async with http.stream("POST", f"{page_gateway.url}/api/chat", json=body, headers=A, timeout=60) as resp:
+            async for _ in resp.aiter_bytes():
+                break
+        detached.append(run)
+        return {"runId": run, "threadId": thread}
+
+    try:
+        result = await run_page_script(node, "page_takeover.mjs", page_gateway, timeout=280, on_line=answer)
+    finally:
+        for run in detached:
+            await http.post(f"{page_gateway.url}/api/chat/cancel", json={"runId": run}, params={"wait": "true"},
+                            headers=A, timeout=30)
+    assert result["ops"]["detached"]["runId"] == detached[0] and result["ops"]["reaped"][2] == "aborted"
     t = result["takeover"]
     assert killed == [t["from"]] and t["to"] != t["from"] and t["epoch"] == 2 and t["status"] == "completed"
     assert t["text"] == SLOW_TEXT

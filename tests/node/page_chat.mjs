@@ -2,14 +2,16 @@
 // 1. reload mid-reasoning, mid-text and after the end; a second tab on the same URL: every
 //    offset rendered once, the prompt in every tab, reasoning, tool card, usage, outcome;
 // 2. a second Send on a busy thread is refused with the reason and a Stop offer; Stop ends
-//    the run as its own state (aborted);
+//    the run as its own state (aborted); Esc stops a streaming run too (not from the agent
+//    picker); a run paused for the user shows as interrupted, live and after a reload (the
+//    Python test plays the pausing host: no shipped agent asks a human yet);
 // 3. failed runs show their own state and a sentence with the code (a Codex JSON error too);
 // 4. hostile agent output (<script>, <img onerror>, markdown image and javascript: links)
 //    renders inert, while real markdown renders;
 // 5. the threads list opens any thread; the URL names it; back/forward work;
 // 6. a phone width has no sideways scroll; /favicon.ico answers; no console errors.
 import {
-  api, check, checkOnce, main, newContext, newPage, open, pill, rawLog, record, rendered, results, runSection,
+  api, ask, check, checkOnce, main, newContext, newPage, open, pill, rawLog, record, rendered, results, runSection,
   send, shot, textOf, waitState, noProblems
 } from './page_lib.mjs'
 
@@ -55,6 +57,25 @@ await main(async (browser) => {
   check(a1.reasoning === wantReasoning, 'reasoning differs from the log')
   check(a1.assistant.replace(/\s+/g, ' ').includes('current directory isn'), 'assistant text missing', a1)
   check(a1.tools.length === 1 && a1.tools[0].name === 'Bash' && a1.tools[0].state === 'error', 'tool card wrong', a1.tools)
+  // The card holds the arguments and the error; the duration shows when the call was seen live.
+  const card = await page.evaluate((id) => {
+    const t = document.querySelector(`section.run[data-run-id="${id}"] .tool`)
+    return { args: t.querySelector('.tool-args').textContent, result: t.querySelector('.tool-result').textContent,
+      labels: [...t.querySelectorAll('.tool-label')].map((e) => e.textContent), state: t.querySelector('.tool-state').textContent }
+  }, runA)
+  const toolLog = logA.find((e) => e.chunk.type === 'TOOL_CALL_RESULT').chunk
+  check(JSON.parse(card.args).command === 'git status && git branch -v' && card.result === toolLog.content &&
+    JSON.stringify(card.labels) === '["Arguments","Error"]' && /^error( · \S.*)?$/.test(card.state), 'tool card content wrong', card)
+  // Reasoning is folded under a summary that counts its words, and opens on a click.
+  const thought = () => page.evaluate((id) => {
+    const r = document.querySelector(`section.run[data-run-id="${id}"] .reasoning`)
+    return { tag: r.tagName, open: r.open, label: r.querySelector('.label').textContent }
+  }, runA)
+  const folded = await thought()
+  check(folded.tag === 'DETAILS' && !folded.open && /^Thought · \d+ words$/.test(folded.label), 'reasoning is not folded', folded)
+  await page.click(`section.run[data-run-id="${runA}"] .reasoning summary`)
+  check((await thought()).open, 'reasoning does not open')
+  await page.click(`section.run[data-run-id="${runA}"] .reasoning summary`)
   check(a1.usage && a1.usage.includes('$0.0313'), 'no usage and cost', a1)
   check(a1.outcome.startsWith('Completed'), 'no completed outcome', a1)
   check(await pill(page) === 'completed', 'pill is not completed')
@@ -67,6 +88,9 @@ await main(async (browser) => {
   const a3 = await runSection(page, runA)
   check(JSON.stringify(a3) === JSON.stringify(a1), 'the reload after the end shows something else', { a3, a1 })
   checkOnce(await rendered(page), logA, 'reload after the end')
+  // A closed log read back has no call durations to show (chunks carry no time).
+  const stateAfterEnd = await page.textContent(`section.run[data-run-id="${runA}"] .tool-state`)
+  check(stateAfterEnd === 'error', 'a tool duration made up from a backlog read', { stateAfterEnd })
   results.reload = { runA, threadA, beforeReload, log: logA.length, reasoning: a1.reasoning.length, text: textOf(logA) }
   await tab2.close()
   noProblems(tab2, 'second tab')
@@ -96,6 +120,68 @@ await main(async (browser) => {
   check(b.outcome.startsWith('Stopped'), 'no stopped outcome', b)
   await shot(page, 'chat-cancelled')
   results.stop = { runB, status: recB.status, errors: b.errors }
+
+  // Esc stops a streaming run from the composer; Esc in the agent picker is the picker's.
+  const cancels = []
+  page.on('request', (r) => { if (new URL(r.url()).pathname === '/api/chat/cancel') cancels.push(r.method()) })
+  await page.click('#new-thread')
+  const runF = await send(page, J('claude-stream-json/slow.jsonl', { delay: 1 }), 'count once more')
+  await page.waitForFunction(() => document.querySelectorAll('.run-body > .msg.assistant').length >= 2)
+  await page.focus('#agent')
+  await page.keyboard.press('Escape')
+  const afterPicker = await page.evaluate(() => document.getElementById('run-state').dataset.state)
+  check(afterPicker !== 'stopping' && await page.isEnabled('#stop'), 'Esc in the agent picker stopped the run', { afterPicker })
+  await page.fill('#prompt', 'a draft')
+  await page.focus('#prompt')
+  await page.keyboard.press('Escape')
+  await waitState(page, 'aborted')
+  const f = await runSection(page, runF)
+  const recF = await record(runF)
+  check(recF.status === 'aborted', 'the run stopped with Esc is not aborted', recF)
+  check(JSON.stringify(cancels) === '["POST"]', 'Esc did not send exactly one cancel', { cancels })
+  check(await pill(page) === 'stopped' && !(await page.isEnabled('#stop')), 'the pill does not say stopped after Esc')
+  check(f.notes.some((t) => t.includes('you pressed Stop')) && f.outcome.startsWith('Stopped'), 'no stopped run after Esc', f)
+  check(await page.inputValue('#prompt') === 'a draft', 'Esc lost the draft')
+  await page.fill('#prompt', '')
+  results.esc = { runF, status: recF.status, cancels: cancels.length, afterPicker }
+
+  // A run that pauses for the user (HITL): `interrupted`, its own state and sentence.
+  const hitl = { threadId: `thread-${crypto.randomUUID().slice(0, 8)}`, runId: `run-${crypto.randomUUID()}`,
+    host: 'host-hitl', prompt: 'clean the build directory' }
+  await ask({ hitl: 'start', ...hitl }) // record, claim, fence; run.accepted and the first text
+  await open(page, `/?thread=${encodeURIComponent(hitl.threadId)}`)
+  // Live: running, on its host and epoch, the first words shown.
+  await page.waitForFunction(({ runId, host }) => window.__baton.live?.runId === runId &&
+    document.getElementById('run-state').dataset.state === 'running' &&
+    document.getElementById('run-info').textContent.startsWith(`host ${host} · epoch 1`) &&
+    document.querySelector('.run-body > .msg.assistant')?.textContent === 'I will delete the build directory.', hitl)
+  await ask({ hitl: 'interrupt', ...hitl }) // RUN_FINISHED outcome interrupt, close, status, release
+  await waitState(page, 'interrupted')
+  const seen = async () => ({
+    section: await runSection(page, hitl.runId),
+    pill: await pill(page),
+    state: await page.evaluate(() => document.getElementById('run-state').dataset.state),
+    info: await page.textContent('#run-info'),
+    stop: await page.isEnabled('#stop')
+  })
+  const h = await seen()
+  check(h.pill === 'interrupted' && h.state === 'interrupted' && !h.stop, 'the pill does not say interrupted', h)
+  check(h.section.outcome === 'Paused: the agent is waiting for input (interrupted).', 'no paused sentence', h)
+  check(JSON.stringify(h.section.user) === JSON.stringify([hitl.prompt]) &&
+    h.section.assistant === 'I will delete the build directory. May I go ahead?' && h.section.errors.length === 0, 'the paused run shows something else', h)
+  check(h.info.startsWith(`host ${hitl.host} · epoch 1`) && !/detached|reaper/.test(h.info), 'wrong run details for a paused run', h)
+  await shot(page, 'chat-interrupted')
+  const logH = await rawLog(hitl.runId)
+  checkOnce(await rendered(page), logH, 'interrupted run')
+  await page.reload()
+  await page.evaluate(() => window.__batonReady)
+  await page.waitForFunction(() => document.querySelector('.outcome'))
+  const h2 = await seen()
+  check(JSON.stringify(h2) === JSON.stringify(h), 'the reload shows the paused run differently', { h, h2 })
+  checkOnce(await rendered(page), logH, 'interrupted run after a reload')
+  await page.waitForFunction((t) => document.querySelector(`#threads a[data-thread-id="${t}"] .badge`)?.textContent === 'interrupted',
+    hitl.threadId, { timeout: 10000 })
+  results.interrupted = { ...hitl, shown: h, status: (await record(hitl.runId)).status }
 
   // --- 3. failed runs ---------------------------------------------------------------------------
   await page.click('#new-thread')

@@ -5,6 +5,7 @@
 import { chromium } from 'playwright-core'
 import fs from 'node:fs'
 import path from 'node:path'
+import readline from 'node:readline'
 
 export const base = process.env.BATON_GATEWAY_URL
 export const apiKey = process.env.BATON_API_KEY ?? ''
@@ -12,6 +13,23 @@ export const artifacts = process.env.BATON_ARTIFACTS ?? ''
 export const results = { screenshots: [] }
 
 export class Failure extends Error {}
+
+let stdinLines = null
+
+/**
+ * Ask the Python test to do something (kill a host, write a record): print `msg` as one
+ * JSON line and wait for its answer line on stdin.
+ */
+export async function ask (msg) {
+  if (!stdinLines) {
+    stdinLines = readline.createInterface({ input: process.stdin })
+    stdinLines.waiting = []
+    stdinLines.on('line', (line) => stdinLines.waiting.shift()?.(line))
+  }
+  const answer = new Promise((resolve) => stdinLines.waiting.push(resolve))
+  console.log(JSON.stringify(msg))
+  return answer
+}
 
 /** Fail the test with a message and what was seen. */
 export function check (cond, msg, extra = {}) {
@@ -182,6 +200,7 @@ export async function main (body) {
     }
   } finally {
     await browser.close()
+    stdinLines?.close()
   }
   console.log(JSON.stringify({ ok, ...results }))
   process.exit(ok ? 0 : 1)

@@ -103,11 +103,13 @@ async function markTakeovers (view, rec) {
 async function readClosed (view, rec, signal) {
   const resp = await joinRun(view.runId, '-1', signal)
   const it = readSSE(resp)
+  view.backlog = true
   for (;;) {
     const { value, done } = await it.next()
     if (done) break
     if (value.chunk) view.add(value.offset, value.chunk)
   }
+  view.backlog = false
   view.flush()
   if (rec.epoch > 1) await markTakeovers(view, rec)
   view.placeFences(Infinity)
@@ -373,6 +375,16 @@ async function stop (runId = state.live?.runId) {
   // The stream ends by itself: run.cancelled, RUN_ERROR cancelled, then the log closes.
 }
 
+// Esc stops the thread's live run from anywhere on the page (the composer included), unless
+// the key belongs to something else: an IME composition, the agent picker (Esc closes its
+// list), a dialog or menu, or a handler that already took it.
+function stopOnEscape (ev) {
+  if (ev.key !== 'Escape' || !state.live || ev.defaultPrevented || ev.isComposing || ev.repeat) return
+  if (ev.target instanceof Element && ev.target.closest('select, dialog, [role="dialog"], [role="menu"], [role="listbox"]')) return
+  ev.preventDefault()
+  stop()
+}
+
 // --- agents ------------------------------------------------------------------------------------
 
 async function loadAgents () {
@@ -427,9 +439,7 @@ function init () {
   $('prompt').addEventListener('keydown', (ev) => {
     if (ev.key === 'Enter' && !ev.shiftKey && !ev.isComposing) { ev.preventDefault(); send() }
   })
-  document.addEventListener('keydown', (ev) => {
-    if (ev.key === 'Escape' && state.live) { ev.preventDefault(); stop() }
-  })
+  document.addEventListener('keydown', stopOnEscape)
   window.addEventListener('popstate', () => openThread(threadFromUrl()))
   setInterval(loadThreads, 5000)
   const agents = loadAgents()

@@ -106,6 +106,7 @@ export class RunView {
     this.others = null
     this.dirty = new Set()
     this.flushTimer = null
+    this.backlog = false // true while a closed log is read: no durations then
   }
 
   /** Render the chunk stored at `offset` (null: not log data, e.g. a gap answer). */
@@ -304,8 +305,9 @@ export class RunView {
     if (!t.resultEl.isConnected) t.card.append(el('div', 'tool-label', isError ? 'Error' : 'Result'), t.resultEl)
     t.resultEl.textContent = contentText(c.content)
     const took = chunkTime(c) - t.started
-    // A backlog read renders start and result within milliseconds: that is not a duration.
-    const shown = took >= 0.1 ? ` · ${duration(took)}` : ''
+    // Chunks carry no time of their own: a duration is only known when the call was seen
+    // live. A read of a closed log (however slow) or a catch-up burst is not a duration.
+    const shown = !this.backlog && took >= 0.1 ? ` · ${duration(took)}` : ''
     t.state.textContent = (isError ? 'error' : 'done') + shown
   }
 
