@@ -1,4 +1,4 @@
-"""Real clients: the TanStack AI client (Node.js) and a browser EventSource. The web pages' browser tests are in test_pages.py."""
+"""Real clients: the TanStack AI client (Node.js), a React `useChat` page and `xhrHttpStream` in Chromium, and a browser EventSource. The web pages' browser tests are in test_pages.py."""
 from __future__ import annotations
 
 import asyncio
@@ -70,6 +70,7 @@ async def test_tanstack_unknown_run_persistence_and_ndjson_adapter(host: Any, ga
 
 
 @pytest.mark.browser
+@pytest.mark.timeout(240)
 async def test_react_use_chat_persistence_and_xhr_adapter_in_chromium(host: Any, gateway: Gateway) -> None:
     """Issue 12 item 2 in Chromium: ``useChat`` (``@tanstack/ai-react``, ``persistence: true``)
     reloaded mid-run restores the prompt and the answer so far, joins the live run and ends
@@ -79,7 +80,7 @@ async def test_react_use_chat_persistence_and_xhr_adapter_in_chromium(host: Any,
     react_chat.mjs): the first text part is dropped by the client, nothing is duplicated."""
     node = need_node("playwright-core", "esbuild", "react", "react-dom", "@tanstack/ai-react")
     require(pathlib.Path("/usr/bin/chromium").exists(), "/usr/bin/chromium missing (apt-get install chromium)")
-    result = await run_node(node, "react_chat.mjs", {"BATON_GATEWAY_URL": gateway.url}, timeout=180)
+    result = await run_node(node, "react_chat.mjs", {"BATON_GATEWAY_URL": gateway.url}, timeout=220)
     sse, xhr = result["sse"], result["xhrReasoningFirst"]
     assert sse["restored"] >= sse["before"] >= 3 and sse["end"] == 40
     assert xhr["end"] == 39 and xhr["thinkingSaved"] == ["Let me think."]

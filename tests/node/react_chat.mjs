@@ -137,13 +137,15 @@ await main(async (browser) => {
   })
 
   // --- 1. fetchServerSentEvents, a plain run -----------------------------------------------------
-  results.sse = await reloadMidRun(context, { adapter: 'sse', journal: 'claude-stream-json/slow.jsonl', wantAfterRejoin: SLOW })
-  check(results.sse.savedIsEnd, 'the reload after the end differs from the rejoined live view', results.sse)
+  const sse = await reloadMidRun(context, { adapter: 'sse', journal: 'claude-stream-json/slow.jsonl', wantAfterRejoin: SLOW })
+  results.sse = sse
+  check(sse.savedIsEnd, 'the reload after the end differs from the rejoined live view', sse)
 
   // --- 2. xhrHttpStream, a run that starts with reasoning ------------------------------------------
-  // @tanstack/ai-client 0.33.2, ChatClient.resumeInFlightRun: the replay's first
-  // TEXT_MESSAGE_START (a REJOIN_REBUILD_TRIGGER) calls dropTrailingInFlightAssistant, which
-  // removes the trailing assistant message: here the one the replay itself just built from
+  // The xhr run pins a bug of @tanstack/ai-client 0.33.2 (src/chat-client.ts,
+  // ChatClient.resumeInFlightRun): the replay's first TEXT_MESSAGE_START (a
+  // REJOIN_REBUILD_TRIGGER) calls dropTrailingInFlightAssistant, which removes the trailing
+  // assistant message: here the one the replay itself just built from
   // REASONING_MESSAGE_CONTENT (the hydrated transcript ends with the user message). The
   // processor still holds that message's state, renames it to the text message's id, and
   // writes the first text message's deltas into a message no longer in the list: the
