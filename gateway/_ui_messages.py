@@ -8,6 +8,13 @@ and one ``tool-call`` part per tool call (``state: input-complete``, ``input`` w
 arguments parse); a ``tool`` message becomes a ``tool-result`` part of the assistant
 message that made the call (``state: complete``), and the call's part turns ``complete``
 with its ``output``.
+
+Reasoning (a ``reasoning`` message) becomes a ``thinking`` part where the client's own stream
+processor puts it while the run streams, so a reload after the end shows what the user saw:
+on the last assistant message of the turn (since the last user message) if there is one,
+else on a new assistant message that the turn's next assistant message takes over (its
+parts first, the next message's id), as ``TEXT_MESSAGE_START`` adopts the message that
+reasoning opened.
 """
 from __future__ import annotations
 
@@ -35,14 +42,27 @@ def _parsed(raw: str) -> Any:
 def to_ui_messages(messages: Sequence[Message]) -> list[Message]:
     """Convert AG-UI messages (``role``, ``content``, ``toolCalls``, ``toolCallId``) to UI messages.
 
-    Messages of other roles (``reasoning``, ``activity``, ``developer``) carry nothing
-    the chat shows after a reload and are left out.
+    A ``reasoning`` message becomes a ``thinking`` part (see the module docstring).
+    Messages of other roles (``activity``, ``developer``) carry nothing the chat shows
+    after a reload and are left out.
     """
     out: list[Message] = []
     current: Message | None = None  # the assistant message tool results attach to
+    turn: Message | None = None  # the turn's last assistant message (reasoning attaches to it)
+    opened: Message | None = None  # an assistant message reasoning opened, for the next one to take
     for m in messages:
         role = m.get("role")
         mid = str(m.get("id") or f"msg-{len(out)}")
+        if role == "reasoning":
+            thought = _text(m.get("content"))
+            if not thought:
+                continue
+            if turn is None:
+                turn = opened = {"id": mid, "role": "assistant", "parts": []}
+                out.append(turn)
+            turn["parts"].append({"type": "thinking", "content": thought})
+            current = turn
+            continue
         if role == "tool":
             content = _text(m.get("content"))
             result = {"type": "tool-result", "toolCallId": m.get("toolCallId", ""), "content": content,
@@ -72,7 +92,16 @@ def to_ui_messages(messages: Sequence[Message]) -> list[Message]:
             if parsed is not None:
                 part["input"] = parsed
             parts.append(part)
-        ui = {"id": mid, "role": role, "parts": parts}
-        out.append(ui)
+        if role == "assistant" and opened is not None:
+            ui, opened = opened, None
+            ui["id"] = mid
+            ui["parts"].extend(parts)
+        else:
+            ui = {"id": mid, "role": role, "parts": parts}
+            out.append(ui)
         current = ui if role == "assistant" else None
+        if role == "assistant":
+            turn = ui
+        elif role == "user":
+            turn = opened = None
     return out

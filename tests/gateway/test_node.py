@@ -1,4 +1,4 @@
-"""Real clients: the TanStack AI client (Node.js) and a browser EventSource. The web pages' browser tests are in test_pages.py."""
+"""Real clients: the TanStack AI client (Node.js), a React `useChat` page and `xhrHttpStream` in Chromium, and a browser EventSource. The web pages' browser tests are in test_pages.py."""
 from __future__ import annotations
 
 import asyncio
@@ -63,10 +63,28 @@ async def test_tanstack_unknown_run_persistence_and_ndjson_adapter(host: Any, ga
     assert result["ndjson"]["text"] == "hello from the replay"
     plain = result["claude-stream-json/slow.jsonl"]
     assert plain["text"] == SLOW_TEXT and plain["textParts"] == 40 and plain["users"] == 1 and plain["uniqueIds"]
-    # A run that starts with reasoning: never a text part twice (the client itself drops the
-    # reasoning message and the first text part on rejoin; see tanstack_edges.mjs).
+    # A run that starts with reasoning: never a text part twice. @tanstack/ai-client 0.33.2
+    # itself drops the reasoning message and the first text part on rejoin (react_chat.mjs).
     thinking = result["claude-stream-json/thinking.jsonl"]
-    assert thinking["users"] == 1 and thinking["uniqueIds"] and SLOW_TEXT.endswith(thinking["text"])
+    assert thinking["users"] == 1 and thinking["uniqueIds"] and thinking["text"] == SLOW_TEXT.removeprefix("part 0. ")
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(240)
+async def test_react_use_chat_persistence_and_xhr_adapter_in_chromium(host: Any, gateway: Gateway) -> None:
+    """Issue 12 item 2 in Chromium: ``useChat`` (``@tanstack/ai-react``, ``persistence: true``)
+    reloaded mid-run restores the prompt and the answer so far, joins the live run and ends
+    with the exact text, each chunk once; a reload after the end shows the transcript once.
+    ``xhrHttpStream`` (browser-only) streams and joins a run as the exact chunks of its log.
+    A run that starts with reasoning pins @tanstack/ai-client 0.33.2's rejoin bug (see
+    react_chat.mjs): the first text part is dropped by the client, nothing is duplicated."""
+    node = need_node("playwright-core", "esbuild", "react", "react-dom", "@tanstack/ai-react")
+    require(pathlib.Path("/usr/bin/chromium").exists(), "/usr/bin/chromium missing (apt-get install chromium)")
+    result = await run_node(node, "react_chat.mjs", {"BATON_GATEWAY_URL": gateway.url}, timeout=220)
+    sse, xhr = result["sse"], result["xhrReasoningFirst"]
+    assert sse["restored"] >= sse["before"] >= 3 and sse["end"] == 40
+    assert xhr["end"] == 39 and xhr["thinkingSaved"] == ["Let me think."]
+    assert result["xhr"]["types"][-1] == "RUN_FINISHED"
 
 
 @pytest.mark.browser
