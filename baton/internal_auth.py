@@ -99,33 +99,15 @@ def server_interceptors(token: str | None = None) -> list[grpc.aio.ServerInterce
     return [TokenCheck(token)] if token else []
 
 
-class _AddToken:
-    """Adds the token to a unary-unary call's metadata (streams: :class:`_WithToken`)."""
-
-    def __init__(self, token: str) -> None:
-        self._pair = (TOKEN_METADATA, token)
-
-    def _details(self, d: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-        md = grpc.aio.Metadata(*(tuple(d.metadata) if d.metadata else ()), self._pair)
-        return d._replace(metadata=md)  # type: ignore[attr-defined, no-any-return]
-
-    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(self._details(details), request)
-
-
-
-# grpc.aio files each interceptor under the FIRST kind it is an instance of (an if/elif chain
-# in grpc/aio/_channel.py): one object implementing all four kinds intercepted unary-unary
-# calls only, and the streams (the session keep-alive, watches) went out without the token.
-# Stream interceptors are no way out: an intercepted stream-stream call written to without a
-# request iterator (the keep-alive) fails its later writes ("RPC already finished"). So the
-# unary-unary calls keep the interceptor and the stream calls get the token as call metadata.
-class _AddTokenUnaryUnary(_AddToken, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]  # generic only in grpc-stubs
-    pass
-
-
+# The token rides as call metadata, added by wrapping the channel's multi-callable factories.
+# Not an interceptor: grpc.aio files each interceptor under the FIRST call kind it is an
+# instance of (an if/elif chain in grpc/aio/_channel.py), so one all-kinds interceptor saw
+# unary calls only and the streams (the session keep-alive, watches) went out without the
+# token; a stream interceptor breaks a stream-stream call written to without a request
+# iterator (the keep-alive: "RPC already finished"); and every intercepted call costs an
+# extra task. One wrapper covers the four kinds alike.
 class _WithToken:
-    """A stream multi-callable that adds the token to each call's metadata."""
+    """A multi-callable that adds the token to each call's metadata."""
 
     def __init__(self, callable_: Any, pair: tuple[str, str]) -> None:
         self._callable = callable_
@@ -136,9 +118,9 @@ class _WithToken:
         return self._callable(*args, metadata=md, **kwargs)
 
 
-def _add_token_to_streams(channel: grpc.aio.Channel, token: str) -> None:
+def _add_token(channel: grpc.aio.Channel, token: str) -> None:
     pair = (TOKEN_METADATA, token)
-    for kind in ("unary_stream", "stream_unary", "stream_stream"):
+    for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
         factory = getattr(channel, kind)
 
         def wrapped(*args: Any, _factory: Any = factory, **kwargs: Any) -> Any:
@@ -155,11 +137,9 @@ def insecure_channel(address: str, options: Sequence[tuple[str, Any]] = (), toke
         token: the cluster's token; ``None`` reads ``BATON_INTERNAL_TOKEN``; ``""`` sends none.
     """
     token = token_from_env() if token is None else token
-    interceptors = [_AddTokenUnaryUnary(token)] if token else None
-    # grpc-stubs types aio interceptors as a placeholder class "to cast or ignore".
-    channel = grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors)  # type: ignore[arg-type]
+    channel = grpc.aio.insecure_channel(address, options=list(options))
     if token:
-        _add_token_to_streams(channel, token)
+        _add_token(channel, token)
     return channel
 
 

@@ -20,6 +20,7 @@ import json
 import os
 import pathlib
 import shutil
+import statistics
 import subprocess
 import tempfile
 from typing import Any
@@ -31,6 +32,7 @@ ONE_STREAM_APPENDS = 400
 MANY_STREAMS = 16
 MANY_STREAMS_APPENDS = 100  # per stream
 LATENCY_SAMPLES = 100
+ROUNDS = int(os.environ.get("BENCH_DS_ROUNDS", "3"))
 
 
 def measure(base: str) -> dict[str, Any]:
@@ -69,8 +71,13 @@ async def main() -> dict[str, Any]:
         try:
             gw = await start_gateway(coord.address, nats.url, log_dir=tmp, log_level="WARNING")
             try:
-                baton = await asyncio.to_thread(measure, f"{gw.url}/ds")
-                reference = await asyncio.to_thread(measure, ref_url)
+                # Interleaved rounds, each figure the median of its rounds: the machine's load
+                # drifts over a run and hits both servers alike.
+                rounds: dict[str, list[dict[str, Any]]] = {"baton": [], "reference": []}
+                for _ in range(ROUNDS):
+                    rounds["baton"].append(await asyncio.to_thread(measure, f"{gw.url}/ds"))
+                    rounds["reference"].append(await asyncio.to_thread(measure, ref_url))
+                baton, reference = _median(rounds["baton"]), _median(rounds["reference"])
             finally:
                 await gw.stop()
         finally:
@@ -81,7 +88,7 @@ async def main() -> dict[str, Any]:
         nats.stop()
         etcd.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    out: dict[str, Any] = {"baton": baton, "reference": reference}
+    out: dict[str, Any] = {"baton": baton, "reference": reference, "rounds": ROUNDS}
     out["ratios"] = {
         "append_1_stream": baton["append_1_stream_per_s"] / reference["append_1_stream_per_s"],
         "append_16_streams": baton["append_16_streams_per_s"] / reference["append_16_streams_per_s"],
@@ -90,7 +97,23 @@ async def main() -> dict[str, Any]:
     out["targets_met"] = {"throughput_ge_reference": out["ratios"]["append_16_streams"] >= 1.0}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(out, indent=2))
+    print(f"{'scenario':<22}{'baton':>10}{'reference':>11}{'ratio':>7}  (median of {ROUNDS} interleaved rounds)")
+    for key, unit in (("append_1_stream", "per_s"), ("append_16_streams", "per_s")):
+        b, r = baton[f"{key}_{unit}"], reference[f"{key}_{unit}"]
+        print(f"{key + ' /s':<22}{b:>10.0f}{r:>11.0f}{out['ratios'][key]:>7.2f}")
+    b, r = baton["read_latency_ms"]["p50"], reference["read_latency_ms"]["p50"]
+    print(f"{'read latency p50 ms':<22}{b:>10.2f}{r:>11.2f}{out['ratios']['read_latency_p50']:>7.2f}")
+    return out
+
+
+def _median(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each figure's median over rounds (``read_latency_ms`` field by field)."""
+    out: dict[str, Any] = {}
+    for key, value in results[0].items():
+        if isinstance(value, dict):
+            out[key] = {k: statistics.median(r[key][k] for r in results) for k in value}
+        else:
+            out[key] = statistics.median(r[key] for r in results)
     return out
 
 

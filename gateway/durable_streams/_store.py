@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import hashlib
 import logging
 import time
@@ -521,6 +522,7 @@ class StreamStore:
         return True
 
 
+@functools.lru_cache(maxsize=4096)  # several calls per request for the same few paths
 def _key(path: str) -> str:
     return hashlib.sha256(path.encode()).hexdigest()[:40]
 
