@@ -5,7 +5,8 @@ draining host released it) and the run is still ``running``, the leader calls ``
 on a live, non-draining host that is not full, within milliseconds of the etcd delete
 event. The host is chosen by :func:`baton.placement.assign` (load = claims it holds now
 plus hand-overs of this leader still in flight, so the orphans of one dead host spread
-over the hosts with room instead of all landing on the one least loaded before them). Hand-overs run in parallel, at most :data:`MAX_PARALLEL_HANDOVERS` at a time. A run with a cancel requested is handed over with
+over the hosts with room instead of all landing on the one least loaded before them). Hand-overs run in parallel, at most :data:`MAX_PARALLEL_HANDOVERS` at a time, and the
+picks that start together share one read of the hosts and their claims. A run with a cancel requested is handed over with
 purpose ``finalize``, so a cancelled run whose host died still ends ``aborted``. Clients
 still connected see a pause, then the rest of the run.
 
@@ -19,6 +20,7 @@ import asyncio
 import functools
 import itertools
 import logging
+from collections import Counter
 from dataclasses import dataclass
 
 import grpc
@@ -43,7 +45,7 @@ _GRPC_OPTIONS = [("grpc.enable_http_proxy", 0)]
 #: How long a hand-over keeps trying when no host can take the run (seconds).
 HANDOVER_PATIENCE = 30.0
 #: Hand-overs of one leader in flight at once (the orphans of a dead host come together).
-MAX_PARALLEL_HANDOVERS = 16
+MAX_PARALLEL_HANDOVERS = 64
 
 
 class HostPool:
@@ -95,25 +97,67 @@ class Placer:
         self.ctx = ctx
         self._tick = itertools.count(1)
         self._book: list[_Assignment] = []
-        self._reading: set[int] = set()  # ticks of picks reading now
+        # Ticks of the reads picks use now, one count per pick (a read may be shared).
+        self._reading: Counter[int] = Counter()
+        self._read: tuple[int, asyncio.Future[tuple[list[HostInfo], dict[str, int]]]] | None = None
+
+    async def _snapshot(self) -> tuple[int, list[HostInfo], dict[str, int]]:
+        """(tick, live hosts, claims per host): one read shared by the picks that start
+        while it is in flight. The orphans of a dead host come together; each reading the
+        registry and every claim again made the hand-overs of 50 runs O(n²) in etcd reads.
+        Sharing is sound under the book's rule: a joiner uses the read's tick, so every
+        assignment that ended after the read began still counts as pending for it.
+
+        The caller holds one count of the tick in ``_reading`` and must release it.
+        """
+        if self._read is not None:
+            t0, shared = self._read
+            self._reading[t0] += 1
+            try:
+                hosts, loads = await asyncio.shield(shared)
+            except BaseException:
+                self._release(t0)
+                raise
+            return t0, hosts, loads
+        t0 = next(self._tick)
+        self._reading[t0] += 1
+        fut: asyncio.Future[tuple[list[HostInfo], dict[str, int]]] = asyncio.get_running_loop().create_future()
+        self._read = (t0, fut)
+        try:
+            hosts = await self.ctx.list_hosts()
+            loads = await host_loads(self.ctx)
+        except BaseException as exc:
+            self._release(t0)
+            # Joiners retry as after any store failure; this pick's own cancel stays its own.
+            fut.set_exception(exc if isinstance(exc, Exception) else StoreUnavailable("placement read cancelled"))
+            fut.exception()  # retrieved: there may be no joiner
+            raise
+        else:
+            fut.set_result((hosts, loads))
+        finally:
+            self._read = None
+        return t0, hosts, loads
+
+    def _release(self, t0: int) -> None:
+        self._reading[t0] -= 1
+        if self._reading[t0] <= 0:
+            del self._reading[t0]
 
     async def pick(self, *, exclude: str = "", tried: frozenset[str] = frozenset()) -> tuple[HostInfo, _Assignment] | None:
         """The best live host for one more run, or ``None`` when no host has room.
 
         The caller must pass the assignment to :meth:`done` when its attach ended.
         """
-        t0 = next(self._tick)
-        self._reading.add(t0)
+        t0, live, loads = await self._snapshot()
         try:
-            hosts = [h for h in await self.ctx.list_hosts()
+            hosts = [h for h in live
                      if not h.draining and h.address and h.host_id != exclude and h.host_id not in tried]
-            loads = await host_loads(self.ctx)
+            pending: dict[str, int] = {}
+            for a in self._book:
+                if a.finished is None or a.finished > t0:
+                    pending[a.host_id] = pending.get(a.host_id, 0) + 1
         finally:
-            self._reading.discard(t0)
-        pending: dict[str, int] = {}
-        for a in self._book:
-            if a.finished is None or a.finished > t0:
-                pending[a.host_id] = pending.get(a.host_id, 0) + 1
+            self._release(t0)
         got = assign([Candidate(h.host_id, loads.get(h.host_id, 0), h.capacity) for h in hosts], 1, pending=pending)
         if not got:
             return None

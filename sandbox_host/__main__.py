@@ -25,7 +25,7 @@ from grpc_reflection.v1alpha import reflection
 from baton import config, internal_auth
 from baton.errors import BatonError
 from baton.v1 import coordinator_pb2
-from sandbox_host.deps import HostDeps, HostSettings
+from sandbox_host.deps import HostDeps, HostSettings, warm_up
 from sandbox_host.manager import RunManager
 from sandbox_host.service import SandboxHostService, add_to_server
 
@@ -135,6 +135,8 @@ class Host:
         if self.settings.provider == "docker":
             providers["docker"] = provider_for("docker")
         cfg = LogConfig.from_env()
+        if self.settings.warm_up:
+            warm_up()  # before the session: a first takeover must not import on the loop
         async with CoordinatorClient(addrs) as cc:
             dlog = await DeliveryLog.connect(nats_urls, cfg)
             try:

@@ -44,6 +44,13 @@ class HostSettings:
         quiet_time: seconds an attach waits after its fence before its first append. 0 here;
             only ``bench/takeover.py`` sets it (``BATON_TAKEOVER_QUIET_TIME``) to emulate the
             reference design's 5 s quiet window as a baseline — our fence needs no window.
+        replay_yield_lines: journal lines a driver translates and aligns before it lets the
+            event loop run other tasks (the host's keep-alive among them). 0 = never: only
+            ``bench/takeover.py`` sets it (``BATON_BENCH_COLD_TAKEOVER=1``, together with
+            ``warm_up = False``) to measure the host as it was before issue 17's fix.
+        warm_up: whether the composition root imports the takeover path's modules before
+            the host opens its session (see :func:`warm_up`); off only with
+            ``BATON_BENCH_COLD_TAKEOVER=1``.
     """
 
     provider: str = "local"
@@ -53,6 +60,8 @@ class HostSettings:
     snapshot_interval: float = 2.0
     final_write_timeout: float = 10.0
     quiet_time: float = 0.0
+    replay_yield_lines: int = 32
+    warm_up: bool = True
     capacity: int = 64
     store_retry: float = 5.0
     finish_budget: float = 30.0
@@ -62,6 +71,7 @@ class HostSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "HostSettings":
+        cold = (os.environ if env is None else env).get("BATON_BENCH_COLD_TAKEOVER", "") == "1"
         return cls(
             provider=config.get("BATON_PROVIDER", env),
             attach_wait=config.get_float("BATON_ATTACH_WAIT", env),
@@ -69,10 +79,31 @@ class HostSettings:
             journal_poll=config.get_float("BATON_JOURNAL_POLL", env),
             quiet_time=float((os.environ if env is None else env).get("BATON_TAKEOVER_QUIET_TIME", "0") or 0),
             capacity=int(config.get_float("BATON_HOST_CAPACITY", env)),
+            replay_yield_lines=0 if cold else 32,
+            warm_up=not cold,
             finish_budget=float((os.environ if env is None else env).get("BATON_FINISH_BUDGET", "30") or 30),
             secrets={k: v for k, v in (os.environ if env is None else env).items()
                      if k in AGENT_SECRET_NAMES and v},
         )
+
+
+def warm_up() -> None:
+    """Import what a takeover runs, once, before the host holds a session.
+
+    The agents, translators, journal and fingerprint modules are imported where they are
+    used, so a process that only starts (or a tool) does not pay for them. A host must
+    not pay for them on its first takeover either: importing them (pydantic models,
+    dataclasses, regexes) runs on the event loop and took 2-7 s on a loaded 2-core
+    machine, long enough for the host's own session to expire while it took over the runs
+    of a dead peer (issue 17). Blocking here, before :meth:`CoordinatorClient.open_session`,
+    delays only the host's readiness.
+    """
+    import baton.fingerprint  # noqa: F401  (imported for its side effect: loaded once)
+    import baton.transcript  # noqa: F401
+    import sandbox_host.agents  # noqa: F401
+    import sandbox_host.align  # noqa: F401
+    import sandbox_host.journal  # noqa: F401
+    import sandbox_host.translate  # noqa: F401
 
 
 class HostDeps:
@@ -189,11 +220,10 @@ class HostDeps:
     # --- log bodies -----------------------------------------------------------------------
 
     async def read_chunk(self, run_id: str, offset: int) -> dict[str, Any] | None:
-        """The stored chunk at ``offset`` (one body read), or ``None``."""
-        reader = self.log.read(run_id, after=str(int(offset) - 1), stop_at_close=True)
-        async with reader:
-            async for off, chunk in reader:
-                return chunk if int(off) == int(offset) else None
-        return None
+        """The stored chunk at ``offset`` (one record read, no consumer), or ``None``.
 
-
+        Raises:
+            LogUnavailable: JetStream did not answer.
+        """
+        body = await self.log.chunk_at(run_id, offset)
+        return body if isinstance(body, dict) else None

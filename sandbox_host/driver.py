@@ -67,6 +67,9 @@ class RunStats:
     appended: int = 0
     replayed: int = 0
     first_append_at: float | None = None
+    #: Seconds from the start of the body to the end of each step (fenced, headers, input,
+    #: sandbox) and to the first append (append), for the takeover log line and the bench.
+    marks: dict[str, float] = field(default_factory=dict)
     outcome: str | None = None
     decision: M.Decision | None = None
     errors: list[str] = field(default_factory=list)
@@ -132,6 +135,7 @@ class RunDriver:
         #: so the host may take the run again (a successor after a let-go may be this host).
         self.releasing = False
         self._storage_waits = 0
+        self._began = time.monotonic()
         self.done = asyncio.Event()
 
     # --- control --------------------------------------------------------------------------
@@ -286,6 +290,7 @@ class RunDriver:
     # --- body -----------------------------------------------------------------------------
 
     async def _body(self) -> M.Decision | None:
+        t0 = self._began = time.monotonic()
         while self.fence_seq is None:
             try:
                 self.fence_seq = await self.writer.fence()
@@ -296,9 +301,13 @@ class RunDriver:
                 continue
             self.machine.advance(M.Phase.FENCED)
         stored: list[Any] = list(self._opened)
+        marks = self.stats.marks
+        marks["fenced"] = time.monotonic() - t0
         if self.mode != "fresh":
             stored = await self.deps.log.stored_headers(self.run_id, before=self.fence_seq)
+            marks["headers"] = time.monotonic() - t0
             await self._load_input_messages(stored)
+            marks["input"] = time.monotonic() - t0
         if self.mode == "finalize" or (self.mode == "attach" and self.record.cancel_requested):
             return self.machine.on(M.CancelRequested(reason=self._cancel_reason or self.record.cancel_reason or "user",
                                                      path="reaper" if self._cancel_reason == "reaped" else "watch"))
@@ -310,6 +319,7 @@ class RunDriver:
                                             "run_input_missing"))
         self.machine.advance(M.Phase.PREPARING)
         sbx = await self.sandboxes.ensure(self.input_messages)
+        marks["sandbox"] = time.monotonic() - t0
         aligner = self._aligner = Aligner(stored, thread_ids=())
         self.stats.stored_prefix = aligner.stored_count
         self.machine.advance(M.Phase.STREAMING)
@@ -323,12 +333,21 @@ class RunDriver:
         fragment: bytes | None = None
         items = follow_journal(sbx.provider, sbx.handle, sbx.handle.journal_path, offset=0, nonce=sbx.nonce,
                                poll_interval=self.deps.settings.journal_poll)
+        every = self.deps.settings.replay_yield_lines
+        lines = 0
         async with contextlib.aclosing(items) as it:
             async for item in it:
                 if isinstance(item, JournalLine):
                     d = await self._emit(translator.feed(item.data), aligner)
                     if d is not None:
                         return d
+                    lines += 1
+                    if every and lines % every == 0:
+                        # A replay over a stored prefix appends nothing, so nothing else
+                        # awaits: one read of the journal (up to 1 MiB) would be translated
+                        # and aligned in one step of the loop. Several takeovers at once held
+                        # the loop for seconds that way, and the host's keep-alive with it.
+                        await asyncio.sleep(0)
                 elif isinstance(item, JournalTruncated):
                     fragment = item.data
                 elif isinstance(item, JournalExit):
@@ -447,6 +466,11 @@ class RunDriver:
     def _count(self, chunks: list[Chunk]) -> None:
         if chunks and self.stats.first_append_at is None:
             self.stats.first_append_at = time.monotonic()
+            self.stats.marks["append"] = self.stats.first_append_at - self._began
+            if self.mode == "attach":
+                log.info("run %s: takeover at epoch %d: first append after %s (s since the driver began; "
+                         "%d stored chunks replayed)", self.run_id, self.epoch,
+                         {k: round(v, 3) for k, v in self.stats.marks.items()}, self.stats.stored_prefix)
         self.stats.appended += len(chunks)
         for c in chunks:
             self.machine.saw_chunk(c)
@@ -543,9 +567,12 @@ class RunDriver:
         from sandbox_host.journal import LineSplitter, parse_sentinel
 
         done = False
-        for line in LineSplitter().feed(data):
+        every = self.deps.settings.replay_yield_lines
+        for n, line in enumerate(LineSplitter().feed(data), 1):
             if done or parse_sentinel(line.data, sbx.nonce) is not None:
                 break
+            if every and n % every == 0:
+                await asyncio.sleep(0)  # the whole journal in memory: let the loop run (see _stream)
             for c in translator.feed(line.data):
                 if aligner.caught_up:
                     done = True

@@ -15,7 +15,7 @@ from nats.js import api
 from baton.errors import LogStorageFull, LogUnavailable
 from baton.ids import subject_token
 from baton.log import _headers as H
-from baton.log._api import ERR_STREAM_NAME_IN_USE, STORAGE_FULL_CODES, last_on_subject
+from baton.log._api import ERR_STREAM_NAME_IN_USE, STORAGE_FULL_CODES, first_on_subject, last_on_subject
 from baton.log._config import LogConfig
 from baton.log._consumer import OrderedConsumer
 from baton.log._reader import LogReader, parse_offset
@@ -230,6 +230,25 @@ class DeliveryLog:
         except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
             raise LogUnavailable(run_id, f"reading the log head failed: {type(exc).__name__}") from exc
         return H.parse_record(tail.seq, tail.headers) if tail else None
+
+    async def chunk_at(self, run_id: str, offset: int) -> Any:
+        """The body of the run's chunk at ``offset``, or ``None`` when that offset holds no
+        chunk of this run (another run's record, a fence or close, or nothing stored).
+
+        One ``STREAM.MSG.GET`` (the first record of the run's subject at or after
+        ``offset``), no consumer: a successor reads the run input this way while it takes
+        the run over.
+
+        Raises:
+            LogUnavailable: JetStream did not answer.
+        """
+        try:
+            rec = await first_on_subject(self.nc, self.cfg.stream, self.cfg.subject(run_id), start=int(offset))
+        except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
+            raise LogUnavailable(run_id, f"reading a record failed: {type(exc).__name__}") from exc
+        if rec is None or rec.seq != int(offset) or rec.headers.get(H.KIND, "chunk") != "chunk":
+            return None
+        return json.loads(rec.data)
 
     async def stored_headers(self, run_id: str, before: int | str | None = None) -> list[H.StoredRecord]:
         """Every record of the run (headers only, bodies not transferred), in order.

@@ -36,6 +36,20 @@ async def test_resume_after_every_offset_yields_exactly_the_rest(dlog: DeliveryL
         assert [c for _, c in rest] == chunks[k + 1 :], k
 
 
+async def test_chunk_at_reads_one_chunk_of_the_run_and_nothing_else(dlog: DeliveryLog) -> None:
+    run_id, other = unique("run"), unique("run")
+    w, w2 = dlog.writer(run_id, 1), dlog.writer(other, 1)
+    fence = await w.fence()
+    await w2.fence()
+    offsets = await w.append([chunk(0), chunk(1)])
+    elsewhere = await w2.append([chunk(7)])
+    assert [await dlog.chunk_at(run_id, int(o)) for o in offsets] == [chunk(0), chunk(1)]
+    assert await dlog.chunk_at(run_id, int(fence)) is None  # a fence is no chunk
+    assert await dlog.chunk_at(run_id, int(elsewhere[0])) is None  # another run's record
+    assert await dlog.chunk_at(run_id, int(offsets[-1]) + 100) is None  # nothing stored there
+    assert await dlog.chunk_at(other, int(elsewhere[0])) == chunk(7)
+
+
 async def test_reader_ends_at_close_and_reports_the_status(dlog: DeliveryLog) -> None:
     run_id = unique("run")
     w = dlog.writer(run_id, 1)
