@@ -100,23 +100,26 @@ class HostPool:
 
 
 async def try_hosts(
-    pool: HostPool, hosts: list[coordinator_pb2.HostInfo], attempt: Callable[[coordinator_pb2.HostInfo], Awaitable[T]]
+    pool: HostPool, hosts: list[coordinator_pb2.HostInfo], attempt: Callable[[coordinator_pb2.HostInfo], Awaitable[T]],
+    next_on: tuple[type[e.BatonError], ...] = (),
 ) -> tuple[coordinator_pb2.HostInfo, T]:
     """Run ``attempt`` on each host, least loaded first, until one does not fail as
-    unreachable, draining or full.
+    unreachable, draining or full (or as one of ``next_on``).
 
     Raises:
         HostAtCapacity: every host refused as full.
+        next_on's error: every host failed with it (the last one is raised).
         NoHostAvailable (from ``gateway._errors``): no host, or all unreachable/draining.
         Any other domain error ``attempt`` raises (e.g. ``ThreadBusy``), at once.
     """
     from gateway._errors import NoHostAvailable
 
     refusals: list[BaseException] = []
+    passed: tuple[type[e.BatonError], ...] = (e.StoreUnavailable, e.HostDraining, e.HostAtCapacity, *next_on)
     for h in pool.rank(hosts):
         try:
             result = await attempt(h)
-        except (e.StoreUnavailable, e.HostDraining, e.HostAtCapacity) as exc:
+        except passed as exc:
             log.warning("host %s (%s) refused or unreachable: %s", h.host_id, h.address, exc)
             refusals.append(exc)
             continue
@@ -124,5 +127,7 @@ async def try_hosts(
         return h, result
     if refusals and all(isinstance(x, e.HostAtCapacity) for x in refusals):
         raise refusals[-1]  # every host is full: say so (503 HOST_AT_CAPACITY)
+    if refusals and next_on and all(isinstance(x, next_on) for x in refusals):
+        raise refusals[-1]
     raise NoHostAvailable("no sandbox host could take the run" if refusals
                           else "no sandbox host is available") from (refusals[-1] if refusals else None)

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 
 from baton import errors as e
 from baton.ids import validate_id
-from baton.v1 import runs_pb2, sandbox_host_pb2
+from baton.v1 import coordinator_pb2, runs_pb2, sandbox_host_pb2
 from gateway._auth import check_run_visible
 from gateway._errors import CancelWaitTimeout, StartFailed, mapping_for
 from gateway._hosts import try_hosts
@@ -50,13 +50,20 @@ async def _start_run(st: GatewayState, cs: ChatStart, tenant_id: str) -> runs_pb
     )
     hosts = await st.hosts.live_hosts()
     resp: sandbox_host_pb2.StartRunResponse
+    # A host whose session expired half-way through the start (a pause or a starved loop past
+    # its lease) answers RUN_CLAIM_LOST; the run is left ``starting`` (or was taken over), and
+    # a start with the same run id on the next host starts or joins it (StartRun is
+    # idempotent by run id), so the client never sees that host's trouble.
+    def start(h: coordinator_pb2.HostInfo) -> Awaitable[sandbox_host_pb2.StartRunResponse]:
+        return st.hosts.call(h.address, "StartRun", req)
+
     try:
         try:
-            host, resp = await try_hosts(st.hosts, hosts, lambda h: st.hosts.call(h.address, "StartRun", req))
+            host, resp = await try_hosts(st.hosts, hosts, start, next_on=(e.RunClaimLost,))
         except e.ThreadBusy as busy:
             if not await _finishing(st, busy.active_run_id):
                 raise
-            host, resp = await try_hosts(st.hosts, hosts, lambda h: st.hosts.call(h.address, "StartRun", req))
+            host, resp = await try_hosts(st.hosts, hosts, start, next_on=(e.RunClaimLost,))
     except e.ThreadBusy:
         st.metrics.appends.labels("thread-busy").inc()
         raise
