@@ -17,13 +17,15 @@ measurement on an empty prefix, run just before. Figures:
 Target: each figure at 100k within 20% of 1k (and of the baseline). Writes
 ``bench/results/scale.json``. Rows of other scale benches (``bench/scale_runs.py``: many
 concurrent runs across hosts) are composed in when that module exists: it must offer
-``async def run() -> list[dict]``.
+``async def run() -> list[dict]`` (``BENCH_SCALE_RUNS_TOO=0``: not composed in).
+``BENCH_SCALE_SIZES=1000,10000`` measures other sizes.
 """
 from __future__ import annotations
 
 import asyncio
 import importlib
 import json
+import os
 import pathlib
 import statistics
 import tempfile
@@ -44,7 +46,7 @@ from baton_tools.testing.servers import EtcdServer
 from coordinator import _etcd as E
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "scale.json"
-SIZES = (1_000, 10_000, 100_000)
+SIZES = tuple(int(x) for x in os.environ.get("BENCH_SCALE_SIZES", "1000,10000,100000").split(","))
 CLAIMS = 400          # runs claimed per round
 CONCURRENCY = 20
 ROUNDS = 2
@@ -196,7 +198,7 @@ async def main() -> dict[str, Any]:
         "failover_fresh_100k_vs_1k": last["failover_fresh_leader_s"] / first["failover_fresh_leader_s"],
         "flat_within": 0.2}}
     try:  # many concurrent runs across hosts (another module; composed in when present)
-        scale_runs = importlib.import_module("bench.scale_runs")
+        scale_runs = importlib.import_module("bench.scale_runs") if os.environ.get("BENCH_SCALE_RUNS_TOO", "1") != "0" else None
     except ModuleNotFoundError:
         scale_runs = None
     if scale_runs is not None and hasattr(scale_runs, "run"):
