@@ -7,7 +7,8 @@ and a real ``python -m coordinator`` subprocess serves it; the baseline is the s
 measurement on an empty prefix, run just before. Figures:
 
 * **claims/s**: ``ClaimRun`` of fresh running runs at 20 concurrent callers (median of
-  rounds).
+  rounds). Then again with both prefixes served at once, baseline and size round for round
+  alternately (``claims_interleaved``): the fairer ratio on a shared, drifting machine.
 * **failover (watch)**: a host's session is revoked with 20 runs claimed under it → every
   run claimed again by a live host. The host is a stub ``SandboxHost`` whose ``AttachRun``
   claims the run (the coordinator's part of failover, without an agent).
@@ -158,9 +159,30 @@ async def _side(server: EtcdServer, tmp: pathlib.Path, n: int) -> dict[str, Any]
     finally:
         await coord.stop()
         await raw.close()
-    return {"records": n, "seed_s": round(seeded, 1), "claims_per_s": statistics.median(rates),
+    return {"records": n, "prefix": prefix, "seed_s": round(seeded, 1), "claims_per_s": statistics.median(rates),
             "claims_per_s_rounds": [round(r, 1) for r in rates], "failover_watch_s": statistics.median(watch),
             "failover_watch_rounds": [round(w, 3) for w in watch], "failover_fresh_leader_s": fresh}
+
+
+async def _claims_interleaved(server: EtcdServer, tmp: pathlib.Path, base_prefix: str, at_prefix: str,
+                              rounds: int = 3) -> tuple[list[float], list[float]]:
+    """claims/s on the two prefixes a row measured, round for round alternately (a
+    coordinator on each, both up together): load that drifts over minutes on a shared machine
+    weighs on both sides alike, which two sides measured one after the other cannot promise."""
+    coords = [await start_coordinator(server.endpoint, p, log_dir=tmp, BATON_REAPER_INTERVAL="0",
+                                      BATON_LOG_LEVEL="WARNING") for p in (base_prefix, at_prefix)]
+    out: tuple[list[float], list[float]] = ([], [])
+    try:
+        async with CoordinatorClient(coords[0].address) as c0, CoordinatorClient(coords[1].address) as c1:
+            ccs = (c0, c1)
+            sessions = [await c.open_session(60.0, owner="bench") for c in ccs]
+            for i in range(rounds):
+                for side in ((0, 1) if i % 2 == 0 else (1, 0)):  # ABBA...: neither side always first
+                    out[side].append(await _claims_per_s(ccs[side], sessions[side], f"i{i}"))
+    finally:
+        for c in coords:
+            await c.stop()
+    return out
 
 
 async def rows(server: EtcdServer, tmp: pathlib.Path, sizes: tuple[int, ...] = SIZES) -> list[dict[str, Any]]:
@@ -169,8 +191,12 @@ async def rows(server: EtcdServer, tmp: pathlib.Path, sizes: tuple[int, ...] = S
     for n in sizes:
         base = await _side(server, tmp, 0)
         at = await _side(server, tmp, n)
+        base_i, at_i = await _claims_interleaved(server, tmp, base["prefix"], at["prefix"])
         row = {"records": n, "baseline": base, "at": at,
                "claims_ratio": at["claims_per_s"] / base["claims_per_s"],
+               "claims_interleaved": {"baseline_rounds": [round(x, 1) for x in base_i],
+                                      "at_rounds": [round(x, 1) for x in at_i],
+                                      "ratio": statistics.median(at_i) / statistics.median(base_i)},
                "failover_watch_ratio": at["failover_watch_s"] / base["failover_watch_s"],
                "failover_fresh_ratio": at["failover_fresh_leader_s"] / base["failover_fresh_leader_s"]}
         out.append(row)
@@ -179,7 +205,8 @@ async def rows(server: EtcdServer, tmp: pathlib.Path, sizes: tuple[int, ...] = S
         print(f"{n:>7} records: claims/s {at['claims_per_s']:7.0f} (baseline {base['claims_per_s']:7.0f}, "
               f"x{row['claims_ratio']:.2f}); failover watch {at['failover_watch_s'] * 1000:6.0f} ms "
               f"(baseline {base['failover_watch_s'] * 1000:6.0f} ms); fresh leader "
-              f"{at['failover_fresh_leader_s']:.2f} s (baseline {base['failover_fresh_leader_s']:.2f} s)", flush=True)
+              f"{at['failover_fresh_leader_s']:.2f} s (baseline {base['failover_fresh_leader_s']:.2f} s); "
+              f"claims/s interleaved x{row['claims_interleaved']['ratio']:.2f}", flush=True)
     return out
 
 
