@@ -27,6 +27,7 @@ that overruns ends the side with an error naming the stage, and the side's row s
 reason of its HTTP answer (``refused_by_reason``), a broken reader by its exception
 (``reader_errors``).
 Writes ``bench/results/scale_runs.json`` (also when a side failed).
+``BENCH_SCALE_SIDES=1-node`` (or ``replicated``) runs one side only.
 """
 from __future__ import annotations
 
@@ -265,7 +266,9 @@ async def main() -> dict[str, Any]:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, me.cancel)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-scale-runs-") as d:
-        for name, replicated in (("1-node", False), ("replicated (3 etcd + 3 NATS, R3)", True)):
+        sides = (("1-node", False), ("replicated (3 etcd + 3 NATS, R3)", True))
+        wanted = os.environ.get("BENCH_SCALE_SIDES", "1-node,replicated").split(",")
+        for name, replicated in [sd for sd in sides if sd[0].split(" ")[0] in wanted]:
             try:
                 rows.append(await side(name, replicated, pathlib.Path(d) / ("r" if replicated else "s")))
             except (StageOverrun, RuntimeError, TimeoutError, OSError) as exc:
