@@ -48,7 +48,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("BATON_RUNS_STREAM", "BATON_RUNS", "JetStream stream holding delivery logs"),
     Setting("BATON_SUBJECT_PREFIX", "baton.runs", "subject prefix of delivery logs"),
     Setting("BATON_THREADS_BUCKET", "baton-threads", "JetStream KV bucket holding transcripts"),
-    Setting("BATON_LOG_MAX_AGE", "2592000", "delivery-log retention in seconds (30 days)"),
+    Setting("BATON_LOG_MAX_AGE", "2592000", "delivery-log retention in seconds (30 days); coordinators: how long a run id whose record retention deleted stays retired"),
     Setting("BATON_LOG_REPLICAS", "1", "JetStream replicas for the stream and bucket"),
     Setting("BATON_SSE_KEEPALIVE", "15", "seconds between SSE/NDJSON keep-alive comments"),
     Setting("BATON_REPLAY_DIRS", "", "colon-separated directories replay journals may be read from (default: the shipped corpus)"),

@@ -24,7 +24,7 @@ import grpc
 from google.protobuf.field_mask_pb2 import FieldMask
 
 from baton import internal_auth
-from baton.errors import SessionLost, StoreUnavailable
+from baton.errors import InvalidArgument, SessionLost, StoreUnavailable
 from baton.grpc_errors import from_rpc_error
 from baton.retry import Attempts, Deadline
 from baton.v1 import coordinator_pb2 as pb
@@ -338,6 +338,21 @@ class CoordinatorClient:
         r = await self._unary("ListRuns", pb.ListRunsRequest(
             thread_id=thread_id or "", limit=limit, tenant=tenant or ""), timeout, idempotent=True)
         return list(r.records)
+
+    async def list_page(self, tenant: str | None = None, page_size: int = 100, page_token: str = "", *,
+                        timeout: float | None = None) -> tuple[list[RunRecord], str]:
+        """One page of a tenant's runs (``None``: every tenant's), oldest first → (runs, next
+        page token, ``""`` on the last page). One bounded etcd read, however many runs exist.
+
+        Raises:
+            InvalidArgument: ``page_token`` is not a token this call returned, or
+                ``page_size`` is not in ``[1, 1000]``.
+        """
+        if page_size <= 0:
+            raise InvalidArgument("page_size", "must be in [1, 1000]")
+        r = await self._unary("ListRuns", pb.ListRunsRequest(tenant=tenant or "", page_size=page_size,
+                                                             page_token=page_token), timeout, idempotent=True)
+        return list(r.records), r.next_page_token
 
     async def thread_runs(self, thread_id: str, limit: int = 1, *,
                           timeout: float | None = None) -> tuple[list[RunRecord], str]:

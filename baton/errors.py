@@ -90,6 +90,17 @@ class UnknownThread(BatonError):
         super().__init__(f"unknown thread {thread_id!r}")
 
 
+class RunIdRetired(BatonError):
+    """Retention deleted the record of a run with this id, and the id cannot start a new run
+    yet: the old run's delivery log may still hold its chunks and fences, which a new run of
+    the same id would mix with its own (docs/design.md §3.5). Use a fresh run id.
+    """
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"run id {run_id!r} belonged to a run whose record was deleted; use a new run id")
+
+
 # --- claims and fencing -------------------------------------------------------------------
 
 

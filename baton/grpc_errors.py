@@ -66,6 +66,9 @@ TABLE: tuple[Mapping, ...] = (
     Mapping(e.ThreadBusy, grpc.StatusCode.ALREADY_EXISTS, 409, "THREAD_BUSY",
             lambda x: {"thread_id": x.thread_id, "active_run_id": x.active_run_id},  # type: ignore[attr-defined]
             lambda m: e.ThreadBusy(m.get("thread_id", ""), m.get("active_run_id", ""))),
+    Mapping(e.RunIdRetired, grpc.StatusCode.FAILED_PRECONDITION, 409, "RUN_ID_RETIRED",
+            lambda x: {"run_id": x.run_id},  # type: ignore[attr-defined]
+            lambda m: e.RunIdRetired(m.get("run_id", ""))),
     Mapping(e.RunClaimNotAcquired, grpc.StatusCode.FAILED_PRECONDITION, 409, "RUN_CLAIM_NOT_ACQUIRED",
             lambda x: {"run_id": x.run_id, "refusal": x.reason},  # type: ignore[attr-defined]
             lambda m: e.RunClaimNotAcquired(m.get("run_id", ""), m.get("refusal", "held"))),  # type: ignore[arg-type]

@@ -7,7 +7,10 @@ NATS subject token (no ``.``, ``*``, ``>``, whitespace) and in a shell word.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
+import math
 import re
 import unicodedata
 
@@ -85,3 +88,39 @@ def file_stem(run_id: str) -> str:
         return enc
     digest = hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()
     return f"{enc[:100]}~{digest}"
+
+
+# --- list positions and page tokens (ListRuns, docs/design.md §3.5) ---------------------------
+
+_POSITION = re.compile(rb"\d{20}/[A-Za-z0-9_%-]+")
+
+
+def micros(t: float) -> int:
+    """Unix seconds → integer microseconds (the unit of the coordinator's time indexes)."""
+    return int(math.floor(t * 1_000_000 + 0.5))
+
+
+def run_position(started_at: float, run_id: str) -> bytes:
+    """Where a run sits in a listing oldest first: ``started_at`` in µs, then the encoded
+    run id (the suffix of its ``started/.../a/`` index key in etcd)."""
+    return f"{micros(started_at):020d}/{encode_token(run_id)}".encode()
+
+
+def page_token(position: bytes) -> str:
+    """The opaque ``next_page_token`` for a page that ended at ``position``."""
+    return base64.urlsafe_b64encode(position).decode().rstrip("=")
+
+
+def page_position(token: str) -> bytes:
+    """The position a ``page_token`` names (the next page starts strictly after it).
+
+    Raises:
+        InvalidArgument: ``page_token`` is not a token :func:`page_token` made.
+    """
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+    except (ValueError, binascii.Error):
+        raw = b""
+    if not _POSITION.fullmatch(raw):
+        raise InvalidArgument("page_token", "is not a token this API returned")
+    return raw

@@ -7,7 +7,8 @@ and a real ``python -m coordinator`` subprocess serves it; the baseline is the s
 measurement on an empty prefix, run just before. Figures:
 
 * **claims/s**: ``ClaimRun`` of fresh running runs at 20 concurrent callers (median of
-  rounds).
+  rounds). Then again with both prefixes served at once, baseline and size round for round
+  alternately (``claims_interleaved``): the fairer ratio on a shared, drifting machine.
 * **failover (watch)**: a host's session is revoked with 20 runs claimed under it → every
   run claimed again by a live host. The host is a stub ``SandboxHost`` whose ``AttachRun``
   claims the run (the coordinator's part of failover, without an agent).
@@ -17,13 +18,15 @@ measurement on an empty prefix, run just before. Figures:
 Target: each figure at 100k within 20% of 1k (and of the baseline). Writes
 ``bench/results/scale.json``. Rows of other scale benches (``bench/scale_runs.py``: many
 concurrent runs across hosts) are composed in when that module exists: it must offer
-``async def run() -> list[dict]``.
+``async def run() -> list[dict]`` (``BENCH_SCALE_RUNS_TOO=0``: not composed in).
+``BENCH_SCALE_SIZES=1000,10000`` measures other sizes.
 """
 from __future__ import annotations
 
 import asyncio
 import importlib
 import json
+import os
 import pathlib
 import statistics
 import tempfile
@@ -44,7 +47,7 @@ from baton_tools.testing.servers import EtcdServer
 from coordinator import _etcd as E
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "scale.json"
-SIZES = (1_000, 10_000, 100_000)
+SIZES = tuple(int(x) for x in os.environ.get("BENCH_SCALE_SIZES", "1000,10000,100000").split(","))
 CLAIMS = 400          # runs claimed per round
 CONCURRENCY = 20
 ROUNDS = 2
@@ -156,9 +159,30 @@ async def _side(server: EtcdServer, tmp: pathlib.Path, n: int) -> dict[str, Any]
     finally:
         await coord.stop()
         await raw.close()
-    return {"records": n, "seed_s": round(seeded, 1), "claims_per_s": statistics.median(rates),
+    return {"records": n, "prefix": prefix, "seed_s": round(seeded, 1), "claims_per_s": statistics.median(rates),
             "claims_per_s_rounds": [round(r, 1) for r in rates], "failover_watch_s": statistics.median(watch),
             "failover_watch_rounds": [round(w, 3) for w in watch], "failover_fresh_leader_s": fresh}
+
+
+async def _claims_interleaved(server: EtcdServer, tmp: pathlib.Path, base_prefix: str, at_prefix: str,
+                              rounds: int = 3) -> tuple[list[float], list[float]]:
+    """claims/s on the two prefixes a row measured, round for round alternately (a
+    coordinator on each, both up together): load that drifts over minutes on a shared machine
+    weighs on both sides alike, which two sides measured one after the other cannot promise."""
+    coords = [await start_coordinator(server.endpoint, p, log_dir=tmp, BATON_REAPER_INTERVAL="0",
+                                      BATON_LOG_LEVEL="WARNING") for p in (base_prefix, at_prefix)]
+    out: tuple[list[float], list[float]] = ([], [])
+    try:
+        async with CoordinatorClient(coords[0].address) as c0, CoordinatorClient(coords[1].address) as c1:
+            ccs = (c0, c1)
+            sessions = [await c.open_session(60.0, owner="bench") for c in ccs]
+            for i in range(rounds):
+                for side in ((0, 1) if i % 2 == 0 else (1, 0)):  # ABBA...: neither side always first
+                    out[side].append(await _claims_per_s(ccs[side], sessions[side], f"i{i}"))
+    finally:
+        for c in coords:
+            await c.stop()
+    return out
 
 
 async def rows(server: EtcdServer, tmp: pathlib.Path, sizes: tuple[int, ...] = SIZES) -> list[dict[str, Any]]:
@@ -167,8 +191,12 @@ async def rows(server: EtcdServer, tmp: pathlib.Path, sizes: tuple[int, ...] = S
     for n in sizes:
         base = await _side(server, tmp, 0)
         at = await _side(server, tmp, n)
+        base_i, at_i = await _claims_interleaved(server, tmp, base["prefix"], at["prefix"])
         row = {"records": n, "baseline": base, "at": at,
                "claims_ratio": at["claims_per_s"] / base["claims_per_s"],
+               "claims_interleaved": {"baseline_rounds": [round(x, 1) for x in base_i],
+                                      "at_rounds": [round(x, 1) for x in at_i],
+                                      "ratio": statistics.median(at_i) / statistics.median(base_i)},
                "failover_watch_ratio": at["failover_watch_s"] / base["failover_watch_s"],
                "failover_fresh_ratio": at["failover_fresh_leader_s"] / base["failover_fresh_leader_s"]}
         out.append(row)
@@ -177,7 +205,8 @@ async def rows(server: EtcdServer, tmp: pathlib.Path, sizes: tuple[int, ...] = S
         print(f"{n:>7} records: claims/s {at['claims_per_s']:7.0f} (baseline {base['claims_per_s']:7.0f}, "
               f"x{row['claims_ratio']:.2f}); failover watch {at['failover_watch_s'] * 1000:6.0f} ms "
               f"(baseline {base['failover_watch_s'] * 1000:6.0f} ms); fresh leader "
-              f"{at['failover_fresh_leader_s']:.2f} s (baseline {base['failover_fresh_leader_s']:.2f} s)", flush=True)
+              f"{at['failover_fresh_leader_s']:.2f} s (baseline {base['failover_fresh_leader_s']:.2f} s); "
+              f"claims/s interleaved x{row['claims_interleaved']['ratio']:.2f}", flush=True)
     return out
 
 
@@ -196,7 +225,7 @@ async def main() -> dict[str, Any]:
         "failover_fresh_100k_vs_1k": last["failover_fresh_leader_s"] / first["failover_fresh_leader_s"],
         "flat_within": 0.2}}
     try:  # many concurrent runs across hosts (another module; composed in when present)
-        scale_runs = importlib.import_module("bench.scale_runs")
+        scale_runs = importlib.import_module("bench.scale_runs") if os.environ.get("BENCH_SCALE_RUNS_TOO", "1") != "0" else None
     except ModuleNotFoundError:
         scale_runs = None
     if scale_runs is not None and hasattr(scale_runs, "run"):

@@ -16,8 +16,18 @@ Figures per side:
 - ``completed``: runs whose reader got the end and whose record says completed.
 
 Scaled to this machine (2 cores shared): 200 runs × a 47-line journal over ~30 s, started
-over 10 s (all 200 live together from then on).
-Writes ``bench/results/scale_runs.json``.
+over 10 s (all 200 live together from then on). Each host may drive every run
+(``BATON_HOST_CAPACITY`` = ``RUNS``): the bench measures throughput, not placement, and a
+placement that lags behind the hosts' load must not refuse runs.
+
+Robust under load: each side has one budget (:data:`SIDE_BUDGET` seconds) that every stage
+(start-up, the runs, reading the stored times, shutdown) takes its deadline from; a stage
+that overruns ends the side with an error naming the stage, and the side's row says so
+(``error``) instead of the bench hanging or dying. A refused run is counted by the error
+reason of its HTTP answer (``refused_by_reason``), a broken reader by its exception
+(``reader_errors``).
+Writes ``bench/results/scale_runs.json`` (also when a side failed).
+``BENCH_SCALE_SIDES=1-node`` (or ``replicated``) runs one side only.
 """
 from __future__ import annotations
 
@@ -32,8 +42,11 @@ import statistics
 import tempfile
 import time
 import uuid
-from typing import Any
+from typing import Any, Awaitable, TypeVar
 
+from baton.retry import Deadline
+
+T = TypeVar("T")
 REPO = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "scale_runs.json"
 CORPUS = REPO / "corpus"
@@ -47,6 +60,8 @@ SECONDS = float(os.environ.get("BENCH_SCALE_SECONDS", "30"))
 START_SPREAD = float(os.environ.get("BENCH_SCALE_SPREAD", "10"))
 #: A reader still going this long after the start is counted as not completed.
 BUDGET = SECONDS * 6 + 60
+#: One side's whole budget: cluster start-up, the runs, reading stored times, shutdown.
+SIDE_BUDGET = BUDGET + 240
 TTL = 5.0
 _ID = re.compile(rb"\nid: ?([0-9]+)\n")
 
@@ -60,6 +75,7 @@ class Reader:
         self.arrivals: dict[int, float] = {}
         self.ended: float | None = None
         self.status = 0
+        self.reason = ""  # the error reason of a refused POST (its JSON body's "reason")
 
     async def run(self) -> None:
         await asyncio.sleep(self.delay)
@@ -67,7 +83,7 @@ class Reader:
         r, w = await asyncio.open_connection("127.0.0.1", self.port)
         try:
             w.write(b"POST /api/chat HTTP/1.1\r\nHost: bench\r\nAccept: text/event-stream\r\n"
-                    b"Content-Type: application/json\r\nX-Run-Id: " + self.run_id.encode() +
+                    b"Content-Type: application/json\r\nConnection: close\r\nX-Run-Id: " + self.run_id.encode() +
                     b"\r\nContent-Length: " + str(len(self.body)).encode() + b"\r\n\r\n" + self.body)
             await w.drain()
             buf = b""
@@ -79,6 +95,8 @@ class Reader:
                 if not self.status:
                     self.status = int(data.split(b" ", 2)[1])
                 buf += data
+                if self.status >= 400:
+                    continue  # read the error body to its end
                 # Keep a tail: an event may be split between reads.
                 cut = buf.rfind(b"\n\n")
                 if cut < 0:
@@ -91,10 +109,37 @@ class Reader:
                     return
         finally:
             w.close()
+            if self.status >= 400:
+                self.reason = _reason(buf)
 
 
-async def _stored_times(nats_url: str, stream: str) -> dict[int, float]:
-    """Stream sequence → the time JetStream stored it (s since the epoch), every record."""
+def _reason(response: bytes) -> str:
+    """The ``reason`` of an HTTP error answer's JSON body (its status line when none)."""
+    head, _, body = response.partition(b"\r\n\r\n")
+    try:
+        return str(json.loads(body).get("reason") or "") or head.split(b"\r\n", 1)[0].decode()
+    except (ValueError, AttributeError):
+        return head.split(b"\r\n", 1)[0].decode(errors="replace")
+
+
+class StageOverrun(Exception):
+    """A stage of a side did not end within what was left of the side's budget."""
+
+
+async def _stage(deadline: Deadline, stage: str, aw: Awaitable[T]) -> T:
+    """``aw`` within what is left of ``deadline``; :class:`StageOverrun` naming ``stage``."""
+    left = deadline.left()
+    try:
+        async with asyncio.timeout(left):
+            return await aw
+    except TimeoutError:
+        raise StageOverrun(f"{stage}: not done within the {left:.0f} s left of the side's "
+                           f"{SIDE_BUDGET:.0f} s budget") from None
+
+
+async def _stored_times(nats_url: str, stream: str, deadline: Deadline) -> dict[int, float]:
+    """Stream sequence → the time JetStream stored it (s since the epoch), every record
+    (as many as were read before ``deadline``)."""
     import nats
     from nats.js import api
 
@@ -108,9 +153,9 @@ async def _stored_times(nats_url: str, stream: str) -> dict[int, float]:
         psub = await js.pull_subscribe_bind(cinfo.name, stream)
         out: dict[int, float] = {}
         total = (await js.stream_info(stream)).state.messages
-        while len(out) < total:
+        while len(out) < total and not deadline.expired:
             try:
-                msgs = await psub.fetch(500, timeout=10)
+                msgs = await psub.fetch(500, timeout=deadline.cap(10))
             except (nats.errors.TimeoutError, asyncio.TimeoutError):
                 break
             for m in msgs:
@@ -128,27 +173,29 @@ async def side(name: str, replicated: bool, tmp: pathlib.Path) -> dict[str, Any]
     from baton_tools.testing.replicated import EtcdCluster, NatsCluster
     from baton_tools.testing.servers import EtcdServer, NatsServer
 
+    deadline = Deadline.after(SIDE_BUDGET)
     tag = f"s{uuid.uuid4().hex[:6]}"
     etcd: Any = EtcdCluster(tmp / "etcd") if replicated else EtcdServer(tmp / "etcd")
     nats_: Any = NatsCluster(tmp / "nats") if replicated else NatsServer(tmp / "nats")
-    await asyncio.to_thread(etcd.start)
-    await asyncio.to_thread(nats_.start)
+    await _stage(deadline, "etcd start", asyncio.to_thread(etcd.start))
+    await _stage(deadline, "nats start", asyncio.to_thread(nats_.start))
     endpoints = etcd.endpoints if replicated else etcd.endpoint
     env: dict[str, Any] = {"BATON_RUNS_STREAM": f"RUNS_{tag}", "BATON_SUBJECT_PREFIX": f"baton.{tag}",
            "BATON_THREADS_BUCKET": f"threads-{tag}", "BATON_REPLAY_DIRS": str(CORPUS),
            "BATON_JOURNAL_DIR": str(tmp / "journals"), "BATON_SANDBOX_DIR": str(tmp / "sandboxes"),
            "BATON_SESSION_TTL": str(TTL), "BATON_LOG_LEVEL": "WARNING",
-           "BATON_LOG_REPLICAS": "3" if replicated else "1"}
+           "BATON_LOG_REPLICAS": "3" if replicated else "1", "BATON_HOST_CAPACITY": str(max(64, RUNS))}
     coordinator: Any = None
     hosts: list[Any] = []
     gateway: Any = None
     try:
-        coordinator = await start_coordinator(endpoints, f"/{tag}/", log_dir=tmp / "logs", session_ttl=TTL,
-                                              detached_run_ttl=3600)
+        coordinator = await _stage(deadline, "coordinator start", start_coordinator(
+            endpoints, f"/{tag}/", log_dir=tmp / "logs", session_ttl=TTL, detached_run_ttl=3600))
         for i in range(HOSTS):
-            hosts.append(await start_host(coordinator.address, nats_.url, host_id=f"{name}-h{i}",
-                                          log_dir=tmp / "logs", **env))
-        gateway = await start_gateway(coordinator.address, nats_.url, log_dir=tmp / "logs", **env)
+            hosts.append(await _stage(deadline, f"host {i} start", start_host(
+                coordinator.address, nats_.url, host_id=f"{name}-h{i}", log_dir=tmp / "logs", **env)))
+        gateway = await _stage(deadline, "gateway start", start_gateway(coordinator.address, nats_.url,
+                                                                        log_dir=tmp / "logs", **env))
         port = int(gateway.url.rsplit(":", 1)[1])
         speed = speed_for(CORPUS / JOURNAL, SECONDS)
         readers = []
@@ -160,11 +207,22 @@ async def side(name: str, replicated: bool, tmp: pathlib.Path) -> dict[str, Any]
             readers.append(Reader(port, run_id, body, i * START_SPREAD / RUNS))
         t0 = time.time()
         tasks = [asyncio.create_task(r.run()) for r in readers]
-        _, late = await asyncio.wait(tasks, timeout=BUDGET)
+        # The readers get what the side's budget leaves after reading the stored times and
+        # shutting down (60 s), at most BUDGET.
+        _, late = await asyncio.wait(tasks, timeout=max(1.0, min(BUDGET, deadline.left() - 60)))
         for t in late:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)  # a refused or broken reader counts as not completed
-        stored = await _stored_times(nats_.url, env["BATON_RUNS_STREAM"])
+        # A refused or broken reader counts as not completed.
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        reader_errors: dict[str, int] = {}
+        for o in outcomes:
+            if isinstance(o, BaseException) and not isinstance(o, asyncio.CancelledError):
+                reader_errors[type(o).__name__] = reader_errors.get(type(o).__name__, 0) + 1
+        refused: dict[str, int] = {}
+        for r in readers:
+            if r.status >= 400:
+                refused[r.reason or str(r.status)] = refused.get(r.reason or str(r.status), 0) + 1
+        stored = await _stored_times(nats_.url, env["BATON_RUNS_STREAM"], Deadline.after(deadline.cap(30)))
         lat = sorted((at - stored[off]) * 1000 for r in readers for off, at in r.arrivals.items() if off in stored)
         received = sum(len(r.arrivals) for r in readers)
         ends = [r.ended for r in readers if r.ended is not None]
@@ -175,6 +233,9 @@ async def side(name: str, replicated: bool, tmp: pathlib.Path) -> dict[str, Any]
             "completed": len(ends),
             "unfinished_after_budget": len(late),
             "refused": sum(1 for r in readers if r.status >= 400),
+            "refused_by_reason": refused,
+            "reader_errors": reader_errors,
+            "stored_times_read": len(stored),
             "chunks": received,
             "chunks_per_s": round(received / (max(ends) - t0), 1) if ends else None,
             "append_to_reader_ms": {
@@ -187,6 +248,7 @@ async def side(name: str, replicated: bool, tmp: pathlib.Path) -> dict[str, Any]
             "wall_s": round((max(ends) if ends else time.time()) - t0, 1),
         }
     finally:
+        # Shutdown is bounded by each stop's own timeout (SIGKILL after it), whatever is left.
         if gateway is not None:
             await gateway.stop(timeout=10)
         await asyncio.gather(*(h.stop(timeout=10) for h in hosts), return_exceptions=True)
@@ -204,15 +266,25 @@ async def main() -> dict[str, Any]:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, me.cancel)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-scale-runs-") as d:
-        for name, replicated in (("1-node", False), ("replicated (3 etcd + 3 NATS, R3)", True)):
-            rows.append(await side(name, replicated, pathlib.Path(d) / ("r" if replicated else "s")))
+        sides = (("1-node", False), ("replicated (3 etcd + 3 NATS, R3)", True))
+        wanted = os.environ.get("BENCH_SCALE_SIDES", "1-node,replicated").split(",")
+        for name, replicated in [sd for sd in sides if sd[0].split(" ")[0] in wanted]:
+            try:
+                rows.append(await side(name, replicated, pathlib.Path(d) / ("r" if replicated else "s")))
+            except (StageOverrun, RuntimeError, TimeoutError, OSError) as exc:
+                # The side's row says what failed; the other side still runs.
+                rows.append({"engines": name, "runs": RUNS, "completed": 0, "error": f"{type(exc).__name__}: {exc}"[:2000],
+                             "chunks_per_s": None, "append_to_reader_ms": {"p50": None, "p99": None, "max": None},
+                             "start_max_s": None})
             print(json.dumps(rows[-1]), flush=True)
     print(f"{'engines':<34} {'runs':>4} {'done':>5} {'chunks/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} "
           f"{'start max':>9}")
     for r in rows:
         a = r["append_to_reader_ms"]
         print(f"{r['engines']:<34} {r['runs']:>4} {r['completed']:>5} {r['chunks_per_s']!s:>9} {a['p50']!s:>7} "
-              f"{a['p99']!s:>7} {a['max']!s:>7} {r['start_max_s']!s:>8}s")
+              f"{a['p99']!s:>7} {a['max']!s:>7} {r['start_max_s']!s:>8}s"
+              + (f"  ERROR {r['error'][:200]}" if r.get("error") else "")
+              + (f"  refused {r['refused_by_reason']}" if r.get("refused_by_reason") else ""))
     out = {"bench": "scale_runs", "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "scale": {"runs": RUNS, "hosts": HOSTS, "journal": JOURNAL, "seconds_per_run": SECONDS,

@@ -26,6 +26,8 @@ class CoordinatorConfig:
         session_ttl: default session TTL in seconds when a caller sends none.
         record_cache_size: runs whose last record and claim are remembered (0 disables).
         record_retention: seconds a terminal record is kept after its run ended (0: forever).
+        log_max_age: the delivery log's retention in seconds (``BATON_LOG_MAX_AGE``; 0:
+            unlimited): how long a run id whose record retention deleted stays retired.
         etcd_page_size: keys per etcd range response (every range read is paged).
         internal_token: the cluster's internal token every caller must send
             (:mod:`baton.internal_auth`); empty: no check.
@@ -45,6 +47,7 @@ class CoordinatorConfig:
     session_ttl: float = 2.0
     record_cache_size: int = 10_000
     record_retention: float = 30 * 24 * 3600.0
+    log_max_age: float = 30 * 24 * 3600.0
     etcd_page_size: int = 500
     internal_token: str = field(default="", repr=False)
     fast_failover: bool = True
@@ -75,6 +78,7 @@ class CoordinatorConfig:
             record_cache_size=_count(config.get_float("BATON_RECORD_CACHE_SIZE", env), "BATON_RECORD_CACHE_SIZE"),
             record_retention=f("BATON_RECORD_RETENTION") if g("BATON_RECORD_RETENTION").strip()
             else f("BATON_LOG_MAX_AGE"),
+            log_max_age=f("BATON_LOG_MAX_AGE"),
             etcd_page_size=_count(f("BATON_ETCD_PAGE_SIZE"), "BATON_ETCD_PAGE_SIZE") or 1,
             internal_token=g("BATON_INTERNAL_TOKEN"),
             fast_failover=_flag(g("BATON_FAST_FAILOVER"), "BATON_FAST_FAILOVER"),

@@ -124,9 +124,10 @@ def delete(key: bytes, range_end: bytes = b"") -> Op:
     return Op(request_delete_range=rpc.DeleteRangeRequest(key=key, range_end=range_end))
 
 
-def get(key: bytes, range_end: bytes = b"", limit: int = 0, count_only: bool = False) -> Op:
+def get(key: bytes, range_end: bytes = b"", limit: int = 0, count_only: bool = False,
+        keys_only: bool = False) -> Op:
     return Op(request_range=rpc.RangeRequest(key=key, range_end=range_end, limit=limit,
-                                             count_only=count_only))
+                                             count_only=count_only, keys_only=keys_only))
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,15 @@ range over ``readers/<run>/`` can never catch another run's readers.
 ``starting/<µs:020d>/<run>``            runs whose input is not durable yet, by ``started_at``
 ``live/<run>``                          every ``running`` run (failover sweep, presence catch-up)
 ``ended/<µs:020d>/<run>``               terminal runs by ``finished_at`` (retention)
-``indexes``                             marker: live/ended were backfilled for older records
+``started/all/<o>/<µs:020d>/<run>``     every run by ``started_at`` (the tenant-wide listing
+                                        with auth off); ``<o>`` = ``a``: oldest first (the
+                                        paged ListRuns), ``d`` (µs inverted): newest first
+``started/t/<tenant>/<o>/<µs>/<run>``   a tenant's runs by ``started_at``, the same two ways
+``retired/<run>``                       a run id whose record retention deleted: it cannot
+                                        start again while its log may hold the old chunks
+                                        (under a lease of the log's max age; retention.py)
+``indexes``                             marker: the live/ended/started indexes were
+                                        backfilled for older records (value ``v2``)
 ``readers/<run>/<reader>``              presence of one reader, under the gateway's lease
 ``sandboxes/<key>``                     SandboxInstance (protobuf bytes)
 ``hosts/<host>``                        HostInfo (protobuf bytes), under the host's lease
@@ -29,10 +37,14 @@ range over ``readers/<run>/`` can never catch another run's readers.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from baton.ids import decode_token, encode_token
+from baton.ids import decode_token, encode_token, run_position
+from baton.ids import micros as micros  # re-exported: the unit of every time index here
+
+
+#: Larger than any µs timestamp (``micros``): inverted timestamps stay non-negative.
+_MAX_US = 10**19
 
 
 def prefix_end(prefix: bytes) -> bytes:
@@ -43,11 +55,6 @@ def prefix_end(prefix: bytes) -> bytes:
             b[i] += 1
             return bytes(b[: i + 1])
     return b"\0"
-
-
-def micros(t: float) -> int:
-    """Unix seconds → integer microseconds, the unit of the reclaimable index."""
-    return int(math.floor(t * 1_000_000 + 0.5))
 
 
 @dataclass(frozen=True)
@@ -139,6 +146,27 @@ class Keys:
     def ended_until(self, cutoff: float) -> bytes:
         """range_end covering every ended-index key with ``finished_at <= cutoff``."""
         return self._k("ended", f"{micros(cutoff) + 1:020d}")
+
+    def started_scope(self, tenant: str | None, newest_first: bool = False) -> bytes:
+        """The prefix of one listing: every run (``tenant`` ``None``) or one tenant's, in key
+        order oldest first or newest first."""
+        order = "d" if newest_first else "a"
+        if tenant is None:
+            return self._k("started", "all", order, "")
+        return self._k("started", "t", encode_token(tenant), order, "")
+
+    def started(self, tenant: str | None, started_at: float, run_id: str, newest_first: bool = False) -> bytes:
+        """A run's entry in a listing (:meth:`started_scope`): by ``started_at`` µs (inverted
+        when ``newest_first``), then by the encoded run id."""
+        if not newest_first:
+            return self.started_scope(tenant) + run_position(started_at, run_id)
+        return self.started_scope(tenant, True) + f"{_MAX_US - micros(started_at):020d}/{encode_token(run_id)}".encode()
+
+    def run_id_of_started(self, key: bytes) -> str:
+        return decode_token(key.rsplit(b"/", 1)[1].decode())
+
+    def retired(self, run_id: str) -> bytes:
+        return self._k("retired", encode_token(run_id))
 
     @property
     def indexes_marker(self) -> bytes:

@@ -58,6 +58,7 @@ class CoordinatorServer:
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc_health stubs lack .aio
         self._election_task: asyncio.Task[None] | None = None
+        self._health_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self._shutdown_started = False
         self.port = 0
@@ -68,7 +69,8 @@ class CoordinatorServer:
         return f"127.0.0.1:{self.port}"
 
     async def start(self) -> None:
-        """Bind, serve, and start campaigning. Reports SERVING once etcd answered once."""
+        """Bind, serve, and start campaigning. Reports SERVING once etcd answered once (at
+        start, or later: until then NOT_SERVING, and RPCs answer UNAVAILABLE)."""
         cfg, store = self.config, self.store
         self.fast_failover = FastFailover(store, enabled=cfg.fast_failover, etcd_timeout=cfg.etcd_timeout)
         self.service = CoordinatorService(store, etcd_timeout=cfg.etcd_timeout,
@@ -87,16 +89,38 @@ class CoordinatorServer:
         await server.start()
         self.election = LeaderElection(store, cfg, [presence_sweeper, *self._leader_tasks])
         self._election_task = asyncio.create_task(self.election.run(), name="coordinator-election")
-        try:
-            await self.etcd.range(store.keys.runs, timeout=cfg.etcd_timeout)
-            status = health_pb2.HealthCheckResponse.SERVING
-        except StoreUnavailable:
+        if await self._etcd_answers():
+            await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        else:
             log.warning("etcd unreachable at start; serving UNAVAILABLE answers until it is back")
-            status = health_pb2.HealthCheckResponse.NOT_SERVING
-        for name in ("", SERVICE_NAME):
-            await self._health.set(name, status)
+            await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+            # Without this the replica stayed NOT_SERVING for good when etcd was slow for one
+            # etcd_timeout at start (a busy etcd right after a bulk load, say), and a
+            # readiness probe never let traffic in.
+            self._health_task = asyncio.create_task(self._serving_when_etcd_answers(), name="coordinator-health")
         log.info("coordinator %s listening on %s (etcd %s, prefix %s)", cfg.replica_id,
                  self.port, ",".join(cfg.etcd_endpoints), cfg.prefix)
+
+    async def _etcd_answers(self) -> bool:
+        try:
+            await self.etcd.range(self.store.keys.runs, timeout=self.config.etcd_timeout)
+            return True
+        except StoreUnavailable:
+            return False
+
+    async def _set_health(self, status: "health_pb2.HealthCheckResponse.ServingStatus.ValueType") -> None:
+        for name in ("", SERVICE_NAME):
+            await self._health.set(name, status)
+
+    async def _serving_when_etcd_answers(self) -> None:
+        """Probe etcd (one point read, at most every second) until it answers, then SERVING."""
+        while True:
+            await asyncio.sleep(1.0)
+            if await self._etcd_answers():
+                break
+        if not self._shutdown_started:
+            await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+            log.info("etcd answers again: serving")
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
@@ -111,9 +135,10 @@ class CoordinatorServer:
             await self._health.enter_graceful_shutdown()
             if self.service is not None:
                 self.service.stop_streams()
-            if self._election_task is not None:
-                self._election_task.cancel()
-                await asyncio.gather(self._election_task, return_exceptions=True)
+            for task in (self._election_task, self._health_task):
+                if task is not None:
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
             if self._server is not None:
                 await self._server.stop(grace)
             if self.fast_failover is not None:

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Reaper = Callable[[float, float], Awaitable[dict[str, int]]]
 
+#: Most runs one ListRuns page may hold (a page of records stays well under 1 MiB).
+MAX_PAGE = 1000
 # Leave the caller part of its deadline to receive our UNAVAILABLE answer (a loaded host
 # needs more than a few milliseconds to send it).
 _DEADLINE_SLACK = 0.1
@@ -161,7 +163,15 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 validate_id(request.tenant, "tenant")
             if request.limit < 0:
                 raise errors.InvalidArgument("limit", "must be >= 0")
+            if not 0 <= request.page_size <= MAX_PAGE:
+                raise errors.InvalidArgument("page_size", f"must be in [0, {MAX_PAGE}]")
+            if request.page_size and request.thread_id:
+                raise errors.InvalidArgument("page_size", "pages list a tenant's runs, not a thread's")
             budget = self._budget(context)
+            if request.page_size:
+                recs, token = await self.store.list_page(request.tenant, request.page_size, request.page_token,
+                                                         timeout=budget)
+                return pb.ListRunsResponse(records=recs, next_page_token=token)
             recs = await self.store.list_runs(request.thread_id, request.tenant, request.limit,
                                               timeout=budget)
             owner = await self.store.thread_tenant(request.thread_id, timeout=budget) if request.thread_id else ""

@@ -27,14 +27,14 @@ import time
 import uuid
 from typing import AsyncIterator, Callable, Sequence, TypeVar
 
-from baton.errors import (BatonError, InvalidArgument, SessionLost, StoreUnavailable, ThreadBusy,
-                          UnknownThread)
+from baton.errors import (BatonError, InvalidArgument, RunIdRetired, SessionLost, StoreUnavailable,
+                          ThreadBusy, UnknownThread)
 from baton.retry import Deadline
 from baton.v1.coordinator_pb2 import HostInfo, SandboxInstance
 from baton.v1.runs_pb2 import Claim, RunRecord, RunStatus
 
 from coordinator import _etcd as E
-from coordinator import _intents, rules
+from coordinator import _intents, _listing, rules
 from coordinator._cache import RecordCache
 from coordinator._keys import Keys, prefix_end
 from coordinator._records import is_active, is_reclaimable, is_starting
@@ -286,18 +286,32 @@ class RunStore:
         return rec if is_active(rec) else None
 
     async def list_runs(self, thread_id: str, tenant: str, limit: int, *, timeout: float) -> list[RunRecord]:
-        """Records of one thread (or all), optionally of one tenant, oldest first.
+        """Records of one thread (or all), optionally of one tenant, oldest first; with
+        ``limit``, only the newest ``limit``.
 
-        Reads are paged (``Etcd.page_size`` keys per response, one pinned revision), and with
-        ``limit`` only the newest ``limit`` records are kept while reading, so neither a
-        response nor this replica's memory grows with every record etcd holds.
-        ``timeout`` is per etcd call.
+        A thread's records are read by its membership index, paged (``Etcd.page_size`` keys
+        per response), keeping only the newest ``limit`` while reading. Without a thread the
+        ``started/`` index answers (:mod:`coordinator._listing`): the newest ``limit`` are one
+        range read of ``limit`` keys; ``limit`` 0 walks every page of it (for tests and tools:
+        the RPCs page with :meth:`list_page`). ``timeout`` is per etcd call.
         """
         k = self.keys
+        scope = tenant or None
+        if not thread_id:
+            if limit > 0:
+                return await _listing.newest(self.etcd, k, scope, limit, timeout=timeout)
+            out: list[RunRecord] = []
+            token = ""
+            while True:
+                recs, token = await _listing.page(self.etcd, k, scope, self.etcd.page_size, token, timeout=timeout)
+                out += recs
+                if not token:
+                    return out
         newest: list[tuple[tuple[float, str], RunRecord]] = []  # a min-heap when limit > 0
-
-        def keep(recs: Sequence[RunRecord]) -> None:
-            for r in recs:
+        p = k.thread_runs(thread_id)
+        async for kvs, _ in self.etcd.range_pages(p, prefix_end(p), keys_only=True, timeout=timeout):
+            for r in await self._get_many([k.run_id_of_thread_run(thread_id, kv.key) for kv in kvs],
+                                          _Budget(timeout)):
                 if tenant and r.tenant != tenant:
                     continue
                 item = ((r.started_at, r.run_id), r)
@@ -307,16 +321,16 @@ class RunStore:
                     heapq.heappush(newest, item)
                 elif item[0] > newest[0][0]:
                     heapq.heapreplace(newest, item)
-
-        if thread_id:
-            p = k.thread_runs(thread_id)
-            async for kvs, _ in self.etcd.range_pages(p, prefix_end(p), keys_only=True, timeout=timeout):
-                keep(await self._get_many([k.run_id_of_thread_run(thread_id, kv.key) for kv in kvs],
-                                          _Budget(timeout)))
-        else:
-            async for kvs, _ in self.etcd.range_pages(k.runs, prefix_end(k.runs), timeout=timeout):
-                keep([r for kv in kvs if (r := _record(kv)) is not None])
         return [r for _key, r in sorted(newest, key=lambda item: item[0])]
+
+    async def list_page(self, tenant: str, size: int, token: str, *, timeout: float) -> tuple[list[RunRecord], str]:
+        """One page of ``tenant``'s runs (``""``: every run), oldest first → (runs, next page
+        token, ``""`` on the last page). See :func:`coordinator._listing.page`.
+
+        Raises:
+            InvalidArgument: ``token`` is not a token this method returned.
+        """
+        return await _listing.page(self.etcd, self.keys, tenant or None, size, token, timeout=timeout)
 
     async def thread_tenant(self, thread_id: str, *, timeout: float) -> str:
         """The tenant the thread belongs to (``threads/<thread>/tenant``; kept by retention),
@@ -360,6 +374,8 @@ class RunStore:
         Raises:
             UnknownThread: the thread belongs to another tenant.
             ThreadBusy: the thread has another running run and ``interrupt_active`` is false.
+            RunIdRetired: retention deleted a record of this run id, and the id is still
+                retired (its delivery log may hold the old run's chunks).
         """
         b = _Budget(timeout)
         k = self.keys
@@ -368,11 +384,14 @@ class RunStore:
         while True:
             member = k.thread_runs(seed.thread_id)
             r = await self.etcd.txn([], [E.get(run_key), E.get(active_key), E.get(owner_key), E.get(k.incarnation),
-                                         E.get(member, prefix_end(member), limit=1), E.get(k.cancel_intent(seed.run_id, seed.tenant))],
+                                         E.get(member, prefix_end(member), limit=1), E.get(k.cancel_intent(seed.run_id, seed.tenant)),
+                                         E.get(k.retired(seed.run_id), keys_only=True)],
                                     timeout=b.left())
             existing = _record(_first(r.kvs(0)))
             if existing is not None:
                 return existing, False
+            if r.kvs(6):
+                raise RunIdRetired(seed.run_id)
             if not r.kvs(3):  # first use of the prefix (or a wiped etcd): see _snapshot
                 await self._create_incarnation(b)
                 continue
@@ -384,7 +403,8 @@ class RunStore:
                 first = await self._snapshot(k.run_id_of_thread_run(seed.thread_id, r.kvs(4)[0].key), b)
                 if first.record is not None and first.record.tenant != seed.tenant:
                     raise UnknownThread(seed.thread_id)
-            cmps = [E.cmp_absent(run_key), E.cmp_mod(active_key, active_kv.mod_revision if active_kv else 0),
+            cmps = [E.cmp_absent(run_key), E.cmp_absent(k.retired(seed.run_id)),
+                    E.cmp_mod(active_key, active_kv.mod_revision if active_kv else 0),
                     E.cmp_mod(owner_key, owner_kv.mod_revision if owner_kv else 0)]
             ops: list[E.Op] = []
             other = None

@@ -37,18 +37,20 @@ def _reaper_sweep(ctx: WiringContext) -> "ReaperSweep":
 
 
 def build_leader_tasks(ctx: WiringContext) -> list[LeaderTask]:
-    """Leader-only tasks beyond the built-in presence sweeper (failover scheduler, reaper
-    loop, record retention)."""
+    """Leader-only tasks beyond the built-in presence sweeper (failover scheduler, index
+    backfill, reaper loop, record retention)."""
+    from coordinator._indexes import backfill
     from coordinator.failover import failover_scheduler
     from coordinator.reaper import reaper_loop
     from coordinator.retention import retention_loop
 
-    tasks: list[LeaderTask] = [failover_scheduler]
+    tasks: list[LeaderTask] = [failover_scheduler, backfill]
     if ctx.config.reaper_interval > 0:
         tasks.append(reaper_loop(_reaper_sweep(ctx), ctx.config.reaper_interval))
         # Retention passes run at the reaper's pace.
         if ctx.config.record_retention > 0:
-            tasks.append(retention_loop(ctx.config.record_retention, ctx.config.reaper_interval))
+            tasks.append(retention_loop(ctx.config.record_retention, ctx.config.reaper_interval,
+                                        ctx.config.log_max_age))
     return tasks
 
 

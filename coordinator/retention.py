@@ -10,11 +10,19 @@ revision: a record that changed since it was read is not deleted (the next pass 
 What stays: the thread's tenant key (a thread keeps its owner), its transcript (NATS KV)
 and its delivery log until the log's own retention drops it. The gateway serves a transcript
 by thread id and ownership by the tenant key, so it stays readable without its records.
+
+A run id whose record went cannot start a new run while its delivery log may still hold the
+old run's chunks (a reader of the new run would get them, and its fence would refuse the new
+run's epoch 1): the delete puts ``retired/<run>`` under a lease of the log's max age
+(``BATON_LOG_MAX_AGE``; no lease, so kept forever, when the log never expires), and
+``CreateOrResumeRun`` refuses such an id with ``RunIdRetired``. One lease is granted per
+pass that deletes anything.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import Awaitable, Callable
 
 from baton.errors import StoreUnavailable
@@ -23,26 +31,30 @@ from baton.v1.runs_pb2 import RunRecord
 from coordinator import _etcd as E
 from coordinator import rules
 from coordinator._election import LeaderContext
-from coordinator._indexes import READ_BATCH, ensure_indexes, records
+from coordinator._indexes import LIVE_INDEXES, READ_BATCH, ensure_indexes, records
 from coordinator._store import RunStore
 
 log = logging.getLogger(__name__)
 
 #: Ended-index entries read per batch (their records are read and deleted together).
 BATCH = 500
-#: Records deleted per transaction (at most four deletes and two compares each; etcd allows 128 ops).
-PER_TXN = 25
+#: Records deleted per transaction (at most eight deletes, one put and two compares each;
+#: etcd allows 128 ops).
+PER_TXN = 12
 #: Pause between batches (seconds), so a large backlog does not crowd out the RPCs' etcd calls.
 PAUSE = 0.01
 
 
-async def expire_batch(store: RunStore, cutoff: float, *, timeout: float, batch: int = BATCH) -> tuple[int, int]:
+async def expire_batch(store: RunStore, cutoff: float, *, timeout: float, batch: int = BATCH,
+                       retired_lease: int = 0) -> tuple[int, int]:
     """Delete the oldest terminal records that ended at or before ``cutoff`` (one batch).
 
     Args:
         cutoff: Unix seconds (inclusive).
         timeout: seconds per etcd call.
         batch: ended-index entries looked at.
+        retired_lease: the lease each deleted run's ``retired/<run>`` key is put under
+            (0: none, the key stays).
 
     Returns:
         (index entries looked at, records deleted). Fewer entries than ``batch``: nothing
@@ -60,7 +72,7 @@ async def expire_batch(store: RunStore, cutoff: float, *, timeout: float, batch:
     sandboxes = await _get_each(store, sandbox_keys, timeout)
     plans: list[tuple[list[E.Cmp], list[E.Op], bool]] = []
     for entry, (run_id, kv), sandbox in zip(entries, found, sandboxes):
-        plan = rules.expire(k, run_id, kv, entry.key, sandbox, cutoff=cutoff)
+        plan = rules.expire(k, run_id, kv, entry.key, sandbox, cutoff=cutoff, retired_lease=retired_lease)
         if plan is not None:
             # More than one op: the record goes (a stale entry alone is one delete).
             plans.append((*plan, len(plan[1]) > 1))
@@ -106,27 +118,41 @@ async def _get_each(store: RunStore, keys: list[bytes], timeout: float) -> list[
 
 
 async def expire(store: RunStore, cutoff: float, *, timeout: float, batch: int = BATCH,
-                 pause: float = PAUSE) -> int:
+                 pause: float = PAUSE, retired_ttl: float = 0.0) -> int:
     """Delete every terminal record that ended at or before ``cutoff``, batch after batch.
 
     Stops when nothing more is due, or when a whole batch deleted nothing (what is left
     changed meanwhile; the next pass looks again).
 
+    Args:
+        retired_ttl: seconds the deleted runs' ids stay retired (one lease for the pass,
+            granted when something is due); 0: forever.
+
     Returns:
         How many records were deleted.
     """
     total = 0
+    lease = 0
+    if retired_ttl > 0:
+        k = store.keys
+        due, _ = await store.etcd.range(k.ended_prefix, k.ended_until(cutoff), limit=1, keys_only=True,
+                                        timeout=timeout)
+        if not due:
+            return 0
+        lease, _granted = await store.etcd.grant(max(1, math.ceil(retired_ttl)), timeout=timeout)
     while True:
-        seen, deleted = await expire_batch(store, cutoff, timeout=timeout, batch=batch)
+        seen, deleted = await expire_batch(store, cutoff, timeout=timeout, batch=batch, retired_lease=lease)
         total += deleted
         if seen < batch or deleted == 0:
             return total
         await asyncio.sleep(pause)
 
 
-def retention_loop(retention: float, interval: float) -> Callable[[LeaderContext], Awaitable[None]]:
+def retention_loop(retention: float, interval: float,
+                   retired_ttl: float = 0.0) -> Callable[[LeaderContext], Awaitable[None]]:
     """A leader task deleting records older than ``retention`` seconds every ``interval``
-    seconds (either 0 = never). It never returns while leading."""
+    seconds (either 0 = never). Deleted run ids stay retired ``retired_ttl`` seconds (the
+    delivery log's max age; 0 = forever). It never returns while leading."""
 
     async def retention_pass(ctx: LeaderContext) -> None:
         if retention <= 0 or interval <= 0:
@@ -135,8 +161,8 @@ def retention_loop(retention: float, interval: float) -> Callable[[LeaderContext
         while True:
             await asyncio.sleep(interval)
             try:
-                await ensure_indexes(store, timeout=timeout)
-                n = await expire(store, store.clock() - retention, timeout=timeout)
+                await ensure_indexes(store, timeout=timeout, version=LIVE_INDEXES)
+                n = await expire(store, store.clock() - retention, timeout=timeout, retired_ttl=retired_ttl)
                 if n:
                     log.info("retention: %d terminal record(s) older than %gs deleted", n, retention)
             except StoreUnavailable as exc:

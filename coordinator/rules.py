@@ -322,6 +322,8 @@ def index_changes(keys: Keys, old: RunRecord, new: RunRecord,
                  keys.live(new.run_id) if is_live(new) else None, new.run_id)
     ops += _move(keys.ended(ended_at(old), old.run_id) if is_ended(old) else None,
                  keys.ended(ended_at(new), new.run_id) if is_ended(new) else None, new.run_id)
+    for old_l, new_l in zip(listing_entries(keys, old), listing_entries(keys, new)):
+        ops += _move(old_l, new_l, new.run_id)  # only when started_at was rewritten
     return cmps, ops
 
 
@@ -379,18 +381,29 @@ def _move(old_key: bytes | None, new_key: bytes | None, run_id: str) -> list[E.O
     return ops
 
 
+def listing_entries(keys: Keys, rec: RunRecord) -> list[bytes]:
+    """The record's entries in the run listings by start time, oldest first and newest
+    first: every run's, and its tenant's when it has one (``started/...``; the tenant-wide
+    ``ListRuns`` pages these, and the newest runs are one range read)."""
+    scopes: list[str | None] = [None, rec.tenant] if rec.tenant else [None]
+    return [keys.started(t, rec.started_at, rec.run_id, newest_first) for t in scopes
+            for newest_first in (False, True)]
+
+
 def creation_indexes(keys: Keys, new: RunRecord) -> list[E.Op]:
     """Index entries a newly created record gets (its thread's active entry aside)."""
     return _move(None, keys.starting(new.started_at, new.run_id) if is_starting(new) else None, new.run_id) + \
-        _move(None, keys.live(new.run_id) if is_live(new) else None, new.run_id)
+        _move(None, keys.live(new.run_id) if is_live(new) else None, new.run_id) + \
+        [E.put(key, new.run_id.encode()) for key in listing_entries(keys, new)]
 
 
 def backfill_indexes(keys: Keys, rec: RunRecord) -> list[E.Op]:
-    """Puts of the live/ended entries a record written before those indexes should have.
+    """Puts of the live/ended/started entries a record written before those indexes should
+    have.
 
     Idempotent: re-putting an entry that exists changes nothing a reader sees.
     """
-    ops: list[E.Op] = []
+    ops: list[E.Op] = [E.put(key, rec.run_id.encode()) for key in listing_entries(keys, rec)]
     if is_live(rec):
         ops.append(E.put(keys.live(rec.run_id), rec.run_id.encode()))
     if is_ended(rec):
@@ -401,15 +414,18 @@ def backfill_indexes(keys: Keys, rec: RunRecord) -> list[E.Op]:
 # --- retention ------------------------------------------------------------------------------
 
 def expire(keys: Keys, run_id: str, rec_kv: E.KV | None, index_key: bytes, sandbox_kv: E.KV | None,
-           *, cutoff: float) -> tuple[list[E.Cmp], list[E.Op]] | None:
+           *, cutoff: float, retired_lease: int = 0) -> tuple[list[E.Cmp], list[E.Op]] | None:
     """The transaction retention makes for one ended-index entry, or ``None`` to leave it.
 
     A terminal record that ended at or before ``cutoff`` (inclusive) is deleted together
-    with its ended-index entry, its thread-membership entry, and its sandbox entry when that
-    entry still names this run (a later run of the thread may have taken the sandbox over).
-    The write compares the record's mod revision (and the sandbox entry's), so a record that
-    changed since it was read is not deleted. The thread's tenant key stays: a thread keeps
-    its owner, so its transcript stays its tenant's.
+    with its ended-index entry, its listing entries (``started/...``), its thread-membership
+    entry, and its sandbox entry when that entry still names this run (a later run of the
+    thread may have taken the sandbox over). The write compares the record's mod revision
+    (and the sandbox entry's), so a record that changed since it was read is not deleted.
+    The thread's tenant key stays: a thread keeps its owner, so its transcript stays its
+    tenant's. The same write puts ``retired/<run>`` (value: the thread id) under
+    ``retired_lease`` (0: no lease, kept forever): a start of the same run id is refused while
+    it exists, because the run's delivery log may still hold the old run's chunks and fences.
 
     An entry that no longer matches its record (the record is gone, is not terminal, or
     ended at another time) is stale: only the entry is deleted, comparing the record as read.
@@ -420,6 +436,7 @@ def expire(keys: Keys, run_id: str, rec_kv: E.KV | None, index_key: bytes, sandb
         index_key: the ended-index key the run was found by.
         sandbox_kv: the ``sandboxes/<record.sandbox_key>`` entry as read, if any.
         cutoff: Unix seconds.
+        retired_lease: the lease the ``retired/<run>`` key is put under (0: none).
 
     Returns:
         ``(compares, ops)``, or ``None`` when the record is too young.
@@ -433,7 +450,9 @@ def expire(keys: Keys, run_id: str, rec_kv: E.KV | None, index_key: bytes, sandb
         return cmps, [E.delete(index_key)]
     if ended_at(rec) > cutoff:
         return None
-    ops = [E.delete(run_key), E.delete(index_key), E.delete(keys.thread_run(rec.thread_id, run_id))]
+    ops = [E.delete(run_key), E.delete(index_key), E.delete(keys.thread_run(rec.thread_id, run_id)),
+           *(E.delete(key) for key in listing_entries(keys, rec)),
+           E.put(keys.retired(run_id), rec.thread_id.encode(), retired_lease)]
     if sandbox_kv is not None and _sandbox_run(sandbox_kv) == run_id:
         cmps.append(E.cmp_mod(sandbox_kv.key, sandbox_kv.mod_revision))
         ops.append(E.delete(sandbox_kv.key))

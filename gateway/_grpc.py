@@ -11,8 +11,6 @@ does (``BATON_API_KEYS``); health and reflection on this port need no credential
 """
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import logging
 from typing import Any, Awaitable, Callable
@@ -23,7 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from baton import errors as e
-from baton.ids import validate_id
+from baton.ids import page_position, page_token, run_position, validate_id
 from baton.v1 import runs_pb2, runs_service_pb2 as pb
 from gateway import _grpc_wire
 from gateway._auth import tenant_of_header
@@ -61,20 +59,8 @@ def run_info(record: runs_pb2.RunRecord, claim: Any | None = None, reap_at: floa
     return info
 
 
-def _page_key(record: runs_pb2.RunRecord) -> tuple[float, str]:
-    return (record.started_at, record.run_id)
-
-
-def _encode_token(key: tuple[float, str]) -> str:
-    return base64.urlsafe_b64encode(json.dumps(list(key)).encode()).decode()
-
-
-def _decode_token(token: str) -> tuple[float, str]:
-    try:
-        started, run_id = json.loads(base64.urlsafe_b64decode(token.encode()))
-        return float(started), str(run_id)
-    except (ValueError, TypeError, binascii.Error, UnicodeError):
-        raise e.InvalidArgument("page_token", "is not a token this API returned") from None
+def _position(record: runs_pb2.RunRecord) -> bytes:
+    return run_position(record.started_at, record.run_id)
 
 
 def _parse_messages(raw: str) -> Any:
@@ -219,18 +205,22 @@ class RunsService:
         if request.page_size < 0 or request.page_size > MAX_PAGE:
             raise e.InvalidArgument("page_size", f"must be in [0, {MAX_PAGE}]")
         size = request.page_size or DEFAULT_PAGE
-        after = _decode_token(request.page_token) if request.page_token else None
         thread_id = validate_id(request.thread_id, "threadId") if request.thread_id else None
-        if thread_id:
-            await thread_visible_for(st, t, thread_id, must_exist=False)
         # Tenant-scoped in the store read (auth off: the empty tenant reads every run).
-        recs = await st.coordinator.list_runs(thread_id=thread_id, limit=0,
-                                              tenant=t if st.settings.auth_enabled else None)
-        recs = sorted(recs, key=_page_key)
+        scope = t if st.settings.auth_enabled else None
+        if not thread_id:
+            # One page from the coordinator's started index: one call never reads every run.
+            recs, token = await st.coordinator.list_page(scope, size, request.page_token)
+            return pb.RunListResponse(runs=[run_info(r) for r in recs], next_page_token=token)
+        # A thread's runs are few (one runs at a time): read them and page here, with
+        # tokens of the same form (the position of the page's last run).
+        after = page_position(request.page_token) if request.page_token else None
+        await thread_visible_for(st, t, thread_id, must_exist=False)
+        recs = sorted(await st.coordinator.list_runs(thread_id=thread_id, limit=0, tenant=scope), key=_position)
         if after is not None:
-            recs = [r for r in recs if _page_key(r) > after]
+            recs = [r for r in recs if _position(r) > after]
         page = recs[:size]
-        token = _encode_token(_page_key(page[-1])) if len(recs) > size else ""
+        token = page_token(_position(page[-1])) if len(recs) > size else ""
         return pb.RunListResponse(runs=[run_info(r) for r in page], next_page_token=token)
 
     async def ListAgents(self, request: pb.AgentListRequest, context: grpc.aio.ServicerContext[Any, Any]

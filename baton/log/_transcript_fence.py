@@ -53,16 +53,20 @@ def verdict(stored: TranscriptWriter | None, writer: TranscriptWriter) -> Verdic
         writer: the writer that wants to save.
 
     Returns:
-        ``"replace"`` when it may; ``"newer-epoch"`` when ``stored`` is the same run at a
-        higher epoch (a successor took the run over); ``"later-run"`` when ``stored`` is a
-        later run of the thread. The same writer replaces its own value, and an equal
+        ``"replace"`` when it may; ``"newer-epoch"`` when ``stored`` is the same run (same
+        id and start time) at a higher epoch (a successor took the run over); ``"later-run"``
+        when ``stored`` is a later run of the thread (by start time, then run id; a run id
+        started again after retention is a new run). The same writer replaces its own value, and an equal
         epoch of the same run replaces too (the log fence already allows one writer per
         epoch).
     """
     if stored is None:
         return "replace"
-    if stored.run_id == writer.run_id:
+    if stored.run_id == writer.run_id and stored.started_at == writer.started_at:
         return "newer-epoch" if stored.epoch > writer.epoch else "replace"
+    # Another run, or the same run id started again after retention deleted the old record
+    # and its id stopped being retired (docs/design.md §3.5): the later start wins, so the
+    # old run's higher epochs cannot fence the new run out.
     if (stored.started_at, stored.run_id) > (writer.started_at, writer.run_id):
         return "later-run"
     return "replace"

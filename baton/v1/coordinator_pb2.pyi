@@ -261,21 +261,34 @@ class ListRunsRequest(_message.Message):
     THREAD_ID_FIELD_NUMBER: _builtins.int
     LIMIT_FIELD_NUMBER: _builtins.int
     TENANT_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     thread_id: _builtins.str
     """empty = all threads"""
     limit: _builtins.int
+    """The newest `limit` runs (0 = all), oldest first. Without thread_id, one range read of
+    `limit` keys on the started index (never every record).
+    """
     tenant: _builtins.str
     """empty = all tenants"""
+    page_size: _builtins.int
+    """Without thread_id: > 0 = one page of at most this many runs (at most 1000), oldest
+    first, instead of `limit`. Not with thread_id.
+    """
+    page_token: _builtins.str
+    """The `next_page_token` of the previous page (opaque); empty = the first page."""
     def __init__(
         self,
         *,
         thread_id: _builtins.str = ...,
         limit: _builtins.int = ...,
         tenant: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "tenant", b"tenant", "thread_id", b"thread_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "page_size", b"page_size", "page_token", b"page_token", "tenant", b"tenant", "thread_id", b"thread_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -287,9 +300,14 @@ class ListRunsResponse(_message.Message):
 
     RECORDS_FIELD_NUMBER: _builtins.int
     THREAD_TENANT_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     thread_tenant: _builtins.str
     """With thread_id: the tenant the thread belongs to (threads/<thread>/tenant), also when
     retention deleted its records; empty for a thread from before that key.
+    """
+    next_page_token: _builtins.str
+    """With page_size: the token of the next page; empty on the last page. Keyset paging on
+    (started_at, run id): stable under concurrent inserts and deletes.
     """
     @_builtins.property
     def records(self) -> _containers.RepeatedCompositeFieldContainer[_runs_pb2.RunRecord]: ...
@@ -298,10 +316,11 @@ class ListRunsResponse(_message.Message):
         *,
         records: _abc.Iterable[_runs_pb2.RunRecord] | None = ...,
         thread_tenant: _builtins.str = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["records", b"records", "thread_tenant", b"thread_tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "records", b"records", "thread_tenant", b"thread_tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -485,9 +485,16 @@ class RunListRequest(_message.Message):
     thread_id: _builtins.str
     """Only runs of this thread; empty = every thread of the caller."""
     page_size: _builtins.int
-    """At most this many runs (default 100, at most 1000)."""
+    """At most this many runs (default 100, at most 1000). A page may hold fewer while
+    next_page_token is set (a run deleted between the index read and the record read).
+    """
     page_token: _builtins.str
-    """`next_page_token` of the previous page; empty = the first page."""
+    """`next_page_token` of the previous page (opaque: pass it back unchanged, with the same
+    thread_id); empty = the first page. A token this API did not return is INVALID_ARGUMENT.
+    Paging is by position (start time, then run id), not by offset: a walk returns every
+    run that exists throughout it exactly once, in order; a run created meanwhile appears
+    if it sorts after the walk's position; one call never reads more than a page.
+    """
     def __init__(
         self,
         *,

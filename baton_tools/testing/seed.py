@@ -16,12 +16,13 @@ from typing import Sequence
 from baton.v1.runs_pb2 import AgentSpec, RunRecord, RunStatus, Usage
 from coordinator import _etcd as E
 from coordinator import rules
+from coordinator._indexes import INDEXES_VERSION
 from coordinator._keys import Keys
 
 COMPLETED = RunStatus.RUN_STATUS_COMPLETED
 RUNNING = RunStatus.RUN_STATUS_RUNNING
-#: Records per seeding transaction (up to five puts each; etcd allows 128 ops).
-PER_TXN = 25
+#: Records per seeding transaction (up to nine puts each; etcd allows 128 ops).
+PER_TXN = 12
 #: Transactions in flight at once: etcd commits concurrent ones together (one fsync).
 IN_FLIGHT = 32
 
@@ -59,7 +60,7 @@ def _ops(keys: Keys, rec: RunRecord, indexed: bool) -> list[E.Op]:
 
 async def seed(etcd: E.Etcd, prefix: str, recs: Sequence[RunRecord], *, indexed: bool = True,
                timeout: float = 30.0) -> None:
-    """Write ``recs`` with their thread entries (and live/ended index entries when
+    """Write ``recs`` with their thread entries (and live/ended/started index entries when
     ``indexed``; without, the store looks like one written before those indexes)."""
     keys = Keys(prefix)
     slots = asyncio.Semaphore(IN_FLIGHT)
@@ -70,4 +71,4 @@ async def seed(etcd: E.Etcd, prefix: str, recs: Sequence[RunRecord], *, indexed:
 
     await asyncio.gather(*(one(recs[i : i + PER_TXN]) for i in range(0, len(recs), PER_TXN)))
     if indexed:
-        await etcd.txn([], [E.put(keys.indexes_marker, b"v1")], timeout=timeout)
+        await etcd.txn([], [E.put(keys.indexes_marker, INDEXES_VERSION)], timeout=timeout)

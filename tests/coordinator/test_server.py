@@ -11,7 +11,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from baton.coordinator_client import CoordinatorClient
 from baton_tools.testing.cluster import InProcessCoordinator, start_coordinator
 from baton_tools.testing.servers import EtcdServer
-from coordinator import CoordinatorConfig, LeaderContext, parse_args
+from coordinator import CoordinatorConfig, CoordinatorServer, LeaderContext, parse_args
 from tests.conftest import assert_eventually, unique
 
 
@@ -147,3 +147,28 @@ def test_an_unknown_event_loop_setting_is_refused_by_name() -> None:
     p = subprocess.run([sys.executable, "-m", "coordinator"], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode != 0
     assert "BATON_EVENT_LOOP must be uvloop or asyncio, got 'tokio'" in p.stderr
+
+
+async def test_a_coordinator_started_before_etcd_turns_serving_once_etcd_answers(own_etcd: EtcdServer) -> None:
+    own_etcd.stop()
+    cfg = CoordinatorConfig().with_overrides(listen="127.0.0.1:0", etcd_endpoints=(own_etcd.endpoint,),
+                                             prefix=f"/{unique()}/", replica_id=unique("c"), etcd_timeout=0.5)
+    server = CoordinatorServer(cfg)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(server.address) as ch:
+            health = health_pb2_grpc.HealthStub(ch)
+
+            async def status() -> int:
+                return (await health.Check(health_pb2.HealthCheckRequest(service="baton.v1.Coordinator"),
+                                           timeout=5)).status
+
+            assert await status() == health_pb2.HealthCheckResponse.NOT_SERVING
+            own_etcd.start()
+
+            async def serving() -> bool:
+                return await status() == health_pb2.HealthCheckResponse.SERVING
+
+            await assert_eventually(serving, timeout=30, interval=0.2)
+    finally:
+        await server.shutdown()

@@ -7,17 +7,17 @@ from typing import AsyncIterator
 
 import pytest
 
-from baton.errors import StoreRefused
+from baton.errors import InvalidArgument, RunIdRetired, StoreRefused
 from baton.v1.coordinator_pb2 import SandboxInstance
 from baton.v1.runs_pb2 import RunRecord, RunStatus
 from baton_tools.testing.seed import running_record, seed, terminal_record
 from baton_tools.testing.servers import EtcdServer
 from coordinator import _etcd as E
 from coordinator import retention, rules
-from coordinator._indexes import ensure_indexes, live_runs
+from coordinator._indexes import LIVE_INDEXES, ensure_indexes, live_runs
 from coordinator._keys import prefix_end
 from coordinator._store import RunStore
-from tests.conftest import unique
+from tests.conftest import assert_eventually, unique
 
 RUNNING, COMPLETED = RunStatus.RUN_STATUS_RUNNING, RunStatus.RUN_STATUS_COMPLETED
 
@@ -125,7 +125,7 @@ async def test_retention_deletes_old_terminal_records_their_entries_and_own_sand
     before, _ = await store.etcd.range(k.run(old[3].run_id), timeout=5)
     await store.etcd.txn([], [E.put(k.run(old[3].run_id), before[0].value)], timeout=5)
     plan = rules.expire(k, old[3].run_id, before[0], k.ended(old[3].finished_at, old[3].run_id), None, cutoff=now)
-    assert plan is not None and len(plan[1]) == 3
+    assert plan is not None and len(plan[1]) == 8  # record, 3 entries, 4 listing entries
     assert not (await store.etcd.txn(*plan, timeout=5)).succeeded
     assert (await store.get_run(old[3].run_id, timeout=5))[0] is not None
     deleted = await retention.expire(store, now - 500, timeout=5, batch=4, pause=0)
@@ -140,3 +140,76 @@ async def test_retention_deletes_old_terminal_records_their_entries_and_own_sand
     assert len(members) == 4
     # The thread keeps its owner, so its transcript stays its tenant's.
     assert await store.thread_tenant(old[0].thread_id, timeout=5) == "acme"
+
+
+async def test_list_page_walks_a_tenant_page_by_page_from_the_index(store: RunStore) -> None:
+    now = time.time()
+    recs = [terminal_record(i, tag="p", finished_at=now - 100 + i) for i in range(7)]
+    recs[3].tenant = "other"
+    await seed(store.etcd, store.keys.prefix, recs)
+    pages, token = [], ""
+    while True:
+        got, token = await store.list_page("acme", 2, token, timeout=5)
+        pages.append([r.run_id for r in got])
+        if not token:
+            break
+    assert pages == [[recs[i].run_id for i in ids] for ids in ([0, 1], [2, 4], [5, 6])]
+    everyone, _ = await store.list_page("", 10, "", timeout=5)
+    assert [r.run_id for r in everyone] == [r.run_id for r in recs]
+    with pytest.raises(InvalidArgument):
+        await store.list_page("acme", 2, "bm90IGEgdG9rZW4", timeout=5)
+
+
+async def test_a_v1_store_serves_live_runs_at_once_and_gets_its_listing_backfilled(store: RunStore) -> None:
+    k = store.keys
+    now = time.time()
+    old = [terminal_record(i, tag="u", finished_at=now - 10 + i) for i in range(5)]
+    live = [running_record(i, tag="u") for i in range(2)]
+    await seed(store.etcd, k.prefix, [*old, *live], indexed=False)
+    for rec in [*old, *live]:  # live/ended as a v1 coordinator wrote them, no started/
+        await store.etcd.txn([], [op for op in rules.backfill_indexes(k, rec)
+                                  if not op.request_put.key.startswith(k.prefix.encode() + b"started/")], timeout=5)
+    await store.etcd.txn([], [E.put(k.indexes_marker, b"v1")], timeout=5)
+    assert await ensure_indexes(store, timeout=5, version=LIVE_INDEXES) == 0  # start-up: one read
+    assert sorted(r.run_id for r in await live_runs(store, timeout=5)) == [r.run_id for r in live]
+    assert await store.list_runs("", "acme", 10, timeout=5) == []
+    assert await ensure_indexes(store, timeout=5) == 7  # the background walk, once
+    assert [r.run_id for r in await store.list_runs("", "acme", 3, timeout=5)] == [r.run_id for r in [*old, *live][-3:]]
+    assert await ensure_indexes(store, timeout=5) == 0
+
+
+async def test_a_run_id_retention_deleted_cannot_start_again_while_retired(store: RunStore) -> None:
+    k = store.keys
+    now = time.time()
+    run_id, thread_id = unique("r"), unique("t")
+    forever = terminal_record(0, tag=unique("f"), finished_at=now - 1000)
+    await seed(store.etcd, k.prefix, [forever])
+    assert await retention.expire(store, now - 500, timeout=5, pause=0) == 1  # no log max age: forever
+    kvs, _ = await store.etcd.range(k.retired(forever.run_id), timeout=5)
+    assert kvs and kvs[0].lease == 0 and kvs[0].value == forever.thread_id.encode()
+
+    rec, _ = await store.create_or_resume(RunRecord(run_id=run_id, thread_id=thread_id, tenant="acme"), False, timeout=5)
+    await store.update_run(run_id, RunRecord(status=COMPLETED, finished_at=now - 1000), ["status", "finished_at"],
+                           0, 0, timeout=5)
+    assert await retention.expire(store, now - 500, timeout=5, pause=0, retired_ttl=2) == 1
+    assert (await store.get_run(run_id, timeout=5))[0] is None
+    listed = {r.run_id for r in await store.list_runs("", "acme", 0, timeout=5)}
+    assert run_id not in listed and forever.run_id not in listed
+    # Same thread or another, same tenant or another: refused while retired.
+    for tenant, thread in (("acme", thread_id), ("other", unique("t"))):
+        with pytest.raises(RunIdRetired) as ei:
+            await store.create_or_resume(RunRecord(run_id=run_id, thread_id=thread, tenant=tenant), False, timeout=5)
+        assert ei.value.run_id == run_id
+
+    # Once the log's max age has passed (the lease), the id starts a new run from scratch.
+    async def starts() -> RunRecord:
+        try:
+            new, created = await store.create_or_resume(RunRecord(run_id=run_id, thread_id=thread_id, tenant="acme"),
+                                                        False, timeout=5)
+        except RunIdRetired:
+            raise AssertionError("still retired") from None
+        assert created
+        return new
+
+    new = await assert_eventually(starts, timeout=20)
+    assert new.status == RUNNING and new.driver_epoch == 0 and new.started_at > rec.started_at

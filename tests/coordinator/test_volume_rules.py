@@ -51,19 +51,44 @@ def test_live_and_ended_indexes_follow_the_status(old: RunRecord, new: RunRecord
     assert _volume_ops(got) == ops
 
 
+#: The run's four listing entries: every run's and its tenant's, oldest and newest first.
+LISTED = [K.started(None, 100.0, RUN), K.started(None, 100.0, RUN, True),
+          K.started("acme", 100.0, RUN), K.started("acme", 100.0, RUN, True)]
+LIST_PUTS = [E.put(key, b"r1") for key in LISTED]
+
+
 @pytest.mark.parametrize(("rec", "ops"), [
-    pytest.param(record(), [E.put(LIVE, b"r1")], id="running"),
-    pytest.param(record(starting=True), [E.put(K.starting(100.0, RUN), b"r1"), E.put(LIVE, b"r1")],
+    pytest.param(record(), [E.put(LIVE, b"r1"), *LIST_PUTS], id="running"),
+    pytest.param(record(starting=True), [E.put(K.starting(100.0, RUN), b"r1"), E.put(LIVE, b"r1"), *LIST_PUTS],
                  id="starting-is-live-too"),
+    pytest.param(record(tenant=""), [E.put(LIVE, b"r1"), *LIST_PUTS[:2]], id="no-tenant-only-in-every-runs-listing"),
 ])
-def test_a_created_record_is_live_from_its_first_write(rec: RunRecord, ops: list[E.Op]) -> None:
+def test_a_created_record_is_live_and_listed_from_its_first_write(rec: RunRecord, ops: list[E.Op]) -> None:
     assert rules.creation_indexes(K, rec) == ops
 
 
+def test_listing_entries_sort_by_start_time_both_ways() -> None:
+    early, late = K.started("acme", 100.0, "zz"), K.started("acme", 100.5, "aa")
+    assert early < late
+    assert K.started("acme", 100.0, "zz", True) > K.started("acme", 100.5, "aa", True)
+    assert K.run_id_of_started(K.started(None, 1.0, "a/b%c", True)) == "a/b%c"
+    # Another tenant's entries are outside the tenant's range.
+    scope = K.started_scope("acme")
+    assert not K.started("acme2", 100.0, RUN).startswith(scope)
+
+
+def test_a_rewritten_start_time_moves_the_listing_entries() -> None:
+    _cmps, ops = rules.index_changes(K, record(), record(started_at=150.0), None)
+    moved = [op for op in ops if (op.request_put.key or op.request_delete_range.key).startswith(K.prefix.encode() + b"started/")]
+    assert moved == [op for old, new in zip(LISTED, [K.started(None, 150.0, RUN), K.started(None, 150.0, RUN, True),
+                                                     K.started("acme", 150.0, RUN), K.started("acme", 150.0, RUN, True)])
+                     for op in (E.delete(old), E.put(new, b"r1"))]
+
+
 @pytest.mark.parametrize(("rec", "ops"), [
-    pytest.param(record(), [E.put(LIVE, b"r1")], id="running"),
-    pytest.param(record(COMPLETED, finished_at=7.0), [E.put(K.ended(7.0, RUN), b"r1")], id="terminal"),
-    pytest.param(record(INTERRUPTED), [], id="interrupted"),
+    pytest.param(record(), [*LIST_PUTS, E.put(LIVE, b"r1")], id="running"),
+    pytest.param(record(COMPLETED, finished_at=7.0), [*LIST_PUTS, E.put(K.ended(7.0, RUN), b"r1")], id="terminal"),
+    pytest.param(record(INTERRUPTED), LIST_PUTS, id="interrupted"),
 ])
 def test_backfill_puts_what_the_status_calls_for(rec: RunRecord, ops: list[E.Op]) -> None:
     assert rules.backfill_indexes(K, rec) == ops
@@ -83,7 +108,8 @@ def sandbox(run_id: str, rev: int = 4) -> E.KV:
                 mod_revision=rev)
 
 
-FULL = [E.delete(K.run(RUN)), E.delete(ENDED), E.delete(K.thread_run(THREAD, RUN))]
+FULL = [E.delete(K.run(RUN)), E.delete(ENDED), E.delete(K.thread_run(THREAD, RUN)),
+        *(E.delete(key) for key in LISTED), E.put(K.retired(RUN), THREAD.encode(), 77)]
 
 
 @pytest.mark.parametrize(("rec_kv", "index_key", "sb", "cutoff", "expected"), [
@@ -104,4 +130,4 @@ FULL = [E.delete(K.run(RUN)), E.delete(ENDED), E.delete(K.thread_run(THREAD, RUN
 ])
 def test_expire(rec_kv: E.KV | None, index_key: bytes, sb: E.KV | None, cutoff: float,
                 expected: tuple[list[E.Cmp], list[E.Op]] | None) -> None:
-    assert rules.expire(K, RUN, rec_kv, index_key, sb, cutoff=cutoff) == expected
+    assert rules.expire(K, RUN, rec_kv, index_key, sb, cutoff=cutoff, retired_lease=77) == expected

@@ -30,6 +30,8 @@ W = TranscriptWriter
     (W("r2", 1, 20.0), W("r1", 3, 10.0), "later-run"),        # the old run's zombie after a new run
     (W("rb", 1, 10.0), W("ra", 1, 10.0), "later-run"),        # same start time: run id orders
     (W("ra", 1, 10.0), W("rb", 1, 10.0), "replace"),
+    (W("r1", 3, 10.0), W("r1", 1, 90.0), "replace"),          # the id reused after retention
+    (W("r1", 1, 90.0), W("r1", 3, 10.0), "later-run"),        # the old run's zombie after reuse
 ])
 def test_the_fence_rule(stored: TranscriptWriter | None, writer: TranscriptWriter, expected: str) -> None:
     assert verdict(stored, writer) == expected
