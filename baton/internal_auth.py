@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hmac
 import os
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence, cast
 
 import grpc
 from google.protobuf import any_pb2
@@ -118,15 +118,38 @@ class _WithToken:
         return self._callable(*args, metadata=md, **kwargs)
 
 
-def _add_token(channel: grpc.aio.Channel, token: str) -> None:
-    pair = (TOKEN_METADATA, token)
-    for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
-        factory = getattr(channel, kind)
+class _TokenChannel:
+    """An aio channel whose calls all carry the token; everything else is the channel's.
 
-        def wrapped(*args: Any, _factory: Any = factory, **kwargs: Any) -> Any:
-            return _WithToken(_factory(*args, **kwargs), pair)
+    A proxy rather than factories patched onto the channel: those would close a reference
+    cycle through the channel (its attribute -> a bound method of itself), leaving a Cython
+    grpc object to the cycle collector, to be finalized at any time, even after its loop.
+    """
 
-        setattr(channel, kind, wrapped)
+    def __init__(self, channel: grpc.aio.Channel, token: str) -> None:
+        self._channel = channel
+        self._pair = (TOKEN_METADATA, token)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._channel, name)
+
+    def unary_unary(self, *args: Any, **kwargs: Any) -> Any:
+        return _WithToken(self._channel.unary_unary(*args, **kwargs), self._pair)
+
+    def unary_stream(self, *args: Any, **kwargs: Any) -> Any:
+        return _WithToken(self._channel.unary_stream(*args, **kwargs), self._pair)
+
+    def stream_unary(self, *args: Any, **kwargs: Any) -> Any:
+        return _WithToken(self._channel.stream_unary(*args, **kwargs), self._pair)
+
+    def stream_stream(self, *args: Any, **kwargs: Any) -> Any:
+        return _WithToken(self._channel.stream_stream(*args, **kwargs), self._pair)
+
+    async def __aenter__(self) -> "_TokenChannel":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._channel.close(None)
 
 
 def insecure_channel(address: str, options: Sequence[tuple[str, Any]] = (), token: str | None = None
@@ -139,7 +162,7 @@ def insecure_channel(address: str, options: Sequence[tuple[str, Any]] = (), toke
     token = token_from_env() if token is None else token
     channel = grpc.aio.insecure_channel(address, options=list(options))
     if token:
-        _add_token(channel, token)
+        return cast(grpc.aio.Channel, _TokenChannel(channel, token))
     return channel
 
 
