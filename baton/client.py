@@ -27,6 +27,7 @@ import httpx
 
 from baton import errors as e
 from baton.grpc_errors import TABLE as _GRPC_TABLE
+from baton.ids import validate_id
 from baton.runs import STREAM_GAP, is_host_chunk
 from baton.sse import Comment, aiter_sse
 
@@ -176,10 +177,17 @@ class GatewayClient:
               ndjson: bool = False) -> AsyncIterator[StreamEvent]:
         """Start a run and stream its log from the start, reconnecting on drops.
 
+        Raises:
+            InvalidArgument: a bad ``run_id`` or ``thread_id`` (at once, before any request:
+                the run id also travels in a header, where an HTTP server refuses a control
+                character before baton sees it).
+
         Raises (while iterating):
             ThreadBusy: the thread has another active run (``.active_run_id``).
             InvalidArgument, DurableRunIdRequired: bad input.
         """
+        validate_id(run_id, "runId")
+        validate_id(thread_id, "threadId")
         body: dict[str, Any] = {"threadId": thread_id, "runId": run_id, "messages": messages}
         if agent is not None:
             body["agent"] = dict(agent)
