@@ -110,7 +110,9 @@ async def test_a_lease_that_is_not_a_session_is_never_revoked_for_a_caller(coord
                 await call.write(cpb.KeepAliveRequest(session_id=other, probe_address=alive))
                 # Not refreshed either: a keep-alive cannot hold another lease up forever.
                 assert (await call.read()).ttl_seconds == 0
-            await asyncio.sleep(0.3)  # give an (unwanted) arming time to land: nothing to poll
+            # An (unwanted) arming would be a background task spawned before the answer was
+            # written: wait for every such task to end, then nothing may have been armed.
+            await assert_eventually(lambda: not ff._tasks)
             assert ff.armed == armed_before
             srv.close()
             await srv.wait_closed()

@@ -587,6 +587,10 @@ async def test_etcd_sigkill_and_restart_mid_sequence(own_etcd: EtcdServer) -> No
         await _close([*replicas, oracle])
 
 
+async def _not(check: Awaitable[bool]) -> bool:
+    return not await check
+
+
 async def _retry_unavailable(coro: "asyncio.Future[object] | object") -> bool:
     try:
         await coro  # type: ignore[misc]
@@ -912,12 +916,13 @@ async def test_concurrent_batches_with_etcd_sigkilled_and_restarted(own_etcd: Et
     async def crash() -> None:
         await asyncio.sleep(0.002)
         own_etcd.kill()
-        await asyncio.sleep(0.2)  # the outage lasts this long (not a wait for a condition)
-        await asyncio.to_thread(own_etcd.start)
 
         async def up() -> bool:
             return await _retry_unavailable(oracle.get_run("x", timeout=1.0))
 
+        # The outage lasts until a read has seen it (not a fixed time), then etcd comes back.
+        await assert_eventually(lambda: _not(up()), timeout=20, interval=0.05)
+        await asyncio.to_thread(own_etcd.start)
         await assert_eventually(up, timeout=20, interval=0.1)
 
     try:
