@@ -14,7 +14,7 @@ from baton import errors as e
 from baton.ids import validate_id
 from gateway._validate import AGENT_KINDS, REPLAY_FORMATS, list_replay_journals
 from baton.runs import STATUSES, status_name
-from gateway._views import load_thread_transcript, record_json, run_view, state_of, tenant
+from gateway._views import load_thread_transcript, record_json, settled_view_for, state_of, tenant
 
 log = logging.getLogger("gateway.routes")
 
@@ -25,7 +25,7 @@ METRICS_RUNS_LIMIT = 1000
 async def get_run(request: Request) -> Response:
     """``GET /api/runs/{runId}``: status, owner host, epoch, ``detachedSince``, ``reapAt``."""
     run_id = validate_id(request.path_params["run_id"], "runId")
-    view = await run_view(request, run_id)
+    view = await settled_view_for(state_of(request), tenant(request), run_id)
     return JSONResponse(record_json(view.record, view.claim, view.reap_at))
 
 

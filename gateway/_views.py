@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 from starlette.requests import Request
 
 from baton import errors as e
-from baton.runs import status_name
+from baton.runs import STATUS_TO_PB, TERMINAL_PB, status_name
 from baton.v1 import runs_pb2
 from gateway._auth import check_run_visible, tenant_of
 from gateway._errors import UnknownThread
@@ -65,6 +66,38 @@ async def run_view_for(st: GatewayState, tenant_id: str, run_id: str) -> Any:
 async def run_view(request: Request, run_id: str) -> Any:
     """The run's ``RunView`` as the caller may see it (see :func:`run_view_for`)."""
     return await run_view_for(state_of(request), tenant(request), run_id)
+
+
+async def settled_view_for(st: GatewayState, tenant_id: str, run_id: str) -> Any:
+    """:func:`run_view_for`, with the run's end as its closed log tells it.
+
+    A host closes a run's log before it writes the record's final status (docs/design.md
+    §5.5: a successor finalizes a ``running`` record from a closed log), so for one write's
+    time, or longer while the store is unavailable, a reader has seen the stream end while
+    the record still says ``running``. The close record is the run's end: a record that is
+    not terminal over a closed log is shown with the close record's status and error
+    (``finishedAt`` stays unset until the record has it). Costs one log read for a run that
+    is not terminal; a log that does not answer leaves the record as it is.
+
+    Raises:
+        UnknownRun, StoreUnavailable: as :func:`run_view_for`.
+    """
+    view = await run_view_for(st, tenant_id, run_id)
+    if view.record.status in TERMINAL_PB:
+        return view
+    try:
+        tail = await st.log.last_record(run_id)
+    except e.BatonError:
+        return view
+    if tail is None or tail.kind != "close":
+        return view
+    record = runs_pb2.RunRecord()
+    record.CopyFrom(view.record)
+    record.status = STATUS_TO_PB.get(tail.status or "completed", STATUS_TO_PB["completed"])  # type: ignore[assignment]
+    if tail.error or tail.error_code:
+        record.error.message = tail.error or ""
+        record.error.code = tail.error_code or ""
+    return dataclasses.replace(view, record=record)
 
 
 async def thread_visible_for(st: GatewayState, tenant_id: str, thread_id: str, *, must_exist: bool) -> None:

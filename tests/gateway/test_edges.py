@@ -9,8 +9,10 @@ import pytest
 
 from baton import errors as e
 from baton.client import GatewayClient
+from baton.coordinator_client import CoordinatorClient
 from baton.log import DeliveryLog
-from tests.conftest import unique
+from baton.v1 import runs_pb2
+from tests.conftest import assert_eventually, unique
 from tests.gateway.conftest import Gateway, read_stream, run_chunks, write_run
 
 
@@ -98,8 +100,8 @@ async def test_the_url_picks_the_framing(gateway: Gateway, http: httpx.AsyncClie
     assert bad.status_code == 400 and bad.json()["field"] == "format"
 
 
-async def test_a_finished_run_whose_log_expired_gets_the_gap_at_once(host: Any, gateway: Gateway,
-                                                                     http: httpx.AsyncClient, dlog: DeliveryLog) -> None:
+async def test_a_finished_run_whose_log_expired_gets_the_gap_at_once(host: Any, gateway: Gateway, http: httpx.AsyncClient,
+                                                                     dlog: DeliveryLog, cc: CoordinatorClient) -> None:
     """A terminal run always wrote its close record, so an empty log means retention removed it:
     a join gets one ``stream.gap`` (``earliestOffset`` ``-1``) and ends, never a wait."""
     run_id, thread_id = unique("run"), unique("th")
@@ -108,6 +110,10 @@ async def test_a_finished_run_whose_log_expired_gets_the_gap_at_once(host: Any, 
     done = await asyncio.wait_for(read_stream(http, "POST", f"{gateway.url}/api/chat", json=body), 60)
     assert done.status == 200 and done.ended
     offsets = [o for o, _ in done.events]
+
+    async def finished() -> bool:  # retention only removes the logs of finished records
+        return (await cc.get_run(run_id)).record.status == runs_pb2.RUN_STATUS_COMPLETED
+    await assert_eventually(finished, timeout=30)
     await dlog.js.purge_stream(dlog.cfg.stream, subject=dlog.cfg.subject(run_id))
     for after in ("-1", offsets[3]):
         got = await asyncio.wait_for(read_stream(http, "GET", f"{gateway.url}/api/chat",
@@ -115,3 +121,27 @@ async def test_a_finished_run_whose_log_expired_gets_the_gap_at_once(host: Any, 
         assert got.status == 200  # and the stream ended: read_stream returned
         assert [c["name"] for _, c in got.events] == ["stream.gap"]
         assert got.events[0][1]["value"]["earliestOffset"] == "-1"
+
+
+async def test_a_run_whose_log_closed_reads_as_ended_before_its_record_does(
+        gateway: Gateway, http: httpx.AsyncClient, dlog: DeliveryLog, cc: CoordinatorClient) -> None:
+    """A host closes the log before it writes the final status (docs/design.md §5.5); a client
+    that saw the stream end and reads the run meanwhile gets the close record's end, not ``running``."""
+    run_id, thread_id = unique("run"), unique("th")
+    await cc.create_or_resume_run(runs_pb2.RunRecord(run_id=run_id, thread_id=thread_id,
+                                                     agent=runs_pb2.AgentSpec(kind="replay")))
+    session = await cc.open_session(10.0, owner="a-host")  # claimed: nobody else finalizes it meanwhile
+    try:
+        epoch, _ = await cc.claim_run(run_id, session, "a-host")
+        await cc.update_run(run_id, runs_pb2.RunRecord(status=runs_pb2.RUN_STATUS_RUNNING), ["status"],
+                            epoch=epoch, session_id=session)
+        w, _ = await write_run(dlog, run_id, run_chunks(run_id, thread_id, ["a"])[:2], close=False, epoch=epoch)
+        before = (await http.get(f"{gateway.url}/api/runs/{run_id}")).json()
+        assert before["status"] == "running" and before["error"] is None
+        assert await w.close("failed", "the agent exited with 3", error_code="AGENT_FAILED")
+        after = (await http.get(f"{gateway.url}/api/runs/{run_id}")).json()
+        assert after["status"] == "failed" and after["claimed"] is True
+        assert after["error"] == {"message": "the agent exited with 3", "code": "AGENT_FAILED"}
+        assert (await cc.get_run(run_id)).record.status == runs_pb2.RUN_STATUS_RUNNING  # the record itself lags
+    finally:
+        await session.close()
