@@ -39,10 +39,11 @@ protos-check: venv
 
 # ruff and mypy first (seconds): `make test` fails on a lint or type error as on a test.
 # Two workers (pytest-xdist): most tests wait on real servers and timers, not the CPU, so two
-# workers on two cores about halve the time. TEST_WORKERS=0 runs in one process.
+# workers on two cores about halve the time. TEST_WORKERS=0 runs in one process. A worker that
+# crashes is not restarted: its test fails and the run ends, where a restart could hang xdist.
 TEST_WORKERS ?= 2
 test: venv node-deps check
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --max-worker-restart=0 --dist loadscope --durations=15 $(PYTEST_ARGS)
 
 # The server-free core (pure logic, no etcd/NATS/Docker/node): seconds.
 test-unit: venv
