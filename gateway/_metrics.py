@@ -21,6 +21,10 @@ class Metrics:
             ["decision"], registry=r)
         self.takeovers = Counter("baton_gateway_takeovers", "AttachRun calls triggered by readers, by outcome",
                                  ["outcome"], registry=r)
+        self.finishing_waits = Gauge(
+            "baton_gateway_starts_waiting_for_finish",
+            "Starts waiting now for the thread's previous run, whose log is closed, to write its final status",
+            registry=r)
         self.requests = Counter("baton_gateway_requests", "HTTP requests by route and status",
                                 ["route", "status"], registry=r)
 

@@ -90,12 +90,13 @@ async def _finishing(st: GatewayState, run_id: str) -> bool:
         tail = await st.log.last_record(run_id)
         if tail is None or tail.kind != "close":
             return False
-        async with asyncio.timeout(FINISHING_WAIT):
-            while True:
-                view = await st.coordinator.get_run(run_id)
-                if view.record.status in TERMINAL_PB:
-                    return True
-                await asyncio.sleep(0.05)
+        with st.metrics.finishing_waits.track_inprogress():
+            async with asyncio.timeout(FINISHING_WAIT):
+                while True:
+                    view = await st.coordinator.get_run(run_id)
+                    if view.record.status in TERMINAL_PB:
+                        return True
+                    await asyncio.sleep(0.05)
     except (e.BatonError, TimeoutError):
         return False
 

@@ -181,7 +181,12 @@ async def test_next_message_right_after_the_end_waits_for_the_previous_runs_stat
     await write_run(dlog, first, run_chunks(first, thread, ["done"]), close=True)
 
     async def status_lands_late() -> None:
-        await asyncio.sleep(2.0)  # the finishing host's status write, one write after its close
+        # The finishing host's status write, one write after its close: it lands only once the
+        # start is seen waiting for it (before the fix, the start answered 409 at once).
+        async def waiting() -> bool:
+            metrics = (await http.get(f"{gateway.url}/metrics")).text
+            return "baton_gateway_starts_waiting_for_finish 1.0" in metrics
+        await assert_eventually(waiting, timeout=30)
         await cc.update_run(first, runs_pb2.RunRecord(status=runs_pb2.RUN_STATUS_COMPLETED, finished_at=2.0),
                             paths=["status", "finished_at"])
 
