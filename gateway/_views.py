@@ -75,9 +75,9 @@ async def settled_view_for(st: GatewayState, tenant_id: str, run_id: str) -> Any
     §5.5: a successor finalizes a ``running`` record from a closed log), so for one write's
     time, or longer while the store is unavailable, a reader has seen the stream end while
     the record still says ``running``. The close record is the run's end: a record that is
-    not terminal over a closed log is shown with the close record's status and error
-    (``finishedAt`` stays unset until the record has it). Costs one log read for a run that
-    is not terminal; a log that does not answer leaves the record as it is.
+    not terminal over a closed log is shown with the close record's status and error, and
+    the close's time as ``finishedAt`` (the record's own comes a write later). Costs one log
+    read for a run that is not terminal; a log that does not answer leaves the record as it is.
 
     Raises:
         UnknownRun, StoreUnavailable: as :func:`run_view_for`.
@@ -86,14 +86,17 @@ async def settled_view_for(st: GatewayState, tenant_id: str, run_id: str) -> Any
     if view.record.status in TERMINAL_PB:
         return view
     try:
-        tail = await st.log.last_record(run_id)
+        closed = await st.log.close_record(run_id)
     except e.BatonError:
         return view
-    if tail is None or tail.kind != "close":
+    if closed is None:
         return view
+    tail, closed_at = closed
     record = runs_pb2.RunRecord()
     record.CopyFrom(view.record)
     record.status = STATUS_TO_PB.get(tail.status or "completed", STATUS_TO_PB["completed"])  # type: ignore[assignment]
+    if closed_at and not record.HasField("finished_at"):
+        record.finished_at = closed_at
     if tail.error or tail.error_code:
         record.error.message = tail.error or ""
         record.error.code = tail.error_code or ""

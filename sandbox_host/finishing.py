@@ -181,6 +181,7 @@ class Finisher:
         self.outcomes: dict[Step, Outcome] = {}
         self._process_gone: bool | None = True
         self._destroyed = True
+        self._finished_at: float | None = None  # one value for the close record and the record
 
     async def finish(self) -> dict[Step, Outcome]:
         """Do the plan's steps; never raises a domain error.
@@ -263,11 +264,19 @@ class Finisher:
         await self._retry(self.run.save_transcript, "saving the transcript")
         return "done"
 
+    def _finish_time(self) -> float:
+        """When the run finished: the time of the first final write that states it."""
+        if self._finished_at is None:
+            self._finished_at = time.time()
+        return self._finished_at
+
     async def _close(self) -> Outcome:
         d = self.d
         assert d.close is not None
         err = {"message": d.error[0], "code": d.error[1]} if d.error else None
-        landed = await self._retry(lambda: self.run.writer.close(d.close, err), "closing the log")  # type: ignore[arg-type]
+        finished_at = self._finish_time()
+        landed = await self._retry(lambda: self.run.writer.close(d.close, err, finished_at=finished_at),  # type: ignore[arg-type]
+                                   "closing the log")
         return "done" if landed else "fenced"
 
     async def _status(self) -> Outcome:
@@ -276,7 +285,7 @@ class Finisher:
         fields: dict[str, Any] = {"status": STATUS_TO_PB[d.status]}
         paths = ["status"]
         if d.status in TERMINAL:
-            fields["finished_at"] = time.time()
+            fields["finished_at"] = self._finish_time()
             paths.append("finished_at")
         if d.error is not None:
             fields["error"] = runs_pb2.RunError(message=d.error[0], code=d.error[1])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import nats.js.errors
@@ -31,11 +32,13 @@ STORAGE_FULL_CODES = frozenset({ERR_INSUFFICIENT_RESOURCES, ERR_STORAGE_RESOURCE
 
 @dataclass(frozen=True)
 class RawRecord:
-    """A stored message: stream sequence, headers, body."""
+    """A stored message: stream sequence, headers, body, and when JetStream stored it
+    (Unix seconds; ``0.0`` when the answer did not say)."""
 
     seq: int
     headers: dict[str, str]
     data: bytes
+    stored_at: float = 0.0
 
 
 async def _msg_get(nc: NATS, stream: str, req: dict[str, Any], timeout: float) -> RawRecord | None:
@@ -49,7 +52,17 @@ async def _msg_get(nc: NATS, stream: str, req: dict[str, Any], timeout: float) -
     m = body["message"]
     hdrs = parse_header_block(base64.b64decode(m["hdrs"])) if m.get("hdrs") else {}
     data = base64.b64decode(m["data"]) if m.get("data") else b""
-    return RawRecord(seq=int(m["seq"]), headers=hdrs, data=data)
+    return RawRecord(seq=int(m["seq"]), headers=hdrs, data=data, stored_at=_unix(m.get("time")))
+
+
+def _unix(rfc3339: str | None) -> float:
+    """JetStream's message ``time`` (RFC 3339, nanoseconds, ``Z``) as Unix seconds; 0.0 if absent or bad."""
+    if not rfc3339:
+        return 0.0
+    try:
+        return datetime.fromisoformat(rfc3339).timestamp()
+    except ValueError:
+        return 0.0
 
 
 async def last_on_subject(nc: NATS, stream: str, subject: str, timeout: float = 5.0) -> RawRecord | None:

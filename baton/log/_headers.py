@@ -15,6 +15,8 @@ FINGERPRINT = "Baton-Fp"
 STATUS = "Baton-Status"
 ERROR_CODE = "Baton-Error-Code"
 ERROR = "Baton-Error"
+#: On a close record: when the run finished (Unix seconds), the value its record's ``finished_at`` gets.
+FINISHED_AT = "Baton-Finished-At"
 MSG_ID = "Nats-Msg-Id"
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 

@@ -231,6 +231,29 @@ class DeliveryLog:
             raise LogUnavailable(run_id, f"reading the log head failed: {type(exc).__name__}") from exc
         return H.parse_record(tail.seq, tail.headers) if tail else None
 
+    async def close_record(self, run_id: str) -> tuple[H.StoredRecord, float] | None:
+        """The run's close record and when the run finished (Unix seconds: the close's
+        ``Baton-Finished-At``, else when JetStream stored it), or ``None`` while the log is
+        open (or empty).
+
+        Raises:
+            LogUnavailable: JetStream did not answer.
+        """
+        try:
+            tail = await last_on_subject(self.nc, self.cfg.stream, self.cfg.subject(run_id))
+        except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
+            raise LogUnavailable(run_id, f"reading the log head failed: {type(exc).__name__}") from exc
+        if tail is None:
+            return None
+        rec = H.parse_record(tail.seq, tail.headers)
+        if rec.kind != "close":
+            return None
+        try:
+            finished_at = float(tail.headers.get(H.FINISHED_AT) or tail.stored_at)
+        except ValueError:
+            finished_at = tail.stored_at
+        return rec, finished_at
+
     async def chunk_at(self, run_id: str, offset: int) -> Any:
         """The body of the run's chunk at ``offset``, or ``None`` when that offset holds no
         chunk of this run (another run's record, a fence or close, or nothing stored).

@@ -330,6 +330,7 @@ class LogWriter:
         error: str | Mapping[str, Any] | None = None,
         *,
         error_code: str | None = None,
+        finished_at: float | None = None,
     ) -> bool:
         """Append the ``close`` record, fenced by the log head only (docs/design.md §4.1).
 
@@ -340,6 +341,8 @@ class LogWriter:
             status: ``completed`` | ``failed`` | ``aborted`` | ``interrupted``.
             error: the error message, or a mapping with ``message`` and ``code``.
             error_code: the error code when ``error`` is a plain message.
+            finished_at: when the run finished (Unix seconds), the ``finished_at`` its record
+                gets, so a reader of the closed log can tell it before the record does.
 
         Returns:
             True when the close record landed (or this writer had already closed); False
@@ -366,6 +369,8 @@ class LogWriter:
                 headers[H.ERROR] = _header_safe(message)
             if error_code:
                 headers[H.ERROR_CODE] = _header_safe(error_code)
+            if finished_at is not None:
+                headers[H.FINISHED_AT] = repr(float(finished_at))
             expected = self._head
             while True:
                 if expected is None:

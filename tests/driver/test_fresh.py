@@ -26,6 +26,8 @@ async def test_fresh_run_completes_with_accepted_first_transcript_and_sandbox_de
     assert [int(o) for o, _ in items] == sorted(int(o) for o, _ in items)
     rec = await cluster.wait_status(run_id, "completed")
     assert rec.HasField("finished_at") and rec.driver_epoch == 1 and rec.sandbox_key == run_id
+    closed = await cluster.log.close_record(run_id)  # the log tells the same end as the record
+    assert closed is not None and closed[0].status == "completed" and closed[1] == rec.finished_at
     msgs, _ = await cluster.transcripts.load(thread_id)
     assert msgs == build_transcript([chunks[0], *chunks[2:]], USER)
     assert msgs[0] == USER[0] and any(m.get("toolCalls") for m in msgs)

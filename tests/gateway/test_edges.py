@@ -138,9 +138,10 @@ async def test_a_run_whose_log_closed_reads_as_ended_before_its_record_does(
         w, _ = await write_run(dlog, run_id, run_chunks(run_id, thread_id, ["a"])[:2], close=False, epoch=epoch)
         before = (await http.get(f"{gateway.url}/api/runs/{run_id}")).json()
         assert before["status"] == "running" and before["error"] is None
-        assert await w.close("failed", "the agent exited with 3", error_code="AGENT_FAILED")
+        assert await w.close("failed", "the agent exited with 3", error_code="AGENT_FAILED", finished_at=1234.5)
         after = (await http.get(f"{gateway.url}/api/runs/{run_id}")).json()
         assert after["status"] == "failed" and after["claimed"] is True
+        assert after["finishedAt"] == 1234.5  # the time the host gives its record too
         assert after["error"] == {"message": "the agent exited with 3", "code": "AGENT_FAILED"}
         assert (await cc.get_run(run_id)).record.status == runs_pb2.RUN_STATUS_RUNNING  # the record itself lags
     finally:
