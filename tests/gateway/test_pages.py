@@ -13,6 +13,7 @@ import json
 import os
 import pathlib
 import shutil
+import time
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import httpx
@@ -242,9 +243,10 @@ class PausingHost:
                                   {"type": "TEXT_MESSAGE_END", "messageId": mid},
                                   {"type": "RUN_FINISHED", "threadId": thread, "runId": run,
                                    "outcome": {"type": "interrupt", "interrupts": [{"id": f"{run}-i1"}]}}])
-        assert await self.writer.close("interrupted")
-        await self.cc.update_run(run, runs_pb2.RunRecord(status=runs_pb2.RUN_STATUS_INTERRUPTED), ["status"],
-                                 epoch=self.epoch, session_id=self.session)
+        finished_at = time.time()  # as a host: the same finish time in the close record and the record
+        assert await self.writer.close("interrupted", finished_at=finished_at)
+        await self.cc.update_run(run, runs_pb2.RunRecord(status=runs_pb2.RUN_STATUS_INTERRUPTED, finished_at=finished_at),
+                                 ["status", "finished_at"], epoch=self.epoch, session_id=self.session)
         assert await self.cc.release_claim(run, self.session, self.epoch)
         await self.session.close()
 
