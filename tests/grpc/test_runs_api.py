@@ -7,11 +7,13 @@ from typing import Any
 
 import grpc
 import httpx
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from baton.v1 import runs_pb2, runs_service_pb2 as pb, runs_service_pb2_grpc as pbg
 from tests.conftest import unique
+from tests.gateway.conftest import run_chunks, write_run
 from tests.grpc.conftest import (CHANNEL_OPTIONS, agent, error_info, read_events, sse_chunks,
                                  start_request)
 
@@ -244,3 +246,36 @@ async def test_unknown_run_and_offsets_before_a_new_run_as_over_http(grpc_gatewa
     _, offsets = await write_run(dlog, run, chunks)
     from_one = await read_events(runs.JoinRun(pb.RunJoinRequest(run_id=run, after_offset="1")))
     assert [o for o, _ in from_one.chunks] == offsets and from_one.end == "completed" and from_one.gap is None
+
+
+@pytest.mark.parametrize("surface", ["http", "grpc"])
+async def test_a_run_whose_log_closed_reads_as_ended_before_its_record_does(
+        grpc_gateway: Any, runs: pbg.RunsStub, http: httpx.AsyncClient, cc: Any, dlog: Any, surface: str) -> None:
+    """A host closes the log before it writes the final status (docs/design.md §5.5); a client
+    that saw the stream end and reads the run meanwhile gets the close record's end, not ``running``."""
+    run_id, thread_id = unique("run"), unique("th")
+
+    async def view() -> tuple[str, str | None, float | None]:
+        if surface == "http":
+            got = (await http.get(f"{grpc_gateway.url}/api/runs/{run_id}")).json()
+            return got["status"], (got["error"] or {}).get("code"), got["finishedAt"]
+        info = await runs.GetRun(pb.RunGetRequest(run_id=run_id))
+        return (runs_pb2.RunStatus.Name(info.status), info.error.code or None,
+                info.finished_at if info.HasField("finished_at") else None)
+
+    await cc.create_or_resume_run(runs_pb2.RunRecord(run_id=run_id, thread_id=thread_id,
+                                                     agent=runs_pb2.AgentSpec(kind="replay")))
+    session = await cc.open_session(10.0, owner="a-host")  # claimed: nobody else finalizes it meanwhile
+    try:
+        epoch, _ = await cc.claim_run(run_id, session, "a-host")
+        await cc.update_run(run_id, runs_pb2.RunRecord(status=runs_pb2.RUN_STATUS_RUNNING), ["status"],
+                            epoch=epoch, session_id=session)
+        w, _ = await write_run(dlog, run_id, run_chunks(run_id, thread_id, ["a"])[:2], close=False, epoch=epoch)
+        assert (await view())[0] in ("running", "RUN_STATUS_RUNNING")
+        assert await w.close("failed", "the agent exited with 3", error_code="AGENT_FAILED", finished_at=1234.5)
+        status, code, finished_at = await view()
+        assert status in ("failed", "RUN_STATUS_FAILED") and code == "AGENT_FAILED"
+        assert finished_at == 1234.5  # the time the host gives its record too
+        assert (await cc.get_run(run_id)).record.status == runs_pb2.RUN_STATUS_RUNNING  # the record itself lags
+    finally:
+        await session.close()
