@@ -104,6 +104,9 @@ def warm_up() -> None:
     import sandbox_host.align  # noqa: F401
     import sandbox_host.journal  # noqa: F401
     import sandbox_host.translate  # noqa: F401
+    from sandbox_host.providers._inotify import libc
+
+    libc()  # finding it runs ``ldconfig -p``: not on the loop at the first follow
 
 
 class HostDeps:
