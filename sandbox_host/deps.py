@@ -222,6 +222,16 @@ class HostDeps:
 
     # --- log bodies -----------------------------------------------------------------------
 
+    async def stored_before_fence(self, run_id: str, fenced_over: int) -> tuple[list[Any], dict[int, bytes]]:
+        """What a successor reads right after its fence: the headers of every record before
+        it and the bodies of its host-origin chunks (the run input), see
+        :meth:`baton.log.DeliveryLog.stored_before_fence`.
+
+        Raises:
+            LogUnavailable: JetStream did not answer.
+        """
+        return await self.log.stored_before_fence(run_id, fenced_over)
+
     async def read_chunk(self, run_id: str, offset: int) -> dict[str, Any] | None:
         """The stored chunk at ``offset`` (one record read, no consumer), or ``None``.
 

@@ -506,7 +506,7 @@ class RunDriver:
         over = self.writer.fenced_over
         if over is None:  # not this writer's fence (cannot happen after the body's fence)
             return await self.deps.log.stored_headers(self.run_id, before=self.fence_seq), {}
-        return await self.deps.log.stored_before_fence(self.run_id, over)
+        return await self.deps.stored_before_fence(self.run_id, over)
 
     async def _load_input_messages(self, stored: list[Any], bodies: dict[int, bytes] | None = None) -> None:
         first_host = next((r for r in stored if r.kind == "chunk" and r.origin == "host"), None)
