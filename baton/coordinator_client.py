@@ -403,18 +403,22 @@ class CoordinatorClient:
         return s
 
     async def claim_run(self, run_id: str, session: "Session | int", host_id: str,
-                        purpose: str = "drive", *, timeout: float | None = None) -> tuple[int, RunRecord]:
+                        purpose: str = "drive", *, timeout: float | None = None,
+                        require_started: bool = False) -> tuple[int, RunRecord]:
         """Claim a run under ``session`` → (epoch, record).
 
+        ``require_started`` refuses a run still ``starting`` (an ``AttachRun``'s claim).
+
         Raises:
-            RunClaimNotAcquired: ``reason`` is ``unknown`` | ``terminal`` | ``held`` |
-                ``cancel_requested``.
+            RunClaimNotAcquired: ``reason`` is ``unknown`` | ``terminal`` | ``starting``
+                (``require_started`` only) | ``held`` | ``cancel_requested``.
             SessionLost: the session's lease is gone.
         """
         if isinstance(session, Session) and session.lost.is_set():
             raise SessionLost(session.id)
         r = await self._unary("ClaimRun", pb.ClaimRunRequest(
-            run_id=run_id, session_id=_sid(session), host_id=host_id, purpose=purpose), timeout)
+            run_id=run_id, session_id=_sid(session), host_id=host_id, purpose=purpose,
+            require_started=require_started), timeout)
         return r.epoch, r.record
 
     async def release_claim(self, run_id: str, session: "Session | int", epoch: int, *,

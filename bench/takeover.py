@@ -40,7 +40,10 @@ Fast failover (issue 17): three more clusters of three hosts each, measured side
     as fences above epoch 1 in the runs' logs. Target 0 (fast and ttl).
 
 ``python -m bench.takeover fast`` runs only (e)-(g); ``fast --quick`` fewer kills and blips
-(a few minutes), written to ``takeover_fast_quick.json``.
+(a few minutes), written to ``takeover_fast_quick.json``. With ``BATON_BENCH_BEFORE=<dir>``
+(a checkout of another revision, e.g. ``git archive main | tar -x -C <dir>``) a ``before``
+side runs that revision's coordinator and hosts in place of ``cold``: before/after under
+the same load.
 
 Writes ``bench/results/takeover.json``.
 """
@@ -90,6 +93,7 @@ class Side:
     ttl: float = TTL
     log_level: str = "WARNING"  # INFO on the fast side: its takeover lines split the stall
     host_env: dict[str, str] = field(default_factory=dict)  # more env for its hosts only
+    repo: pathlib.Path | None = None  # the source tree its processes run (None: this checkout)
     coordinator: Any = None
     hosts: list[Any] = field(default_factory=list)
     cc: Any = None
@@ -110,12 +114,12 @@ class Side:
             "BATON_SESSION_TTL": str(int(self.ttl)), "BATON_TAKEOVER_QUIET_TIME": str(self.quiet),
             "BATON_LOG_LEVEL": self.log_level, **self.host_env,
         }
-        self.coordinator = await start_coordinator(etcd.endpoint, f"/{tag}/", log_dir=self.tmp / "logs",
+        self.coordinator = await start_coordinator(etcd.endpoint, f"/{tag}/", log_dir=self.tmp / "logs", repo=self.repo,
                                                    BATON_SESSION_TTL=str(int(self.ttl)), BATON_REAPER_INTERVAL="0",
                                                    BATON_FAST_FAILOVER="1" if self.fast else "0")
         for i in range(self.n_hosts):
             self.hosts.append(await start_host(self.coordinator.address, nats.url, host_id=f"{self.name}-{i}",
-                                               log_dir=self.tmp / "logs", **self.env))
+                                               log_dir=self.tmp / "logs", repo=self.repo, **self.env))
         self.cc = CoordinatorClient(self.coordinator.address)
         self.log = await DeliveryLog.connect(nats.url, LogConfig.from_env(self.env))
         await self.log.provision()
@@ -428,12 +432,19 @@ async def fast_failover(etcd: Any, nats: Any, tmp: pathlib.Path, *, quick: bool 
     TTL path (``ttl``) side by side."""
     kills_fast, kills_ttl, n_blips = (QUICK_KILLS_FAST, QUICK_KILLS_TTL, QUICK_BLIPS) if quick else (KILLS_FAST, KILLS_TTL, BLIPS)
     fast = Side("fast", 0.0, tmp / "fast", fast=True, n_hosts=3, ttl=FAST_TTL, log_level="INFO")
-    cold = Side("cold", 0.0, tmp / "cold", fast=True, n_hosts=3, ttl=FAST_TTL,
-                host_env={"BATON_BENCH_COLD_TAKEOVER": "1"})
+    before_repo = os.environ.get("BATON_BENCH_BEFORE")
+    if before_repo:
+        # Another revision's coordinator and hosts (a checkout of it) in place of ``cold``:
+        # a before/after comparison under the same load.
+        cold = Side("before", 0.0, tmp / "before", fast=True, n_hosts=3, ttl=FAST_TTL, log_level="INFO",
+                    repo=pathlib.Path(before_repo))
+    else:
+        cold = Side("cold", 0.0, tmp / "cold", fast=True, n_hosts=3, ttl=FAST_TTL,
+                    host_env={"BATON_BENCH_COLD_TAKEOVER": "1"})
     ttl = Side("ttl", 0.0, tmp / "ttl", fast=False, n_hosts=3, ttl=FAST_TTL)
     sides = (fast, cold, ttl)
     killers = {s.name: Killer(s) for s in sides}
-    planned = {"fast": kills_fast, "cold": kills_fast, "ttl": kills_ttl}
+    planned = {"fast": kills_fast, cold.name: kills_fast, "ttl": kills_ttl}
     try:
         for s in sides:
             await s.start(etcd, nats)
@@ -450,7 +461,7 @@ async def fast_failover(etcd: Any, nats: Any, tmp: pathlib.Path, *, quick: bool 
             e[name]["runs_moved_again"] = len(k.moved_again)
         print(f"(e) {e}", flush=True)
         split = split_fast(fast, killers["fast"].kill_times)
-        split_cold = split_fast(cold, killers["cold"].kill_times)
+        split_cold = split_fast(cold, killers[cold.name].kill_times)
         # (f) and (g) may fail on an overloaded machine; (e) is kept either way.
         f = {s.name: await _or_error(many_on_one(s)) for s in sides}
         g = {s.name: await _or_error(blips(s, nats, n_blips)) for s in (fast, ttl)}
@@ -459,7 +470,7 @@ async def fast_failover(etcd: Any, nats: Any, tmp: pathlib.Path, *, quick: bool 
             await s.close()
     return {
         "e_sigkill_next_chunk_s": {**e, "kills": planned, "runs_per_kill": RUNS_PER_KILL,
-                                   "fast_split": split, "cold_split": split_cold},
+                                   "fast_split": split, f"{cold.name}_split": split_cold},
         "f_50_runs_all_continued_s": f,
         "g_blip": g,
         "quick": quick,
@@ -587,11 +598,11 @@ def _print_fast(r: dict[str, Any]) -> None:
 
     e = r["e_sigkill_next_chunk_s"]
     print(f"{'fast failover (issue 17)':46} {'p50':>11} {'p99':>11} {'max':>11} {'n':>5}")
-    for side in ("fast", "cold", "ttl"):
+    for side in [k for k in ("fast", "before", "cold", "ttl") if k in e]:
         x = e.get(side, {})
         print(f"{'(e) SIGKILL -> next chunk, ' + side:46} {ms(x.get('p50'))} {ms(x.get('p99'))} {ms(x.get('max'))} "
               f"{x.get('n', 0):>5}  moved again: {x.get('runs_moved_again', '-')}")
-    for side in ("fast", "cold"):
+    for side in ("fast", "before", "cold"):
         for k, x in e.get(f"{side}_split", {}).items():
             print(f"{'  ' + side + ': ' + k:46} {ms(x.get('p50'))} {ms(x.get('p99'))} {ms(x.get('max'))} {x.get('n', 0):>5}")
     for side, x in r["f_50_runs_all_continued_s"].items():

@@ -284,7 +284,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 raise errors.InvalidArgument("purpose", "must be 'drive' or 'finalize'")
             epoch, rec = await self.store.claim_run(request.run_id, _session(request.session_id),
                                                     request.host_id, purpose,
-                                                    timeout=self._budget(context))
+                                                    timeout=self._budget(context),
+                                                    require_started=request.require_started)
             return pb.ClaimRunResponse(epoch=epoch, record=rec)
         return await self._call(context, go())
 

@@ -517,7 +517,7 @@ class RunStore:
     # --- claims -------------------------------------------------------------------------
 
     async def claim_run(self, run_id: str, session_id: int, host_id: str, purpose: str, *,
-                        timeout: float) -> tuple[int, RunRecord]:
+                        timeout: float, require_started: bool = False) -> tuple[int, RunRecord]:
         """Claim a run under a session, raising ``driver_epoch`` (docs/design.md §3.2).
 
         One etcd transaction when the run is in the record cache: it compares the record's
@@ -527,13 +527,14 @@ class RunStore:
             (epoch, record after the claim).
 
         Raises:
-            RunClaimNotAcquired: reason ``unknown`` | ``terminal`` | ``held`` |
-                ``cancel_requested`` (drive only), checked in that order.
+            RunClaimNotAcquired: reason ``unknown`` | ``terminal`` | ``starting``
+                (``require_started`` only) | ``held`` | ``cancel_requested`` (drive only),
+                checked in that order.
             SessionLost: the session's lease is gone.
         """
         def decide(snap: Snapshot) -> Plan[tuple[int, RunRecord]]:
             return rules.claim(snap, keys=self.keys, session_id=session_id, host_id=host_id,
-                               purpose=purpose)
+                               purpose=purpose, require_started=require_started)
 
         try:
             out = await self.mutate(run_id, decide, timeout=timeout)

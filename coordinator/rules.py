@@ -117,7 +117,7 @@ def _copy(rec: RunRecord) -> RunRecord:
 # --- claims ---------------------------------------------------------------------------------
 
 def claim(snap: Snapshot, *, keys: Keys, session_id: int, host_id: str,
-          purpose: str) -> Plan[tuple[int, RunRecord]]:
+          purpose: str, require_started: bool = False) -> Plan[tuple[int, RunRecord]]:
     """Claim the run under ``session_id``, raising ``driver_epoch`` by one (docs/design.md §3.2).
 
     The write compares the claim key's absence and puts it under the session's lease.
@@ -125,9 +125,13 @@ def claim(snap: Snapshot, *, keys: Keys, session_id: int, host_id: str,
     Returns:
         A plan whose result is (new epoch, record after the claim).
 
+    ``require_started`` (an ``AttachRun``'s claim) refuses a run still ``starting``: only its
+    ``StartRun`` drives it, and checked here it is checked inside the write.
+
     Raises:
-        RunClaimNotAcquired: reason ``unknown`` | ``terminal`` | ``held`` |
-            ``cancel_requested`` (drive only), checked in that order.
+        RunClaimNotAcquired: reason ``unknown`` | ``terminal`` | ``starting``
+            (``require_started`` only) | ``held`` | ``cancel_requested`` (drive only),
+            checked in that order.
     """
     run_id = snap.run_id
     claim_key = keys.claim(run_id)
@@ -136,6 +140,8 @@ def claim(snap: Snapshot, *, keys: Keys, session_id: int, host_id: str,
         raise RunClaimNotAcquired(run_id, "unknown")
     if is_terminal(cur.status):
         raise RunClaimNotAcquired(run_id, "terminal")
+    if require_started and cur.starting:
+        raise RunClaimNotAcquired(run_id, "starting")
     if snap.claim_kv is not None:
         raise RunClaimNotAcquired(run_id, "held")
     if purpose == "drive" and cur.cancel_requested:

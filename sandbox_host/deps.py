@@ -104,6 +104,9 @@ def warm_up() -> None:
     import sandbox_host.align  # noqa: F401
     import sandbox_host.journal  # noqa: F401
     import sandbox_host.translate  # noqa: F401
+    from sandbox_host.providers._inotify import libc
+
+    libc()  # finding it runs ``ldconfig -p``: not on the loop at the first follow
 
 
 class HostDeps:
@@ -218,6 +221,16 @@ class HostDeps:
         return Sandbox(provider, handle, raw.get("nonce", ""))
 
     # --- log bodies -----------------------------------------------------------------------
+
+    async def stored_before_fence(self, run_id: str, fenced_over: int) -> tuple[list[Any], dict[int, bytes]]:
+        """What a successor reads right after its fence: the headers of every record before
+        it and the bodies of its host-origin chunks (the run input), see
+        :meth:`baton.log.DeliveryLog.stored_before_fence`.
+
+        Raises:
+            LogUnavailable: JetStream did not answer.
+        """
+        return await self.log.stored_before_fence(run_id, fenced_over)
 
     async def read_chunk(self, run_id: str, offset: int) -> dict[str, Any] | None:
         """The stored chunk at ``offset`` (one record read, no consumer), or ``None``.

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -290,6 +291,23 @@ class RunDriver:
     # --- body -----------------------------------------------------------------------------
 
     async def _body(self) -> M.Decision | None:
+        # A successor reads the sandbox registry while it fences and reads the stored log:
+        # neither needs the other, and the entry is already fenced by this claim's epoch
+        # (the claim landed before this driver began), so it is not read any earlier in
+        # the sense that matters. A cancelled or closed run never uses it.
+        lookup: asyncio.Task[Sandbox | None] | None = None
+        if self.mode == "attach" and self.record.sandbox_key and not self.record.cancel_requested:
+            lookup = asyncio.create_task(self.deps.find_sandbox(self.record.sandbox_key),
+                                         name=f"sandbox-lookup:{self.run_id}")
+        try:
+            return await self._body_steps(lookup)
+        finally:
+            if lookup is not None:
+                await cancel_and_wait({lookup})
+                if not lookup.cancelled():
+                    lookup.exception()  # retrieved: the body awaited it, or stopped before
+
+    async def _body_steps(self, lookup: "asyncio.Task[Sandbox | None] | None") -> M.Decision | None:
         t0 = self._began = time.monotonic()
         while self.fence_seq is None:
             try:
@@ -304,9 +322,9 @@ class RunDriver:
         marks = self.stats.marks
         marks["fenced"] = time.monotonic() - t0
         if self.mode != "fresh":
-            stored = await self.deps.log.stored_headers(self.run_id, before=self.fence_seq)
+            stored, bodies = await self._stored_before_fence()
             marks["headers"] = time.monotonic() - t0
-            await self._load_input_messages(stored)
+            await self._load_input_messages(stored, bodies)
             marks["input"] = time.monotonic() - t0
         if self.mode == "finalize" or (self.mode == "attach" and self.record.cancel_requested):
             return self.machine.on(M.CancelRequested(reason=self._cancel_reason or self.record.cancel_reason or "user",
@@ -318,7 +336,7 @@ class RunDriver:
             return self.machine.on(M.Failed("the run's input (run.accepted) is missing from its log",
                                             "run_input_missing"))
         self.machine.advance(M.Phase.PREPARING)
-        sbx = await self.sandboxes.ensure(self.input_messages)
+        sbx = await self.sandboxes.ensure(self.input_messages, lookup=lookup)
         marks["sandbox"] = time.monotonic() - t0
         aligner = self._aligner = Aligner(stored, thread_ids=())
         self.stats.stored_prefix = aligner.stored_count
@@ -482,11 +500,26 @@ class RunDriver:
         rec = next((r for r in reversed(stored) if r.kind == "close"), None)
         return M.StoredClose(closed.status or "completed", getattr(rec, "error", None), getattr(rec, "error_code", None))
 
-    async def _load_input_messages(self, stored: list[Any]) -> None:
+    async def _stored_before_fence(self) -> tuple[list[Any], dict[int, bytes]]:
+        """What the log held before this claim's fence (headers), and the bodies of its
+        host-origin chunks when they came along (the run input among them)."""
+        over = self.writer.fenced_over
+        if over is None:  # not this writer's fence (cannot happen after the body's fence)
+            return await self.deps.log.stored_headers(self.run_id, before=self.fence_seq), {}
+        return await self.deps.stored_before_fence(self.run_id, over)
+
+    async def _load_input_messages(self, stored: list[Any], bodies: dict[int, bytes] | None = None) -> None:
         first_host = next((r for r in stored if r.kind == "chunk" and r.origin == "host"), None)
         found = False
         if first_host is not None:
-            body = await self.deps.read_chunk(self.run_id, first_host.offset)
+            raw = (bodies or {}).get(first_host.offset)
+            if raw is not None:
+                try:
+                    body: Any = json.loads(raw)
+                except ValueError:
+                    body = None
+            else:
+                body = await self.deps.read_chunk(self.run_id, first_host.offset)
             if isinstance(body, dict) and body.get("name") == RUN_ACCEPTED:
                 self.builder.feed(body)  # run.accepted: sets the input messages
                 value = body.get("value")

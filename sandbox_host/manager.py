@@ -20,12 +20,12 @@ from typing import Any, Iterator
 from baton import config
 from baton.errors import (
     HostAtCapacity, HostDraining, InvalidArgument, JournalAttachUnavailable, RunClaimLost,
-    RunClaimNotAcquired, SessionLost, UnknownRun,
+    RunClaimNotAcquired, SessionLost,
 )
 from baton.ids import validate_id
 from baton.v1 import runs_pb2
 from sandbox_host import machine as M
-from baton.runs import TERMINAL, record_status
+from baton.runs import record_status
 from sandbox_host.deps import HostDeps
 from sandbox_host.driver import RunDriver
 
@@ -338,20 +338,14 @@ class RunManager:
         if purpose not in ("drive", "finalize"):
             raise InvalidArgument("purpose", "must be drive or finalize")
         deps = self.deps
-        try:
-            view = await deps.cc.get_run(run_id)
-        except UnknownRun:
-            raise JournalAttachUnavailable(run_id, "unknown-run") from None
-        if record_status(view.record) in TERMINAL:
-            raise JournalAttachUnavailable(run_id, "terminal-run")
-        if view.record.starting and purpose == "drive":
-            # Its input may not be durable: only a StartRun of it drives it. The flag only
-            # ever goes from true to false, so a record read false stays false.
-            raise RunClaimNotAcquired(run_id, "starting")
         if self._busy(run_id):
             raise RunClaimNotAcquired(run_id, "held")
+        # No read of the record first: the claim itself refuses an unknown, ended or (for
+        # drive) still starting run, inside its write. (Read first, then claimed, cost one
+        # more coordinator and etcd round trip per takeover.)
         try:
-            epoch, record = await deps.cc.claim_run(run_id, deps.session, deps.host_id, purpose=purpose)
+            epoch, record = await deps.cc.claim_run(run_id, deps.session, deps.host_id, purpose=purpose,
+                                                    require_started=purpose == "drive")
         except RunClaimNotAcquired as refused:
             if refused.reason == "cancel_requested" and purpose == "drive":
                 epoch, record = await deps.cc.claim_run(run_id, deps.session, deps.host_id, purpose="finalize")

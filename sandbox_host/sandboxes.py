@@ -51,9 +51,15 @@ class RunSandboxes:
 
     # --- find or build ----------------------------------------------------------------
 
-    async def ensure(self, input_messages: list[dict[str, Any]]) -> Sandbox:
+    async def ensure(self, input_messages: list[dict[str, Any]], *,
+                     lookup: Awaitable[Sandbox | None] | None = None) -> Sandbox:
         """The sandbox to follow: the registered, launched one (after the attach preflight),
         or a new one with the agent launched on ``input_messages``.
+
+        Args:
+            input_messages: the run input (for a new sandbox's agent).
+            lookup: the registry read of ``record.sandbox_key`` already under way
+                (:meth:`HostDeps.find_sandbox`); read here when not given.
 
         Raises:
             JournalAttachUnavailable: the preflight found no journal in time.
@@ -62,7 +68,7 @@ class RunSandboxes:
         """
         deps = self.deps
         if self.mode != "fresh" and self.record.sandbox_key:
-            found = await deps.find_sandbox(self.record.sandbox_key)
+            found = await (lookup if lookup is not None else deps.find_sandbox(self.record.sandbox_key))
             if found is not None and found.nonce:
                 if found.handle.data.get("launched"):
                     self.current = found

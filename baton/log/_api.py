@@ -2,18 +2,24 @@
 
 Reads of single records go to ``$JS.API.STREAM.MSG.GET`` (answered by the stream leader,
 so never stale, unlike direct gets served by replicas) and parse the header block
-ourselves (nats-py's e-mail parser mangles UTF-8 values such as unicode run ids).
+ourselves (nats-py's e-mail parser mangles UTF-8 values such as unicode run ids). The one
+batched read, :func:`direct_batch`, is a direct get: its caller checks that the answer
+reaches a sequence it knows is stored (a lagging replica answers short, never wrong).
 """
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
 from baton.log._headers import parse_header_block
 
@@ -28,6 +34,10 @@ ERR_CONSUMER_NOT_FOUND = 10014
 ERR_INSUFFICIENT_RESOURCES = 10023
 ERR_STORAGE_RESOURCES_EXCEEDED = 10047
 STORAGE_FULL_CODES = frozenset({ERR_INSUFFICIENT_RESOURCES, ERR_STORAGE_RESOURCES_EXCEEDED})
+
+_STATUS = "Status"
+_DESCRIPTION = "Description"
+_SEQUENCE = "Nats-Sequence"
 
 
 @dataclass(frozen=True)
@@ -80,3 +90,48 @@ async def first_on_subject(
 ) -> RawRecord | None:
     """The first stored record of ``subject`` with sequence >= ``start``, or ``None``."""
     return await _msg_get(nc, stream, {"seq": max(start, 1), "next_by_subj": subject}, timeout)
+
+
+async def direct_batch(nc: NATS, stream: str, subject: str, *, up_to: int, max_bytes: int,
+                       timeout: float = 5.0) -> list[RawRecord]:
+    """The records of ``subject`` from its first up to ``up_to`` (inclusive), in order, from
+    one batched direct get (``$JS.API.DIRECT.GET``, nats-server 2.11+): no consumer.
+
+    The answer may stop early: at about ``max_bytes`` of records, or at whatever a replica
+    serving direct gets has applied so far (they may lag the stream leader). The caller
+    tells a complete answer by its last sequence and reads the rest another way.
+
+    Raises:
+        nats.errors.TimeoutError: the batch did not end within ``timeout`` seconds.
+        nats.js.errors.APIError: an error status other than "no message".
+    """
+    loop = asyncio.get_running_loop()
+    out: list[RawRecord] = []
+    ended: asyncio.Future[tuple[str, str]] = loop.create_future()
+
+    async def on_msg(msg: Msg) -> None:
+        hdrs = msg.headers or {}
+        status = hdrs.get(_STATUS)
+        if status is not None and not msg.data:
+            if not ended.done():
+                ended.set_result((status, hdrs.get(_DESCRIPTION, "")))
+            return
+        seq = hdrs.get(_SEQUENCE)
+        if seq is not None and not ended.done():
+            out.append(RawRecord(seq=int(seq), headers=hdrs, data=msg.data))
+
+    sub = await nc.subscribe(nc.new_inbox(), cb=on_msg, pending_msgs_limit=0, pending_bytes_limit=0)
+    try:
+        req = {"seq": 1, "next_by_subj": subject, "up_to_seq": up_to, "batch": max(up_to, 1), "max_bytes": max_bytes}
+        await nc.publish(f"$JS.API.DIRECT.GET.{stream}", json.dumps(req).encode(), reply=sub.subject)
+        try:
+            async with asyncio.timeout(timeout):  # not wait_for: it can swallow a cancel on 3.11
+                status, description = await ended
+        except TimeoutError:
+            raise nats.errors.TimeoutError from None
+    finally:
+        with contextlib.suppress(nats.errors.Error):
+            await sub.unsubscribe()
+    if status not in ("204", "404"):  # 204: end of the batch; 404: nothing in the range
+        raise nats.js.errors.APIError(code=int(status) if status.isdigit() else None, description=description)
+    return [r for r in out if r.seq <= up_to]

@@ -15,7 +15,9 @@ from nats.js import api
 from baton.errors import LogStorageFull, LogUnavailable
 from baton.ids import subject_token
 from baton.log import _headers as H
-from baton.log._api import ERR_STREAM_NAME_IN_USE, STORAGE_FULL_CODES, first_on_subject, last_on_subject
+from baton.log._api import (
+    ERR_STREAM_NAME_IN_USE, STORAGE_FULL_CODES, direct_batch, first_on_subject, last_on_subject,
+)
 from baton.log._config import LogConfig
 from baton.log._consumer import OrderedConsumer
 from baton.log._reader import LogReader, parse_offset
@@ -25,6 +27,9 @@ from baton.log._writer import LogWriter
 log = logging.getLogger("baton.log")
 # How long a storage probe record is kept (nats-server per-message TTL).
 _PROBE_TTL = "60s"
+#: About how many bytes (headers and bodies) a successor's first read of the stored log
+#: takes in one direct get; a longer log's rest is read headers-only (stored_before_fence).
+DIRECT_READ_BYTES = 1 << 20
 # What a dropped or refused connection raises (an outage, not a bug worth a traceback).
 _CONNECTION_ERRORS = (OSError, asyncio.TimeoutError, nats.errors.NoServersError, nats.errors.UnexpectedEOF,
                       nats.errors.StaleConnectionError, nats.errors.ConnectionClosedError)
@@ -294,12 +299,17 @@ class DeliveryLog:
         if tail is None:
             return []
         last = tail.seq if before is None else min(tail.seq, int(before) - 1)
+        return await self._headers_between(subject, 1, last)
+
+    async def _headers_between(self, subject: str, first: int, last: int) -> list[H.StoredRecord]:
+        """Headers of the subject's records with ``first <= seq <= last`` (an ordered,
+        headers-only consumer: bodies are not transferred)."""
         out: list[H.StoredRecord] = []
-        if last < 1:
+        if last < max(first, 1):
             return out
         parse = H.parse_record
         async with OrderedConsumer(
-            self.nc, self.cfg.stream, subject, 1, headers_only=True,
+            self.nc, self.cfg.stream, subject, first, headers_only=True,
             batch=4096,
         ) as consumer:
             while True:
@@ -310,3 +320,47 @@ class DeliveryLog:
                 if seq == last or pending == 0:
                     break
         return out
+
+    async def stored_before_fence(self, run_id: str, fenced_over: int, *,
+                                  max_bytes: int = DIRECT_READ_BYTES) -> tuple[list[H.StoredRecord], dict[int, bytes]]:
+        """Every record stored before a fence, and the bodies of its host-origin chunks.
+
+        What a successor reads right after its fence (docs/design.md §5.4), in one batched
+        direct get for a log of up to about ``max_bytes``: no consumer is created, which
+        made this read most of a takeover's time. ``fenced_over`` is exactly the last
+        record before the fence (its compare said so), so an answer that stops short of
+        it (a longer log, or a replica lagging the leader) is told, and the rest is read
+        with a headers-only consumer, as :meth:`stored_headers` does.
+
+        Args:
+            run_id: the run.
+            fenced_over: :attr:`LogWriter.fenced_over` of the writer that fenced.
+            max_bytes: about how much the direct read transfers (headers and bodies).
+
+        Returns:
+            (the records' headers in order, ``{offset: body}`` of the ``host``-origin
+            chunks among those read directly: the run input is one of them).
+
+        Raises:
+            LogUnavailable: JetStream did not answer.
+        """
+        if fenced_over <= 0:
+            return [], {}
+        subject = self.cfg.subject(run_id)
+        try:
+            raw = await direct_batch(self.nc, self.cfg.stream, subject, up_to=fenced_over, max_bytes=max_bytes)
+        except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
+            log.debug("run %s: direct read of the stored log failed (%s); reading it with a consumer",
+                      run_id, type(exc).__name__)
+            raw = []
+        parse = H.parse_record
+        records = [parse(r.seq, r.headers) for r in raw]
+        bodies = {r.seq: r.data for r in raw if r.headers.get(H.KIND, "chunk") == "chunk"
+                  and r.headers.get(H.ORIGIN) == "host"}
+        last = records[-1].offset if records else 0
+        if last < fenced_over:
+            try:
+                records += await self._headers_between(subject, last + 1, fenced_over)
+            except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
+                raise LogUnavailable(run_id, f"reading the stored log failed: {type(exc).__name__}") from exc
+        return records, bodies

@@ -92,6 +92,7 @@ class LogWriter:
         self._timeout = publish_timeout
         self._max_attempts = max_attempts
         self._head: int | None = None
+        self._fenced_over: int | None = None
         self._n = 0
         # The record whose publish went unacknowledged: (expected head, payload, headers
         # without the message id, its number). A retry of the same record at the same
@@ -108,6 +109,13 @@ class LogWriter:
     def head(self) -> int | None:
         """Sequence of this writer's last record (``None`` before :meth:`fence`)."""
         return self._head
+
+    @property
+    def fenced_over(self) -> int | None:
+        """Sequence of the record this writer's fence was appended right after (``0``: the
+        log was empty), ``None`` before :meth:`fence` landed. The fence compared the head
+        against it, so it is exactly the last record stored before the fence."""
+        return self._fenced_over
 
     @property
     def latched(self) -> bool:
@@ -244,8 +252,10 @@ class LogWriter:
                 if verdict is Verdict.CLOSED:
                     raise self._already_closed(tail)
                 headers = {H.KIND: "fence", H.EPOCH: str(self.epoch)}
+                over = tail.offset if tail else 0
                 try:
-                    self._head = await self._publish(b"", headers, tail.offset if tail else 0)
+                    self._head = await self._publish(b"", headers, over)
+                    self._fenced_over = over
                     return self._head
                 except _CompareFailed:
                     continue  # the head moved between read and publish: read it again

@@ -569,11 +569,16 @@ class ClaimRunRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     HOST_ID_FIELD_NUMBER: _builtins.int
     PURPOSE_FIELD_NUMBER: _builtins.int
+    REQUIRE_STARTED_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     session_id: _builtins.int
     host_id: _builtins.str
     purpose: _builtins.str
     """"drive" (default) | "finalize" """
+    require_started: _builtins.bool
+    """Refuse (reason "starting") a run whose StartRun has not made its input durable yet,
+    inside the claim's write: an AttachRun's claim (only a StartRun drives such a run).
+    """
     def __init__(
         self,
         *,
@@ -581,10 +586,11 @@ class ClaimRunRequest(_message.Message):
         session_id: _builtins.int = ...,
         host_id: _builtins.str = ...,
         purpose: _builtins.str = ...,
+        require_started: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["host_id", b"host_id", "purpose", b"purpose", "run_id", b"run_id", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host_id", b"host_id", "purpose", b"purpose", "require_started", b"require_started", "run_id", b"run_id", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

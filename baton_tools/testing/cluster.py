@@ -181,6 +181,7 @@ class InProcessCoordinator:
 
 async def start_coordinator(etcd_endpoint: str, prefix: str, *, in_process: bool = False,
                             log_dir: str | os.PathLike[str] | None = None,
+                            repo: str | os.PathLike[str] | None = None,
                             **settings: Any) -> CoordinatorProcess | InProcessCoordinator:
     """Start a coordinator on a free loopback port against ``etcd_endpoint``.
 
@@ -189,6 +190,8 @@ async def start_coordinator(etcd_endpoint: str, prefix: str, *, in_process: bool
         prefix: etcd key prefix (use a unique one per test).
         in_process: run inside this event loop instead of a subprocess.
         log_dir: where the subprocess log goes (default: a temp dir).
+        repo: the source tree the subprocess imports (default: this checkout; a bench
+            runs another revision's processes side by side with it).
         **settings: CoordinatorConfig fields (``detached_run_ttl=5``, ``election_ttl=2``,
             ``replica_id="a"``...) or raw ``BATON_*`` names; for ``in_process`` also
             CoordinatorServer keyword arguments (``leader_tasks``, ``reaper``, ``store``).
@@ -215,7 +218,7 @@ async def start_coordinator(etcd_endpoint: str, prefix: str, *, in_process: bool
         "BATON_COORDINATOR_ID": f"coordinator-{port}",
         "PYTHONUNBUFFERED": "1",
     })
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo or _REPO), env.get("PYTHONPATH", "")) if p)
     for k, v in settings.items():
         env[k if k.startswith("BATON_") else _ENV_NAMES.get(k, f"BATON_{k.upper()}")] = str(v)
     d = pathlib.Path(log_dir) if log_dir is not None else pathlib.Path(tempfile.mkdtemp(prefix="baton-coord-"))
@@ -339,7 +342,8 @@ class HostProcess(_ServiceProcess):
 
 
 async def start_host(coordinator: str, nats_url: str, *, host_id: str | None = None,
-                     log_dir: str | os.PathLike[str] | None = None, **settings: Any) -> HostProcess:
+                     log_dir: str | os.PathLike[str] | None = None,
+                     repo: str | os.PathLike[str] | None = None, **settings: Any) -> HostProcess:
     """Start a sandbox host subprocess on a free loopback port.
 
     Args:
@@ -347,6 +351,7 @@ async def start_host(coordinator: str, nats_url: str, *, host_id: str | None = N
         nats_url: NATS URL.
         host_id: the host id (default ``host-<port>``).
         log_dir: where the host log goes (default: a temp dir).
+        repo: the source tree the subprocess imports (default: this checkout).
         **settings: ``BATON_*`` variables (``BATON_RUNS_STREAM="S1"``...) or their short
             lower-case names (``runs_stream="S1"``, ``session_ttl=2``, ``journal_dir=...``).
 
@@ -365,7 +370,7 @@ async def start_host(coordinator: str, nats_url: str, *, host_id: str | None = N
         "BATON_HOST_ID": hid,
         "PYTHONUNBUFFERED": "1",
     })
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo or _REPO), env.get("PYTHONPATH", "")) if p)
     for k, v in settings.items():
         env[k if k.startswith("BATON_") else f"BATON_{k.upper()}"] = str(v)
     d = pathlib.Path(log_dir) if log_dir is not None else pathlib.Path(tempfile.mkdtemp(prefix="baton-host-"))

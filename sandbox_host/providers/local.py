@@ -13,8 +13,6 @@ This module is the adapter: all process and file I/O of local sandboxes lives he
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import os
 import secrets as _secrets
 import shutil
@@ -26,6 +24,7 @@ from baton.ids import file_stem
 from sandbox_host import journal as _journal
 from sandbox_host._wrapper import wrapper_argv, wrapper_script
 from sandbox_host.providers._base import Provider, SandboxHandle, SandboxSpec, run_host_command
+from sandbox_host.providers._inotify import FileWatcher
 from sandbox_host.providers._redact import redact
 
 #: Bytes of a failing step's stderr kept in ``SandboxBuildFailed.detail``.
@@ -81,61 +80,6 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-class _Inotify:
-    """Wake-ups when a file changes (Linux inotify through libc; no extra dependency)."""
-
-    _IN_MODIFY = 0x002
-    _IN_ATTRIB = 0x004
-    _IN_CLOSE_WRITE = 0x008
-    _IN_MOVE_SELF = 0x800
-    _IN_DELETE_SELF = 0x400
-    _IN_NONBLOCK = 0o4000
-    _IN_CLOEXEC = 0o2000000
-
-    def __init__(self, fd: int, loop: asyncio.AbstractEventLoop) -> None:
-        self._fd = fd
-        self._loop = loop
-        self._event = asyncio.Event()
-        loop.add_reader(fd, self._on_readable)
-
-    @classmethod
-    def open(cls, path: str) -> "_Inotify | None":
-        """A watch on ``path``, or ``None`` where inotify is unavailable (then poll)."""
-        name = ctypes.util.find_library("c")
-        if name is None:
-            return None
-        libc = ctypes.CDLL(name, use_errno=True)
-        fd = libc.inotify_init1(cls._IN_NONBLOCK | cls._IN_CLOEXEC)
-        if fd < 0:
-            return None
-        mask = cls._IN_MODIFY | cls._IN_ATTRIB | cls._IN_CLOSE_WRITE | cls._IN_MOVE_SELF | cls._IN_DELETE_SELF
-        if libc.inotify_add_watch(fd, os.fsencode(path), mask) < 0:
-            os.close(fd)
-            return None
-        return cls(fd, asyncio.get_running_loop())
-
-    def _on_readable(self) -> None:
-        try:
-            while os.read(self._fd, 4096):
-                pass
-        except BlockingIOError:
-            pass
-        self._event.set()
-
-    async def wait(self, timeout: float) -> None:
-        """Return after a change or ``timeout`` seconds, whichever is first."""
-        try:
-            async with asyncio.timeout(timeout):  # not wait_for: it can swallow a cancel on 3.11
-                await self._event.wait()
-        except TimeoutError:
-            pass
-        self._event.clear()
-
-    def close(self) -> None:
-        self._loop.remove_reader(self._fd)
-        os.close(self._fd)
-
-
 class LocalProvider(Provider):
     """Sandboxes as local directories with detached process groups.
 
@@ -162,6 +106,7 @@ class LocalProvider(Provider):
         self.base_dir = base_dir or config.get("BATON_SANDBOX_DIR")
         self.journal_dir = journal_dir or config.get("BATON_JOURNAL_DIR")
         self.idle_check = idle_check
+        self._watcher = FileWatcher()  # one inotify instance for every follow (see _inotify)
 
     # --- building -------------------------------------------------------------------------
 
@@ -330,7 +275,7 @@ class LocalProvider(Provider):
         # stay inline (metadata only, negligible).
         loop = asyncio.get_running_loop()
         f = open(path, "rb")  # noqa: ASYNC230 -- metadata only, see above
-        watch = _Inotify.open(path)
+        watch = self._watcher.watch(path)
         reading: asyncio.Future[bytes] | None = None
 
         async def read(n: int) -> bytes:

@@ -117,6 +117,31 @@ def test_claim_rule(state: str, purpose: str, expected: int | str) -> None:
     assert rec.driver_epoch == 3  # the snapshot is not modified
 
 
+@pytest.mark.parametrize(("state", "expected"), [
+    ("starting", "starting"), ("starting-and-held", "starting"), ("terminal-starting", "terminal"),
+    ("unknown", "unknown"), ("started", 4)])
+def test_an_attach_claim_refuses_a_run_still_starting(state: str, expected: int | str) -> None:
+    """``require_started`` (AttachRun's claim): a run whose StartRun has not made its input
+    durable is refused inside the write, after unknown and terminal; StartRun's own claim
+    (without it) still takes it."""
+    rec, claim = {
+        "starting": (record(starting=True), None), "starting-and-held": (record(starting=True), held()),
+        "terminal-starting": (record(COMPLETED, starting=True), None), "unknown": (None, None),
+        "started": (record(), None),
+    }[state]
+    if isinstance(expected, str):
+        with pytest.raises(RunClaimNotAcquired) as ei:
+            rules.claim(snap(rec, claim), keys=K, session_id=SESSION, host_id="h", purpose="drive",
+                        require_started=True)
+        assert ei.value.reason == expected
+    else:
+        plan = rules.claim(snap(rec, claim), keys=K, session_id=SESSION, host_id="h", purpose="drive",
+                           require_started=True)
+        assert plan.result[0] == expected
+    if state == "starting":
+        assert rules.claim(snap(rec), keys=K, session_id=SESSION, host_id="h", purpose="drive").result[0] == 4
+
+
 def test_claim_from_a_stale_cache_that_still_shows_a_dead_claim_is_refused_for_a_fresh_read() -> None:
     """The rule cannot know liveness; mutate re-reads a cached snapshot before refusing."""
     with pytest.raises(RunClaimNotAcquired) as ei:

@@ -3,8 +3,9 @@
 The interleaving a loaded machine produced (``test_cancel_of_a_run_whose_host_died_is_
 carried_out_by_another`` saved an empty transcript once in a while): the successor's
 ``WatchRun`` reports the cancel while its body is still reading the stored ``run.accepted``
-(the run input), so the body is cancelled inside that read. The final writes must load the
-input again, not save a transcript without the user's messages.
+(the run input; it comes with the body's read of the stored log), so the body is cancelled
+inside that read. The final writes must load the input again, not save a transcript without
+the user's messages.
 
 Here the read is held open until the cancel stops the body, so the interleaving happens
 every time; etcd, NATS and the coordinator are real. The cluster has no host, so the
@@ -30,17 +31,18 @@ USER = [{"id": "u1", "role": "user", "content": "replay it"}]
 
 
 class _FirstInputReadHangs(HostDeps):
-    """Host deps whose first read of a stored chunk (the run input) answers only when cancelled."""
+    """Host deps whose body read of the stored log (which brings the run input) answers
+    only when cancelled."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.held = asyncio.Event()
 
-    async def read_chunk(self, run_id: str, offset: int) -> dict[str, Any] | None:
+    async def stored_before_fence(self, run_id: str, fenced_over: int) -> tuple[list[Any], dict[int, bytes]]:
         if not self.held.is_set():
             self.held.set()
             await asyncio.Event().wait()  # ends only by cancellation (the cancel stops the body)
-        return await super().read_chunk(run_id, offset)
+        return await super().stored_before_fence(run_id, fenced_over)
 
 
 @pytest.fixture
@@ -98,16 +100,17 @@ async def test_cancel_seen_while_the_successor_loads_the_run_input_keeps_the_use
 
 
 class _ReadSwallowsTheCancel(HostDeps):
-    """The first stored-chunk read answers, then holds until cancelled and swallows that cancel
-    (as a client library's ``wait_for`` does on Python 3.11 when its inner read completed in
-    the same loop turn), so the body goes on to its own decision after the driver's."""
+    """The body's read of the stored log (with the run input) answers, then holds until
+    cancelled and swallows that cancel (as a client library's ``wait_for`` does on Python
+    3.11 when its inner read completed in the same loop turn), so the body goes on to its
+    own decision after the driver's."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.held = asyncio.Event()
 
-    async def read_chunk(self, run_id: str, offset: int) -> dict[str, Any] | None:
-        body = await super().read_chunk(run_id, offset)
+    async def stored_before_fence(self, run_id: str, fenced_over: int) -> tuple[list[Any], dict[int, bytes]]:
+        body = await super().stored_before_fence(run_id, fenced_over)
         if not self.held.is_set():
             self.held.set()
             try:

@@ -1,6 +1,8 @@
 """The claim-scoped writer: fence, append with compare-and-set, latch, close (docs/design.md §4.1)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from baton.errors import AppendConflict, LogAlreadyClosed, RunClaimLost
@@ -41,6 +43,39 @@ async def test_stored_headers_before_stops_at_the_fence(dlog: DeliveryLog) -> No
     recs = await dlog.stored_headers(run_id, before=fence2)
     assert [(r.kind, r.epoch) for r in recs] == [("fence", 1)] + [("chunk", 1)] * 3
     assert await dlog.stored_headers(unique("empty")) == []
+
+
+async def test_stored_before_fence_reads_what_the_fence_covers(dlog: DeliveryLog) -> None:
+    """A successor's first read: the records before its fence exactly (none of another run,
+    none after the fence), with the run input's body; read directly, or partly with a
+    consumer when the log is longer than one direct read."""
+    run_id, other = unique("run"), unique("run")
+    w1 = dlog.writer(run_id, 1)
+    await w1.fence()
+    await w1.append([chunk(0)], origin="journal")
+    accepted = {"type": "CUSTOM", "name": "run.accepted", "value": {"messages": [{"role": "user", "content": "hé"}]}}
+    (host,) = await w1.append([accepted], origin="host")
+    await dlog.writer(other, 1).fence()  # interleaved: another run's record in between
+    await w1.append([chunk(i) for i in range(1, 40)], origin="journal")
+    w2 = dlog.writer(run_id, 2)
+    assert w2.fenced_over is None
+    fence2 = await w2.fence()
+    await w2.append([chunk(99)])
+    assert w2.fenced_over is not None and w2.fenced_over < fence2
+    expected = await dlog.stored_headers(run_id, before=fence2)
+    assert [r.kind for r in expected] == ["fence"] + ["chunk"] * 41 and expected[-1].offset == w2.fenced_over
+
+    recs, bodies = await dlog.stored_before_fence(run_id, w2.fenced_over)
+    assert recs == expected
+    assert {k: json.loads(v) for k, v in bodies.items()} == {int(host): accepted}
+    # One direct read of a few hundred bytes, the rest headers-only: the same records.
+    recs, bodies = await dlog.stored_before_fence(run_id, w2.fenced_over, max_bytes=300)
+    assert recs == expected and set(bodies) <= {int(host)}
+    # A fence on an empty log covers nothing.
+    w = dlog.writer(unique("run"), 1)
+    await w.fence()
+    assert w.fenced_over == 0
+    assert await dlog.stored_before_fence(w.run_id, w.fenced_over) == ([], {})
 
 
 async def test_paused_writer_is_refused_latched_and_lands_nothing(dlog: DeliveryLog) -> None:
