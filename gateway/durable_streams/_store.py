@@ -19,7 +19,6 @@ import collections
 import contextlib
 import functools
 import hashlib
-import json
 import logging
 import time
 import uuid
@@ -38,6 +37,7 @@ from baton.log._consumer import OrderedConsumer
 from gateway.durable_streams import _model as M
 from gateway.durable_streams import _protocol as P
 from gateway.durable_streams._model import Message, StreamState, Verdict
+from gateway.durable_streams._publish import Publisher
 
 log = logging.getLogger("gateway.durable_streams")
 
@@ -86,7 +86,7 @@ class StreamStore:
         self._close = close
         self.cfg = cfg or StoreConfig()
         self._js = nc.jetstream()
-        self._timeout = 5.0  # seconds for JetStream to store a record (js.publish's default)
+        self._pub = Publisher(nc)
         self._clock = clock
         self._cache: collections.OrderedDict[str, StreamState] = collections.OrderedDict()
         self._key_to_path: dict[str, str] = {}
@@ -113,6 +113,7 @@ class StreamStore:
             if exc.err_code != ERR_STREAM_NAME_IN_USE:
                 raise
             await self._js.update_stream(cfg)
+        await self._pub.start()
         self._sub = await self._nc.subscribe(f"{self.cfg.subject_prefix}.*", cb=self._on_record)
 
     async def stop(self) -> None:
@@ -121,6 +122,7 @@ class StreamStore:
             with contextlib.suppress(nats.errors.Error):
                 await self._sub.unsubscribe()
             self._sub = None
+        await self._pub.stop()
         for st in self._cache.values():
             st.notify()
         self._cache.clear()
@@ -234,26 +236,16 @@ class StreamStore:
     # -- writing -------------------------------------------------------------------------
 
     async def _publish(self, path: str, st_last: int, meta: dict[str, object], data: bytes = b"") -> int:
-        """Publish one record fenced on ``st_last``; its JetStream sequence once stored.
-
-        ``nc.request`` and a two-key read of the ack rather than ``js.publish`` (which builds
-        a ``PubAck`` dataclass per append): same request, same errors.
-        """
+        """Publish one record fenced on ``st_last``; its JetStream sequence once stored."""
         meta[M.GATEWAY] = self._gw
         try:
-            msg = await self._nc.request(
-                self.subject(path), M.encode_record(meta, data), timeout=self._timeout,
-                headers={_EXPECTED_LAST_SUBJECT_SEQ: str(st_last)},
-            )
-        except nats.errors.NoRespondersError:
-            raise nats.js.errors.NoStreamResponseError from None
-        ack = json.loads(msg.data)
-        err = ack.get("error")
-        if err is not None:
-            if err.get("err_code") == ERR_WRONG_LAST_SEQUENCE:
+            ack = await self._pub.publish(self.subject(path), M.encode_record(meta, data),
+                                          {_EXPECTED_LAST_SUBJECT_SEQ: str(st_last)})
+        except nats.js.errors.APIError as exc:
+            if exc.err_code == ERR_WRONG_LAST_SEQUENCE:
                 self._forget(path)
-                raise Conflict(path)
-            nats.js.errors.APIError.from_error(err)  # raises
+                raise Conflict(path) from exc
+            raise
         return int(ack["seq"])
 
     async def _write(self, path: str, st: StreamState | None, last: int, meta: dict[str, object],
