@@ -163,7 +163,7 @@ def settings_from_env(env: Mapping[str, str]) -> tuple[DSSettings, StoreConfig]:
 
 
 async def start_for(app: Any, state: Any) -> StreamStore:
-    """Start the store on the gateway's NATS connection and publish the app on ``app.state``.
+    """Start the store (on its own no-echo NATS connection) and publish the app on ``app.state``.
 
     Returns:
         The started store (the caller stops it on shutdown).
