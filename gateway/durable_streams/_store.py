@@ -74,7 +74,7 @@ class StreamStore:
     """Durable Streams on JetStream, with one cached view per stream this gateway serves.
 
     Args:
-        nc: a connected NATS client (shared with the delivery log).
+        nc: a connected NATS client (the gateway gives the store its own, with ``no_echo``).
         cfg: the store's configuration.
         clock: wall-clock seconds (injected for expiry tests).
         close: awaited by :meth:`stop` (closes a connection the store was given to own).
