@@ -8,8 +8,9 @@ from urllib.parse import quote
 import nats.errors
 import nats.js.errors
 from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route, Router
+from starlette.responses import Response, StreamingResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.websockets import WebSocketClose
 
 from baton import errors as e
 from gateway._auth import tenant_of
@@ -39,9 +40,9 @@ class DurableStreams:
         self.api_keys = api_keys
         self.runs = runs
 
-    async def handle(self, request: Request) -> Response:
-        """Dispatch one request; protocol errors become their status, never a 500."""
-        public = "/" + request.path_params.get("path", "")
+    async def handle(self, request: Request, public: str) -> Response:
+        """Dispatch one request for ``public`` (the path under ``/ds``, starting with "/");
+        protocol errors become their status, never a 500."""
         method = request.method.upper()
         try:
             if method == "OPTIONS":
@@ -85,26 +86,56 @@ class DurableStreams:
             return text(503, "Stream storage unavailable", {"retry-after": "1"})
 
 
-def build_app(ds: Callable[[], DurableStreams | None]) -> Router:
-    """The ASGI app to mount (``Mount("/ds", app=build_app(...))``).
+METHODS = ("GET", "HEAD", "PUT", "POST", "DELETE", "OPTIONS")
+_CORS_RAW = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in P.CORS_HEADERS.items()]
+
+
+def build_app(ds: Callable[[], DurableStreams | None]) -> ASGIApp:
+    """The protocol's plain ASGI app, mounted at ``/ds`` (``Mount("/ds", app=...)``, or
+    called directly by the gateway for ``/ds/...`` with ``root_path`` = ``/ds``).
+
+    A plain ASGI callable, not a Starlette router: the path under ``root_path`` is the
+    stream path, and every response is sent as two ASGI messages with the CORS headers
+    added, which keeps the per-append Python work small (issue 16).
 
     Args:
         ds: returns the live :class:`DurableStreams` (built in the gateway's lifespan), or
             ``None`` before it is ready (then 503).
     """
 
-    async def endpoint(request: Request) -> Response:
-        app = ds()
-        if app is None:
-            resp = text(503, "Not ready", {"retry-after": "1"})
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await WebSocketClose()(scope, receive, send)
+            return
+        path: str = scope["path"]
+        root: str = scope.get("root_path", "")
+        public = path[len(root):] if root and path.startswith(root) else path
+        if not public.startswith("/"):
+            public = "/" + public
+        method = scope["method"]
+        if method not in METHODS:
+            resp = text(405, "Method Not Allowed", {"allow": ", ".join(METHODS)})
         else:
-            resp = await app.handle(request)
-        for k, v in P.CORS_HEADERS.items():
-            resp.headers.setdefault(k, v)
-        return resp
+            live = ds()
+            if live is None:
+                resp = text(503, "Not ready", {"retry-after": "1"})
+            else:
+                resp = await live.handle(Request(scope, receive), public)
+        await respond(resp, scope, receive, send)
 
-    methods = ["GET", "HEAD", "PUT", "POST", "DELETE", "OPTIONS"]
-    return Router(routes=[Route("/{path:path}", endpoint, methods=methods)])
+    return app
+
+
+async def respond(resp: Response, scope: Scope, receive: Receive, send: Send) -> None:
+    """Send ``resp`` with the protocol's CORS headers (unless the response set its own)."""
+    raw = resp.raw_headers
+    names = {k for k, _ in raw}
+    raw.extend(h for h in _CORS_RAW if h[0] not in names)
+    if isinstance(resp, StreamingResponse) or resp.background is not None:
+        await resp(scope, receive, send)
+        return
+    await send({"type": "http.response.start", "status": resp.status_code, "headers": raw})
+    await send({"type": "http.response.body", "body": resp.body})
 
 
 PREFIX = "/ds"
@@ -132,18 +163,27 @@ def settings_from_env(env: Mapping[str, str]) -> tuple[DSSettings, StoreConfig]:
 
 
 async def start_for(app: Any, state: Any) -> StreamStore:
-    """Start the store on the gateway's NATS connection and publish the app on ``app.state``.
+    """Start the store (on its own no-echo NATS connection) and publish the app on ``app.state``.
 
     Returns:
         The started store (the caller stops it on shutdown).
     """
     import os
 
+    from baton.log import DeliveryLog
     from gateway.durable_streams._runs import RunLogs
 
     ds_settings, store_cfg = settings_from_env(os.environ)
-    store = StreamStore(state.log.nc, store_cfg)
-    await store.start()
+    # The store's own connection, without echo: NATS does not deliver this gateway's own
+    # records back to its listener for other gateways' writes (one message less per append,
+    # for this process and for NATS). Same servers and reconnect policy as the delivery log's.
+    conn = await DeliveryLog.connect(state.settings.nats_url, no_echo=True)
+    store = StreamStore(conn.nc, store_cfg, close=conn.close)
+    try:
+        await store.start()
+    except BaseException:
+        await conn.close()
+        raise
     runs = RunLogs(state, ds_settings)
     app.state.durable_streams = DurableStreams(store, ds_settings, state.settings.api_keys, runs.handle)
     return store

@@ -121,13 +121,16 @@ def state_from_config(cfg: dict[str, Any], js_seq: int) -> StreamState:
     return st
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"))  # one encoder, not one per json.dumps call
+
+
 def encode_record(meta: dict[str, Any], data: bytes = b"") -> bytes:
     """A record's body: 4-byte big-endian metadata length, the metadata JSON, the data.
 
     Metadata rides in the body, not in NATS headers: paths and producer ids are arbitrary
     UTF-8, which header parsing does not round-trip.
     """
-    raw = json.dumps(meta, separators=(",", ":")).encode()
+    raw = _ENCODER.encode(meta).encode()
     return len(raw).to_bytes(4, "big") + raw + data
 
 

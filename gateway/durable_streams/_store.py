@@ -23,7 +23,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Awaitable, Callable, TypeVar
 
 import nats.errors
 import nats.js.errors
@@ -37,6 +37,7 @@ from baton.log._consumer import OrderedConsumer
 from gateway.durable_streams import _model as M
 from gateway.durable_streams import _protocol as P
 from gateway.durable_streams._model import Message, StreamState, Verdict
+from gateway.durable_streams._publish import Publisher
 
 log = logging.getLogger("gateway.durable_streams")
 
@@ -73,15 +74,19 @@ class StreamStore:
     """Durable Streams on JetStream, with one cached view per stream this gateway serves.
 
     Args:
-        nc: a connected NATS client (shared with the delivery log).
+        nc: a connected NATS client (the gateway gives the store its own, with ``no_echo``).
         cfg: the store's configuration.
         clock: wall-clock seconds (injected for expiry tests).
+        close: awaited by :meth:`stop` (closes a connection the store was given to own).
     """
 
-    def __init__(self, nc: NATS, cfg: StoreConfig | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, nc: NATS, cfg: StoreConfig | None = None, clock: Callable[[], float] = time.time,
+                 close: Callable[[], Awaitable[None]] | None = None) -> None:
         self._nc = nc
+        self._close = close
         self.cfg = cfg or StoreConfig()
         self._js = nc.jetstream()
+        self._pub = Publisher(nc)
         self._clock = clock
         self._cache: collections.OrderedDict[str, StreamState] = collections.OrderedDict()
         self._key_to_path: dict[str, str] = {}
@@ -108,6 +113,7 @@ class StreamStore:
             if exc.err_code != ERR_STREAM_NAME_IN_USE:
                 raise
             await self._js.update_stream(cfg)
+        await self._pub.start()
         self._sub = await self._nc.subscribe(f"{self.cfg.subject_prefix}.*", cb=self._on_record)
 
     async def stop(self) -> None:
@@ -116,9 +122,12 @@ class StreamStore:
             with contextlib.suppress(nats.errors.Error):
                 await self._sub.unsubscribe()
             self._sub = None
+        await self._pub.stop()
         for st in self._cache.values():
             st.notify()
         self._cache.clear()
+        if self._close is not None:
+            await self._close()
 
     async def _on_record(self, msg: Msg) -> None:
         try:
@@ -148,19 +157,6 @@ class StreamStore:
     def subject(self, path: str) -> str:
         """The subject of a stream path."""
         return f"{self.cfg.subject_prefix}.{_key(path)}"
-
-    @contextlib.asynccontextmanager
-    async def _locked(self, path: str) -> AsyncIterator[None]:
-        lock = self._locks.setdefault(path, asyncio.Lock())
-        self._lock_users[path] = self._lock_users.get(path, 0) + 1
-        try:
-            async with lock:
-                yield
-        finally:
-            self._lock_users[path] -= 1
-            if not self._lock_users[path]:
-                del self._lock_users[path]
-                del self._locks[path]
 
     # -- loading -------------------------------------------------------------------------
 
@@ -240,18 +236,17 @@ class StreamStore:
     # -- writing -------------------------------------------------------------------------
 
     async def _publish(self, path: str, st_last: int, meta: dict[str, object], data: bytes = b"") -> int:
+        """Publish one record fenced on ``st_last``; its JetStream sequence once stored."""
         meta[M.GATEWAY] = self._gw
         try:
-            ack = await self._js.publish(
-                self.subject(path), M.encode_record(meta, data),
-                headers={_EXPECTED_LAST_SUBJECT_SEQ: str(st_last)},
-            )
+            ack = await self._pub.publish(self.subject(path), M.encode_record(meta, data),
+                                          {_EXPECTED_LAST_SUBJECT_SEQ: str(st_last)})
         except nats.js.errors.APIError as exc:
             if exc.err_code == ERR_WRONG_LAST_SEQUENCE:
                 self._forget(path)
                 raise Conflict(path) from exc
             raise
-        return int(ack.seq)
+        return int(ack["seq"])
 
     async def _write(self, path: str, st: StreamState | None, last: int, meta: dict[str, object],
                      data: bytes = b"") -> StreamState | None:
@@ -267,14 +262,31 @@ class StreamStore:
         return new
 
     async def _retrying(self, path: str, op: Callable[[], Awaitable[T]]) -> T:
-        for _ in range(5):
-            async with self._locked(path):
-                try:
-                    return await op()
-                except Conflict:
-                    continue
-        async with self._locked(path):
-            return await op()
+        """Run ``op`` under the path's lock, again (up to 5 more times) after a ``Conflict``.
+
+        One lock per path while it has users (no context-manager generator: this is on
+        every append's path).
+        """
+        lock = self._locks.get(path)
+        if lock is None:
+            lock = self._locks[path] = asyncio.Lock()
+        self._lock_users[path] = self._lock_users.get(path, 0) + 1
+        try:
+            for attempt in range(6):
+                async with lock:
+                    try:
+                        return await op()
+                    except Conflict:
+                        if attempt == 5:
+                            raise
+            raise AssertionError("unreachable")
+        finally:
+            users = self._lock_users[path] - 1
+            if users:
+                self._lock_users[path] = users
+            else:
+                del self._lock_users[path]
+                del self._locks[path]
 
     async def create(self, path: str, cfg: dict[str, object], initial: bytes) -> tuple[StreamState, bool]:
         """Create a stream, or confirm an identical one exists.
