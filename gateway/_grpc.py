@@ -31,7 +31,7 @@ from gateway._routes_chat import cancel_run, check_cancel_timeout, log_gone, ope
 from gateway._routes_misc import agent_list
 from gateway._state import GatewayState
 from gateway._validate import MAX_JSON_DEPTH, _depth, check_chat_start, check_offset
-from gateway._views import join_view_for, load_thread_transcript, run_view_for, settled_view_for, thread_visible_for
+from gateway._views import join_view_for, load_thread_transcript, settled_view_for, thread_visible_for
 
 log = logging.getLogger("gateway.grpc")
 
