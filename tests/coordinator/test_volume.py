@@ -7,7 +7,7 @@ from typing import AsyncIterator
 
 import pytest
 
-from baton.errors import InvalidArgument, RunIdRetired, StoreRefused
+from baton.errors import InvalidArgument, RunIdRetired, StoreRefused, StoreUnavailable
 from baton.v1.coordinator_pb2 import SandboxInstance
 from baton.v1.runs_pb2 import RunRecord, RunStatus
 from baton_tools.testing.seed import running_record, seed, terminal_record
@@ -246,3 +246,21 @@ async def test_retention_passes_share_one_lease_for_the_ids_they_retire(store: R
     assert int(named[0].value) == kvs[0].lease
     for old in (lease, kvs[0].lease):
         await store.etcd.revoke(old, timeout=5)
+
+
+async def test_a_read_only_txn_past_its_timeout_is_unavailable_and_etcd_lives_on(etcd: EtcdServer) -> None:
+    """Its call is not cancelled (etcd <= 3.5.4 panics on a cancelled read-only txn): the
+    caller gets ``StoreUnavailable`` at its timeout, etcd keeps answering, and a close
+    ends what is still in flight."""
+    client = E.Etcd([etcd.endpoint])
+    key = f"/{unique('ro')}/k".encode()
+    try:
+        await client.txn([], [E.put(key, b"v")], timeout=5)
+        for _ in range(20):
+            with pytest.raises(StoreUnavailable):
+                await client.txn([], [E.get(key)] * 100, timeout=0.0005)
+        res = await client.txn([], [E.get(key)], timeout=5)
+        assert [kv.value for kv in res.kvs(0)] == [b"v"]
+    finally:
+        await client.close()
+    assert etcd.proc.poll() is None
