@@ -61,9 +61,9 @@ class HostPool:
             s = self._stubs[address] = sandbox_host_pb2_grpc.SandboxHostStub(ch)
         return s
 
-    async def live_hosts(self) -> list[coordinator_pb2.HostInfo]:
-        """Registered hosts that are not draining."""
-        hosts = await self._coordinator.list_hosts()
+    async def live_hosts(self, timeout: float | None = None) -> list[coordinator_pb2.HostInfo]:
+        """Registered hosts that are not draining (``timeout``: the coordinator call's)."""
+        hosts = await self._coordinator.list_hosts(timeout=timeout)
         return [h for h in hosts if not h.draining and h.address]
 
     def rank(self, hosts: list[coordinator_pb2.HostInfo]) -> list[coordinator_pb2.HostInfo]:
@@ -79,9 +79,9 @@ class HostPool:
     def note_handed(self, host_id: str) -> None:
         self._handed[host_id] += 1
 
-    async def address_of(self, host_id: str) -> str | None:
+    async def address_of(self, host_id: str, timeout: float | None = None) -> str | None:
         """The address of a registered host, or ``None``."""
-        for h in await self._coordinator.list_hosts():
+        for h in await self._coordinator.list_hosts(timeout=timeout):
             if h.host_id == host_id:
                 return str(h.address)
         return None
@@ -105,9 +105,9 @@ class HostPool:
                 raise HostTimedOut(str(err)) from exc
             raise err from exc
 
-    async def registered(self, host: coordinator_pb2.HostInfo) -> bool:
+    async def registered(self, host: coordinator_pb2.HostInfo, timeout: float | None = None) -> bool:
         """Whether ``host`` is still registered at the same address (its session is live)."""
-        return await self.address_of(host.host_id) == host.address
+        return await self.address_of(host.host_id, timeout) == host.address
 
     async def close(self) -> None:
         """Close every channel (idempotent)."""

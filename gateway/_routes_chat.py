@@ -51,7 +51,7 @@ async def _start_run(st: GatewayState, cs: ChatStart, tenant_id: str) -> runs_pb
         parent_run_id=cs.parent_run_id,
     )
     t0 = time.monotonic()
-    hosts = await st.hosts.live_hosts()
+    hosts = await st.hosts.live_hosts(timeout=START_READ_TIMEOUT)
     resp: sandbox_host_pb2.StartRunResponse
     # A host whose session expired half-way through the start (a pause or a starved loop past
     # its lease) answers RUN_CLAIM_LOST; the run is left ``starting`` (or was taken over), and
@@ -82,6 +82,10 @@ async def _start_run(st: GatewayState, cs: ChatStart, tenant_id: str) -> runs_pb
 
 #: Seconds a start may keep asking live hosts that are slow to answer (:func:`_start_on`).
 START_BUDGET = 60.0
+#: Seconds a start's reads of the coordinator may take (its default is 5 s): a coordinator
+#: busy with a burst of starts (200 at once on replicated etcd took longer) is slow, not
+#: gone; one that is gone refuses the connection at once, whatever the timeout.
+START_READ_TIMEOUT = 20.0
 
 
 async def _start_on(st: GatewayState, host: coordinator_pb2.HostInfo, req: sandbox_host_pb2.StartRunRequest,
@@ -108,7 +112,7 @@ async def _start_on(st: GatewayState, host: coordinator_pb2.HostInfo, req: sandb
             timeout = max(deadline.cap(RPC_TIMEOUT), min(RPC_TIMEOUT, 1.0))
             return await st.hosts.call(host.address, "StartRun", req, timeout=timeout)
         except HostTimedOut:
-            if deadline.expired or not await st.hosts.registered(host):
+            if deadline.expired or not await st.hosts.registered(host, timeout=START_READ_TIMEOUT):
                 raise
             log.info("host %s busy: StartRun of %s not answered within %gs; asking it again",
                      host.host_id, req.run_id, RPC_TIMEOUT)
@@ -217,7 +221,7 @@ async def open_start(st: GatewayState, cs: ChatStart, tenant_id: str, after: str
         UnknownRun, UnknownThread, InvalidArgument, ThreadBusy, NoHostAvailable, …
     """
     try:
-        view = await st.coordinator.get_run(cs.run_id)
+        view = await st.coordinator.get_run(cs.run_id, timeout=START_READ_TIMEOUT)
     except e.UnknownRun:
         view = None
     if view is not None and not view.record.starting:

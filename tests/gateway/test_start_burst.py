@@ -93,7 +93,7 @@ class _Hosts:
             raise HostTimedOut("DEADLINE_EXCEEDED")
         return sandbox_host_pb2.StartRunResponse(created=True)
 
-    async def registered(self, host: coordinator_pb2.HostInfo) -> bool:
+    async def registered(self, host: coordinator_pb2.HostInfo, timeout: float | None = None) -> bool:
         return self.is_registered
 
 
