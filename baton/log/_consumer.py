@@ -19,6 +19,7 @@ import collections
 import contextlib
 import json
 import logging
+import time
 from dataclasses import dataclass
 
 import nats.errors
@@ -202,7 +203,12 @@ class OrderedConsumer:
     async def _reset(self, why: str) -> None:
         log.debug("resetting ordered consumer on %s at %d: %s", self._stream, self._next_seq, why)
         self.resets += 1
+        began = time.monotonic()
         await self._create()
+        took = time.monotonic() - began
+        if took > 0.5:  # a server restart or a leader change: how long the reader waited for it
+            log.info("ordered consumer on %s recreated at %d after %.2fs (%s)", self._stream, self._next_seq,
+                     took, why)
 
     async def next(self) -> Delivered:
         """The next record of the subject (blocks until there is one)."""
