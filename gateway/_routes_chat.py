@@ -100,7 +100,7 @@ async def _start_on(st: GatewayState, host: coordinator_pb2.HostInfo, req: sandb
     host instead would also be safe (the claim lets one start win) but lands the same load
     on a host that is as busy, and gives the client ``NO_HOST_AVAILABLE`` when every host
     is slow. A host that is gone (unregistered: dead, or paused past its lease), or a start
-    past ``deadline``, raises, and :func:`try_hosts` moves on.
+    past ``deadline``, raises, and :func:`try_hosts` moves on (a host is always asked once).
 
     Raises:
         HostTimedOut: the host did not answer and is gone, or ``deadline`` passed.
@@ -108,9 +108,9 @@ async def _start_on(st: GatewayState, host: coordinator_pb2.HostInfo, req: sandb
     """
     while True:
         try:
-            # Past the budget (a later host of try_hosts) a call still gets a useful deadline.
-            timeout = max(deadline.cap(RPC_TIMEOUT), min(RPC_TIMEOUT, 1.0))
-            return await st.hosts.call(host.address, "StartRun", req, timeout=timeout)
+            # Every call gets the whole per-call deadline: past the budget a host tried for
+            # the first time (the next one of try_hosts) is still asked once.
+            return await st.hosts.call(host.address, "StartRun", req, timeout=RPC_TIMEOUT)
         except HostTimedOut:
             if deadline.expired or not await st.hosts.registered(host, timeout=START_READ_TIMEOUT):
                 raise
