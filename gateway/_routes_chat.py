@@ -57,14 +57,15 @@ async def _start_run(st: GatewayState, cs: ChatStart, tenant_id: str) -> runs_pb
     # its lease) answers RUN_CLAIM_LOST; the run is left ``starting`` (or was taken over), and
     # a start with the same run id on the next host starts or joins it (StartRun is
     # idempotent by run id), so the client never sees that host's trouble.
-    # A start that failed on the log (a JetStream append timed out) left the run ``starting``
-    # too: the next host resumes it.
+    # A start that failed on the log (a JetStream append timed out), or whose host found no
+    # new session in time after losing its own, left the run ``starting`` too: the next host
+    # resumes it.
     deadline = Deadline.after(START_BUDGET)
 
     def start(h: coordinator_pb2.HostInfo) -> Awaitable[sandbox_host_pb2.StartRunResponse]:
         return _start_on(st, h, req, deadline)
 
-    next_on = (e.RunClaimLost, e.LogUnavailable)
+    next_on = (e.RunClaimLost, e.SessionLost, e.LogUnavailable)
     try:
         try:
             host, resp = await try_hosts(st.hosts, hosts, start, next_on=next_on)
