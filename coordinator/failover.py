@@ -42,8 +42,10 @@ from coordinator._keys import prefix_end
 log = logging.getLogger(__name__)
 
 _GRPC_OPTIONS = [("grpc.enable_http_proxy", 0)]
-#: How long a hand-over keeps trying when no host can take the run (seconds).
+#: How long one round of a hand-over asks hosts before it pauses and asks again (seconds).
 HANDOVER_PATIENCE = 30.0
+#: Seconds before an orphan no host took within the patience is offered again.
+NO_HOST_PAUSE = 1.0
 #: Hand-overs of one leader in flight at once (the orphans of a dead host come together).
 MAX_PARALLEL_HANDOVERS = 64
 
@@ -345,11 +347,19 @@ async def _guarded(ctx: LeaderContext, pool: HostPool, run_id: str, *, placer: P
         async with slots:
             return await hand_over_if_orphaned(ctx, pool, run_id, placer)
 
-    try:
-        return await retry(once, deadline=Deadline.after(patience),
-                           retry_on=(StoreUnavailable, grpc.aio.AioRpcError), first_pause=0.1, max_pause=1.0,
-                           on_retry=lambda exc: log.info("failover of run %s: %s; retrying", run_id, exc))
-    except (StoreUnavailable, grpc.aio.AioRpcError) as exc:
-        log.warning("failover of run %s failed: %s", run_id, exc)
-        return "failed"
+    while True:
+        try:
+            res = await retry(once, deadline=Deadline.after(patience),
+                              retry_on=(StoreUnavailable, grpc.aio.AioRpcError), first_pause=0.1, max_pause=1.0,
+                              on_retry=lambda exc: log.info("failover of run %s: %s; retrying", run_id, exc))
+        except (StoreUnavailable, grpc.aio.AioRpcError) as exc:
+            log.warning("failover of run %s failed: %s", run_id, exc)
+            return "failed"
+        if res != "no-host":
+            return res
+        # Every host refused for ``patience`` seconds (busy: 200 runs at once on a starved
+        # machine answered AttachRun later than its 5 s; or full). Nothing reports the run
+        # again, and its readers wait for its end: ask again (the record is re-read first).
+        log.warning("failover of run %s: no host took it within %gs; asking again", run_id, patience)
+        await asyncio.sleep(NO_HOST_PAUSE)
 

@@ -15,8 +15,11 @@ A run id whose record went cannot start a new run while its delivery log may sti
 old run's chunks (a reader of the new run would get them, and its fence would refuse the new
 run's epoch 1): the delete puts ``retired/<run>`` under a lease of the log's max age
 (``BATON_LOG_MAX_AGE``; no lease, so kept forever, when the log never expires), and
-``CreateOrResumeRun`` refuses such an id with ``RunIdRetired``. One lease is granted per
-pass that deletes anything.
+``CreateOrResumeRun`` refuses such an id with ``RunIdRetired``. The passes of one span
+(:data:`RETIRED_LEASE_SPAN`, an hour; a tenth of the max age when that is shorter) share one
+lease of max age + span, named by ``retired-lease``: a pass reuses it while it has at least
+the max age left, so an id stays retired at least the max age and at most one span longer,
+and a 30-day max age holds about 720 leases, not one per pass.
 """
 from __future__ import annotations
 
@@ -43,6 +46,41 @@ BATCH = 500
 PER_TXN = 12
 #: Pause between batches (seconds), so a large backlog does not crowd out the RPCs' etcd calls.
 PAUSE = 0.01
+#: Longest time (seconds) retention passes share one lease for the ids they retire.
+RETIRED_LEASE_SPAN = 3600.0
+
+
+async def retired_lease(store: RunStore, ttl: float, *, timeout: float) -> int:
+    """A lease to put ``retired/<run>`` keys under that has at least ``ttl`` seconds left.
+
+    The one named by ``retired-lease`` when it has that much left; otherwise a new one of
+    ``ttl`` + span (span: :data:`RETIRED_LEASE_SPAN`, at most a tenth of ``ttl``, at least
+    1 s), which ``retired-lease`` then names (put under that lease, so the name goes with it).
+    The remaining time is etcd's, so neither a leader change nor clock skew between
+    coordinators can shorten an id's retirement.
+
+    Returns:
+        The lease id.
+
+    Raises:
+        StoreUnavailable: etcd did not answer.
+    """
+    key = store.keys.retired_lease
+    kvs, _ = await store.etcd.range(key, timeout=timeout)
+    if kvs:
+        try:
+            left = await store.etcd.time_to_live(int(kvs[0].value), timeout=timeout)
+        except E.LeaseNotFound:
+            left = -1
+        if left >= math.ceil(ttl):
+            return int(kvs[0].value)
+    span = min(RETIRED_LEASE_SPAN, max(1.0, ttl / 10))
+    lease, _granted = await store.etcd.grant(math.ceil(ttl + span), timeout=timeout)
+    named = E.cmp_mod(key, kvs[0].mod_revision) if kvs else E.cmp_absent(key)
+    # Lost to another pass (a former leader's): this lease serves this pass just as well,
+    # and the next pass reuses the one named.
+    await store.etcd.txn([named], [E.put(key, str(lease).encode(), lease)], timeout=timeout)
+    return lease
 
 
 async def expire_batch(store: RunStore, cutoff: float, *, timeout: float, batch: int = BATCH,
@@ -125,8 +163,9 @@ async def expire(store: RunStore, cutoff: float, *, timeout: float, batch: int =
     changed meanwhile; the next pass looks again).
 
     Args:
-        retired_ttl: seconds the deleted runs' ids stay retired (one lease for the pass,
-            granted when something is due); 0: forever.
+        retired_ttl: seconds the deleted runs' ids stay retired at least (under a lease
+            shared with other passes, :func:`retired_lease`, asked for when something is
+            due); 0: forever.
 
     Returns:
         How many records were deleted.
@@ -139,7 +178,7 @@ async def expire(store: RunStore, cutoff: float, *, timeout: float, batch: int =
                                         timeout=timeout)
         if not due:
             return 0
-        lease, _granted = await store.etcd.grant(max(1, math.ceil(retired_ttl)), timeout=timeout)
+        lease = await retired_lease(store, retired_ttl, timeout=timeout)
     while True:
         seen, deleted = await expire_batch(store, cutoff, timeout=timeout, batch=batch, retired_lease=lease)
         total += deleted

@@ -22,7 +22,16 @@ log = logging.getLogger("gateway.hosts")
 T = TypeVar("T")
 # A StartRun builds nothing before returning (DESIGN §5.5: the sandbox is built after
 # run.accepted), so a few seconds is generous; AttachRun returns once the claim is held.
+# A call that outlives it raises HostTimedOut: the host may be busy rather than dead (a
+# StartRun is 3 coordinator calls and 3 JetStream appends, seconds each on a starved machine).
 RPC_TIMEOUT = 10.0
+
+
+class HostTimedOut(e.StoreUnavailable):
+    """A host did not answer a call within its deadline (``DEADLINE_EXCEEDED``, no baton
+    details): it may be dead, paused, or only busy. A kind of ``StoreUnavailable``, so callers
+    that move on from an unreachable host still do; a caller that can tell busy from dead
+    (:func:`gateway._routes_chat` asks whether the host is still registered) may ask again."""
 _CHANNEL_OPTIONS = [("grpc.enable_http_proxy", 0)]
 
 
@@ -52,9 +61,9 @@ class HostPool:
             s = self._stubs[address] = sandbox_host_pb2_grpc.SandboxHostStub(ch)
         return s
 
-    async def live_hosts(self) -> list[coordinator_pb2.HostInfo]:
-        """Registered hosts that are not draining."""
-        hosts = await self._coordinator.list_hosts()
+    async def live_hosts(self, timeout: float | None = None) -> list[coordinator_pb2.HostInfo]:
+        """Registered hosts that are not draining (``timeout``: the coordinator call's)."""
+        hosts = await self._coordinator.list_hosts(timeout=timeout)
         return [h for h in hosts if not h.draining and h.address]
 
     def rank(self, hosts: list[coordinator_pb2.HostInfo]) -> list[coordinator_pb2.HostInfo]:
@@ -70,9 +79,9 @@ class HostPool:
     def note_handed(self, host_id: str) -> None:
         self._handed[host_id] += 1
 
-    async def address_of(self, host_id: str) -> str | None:
+    async def address_of(self, host_id: str, timeout: float | None = None) -> str | None:
         """The address of a registered host, or ``None``."""
-        for h in await self._coordinator.list_hosts():
+        for h in await self._coordinator.list_hosts(timeout=timeout):
             if h.host_id == host_id:
                 return str(h.address)
         return None
@@ -83,14 +92,22 @@ class HostPool:
 
         Raises:
             The domain exception of the host's error (``ThreadBusy``, ``RunClaimNotAcquired``,
-            ``HostDraining``…), or ``StoreUnavailable`` when the host cannot be reached.
+            ``HostDraining``…); ``HostTimedOut`` when it did not answer within ``timeout``,
+            ``StoreUnavailable`` when it cannot be reached.
         """
         stub = self.stub(address)
         fn = getattr(stub, method) if isinstance(method, str) else method
         try:
             return await fn(request, timeout=timeout)  # type: ignore[call-arg]
         except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc) from exc
+            err = from_rpc_error(exc)
+            if type(err) is e.StoreUnavailable and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise HostTimedOut(str(err)) from exc
+            raise err from exc
+
+    async def registered(self, host: coordinator_pb2.HostInfo, timeout: float | None = None) -> bool:
+        """Whether ``host`` is still registered at the same address (its session is live)."""
+        return await self.address_of(host.host_id, timeout) == host.address
 
     async def close(self) -> None:
         """Close every channel (idempotent)."""

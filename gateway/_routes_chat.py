@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import math
+import time
 from typing import Any, Awaitable, Callable
 
 from starlette.requests import Request
@@ -18,10 +19,11 @@ from starlette.responses import JSONResponse, Response
 
 from baton import errors as e
 from baton.ids import validate_id
+from baton.retry import Deadline
 from baton.v1 import coordinator_pb2, runs_pb2, sandbox_host_pb2
 from gateway._auth import check_run_visible
 from gateway._errors import CancelWaitTimeout, StartFailed, mapping_for
-from gateway._hosts import try_hosts
+from gateway._hosts import RPC_TIMEOUT, HostTimedOut, try_hosts
 from gateway._reader import stream_log
 from gateway._sse import FORMAT_PARAM, StreamResponse, choose_framing
 from gateway._state import GatewayState
@@ -48,28 +50,73 @@ async def _start_run(st: GatewayState, cs: ChatStart, tenant_id: str) -> runs_pb
         interrupt_active=cs.interrupt_active,
         parent_run_id=cs.parent_run_id,
     )
-    hosts = await st.hosts.live_hosts()
+    t0 = time.monotonic()
+    hosts = await st.hosts.live_hosts(timeout=START_READ_TIMEOUT)
     resp: sandbox_host_pb2.StartRunResponse
     # A host whose session expired half-way through the start (a pause or a starved loop past
     # its lease) answers RUN_CLAIM_LOST; the run is left ``starting`` (or was taken over), and
     # a start with the same run id on the next host starts or joins it (StartRun is
     # idempotent by run id), so the client never sees that host's trouble.
-    def start(h: coordinator_pb2.HostInfo) -> Awaitable[sandbox_host_pb2.StartRunResponse]:
-        return st.hosts.call(h.address, "StartRun", req)
+    # A start that failed on the log (a JetStream append timed out), or whose host found no
+    # new session in time after losing its own, left the run ``starting`` too: the next host
+    # resumes it.
+    deadline = Deadline.after(START_BUDGET)
 
+    def start(h: coordinator_pb2.HostInfo) -> Awaitable[sandbox_host_pb2.StartRunResponse]:
+        return _start_on(st, h, req, deadline)
+
+    next_on = (e.RunClaimLost, e.SessionLost, e.LogUnavailable)
     try:
         try:
-            host, resp = await try_hosts(st.hosts, hosts, start, next_on=(e.RunClaimLost,))
+            host, resp = await try_hosts(st.hosts, hosts, start, next_on=next_on)
         except e.ThreadBusy as busy:
             if not await _finishing(st, busy.active_run_id):
                 raise
-            host, resp = await try_hosts(st.hosts, hosts, start, next_on=(e.RunClaimLost,))
+            host, resp = await try_hosts(st.hosts, hosts, start, next_on=next_on)
     except e.ThreadBusy:
         st.metrics.appends.labels("thread-busy").inc()
         raise
     st.metrics.appends.labels("created" if resp.created else "existing").inc()
-    log.info("run %s started on %s (created=%s)", cs.run_id, host.host_id, resp.created)
+    log.info("run %s started on %s (created=%s) in %.3fs", cs.run_id, host.host_id, resp.created, time.monotonic() - t0)
     return resp.record
+
+
+#: Seconds a start may keep asking live hosts that are slow to answer (:func:`_start_on`).
+START_BUDGET = 60.0
+#: Seconds a start's reads of the coordinator may take (its default is 5 s): a coordinator
+#: busy with a burst of starts (200 at once on replicated etcd took longer) is slow, not
+#: gone; one that is gone refuses the connection at once, whatever the timeout.
+START_READ_TIMEOUT = 20.0
+
+
+async def _start_on(st: GatewayState, host: coordinator_pb2.HostInfo, req: sandbox_host_pb2.StartRunRequest,
+                    deadline: Deadline) -> sandbox_host_pb2.StartRunResponse:
+    """``StartRun`` on ``host``; asked again while it is busy, not dead.
+
+    A host that did not answer within ``RPC_TIMEOUT`` but is still registered (its session
+    lease is live, so it is running) is busy: many starts at once on a loaded machine. Its
+    start goes on regardless of our deadline (a host finishes every start it began), and a
+    ``StartRun`` of the same run id on that host awaits it, so asking again neither starts
+    the run twice nor gives up on a start that is about to succeed. Moving on to the next
+    host instead would also be safe (the claim lets one start win) but lands the same load
+    on a host that is as busy, and gives the client ``NO_HOST_AVAILABLE`` when every host
+    is slow. A host that is gone (unregistered: dead, or paused past its lease), or a start
+    past ``deadline``, raises, and :func:`try_hosts` moves on (a host is always asked once).
+
+    Raises:
+        HostTimedOut: the host did not answer and is gone, or ``deadline`` passed.
+        Any other error of the host's ``StartRun``.
+    """
+    while True:
+        try:
+            # Every call gets the whole per-call deadline: past the budget a host tried for
+            # the first time (the next one of try_hosts) is still asked once.
+            return await st.hosts.call(host.address, "StartRun", req, timeout=RPC_TIMEOUT)
+        except HostTimedOut:
+            if deadline.expired or not await st.hosts.registered(host, timeout=START_READ_TIMEOUT):
+                raise
+            log.info("host %s busy: StartRun of %s not answered within %gs; asking it again",
+                     host.host_id, req.run_id, RPC_TIMEOUT)
 
 
 #: Seconds a start waits for the thread's previous run to write its terminal status once that
@@ -176,7 +223,7 @@ async def open_start(st: GatewayState, cs: ChatStart, tenant_id: str, after: str
         UnknownRun, UnknownThread, InvalidArgument, ThreadBusy, NoHostAvailable, …
     """
     try:
-        view = await st.coordinator.get_run(cs.run_id)
+        view = await st.coordinator.get_run(cs.run_id, timeout=START_READ_TIMEOUT)
     except e.UnknownRun:
         view = None
     if view is not None and not view.record.starting:

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from typing import Any, Iterator
 
 from baton import config
@@ -37,6 +38,23 @@ MAX_MESSAGES_BYTES = 768 * 1024
 log = logging.getLogger("baton.sandbox_host.manager")
 
 
+class _Phases:
+    """Seconds spent in each step of a start, for the host's log (where a slow start's time goes)."""
+
+    def __init__(self) -> None:
+        self._t0 = self._last = time.monotonic()
+        self._steps: list[tuple[str, float]] = []
+
+    def mark(self, step: str) -> None:
+        now = time.monotonic()
+        self._steps.append((step, now - self._last))
+        self._last = now
+
+    def __str__(self) -> str:
+        steps = " ".join(f"{k}={v:.3f}" for k, v in self._steps)
+        return f"{self._last - self._t0:.3f}s ({steps})"
+
+
 class RunManager:
     """Every run this host drives: start, attach, cancel, drain, shutdown.
 
@@ -51,7 +69,8 @@ class RunManager:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._finished: list[RunDriver] = []
         self._reserved = 0  # slots taken by a StartRun/AttachRun between its check and its spawn
-        self._starting: set[asyncio.Task[tuple[runs_pb2.RunRecord, bool]]] = set()
+        # Starts in progress by run id: a StartRun of a run id this host is starting joins it.
+        self._starting: dict[str, asyncio.Task[tuple[runs_pb2.RunRecord, bool]]] = {}
         self._start_claims: set[str] = set()  # runs whose claim a start of this host holds
 
     @property
@@ -118,7 +137,8 @@ class RunManager:
         * When any step fails the claim is released and the error raised; the run stays
           ``starting``. A retried ``StartRun`` with the same run id (on any host) resumes
           it: it claims anew, appends only what the log lacks (the first stored input wins)
-          and clears ``starting``. A retry while another start of it holds the claim joins.
+          and clears ``starting``. A retry while another start of it holds the claim joins;
+          a retry reaching the host that is still starting it awaits that start.
         * A start nobody retries (its gateway or host died) is ended by the reaper after
           its start grace: cancel, then a ``finalize`` attach (``aborted``, no agent).
 
@@ -141,16 +161,24 @@ class RunManager:
         """
         if self.draining:
             raise HostDraining("host is draining")
+        inflight = self._starting.get(req.run_id)
+        if inflight is not None:
+            # The same run id is being started here (its caller's deadline passed under load
+            # and the gateway asks again): wait for that start; this call starts nothing. The
+            # gateway checks the record's thread and tenant as for any existing run.
+            record, _ = await asyncio.shield(inflight)
+            return record, False
         # A start once begun runs to its end even when the caller goes away (its gateway
         # died, its deadline passed): cancelled half-way it could leave a claim that no
         # driver holds (the claim landed, the answer did not), which nobody would release.
         task = asyncio.create_task(self._start_in_slot(req), name=f"start:{req.run_id}")
-        self._starting.add(task)
-        task.add_done_callback(self._start_done)
+        self._starting[req.run_id] = task
+        task.add_done_callback(lambda t: self._start_done(req.run_id, t))
         return await asyncio.shield(task)
 
-    def _start_done(self, task: "asyncio.Task[tuple[runs_pb2.RunRecord, bool]]") -> None:
-        self._starting.discard(task)
+    def _start_done(self, run_id: str, task: "asyncio.Task[tuple[runs_pb2.RunRecord, bool]]") -> None:
+        if self._starting.get(run_id) is task:
+            del self._starting[run_id]
         if not task.cancelled() and task.exception() is not None:
             log.info("start %s failed: %r", task.get_name(), task.exception())  # also told to the caller
 
@@ -218,7 +246,9 @@ class RunManager:
             agent=runs_pb2.AgentSpec(kind=kind, options_json=json.dumps(dict(launch.options))),
             cancel_on_disconnect=req.cancel_on_disconnect, keep_sandbox=req.keep_sandbox, tenant=req.tenant,
             parent_run_id=req.parent_run_id, driver_host=deps.host_id, starting=True)
+        clock = _Phases()
         record, created = await deps.cc.create_or_resume_run(seed, interrupt_active=req.interrupt_active)
+        clock.mark("create")
         if not created and not (record.starting and record_status(record) == "running"
                                 and record.thread_id == req.thread_id and record.tenant == req.tenant):
             # Started already (join it), or not this caller's run: the gateway checks the
@@ -244,14 +274,18 @@ class RunManager:
             # driver holds would keep the run from every retry until the host died.
             await asyncio.shield(self._release_if_mine(req.run_id))
             raise
+        clock.mark("claim")
         writer = deps.log.writer(req.run_id, epoch)
         self._start_claims.add(req.run_id)
         try:
             fence_seq = await writer.fence()
+            clock.mark("fence")
             opened, messages = await self._open_log(record, writer, fence_seq, messages, fresh_record=created)
+            clock.mark("accepted")
             # The input is durable: from here on anyone may take the run over.
             _, cleared = await deps.cc.update_run(req.run_id, runs_pb2.RunRecord(starting=False), ["starting"],
                                                   epoch=epoch, session_id=deps.session)
+            clock.mark("clear")
         except BaseException:
             with contextlib.suppress(Exception):
                 await asyncio.shield(deps.cc.release_claim(req.run_id, deps.session, epoch))
@@ -262,6 +296,7 @@ class RunManager:
             record = cleared
         self._spawn(RunDriver(deps, record, epoch, mode, writer, input_messages=messages, fence_seq=fence_seq,
                               cancel_reason=record.cancel_reason or None, opened=opened))
+        log.info("run %s started in %s (load %d)", req.run_id, clock, self.load)
         return record, True
 
     async def _release_if_mine(self, run_id: str) -> None:
@@ -392,7 +427,7 @@ class RunManager:
 
     async def shutdown(self, timeout: float = 10.0) -> None:
         """Cancel every start and driver (final writes in flight still finish) and await them."""
-        tasks = [*self._starting, *self._tasks.values()]
+        tasks = [*self._starting.values(), *self._tasks.values()]
         for t in tasks:
             t.cancel()
         if tasks:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import time
 from typing import Any, Iterable, Mapping
 
 import nats.errors
@@ -27,6 +29,8 @@ from baton.log._headers import StoredRecord
 from baton.log.fence import Op, Verdict, describe, judge
 from baton.retry import Deadline
 from baton.runs import CLOSE_STATUSES
+
+log = logging.getLogger(__name__)
 
 # Longest error text a close record carries; headers are not a place for stack traces.
 _MAX_ERROR_CHARS = 2000
@@ -179,6 +183,7 @@ class LogWriter:
 
     async def _publish_attempts(self, payload: bytes, headers: dict[str, str], msg_id: str) -> int:
         deadline = Deadline.after(self._timeout * self._max_attempts)
+        began = time.monotonic()
         attempt = 0
         reads_answered = False
         while True:
@@ -195,6 +200,9 @@ class LogWriter:
                 resp = json.loads(reply.data)
                 err = resp.get("error")
                 if err is None:
+                    if attempt > 1:  # a leader change or an outage: how long this append waited
+                        log.info("append to %s stored after %d tries, %.2fs", self._subject, attempt,
+                                 time.monotonic() - began)
                     return int(resp["seq"])
                 code = err.get("err_code")
                 if code in STORAGE_FULL_CODES:
@@ -208,13 +216,20 @@ class LogWriter:
                     return tail.seq  # an earlier attempt of this very record landed
                 self._unacked = None  # refused, not unacknowledged: never the same record again
                 raise _CompareFailed(tail)
-            # No answer: did an earlier attempt land? Then it is not sent again.
-            try:
-                tail = await self._tail()
-                reads_answered = True
-            except LogUnavailable:
+            if isinstance(err_exc, nats.errors.NoRespondersError):
+                # Nobody took it: the stream has no leader now (an R3 stream electing one
+                # answers so at once), so this try stored nothing, and asking for the head
+                # would wait out its timeout (JetStream's API does not answer either). Try
+                # again after the short pause: the first try after the election lands.
                 tail = None
-                reads_answered = False
+            else:
+                # No answer: did an earlier attempt land? Then it is not sent again.
+                try:
+                    tail = await self._tail()
+                    reads_answered = True
+                except LogUnavailable:
+                    tail = None
+                    reads_answered = False
             if tail is not None and tail.headers.get(H.MSG_ID) == msg_id:
                 return tail.seq
             pause = min(0.05 * 2**attempt, _MAX_PAUSE)

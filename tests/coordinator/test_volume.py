@@ -7,7 +7,7 @@ from typing import AsyncIterator
 
 import pytest
 
-from baton.errors import InvalidArgument, RunIdRetired, StoreRefused
+from baton.errors import InvalidArgument, RunIdRetired, StoreRefused, StoreUnavailable
 from baton.v1.coordinator_pb2 import SandboxInstance
 from baton.v1.runs_pb2 import RunRecord, RunStatus
 from baton_tools.testing.seed import running_record, seed, terminal_record
@@ -213,3 +213,54 @@ async def test_a_run_id_retention_deleted_cannot_start_again_while_retired(store
 
     new = await assert_eventually(starts, timeout=20)
     assert new.status == RUNNING and new.driver_epoch == 0 and new.started_at > rec.started_at
+
+
+async def test_retention_passes_share_one_lease_for_the_ids_they_retire(store: RunStore) -> None:
+    k = store.keys
+    now = time.time()
+    day = 86400.0
+    recs = [terminal_record(i, tag=unique("l"), finished_at=now - 1000) for i in range(3)]
+    # Two passes a while apart (each deletes one record) under a one-day log max age.
+    for rec in recs[:2]:
+        await seed(store.etcd, k.prefix, [rec])
+        assert await retention.expire(store, now - 500, timeout=5, pause=0, retired_ttl=day) == 1
+    leases = set()
+    for rec in recs[:2]:
+        kvs, _ = await store.etcd.range(k.retired(rec.run_id), timeout=5)
+        leases.add(kvs[0].lease)
+    assert len(leases) == 1 and 0 not in leases  # one lease for both, not one per pass
+    lease = leases.pop()
+    # At least the max age left (ids stay retired that long), at most one span more.
+    assert day <= await store.etcd.time_to_live(lease, timeout=5) <= day + retention.RETIRED_LEASE_SPAN
+    named, _ = await store.etcd.range(k.retired_lease, timeout=5)
+    assert int(named[0].value) == lease and named[0].lease == lease  # goes with its lease
+
+    # A pass whose max age is longer than the shared lease has left gets a new lease, and
+    # the name moves to it: no id is retired for less than the max age.
+    await seed(store.etcd, k.prefix, recs[2:])
+    assert await retention.expire(store, now - 500, timeout=5, pause=0, retired_ttl=2 * day) == 1
+    kvs, _ = await store.etcd.range(k.retired(recs[2].run_id), timeout=5)
+    assert kvs[0].lease != lease
+    assert 2 * day <= await store.etcd.time_to_live(kvs[0].lease, timeout=5)
+    named, _ = await store.etcd.range(k.retired_lease, timeout=5)
+    assert int(named[0].value) == kvs[0].lease
+    for old in (lease, kvs[0].lease):
+        await store.etcd.revoke(old, timeout=5)
+
+
+async def test_a_read_only_txn_past_its_timeout_is_unavailable_and_etcd_lives_on(etcd: EtcdServer) -> None:
+    """Its call is not cancelled (etcd <= 3.5.4 panics on a cancelled read-only txn): the
+    caller gets ``StoreUnavailable`` at its timeout, etcd keeps answering, and a close
+    ends what is still in flight."""
+    client = E.Etcd([etcd.endpoint])
+    key = f"/{unique('ro')}/k".encode()
+    try:
+        await client.txn([], [E.put(key, b"v")], timeout=5)
+        for _ in range(20):
+            with pytest.raises(StoreUnavailable):
+                await client.txn([], [E.get(key)] * 100, timeout=0.0005)
+        res = await client.txn([], [E.get(key)], timeout=5)
+        assert [kv.value for kv in res.kvs(0)] == [b"v"]
+    finally:
+        await client.close()
+    assert etcd.proc.poll() is None

@@ -404,6 +404,9 @@ class FaultCluster:
         if self.fault_ended is not None:
             after = [rd.got.first_after(self.fault_ended) for rd in live]
             self.recovery = max([a - self.fault_ended for a in after if a is not None], default=0.0)
+            if after:  # each live reader's wait, so one slow reader is told from all slow
+                self.notes.append("readers' next chunk after " + ", ".join(
+                    "-" if a is None else f"{a - self.fault_ended:.2f}s" for a in after))
             if not live:
                 self.recovery = done - self.fault_ended
 

@@ -1,0 +1,126 @@
+"""Many starts at once on hosts slower than the gateway's per-call deadline (issue 18).
+
+Under load a ``StartRun`` (3 coordinator calls, 3 JetStream appends) can take longer than the
+gateway's per-call deadline. The host is busy, not dead: the gateway asks it again (the
+retry awaits the start in flight there) instead of trying every host and answering
+``NO_HOST_AVAILABLE``. Here the deadline is made shorter than one start (real coordinator,
+two real hosts, real etcd/NATS), so most starts of a burst outlive it. What a user checks:
+every POST is served from the run's start to its end, every run ran exactly once (epoch 1,
+``RUN_STARTED`` and ``run.accepted`` once, offsets without gap or repeat, completed), and
+its transcript holds its input. A host that is gone (no longer registered) is not asked again.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import pathlib
+from typing import Any, AsyncIterator
+
+import httpx
+import pytest
+
+from baton import errors as e
+from baton.coordinator_client import CoordinatorClient
+from baton.log import DeliveryLog, LogConfig
+from baton.retry import Deadline
+from baton.v1 import coordinator_pb2, sandbox_host_pb2
+from baton_tools.testing.cluster import start_coordinator, start_host
+from gateway import _routes_chat
+from gateway._hosts import HostTimedOut
+from tests.conftest import unique
+from tests.gateway.conftest import host_settings, read_stream
+from tests.gateway.test_start_atomicity import assert_started_with_input, chat_body, log_chunks
+
+RUNS = 16
+#: Shorter than one start of a burst (seconds), so the gateway's retry path is taken.
+SHORT_RPC_TIMEOUT = 0.05
+
+
+@pytest.fixture
+async def two_hosts(etcd: Any, nats: Any, log_cfg: LogConfig, replay_dir: pathlib.Path,
+                    tmp_path: pathlib.Path) -> AsyncIterator[dict[str, Any]]:
+    coord = await start_coordinator(etcd.endpoint, f"/{unique('sb')}/", log_dir=tmp_path,
+                                    detached_run_ttl=3600, reaper_interval=0)
+    settings = host_settings(log_cfg, replay_dir, tmp_path)
+    hosts = [await start_host(coord.address, nats.url, log_dir=tmp_path, **settings) for _ in range(2)]
+    cc = CoordinatorClient(coord.address)
+    dlog = await DeliveryLog.connect(nats.url, log_cfg)
+    try:
+        yield {"coord": coord, "cc": cc, "log": dlog, "cfg": log_cfg}
+    finally:
+        await asyncio.gather(*(h.stop() for h in hosts))
+        await cc.close()
+        await dlog.close()
+        await coord.stop()
+
+
+@pytest.mark.timeout(240)
+async def test_a_burst_of_starts_slower_than_the_deadline_all_run_exactly_once(
+        two_hosts: dict[str, Any], make_gateway: Any, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    p = two_hosts
+    cc: CoordinatorClient = p["cc"]
+    monkeypatch.setattr(_routes_chat, "RPC_TIMEOUT", SHORT_RPC_TIMEOUT)
+    gw = await make_gateway(coordinator=(p["coord"].address,))
+    runs = [(unique("run-"), unique("thr-")) for _ in range(RUNS)]
+    with caplog.at_level(logging.INFO, logger="gateway.chat"):
+        async with httpx.AsyncClient(trust_env=False, timeout=120) as http:
+            streams = await asyncio.gather(*(
+                read_stream(http, "POST", f"{gw.url}/api/chat", json=chat_body(run_id, thread_id, f"hi {i}"))
+                for i, (run_id, thread_id) in enumerate(runs)))
+    # The path under test was taken: some start outlived the deadline and was asked again.
+    assert any("asking it again" in r.getMessage() for r in caplog.records)
+    for (run_id, thread_id), s, i in zip(runs, streams, range(RUNS)):
+        assert s.status == 200 and s.ended, (run_id, s.status)
+        await assert_started_with_input(p, run_id, thread_id, f"hi {i}")
+        # Served from the run's start to its end, each chunk once, in order.
+        offsets = [int(off or -1) for off, _ in s.events]
+        assert offsets == sorted(set(offsets))
+        assert [c for _, c in s.events] == await asyncio.wait_for(log_chunks(p["log"], run_id), 30)
+        assert [c["type"] for _, c in s.events] == [c["type"] for _, c in streams[0].events]
+        assert (await cc.get_run(run_id)).record.driver_epoch == 1  # one start, one agent
+
+
+class _Hosts:
+    """The two calls :func:`gateway._routes_chat._start_on` makes of the gateway's host pool."""
+
+    def __init__(self, slow_answers: int, registered: bool) -> None:
+        self.slow_answers, self.is_registered, self.calls = slow_answers, registered, 0
+
+    async def call(self, address: str, method: str, request: Any, timeout: float) -> Any:
+        self.calls += 1
+        if self.calls <= self.slow_answers:
+            raise HostTimedOut("DEADLINE_EXCEEDED")
+        return sandbox_host_pb2.StartRunResponse(created=True)
+
+    async def registered(self, host: coordinator_pb2.HostInfo, timeout: float | None = None) -> bool:
+        return self.is_registered
+
+
+class _State:
+    def __init__(self, hosts: _Hosts) -> None:
+        self.hosts = hosts
+
+
+HOST = coordinator_pb2.HostInfo(host_id="h", address="h:1")
+REQ = sandbox_host_pb2.StartRunRequest(run_id="r")
+
+
+async def test_a_live_host_that_is_slow_is_asked_again_until_it_answers() -> None:
+    hosts = _Hosts(slow_answers=3, registered=True)
+    resp = await _routes_chat._start_on(_State(hosts), HOST, REQ, Deadline.after(60))  # type: ignore[arg-type]
+    assert resp.created and hosts.calls == 4
+
+
+async def test_a_host_gone_from_the_registry_is_not_asked_again() -> None:
+    hosts = _Hosts(slow_answers=3, registered=False)
+    with pytest.raises(HostTimedOut):
+        await _routes_chat._start_on(_State(hosts), HOST, REQ, Deadline.after(60))  # type: ignore[arg-type]
+    assert hosts.calls == 1
+
+
+async def test_a_start_past_its_budget_is_not_asked_again() -> None:
+    hosts = _Hosts(slow_answers=3, registered=True)
+    with pytest.raises(e.StoreUnavailable):
+        await _routes_chat._start_on(_State(hosts), HOST, REQ, Deadline.after(0))  # type: ignore[arg-type]
+    assert hosts.calls == 1
