@@ -43,6 +43,12 @@ log = logging.getLogger(__name__)
 
 #: Seconds a probe connect may take; a connect still pending then is not definite.
 PROBE_TIMEOUT = 0.5
+#: An arming connect that is not accepted is tried again after these pauses (seconds,
+#: doubling), for at most ``ARM_RETRY_WINDOW`` seconds, while the stream lasts: a process
+#: opens its session before its server listens (uvicorn runs the app's start-up before it
+#: binds), and waiting for the stream's next refresh (a third of the TTL) would leave a
+#: process that dies early on the TTL path. After the window, each refresh tries once.
+ARM_RETRY_FIRST, ARM_RETRY_MAX, ARM_RETRY_WINDOW = 0.1, 1.0, 30.0
 
 
 class Verdict(enum.Enum):
@@ -89,6 +95,7 @@ class StreamKeeper:
     token: bytes = field(default_factory=lambda: uuid.uuid4().hex.encode())
     armed: dict[int, str] = field(default_factory=dict)
     arming: set[int] = field(default_factory=set)
+    ended: bool = False  # the stream is over: stop trying to arm its sessions
 
 
 class FastFailover:
@@ -137,10 +144,17 @@ class FastFailover:
 
     async def _arm(self, stream: StreamKeeper, session_id: int, address: str) -> None:
         try:
-            if await probe(address, self.probe_timeout) is not Verdict.ALIVE:
-                # Not reachable from here (yet): a refusal later would prove nothing. The
-                # next request of this stream tries again.
-                return
+            loop = asyncio.get_running_loop()
+            give_up, pause = loop.time() + ARM_RETRY_WINDOW, ARM_RETRY_FIRST
+            while await probe(address, self.probe_timeout) is not Verdict.ALIVE:
+                # Not reachable from here (yet): a refusal later would prove nothing. Tried
+                # again shortly (the process may not listen yet), then at each refresh.
+                if stream.ended or loop.time() + pause > give_up:
+                    return
+                await asyncio.sleep(pause)
+                pause = min(2 * pause, ARM_RETRY_MAX)
+                if stream.ended:
+                    return
             # Only a session's lease (its sessions/<lease> key is on it): a keep-alive naming
             # another lease id (the election's, a cancel intent's) must not get it revoked.
             k = self.store.keys

@@ -258,6 +258,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 yield pb.KeepAliveResponse(session_id=req.session_id, ttl_seconds=float(ttl))
         finally:
             ka.close()
+            stream.ended = True
             if not ended_here and not self._stopping.is_set():
                 self.fast_failover.broken(stream)
 

@@ -121,3 +121,26 @@ async def test_a_lease_that_is_not_a_session_is_never_revoked_for_a_caller(coord
         assert 0 < await _lease_ttl(coord, other) <= 30
         await marker.close()  # a real session still closes (CloseSession revokes it)
         assert await _lease_ttl(coord, marker.id) == -1
+
+
+async def test_a_process_that_listens_after_its_session_opened_is_armed_before_the_next_refresh(
+        coord: InProcessCoordinator) -> None:
+    """A gateway opens its session before its server listens (uvicorn binds after the app's
+    start-up): the refused arming connect is tried again within moments, not at the next
+    refresh a third of the TTL later, so a process that dies early is still revoked at once."""
+    ff = coord.server.fast_failover
+    address = _refusing_address()
+    host, port = address.rsplit(":", 1)
+    async with CoordinatorClient(coord.address, token="") as cc:
+        s = await cc.open_session(ttl=90, owner="late-listener", probe_address=address)  # refresh every 30 s
+        await assert_eventually(lambda: ff._tasks)  # its arming began, and was refused
+        assert ff.armed == 0
+        srv = await asyncio.start_server(lambda r, w: w.close(), host, int(port))
+        try:
+            await assert_eventually(lambda: ff.armed == 1, timeout=20)  # well before the refresh at 30 s
+        finally:
+            srv.close()
+            await srv.wait_closed()
+        _drop_stream(s)  # now it dies: the refused connect is definite
+        await assert_eventually(lambda: ff.outcomes["revoked"] == 1)
+        assert await _lease_ttl(coord, s.id) == -1

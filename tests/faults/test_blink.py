@@ -119,9 +119,9 @@ async def test_sigstopped_host_takes_the_ttl_path(fault_cluster: ClusterFactory)
 @pytest.mark.timeout(180)
 async def test_gateway_sigkill_detaches_its_runs_at_once(fault_cluster: ClusterFactory) -> None:
     """Detached in under half the TTL, where the TTL path needs at least two thirds of it (the
-    lease is renewed every third). The TTL is doubled here: the fast path's several etcd
-    writes took 9 s on this machine at a load of 16, and half of 10 s would not tell them apart."""
-    ttl = 2 * TTL
+    lease is renewed every third). The gateway opens its session before it listens, so this
+    also shows the session is armed for fast failover soon after (not at its next refresh)."""
+    ttl = TTL
     c = await fault_cluster(hosts=1, session_ttl=ttl)
     assert c.coordinator is not None and c.gateway is not None
     runs = await c.start_runs(2, seconds=10)
