@@ -276,7 +276,8 @@ async def _successor_delays(side: Side, run_ids: list[str], arrivals: dict[str, 
                             readers: list[asyncio.Task[None]], t0: float,
                             moved_again: list[int] | None = None) -> list[float]:
     """Per run: seconds from ``t0`` to the first chunk after the successor's fence (once
-    every run ended). Runs that ended before the fault (no fence above epoch 1) are left out.
+    every run ended). Runs that ended before the fault (no fence above epoch 1, or no chunk
+    after it) are left out.
     ``moved_again`` gets one entry per run taken over more than once (its successor lost
     its session: the starvation issue 17 measured)."""
     async with asyncio.timeout(600):
@@ -285,8 +286,11 @@ async def _successor_delays(side: Side, run_ids: list[str], arrivals: dict[str, 
     for r in run_ids:
         heads = await side.log.stored_headers(r)
         fence2 = next((h.offset for h in heads if h.kind == "fence" and h.epoch >= 2), None)
-        if fence2 is not None:
-            out.append(next(t for off, t in arrivals[r] if off > fence2) - t0)
+        # A run whose last chunk was stored just before the kill has nothing after its
+        # successor's fence but the close: nothing was stalled, so it is left out too.
+        after = next((t for off, t in arrivals[r] if off > fence2), None) if fence2 is not None else None
+        if after is not None:
+            out.append(after - t0)
         if moved_again is not None and any(h.kind == "fence" and h.epoch >= 3 for h in heads):
             moved_again.append(1)
     return out
