@@ -2,6 +2,7 @@
 every etcd error translated, the live/ended indexes and their backfill, retention."""
 from __future__ import annotations
 
+import signal
 import time
 from typing import AsyncIterator
 
@@ -248,17 +249,23 @@ async def test_retention_passes_share_one_lease_for_the_ids_they_retire(store: R
         await store.etcd.revoke(old, timeout=5)
 
 
-async def test_a_read_only_txn_past_its_timeout_is_unavailable_and_etcd_lives_on(etcd: EtcdServer) -> None:
+async def test_a_read_only_txn_past_its_timeout_is_unavailable_and_etcd_lives_on(own_etcd: EtcdServer) -> None:
     """Its call is not cancelled (etcd <= 3.5.4 panics on a cancelled read-only txn): the
     caller gets ``StoreUnavailable`` at its timeout, etcd keeps answering, and a close
-    ends what is still in flight."""
+    ends what is still in flight. etcd is paused, so the timeout is certain to pass first
+    (a tiny timeout alone raced a fast etcd); it works through the txns once resumed."""
+    etcd = own_etcd
     client = E.Etcd([etcd.endpoint])
     key = f"/{unique('ro')}/k".encode()
     try:
         await client.txn([], [E.put(key, b"v")], timeout=5)
-        for _ in range(20):
-            with pytest.raises(StoreUnavailable):
-                await client.txn([], [E.get(key)] * 100, timeout=0.0005)
+        etcd.proc.send_signal(signal.SIGSTOP)
+        try:
+            for _ in range(5):
+                with pytest.raises(StoreUnavailable):
+                    await client.txn([], [E.get(key)] * 100, timeout=0.1)
+        finally:
+            etcd.proc.send_signal(signal.SIGCONT)
         res = await client.txn([], [E.get(key)], timeout=5)
         assert [kv.value for kv in res.kvs(0)] == [b"v"]
     finally:
