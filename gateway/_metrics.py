@@ -25,6 +25,10 @@ class Metrics:
             "baton_gateway_starts_waiting_for_finish",
             "Starts waiting now for the thread's previous run, whose log is closed, to write its final status",
             registry=r)
+        self.join_waits = Gauge(
+            "baton_gateway_joins_waiting_for_run",
+            "Joins waiting now for a run id they do not know yet to get a record or a log",
+            registry=r)
         self.requests = Counter("baton_gateway_requests", "HTTP requests by route and status",
                                 ["route", "status"], registry=r)
 

@@ -170,22 +170,35 @@ async def join_view_for(st: GatewayState, tenant_id: str, run_id: str, wait: flo
         StoreUnavailable: the coordinator cannot be reached.
         LogUnavailable: JetStream did not answer.
     """
+    found, view = await _run_exists(st, tenant_id, run_id)
+    if found:
+        return view
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
-    while True:
-        try:
-            view = await maybe_view_for(st, tenant_id, run_id)
-        except e.UnknownRun:
-            # With auth "no record yet" reads as unknown too (maybe_view_for re-raises): keep
-            # waiting. Another tenant's run waits as long, so the 404 tells nothing about it.
-            view = None
-        if view is not None:
-            return view
-        if not st.settings.auth_enabled and await st.log.last_record(run_id) is not None:
-            return None
-        if loop.time() >= deadline:
-            raise e.UnknownRun(run_id)
-        await asyncio.sleep(min(0.1, max(deadline - loop.time(), 0)))
+    # Counted once the run was not found at once (``baton_gateway_joins_waiting_for_run``):
+    # operators see joins piling up on ids that never come, tests see a join is waiting.
+    with st.metrics.join_waits.track_inprogress():
+        while loop.time() < deadline:
+            await asyncio.sleep(min(0.1, max(deadline - loop.time(), 0)))
+            found, view = await _run_exists(st, tenant_id, run_id)
+            if found:
+                return view
+    raise e.UnknownRun(run_id)
+
+
+async def _run_exists(st: GatewayState, tenant_id: str, run_id: str) -> tuple[bool, Any | None]:
+    """Whether the run exists for a join, with its view (``None``: a log with no record)."""
+    try:
+        view = await maybe_view_for(st, tenant_id, run_id)
+    except e.UnknownRun:
+        # With auth "no record yet" reads as unknown too (maybe_view_for re-raises): keep
+        # waiting. Another tenant's run waits as long, so the 404 tells nothing about it.
+        view = None
+    if view is not None:
+        return True, view
+    if not st.settings.auth_enabled and await st.log.last_record(run_id) is not None:
+        return True, None
+    return False, None
 
 
 async def load_thread_transcript(st: GatewayState, tenant_id: str, thread_id: str) -> tuple[list[Any], int | None]:

@@ -20,7 +20,7 @@ from baton.log import DeliveryLog, LogConfig
 from baton.sse import Comment, aiter_sse
 from baton_tools.testing.servers import free_port
 from gateway import GatewaySettings, create_app
-from tests.conftest import unique
+from tests.conftest import assert_eventually, unique
 
 
 @dataclasses.dataclass
@@ -267,6 +267,14 @@ def metric(text: str, name: str, **labels: str) -> float:
         if line.startswith(want + " "):
             return float(line.split()[-1])
     return 0.0
+
+
+async def wait_for_metric(http: httpx.AsyncClient, url: str, name: str, value: float, *,
+                          headers: dict[str, str] | None = None, timeout: float = 15.0) -> None:
+    """Poll the gateway's ``/metrics`` until the sample ``name`` reads ``value``."""
+    async def reached() -> bool:
+        return metric((await http.get(f"{url}/metrics", headers=headers)).text, name) == value
+    await assert_eventually(reached, timeout=timeout)
 
 
 def host_settings(log_cfg: LogConfig, replay_dir: pathlib.Path, tmp: pathlib.Path) -> dict[str, str]:

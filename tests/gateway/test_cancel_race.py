@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from tests.conftest import unique
-from tests.gateway.conftest import Gateway, read_stream
+from tests.gateway.conftest import Gateway, read_stream, wait_for_metric
 
 SLOW = {"kind": "replay", "journal": "claude-stream-json/slow.jsonl", "speed": 1}
 
@@ -90,7 +90,7 @@ async def test_with_auth_a_join_before_the_start_waits_for_the_run(host: Any, ma
     a, b = {"Authorization": "Bearer k1"}, {"Authorization": "Bearer k2"}
     join = asyncio.create_task(read_stream(http, "GET", f"{gw.url}/api/chat",
                                            params={"runId": run_id, "offset": "-1"}, headers=a))
-    await asyncio.sleep(0.3)  # the join is waiting for the run to exist (no condition to poll on)
+    await wait_for_metric(http, gw.url, "baton_gateway_joins_waiting_for_run", 1, headers=a)
     body = {"threadId": thread, "messages": [{"id": "u1", "role": "user", "content": "hi"}],
             "agent": {"kind": "replay", "journal": "claude-stream-json/hello.jsonl"}}
     started = await asyncio.wait_for(read_stream(http, "POST", f"{gw.url}/api/chat", json=body,

@@ -13,7 +13,10 @@ from baton.coordinator_client import CoordinatorClient
 from baton.log import DeliveryLog
 from baton.v1 import runs_pb2
 from tests.conftest import assert_eventually, unique
-from tests.gateway.conftest import Gateway, read_stream, run_chunks, write_run
+from gateway._views import join_view_for
+from tests.gateway.conftest import Gateway, metric, read_stream, run_chunks, wait_for_metric, write_run
+
+JOINS_WAITING = "baton_gateway_joins_waiting_for_run"
 
 
 @pytest.mark.parametrize("ndjson", [False, True], ids=["sse", "ndjson"])
@@ -44,10 +47,25 @@ async def test_a_run_created_during_the_join_wait_is_served(gateway: Gateway, ht
     chunks = run_chunks(run_id, "t", ["late", " but here"])
     join = asyncio.create_task(read_stream(http, "GET", f"{gateway.url}/api/chat",
                                            params={"runId": run_id, "offset": "-1"}))
-    await asyncio.sleep(0.5)  # the join is waiting for the run to exist (no condition to poll on)
+    await wait_for_metric(http, gateway.url, JOINS_WAITING, 1)
     _, offsets = await write_run(dlog, run_id, chunks)
     got = await asyncio.wait_for(join, 15)
     assert got.status == 200 and got.events == list(zip(offsets, chunks)) and got.ended
+    assert metric((await http.get(f"{gateway.url}/metrics")).text, JOINS_WAITING) == 0
+
+
+async def test_the_joins_waiting_gauge_falls_back_when_a_join_times_out_or_is_cancelled(
+        gateway: Gateway, http: httpx.AsyncClient) -> None:
+    st = gateway.app.state.gateway
+    with pytest.raises(e.UnknownRun):
+        await join_view_for(st, "", unique("run"), wait=0.2)
+    assert metric((await http.get(f"{gateway.url}/metrics")).text, JOINS_WAITING) == 0
+    waiting = asyncio.create_task(join_view_for(st, "", unique("run"), wait=60))
+    await wait_for_metric(http, gateway.url, JOINS_WAITING, 1)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert metric((await http.get(f"{gateway.url}/metrics")).text, JOINS_WAITING) == 0
 
 
 @pytest.mark.parametrize("ndjson", [False, True], ids=["sse", "ndjson"])
