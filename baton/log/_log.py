@@ -16,7 +16,7 @@ from baton.errors import LogStorageFull, LogUnavailable
 from baton.ids import subject_token
 from baton.log import _headers as H
 from baton.log._api import (
-    ERR_STREAM_NAME_IN_USE, STORAGE_FULL_CODES, direct_batch, first_on_subject, last_on_subject,
+    ERR_STREAM_NAME_IN_USE, STORAGE_FULL_CODES, RawRecord, direct_batch, first_on_subject, last_on_subject,
 )
 from baton.log._config import LogConfig
 from baton.log._consumer import OrderedConsumer
@@ -229,12 +229,20 @@ class DeliveryLog:
         return LogReader(self.nc, self.cfg, run_id, after, stop_at_close=stop_at_close, idle_heartbeat=idle_heartbeat)
 
     async def last_record(self, run_id: str) -> H.StoredRecord | None:
-        """Headers of the run's last record (e.g. to see if the log is closed), or None."""
+        """Headers of the run's last record (e.g. to see if the log is closed), or None.
+
+        Raises:
+            LogUnavailable: JetStream did not answer.
+        """
+        tail = await self._tail(run_id)
+        return H.parse_record(tail.seq, tail.headers) if tail else None
+
+    async def _tail(self, run_id: str) -> RawRecord | None:
+        """The run's last stored record, raw. Raises ``LogUnavailable``."""
         try:
-            tail = await last_on_subject(self.nc, self.cfg.stream, self.cfg.subject(run_id))
+            return await last_on_subject(self.nc, self.cfg.stream, self.cfg.subject(run_id))
         except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
             raise LogUnavailable(run_id, f"reading the log head failed: {type(exc).__name__}") from exc
-        return H.parse_record(tail.seq, tail.headers) if tail else None
 
     async def close_record(self, run_id: str) -> tuple[H.StoredRecord, float] | None:
         """The run's close record and when the run finished (Unix seconds: the close's
@@ -244,10 +252,7 @@ class DeliveryLog:
         Raises:
             LogUnavailable: JetStream did not answer.
         """
-        try:
-            tail = await last_on_subject(self.nc, self.cfg.stream, self.cfg.subject(run_id))
-        except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
-            raise LogUnavailable(run_id, f"reading the log head failed: {type(exc).__name__}") from exc
+        tail = await self._tail(run_id)
         if tail is None:
             return None
         rec = H.parse_record(tail.seq, tail.headers)
