@@ -8,6 +8,7 @@ instead of starting anything); ``GET ?runId&offset=-1`` joins.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -132,20 +133,27 @@ async def _finishing(st: GatewayState, run_id: str) -> bool:
     to the end and at once sends the thread's next message can meet the previous run still
     ``running`` for one write's time. That run is over for the client: wait for its status
     (at most :data:`FINISHING_WAIT` seconds) instead of answering ``409 THREAD_BUSY``.
+
+    The close record decides, in one read, whether there is anything to wait for: a log
+    that is not closed is a run that goes on (``False`` at once). The wait itself cannot end
+    on the close: the thread stays busy for the coordinator (its active-run index) until
+    the record is terminal, so a start retried before that would be refused again. It
+    follows the record's changes (``WatchRun``, whose first event is the record as it is
+    now, so a status that landed before the watch began counts) instead of polling it.
     """
     try:
-        tail = await st.log.last_record(run_id)
-        if tail is None or tail.kind != "close":
+        if await st.log.close_record(run_id) is None:
             return False
         with st.metrics.finishing_waits.track_inprogress():
             async with asyncio.timeout(FINISHING_WAIT):
-                while True:
-                    view = await st.coordinator.get_run(run_id)
-                    if view.record.status in TERMINAL_PB:
-                        return True
-                    await asyncio.sleep(0.05)
+                async with contextlib.aclosing(st.coordinator.watch_run(run_id)) as changes:
+                    async for change in changes:
+                        # A record removed (retention) no longer holds the thread either.
+                        if change.record is None or change.record.status in TERMINAL_PB:
+                            return True
     except (e.BatonError, TimeoutError):
         return False
+    return False
 
 
 async def _check_log_stores(st: GatewayState, run_id: str) -> None:

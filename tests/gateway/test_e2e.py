@@ -198,3 +198,26 @@ async def test_next_message_right_after_the_end_waits_for_the_previous_runs_stat
         await late
     assert got.status == 200 and got.ended
     assert text_of(got.events) == "hello from the replay"
+
+
+async def test_next_message_after_a_closed_log_whose_status_never_lands_is_refused_busy(
+        host: Any, gateway: Gateway, http: httpx.AsyncClient, cc: CoordinatorClient, dlog: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wait for the previous run's status is bounded: past it, 409 THREAD_BUSY naming that
+    run, and the start is no longer counted as waiting."""
+    from baton.v1 import runs_pb2
+    from gateway import _routes_chat
+    from tests.gateway.conftest import metric, run_chunks, write_run
+
+    monkeypatch.setattr(_routes_chat, "FINISHING_WAIT", 0.5)
+    thread, first, second = unique("th"), unique("run"), unique("run")
+    await cc.create_or_resume_run(runs_pb2.RunRecord(run_id=first, thread_id=thread,
+                                                     status=runs_pb2.RUN_STATUS_RUNNING, started_at=1.0),
+                                  interrupt_active=False)
+    await write_run(dlog, first, run_chunks(first, thread, ["done"]), close=True)
+    resp = await http.post(f"{gateway.url}/api/chat", json=replay_body(thread, second),
+                           headers={"X-Run-Id": second}, timeout=60)
+    assert resp.status_code == 409 and resp.json()["reason"] == "THREAD_BUSY"
+    assert resp.json()["activeRunId"] == first
+    assert metric((await http.get(f"{gateway.url}/metrics")).text, "baton_gateway_starts_waiting_for_finish") == 0
+    assert (await cc.get_run(first)).record.status == runs_pb2.RUN_STATUS_RUNNING
