@@ -20,15 +20,15 @@ decides. This module supervises and streams; the sandbox I/O is
 finishes them (bounded), and retried so a short store or log outage does not leave the
 run ``running`` forever.
 
-The module is a little over 600 lines: streaming, the storage-full wait and the transcript
-snapshots all read and write the one run's state (builder, machine, aligner, in-flight
-append); splitting them further would pass that state around instead of holding it.
+The driver's reads of its run's stored log (the takeover read) are
+:class:`~sandbox_host.driver_stored.StoredReads` and its transcript duty (prepare, save,
+snapshots) is :class:`~sandbox_host.driver_transcript.TranscriptSteps`: methods of the
+driver over its one run's state, kept in their own modules.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -37,15 +37,15 @@ from typing import TYPE_CHECKING, Any, Literal
 from baton.errors import (
     AppendConflict, BatonError, JournalAttachUnavailable, JournalReplayDiverged,
     JournalReplayThreadIdMismatch, LogAlreadyClosed, LogStorageFull, LogUnavailable, RunClaimLost, SandboxError,
-    StoreUnavailable, TranscriptConflict, TranscriptFenced,
+    StoreUnavailable, TranscriptFenced,
 )
-from baton.log import TranscriptWriter
-from baton.runs import RUN_ACCEPTED
 from baton.transcript import TranscriptBuilder
 from baton.v1 import runs_pb2
 from sandbox_host import machine as M
-from sandbox_host._tasks import cancel_and_wait, reraise_if_cancelling, retry_unavailable
+from sandbox_host._tasks import cancel_and_wait, retry_unavailable
 from sandbox_host.align import Aligner
+from sandbox_host.driver_stored import StoredReads
+from sandbox_host.driver_transcript import TranscriptSteps
 from sandbox_host.finishing import Finisher
 from sandbox_host.sandboxes import RunSandboxes, Sandbox
 
@@ -75,7 +75,7 @@ class RunStats:
     decision: M.Decision | None = None
     errors: list[str] = field(default_factory=list)
 
-class RunDriver:
+class RunDriver(TranscriptSteps, StoredReads):
     """Drives one run under one claim. Created and owned by :class:`RunManager`.
 
     Args:
@@ -495,48 +495,6 @@ class RunDriver:
 
     # --- finishing ------------------------------------------------------------------------
 
-    async def _stored_close(self, closed: LogAlreadyClosed) -> M.StoredClose:
-        stored = await self.deps.log.stored_headers(self.run_id)
-        rec = next((r for r in reversed(stored) if r.kind == "close"), None)
-        return M.StoredClose(closed.status or "completed", getattr(rec, "error", None), getattr(rec, "error_code", None))
-
-    async def _stored_before_fence(self) -> tuple[list[Any], dict[int, bytes]]:
-        """What the log held before this claim's fence (headers), and the bodies of its
-        host-origin chunks when they came along (the run input among them)."""
-        over = self.writer.fenced_over
-        if over is None:  # not this writer's fence (cannot happen after the body's fence)
-            return await self.deps.log.stored_headers(self.run_id, before=self.fence_seq), {}
-        return await self.deps.stored_before_fence(self.run_id, over)
-
-    async def _load_input_messages(self, stored: list[Any], bodies: dict[int, bytes] | None = None) -> None:
-        first_host = next((r for r in stored if r.kind == "chunk" and r.origin == "host"), None)
-        found = False
-        if first_host is not None:
-            raw = (bodies or {}).get(first_host.offset)
-            if raw is not None:
-                try:
-                    body: Any = json.loads(raw)
-                except ValueError:
-                    body = None
-            else:
-                body = await self.deps.read_chunk(self.run_id, first_host.offset)
-            if isinstance(body, dict) and body.get("name") == RUN_ACCEPTED:
-                self.builder.feed(body)  # run.accepted: sets the input messages
-                value = body.get("value")
-                if isinstance(value, dict) and isinstance(value.get("messages"), list):
-                    self.input_messages = list(value["messages"])
-                    found = True
-        # The StartRun's claim writes run.accepted right after its fence: a log with an
-        # earlier claim's records but no run.accepted is a start that failed half-way. An
-        # empty log is a record no StartRun wrote (seeded by a tool or the reaper with its
-        # agent options only): it still runs, without input messages. (The epoch says
-        # nothing here: a reaper's or a refused claim also takes one.)
-        self._input_missing = not found and any(r.epoch < self.epoch for r in stored)
-        # Marked loaded only now: a body cancelled inside the read above (a cancel seen via
-        # WatchRun while a successor is still loading) must let the final writes load the
-        # inputs again, else the saved transcript loses the user's messages.
-        self._inputs_loaded = True
-
     async def _execute(self, d: M.Decision) -> None:
         """Carry out decision ``d``: its final writes, as :class:`Finisher` steps."""
         self.stats.outcome = self.stats.outcome or d.status or ("handed-over" if d.release_claim else "stopped")
@@ -564,131 +522,6 @@ class RunDriver:
         outcomes = await Finisher(self, d, save_transcript=save, release_delay=self._release_delay).finish()
         if any(o == "gave-up" for o in outcomes.values()):
             self.stats.outcome = f"{self.stats.outcome} (let go)"
-
-    async def prepare_transcript(self, sbx: Sandbox | None) -> None:
-        """Make the builder hold what the log holds before the sandbox goes or the transcript
-        is saved: rebuild it from the journal (``sbx``) when the replay did not catch up,
-        and load the run input when the body stopped before it did.
-
-        Raises:
-            LogUnavailable: the run input could not be read (``sbx`` is None).
-        """
-        if sbx is not None:
-            if self.mode != "fresh" and (self._aligner is None or not self._aligner.caught_up):
-                # The replay did not reach the end of what is stored: rebuild the
-                # transcript of what clients saw from the journal before it is destroyed.
-                await self._rebuild_transcript_from_journal(sbx)
-            return
-        if not self._inputs_loaded:
-            # Stopped before the body loaded the run input (no sandbox to rebuild from, or
-            # its journal unreadable): the transcript still starts with the user's messages.
-            stored = await self.deps.log.stored_headers(self.run_id, before=self.fence_seq)
-            await self._load_input_messages(stored)
-
-    async def _rebuild_transcript_from_journal(self, sbx: Sandbox) -> None:
-        """The transcript of what the log holds (stored prefix), from the journal on disk."""
-        try:
-            stored = await self.deps.log.stored_headers(self.run_id, before=self.fence_seq)
-            if not self._inputs_loaded:
-                await self._load_input_messages(stored)
-            data = await sbx.provider.read_file(sbx.handle, sbx.handle.journal_path)
-        except (FileNotFoundError, BatonError, OSError):
-            return
-        aligner = Aligner(stored)
-        builder = TranscriptBuilder(self.input_messages)
-        translator = self.deps.translator(self.record, self.run_id)
-        from sandbox_host.journal import LineSplitter, parse_sentinel
-
-        done = False
-        every = self.deps.settings.replay_yield_lines
-        for n, line in enumerate(LineSplitter().feed(data), 1):
-            if done or parse_sentinel(line.data, sbx.nonce) is not None:
-                break
-            if every and n % every == 0:
-                await asyncio.sleep(0)  # the whole journal in memory: let the loop run (see _stream)
-            for c in translator.feed(line.data):
-                if aligner.caught_up:
-                    done = True
-                    break
-                try:
-                    aligner.feed(c)
-                except JournalReplayDiverged:
-                    done = True
-                    break
-                builder.feed(c)
-                self.machine.saw_chunk(c)
-        self.builder = builder
-
-    def _replay_complete(self) -> bool:
-        """Whether the builder holds at least what the log holds (else a save would shrink
-        the saved transcript below what an earlier host saved)."""
-        return self._aligner is not None and self._aligner.caught_up
-
-    async def _save_transcript_quietly(self) -> None:
-        try:
-            await self.save_transcript()
-        except BatonError as exc:
-            reraise_if_cancelling()
-            log.warning("run %s: transcript not saved: %s", self.run_id, exc)
-
-    async def save_transcript(self) -> None:
-        """Save the builder's transcript, fenced (run id, epoch, run start): a successor's or
-        a later run's transcript is never replaced. A run whose input is unknown saves
-        nothing (it would replace the thread's transcript with less).
-
-        A later run of the thread having saved is no error: the thread's transcript is that
-        run's from then on, so this run saves nothing more but still ends as usual (closes
-        its log, writes its status); it is typically a run interrupted by that later one.
-
-        Raises:
-            TranscriptFenced: a successor (a higher epoch of this run) saved; this driver
-                never saves again and stops (its claim is gone).
-            TranscriptConflict: other writers kept saving in between.
-            LogUnavailable: JetStream did not answer.
-        """
-        if self._transcript_fenced is not None:
-            if self._transcript_fenced.stored_run_id != self.run_id:
-                return
-            raise self._transcript_fenced
-        if self._input_missing:
-            log.warning("run %s: transcript not saved: the run input is missing", self.run_id)
-            return
-        ts = self.deps.transcripts
-        thread = self.record.thread_id
-        writer = TranscriptWriter(self.run_id, self.epoch, self.record.started_at)
-        msgs = self.builder.messages()
-        for _ in range(8):
-            if not self._transcript_loaded:
-                _, self._transcript_rev = await ts.load(thread)
-                self._transcript_loaded = True
-            try:
-                self._transcript_rev = await ts.save(thread, msgs, expected_revision=self._transcript_rev,
-                                                     writer=writer)
-                self._snap_dirty = False
-                return
-            except TranscriptConflict:
-                self._transcript_loaded = False
-            except TranscriptFenced as fenced:
-                self._transcript_fenced = fenced
-                if fenced.stored_run_id != self.run_id:
-                    # A later run of the thread: this run's claim is still good.
-                    log.info("run %s: transcript not saved: later run %s of the thread saved it",
-                             self.run_id, fenced.stored_run_id)
-                    return
-                self.post(M.ClaimLost(f"transcript@{fenced.stored_epoch}"))
-                raise
-        raise TranscriptConflict(thread, self._transcript_rev)
-
-    async def _snapshots(self) -> None:
-        interval = self.deps.settings.snapshot_interval
-        if interval <= 0:
-            return
-        while True:
-            await asyncio.sleep(interval)
-            if self._transcript_fenced is not None:
-                return  # a successor saved: this driver never saves again
-            if self._snap_dirty and self.machine.phase is M.Phase.STREAMING and self._replay_complete():
-                await self._save_transcript_quietly()
 
     async def _watch(self) -> None:
         """Turn record changes (WatchRun) into control events."""
