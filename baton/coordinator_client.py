@@ -18,7 +18,7 @@ import enum
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Sequence, TypeVar
+from typing import Any, AsyncGenerator, Sequence, TypeVar
 
 import grpc
 from google.protobuf.field_mask_pb2 import FieldMask
@@ -428,7 +428,7 @@ class CoordinatorClient:
             run_id=run_id, session_id=_sid(session), epoch=epoch), timeout)
         return bool(r.released)
 
-    async def watch_run(self, run_id: str) -> AsyncIterator[WatchEvent]:
+    async def watch_run(self, run_id: str) -> AsyncGenerator[WatchEvent, None]:
         """The run's state now, then after every change, until the caller stops iterating.
 
         Re-subscribes by itself (to any replica) when the coordinator or etcd goes away; a

@@ -528,22 +528,24 @@ class RunDriver(TranscriptSteps, StoredReads):
         deps = self.deps
         lost = asyncio.ensure_future(deps.session.lost.wait())
         try:
-            async for ev in deps.cc.watch_run(self.run_id):
-                if lost.done():
-                    self.post(M.SessionLost())
-                    return
-                rec = ev.record
-                if rec is None:
-                    self.post(M.ClaimLost("record-gone"))
-                    return
-                if rec.cancel_requested:
-                    self.post(M.CancelRequested(reason=rec.cancel_reason or "user", path="watch"))
-                elif rec.cancel_on_disconnect and rec.HasField("detached_since"):
-                    self.post(M.Detached(cancel_on_disconnect=True))
-                claim = ev.claim
-                if claim is not None and claim.epoch > self.epoch:
-                    self.post(M.ClaimLost(f"claim@{claim.epoch}"))
-                    return
+            # aclosing: a return below ends the WatchRun call now, not when the generator is collected.
+            async with contextlib.aclosing(deps.cc.watch_run(self.run_id)) as changes:
+                async for ev in changes:
+                    if lost.done():
+                        self.post(M.SessionLost())
+                        return
+                    rec = ev.record
+                    if rec is None:
+                        self.post(M.ClaimLost("record-gone"))
+                        return
+                    if rec.cancel_requested:
+                        self.post(M.CancelRequested(reason=rec.cancel_reason or "user", path="watch"))
+                    elif rec.cancel_on_disconnect and rec.HasField("detached_since"):
+                        self.post(M.Detached(cancel_on_disconnect=True))
+                    claim = ev.claim
+                    if claim is not None and claim.epoch > self.epoch:
+                        self.post(M.ClaimLost(f"claim@{claim.epoch}"))
+                        return
         finally:
             lost.cancel()
 
