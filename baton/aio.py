@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, Coroutine, Iterable, TypeVar
 
 log = logging.getLogger("baton.aio")
@@ -119,3 +120,29 @@ class TaskOwner:
         """Refuse new tasks, cancel the running ones and wait for them (idempotent)."""
         self._closed = True
         await cancel_and_join(set(self._tasks), patience=patience)
+
+
+async def watch_loop_lag(name: str, *, every: float = 0.25, warn_after: float = 1.0) -> None:
+    """Log every time this event loop ran a wake-up ``warn_after`` seconds or more late; runs
+    until cancelled (its owner is the service's composition root).
+
+    A late loop delays everything on it, the session keep-alive first (a host whose loop
+    stalls for a TTL loses its session and its runs). The log says which of the two usual
+    causes it was: the process's CPU time over the late interval close to its length means
+    code on the loop kept it busy (a blocking call, a long callback); little CPU time means
+    the process was not scheduled (a starved machine) or blocked outside Python's CPU.
+
+    Args:
+        name: the service named in the log line.
+        every: seconds between wake-ups.
+        warn_after: lateness (seconds) that is logged.
+    """
+    loop = asyncio.get_running_loop()
+    while True:
+        t0, cpu0 = loop.time(), time.process_time()
+        await asyncio.sleep(every)
+        late = loop.time() - t0 - every
+        if late >= warn_after:
+            cpu = time.process_time() - cpu0
+            log.warning("%s: event loop %.2f s late (process CPU %.2f s of the %.2f s: %s)", name, late, cpu,
+                        late + every, "busy on the loop" if cpu >= 0.7 * (late + every) else "not scheduled")

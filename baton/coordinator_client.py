@@ -14,6 +14,7 @@ succeeded for a whole TTL; work that needs the session stops then (etcd
 from __future__ import annotations
 
 import asyncio
+import collections
 import enum
 import logging
 import time
@@ -133,32 +134,66 @@ class Session:
                 self.lost.set()
 
     async def _refresh(self) -> None:
+        """Send a refresh every TTL/3 on one stream, whatever the answers' pace.
+
+        The schedule counts from the sends, not from the answers: when each refresh was
+        sent a third of the TTL after the previous *answer*, a coordinator answering in
+        1.5 s (2 cores at load 20) stretched the gap between two refreshes reaching etcd
+        to nearly the whole TTL, and leases expired while every answer came in time
+        (issue 18: hosts lost their sessions under load, ~250 driver stops in one bench
+        side). Answers are read by their own task: cancelling a pending gRPC read cancels
+        the whole call, so a slow answer is waited for, not abandoned.
+
+        The lease is known to hold until the send time of the last answered refresh plus
+        the TTL (etcd refreshed it after that send); ``lost`` is set when that time is
+        reached without a newer answer. A replica that leaves a refresh unanswered for two
+        intervals is left for the next one (a hung coordinator), a third of the TTL before
+        the lease would lapse.
+        """
         interval = self.ttl / 3
-        last_ok = time.monotonic()
-        # ``_closed`` is checked as well as cancellation, and reads are bounded with
-        # ``asyncio.timeout``: Python 3.11's ``wait_for`` returns the read's result, swallowing
-        # the cancel, when the read completed in the same loop turn as ``close()`` cancelled
-        # us (CPython gh-86296); the loop would then go on and ``close()`` would hang.
+        last_ok = time.monotonic()  # send time of the last answered refresh
+        # ``_closed`` is checked as well as cancellation (close() cancels this task).
         while not self._closed:
             replica = self._client._current
             call = self._client._stub(replica).KeepAlive(wait_for_ready=False)
-            try:
-                while not self._closed:
-                    await call.write(pb.KeepAliveRequest(session_id=self.id,
-                                                         probe_address=self.probe_address))
-                    async with asyncio.timeout(interval):  # not wait_for: see above
-                        resp = await call.read()
+            sent: collections.deque[float] = collections.deque()
+            answered: list[float] = []
+
+            async def read_answers() -> bool:
+                """Until the stream ends; ``True`` when the coordinator said the lease is gone."""
+                while True:
+                    resp = await call.read()
                     if resp is grpc.aio.EOF:  # type: ignore[attr-defined]  # grpc-stubs lacks grpc.aio.EOF
                         raise StoreUnavailable("keep-alive stream ended")
+                    at = sent.popleft() if sent else time.monotonic()
                     if resp.ttl_seconds <= 0:
-                        log.warning("session %x lost: lease gone", self.id)
-                        self.lost.set()
-                        return
-                    last_ok = time.monotonic()
-                    await asyncio.sleep(interval)
+                        return True
+                    answered.append(at)
+
+            reader = asyncio.ensure_future(read_answers())
+            try:
+                while not self._closed:
+                    await call.write(pb.KeepAliveRequest(session_id=self.id, probe_address=self.probe_address))
+                    sent.append(time.monotonic())
+                    await asyncio.wait({reader}, timeout=interval)
+                    if answered:
+                        last_ok = max(last_ok, answered[-1])
+                        answered.clear()
+                    if reader.done():
+                        if reader.result():
+                            log.warning("session %x lost: lease gone", self.id)
+                            self.lost.set()
+                            return
+                        raise StoreUnavailable("keep-alive stream ended")  # not reached: read raises
+                    if time.monotonic() - last_ok >= self.ttl:
+                        raise StoreUnavailable(f"no refresh answered for {self.ttl:.1f}s")
+                    if sent and time.monotonic() - sent[0] >= 2 * interval:
+                        raise StoreUnavailable(f"a refresh unanswered for {2 * interval:.1f}s")
             except (grpc.aio.AioRpcError, grpc.aio.UsageError, StoreUnavailable,
-                    asyncio.TimeoutError, asyncio.InvalidStateError) as exc:
+                    asyncio.InvalidStateError) as exc:
                 self._client._rotate(replica)
+                log.info("session %x: keep-alive failed %.1fs after the last answered refresh (%s: %s); "
+                         "reconnecting", self.id, time.monotonic() - last_ok, type(exc).__name__, exc)
                 if time.monotonic() - last_ok >= self.ttl:
                     log.warning("session %x lost: no refresh for %.1fs (%s)", self.id, self.ttl, exc)
                     self.lost.set()
@@ -166,6 +201,10 @@ class Session:
                 await asyncio.sleep(min(0.1, interval))
             finally:
                 call.cancel()
+                reader.cancel()
+                await asyncio.wait({reader})
+                if not reader.cancelled():
+                    reader.exception()  # retrieved: the stream's end is handled above
 
     async def close(self, timeout: float = 2.0) -> None:
         """Stop the keep-alive and revoke the lease (claims and readers go at once). Idempotent."""

@@ -10,6 +10,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from baton.aio import watch_loop_lag
 from baton.errors import StoreUnavailable
 from baton.internal_auth import server_interceptors
 from baton.v1 import coordinator_pb2, coordinator_pb2_grpc
@@ -58,6 +59,7 @@ class CoordinatorServer:
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc_health stubs lack .aio
         self._election_task: asyncio.Task[None] | None = None
+        self._lag_task: asyncio.Task[None] | None = None
         self._health_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self._shutdown_started = False
@@ -89,6 +91,8 @@ class CoordinatorServer:
         await server.start()
         self.election = LeaderElection(store, cfg, [presence_sweeper, *self._leader_tasks])
         self._election_task = asyncio.create_task(self.election.run(), name="coordinator-election")
+        # A late loop shows in the log (a stalled election or keep-alive is then explained).
+        self._lag_task = asyncio.create_task(watch_loop_lag(f"coordinator {cfg.replica_id}"), name="loop-lag")
         if await self._etcd_answers():
             await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         else:
@@ -135,7 +139,7 @@ class CoordinatorServer:
             await self._health.enter_graceful_shutdown()
             if self.service is not None:
                 self.service.stop_streams()
-            for task in (self._election_task, self._health_task):
+            for task in (self._election_task, self._health_task, self._lag_task):
                 if task is not None:
                     task.cancel()
                     await asyncio.gather(task, return_exceptions=True)

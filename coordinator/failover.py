@@ -199,6 +199,8 @@ async def attach_somewhere(ctx: LeaderContext, pool: HostPool, run_id: str, purp
             except grpc.aio.AioRpcError as err:
                 exc = from_rpc_error(err)
                 if isinstance(exc, (RunClaimNotAcquired, JournalAttachUnavailable)):
+                    # Said once per run: a run that stops here and never ends is then traceable.
+                    log.info("failover: run %s not handed over: %s says %s", run_id, h.host_id, exc)
                     return "taken"
                 log.warning("failover: %s refused run %s: %s", h.host_id, run_id, err.details())
                 tried.add(h.host_id)

@@ -43,6 +43,20 @@ class LogHealth:
         """The last answer, without probing (``None``: stored fine, or never probed)."""
         return self._problem
 
+    def peek(self) -> e.LogUnavailable | None:
+        """The last answer at once, never waiting; starts a probe (in the background,
+        shared) when the answer is older than ``ttl``.
+
+        For what must not wait on a probe: an open stream's idle frame. Awaiting the probe
+        there held every open stream of the gateway for as long as it took (up to twice
+        ``timeout`` while JetStream elects a stream leader), chunks that had arrived
+        meanwhile included: readers got their next chunk up to 1.7 s after the appends
+        resumed, all at the same moment (issue 18, stream-leader SIGKILL).
+        """
+        if time.monotonic() - self._at >= self._ttl and (self._probing is None or self._probing.done()):
+            self._probing = asyncio.ensure_future(self._probe())
+        return self._problem
+
     async def problem(self) -> e.LogUnavailable | None:
         """``LogStorageFull`` / ``LogUnavailable`` while the log cannot store, else ``None``.
 

@@ -53,9 +53,11 @@ async def idle_frame(state: GatewayState, framing: Framing) -> bytes:
 
     While the delivery log cannot store (issue 19), runs make no progress a reader could
     see; the notice (not log data: no id, no chunk) names the cause, e.g.
-    ``LOG_STORAGE_FULL``. The answer is the gateway's cached probe (:mod:`gateway._log_health`).
+    ``LOG_STORAGE_FULL``. The answer is the gateway's cached probe (:mod:`gateway._log_health`),
+    taken as it is: a stale probe is renewed in the background, never waited for (chunks
+    that arrive meanwhile must not wait behind it).
     """
-    problem = await state.log_health.problem()
+    problem = state.log_health.peek()
     if problem is None:
         return frame_keepalive(framing)
     m = mapping_for(problem)

@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from baton import errors as e
-from baton.aio import TaskOwner, cancel_and_join
+from baton.aio import TaskOwner, cancel_and_join, watch_loop_lag
 from gateway._fanout import Hubs
 from gateway._hosts import HostPool
 from gateway._log_health import LogHealth
@@ -74,6 +74,8 @@ class GatewayState:
 
     def start(self) -> None:
         self._session_task = asyncio.get_running_loop().create_task(self._keep_session(), name="gateway-session")
+        # A late loop shows in the log (a session lost under load is then explained).
+        self.spawn(watch_loop_lag("gateway"), name="loop-lag")
 
     async def wait_session(self, timeout: float) -> Any | None:
         """The live session, waiting up to ``timeout`` seconds for one; ``None`` if none."""

@@ -23,6 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from baton import config, internal_auth
+from baton.aio import watch_loop_lag
 from baton.errors import BatonError
 from baton.v1 import coordinator_pb2
 from sandbox_host.deps import HostDeps, HostSettings, warm_up
@@ -165,13 +166,16 @@ class Host:
                     await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
                 print(f"sandbox host {self.host_id} listening on {port}", flush=True)
                 publisher = asyncio.create_task(self._publish_load(min(ttl / 3, 1.0)), name="publish-load")
+                # A late loop shows in the log (a session lost under load is then explained).
+                lag = asyncio.create_task(watch_loop_lag(f"host {self.host_id}"), name="loop-lag")
                 # From here on a stop drains (see _main); before, it just ends the start.
                 self.serving = True
                 try:
                     await self._serve_until_stopped(cc, ttl)
                 finally:
                     publisher.cancel()
-                    await asyncio.gather(publisher, return_exceptions=True)
+                    lag.cancel()
+                    await asyncio.gather(publisher, lag, return_exceptions=True)
                     for name in ("", SERVICE_NAME):
                         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
                     await self.drain()

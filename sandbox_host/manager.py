@@ -72,6 +72,8 @@ class RunManager:
         # Starts in progress by run id: a StartRun of a run id this host is starting joins it.
         self._starting: dict[str, asyncio.Task[tuple[runs_pb2.RunRecord, bool]]] = {}
         self._start_claims: set[str] = set()  # runs whose claim a start of this host holds
+        # Attaches in progress by run id: an AttachRun of a run id this host is attaching joins it.
+        self._attaching: dict[str, asyncio.Task[tuple[int, runs_pb2.RunRecord]]] = {}
 
     @property
     def load(self) -> int:
@@ -299,14 +301,16 @@ class RunManager:
         log.info("run %s started in %s (load %d)", req.run_id, clock, self.load)
         return record, True
 
-    async def _release_if_mine(self, run_id: str) -> None:
-        """Release the run's claim if this host's session holds it (best effort)."""
+    async def _release_if_mine(self, run_id: str, session: Any = None) -> None:
+        """Release the run's claim if ``session`` (default: the host's current one) holds
+        it (best effort)."""
         deps = self.deps
+        session = session or deps.session
         with contextlib.suppress(Exception):
             claim = (await deps.cc.get_run(run_id)).claim
-            if (claim is not None and claim.session_id == deps.session.id and not self._busy(run_id)
+            if (claim is not None and claim.session_id == session.id and not self._busy(run_id)
                     and run_id not in self._start_claims):
-                await deps.cc.release_claim(run_id, deps.session, claim.epoch)
+                await deps.cc.release_claim(run_id, session, claim.epoch)
 
     async def _open_log(self, record: runs_pb2.RunRecord, writer: Any, fence_seq: int,
                         messages: list[dict[str, Any]], *, fresh_record: bool) -> tuple[list[Any], list[dict[str, Any]]]:
@@ -354,14 +358,38 @@ class RunManager:
         Purpose ``finalize`` (carry out a cancel or a reap) is taken even at capacity: it
         ends quickly, and a cancelled run must end ``aborted`` even when every host is full.
 
+        An attach once begun runs to its end even when its caller goes away, as a start
+        does: the coordinator's failover gives each host 5 s, and a host busy under load
+        answered later. Cancelled with the caller, the attach left a claim whose answer
+        came after the cancel and that no driver held; the failover then found the run
+        ``held`` on every other host, and the run waited for ever (issue 18: the
+        unfinished runs of the 200-run bench). An ``AttachRun`` of a run this host is
+        attaching already joins that attach.
+
         Raises:
             HostDraining: the host takes no new runs.
             HostAtCapacity: ``drive`` while the host already drives ``settings.capacity`` runs.
             JournalAttachUnavailable: ``unknown-run`` or ``terminal-run``, at once.
             RunClaimNotAcquired: another live claim holds the run (``held``) etc.
+            SessionLost: the host's session was lost before the driver could start.
         """
         if self.draining:
             raise HostDraining("host is draining")
+        inflight = self._attaching.get(run_id)
+        if inflight is not None:
+            return await asyncio.shield(inflight)
+        task = asyncio.create_task(self._attach_in_slot(run_id, purpose), name=f"attach:{run_id}")
+        self._attaching[run_id] = task
+        task.add_done_callback(lambda t: self._attach_done(run_id, t))
+        return await asyncio.shield(task)
+
+    def _attach_done(self, run_id: str, task: "asyncio.Task[tuple[int, runs_pb2.RunRecord]]") -> None:
+        if self._attaching.get(run_id) is task:
+            del self._attaching[run_id]
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("attach %s failed: %r", run_id, task.exception())  # also told to the caller
+
+    async def _attach_in_slot(self, run_id: str, purpose: str) -> tuple[int, runs_pb2.RunRecord]:
         if purpose == "finalize":
             return await self._attach_run(run_id, purpose)
         with self._slot():
@@ -375,23 +403,39 @@ class RunManager:
         deps = self.deps
         if self._busy(run_id):
             raise RunClaimNotAcquired(run_id, "held")
+        session = deps.session
         # No read of the record first: the claim itself refuses an unknown, ended or (for
         # drive) still starting run, inside its write. (Read first, then claimed, cost one
         # more coordinator and etcd round trip per takeover.)
         try:
-            epoch, record = await deps.cc.claim_run(run_id, deps.session, deps.host_id, purpose=purpose,
-                                                    require_started=purpose == "drive")
-        except RunClaimNotAcquired as refused:
-            if refused.reason == "cancel_requested" and purpose == "drive":
-                epoch, record = await deps.cc.claim_run(run_id, deps.session, deps.host_id, purpose="finalize")
-                purpose = "finalize"
-            elif refused.reason == "unknown":
-                raise JournalAttachUnavailable(run_id, "unknown-run") from None
-            elif refused.reason == "terminal":
-                raise JournalAttachUnavailable(run_id, "terminal-run") from None
-            else:
-                raise
+            try:
+                epoch, record = await deps.cc.claim_run(run_id, session, deps.host_id, purpose=purpose,
+                                                        require_started=purpose == "drive")
+            except RunClaimNotAcquired as refused:
+                if refused.reason == "cancel_requested" and purpose == "drive":
+                    epoch, record = await deps.cc.claim_run(run_id, session, deps.host_id, purpose="finalize")
+                    purpose = "finalize"
+                elif refused.reason == "unknown":
+                    raise JournalAttachUnavailable(run_id, "unknown-run") from None
+                elif refused.reason == "terminal":
+                    raise JournalAttachUnavailable(run_id, "terminal-run") from None
+                else:
+                    raise
+        except (RunClaimNotAcquired, JournalAttachUnavailable, SessionLost):
+            raise  # nothing claimed
+        except BaseException:
+            # The claim may have landed with its answer lost (a timeout under load): a
+            # claim no driver holds would keep the run from every other host.
+            await asyncio.shield(self._release_if_mine(run_id, session))
+            raise
+        if session.lost.is_set():
+            # Lost while the claim was in flight: the claim went with the lease, and the
+            # drivers were told to stop before this one existed. Failover hands the run
+            # to a host with a session (the claim's deletion reports it).
+            raise SessionLost(session.id)
         mode: Any = "finalize" if purpose == "finalize" else "attach"
+        # No await from the check above to here: a session lost from now on reaches this
+        # driver through session_lost().
         self._spawn(RunDriver(deps, record, epoch, mode, deps.log.writer(run_id, epoch),
                               cancel_reason=record.cancel_reason or None))
         return epoch, record
@@ -427,7 +471,7 @@ class RunManager:
 
     async def shutdown(self, timeout: float = 10.0) -> None:
         """Cancel every start and driver (final writes in flight still finish) and await them."""
-        tasks = [*self._starting.values(), *self._tasks.values()]
+        tasks = [*self._starting.values(), *self._attaching.values(), *self._tasks.values()]
         for t in tasks:
             t.cancel()
         if tasks:

@@ -47,6 +47,8 @@ class RunSandboxes:
         self.run_id = record.run_id
         self.epoch = epoch
         self.mode = mode
+        # The session this driver's claim lives under (the host's may be replaced later).
+        self._session = deps.session
         self.current: Sandbox | None = None
 
     # --- find or build ----------------------------------------------------------------
@@ -117,8 +119,10 @@ class RunSandboxes:
 
         sbx = Sandbox(provider, handle, new_nonce())
         self.current = sbx
+        registering = False
         try:
             # Registered before launch, so whoever takes over finds (and can destroy) it.
+            registering = True
             await self._store(lambda: deps.register_sandbox(self.record, sbx, launched=False, epoch=self.epoch))
             await self._store(lambda: deps.cc.update_run(
                 self.run_id, runs_pb2.RunRecord(sandbox_key=key), paths=["sandbox_key"],
@@ -126,6 +130,18 @@ class RunSandboxes:
             self.record.sandbox_key = key
             await self._launch(sbx, input_messages)
         except BaseException:
+            lost = getattr(self._session, "lost", None)
+            if registering and lost is not None and lost.is_set():
+                # The session (and so the claim) is gone, and the sandbox may be in the
+                # registry, even as launched (a write whose answer the loss cut off): a
+                # successor may already follow its agent. It is the successor's now: it
+                # follows a launched one and destroys one never marked launched. Killing it
+                # here killed the agent a successor had adopted, and the run failed (issue
+                # 18: 36 of 200 runs in one bench side, each whose host lost its session
+                # while launching).
+                log.info("run %s: session lost while launching; sandbox %s left to the successor",
+                         self.run_id, key)
+                raise
             # Given up before the agent is known to the registry as launched: a successor
             # could neither follow nor stop it, so it must not outlive this claim.
             await self.abandon(sbx)

@@ -149,6 +149,12 @@ class OrderedConsumer:
         (5 s) after the election. So while retrying, the stream's leader-elected advisory is
         watched, and when it comes the create in flight is dropped and another sent at once
         (measured: readers waited 1.6 s past the appends for the timed-out create).
+        A create is not answered either while JetStream has no *meta* leader (it places the
+        consumer), and that election ends on its own timer, before or after the stream's,
+        with no advisory a client account sees: so each try waits 0.5 s at first, then
+        twice as long as the last (up to ``request_timeout``: a slow server is not flooded),
+        and a stream advisory starts over at 0.5 s (measured: readers 5 s past the appends,
+        after a create sent at the stream's election went unanswered).
         """
         if self._sub is None:  # the first create: nothing to wait out
             await retry(self._create_once, deadline=Deadline.never(),
@@ -164,10 +170,11 @@ class OrderedConsumer:
         with contextlib.suppress(nats.errors.Error):
             watch = await self._nc.subscribe(f"{_LEADER_ELECTED}.{self._stream}", cb=on_elected)
         pause = 0.05
+        patience = min(0.5, self._timeout)
         try:
             while True:
                 elected.clear()
-                attempt = asyncio.ensure_future(self._create_once())
+                attempt = asyncio.ensure_future(self._create_once(patience))
                 waiter = asyncio.ensure_future(elected.wait())
                 try:
                     await asyncio.wait({attempt, waiter}, return_when=asyncio.FIRST_COMPLETED)
@@ -181,12 +188,16 @@ class OrderedConsumer:
                     if not attempt.cancelled():
                         attempt.exception()
                     log.debug("stream %s elected a leader; creating its consumer again", self._stream)
+                    patience = min(0.5, self._timeout)
                     continue
                 try:
                     attempt.result()
                     return
                 except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
                     log.debug("creating consumer on %s failed (%s); retrying", self._stream, type(exc).__name__)
+                    if isinstance(exc, (nats.errors.TimeoutError, asyncio.TimeoutError)):
+                        patience = min(patience * 2, self._timeout)
+                        continue  # unanswered: waited already
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(pause):
                         await elected.wait()
@@ -196,7 +207,7 @@ class OrderedConsumer:
                 with contextlib.suppress(nats.errors.Error):
                     await watch.unsubscribe()
 
-    async def _create_once(self) -> None:
+    async def _create_once(self, timeout: float | None = None) -> None:
         await self._drop()
         # Room for one full batch plus status messages: the client never drops.
         self._sub = await self._nc.subscribe(
@@ -213,7 +224,7 @@ class OrderedConsumer:
             num_replicas=1,
             inactive_threshold=max(30.0, self._hb * 10),
         )
-        info = await self._jsm.add_consumer(self._stream, config=cfg, timeout=self._timeout)
+        info = await self._jsm.add_consumer(self._stream, config=cfg, timeout=timeout or self._timeout)
         self._consumer = info.name
         self._cseq = 0
         await self._pull()

@@ -21,6 +21,8 @@ class TcpProxy:
     Attributes:
         port: the local port (0 until :meth:`start`).
         down: refuse to forward new connections.
+        latency: seconds each chunk of bytes is held before it is passed on, either way
+            (a slow link or a peer slow to answer; order is kept).
         connections: connections accepted so far.
     """
 
@@ -29,6 +31,7 @@ class TcpProxy:
         self.target_port = target_port
         self.port = 0
         self.down = False
+        self.latency = 0.0
         self.connections = 0
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -66,13 +69,33 @@ class TcpProxy:
         self._writers |= {w, uw}
 
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            try:
-                while data := await src.read(65536):
+            loop = asyncio.get_running_loop()
+            # Chunks held by ``latency``, each due at its arrival + the latency then; a
+            # chunk never overtakes one held before it (when the latency drops, say).
+            held: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
+
+            async def release() -> None:
+                while (item := await held.get()) is not None:
+                    due, data = item
+                    if (wait := due - loop.time()) > 0:
+                        await asyncio.sleep(wait)
                     dst.write(data)
                     await dst.drain()
+
+            releaser = asyncio.create_task(release())
+            try:
+                while data := await src.read(65536):
+                    held.put_nowait((loop.time() + self.latency, data))
+                    if releaser.done():
+                        break
+                held.put_nowait(None)
+                if not self.down:  # an orderly end: what is held still goes out first
+                    await asyncio.wait({releaser})
             except (ConnectionError, OSError):
                 pass
             finally:
+                releaser.cancel()
+                await asyncio.gather(releaser, return_exceptions=True)
                 # A blip resets the other side too; an orderly end is passed on as one.
                 if self.down:
                     dst.transport.abort()
@@ -112,3 +135,4 @@ class TcpProxy:
                 await self._server.wait_closed()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=5)
+

@@ -9,6 +9,8 @@ import pytest
 from baton import errors
 from baton.coordinator_client import CoordinatorClient, UpdateOutcome
 from baton.v1.runs_pb2 import RunRecord, RunStatus
+from baton_tools.testing.cluster import InProcessCoordinator
+from baton_tools.testing.proxy import TcpProxy
 from tests.conftest import assert_eventually, unique
 from tests.coordinator.conftest import open_bare_session
 
@@ -164,6 +166,32 @@ async def test_session_keepalive_outlives_its_ttl(cc: CoordinatorClient) -> None
     await s.close()
     assert s.lost.is_set()
     assert (await cc.get_run(rec.run_id)).claim is None   # closing revokes at once
+
+
+async def test_session_holds_while_the_coordinator_answers_slowly(coord: InProcessCoordinator) -> None:
+    """Issue 18: under load (2 cores at load 20) a coordinator answered each refresh in
+    about 1.5 s; a client that sent the next refresh a third of the TTL after each *answer*
+    let the gap between refreshes reaching etcd grow to the whole TTL, and hosts lost their
+    sessions while every answer came in time. A link that holds every byte 0.45 s each way
+    (0.9 s per answer, more than TTL/3) must not cost the session or its claim."""
+    proxy = await TcpProxy(int(coord.address.rsplit(":", 1)[1])).start()
+    try:
+        async with CoordinatorClient(proxy.endpoint) as slow:
+            rec = await _new(slow)
+            s = await slow.open_session(2.0, owner="slow-host")
+            await slow.claim_run(rec.run_id, s, "slow-host")
+            proxy.latency = 0.45
+            # The session must outlive several TTLs: lost by then is the bug.
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(4 * s.ttl):
+                    await s.lost.wait()
+            proxy.latency = 0.0
+            assert await coord.server.etcd.time_to_live(s.id, timeout=5) > 0
+            view = await slow.get_run(rec.run_id)
+            assert view.claim is not None and view.claim.session_id == s.id
+            await s.close()
+    finally:
+        await proxy.close()
 
 
 async def test_hosts_registry_lists_live_hosts_only(cc: CoordinatorClient) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 import pytest
 
@@ -114,5 +114,40 @@ async def _election_watch(c: FaultCluster, old: str) -> AsyncIterator[None]:
             return info.cluster is not None and info.cluster.leader not in (None, old)
         await eventually(elected, 60, interval=0.05)
         c.notes.append(f"NATS elected a new stream leader {time.monotonic() - c.fault_started:.2f}s after the kill")
+        # The first record JetStream stored after the kill, by its own clock (this machine's).
+        killed_at = time.time() - (time.monotonic() - c.fault_started)
+        stored = await _first_stored_after(nc.jetstream(timeout=5.0), c.env["BATON_RUNS_STREAM"], killed_at)
+        if stored:
+            c.notes.append("first append stored after the kill, per run: " + ", ".join(
+                f"{t - killed_at:.2f}s" for t in sorted(stored.values())))
     finally:
         await nc.close()
+
+
+async def _first_stored_after(js: Any, stream: str, at: float) -> dict[str, float]:
+    """Per subject (run), when the stream stored its first record at or after ``at``
+    (seconds since the epoch, JetStream's clock: this machine's)."""
+    import datetime
+
+    from nats.js import api
+
+    start = datetime.datetime.fromtimestamp(at, datetime.timezone.utc).isoformat().replace("+00:00", "Z")
+    first: dict[str, float] = {}
+    try:
+        # A measurement only: JetStream slow to answer right after its elections costs the
+        # figure, never the case.
+        info = await js.add_consumer(stream, api.ConsumerConfig(
+            deliver_policy=api.DeliverPolicy.BY_START_TIME, opt_start_time=start, ack_policy=api.AckPolicy.NONE,
+            headers_only=True, mem_storage=True, num_replicas=1, inactive_threshold=10.0))
+        sub = await js.pull_subscribe_bind(info.name, stream)
+    except Exception:  # noqa: BLE001
+        return first
+    try:
+        msgs = await sub.fetch(500, timeout=5)
+    except Exception:  # noqa: BLE001 - nothing stored yet: no figure
+        msgs = []
+    finally:
+        await sub.unsubscribe()
+    for m in msgs:
+        first.setdefault(m.subject, float(m.metadata.timestamp.timestamp()))
+    return first
