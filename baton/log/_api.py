@@ -25,6 +25,10 @@ from baton.log._headers import parse_header_block
 
 # JetStream error codes (nats-server ``server/errors.json``).
 ERR_WRONG_LAST_SEQUENCE = 10071
+# The same refusal from a replicated stream's leader when a record for the subject is still
+# in flight there (``JSStreamWrongLastSequenceConstantErr``, no sequence in its text): the
+# compare is not decided yet, so the head may still be the expected one.
+ERR_WRONG_LAST_SEQUENCE_IN_FLIGHT = 10164
 ERR_NO_MESSAGE_FOUND = 10037
 ERR_STREAM_NAME_IN_USE = 10058
 ERR_CONSUMER_NOT_FOUND = 10014

@@ -23,7 +23,13 @@ from nats.js.client import JetStreamContext
 from baton.errors import AppendConflict, LogAlreadyClosed, LogStorageFull, LogUnavailable, RunClaimLost
 from baton.fingerprint import fingerprint
 from baton.log import _headers as H
-from baton.log._api import ERR_WRONG_LAST_SEQUENCE, STORAGE_FULL_CODES, RawRecord, last_on_subject
+from baton.log._api import (
+    ERR_WRONG_LAST_SEQUENCE,
+    ERR_WRONG_LAST_SEQUENCE_IN_FLIGHT,
+    STORAGE_FULL_CODES,
+    RawRecord,
+    last_on_subject,
+)
 from baton.log._config import LogConfig
 from baton.log._headers import StoredRecord
 from baton.log.fence import Op, Verdict, describe, judge
@@ -177,17 +183,18 @@ class LogWriter:
         headers[H.MSG_ID] = msg_id
         headers[H.EXPECTED_LAST_SUBJECT_SEQ] = str(expected)
         self._unacked = (expected, payload, identity, n)
-        seq = await self._publish_attempts(payload, headers, msg_id)
+        seq = await self._publish_attempts(payload, headers, msg_id, expected)
         self._unacked = None
         return seq
 
-    async def _publish_attempts(self, payload: bytes, headers: dict[str, str], msg_id: str) -> int:
+    async def _publish_attempts(self, payload: bytes, headers: dict[str, str], msg_id: str, expected: int) -> int:
         deadline = Deadline.after(self._timeout * self._max_attempts)
         began = time.monotonic()
         attempt = 0
         reads_answered = False
         while True:
             attempt += 1
+            undecided = False
             try:
                 # A plain request instead of ``js.publish``: same wire exchange, without
                 # building a PubAck per record (the append path is CPU-bound in Python).
@@ -209,14 +216,23 @@ class LogWriter:
                     # max_file_store reached: refused before storing, clears by itself
                     # once space is freed (retention, deletes).
                     raise LogStorageFull(self.run_id, f"publish refused: {err.get('description', '')} ({code})", code)
-                if code != ERR_WRONG_LAST_SEQUENCE:
+                if code not in (ERR_WRONG_LAST_SEQUENCE, ERR_WRONG_LAST_SEQUENCE_IN_FLIGHT):
                     raise LogUnavailable(self.run_id, f"publish refused: {err.get('description', '')}")
                 tail = await self._tail()
                 if tail is not None and tail.headers.get(H.MSG_ID) == msg_id:
                     return tail.seq  # an earlier attempt of this very record landed
-                self._unacked = None  # refused, not unacknowledged: never the same record again
-                raise _CompareFailed(tail)
-            if isinstance(err_exc, nats.errors.NoRespondersError):
+                if code == ERR_WRONG_LAST_SEQUENCE_IN_FLIGHT and (tail.seq if tail else 0) == expected:
+                    # Not decided: another record for this subject (an unanswered try of this
+                    # one, or a rival's fence) is in flight at the leader. Ask again once it
+                    # settled: this record then lands, is known as landed, or meets the rival.
+                    err_exc = LogUnavailable(self.run_id, "publish refused while a record was in flight")
+                    undecided = True
+                else:
+                    self._unacked = None  # refused, not unacknowledged: never the same record again
+                    raise _CompareFailed(tail)
+            if undecided:
+                pass  # the head was just read
+            elif isinstance(err_exc, nats.errors.NoRespondersError):
                 # Nobody took it: the stream has no leader now (an R3 stream electing one
                 # answers so at once), so this try stored nothing, and asking for the head
                 # would wait out its timeout (JetStream's API does not answer either). Try
@@ -234,7 +250,7 @@ class LogWriter:
                 return tail.seq
             pause = min(0.05 * 2**attempt, _MAX_PAUSE)
             if deadline.left() <= pause:
-                if reads_answered:
+                if reads_answered and not undecided:
                     # Reads answer, stores do not: what nats-server does after a write hit
                     # ENOSPC (the stream stores again only after a restart with free space),
                     # or a stream leader election that outlasts the budget.

@@ -32,7 +32,12 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import api
 
-from baton.log._api import ERR_STREAM_NAME_IN_USE, ERR_WRONG_LAST_SEQUENCE, last_on_subject
+from baton.log._api import (
+    ERR_STREAM_NAME_IN_USE,
+    ERR_WRONG_LAST_SEQUENCE,
+    ERR_WRONG_LAST_SEQUENCE_IN_FLIGHT,
+    last_on_subject,
+)
 from baton.log._consumer import OrderedConsumer
 from gateway.durable_streams import _model as M
 from gateway.durable_streams import _protocol as P
@@ -242,8 +247,8 @@ class StreamStore:
             ack = await self._pub.publish(self.subject(path), M.encode_record(meta, data),
                                           {_EXPECTED_LAST_SUBJECT_SEQ: str(st_last)})
         except nats.js.errors.APIError as exc:
-            if exc.err_code == ERR_WRONG_LAST_SEQUENCE:
-                self._forget(path)
+            if exc.err_code in (ERR_WRONG_LAST_SEQUENCE, ERR_WRONG_LAST_SEQUENCE_IN_FLIGHT):
+                self._forget(path)  # re-read and tried again (a record in flight has settled by then)
                 raise Conflict(path) from exc
             raise
         return int(ack["seq"])

@@ -10,7 +10,7 @@ import gc
 import json
 import pathlib
 import signal
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable
 
 import pytest
 
@@ -149,3 +149,51 @@ async def test_a_frozen_server_is_left_for_another_and_appends_go_on(cluster: Na
             frozen.proc.send_signal(signal.SIGCONT)
         await log.close()
         gc.collect()
+
+
+@pytest.mark.timeout(180)
+async def test_an_old_writer_racing_its_successors_fence_is_told_it_lost(cluster: NatsCluster) -> None:
+    """On R3 a compare that meets another record for the subject still in flight at the leader
+    is refused with 10164 (``JSStreamWrongLastSequenceConstantErr``), not 10071. An old
+    writer appending while its successor fences must end with ``RunClaimLost`` (or land
+    before the fence), never a ``LogUnavailable`` that reads as an outage; the successor's
+    fence always lands, and nothing after it is the old epoch's."""
+    log = await DeliveryLog.connect(cluster.url, unique_cfg(replicas=3))
+    try:
+        await log.provision()
+        # The refusal exists on this server: two compares on one head, sent together.
+        subject = log.cfg.subject("probe")
+        codes: set[int] = set()
+        for i in range(40):
+            answers = await asyncio.gather(*(_raw_publish(log, subject, f"probe/{i}/{k}", 0 if i == 0 else i, b"{}")
+                                             for k in range(2)))
+            codes |= {a["error"]["err_code"] for a in answers if "error" in a}
+            if 10164 in codes:
+                break
+            if all("error" in a for a in answers):
+                break  # the head moved past i: nothing more to learn from this series
+        outcomes: dict[str, int] = {}
+
+        async def late(lead: float, op: Awaitable[Any]) -> Any:
+            await asyncio.sleep(lead)  # a head start for the other side: the race's offset, not a wait
+            return await op
+
+        for i in range(48):
+            run_id = f"race-{i}"
+            old = log.writer(run_id, 1)
+            await old.fence()
+            await old.append([chunk(0)])
+            new = log.writer(run_id, 2)
+            appended, fenced = await asyncio.gather(late((i % 12) * 0.0005, old.append([chunk(1)])), new.fence(),
+                                                    return_exceptions=True)
+            assert isinstance(fenced, int), fenced
+            if isinstance(appended, BaseException):
+                assert isinstance(appended, RunClaimLost), repr(appended)
+                outcomes["lost"] = outcomes.get("lost", 0) + 1
+            else:
+                outcomes["landed"] = outcomes.get("landed", 0) + 1
+            stored = await log.stored_headers(run_id)
+            assert all(r.epoch == 2 for r in stored if r.offset > fenced)
+        assert 10164 in codes and outcomes.get("lost", 0) > 0, (outcomes, codes)
+    finally:
+        await log.close()
