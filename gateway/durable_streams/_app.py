@@ -201,7 +201,9 @@ async def start_for(app: Any, state: Any) -> StreamStore:
     # The store's own connection, without echo: NATS does not deliver this gateway's own
     # records back to its listener for other gateways' writes (one message less per append,
     # for this process and for NATS). Same servers and reconnect policy as the delivery log's.
-    conn = await DeliveryLog.connect(state.settings.nats_url, no_echo=True)
+    # Subjects are ours (``baton.ds.<hex>``, an inbox): nats-py's per-publish check of them
+    # (a regex per subject) is skipped.
+    conn = await DeliveryLog.connect(state.settings.nats_url, no_echo=True, skip_subject_validation=True)
     store = StreamStore(conn.nc, store_cfg, close=conn.close)
     try:
         await store.start()
