@@ -12,6 +12,12 @@ baton is the real ``python -m gateway`` (subprocess) with a coordinator, etcd an
 nats-server; every append is stored in JetStream (file storage) before it is answered,
 where the reference keeps it in process memory. Target: baton's throughput ≥ the
 reference's. Writes ``bench/results/durable_streams.json``.
+
+Each round also reports the servers' CPU milliseconds per HTTP request (``/proc``: the
+gateway and nats-server for baton, the node process for the reference), a figure the
+machine's load distorts less than requests/s. ``BENCH_DS_VARIANTS`` (see :func:`variants`)
+runs several gateways (settings, or another checkout's code) in the same interleaved rounds
+for an A/B; such a run prints its table and writes no results file.
 """
 from __future__ import annotations
 
@@ -65,7 +71,9 @@ def cpu_seconds(pid: int) -> float:
 def variants() -> dict[str, dict[str, str]]:
     """``BENCH_DS_VARIANTS`` = ``name:K=V,K=V;name2:K=V``: gateways to compare, each started
     with its own ``BATON_*`` settings (``SRC=<checkout>`` runs the gateway's code from another
-    checkout) and measured in the same interleaved rounds. Default: one gateway, ``baton``."""
+    checkout) and measured in the same interleaved rounds. Default: one gateway, ``baton``.
+    The gateways share ``BATON_DS``, so each also takes the others' records (as a cluster's
+    gateways do): the same extra load for every variant."""
     raw = os.environ.get("BENCH_DS_VARIANTS", "").strip()
     if not raw:
         return {"baton": {}}
