@@ -12,6 +12,12 @@ baton is the real ``python -m gateway`` (subprocess) with a coordinator, etcd an
 nats-server; every append is stored in JetStream (file storage) before it is answered,
 where the reference keeps it in process memory. Target: baton's throughput ≥ the
 reference's. Writes ``bench/results/durable_streams.json``.
+
+Each round also reports the servers' CPU milliseconds per HTTP request (``/proc``: the
+gateway and nats-server for baton, the node process for the reference), a figure the
+machine's load distorts less than requests/s. ``BENCH_DS_VARIANTS`` (see :func:`variants`)
+runs several gateways (settings, or another checkout's code) in the same interleaved rounds
+for an A/B; such a run prints its table and writes no results file.
 """
 from __future__ import annotations
 
@@ -35,15 +41,47 @@ LATENCY_SAMPLES = 100
 ROUNDS = int(os.environ.get("BENCH_DS_ROUNDS", "3"))
 
 
-def measure(base: str) -> dict[str, Any]:
-    """Run the node load generator (``tests/node/ds/bench_client.mjs``) against ``base``."""
+def measure(base: str, pids: dict[str, int]) -> dict[str, Any]:
+    """Run the node load generator (``tests/node/ds/bench_client.mjs``) against ``base``.
+
+    Args:
+        base: the server's Durable Streams URL.
+        pids: processes whose CPU time the round costs (name → pid); each is reported as
+            ``cpu_ms_per_request.<name>``: CPU milliseconds per HTTP request sent.
+    """
     node = shutil.which("node")
     assert node is not None
     env = {**os.environ, "ONE_STREAM_APPENDS": str(ONE_STREAM_APPENDS),
            "MANY_STREAMS_APPENDS": str(MANY_STREAMS_APPENDS), "LATENCY_SAMPLES": str(LATENCY_SAMPLES)}
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
     out = subprocess.run([node, "ds/bench_client.mjs", base], cwd=NODE_DIR, env=env, capture_output=True,
                          check=True, timeout=900)
-    return json.loads(out.stdout.decode().strip().splitlines()[-1])  # type: ignore[no-any-return]
+    result: dict[str, Any] = json.loads(out.stdout.decode().strip().splitlines()[-1])
+    result["cpu_ms_per_request"] = {
+        name: 1000 * (cpu_seconds(pid) - before[name]) / result["requests"] for name, pid in pids.items()}
+    return result
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (``/proc/<pid>/stat``)."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def variants() -> dict[str, dict[str, str]]:
+    """``BENCH_DS_VARIANTS`` = ``name:K=V,K=V;name2:K=V``: gateways to compare, each started
+    with its own ``BATON_*`` settings (``SRC=<checkout>`` runs the gateway's code from another
+    checkout) and measured in the same interleaved rounds. Default: one gateway, ``baton``.
+    The gateways share ``BATON_DS``, so each also takes the others' records (as a cluster's
+    gateways do): the same extra load for every variant."""
+    raw = os.environ.get("BENCH_DS_VARIANTS", "").strip()
+    if not raw:
+        return {"baton": {}}
+    out: dict[str, dict[str, str]] = {}
+    for spec in raw.split(";"):
+        name, _, kv = spec.strip().partition(":")
+        out[name] = dict(item.split("=", 1) for item in kv.split(",") if item)
+    return out
 
 
 def start_reference() -> tuple[subprocess.Popen[bytes], str]:
@@ -58,29 +96,41 @@ def start_reference() -> tuple[subprocess.Popen[bytes], str]:
 
 
 async def main() -> dict[str, Any]:
-    from baton_tools.testing.cluster import start_coordinator, start_gateway
+    from baton_tools.testing.cluster import GatewayProcess, start_coordinator, start_gateway
     from baton_tools.testing.servers import EtcdServer, NatsServer
 
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="baton-bench-ds-"))
     etcd, nats = EtcdServer(tmp / "etcd"), NatsServer(tmp / "nats")
     etcd.start()
     nats.start()
+    assert nats.proc is not None
     ref, ref_url = start_reference()
+    gws: dict[str, GatewayProcess] = {}
     try:
         coord = await start_coordinator(etcd.endpoint, f"/bench-ds-{os.getpid()}", log_dir=tmp)
         try:
-            gw = await start_gateway(coord.address, nats.url, log_dir=tmp, log_level="WARNING")
-            try:
-                # Interleaved rounds, each figure the median of its rounds: the machine's load
-                # drifts over a run and hits both servers alike.
-                rounds: dict[str, list[dict[str, Any]]] = {"baton": [], "reference": []}
-                for _ in range(ROUNDS):
-                    rounds["baton"].append(await asyncio.to_thread(measure, f"{gw.url}/ds"))
-                    rounds["reference"].append(await asyncio.to_thread(measure, ref_url))
-                baton, reference = _median(rounds["baton"]), _median(rounds["reference"])
-            finally:
-                await gw.stop()
+            for name, settings in variants().items():
+                settings_: dict[str, Any] = dict(settings)
+                src = settings_.pop("SRC", None)
+                gw = gws[name] = await start_gateway(coord.address, nats.url, log_dir=tmp,
+                                                     log_level="WARNING", **settings_)
+                if src:
+                    # Restart on the same port with the other checkout first on the path.
+                    await gw.stop()
+                    gw.env["PYTHONPATH"] = os.pathsep.join((src, gw.env["PYTHONPATH"]))
+                    await gw.start()
+            # Interleaved rounds, each figure the median of its rounds: the machine's load
+            # drifts over a run and hits every server alike.
+            rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in (*gws, "reference")}
+            for _ in range(ROUNDS):
+                for name, gw in gws.items():
+                    assert gw.pid is not None
+                    rounds[name].append(await asyncio.to_thread(
+                        measure, f"{gw.url}/ds", {"gateway": gw.pid, "nats": nats.proc.pid}))
+                rounds["reference"].append(await asyncio.to_thread(measure, ref_url, {"server": ref.pid}))
         finally:
+            for gw in gws.values():
+                await gw.stop()
             await coord.stop()
     finally:
         ref.terminate()
@@ -88,22 +138,49 @@ async def main() -> dict[str, Any]:
         nats.stop()
         etcd.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    out: dict[str, Any] = {"baton": baton, "reference": reference, "rounds": ROUNDS}
-    out["ratios"] = {
-        "append_1_stream": baton["append_1_stream_per_s"] / reference["append_1_stream_per_s"],
-        "append_16_streams": baton["append_16_streams_per_s"] / reference["append_16_streams_per_s"],
-        "read_latency_p50": baton["read_latency_ms"]["p50"] / reference["read_latency_ms"]["p50"],
-    }
-    out["targets_met"] = {"throughput_ge_reference": out["ratios"]["append_16_streams"] >= 1.0}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"{'scenario':<22}{'baton':>10}{'reference':>11}{'ratio':>7}  (median of {ROUNDS} interleaved rounds)")
-    for key, unit in (("append_1_stream", "per_s"), ("append_16_streams", "per_s")):
-        b, r = baton[f"{key}_{unit}"], reference[f"{key}_{unit}"]
-        print(f"{key + ' /s':<22}{b:>10.0f}{r:>11.0f}{out['ratios'][key]:>7.2f}")
-    b, r = baton["read_latency_ms"]["p50"], reference["read_latency_ms"]["p50"]
-    print(f"{'read latency p50 ms':<22}{b:>10.2f}{r:>11.2f}{out['ratios']['read_latency_p50']:>7.2f}")
+    medians = {name: _median(r) for name, r in rounds.items()}
+    reference = medians["reference"]
+    first = next(iter(gws))
+    out: dict[str, Any] = {**medians, "rounds": ROUNDS}
+    if first != "baton":
+        out["baton"] = medians[first]
+    out["ratios"] = {name: _ratios(medians[name], reference) for name in gws}
+    if list(gws) == ["baton"]:
+        out["ratios"] = out["ratios"]["baton"]
+    baton_ratios = _ratios(medians[first], reference)
+    out["targets_met"] = {"throughput_ge_reference": min(
+        baton_ratios["append_1_stream"], baton_ratios["append_16_streams"]) >= 1.0}
+    if len(gws) == 1 and first == "baton":
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(out, indent=2) + "\n")
+    names = [*gws, "reference"]
+    print(f"{'scenario':<24}" + "".join(f"{n:>12}" for n in names) + f"  (median of {ROUNDS} interleaved rounds)")
+    for key, label in (("append_1_stream_per_s", "append_1_stream /s"),
+                       ("append_16_streams_per_s", "append_16_streams /s")):
+        print(f"{label:<24}" + "".join(f"{medians[n][key]:>12.0f}" for n in names))
+    print(f"{'read latency p50 ms':<24}" + "".join(f"{medians[n]['read_latency_ms']['p50']:>12.2f}" for n in names))
+    print(f"{'server CPU ms/request':<24}" + "".join(
+        f"{medians[n]['cpu_ms_per_request'].get('gateway', medians[n]['cpu_ms_per_request'].get('server', 0)):>12.3f}"
+        for n in names))
+    print(f"{'nats CPU ms/request':<24}" + "".join(
+        f"{medians[n]['cpu_ms_per_request'].get('nats', 0):>12.3f}" for n in names))
+    for name in gws:
+        r = _ratios(medians[name], reference)
+        print(f"ratio {name}/reference: append 1 stream {r['append_1_stream']:.2f}, "
+              f"16 streams {r['append_16_streams']:.2f}, read p50 {r['read_latency_p50']:.2f}")
+    if len(rounds) > 2 or os.environ.get("BENCH_DS_SHOW_ROUNDS"):
+        for name, rs in rounds.items():
+            print(f"rounds {name}: 1 stream " + " ".join(f"{r['append_1_stream_per_s']:.0f}" for r in rs)
+                  + " | 16 streams " + " ".join(f"{r['append_16_streams_per_s']:.0f}" for r in rs))
     return out
+
+
+def _ratios(b: dict[str, Any], ref: dict[str, Any]) -> dict[str, float]:
+    return {
+        "append_1_stream": b["append_1_stream_per_s"] / ref["append_1_stream_per_s"],
+        "append_16_streams": b["append_16_streams_per_s"] / ref["append_16_streams_per_s"],
+        "read_latency_p50": b["read_latency_ms"]["p50"] / ref["read_latency_ms"]["p50"],
+    }
 
 
 def _median(results: list[dict[str, Any]]) -> dict[str, Any]:

@@ -35,6 +35,7 @@ class _Server(uvicorn.Server):
 
     async def _serve(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
         self._loop, self._serving = asyncio.get_running_loop(), asyncio.current_task()
+        log.info("event loop: %s.%s", type(self._loop).__module__, type(self._loop).__qualname__)
         try:
             await super()._serve(sockets)
         except asyncio.CancelledError:
@@ -56,6 +57,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="host:port to listen on (BATON_GATEWAY_LISTEN)")
     parser.add_argument("--log-level", default=config.get("BATON_LOG_LEVEL"))
     args = parser.parse_args(argv)
+    loop = config.get("BATON_EVENT_LOOP")
+    if loop not in ("uvloop", "asyncio"):
+        sys.exit(f"BATON_EVENT_LOOP must be uvloop or asyncio, got {loop!r}")
     level = args.log_level.upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     host, _, port = args.listen.rpartition(":")
@@ -71,10 +75,12 @@ def main(argv: list[str] | None = None) -> None:
         port=int(port),
         log_level=level.lower(),
         access_log=False,
+        server_header=False,  # no "server: uvicorn" on every answer: it says nothing a client needs
         # Streams end quickly on shutdown: readers see the disconnect and unregister.
         timeout_graceful_shutdown=5,
         lifespan="on",
-        loop="asyncio",  # not uvicorn's "auto" (uvloop when installed): the tested loop
+        # Named, never uvicorn's "auto": the loop is a setting, and tests run under both.
+        loop=loop,
     ))
     try:
         server.run()

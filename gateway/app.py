@@ -10,7 +10,6 @@ import logging
 from typing import AsyncIterator
 
 from starlette.applications import Starlette
-from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -37,9 +36,10 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 
 class _Gateway(Starlette):
     """Starlette, except that Durable Streams requests (``/ds/...``) go straight to the
-    protocol's ASGI app: it maps its own errors, and Starlette's exception middleware plus a
-    walk over every route before the ``/ds`` mount were a large share of an append's Python
-    time (issue 16). An unexpected error still answers 500 through the same handler."""
+    protocol's ASGI app: it maps its own errors (an unexpected one to the same 500 body as
+    :func:`_internal_error`), and Starlette's error and exception middleware plus a walk over
+    every route before the ``/ds`` mount were a large share of an append's Python time
+    (issue 16)."""
 
     ds_direct: ASGIApp | None = None
 
@@ -126,5 +126,5 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
         lifespan=lifespan,
         exception_handlers={e.BatonError: handle_baton_error, Exception: _internal_error},
     )
-    app_ref.ds_direct = ServerErrorMiddleware(ds_app, handler=_internal_error)
+    app_ref.ds_direct = ds_app
     return app_ref

@@ -50,6 +50,18 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGTERM, _interrupt)
 
 
+if os.environ.get("BATON_TEST_EVENT_LOOP", "asyncio") == "uvloop":
+    # Defined only then: with no implementation pytest-asyncio makes its loops as always.
+    def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item
+                                      ) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+        """``BATON_TEST_EVENT_LOOP=uvloop``: every test, with the in-process gateways and
+        coordinators its fixtures build, runs on uvloop (the services' default loop,
+        ``BATON_EVENT_LOOP``); unset or ``asyncio``: on the standard loop."""
+        import uvloop
+
+        return {"uvloop": uvloop.new_event_loop}
+
+
 #: ``CI=true`` (as .ci/run sets): a prerequisite the machine lacks is a failure, not a skip.
 IN_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 

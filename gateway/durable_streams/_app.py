@@ -8,15 +8,15 @@ from urllib.parse import quote
 import nats.errors
 import nats.js.errors
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocketClose
 
 from baton import errors as e
-from gateway._auth import tenant_of
+from gateway._auth import tenant_of_header
 from gateway._errors import Unauthorized, error_body
 from gateway.durable_streams import _protocol as P
-from gateway.durable_streams._routes import DSSettings, Handlers, text
+from gateway.durable_streams._routes import DSSettings, Handlers, Reply, text
 from gateway.durable_streams._store import Conflict, StoreConfig, StreamStore
 
 log = logging.getLogger("gateway.durable_streams")
@@ -40,16 +40,23 @@ class DurableStreams:
         self.api_keys = api_keys
         self.runs = runs
 
-    async def handle(self, request: Request, public: str) -> Response:
+    async def handle(self, scope: Scope, receive: Receive, public: str) -> Response | Reply:
         """Dispatch one request for ``public`` (the path under ``/ds``, starting with "/");
-        protocol errors become their status, never a 500."""
-        method = request.method.upper()
+        protocol errors become their status, never a 500.
+
+        An append (POST) reads its headers and body straight from the ASGI scope and
+        ``receive`` (the protocol's hot path, issue 16); other methods get a Starlette
+        ``Request``.
+        """
+        method: str = scope["method"]
         try:
             if method == "OPTIONS":
-                return Response(b"", status_code=204)
-            tenant = tenant_of(request, self.api_keys)
+                return Response(b"", status_code=204, headers=P.PREFLIGHT_HEADERS)
+            # By lower-case name, the first of repeated headers winning (as Starlette's).
+            h = {k.decode("latin-1"): v.decode("latin-1") for k, v in reversed(scope["headers"])}
+            tenant = tenant_of_header(h.get("authorization", ""), self.api_keys) if self.api_keys else ""
             if public.startswith(RUNS) and self.runs is not None:
-                resp: Response = await self.runs(request, public[len(RUNS):], tenant)
+                resp: Response = await self.runs(Request(scope, receive), public[len(RUNS):], tenant)
                 return resp
 
             def qualify(p: str) -> str:
@@ -62,17 +69,17 @@ class DurableStreams:
                 return f"@{quote(tenant, safe='')}{p}" if tenant else p
 
             path = qualify(public)
-            h = self.handlers
-            if method == "PUT":
-                return await h.put(request, path, qualify)
+            handlers = self.handlers
             if method == "POST":
-                return await h.post(request, path)
+                return await handlers.post(h, receive, path)
+            if method == "PUT":
+                return await handlers.put(Request(scope, receive), path, qualify)
             if method == "GET":
-                return await h.get(request, path, public)
+                return await handlers.get(Request(scope, receive), path, public)
             if method == "HEAD":
-                return await h.head(path, public)
+                return await handlers.head(path, public)
             if method == "DELETE":
-                return await h.delete(path)
+                return await handlers.delete(path)
             return text(405, "Method not allowed")
         except P.ProtocolError as exc:
             return text(exc.status, exc.reason, exc.headers)
@@ -88,6 +95,7 @@ class DurableStreams:
 
 METHODS = ("GET", "HEAD", "PUT", "POST", "DELETE", "OPTIONS")
 _CORS_RAW = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in P.CORS_HEADERS.items()]
+_CORS_NAMES = frozenset(k for k, _ in _CORS_RAW)
 
 
 def build_app(ds: Callable[[], DurableStreams | None]) -> ASGIApp:
@@ -96,7 +104,9 @@ def build_app(ds: Callable[[], DurableStreams | None]) -> ASGIApp:
 
     A plain ASGI callable, not a Starlette router: the path under ``root_path`` is the
     stream path, and every response is sent as two ASGI messages with the CORS headers
-    added, which keeps the per-append Python work small (issue 16).
+    added, which keeps the per-append Python work small (issue 16). An unexpected error
+    is logged and answered 500 (``{"error": "internal error", "reason": "INTERNAL"}``, as
+    the gateway's other routes), so the app needs no error middleware around it.
 
     Args:
         ds: returns the live :class:`DurableStreams` (built in the gateway's lifespan), or
@@ -113,6 +123,7 @@ def build_app(ds: Callable[[], DurableStreams | None]) -> ASGIApp:
         if not public.startswith("/"):
             public = "/" + public
         method = scope["method"]
+        resp: Response | Reply
         if method not in METHODS:
             resp = text(405, "Method Not Allowed", {"allow": ", ".join(METHODS)})
         else:
@@ -120,22 +131,35 @@ def build_app(ds: Callable[[], DurableStreams | None]) -> ASGIApp:
             if live is None:
                 resp = text(503, "Not ready", {"retry-after": "1"})
             else:
-                resp = await live.handle(Request(scope, receive), public)
+                try:
+                    resp = await live.handle(scope, receive, public)
+                except Exception:
+                    log.exception("%s %s failed", method, path)
+                    resp = JSONResponse({"error": "internal error", "reason": "INTERNAL"}, status_code=500)
         await respond(resp, scope, receive, send)
 
     return app
 
 
-async def respond(resp: Response, scope: Scope, receive: Receive, send: Send) -> None:
+async def respond(resp: Response | Reply, scope: Scope, receive: Receive, send: Send) -> None:
     """Send ``resp`` with the protocol's CORS headers (unless the response set its own)."""
     raw = resp.raw_headers
-    names = {k for k, _ in raw}
-    raw.extend(h for h in _CORS_RAW if h[0] not in names)
-    if isinstance(resp, StreamingResponse) or resp.background is not None:
-        await resp(scope, receive, send)
+    if isinstance(resp, Reply):  # an append's answer: never sets CORS headers itself
+        raw += _CORS_RAW
+    else:
+        if not _CORS_NAMES.isdisjoint(k for k, _ in raw):
+            names = {k for k, _ in raw}
+            raw.extend(h for h in _CORS_RAW if h[0] not in names)
+        else:
+            raw += _CORS_RAW
+        if isinstance(resp, StreamingResponse) or resp.background is not None:
+            await resp(scope, receive, send)
+            return
+        await send({"type": "http.response.start", "status": resp.status_code, "headers": raw})
+        await send({"type": "http.response.body", "body": resp.body})
         return
     await send({"type": "http.response.start", "status": resp.status_code, "headers": raw})
-    await send({"type": "http.response.body", "body": resp.body})
+    await send({"type": "http.response.body", "body": b""})
 
 
 PREFIX = "/ds"
@@ -177,7 +201,9 @@ async def start_for(app: Any, state: Any) -> StreamStore:
     # The store's own connection, without echo: NATS does not deliver this gateway's own
     # records back to its listener for other gateways' writes (one message less per append,
     # for this process and for NATS). Same servers and reconnect policy as the delivery log's.
-    conn = await DeliveryLog.connect(state.settings.nats_url, no_echo=True)
+    # Subjects are ours (``baton.ds.<hex>``, an inbox): nats-py's per-publish check of them
+    # (a regex per subject) is skipped.
+    conn = await DeliveryLog.connect(state.settings.nats_url, no_echo=True, skip_subject_validation=True)
     store = StreamStore(conn.nc, store_cfg, close=conn.close)
     try:
         await store.start()

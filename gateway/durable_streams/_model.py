@@ -71,12 +71,21 @@ class StreamState:
     refs: int = 0
     soft_deleted: bool = False
     js_last: int = 0
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    # Made when a reader first waits, not on every append (issue 16): most appends have none.
+    _changed: asyncio.Event | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def changed(self) -> asyncio.Event:
+        """Set at the next change (:meth:`notify`); a reader waits on it."""
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
 
     def notify(self) -> None:
         """Wake every reader waiting for a change."""
-        self.changed.set()
-        self.changed = asyncio.Event()
+        ev, self._changed = self._changed, None
+        if ev is not None:
+            ev.set()
 
     def expired(self, now: float) -> bool:
         """Whether the TTL (sliding, from the last access) or the absolute expiry has passed."""

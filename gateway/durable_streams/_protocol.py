@@ -33,14 +33,9 @@ FORK_OFFSET = "Stream-Fork-Offset"
 FORK_SUB_OFFSET = "Stream-Fork-Sub-Offset"
 SSE_DATA_ENCODING = "Stream-SSE-Data-Encoding"
 
+# Sent on every response: what a browser checks on an actual (non-preflight) response.
 CORS_HEADERS = {
     "access-control-allow-origin": "*",
-    "access-control-allow-methods": "GET, POST, PUT, DELETE, HEAD, OPTIONS",
-    "access-control-allow-headers": (
-        "content-type, authorization, if-none-match, Stream-Seq, Stream-TTL, Stream-Expires-At, "
-        "Stream-Closed, Producer-Id, Producer-Epoch, Producer-Seq, Stream-Forked-From, "
-        "Stream-Fork-Offset, Stream-Fork-Sub-Offset"
-    ),
     "access-control-expose-headers": (
         "Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, Producer-Epoch, "
         "Producer-Seq, Producer-Expected-Seq, Producer-Received-Seq, etag, content-type, "
@@ -48,6 +43,16 @@ CORS_HEADERS = {
     ),
     "x-content-type-options": "nosniff",
     "cross-origin-resource-policy": "cross-origin",
+}
+# Sent on a preflight (OPTIONS) answer only: browsers read them nowhere else (Fetch standard,
+# CORS-preflight fetch), and these two are most of the bytes of every answer (issue 16).
+PREFLIGHT_HEADERS = {
+    "access-control-allow-methods": "GET, POST, PUT, DELETE, HEAD, OPTIONS",
+    "access-control-allow-headers": (
+        "content-type, authorization, if-none-match, Stream-Seq, Stream-TTL, Stream-Expires-At, "
+        "Stream-Closed, Producer-Id, Producer-Epoch, Producer-Seq, Stream-Forked-From, "
+        "Stream-Fork-Offset, Stream-Fork-Sub-Offset"
+    ),
 }
 
 ZERO_OFFSET = "0000000000000000_0000000000000000"
@@ -266,15 +271,22 @@ class Producer:
     seq: int
 
 
+_PRODUCER_ID_KEY, _PRODUCER_EPOCH_KEY, _PRODUCER_SEQ_KEY = (
+    PRODUCER_ID.lower(), PRODUCER_EPOCH.lower(), PRODUCER_SEQ.lower())
+
+
 def parse_producer(headers: Any) -> Producer | None:
     """The ``Producer-*`` triple, or ``None`` when none is sent.
+
+    ``headers`` is looked up by lower-case name (Starlette's ``Headers`` or a plain dict of
+    lower-case names).
 
     Raises:
         ProtocolError: 400 when only some are sent, the id is empty, or a number is malformed.
     """
-    pid = headers.get(PRODUCER_ID)
-    epoch = headers.get(PRODUCER_EPOCH)
-    seq = headers.get(PRODUCER_SEQ)
+    pid = headers.get(_PRODUCER_ID_KEY)
+    epoch = headers.get(_PRODUCER_EPOCH_KEY)
+    seq = headers.get(_PRODUCER_SEQ_KEY)
     if pid is None and epoch is None and seq is None:
         return None
     if pid is None or epoch is None or seq is None:

@@ -4,12 +4,14 @@ A publish to a JetStream subject is a request: the server answers on the reply s
 the message is stored. nats-py's ``request`` waits with ``asyncio.wait_for`` plus a done
 callback, each a turn of the event loop, and draws random bytes per call; on a Durable
 Streams append that was a visible share of the Python work. Here one reply subscription
-serves every publish of the connection, each waiting on its own future under
-``asyncio.timeout``. What is published and what counts as stored are unchanged.
+serves every publish of the connection, each waiting on its own future, and one sweeper
+task fails the futures whose ack is overdue (a timer per publish, as ``asyncio.timeout``
+arms, was another visible share). What is published and what counts as stored are unchanged.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import json
@@ -23,6 +25,7 @@ from nats.aio.subscription import Subscription
 
 _STATUS = "Status"
 _NO_RESPONDERS = "503"
+_DECODER = json.JSONDecoder()
 
 
 class Publisher:
@@ -30,7 +33,9 @@ class Publisher:
 
     Args:
         nc: a connected NATS client.
-        timeout: seconds to wait for an ack (then ``nats.errors.TimeoutError``).
+        timeout: seconds to wait for an ack (then ``nats.errors.TimeoutError``); a publish
+            gives up between ``timeout`` and ``1.2 * timeout`` after it was sent (the
+            sweeper looks every ``timeout / 5``).
     """
 
     def __init__(self, nc: NATS, timeout: float = 5.0) -> None:
@@ -38,20 +43,45 @@ class Publisher:
         self._timeout = timeout
         self._prefix = ""
         self._waiting: dict[str, asyncio.Future[Msg]] = {}
+        # (deadline, token) in publish order: with one timeout, deadlines only grow.
+        self._deadlines: collections.deque[tuple[float, str]] = collections.deque()
         self._ids = itertools.count()
         self._sub: Subscription | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self) -> None:
-        """Subscribe to this publisher's replies (``<new inbox>.*``)."""
+        """Subscribe to this publisher's replies (``<new inbox>.*``) and start the sweeper."""
+        self._loop = asyncio.get_running_loop()
         self._prefix = self._nc.new_inbox() + "."
         self._sub = await self._nc.subscribe(self._prefix + "*", cb=self._on_reply)
+        self._sweeper = asyncio.create_task(self._sweep(), name="ds-publish-timeouts")
 
     async def stop(self) -> None:
-        """Unsubscribe; publishes still waiting time out."""
+        """Unsubscribe and fail every publish still waiting (``nats.errors.TimeoutError``)."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
         if self._sub is not None:
             with contextlib.suppress(nats.errors.Error):
                 await self._sub.unsubscribe()
             self._sub = None
+        for fut in self._waiting.values():
+            if not fut.done():
+                fut.set_exception(nats.errors.TimeoutError())
+        self._deadlines.clear()
+
+    async def _sweep(self) -> None:
+        assert self._loop is not None
+        while True:
+            await asyncio.sleep(self._timeout / 5)
+            now = self._loop.time()
+            while self._deadlines and self._deadlines[0][0] <= now:
+                fut = self._waiting.get(self._deadlines.popleft()[1])
+                if fut is not None and not fut.done():
+                    fut.set_exception(nats.errors.TimeoutError())
 
     async def _on_reply(self, msg: Msg) -> None:
         fut = self._waiting.pop(msg.subject[len(self._prefix):], None)
@@ -64,22 +94,22 @@ class Publisher:
         Raises:
             nats.js.errors.APIError: JetStream refused the message (``err_code`` says why).
             nats.js.errors.NoStreamResponseError: no stream takes ``subject``.
-            nats.errors.TimeoutError: no ack within the timeout.
+            nats.errors.TimeoutError: no ack within the timeout (or the publisher stopped).
         """
+        loop = self._loop
+        assert loop is not None, "Publisher.start() first"
         token = str(next(self._ids))
-        fut: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Msg] = loop.create_future()
         self._waiting[token] = fut
+        self._deadlines.append((loop.time() + self._timeout, token))
         try:
             await self._nc.publish(subject, payload, reply=self._prefix + token, headers=headers)
-            async with asyncio.timeout(self._timeout):
-                msg = await fut
-        except TimeoutError:
-            raise nats.errors.TimeoutError from None
+            msg = await fut
         finally:
             self._waiting.pop(token, None)
         if msg.headers and msg.headers.get(_STATUS) == _NO_RESPONDERS:
             raise nats.js.errors.NoStreamResponseError
-        ack: dict[str, Any] = json.loads(msg.data)
+        ack: dict[str, Any] = _DECODER.decode(msg.data.decode())
         err = ack.get("error")
         if err is not None:
             nats.js.errors.APIError.from_error(err)  # raises the error's class

@@ -9,8 +9,9 @@ import base64
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable, Mapping
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive
 
 from gateway.durable_streams import _protocol as P
 from gateway.durable_streams._model import Message, StreamState, Verdict
@@ -38,24 +39,61 @@ def text(status: int, body: str = "", headers: Mapping[str, str] | None = None) 
 DRAIN_LIMIT = 64 << 20  # read (and drop) this much of a refused body so the client sees the 413
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 past ``limit`` bytes.
+async def read_body(receive: Receive, limit: int) -> bytes:
+    """The request body (read from the ASGI ``receive``), refused with 413 past ``limit`` bytes.
 
     A refused body is still read (and dropped) up to :data:`DRAIN_LIMIT`: answering while
     the client is still sending makes most HTTP clients report a connection error instead
     of the 413.
+
+    Raises:
+        ProtocolError: 413 past ``limit``.
+        ClientDisconnect: the client went away before the body ended (as Starlette's
+            ``Request.stream``).
     """
-    buf = bytearray()
+    chunks: list[bytes] = []
     seen = 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnect()
+            continue
+        chunk = message.get("body", b"")
         seen += len(chunk)
-        if seen <= limit:
-            buf += chunk
-        elif seen > DRAIN_LIMIT:
+        if seen <= limit and chunk:
+            chunks.append(chunk)
+        if not message.get("more_body", False) or seen > DRAIN_LIMIT:
             break
     if seen > limit:
         raise P.ProtocolError(413, "Payload too large")
-    return bytes(buf)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)  # one chunk: no copy
+
+
+class Reply:
+    """A bodiless answer given as raw ASGI headers (lower-case names), sent as is.
+
+    What an accepted append returns: no Starlette ``Response`` (header dict, lower-casing,
+    content-length) to build on the protocol's hottest path (issue 16). Like Starlette's
+    ``Response(b"")``, a 200 carries ``content-length: 0`` and a 204 none.
+    """
+
+    __slots__ = ("status_code", "raw_headers")
+
+    def __init__(self, status_code: int, raw_headers: list[tuple[bytes, bytes]]) -> None:
+        self.status_code = status_code
+        self.raw_headers = raw_headers
+        if status_code == 200:
+            raw_headers.append(_CONTENT_LENGTH_0)
+
+
+_CONTENT_LENGTH_0 = (b"content-length", b"0")
+_NEXT_OFFSET = P.NEXT_OFFSET.lower().encode()
+_CLOSED_RAW = (P.CLOSED.lower().encode(), b"true")
+_PRODUCER_EPOCH = P.PRODUCER_EPOCH.lower().encode()
+_PRODUCER_SEQ = P.PRODUCER_SEQ.lower().encode()
+_CLOSED_KEY = P.CLOSED.lower()
+_SEQ_KEY = P.SEQ.lower()
 
 
 class Handlers:
@@ -91,7 +129,7 @@ class Handlers:
             sub = P.parse_ttl(sub_raw) if sub_raw and sub_raw.isdigit() else -1
             if sub < 0 or (sub_raw != "0" and sub_raw.startswith("0")):
                 raise P.ProtocolError(400, "Invalid Stream-Fork-Sub-Offset format")
-        body = await read_body(request, self.settings.max_append_bytes)
+        body = await read_body(request.receive, self.settings.max_append_bytes)
         cfg: dict[str, object] = {
             "contentType": ct, "ttl": ttl, "expiresAt": exp_raw, "expiresTs": exp_ts,
             "closed": h.get(P.CLOSED) == "true",
@@ -128,11 +166,11 @@ class Handlers:
         await self.store.delete(path)
         return Response(b"", status_code=204)
 
-    async def post(self, request: Request, path: str) -> Response:
-        h = request.headers
-        close = h.get(P.CLOSED) == "true"
+    async def post(self, h: Mapping[str, str], receive: Receive, path: str) -> Response | Reply:
+        """An append (or a close). ``h``: the request headers by lower-case name."""
+        close = h.get(_CLOSED_KEY) == "true"
         producer = P.parse_producer(h)
-        body = await read_body(request, self.settings.max_append_bytes)
+        body = await read_body(receive, self.settings.max_append_bytes)
         if not body and close:
             st, verdict = await self.store.close(path, producer)
             if verdict is not None and verdict.status != "accepted":
@@ -147,17 +185,17 @@ class Handlers:
         if not ct:
             raise P.ProtocolError(400, "Content-Type header is required")
         st, offset, verdict = await self.store.append(
-            path, body, content_type=ct, seq=h.get(P.SEQ), producer=producer, close=close
+            path, body, content_type=ct, seq=h.get(_SEQ_KEY), producer=producer, close=close
         )
         if verdict is not None and verdict.status != "accepted":
             return _refused(st, verdict, producer, closed=st.closed)
-        headers = {P.NEXT_OFFSET: offset}
+        raw = [(_NEXT_OFFSET, offset.encode())]
         if close:
-            headers[P.CLOSED] = "true"
+            raw.append(_CLOSED_RAW)
         if producer is not None:
-            headers |= {P.PRODUCER_EPOCH: str(producer.epoch), P.PRODUCER_SEQ: str(producer.seq)}
-            return Response(b"", status_code=200, headers=headers)
-        return Response(b"", status_code=204, headers=headers)
+            raw += [(_PRODUCER_EPOCH, str(producer.epoch).encode()), (_PRODUCER_SEQ, str(producer.seq).encode())]
+            return Reply(200, raw)
+        return Reply(204, raw)
 
     async def get(self, request: Request, path: str, public: str) -> Response:
         q = request.query_params

@@ -27,10 +27,11 @@ def test_json_mode_flattens_arrays_and_refuses_bad_input() -> None:
 
 
 def test_producer_headers_all_or_none_and_strict_numbers() -> None:
+    # Headers by lower-case name, as the app passes them (and as Starlette's Headers looks up).
+    pid, epoch, seq = P.PRODUCER_ID.lower(), P.PRODUCER_EPOCH.lower(), P.PRODUCER_SEQ.lower()
     assert P.parse_producer({}) is None
-    assert P.parse_producer({P.PRODUCER_ID: "p", P.PRODUCER_EPOCH: "1", P.PRODUCER_SEQ: "0"}) == P.Producer("p", 1, 0)
-    for h in ({P.PRODUCER_ID: "p"}, {P.PRODUCER_ID: "", P.PRODUCER_EPOCH: "0", P.PRODUCER_SEQ: "0"},
-              {P.PRODUCER_ID: "p", P.PRODUCER_EPOCH: "1e3", P.PRODUCER_SEQ: "0"}):
+    assert P.parse_producer({pid: "p", epoch: "1", seq: "0"}) == P.Producer("p", 1, 0)
+    for h in ({pid: "p"}, {pid: "", epoch: "0", seq: "0"}, {pid: "p", epoch: "1e3", seq: "0"}):
         with pytest.raises(P.ProtocolError):
             P.parse_producer(h)
 

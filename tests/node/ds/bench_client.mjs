@@ -7,11 +7,14 @@ const CT = { "content-type": "application/octet-stream" }
 // Retry once on a connection the server closed as we reused it (a keep-alive race of
 // node's http server, seen with the reference under load); counted in the output.
 let retries = 0
+let requests = 0 // every request sent, so the bench can divide the server's CPU time by it
 async function call(url, init) {
+  requests++
   try {
     return await fetch(url, init)
   } catch (err) {
     retries++
+    requests++
     return await fetch(url, init)
   }
 }
@@ -67,4 +70,5 @@ const out = {
   read_latency_ms: await readLatency(Number(process.env.LATENCY_SAMPLES ?? 100)),
 }
 out.client_retries = retries
+out.requests = requests
 console.log(JSON.stringify(out))
