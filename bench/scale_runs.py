@@ -13,7 +13,8 @@ Figures per side:
 - ``append_to_reader_ms`` p50/p99/max: a chunk's arrival at its reader minus the time
   JetStream stored it (the stream's own timestamp, read back after the runs; one clock);
 - ``start_max_s``: the slowest POST → first chunk;
-- ``completed``: runs whose reader got the end and whose record says completed.
+- ``completed``: runs whose reader got the end without a ``RUN_ERROR``; ``runs_ended_failed``
+  the runs whose stream ended with one (``failed_runs`` names up to 20).
 
 Scaled to this machine (2 cores shared): 200 runs × a 47-line journal over ~30 s, started
 over 10 s (all 200 live together from then on). Each host may drive every run
@@ -76,6 +77,7 @@ class Reader:
         self.posted: float | None = None
         self.arrivals: dict[int, float] = {}
         self.ended: float | None = None
+        self.failed = False  # the run's stream carried RUN_ERROR (it ended, but not completed)
         self.status = 0
         self.reason = ""  # the error reason of a refused POST (its JSON body's "reason")
 
@@ -106,6 +108,8 @@ class Reader:
                 done, buf = buf[:cut + 2], buf[cut + 2:]
                 for m in _ID.finditer(b"\n" + done):
                     self.arrivals.setdefault(int(m.group(1)), now)
+                if b'"RUN_ERROR"' in done:
+                    self.failed = True
                 if b"\n: end" in done or b":end" in done:
                     self.ended = now
                     return
@@ -229,11 +233,14 @@ async def side(name: str, replicated: bool, tmp: pathlib.Path) -> dict[str, Any]
         lat = sorted((at - stored[off]) * 1000 for r in readers for off, at in r.arrivals.items() if off in stored)
         received = sum(len(r.arrivals) for r in readers)
         ends = [r.ended for r in readers if r.ended is not None]
+        ended_failed = [r.run_id for r in readers if r.ended is not None and r.failed]
         starts = sorted(min(r.arrivals.values()) - r.posted for r in readers if r.arrivals and r.posted)
         return {
             "engines": name,
             "runs": RUNS, "hosts": HOSTS,
-            "completed": len(ends),
+            "completed": len(ends) - len(ended_failed),
+            "runs_ended_failed": len(ended_failed),
+            "failed_runs": ended_failed[:20],
             "unfinished_after_budget": len(late),
             "refused": sum(1 for r in readers if r.status >= 400),
             "refused_by_reason": refused,
