@@ -201,17 +201,27 @@ class RunSandboxes:
             SandboxReclaimFailed: a process survived SIGKILL, or the sandbox still exists.
         """
         p, h = sbx.provider, sbx.handle
-        if p.killable_processes:
-            await p.kill(h, signal.SIGKILL)
-            for _ in range(100):
-                if not await p.processes_alive(h):
-                    break
-                await asyncio.sleep(0.02)
-            else:
-                raise SandboxReclaimFailed(h.key, "agent processes survived SIGKILL")
-        if not sbx.destroyed and not await p.destroy(h) and await p.exists(h):
+        # The previous host may still be launching into this sandbox (a starved or paused
+        # host that has not yet noticed its session is gone), so its agent can appear after
+        # a first SIGKILL: the SIGKILL goes out again at every check, and a sandbox found
+        # again after its removal (a launch writing into it meanwhile) is reclaimed again.
+        for _ in range(3):
+            if p.killable_processes:
+                for _ in range(100):
+                    await p.kill(h, signal.SIGKILL)
+                    if not await p.processes_alive(h):
+                        break
+                    await asyncio.sleep(0.02)
+                else:
+                    raise SandboxReclaimFailed(h.key, "agent processes survived SIGKILL")
+            if sbx.destroyed:
+                break
+            await p.destroy(h)
+            if not await p.exists(h):
+                sbx.destroyed = True
+                break
+        else:
             raise SandboxReclaimFailed(h.key, "the sandbox could not be destroyed")
-        sbx.destroyed = True
         with contextlib.suppress(BatonError, TimeoutError):
             async with asyncio.timeout(self.deps.settings.store_retry):
                 await self.deps.cc.delete_sandbox(h.key)

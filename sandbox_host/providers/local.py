@@ -35,11 +35,17 @@ _READ_CHUNK = 1 << 20
 _INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "LOGNAME", "SHELL", "TZ")
 _PROXY_ENV = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "grpc_proxy")
 # Launch: `setsid` (not forking, as it is not a group leader in a non-interactive sh) makes
-# the wrapper a session and group leader with pid == pgid; the sh records it in the sandbox
-# (`.baton/pgid`, first argument), prints it and exits. The record is what lets any host kill
-# an agent whose launch never reached the sandbox registry (the launching host died, or the
-# store was down, right after the launch).
-_LAUNCHER = 'f=$1; shift; setsid "$@" </dev/null >/dev/null 2>&1 & echo $! >"$f"; echo $!'
+# the child a session and group leader with pid == pgid; that child records its pid in the
+# sandbox (`.baton/pgid`, first argument) and only then becomes the wrapper, while the
+# launching sh prints the pid and exits. The record is what lets any host kill an agent whose
+# launch never reached the sandbox registry (the launching host died, or the store was down,
+# right after the launch). It is written by the group leader itself, after `setsid`: written
+# by the launching sh right after the fork (as it was), it could name a process not yet
+# leading its group, which a successor's SIGKILL of the group missed while the agent went on
+# (issue 18: "agent processes survived SIGKILL" under load). And when the sandbox was removed
+# meanwhile, the record cannot be written and no agent starts (`&&`).
+_LAUNCHER = ('f=$1; shift; setsid sh -c \'echo $$ >"$0" && exec "$@"\' "$f" "$@" '
+             '</dev/null >/dev/null 2>&1 & echo $!')
 _PGID_FILE = "pgid"
 
 

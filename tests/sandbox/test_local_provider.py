@@ -194,3 +194,38 @@ async def test_agent_survives_sigkill_of_launching_host(tmp_path: pathlib.Path) 
         assert items[-1] == JournalExit(0, len(expected), os.path.getsize(h.journal_path))
     finally:
         await provider.destroy(h)
+
+
+@pytest.fixture
+def slow_setsid(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``setsid`` found first on PATH takes 0.5 s before it makes its group: the window a
+    loaded machine opens between the launcher's fork and the agent leading its group."""
+    shim = tmp_path / "slow-bin"
+    shim.mkdir()
+    (shim / "setsid").write_text('#!/bin/sh\nsleep 0.5\nexec /usr/bin/setsid "$@"\n')
+    (shim / "setsid").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim}{os.pathsep}{os.environ['PATH']}")
+
+
+@pytest.mark.usefixtures("slow_setsid")
+async def test_the_pgid_record_only_ever_names_a_group_leader(local_provider: LocalProvider, sandboxes: list) -> None:
+    """A successor that reads ``.baton/pgid`` during a launch SIGKILLs that group: a record
+    naming a process not yet leading its group made the kill miss the agent (issue 18, a
+    run failed with "agent processes survived SIGKILL")."""
+    h = await local_provider.create("slow-setsid", SandboxSpec())
+    sandboxes.append(h)
+    record = pathlib.Path(h.data["dir"]) / ".baton" / "pgid"
+    launching = asyncio.create_task(local_provider.launch(h, ["sleep", "60"], nonce=new_nonce()))
+    seen = 0
+    while not launching.done():
+        text = record.read_text().strip() if record.exists() else ""
+        if text:
+            pgid = int(text)
+            stat = pathlib.Path(f"/proc/{pgid}/stat").read_text().rsplit(")", 1)[1].split()
+            assert int(stat[2]) == pgid, "the record names a process that does not lead its group yet"
+            seen += 1
+        await asyncio.sleep(0.01)
+    sandboxes[-1] = with_data(h, dict(await launching))
+    assert await local_provider.processes_alive(sandboxes[-1])
+    assert seen > 0 or record.exists()
+
