@@ -229,14 +229,24 @@ class LocalCluster:
         prev = self._previous_ports()
         names = [*self._engine_port_names(), "coordinator", "gateway-grpc"] + [
             f"host-{i}" for i in range(1, self.n_hosts + 1)]
+        gw = self.port or prev.get("gateway")
+        if gw and not _port_free(gw):
+            raise ClusterError(f"port {gw} is in use: pick another with --port")
+        taken: set[int] = {gw} if gw else set()
+
+        def fresh() -> int:
+            # free_port() releases the port it found, so two calls can return the same one
+            # (seen: the gateway's HTTP and gRPC ports, and the gateway failed to bind).
+            while (p := free_port()) in taken:
+                pass
+            return p
+
         ports: dict[str, int] = {}
         for name in names:
             p = prev.get(name)
-            ports[name] = p if p and _port_free(p) and p not in ports.values() else free_port()
-        gw = self.port or prev.get("gateway") or free_port()
-        if not _port_free(gw):
-            raise ClusterError(f"port {gw} is in use: pick another with --port")
-        ports["gateway"] = gw
+            ports[name] = p if p and p not in taken and _port_free(p) else fresh()
+            taken.add(ports[name])
+        ports["gateway"] = gw or fresh()
         return ports
 
     def _engine_port_names(self) -> list[str]:

@@ -23,7 +23,7 @@ async def test_conflict_mid_run_appends_each_chunk_once(nats: NatsServer) -> Non
         run_id = unique("run-")
         w = log.writer(run_id, 1)
         seq = await w.fence()
-        deps: Any = SimpleNamespace(settings=HostSettings())
+        deps: Any = SimpleNamespace(settings=HostSettings(), session=None)
         driver = RunDriver(deps, runs_pb2.RunRecord(run_id=run_id, thread_id="t"), 1, "fresh", w, fence_seq=seq)
         chunks = [{"type": "CUSTOM", "name": "n", "value": i} for i in range(4)]
         await driver._append_now(chunks[:2], "journal")

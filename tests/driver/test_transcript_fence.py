@@ -113,7 +113,7 @@ async def test_a_driver_whose_run_has_a_successor_stops_saving(store: tuple[Tran
     ts, _nc, _cfg = store
     thread = unique("thr-")
     rec = runs_pb2.RunRecord(run_id=unique("run-"), thread_id=thread, started_at=100.0)
-    deps: Any = SimpleNamespace(transcripts=ts, settings=HostSettings())
+    deps: Any = SimpleNamespace(transcripts=ts, settings=HostSettings(), session=None)
     user = [{"id": "u1", "role": "user", "content": "hi"}]
     old = RunDriver(deps, rec, 1, "fresh", None, input_messages=user, fence_seq=1)  # type: ignore[arg-type]
     await old.save_transcript()  # a snapshot of the first host
