@@ -91,8 +91,10 @@ class LeaderElection:
             r = await etcd.txn([], [E.put(key, cfg.replica_id.encode(), lease_id), E.get(key)],
                                timeout=cfg.etcd_timeout)
             my_rev = r.kvs(1)[0].create_revision
-            tasks = [asyncio.create_task(self._keepalive(lease_id)),
-                     asyncio.create_task(self._campaign_and_lead(key, my_rev, lease_id))]
+            keepalive = asyncio.create_task(self._keepalive(lease_id), name="election-keepalive")
+            tasks.append(keepalive)
+            campaign = asyncio.create_task(self._campaign_and_lead(key, my_rev, lease_id), name="election-campaign")
+            tasks.append(campaign)
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
                 t.result()

@@ -150,6 +150,25 @@ def unique(prefix: str = "t") -> str:
     return f"{prefix}{uuid.uuid4().hex[:10]}"
 
 
+async def assert_throughout(check: Callable[[], Awaitable[Any] | Any], seconds: float, interval: float = 0.25) -> None:
+    """Assert ``check`` holds for the whole of ``seconds``: it is run every ``interval``
+    seconds and must not raise. An observation window (a state that must *stay* true, such
+    as "no failover while the store is full"), the counterpart of :func:`assert_eventually`;
+    the interval is the sampling rate, not a wait for something to happen.
+
+    Raises:
+        AssertionError: the first sample at which ``check`` failed.
+    """
+    end = time.monotonic() + seconds
+    while True:
+        value = check()
+        if asyncio.iscoroutine(value) or isinstance(value, Awaitable):
+            await value
+        if time.monotonic() >= end:
+            return
+        await asyncio.sleep(min(interval, max(end - time.monotonic(), 0)))
+
+
 async def assert_eventually(
     check: Callable[[], Awaitable[Any] | Any], timeout: float = 10.0, interval: float = 0.02
 ) -> Any:

@@ -11,7 +11,7 @@ from baton.coordinator_client import CoordinatorClient, UpdateOutcome
 from baton.v1.runs_pb2 import RunRecord, RunStatus
 from baton_tools.testing.cluster import InProcessCoordinator
 from baton_tools.testing.proxy import TcpProxy
-from tests.conftest import assert_eventually, unique
+from tests.conftest import assert_eventually, assert_throughout, unique
 from tests.coordinator.conftest import open_bare_session
 
 RUNNING, COMPLETED = RunStatus.RUN_STATUS_RUNNING, RunStatus.RUN_STATUS_COMPLETED
@@ -158,11 +158,10 @@ async def test_session_keepalive_outlives_its_ttl(cc: CoordinatorClient) -> None
     rec = await _new(cc)
     s = await cc.open_session(2.0)
     await cc.claim_run(rec.run_id, s, "h")
-    deadline = time.monotonic() + 3 * s.ttl
-    while time.monotonic() < deadline:   # observe, not sleep-then-assert: the claim stays throughout
+    async def held() -> None:
         assert (await cc.get_run(rec.run_id)).claim is not None
         assert not s.lost.is_set()
-        await asyncio.sleep(0.2)
+    await assert_throughout(held, 3 * s.ttl, interval=0.2)  # the claim stays throughout
     await s.close()
     assert s.lost.is_set()
     assert (await cc.get_run(rec.run_id)).claim is None   # closing revokes at once

@@ -15,15 +15,7 @@ from baton_tools.testing.servers import EtcdServer, free_port
 from baton.v1 import coordinator_pb2 as pb
 from baton.v1 import coordinator_pb2_grpc as pb_grpc
 from baton.v1.runs_pb2 import RunRecord, RunStatus
-from tests.conftest import assert_eventually, unique
-
-
-async def _observe(seconds: float, check) -> None:  # type: ignore[no-untyped-def]
-    """Assert ``check()`` holds continuously for ``seconds`` (an observation window, not a wait)."""
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        await check()
-        await asyncio.sleep(0.25)
+from tests.conftest import assert_eventually, assert_throughout, unique
 
 
 @pytest.mark.parametrize("fault", ["killed", "frozen"])
@@ -111,7 +103,7 @@ async def test_coordinator_restart_keeps_sessions_and_claims(etcd: EtcdServer, t
                 assert view.claim is not None and view.claim.session_id == s.id and view.claim.epoch == epoch
                 assert not s.lost.is_set()
             # Longer than the TTL after the restart: only a working keep-alive explains it.
-            await _observe(s.ttl + 1.0, claim_is_ours)
+            await assert_throughout(claim_is_ours, s.ttl + 1.0)
             outcome, out = await cc.update_run("r1", RunRecord(status=RunStatus.RUN_STATUS_COMPLETED), ["status"],
                                                epoch=epoch, session_id=s)
             assert out is not None and out.status == RunStatus.RUN_STATUS_COMPLETED
@@ -132,7 +124,7 @@ async def test_client_fails_over_between_replicas(etcd: EtcdServer, tmp_path) ->
             epoch, _ = await cc.claim_run("r1", s, "h")
             await a.kill()
             # Reads retry on the other replica; the session's keep-alive moves there too.
-            await _observe(s.ttl + 1.0, lambda: _claim_held(cc, s.id))
+            await assert_throughout(lambda: _claim_held(cc, s.id), s.ttl + 1.0)
     finally:
         await a.stop()
         await b.stop()

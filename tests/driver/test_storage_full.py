@@ -8,16 +8,14 @@ in order, and one close record.
 """
 from __future__ import annotations
 
-import asyncio
 import pathlib
-import time
 from typing import AsyncIterator
 
 import pytest
 
 from baton.errors import LogStorageFull
 from baton_tools.testing.servers import EtcdServer, NatsServer
-from tests.conftest import assert_eventually
+from tests.conftest import assert_eventually, assert_throughout
 from tests.driver.conftest import CORPUS, Cluster, make_cluster, normalize, status_of
 from tests.log.test_storage_full import fill, small_nats, tmpfs_dir  # noqa: F401 (fixtures)
 
@@ -66,14 +64,12 @@ async def test_full_store_mid_run_keeps_the_claim_and_loses_nothing(
     await assert_eventually(lambda: journal.exists() and journal.stat().st_size >= source_size, timeout=60)
 
     # No failover while full: the same host holds epoch 1 the whole time.
-    until = time.monotonic() + HOLD
-    while time.monotonic() < until:
+    async def held_by_the_first_host() -> None:
         view = await c.cc.get_run(run_id)
         assert view.claim is not None and view.claim.host_id == c.hosts[0].host_id
         assert view.claim.epoch == 1 and view.record.driver_epoch == 1
         assert status_of(view.record) == "running"
-        # Sampling an invariant over a window (not waiting for something to happen).
-        await asyncio.sleep(0.5)
+    await assert_throughout(held_by_the_first_host, HOLD, interval=0.5)
 
     # Storage back: free the disk, restart nats-server (2.15 needs it), the run goes on.
     filler.unlink()

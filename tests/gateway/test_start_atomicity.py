@@ -24,7 +24,7 @@ from baton.errors import UnknownRun
 from baton.log import DeliveryLog, LogConfig, TranscriptStore
 from baton.runs import RUN_ACCEPTED, status_name
 from baton_tools.testing.cluster import start_coordinator, start_gateway, start_host
-from tests.conftest import assert_eventually, unique
+from tests.conftest import assert_eventually, assert_throughout, unique
 from tests.gateway.conftest import host_settings, read_stream
 
 HELLO = "claude-stream-json/hello.jsonl"
@@ -117,12 +117,11 @@ async def test_post_while_the_log_is_paused_503_then_a_retry_starts_it_with_its_
         # (the leader's failover saw the claim vanish). Watched for a while: nothing moves.
         view = await cc.get_run(run_id)
         epoch = view.record.driver_epoch
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline:
+        async def unmoved() -> None:
             view = await cc.get_run(run_id)
             assert view.record.starting and view.claim is None and view.record.driver_epoch == epoch
             assert await cc.get_sandbox(run_id) is None  # no sandbox, no agent
-            await asyncio.sleep(0.1)
+        await assert_throughout(unmoved, 2.0, interval=0.1)
         # At most the opening (RUN_STARTED, run.accepted) may be stored: no agent output.
         assert len([r for r in await p["log"].stored_headers(run_id) if r.kind == "chunk"]) <= 2
 
