@@ -235,8 +235,8 @@ class LocalCluster:
         taken: set[int] = {gw} if gw else set()
 
         def fresh() -> int:
-            # free_port() releases the port it found, so two calls can return the same one
-            # (seen: the gateway's HTTP and gRPC ports, and the gateway failed to bind).
+            # free_port() never repeats itself, but a port kept from the last ``up`` may equal
+            # one it draws now.
             while (p := free_port()) in taken:
                 pass
             return p

@@ -20,7 +20,6 @@ import asyncio
 import json
 import pathlib
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -98,12 +97,6 @@ def rss_kb(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     return 0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Reader:
@@ -310,7 +303,7 @@ async def main() -> dict[str, Any]:
 
     from baton.log import DeliveryLog, LogConfig
     from baton_tools.testing.cluster import start_coordinator, start_gateway
-    from baton_tools.testing.servers import EtcdServer, NatsServer, env_without_proxy
+    from baton_tools.testing.servers import EtcdServer, NatsServer, env_without_proxy, free_port
 
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="baton-bench-gw-"))
     etcd, nats = EtcdServer(tmp / "etcd"), NatsServer(tmp / "nats")
@@ -318,7 +311,7 @@ async def main() -> dict[str, Any]:
     nats.start()
     cfg = LogConfig(stream="BENCH_GW", subject_prefix="bench.gw", bucket="bench-gw-threads")
     coord = gw = None
-    port = _free_port()
+    port = free_port()
     env = env_without_proxy()
     # Setup, before anything is timed (the servers above start synchronously as well).
     env["PYTHONPATH"] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: ASYNC240

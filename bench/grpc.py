@@ -27,7 +27,7 @@ import tempfile
 import time
 from typing import Any
 
-from bench.gateway import (Reader, _free_port, chunk, close_readers, open_readers, pct, rss_kb,
+from bench.gateway import (Reader, chunk, close_readers, open_readers, pct, rss_kb,
                            wait_delivered)
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "grpc.json"
@@ -166,7 +166,7 @@ async def main() -> dict[str, Any]:
     from baton.log import DeliveryLog, LogConfig
     from baton.v1 import runs_service_pb2_grpc as pbg
     from baton_tools.testing.cluster import start_coordinator, start_gateway
-    from baton_tools.testing.servers import EtcdServer, NatsServer
+    from baton_tools.testing.servers import EtcdServer, NatsServer, free_port
 
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="baton-bench-grpc-"))
     etcd, nats = EtcdServer(tmp / "etcd"), NatsServer(tmp / "nats")
@@ -179,7 +179,7 @@ async def main() -> dict[str, Any]:
     results: dict[str, Any] = {"one_reader_10000_chunks": {}, "one_run_1000_readers": {}}
     try:
         coord = await start_coordinator(etcd.endpoint, "/bench-grpc/", log_dir=tmp)
-        grpc_port = _free_port()
+        grpc_port = free_port()
         for proto in ("sse", "grpc"):
             extra = {"gateway_grpc_listen": f"127.0.0.1:{grpc_port}"} if proto == "grpc" else {}
             gateways[proto] = await start_gateway(coord.address, nats.url, log_dir=tmp, log_level="WARNING",

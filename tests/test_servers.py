@@ -11,7 +11,7 @@ import aetcd
 import nats as nats_client
 import pytest
 
-from baton_tools.testing.servers import EtcdServer, NatsServer
+from baton_tools.testing.servers import EtcdServer, NatsServer, _ephemeral_range, free_port
 from tests.cli.conftest import processes_mentioning
 from tests.conftest import REPO, assert_eventually, unique
 
@@ -85,3 +85,13 @@ async def test_sigterm_to_pytest_tears_its_servers_down(tmp_path: pathlib.Path) 
         proc.wait()
         for pid, _ in servers():  # a failing run must not leave them behind either
             os.kill(pid, signal.SIGKILL)
+
+
+def test_free_ports_stay_out_of_the_range_outgoing_connections_take() -> None:
+    # CI: etcd could not bind a port bind(0) had found free, because a client connection
+    # took it as its source port in between. free_port() now never draws from that range.
+    low, high = _ephemeral_range()
+    ports = [free_port() for _ in range(300)]
+    assert len(set(ports)) == len(ports)
+    assert [p for p in ports if low <= p <= high] == []
+    assert all(10000 <= p <= 65535 for p in ports)

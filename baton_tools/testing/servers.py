@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import random
 import shutil
 import signal
 import socket
@@ -17,11 +18,42 @@ import time
 from dataclasses import dataclass, field
 
 
+_handed_out: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' source ports (Linux default 32768–60999)."""
+    try:
+        low, high = pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port free on 127.0.0.1 now, outside the ephemeral range, not returned before.
+
+    A port the kernel picks with ``bind(0)`` comes from the ephemeral range, the same range
+    every outgoing connection takes its source port from: between this call and the server's
+    own bind, a client connection can take it (CI: etcd failed with "address already in use"
+    on such a port). Ports here are drawn at random below that range (from 10000) and
+    checked by binding; this process never hands out the same one twice, so a server restarted
+    on its port later does not meet another server of the same test there.
+    """
+    low, high = _ephemeral_range()
+    rng = random.SystemRandom()
+    for _ in range(1000):
+        port = rng.randint(10000, 65535)
+        if port in _handed_out or low <= port <= high:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError("no free TCP port found below the ephemeral range")
 
 
 def find_binary(name: str) -> str:

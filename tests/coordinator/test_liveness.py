@@ -3,23 +3,19 @@ keep-alive stream revoke the session. Processes and SIGKILL: tests/faults/test_b
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 
 from baton.coordinator_client import CoordinatorClient
 from baton_tools.testing.cluster import InProcessCoordinator
+from baton_tools.testing.servers import free_port
 from coordinator._liveness import Verdict, probe
 from tests.conftest import assert_eventually
 
 
 def _refusing_address() -> str:
-    """A loopback port nothing listens on (bound, then closed)."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return f"127.0.0.1:{port}"
+    """A loopback port nothing listens on (free, and outside the ephemeral range)."""
+    return f"127.0.0.1:{free_port()}"
 
 
 async def _listener() -> tuple[asyncio.Server, str]:
