@@ -85,6 +85,21 @@ def get_float(name: str, env: Mapping[str, str] | None = None) -> float:
         raise ValueError(f"{name} must be a number, got {raw!r}") from None
 
 
+EVENT_LOOPS = ("uvloop", "asyncio")
+
+
+def event_loop(env: Mapping[str, str] | None = None) -> str:
+    """``BATON_EVENT_LOOP``: ``"uvloop"`` or ``"asyncio"``.
+
+    Raises:
+        ValueError: naming the variable, for any other value.
+    """
+    loop = get("BATON_EVENT_LOOP", env)
+    if loop not in EVENT_LOOPS:
+        raise ValueError(f"BATON_EVENT_LOOP must be uvloop or asyncio, got {loop!r}")
+    return loop
+
+
 def markdown_table() -> str:
     """The README configuration table."""
     rows = ["| variable | default | meaning |", "| --- | --- | --- |"]

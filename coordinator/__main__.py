@@ -38,15 +38,16 @@ async def _serve(argv: Sequence[str] | None) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=baton_config.get("BATON_LOG_LEVEL").upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    loop = baton_config.get("BATON_EVENT_LOOP")
+    try:
+        loop = baton_config.event_loop()
+    except ValueError as exc:
+        sys.exit(str(exc))
     if loop == "uvloop":
         import uvloop
 
         uvloop.run(_serve(argv))
-    elif loop == "asyncio":
-        asyncio.run(_serve(argv))
     else:
-        sys.exit(f"BATON_EVENT_LOOP must be uvloop or asyncio, got {loop!r}")
+        asyncio.run(_serve(argv))
 
 
 if __name__ == "__main__":

@@ -57,9 +57,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="host:port to listen on (BATON_GATEWAY_LISTEN)")
     parser.add_argument("--log-level", default=config.get("BATON_LOG_LEVEL"))
     args = parser.parse_args(argv)
-    loop = config.get("BATON_EVENT_LOOP")
-    if loop not in ("uvloop", "asyncio"):
-        sys.exit(f"BATON_EVENT_LOOP must be uvloop or asyncio, got {loop!r}")
+    try:
+        loop = config.event_loop()
+    except ValueError as exc:
+        sys.exit(str(exc))
     level = args.log_level.upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     host, _, port = args.listen.rpartition(":")

@@ -4,7 +4,6 @@ from __future__ import annotations
 import asyncio
 
 import grpc
-import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -135,18 +134,6 @@ async def test_leader_crash_hands_over_after_the_lease_expires(etcd: EtcdServer,
 
 async def _eq(aw, expected) -> bool:  # type: ignore[no-untyped-def]
     return (await aw) == expected
-
-
-@pytest.mark.servers
-def test_an_unknown_event_loop_setting_is_refused_by_name() -> None:
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "BATON_EVENT_LOOP": "tokio", "BATON_COORDINATOR_LISTEN": "127.0.0.1:0"}
-    p = subprocess.run([sys.executable, "-m", "coordinator"], env=env, capture_output=True, text=True, timeout=60)
-    assert p.returncode != 0
-    assert "BATON_EVENT_LOOP must be uvloop or asyncio, got 'tokio'" in p.stderr
 
 
 async def test_a_coordinator_started_before_etcd_turns_serving_once_etcd_answers(own_etcd: EtcdServer) -> None:
