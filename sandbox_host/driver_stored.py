@@ -13,29 +13,17 @@ from typing import TYPE_CHECKING, Any
 
 from baton.errors import LogAlreadyClosed
 from baton.runs import RUN_ACCEPTED
-from baton.transcript import TranscriptBuilder
 from sandbox_host import machine as M
+from sandbox_host.driver_state import DriverState
 
 if TYPE_CHECKING:
-    from baton.log import LogWriter
-    from sandbox_host.deps import HostDeps
+    pass
 
 __all__ = ["StoredReads"]
 
 
-class StoredReads:
-    """The driver's reads of its run's stored log (mixed into ``RunDriver``, which sets
-    these attributes)."""
-
-    deps: "HostDeps"
-    run_id: str
-    epoch: int
-    writer: "LogWriter"
-    fence_seq: int | None
-    builder: TranscriptBuilder
-    input_messages: list[dict[str, Any]]
-    _input_missing: bool
-    _inputs_loaded: bool
+class StoredReads(DriverState):
+    """The driver's reads of its run's stored log (mixed into ``RunDriver``)."""
 
     async def _stored_close(self, closed: LogAlreadyClosed) -> M.StoredClose:
         stored = await self.deps.log.stored_headers(self.run_id)

@@ -15,44 +15,21 @@ from typing import TYPE_CHECKING, Any
 from baton.errors import BatonError, JournalReplayDiverged, TranscriptConflict, TranscriptFenced
 from baton.log import TranscriptWriter
 from baton.transcript import TranscriptBuilder
-from baton.v1 import runs_pb2
 from sandbox_host import machine as M
 from sandbox_host._tasks import reraise_if_cancelling
 from sandbox_host.align import Aligner
+from sandbox_host.driver_state import DriverState
 from sandbox_host.sandboxes import Sandbox
-
-if TYPE_CHECKING:
-    from sandbox_host.deps import HostDeps
 
 log = logging.getLogger("baton.sandbox_host.driver")  # the driver's logger: its lines, as before the split
 
 __all__ = ["TranscriptSteps"]
 
 
-class TranscriptSteps:
-    """The driver's transcript methods (mixed into ``RunDriver``, which sets these
-    attributes and defines the two methods declared below)."""
-
-    deps: "HostDeps"
-    record: runs_pb2.RunRecord
-    run_id: str
-    epoch: int
-    mode: str  # the driver's ``Mode``: fresh, attach or finalize
-    fence_seq: int | None
-    machine: M.RunMachine
-    builder: TranscriptBuilder
-    input_messages: list[dict[str, Any]]
-    _aligner: Aligner | None
-    _inputs_loaded: bool
-    _input_missing: bool
-    _transcript_rev: int | None
-    _transcript_loaded: bool
-    _transcript_fenced: TranscriptFenced | None
-    _snap_dirty: bool
+class TranscriptSteps(DriverState):
+    """The driver's transcript methods (mixed into ``RunDriver``, after ``StoredReads``)."""
 
     if TYPE_CHECKING:
-        def post(self, event: M.Event) -> bool: ...
-
         async def _load_input_messages(self, stored: list[Any], bodies: dict[int, bytes] | None = None) -> None: ...
 
     async def prepare_transcript(self, sbx: Sandbox | None) -> None:
