@@ -145,6 +145,14 @@ def _describe(task: asyncio.Task[Any]) -> str:
     return f"{task.get_name()} {getattr(coro, '__qualname__', coro)!s}{where}"
 
 
+def process_state(pid: int) -> str:
+    """The one-letter state of a process in ``/proc`` (``T``: stopped; ``""``: gone)."""
+    try:
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
 def unique(prefix: str = "t") -> str:
     """A short unique name for isolating one test's keys, streams and ids."""
     return f"{prefix}{uuid.uuid4().hex[:10]}"

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from baton_tools.testing.servers import env_without_proxy
+from tests.conftest import process_state
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -48,11 +49,7 @@ def processes_mentioning(text: str) -> list[tuple[int, str]]:
 
 
 def pid_alive(pid: int) -> bool:
-    try:
-        state = pathlib.Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != b"Z"
+    return process_state(pid) not in ("", "Z")
 
 
 def cluster_json(data_dir: pathlib.Path) -> dict[str, Any] | None:

@@ -19,7 +19,7 @@ from baton.fingerprint import fingerprint
 from baton.log import DeliveryLog
 from baton.log import _headers as H
 from baton_tools.testing.replicated import NatsCluster
-from tests.conftest import assert_eventually
+from tests.conftest import assert_eventually, process_state
 from tests.log.conftest import chunk, unique_cfg
 
 pytestmark = pytest.mark.servers
@@ -129,6 +129,9 @@ async def test_a_frozen_server_is_left_for_another_and_appends_go_on(cluster: Na
         frozen = next(n for n in cluster.nodes if n.port == port)
         assert frozen.proc is not None
         frozen.proc.send_signal(signal.SIGSTOP)
+        pid = frozen.proc.pid
+        # Stopped before the next append is sent (the signal is delivered asynchronously).
+        await assert_eventually(lambda: process_state(pid) == "T", timeout=10, interval=0.01)
         sent = 1
 
         async def appended() -> bool:
@@ -140,6 +143,9 @@ async def test_a_frozen_server_is_left_for_another_and_appends_go_on(cluster: Na
             sent += 1
             return True
         await assert_eventually(appended, timeout=60, interval=0.5)
+        # Still frozen (CI once saw an append land with the client on this port: if so, the
+        # server was not stopped, and this says so).
+        assert process_state(pid) == "T"
         assert log.nc.connected_url is not None and log.nc.connected_url.port != port
         await w.append([chunk(sent)])
         stored = [r for r in await log.stored_headers("frozen-run") if r.kind == "chunk"]
