@@ -239,6 +239,10 @@ class RunManager:
             raise InvalidArgument("agent.options", "must be a JSON object") from None
         launch = prepare_agent(kind, options, prompt=prompt_from_messages(messages))
         deps = self.deps
+        # One session for the whole start: the claim, the clear and the driver live under it.
+        # The host replaces ``deps.session`` when it is lost, and a write under the new one
+        # would compare against a claim the old one made.
+        session = deps.session
         deps.agent_secrets(launch)  # refuse up front, before any record exists
         # No started_at: the coordinator stamps it with its clock. It orders the runs of a
         # thread (the transcript fence) and times the reaper's start grace, so it must not
@@ -260,7 +264,7 @@ class RunManager:
             return record, False
         mode: Any = "fresh"
         try:
-            epoch, record = await deps.cc.claim_run(req.run_id, deps.session, deps.host_id, purpose="drive")
+            epoch, record = await deps.cc.claim_run(req.run_id, session, deps.host_id, purpose="drive")
         except RunClaimNotAcquired as refused:
             if refused.reason in ("held", "terminal"):
                 # Another start of it (a retry that came first, or its finalizer) holds
@@ -269,12 +273,12 @@ class RunManager:
             if refused.reason != "cancel_requested":
                 raise
             # Cancelled between create and claim: still ends aborted, by us.
-            epoch, record = await deps.cc.claim_run(req.run_id, deps.session, deps.host_id, purpose="finalize")
+            epoch, record = await deps.cc.claim_run(req.run_id, session, deps.host_id, purpose="finalize")
             mode = "finalize"
         except BaseException:
             # The claim may have landed with its answer lost (a timeout): a claim no
             # driver holds would keep the run from every retry until the host died.
-            await asyncio.shield(self._release_if_mine(req.run_id))
+            await asyncio.shield(self._release_if_mine(req.run_id, session))
             raise
         clock.mark("claim")
         writer = deps.log.writer(req.run_id, epoch)
@@ -286,16 +290,29 @@ class RunManager:
             clock.mark("accepted")
             # The input is durable: from here on anyone may take the run over.
             _, cleared = await deps.cc.update_run(req.run_id, runs_pb2.RunRecord(starting=False), ["starting"],
-                                                  epoch=epoch, session_id=deps.session)
+                                                  epoch=epoch, session_id=session)
             clock.mark("clear")
         except BaseException:
             with contextlib.suppress(Exception):
-                await asyncio.shield(deps.cc.release_claim(req.run_id, deps.session, epoch))
+                await asyncio.shield(deps.cc.release_claim(req.run_id, session, epoch))
             raise
         finally:
             self._start_claims.discard(req.run_id)
         if cleared is not None:
             record = cleared
+        if session.lost.is_set():
+            # The session was lost while the start was in flight (the clear landed before its
+            # lease lapsed in etcd): the host told its drivers to stop before this one existed,
+            # so a driver spawned now would never hear it, and would sit in this host's
+            # drivers with no claim (issue 18: the host then refused the failover's AttachRun
+            # of this very run as ``held``, and the run never ended). The run is started (its
+            # input is durable, ``starting`` is cleared); its claim goes with the lease, and
+            # failover hands it to a live host, this one included.
+            log.info("run %s: session %x lost during the start; the run is left to failover", req.run_id,
+                     session.id)
+            return record, True
+        # No await from the check above to the spawn: a session lost from now on reaches
+        # this driver through session_lost().
         self._spawn(RunDriver(deps, record, epoch, mode, writer, input_messages=messages, fence_seq=fence_seq,
                               cancel_reason=record.cancel_reason or None, opened=opened))
         log.info("run %s started in %s (load %d)", req.run_id, clock, self.load)
@@ -364,13 +381,17 @@ class RunManager:
         came after the cancel and that no driver held; the failover then found the run
         ``held`` on every other host, and the run waited for ever (issue 18: the
         unfinished runs of the 200-run bench). An ``AttachRun`` of a run this host is
-        attaching already joins that attach.
+        attaching already joins that attach. Whether the run is ``held`` is the claim's
+        answer, never this host's own drivers': a driver of the run still running here
+        under an older claim (its session lapsed) is stopped once the new claim landed
+        (:meth:`_supersede`).
 
         Raises:
             HostDraining: the host takes no new runs.
             HostAtCapacity: ``drive`` while the host already drives ``settings.capacity`` runs.
             JournalAttachUnavailable: ``unknown-run`` or ``terminal-run``, at once.
-            RunClaimNotAcquired: another live claim holds the run (``held``) etc.
+            RunClaimNotAcquired: a live claim holds the run (``held``; this host's own
+                included) etc.
             SessionLost: the host's session was lost before the driver could start.
         """
         if self.draining:
@@ -401,12 +422,14 @@ class RunManager:
         if purpose not in ("drive", "finalize"):
             raise InvalidArgument("purpose", "must be drive or finalize")
         deps = self.deps
-        if self._busy(run_id):
-            raise RunClaimNotAcquired(run_id, "held")
         session = deps.session
         # No read of the record first: the claim itself refuses an unknown, ended or (for
         # drive) still starting run, inside its write. (Read first, then claimed, cost one
-        # more coordinator and etcd round trip per takeover.)
+        # more coordinator and etcd round trip per takeover.) Nor is a driver of the run on
+        # this host taken as an answer: the claim in etcd says whether the run is held. A
+        # driver here may hold no claim any more (its session lapsed, and it has not seen it
+        # yet); refused as ``held`` from that belief, the failover took the run for driven
+        # and never offered it again (issue 18: two runs of the 200-run bench never ended).
         try:
             try:
                 epoch, record = await deps.cc.claim_run(run_id, session, deps.host_id, purpose=purpose,
@@ -433,12 +456,37 @@ class RunManager:
             # drivers were told to stop before this one existed. Failover hands the run
             # to a host with a session (the claim's deletion reports it).
             raise SessionLost(session.id)
+        await self._supersede(run_id, epoch)
+        if session.lost.is_set():
+            raise SessionLost(session.id)
         mode: Any = "finalize" if purpose == "finalize" else "attach"
         # No await from the check above to here: a session lost from now on reaches this
         # driver through session_lost().
         self._spawn(RunDriver(deps, record, epoch, mode, deps.log.writer(run_id, epoch),
                               cancel_reason=record.cancel_reason or None))
         return epoch, record
+
+    async def _supersede(self, run_id: str, epoch: int) -> None:
+        """Stop a driver of ``run_id`` this host still runs under an older claim, and wait
+        for it to end (at most ``settings.final_write_timeout`` seconds).
+
+        The claim at ``epoch`` landed, so that driver's claim is gone: it is told so (it
+        writes nothing more, as after any lost claim). It is awaited so that the two never
+        work on the run's sandboxes at once on this host (the old one abandons what it was
+        building, the new one then finds the registry as it was left). One that does not
+        end in time is left to stop on its own: the fence keeps every write it could still
+        make harmless.
+        """
+        old = self._drivers.get(run_id)
+        task = self._tasks.get(run_id)
+        if old is None or task is None or task.done() or old.releasing:
+            return  # a driver releasing its claim writes nothing more
+        log.info("run %s: a driver of an older claim (epoch %d) still runs here; stopping it", run_id, old.epoch)
+        old.post(M.ClaimLost(f"claim@{epoch}"))
+        await asyncio.wait({task}, timeout=self.deps.settings.final_write_timeout)
+        if not task.done():
+            log.warning("run %s: the driver of epoch %d did not stop within %gs; driving on beside it", run_id,
+                        old.epoch, self.deps.settings.final_write_timeout)
 
     def cancel(self, run_id: str, reason: str = "user") -> bool:
         """In-process fast path of a cancel; ``True`` when this host drives the run."""
