@@ -24,11 +24,13 @@ from baton.errors import (
     RunClaimNotAcquired, SessionLost,
 )
 from baton.ids import validate_id
+from baton.retry import Deadline
 from baton.v1 import runs_pb2
 from sandbox_host import machine as M
 from baton.runs import record_status
 from sandbox_host.deps import HostDeps
 from sandbox_host.driver import RunDriver
+from sandbox_host.manager_claims import HOLDER_WAIT, ClaimUpkeep
 
 
 #: Largest input (``messages``, compact JSON bytes) a run accepts: it is stored in the
@@ -55,7 +57,7 @@ class _Phases:
         return f"{self._last - self._t0:.3f}s ({steps})"
 
 
-class RunManager:
+class RunManager(ClaimUpkeep):
     """Every run this host drives: start, attach, cancel, drain, shutdown.
 
     Args:
@@ -263,23 +265,34 @@ class RunManager:
         if not created and self._busy(req.run_id):
             return record, False
         mode: Any = "fresh"
-        try:
-            epoch, record = await deps.cc.claim_run(req.run_id, session, deps.host_id, purpose="drive")
-        except RunClaimNotAcquired as refused:
-            if refused.reason in ("held", "terminal"):
-                # Another start of it (a retry that came first, or its finalizer) holds
-                # it, or it ended: join it.
-                return (await deps.cc.get_run(req.run_id)).record, False
-            if refused.reason != "cancel_requested":
+        holder_wait = Deadline.after(HOLDER_WAIT)
+        while True:
+            try:
+                epoch, record = await deps.cc.claim_run(req.run_id, session, deps.host_id, purpose="drive")
+                break
+            except RunClaimNotAcquired as refused:
+                if refused.reason == "held":
+                    # Another start of it holds it: a retry that came first, its finalizer,
+                    # or a start whose host lost its session after the input was durable
+                    # (its claim lapses with the lease). Join it once it started or ended;
+                    # take it over when its claim goes first.
+                    joined = await self._once_started(req.run_id, holder_wait)
+                    if joined is not None:
+                        return joined, False
+                    continue
+                if refused.reason == "terminal":
+                    return (await deps.cc.get_run(req.run_id)).record, False
+                if refused.reason != "cancel_requested":
+                    raise
+                # Cancelled between create and claim: still ends aborted, by us.
+                epoch, record = await deps.cc.claim_run(req.run_id, session, deps.host_id, purpose="finalize")
+                mode = "finalize"
+                break
+            except BaseException:
+                # The claim may have landed with its answer lost (a timeout): a claim no
+                # driver holds would keep the run from every retry until the host died.
+                await asyncio.shield(self._release_if_mine(req.run_id, session))
                 raise
-            # Cancelled between create and claim: still ends aborted, by us.
-            epoch, record = await deps.cc.claim_run(req.run_id, session, deps.host_id, purpose="finalize")
-            mode = "finalize"
-        except BaseException:
-            # The claim may have landed with its answer lost (a timeout): a claim no
-            # driver holds would keep the run from every retry until the host died.
-            await asyncio.shield(self._release_if_mine(req.run_id, session))
-            raise
         clock.mark("claim")
         writer = deps.log.writer(req.run_id, epoch)
         self._start_claims.add(req.run_id)
@@ -293,8 +306,7 @@ class RunManager:
                                                   epoch=epoch, session_id=session)
             clock.mark("clear")
         except BaseException:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(deps.cc.release_claim(req.run_id, session, epoch))
+            await asyncio.shield(self._release(req.run_id, session, epoch))
             raise
         finally:
             self._start_claims.discard(req.run_id)
@@ -317,17 +329,6 @@ class RunManager:
                               cancel_reason=record.cancel_reason or None, opened=opened))
         log.info("run %s started in %s (load %d)", req.run_id, clock, self.load)
         return record, True
-
-    async def _release_if_mine(self, run_id: str, session: Any = None) -> None:
-        """Release the run's claim if ``session`` (default: the host's current one) holds
-        it (best effort)."""
-        deps = self.deps
-        session = session or deps.session
-        with contextlib.suppress(Exception):
-            claim = (await deps.cc.get_run(run_id)).claim
-            if (claim is not None and claim.session_id == session.id and not self._busy(run_id)
-                    and run_id not in self._start_claims):
-                await deps.cc.release_claim(run_id, session, claim.epoch)
 
     async def _open_log(self, record: runs_pb2.RunRecord, writer: Any, fence_seq: int,
                         messages: list[dict[str, Any]], *, fresh_record: bool) -> tuple[list[Any], list[dict[str, Any]]]:
@@ -465,28 +466,6 @@ class RunManager:
         self._spawn(RunDriver(deps, record, epoch, mode, deps.log.writer(run_id, epoch),
                               cancel_reason=record.cancel_reason or None))
         return epoch, record
-
-    async def _supersede(self, run_id: str, epoch: int) -> None:
-        """Stop a driver of ``run_id`` this host still runs under an older claim, and wait
-        for it to end (at most ``settings.final_write_timeout`` seconds).
-
-        The claim at ``epoch`` landed, so that driver's claim is gone: it is told so (it
-        writes nothing more, as after any lost claim). It is awaited so that the two never
-        work on the run's sandboxes at once on this host (the old one abandons what it was
-        building, the new one then finds the registry as it was left). One that does not
-        end in time is left to stop on its own: the fence keeps every write it could still
-        make harmless.
-        """
-        old = self._drivers.get(run_id)
-        task = self._tasks.get(run_id)
-        if old is None or task is None or task.done() or old.releasing:
-            return  # a driver releasing its claim writes nothing more
-        log.info("run %s: a driver of an older claim (epoch %d) still runs here; stopping it", run_id, old.epoch)
-        old.post(M.ClaimLost(f"claim@{epoch}"))
-        await asyncio.wait({task}, timeout=self.deps.settings.final_write_timeout)
-        if not task.done():
-            log.warning("run %s: the driver of epoch %d did not stop within %gs; driving on beside it", run_id,
-                        old.epoch, self.deps.settings.final_write_timeout)
 
     def cancel(self, run_id: str, reason: str = "user") -> bool:
         """In-process fast path of a cancel; ``True`` when this host drives the run."""

@@ -16,6 +16,12 @@ lost claim. Two ways to that stale driver:
   client library's ``wait_for`` does on Python 3.11; ``ignored a cancel`` in the bench's
   host logs).
 
+A third way to a run nobody drives, also under that load: a start whose input was durable
+but whose clear of ``starting`` and release the store did not answer, its session lost in
+the host's eyes while etcd still held the lease; the retried start met the old claim
+(``held``) and joined it at once, and once the lease lapsed nobody drove the ``starting``
+run (the reaper would abort it a minute later).
+
 The host here runs in the test's process (real coordinator with its failover, etcd and
 nats-server, the local provider and the replay agent) so each step happens in that order
 every time: the driver of epoch 1 is held where it registers its sandbox until the
@@ -35,6 +41,8 @@ from typing import Any, AsyncIterator
 import grpc
 import pytest
 
+from baton.coordinator_client import Session
+from baton.errors import StoreUnavailable
 from baton.v1 import coordinator_pb2, runs_pb2, sandbox_host_pb2
 from sandbox_host.deps import HostDeps, HostSettings
 from sandbox_host.machine import accepted_chunk
@@ -42,7 +50,7 @@ from sandbox_host.manager import RunManager
 from sandbox_host.providers import provider_for
 from sandbox_host.service import SandboxHostService, add_to_server
 from sandbox_host.translate import translate_bytes
-from tests.conftest import unique
+from tests.conftest import assert_eventually, unique
 from tests.driver.conftest import CORPUS, Cluster, make_cluster
 
 SHORT = "codex-exec-json/zsh-commands-and-file-change.jsonl"
@@ -61,16 +69,26 @@ class _Coordinator:
         self.hold_clear = False
         self.cleared = asyncio.Event()
         self.go = asyncio.Event()
+        #: The store answers neither the clear of ``starting`` nor a release (a slow etcd
+        #: under load: the calls time out), while this is set.
+        self.slow_store = False
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._cc, name)
 
     async def update_run(self, run_id: str, record: runs_pb2.RunRecord, paths: Any, **kw: Any) -> Any:
+        if self.slow_store and list(paths) == ["starting"]:
+            raise StoreUnavailable("UpdateRun: deadline exceeded")
         out = await self._cc.update_run(run_id, record, paths, **kw)
         if self.hold_clear and list(paths) == ["starting"]:
             self.cleared.set()
             await self.go.wait()
         return out
+
+    async def release_claim(self, *args: Any, **kw: Any) -> Any:
+        if self.slow_store:
+            raise StoreUnavailable("ReleaseClaim: deadline exceeded")
+        return await self._cc.release_claim(*args, **kw)
 
     async def claim_run(self, *args: Any, **kw: Any) -> Any:
         epoch, record = await self._cc.claim_run(*args, **kw)
@@ -182,7 +200,11 @@ async def _assert_completed_by_successor(c: Cluster, h: _Host, run_id: str, thre
     assert chunks[:1] + chunks[2:] == journal
     done = await c.wait_status(run_id, "completed")
     assert done.driver_epoch == 2 and done.driver_host == h.host_id
-    assert (await c.cc.get_run(run_id)).claim is None
+
+    async def released() -> bool:
+        assert (await c.cc.get_run(run_id)).claim is None  # released after the status
+        return True
+    await assert_eventually(released, timeout=30)
 
 
 @pytest.mark.timeout(120)
@@ -210,4 +232,44 @@ async def test_a_driver_slow_to_stop_after_its_session_was_lost_does_not_keep_th
     await asyncio.wait_for(h.deps.held.wait(), 30)  # the driver registers its sandbox
     await h.lose_session()  # told to stop, it is still stopping
     await h.register()
+    await _assert_completed_by_successor(c, h, run_id, thread_id)
+
+
+@pytest.mark.timeout(120)
+async def test_a_retried_start_takes_over_a_start_whose_session_lapsed_after_its_input_was_durable(
+        host: tuple[Cluster, _Host]) -> None:
+    # The other way the bench's overloaded host could leave a run: its start made the input
+    # durable, then the store did not answer the clear of ``starting`` nor the release, and
+    # its session was lost in the host's eyes (no refresh answered for a TTL) while etcd still
+    # held the lease (the refreshes reached it). The gateway's retry of the start (here on the
+    # same host, under its new session) meets the old claim, ``held``; joining it at once left
+    # the run ``starting`` with nobody to drive it once the lease lapsed (failover leaves
+    # starting runs to their start; the reaper, off here, would abort it after a minute).
+    c, h = host
+    run_id, thread_id = unique("run-"), unique("thr-")
+    first = h.deps.session
+    h.coordinator.slow_store = True
+    start = asyncio.create_task(h.manager.start_run(_start_request(run_id, thread_id)))
+
+    async def input_durable() -> bool:
+        got = [(r.kind, r.origin) for r in await c.log.stored_headers(run_id)]
+        assert [o for k, o in got if k == "chunk"] == ["journal", "host"], got
+        return True
+    await assert_eventually(input_durable, timeout=30, interval=0.05)
+    # The host sees its session lost; etcd keeps the lease (refreshed from here) until later.
+    keeper = Session(c.cc, first.id, TTL, "refreshes-that-reached-etcd")
+    try:
+        first._task.cancel()
+        with pytest.raises(StoreUnavailable):
+            await asyncio.wait_for(start, 30)
+        h.coordinator.slow_store = False
+        h.manager.session_lost()
+        h.deps.session = await h.coordinator.open_session(ttl=TTL, owner=h.host_id)
+        await h.register()
+        retry = asyncio.create_task(h.manager.start_run(_start_request(run_id, thread_id)))
+        view = await c.cc.get_run(run_id)
+        assert view.record.starting and view.claim is not None and view.claim.session_id == first.id
+    finally:
+        await keeper.close()  # the lease lapses: the old claim goes
+    await asyncio.wait_for(retry, 60)
     await _assert_completed_by_successor(c, h, run_id, thread_id)
