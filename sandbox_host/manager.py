@@ -138,11 +138,16 @@ class RunManager(ClaimUpkeep):
         * This host then claims, fences, appends ``RUN_STARTED`` and ``run.accepted`` (the
           input), and clears ``starting`` by an owner write fenced by its claim. Only then
           is the driver spawned: a run still ``starting`` never had an agent.
-        * When any step fails the claim is released and the error raised; the run stays
-          ``starting``. A retried ``StartRun`` with the same run id (on any host) resumes
-          it: it claims anew, appends only what the log lacks (the first stored input wins)
-          and clears ``starting``. A retry while another start of it holds the claim joins;
-          a retry reaching the host that is still starting it awaits that start.
+        * When any step fails the claim is released (retried until it lands or the session
+          is lost) and the error raised; the run stays ``starting``. A retried ``StartRun``
+          with the same run id (on any host) resumes it: it claims anew, appends only what
+          the log lacks (the first stored input wins) and clears ``starting``. A retry
+          while another start of it holds the claim follows that start: it joins once the
+          run started (or ended), and resumes it when that claim goes first (up to
+          :data:`~sandbox_host.manager_claims.HOLDER_WAIT` seconds, then it joins); a retry
+          reaching the host that is still starting it awaits that start.
+        * A start that finishes after the host's session was lost spawns no driver: the
+          run is started, and the failover hands it over once the claim lapses.
         * A start nobody retries (its gateway or host died) is ended by the reaper after
           its start grace: cancel, then a ``finalize`` attach (``aborted``, no agent).
 
