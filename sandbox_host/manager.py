@@ -24,11 +24,13 @@ from baton.errors import (
     RunClaimNotAcquired, SessionLost,
 )
 from baton.ids import validate_id
+from baton.retry import Deadline
 from baton.v1 import runs_pb2
 from sandbox_host import machine as M
 from baton.runs import record_status
 from sandbox_host.deps import HostDeps
 from sandbox_host.driver import RunDriver
+from sandbox_host.manager_claims import HOLDER_WAIT, ClaimUpkeep
 
 
 #: Largest input (``messages``, compact JSON bytes) a run accepts: it is stored in the
@@ -55,7 +57,7 @@ class _Phases:
         return f"{self._last - self._t0:.3f}s ({steps})"
 
 
-class RunManager:
+class RunManager(ClaimUpkeep):
     """Every run this host drives: start, attach, cancel, drain, shutdown.
 
     Args:
@@ -136,11 +138,16 @@ class RunManager:
         * This host then claims, fences, appends ``RUN_STARTED`` and ``run.accepted`` (the
           input), and clears ``starting`` by an owner write fenced by its claim. Only then
           is the driver spawned: a run still ``starting`` never had an agent.
-        * When any step fails the claim is released and the error raised; the run stays
-          ``starting``. A retried ``StartRun`` with the same run id (on any host) resumes
-          it: it claims anew, appends only what the log lacks (the first stored input wins)
-          and clears ``starting``. A retry while another start of it holds the claim joins;
-          a retry reaching the host that is still starting it awaits that start.
+        * When any step fails the claim is released (retried until it lands or the session
+          is lost) and the error raised; the run stays ``starting``. A retried ``StartRun``
+          with the same run id (on any host) resumes it: it claims anew, appends only what
+          the log lacks (the first stored input wins) and clears ``starting``. A retry
+          while another start of it holds the claim follows that start: it joins once the
+          run started (or ended), and resumes it when that claim goes first (up to
+          :data:`~sandbox_host.manager_claims.HOLDER_WAIT` seconds, then it joins); a retry
+          reaching the host that is still starting it awaits that start.
+        * A start that finishes after the host's session was lost spawns no driver: the
+          run is started, and the failover hands it over once the claim lapses.
         * A start nobody retries (its gateway or host died) is ended by the reaper after
           its start grace: cancel, then a ``finalize`` attach (``aborted``, no agent).
 
@@ -239,6 +246,10 @@ class RunManager:
             raise InvalidArgument("agent.options", "must be a JSON object") from None
         launch = prepare_agent(kind, options, prompt=prompt_from_messages(messages))
         deps = self.deps
+        # One session for the whole start: the claim, the clear and the driver live under it.
+        # The host replaces ``deps.session`` when it is lost, and a write under the new one
+        # would compare against a claim the old one made.
+        session = deps.session
         deps.agent_secrets(launch)  # refuse up front, before any record exists
         # No started_at: the coordinator stamps it with its clock. It orders the runs of a
         # thread (the transcript fence) and times the reaper's start grace, so it must not
@@ -259,23 +270,34 @@ class RunManager:
         if not created and self._busy(req.run_id):
             return record, False
         mode: Any = "fresh"
-        try:
-            epoch, record = await deps.cc.claim_run(req.run_id, deps.session, deps.host_id, purpose="drive")
-        except RunClaimNotAcquired as refused:
-            if refused.reason in ("held", "terminal"):
-                # Another start of it (a retry that came first, or its finalizer) holds
-                # it, or it ended: join it.
-                return (await deps.cc.get_run(req.run_id)).record, False
-            if refused.reason != "cancel_requested":
+        holder_wait = Deadline.after(HOLDER_WAIT)
+        while True:
+            try:
+                epoch, record = await deps.cc.claim_run(req.run_id, session, deps.host_id, purpose="drive")
+                break
+            except RunClaimNotAcquired as refused:
+                if refused.reason == "held":
+                    # Another start of it holds it: a retry that came first, its finalizer,
+                    # or a start whose host lost its session after the input was durable
+                    # (its claim lapses with the lease). Join it once it started or ended;
+                    # take it over when its claim goes first.
+                    joined = await self._once_started(req.run_id, holder_wait)
+                    if joined is not None:
+                        return joined, False
+                    continue
+                if refused.reason == "terminal":
+                    return (await deps.cc.get_run(req.run_id)).record, False
+                if refused.reason != "cancel_requested":
+                    raise
+                # Cancelled between create and claim: still ends aborted, by us.
+                epoch, record = await deps.cc.claim_run(req.run_id, session, deps.host_id, purpose="finalize")
+                mode = "finalize"
+                break
+            except BaseException:
+                # The claim may have landed with its answer lost (a timeout): a claim no
+                # driver holds would keep the run from every retry until the host died.
+                await asyncio.shield(self._release_if_mine(req.run_id, session))
                 raise
-            # Cancelled between create and claim: still ends aborted, by us.
-            epoch, record = await deps.cc.claim_run(req.run_id, deps.session, deps.host_id, purpose="finalize")
-            mode = "finalize"
-        except BaseException:
-            # The claim may have landed with its answer lost (a timeout): a claim no
-            # driver holds would keep the run from every retry until the host died.
-            await asyncio.shield(self._release_if_mine(req.run_id))
-            raise
         clock.mark("claim")
         writer = deps.log.writer(req.run_id, epoch)
         self._start_claims.add(req.run_id)
@@ -286,31 +308,32 @@ class RunManager:
             clock.mark("accepted")
             # The input is durable: from here on anyone may take the run over.
             _, cleared = await deps.cc.update_run(req.run_id, runs_pb2.RunRecord(starting=False), ["starting"],
-                                                  epoch=epoch, session_id=deps.session)
+                                                  epoch=epoch, session_id=session)
             clock.mark("clear")
         except BaseException:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(deps.cc.release_claim(req.run_id, deps.session, epoch))
+            await asyncio.shield(self._release(req.run_id, session, epoch))
             raise
         finally:
             self._start_claims.discard(req.run_id)
         if cleared is not None:
             record = cleared
+        if session.lost.is_set():
+            # The session was lost while the start was in flight (the clear landed before its
+            # lease lapsed in etcd): the host told its drivers to stop before this one existed,
+            # so a driver spawned now would never hear it, and would sit in this host's
+            # drivers with no claim (issue 18: the host then refused the failover's AttachRun
+            # of this very run as ``held``, and the run never ended). The run is started (its
+            # input is durable, ``starting`` is cleared); its claim goes with the lease, and
+            # failover hands it to a live host, this one included.
+            log.info("run %s: session %x lost during the start; the run is left to failover", req.run_id,
+                     session.id)
+            return record, True
+        # No await from the check above to the spawn: a session lost from now on reaches
+        # this driver through session_lost().
         self._spawn(RunDriver(deps, record, epoch, mode, writer, input_messages=messages, fence_seq=fence_seq,
                               cancel_reason=record.cancel_reason or None, opened=opened))
         log.info("run %s started in %s (load %d)", req.run_id, clock, self.load)
         return record, True
-
-    async def _release_if_mine(self, run_id: str, session: Any = None) -> None:
-        """Release the run's claim if ``session`` (default: the host's current one) holds
-        it (best effort)."""
-        deps = self.deps
-        session = session or deps.session
-        with contextlib.suppress(Exception):
-            claim = (await deps.cc.get_run(run_id)).claim
-            if (claim is not None and claim.session_id == session.id and not self._busy(run_id)
-                    and run_id not in self._start_claims):
-                await deps.cc.release_claim(run_id, session, claim.epoch)
 
     async def _open_log(self, record: runs_pb2.RunRecord, writer: Any, fence_seq: int,
                         messages: list[dict[str, Any]], *, fresh_record: bool) -> tuple[list[Any], list[dict[str, Any]]]:
@@ -364,13 +387,17 @@ class RunManager:
         came after the cancel and that no driver held; the failover then found the run
         ``held`` on every other host, and the run waited for ever (issue 18: the
         unfinished runs of the 200-run bench). An ``AttachRun`` of a run this host is
-        attaching already joins that attach.
+        attaching already joins that attach. Whether the run is ``held`` is the claim's
+        answer, never this host's own drivers': a driver of the run still running here
+        under an older claim (its session lapsed) is stopped once the new claim landed
+        (:meth:`_supersede`).
 
         Raises:
             HostDraining: the host takes no new runs.
             HostAtCapacity: ``drive`` while the host already drives ``settings.capacity`` runs.
             JournalAttachUnavailable: ``unknown-run`` or ``terminal-run``, at once.
-            RunClaimNotAcquired: another live claim holds the run (``held``) etc.
+            RunClaimNotAcquired: a live claim holds the run (``held``; this host's own
+                included) etc.
             SessionLost: the host's session was lost before the driver could start.
         """
         if self.draining:
@@ -401,12 +428,14 @@ class RunManager:
         if purpose not in ("drive", "finalize"):
             raise InvalidArgument("purpose", "must be drive or finalize")
         deps = self.deps
-        if self._busy(run_id):
-            raise RunClaimNotAcquired(run_id, "held")
         session = deps.session
         # No read of the record first: the claim itself refuses an unknown, ended or (for
         # drive) still starting run, inside its write. (Read first, then claimed, cost one
-        # more coordinator and etcd round trip per takeover.)
+        # more coordinator and etcd round trip per takeover.) Nor is a driver of the run on
+        # this host taken as an answer: the claim in etcd says whether the run is held. A
+        # driver here may hold no claim any more (its session lapsed, and it has not seen it
+        # yet); refused as ``held`` from that belief, the failover took the run for driven
+        # and never offered it again (issue 18: two runs of the 200-run bench never ended).
         try:
             try:
                 epoch, record = await deps.cc.claim_run(run_id, session, deps.host_id, purpose=purpose,
@@ -432,6 +461,9 @@ class RunManager:
             # Lost while the claim was in flight: the claim went with the lease, and the
             # drivers were told to stop before this one existed. Failover hands the run
             # to a host with a session (the claim's deletion reports it).
+            raise SessionLost(session.id)
+        await self._supersede(run_id, epoch)
+        if session.lost.is_set():
             raise SessionLost(session.id)
         mode: Any = "finalize" if purpose == "finalize" else "attach"
         # No await from the check above to here: a session lost from now on reaches this
