@@ -13,6 +13,9 @@ Figures per side:
 - ``append_to_reader_ms`` p50/p99/max: a chunk's arrival at its reader minus the time
   JetStream stored it (the stream's own timestamp, read back after the runs; one clock);
 - ``start_max_s``: the slowest POST → first chunk;
+- ``duplicates`` / ``out_of_order``: events a reader received with an id (log offset) it
+  had already received / below one it had received (both 0 when delivery is exactly once
+  and in order);
 - ``completed``: runs whose reader got the end without a ``RUN_ERROR``; ``runs_ended_failed``
   the runs whose stream ended with one (``failed_runs`` names up to 20).
 
@@ -76,6 +79,9 @@ class Reader:
         self.port, self.run_id, self.body, self.delay = port, run_id, body, delay
         self.posted: float | None = None
         self.arrivals: dict[int, float] = {}
+        self.duplicates = 0  # events whose id (log offset) this reader had already received
+        self.out_of_order = 0  # events whose id is below one received before
+        self._last = -1
         self.ended: float | None = None
         self.failed = False  # the run's stream carried RUN_ERROR (it ended, but not completed)
         self.status = 0
@@ -107,7 +113,13 @@ class Reader:
                     continue
                 done, buf = buf[:cut + 2], buf[cut + 2:]
                 for m in _ID.finditer(b"\n" + done):
-                    self.arrivals.setdefault(int(m.group(1)), now)
+                    offset = int(m.group(1))
+                    if offset in self.arrivals:
+                        self.duplicates += 1
+                    elif offset < self._last:
+                        self.out_of_order += 1
+                    self.arrivals.setdefault(offset, now)
+                    self._last = max(self._last, offset)
                 if b'"RUN_ERROR"' in done:
                     self.failed = True
                 if b"\n: end" in done or b":end" in done:
@@ -246,6 +258,8 @@ async def side(name: str, replicated: bool, tmp: pathlib.Path) -> dict[str, Any]
             "refused_by_reason": refused,
             "reader_errors": reader_errors,
             "stored_times_read": len(stored),
+            "duplicates": sum(r.duplicates for r in readers),
+            "out_of_order": sum(r.out_of_order for r in readers),
             "chunks": received,
             "chunks_per_s": round(received / (max(ends) - t0), 1) if ends else None,
             "append_to_reader_ms": {
@@ -296,7 +310,9 @@ async def main() -> dict[str, Any]:
         print(f"{r['engines']:<34} {r['runs']:>4} {r['completed']:>5} {r['chunks_per_s']!s:>9} {a['p50']!s:>7} "
               f"{a['p99']!s:>7} {a['max']!s:>7} {r['start_max_s']!s:>8}s"
               + (f"  ERROR {r['error'][:200]}" if r.get("error") else "")
-              + (f"  refused {r['refused_by_reason']}" if r.get("refused_by_reason") else ""))
+              + (f"  refused {r['refused_by_reason']}" if r.get("refused_by_reason") else "")
+              + (f"  DUPLICATES {r['duplicates']}" if r.get("duplicates") else "")
+              + (f"  OUT OF ORDER {r['out_of_order']}" if r.get("out_of_order") else ""))
     out = {"bench": "scale_runs", "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "scale": {"runs": RUNS, "hosts": HOSTS, "journal": JOURNAL, "seconds_per_run": SECONDS,
