@@ -12,8 +12,10 @@ Three sides, whose durability differs (what an answered append has survived):
 - ``baton``: the real ``python -m gateway`` (subprocess) with a coordinator, etcd and a
   nats-server. Every append is a JetStream publish to a file-storage stream, answered once
   nats-server has acked it: written to its block file (the OS page cache), not synced.
-  nats-server fsyncs file-store data every ``sync_interval``, 2 minutes by default (the
-  bench's nats-server keeps the default; ``sync_interval: always`` would sync every write).
+  nats-server fsyncs file-store data every ``sync_interval``: 2 minutes by default
+  (``defaultSyncInterval`` in nats-server's server/filestore.go; docs.nats.io, jetstream
+  ``sync_interval``), which the bench's nats-server keeps (``sync_interval: always`` would
+  sync every write).
   An append survives the gateway's or nats-server's crash, not the host's power loss
   within that window (with R3 a majority of replicas holds it instead).
 - ``reference``: the reference server in memory (``new DurableStreamTestServer()``):
