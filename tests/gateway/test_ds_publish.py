@@ -1,0 +1,78 @@
+"""The Durable Streams store's JetStream publisher with its shortcuts on (``direct``: the
+publishing task writes to the socket, acks are taken from nats-py's read loop): what is
+stored and what each refusal raises are those of the public path, and a publish is never
+reported stored without JetStream's ack."""
+from __future__ import annotations
+
+import asyncio
+
+from nats import errors as nats_errors
+from nats.js import errors as js_errors
+import pytest
+from nats.js import api
+
+from baton.log import DeliveryLog
+from baton.log._api import ERR_WRONG_LAST_SEQUENCE
+from baton_tools.testing.servers import NatsServer
+from gateway.durable_streams._publish import Publisher
+from tests.conftest import unique
+
+SEQ = "Nats-Expected-Last-Subject-Sequence"
+
+
+@pytest.mark.parametrize("direct", [True, False])
+async def test_acks_refusals_and_stop_match_the_public_path(nats: NatsServer, direct: bool) -> None:
+    conn = await DeliveryLog.connect(nats.url, no_echo=True)
+    try:
+        name = unique("PUB").replace("-", "_")
+        await conn.js.add_stream(api.StreamConfig(name=name, subjects=[f"{name}.*"]))
+        pub = Publisher(conn.nc, direct=direct)
+        await pub.start()
+        try:
+            # Concurrent publishes (written together in one loop turn) each get their own ack.
+            acks = await asyncio.gather(*(pub.publish(f"{name}.s{i}", b"x%d" % i, {SEQ: "0"}) for i in range(8)))
+            assert sorted(a["seq"] for a in acks) == list(range(1, 9))
+            for i, ack in enumerate(acks):
+                got = await conn.js.get_msg(name, ack["seq"])
+                assert (got.subject, got.data) == (f"{name}.s{i}", b"x%d" % i)
+            # JetStream's refusal (an ack carrying an error) raises its class.
+            with pytest.raises(js_errors.APIError) as refused:
+                await pub.publish(f"{name}.s0", b"late", {SEQ: "0"})
+            assert refused.value.err_code == ERR_WRONG_LAST_SEQUENCE
+            # No stream takes the subject: a reply with a status header, through the subscription.
+            with pytest.raises(js_errors.NoStreamResponseError):
+                await pub.publish(unique("nostream"), b"x", {SEQ: "0"})
+            # The connection's other subscriptions still get their messages (from another
+            # connection: this one is no-echo, as the store's).
+            other = await conn.nc.subscribe(f"{name}.watch")
+            await conn.nc.flush()
+            sender = await DeliveryLog.connect(nats.url)
+            try:
+                await sender.nc.publish(f"{name}.watch", b"hello")
+            finally:
+                await sender.close()
+            assert (await pub.publish(f"{name}.s9", b"y", {SEQ: "0"}))["stream"] == name
+            assert (await other.next_msg(timeout=5)).data == b"hello"
+        finally:
+            await pub.stop()
+        # Stopped: nats-py's own message handling is back.
+        assert "_process_msg" not in vars(conn.nc)
+    finally:
+        await conn.close()
+
+
+async def test_a_publish_while_the_server_is_down_is_never_reported_stored(own_nats: NatsServer) -> None:
+    conn = await DeliveryLog.connect(own_nats.url, no_echo=True)
+    try:
+        name = unique("PUB").replace("-", "_")
+        await conn.js.add_stream(api.StreamConfig(name=name, subjects=[f"{name}.*"]))
+        pub = Publisher(conn.nc, timeout=0.5, direct=True)
+        await pub.start()
+        try:
+            own_nats.kill()
+            with pytest.raises(nats_errors.Error):
+                await pub.publish(f"{name}.s", b"x", {SEQ: "0"})
+        finally:
+            await pub.stop()
+    finally:
+        await conn.close()
