@@ -42,8 +42,8 @@ from nats.aio.subscription import Subscription
 _STATUS = "Status"
 _NO_RESPONDERS = "503"
 _DECODER = json.JSONDecoder()
-_HDR_LINE = b"NATS/1.0\r\n"
-_CRLF = b"\r\n"
+_EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
+_HDR_EXPECTED_LAST = b"NATS/1.0\r\n%s: " % _EXPECTED_LAST.encode()
 
 # What a waiting publish gets: the ack's body and its headers (None: none).
 _Reply = tuple[bytes, "dict[str, str] | None"]
@@ -166,17 +166,19 @@ class Publisher:
         if fut is not None and not fut.done():
             fut.set_result((msg.data, msg.headers))
 
-    async def publish(self, subject: str, payload: bytes, headers: dict[str, str]) -> dict[str, Any]:
-        """Publish and return JetStream's ack (``{"stream", "seq", ...}``) once stored.
+    async def publish(self, subject: str, payload: bytes, expected_last_subject_seq: int) -> dict[str, Any]:
+        """Publish, fenced on the subject's last sequence, and return JetStream's ack
+        (``{"stream", "seq", ...}``) once stored.
 
         Args:
             subject: a valid subject (not checked here).
             payload: the message body.
-            headers: NATS headers; names and values are the caller's constants and
-                numbers (not checked here: no CR/LF, names without ":" or spaces).
+            expected_last_subject_seq: sent as ``Nats-Expected-Last-Subject-Sequence``
+                (0: the subject has no message yet).
 
         Raises:
-            nats.js.errors.APIError: JetStream refused the message (``err_code`` says why).
+            nats.js.errors.APIError: JetStream refused the message (``err_code`` says why:
+                10071 when the subject's last sequence is not the expected one).
             nats.js.errors.NoStreamResponseError: no stream takes ``subject``.
             nats.errors.MaxPayloadError: the message is larger than the server takes.
             nats.errors.TimeoutError: no ack within the timeout (or the publisher stopped).
@@ -194,7 +196,7 @@ class Publisher:
         try:
             raw: Any = nc
             if self._write_direct and raw._pending_data_size == 0 and raw._status == NATS.CONNECTED:
-                hdr = b"".join([_HDR_LINE, *(f"{k}: {v}\r\n".encode() for k, v in headers.items()), _CRLF])
+                hdr = b"%s%d\r\n\r\n" % (_HDR_EXPECTED_LAST, expected_last_subject_seq)
                 cmd = b"HPUB %s %s%s %d %d\r\n%s%s\r\n" % (
                     subject.encode(), self._bprefix, token, len(hdr), len(hdr) + len(payload), hdr, payload)
                 if self._batching:
@@ -210,7 +212,8 @@ class Publisher:
                 stats["out_msgs"] += 1
                 stats["out_bytes"] += len(payload)
             else:
-                await nc.publish(subject, payload, reply=self._prefix + str(n), headers=headers)
+                await nc.publish(subject, payload, reply=self._prefix + str(n),
+                                 headers={_EXPECTED_LAST: str(expected_last_subject_seq)})
             data, status = await fut
         finally:
             self._waiting.pop(token, None)

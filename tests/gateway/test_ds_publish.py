@@ -17,8 +17,6 @@ from baton_tools.testing.servers import NatsServer
 from gateway.durable_streams._publish import Publisher
 from tests.conftest import unique
 
-SEQ = "Nats-Expected-Last-Subject-Sequence"
-
 
 @pytest.mark.parametrize("direct", [True, False])
 async def test_acks_refusals_and_stop_match_the_public_path(nats: NatsServer, direct: bool) -> None:
@@ -30,18 +28,18 @@ async def test_acks_refusals_and_stop_match_the_public_path(nats: NatsServer, di
         await pub.start()
         try:
             # Concurrent publishes (written together in one loop turn) each get their own ack.
-            acks = await asyncio.gather(*(pub.publish(f"{name}.s{i}", b"x%d" % i, {SEQ: "0"}) for i in range(8)))
+            acks = await asyncio.gather(*(pub.publish(f"{name}.s{i}", b"x%d" % i, 0) for i in range(8)))
             assert sorted(a["seq"] for a in acks) == list(range(1, 9))
             for i, ack in enumerate(acks):
                 got = await conn.js.get_msg(name, ack["seq"])
                 assert (got.subject, got.data) == (f"{name}.s{i}", b"x%d" % i)
             # JetStream's refusal (an ack carrying an error) raises its class.
             with pytest.raises(js_errors.APIError) as refused:
-                await pub.publish(f"{name}.s0", b"late", {SEQ: "0"})
+                await pub.publish(f"{name}.s0", b"late", 0)
             assert refused.value.err_code == ERR_WRONG_LAST_SEQUENCE
             # No stream takes the subject: a reply with a status header, through the subscription.
             with pytest.raises(js_errors.NoStreamResponseError):
-                await pub.publish(unique("nostream"), b"x", {SEQ: "0"})
+                await pub.publish(unique("nostream"), b"x", 0)
             # The connection's other subscriptions still get their messages (from another
             # connection: this one is no-echo, as the store's).
             other = await conn.nc.subscribe(f"{name}.watch")
@@ -51,7 +49,7 @@ async def test_acks_refusals_and_stop_match_the_public_path(nats: NatsServer, di
                 await sender.nc.publish(f"{name}.watch", b"hello")
             finally:
                 await sender.close()
-            assert (await pub.publish(f"{name}.s9", b"y", {SEQ: "0"}))["stream"] == name
+            assert (await pub.publish(f"{name}.s9", b"y", 0))["stream"] == name
             assert (await other.next_msg(timeout=5)).data == b"hello"
         finally:
             await pub.stop()
@@ -71,7 +69,7 @@ async def test_a_publish_while_the_server_is_down_is_never_reported_stored(own_n
         try:
             own_nats.kill()
             with pytest.raises(nats_errors.Error):
-                await pub.publish(f"{name}.s", b"x", {SEQ: "0"})
+                await pub.publish(f"{name}.s", b"x", 0)
         finally:
             await pub.stop()
     finally:
