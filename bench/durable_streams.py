@@ -46,6 +46,7 @@ import pathlib
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from typing import Any
@@ -128,6 +129,14 @@ def start_reference(log: pathlib.Path, data_dir: pathlib.Path | None = None) -> 
     raise SystemExit(f"reference server did not start: {log.read_text(errors='replace')[-2000:]}")
 
 
+def _check_source(env: dict[str, str], src: str) -> None:
+    """Fail unless a process started with ``env`` here imports the gateway from ``src``."""
+    out = subprocess.run([sys.executable, "-c", "import gateway; print(gateway.__file__)"], env=env,
+                         capture_output=True, check=True, text=True).stdout.strip()
+    if not pathlib.Path(out).resolve().is_relative_to(pathlib.Path(src).resolve()):
+        raise SystemExit(f"the variant with SRC={src} would run {out}")
+
+
 def order(sides: list[str], round_no: int) -> list[str]:
     """The sides of round ``round_no`` (from 0), rotated by one each round: no side always
     runs first or last while the machine's load drifts."""
@@ -159,8 +168,12 @@ async def main() -> dict[str, Any]:
                                                      log_level="WARNING", **settings_)
                 if src:
                     # Restart on the same port with the other checkout first on the path.
+                    # PYTHONSAFEPATH: `python -m` would otherwise put its working directory
+                    # (this checkout) before PYTHONPATH, and run this checkout's code.
                     await gw.stop()
                     gw.env["PYTHONPATH"] = os.pathsep.join((src, gw.env["PYTHONPATH"]))
+                    gw.env["PYTHONSAFEPATH"] = "1"
+                    _check_source(gw.env, src)
                     await gw.start()
             # Interleaved rounds, each figure the median of its rounds: the machine's load
             # drifts over a run and hits every server alike.
