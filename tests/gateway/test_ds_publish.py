@@ -5,6 +5,7 @@ reported stored without JetStream's ack."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any, Awaitable, Callable
 
 from nats import errors as nats_errors
 from nats.js import errors as js_errors
@@ -15,7 +16,19 @@ from baton.log import DeliveryLog
 from baton.log._api import ERR_WRONG_LAST_SEQUENCE
 from baton_tools.testing.servers import NatsServer
 from gateway.durable_streams._publish import Publisher
-from tests.conftest import unique
+from tests.conftest import assert_eventually, unique
+
+
+async def retry_until_acked(publish: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+    """The ack of ``publish``, asked again while the client is still catching up with the
+    restarted server (a publish sent before its reply subscription is back times out)."""
+    deadline = asyncio.get_running_loop().time() + 20
+    while True:
+        try:
+            return await publish()
+        except nats_errors.TimeoutError:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
 
 
 @pytest.mark.parametrize("direct", [True, False])
@@ -70,6 +83,12 @@ async def test_a_publish_while_the_server_is_down_is_never_reported_stored(own_n
             own_nats.kill()
             with pytest.raises(nats_errors.Error):
                 await pub.publish(f"{name}.s", b"x", 0)
+            # Back (same port and store): once reconnected, publishes are acked again, through
+            # the resubscribed reply subscription.
+            own_nats.start()
+            await assert_eventually(lambda: conn.nc.is_connected, timeout=20)
+            ack = await retry_until_acked(lambda: pub.publish(f"{name}.s", b"y", 0))
+            assert (await conn.js.get_msg(name, ack["seq"])).data == b"y"
         finally:
             await pub.stop()
     finally:
