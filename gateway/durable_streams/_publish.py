@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import inspect
 import itertools
 import json
 from typing import Any
@@ -44,6 +45,18 @@ _NO_RESPONDERS = "503"
 _DECODER = json.JSONDecoder()
 _EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
 _HDR_EXPECTED_LAST = b"NATS/1.0\r\n%s: " % _EXPECTED_LAST.encode()
+
+# nats-py's parser calls Client._process_msg(sid, subject, reply, data, headers): the hook
+# is installed only over a method of exactly that shape.
+_PROCESS_MSG_PARAMS = ("sid", "subject", "reply", "data", "headers")
+
+
+def _params(fn: Any) -> tuple[str, ...] | None:
+    try:
+        return tuple(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+
 
 # What a waiting publish gets: the ack's body and its headers (None: none).
 _Reply = tuple[bytes, "dict[str, str] | None"]
@@ -91,7 +104,7 @@ class Publisher:
             nc: Any = self._nc
             self._write_direct = all(hasattr(nc, a) for a in ("_transport", "_pending_data_size", "_status"))
             sid = getattr(self._sub, "_id", None)
-            if hasattr(nc, "_process_msg") and isinstance(sid, int):
+            if isinstance(sid, int) and _params(getattr(nc, "_process_msg", None)) == _PROCESS_MSG_PARAMS:
                 self._restore = nc.__dict__.get("_process_msg")
                 nc._process_msg = self._read_hook(nc._process_msg, sid)
 

@@ -39,6 +39,8 @@ async def test_acks_refusals_and_stop_match_the_public_path(nats: NatsServer, di
         await conn.js.add_stream(api.StreamConfig(name=name, subjects=[f"{name}.*"]))
         pub = Publisher(conn.nc, direct=direct)
         await pub.start()
+        # The shortcuts are taken with this nats-py (not silently the public path).
+        assert ("_process_msg" in vars(conn.nc)) is direct
         try:
             # Concurrent publishes (written together in one loop turn) each get their own ack.
             acks = await asyncio.gather(*(pub.publish(f"{name}.s{i}", b"x%d" % i, 0) for i in range(8)))
