@@ -22,10 +22,11 @@ Three sides, whose durability differs (what an answered append has survived):
   nothing survives its process.
 - ``reference_file``: the reference server file-backed (``{ dataDir }``, a directory
   beside nats-server's store, on the same filesystem): each append is written to the
-  stream's append-only segment file and ``fdatasync``'d before it is answered (concurrent
-  appends to one file share a sync), then its metadata put into LMDB (lmdb-js's default
-  ``overlappingSync``: committed, synced in the background; recovery reconciles offsets
-  from the segment files). The stronger guarantee of the three: it survives power loss.
+  stream's append-only segment file and ``fdatasync``'d before it is answered (appends to
+  one stream one at a time, each with its own sync), then its metadata put into LMDB
+  (lmdb-js's default ``overlappingSync``: committed, synced in the background; recovery
+  reconciles offsets from the segment files). The strongest guarantee of the three: it
+  survives power loss.
 Target: baton's throughput ≥ the reference's; the results give ratios against both
 references. Writes ``bench/results/durable_streams.json``.
 
