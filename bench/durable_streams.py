@@ -1,23 +1,42 @@
 """Durable Streams: append throughput and read latency of baton's ``/ds`` against the
-protocol's reference server (``@durable-streams/server``, in memory), run side by side.
+protocol's reference server (``@durable-streams/server``), run side by side.
 
-Scenarios, the same HTTP client for both servers (``tests/node/ds/bench_client.mjs``, node's
+Scenarios, the same HTTP client for every server (``tests/node/ds/bench_client.mjs``, node's
 undici: a lighter client than Python's, so the servers are what is measured):
 - ``append_1_stream``: one writer appending 256-byte messages to one stream, back to back;
 - ``append_16_streams``: 16 writers, one stream each, concurrently;
 - ``read_latency``: a long-poll reader at the tail; the time from sending an append to the
   reader holding its bytes (p50/p99).
 
-baton is the real ``python -m gateway`` (subprocess) with a coordinator, etcd and a
-nats-server; every append is stored in JetStream (file storage) before it is answered,
-where the reference keeps it in process memory. Target: baton's throughput ≥ the
-reference's. Writes ``bench/results/durable_streams.json``.
+Three sides, whose durability differs (what an answered append has survived):
+- ``baton``: the real ``python -m gateway`` (subprocess) with a coordinator, etcd and a
+  nats-server. Every append is a JetStream publish to a file-storage stream, answered once
+  nats-server has acked it: written to its block file (the OS page cache), not synced.
+  nats-server fsyncs file-store data every ``sync_interval``: 2 minutes by default
+  (``defaultSyncInterval`` in nats-server's server/filestore.go; docs.nats.io, jetstream
+  ``sync_interval``), which the bench's nats-server keeps (``sync_interval: always`` would
+  sync every write).
+  An append survives the gateway's or nats-server's crash, not the host's power loss
+  within that window (with R3 a majority of replicas holds it instead).
+- ``reference``: the reference server in memory (``new DurableStreamTestServer()``):
+  nothing survives its process.
+- ``reference_file``: the reference server file-backed (``{ dataDir }``, a directory
+  beside nats-server's store, on the same filesystem): each append is written to the
+  stream's append-only segment file and ``fdatasync``'d before it is answered (appends to
+  one stream one at a time, each with its own sync), then its metadata put into LMDB
+  (lmdb-js's default ``overlappingSync``: committed, synced in the background; recovery
+  reconciles offsets from the segment files). The strongest guarantee of the three: it
+  survives power loss.
+Target: baton's throughput ≥ the reference's; the results give ratios against both
+references. Writes ``bench/results/durable_streams.json``.
 
-Each round also reports the servers' CPU milliseconds per HTTP request (``/proc``: the
-gateway and nats-server for baton, the node process for the reference), a figure the
-machine's load distorts less than requests/s. ``BENCH_DS_VARIANTS`` (see :func:`variants`)
-runs several gateways (settings, or another checkout's code) in the same interleaved rounds
-for an A/B; such a run prints its table and writes no results file.
+Each round measures every side once, the order rotated by one each round (no side always
+first or last), and every figure is the median over rounds. Each round also reports the
+servers' CPU milliseconds per HTTP request (``/proc``: the gateway and nats-server for
+baton, the node process for a reference), a figure the machine's load distorts less than
+requests/s. ``BENCH_DS_VARIANTS`` (see :func:`variants`) runs several gateways (settings, or
+another checkout's code) in the same rounds for an A/B; such a run prints its table and
+writes no results file.
 """
 from __future__ import annotations
 
@@ -28,7 +47,9 @@ import pathlib
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
+import time
 from typing import Any
 
 
@@ -55,7 +76,9 @@ def measure(base: str, pids: dict[str, int]) -> dict[str, Any]:
            "MANY_STREAMS_APPENDS": str(MANY_STREAMS_APPENDS), "LATENCY_SAMPLES": str(LATENCY_SAMPLES)}
     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
     out = subprocess.run([node, "ds/bench_client.mjs", base], cwd=NODE_DIR, env=env, capture_output=True,
-                         check=True, timeout=900)
+                         timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError(f"bench client against {base} failed: {out.stderr.decode(errors='replace')[-3000:]}")
     result: dict[str, Any] = json.loads(out.stdout.decode().strip().splitlines()[-1])
     result["cpu_ms_per_request"] = {
         name: 1000 * (cpu_seconds(pid) - before[name]) / result["requests"] for name, pid in pids.items()}
@@ -84,15 +107,44 @@ def variants() -> dict[str, dict[str, str]]:
     return out
 
 
-def start_reference() -> tuple[subprocess.Popen[bytes], str]:
-    """The reference server on a free port: (process, URL)."""
+REFERENCES = ("reference", "reference_file")
+
+
+def start_reference(log: pathlib.Path, data_dir: pathlib.Path | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """The reference server on a free port: (process, URL). In memory, or with ``data_dir``
+    in its file-backed store. Its output goes to ``log`` (a pipe nobody reads could fill and
+    stall it: the file-backed store logs every append slower than 50 ms)."""
     node = shutil.which("node")
     if node is None or not (NODE_DIR / "node_modules" / "@durable-streams" / "server").is_dir():
         raise SystemExit("node and @durable-streams/server are needed (make node-deps)")
-    proc = subprocess.Popen([node, "ds_reference_server.mjs", "0"], cwd=NODE_DIR, stdout=subprocess.PIPE)
-    assert proc.stdout is not None
-    url = proc.stdout.readline().decode().strip()
-    return proc, url
+    argv = [node, "ds_reference_server.mjs", "0", *([str(data_dir)] if data_dir is not None else [])]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, cwd=NODE_DIR, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith("http://"):
+                return proc, line.strip()
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    raise SystemExit(f"reference server did not start: {log.read_text(errors='replace')[-2000:]}")
+
+
+def _check_source(env: dict[str, str], src: str) -> None:
+    """Fail unless a process started with ``env`` here imports the gateway from ``src``."""
+    out = subprocess.run([sys.executable, "-c", "import gateway; print(gateway.__file__)"], env=env,
+                         capture_output=True, check=True, text=True).stdout.strip()
+    if not pathlib.Path(out).resolve().is_relative_to(pathlib.Path(src).resolve()):
+        raise SystemExit(f"the variant with SRC={src} would run {out}")
+
+
+def order(sides: list[str], round_no: int) -> list[str]:
+    """The sides of round ``round_no`` (from 0), rotated by one each round: no side always
+    runs first or last while the machine's load drifts."""
+    k = round_no % len(sides)
+    return sides[k:] + sides[:k]
 
 
 async def main() -> dict[str, Any]:
@@ -104,9 +156,12 @@ async def main() -> dict[str, Any]:
     etcd.start()
     nats.start()
     assert nats.proc is not None
-    ref, ref_url = start_reference()
+    refs: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
     gws: dict[str, GatewayProcess] = {}
     try:
+        refs["reference"] = start_reference(tmp / "reference.log")
+        # Beside nats-server's JetStream store (tmp/nats/jetstream): the same filesystem.
+        refs["reference_file"] = start_reference(tmp / "reference_file.log", tmp / "reference_file")
         coord = await start_coordinator(etcd.endpoint, f"/bench-ds-{os.getpid()}", log_dir=tmp)
         try:
             for name, settings in variants().items():
@@ -116,59 +171,81 @@ async def main() -> dict[str, Any]:
                                                      log_level="WARNING", **settings_)
                 if src:
                     # Restart on the same port with the other checkout first on the path.
+                    # PYTHONSAFEPATH: `python -m` would otherwise put its working directory
+                    # (this checkout) before PYTHONPATH, and run this checkout's code.
                     await gw.stop()
                     gw.env["PYTHONPATH"] = os.pathsep.join((src, gw.env["PYTHONPATH"]))
+                    gw.env["PYTHONSAFEPATH"] = "1"
+                    _check_source(gw.env, src)
                     await gw.start()
             # Interleaved rounds, each figure the median of its rounds: the machine's load
             # drifts over a run and hits every server alike.
-            rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in (*gws, "reference")}
-            for _ in range(ROUNDS):
-                for name, gw in gws.items():
-                    assert gw.pid is not None
-                    rounds[name].append(await asyncio.to_thread(
-                        measure, f"{gw.url}/ds", {"gateway": gw.pid, "nats": nats.proc.pid}))
-                rounds["reference"].append(await asyncio.to_thread(measure, ref_url, {"server": ref.pid}))
+            sides = [*gws, *REFERENCES]
+            rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
+            failures: dict[str, int] = {}
+            for i in range(ROUNDS):
+                for name in order(sides, i):
+                    if name in gws:
+                        pid = gws[name].pid
+                        assert pid is not None
+                        url, pids = f"{gws[name].url}/ds", {"gateway": pid, "nats": nats.proc.pid}
+                    else:
+                        url, pids = refs[name][1], {"server": refs[name][0].pid}
+                    try:
+                        rounds[name].append(await asyncio.to_thread(measure, url, pids))
+                    except RuntimeError as exc:
+                        if name in gws:
+                            raise
+                        # The reference's own failure (its file-backed store has answered a
+                        # POST to a stream it had just created with 404 under load): noted,
+                        # and the round run again for it.
+                        print(f"{name}: {exc}".splitlines()[0], "...", str(exc).splitlines()[-6:])
+                        failures[name] = failures.get(name, 0) + 1
+                        rounds[name].append(await asyncio.to_thread(measure, url, pids))
         finally:
             for gw in gws.values():
                 await gw.stop()
             await coord.stop()
     finally:
-        ref.terminate()
-        ref.wait(10)
+        for proc, _ in refs.values():
+            proc.terminate()
+            proc.wait(10)
         nats.stop()
         etcd.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     medians = {name: _median(r) for name, r in rounds.items()}
-    reference = medians["reference"]
     first = next(iter(gws))
-    out: dict[str, Any] = {**medians, "rounds": ROUNDS}
+    out: dict[str, Any] = {**medians, "rounds": ROUNDS, "reference_client_failures": failures}
     if first != "baton":
         out["baton"] = medians[first]
-    out["ratios"] = {name: _ratios(medians[name], reference) for name in gws}
-    if list(gws) == ["baton"]:
-        out["ratios"] = out["ratios"]["baton"]
-    baton_ratios = _ratios(medians[first], reference)
-    out["targets_met"] = {"throughput_ge_reference": min(
-        baton_ratios["append_1_stream"], baton_ratios["append_16_streams"]) >= 1.0}
+    ratios = {name: {ref: _ratios(medians[name], medians[ref]) for ref in REFERENCES} for name in gws}
+    out["ratios"] = ratios["baton"] if list(gws) == ["baton"] else ratios
+    out["targets_met"] = {
+        f"throughput_ge_{ref}": min(r["append_1_stream"], r["append_16_streams"]) >= 1.0
+        for ref, r in ratios[first].items()}
     if len(gws) == 1 and first == "baton":
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(out, indent=2) + "\n")
-    names = [*gws, "reference"]
-    print(f"{'scenario':<24}" + "".join(f"{n:>12}" for n in names) + f"  (median of {ROUNDS} interleaved rounds)")
+    names = sides
+    w = max(12, *(len(n) + 2 for n in names))
+    print(f"{'scenario':<24}" + "".join(f"{n:>{w}}" for n in names)
+          + f"  (median of {ROUNDS} interleaved rounds)")
     for key, label in (("append_1_stream_per_s", "append_1_stream /s"),
                        ("append_16_streams_per_s", "append_16_streams /s")):
-        print(f"{label:<24}" + "".join(f"{medians[n][key]:>12.0f}" for n in names))
-    print(f"{'read latency p50 ms':<24}" + "".join(f"{medians[n]['read_latency_ms']['p50']:>12.2f}" for n in names))
+        print(f"{label:<24}" + "".join(f"{medians[n][key]:>{w}.0f}" for n in names))
+    for q in ("p50", "p99"):
+        print(f"{'read latency ' + q + ' ms':<24}" + "".join(
+            f"{medians[n]['read_latency_ms'][q]:>{w}.2f}" for n in names))
     print(f"{'server CPU ms/request':<24}" + "".join(
-        f"{medians[n]['cpu_ms_per_request'].get('gateway', medians[n]['cpu_ms_per_request'].get('server', 0)):>12.3f}"
+        f"{medians[n]['cpu_ms_per_request'].get('gateway', medians[n]['cpu_ms_per_request'].get('server', 0)):>{w}.3f}"
         for n in names))
     print(f"{'nats CPU ms/request':<24}" + "".join(
-        f"{medians[n]['cpu_ms_per_request'].get('nats', 0):>12.3f}" for n in names))
+        f"{medians[n]['cpu_ms_per_request'].get('nats', 0):>{w}.3f}" for n in names))
     for name in gws:
-        r = _ratios(medians[name], reference)
-        print(f"ratio {name}/reference: append 1 stream {r['append_1_stream']:.2f}, "
-              f"16 streams {r['append_16_streams']:.2f}, read p50 {r['read_latency_p50']:.2f}")
-    if len(rounds) > 2 or os.environ.get("BENCH_DS_SHOW_ROUNDS"):
+        for ref, r in ratios[name].items():
+            print(f"ratio {name}/{ref}: append 1 stream {r['append_1_stream']:.2f}, "
+                  f"16 streams {r['append_16_streams']:.2f}, read p50 {r['read_latency_p50']:.2f}")
+    if ROUNDS > 1 or os.environ.get("BENCH_DS_SHOW_ROUNDS"):
         for name, rs in rounds.items():
             print(f"rounds {name}: 1 stream " + " ".join(f"{r['append_1_stream_per_s']:.0f}" for r in rs)
                   + " | 16 streams " + " ".join(f"{r['append_16_streams_per_s']:.0f}" for r in rs))

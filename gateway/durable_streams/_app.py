@@ -22,6 +22,9 @@ from gateway.durable_streams._store import Conflict, StoreConfig, StreamStore
 log = logging.getLogger("gateway.durable_streams")
 
 RUNS = "/runs/"
+# The request headers DurableStreams.handle and Handlers.post read (ASGI names: lower case).
+_READ = frozenset(n.lower().encode() for n in (
+    "authorization", "content-type", P.CLOSED, P.SEQ, P.PRODUCER_ID, P.PRODUCER_EPOCH, P.PRODUCER_SEQ))
 
 
 class DurableStreams:
@@ -52,8 +55,9 @@ class DurableStreams:
         try:
             if method == "OPTIONS":
                 return Response(b"", status_code=204, headers=P.PREFLIGHT_HEADERS)
-            # By lower-case name, the first of repeated headers winning (as Starlette's).
-            h = {k.decode("latin-1"): v.decode("latin-1") for k, v in reversed(scope["headers"])}
+            # The headers read from this dict (auth and an append's), by lower-case name, the
+            # first of repeated headers winning (as Starlette's); others are not decoded.
+            h = {k.decode("latin-1"): v.decode("latin-1") for k, v in reversed(scope["headers"]) if k in _READ}
             tenant = tenant_of_header(h.get("authorization", ""), self.api_keys) if self.api_keys else ""
             if public.startswith(RUNS) and self.runs is not None:
                 resp: Response = await self.runs(Request(scope, receive), public[len(RUNS):], tenant)

@@ -47,7 +47,6 @@ from gateway.durable_streams._publish import Publisher
 log = logging.getLogger("gateway.durable_streams")
 
 T = TypeVar("T")
-_EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 
 
 @dataclass(frozen=True)
@@ -91,7 +90,8 @@ class StreamStore:
         self._close = close
         self.cfg = cfg or StoreConfig()
         self._js = nc.jetstream()
-        self._pub = Publisher(nc)
+        # A connection the store owns is its own: its publisher may take the shortcuts (_publish.py).
+        self._pub = Publisher(nc, direct=close is not None)
         self._clock = clock
         self._cache: collections.OrderedDict[str, StreamState] = collections.OrderedDict()
         self._key_to_path: dict[str, str] = {}
@@ -244,8 +244,7 @@ class StreamStore:
         """Publish one record fenced on ``st_last``; its JetStream sequence once stored."""
         meta[M.GATEWAY] = self._gw
         try:
-            ack = await self._pub.publish(self.subject(path), M.encode_record(meta, data),
-                                          {_EXPECTED_LAST_SUBJECT_SEQ: str(st_last)})
+            ack = await self._pub.publish(self.subject(path), M.encode_record(meta, data), st_last)
         except nats.js.errors.APIError as exc:
             if exc.err_code in (ERR_WRONG_LAST_SEQUENCE, ERR_WRONG_LAST_SEQUENCE_IN_FLIGHT):
                 self._forget(path)  # re-read and tried again (a record in flight has settled by then)
