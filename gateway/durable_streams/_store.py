@@ -90,8 +90,7 @@ class StreamStore:
         self._close = close
         self.cfg = cfg or StoreConfig()
         self._js = nc.jetstream()
-        # A connection the store owns is its own: its publisher may take the shortcuts (_publish.py).
-        self._pub = Publisher(nc, direct=close is not None)
+        self._pub = Publisher(nc)
         self._clock = clock
         self._cache: collections.OrderedDict[str, StreamState] = collections.OrderedDict()
         self._key_to_path: dict[str, str] = {}

@@ -1,7 +1,6 @@
-"""The Durable Streams store's JetStream publisher with its shortcuts on (``direct``: the
-publishing task writes to the socket, acks are taken from nats-py's read loop): what is
-stored and what each refusal raises are those of the public path, and a publish is never
-reported stored without JetStream's ack."""
+"""The Durable Streams store's JetStream publisher (one reply subscription, a future per
+publish): each publish gets its own ack, each refusal raises JetStream's error, and a publish
+is never reported stored without JetStream's ack."""
 from __future__ import annotations
 
 import asyncio
@@ -31,18 +30,15 @@ async def retry_until_acked(publish: Callable[[], Awaitable[dict[str, Any]]]) ->
                 raise
 
 
-@pytest.mark.parametrize("direct", [True, False])
-async def test_acks_refusals_and_stop_match_the_public_path(nats: NatsServer, direct: bool) -> None:
+async def test_acks_and_refusals_of_concurrent_publishes(nats: NatsServer) -> None:
     conn = await DeliveryLog.connect(nats.url, no_echo=True)
     try:
         name = unique("PUB").replace("-", "_")
         await conn.js.add_stream(api.StreamConfig(name=name, subjects=[f"{name}.*"]))
-        pub = Publisher(conn.nc, direct=direct)
+        pub = Publisher(conn.nc)
         await pub.start()
-        # The shortcuts are taken with this nats-py (not silently the public path).
-        assert ("_process_msg" in vars(conn.nc)) is direct
         try:
-            # Concurrent publishes (written together in one loop turn) each get their own ack.
+            # Concurrent publishes each get their own ack.
             acks = await asyncio.gather(*(pub.publish(f"{name}.s{i}", b"x%d" % i, 0) for i in range(8)))
             assert sorted(a["seq"] for a in acks) == list(range(1, 9))
             for i, ack in enumerate(acks):
@@ -52,7 +48,7 @@ async def test_acks_refusals_and_stop_match_the_public_path(nats: NatsServer, di
             with pytest.raises(js_errors.APIError) as refused:
                 await pub.publish(f"{name}.s0", b"late", 0)
             assert refused.value.err_code == ERR_WRONG_LAST_SEQUENCE
-            # No stream takes the subject: a reply with a status header, through the subscription.
+            # No stream takes the subject: a reply with a status header (503).
             with pytest.raises(js_errors.NoStreamResponseError):
                 await pub.publish(unique("nostream"), b"x", 0)
             # The connection's other subscriptions still get their messages (from another
@@ -68,8 +64,6 @@ async def test_acks_refusals_and_stop_match_the_public_path(nats: NatsServer, di
             assert (await other.next_msg(timeout=5)).data == b"hello"
         finally:
             await pub.stop()
-        # Stopped: nats-py's own message handling is back.
-        assert "_process_msg" not in vars(conn.nc)
     finally:
         await conn.close()
 
@@ -79,7 +73,7 @@ async def test_a_publish_while_the_server_is_down_is_never_reported_stored(own_n
     try:
         name = unique("PUB").replace("-", "_")
         await conn.js.add_stream(api.StreamConfig(name=name, subjects=[f"{name}.*"]))
-        pub = Publisher(conn.nc, timeout=0.5, direct=True)
+        pub = Publisher(conn.nc, timeout=0.5)
         await pub.start()
         try:
             own_nats.kill()
