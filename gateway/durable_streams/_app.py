@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 from typing import Any, Callable, Mapping
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import nats.errors
 import nats.js.errors
@@ -60,7 +60,8 @@ class DurableStreams:
             h = {k.decode("latin-1"): v.decode("latin-1") for k, v in reversed(scope["headers"]) if k in _READ}
             tenant = tenant_of_header(h.get("authorization", ""), self.api_keys) if self.api_keys else ""
             if public.startswith(RUNS) and self.runs is not None:
-                resp: Response = await self.runs(Request(scope, receive), public[len(RUNS):], tenant)
+                # A run id is baton's own name, not a client's stream path: escapes decoded.
+                resp: Response = await self.runs(Request(scope, receive), unquote(public[len(RUNS):]), tenant)
                 return resp
 
             def qualify(p: str) -> str:
@@ -122,10 +123,7 @@ def build_app(ds: Callable[[], DurableStreams | None]) -> ASGIApp:
             await WebSocketClose()(scope, receive, send)
             return
         path: str = scope["path"]
-        root: str = scope.get("root_path", "")
-        public = path[len(root):] if root and path.startswith(root) else path
-        if not public.startswith("/"):
-            public = "/" + public
+        public = stream_path(scope)
         method = scope["method"]
         resp: Response | Reply
         if method not in METHODS:
@@ -143,6 +141,26 @@ def build_app(ds: Callable[[], DurableStreams | None]) -> ASGIApp:
         await respond(resp, scope, receive, send)
 
     return app
+
+
+def stream_path(scope: Scope) -> str:
+    """The stream path a request names: its path under ``root_path`` as sent, starting with "/".
+
+    The path as sent (ASGI ``raw_path``), percent-escapes kept, as the reference server keys
+    streams (``new URL(req.url).pathname``): ``/a%2Fb`` and ``/a/b`` are two streams, as
+    TanStack's ``durableStream`` adapter expects of the names it makes
+    (``/streams/<prefix>%2F<runId>``). The decoded ``path`` is used only when the raw path is
+    missing or does not start with the root as sent (a client escaping the ``/ds`` prefix itself).
+    """
+    root: str = scope.get("root_path", "")
+    raw: bytes | None = scope.get("raw_path")
+    if raw is not None:
+        sent = raw.decode("latin-1")
+        if sent.startswith(root + "/"):
+            return sent[len(root):]
+    path: str = scope["path"]
+    public = path[len(root):] if root and path.startswith(root) else path
+    return public if public.startswith("/") else "/" + public
 
 
 async def respond(resp: Response | Reply, scope: Scope, receive: Receive, send: Send) -> None:

@@ -337,9 +337,12 @@ def _refused(st: StreamState, v: Verdict, producer: P.Producer | None, *, closed
     """The answer to a producer request that was not applied (PROTOCOL.md §5.2.1)."""
     assert producer is not None
     if v.status == "duplicate":
-        headers = {P.PRODUCER_EPOCH: str(producer.epoch), P.PRODUCER_SEQ: str(v.last_seq)}
+        # The tail, as on every successful append (§5.2): a client that resent an append whose
+        # answer it lost (TanStack's durableStream adapter does, once) needs it to go on. The
+        # reference server leaves it out.
+        headers = {P.PRODUCER_EPOCH: str(producer.epoch), P.PRODUCER_SEQ: str(v.last_seq), P.NEXT_OFFSET: st.offset}
         if closed:
-            headers |= {P.CLOSED: "true", P.NEXT_OFFSET: st.offset}
+            headers[P.CLOSED] = "true"
         return Response(b"", status_code=204, headers=headers)
     if v.status == "stale_epoch":
         return text(403, "Stale producer epoch", {P.PRODUCER_EPOCH: str(v.current_epoch)})

@@ -5,6 +5,7 @@ import pytest
 
 from gateway.durable_streams import _model as M
 from gateway.durable_streams import _protocol as P
+from gateway.durable_streams._app import stream_path
 
 
 def test_offsets_increase_and_compare_as_strings() -> None:
@@ -57,3 +58,19 @@ def test_fold_of_records_is_the_stream() -> None:
     st = M.apply(st, 3, {M.OP: "close"}, b"")
     assert st is not None and st.closed
     assert M.apply(st, 4, {M.OP: "delete"}, b"") is None
+
+
+def test_the_stream_path_is_the_path_as_sent_under_the_mount() -> None:
+    def scope(raw: bytes | None, path: str) -> dict[str, object]:
+        s: dict[str, object] = {"path": path, "root_path": "/ds"}
+        if raw is not None:
+            s["raw_path"] = raw
+        return s
+
+    # Escapes kept: "a%2Fb" is not "a/b" (as the reference server's URL pathname).
+    assert stream_path(scope(b"/ds/streams/a%2Fb", "/ds/streams/a/b")) == "/streams/a%2Fb"
+    assert stream_path(scope(b"/ds/runs%2Fr1", "/ds/runs/r1")) == "/runs%2Fr1"
+    assert stream_path(scope(b"/ds/x/y", "/ds/x/y")) == "/x/y"
+    # No raw path, or a mount prefix sent escaped: the decoded path under the root.
+    assert stream_path(scope(None, "/ds/streams/a/b")) == "/streams/a/b"
+    assert stream_path(scope(b"/d%73/a%2Fb", "/ds/a/b")) == "/a/b"

@@ -67,12 +67,12 @@ const app = http.createServer(async (req, res) => {
   const body = req.method === "POST" ? Buffer.concat(await req.toArray()) : undefined
   const request = new Request(`http://${req.headers.host}${req.url}`, { method: req.method, headers: req.headers, body })
   const response = await handle(request)
-  const headers = Object.fromEntries(response.headers); delete headers.connection; res.writeHead(response.status, headers); res.flushHeaders()
+  res.writeHead(response.status, Object.fromEntries(response.headers))
   if (!response.body) return res.end()
   const reader = response.body.getReader()
   res.on("close", () => { if (!res.writableFinished) reader.cancel().catch(() => {}) })  // the client left
   for (;;) {
-    const { done, value } = await reader.read().catch(() => ({ done: true }))
+    const { done, value } = await reader.read().catch(() => ({ done: true }))  // cancelled: over
     if (done) break
     res.write(value)
   }
