@@ -4,7 +4,8 @@ Needs only ``grpcio``, ``grpcio-status`` and ``protobuf`` (no server dependencie
 
     async with RunsClient("127.0.0.1:8081", api_key="k1") as runs:
         stream = runs.start("run-1", "thread-1", [{"id": "m1", "role": "user", "content": "hi"}],
-                            agent={"kind": "replay", "journal": "claude-stream-json/hello.jsonl"})
+                            agent={"kind": "replay",
+                                   "journal": "claude-stream-json/partial-messages-bash-exit-128.jsonl"})
         async for chunk in stream:               # resumes on its own after a broken stream
             print(chunk.offset, chunk.event["type"])
         print(stream.status)                     # "completed" | "failed" | "aborted" | "interrupted"

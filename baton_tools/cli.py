@@ -21,6 +21,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from baton import config
 from baton.internal_auth import sync_channel
@@ -111,6 +112,15 @@ def _coordinator(addr: str | None, data_dir: pathlib.Path) -> str:
     return config.get("BATON_COORDINATOR").split(",")[0]
 
 
+def _unreachable(what: str, address: str, detail: str, data_dir: pathlib.Path, given: str | None) -> typer.Exit:
+    """The error for a component that did not answer; says so when the address was only the
+    default because no cluster runs in ``data_dir`` (after ``baton down``, or none yet)."""
+    hint = ""
+    if given is None and _info(data_dir) is None:
+        hint = f" (no cluster running in {data_dir}: start one with `baton up`, or give the address)"
+    return _fail(f"{what} {address}: {detail}{hint}")
+
+
 def _http(api_key: str | None, timeout: float | None = 10.0) -> httpx.Client:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     return httpx.Client(trust_env=False, timeout=timeout, headers=headers)
@@ -197,6 +207,7 @@ def up(
         for c in info.components:
             table.add_row(c.name, str(c.pid), c.address, c.host_id or "")
         console.print(table)
+        console.print(f"gRPC API (baton.v1.Runs): 127.0.0.1:{info.ports['gateway-grpc']}")
         console.print(f"[bold green]ready[/bold green]: open [link={info.url}]{info.url}[/link]  (Ctrl-C to stop)")
         reported: set[str] = set()
         while not stop:
@@ -300,7 +311,7 @@ def runs(
                 coordinator_pb2.ListRunsRequest(thread_id=thread or "", limit=limit), timeout=10
             )
         except grpc.RpcError as exc:
-            raise _fail(f"coordinator {addr}: {exc.details()}") from None
+            raise _unreachable("coordinator", addr, str(exc.details()), data_dir, coordinator) from None
     if as_json:
         for r in resp.records:
             print(json.dumps(MessageToDict(r, preserving_proto_field_name=True)))
@@ -364,9 +375,12 @@ def tail(
                 if as_json:
                     print(json.dumps(item, ensure_ascii=False), flush=True)
                 else:
-                    console.print(f"[dim]{item.get('id')}[/dim] {_describe_chunk(item.get('chunk', {}))}", markup=False, highlight=False)
+                    # The chunk's text is the agent's: shown as it is (no markup), the id dimmed.
+                    line_text = Text(str(item.get("id")), style="dim")
+                    line_text.append(" " + _describe_chunk(item.get("chunk", {})))
+                    console.print(line_text, highlight=False)
     except httpx.HTTPError as exc:
-        raise _fail(f"gateway {base}: {exc}") from None
+        raise _unreachable("gateway", base, str(exc), data_dir, url) from None
     except KeyboardInterrupt:
         pass  # detaching is harmless: the run goes on
     if not as_json:
@@ -394,7 +408,7 @@ def cancel(
         with _http(api_key, timeout=60.0) as c:
             resp = c.post(f"{base}/api/chat/cancel", params={"wait": "true" if wait else "false"}, json={"runId": run_id})
     except httpx.HTTPError as exc:
-        raise _fail(f"gateway {base}: {exc}") from None
+        raise _unreachable("gateway", base, str(exc), data_dir, url) from None
     if resp.status_code >= 400:
         raise _fail(f"{resp.status_code}: {resp.text.strip()}")
     console.print_json(resp.text)
@@ -423,7 +437,7 @@ def reap(
         try:
             resp = coordinator_pb2_grpc.CoordinatorStub(ch).Reap(coordinator_pb2.ReapRequest(ttl_seconds=ttl), timeout=120)
         except grpc.RpcError as exc:
-            raise _fail(f"coordinator {addr}: {exc.details()}") from None
+            raise _unreachable("coordinator", addr, str(exc.details()), data_dir, coordinator) from None
     table = Table(show_header=True)
     table.add_column("outcome")
     table.add_column("runs", justify="right")

@@ -242,7 +242,13 @@ class LocalCluster:
             return p
 
         ports: dict[str, int] = {}
+        if gw and gw + 1 <= 65535 and _port_free(gw + 1):
+            # The gRPC API beside the HTTP port, as the services' defaults (8080, 8081).
+            ports["gateway-grpc"] = gw + 1
+            taken.add(gw + 1)
         for name in names:
+            if name in ports:
+                continue
             p = prev.get(name)
             ports[name] = p if p and p not in taken and _port_free(p) else fresh()
             taken.add(ports[name])

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from baton.sse import Event, SSEParser
 from baton_tools.cli import app
+from baton_tools.testing.servers import free_port
 from tests.cli.conftest import baton_argv, cli_env, cluster_json, pid_alive, processes_mentioning, run_cli
 from tests.conftest import REPO, assert_eventually
 
@@ -142,13 +143,24 @@ async def test_up_page_run_down_and_restart_keeps_the_runs(tmp_path: pathlib.Pat
         tail = run_cli("tail", "cli-run", "--data-dir", str(data_dir), "--json")
         assert tail.returncode == 0, tail.stderr
         assert [json.loads(line)["chunk"] for line in tail.stdout.splitlines()] == chunks
+        plain = run_cli("tail", "cli-run", "--data-dir", str(data_dir))
+        assert plain.returncode == 0, plain.stderr
+        # One line per chunk, its log offset first, no markup tags printed as text.
+        assert len(plain.stdout.splitlines()) == len(chunks)
+        assert "[dim]" not in plain.stdout and plain.stdout.split()[0].isdigit()
 
         down = run_cli("down", "--data-dir", str(data_dir))
         assert down.returncode == 0, down.stderr
         assert proc.wait(30) == 0
         _assert_nothing_left(data_dir, info)
+        # Nothing runs there now: a command says so instead of only "connection refused" at
+        # the default address.
+        gone = run_cli("runs", "--data-dir", str(data_dir), BATON_COORDINATOR=f"127.0.0.1:{free_port()}")
+        assert gone.returncode == 1
+        assert f"no cluster running in {data_dir}" in " ".join(gone.stderr.split())
         printed = (tmp_path / "baton-up.out").read_text()
         assert f"ready: open {url}" in printed
+        assert f"gRPC API (baton.v1.Runs): 127.0.0.1:{info['ports']['gateway-grpc']}" in printed
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
