@@ -271,32 +271,35 @@ class RunManager(ClaimUpkeep):
             return record, False
         mode: Any = "fresh"
         holder_wait = Deadline.after(HOLDER_WAIT)
+        purpose: Any = "drive"
         while True:
             try:
-                epoch, record = await deps.cc.claim_run(req.run_id, session, deps.host_id, purpose="drive")
+                epoch, record = await deps.cc.claim_run(req.run_id, session, deps.host_id, purpose=purpose)
                 break
             except RunClaimNotAcquired as refused:
                 if refused.reason == "held":
-                    # Another start of it holds it: a retry that came first, its finalizer,
-                    # or a start whose host lost its session after the input was durable
-                    # (its claim lapses with the lease). Join it once it started or ended;
-                    # take it over when its claim goes first.
+                    # Another start of it holds it: a retry that came first, its finalizer
+                    # (a cancel's), or a start whose host lost its session after the input
+                    # was durable (its claim lapses with the lease). Join it once it started
+                    # or ended; take it over when its claim goes first.
                     joined = await self._once_started(req.run_id, holder_wait)
                     if joined is not None:
                         return joined, False
                     continue
                 if refused.reason == "terminal":
                     return (await deps.cc.get_run(req.run_id)).record, False
-                if refused.reason != "cancel_requested":
+                if refused.reason != "cancel_requested" or purpose == "finalize":
                     raise
-                # Cancelled between create and claim: still ends aborted, by us.
-                epoch, record = await deps.cc.claim_run(req.run_id, session, deps.host_id, purpose="finalize")
-                mode = "finalize"
-                break
+                # Cancelled between create and claim: still ends aborted, by us (or joined,
+                # when another finalizer's claim comes first: the loop's ``held``).
+                purpose = mode = "finalize"
             except BaseException:
                 # The claim may have landed with its answer lost (a timeout): a claim no
-                # driver holds would keep the run from every retry until the host died.
-                await asyncio.shield(self._release_if_mine(req.run_id, session))
+                # driver holds would keep the run from every retry until the host died. Not
+                # while an attach of the run on this host is in flight: the claim may be that
+                # attach's, not yet driven (it releases its own when it fails).
+                if req.run_id not in self._attaching:
+                    await asyncio.shield(self._release_if_mine(req.run_id, session))
                 raise
         clock.mark("claim")
         writer = deps.log.writer(req.run_id, epoch)

@@ -50,6 +50,9 @@ class RunSandboxes:
         # The session this driver's claim lives under (the host's may be replaced later).
         self._session = deps.session
         self.current: Sandbox | None = None
+        # Set once the write that registers the agent as launched went out: from then on the
+        # registry may say so, and a successor may follow that agent.
+        self._marking_launched = False
 
     # --- find or build ----------------------------------------------------------------
 
@@ -119,10 +122,8 @@ class RunSandboxes:
 
         sbx = Sandbox(provider, handle, new_nonce())
         self.current = sbx
-        registering = False
         try:
             # Registered before launch, so whoever takes over finds (and can destroy) it.
-            registering = True
             await self._store(lambda: deps.register_sandbox(self.record, sbx, launched=False, epoch=self.epoch))
             await self._store(lambda: deps.cc.update_run(
                 self.run_id, runs_pb2.RunRecord(sandbox_key=key), paths=["sandbox_key"],
@@ -131,14 +132,17 @@ class RunSandboxes:
             await self._launch(sbx, input_messages)
         except BaseException:
             lost = getattr(self._session, "lost", None)
-            if registering and lost is not None and lost.is_set():
-                # The session (and so the claim) is gone, and the sandbox may be in the
-                # registry, even as launched (a write whose answer the loss cut off): a
-                # successor may already follow its agent. It is the successor's now: it
-                # follows a launched one and destroys one never marked launched. Killing it
-                # here killed the agent a successor had adopted, and the run failed (issue
-                # 18: 36 of 200 runs in one bench side, each whose host lost its session
-                # while launching).
+            if self._marking_launched and lost is not None and lost.is_set():
+                # The session (and so the claim) is gone, and the registry may say the agent
+                # is launched (a write whose answer the loss cut off): a successor may already
+                # follow it. It is the successor's now: it follows a launched one and destroys
+                # one never marked launched. Killing it here killed the agent a successor had
+                # adopted, and the run failed (issue 18: 36 of 200 runs in one bench side,
+                # each whose host lost its session while launching). Before that write went
+                # out the registry cannot say "launched" (nobody adopts the agent), and the
+                # sandbox's own registration may not have landed (a successor may never learn
+                # of it): it is destroyed here, as below (brk8: such sandboxes were left for
+                # good).
                 log.info("run %s: session lost while launching; sandbox %s left to the successor",
                          self.run_id, key)
                 raise
@@ -157,6 +161,7 @@ class RunSandboxes:
         sbx.handle = SandboxHandle(provider=sbx.handle.provider, key=sbx.handle.key,
                                    journal_path=sbx.handle.journal_path, stderr_path=sbx.handle.stderr_path,
                                    workdir=sbx.handle.workdir, data={**sbx.handle.data, **data, "launched": True})
+        self._marking_launched = True
         await self._store(lambda: deps.register_sandbox(self.record, sbx, launched=True, epoch=self.epoch))
 
     async def _store(self, write: Callable[[], Awaitable[T]]) -> T:
