@@ -57,8 +57,15 @@ async def test_two_readers_join_an_orphaned_detached_run_one_takeover_same_seque
             assert "".join(c["delta"] for _, c in r1.events if c["type"] == "TEXT_MESSAGE_CONTENT") == SLOW_TEXT
             assert r1.events[-1][1]["type"] == "RUN_FINISHED" and r1.ended and r2.ended
 
+            # What a client asks once its stream ended: the run view, settled by the close
+            # record (the host closes the log one etcd write before the record turns
+            # terminal: docs/design.md §5.5, the window CI once caught here).
+            assert (await http.get(f"{gw.url}/api/runs/{run}")).json()["status"] == "completed"
+
+            async def recorded_completed() -> bool:
+                return (await cc.get_run(run)).record.status == 3  # COMPLETED
+            await assert_eventually(recorded_completed, timeout=15)
             view = await cc.get_run(run)
-            assert view.record.status == 3  # COMPLETED
             assert view.record.driver_epoch == 2  # one takeover, no more
             assert view.record.driver_host == host_b.host_id
 
