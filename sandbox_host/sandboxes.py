@@ -50,9 +50,6 @@ class RunSandboxes:
         # The session this driver's claim lives under (the host's may be replaced later).
         self._session = deps.session
         self.current: Sandbox | None = None
-        # Set once the write that registers the agent as launched went out: from then on the
-        # registry may say so, and a successor may follow that agent.
-        self._marking_launched = False
 
     # --- find or build ----------------------------------------------------------------
 
@@ -132,7 +129,9 @@ class RunSandboxes:
             await self._launch(sbx, input_messages)
         except BaseException:
             lost = getattr(self._session, "lost", None)
-            if self._marking_launched and lost is not None and lost.is_set():
+            # ``launched`` is in the handle once the agent runs, right before the write that
+            # registers it so: from then on the registry may say so.
+            if sbx.handle.data.get("launched") and lost is not None and lost.is_set():
                 # The session (and so the claim) is gone, and the registry may say the agent
                 # is launched (a write whose answer the loss cut off): a successor may already
                 # follow it. It is the successor's now: it follows a launched one and destroys
@@ -161,7 +160,6 @@ class RunSandboxes:
         sbx.handle = SandboxHandle(provider=sbx.handle.provider, key=sbx.handle.key,
                                    journal_path=sbx.handle.journal_path, stderr_path=sbx.handle.stderr_path,
                                    workdir=sbx.handle.workdir, data={**sbx.handle.data, **data, "launched": True})
-        self._marking_launched = True
         await self._store(lambda: deps.register_sandbox(self.record, sbx, launched=True, epoch=self.epoch))
 
     async def _store(self, write: Callable[[], Awaitable[T]]) -> T:

@@ -30,13 +30,12 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from baton.aio import cancel_and_join
+
 _STATUS = "Status"
 _NO_RESPONDERS = "503"
 _DECODER = json.JSONDecoder()
 _EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
-
-# What a waiting publish gets: the ack's body and its headers (None: none).
-_Reply = tuple[bytes, "dict[str, str] | None"]
 
 
 class Publisher:
@@ -53,9 +52,9 @@ class Publisher:
         self._nc = nc
         self._timeout = timeout
         self._prefix = ""
-        self._waiting: dict[bytes, asyncio.Future[_Reply]] = {}
+        self._waiting: dict[str, asyncio.Future[Msg]] = {}
         # (deadline, token) in publish order: with one timeout, deadlines only grow.
-        self._deadlines: collections.deque[tuple[float, bytes]] = collections.deque()
+        self._deadlines: collections.deque[tuple[float, str]] = collections.deque()
         self._ids = itertools.count()
         self._sub: Subscription | None = None
         self._sweeper: asyncio.Task[None] | None = None
@@ -71,9 +70,7 @@ class Publisher:
     async def stop(self) -> None:
         """Unsubscribe and fail every publish still waiting (``nats.errors.TimeoutError``)."""
         if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+            await cancel_and_join(self._sweeper)
             self._sweeper = None
         if self._sub is not None:
             with contextlib.suppress(nats.errors.Error):
@@ -95,9 +92,9 @@ class Publisher:
                     fut.set_exception(nats.errors.TimeoutError())
 
     async def _on_reply(self, msg: Msg) -> None:
-        fut = self._waiting.pop(msg.subject[len(self._prefix):].encode(), None)
+        fut = self._waiting.pop(msg.subject[len(self._prefix):], None)
         if fut is not None and not fut.done():
-            fut.set_result((msg.data, msg.headers))
+            fut.set_result(msg)
 
     async def publish(self, subject: str, payload: bytes, expected_last_subject_seq: int) -> dict[str, Any]:
         """Publish, fenced on the subject's last sequence, and return JetStream's ack
@@ -118,23 +115,20 @@ class Publisher:
         """
         loop = self._loop
         assert loop is not None, "Publisher.start() first"
-        nc = self._nc
-        if len(payload) > nc.max_payload:
-            raise nats.errors.MaxPayloadError
-        n = next(self._ids)
-        token = str(n).encode()
-        fut: asyncio.Future[_Reply] = loop.create_future()
+        token = str(next(self._ids))
+        fut: asyncio.Future[Msg] = loop.create_future()
         self._waiting[token] = fut
         self._deadlines.append((loop.time() + self._timeout, token))
         try:
-            await nc.publish(subject, payload, reply=self._prefix + str(n),
-                             headers={_EXPECTED_LAST: str(expected_last_subject_seq)})
-            data, status = await fut
+            # nats-py refuses a payload over the server's max_payload (MaxPayloadError).
+            await self._nc.publish(subject, payload, reply=self._prefix + token,
+                                   headers={_EXPECTED_LAST: str(expected_last_subject_seq)})
+            msg = await fut
         finally:
             self._waiting.pop(token, None)
-        if status and status.get(_STATUS) == _NO_RESPONDERS:
+        if msg.headers and msg.headers.get(_STATUS) == _NO_RESPONDERS:
             raise nats.js.errors.NoStreamResponseError
-        ack: dict[str, Any] = _DECODER.decode(data.decode())
+        ack: dict[str, Any] = _DECODER.decode(msg.data.decode())
         err = ack.get("error")
         if err is not None:
             nats.js.errors.APIError.from_error(err)  # raises the error's class

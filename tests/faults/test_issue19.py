@@ -66,9 +66,10 @@ async def test_A_etcd_killed_a_few_chunks_before_the_end(fault_cluster: ClusterF
     c = await fault_cluster(session_ttl=10)
     runs = await c.start_runs(6, seconds=8, detached=1)
     await _near_end(c, runs, 6)
-    async with c.fault("etcd SIGKILL a few chunks before the end, restarted 2 s later"):
+    async with c.fault("etcd SIGKILL a few chunks before the end, restarted once a run's log closed"):
         await asyncio.to_thread(c.etcd.kill)
-        await asyncio.sleep(2)
+        # Back once a run reached its end: its log is closed, its status write met the dead store.
+        await eventually(lambda: any(r.reader is not None and r.reader.got.ended for r in runs), 60)
         await asyncio.to_thread(c.etcd.start)
     await c.finish(timeout=60)
     await c.check()
@@ -117,11 +118,12 @@ async def test_C_posts_while_nats_is_paused(fault_cluster: ClusterFactory) -> No
     c = await fault_cluster()
     live = await c.start_runs(2, seconds=14)
     assert c.nats.proc is not None
-    async with c.fault("nats-server SIGSTOP 8 s while 6 POSTs arrive"):
+    async with c.fault("nats-server SIGSTOP until each of 6 POSTs was refused once"):
         c.nats.proc.send_signal(signal.SIGSTOP)
         try:
             posted = await c.start_runs(6, SHORT, seconds=4, wait_started=False)
-            await asyncio.sleep(8)
+            # Frozen until the gateway has answered every POST (a 5xx: nothing can be stored).
+            await eventually(lambda: all(r.reader is not None and r.reader.got.refusals for r in posted), 60)
         finally:
             c.nats.proc.send_signal(signal.SIGCONT)
     await c.finish()
@@ -139,9 +141,11 @@ async def test_C_gateway_killed_in_a_burst_of_posts(fault_cluster: ClusterFactor
     (same run id) until it reads the run: 30 runs, each started once, with its input."""
     c = await fault_cluster()
     assert c.gateway is not None
-    async with c.fault("gateway SIGKILL 150 ms into a burst of 30 POSTs, restarted"):
+    async with c.fault("gateway SIGKILL once the first of a burst of 30 POSTs streams, restarted"):
         burst = await c.start_runs(30, CODEX, seconds=4, wait_started=False)
-        await asyncio.sleep(0.15)
+        # Mid-burst: one run started, the others' POSTs still being served.
+        await eventually(lambda: any(r.reader is not None and r.reader.first_chunk.is_set() for r in burst),
+                         60, interval=0.005)
         await c.gateway.kill()
         await c.gateway.start()
     await c.finish(timeout=240)
