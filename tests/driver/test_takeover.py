@@ -147,7 +147,7 @@ async def test_journal_that_never_appears_is_journal_timeout(cluster: Cluster) -
 
 async def test_journal_rewritten_under_a_detached_run_fails_loudly(cluster: Cluster) -> None:
     a = cluster.hosts[0]
-    started = await cluster.start_run(a, LONG, delay=0.02)
+    started = await cluster.start_run(a, LONG, delay=0.05)  # the kill must land before the agent's end, with the reader behind on a loaded machine
     run_id, thread_id = started.record.run_id, started.record.thread_id
     original = (CORPUS / LONG).read_bytes()
     lines = original.split(b"\n")
