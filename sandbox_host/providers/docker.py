@@ -193,12 +193,15 @@ class DockerProvider(Provider):
         # (never another sandbox of the same key).
         token = os.urandom(8).hex()
         labels = {LABEL_KEY: key, LABEL_RUN: spec.env.get("BATON_RUN_ID", key), LABEL_TOKEN: token}
+        # A cancelled await does not stop the thread: it may still create and start the
+        # container after the cancel. So the removal waits for the thread to end first.
+        starting = asyncio.ensure_future(asyncio.to_thread(self._start_container, image, labels, dict(spec.env)))
         try:
-            container_id = await asyncio.to_thread(self._start_container, image, labels, dict(spec.env))
+            container_id = await asyncio.shield(starting)
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise SandboxBuildFailed("container", redact(f"{image}: {_explain(exc)}", spec.secrets)) from exc
         except BaseException:
-            await asyncio.shield(self._remove_labelled(LABEL_TOKEN, token))
+            await asyncio.shield(self._undo_start(starting, token))
             raise
         handle = SandboxHandle(
             provider=self.name,
@@ -253,6 +256,13 @@ class DockerProvider(Provider):
             await asyncio.to_thread(self._api.remove_container, container_id, force=True, v=True)
         except docker.errors.NotFound:
             pass
+
+    async def _undo_start(self, starting: asyncio.Future[str], token: str) -> None:
+        """Once the start's thread has ended (however), remove the container it built."""
+        await asyncio.wait([starting])
+        if not starting.cancelled():
+            starting.exception()  # retrieved: the caller raises its own error
+        await self._remove_labelled(LABEL_TOKEN, token)
 
     async def _remove_labelled(self, label: str, value: str) -> None:
         try:
