@@ -132,6 +132,32 @@ def start_reference(log: pathlib.Path, data_dir: pathlib.Path | None = None) -> 
     raise SystemExit(f"reference server did not start: {log.read_text(errors='replace')[-2000:]}")
 
 
+FLOOR = "floor"
+
+
+def start_floor(nats_url: str, log: pathlib.Path) -> tuple[subprocess.Popen[bytes], str]:
+    """``bench/_ds_floor.py`` on a free port: (process, URL of its ``/ds``)."""
+    from baton_tools.testing.servers import free_port
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).resolve().parent.parent)}
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "bench._ds_floor", nats_url, str(port)], env=env,
+                                stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and proc.poll() is None:
+        if _port_open(port):
+            return proc, f"http://127.0.0.1:{port}/ds"
+        time.sleep(0.05)
+    proc.kill()
+    raise SystemExit(f"the floor server did not start: {log.read_text(errors='replace')[-2000:]}")
+
+
+def _port_open(port: int) -> bool:
+    import socket
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def _check_source(env: dict[str, str], src: str) -> None:
     """Fail unless a process started with ``env`` here imports the gateway from ``src``."""
     out = subprocess.run([sys.executable, "-c", "import gateway; print(gateway.__file__)"], env=env,
@@ -157,11 +183,13 @@ async def main() -> dict[str, Any]:
     nats.start()
     assert nats.proc is not None
     refs: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
+    floor: tuple[subprocess.Popen[bytes], str] | None = None
     gws: dict[str, GatewayProcess] = {}
     try:
         refs["reference"] = start_reference(tmp / "reference.log")
         # Beside nats-server's JetStream store (tmp/nats/jetstream): the same filesystem.
         refs["reference_file"] = start_reference(tmp / "reference_file.log", tmp / "reference_file")
+        floor = start_floor(nats.url, tmp / "floor.log")
         coord = await start_coordinator(etcd.endpoint, f"/bench-ds-{os.getpid()}", log_dir=tmp)
         try:
             for name, settings in variants().items():
@@ -180,7 +208,7 @@ async def main() -> dict[str, Any]:
                     await gw.start()
             # Interleaved rounds, each figure the median of its rounds: the machine's load
             # drifts over a run and hits every server alike.
-            sides = [*gws, *REFERENCES]
+            sides = [*gws, FLOOR, *REFERENCES]
             rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
             failures: dict[str, int] = {}
             for i in range(ROUNDS):
@@ -189,6 +217,8 @@ async def main() -> dict[str, Any]:
                         pid = gws[name].pid
                         assert pid is not None
                         url, pids = f"{gws[name].url}/ds", {"gateway": pid, "nats": nats.proc.pid}
+                    elif name == FLOOR:
+                        url, pids = floor[1], {"server": floor[0].pid, "nats": nats.proc.pid}
                     else:
                         url, pids = refs[name][1], {"server": refs[name][0].pid}
                     try:
@@ -207,7 +237,7 @@ async def main() -> dict[str, Any]:
                 await gw.stop()
             await coord.stop()
     finally:
-        for proc, _ in refs.values():
+        for proc, _ in [*refs.values(), *([floor] if floor else [])]:
             proc.terminate()
             proc.wait(10)
         nats.stop()
@@ -218,8 +248,11 @@ async def main() -> dict[str, Any]:
     out: dict[str, Any] = {**medians, "rounds": ROUNDS, "reference_client_failures": failures}
     if first != "baton":
         out["baton"] = medians[first]
-    ratios = {name: {ref: _ratios(medians[name], medians[ref]) for ref in REFERENCES} for name in gws}
-    out["ratios"] = ratios["baton"] if list(gws) == ["baton"] else ratios
+    ratios = {name: {ref: _ratios(medians[name], medians[ref]) for ref in REFERENCES} for name in [*gws, FLOOR]}
+    out["ratios"] = {k: v for k, v in ratios.items() if k != FLOOR}
+    if list(gws) == ["baton"]:
+        out["ratios"] = ratios["baton"]
+    out["floor_ratios"] = ratios[FLOOR]
     out["targets_met"] = {
         f"throughput_ge_{ref}": min(r["append_1_stream"], r["append_16_streams"]) >= 1.0
         for ref, r in ratios[first].items()}
@@ -241,7 +274,7 @@ async def main() -> dict[str, Any]:
         for n in names))
     print(f"{'nats CPU ms/request':<24}" + "".join(
         f"{medians[n]['cpu_ms_per_request'].get('nats', 0):>{w}.3f}" for n in names))
-    for name in gws:
+    for name in [*gws, FLOOR]:
         for ref, r in ratios[name].items():
             print(f"ratio {name}/{ref}: append 1 stream {r['append_1_stream']:.2f}, "
                   f"16 streams {r['append_16_streams']:.2f}, read p50 {r['read_latency_p50']:.2f}")

@@ -99,14 +99,8 @@ class DockerProvider(Provider):
     killable_processes = True
     can_follow = True
 
-    def __init__(
-        self,
-        client: docker.DockerClient | None = None,
-        *,
-        image: str | None = None,
-        journal_dir: str = JOURNAL_DIR,
-        network_mode: str | None = None,
-    ) -> None:
+    def __init__(self, client: docker.DockerClient | None = None, *, image: str | None = None,
+                 journal_dir: str = JOURNAL_DIR, network_mode: str | None = None) -> None:
         self._owns_client = client is None
         self._client = client if client is not None else docker.from_env()
         self._api = self._client.api
@@ -266,9 +260,7 @@ class DockerProvider(Provider):
 
     async def _remove_labelled(self, label: str, value: str) -> None:
         try:
-            found = await asyncio.to_thread(
-                self._api.containers, all=True, filters={"label": f"{label}={value}"}
-            )
+            found = await asyncio.to_thread(self._api.containers, all=True, filters={"label": f"{label}={value}"})
             for c in found:
                 await self._remove_quietly(str(c["Id"]))
         except (docker.errors.DockerException, requests.exceptions.RequestException):
@@ -575,12 +567,8 @@ class DockerProvider(Provider):
 
     async def find(self, key: str) -> list[str]:
         """Ids of the containers labelled with sandbox ``key`` (running or not)."""
-        found = await asyncio.to_thread(
-            self._api.containers, all=True, filters={"label": f"{LABEL_KEY}={key}"}
-        )
+        found = await asyncio.to_thread(self._api.containers, all=True, filters={"label": f"{LABEL_KEY}={key}"})
         return [str(c["Id"]) for c in found]
-
-
 
 
 def _close_response(stream: Any) -> None:
