@@ -8,7 +8,7 @@ undici: a lighter client than Python's, so the servers are what is measured):
 - ``read_latency``: a long-poll reader at the tail; the time from sending an append to the
   reader holding its bytes (p50/p99).
 
-Three sides, whose durability differs (what an answered append has survived):
+Three servers, whose durability differs (what an answered append has survived):
 - ``baton``: the real ``python -m gateway`` (subprocess) with a coordinator, etcd and a
   nats-server. Every append is a JetStream publish to a file-storage stream, answered once
   nats-server has acked it: written to its block file (the OS page cache), not synced.
@@ -27,8 +27,12 @@ Three sides, whose durability differs (what an answered append has survived):
   (lmdb-js's default ``overlappingSync``: committed, synced in the background; recovery
   reconciles offsets from the segment files). The strongest guarantee of the three: it
   survives power loss.
+- ``floor``: ``bench/_ds_floor.py``, the gateway's uvicorn setup publishing each append to
+  JetStream (fenced, answered after the ack) with none of the protocol: the least a Python
+  server on baton's stack does per append. baton near the floor says the protocol layer
+  costs little; the floor below a reference says no protocol work can reach that side.
 Target: baton's throughput ≥ the reference's; the results give ratios against both
-references. Writes ``bench/results/durable_streams.json``.
+references (``ratios``; the floor's in ``floor_ratios``). Writes ``bench/results/durable_streams.json``.
 
 Each round measures every side once, the order rotated by one each round (no side always
 first or last), and every figure is the median over rounds. Each round also reports the
