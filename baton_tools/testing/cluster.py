@@ -56,7 +56,12 @@ async def wait_serving(address: str, timeout: float = 30.0, alive: Any = None) -
         RuntimeError: ``alive()`` turned false.
     """
     deadline = time.monotonic() + timeout
-    async with grpc.aio.insecure_channel(address, options=(("grpc.enable_http_proxy", 0),)) as ch:
+    # Reconnect at once: a channel whose first connect failed (the server not listening yet)
+    # otherwise waits out grpc's reconnect backoff (1 s, then x1.6) before it tries again, and
+    # every Check in between fails at once: a start seen up to seconds after it was ready.
+    options = (("grpc.enable_http_proxy", 0), ("grpc.initial_reconnect_backoff_ms", 50),
+               ("grpc.min_reconnect_backoff_ms", 50), ("grpc.max_reconnect_backoff_ms", 100))
+    async with grpc.aio.insecure_channel(address, options=options) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         while True:
             if alive is not None and not alive():

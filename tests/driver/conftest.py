@@ -54,10 +54,23 @@ class Cluster:
         return sandbox_host_pb2_grpc.SandboxHostStub(ch)
 
     async def add_host(self, **settings: Any) -> HostProcess:
-        h = await start_host(self.coordinator.address, self.env["BATON_NATS_URL"], log_dir=self.tmp / "logs",
-                             host_id=f"h{len(self.hosts) + 1}-{uuid.uuid4().hex[:4]}", **{**self.env, **settings})
+        h = await self._start_host(len(self.hosts) + 1, **settings)
         self.hosts.append(h)
         return h
+
+    async def add_hosts(self, n: int) -> None:
+        """Start ``n`` hosts at once (``h<i>-…`` in order); none is left running on a failure."""
+        first = len(self.hosts) + 1
+        started = await asyncio.gather(*(self._start_host(first + i) for i in range(n)), return_exceptions=True)
+        failed = [r for r in started if isinstance(r, BaseException)]
+        if failed:
+            await asyncio.gather(*(r.kill() for r in started if isinstance(r, HostProcess)))
+            raise failed[0]
+        self.hosts.extend(r for r in started if isinstance(r, HostProcess))
+
+    async def _start_host(self, number: int, **settings: Any) -> HostProcess:
+        return await start_host(self.coordinator.address, self.env["BATON_NATS_URL"], log_dir=self.tmp / "logs",
+                                host_id=f"h{number}-{uuid.uuid4().hex[:4]}", **{**self.env, **settings})
 
     async def start_run(self, host: HostProcess, journal: str, *, speed: float = 1.0, delay: float = 0.0,
                         run_id: str | None = None, thread_id: str | None = None, messages: list[Any] | None = None,
@@ -132,8 +145,7 @@ async def make_cluster(etcd: EtcdServer, nats: NatsServer, tmp: pathlib.Path, *,
     await dlog.provision()
     c = Cluster(tmp, coord, cc, dlog, TranscriptStore(dlog.nc, cfg), cfg, env, prefix=f"/{tag}/",
                 etcd_endpoint=etcd.endpoint)
-    for _ in range(hosts):
-        await c.add_host()
+    await c.add_hosts(hosts)
     return c
 
 

@@ -191,8 +191,13 @@ class FaultCluster:
         if replicated:
             self.env["BATON_LOG_REPLICAS"] = "3"
             await self._jetstream_ready()
-        for i in range(hosts):
-            await self.add_host(**(host_env or {}))
+        # At once, h1…hN in order; none left running when one fails to start.
+        started = await asyncio.gather(*(self._start_host(len(self.hosts) + 1 + i, None, host_env or {})
+                                         for i in range(hosts)), return_exceptions=True)
+        self.hosts.extend(h for h in started if isinstance(h, HostProcess))
+        failed = [h for h in started if isinstance(h, BaseException)]
+        if failed:
+            raise failed[0]
         assert self.coordinator is not None
         self.gateway = await start_gateway(self.coordinator.address, self.nats.url, log_dir=logs,
                                            **{**self.env, "BATON_SSE_KEEPALIVE": "1", **(gateway_env or {})})
@@ -232,18 +237,20 @@ class FaultCluster:
     async def add_host(self, *, coordinator: str | None = None, **settings: Any) -> HostProcess:
         """Start one more host; ``coordinator``: the address it dials (default: the
         coordinator's own; e.g. a :class:`TcpProxy` in between)."""
-        assert self.coordinator is not None
-        n = len(self.hosts) + 1
-        h = await start_host(coordinator or self.coordinator.address, self.nats.url, host_id=f"h{n}-{self.tag[:4]}",
-                             log_dir=self.tmp / "logs", **{
-                                 **self.env,
-                                 "BATON_JOURNAL_DIR": str(self.tmp / "journals"),
-                                 "BATON_SANDBOX_DIR": str(self.sandbox_dir),
-                                 "BATON_ATTACH_WAIT": "3",
-                                 "BATON_CANCEL_GRACE": "1",
-                                 **{k: str(v) for k, v in settings.items()}})
+        h = await self._start_host(len(self.hosts) + 1, coordinator, settings)
         self.hosts.append(h)
         return h
+
+    async def _start_host(self, n: int, coordinator: str | None, settings: dict[str, Any]) -> HostProcess:
+        assert self.coordinator is not None
+        return await start_host(coordinator or self.coordinator.address, self.nats.url, host_id=f"h{n}-{self.tag[:4]}",
+                                log_dir=self.tmp / "logs", **{
+                                    **self.env,
+                                    "BATON_JOURNAL_DIR": str(self.tmp / "journals"),
+                                    "BATON_SANDBOX_DIR": str(self.sandbox_dir),
+                                    "BATON_ATTACH_WAIT": "3",
+                                    "BATON_CANCEL_GRACE": "1",
+                                    **{k: str(v) for k, v in settings.items()}})
 
     @property
     def sandbox_dir(self) -> pathlib.Path:

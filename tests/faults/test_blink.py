@@ -53,6 +53,7 @@ async def test_host_sigkill_runs_continue_well_under_the_ttl(fault_cluster: Clus
     await c.check()
 
 
+@pytest.mark.faults_slow
 @pytest.mark.timeout(180)
 async def test_host_cut_from_its_coordinator_keeps_its_session(fault_cluster: ClusterFactory) -> None:
     """The host's coordinator connection (keep-alive included) is reset by a proxy, twice;
