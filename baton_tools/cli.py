@@ -325,8 +325,11 @@ def runs(
             str(r.driver_epoch), _when(r.started_at if r.HasField("started_at") else None),
             _when(r.detached_since if r.HasField("detached_since") else None),
         )
-    console.print(table)
-    console.print(f"{len(resp.records)} run(s)")
+    # Piped (no terminal), rich lays a table out on 80 columns and wraps ids inside their
+    # cells; a wide console keeps each run on one line for grep and friends.
+    out = console if console.is_terminal else Console(width=1000)
+    out.print(table)
+    out.print(f"{len(resp.records)} run(s)")
 
 
 def _describe_chunk(chunk: dict[str, Any]) -> str:

@@ -139,6 +139,13 @@ async def test_up_page_run_down_and_restart_keeps_the_runs(tmp_path: pathlib.Pat
         assert runs.returncode == 0, runs.stderr
         (listed,) = [json.loads(line) for line in runs.stdout.splitlines()]
         assert listed["run_id"] == "cli-run" and listed["status"] == "RUN_STATUS_COMPLETED"
+        table = run_cli("runs", "--thread", "cli-thread", "--data-dir", str(data_dir), COLUMNS="80")
+        assert table.returncode == 0, table.stderr
+        # Piped (80 columns: rich's width without a terminal): one line per run, every
+        # column whole.
+        (row,) = [line for line in table.stdout.splitlines() if "cli-run" in line]
+        assert ["cli-run", "cli-thread", "completed", "replay"] == row.replace("│", " ").split()[:4], row
+        assert len(row) > 80 and table.stdout.rstrip().endswith("1 run(s)")
 
         tail = run_cli("tail", "cli-run", "--data-dir", str(data_dir), "--json")
         assert tail.returncode == 0, tail.stderr
