@@ -18,6 +18,7 @@ import asyncio
 import os
 import pathlib
 import signal
+import subprocess
 import time
 import uuid
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
@@ -151,6 +152,16 @@ def process_state(pid: int) -> str:
         return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return ""
+
+
+async def freeze(proc: subprocess.Popen[bytes]) -> None:
+    """SIGSTOP ``proc`` and return once it is stopped (``/proc`` state ``T``).
+
+    The signal is delivered asynchronously: a request sent right after ``send_signal``
+    could still be answered (CI saw both etcd and nats-server do so under load).
+    """
+    proc.send_signal(signal.SIGSTOP)
+    await assert_eventually(lambda: process_state(proc.pid) == "T", timeout=10, interval=0.005)
 
 
 def unique(prefix: str = "t") -> str:

@@ -15,7 +15,7 @@ from baton_tools.testing.servers import EtcdServer, free_port
 from baton.v1 import coordinator_pb2 as pb
 from baton.v1 import coordinator_pb2_grpc as pb_grpc
 from baton.v1.runs_pb2 import RunRecord, RunStatus
-from tests.conftest import assert_eventually, assert_throughout, unique
+from tests.conftest import assert_eventually, assert_throughout, freeze, unique
 
 
 @pytest.mark.parametrize("fault", ["killed", "frozen"])
@@ -28,7 +28,7 @@ async def test_etcd_unreachable_answers_unavailable_within_the_deadline(own_etcd
             if fault == "killed":
                 await asyncio.to_thread(own_etcd.kill)
             else:
-                own_etcd.proc.send_signal(signal.SIGSTOP)   # open sockets, no answers: the hang case
+                await freeze(own_etcd.proc)   # open sockets, no answers: the hang case
             try:
                 for call in (lambda: cc.get_run("r1", timeout=1.0),
                              lambda: cc.claim_run("r1", 1, "h", timeout=1.0),

@@ -18,7 +18,7 @@ from coordinator import retention, rules
 from coordinator._indexes import LIVE_INDEXES, ensure_indexes, live_runs
 from coordinator._keys import prefix_end
 from coordinator._store import RunStore
-from tests.conftest import assert_eventually, unique
+from tests.conftest import assert_eventually, freeze, unique
 
 RUNNING, COMPLETED = RunStatus.RUN_STATUS_RUNNING, RunStatus.RUN_STATUS_COMPLETED
 
@@ -259,7 +259,7 @@ async def test_a_read_only_txn_past_its_timeout_is_unavailable_and_etcd_lives_on
     key = f"/{unique('ro')}/k".encode()
     try:
         await client.txn([], [E.put(key, b"v")], timeout=5)
-        etcd.proc.send_signal(signal.SIGSTOP)
+        await freeze(etcd.proc)
         try:
             for _ in range(5):
                 with pytest.raises(StoreUnavailable):

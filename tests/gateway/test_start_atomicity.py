@@ -24,7 +24,7 @@ from baton.errors import UnknownRun
 from baton.log import DeliveryLog, LogConfig, TranscriptStore
 from baton.runs import RUN_ACCEPTED, status_name
 from baton_tools.testing.cluster import start_coordinator, start_gateway, start_host
-from tests.conftest import assert_eventually, assert_throughout, unique
+from tests.conftest import assert_eventually, assert_throughout, freeze, unique
 from tests.gateway.conftest import host_settings, read_stream
 
 HELLO = "claude-stream-json/hello.jsonl"
@@ -101,7 +101,7 @@ async def test_post_while_the_log_is_paused_503_then_a_retry_starts_it_with_its_
         # the POSTs reach a host, whose start then fails half-way. (A POST after the probe
         # saw the outage is refused before anything exists: asserted at the end.)
         assert await gw.state.log_health.problem() is None
-        own_nats.proc.send_signal(signal.SIGSTOP)
+        await freeze(own_nats.proc)
         try:
             r1, r2 = await asyncio.gather(
                 http.post(f"{gw.url}/api/chat", json=chat_body(run_id, thread_id, "first")),
@@ -140,7 +140,7 @@ async def test_post_while_the_log_is_paused_503_then_a_retry_starts_it_with_its_
         assert (await cc.get_run(run_id)).record.driver_epoch == epoch + 1
 
         # Once the probe sees the outage, a new POST is refused before anything exists.
-        own_nats.proc.send_signal(signal.SIGSTOP)
+        await freeze(own_nats.proc)
         try:
             fresh_run = unique("run-")
 

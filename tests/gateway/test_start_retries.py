@@ -12,7 +12,7 @@ import pytest
 
 from baton.coordinator_client import CoordinatorClient
 from baton.runs import RUN_ACCEPTED, status_name
-from tests.conftest import assert_eventually, unique
+from tests.conftest import assert_eventually, freeze, unique
 from tests.gateway.conftest import read_stream
 from tests.gateway.test_start_atomicity import assert_started_with_input, chat_body, log_chunks, plane  # noqa: F401
 
@@ -21,7 +21,7 @@ async def _failed_start(http: httpx.AsyncClient, gw: Any, own_nats: Any, run_id:
     """A POST that got past the gateway's log probe (answered just before NATS paused) and
     failed half-way: the run exists, still ``starting``."""
     assert await gw.app.state.gateway.log_health.problem() is None  # cached for 3 s
-    own_nats.proc.send_signal(signal.SIGSTOP)
+    await freeze(own_nats.proc)
     try:
         r = await http.post(f"{gw.url}/api/chat", json=chat_body(run_id, thread_id, "first"))
     finally:

@@ -19,7 +19,7 @@ from baton.fingerprint import fingerprint
 from baton.log import DeliveryLog
 from baton.log import _headers as H
 from baton_tools.testing.replicated import NatsCluster
-from tests.conftest import assert_eventually, process_state
+from tests.conftest import assert_eventually, freeze, process_state
 from tests.log.conftest import chunk, unique_cfg
 
 pytestmark = pytest.mark.servers
@@ -128,10 +128,8 @@ async def test_a_frozen_server_is_left_for_another_and_appends_go_on(cluster: Na
         port = log.nc.connected_url.port if log.nc.connected_url else None
         frozen = next(n for n in cluster.nodes if n.port == port)
         assert frozen.proc is not None
-        frozen.proc.send_signal(signal.SIGSTOP)
         pid = frozen.proc.pid
-        # Stopped before the next append is sent (the signal is delivered asynchronously).
-        await assert_eventually(lambda: process_state(pid) == "T", timeout=10, interval=0.01)
+        await freeze(frozen.proc)  # stopped before the next append is sent
         sent = 1
 
         async def appended() -> bool:
