@@ -81,7 +81,8 @@ class Floor:
             after = int(q.get("offset", "0") or 0)
             if len(self.data[path]) <= after:
                 try:
-                    await asyncio.wait_for(self.changed[path].wait(), 10)
+                    async with asyncio.timeout(10):
+                        await self.changed[path].wait()
                 except TimeoutError:
                     status = 204
             body = b"".join(self.data[path][after:])

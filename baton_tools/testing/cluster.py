@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Protocol
+from typing import Any, Awaitable, Protocol, Sequence
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -344,6 +344,21 @@ class HostProcess(_ServiceProcess):
             assert self.proc is not None
             self.proc.send_signal(signal.SIGCONT)
 
+
+
+async def start_together(starts: Sequence[Awaitable[HostProcess]]) -> list[HostProcess]:
+    """Await host starts at once; the hosts in the order given.
+
+    Raises:
+        The first start's error; the hosts that did start are killed first (none is left
+        running for nobody).
+    """
+    started = await asyncio.gather(*starts, return_exceptions=True)
+    failed = [r for r in started if isinstance(r, BaseException)]
+    if failed:
+        await asyncio.gather(*(r.kill() for r in started if isinstance(r, HostProcess)))
+        raise failed[0]
+    return [r for r in started if isinstance(r, HostProcess)]
 
 
 async def start_host(coordinator: str, nats_url: str, *, host_id: str | None = None,

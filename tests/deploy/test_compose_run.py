@@ -28,12 +28,12 @@ import tempfile
 import time
 from typing import Any, Iterator
 
-import httpx
 import pytest
 
 from baton.grpc_client import RunsClient
 from baton.runs import RUN_ACCEPTED, is_host_chunk, status_name
 from baton.transcript import build_transcript
+from baton_tools.cluster import http_ok
 from baton_tools.reference import reference_chunks, speed_for
 from baton_tools.testing.servers import find_binary, free_port
 from tests.conftest import assert_eventually, require, unique
@@ -125,12 +125,9 @@ def stack() -> Iterator[Stack]:
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{s.logs()}") from None
         deadline = time.monotonic() + 300
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{s.http_port}/readyz", timeout=5).status_code == 200:
-                    break
+        while not http_ok(f"http://127.0.0.1:{s.http_port}/readyz", timeout=5):
             assert time.monotonic() < deadline, f"the gateway never got ready\n{s.logs()}"
-            time.sleep(0.5)
+            time.sleep(0.1)  # the poll's interval, under the deadline above
         print(f"\ncompose: images {built - started:.0f}s, stack up {time.monotonic() - built:.0f}s")
         yield s
     finally:

@@ -16,7 +16,7 @@ import pytest
 
 from baton.coordinator_client import CoordinatorClient
 from baton.log import DeliveryLog, LogConfig, TranscriptStore
-from baton_tools.testing.cluster import HostProcess, start_coordinator, start_host
+from baton_tools.testing.cluster import HostProcess, start_coordinator, start_host, start_together
 from baton_tools.testing.servers import EtcdServer, NatsServer
 from baton.v1 import runs_pb2, sandbox_host_pb2, sandbox_host_pb2_grpc
 from tests.conftest import REPO, assert_eventually, unique
@@ -61,12 +61,7 @@ class Cluster:
     async def add_hosts(self, n: int) -> None:
         """Start ``n`` hosts at once (``h<i>-…`` in order); none is left running on a failure."""
         first = len(self.hosts) + 1
-        started = await asyncio.gather(*(self._start_host(first + i) for i in range(n)), return_exceptions=True)
-        failed = [r for r in started if isinstance(r, BaseException)]
-        if failed:
-            await asyncio.gather(*(r.kill() for r in started if isinstance(r, HostProcess)))
-            raise failed[0]
-        self.hosts.extend(r for r in started if isinstance(r, HostProcess))
+        self.hosts += await start_together([self._start_host(first + i) for i in range(n)])
 
     async def _start_host(self, number: int, **settings: Any) -> HostProcess:
         return await start_host(self.coordinator.address, self.env["BATON_NATS_URL"], log_dir=self.tmp / "logs",

@@ -37,7 +37,7 @@ from baton.runs import RUN_ACCEPTED, is_host_chunk
 from baton.transcript import build_transcript
 from baton_tools.reference import expected_status, reference_chunks, speed_for
 from baton_tools.testing.cluster import CoordinatorProcess, GatewayProcess, HostProcess, start_coordinator, \
-    start_gateway, start_host
+    start_gateway, start_host, start_together
 from baton_tools.testing.proxy import TcpProxy
 from baton_tools.testing.replicated import EtcdCluster, NatsCluster
 from baton_tools.testing.servers import EtcdServer, NatsServer
@@ -191,13 +191,8 @@ class FaultCluster:
         if replicated:
             self.env["BATON_LOG_REPLICAS"] = "3"
             await self._jetstream_ready()
-        # At once, h1…hN in order; none left running when one fails to start.
-        started = await asyncio.gather(*(self._start_host(len(self.hosts) + 1 + i, None, host_env or {})
-                                         for i in range(hosts)), return_exceptions=True)
-        self.hosts.extend(h for h in started if isinstance(h, HostProcess))
-        failed = [h for h in started if isinstance(h, BaseException)]
-        if failed:
-            raise failed[0]
+        first = len(self.hosts) + 1
+        self.hosts += await start_together([self._start_host(first + i, None, host_env or {}) for i in range(hosts)])
         assert self.coordinator is not None
         self.gateway = await start_gateway(self.coordinator.address, self.nats.url, log_dir=logs,
                                            **{**self.env, "BATON_SSE_KEEPALIVE": "1", **(gateway_env or {})})
