@@ -19,7 +19,13 @@ from sandbox_host.agents._spec import CLAUDE_STREAM_JSON, CODEX_EXEC_JSON, JOURN
 
 
 def prepare_agent(
-    kind: str, options: Mapping[str, Any], *, prompt: str = "", env: Mapping[str, str] | None = None
+    kind: str,
+    options: Mapping[str, Any],
+    *,
+    prompt: str = "",
+    env: Mapping[str, str] | None = None,
+    resume: str | None = None,
+    fork: bool = False,
 ) -> AgentLaunch:
     """The launch of an agent kind with validated options.
 
@@ -32,16 +38,21 @@ def prepare_agent(
         options: the agent's options (``AgentSpec.options_json`` decoded).
         prompt: the user's prompt (see :func:`prompt_from_messages`).
         env: where ``BATON_*`` settings are read (default ``os.environ``).
+        resume: the agent session to resume (the previous turn's, see
+            :func:`sandbox_host.agents.sessions.agent_session_id`); ignored by ``replay``.
+        fork: go on under a new session id (``claude-code`` only); ignored by ``replay``.
 
     Raises:
-        InvalidArgument: unknown kind or bad options (field ``agent.kind`` / ``agent.options.*``).
+        InvalidArgument: unknown kind or bad options (field ``agent.kind`` / ``agent.options.*``),
+            a malformed ``resume`` (``agent.resume``), a fork codex cannot do or a fork
+            without ``resume`` (``agent.fork``).
     """
     opts = parse_agent_options(kind, options, field="agent.options")
     if isinstance(opts, ReplayOptions):
         return _replay.prepare(opts, env=env)
     if isinstance(opts, ClaudeCodeOptions):
-        return _claude.prepare(opts, prompt=prompt)
-    return _codex.prepare(opts, prompt=prompt)
+        return _claude.prepare(opts, prompt=prompt, resume=resume, fork=fork)
+    return _codex.prepare(opts, prompt=prompt, resume=resume, fork=fork)
 
 
 def journal_format_for(kind: str, options: Mapping[str, Any]) -> str:

@@ -2,18 +2,32 @@
 
 Command: ``claude -p --output-format stream-json --verbose [--include-partial-messages]``
 (``--verbose`` is mandatory with ``-p`` + ``stream-json``, journal-formats.md §1), prompt on
-stdin. Needs a sandbox image with the ``claude`` CLI and the secret ``ANTHROPIC_API_KEY``
+stdin. A later turn resumes the previous turn's session: ``--resume <id>`` (the same id
+goes on), plus ``--fork-session`` to go on under a new id and leave the source as it was.
+Needs a sandbox image with the ``claude`` CLI and the secret ``ANTHROPIC_API_KEY``
 (or ``CLAUDE_CODE_OAUTH_TOKEN``), passed as env only. Options:
 :class:`baton.agents.ClaudeCodeOptions`.
 """
 from __future__ import annotations
 
 from baton.agents import ClaudeCodeOptions
+from sandbox_host.agents._resume import check_resume
 from sandbox_host.agents._spec import CLAUDE_STREAM_JSON, AgentLaunch
 
 
-def prepare(options: ClaudeCodeOptions, *, prompt: str) -> AgentLaunch:
-    """The launch of Claude Code (``options`` already validated by their schema)."""
+def prepare(options: ClaudeCodeOptions, *, prompt: str, resume: str | None = None, fork: bool = False) -> AgentLaunch:
+    """The launch of Claude Code (``options`` already validated by their schema).
+
+    Args:
+        options: the validated options.
+        prompt: the user's prompt (stdin).
+        resume: the Claude session to resume (``--resume <id>``), or ``None``.
+        fork: continue the resumed session under a new id (``--fork-session``).
+
+    Raises:
+        InvalidArgument: a malformed ``resume`` id, or ``fork`` without ``resume``.
+    """
+    check_resume(resume, fork)
     argv = ["claude", "-p", "--output-format", "stream-json", "--verbose"]
     if options.include_partial_messages:
         argv.append("--include-partial-messages")
@@ -29,6 +43,10 @@ def prepare(options: ClaudeCodeOptions, *, prompt: str) -> AgentLaunch:
         argv += ["--disallowedTools", ",".join(options.disallowed_tools)]
     if options.append_system_prompt is not None:
         argv += ["--append-system-prompt", options.append_system_prompt]
+    if resume is not None:
+        argv += ["--resume", resume]
+        if fork:
+            argv.append("--fork-session")
     return AgentLaunch(
         kind="claude-code",
         argv=tuple(argv),
@@ -36,4 +54,6 @@ def prepare(options: ClaudeCodeOptions, *, prompt: str) -> AgentLaunch:
         options=options.to_record(),
         stdin=prompt.encode("utf-8"),
         required_secrets=("ANTHROPIC_API_KEY|CLAUDE_CODE_OAUTH_TOKEN",),
+        resume=resume,
+        fork=fork,
     )

@@ -32,6 +32,10 @@ class AgentLaunch:
         env: plain environment for the agent.
         required_secrets: secret names the agent needs (any one of each tuple entry's
             alternatives separated by ``|``); the host refuses to launch without them.
+        resume: the agent session this launch resumes (``--resume <id>`` /
+            ``exec resume <id>``), or ``None`` for a fresh session; what
+            :func:`sandbox_host.agents.sessions.resume_refused` checks the outcome against.
+        fork: the resumed session goes on under a new id (Claude ``--fork-session``).
     """
 
     kind: str
@@ -43,6 +47,8 @@ class AgentLaunch:
     sources: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
     required_secrets: tuple[str, ...] = ()
+    resume: str | None = None
+    fork: bool = False
 
     def missing_secrets(self, secrets: Mapping[str, str]) -> list[str]:
         """Names (``A|B`` alternatives) of required secrets that ``secrets`` lacks."""
