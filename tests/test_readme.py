@@ -20,6 +20,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,6 +31,7 @@ from collections.abc import Iterator
 import pytest
 
 from baton_tools.testing.servers import env_without_proxy
+from tests.conftest import require
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -184,6 +186,7 @@ def test_snippet_runs_as_written(up: Up, block: Block) -> None:
         script.write_text(code)
         argv = [sys.executable, str(script)]
     else:
+        require(shutil.which("curl") or "curl " not in code, "the README's curl snippets need curl")
         argv = ["bash", "-e", "-o", "pipefail", "-c", code]
     done = subprocess.run(argv, cwd=up.cwd, env=up.env, capture_output=True, text=True, timeout=SNIPPET_TIMEOUT)
     shown = f"README.md:{block.line} ({block.name}) exited {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
