@@ -1,7 +1,7 @@
 """Configuration from ``BATON_*`` environment variables (docs/design.md §9).
 
-Every setting has a default; each service reads the ones it needs. The table in README.md
-is generated from :data:`SETTINGS` (``python -m baton.config``), so it cannot drift.
+Every setting has a default; each service reads the ones it needs. The table in
+docs/operating.md is generated from :data:`SETTINGS` (``python -m baton.config``), so it cannot drift.
 """
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def event_loop(env: Mapping[str, str] | None = None) -> str:
 
 
 def markdown_table() -> str:
-    """The README configuration table."""
+    """The configuration table of docs/operating.md."""
     rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
     rows += [f"| `{s.env}` | `{s.default}` | {s.meaning} |" for s in SETTINGS]
     return "\n".join(rows)

@@ -3,7 +3,7 @@
 Every concrete error class of :mod:`baton.errors` has one row; the gateway answers the
 same reason, metadata keys and status over gRPC and HTTP (``gateway/_errors.py`` adds the
 errors that exist only at its edge). ``tests/test_errors_table.py`` walks every class over
-both protocols and checks the README's error table against this one.
+both protocols and checks the error table of docs/api.md against this one.
 
 Servers call :func:`to_status` (or :func:`abort`) at the edge; clients call
 :func:`from_rpc_error` to rebuild the domain exception, so no caller parses messages.

@@ -70,7 +70,7 @@ IN_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 def require(condition: object, reason: str) -> None:
     """Go on when ``condition`` holds; else skip with ``reason``, or fail under CI.
 
-    Outside CI a machine without Docker, node or chromium skips what it cannot run (README:
+    Outside CI a machine without Docker, node or chromium skips what it cannot run (docs/development.md:
     `make test` only skips what the machine lacks). Under ``CI=true`` the setup promised
     them, so a missing one must turn the run red instead of silently skipping its tests.
     """

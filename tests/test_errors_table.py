@@ -99,7 +99,7 @@ EVERY: dict[type[e.BatonError], e.BatonError] = {
 ABSTRACT = {e.BatonError, e.ClaimError, e.DeliveryLogError, e.JournalError, e.SandboxError}
 EDGE_SAMPLES: list[e.BatonError] = [edge.Unauthorized(), edge.BodyTooLarge(1024), edge.NoHostAvailable(),
                                     edge.CancelWaitTimeout("r1", 5.0)]
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+API_DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "api.md"
 
 
 def test_every_domain_error_class_has_one_row() -> None:
@@ -141,9 +141,9 @@ def test_the_same_reason_and_metadata_over_http_and_grpc(exc: e.BatonError) -> N
         assert isinstance(over_http, GatewayHTTPError) and over_http.status == status
 
 
-def test_the_readme_error_table_is_the_table() -> None:
-    """README's "Errors" table: one line per reason with its HTTP status and gRPC code."""
-    text = README.read_text()
+def test_the_documented_error_table_is_the_table() -> None:
+    """docs/api.md's "Errors" table: one line per reason with its HTTP status and gRPC code."""
+    text = API_DOC.read_text()
     section = text[text.index("| reason | HTTP | gRPC |"):]
     section = section[:section.index("\n\n")]
     got = {m.group(1): (int(m.group(2)), m.group(3))

@@ -1,4 +1,5 @@
-"""README.md: the two commands, and a configuration table that matches baton/config.py."""
+"""README.md's two commands; docs/operating.md's configuration table matches baton/config.py;
+docs/api.md names every HTTP route. (The README's snippets run in tests/test_readme.py.)"""
 from __future__ import annotations
 
 import re
@@ -7,6 +8,8 @@ from baton.config import SETTINGS, markdown_table
 from tests.deploy.conftest import REPO
 
 README = (REPO / "README.md").read_text(encoding="utf-8")
+OPERATING = (REPO / "docs" / "operating.md").read_text(encoding="utf-8")
+API = (REPO / "docs" / "api.md").read_text(encoding="utf-8")
 
 
 def test_the_two_commands() -> None:
@@ -16,10 +19,10 @@ def test_the_two_commands() -> None:
 
 
 def test_configuration_table_is_the_generated_one() -> None:
-    # `python -m baton.config` prints it; regenerate the README section when settings change.
-    assert markdown_table() in README
+    # `python -m baton.config` prints it; regenerate the docs/operating.md section when settings change.
+    assert markdown_table() in OPERATING
     for s in SETTINGS:
-        assert f"`{s.env}`" in README
+        assert f"`{s.env}`" in OPERATING
 
 
 def test_every_http_route_is_documented() -> None:
@@ -29,6 +32,6 @@ def test_every_http_route_is_documented() -> None:
     paths = set(re.findall(r'Route\("([^"]+)"', src))
     assert paths, "no routes found in gateway/app.py"
     for path in paths:
-        # The README names parameters as the API does ({runId}), whatever the convertor.
+        # The docs name parameters as the API does ({runId}), whatever the convertor.
         shown = re.sub(r"\{(\w+)(?::\w+)?\}", lambda m: "{" + {"run_id": "runId", "thread_id": "threadId"}.get(m[1], m[1]) + "}", path)
-        assert f"`{shown}" in README or f"{shown}`" in README or f" {shown}" in README, path
+        assert f"`{shown}" in API or f"{shown}`" in API or f" {shown}" in API, path

@@ -88,27 +88,3 @@ async def test_client_errors_and_cancel(host: Any, make_gateway: Any) -> None:
 
 async def _all(stream: Any) -> list[Any]:
     return [c async for c in stream]
-
-
-async def test_the_readme_example_runs_as_written(host: Any, grpc_gateway: Any, replay_dir: Any) -> None:
-    """README's Python example, executed: only the address and the ids are this test's."""
-    import re
-    import shutil
-    import textwrap
-
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    (block,) = [b for _, b in re.findall(r"^( *)```python\n(.*?)^\1```", readme, re.S | re.M)
-                if "RunsClient(" in b]
-    code = textwrap.dedent(block)
-    journal = "claude-stream-json/partial-messages-bash-exit-128.jsonl"
-    assert journal in code
-    shutil.copy(REPO / "corpus" / journal, replay_dir / journal)  # the host's allowed replay dir
-    run, thread = unique("run"), unique("thread")
-    code = (code.replace("127.0.0.1:8081", f"127.0.0.1:{grpc_gateway.state.grpc_port}")
-            .replace('"run-1"', repr(run)).replace('"thread-1"', repr(thread)))
-    body = "".join(f"    {line}\n" for line in code.splitlines())
-    scope: dict[str, Any] = {}
-    exec(f"async def example():\n{body}    return stream, messages\n", scope)
-    stream, messages = await scope["example"]()
-    assert stream.status == "completed"
-    assert messages[0]["content"] == "hi" and messages[-1]["role"] == "assistant"

@@ -1,0 +1,195 @@
+"""README.md's code blocks, run as written against a cluster that ``baton up`` started.
+
+Every fenced block in the README has a marker on the line right before it:
+
+- ``<!-- readme-test: NAME -->``: executed here, in document order, as a newcomer would run
+  it (``sh``: bash with ``-e -o pipefail``; ``python``: a file run with the venv's python),
+  with the working directory and ``PATH`` (the venv's ``bin`` first) of someone who ran
+  ``baton up`` in it. ``EXPECT[NAME]`` says what the user would look for in its output;
+- ``<!-- readme-test: skip (reason) -->``: not executed, for the reason given.
+
+A block with neither fails :func:`test_every_block_is_marked`. The only change made to a
+snippet is the gateway's host:port, and only when 8080/8081 are taken on this machine.
+Snippets may depend on earlier ones (``baton tail r1`` reads the run the curl started), as
+the README is read top to bottom; the last one runs ``baton down``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from baton_tools.testing.servers import env_without_proxy
+from tests.conftest import require
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+# The venv's own bin (not resolved: .venv/bin/python is a symlink to the base interpreter).
+VENV_BIN = pathlib.Path(sys.executable).parent
+HTTP, GRPC = "127.0.0.1:8080", "127.0.0.1:8081"  # what `baton up` prints, and the README uses
+SNIPPET_TIMEOUT = 60.0
+
+MARKER = re.compile(r"^<!-- readme-test: (?:skip \((?P<reason>[^)]+)\)|(?P<name>[a-z0-9-]+)) -->$")
+FENCE = re.compile(r"^(?P<fence>```+)(?P<lang>[\w-]*)\s*$")
+
+#: What a user checks in each executed snippet's output (all must appear).
+EXPECT: dict[str, list[str]] = {
+    "curl-start": ['data: {"type":"RUN_STARTED","threadId":"t1","runId":"r1"}', '"type":"RUN_FINISHED"', ": end"],
+    "curl-join": ['"runId":"r1"', '"type":"RUN_FINISHED"', ": end", '"status":"completed"', '"role":"assistant"'],
+    "python-client": ["RUN_STARTED", "RUN_FINISHED", "\ncompleted\n", "assistant "],
+    "ops": ["r1", "r2", "completed", "stopped"],
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """One fenced code block: its marker (``name`` or ``skip`` reason), language, text, line."""
+
+    line: int
+    lang: str
+    code: str
+    name: str | None
+    skip: str | None
+
+
+def parse_blocks(text: str) -> list[Block]:
+    """Every fenced block of a Markdown text, with the marker on the line before its fence.
+
+    Raises:
+        ValueError: a fence is never closed.
+    """
+    lines = text.split("\n")
+    out: list[Block] = []
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        start, fence = i, m["fence"]
+        end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == fence), None)
+        if end is None:
+            raise ValueError(f"README.md:{start + 1}: unclosed code block")
+        marker = MARKER.match(lines[start - 1].strip()) if start else None
+        out.append(Block(start + 1, m["lang"], "\n".join(lines[start + 1:end]) + "\n",
+                         marker["name"] if marker else None, marker["reason"] if marker else None))
+        i = end + 1
+    return out
+
+
+BLOCKS = parse_blocks(README.read_text(encoding="utf-8"))
+EXECUTED = [b for b in BLOCKS if b.name]
+
+
+def test_every_block_is_marked() -> None:
+    unmarked = [f"README.md:{b.line}" for b in BLOCKS if not (b.name or b.skip)]
+    assert unmarked == [], "put <!-- readme-test: NAME --> or <!-- readme-test: skip (reason) --> before each"
+    names = [b.name for b in EXECUTED]
+    assert len(names) == len(set(names)), names
+    assert sorted(names) == sorted(EXPECT), "every executed snippet needs what its user checks in EXPECT"
+    assert all(b.lang in ("sh", "python") for b in EXECUTED), [(b.name, b.lang) for b in EXECUTED]
+
+
+def test_parse_blocks_reads_markers() -> None:
+    text = ("<!-- readme-test: a-b -->\n```sh\necho hi\n```\n\n"
+            "<!-- readme-test: skip (why not) -->\n```python\nx\n```\n```\nbare\n```\n")
+    got = parse_blocks(text)
+    assert [(b.name, b.skip, b.lang, b.code) for b in got] == [
+        ("a-b", None, "sh", "echo hi\n"), (None, "why not", "python", "x\n"), (None, None, "", "bare\n")]
+
+
+@dataclasses.dataclass
+class Up:
+    """The cluster of ``baton up`` run in ``cwd``, as the README's reader has it."""
+
+    cwd: pathlib.Path
+    env: dict[str, str]
+    http: str
+    grpc: str
+
+    def rewrite(self, code: str) -> str:
+        """The snippet with the gateway's address of this cluster (nothing else changes)."""
+        return code.replace(HTTP, self.http).replace(GRPC, self.grpc)
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], cwd: pathlib.Path, log: pathlib.Path, timeout: float) -> dict[str, object]:
+    """``cluster.json`` of the ``baton up`` in ``proc`` once it printed ``ready``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"baton up exited with {proc.returncode}:\n{log.read_text(errors='replace')}")
+        if "ready:" in log.read_text(errors="replace"):
+            info: dict[str, object] = json.loads((cwd / ".data" / "cluster" / "cluster.json").read_text())
+            return info
+        time.sleep(0.1)
+    pytest.fail(f"baton up not ready in {timeout} s:\n{log.read_text(errors='replace')}")
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+    """``baton up`` in a fresh directory, in the background; ``baton down`` at the end."""
+    cwd = tmp_path_factory.mktemp("readme")
+    env = env_without_proxy()
+    # A newcomer's shell: no key, no cluster of another test (baton up without BATON_API_KEYS: no auth).
+    for name in ("BATON_API_KEYS", "BATON_API_KEY", "BATON_URL", "BATON_INTERNAL_TOKEN", "BATON_COORDINATOR"):
+        env.pop(name, None)
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    port = 8080 if _free(8080) and _free(8081) else 0
+    log = cwd / "baton-up.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(VENV_BIN / "baton"), "up", "--port", str(port)], cwd=cwd, env=env,
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    try:
+        info = _wait_ready(proc, cwd, log, timeout=90.0)
+        ports = info["ports"]
+        assert isinstance(ports, dict)
+        yield Up(cwd, env, f"127.0.0.1:{ports['gateway']}", f"127.0.0.1:{ports['gateway-grpc']}")
+    finally:
+        if proc.poll() is None:
+            subprocess.run([str(VENV_BIN / "baton"), "down"], cwd=cwd, env=env, timeout=60,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.mark.servers
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("block", EXECUTED, ids=[b.name or "" for b in EXECUTED])
+def test_snippet_runs_as_written(up: Up, block: Block) -> None:
+    code = up.rewrite(block.code)
+    if block.lang == "python":
+        script = up.cwd / f"{block.name}.py"
+        script.write_text(code)
+        argv = [sys.executable, str(script)]
+    else:
+        require(shutil.which("curl") or "curl " not in code, "the README's curl snippets need curl")
+        argv = ["bash", "-e", "-o", "pipefail", "-c", code]
+    done = subprocess.run(argv, cwd=up.cwd, env=up.env, capture_output=True, text=True, timeout=SNIPPET_TIMEOUT)
+    shown = f"README.md:{block.line} ({block.name}) exited {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, shown
+    missing = [want for want in EXPECT[str(block.name)] if want not in done.stdout]
+    assert missing == [], shown
