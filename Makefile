@@ -21,7 +21,7 @@ venv: $(STAMP)
 # Re-pin after changing dependencies in pyproject.toml (review the diff of requirements.lock).
 lock: venv
 	$(VENV)/bin/pip-compile -q --extra dev --strip-extras --no-emit-index-url --no-emit-find-links \
-	  --unsafe-package baton -o requirements.lock pyproject.toml
+	  --unsafe-package baton-runs -o requirements.lock pyproject.toml
 
 # Node.js clients used by the cross-language tests (grpc-js, @ag-ui/client, TanStack, Playwright).
 $(NODE_STAMP): tests/node/package.json
