@@ -13,6 +13,8 @@ NODE_STAMP := tests/node/node_modules/.installed-stamp
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	@# The project was the distribution `baton` before `baton-runs`: drop that install of it first.
+	$(PY) -m pip uninstall -q -y --disable-pip-version-check baton 2>/dev/null || true
 	$(PY) -m pip install -q --disable-pip-version-check -c requirements.lock -e '.[dev]'
 	touch $(STAMP)
 
