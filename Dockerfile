@@ -4,9 +4,10 @@
 #   docker run IMAGE baton-sandbox-host    (gRPC :7200)
 #   docker run IMAGE baton-gateway         (HTTP :8080)
 #   docker run IMAGE baton --help          (operator CLI: runs, tail, cancel, reap, health, drain)
-# The image installs the extras `server`, `docker` and `cli` (the CLI's health and drain
-# commands are what the probes run) at the versions of requirements.lock; not `tools`: no
-# etcd or nats-server binaries ship in it (compose and Kubernetes run their own).
+# The image installs both distributions (baton-runs, baton-runs-server) with the extras
+# `server`, `docker` and `cli` (the CLI's health and drain commands are what the probes run)
+# at the versions of requirements.lock; not `tools`: no etcd or nats-server binaries ship in
+# it (compose and Kubernetes run their own).
 # Configuration is BATON_* environment variables only (README.md, `python -m baton.config`).
 #
 # Targets: the default (last) stage is the service image; `--target sandbox` is the image the
@@ -36,14 +37,17 @@ COPY wheelhouse/ /wheelhouse/
 RUN python3 scripts/image_requirements.py server,docker,cli > /tmp/requirements.txt \
  && /opt/baton/venv/bin/pip install -q ${OFFLINE:+--no-index} --find-links /wheelhouse \
       --constraint requirements.lock --requirement /tmp/requirements.txt
-COPY README.md ./
+COPY README.md dist_split.py ./
+COPY server-dist ./server-dist
 COPY baton ./baton
 COPY baton_tools ./baton_tools
 COPY coordinator ./coordinator
 COPY sandbox_host ./sandbox_host
 COPY gateway ./gateway
-# --no-deps: every dependency is in already (the extras' list above is the same).
-RUN /opt/baton/venv/bin/pip install -q ${OFFLINE:+--no-index} --find-links /wheelhouse --no-deps . \
+# Both distributions of the repository (dist_split.py): the client `baton-runs` (.) and the
+# services and tools `baton-runs-server` (./server-dist). --no-deps: every dependency is in
+# already (the extras' list above is the same).
+RUN /opt/baton/venv/bin/pip install -q ${OFFLINE:+--no-index} --find-links /wheelhouse --no-deps . ./server-dist \
  && /opt/baton/venv/bin/pip check
 
 # ---- sandbox: what the docker provider starts agents in --------------------------------

@@ -6,13 +6,15 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 NODE_STAMP := tests/node/node_modules/.installed-stamp
 
-.PHONY: venv lock protos protos-check check test test-unit test-faults test-deploy image lint typecheck demo bench node-deps clean
+.PHONY: ts-client venv lock protos protos-check check test test-unit test-faults test-deploy image lint typecheck demo bench node-deps clean
 
 # Exact versions from requirements.lock: the code overrides private internals of nats-py,
 # uvicorn and the docker SDK, so an unpinned upgrade can break it silently.
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	@# The project was the distribution `baton` before `baton-runs`: drop that install of it first.
+	$(PY) -m pip uninstall -q -y --disable-pip-version-check baton 2>/dev/null || true
 	$(PY) -m pip install -q --disable-pip-version-check -c requirements.lock -e '.[dev]'
 	touch $(STAMP)
 
@@ -21,7 +23,7 @@ venv: $(STAMP)
 # Re-pin after changing dependencies in pyproject.toml (review the diff of requirements.lock).
 lock: venv
 	$(VENV)/bin/pip-compile -q --extra dev --strip-extras --no-emit-index-url --no-emit-find-links \
-	  --unsafe-package baton -o requirements.lock pyproject.toml
+	  --unsafe-package baton-runs -o requirements.lock pyproject.toml
 
 # Node.js clients used by the cross-language tests (grpc-js, @ag-ui/client, TanStack, Playwright).
 $(NODE_STAMP): tests/node/package.json
@@ -30,6 +32,22 @@ $(NODE_STAMP): tests/node/package.json
 
 node-deps:
 	@if command -v npm >/dev/null 2>&1 && [ -f tests/node/package.json ]; then $(MAKE) --no-print-directory $(NODE_STAMP); fi
+
+# The TypeScript client package (clients/typescript): npm packages from its lock, then its
+# messages generated from protos/baton/v1 (ts-proto + protoc) and tsc into dist/.
+TS_DIR := clients/typescript
+TS_DEPS := $(TS_DIR)/node_modules/.installed-stamp
+TS_BUILT := $(TS_DIR)/dist/.built-stamp
+$(TS_DEPS): $(TS_DIR)/package.json $(TS_DIR)/package-lock.json
+	cd $(TS_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	touch $(TS_DEPS)
+
+$(TS_BUILT): $(TS_DEPS) $(TS_DIR)/src/index.ts $(TS_DIR)/scripts/gen.mjs $(TS_DIR)/tsconfig.json $(wildcard protos/baton/v1/*.proto)
+	cd $(TS_DIR) && npm run -s build
+	touch $(TS_BUILT)
+
+ts-client:
+	@if command -v npm >/dev/null 2>&1 && command -v protoc >/dev/null 2>&1; then $(MAKE) --no-print-directory $(TS_BUILT); fi
 
 protos: venv
 	$(PY) scripts/gen_protos.py
@@ -43,7 +61,7 @@ protos-check: venv
 # suite took 8.3 instead of 11 minutes. TEST_WORKERS=0 runs in one process. A worker that
 # crashes is not restarted: its test fails and the run ends, where a restart could hang xdist.
 TEST_WORKERS ?= 3
-test: venv node-deps check
+test: venv node-deps ts-client check
 	$(PY) -m pytest -n $(TEST_WORKERS) --max-worker-restart=0 --dist loadscope --durations=15 $(PYTEST_ARGS)
 
 # The server-free core (pure logic, no etcd/NATS/Docker/node): seconds.
@@ -85,4 +103,4 @@ bench: venv
 	$(PY) -m bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) tests/node/node_modules .pytest_cache
+	rm -rf $(VENV) tests/node/node_modules $(TS_DIR)/node_modules $(TS_DIR)/dist $(TS_DIR)/src/gen .pytest_cache

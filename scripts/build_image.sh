@@ -4,7 +4,7 @@
 #
 #   1. scripts/docker_setup.sh: a Docker engine and the base image, a debootstrap'ed Debian
 #      bookworm with python3 and python3-venv imported as $BATON_BASE_IMAGE.
-#   2. The wheelhouse: every wheel of baton[server,docker,cli] at the versions of
+#   2. The wheelhouse: every wheel of baton-runs[server,docker,cli] at the versions of
 #      requirements.lock, plus the build backend (setuptools), built on this machine with its
 #      own pip configuration. Cached under $BATON_DOCKER_CACHE by a hash of pyproject.toml and
 #      requirements.lock, then copied (same bytes, same mtimes) into wheelhouse/, so an
@@ -41,7 +41,7 @@ t0=$(date +%s)
 scripts/docker_setup.sh || die "docker setup (engine + base image)"
 
 # --- 2. wheelhouse -------------------------------------------------------------------------
-key=$(cat pyproject.toml requirements.lock scripts/image_requirements.py | sha256sum | cut -c1-16)
+key=$(cat pyproject.toml server-dist/pyproject.toml requirements.lock scripts/image_requirements.py | sha256sum | cut -c1-16)
 house="$CACHE/wheelhouse-$key"
 if [ ! -f "$house/.complete" ]; then
     say "building the wheelhouse $house"

@@ -1,11 +1,11 @@
-"""Print the requirements of ``baton[EXTRAS]`` from pyproject.toml, one a line (stdlib only).
+"""Print the requirements of ``baton-runs[EXTRAS]`` from pyproject.toml, one a line (stdlib only).
 
 Usage: python3 scripts/image_requirements.py server,docker,cli
 
 The Dockerfile installs these (with requirements.lock as constraints) in a layer of their own,
 before the source is copied, so a source change does not reinstall the dependencies;
 scripts/build_image.sh fills the offline wheelhouse from the same list. Self-references
-(``baton[cli,server]``) are expanded; environment markers are kept for pip to evaluate.
+(``baton-runs[cli,server]``) are expanded; environment markers are kept for pip to evaluate.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def requirements(extras: list[str]) -> list[str]:
             continue
         seen.add(extra)
         for spec in project["optional-dependencies"][extra]:
-            self_ref = re.fullmatch(r"baton\[([\w,\s-]+)\]", spec.strip())
+            self_ref = re.fullmatch(r"baton-runs\[([\w,\s-]+)\]", spec.strip())
             if self_ref:
                 todo += [e.strip() for e in self_ref[1].split(",")]
             elif spec not in out:

@@ -1,6 +1,6 @@
 """pyproject.toml's extras: every import is declared where it is used, and the client is light.
 
-``pip install baton`` is the Python client alone; the services, the docker provider, the CLI
+``pip install baton-runs`` is the Python client alone; the services, the docker provider, the CLI
 and the local tools each name an extra. These checks read the source (``ast``), so a new
 import in the wrong place fails here rather than on a user's ``pip install``.
 """
@@ -17,14 +17,15 @@ import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+import dist_split
 from tests.deploy.conftest import REPO
 
 OWN = {"baton", "baton_tools", "coordinator", "sandbox_host", "gateway"}
-# The modules of the client: what `pip install baton` must be able to import.
-CLIENT_MODULES = [
-    "baton.client", "baton.coordinator_client", "baton.errors", "baton.grpc_errors", "baton.ids",
-    "baton.runs", "baton.config", "baton.transcript", "baton.fingerprint",
-    "baton.v1.runs_pb2", "baton.v1.coordinator_pb2", "baton.v1.coordinator_pb2_grpc",
+# The modules of the client: what `pip install baton-runs` must be able to import (its wheel
+# holds these alone: dist_split.py, tests/deploy/test_packaging.py).
+CLIENT_MODULES = sorted(m for m in dist_split.CLIENT_MODULES if m.startswith("baton.")) + [
+    "baton.v1.runs_pb2", "baton.v1.runs_service_pb2", "baton.v1.runs_service_pb2_grpc",
+    "baton.v1.coordinator_pb2", "baton.v1.coordinator_pb2_grpc",
     "baton.v1.sandbox_host_pb2", "baton.v1.sandbox_host_pb2_grpc",
 ]
 
@@ -35,7 +36,7 @@ def _project() -> dict[str, object]:
 
 
 def declared(*extras: str) -> set[str]:
-    """Canonical distribution names installed by ``baton[extras]`` (self-references expanded)."""
+    """Canonical distribution names installed by ``baton-runs[extras]`` (self-references expanded)."""
     project = _project()
     optional: dict[str, list[str]] = project["optional-dependencies"]  # type: ignore[assignment]
     names: set[str] = set()
@@ -47,7 +48,7 @@ def declared(*extras: str) -> set[str]:
         seen.add(extra)
         for spec in project["dependencies"] if extra == "" else optional[extra]:  # type: ignore[attr-defined]
             req = Requirement(spec)
-            if canonicalize_name(req.name) == "baton":
+            if canonicalize_name(req.name) == "baton-runs":
                 todo += sorted(req.extras)
             else:
                 names.add(canonicalize_name(req.name))
@@ -108,13 +109,13 @@ def test_every_third_party_import_is_declared_in_the_extra_of_its_module() -> No
                 assert dists, f"{path.relative_to(REPO)}: no installed distribution provides {module}"
                 if not dists & allowed:
                     missing.append(f"{path.relative_to(REPO)}: {module} ({'/'.join(sorted(dists))})"
-                                   f" not in baton[{','.join(extras_for(path))}]")
+                                   f" not in baton-runs[{','.join(extras_for(path))}]")
     assert missing == []
 
 
 def test_the_client_imports_without_any_extra() -> None:
     # Import the client with every distribution outside the base dependencies hidden, as in a
-    # fresh `pip install baton` (measured: ~33 MB installed, no etcd/nats/docker/typer).
+    # fresh `pip install baton-runs` (measured: ~33 MB installed, no etcd/nats/docker/typer).
     base = declared()
     hidden = set()
     for module, dists in _packages_distributions().items():
