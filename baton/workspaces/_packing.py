@@ -104,6 +104,10 @@ class _PackWriter:
             self._hash.update(data)
             self._size += len(data)
 
+    def close_open(self) -> None:
+        """Drop the open pack (empty once :meth:`seal` ran last)."""
+        self._file.close()
+
     @property
     def full(self) -> bool:
         return self._size >= self._target
@@ -194,6 +198,8 @@ def read_tree(
         for p in writer.sealed:
             p.data.close()
         raise
+    finally:
+        writer.close_open()
     tree.packs = writer.sealed
     return tree
 
