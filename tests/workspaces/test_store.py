@@ -8,7 +8,6 @@ import pathlib
 import tarfile
 from typing import AsyncIterator
 
-import nats
 import pytest
 from nats.aio.client import Client as NATS
 
