@@ -212,3 +212,13 @@ def test_heads_keep_the_last_turns_and_fork() -> None:
     assert ThreadHead.decode(f.encode()) == f
     with pytest.raises(ValueError):
         ThreadHead.decode(b"[1]")
+
+
+def test_config_from_env() -> None:
+    from baton.workspaces import WorkspaceConfig
+    c = WorkspaceConfig.from_env({"BATON_LOG_REPLICAS": "3", "BATON_WORKSPACE_EXCLUDES": "a/b, *.pyc",
+                                  "BATON_WORKSPACE_MAX_BYTES": "1024", "BATON_WORKSPACE_IDLE_TTL": "60"})
+    assert (c.replicas, c.max_bytes, c.idle_ttl, c.excludes.patterns) == (3, 1024, 60.0, ("a/b", "*.pyc"))
+    assert WorkspaceConfig.from_env({}).excludes.excluded("home/.claude/.credentials.json")
+    with pytest.raises(ValueError, match="BATON_WORKSPACE_MAX_BYTES"):
+        WorkspaceConfig.from_env({"BATON_WORKSPACE_MAX_BYTES": "lots"})
