@@ -389,3 +389,82 @@ class TranscriptConflict(DeliveryLogError):
         super().__init__(
             f"transcript of thread {thread_id!r} changed since revision {expected_revision}"
         )
+
+
+# --- workspaces (a thread's snapshotted sandbox tree) ---------------------------------------
+
+
+class WorkspaceError(BatonError):
+    """Root of workspace snapshot/restore failures (docs/design.md "Workspaces")."""
+
+
+class WorkspaceTooLarge(WorkspaceError):
+    """A workspace holds more file content than ``BATON_WORKSPACE_MAX_BYTES``: nothing of it
+    was stored (no snapshot references anything written for it).
+
+    Attributes:
+        limit: the limit in bytes of file content.
+        size: the content seen when the limit was passed, in bytes (a lower bound of the
+            tree's size: reading stops there).
+    """
+
+    def __init__(self, limit: int, size: int) -> None:
+        self.limit = limit
+        self.size = size
+        super().__init__(f"workspace holds more than {limit} bytes of file content (at least {size})")
+
+
+class WorkspaceUnsafe(WorkspaceError):
+    """A workspace archive or snapshot holds an entry that could write outside its tree: an
+    absolute path, a ``..`` component, an entry under a symlink, or an unknown entry type.
+    Nothing is written for it.
+
+    Attributes:
+        path: the entry's path as found (never its content).
+        problem: what is wrong with it, for humans.
+    """
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path = path
+        self.problem = problem
+        super().__init__(f"unsafe workspace entry {path!r}: {problem}")
+
+
+class SnapshotMissing(WorkspaceError):
+    """A snapshot cannot be restored: its manifest or one of its packs is gone (deleted by
+    retention) or does not match its content digest.
+
+    Attributes:
+        digest: the snapshot's digest.
+        detail: which object, for humans.
+    """
+
+    def __init__(self, digest: str, detail: str) -> None:
+        self.digest = digest
+        self.detail = detail
+        super().__init__(f"snapshot {digest!r} cannot be restored: {detail}")
+
+
+class WorkspaceFenced(TranscriptFenced):
+    """A thread head save was refused by the transcript fence (a successor of this run, or a
+    later run of the thread, saved the head): never save this run's turn again. A kind of
+    :class:`TranscriptFenced`, with the same attributes."""
+
+    def __init__(self, thread_id: str, run_id: str, epoch: int, stored_run_id: str, stored_epoch: int) -> None:
+        super().__init__(thread_id, run_id, epoch, stored_run_id, stored_epoch)
+        DeliveryLogError.__init__(
+            self,
+            f"workspace head of thread {thread_id!r} not saved by run {run_id!r} at epoch {epoch}: "
+            f"run {stored_run_id!r} at epoch {stored_epoch} saved it",
+        )
+
+
+class WorkspaceConflict(TranscriptConflict):
+    """A thread head save lost a compare-on-revision race more times than it retries, or a
+    fork's new thread already has a head. A kind of :class:`TranscriptConflict`."""
+
+    def __init__(self, thread_id: str, expected_revision: int | None) -> None:
+        super().__init__(thread_id, expected_revision)
+        DeliveryLogError.__init__(
+            self, f"workspace head of thread {thread_id!r} changed since revision {expected_revision}"
+        )

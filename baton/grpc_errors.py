@@ -118,6 +118,14 @@ TABLE: tuple[Mapping, ...] = (
             lambda x: {"run_id": x.run_id, "expected": str(x.expected), "actual": str(x.actual), "landed": ",".join(x.landed)},  # type: ignore[attr-defined]
             lambda m: e.AppendConflict(m.get("run_id", ""), int(m.get("expected", "0")), int(m.get("actual", "0")),
                                        tuple(o for o in m.get("landed", "").split(",") if o))),
+    Mapping(e.WorkspaceFenced, grpc.StatusCode.ABORTED, 409, "WORKSPACE_FENCED",
+            lambda x: {"thread_id": x.thread_id, "run_id": x.run_id, "epoch": str(x.epoch),  # type: ignore[attr-defined]
+                       "stored_run_id": x.stored_run_id, "stored_epoch": str(x.stored_epoch)},  # type: ignore[attr-defined]
+            lambda m: e.WorkspaceFenced(m.get("thread_id", ""), m.get("run_id", ""), int(m.get("epoch", "0")),
+                                        m.get("stored_run_id", ""), int(m.get("stored_epoch", "0")))),
+    Mapping(e.WorkspaceConflict, grpc.StatusCode.ABORTED, 409, "WORKSPACE_CONFLICT",
+            lambda x: {"thread_id": x.thread_id, "expected_revision": "" if x.expected_revision is None else str(x.expected_revision)},  # type: ignore[attr-defined]
+            lambda m: e.WorkspaceConflict(m.get("thread_id", ""), int(m["expected_revision"]) if m.get("expected_revision") else None)),
     Mapping(e.TranscriptFenced, grpc.StatusCode.ABORTED, 409, "TRANSCRIPT_FENCED",
             lambda x: {"thread_id": x.thread_id, "run_id": x.run_id, "epoch": str(x.epoch),  # type: ignore[attr-defined]
                        "stored_run_id": x.stored_run_id, "stored_epoch": str(x.stored_epoch)},  # type: ignore[attr-defined]
@@ -126,6 +134,17 @@ TABLE: tuple[Mapping, ...] = (
     Mapping(e.TranscriptConflict, grpc.StatusCode.ABORTED, 409, "TRANSCRIPT_CONFLICT",
             lambda x: {"thread_id": x.thread_id, "expected_revision": "" if x.expected_revision is None else str(x.expected_revision)},  # type: ignore[attr-defined]
             lambda m: e.TranscriptConflict(m.get("thread_id", ""), int(m["expected_revision"]) if m.get("expected_revision") else None)),
+    # A workspace over the limit is the request's precondition failing, not the server's:
+    # 413 like a body over its limit.
+    Mapping(e.WorkspaceTooLarge, grpc.StatusCode.FAILED_PRECONDITION, 413, "WORKSPACE_TOO_LARGE",
+            lambda x: {"limit": str(x.limit), "size": str(x.size)},  # type: ignore[attr-defined]
+            lambda m: e.WorkspaceTooLarge(int(m.get("limit", "0")), int(m.get("size", "0")))),
+    Mapping(e.WorkspaceUnsafe, grpc.StatusCode.FAILED_PRECONDITION, 422, "WORKSPACE_UNSAFE",
+            lambda x: {"path": x.path, "problem": x.problem},  # type: ignore[attr-defined]
+            lambda m: e.WorkspaceUnsafe(m.get("path", ""), m.get("problem", ""))),
+    Mapping(e.SnapshotMissing, grpc.StatusCode.NOT_FOUND, 404, "SNAPSHOT_MISSING",
+            lambda x: {"digest": x.digest, "detail": x.detail},  # type: ignore[attr-defined]
+            lambda m: e.SnapshotMissing(m.get("digest", ""), m.get("detail", ""))),
 )
 
 _BY_REASON = {m.reason: m for m in TABLE}

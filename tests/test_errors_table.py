@@ -24,6 +24,9 @@ SAMPLES: list[tuple[e.BatonError, grpc.StatusCode]] = [
     (e.LogUnavailable("r1", "reading the log head failed"), grpc.StatusCode.UNAVAILABLE),
     (e.LogStorageFull("r1", "insufficient resources", 10023), grpc.StatusCode.UNAVAILABLE),
     (e.LogStorageFull("r1", "publish unanswered while reads answer"), grpc.StatusCode.UNAVAILABLE),
+    (e.WorkspaceFenced("t1", "r1", 1, "r2", 2), grpc.StatusCode.ABORTED),
+    (e.WorkspaceTooLarge(1024, 2048), grpc.StatusCode.FAILED_PRECONDITION),
+    (e.SnapshotMissing("ab12", "pack gone"), grpc.StatusCode.NOT_FOUND),
 ]
 
 
@@ -95,8 +98,13 @@ EVERY: dict[type[e.BatonError], e.BatonError] = {
     e.LogStorageFull: e.LogStorageFull("r1", "insufficient resources", 10023),
     e.TranscriptFenced: e.TranscriptFenced("t1", "r1", 1, "r2", 2),
     e.TranscriptConflict: e.TranscriptConflict("t1", 4),
+    e.WorkspaceFenced: e.WorkspaceFenced("t1", "r1", 1, "r2", 2),
+    e.WorkspaceConflict: e.WorkspaceConflict("t1", None),
+    e.WorkspaceTooLarge: e.WorkspaceTooLarge(1024, 2048),
+    e.WorkspaceUnsafe: e.WorkspaceUnsafe("work/../x", "a '..' component"),
+    e.SnapshotMissing: e.SnapshotMissing("ab12", "pack gone"),
 }
-ABSTRACT = {e.BatonError, e.ClaimError, e.DeliveryLogError, e.JournalError, e.SandboxError}
+ABSTRACT = {e.BatonError, e.ClaimError, e.DeliveryLogError, e.JournalError, e.SandboxError, e.WorkspaceError}
 EDGE_SAMPLES: list[e.BatonError] = [edge.Unauthorized(), edge.BodyTooLarge(1024), edge.NoHostAvailable(),
                                     edge.CancelWaitTimeout("r1", 5.0)]
 API_DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "api.md"
