@@ -91,6 +91,15 @@ def _parse_agent(spec: runs_pb2.AgentSpec) -> Any:
     return {**options, "kind": spec.kind}
 
 
+def workspace_of(ws: pb.Workspace) -> dict[str, Any]:
+    """A ``Workspace`` message as the HTTP body's ``workspace`` object (unset fields left out)."""
+    out: dict[str, Any] = {k: v for k, v in (("git", ws.git), ("ref", ws.ref), ("credential", ws.credential),
+                                              ("dir", ws.dir)) if v}
+    if ws.setup:
+        out["setup"] = list(ws.setup)
+    return out
+
+
 Handler = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
 
 
@@ -142,9 +151,11 @@ class RunsService:
             "detachOnDisconnect": not request.cancel_on_disconnect,
             "interruptActive": request.interrupt_active,
             "parentRunId": request.parent_run_id or None,
+            "workspace": workspace_of(request.workspace) if request.HasField("workspace") else None,
         }
         cs = check_chat_start(body, {}, {}, replay_dirs=st.settings.replay_dirs,
-                              default_agent=st.settings.default_agent, max_messages=st.settings.max_messages)
+                              default_agent=st.settings.default_agent, max_messages=st.settings.max_messages,
+                              workspace_dirs=st.settings.workspace_dirs)
         after, on_disconnect = await open_start(st, cs, t, "-1")
         await context.send_initial_metadata((("x-run-id", cs.run_id),))
         await self._stream(context, cs.run_id, after, on_disconnect)

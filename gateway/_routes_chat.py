@@ -50,6 +50,7 @@ async def _start_run(st: GatewayState, cs: ChatStart, tenant_id: str) -> runs_pb
         tenant=tenant_id,
         interrupt_active=cs.interrupt_active,
         parent_run_id=cs.parent_run_id,
+        workspace_json=cs.workspace.to_record() if cs.workspace is not None else "",
     )
     t0 = time.monotonic()
     hosts = await st.hosts.live_hosts(timeout=START_READ_TIMEOUT)
@@ -271,7 +272,8 @@ async def start_chat(request: Request) -> Response | StreamResponse:
     t = tenant(request)
     body = await read_json_object(request, st.settings.max_body_bytes)
     cs = check_chat_start(body, request.headers, request.query_params, replay_dirs=st.settings.replay_dirs,
-                          default_agent=st.settings.default_agent, max_messages=st.settings.max_messages)
+                          default_agent=st.settings.default_agent, max_messages=st.settings.max_messages,
+                          workspace_dirs=st.settings.workspace_dirs)
     resume = request.headers.get("last-event-id")
     after, on_disconnect = await open_start(st, cs, t, check_offset(resume) if resume else "-1")
     framing = choose_framing(request.headers.get("accept"), request.query_params.get(FORMAT_PARAM))

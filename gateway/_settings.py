@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from baton import config
+from baton.workspace_spec import workspace_dirs
 
 _REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -55,6 +56,8 @@ class GatewaySettings:
         log_config: a ``baton.log.LogConfig``; ``None`` means ``LogConfig.from_env()``.
         keepalive: seconds between keep-alive comments on an idle stream (≤ 15 s by default).
         replay_dirs: directories replay journals may be read from.
+        workspace_dirs: resolved directories a request's workspace ``dir`` (or local git
+            repository) may name (``BATON_WORKSPACE_DIRS``; the hosts check it again).
         api_keys: bearer key → tenant; empty disables auth.
         default_agent: agent kind used when a request names none.
         session_ttl: the gateway session's lease TTL, seconds.
@@ -78,6 +81,7 @@ class GatewaySettings:
     log_config: Any = None
     keepalive: float = 15.0
     replay_dirs: tuple[pathlib.Path, ...] = field(default_factory=default_replay_dirs)
+    workspace_dirs: tuple[str, ...] = ()
     api_keys: Mapping[str, str] = field(default_factory=dict)
     default_agent: str = "replay"
     session_ttl: float = 2.0
@@ -109,6 +113,7 @@ class GatewaySettings:
             nats_url=config.get("BATON_NATS_URL", env),
             keepalive=config.get_float("BATON_SSE_KEEPALIVE", env),
             replay_dirs=dirs,
+            workspace_dirs=workspace_dirs(config.get("BATON_WORKSPACE_DIRS", env)),
             api_keys=parse_api_keys(config.get("BATON_API_KEYS", env)),
             default_agent=config.get("BATON_DEFAULT_AGENT", env),
             session_ttl=config.get_float("BATON_SESSION_TTL", env),

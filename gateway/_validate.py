@@ -20,6 +20,7 @@ from baton import errors as e
 from baton.agents import (AGENT_KINDS, JOURNAL_FORMATS, ReplayOptions, invalid_argument, is_inside,
                           parse_agent_options, resolve_replay_journal)
 from baton.ids import validate_id
+from baton.workspace_spec import WorkspaceSpec, parse_workspace
 from gateway._errors import BodyTooLarge
 
 __all__ = ["AGENT_KINDS", "REPLAY_FORMATS", "AgentChoice", "ChatStart", "check_agent", "check_chat_start",
@@ -58,6 +59,8 @@ class ChatStart:
     cancel_on_disconnect: bool
     interrupt_active: bool
     parent_run_id: str
+    #: The run's workspace (:mod:`baton.workspace_spec`); ``None`` = an empty one.
+    workspace: WorkspaceSpec | None = None
 
 
 async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
@@ -240,6 +243,7 @@ def check_chat_start(
     replay_dirs: Sequence[pathlib.Path],
     default_agent: str,
     max_messages: int,
+    workspace_dirs: Sequence[str] = (),
 ) -> ChatStart:
     """Validate a ``POST /api/chat`` (AG-UI run input plus our options).
 
@@ -258,7 +262,8 @@ def check_chat_start(
     validate_id(thread_id, "threadId")
     props = parsed.forwarded_props or {}
     merged = {name: body[name] if body.get(name) is not None else props.get(name)
-              for name in ("agent", "detachOnDisconnect", "interruptActive")}
+              for name in ("agent", "detachOnDisconnect", "interruptActive", "workspace")}
+    workspace = parse_workspace(merged.pop("workspace"), dirs=workspace_dirs)
     opts: _ChatOptions = _validated(_ChatOptions, {k: v for k, v in merged.items() if v is not None})
     messages: list[dict[str, Any]] = list(body.get("messages") or [])
     if len(messages) > max_messages:
@@ -280,4 +285,5 @@ def check_chat_start(
         cancel_on_disconnect=not opts.detach_on_disconnect,
         interrupt_active=opts.interrupt_active,
         parent_run_id=parent,
+        workspace=workspace,
     )

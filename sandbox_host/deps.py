@@ -17,7 +17,9 @@ from baton.errors import InvalidArgument
 from baton.v1 import coordinator_pb2, runs_pb2
 from baton.coordinator_client import CoordinatorClient, Session
 from baton.log import DeliveryLog, TranscriptStore
+from sandbox_host import run_workspace
 from sandbox_host.providers import Provider, Sandbox
+from sandbox_host.run_workspace import WorkspaceSettings
 
 #: Environment variables a host hands to the agents that need them (``required_secrets`` of
 #: the agent kinds in :mod:`sandbox_host.agents`).
@@ -68,6 +70,8 @@ class HostSettings:
     #: Agent credentials from the host's own environment (``AGENT_SECRET_NAMES``); passed to
     #: the agent as env only, never logged, journaled or stored.
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
+    #: Workspace allow-list, build limits and git credentials (:mod:`sandbox_host.run_workspace`).
+    workspace: WorkspaceSettings = field(default_factory=WorkspaceSettings)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "HostSettings":
@@ -84,6 +88,7 @@ class HostSettings:
             finish_budget=float((os.environ if env is None else env).get("BATON_FINISH_BUDGET", "30") or 30),
             secrets={k: v for k, v in (os.environ if env is None else env).items()
                      if k in AGENT_SECRET_NAMES and v},
+            workspace=WorkspaceSettings.from_env(env),
         )
 
 
@@ -164,7 +169,16 @@ class HostDeps:
 
         # The run id labels every sandbox of the run (also `<run_id>#<epoch>` ones a successor
         # builds), so leftovers of a host that died mid-build can be found and removed.
-        return SandboxSpec(provider=self.settings.provider, env={"BATON_RUN_ID": record.run_id})
+        return SandboxSpec(provider=self.settings.provider, env={"BATON_RUN_ID": record.run_id},
+                           **run_workspace.spec_fields(record, self.settings.workspace))
+
+    def check_workspace(self, req: Any) -> str:
+        """The ``StartRunRequest``'s workspace checked for its tenant, as the record keeps it.
+
+        Raises:
+            InvalidArgument: see :func:`sandbox_host.run_workspace.check_start`.
+        """
+        return run_workspace.check_start(req.workspace_json, req.tenant, self.settings.workspace)
 
     def agent_secrets(self, launch: Any) -> dict[str, str]:
         """The host's secrets that ``launch`` (an ``AgentLaunch``) asks for.

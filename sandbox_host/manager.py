@@ -251,6 +251,7 @@ class RunManager(ClaimUpkeep):
         # would compare against a claim the old one made.
         session = deps.session
         deps.agent_secrets(launch)  # refuse up front, before any record exists
+        workspace_json = deps.check_workspace(req)  # likewise: a bad workspace, an unknown credential
         # No started_at: the coordinator stamps it with its clock. It orders the runs of a
         # thread (the transcript fence) and times the reaper's start grace, so it must not
         # come from whichever host started the run (hosts' clocks may disagree).
@@ -258,7 +259,7 @@ class RunManager(ClaimUpkeep):
             run_id=req.run_id, thread_id=req.thread_id, status=runs_pb2.RUN_STATUS_RUNNING,
             agent=runs_pb2.AgentSpec(kind=kind, options_json=json.dumps(dict(launch.options))),
             cancel_on_disconnect=req.cancel_on_disconnect, keep_sandbox=req.keep_sandbox, tenant=req.tenant,
-            parent_run_id=req.parent_run_id, driver_host=deps.host_id, starting=True)
+            parent_run_id=req.parent_run_id, driver_host=deps.host_id, starting=True, workspace_json=workspace_json)
         clock = _Phases()
         record, created = await deps.cc.create_or_resume_run(seed, interrupt_active=req.interrupt_active)
         clock.mark("create")

@@ -36,6 +36,7 @@ class RunStartRequest(_message.Message):
     CANCEL_ON_DISCONNECT_FIELD_NUMBER: _builtins.int
     INTERRUPT_ACTIVE_FIELD_NUMBER: _builtins.int
     PARENT_RUN_ID_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
     thread_id: _builtins.str
     run_id: _builtins.str
     messages_json: _builtins.str
@@ -49,6 +50,10 @@ class RunStartRequest(_message.Message):
     def agent(self) -> _runs_pb2.AgentSpec:
         """Which agent runs; unset = the gateway's default agent."""
 
+    @_builtins.property
+    def workspace(self) -> Global___Workspace:
+        """The run's workspace: a git repository or an allowed host directory (unset = empty)."""
+
     def __init__(
         self,
         *,
@@ -59,14 +64,57 @@ class RunStartRequest(_message.Message):
         cancel_on_disconnect: _builtins.bool = ...,
         interrupt_active: _builtins.bool = ...,
         parent_run_id: _builtins.str = ...,
+        workspace: Global___Workspace | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "workspace", b"workspace"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "cancel_on_disconnect", b"cancel_on_disconnect", "interrupt_active", b"interrupt_active", "messages_json", b"messages_json", "parent_run_id", b"parent_run_id", "run_id", b"run_id", "thread_id", b"thread_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "cancel_on_disconnect", b"cancel_on_disconnect", "interrupt_active", b"interrupt_active", "messages_json", b"messages_json", "parent_run_id", b"parent_run_id", "run_id", b"run_id", "thread_id", b"thread_id", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RunStartRequest: _TypeAlias = RunStartRequest  # noqa: Y015
+
+@_typing.final
+class Workspace(_message.Message):
+    """Where the agent works. Exactly one of `git` and `dir`. See README "Workspaces"."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GIT_FIELD_NUMBER: _builtins.int
+    REF_FIELD_NUMBER: _builtins.int
+    CREDENTIAL_FIELD_NUMBER: _builtins.int
+    DIR_FIELD_NUMBER: _builtins.int
+    SETUP_FIELD_NUMBER: _builtins.int
+    git: _builtins.str
+    """A git URL (https, http, ssh, git; file:// or a path only inside BATON_WORKSPACE_DIRS)."""
+    ref: _builtins.str
+    """Branch, tag or commit to check out (git only; unset = the default branch)."""
+    credential: _builtins.str
+    """The name of a git credential the operator configured for the caller's tenant
+    (BATON_GIT_CREDENTIALS_FILE on the hosts); never the secret itself.
+    """
+    dir: _builtins.str
+    """A directory on the sandbox host inside BATON_WORKSPACE_DIRS, copied in."""
+    @_builtins.property
+    def setup(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Shell commands run in order in the workspace before the agent starts."""
+
+    def __init__(
+        self,
+        *,
+        git: _builtins.str = ...,
+        ref: _builtins.str = ...,
+        credential: _builtins.str = ...,
+        dir: _builtins.str = ...,
+        setup: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["credential", b"credential", "dir", b"dir", "git", b"git", "ref", b"ref", "setup", b"setup"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Workspace: _TypeAlias = Workspace  # noqa: Y015
 
 @_typing.final
 class RunJoinRequest(_message.Message):

@@ -36,6 +36,7 @@ class StartRunRequest(_message.Message):
     INTERRUPT_ACTIVE_FIELD_NUMBER: _builtins.int
     PARENT_RUN_ID_FIELD_NUMBER: _builtins.int
     CANCEL_ON_DISCONNECT_FIELD_NUMBER: _builtins.int
+    WORKSPACE_JSON_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     thread_id: _builtins.str
     messages_json: _builtins.str
@@ -60,6 +61,11 @@ class StartRunRequest(_message.Message):
     parent_run_id: _builtins.str
     cancel_on_disconnect: _builtins.bool
     """Cancel the run when its last reader leaves. Default false: it detaches."""
+    workspace_json: _builtins.str
+    """The validated workspace as JSON (baton.workspace_spec.WorkspaceSpec.to_record);
+    empty = none. The host checks it again (allow-list, credential name) before it
+    creates the record.
+    """
     @_builtins.property
     def agent(self) -> _runs_pb2.AgentSpec: ...
     def __init__(
@@ -75,10 +81,11 @@ class StartRunRequest(_message.Message):
         interrupt_active: _builtins.bool = ...,
         parent_run_id: _builtins.str = ...,
         cancel_on_disconnect: _builtins.bool = ...,
+        workspace_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "cancel_on_disconnect", b"cancel_on_disconnect", "detach_on_disconnect", b"detach_on_disconnect", "interrupt_active", b"interrupt_active", "keep_sandbox", b"keep_sandbox", "messages_json", b"messages_json", "parent_run_id", b"parent_run_id", "run_id", b"run_id", "tenant", b"tenant", "thread_id", b"thread_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "cancel_on_disconnect", b"cancel_on_disconnect", "detach_on_disconnect", b"detach_on_disconnect", "interrupt_active", b"interrupt_active", "keep_sandbox", b"keep_sandbox", "messages_json", b"messages_json", "parent_run_id", b"parent_run_id", "run_id", b"run_id", "tenant", b"tenant", "thread_id", b"thread_id", "workspace_json", b"workspace_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

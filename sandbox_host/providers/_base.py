@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import os
+import signal
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping, Sequence
 
@@ -23,7 +25,17 @@ class SandboxSpec:
         base_dir: directory under which local sandboxes are created (local only).
         workspace: a local path copied in, or a git URL cloned at ``git_ref``; ``None`` = empty.
         git_ref: branch, tag or commit for a git workspace.
+        workspace_is_git: whether ``workspace`` is cloned (``True``) or copied (``False``);
+            ``None`` = guessed from its form (a URL, ``git@…``, ``….git``, or a ``git_ref``).
         setup: shell commands run in order in the workspace; a failing one fails the build.
+        thread_dir: the thread whose fixed working directory and agent home the sandbox
+            uses (``None`` = a fresh working directory per sandbox, no home of its own).
+            local: ``<base_dir>/threads/<file stem>/work`` and ``…/home`` (``HOME``,
+            ``CODEX_HOME=<home>/.codex``), kept by ``destroy`` (``remove_thread_dir``
+            removes them); the workspace is built only when ``work`` does not exist yet.
+            docker: ``/workspace`` and ``HOME=/home/agent``.
+        build_timeout: seconds the workspace build (clone, checkout, setup) may take.
+        max_workspace_bytes: largest workspace after its clone or copy (``None`` = any).
         env: plain environment for the agent.
         secrets: environment for the agent that must never appear in logs, journals,
             records or errors (redacted everywhere; excluded from ``repr``).
@@ -36,6 +48,10 @@ class SandboxSpec:
     git_ref: str | None = None
     setup: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    workspace_is_git: bool | None = None
+    thread_dir: str | None = None
+    build_timeout: float | None = None
+    max_workspace_bytes: int | None = None
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
 
 
@@ -131,11 +147,35 @@ class Provider(abc.ABC):
         """
         return 0
 
+    async def remove_thread_dir(self, thread_dir: str) -> bool:
+        """Remove a thread's working directory and agent home (see ``SandboxSpec.thread_dir``);
+        ``True`` when something was removed. The default keeps nothing per thread."""
+        return False
+
+    async def export_tree(self, handle: SandboxHandle) -> bytes:
+        """An uncompressed tar of the sandbox's working directory (members ``work/…``) and
+        agent home (``home/…``, when it has one), with relative member names.
+
+        Raises:
+            NotImplementedError: the provider cannot export.
+        """
+        raise NotImplementedError(f"{self.name} sandboxes cannot be exported")
+
+    async def import_tree(self, handle: SandboxHandle, tar: bytes) -> None:
+        """Extract a tar as :meth:`export_tree` makes it into the working directory and home.
+
+        Raises:
+            SandboxBuildFailed: ``step="import"`` for a member that is absolute, climbs out
+                (``..``), or lies outside ``work/`` and ``home/``; nothing is extracted then.
+        """
+        raise NotImplementedError(f"{self.name} sandboxes cannot be imported")
+
 
 async def run_host_command(argv: Sequence[str], cwd: str | None, env: Mapping[str, str]) -> tuple[int, bytes]:
     """Run a command on the host (sandbox set-up: git, a setup script) → ``(exit code, stderr)``.
 
-    stdout is discarded; a cancelled caller kills the command before the cancel goes on.
+    stdout is discarded; a cancelled caller kills the command (its whole process group: a
+    setup script's children too) before the cancel goes on.
     """
     proc = await asyncio.create_subprocess_exec(
         *argv,
@@ -144,12 +184,16 @@ async def run_host_command(argv: Sequence[str], cwd: str | None, env: Mapping[st
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
     )
     try:
         _, err = await proc.communicate()
     except BaseException:
         if proc.returncode is None:
-            proc.kill()
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                proc.kill()
             await asyncio.shield(proc.wait())
         raise
     assert proc.returncode is not None

@@ -29,11 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import io
 import os
 import posixpath
 import shutil
-import tarfile
 import tempfile
 import time
 from typing import Any, AsyncIterator, Iterator, Mapping, Sequence
@@ -46,13 +44,16 @@ from baton import config
 from baton.errors import SandboxBuildFailed, SandboxReclaimFailed
 from sandbox_host import journal as _journal
 from sandbox_host._wrapper import wrapper_argv, wrapper_script
-from sandbox_host.providers._base import Provider, SandboxHandle, SandboxSpec, run_host_command
+from sandbox_host.providers._base import Provider, SandboxHandle, SandboxSpec
+from sandbox_host.providers import _tree
+from sandbox_host.providers import _workspace as _ws
 from sandbox_host.providers._redact import redact
-from sandbox_host.providers.local import _is_git_source
 
 #: Bytes of a failing step's stderr kept in ``SandboxBuildFailed.detail``.
 STDERR_TAIL = 2000
 WORKDIR = "/workspace"
+#: The agent's home in a sandbox of a thread (``SandboxSpec.thread_dir``).
+HOME = "/home/agent"
 META_DIR = "/baton"
 JOURNAL_DIR = "/tmp/baton-runs"
 LABEL_KEY = "baton.sandbox_key"
@@ -158,15 +159,7 @@ class DockerProvider(Provider):
         return str(handle.data["container_id"])
 
     def _put_file_sync(self, container_id: str, path: str, content: bytes, mode: int) -> None:
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            info = tarfile.TarInfo(path.lstrip("/"))
-            info.size = len(content)
-            info.mode = mode
-            info.mtime = int(time.time())
-            tar.addfile(info, io.BytesIO(content))
-        # Extracted at "/", the engine creates missing parent directories itself.
-        self._api.put_archive(container_id, "/", buf.getvalue())
+        _tree.put_file(self._api, container_id, path, content, mode)
 
     # --- building -------------------------------------------------------------------------
 
@@ -197,26 +190,31 @@ class DockerProvider(Provider):
         except BaseException:
             await asyncio.shield(self._undo_start(starting, token))
             raise
+        home = HOME if spec.thread_dir is not None else None
         handle = SandboxHandle(
             provider=self.name,
             key=key,
             journal_path=_journal.journal_path(self.journal_dir, key),
             stderr_path=_journal.stderr_path(self.journal_dir, key),
             workdir=WORKDIR,
-            data={"container_id": container_id, "pgid": None},
+            data={"container_id": container_id, "pgid": None, **({"home": home} if home else {})},
         )
-        env = {**spec.env, **spec.secrets}
+        env = _ws.setup_env({**_home_env(home), **spec.env, **spec.secrets})
+        steps = _ws.BuildSteps()
         try:
-            code, _, err = await self._exec(
-                container_id, ["sh", "-c", f"mkdir -p {WORKDIR} {self.journal_dir} && mkdir -m 700 -p {META_DIR}"]
-            )
+            code, _, err = await self._exec(container_id, [
+                "sh", "-c", f"mkdir -p {WORKDIR} {self.journal_dir} {home + '/.codex' if home else ''}"
+                            f" && mkdir -m 700 -p {META_DIR}"])
             if code != 0:
                 raise SandboxBuildFailed("container", redact(f"exit {code}: {_tail(err)}", spec.secrets))
-            await self._workspace(container_id, spec)
-            for i, cmd in enumerate(spec.setup):
-                code, _, err = await self._exec(container_id, ["sh", "-c", cmd], env=env, workdir=WORKDIR)
-                if code != 0:
-                    raise SandboxBuildFailed(f"setup[{i}]", redact(f"exit {code}: {_tail(err)}", spec.secrets))
+            async with _ws.build_budget(spec.build_timeout, steps):
+                await self._workspace(container_id, spec)
+                for i, cmd in enumerate(spec.setup):
+                    steps.current = f"setup[{i}]"
+                    code, _, err = await self._exec(container_id, ["sh", "-c", cmd], env=env, workdir=WORKDIR)
+                    if code != 0:
+                        raise SandboxBuildFailed(f"setup[{i}]",
+                                                 redact(f"exit {code}: {_tail(err)}", _ws.redactions(spec.secrets)))
         except BaseException as exc:
             await asyncio.shield(self._remove_quietly(container_id))
             if isinstance(exc, (docker.errors.DockerException, requests.exceptions.RequestException)):
@@ -270,45 +268,24 @@ class DockerProvider(Provider):
         src = spec.workspace
         if src is None:
             return
-        if not _is_git_source(src, spec.git_ref):
-            if not os.path.isdir(src):  # noqa: ASYNC240 -- one stat; the copy itself runs in a thread
-                raise SandboxBuildFailed("workspace", redact(f"not a directory: {src}", spec.secrets))
-            try:
-                await asyncio.to_thread(self._put_dir_sync, container_id, src)
-            except (OSError, docker.errors.APIError) as exc:
-                raise SandboxBuildFailed("workspace", redact(f"copy failed: {exc}", spec.secrets)) from exc
-            return
         tmp = await asyncio.to_thread(tempfile.mkdtemp, prefix="baton-clone-")
         try:
-            clone = os.path.join(tmp, "repo")
-            git_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_TERMINAL_PROMPT": "0", "HOME": tmp}
-            code, err = await run_host_command(["git", "clone", "--quiet", "--", src, clone], None, git_env)
-            if code != 0:
-                raise SandboxBuildFailed("workspace", redact(f"git clone exit {code}: {_tail(err)}", spec.secrets))
-            if spec.git_ref:
-                code, err = await run_host_command(
-                    ["git", "-c", "advice.detachedHead=false", "checkout", "--quiet", spec.git_ref, "--"],
-                    clone,
-                    git_env,
-                )
-                if code != 0:
-                    raise SandboxBuildFailed(
-                        "workspace", redact(f"git checkout exit {code}: {_tail(err)}", spec.secrets)
-                    )
+            if _ws.is_git_workspace(spec):
+                src = os.path.join(tmp, "repo")
+                await _ws.build_tree(spec, src)  # cloned on the host: no git, no credential in the image
+            elif not os.path.isdir(src):  # noqa: ASYNC240 -- one stat; the copy itself runs in a thread
+                raise SandboxBuildFailed("workspace", redact(f"not a directory: {src}", spec.secrets))
+            else:
+                await _ws.check_size(src, spec)
             try:
-                await asyncio.to_thread(self._put_dir_sync, container_id, clone)
+                await asyncio.to_thread(self._put_dir_sync, container_id, src)
             except (OSError, docker.errors.APIError) as exc:
                 raise SandboxBuildFailed("workspace", redact(f"copy failed: {exc}", spec.secrets)) from exc
         finally:
             await asyncio.shield(asyncio.to_thread(shutil.rmtree, tmp, True))
 
     def _put_dir_sync(self, container_id: str, src: str) -> None:
-        # Spooled to disk beyond 64 MiB so a large workspace does not sit in memory twice.
-        with tempfile.SpooledTemporaryFile(max_size=64 << 20) as buf:
-            with tarfile.open(fileobj=buf, mode="w") as tar:
-                tar.add(src, arcname=WORKDIR.lstrip("/"))
-            buf.seek(0)
-            self._api.put_archive(container_id, "/", buf.read())
+        _tree.put_dir(self._api, container_id, src, WORKDIR)
 
     async def copy_in(self, handle: SandboxHandle, path: str, content: bytes, mode: int = 0o644) -> None:
         """Write ``content`` to ``path`` (absolute, or relative to the workspace).
@@ -363,7 +340,7 @@ class DockerProvider(Provider):
             code, out, err = await self._exec(
                 cid,
                 ["sh", "-c", _LAUNCHER, "baton-launch", *cmd],
-                env={"LANG": "C.UTF-8", **(env or {}), **(secrets or {})},
+                env={"LANG": "C.UTF-8", **_home_env(handle.data.get("home")), **(env or {}), **(secrets or {})},
                 workdir=handle.workdir,
             )
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
@@ -563,12 +540,32 @@ class DockerProvider(Provider):
             raise SandboxReclaimFailed(run_id, _explain(exc)) from exc
         return removed
 
+    async def export_tree(self, handle: SandboxHandle) -> bytes:
+        """Tar of ``work/`` and ``home/`` (see :mod:`._tree`); ``SandboxReclaimFailed`` when gone."""
+        try:
+            return await asyncio.to_thread(_tree.export_docker, self._api, self._cid(handle), handle.workdir,
+                                           handle.data.get("home"))
+        except docker.errors.NotFound as exc:
+            raise SandboxReclaimFailed(handle.key, "container not found") from exc
+
+    async def import_tree(self, handle: SandboxHandle, tar: bytes) -> None:
+        """Extract an exported tar (see :mod:`._tree`); ``SandboxReclaimFailed`` when gone."""
+        try:
+            await asyncio.to_thread(_tree.import_docker, self._api, self._cid(handle), tar, handle.workdir,
+                                    handle.data.get("home"))
+        except docker.errors.NotFound as exc:
+            raise SandboxReclaimFailed(handle.key, "container not found") from exc
+
     # --- discovery ------------------------------------------------------------------------
 
     async def find(self, key: str) -> list[str]:
         """Ids of the containers labelled with sandbox ``key`` (running or not)."""
         found = await asyncio.to_thread(self._api.containers, all=True, filters={"label": f"{LABEL_KEY}={key}"})
         return [str(c["Id"]) for c in found]
+
+
+def _home_env(home: str | None) -> dict[str, str]:
+    return {"HOME": home, "CODEX_HOME": f"{home}/.codex"} if home else {}
 
 
 def _close_response(stream: Any) -> None:

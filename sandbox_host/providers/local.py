@@ -25,6 +25,8 @@ from sandbox_host import journal as _journal
 from sandbox_host._wrapper import wrapper_argv, wrapper_script
 from sandbox_host.providers._base import Provider, SandboxHandle, SandboxSpec, run_host_command
 from sandbox_host.providers._inotify import FileWatcher
+from sandbox_host.providers import _tree
+from sandbox_host.providers import _workspace as _ws
 from sandbox_host.providers._redact import redact
 
 #: Bytes of a failing step's stderr kept in ``SandboxBuildFailed.detail``.
@@ -47,13 +49,6 @@ _PROXY_ENV = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "grpc_pr
 _LAUNCHER = ('f=$1; shift; setsid sh -c \'echo $$ >"$0" && exec "$@"\' "$f" "$@" '
              '</dev/null >/dev/null 2>&1 & echo $!')
 _PGID_FILE = "pgid"
-
-
-def _is_git_source(source: str, git_ref: str | None) -> bool:
-    """A git URL (or bare repository path) rather than a directory to copy."""
-    if git_ref:
-        return True
-    return "://" in source or source.startswith("git@") or source.rstrip("/").endswith(".git")
 
 
 def _proc_stat(pid: int) -> tuple[str, int] | None:
@@ -119,14 +114,21 @@ class LocalProvider(Provider):
     async def create(self, key: str, spec: SandboxSpec) -> SandboxHandle:
         """Create the directory, fill the workspace, run the setup commands in order.
 
+        With ``spec.thread_dir`` the working directory and agent home are the thread's
+        (:meth:`thread_paths`); an existing working directory is kept as it is (the thread's
+        earlier turns built it), so neither the workspace nor the setup runs again.
+
         Raises:
             SandboxBuildFailed: ``step`` is ``"create"`` (the sandbox already exists),
-                ``"workspace"`` (copy or git clone/checkout failed) or ``"setup[i]"`` (the
-                i-th setup command exited non-zero); ``detail`` is the redacted stderr tail.
+                ``"workspace"`` (copy or git clone/checkout failed, over the size limit, or
+                out of time) or ``"setup[i]"`` (the i-th setup command exited non-zero or
+                ran out of time); ``detail`` is the redacted reason.
         """
         base = spec.base_dir or self.base_dir
         root = os.path.join(base, file_stem(key))
-        workdir = os.path.join(root, "workspace")
+        workdir, home = os.path.join(root, "workspace"), None
+        if spec.thread_dir is not None:
+            workdir, home = self.thread_paths(spec.thread_dir, base)
         os.makedirs(base, exist_ok=True)
         os.makedirs(self.journal_dir, exist_ok=True)
         try:
@@ -140,57 +142,73 @@ class LocalProvider(Provider):
             journal_path=_journal.journal_path(self.journal_dir, key),
             stderr_path=_journal.stderr_path(self.journal_dir, key),
             workdir=workdir,
-            data={"dir": root, "pgid": None},
+            data={"dir": root, "pgid": None, **({"home": home} if home else {})},
         )
-        env = self._env(spec.env, spec.secrets)
+        fresh = not os.path.isdir(workdir)  # noqa: ASYNC240 -- one stat
+        env = _ws.setup_env(self._env(spec.env, spec.secrets, home))
+        steps = _ws.BuildSteps()
         try:
-            await self._workspace(spec, workdir, env)
-            for i, cmd in enumerate(spec.setup):
-                code, err = await run_host_command(["sh", "-c", cmd], workdir, env)
-                if code != 0:
-                    raise SandboxBuildFailed(
-                        f"setup[{i}]", redact(f"exit {code}: {_tail(err)}", spec.secrets)
-                    )
+            if home is not None:
+                os.makedirs(os.path.join(home, ".codex"), exist_ok=True)
+            if fresh:
+                async with _ws.build_budget(spec.build_timeout, steps):
+                    await self._workspace(spec, workdir)
+                    for i, cmd in enumerate(spec.setup):
+                        steps.current = f"setup[{i}]"
+                        code, err = await run_host_command(["sh", "-c", cmd], workdir, env)
+                        if code != 0:
+                            raise SandboxBuildFailed(
+                                f"setup[{i}]", redact(f"exit {code}: {_tail(err)}", _ws.redactions(spec.secrets)))
         except BaseException:
             await asyncio.shield(asyncio.to_thread(shutil.rmtree, root, True))
+            if fresh and spec.thread_dir is not None:
+                # A half-built thread workspace would be taken as built by the next turn.
+                await asyncio.shield(asyncio.to_thread(shutil.rmtree, workdir, True))
             raise
         return handle
 
-    async def _workspace(self, spec: SandboxSpec, workdir: str, env: Mapping[str, str]) -> None:
-        src = spec.workspace
-        if src is None:
-            os.mkdir(workdir)
+    def thread_paths(self, thread_dir: str, base: str | None = None) -> tuple[str, str]:
+        """``(working directory, agent home)`` of a thread: ``<base>/threads/<stem>/work|home``."""
+        top = os.path.join(base or self.base_dir, "threads", file_stem(thread_dir))
+        return os.path.join(top, "work"), os.path.join(top, "home")
+
+    async def remove_thread_dir(self, thread_dir: str) -> bool:
+        """Remove a thread's working directory and home; ``True`` when they existed."""
+        top = os.path.dirname(self.thread_paths(thread_dir)[0])
+        if not os.path.isdir(top):  # noqa: ASYNC240 -- one stat; the rmtree runs in a thread
+            return False
+        await asyncio.to_thread(shutil.rmtree, top, True)
+        return True
+
+    async def _workspace(self, spec: SandboxSpec, workdir: str) -> None:
+        if spec.workspace is None:
+            os.makedirs(workdir)
             return
-        if not _is_git_source(src, spec.git_ref):
-            try:
-                await asyncio.to_thread(shutil.copytree, src, workdir, symlinks=True)
-            except (OSError, shutil.Error) as exc:
-                raise SandboxBuildFailed("workspace", redact(f"copy failed: {exc}", spec.secrets)) from exc
-            return
-        git_env = {**env, "GIT_TERMINAL_PROMPT": "0"}
-        code, err = await run_host_command(["git", "clone", "--quiet", "--", src, workdir], None, git_env)
-        if code != 0:
-            raise SandboxBuildFailed("workspace", redact(f"git clone exit {code}: {_tail(err)}", spec.secrets))
-        if spec.git_ref:
-            code, err = await run_host_command(
-                ["git", "-c", "advice.detachedHead=false", "checkout", "--quiet", spec.git_ref, "--"],
-                workdir,
-                git_env,
-            )
-            if code != 0:
-                raise SandboxBuildFailed(
-                    "workspace", redact(f"git checkout exit {code}: {_tail(err)}", spec.secrets)
-                )
+        os.makedirs(os.path.dirname(workdir), exist_ok=True)
+        await _ws.build_tree(spec, workdir)
 
     @staticmethod
-    def _env(env: Mapping[str, str] | None, secrets: Mapping[str, str] | None) -> dict[str, str]:
+    def _env(env: Mapping[str, str] | None, secrets: Mapping[str, str] | None,
+             home: str | None = None) -> dict[str, str]:
         out = {k: os.environ[k] for k in _INHERITED_ENV if k in os.environ}
         out.setdefault("LANG", "C.UTF-8")
+        if home is not None:
+            # The thread's own home: the agent's session store (~/.claude, $CODEX_HOME)
+            # stays where its next turn looks for it.
+            out.update(HOME=home, CODEX_HOME=os.path.join(home, ".codex"))
         out.update(env or {})
         out.update(secrets or {})
         for k in _PROXY_ENV:
             out.pop(k, None)
         return out
+
+    async def export_tree(self, handle: SandboxHandle) -> bytes:
+        """Tar of ``work/`` (the working directory) and ``home/`` (see :mod:`._tree`)."""
+        return await asyncio.to_thread(_tree.export_local, handle.workdir, handle.data.get("home"))
+
+    async def import_tree(self, handle: SandboxHandle, tar: bytes) -> None:
+        """Extract an exported tar into the working directory and home (see :mod:`._tree`)."""
+        await asyncio.to_thread(_tree.import_local, tar, handle.workdir, handle.data.get("home"))
 
     async def copy_in(self, handle: SandboxHandle, path: str, content: bytes, mode: int = 0o644) -> None:
         """Write ``content`` to ``path`` (absolute, or relative to the workspace)."""
@@ -247,7 +265,7 @@ class LocalProvider(Provider):
         proc = await asyncio.create_subprocess_exec(
             "sh", "-c", _LAUNCHER, "baton-launch", os.path.join(meta, _PGID_FILE), *cmd,
             cwd=handle.workdir,
-            env=self._env(env, secrets),
+            env=self._env(env, secrets, handle.data.get("home")),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL,
