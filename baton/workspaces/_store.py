@@ -291,7 +291,7 @@ class WorkspaceStore:
 
     async def save_turn(
         self, thread_id: str, *, run_id: str, snapshot: str | None, agent_session_id: str | None, messages: int,
-        workspace: dict[str, Any], agent_kind: str, writer: TranscriptWriter,
+        workspace: dict[str, Any], agent_kind: str, writer: TranscriptWriter, tenant: str | None = None,
     ) -> int:
         """Record run ``run_id``'s turn: the thread's next run starts from ``snapshot`` and
         ``agent_session_id``. Fenced like a transcript save: it reads the stored head's
@@ -307,6 +307,7 @@ class WorkspaceStore:
             workspace: the workspace spec (JSON object; never secrets).
             agent_kind: the agent kind.
             writer: the run, its claim's epoch and start time.
+            tenant: the thread's tenant (``None``: keep the stored one).
 
         Returns:
             The head's new revision.
@@ -329,7 +330,7 @@ class WorkspaceStore:
                         raise WorkspaceFenced(thread_id, writer.run_id, writer.epoch, stored.run_id, stored.epoch)
                     turn = TurnRecord(snapshot, agent_session_id, messages, self._clock())
                     new = with_turn(head, run_id=run_id, turn=turn, workspace=workspace, agent_kind=agent_kind,
-                                    writer=writer, max_turns=self.cfg.max_turns)
+                                    writer=writer, max_turns=self.cfg.max_turns, tenant=tenant)
                     landed = await _cas(kv, key, new.encode(), rev)
                     if landed is not None:
                         return landed

@@ -9,7 +9,7 @@ Stored value (JSON)::
     {"writer": {"run", "epoch", "at"}, "workspace": {...}, "agent": "claude",
      "session": "<agent session id>" | null, "snapshot": "<digest>" | null,
      "turns": {"<run id>": {"snapshot", "session", "messages", "at"}, ...},
-     "forked_from": {"thread", "run"} | null, "updated_at": <seconds>}
+     "forked_from": {"thread", "run"} | null, "updated_at": <seconds>, "tenant": "<tenant>"}
 """
 from __future__ import annotations
 
@@ -68,6 +68,8 @@ class ThreadHead:
         forked_from: the source of a forked thread, else ``None``.
         updated_at: the last save, seconds since the epoch.
         writer: who saved it (``None``: a value without one; anyone may replace it).
+        tenant: the tenant the thread belongs to (``""``: no authentication); a fork
+            belongs to its source's tenant, so no other tenant may start its first run.
     """
 
     workspace: dict[str, Any]
@@ -78,6 +80,7 @@ class ThreadHead:
     forked_from: ForkedFrom | None = None
     updated_at: float = 0.0
     writer: TranscriptWriter | None = None
+    tenant: str = ""
 
     def snapshots(self) -> set[str]:
         """Every snapshot this head keeps alive: its own and its turns'."""
@@ -97,6 +100,7 @@ class ThreadHead:
             "forked_from": ({"thread": self.forked_from.thread_id, "run": self.forked_from.run_id}
                             if self.forked_from is not None else None),
             "updated_at": self.updated_at,
+            "tenant": self.tenant,
         }
         return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -119,6 +123,7 @@ class ThreadHead:
                 forked_from=ForkedFrom(str(ff["thread"]), str(ff["run"])) if ff else None,
                 updated_at=float(doc.get("updated_at") or 0),
                 writer=TranscriptWriter.from_json(doc.get("writer")),
+                tenant=str(doc.get("tenant") or ""),
             )
         except (TypeError, KeyError, AttributeError, json.JSONDecodeError) as exc:
             raise ValueError(f"not a thread head: {type(exc).__name__}") from exc
@@ -126,7 +131,7 @@ class ThreadHead:
 
 def with_turn(
     head: ThreadHead | None, *, run_id: str, turn: TurnRecord, workspace: dict[str, Any], agent_kind: str,
-    writer: TranscriptWriter, max_turns: int = MAX_TURNS,
+    writer: TranscriptWriter, max_turns: int = MAX_TURNS, tenant: str | None = None,
 ) -> ThreadHead:
     """The head after a run's turn: its snapshot and session become the thread's, its record
     is the newest (a run saving again replaces its record), the oldest records beyond
@@ -141,6 +146,7 @@ def with_turn(
         workspace=dict(workspace), agent_kind=agent_kind, agent_session_id=turn.agent_session_id,
         snapshot=turn.snapshot, turns=turns, forked_from=head.forked_from if head is not None else None,
         updated_at=turn.at, writer=writer,
+        tenant=tenant if tenant is not None else (head.tenant if head is not None else ""),
     )
 
 
