@@ -23,7 +23,14 @@ the claim is released, so another owner replays the journal and finishes from wh
 stored; the release is retried as long as the session lives (the claim lives no longer).
 A step refused by a fence means a successor owns the run: nothing more is written.
 
-:func:`plan` and :func:`after` are the pure part (table-tested); :class:`Finisher` is the I/O.
+:func:`plan` and :func:`after` are the pure part (table-tested); :class:`Finisher` is the I/O,
+over the claim's :class:`~sandbox_host.claim_log.ClaimLog`, its
+:class:`~sandbox_host.sandboxes.RunSandboxes` and the host's coordinator client.
+
+Work on a sandbox after its agent ended and before it is destroyed goes in ``KILL``, between
+the kill and the destroy (cancels and failures), or, for a run whose agent ended on its own
+(the sandbox goes in ``DESTROY``, after the release), in a step of its own before ``CLOSE``,
+while the claim still fences its writes.
 """
 from __future__ import annotations
 
