@@ -1,9 +1,10 @@
-"""One driven run: the I/O around the pure state machine (docs/design.md §5.4, §5.5).
+"""One driven run: supervision of one claim around the pure state machine (docs/design.md §5.4, §5.5).
 
 A :class:`RunDriver` holds one claim (run id, epoch) and does, in its own task:
 
 * fresh: (the claim, fence and ``run.accepted`` were done by :meth:`RunManager.start_run`)
-  build the sandbox → register it → launch the agent → follow → translate → append → finish;
+  build the sandbox → register it → prepare it → launch the agent → follow → translate →
+  append → finish;
 * attach: fence → preflight (or, when the first host never marked its agent launched in the
   sandbox registry, kill whatever runs in its sandbox, destroy it, build + launch our own)
   → replay the journal from byte 0 with a fresh translator → align against the headers
@@ -11,19 +12,20 @@ A :class:`RunDriver` holds one claim (run id, epoch) and does, in its own task:
 * finalize (a cancel or reap of a run whose driver is gone): fence → kill → destroy →
   ``run.cancelled`` + ``RUN_ERROR cancelled`` → ``aborted`` → close.
 
+It is three objects with one job each, which the driver supervises in one task group (the
+body, the ``WatchRun`` of its record, the transcript snapshots):
+
+* :class:`~sandbox_host.claim_log.ClaimLog`: every write to the run's log and transcript
+  under this claim's fence, and the takeover read of what the log stored;
+* :class:`~sandbox_host.pipeline.Replay`: journal → translator → aligner → tagged chunks (pure);
+* :class:`~sandbox_host.sandboxes.RunSandboxes`: the sandbox (find or build, launch, kill, destroy).
+
 Control events (a cancel seen via ``WatchRun`` or the in-process fast path, a detach with
 ``cancel_on_disconnect = true``, a successor's epoch, a lost session, a drain) reach the
 driver through :meth:`RunDriver.post`; the state machine (:mod:`sandbox_host.machine`)
-decides. This module supervises and streams; the sandbox I/O is
-:class:`~sandbox_host.sandboxes.RunSandboxes`, and the final writes are
-:class:`~sandbox_host.finishing.Finisher`'s, run shielded so a cancelled task still
-finishes them (bounded), and retried so a short store or log outage does not leave the
-run ``running`` forever.
-
-The driver's reads of its run's stored log (the takeover read) are
-:class:`~sandbox_host.driver_stored.StoredReads` and its transcript duty (prepare, save,
-snapshots) is :class:`~sandbox_host.driver_transcript.TranscriptSteps`: methods of the
-driver over its one run's state, kept in their own modules.
+decides. A decision's final writes are :class:`~sandbox_host.finishing.Finisher`'s, run
+shielded so a cancelled driver still finishes them (bounded), and retried so a short store
+or log outage does not leave the run ``running`` forever.
 """
 from __future__ import annotations
 
@@ -31,22 +33,19 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from baton.errors import (
-    AppendConflict, BatonError, JournalAttachUnavailable, JournalReplayDiverged,
-    JournalReplayThreadIdMismatch, LogAlreadyClosed, LogStorageFull, LogUnavailable, RunClaimLost, SandboxError,
-    StoreUnavailable, TranscriptFenced,
+    BatonError, JournalAttachUnavailable, JournalReplayDiverged, JournalReplayThreadIdMismatch, LogAlreadyClosed,
+    LogStorageFull, LogUnavailable, RunClaimLost, SandboxError, StoreUnavailable,
 )
-from baton.transcript import TranscriptBuilder
 from baton.v1 import runs_pb2
 from sandbox_host import machine as M
-from sandbox_host._tasks import cancel_and_wait, retry_unavailable
-from sandbox_host.align import Aligner
-from sandbox_host.driver_stored import StoredReads
-from sandbox_host.driver_transcript import TranscriptSteps
+from sandbox_host._tasks import cancel_and_wait
+from sandbox_host.claim_log import ClaimLog, Mode, RunStats
 from sandbox_host.finishing import Finisher
+from sandbox_host.pipeline import Batch, Replay
 from sandbox_host.sandboxes import RunSandboxes, Sandbox
 
 if TYPE_CHECKING:
@@ -55,27 +54,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("baton.sandbox_host.driver")
 
-Mode = Literal["fresh", "attach", "finalize"]
-Chunk = dict[str, Any]
-__all__ = ["RunDriver", "RunStats"]
+__all__ = ["Mode", "RunDriver", "RunStats"]
 
 
-@dataclass
-class RunStats:
-    """What a driver did (for tests, logs and the bench)."""
+@dataclass(frozen=True)
+class _BodyEnd:
+    """How the body ended: its decision, or the error the supervisor decides on."""
 
-    stored_prefix: int = 0
-    appended: int = 0
-    replayed: int = 0
-    first_append_at: float | None = None
-    #: Seconds from the start of the body to the end of each step (fenced, headers, input,
-    #: sandbox) and to the first append (append), for the takeover log line and the bench.
-    marks: dict[str, float] = field(default_factory=dict)
-    outcome: str | None = None
     decision: M.Decision | None = None
-    errors: list[str] = field(default_factory=list)
+    error: Exception | None = None
 
-class RunDriver(TranscriptSteps, StoredReads):
+
+class RunDriver:
     """Drives one run under one claim. Created and owned by :class:`RunManager`.
 
     Args:
@@ -86,6 +76,10 @@ class RunDriver(TranscriptSteps, StoredReads):
         writer: the claim's log writer (already fenced for ``fresh``).
         input_messages: the run input's messages (``fresh`` only; a successor reads them
             from the stored ``run.accepted`` chunk).
+        fence_seq: the sequence of the claim's fence when it landed already (``fresh``).
+        cancel_reason: the cancel a ``finalize`` claim carries out.
+        opened: what a fresh start appended from the translator before the sandbox existed
+            (``RUN_STARTED``): the replay reproduces it first, so it is the stored prefix.
     """
 
     def __init__(
@@ -102,42 +96,28 @@ class RunDriver(TranscriptSteps, StoredReads):
         opened: list[Any] | None = None,
     ) -> None:
         self.deps = deps
-        # What a fresh start appended from the translator before the sandbox existed
-        # (RUN_STARTED): the replay reproduces it first, so it is this run's stored prefix.
-        self._opened: list[Any] = list(opened or [])
         self.record = record
         self.run_id = record.run_id
         self.epoch = epoch
         self.mode: Mode = mode
-        self.writer = writer
-        self.fence_seq = fence_seq
+        self._opened: list[Any] = list(opened or [])
+        self._cancel_reason = cancel_reason
         self.machine = M.RunMachine(keep_sandbox=record.keep_sandbox)
         if fence_seq is not None:
             self.machine.advance(M.Phase.FENCED)
-        self.builder = TranscriptBuilder(input_messages)
-        self.input_messages: list[dict[str, Any]] = list(input_messages or [])
         self.stats = RunStats()
         self._control: asyncio.Queue[M.Event] = asyncio.Queue(maxsize=64)
-        self._inflight: asyncio.Task[Any] | None = None
+        self.claim_log = ClaimLog(deps, record, epoch, mode, writer, machine=self.machine, stats=self.stats,
+                                  post=self.post, input_messages=input_messages, fence_seq=fence_seq)
         self.sandboxes = RunSandboxes(deps, record, epoch, mode)
-        self._aligner: Aligner | None = None
-        self._inputs_loaded = mode == "fresh"
-        # Whether the log lacks the run input (run.accepted) although an earlier claim
-        # existed (a start that failed half-way): then no agent is launched and no
-        # transcript saved. Known once the stored log was read.
-        self._input_missing = False
         self._release_delay = 0.0
-        self._cancel_reason = cancel_reason
-        self._transcript_rev: int | None = None
-        self._transcript_loaded = False
-        self._transcript_fenced: TranscriptFenced | None = None
-        self._snap_dirty = False
-        #: Set when this driver starts releasing its claim: it writes nothing after that,
-        #: so the host may take the run again (a successor after a let-go may be this host).
-        self.releasing = False
-        self._storage_waits = 0
-        self._began = time.monotonic()
         self.done = asyncio.Event()
+
+    @property
+    def releasing(self) -> bool:
+        """Whether this driver releases its claim: it writes nothing any more, so the host
+        may take the run again (a successor after a let-go may be this host)."""
+        return self.claim_log.releasing
 
     # --- control --------------------------------------------------------------------------
 
@@ -151,65 +131,44 @@ class RunDriver(TranscriptSteps, StoredReads):
             return False
         return True
 
-    # --- main -----------------------------------------------------------------------------
+    # --- supervision ----------------------------------------------------------------------
 
     async def run(self) -> None:
         """Drive the run to a decision and carry it out. Never raises domain errors."""
-        watch = asyncio.create_task(self._watch(), name=f"watch:{self.run_id}")
-        snap = asyncio.create_task(self._snapshots(), name=f"snap:{self.run_id}")
-        body = asyncio.create_task(self._body(), name=f"body:{self.run_id}")
         try:
-            try:
-                decision = await self._supervise(body)
-            except Exception as exc:  # a driver bug: hand the run over rather than sit on it
-                log.exception("run %s: driver failed; releasing the claim", self.run_id)
-                self.stats.errors.append(repr(exc))
-                decision = M.Decision(release_claim=True, stop=True)
+            decision = await self._supervise_all()
             self.stats.decision = decision
             if decision is not None:
                 await self._finish_shielded(decision)
         finally:
-            await cancel_and_wait({watch, snap, body})
-            if not body.cancelled():
-                body.exception()  # retrieved: _supervise decided on it (or the driver failed)
-            for t in (watch, snap):
-                if not t.cancelled() and t.exception() is not None:
-                    log.warning("run %s: %s ended with %r", self.run_id, t.get_name(), t.exception())
-            await self._drop_inflight()
+            await self.claim_log.drop_inflight()
             self.done.set()
             log.info("run %s: driver ended at epoch %d (%s)", self.run_id, self.epoch, self.stats.outcome)
 
-    async def _finish_shielded(self, decision: M.Decision) -> None:
-        """Run the final writes in their own task, shielded from the driver's cancellation.
-
-        A cancelled driver (host shutdown) still gives them ``final_write_timeout`` seconds,
-        then cancels them and waits until they ended: the task never outlives its owner.
-        """
-        fin = asyncio.create_task(self._execute(decision), name=f"final:{self.run_id}")
-        try:
-            await asyncio.shield(fin)
-        except asyncio.CancelledError:
+    async def _supervise_all(self) -> M.Decision | None:
+        """The body, the record's watch and the snapshots in one task group, until a decision."""
+        async with asyncio.TaskGroup() as tg:
+            side = {tg.create_task(self._quietly(self._watch, "watch"), name=f"watch:{self.run_id}"),
+                    tg.create_task(self._quietly(self.claim_log.snapshots, "snapshots"), name=f"snap:{self.run_id}")}
+            body = tg.create_task(self._body(), name=f"body:{self.run_id}")
             try:
-                await asyncio.wait({fin}, timeout=self.deps.settings.final_write_timeout)
+                try:
+                    return await self._supervise(body)
+                except Exception as exc:  # a driver bug: hand the run over rather than sit on it
+                    log.exception("run %s: driver failed; releasing the claim", self.run_id)
+                    self.stats.errors.append(repr(exc))
+                    return M.Decision(release_claim=True, stop=True)
             finally:
-                await cancel_and_wait({fin})
-                if not fin.cancelled() and fin.exception() is not None:
-                    log.error("run %s: final writes failed", self.run_id, exc_info=fin.exception())
-            raise
+                await cancel_and_wait({*side, body})
 
-    async def _drop_inflight(self) -> None:
-        """Await the shielded append a cancelled body left (cancelled: nothing waits for it,
-        and whatever it still lands is harmless under the fence)."""
-        task, self._inflight = self._inflight, None
-        if task is None:
-            return
-        await cancel_and_wait({task})
-        if not task.cancelled() and task.exception() is not None:
-            exc = task.exception()
-            if not isinstance(exc, RunClaimLost):
-                log.warning("run %s: last append failed: %r", self.run_id, exc)
+    async def _quietly(self, work: Callable[[], Awaitable[None]], what: str) -> None:
+        """A side task of the driver: its failure is logged, it never ends the run."""
+        try:
+            await work()
+        except Exception as exc:  # noqa: BLE001 - logged: a side task's failure is no run's end
+            log.warning("run %s: %s ended with %r", self.run_id, what, exc)
 
-    async def _supervise(self, body: "asyncio.Task[M.Decision | None]") -> M.Decision | None:
+    async def _supervise(self, body: "asyncio.Task[_BodyEnd]") -> M.Decision | None:
         while True:
             getter = asyncio.ensure_future(self._control.get())
             try:
@@ -225,8 +184,8 @@ class RunDriver(TranscriptSteps, StoredReads):
                 log.info("run %s: %s → stopping (%s)", self.run_id, type(event).__name__,
                          "terminal" if d.terminal else "no terminal writes")
                 await cancel_and_wait({body})
-                await self._settle_inflight(wait=d.terminal)
-                own = body.result() if not body.cancelled() and body.exception() is None else None
+                await self.claim_log.settle_inflight(wait=d.terminal)
+                own = body.result().decision if not body.cancelled() else None
                 if own is not None and own.stop:
                     # The body reached its own decision first; the machine ignored ours.
                     return own
@@ -239,28 +198,10 @@ class RunDriver(TranscriptSteps, StoredReads):
             await asyncio.wait({getter})
             if body.cancelled():
                 return None
-            exc = body.exception()
-            if exc is not None:
-                return self._decide_failure(exc)
-            return body.result()
-
-    async def _settle_inflight(self, *, wait: bool) -> None:
-        """Let a shielded append finish before terminal writes (bounded), else drop it.
-
-        A stop without terminal writes (claim lost, session lost, drain) never appends
-        again with this writer, so an append stuck in publish retries is cancelled: the
-        fence makes whatever it might still land harmless for the successor.
-        """
-        task = self._inflight
-        if task is None:
-            return
-        if not wait:
-            task.cancel()
-        await asyncio.wait({task}, timeout=self.deps.settings.final_write_timeout)
-        if task.done() and not task.cancelled():
-            exc = task.exception()  # retrieved: the decision already accounts for it
-            if exc is not None and not isinstance(exc, RunClaimLost):
-                log.warning("run %s: last append failed: %r", self.run_id, exc)
+            end = body.result()
+            if end.error is not None:
+                return self._decide_failure(end.error)
+            return end.decision
 
     def _decide_failure(self, exc: BaseException) -> M.Decision | None:
         if isinstance(exc, RunClaimLost):
@@ -288,241 +229,6 @@ class RunDriver(TranscriptSteps, StoredReads):
             return self.machine.on(M.Failed(str(exc), "host_error"))
         return self.machine.on(M.Failed(f"host error: {type(exc).__name__}", "host_error"))
 
-    # --- body -----------------------------------------------------------------------------
-
-    async def _body(self) -> M.Decision | None:
-        # A successor reads the sandbox registry while it fences and reads the stored log:
-        # neither needs the other, and the entry is already fenced by this claim's epoch
-        # (the claim landed before this driver began), so it is not read any earlier in
-        # the sense that matters. A cancelled or closed run never uses it.
-        lookup: asyncio.Task[Sandbox | None] | None = None
-        if self.mode == "attach" and self.record.sandbox_key and not self.record.cancel_requested:
-            lookup = asyncio.create_task(self.deps.find_sandbox(self.record.sandbox_key),
-                                         name=f"sandbox-lookup:{self.run_id}")
-        try:
-            return await self._body_steps(lookup)
-        finally:
-            if lookup is not None:
-                await cancel_and_wait({lookup})
-                if not lookup.cancelled():
-                    lookup.exception()  # retrieved: the body awaited it, or stopped before
-
-    async def _body_steps(self, lookup: "asyncio.Task[Sandbox | None] | None") -> M.Decision | None:
-        t0 = self._began = time.monotonic()
-        while self.fence_seq is None:
-            try:
-                self.fence_seq = await self.writer.fence()
-            except LogAlreadyClosed as closed:
-                return self.machine.on(await self._stored_close(closed))
-            except LogStorageFull as full:
-                await self._wait_for_storage(full)
-                continue
-            self.machine.advance(M.Phase.FENCED)
-        stored: list[Any] = list(self._opened)
-        marks = self.stats.marks
-        marks["fenced"] = time.monotonic() - t0
-        if self.mode != "fresh":
-            stored, bodies = await self._stored_before_fence()
-            marks["headers"] = time.monotonic() - t0
-            await self._load_input_messages(stored, bodies)
-            marks["input"] = time.monotonic() - t0
-        if self.mode == "finalize" or (self.mode == "attach" and self.record.cancel_requested):
-            return self.machine.on(M.CancelRequested(reason=self._cancel_reason or self.record.cancel_reason or "user",
-                                                     path="reaper" if self._cancel_reason == "reaped" else "watch"))
-        if self._input_missing:
-            # A start that failed half-way left a log without the run's input: launching
-            # the agent would run it on an empty prompt. End the run; readers get the end.
-            self.stats.outcome = "input-missing"
-            return self.machine.on(M.Failed("the run's input (run.accepted) is missing from its log",
-                                            "run_input_missing"))
-        self.machine.advance(M.Phase.PREPARING)
-        sbx = await self.sandboxes.ensure(self.input_messages, lookup=lookup)
-        marks["sandbox"] = time.monotonic() - t0
-        aligner = self._aligner = Aligner(stored, thread_ids=())
-        self.stats.stored_prefix = aligner.stored_count
-        self.machine.advance(M.Phase.STREAMING)
-        return await self._stream(sbx, aligner)
-
-    async def _stream(self, sbx: Sandbox, aligner: Aligner) -> M.Decision | None:
-        from sandbox_host.journal import JournalExit, JournalLine, JournalTruncated, follow_journal
-
-        translator = self.deps.translator(self.record, self.run_id)
-        exit_code: int | None = None
-        fragment: bytes | None = None
-        items = follow_journal(sbx.provider, sbx.handle, sbx.handle.journal_path, offset=0, nonce=sbx.nonce,
-                               poll_interval=self.deps.settings.journal_poll)
-        every = self.deps.settings.replay_yield_lines
-        lines = 0
-        async with contextlib.aclosing(items) as it:
-            async for item in it:
-                if isinstance(item, JournalLine):
-                    d = await self._emit(translator.feed(item.data), aligner)
-                    if d is not None:
-                        return d
-                    lines += 1
-                    if every and lines % every == 0:
-                        # A replay over a stored prefix appends nothing, so nothing else
-                        # awaits: one read of the journal (up to 1 MiB) would be translated
-                        # and aligned in one step of the loop. Several takeovers at once held
-                        # the loop for seconds that way, and the host's keep-alive with it.
-                        await asyncio.sleep(0)
-                elif isinstance(item, JournalTruncated):
-                    fragment = item.data
-                elif isinstance(item, JournalExit):
-                    exit_code = item.code
-                    break
-        d = await self._emit(translator.finish(exit_code, fragment), aligner)
-        aligner.finish()
-        if d is not None:
-            return d
-        return self.machine.on(M.Failed("the journal ended without a terminal event", "incomplete_journal"))
-
-    async def _emit(self, chunks: list[Chunk], aligner: Aligner) -> M.Decision | None:
-        new: list[Chunk] = []
-        terminal: M.Event | None = None
-        for c in chunks:
-            try:
-                tagged = aligner.feed(c)
-            except JournalReplayDiverged as exc:
-                raise await self._refine(exc, aligner, c) from None
-            self.stats.replayed += 1
-            self.builder.feed(c)
-            self._snap_dirty = True
-            if tagged.tag == "stored":
-                self.machine.saw_chunk(c)
-                if M.is_terminal_chunk(c):
-                    terminal = M.StoredTerminal(c)
-                    break
-            else:
-                new.append(c)
-                if M.is_terminal_chunk(c):
-                    terminal = M.AgentTerminal(c)
-                    break
-        if new:
-            await self._append(new, "journal")
-        if terminal is not None:
-            return self.machine.on(terminal)
-        return None
-
-    async def _refine(self, exc: JournalReplayDiverged, aligner: Aligner, replayed: Chunk) -> JournalReplayDiverged:
-        """Tell a thread-id-only mismatch from any other divergence (reads one stored body)."""
-        if "threadId" not in replayed or exc.stored is None:
-            return exc
-        header = aligner.header(exc.index)
-        body = await self.deps.read_chunk(self.run_id, header.offset) if header is not None else None
-        if isinstance(body, dict) and "threadId" in body and body["threadId"] != replayed["threadId"]:
-            from baton.fingerprint import fingerprint
-
-            if fingerprint({**replayed, "threadId": body["threadId"]}) == exc.stored:
-                return JournalReplayThreadIdMismatch(exc.index, exc.stored, exc.replayed)
-        return exc
-
-    async def append_host(self, chunks: list[Chunk]) -> None:
-        """Append host-origin chunks under the fence (the final writes' ``APPEND`` step)."""
-        await self._append_now(chunks, "host")
-
-    async def _append(self, chunks: list[Chunk], origin: Literal["journal", "host"]) -> None:
-        """Append under the fence; the publish itself is shielded from cancellation."""
-        task = asyncio.ensure_future(self._append_now(chunks, origin))
-        self._inflight = task
-        await asyncio.shield(task)
-
-    async def _append_now(self, chunks: list[Chunk], origin: Literal["journal", "host"]) -> None:
-        if self.stats.first_append_at is None and self.mode == "attach" and self.deps.settings.quiet_time > 0:
-            await asyncio.sleep(self.deps.settings.quiet_time)  # baseline emulation (bench only)
-        remaining = list(chunks)
-        conflicts = 0
-        while conflicts < 8:
-            try:
-                await self.writer.append(remaining, origin=origin)
-                break
-            except LogStorageFull as full:
-                # Keep the claim and wait for storage (issue 19): a handover would only
-                # meet the same full store on the next host. Only the unstored rest is
-                # sent again, its first record with the same message id.
-                landed = len(full.landed)
-                self._count(remaining[:landed])
-                remaining = remaining[landed:]
-                await self._wait_for_storage(full)
-                continue
-            except AppendConflict as conflict:
-                # Another writer (not a successor) moved the head: keep what landed, adopt
-                # the head, and append only the rest. Never re-send a landed chunk.
-                landed = len(conflict.landed)
-                self._count(remaining[:landed])
-                remaining = remaining[landed:]
-                conflicts += 1
-                await self.writer.resync()
-        else:
-            raise RunClaimLost(self.run_id, self.epoch, "append-conflicts")
-        self._storage_waits = 0
-        self._count(remaining)
-
-    async def _wait_for_storage(self, full: LogStorageFull) -> None:
-        """Pause before the next try while the log cannot store (growing, at most 5 s).
-
-        Bounded by the session, not by a budget: the run is not lost while the store is
-        full, and its journal keeps growing in the sandbox meanwhile.
-
-        Raises:
-            LogStorageFull: ``full`` again, once this host's session is lost.
-        """
-        if self.deps.session.lost.is_set():
-            raise full
-        self._storage_waits += 1
-        pause = min(0.5 * 2 ** min(self._storage_waits - 1, 4), 5.0)
-        if self._storage_waits == 1 or self._storage_waits % 10 == 0:
-            log.warning("run %s: the delivery log cannot store (%s); keeping the claim, retrying (try %d)",
-                        self.run_id, full.detail, self._storage_waits)
-        try:
-            async with asyncio.timeout(pause):
-                await self.deps.session.lost.wait()
-        except TimeoutError:
-            return
-        raise full
-
-    def _count(self, chunks: list[Chunk]) -> None:
-        if chunks and self.stats.first_append_at is None:
-            self.stats.first_append_at = time.monotonic()
-            self.stats.marks["append"] = self.stats.first_append_at - self._began
-            if self.mode == "attach":
-                log.info("run %s: takeover at epoch %d: first append after %s (s since the driver began; "
-                         "%d stored chunks replayed)", self.run_id, self.epoch,
-                         {k: round(v, 3) for k, v in self.stats.marks.items()}, self.stats.stored_prefix)
-        self.stats.appended += len(chunks)
-        for c in chunks:
-            self.machine.saw_chunk(c)
-
-    # --- finishing ------------------------------------------------------------------------
-
-    async def _execute(self, d: M.Decision) -> None:
-        """Carry out decision ``d``: its final writes, as :class:`Finisher` steps."""
-        self.stats.outcome = self.stats.outcome or d.status or ("handed-over" if d.release_claim else "stopped")
-        if d.terminal and self.fence_seq is None:
-            # A cancel can arrive before this claim's fence landed: fence first, since
-            # every write of a claim comes after its fence (docs/design.md §4.1).
-            try:
-                self.fence_seq = await retry_unavailable(
-                    self.writer.fence, deadline=time.monotonic() + self.deps.settings.finish_budget,
-                    session=self.deps.session, what=f"run {self.run_id}: fence", errors=(LogUnavailable,))
-            except RunClaimLost:
-                return
-            except LogAlreadyClosed as closed:
-                try:
-                    d = self.machine.decision = M.decide(await self._stored_close(closed),
-                                                         keep_sandbox=self.record.keep_sandbox)
-                except LogUnavailable:
-                    d = M.Decision(release_claim=True, stop=True)
-            except LogUnavailable:
-                d = M.Decision(release_claim=True, stop=True)  # let go: a successor fences
-        if d.terminal:
-            save = d.save_transcript
-        else:
-            save = d.release_claim and self._replay_complete()
-        outcomes = await Finisher(self, d, save_transcript=save, release_delay=self._release_delay).finish()
-        if any(o == "gave-up" for o in outcomes.values()):
-            self.stats.outcome = f"{self.stats.outcome} (let go)"
-
     async def _watch(self) -> None:
         """Turn record changes (WatchRun) into control events."""
         deps = self.deps
@@ -549,3 +255,187 @@ class RunDriver(TranscriptSteps, StoredReads):
         finally:
             lost.cancel()
 
+    # --- the body: fence, takeover read, sandbox, replay ----------------------------------
+
+    async def _body(self) -> _BodyEnd:
+        """The run's work up to its own decision; its domain failures become the supervisor's
+        to decide (cancellation is not one: it propagates)."""
+        try:
+            return _BodyEnd(decision=await self._drive())
+        except Exception as exc:  # noqa: BLE001 - handed on: the supervisor decides on it
+            return _BodyEnd(error=exc)
+
+    async def _drive(self) -> M.Decision | None:
+        # A successor reads the sandbox registry while it fences and reads the stored log:
+        # neither needs the other, and the entry is already fenced by this claim's epoch
+        # (the claim landed before this driver began), so it is not read any earlier in
+        # the sense that matters. A cancelled or closed run never uses it.
+        lookup: asyncio.Task[Sandbox | None] | None = None
+        if self.mode == "attach" and self.record.sandbox_key and not self.record.cancel_requested:
+            lookup = asyncio.create_task(self.deps.find_sandbox(self.record.sandbox_key),
+                                         name=f"sandbox-lookup:{self.run_id}")
+        try:
+            return await self._steps(lookup)
+        finally:
+            if lookup is not None:
+                await cancel_and_wait({lookup})
+                if not lookup.cancelled():
+                    lookup.exception()  # retrieved: the body awaited it, or stopped before
+
+    async def _steps(self, lookup: "asyncio.Task[Sandbox | None] | None") -> M.Decision | None:
+        t0 = self.stats.began = time.monotonic()
+        marks = self.stats.marks
+        closed = await self._fence()
+        if closed is not None:
+            return closed
+        marks["fenced"] = time.monotonic() - t0
+        stored = await self._read_stored(t0)
+        early = self._decide_before_sandbox()
+        if early is not None:
+            return early
+        self.machine.advance(M.Phase.PREPARING)
+        # Fresh, or a successor that must build its own: the sandbox is built, registered,
+        # prepared (RunSandboxes.prepare_launch) and the agent launched; else the preflight.
+        sbx = await self.sandboxes.ensure(self.claim_log.input_messages, lookup=lookup)
+        marks["sandbox"] = time.monotonic() - t0
+        replay = self.claim_log.replay = Replay(self.deps.translator(self.record, self.run_id), stored,
+                                                yield_every=self.deps.settings.replay_yield_lines)
+        self.stats.stored_prefix = replay.stored_count
+        self.machine.advance(M.Phase.STREAMING)
+        return await self._stream(sbx, replay)
+
+    async def _fence(self) -> M.Decision | None:
+        """This claim's fence (a fresh start's landed already); the decision when the log
+        was closed already (finalize from the close record), else ``None``."""
+        if self.claim_log.fence_seq is not None:
+            return None
+        try:
+            await self.claim_log.fence()
+        except LogAlreadyClosed as closed:
+            return self.machine.on(await self.claim_log.stored_close(closed))
+        self.machine.advance(M.Phase.FENCED)
+        return None
+
+    async def _read_stored(self, t0: float) -> list[Any]:
+        """The stored prefix to align the replay with: a successor's takeover read (headers
+        before its fence, and the run input), or what a fresh start appended."""
+        if self.mode == "fresh":
+            return list(self._opened)
+        marks = self.stats.marks
+        stored, bodies = await self.claim_log.stored_before_fence()
+        marks["headers"] = time.monotonic() - t0
+        await self.claim_log.load_input(stored, bodies)
+        marks["input"] = time.monotonic() - t0
+        return stored
+
+    def _decide_before_sandbox(self) -> M.Decision | None:
+        """A run that must end before any sandbox is used: a cancel to carry out, or a log
+        without the run's input."""
+        if self.mode == "finalize" or (self.mode == "attach" and self.record.cancel_requested):
+            reason = self._cancel_reason or self.record.cancel_reason or "user"
+            return self.machine.on(M.CancelRequested(reason=reason,
+                                                     path="reaper" if self._cancel_reason == "reaped" else "watch"))
+        if self.claim_log.input_missing:
+            # A start that failed half-way left a log without the run's input: launching
+            # the agent would run it on an empty prompt. End the run; readers get the end.
+            self.stats.outcome = "input-missing"
+            return self.machine.on(M.Failed("the run's input (run.accepted) is missing from its log",
+                                            "run_input_missing"))
+        return None
+
+    async def _stream(self, sbx: Sandbox, replay: Replay) -> M.Decision | None:
+        """Follow the journal through the replay pipeline and append what is new."""
+        from sandbox_host.journal import follow_journal
+
+        items = follow_journal(sbx.provider, sbx.handle, sbx.handle.journal_path, offset=0, nonce=sbx.nonce,
+                               poll_interval=self.deps.settings.journal_poll)
+        decision: M.Decision | None = None
+        async with contextlib.aclosing(items) as journal, contextlib.aclosing(replay.batches(journal)) as batches:
+            try:
+                async for batch in batches:
+                    decision = await self._take(batch)
+                    if decision is not None and not batch.final:
+                        return decision
+            except JournalReplayDiverged as exc:
+                raise await self._refine(exc, replay) from None
+        if decision is not None:
+            return decision
+        return self.machine.on(M.Failed("the journal ended without a terminal event", "incomplete_journal"))
+
+    async def _take(self, batch: Batch) -> M.Decision | None:
+        """One batch into the transcript, the new chunks into the log; the decision its
+        terminal chunk (if any) leads to."""
+        for tagged in batch.chunks:
+            self.stats.replayed += 1
+            self.claim_log.saw(tagged.chunk)
+            if tagged.tag == "stored":
+                self.machine.saw_chunk(tagged.chunk)
+        new = batch.new
+        if new:
+            await self.claim_log.append(new)
+        end = batch.terminal
+        if end is None:
+            return None
+        return self.machine.on(M.StoredTerminal(end.chunk) if end.tag == "stored" else M.AgentTerminal(end.chunk))
+
+    async def _refine(self, exc: JournalReplayDiverged, replay: Replay) -> JournalReplayDiverged:
+        """Tell a thread-id-only mismatch from any other divergence (reads one stored body)."""
+        replayed = replay.diverged_chunk
+        if replayed is None or "threadId" not in replayed or exc.stored is None:
+            return exc
+        header = replay.header(exc.index)
+        body = await self.claim_log.read_chunk(header.offset) if header is not None else None
+        if isinstance(body, dict) and "threadId" in body and body["threadId"] != replayed["threadId"]:
+            from baton.fingerprint import fingerprint
+
+            if fingerprint({**replayed, "threadId": body["threadId"]}) == exc.stored:
+                return JournalReplayThreadIdMismatch(exc.index, exc.stored, exc.replayed)
+        return exc
+
+    # --- finishing ------------------------------------------------------------------------
+
+    async def _finish_shielded(self, decision: M.Decision) -> None:
+        """Run the final writes in their own task, shielded from the driver's cancellation.
+
+        A cancelled driver (host shutdown) still gives them ``final_write_timeout`` seconds,
+        then cancels them and waits until they ended: the task never outlives its owner.
+        """
+        fin = asyncio.create_task(self._finish(decision), name=f"final:{self.run_id}")
+        try:
+            await asyncio.shield(fin)
+        except asyncio.CancelledError:
+            try:
+                await asyncio.wait({fin}, timeout=self.deps.settings.final_write_timeout)
+            finally:
+                await cancel_and_wait({fin})
+                if not fin.cancelled() and fin.exception() is not None:
+                    log.error("run %s: final writes failed", self.run_id, exc_info=fin.exception())
+            raise
+
+    async def _finish(self, d: M.Decision) -> None:
+        """Carry out decision ``d``: its final writes, as :class:`Finisher` steps."""
+        self.stats.outcome = self.stats.outcome or d.status or ("handed-over" if d.release_claim else "stopped")
+        if d.terminal and self.claim_log.fence_seq is None:
+            # A cancel can arrive before this claim's fence landed: fence first, since
+            # every write of a claim comes after its fence (docs/design.md §4.1).
+            try:
+                await self.claim_log.fence_to_finish()
+            except RunClaimLost:
+                return
+            except LogAlreadyClosed as closed:
+                try:
+                    d = self.machine.decision = M.decide(await self.claim_log.stored_close(closed),
+                                                         keep_sandbox=self.record.keep_sandbox)
+                except LogUnavailable:
+                    d = M.Decision(release_claim=True, stop=True)
+            except LogUnavailable:
+                d = M.Decision(release_claim=True, stop=True)  # let go: a successor fences
+        if d.terminal:
+            save = d.save_transcript
+        else:
+            save = d.release_claim and self.claim_log.replay_complete()
+        finisher = Finisher(d, claim_log=self.claim_log, sandboxes=self.sandboxes, deps=self.deps,
+                            save_transcript=save, release_delay=self._release_delay)
+        outcomes = await finisher.finish()
+        if any(o == "gave-up" for o in outcomes.values()):
+            self.stats.outcome = f"{self.stats.outcome} (let go)"

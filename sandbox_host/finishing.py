@@ -23,7 +23,14 @@ the claim is released, so another owner replays the journal and finishes from wh
 stored; the release is retried as long as the session lives (the claim lives no longer).
 A step refused by a fence means a successor owns the run: nothing more is written.
 
-:func:`plan` and :func:`after` are the pure part (table-tested); :class:`Finisher` is the I/O.
+:func:`plan` and :func:`after` are the pure part (table-tested); :class:`Finisher` is the I/O,
+over the claim's :class:`~sandbox_host.claim_log.ClaimLog`, its
+:class:`~sandbox_host.sandboxes.RunSandboxes` and the host's coordinator client.
+
+Work on a sandbox after its agent ended and before it is destroyed goes in ``KILL``, between
+the kill and the destroy (cancels and failures), or, for a run whose agent ended on its own
+(the sandbox goes in ``DESTROY``, after the release), in a step of its own before ``CLOSE``,
+while the claim still fences its writes.
 """
 from __future__ import annotations
 
@@ -33,7 +40,7 @@ import enum
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal, TypeVar
 
 from baton.errors import (
     LogAlreadyClosed, LogUnavailable, RunClaimLost, SandboxError, StoreUnavailable, TranscriptConflict,
@@ -45,15 +52,15 @@ from sandbox_host import machine as M
 from sandbox_host._tasks import reraise_if_cancelling, retry_unavailable
 
 if TYPE_CHECKING:
-    from baton.log import LogWriter
+    from sandbox_host.claim_log import ClaimLog
     from sandbox_host.deps import HostDeps
-    from sandbox_host.sandboxes import RunSandboxes, Sandbox
+    from sandbox_host.sandboxes import RunSandboxes
 
 log = logging.getLogger("baton.sandbox_host.driver")
 
 T = TypeVar("T")
 Outcome = Literal["done", "gave-up", "fenced", "claim-lapsed"]
-__all__ = ["Finisher", "FinishingRun", "Outcome", "Plan", "Step", "after", "plan"]
+__all__ = ["Finisher", "Outcome", "Plan", "Step", "after", "plan"]
 
 
 class Step(enum.Enum):
@@ -142,42 +149,30 @@ def after(p: Plan, step: Step, outcome: Outcome) -> tuple[Step, ...]:
     return (Step.RELEASE,) if step is not Step.RELEASE else ()
 
 
-class FinishingRun(Protocol):
-    """What a :class:`Finisher` needs of the driver it finishes for."""
-
-    deps: "HostDeps"
-    record: runs_pb2.RunRecord
-    run_id: str
-    epoch: int
-    writer: "LogWriter"
-    sandboxes: "RunSandboxes"
-    releasing: bool
-
-    async def append_host(self, chunks: list[dict[str, Any]]) -> None: ...
-
-    async def save_transcript(self) -> None: ...
-
-    async def prepare_transcript(self, sbx: "Sandbox | None") -> None: ...
-
-
 class Finisher:
-    """Carries out one decision's final writes for ``run`` (see the module docstring).
+    """Carries out one decision's final writes for one claim (see the module docstring).
 
     Args:
-        run: the driver.
         d: the decision (it stops the run).
+        claim_log: the claim's log and transcript (appends, transcript, close).
+        sandboxes: the claim's sandboxes (kill, destroy).
+        deps: the host's coordinator client (status, release), session and settings.
         save_transcript: whether the transcript may be saved.
         release_delay: seconds to wait before a hand-over's release (so a cluster-wide
             outage does not turn failover into a hot loop).
     """
 
-    def __init__(self, run: FinishingRun, d: M.Decision, *, save_transcript: bool,
-                 release_delay: float = 0.0) -> None:
-        self.run = run
+    def __init__(self, d: M.Decision, *, claim_log: "ClaimLog", sandboxes: "RunSandboxes", deps: "HostDeps",
+                 save_transcript: bool, release_delay: float = 0.0) -> None:
+        self.log = claim_log
+        self.sandboxes = sandboxes
+        self.deps = deps
+        self.run_id = claim_log.run_id
+        self.epoch = claim_log.epoch
         self.d = d
         self.plan = plan(d, save_transcript=save_transcript)
         self.release_delay = release_delay
-        self.deadline = time.monotonic() + run.deps.settings.finish_budget
+        self.deadline = time.monotonic() + deps.settings.finish_budget
         self.outcomes: dict[Step, Outcome] = {}
         self._process_gone: bool | None = True
         self._destroyed = True
@@ -197,7 +192,7 @@ class Finisher:
             if outcome != "done":
                 todo = after(self.plan, step, outcome)
                 level = logging.INFO if outcome == "fenced" else logging.WARNING
-                log.log(level, "run %s: %s %s; left: %s", self.run.run_id, step.value, outcome,
+                log.log(level, "run %s: %s %s; left: %s", self.run_id, step.value, outcome,
                         [s.value for s in todo] or "nothing")
         return self.outcomes
 
@@ -207,45 +202,47 @@ class Finisher:
             return outcome
         except (StoreUnavailable, LogUnavailable, TranscriptConflict) as exc:
             reraise_if_cancelling()
-            log.warning("run %s: %s not done within the budget: %s", self.run.run_id, step.value, exc)
+            log.warning("run %s: %s not done within the budget: %s", self.run_id, step.value, exc)
             return "gave-up"
         except RunClaimLost as exc:
-            log.info("run %s: %s refused: %s", self.run.run_id, step.value, exc)
+            log.info("run %s: %s refused: %s", self.run_id, step.value, exc)
             return "claim-lapsed" if step is Step.STATUS else "fenced"
         except (LogAlreadyClosed, TranscriptFenced) as exc:
-            log.info("run %s: %s refused: %s", self.run.run_id, step.value, exc)
+            log.info("run %s: %s refused: %s", self.run_id, step.value, exc)
             return "fenced"
         except Exception:  # a bug must not leave the run claimed and unfinished: let go
-            log.exception("run %s: %s failed", self.run.run_id, step.value)
+            log.exception("run %s: %s failed", self.run_id, step.value)
             return "gave-up"
 
     async def _retry(self, op: Callable[[], Awaitable[T]], what: str, *, until_session_lost: bool = False) -> T:
         return await retry_unavailable(op, deadline=None if until_session_lost else self.deadline,
-                                       session=self.run.deps.session, what=f"run {self.run.run_id}: {what}",
+                                       session=self.deps.session, what=f"run {self.run_id}: {what}",
                                        errors=(StoreUnavailable, LogUnavailable))
 
     # --- steps ------------------------------------------------------------------------
 
     async def _kill(self) -> Outcome:
-        run = self.run
+        sandboxes = self.sandboxes
         try:
-            sbx = await self._retry(run.sandboxes.find, "finding the sandbox")
+            sbx = await self._retry(sandboxes.find, "finding the sandbox")
         except StoreUnavailable:
             sbx = None  # unknown: the cancel says nothing was confirmed
             self._process_gone, self._destroyed = None, False
         if sbx is not None:
             try:
-                self._process_gone = await run.sandboxes.kill(sbx)
+                self._process_gone = await sandboxes.kill(sbx)
             except (SandboxError, OSError) as exc:
-                log.error("run %s: agent not killed: %r", run.run_id, exc)
+                log.error("run %s: agent not killed: %r", self.run_id, exc)
                 self._process_gone = False
-            await run.prepare_transcript(sbx)
+            # The agent ended and its sandbox still exists: what must be read from it
+            # (the journal, for the transcript) is read here, before it goes.
+            await self.log.prepare_transcript(sbx)
             try:
-                self._destroyed = await run.sandboxes.destroy(sbx)
+                self._destroyed = await sandboxes.destroy(sbx)
             except StoreUnavailable:
                 self._destroyed = sbx.destroyed  # the registry entry goes in DESTROY
             except (SandboxError, OSError) as exc:
-                log.error("run %s: sandbox not destroyed: %r", run.run_id, exc)
+                log.error("run %s: sandbox not destroyed: %r", self.run_id, exc)
                 self._destroyed = False
         return "done"
 
@@ -256,12 +253,12 @@ class Finisher:
                                           sandbox_destroyed=self._destroyed)
         # One chunk per attempt: a retried append never sends a chunk that landed again.
         for c in chunks:
-            await self._retry(lambda c=c: self.run.append_host([c]), "appending")  # type: ignore[misc]
+            await self._retry(lambda c=c: self.log.append_host([c]), "appending")  # type: ignore[misc]
         return "done"
 
     async def _transcript(self) -> Outcome:
-        await self._retry(lambda: self.run.prepare_transcript(None), "loading the run input")
-        await self._retry(self.run.save_transcript, "saving the transcript")
+        await self._retry(lambda: self.log.prepare_transcript(None), "loading the run input")
+        await self._retry(self.log.save_transcript, "saving the transcript")
         return "done"
 
     def _finish_time(self) -> float:
@@ -273,14 +270,14 @@ class Finisher:
     async def _close(self) -> Outcome:
         d = self.d
         assert d.close is not None
+        status = d.close
         err = {"message": d.error[0], "code": d.error[1]} if d.error else None
         finished_at = self._finish_time()
-        landed = await self._retry(lambda: self.run.writer.close(d.close, err, finished_at=finished_at),  # type: ignore[arg-type]
-                                   "closing the log")
+        landed = await self._retry(lambda: self.log.close(status, err, finished_at=finished_at), "closing the log")
         return "done" if landed else "fenced"
 
     async def _status(self) -> Outcome:
-        run, d = self.run, self.d
+        d, deps = self.d, self.deps
         assert d.status is not None
         fields: dict[str, Any] = {"status": STATUS_TO_PB[d.status]}
         paths = ["status"]
@@ -291,30 +288,30 @@ class Finisher:
             fields["error"] = runs_pb2.RunError(message=d.error[0], code=d.error[1])
             paths.append("error")
         rec = runs_pb2.RunRecord(**fields)
-        await self._retry(lambda: run.deps.cc.update_run(run.run_id, rec, paths=paths, epoch=run.epoch,
-                                                         session_id=run.deps.session.id), "final status")
+        await self._retry(lambda: deps.cc.update_run(self.run_id, rec, paths=paths, epoch=self.epoch,
+                                                     session_id=deps.session.id), "final status")
         return "done"
 
     async def _destroy(self) -> Outcome:
-        run, d = self.run, self.d
-        sbx = await self._retry(run.sandboxes.find, "finding the sandbox")
+        sandboxes, d = self.sandboxes, self.d
+        sbx = await self._retry(sandboxes.find, "finding the sandbox")
         if d.sandbox == "destroy" and sbx is not None:
             try:
-                await self._retry(lambda: run.sandboxes.destroy(sbx), "removing the sandbox")
+                await self._retry(lambda: sandboxes.destroy(sbx), "removing the sandbox")
             except (SandboxError, OSError) as exc:
-                log.error("run %s: sandbox %s not destroyed: %r", run.run_id, sbx.handle.key, exc)
+                log.error("run %s: sandbox %s not destroyed: %r", self.run_id, sbx.handle.key, exc)
         # The run is final: no sandbox of it but a kept one has a use any more.
         keep = sbx.handle.key if sbx is not None and not sbx.destroyed else None
         with contextlib.suppress(SandboxError, OSError):
-            await run.sandboxes.destroy_leftovers(keep)
+            await sandboxes.destroy_leftovers(keep)
         return "done"
 
     async def _release(self) -> Outcome:
-        run = self.run
+        deps = self.deps
         if self.release_delay:
             await asyncio.sleep(self.release_delay)
-        # From here on this driver writes nothing: the host may take the run again.
-        run.releasing = True
-        await self._retry(lambda: run.deps.cc.release_claim(run.run_id, run.deps.session, run.epoch),
+        # From here on this claim writes nothing: the host may take the run again.
+        self.log.releasing = True
+        await self._retry(lambda: deps.cc.release_claim(self.run_id, deps.session, self.epoch),
                           "releasing the claim", until_session_lost=True)
         return "done"

@@ -29,7 +29,7 @@ from baton.v1 import runs_pb2
 from sandbox_host import machine as M
 from baton.runs import record_status
 from sandbox_host.deps import HostDeps
-from sandbox_host.driver import RunDriver
+from sandbox_host.driver import Mode, RunDriver
 from sandbox_host.manager_claims import HOLDER_WAIT, ClaimUpkeep
 
 
@@ -38,6 +38,30 @@ from sandbox_host.manager_claims import HOLDER_WAIT, ClaimUpkeep
 MAX_MESSAGES_BYTES = 768 * 1024
 
 log = logging.getLogger("baton.sandbox_host.manager")
+
+
+def _parse_messages(messages_json: str) -> list[dict[str, Any]]:
+    """The run input's messages from ``StartRunRequest.messages_json``.
+
+    Raises:
+        InvalidArgument: not a JSON array of objects, a lone surrogate, or over
+            :data:`MAX_MESSAGES_BYTES` as compact JSON.
+    """
+    try:
+        messages = json.loads(messages_json or "[]")
+    except ValueError:
+        raise InvalidArgument("messages_json", "must be a JSON array") from None
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise InvalidArgument("messages_json", "must be a JSON array of message objects")
+    try:
+        size = len(json.dumps(messages, separators=(",", ":"), ensure_ascii=False).encode())
+    except UnicodeEncodeError:  # a lone surrogate: no UTF-8 store can hold it
+        raise InvalidArgument("messages_json", "must not contain a lone surrogate") from None
+    if size > MAX_MESSAGES_BYTES:
+        # They travel in the run.accepted chunk, one delivery-log message (NATS refuses
+        # messages over max_payload, 1 MiB by default), where a successor reads them back.
+        raise InvalidArgument("messages_json", f"is {size} bytes of JSON; at most {MAX_MESSAGES_BYTES}")
+    return messages
 
 
 class _Phases:
@@ -57,7 +81,7 @@ class _Phases:
         return f"{self._last - self._t0:.3f}s ({steps})"
 
 
-class RunManager(ClaimUpkeep):
+class RunManager:
     """Every run this host drives: start, attach, cancel, drain, shutdown.
 
     Args:
@@ -73,9 +97,10 @@ class RunManager(ClaimUpkeep):
         self._reserved = 0  # slots taken by a StartRun/AttachRun between its check and its spawn
         # Starts in progress by run id: a StartRun of a run id this host is starting joins it.
         self._starting: dict[str, asyncio.Task[tuple[runs_pb2.RunRecord, bool]]] = {}
-        self._start_claims: set[str] = set()  # runs whose claim a start of this host holds
         # Attaches in progress by run id: an AttachRun of a run id this host is attaching joins it.
         self._attaching: dict[str, asyncio.Task[tuple[int, runs_pb2.RunRecord]]] = {}
+        #: The claims of this host no driver holds: released, followed, superseded.
+        self.claims = ClaimUpkeep(deps, self._drivers, self._tasks)
 
     @property
     def load(self) -> int:
@@ -219,108 +244,27 @@ class RunManager(ClaimUpkeep):
             await asyncio.sleep(0.05)
 
     async def _start_run(self, req: Any) -> tuple[runs_pb2.RunRecord, bool]:
-        from sandbox_host.agents import prepare_agent, prompt_from_messages
-
+        """One attempt of a start: its steps, each small (see :meth:`start_run`)."""
         if self.draining:
             raise HostDraining("host is draining")
-        validate_id(req.run_id, "run_id")
-        validate_id(req.thread_id, "thread_id")
-        try:
-            messages = json.loads(req.messages_json or "[]")
-        except ValueError:
-            raise InvalidArgument("messages_json", "must be a JSON array") from None
-        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            raise InvalidArgument("messages_json", "must be a JSON array of message objects")
-        try:
-            size = len(json.dumps(messages, separators=(",", ":"), ensure_ascii=False).encode())
-        except UnicodeEncodeError:  # a lone surrogate: no UTF-8 store can hold it
-            raise InvalidArgument("messages_json", "must not contain a lone surrogate") from None
-        if size > MAX_MESSAGES_BYTES:
-            # They travel in the run.accepted chunk, one delivery-log message (NATS refuses
-            # messages over max_payload, 1 MiB by default), where a successor reads them back.
-            raise InvalidArgument("messages_json", f"is {size} bytes of JSON; at most {MAX_MESSAGES_BYTES}")
-        kind = req.agent.kind or config.get("BATON_DEFAULT_AGENT")
-        try:
-            options = json.loads(req.agent.options_json or "{}")
-        except ValueError:
-            raise InvalidArgument("agent.options", "must be a JSON object") from None
-        launch = prepare_agent(kind, options, prompt=prompt_from_messages(messages))
-        deps = self.deps
+        messages, seed = self._start_input(req)
         # One session for the whole start: the claim, the clear and the driver live under it.
         # The host replaces ``deps.session`` when it is lost, and a write under the new one
         # would compare against a claim the old one made.
-        session = deps.session
-        deps.agent_secrets(launch)  # refuse up front, before any record exists
-        workspace_json = deps.check_workspace(req)  # likewise: a bad workspace, an unknown credential
-        # No started_at: the coordinator stamps it with its clock. It orders the runs of a
-        # thread (the transcript fence) and times the reaper's start grace, so it must not
-        # come from whichever host started the run (hosts' clocks may disagree).
-        seed = runs_pb2.RunRecord(
-            run_id=req.run_id, thread_id=req.thread_id, status=runs_pb2.RUN_STATUS_RUNNING,
-            agent=runs_pb2.AgentSpec(kind=kind, options_json=json.dumps(dict(launch.options))),
-            cancel_on_disconnect=req.cancel_on_disconnect, keep_sandbox=req.keep_sandbox, tenant=req.tenant,
-            parent_run_id=req.parent_run_id, driver_host=deps.host_id, starting=True, workspace_json=workspace_json)
+        session = self.deps.session
         clock = _Phases()
-        record, created = await deps.cc.create_or_resume_run(seed, interrupt_active=req.interrupt_active)
+        record, created = await self.deps.cc.create_or_resume_run(seed, interrupt_active=req.interrupt_active)
         clock.mark("create")
-        if not created and not (record.starting and record_status(record) == "running"
-                                and record.thread_id == req.thread_id and record.tenant == req.tenant):
-            # Started already (join it), or not this caller's run: the gateway checks the
-            # record it gets back and refuses another tenant's or thread's run.
+        if not self._ours_to_start(req, record, created):
             return record, False
-        if not created and self._busy(req.run_id):
-            return record, False
-        mode: Any = "fresh"
-        holder_wait = Deadline.after(HOLDER_WAIT)
-        purpose: Any = "drive"
-        while True:
-            try:
-                epoch, record = await deps.cc.claim_run(req.run_id, session, deps.host_id, purpose=purpose)
-                break
-            except RunClaimNotAcquired as refused:
-                if refused.reason == "held":
-                    # Another start of it holds it: a retry that came first, its finalizer
-                    # (a cancel's), or a start whose host lost its session after the input
-                    # was durable (its claim lapses with the lease). Join it once it started
-                    # or ended; take it over when its claim goes first.
-                    joined = await self._once_started(req.run_id, holder_wait)
-                    if joined is not None:
-                        return joined, False
-                    continue
-                if refused.reason == "terminal":
-                    return (await deps.cc.get_run(req.run_id)).record, False
-                if refused.reason != "cancel_requested" or purpose == "finalize":
-                    raise
-                # Cancelled between create and claim: still ends aborted, by us (or joined,
-                # when another finalizer's claim comes first: the loop's ``held``).
-                purpose = mode = "finalize"
-            except BaseException:
-                # The claim may have landed with its answer lost (a timeout): a claim no
-                # driver holds would keep the run from every retry until the host died. Not
-                # while an attach of the run on this host is in flight: the claim may be that
-                # attach's, not yet driven (it releases its own when it fails).
-                if req.run_id not in self._attaching:
-                    await asyncio.shield(self._release_if_mine(req.run_id, session))
-                raise
+        claimed = await self._claim_to_start(req, session)
+        if isinstance(claimed, runs_pb2.RunRecord):
+            return claimed, False  # joined: another start (or its finalizer) has it
+        epoch, record, mode = claimed
         clock.mark("claim")
-        writer = deps.log.writer(req.run_id, epoch)
-        self._start_claims.add(req.run_id)
-        try:
-            fence_seq = await writer.fence()
-            clock.mark("fence")
-            opened, messages = await self._open_log(record, writer, fence_seq, messages, fresh_record=created)
-            clock.mark("accepted")
-            # The input is durable: from here on anyone may take the run over.
-            _, cleared = await deps.cc.update_run(req.run_id, runs_pb2.RunRecord(starting=False), ["starting"],
-                                                  epoch=epoch, session_id=session)
-            clock.mark("clear")
-        except BaseException:
-            await asyncio.shield(self._release(req.run_id, session, epoch))
-            raise
-        finally:
-            self._start_claims.discard(req.run_id)
-        if cleared is not None:
-            record = cleared
+        writer = self.deps.log.writer(req.run_id, epoch)
+        record, fence_seq, opened, messages = await self._make_input_durable(
+            record, writer, session, messages, created=created, clock=clock)
         if session.lost.is_set():
             # The session was lost while the start was in flight (the clear landed before its
             # lease lapsed in etcd): the host told its drivers to stop before this one existed,
@@ -334,10 +278,125 @@ class RunManager(ClaimUpkeep):
             return record, True
         # No await from the check above to the spawn: a session lost from now on reaches
         # this driver through session_lost().
-        self._spawn(RunDriver(deps, record, epoch, mode, writer, input_messages=messages, fence_seq=fence_seq,
+        self._spawn(RunDriver(self.deps, record, epoch, mode, writer, input_messages=messages, fence_seq=fence_seq,
                               cancel_reason=record.cancel_reason or None, opened=opened))
         log.info("run %s started in %s (load %d)", req.run_id, clock, self.load)
         return record, True
+
+    def _start_input(self, req: Any) -> tuple[list[dict[str, Any]], runs_pb2.RunRecord]:
+        """Check a ``StartRunRequest``: the run input's messages and the record to seed.
+
+        Raises:
+            InvalidArgument: bad ids, messages or agent options, or an agent needing a
+                credential this host lacks (refused up front, before any record exists).
+        """
+        from sandbox_host.agents import prepare_agent, prompt_from_messages
+
+        validate_id(req.run_id, "run_id")
+        validate_id(req.thread_id, "thread_id")
+        messages = _parse_messages(req.messages_json)
+        kind = req.agent.kind or config.get("BATON_DEFAULT_AGENT")
+        try:
+            options = json.loads(req.agent.options_json or "{}")
+        except ValueError:
+            raise InvalidArgument("agent.options", "must be a JSON object") from None
+        launch = prepare_agent(kind, options, prompt=prompt_from_messages(messages))
+        self.deps.agent_secrets(launch)
+        workspace_json = self.deps.check_workspace(req)  # likewise: a bad workspace, an unknown credential
+        # No started_at: the coordinator stamps it with its clock. It orders the runs of a
+        # thread (the transcript fence) and times the reaper's start grace, so it must not
+        # come from whichever host started the run (hosts' clocks may disagree).
+        seed = runs_pb2.RunRecord(
+            run_id=req.run_id, thread_id=req.thread_id, status=runs_pb2.RUN_STATUS_RUNNING,
+            agent=runs_pb2.AgentSpec(kind=kind, options_json=json.dumps(dict(launch.options))),
+            cancel_on_disconnect=req.cancel_on_disconnect, keep_sandbox=req.keep_sandbox, tenant=req.tenant,
+            parent_run_id=req.parent_run_id, driver_host=self.deps.host_id, starting=True,
+            workspace_json=workspace_json)
+        return messages, seed
+
+    def _ours_to_start(self, req: Any, record: runs_pb2.RunRecord, created: bool) -> bool:
+        """Whether this call starts the run (else it joins it as it is)."""
+        if created:
+            return True
+        if not (record.starting and record_status(record) == "running"
+                and record.thread_id == req.thread_id and record.tenant == req.tenant):
+            # Started already (join it), or not this caller's run: the gateway checks the
+            # record it gets back and refuses another tenant's or thread's run.
+            return False
+        return not self._busy(req.run_id)
+
+    async def _claim_to_start(self, req: Any, session: Any) -> tuple[int, runs_pb2.RunRecord, Mode] | runs_pb2.RunRecord:
+        """Claim the run to start it.
+
+        Returns:
+            ``(epoch, record, mode)``: ``fresh``, or ``finalize`` when it was cancelled
+            between its creation and this claim (it still ends ``aborted``, by us); or the
+            record to join, when another start holds it and started (or ended) it, or it ended.
+
+        Raises:
+            RunClaimNotAcquired: refused for another reason.
+        """
+        deps = self.deps
+        mode: Mode = "fresh"
+        holder_wait = Deadline.after(HOLDER_WAIT)
+        purpose: Any = "drive"
+        while True:
+            try:
+                epoch, record = await deps.cc.claim_run(req.run_id, session, deps.host_id, purpose=purpose)
+                return epoch, record, mode
+            except RunClaimNotAcquired as refused:
+                if refused.reason == "held":
+                    # Another start of it holds it: a retry that came first, its finalizer
+                    # (a cancel's), or a start whose host lost its session after the input
+                    # was durable (its claim lapses with the lease). Join it once it started
+                    # or ended; take it over when its claim goes first.
+                    joined = await self.claims.once_started(req.run_id, holder_wait)
+                    if joined is not None:
+                        return joined
+                    continue
+                if refused.reason == "terminal":
+                    return (await deps.cc.get_run(req.run_id)).record
+                if refused.reason != "cancel_requested" or purpose == "finalize":
+                    raise
+                # Cancelled between create and claim: still ends aborted, by us (or joined,
+                # when another finalizer's claim comes first: the loop's ``held``).
+                purpose = mode = "finalize"
+            except BaseException:
+                # The claim may have landed with its answer lost (a timeout): a claim no
+                # driver holds would keep the run from every retry until the host died. Not
+                # while an attach of the run on this host is in flight: the claim may be that
+                # attach's, not yet driven (it releases its own when it fails).
+                if req.run_id not in self._attaching:
+                    await asyncio.shield(self.claims.release_if_mine(req.run_id, session))
+                raise
+
+    async def _make_input_durable(
+        self, record: runs_pb2.RunRecord, writer: Any, session: Any, messages: list[dict[str, Any]], *,
+        created: bool, clock: _Phases,
+    ) -> tuple[runs_pb2.RunRecord, int, list[Any], list[dict[str, Any]]]:
+        """Under the claim: fence, open the log with the run input, clear ``starting``. On
+        any failure the claim is released (retried while the session lives) and the error raised.
+
+        Returns:
+            (the record, the fence's sequence, the stored opening records, the run input).
+        """
+        run_id = record.run_id
+        self.claims.start_claims.add(run_id)
+        try:
+            fence_seq = await writer.fence()
+            clock.mark("fence")
+            opened, messages = await self._open_log(record, writer, fence_seq, messages, fresh_record=created)
+            clock.mark("accepted")
+            # The input is durable: from here on anyone may take the run over.
+            _, cleared = await self.deps.cc.update_run(run_id, runs_pb2.RunRecord(starting=False), ["starting"],
+                                                       epoch=writer.epoch, session_id=session)
+            clock.mark("clear")
+        except BaseException:
+            await asyncio.shield(self.claims.release(run_id, session, writer.epoch))
+            raise
+        finally:
+            self.claims.start_claims.discard(run_id)
+        return (cleared if cleared is not None else record), fence_seq, opened, messages
 
     async def _open_log(self, record: runs_pb2.RunRecord, writer: Any, fence_seq: int,
                         messages: list[dict[str, Any]], *, fresh_record: bool) -> tuple[list[Any], list[dict[str, Any]]]:
@@ -394,7 +453,7 @@ class RunManager(ClaimUpkeep):
         attaching already joins that attach. Whether the run is ``held`` is the claim's
         answer, never this host's own drivers': a driver of the run still running here
         under an older claim (its session lapsed) is stopped once the new claim landed
-        (:meth:`_supersede`).
+        (:meth:`ClaimUpkeep.supersede`).
 
         Raises:
             HostDraining: the host takes no new runs.
@@ -459,17 +518,17 @@ class RunManager(ClaimUpkeep):
         except BaseException:
             # The claim may have landed with its answer lost (a timeout under load): a
             # claim no driver holds would keep the run from every other host.
-            await asyncio.shield(self._release_if_mine(run_id, session))
+            await asyncio.shield(self.claims.release_if_mine(run_id, session))
             raise
         if session.lost.is_set():
             # Lost while the claim was in flight: the claim went with the lease, and the
             # drivers were told to stop before this one existed. Failover hands the run
             # to a host with a session (the claim's deletion reports it).
             raise SessionLost(session.id)
-        await self._supersede(run_id, epoch)
+        await self.claims.supersede(run_id, epoch)
         if session.lost.is_set():
             raise SessionLost(session.id)
-        mode: Any = "finalize" if purpose == "finalize" else "attach"
+        mode: Mode = "finalize" if purpose == "finalize" else "attach"
         # No await from the check above to here: a session lost from now on reaches this
         # driver through session_lost().
         self._spawn(RunDriver(deps, record, epoch, mode, deps.log.writer(run_id, epoch),

@@ -1,6 +1,6 @@
 """The claims of a host's runs that no driver of the host holds (docs/design.md §3.2).
 
-Mixed into :class:`~sandbox_host.manager.RunManager`: a claim whose start or attach failed is
+Owned by :class:`~sandbox_host.manager.RunManager` (``manager.claims``): a claim whose start or attach failed is
 released (retried while its session lives), a start that meets another start's claim follows
 it, and a driver left from an older claim of the run on this host is stopped when a new
 claim lands. Each is a way a run was left with nobody to drive it (issue 18).
@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
 
 from baton.errors import BatonError, StoreUnavailable
 from baton.retry import Deadline
@@ -26,20 +26,29 @@ if TYPE_CHECKING:
 log = logging.getLogger("baton.sandbox_host.manager")
 
 #: Seconds a ``StartRun`` that finds its run claimed by another start follows it before it
-#: joins it as it is (:meth:`ClaimUpkeep._once_started`): a live start finishes within
+#: joins it as it is (:meth:`ClaimUpkeep.once_started`): a live start finishes within
 #: seconds, and a dead one's claim lapses within the session TTL.
 HOLDER_WAIT = 30.0
 
 
 class ClaimUpkeep:
-    """The claim bookkeeping of :class:`~sandbox_host.manager.RunManager` (its state)."""
+    """The claims of one host that no driver of it holds.
 
-    deps: "HostDeps"
-    _drivers: "dict[str, RunDriver]"
-    _tasks: "dict[str, asyncio.Task[None]]"
-    _start_claims: set[str]
+    Args:
+        deps: the host's clients and settings.
+        drivers: the manager's drivers by run id (read only here).
+        tasks: the manager's driver tasks by run id (read only here).
+    """
 
-    async def _once_started(self, run_id: str, deadline: Deadline) -> runs_pb2.RunRecord | None:
+    def __init__(self, deps: "HostDeps", drivers: "Mapping[str, RunDriver]",
+                 tasks: "Mapping[str, asyncio.Task[None]]") -> None:
+        self.deps = deps
+        self._drivers = drivers
+        self._tasks = tasks
+        #: Runs whose claim a start of this host holds (not yet driven: never released here).
+        self.start_claims: set[str] = set()
+
+    async def once_started(self, run_id: str, deadline: Deadline) -> runs_pb2.RunRecord | None:
         """Follow a run whose claim another start holds (``WatchRun``).
 
         Returns:
@@ -70,29 +79,29 @@ class ClaimUpkeep:
             log.info("run %s: its start elsewhere did not finish within %gs; joined", run_id, HOLDER_WAIT)
         return (await deps.cc.get_run(run_id)).record
 
-    def _driven_at(self, run_id: str, epoch: int) -> bool:
+    def driven_at(self, run_id: str, epoch: int) -> bool:
         """Whether a driver of this host works under the run's claim at ``epoch``."""
         d, t = self._drivers.get(run_id), self._tasks.get(run_id)
         return d is not None and d.epoch == epoch and t is not None and not t.done()
 
-    async def _release_if_mine(self, run_id: str, session: Any = None) -> None:
+    async def release_if_mine(self, run_id: str, session: Any = None) -> None:
         """Release the run's claim if ``session`` (default: the host's current one) holds it
         and no driver or start of this host works under it (a claim whose answer was lost).
 
-        Retried as :meth:`_release` is; it never raises.
+        Retried as :meth:`release` is; it never raises.
         """
         deps = self.deps
         session = session or deps.session
 
         async def once() -> None:
             claim = (await deps.cc.get_run(run_id)).claim
-            if (claim is not None and claim.session_id == session.id and not self._driven_at(run_id, claim.epoch)
-                    and run_id not in self._start_claims):
+            if (claim is not None and claim.session_id == session.id and not self.driven_at(run_id, claim.epoch)
+                    and run_id not in self.start_claims):
                 await deps.cc.release_claim(run_id, session, claim.epoch)
 
         await self._until_released(run_id, session, once)
 
-    async def _release(self, run_id: str, session: Any, epoch: int) -> None:
+    async def release(self, run_id: str, session: Any, epoch: int) -> None:
         """Release the claim ``session`` holds at ``epoch`` (a start that failed after its
         claim); it never raises.
 
@@ -114,7 +123,7 @@ class ClaimUpkeep:
         except BatonError as exc:
             log.info("run %s: claim not released (%r); it goes with session %x", run_id, exc, session.id)
 
-    async def _supersede(self, run_id: str, epoch: int) -> None:
+    async def supersede(self, run_id: str, epoch: int) -> None:
         """Stop a driver of ``run_id`` this host still runs under an older claim, and wait
         for it to end (at most ``settings.final_write_timeout`` seconds).
 

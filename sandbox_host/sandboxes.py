@@ -3,7 +3,9 @@ reclaim, destroy (docs/design.md §5.1, §5.5).
 
 A :class:`Sandbox` is a sandbox as a driver holds it (provider, handle, the journal's
 sentinel nonce). :class:`RunSandboxes` does the provider and sandbox-registry I/O of one
-claim (run id, epoch); the :class:`~sandbox_host.driver.RunDriver` decides when.
+claim (run id, epoch); the :class:`~sandbox_host.driver.RunDriver` decides when. A new
+sandbox goes: create → register (not launched) → record its key → :meth:`RunSandboxes.prepare_launch`
+(everything the agent needs inside it) → launch → register launched.
 """
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("baton.sandbox_host.driver")
 T = TypeVar("T")
+#: An agent's launch in a prepared sandbox: ``(argv, stdin, env, secrets)``.
+LaunchSpec = tuple[list[str], bytes | None, dict[str, str], dict[str, str]]
 
 __all__ = ["RunSandboxes", "Sandbox"]
 
@@ -151,9 +155,20 @@ class RunSandboxes:
             raise
         return sbx
 
+    async def prepare_launch(self, sbx: Sandbox, input_messages: list[dict[str, Any]]) -> LaunchSpec:
+        """Make a new sandbox ready for its agent, before the launch: the agent's files are
+        copied in. Everything a launch needs inside the sandbox is put there here (the
+        sandbox is registered, not yet marked launched: a successor that finds it destroys
+        it and builds its own).
+
+        Returns:
+            ``(argv, stdin, env, secrets)`` of the agent's launch.
+        """
+        return await self.deps.launch_spec(self.record, sbx.provider, sbx.handle, input_messages)
+
     async def _launch(self, sbx: Sandbox, input_messages: list[dict[str, Any]]) -> None:
         deps = self.deps
-        argv, stdin, env, secrets = await deps.launch_spec(self.record, sbx.provider, sbx.handle, input_messages)
+        argv, stdin, env, secrets = await self.prepare_launch(sbx, input_messages)
         data = await sbx.provider.launch(sbx.handle, argv, nonce=sbx.nonce, stdin=stdin, env=env, secrets=secrets)
         from sandbox_host.providers import SandboxHandle
 

@@ -26,11 +26,11 @@ async def test_conflict_mid_run_appends_each_chunk_once(nats: NatsServer) -> Non
         deps: Any = SimpleNamespace(settings=HostSettings(), session=None)
         driver = RunDriver(deps, runs_pb2.RunRecord(run_id=run_id, thread_id="t"), 1, "fresh", w, fence_seq=seq)
         chunks = [{"type": "CUSTOM", "name": "n", "value": i} for i in range(4)]
-        await driver._append_now(chunks[:2], "journal")
+        await driver.claim_log.append_now(chunks[:2], "journal")
         # Another writer (not a successor: no higher epoch) moves the head.
         await log.js.publish(cfg.subject(run_id), b"", headers={
             "Baton-Kind": "fence", "Baton-Epoch": "1", "Nats-Msg-Id": f"{run_id}/intruder"})
-        await driver._append_now(chunks[2:], "journal")
+        await driver.claim_log.append_now(chunks[2:], "journal")
         got = []
         async with log.read(run_id, after="-1", stop_at_close=False) as r:
             async for _, c in r:

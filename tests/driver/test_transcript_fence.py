@@ -116,16 +116,16 @@ async def test_a_driver_whose_run_has_a_successor_stops_saving(store: tuple[Tran
     deps: Any = SimpleNamespace(transcripts=ts, settings=HostSettings(), session=None)
     user = [{"id": "u1", "role": "user", "content": "hi"}]
     old = RunDriver(deps, rec, 1, "fresh", None, input_messages=user, fence_seq=1)  # type: ignore[arg-type]
-    await old.save_transcript()  # a snapshot of the first host
+    await old.claim_log.save_transcript()  # a snapshot of the first host
     # the successor (epoch 2) saves the whole run
     final = [*user, {"id": "a1", "role": "assistant", "content": "the whole answer"}]
     _, rev = await ts.load(thread)
     rev2 = await ts.save(thread, final, expected_revision=rev, writer=W(rec.run_id, 2, 100.0))
     # the first host wakes up with a stale view and saves again: refused, never retried
-    old.builder.feed({"type": "TEXT_MESSAGE_START", "messageId": "a0", "role": "assistant"})
+    old.claim_log.builder.feed({"type": "TEXT_MESSAGE_START", "messageId": "a0", "role": "assistant"})
     with pytest.raises(TranscriptFenced):
-        await old.save_transcript()
+        await old.claim_log.save_transcript()
     with pytest.raises(TranscriptFenced):
-        await old.save_transcript()
+        await old.claim_log.save_transcript()
     assert await ts.load(thread) == (final, rev2)
     assert old._control.get_nowait() == M.ClaimLost("transcript@2")  # the driver stops
