@@ -127,6 +127,7 @@ class Host:
     async def run(self) -> None:
         from baton.coordinator_client import CoordinatorClient
         from baton.log import DeliveryLog, LogConfig, TranscriptStore
+        from baton.workspaces import WorkspaceConfig, WorkspaceStore
         from sandbox_host.providers import provider_for
 
         ttl = config.get_float("BATON_SESSION_TTL")
@@ -142,10 +143,12 @@ class Host:
             dlog = await DeliveryLog.connect(nats_urls, cfg)
             try:
                 await dlog.provision()
+                workspaces = WorkspaceStore(dlog.nc, WorkspaceConfig.from_env())
+                await workspaces.provision()
                 session = await cc.open_session(ttl=ttl, owner=self.host_id)
                 deps = HostDeps(host_id=self.host_id, cc=cc, session=session, log=dlog,
                                 transcripts=TranscriptStore(dlog.nc, cfg), providers=providers,
-                                settings=self.settings)
+                                settings=self.settings, workspaces=workspaces)
                 self.manager = RunManager(deps)
                 # BATON_INTERNAL_TOKEN: only the cluster may call; health and reflection stay open.
                 server = grpc.aio.server(options=_GRPC_OPTIONS, interceptors=internal_auth.server_interceptors())

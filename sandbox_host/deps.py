@@ -10,7 +10,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from baton import config
 from baton.errors import InvalidArgument
@@ -20,6 +20,9 @@ from baton.log import DeliveryLog, TranscriptStore
 from sandbox_host import run_workspace
 from sandbox_host.providers import Provider, Sandbox
 from sandbox_host.run_workspace import WorkspaceSettings
+
+if TYPE_CHECKING:
+    from baton.workspaces import WorkspaceStore
 
 #: Environment variables a host hands to the agents that need them (``required_secrets`` of
 #: the agent kinds in :mod:`sandbox_host.agents`).
@@ -125,10 +128,13 @@ class HostDeps:
         transcripts: a ``TranscriptStore``.
         providers: provider name → provider instance.
         settings: driver settings.
+        workspaces: the thread workspace store (``None``: runs keep no workspace or agent
+            session across a thread's turns).
     """
 
     def __init__(self, *, host_id: str, cc: CoordinatorClient, session: Session, log: DeliveryLog,
-                 transcripts: TranscriptStore, providers: Mapping[str, Provider], settings: HostSettings) -> None:
+                 transcripts: TranscriptStore, providers: Mapping[str, Provider], settings: HostSettings,
+                 workspaces: "WorkspaceStore | None" = None) -> None:
         self.host_id = host_id
         self.cc = cc
         self.session = session
@@ -136,6 +142,7 @@ class HostDeps:
         self.transcripts = transcripts
         self.providers = dict(providers)
         self.settings = settings
+        self.workspaces = workspaces
 
     # --- agents and translators ---------------------------------------------------------
 
@@ -201,8 +208,13 @@ class HostDeps:
 
         # The record's options were resolved by the first preparation (StartRun): this one
         # reads nothing but the files it copies in, once, in a worker thread.
+        from sandbox_host.thread_session import TurnStart
+
+        turn = TurnStart.from_json(record.turn_json)
         launch = prepare_agent(record.agent.kind or config.get("BATON_DEFAULT_AGENT"), self.agent_options(record),
-                               prompt=prompt_from_messages(messages))
+                               prompt=prompt_from_messages(messages),
+                               resume=turn.resume if turn is not None else None,
+                               fork=turn.fork if turn is not None else False)
         secrets = self.agent_secrets(launch)
         for path, (content, mode) in (await load_files(launch)).items():
             await provider.copy_in(handle, path, content, mode)

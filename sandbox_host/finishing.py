@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal, TypeVar
 
 from baton.errors import (
     LogAlreadyClosed, LogUnavailable, RunClaimLost, SandboxError, StoreUnavailable, TranscriptConflict,
-    TranscriptFenced,
+    TranscriptFenced, WorkspaceError,
 )
 from baton.runs import RUN_CANCELLED, STATUS_TO_PB, TERMINAL
 from baton.v1 import runs_pb2
@@ -54,6 +54,7 @@ from sandbox_host._tasks import reraise_if_cancelling, retry_unavailable
 if TYPE_CHECKING:
     from sandbox_host.claim_log import ClaimLog
     from sandbox_host.deps import HostDeps
+    from sandbox_host.providers import Sandbox
     from sandbox_host.sandboxes import RunSandboxes
 
 log = logging.getLogger("baton.sandbox_host.driver")
@@ -69,6 +70,7 @@ class Step(enum.Enum):
     KILL = "kill"
     APPEND = "append"
     TRANSCRIPT = "transcript"
+    WORKSPACE = "workspace"
     CLOSE = "close"
     STATUS = "status"
     RELEASE = "release"
@@ -92,13 +94,17 @@ class Plan:
     log_final: bool = False
 
 
-def plan(d: M.Decision, *, save_transcript: bool) -> Plan:
+def plan(d: M.Decision, *, save_transcript: bool, snapshot: bool = False) -> Plan:
     """The steps of decision ``d``.
 
     Args:
         d: a decision that stops the run.
         save_transcript: the transcript may be saved (``d.save_transcript`` and the run's
             input is known: a transcript without it would replace the thread's with less).
+        snapshot: the run is a thread's turn whose workspace is snapshotted at its end
+            (``WORKSPACE``, before the close: a client that sees the end and sends the
+            thread's next message finds the head moved). A killed agent's sandbox is
+            snapshotted in ``KILL``, before it is destroyed.
 
     Returns:
         The :class:`Plan`; empty for a decision that writes nothing (claim or session lost).
@@ -111,6 +117,8 @@ def plan(d: M.Decision, *, save_transcript: bool) -> Plan:
         steps.append(Step.APPEND)
     if save_transcript and (d.terminal or d.release_claim):  # never for a claim lost
         steps.append(Step.TRANSCRIPT)
+    if snapshot and save_transcript and d.terminal and d.close is not None and not d.kill_agent:
+        steps.append(Step.WORKSPACE)
     if d.close is not None:
         steps.append(Step.CLOSE)
     if d.status is not None:
@@ -170,7 +178,9 @@ class Finisher:
         self.run_id = claim_log.run_id
         self.epoch = claim_log.epoch
         self.d = d
-        self.plan = plan(d, save_transcript=save_transcript)
+        self.snapshot = bool(sandboxes.record.turn_json) and deps.workspaces is not None
+        self.plan = plan(d, save_transcript=save_transcript, snapshot=self.snapshot)
+        self._save_transcript = save_transcript
         self.release_delay = release_delay
         self.deadline = time.monotonic() + deps.settings.finish_budget
         self.outcomes: dict[Step, Outcome] = {}
@@ -237,6 +247,8 @@ class Finisher:
             # The agent ended and its sandbox still exists: what must be read from it
             # (the journal, for the transcript) is read here, before it goes.
             await self.log.prepare_transcript(sbx)
+            if self.snapshot and self._save_transcript and self.d.terminal:
+                await self._snapshot(sbx)
             try:
                 self._destroyed = await sandboxes.destroy(sbx)
             except StoreUnavailable:
@@ -260,6 +272,25 @@ class Finisher:
         await self._retry(lambda: self.log.prepare_transcript(None), "loading the run input")
         await self._retry(self.log.save_transcript, "saving the transcript")
         return "done"
+
+    async def _workspace(self) -> Outcome:
+        sbx = await self._retry(self.sandboxes.find, "finding the sandbox")
+        await self._snapshot(sbx)
+        return "done"
+
+    async def _snapshot(self, sbx: "Sandbox | None") -> None:
+        """The turn's workspace snapshot; never fails the run's end: a snapshot that cannot be
+        taken leaves the thread's head where it was (the next turn starts where this one did)."""
+        from sandbox_host import turns
+
+        sandboxes = self.sandboxes
+        messages = len(self.log.builder.messages())
+        try:
+            await self._retry(lambda: turns.snapshot_turn(self.deps, sandboxes.record, self.epoch, sbx, messages),
+                              "snapshotting the workspace")
+        except (LogUnavailable, StoreUnavailable, WorkspaceError, SandboxError, OSError) as exc:
+            reraise_if_cancelling()
+            log.error("run %s: workspace not snapshotted: %r", self.run_id, exc)
 
     def _finish_time(self) -> float:
         """When the run finished: the time of the first final write that states it."""

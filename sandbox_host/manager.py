@@ -28,6 +28,7 @@ from baton.retry import Deadline
 from baton.v1 import runs_pb2
 from sandbox_host import machine as M
 from baton.runs import record_status
+from sandbox_host import turns
 from sandbox_host.deps import HostDeps
 from sandbox_host.driver import Mode, RunDriver
 from sandbox_host.manager_claims import HOLDER_WAIT, ClaimUpkeep
@@ -248,6 +249,10 @@ class RunManager:
         if self.draining:
             raise HostDraining("host is draining")
         messages, seed = self._start_input(req)
+        # Where a thread's claude-code/codex run starts (its workspace snapshot, the agent
+        # session to resume), decided once, before the record exists, and recorded on it.
+        seed.workspace_json, seed.turn_json = await turns.plan_start(self.deps, req, seed.agent.kind,
+                                                                     seed.workspace_json)
         # One session for the whole start: the claim, the clear and the driver live under it.
         # The host replaces ``deps.session`` when it is lost, and a write under the new one
         # would compare against a claim the old one made.

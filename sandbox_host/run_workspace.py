@@ -133,9 +133,18 @@ def spec_fields(record: runs_pb2.RunRecord, settings: WorkspaceSettings) -> dict
         InvalidArgument: the record's workspace is not valid JSON of a workspace, or names
             a credential this host does not have (the operator removed it since).
     """
+    from sandbox_host.thread_session import TurnStart
+
+    kind = record.agent.kind or config.get("BATON_DEFAULT_AGENT")
+    turn = TurnStart.from_json(record.turn_json)
+    thread_dir = record.thread_id if kind in THREAD_DIR_AGENTS and (turn is not None or record.workspace_json) else None
+    if turn is not None and turn.snapshot is not None:
+        # A later turn: its workspace is the snapshot its predecessor left (restored before
+        # the launch, sandbox_host/turns.py), never built again.
+        return {"thread_dir": thread_dir}
     spec = WorkspaceSpec.from_record(record.workspace_json)
     if spec is None:
-        return {}
+        return {"thread_dir": thread_dir} if thread_dir is not None else {}
     secrets: dict[str, str] = {}
     if spec.credential is not None:
         cred = settings.credentials.get(record.tenant, {}).get(spec.credential)
@@ -143,14 +152,13 @@ def spec_fields(record: runs_pb2.RunRecord, settings: WorkspaceSettings) -> dict
             raise InvalidArgument("workspace.credential",
                                   f"no git credential {spec.credential!r} is configured for this tenant on this host")
         secrets = {GIT_TOKEN_ENV: cred.token, **({GIT_USERNAME_ENV: cred.username} if cred.username else {})}
-    kind = record.agent.kind or config.get("BATON_DEFAULT_AGENT")
     return {
         "workspace": spec.git if spec.git is not None else spec.dir,
         "workspace_is_git": spec.is_git,
         "git_ref": spec.ref,
         "setup": tuple(spec.setup),
         "secrets": secrets,
-        "thread_dir": record.thread_id if kind in THREAD_DIR_AGENTS else None,
+        "thread_dir": thread_dir,
         "build_timeout": settings.build_timeout or None,
         "max_workspace_bytes": settings.max_bytes or None,
     }

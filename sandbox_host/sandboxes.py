@@ -161,9 +161,17 @@ class RunSandboxes:
         sandbox is registered, not yet marked launched: a successor that finds it destroys
         it and builds its own).
 
+        A thread's run also gets the workspace its turn starts from (:func:`sandbox_host.turns.restore`).
+
         Returns:
             ``(argv, stdin, env, secrets)`` of the agent's launch.
+
+        Raises:
+            SandboxBuildFailed: the turn's workspace could not be restored.
         """
+        from sandbox_host import turns
+
+        await turns.restore(self.deps, self.record, sbx)
         return await self.deps.launch_spec(self.record, sbx.provider, sbx.handle, input_messages)
 
     async def _launch(self, sbx: Sandbox, input_messages: list[dict[str, Any]]) -> None:

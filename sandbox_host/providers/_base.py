@@ -161,14 +161,29 @@ class Provider(abc.ABC):
         """
         raise NotImplementedError(f"{self.name} sandboxes cannot be exported")
 
-    async def import_tree(self, handle: SandboxHandle, tar: bytes) -> None:
+    async def import_tree(self, handle: SandboxHandle, tar: bytes, *, replace: bool = False) -> None:
         """Extract a tar as :meth:`export_tree` makes it into the working directory and home.
+
+        Args:
+            handle: the sandbox.
+            tar: the tree.
+            replace: empty the working directory and home first (a restore over a thread
+                directory an earlier turn left).
 
         Raises:
             SandboxBuildFailed: ``step="import"`` for a member that is absolute, climbs out
                 (``..``), or lies outside ``work/`` and ``home/``; nothing is extracted then.
         """
         raise NotImplementedError(f"{self.name} sandboxes cannot be imported")
+
+    async def tree_marker(self, handle: SandboxHandle) -> str | None:
+        """The snapshot digest :meth:`mark_tree` last left on the sandbox's thread directory,
+        ``None`` when unknown (the default: a provider whose sandboxes start empty)."""
+        return None
+
+    async def mark_tree(self, handle: SandboxHandle, digest: str) -> None:
+        """Note that the sandbox's thread directory holds snapshot ``digest`` exactly, so the
+        thread's next run on this machine may use it as it is (the default keeps nothing)."""
 
 
 async def run_host_command(argv: Sequence[str], cwd: str | None, env: Mapping[str, str]) -> tuple[int, bytes]:

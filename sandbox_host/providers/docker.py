@@ -548,8 +548,9 @@ class DockerProvider(Provider):
         except docker.errors.NotFound as exc:
             raise SandboxReclaimFailed(handle.key, "container not found") from exc
 
-    async def import_tree(self, handle: SandboxHandle, tar: bytes) -> None:
-        """Extract an exported tar (see :mod:`._tree`); ``SandboxReclaimFailed`` when gone."""
+    async def import_tree(self, handle: SandboxHandle, tar: bytes, *, replace: bool = False) -> None:
+        """Extract an exported tar (see :mod:`._tree`); ``SandboxReclaimFailed`` when gone.
+        A container starts with an empty working directory: ``replace`` has nothing to empty."""
         try:
             await asyncio.to_thread(_tree.import_docker, self._api, self._cid(handle), tar, handle.workdir,
                                     handle.data.get("home"))

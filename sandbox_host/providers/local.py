@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pathlib
 import secrets as _secrets
 import shutil
 import signal as _signal
@@ -206,9 +207,29 @@ class LocalProvider(Provider):
         """Tar of ``work/`` (the working directory) and ``home/`` (see :mod:`._tree`)."""
         return await asyncio.to_thread(_tree.export_local, handle.workdir, handle.data.get("home"))
 
-    async def import_tree(self, handle: SandboxHandle, tar: bytes) -> None:
-        """Extract an exported tar into the working directory and home (see :mod:`._tree`)."""
-        await asyncio.to_thread(_tree.import_local, tar, handle.workdir, handle.data.get("home"))
+    async def import_tree(self, handle: SandboxHandle, tar: bytes, *, replace: bool = False) -> None:
+        """Extract an exported tar into the working directory and home (see :mod:`._tree`);
+        with ``replace`` both are emptied first (and the thread directory's marker dropped)."""
+        home = handle.data.get("home")
+        if replace:
+            await asyncio.to_thread(_empty_tree, handle.workdir, home)
+        await asyncio.to_thread(_tree.import_local, tar, handle.workdir, home)
+
+    async def tree_marker(self, handle: SandboxHandle) -> str | None:
+        """The digest in ``<thread directory>/.baton-snapshot`` (thread sandboxes only)."""
+        path = _marker_path(handle)
+        if path is None:
+            return None
+        try:
+            return (await asyncio.to_thread(pathlib.Path(path).read_text, encoding="ascii")).strip() or None
+        except OSError:
+            return None
+
+    async def mark_tree(self, handle: SandboxHandle, digest: str) -> None:
+        """Write ``<thread directory>/.baton-snapshot`` (thread sandboxes only)."""
+        path = _marker_path(handle)
+        if path is not None:
+            await asyncio.to_thread(pathlib.Path(path).write_text, digest + "\n", encoding="ascii")
 
     async def copy_in(self, handle: SandboxHandle, path: str, content: bytes, mode: int = 0o644) -> None:
         """Write ``content`` to ``path`` (absolute, or relative to the workspace)."""
@@ -409,3 +430,21 @@ class LocalProvider(Provider):
 
 def _tail(err: bytes) -> str:
     return err[-STDERR_TAIL:].decode("utf-8", "replace").strip()
+
+
+def _marker_path(handle: SandboxHandle) -> str | None:
+    # A thread sandbox's home is <top>/home beside its working directory <top>/work.
+    home = handle.data.get("home")
+    if not home or os.path.dirname(home) != os.path.dirname(handle.workdir):
+        return None
+    return os.path.join(os.path.dirname(handle.workdir), ".baton-snapshot")
+
+
+def _empty_tree(workdir: str, home: str | None) -> None:
+    marker = _marker_path(SandboxHandle("local", "", "", "", workdir, {"home": home}))
+    if marker is not None and os.path.exists(marker):
+        os.unlink(marker)
+    for top in (workdir, home):
+        if top and os.path.isdir(top):
+            shutil.rmtree(top)
+            os.makedirs(top)

@@ -111,7 +111,9 @@ async def _chat(http: httpx.AsyncClient, gw: Gateway, workspace: Any, *, thread:
                 run_id: str | None = None) -> tuple[str, Any]:
     run_id = run_id or unique("run-")
     body = {"threadId": thread or unique("thr-"), "messages": [{"id": "u1", "role": "user", "content": "look"}],
-            "agent": {"kind": "claude-code"}, "workspace": workspace}
+            "agent": {"kind": "claude-code"}}
+    if workspace is not None:
+        body["workspace"] = workspace
     got = await read_stream(http, "POST", f"{gw.url}/api/chat?runId={run_id}", json=body)
     if got.status != 200:  # say why (a refusal reads as JSON)
         got.events.append((None, (await http.post(f"{gw.url}/api/chat?runId={unique('run-')}", json=body)).json()))
@@ -146,9 +148,11 @@ async def test_a_git_workspace_at_a_ref_is_the_agents_working_directory(env: Env
     assert json.loads(record.workspace_json) == {"git": str(env.repo.bare.resolve()), "ref": "feature",
                                                  "setup": ["touch SETUP_RAN"]}
 
-    # The thread's next turn works in the same directory, as the first one left it.
-    _, again = await _chat(http, gw, {"git": str(env.repo.bare), "ref": "feature"}, thread=thread)
+    # The thread's next turn (which names no workspace: the thread keeps its first) works in
+    # the same directory, as the first one left it.
+    _, again = await _chat(http, gw, None, thread=thread)
     assert _seen(again)["cwd"] == seen["cwd"]
+    assert _seen(again)["files"] == [".git", "FEATURE", "README.md", "SETUP_RAN", "src"]
 
 
 async def test_a_credential_is_used_and_never_shown(env: Env, gw: Gateway, http: httpx.AsyncClient,

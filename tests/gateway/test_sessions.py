@@ -1,0 +1,190 @@
+"""Coding sessions end to end: a thread is one workspace and one agent session across its
+turns and hosts (docs/design.md §4.3).
+
+Real hosts (subprocesses) run the real ``claude-code`` and ``codex`` launch code against the
+stand-in CLIs (``baton_tools/standins``: no model is reachable here), which keep their
+session stores where the real CLIs do and refuse an unknown ``--resume`` as they do. Turn 2
+runs after the host that drove turn 1 was SIGKILLed; turn 3 after that host's sandbox
+directory is gone too, so its workspace and the agent's session come back from the
+snapshot in JetStream's Object Store. What is checked is what a user would check: the files
+the agent sees (its ``run cat`` output), the prompts it remembers (``recall``), the saved
+transcript.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+from typing import Any, AsyncIterator, Iterator
+
+import httpx
+import pytest
+
+from baton.ids import file_stem
+from baton.log import LogConfig
+from baton_tools.standins import STANDINS_DIR
+from tests.conftest import unique
+from tests.gateway.conftest import Gateway, host_settings, read_stream
+from tests.sandbox.gitrepos import Repo, make_repo
+
+pytestmark = pytest.mark.timeout(240)
+
+
+class Cluster:
+    """Hosts of one module (started with the stand-ins first on PATH), restartable."""
+
+    def __init__(self, tmp: pathlib.Path, repo: Repo, allowed: pathlib.Path, coordinator: Any, nats: Any,
+                 settings: dict[str, str]) -> None:
+        self.tmp, self.repo, self.allowed = tmp, repo, allowed
+        self.coordinator, self.nats, self.settings = coordinator, nats, settings
+        self.hosts: list[Any] = []
+
+    async def add_host(self) -> Any:
+        from baton_tools.testing.cluster import start_host
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("PATH", f"{STANDINS_DIR}:{os.environ['PATH']}")
+            mp.setenv("ANTHROPIC_API_KEY", "test-key")
+            mp.setenv("OPENAI_API_KEY", "test-key")
+            h = await start_host(self.coordinator.address, self.nats.url, log_dir=self.tmp / "logs", **self.settings)
+        self.hosts.append(h)
+        return h
+
+    async def kill(self, host_id: str) -> None:
+        h = next(h for h in self.hosts if h.host_id == host_id)
+        await h.kill()
+        self.hosts.remove(h)
+
+
+@pytest.fixture(scope="module")
+def repo_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[pathlib.Path, Repo]]:
+    root = tmp_path_factory.mktemp("sessions")
+    allowed = root / "allowed"
+    allowed.mkdir()
+    yield root, make_repo(allowed)
+
+
+@pytest.fixture(scope="module")
+async def cluster(repo_dir: tuple[pathlib.Path, Repo], coordinator: Any, nats: Any, log_cfg: LogConfig,
+                  replay_dir: pathlib.Path) -> AsyncIterator[Cluster]:
+    root, repo = repo_dir
+    settings = {**host_settings(log_cfg, replay_dir, root), "BATON_WORKSPACE_DIRS": str(root / "allowed"),
+                "BATON_WORKSPACE_OBJECTS": unique("ws-objects"), "BATON_WORKSPACE_HEADS": unique("ws-heads")}
+    c = Cluster(root, repo, root / "allowed", coordinator, nats, settings)
+    await c.add_host()
+    await c.add_host()
+    try:
+        yield c
+    finally:
+        for h in c.hosts:
+            await h.stop()
+
+
+@pytest.fixture
+async def gw(cluster: Cluster, make_gateway: Any) -> Gateway:
+    return await make_gateway(keepalive=0.5, workspace_dirs=(str(cluster.allowed.resolve()),))
+
+
+async def turn(http: httpx.AsyncClient, gw: Gateway, thread: str, kind: str, prompt: str,
+               workspace: dict[str, Any] | None = None) -> tuple[str, list[dict[str, Any]]]:
+    run_id = unique("run-")
+    # As a chat client does: the thread's messages so far, then the new one.
+    saved = await http.get(f"{gw.url}/api/threads/{thread}/messages")
+    history = saved.json()["messages"] if saved.status_code == 200 else []
+    body: dict[str, Any] = {"threadId": thread, "agent": {"kind": kind},
+                            "messages": [*history, {"id": unique("u"), "role": "user", "content": prompt}]}
+    if workspace is not None:
+        body["workspace"] = workspace
+    got = await read_stream(http, "POST", f"{gw.url}/api/chat?runId={run_id}", json=body)
+    assert got.status == 200, got
+    assert got.ended
+    return run_id, [c for _, c in got.events]
+
+
+def texts(chunks: list[dict[str, Any]]) -> str:
+    """Everything the user reads: text deltas and tool results."""
+    out = []
+    for c in chunks:
+        if c["type"] == "TEXT_MESSAGE_CONTENT":
+            out.append(c["delta"])
+        elif c["type"] == "TEXT_MESSAGE_END":
+            out.append("\n")
+        elif c["type"] == "TOOL_CALL_RESULT":
+            out.append(f"{c.get('content')}\n")
+    return "".join(out)
+
+
+def terminal(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(c for c in reversed(chunks) if c["type"] in ("RUN_FINISHED", "RUN_ERROR"))
+
+
+async def driver_of(http: httpx.AsyncClient, gw: Gateway, run_id: str) -> str:
+    view = (await http.get(f"{gw.url}/api/runs/{run_id}")).json()
+    return str(view["driverHost"])
+
+
+@pytest.mark.parametrize("kind", ["claude-code", "codex"])
+async def test_three_turns_across_hosts_and_a_lost_sandbox_directory(
+        kind: str, cluster: Cluster, gw: Gateway, http: httpx.AsyncClient) -> None:
+    thread = unique(f"{kind}-thr-")
+    ws = {"git": f"file://{cluster.repo.bare}", "ref": "main"}
+
+    run1, c1 = await turn(http, gw, thread, kind, "write notes.txt turn one\nrun cat README.md", ws)
+    assert terminal(c1)["type"] == "RUN_FINISHED", terminal(c1)
+    assert "hello" in texts(c1)  # the repository's README, cloned at main
+
+    # The host that drove turn 1 dies; a fresh host takes its place.
+    await cluster.kill(await driver_of(http, gw, run1))
+    await cluster.add_host()
+
+    run2, c2 = await turn(http, gw, thread, kind, "recall\nrun cat notes.txt\nappend notes.txt turn two")
+    assert terminal(c2)["type"] == "RUN_FINISHED", terminal(c2)
+    seen2 = texts(c2)
+    assert "turn one" in seen2  # turn 1's file
+    assert "write notes.txt turn one" in seen2  # turn 1's prompt, remembered: the session resumed
+
+    # Every host's sandbox directory goes (thread directories included): turn 3 starts from
+    # the snapshot alone, on whichever host it lands.
+    await cluster.kill(await driver_of(http, gw, run2))
+    shutil.rmtree(cluster.tmp / "sandboxes", ignore_errors=True)
+    await cluster.add_host()
+
+    run3, c3 = await turn(http, gw, thread, kind, "recall\nrun cat notes.txt src/app.py")
+    assert terminal(c3)["type"] == "RUN_FINISHED", terminal(c3)
+    seen3 = texts(c3)
+    assert "turn one" in seen3 and "turn two" in seen3 and "print('app')" in seen3
+    assert "write notes.txt turn one" in seen3 and "append notes.txt turn two" in seen3
+
+    msgs = (await http.get(f"{gw.url}/api/threads/{thread}/messages")).json()["messages"]
+    users = [m["content"] for m in msgs if m["role"] == "user"]
+    assert len(users) == 3 and users[0].startswith("write notes.txt")
+
+
+async def test_a_refused_resume_fails_clearly_and_keeps_the_thread(
+        cluster: Cluster, gw: Gateway, http: httpx.AsyncClient) -> None:
+    thread = unique("refuse-thr-")
+    ws = {"git": f"file://{cluster.repo.bare}"}
+    run1, c1 = await turn(http, gw, thread, "claude-code", "write kept.txt still here", ws)
+    assert terminal(c1)["type"] == "RUN_FINISHED"
+    before = (await http.get(f"{gw.url}/api/threads/{thread}/messages")).json()["messages"]
+
+    # The agent's session store loses the session (in the warm thread directory on this
+    # machine, which the next turn uses as it is): the agent refuses the resume, and says so.
+    sessions = list((cluster.tmp / "sandboxes" / "threads" / file_stem(thread)).glob("home/.claude/projects/*/*.jsonl"))
+    assert sessions
+    for path in sessions:
+        path.unlink()
+    run2, c2 = await turn(http, gw, thread, "claude-code", "recall")
+    end = terminal(c2)
+    assert end["type"] == "RUN_ERROR"
+    assert "No conversation found with session ID" in end["message"]
+    assert "recall" not in texts(c2)  # never a silent fresh session
+
+    # The thread's earlier workspace and transcript are intact: the next turn, restored from
+    # the snapshot (the refused turn left the warm directory unmarked), has both.
+    run3, c3 = await turn(http, gw, thread, "claude-code", "recall\nrun cat kept.txt")
+    assert terminal(c3)["type"] == "RUN_FINISHED", terminal(c3)
+    assert "still here" in texts(c3) and "write kept.txt still here" in texts(c3)
+    after = (await http.get(f"{gw.url}/api/threads/{thread}/messages")).json()["messages"]
+    assert after[:len(before)] == before
+
