@@ -173,9 +173,14 @@ class GatewayClient:
     # --- streams --------------------------------------------------------------------------
 
     def start(self, run_id: str, thread_id: str, messages: list[dict[str, Any]], *,
-              agent: Mapping[str, Any] | None = None, detach_on_disconnect: bool = True,
-              ndjson: bool = False) -> AsyncIterator[StreamEvent]:
+              agent: Mapping[str, Any] | None = None, workspace: Mapping[str, Any] | None = None,
+              detach_on_disconnect: bool = True, ndjson: bool = False) -> AsyncIterator[StreamEvent]:
         """Start a run and stream its log from the start, reconnecting on drops.
+
+        Args:
+            workspace: the thread's workspace, on its first run: ``{"git": URL, "ref"?,
+                "credential"?, "setup"?}`` or ``{"dir": PATH, "setup"?}`` (docs/api.md,
+                "Workspaces"); a thread's later runs continue in it and name none.
 
         Raises:
             InvalidArgument: a bad ``run_id`` or ``thread_id`` (at once, before any request:
@@ -191,6 +196,8 @@ class GatewayClient:
         body: dict[str, Any] = {"threadId": thread_id, "runId": run_id, "messages": messages}
         if agent is not None:
             body["agent"] = dict(agent)
+        if workspace is not None:
+            body["workspace"] = dict(workspace)
         if not detach_on_disconnect:
             body["detachOnDisconnect"] = False
         first = ("POST", "/api/chat", {"json": body, "headers": {"X-Run-Id": run_id}})

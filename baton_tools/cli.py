@@ -391,6 +391,46 @@ def tail(
 
 
 @app.command()
+def run(
+    prompt: Annotated[Optional[str], typer.Argument(help="What to ask the agent (- or none: read stdin).")] = None,
+    repo: Annotated[Optional[str], typer.Option("--repo", help="Git repository: the thread's workspace (first turn).")] = None,
+    ref: Annotated[Optional[str], typer.Option("--ref", help="Branch, tag or commit of --repo.")] = None,
+    directory: Annotated[Optional[str], typer.Option("--dir", help="A directory inside BATON_WORKSPACE_DIRS instead of --repo.")] = None,
+    credential: Annotated[Optional[str], typer.Option("--credential", help="Name of a git credential the operator configured.")] = None,
+    setup: Annotated[Optional[list[str]], typer.Option("--setup", help="A command to run in the workspace first (repeatable).")] = None,
+    thread: Annotated[Optional[str], typer.Option("--thread", "-t", help="Continue this thread (default: a new one).")] = None,
+    agent: Annotated[str, typer.Option("--agent", help="claude-code, codex or replay.")] = "claude-code",
+    as_json: Annotated[bool, typer.Option("--json", help="Print each chunk as a JSON line.")] = False,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    data_dir: DataDir = pathlib.Path(DEFAULT_DATA_DIR),
+) -> None:
+    """One turn of a coding session: the agent works on the thread's repository.
+
+    The thread's first turn names the repository; its next turns (``--thread``) continue in
+    the same workspace and resume the agent's session, on whichever host they land.
+
+    Examples:
+
+        baton run --repo https://github.com/you/app.git --ref main "Fix the failing test"
+
+        baton run --thread cli-1a2b3c "Now add a test for it"
+    """
+    from baton_tools.run_command import read_prompt, run_turn
+
+    base = _gateway_url(url, data_dir)
+    try:
+        text = read_prompt(prompt)
+        code = run_turn(base, api_key, text, thread=thread, agent=agent, repo=repo, ref=ref, directory=directory,
+                        credential=credential, setup=list(setup or []), as_json=as_json)
+    except ValueError as exc:
+        raise _fail(str(exc), code=2) from None
+    except httpx.HTTPError as exc:
+        raise _unreachable("gateway", base, str(exc), data_dir, url) from None
+    raise typer.Exit(code)
+
+
+@app.command()
 def cancel(
     run_id: Annotated[str, typer.Argument(help="The run to cancel.")],
     wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Return only when the run is terminal.")] = True,

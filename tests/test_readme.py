@@ -35,6 +35,7 @@ from tests.conftest import require
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+TS_CLIENT = REPO / "clients" / "typescript"
 # The venv's own bin (not resolved: .venv/bin/python is a symlink to the base interpreter).
 VENV_BIN = pathlib.Path(sys.executable).parent
 HTTP, GRPC = "127.0.0.1:8080", "127.0.0.1:8081"  # what `baton up` prints, and the README uses
@@ -48,8 +49,14 @@ EXPECT: dict[str, list[str]] = {
     "curl-start": ['data: {"type":"RUN_STARTED","threadId":"t1","runId":"r1"}', '"type":"RUN_FINISHED"', ": end"],
     "curl-join": ['"runId":"r1"', '"type":"RUN_FINISHED"', ": end", '"status":"completed"', '"role":"assistant"'],
     "python-client": ["RUN_STARTED", "RUN_FINISHED", "\ncompleted\n", "assistant "],
+    "claude-curl": ['"type":"RUN_STARTED","threadId":"c-thread","runId":"c1"', '"type":"TEXT_MESSAGE_CONTENT"',
+                    '"type":"RUN_FINISHED"', ": end"],
+    "baton-run": ["completed: run", "thread c-thread", "continue it: baton run --thread"],
+    "typescript-client": ["RUN_STARTED", "RUN_FINISHED", "\ncompleted\n"],
     "ops": ["r1", "r2", "completed", "stopped"],
 }
+#: The README's example repository; the snippets run against a local one (no network here).
+EXAMPLE_REPO = "https://github.com/you/your-repo.git"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +105,7 @@ def test_every_block_is_marked() -> None:
     names = [b.name for b in EXECUTED]
     assert len(names) == len(set(names)), names
     assert sorted(names) == sorted(EXPECT), "every executed snippet needs what its user checks in EXPECT"
-    assert all(b.lang in ("sh", "python") for b in EXECUTED), [(b.name, b.lang) for b in EXECUTED]
+    assert all(b.lang in ("sh", "python", "ts") for b in EXECUTED), [(b.name, b.lang) for b in EXECUTED]
 
 
 def test_parse_blocks_reads_markers() -> None:
@@ -118,9 +125,12 @@ class Up:
     http: str
     grpc: str
 
+    repo: str = ""
+
     def rewrite(self, code: str) -> str:
-        """The snippet with the gateway's address of this cluster (nothing else changes)."""
-        return code.replace(HTTP, self.http).replace(GRPC, self.grpc)
+        """The snippet with the gateway's address of this cluster and the local repository in
+        place of the example URL (nothing else changes)."""
+        return code.replace(HTTP, self.http).replace(GRPC, self.grpc).replace(EXAMPLE_REPO, self.repo)
 
 
 def _free(port: int) -> bool:
@@ -154,6 +164,17 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     for name in ("BATON_API_KEYS", "BATON_API_KEY", "BATON_URL", "BATON_INTERNAL_TOKEN", "BATON_COORDINATOR"):
         env.pop(name, None)
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    # "export ANTHROPIC_API_KEY=… ; baton up" with the stand-in CLIs (no model is reachable
+    # here) and a local repository the hosts may clone (BATON_WORKSPACE_DIRS).
+    from baton_tools.standins import STANDINS_DIR
+    from tests.sandbox.gitrepos import make_repo
+
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{STANDINS_DIR}{os.pathsep}{env.get('PATH', '')}"
+    env["ANTHROPIC_API_KEY"] = "sk-ant-test"
+    repos = cwd / "repos"
+    repos.mkdir()
+    repo = make_repo(repos, "your-repo.git")
+    env["BATON_WORKSPACE_DIRS"] = str(repos.resolve())
     port = 8080 if _free(8080) and _free(8081) else 0
     log = cwd / "baton-up.log"
     with open(log, "wb") as out:
@@ -164,7 +185,8 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
         info = _wait_ready(proc, cwd, log, timeout=90.0)
         ports = info["ports"]
         assert isinstance(ports, dict)
-        yield Up(cwd, env, f"127.0.0.1:{ports['gateway']}", f"127.0.0.1:{ports['gateway-grpc']}")
+        yield Up(cwd, env, f"127.0.0.1:{ports['gateway']}", f"127.0.0.1:{ports['gateway-grpc']}",
+                 f"file://{repo.bare.resolve()}")
     finally:
         if proc.poll() is None:
             subprocess.run([str(VENV_BIN / "baton"), "down"], cwd=cwd, env=env, timeout=60,
@@ -185,6 +207,18 @@ def test_snippet_runs_as_written(up: Up, block: Block) -> None:
         script = up.cwd / f"{block.name}.py"
         script.write_text(code)
         argv = [sys.executable, str(script)]
+    elif block.lang == "ts":
+        # Plain JavaScript is TypeScript too: node runs the snippet as a module, with the
+        # repository's package as `@baton-runs/client` (built by `make ts-client`).
+        require(shutil.which("node"), "the README's TypeScript snippet needs node")
+        require((TS_CLIENT / "dist" / "index.js").exists(), "clients/typescript is not built: make ts-client")
+        scope = up.cwd / "node_modules" / "@baton-runs"
+        scope.mkdir(parents=True, exist_ok=True)
+        if not (scope / "client").exists():
+            (scope / "client").symlink_to(TS_CLIENT)
+        script = up.cwd / f"{block.name}.mjs"
+        script.write_text(code)
+        argv = ["node", str(script)]
     else:
         require(shutil.which("curl") or "curl " not in code, "the README's curl snippets need curl")
         argv = ["bash", "-e", "-o", "pipefail", "-c", code]

@@ -98,6 +98,16 @@ export interface StartRunOptions {
   cancelOnDisconnect?: boolean;
   interruptActive?: boolean;
   parentRunId?: string;
+  /** The thread's workspace, on its first run: `{ git, ref?, credential? }` or `{ dir }`, plus `setup?`. */
+  workspace?: WorkspaceOptions;
+}
+
+export interface WorkspaceOptions {
+  git?: string;
+  ref?: string;
+  credential?: string;
+  dir?: string;
+  setup?: string[];
 }
 
 export interface ClientOptions {
@@ -229,6 +239,10 @@ export class BatonRunsClient {
       threadId: opts.threadId, runId: opts.runId, messagesJson: JSON.stringify(opts.messages ?? []), agent,
       cancelOnDisconnect: opts.cancelOnDisconnect ?? false, interruptActive: opts.interruptActive ?? false,
       parentRunId: opts.parentRunId ?? "",
+      workspace: opts.workspace ? {
+        git: opts.workspace.git ?? "", ref: opts.workspace.ref ?? "", credential: opts.workspace.credential ?? "",
+        dir: opts.workspace.dir ?? "", setup: opts.workspace.setup ?? [],
+      } : undefined,
     };
     return new RunStream(this, opts.runId, req, { fromStart: true });
   }
