@@ -211,12 +211,15 @@ class RunsClient:
 
     def start(self, run_id: str, thread_id: str, messages: Sequence[Mapping[str, Any]] = (), *,
               agent: Mapping[str, Any] | None = None, cancel_on_disconnect: bool = False,
-              interrupt_active: bool = False, parent_run_id: str = "") -> RunStream:
+              interrupt_active: bool = False, parent_run_id: str = "",
+              workspace: Mapping[str, Any] | None = None) -> RunStream:
         """Start a run (or join it, when the run id exists) and stream its log from the start.
 
         Args:
             agent: ``{"kind": ..., **options}`` (e.g. ``{"kind": "replay", "journal": ...}``);
                 ``None``: the gateway's default agent.
+            workspace: the thread's workspace on its first run, ``{"git", "ref", "credential",
+                "setup"}`` or ``{"dir", "setup"}`` (docs/api.md, "Workspaces").
         """
         spec = None
         if agent is not None:
@@ -225,6 +228,8 @@ class RunsClient:
         req = pb.RunStartRequest(thread_id=thread_id, run_id=run_id, messages_json=json.dumps(list(messages)),
                                  agent=spec, cancel_on_disconnect=cancel_on_disconnect,
                                  interrupt_active=interrupt_active, parent_run_id=parent_run_id)
+        if workspace is not None:
+            req.workspace.CopyFrom(pb.Workspace(**{k: v for k, v in workspace.items() if v is not None}))
         return RunStream(self, run_id, req, "-1", self._max_retries)
 
     def join(self, run_id: str, after: str = "-1") -> RunStream:
