@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from baton import errors as e
 from baton.ids import validate_id
 from baton.log import LogReader
 from gateway._views import run_view_for
@@ -53,9 +54,10 @@ class _Feed:
         try:
             async for offset, chunk in self.reader:
                 await self.queue.put((int(offset), chunk))
-        finally:
-            with contextlib.suppress(asyncio.QueueFull):
-                self.queue.put_nowait(_END)
+        except e.BatonError:
+            pass  # the read failed (LogUnavailable, OffsetExpired): the reader gets the end below
+        # Waits for room like every chunk did: a full queue at the close must not drop the end.
+        await self.queue.put(_END)
 
     async def aclose(self) -> None:
         self._task.cancel()
