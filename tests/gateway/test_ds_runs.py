@@ -175,26 +175,3 @@ async def test_an_sse_reader_with_a_big_backlog_sees_the_close(gateway: Gateway,
     assert b'"streamClosed":true' in body
     assert body.count(b"event: data") == len(chunks)
 
-
-async def test_a_feed_whose_queue_is_full_at_the_close_still_ends(dlog: Any) -> None:
-    """The /ds run reader's feed keeps its end marker when the log closes while its queue is
-    full (a reader with a backlog of more chunks than the queue holds): the reader sees the close."""
-    import asyncio
-
-    from gateway.durable_streams._runs import _END, _Feed
-    from tests.conftest import assert_eventually
-    from tests.gateway.conftest import run_chunks, write_run
-
-    run = unique("run")
-    chunks = run_chunks(run, "th", [str(i) for i in range(300)])
-    await write_run(dlog, run, chunks, close=True)
-    feed = _Feed(dlog.read(run, after="-1"), maxsize=len(chunks))
-    try:
-        await assert_eventually(lambda: feed.queue.full(), timeout=20)
-        got = []
-        async with asyncio.timeout(20):
-            while (item := await feed.queue.get()) is not _END:
-                got.append(item[1])
-        assert got == chunks
-    finally:
-        await feed.aclose()
