@@ -278,7 +278,7 @@ class RunRead:
         hub = self._hub
         if hub is not None:
             step = await self._from_hub(hub, timeout)
-            if step is not False:
+            if step is None or not isinstance(step, bool):
                 return step
             # Fell behind what the hub keeps: read on our own from the last chunk served.
             self._hub = None
@@ -287,7 +287,8 @@ class RunRead:
         return await self._from_own(timeout)
 
     async def _from_hub(self, hub: RunHub, timeout: float) -> Step | None | bool:
-        """A step from the shared tail; ``False`` when this reader fell behind its window."""
+        """A step from the shared tail (``None``: idle); ``False`` when this reader fell
+        behind its window."""
         while True:
             idx = hub.index_after(self._last)
             if idx < hub.base:

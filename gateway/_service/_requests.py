@@ -30,6 +30,11 @@ from baton.agents import (AGENT_KINDS, JOURNAL_FORMATS, ReplayOptions, invalid_a
                           parse_agent_options, resolve_replay_journal)
 from baton.ids import validate_id
 
+__all__ = ["AGENT_KINDS", "MAX_CANCEL_WAIT", "MAX_JSON_DEPTH", "REPLAY_FORMATS", "AgentChoice", "CancelRequest",
+           "JoinRequest", "ListRunsRequest", "StartLimits", "StartRequest", "agent_list", "cancel_request",
+           "check_agent", "check_cancel_timeout", "check_offset", "json_depth", "list_replay_journals",
+           "start_request"]
+
 #: The formats a replay journal may have (the agent listing shows only these).
 REPLAY_FORMATS = JOURNAL_FORMATS
 _OFFSET = re.compile(r"^(-1|now|[0-9]{1,20})$")

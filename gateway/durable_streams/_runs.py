@@ -173,7 +173,7 @@ class RunLogs:
 
     async def _tail(self, run_id: str, default: int) -> int:
         tail = await self._log.last_record(run_id)
-        return tail.offset if tail is not None else default  # type: ignore[no-any-return]
+        return tail.offset if tail is not None else default
 
     async def _sse(self, read: RunRead, start_seq: int, tail_seq: int, cursor: str | None) -> AsyncIterator[bytes]:
         """Data events for each chunk, control events with offsets; ends once the run's log closes."""

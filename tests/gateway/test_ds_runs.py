@@ -175,3 +175,39 @@ async def test_an_sse_reader_with_a_big_backlog_sees_the_close(gateway: Gateway,
     assert b'"streamClosed":true' in body
     assert body.count(b"event: data") == len(chunks)
 
+
+
+async def test_a_live_ds_reader_is_a_reader_of_the_run(gateway: Gateway, http: httpx.AsyncClient, cc: Any,
+                                                        dlog: Any) -> None:
+    """A /ds SSE read is served like a join: it counts as a reader (presence) while it
+    waits, and its GET looks at the run for a takeover (an interrupted run is left alone)."""
+    import asyncio
+
+    from baton.v1 import runs_pb2
+    from tests.conftest import assert_eventually
+    from tests.gateway.conftest import run_chunks, write_run
+
+    thread, run = unique("th"), unique("run")
+    await cc.create_or_resume_run(runs_pb2.RunRecord(run_id=run, thread_id=thread, started_at=1.0,
+                                                     status=runs_pb2.RUN_STATUS_INTERRUPTED), interrupt_active=False)
+    chunks = run_chunks(run, thread, ["a", "b"])
+    w, _ = await write_run(dlog, run, chunks[:2], close=False)
+
+    async def decisions() -> dict[str, float]:
+        text = (await http.get(f"{gateway.url}/metrics")).text
+        return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+                if line.startswith("baton_gateway_takeover_decisions_total{")}
+
+    before = await decisions()
+    reading = asyncio.create_task(read_sse(http, f"{gateway.url}/ds/runs/{run}", "-1"))
+    try:
+        await assert_eventually(lambda: gateway.state.metrics.readers._value.get() == 1, timeout=10)
+        after = await decisions()
+        assert sum(after.values()) == sum(before.values()) + 1, (before, after)
+        await w.append(chunks[2:], origin="journal")
+        await w.close("completed")
+        data, controls = await asyncio.wait_for(reading, 30)
+    finally:
+        reading.cancel()
+    assert data == chunks and controls[-1].get("streamClosed") is True
+    await assert_eventually(lambda: gateway.state.metrics.readers._value.get() == 0, timeout=10)
