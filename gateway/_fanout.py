@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import json
 import logging
 from typing import Any
 
 from baton.aio import cancel_and_join
 from baton.errors import DeliveryLogError
-
-from gateway import _grpc_wire
+from gateway._sse import Framing, chunk_frame, dumps
 
 log = logging.getLogger("gateway.fanout")
 
@@ -35,10 +33,6 @@ async def stop_read(task: asyncio.Task[Any]) -> None:
     await cancel_and_join(task, patience=STOP_PATIENCE, every=0.05)
 
 
-def _dumps(chunk: dict[str, Any]) -> bytes:
-    return json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode()
-
-
 class RunHub:
     """The shared tail of one run's delivery log.
 
@@ -46,6 +40,9 @@ class RunHub:
         seqs: stream sequences of the kept frames, ascending.
         base: how many frames were dropped from the front (indexes are absolute).
         closed: the log ended with its close record.
+        close_position: the close record's stream sequence once ``closed``.
+        position: the stream sequence of the last record read, whatever its kind (a fence
+            after the newest chunk counts), 0 before the first.
         failed: the read failed (readers end; clients reconnect with Last-Event-ID).
     """
 
@@ -62,6 +59,8 @@ class RunHub:
         self.base = 0
         self.closed = False
         self.close_status: str | None = None
+        self.close_position = 0
+        self.position = 0
         self.failed: BaseException | None = None
         self.readers = 0
         self._changed = asyncio.Event()
@@ -72,17 +71,21 @@ class RunHub:
 
     async def _tail(self) -> None:
         reader = self._log.read(self.run_id, after="-1")
+        reader.on_marker = self._marker
         try:
             async for offset, chunk in reader:
-                self.seqs.append(int(offset))
+                self.position = seq = int(offset)
+                self.seqs.append(seq)
                 self.offsets.append(offset)
-                self.payloads.append(_dumps(chunk))
+                self.payloads.append(dumps(chunk))
                 if len(self.seqs) > self._max:
                     drop = len(self.seqs) - self._max
                     del self.seqs[:drop], self.offsets[:drop], self.payloads[:drop], self._grpc[:drop]
                     self.base += drop
                 self._notify()
             self.close_status = getattr(reader, "close_status", None)
+            record = getattr(reader, "close_record", None)
+            self.close_position = record.offset if record is not None else self.position
             self.closed = True
         except asyncio.CancelledError:
             raise
@@ -95,6 +98,12 @@ class RunHub:
         finally:
             self._notify()
             await reader.aclose()
+
+    def _marker(self, seq: int) -> None:
+        # A fence or the close: no frame, but the position moved (a catch-up read up to a
+        # tail that is a fence waits for it).
+        self.position = seq
+        self._notify()
 
     def _notify(self) -> None:
         ev, self._changed = self._changed, asyncio.Event()
@@ -109,25 +118,31 @@ class RunHub:
         """Absolute index of the first frame with a sequence greater than ``seq``."""
         return self.base + bisect.bisect_right(self.seqs, seq)
 
-    def frames(self, start: int, framing: str) -> tuple[bytes, int, int]:
-        """Every kept frame from absolute index ``start``, joined, for one write.
+    def frames(self, start: int, framing: Framing, stop: int | None = None) -> tuple[bytes, int, int]:
+        """Every kept frame from absolute index ``start`` (to ``stop``, exclusive, or the
+        newest), joined, for one write.
 
         Returns:
             ``(bytes, count, next_index)``. Raises ``IndexError`` when ``start`` was dropped.
         """
         if start < self.base:
             raise IndexError(start)
-        lo, hi = start - self.base, len(self.seqs)
+        lo, hi = start - self.base, len(self.seqs) if stop is None else min(stop - self.base, len(self.seqs))
         if framing == "grpc":
             g = self._grpc
             if len(g) < hi:
-                g.extend(_grpc_wire.chunk_frame(self.offsets[i].encode(), self.payloads[i]) for i in range(len(g), hi))
+                g.extend(chunk_frame("grpc", self.offsets[i].encode(), self.payloads[i]) for i in range(len(g), hi))
             parts = g[lo:hi]
-        elif framing == "ndjson":
-            parts = [b'{"id":"%s","chunk":%s}\n' % (self.offsets[i].encode(), self.payloads[i]) for i in range(lo, hi)]
         else:
-            parts = [b"id: %s\ndata: %s\n\n" % (self.offsets[i].encode(), self.payloads[i]) for i in range(lo, hi)]
+            offsets, payloads = self.offsets, self.payloads
+            parts = [chunk_frame(framing, offsets[i].encode(), payloads[i]) for i in range(lo, hi)]
         return b"".join(parts), hi - lo, self.base + hi
+
+    def items(self, start: int, stop: int) -> list[tuple[int, bytes]]:
+        """``(stream sequence, chunk JSON bytes)`` of the kept frames in ``[start, stop)``
+        (absolute indexes; ``start`` must still be kept)."""
+        lo, hi = start - self.base, stop - self.base
+        return list(zip(self.seqs[lo:hi], self.payloads[lo:hi]))
 
     async def changed(self, timeout: float) -> bool:
         """Wait until new frames arrive or the hub ends; ``False`` on timeout."""

@@ -1,25 +1,28 @@
-"""One reader of a run's delivery log: presence, keep-alives, bounded buffering, gap answers.
+"""One reader of a run's delivery log, whatever the edge: presence, the shared tail, gap answers.
 
-A reader registers a presence key under the gateway session (docs/design.md §3.3) for as long
-as it is connected, so the last reader leaving detaches the run. Chunks flow from the log
-read through a bounded queue: a slow client applies backpressure to its own log read and
-never grows memory.
+A :class:`RunRead` is what the run service hands every edge for a join or a start: HTTP
+(SSE/NDJSON) and gRPC frame its steps with :func:`stream_log`, ``/ds`` turns them into its
+protocol's events. It registers a presence key under the gateway session (docs/design.md
+§3.3) for as long as it is open, so the last reader leaving detaches the run. Chunks come
+from the run's shared tail (:mod:`gateway._fanout`), or, for ``now`` and for a reader behind
+what the tail keeps, from a log read of its own through a bounded queue: a slow client
+applies backpressure to its own log read and never grows memory.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import uuid
-from dataclasses import dataclass
-from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, AsyncGenerator, Awaitable, Callable
 
 from ag_ui.core import CustomEvent, EventType
 
 from baton import errors as e
 from baton.runs import STREAM_GAP
 from gateway._errors import mapping_for
-from gateway._fanout import check_offset_kept, stop_read
-from gateway._sse import Framing, frame_chunk, frame_end, frame_gap, frame_keepalive, frame_notice
+from gateway._fanout import RunHub, check_offset_kept, stop_read
+from gateway._sse import Framing, chunk_frame, dumps, frame_end, frame_gap, frame_keepalive, frame_notice
 from gateway._state import GatewayState
 
 log = logging.getLogger("gateway.reader")
@@ -27,19 +30,67 @@ log = logging.getLogger("gateway.reader")
 PRESENCE_TIMEOUT = 3.0  # seconds a presence RPC may take before the reader goes on without it
 
 
+# --- the steps of a read ----------------------------------------------------------------
+
+@dataclass
+class Chunks:
+    """Chunks ready to send, and the log position after them (their last sequence, or past
+    a fence/close the tail read after them). Frame or take them before the next ``await``:
+    the shared tail may drop old frames later. Empty: only the position moved."""
+
+    position: int
+    hub: RunHub | None = None
+    lo: int = 0
+    hi: int = 0
+    own: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+    def frame(self, framing: Framing) -> bytes:
+        """The chunks as one write in ``framing``."""
+        if self.hub is not None:
+            return self.hub.frames(self.lo, framing, self.hi)[0] if self.hi > self.lo else b""
+        return b"".join(chunk_frame(framing, o.encode(), dumps(c)) for o, c in self.own)
+
+    def items(self) -> list[tuple[int, bytes]]:
+        """``(stream sequence, chunk JSON bytes)`` of each chunk."""
+        if self.hub is not None:
+            return self.hub.items(self.lo, self.hi)
+        return [(int(o), dumps(c)) for o, c in self.own]
+
+    @property
+    def count(self) -> int:
+        return self.hi - self.lo if self.hub is not None else len(self.own)
+
+
 @dataclass(frozen=True)
-class _Gap:
+class End:
+    """The log closed: ``status`` of its close record, ``position`` its sequence (0: unknown)."""
+
+    status: str | None
+    position: int = 0
+
+
+@dataclass(frozen=True)
+class CaughtUp:
+    """A bounded read (``until``) read the log up to its bound; the log goes on."""
+
+    position: int
+
+
+@dataclass(frozen=True)
+class Gap:
+    """The offset asked for is older than retention: ``earliest`` offset kept (``-1``: none)."""
+
     earliest: str
 
 
 @dataclass(frozen=True)
-class _Failed:
+class Failed:
+    """The log read failed: end without an end marker (the client reads again after its last offset)."""
+
     error: BaseException
 
 
-@dataclass(frozen=True)
-class _End:
-    status: str | None  # the log's close status
+Step = Chunks | End | CaughtUp | Gap | Failed
 
 
 def gap_chunk(earliest_offset: str) -> dict[str, Any]:
@@ -62,24 +113,6 @@ async def idle_frame(state: GatewayState, framing: Framing) -> bytes:
         return frame_keepalive(framing)
     m = mapping_for(problem)
     return frame_notice(framing, m.reason if m is not None else "LOG_UNAVAILABLE", str(problem))
-
-
-async def _pump(source: AsyncIterator[tuple[str, dict[str, Any]]], queue: asyncio.Queue[Any]) -> None:
-    try:
-        async for item in source:
-            await queue.put(item)
-        await queue.put(_End(getattr(source, "close_status", None)))
-    except e.OffsetExpired as exc:
-        await queue.put(_Gap(exc.earliest_offset))
-    except e.BatonError as exc:
-        await queue.put(_Failed(exc))
-    except Exception as exc:  # a bug or a transport failure: end the response, do not hang
-        log.exception("reading the delivery log failed")
-        await queue.put(_Failed(exc))
-    finally:
-        aclose = getattr(source, "aclose", None)
-        if aclose is not None:
-            await aclose()
 
 
 class Presence:
@@ -124,124 +157,254 @@ class Presence:
             log.warning("presence of reader %s on run %s not removed: %s", self.reader_id, self.run_id, exc)
 
 
-async def stream_log(
-    state: GatewayState,
-    run_id: str,
-    after: str,
-    framing: Framing,
-    *,
-    on_disconnect: Callable[[], Awaitable[None]] | None = None,
-    gone: bool = False,
-) -> AsyncGenerator[bytes, None]:
-    """The framed delivery log of ``run_id`` strictly after ``after``, until it closes.
-
-    Served from the run's shared tail (:mod:`gateway._fanout`) when possible, else from a
-    log read of its own. Yields keep-alives every ``settings.keepalive`` seconds while idle,
-    or a notice naming the cause while the delivery log cannot store (:func:`idle_frame`).
-    An expired offset yields one ``stream.gap`` chunk and ends. When the generator is
-    closed before the log closed (the client went away), ``on_disconnect`` runs (e.g.
-    cancel a run started with ``detachOnDisconnect: false``). ``gone``: the run is terminal
-    and its whole log expired; the reader gets the gap at once (``earliestOffset`` ``-1``).
-    """
-    if gone:
-        yield frame_gap(framing, gap_chunk("-1"), "-1")
-        return
-    presence = Presence(state, run_id)
-    await presence.ensure()
-    state.metrics.readers.inc()
-    done = [False]
+async def _pump(source: Any, queue: asyncio.Queue[Any]) -> None:
+    """Feed ``source`` (a ``LogReader``) into ``queue``; every put, the last one included, waits for room."""
     try:
-        if after == "now":
-            async for data in _own_read(state, run_id, after, framing, presence, done):
-                yield data
-            return
-        try:
-            await check_offset_kept(state.log, run_id, after)
-        except e.OffsetExpired as exc:
-            done[0] = True
-            yield frame_gap(framing, gap_chunk(exc.earliest_offset), exc.earliest_offset)
-            return
-        except e.BatonError as exc:
-            done[0] = True
-            log.warning("reader of run %s cannot start: %s", run_id, exc)
-            return
-        last = int(after) if after != "-1" else 0
-        hub = state.hubs.acquire(run_id)
-        try:
-            while True:
-                idx = hub.index_after(last)
-                if idx < hub.base:
-                    break  # fell behind what the hub keeps: read on our own below
-                if idx < hub.end:
-                    data, n, nxt = hub.frames(idx, framing)
-                    last = hub.seqs[nxt - 1 - hub.base]
-                    state.metrics.chunks.inc(n)
-                    yield data
-                    continue
-                if hub.closed:
-                    done[0] = True
-                    yield frame_end(framing, hub.close_status)
-                    return
-                if hub.failed is not None:
-                    done[0] = True  # not a disconnect: the client reconnects with Last-Event-ID
-                    return
-                if presence.session is not state.session:
-                    await presence.ensure()  # the gateway session was reopened
-                if not await hub.changed(state.settings.keepalive):
-                    yield await idle_frame(state, framing)
-        finally:
-            # Bounded (stop_read), so presence removal below is never held up for long.
-            await state.hubs.release(hub)
-        async for data in _own_read(state, run_id, str(last), framing, presence, done):
-            yield data
+        async for item in source:
+            await queue.put(item)
+        record = getattr(source, "close_record", None)
+        if record is None and getattr(source, "until", None) is not None:
+            await queue.put(CaughtUp(source.until))
+        else:
+            await queue.put(End(getattr(source, "close_status", None), record.offset if record is not None else 0))
+    except e.OffsetExpired as exc:
+        await queue.put(Gap(exc.earliest_offset))
+    except e.BatonError as exc:
+        await queue.put(Failed(exc))
+    except Exception as exc:  # a bug or a transport failure: end the response, do not hang
+        log.exception("reading the delivery log failed")
+        await queue.put(Failed(exc))
     finally:
-        state.metrics.readers.dec()
+        aclose = getattr(source, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+class RunRead:
+    """The delivery log of ``run_id`` strictly after ``after``, step by step (see :meth:`next`).
+
+    Args:
+        state: the gateway state.
+        run_id: the run.
+        after: ``-1`` (from the start), ``now`` (only what comes next) or a stream sequence.
+        on_disconnect: run when the read is closed before the log ended (the client left):
+            cancel a run started with ``detachOnDisconnect: false``.
+        gone: the run is terminal and its whole log expired: the first step is the gap
+            (earliest ``-1``).
+        until: a bounded read: it ends with :class:`CaughtUp` once the log was read up to
+            this stream sequence (whatever that record's kind), or :class:`End`.
+        presence: register a presence key while open (a live reader; a bounded catch-up
+            read does not keep a run attached).
+
+    Use ``async with`` or call :meth:`aclose`: it releases the tail, removes the presence key
+    (shielded) and runs ``on_disconnect`` when the read did not reach its end.
+    """
+
+    def __init__(self, state: GatewayState, run_id: str, after: str, *,
+                 on_disconnect: Callable[[], Awaitable[None]] | None = None, gone: bool = False,
+                 until: int | None = None, presence: bool = True) -> None:
+        self.state = state
+        self.run_id = run_id
+        self.after = after
+        self.on_disconnect = on_disconnect
+        self.gone = gone
+        self.until = until
+        self._presence = Presence(state, run_id) if presence else None
+        self._opened = False
+        self._first: Step | None = None
+        self._done = False
+        self._closed = False
+        self._last = int(after) if after not in ("-1", "now") else 0
+        self._told = self._last  # the position last reported
+        self._hub: RunHub | None = None
+        self._pump_task: asyncio.Task[None] | None = None
+        self._queue: asyncio.Queue[Any] | None = None
+
+    async def open(self) -> Step | None:
+        """Register presence and check the offset (idempotent).
+
+        Returns:
+            The read's only step when it ends before any chunk: :class:`Gap` (expired offset,
+            or ``gone``) or :class:`Failed` (the log did not answer); else ``None``.
+        """
+        if self._opened:
+            return self._first
+        self._opened = True
+        if self.gone:
+            self._first = Gap("-1")
+            return self._first
+        if self._presence is not None:
+            await self._presence.ensure()
+        self.state.metrics.readers.inc()
+        if self.after == "now":
+            self._start_own("now")
+            return None
         try:
-            await presence.remove()
+            await check_offset_kept(self.state.log, self.run_id, self.after)
+        except e.OffsetExpired as exc:
+            self._first = Gap(exc.earliest_offset)
+        except e.BatonError as exc:
+            log.warning("reader of run %s cannot start: %s", self.run_id, exc)
+            self._first = Failed(exc)
+        else:
+            self._hub = self.state.hubs.acquire(self.run_id)
+        return self._first
+
+    def _start_own(self, after: str) -> None:
+        st = self.state
+        source = st.log.read(self.run_id, after=after)
+        if self.until is not None:
+            source.until = self.until
+        self._queue = asyncio.Queue(maxsize=st.settings.reader_queue)
+        self._pump_task = asyncio.get_running_loop().create_task(_pump(source, self._queue),
+                                                                 name=f"reader:{self.run_id}")
+
+    async def _ensure_presence(self) -> None:
+        p = self._presence
+        if p is not None and p.session is not self.state.session:
+            await p.ensure()  # the gateway session was reopened
+
+    async def next(self, timeout: float) -> Step | None:
+        """The next step, waiting up to ``timeout`` seconds for one.
+
+        Returns:
+            :class:`Chunks` (more to come), or a last step (:class:`End`, :class:`CaughtUp`,
+            :class:`Gap`, :class:`Failed`), or ``None`` when nothing came in time (idle).
+        """
+        first = await self.open()
+        if first is not None:
+            self._done = True
+            return first
+        hub = self._hub
+        if hub is not None:
+            step = await self._from_hub(hub, timeout)
+            if step is None or not isinstance(step, bool):
+                return step
+            # Fell behind what the hub keeps: read on our own from the last chunk served.
+            self._hub = None
+            await self.state.hubs.release(hub)
+            self._start_own(str(self._last))
+        return await self._from_own(timeout)
+
+    async def _from_hub(self, hub: RunHub, timeout: float) -> Step | None | bool:
+        """A step from the shared tail (``None``: idle); ``False`` when this reader fell
+        behind its window."""
+        while True:
+            idx = hub.index_after(self._last)
+            if idx < hub.base:
+                return False
+            stop = hub.end if self.until is None else hub.index_after(self.until)
+            if idx < stop:
+                self._last = hub.seqs[stop - 1 - hub.base]
+                self._told = hub.position if stop == hub.end else self._last
+                self.state.metrics.chunks.inc(stop - idx)
+                return Chunks(self._told, hub=hub, lo=idx, hi=stop)
+            if hub.closed:
+                self._done = True
+                return End(hub.close_status, hub.close_position)
+            if self.until is not None and hub.position >= self.until:
+                self._done = True
+                return CaughtUp(self.until)
+            if hub.failed is not None:
+                self._done = True  # not a disconnect: the client reconnects with Last-Event-ID
+                return Failed(hub.failed)
+            if hub.position > self._told:
+                # Only the position moved (a fence was read): say where the log is.
+                self._told = hub.position
+                return Chunks(self._told, hub=hub, lo=idx, hi=idx)
+            await self._ensure_presence()
+            if not await hub.changed(timeout):
+                return None
+
+    async def _from_own(self, timeout: float) -> Step | None:
+        queue = self._queue
+        assert queue is not None
+        if queue.empty():
+            await self._ensure_presence()
+            try:
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+                # that races with the result, and a reader whose client left would then
+                # stream on into the void.
+                async with asyncio.timeout(timeout):
+                    item = await queue.get()
+            except TimeoutError:
+                return None
+        else:
+            item = queue.get_nowait()
+        own: list[tuple[str, dict[str, Any]]] = []
+        while isinstance(item, tuple):
+            own.append(item)
+            if queue.empty():
+                item = None
+                break
+            item = queue.get_nowait()
+        if own:
+            if item is not None:
+                queue.put_nowait(item)  # the last step, after these chunks: room was just made
+            self._last = int(own[-1][0])
+            self.state.metrics.chunks.inc(len(own))
+            return Chunks(self._last, own=own)
+        if isinstance(item, Failed):
+            log.warning("reader of run %s ends early: %s", self.run_id, item.error)
+        self._done = True
+        step: Step = item
+        return step
+
+    async def aclose(self) -> None:
+        """Release what the read holds (idempotent); ``on_disconnect`` if it did not end."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._hub is not None:
+                hub, self._hub = self._hub, None
+                # Bounded (stop_read), so presence removal below is never held up for long.
+                await self.state.hubs.release(hub)
+            if self._pump_task is not None:
+                await stop_read(self._pump_task)
         finally:
-            if not done[0] and on_disconnect is not None:
-                await on_disconnect()
+            if self._opened and not self.gone:
+                self.state.metrics.readers.dec()
+            try:
+                if self._presence is not None:
+                    await self._presence.remove()
+            finally:
+                if self._opened and not self._done and self.on_disconnect is not None:
+                    await self.on_disconnect()
+
+    async def __aenter__(self) -> RunRead:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
 
-async def _own_read(state: GatewayState, run_id: str, after: str, framing: Framing, presence: Presence,
-                    done: list[bool]) -> AsyncIterator[bytes]:
-    """A reader with a log read of its own (``now``, or behind the shared tail's window)."""
-    st = state.settings
-    queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=st.reader_queue)
-    pump = asyncio.get_running_loop().create_task(_pump(state.log.read(run_id, after=after), queue),
-                                                  name=f"reader:{run_id}")
+async def stream_log(read: RunRead, framing: Framing) -> AsyncGenerator[bytes, None]:
+    """The framed log of ``read`` (HTTP SSE/NDJSON, gRPC ``RunEvent`` bytes) until it ends.
+
+    Yields keep-alives every ``settings.keepalive`` seconds while idle, or a notice naming the
+    cause while the delivery log cannot store (:func:`idle_frame`). An expired offset yields
+    one gap (``stream.gap`` chunk, gRPC ``gap``) and ends; a closed log the end marker; a
+    failed read ends without one. The read is always closed (its ``on_disconnect`` runs when
+    the generator is closed before the log ended: the client went away).
+    """
+    state = read.state
     try:
         while True:
-            if queue.empty():
-                if presence.session is not state.session:
-                    await presence.ensure()  # the gateway session was reopened
-                try:
-                    # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
-                    # cancellation that races with the result, and a reader whose client
-                    # left would then stream on into the void.
-                    async with asyncio.timeout(st.keepalive):
-                        item = await queue.get()
-                except TimeoutError:
-                    yield await idle_frame(state, framing)
-                    continue
+            step = await read.next(state.settings.keepalive)
+            if step is None:
+                yield await idle_frame(state, framing)
+            elif isinstance(step, Chunks):
+                if step.count:
+                    yield step.frame(framing)
+            elif isinstance(step, End):
+                yield frame_end(framing, step.status)
+                return
+            elif isinstance(step, Gap):
+                yield frame_gap(framing, gap_chunk(step.earliest), step.earliest)
+                return
             else:
-                item = queue.get_nowait()
-            if isinstance(item, _End):
-                done[0] = True
-                yield frame_end(framing, item.status)
-                return
-            if isinstance(item, _Gap):
-                done[0] = True
-                yield frame_gap(framing, gap_chunk(item.earliest), item.earliest)
-                return
-            if isinstance(item, _Failed):
-                # End the response without an end marker: the client reconnects with
-                # Last-Event-ID and loses nothing. Not a client disconnect.
-                done[0] = True
-                log.warning("reader of run %s ends early: %s", run_id, item.error)
-                return
-            offset, chunk = item
-            state.metrics.chunks.inc()
-            yield frame_chunk(framing, offset, chunk)
+                return  # Failed (or CaughtUp, which a live read never gets)
     finally:
-        await stop_read(pump)
+        await read.aclose()
+

@@ -4,7 +4,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import pathlib
-from typing import Sequence
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
@@ -12,9 +11,8 @@ from starlette.responses import FileResponse, JSONResponse, Response
 
 from baton import errors as e
 from baton.ids import validate_id
-from gateway._validate import AGENT_KINDS, REPLAY_FORMATS, list_replay_journals
 from baton.runs import STATUSES, status_name
-from gateway._views import load_thread_transcript, record_json, settled_view_for, state_of, tenant
+from gateway._views import record_json, service_of, state_of, tenant
 
 log = logging.getLogger("gateway.routes")
 
@@ -25,36 +23,22 @@ METRICS_RUNS_LIMIT = 1000
 async def get_run(request: Request) -> Response:
     """``GET /api/runs/{runId}``: status, owner host, epoch, ``detachedSince``, ``reapAt``."""
     run_id = validate_id(request.path_params["run_id"], "runId")
-    view = await settled_view_for(state_of(request), tenant(request), run_id)
+    view = await service_of(request).run_view(tenant(request), run_id)
     return JSONResponse(record_json(view.record, view.claim, view.reap_at))
 
 
 async def thread_messages(request: Request) -> Response:
     """``GET /api/threads/{threadId}/messages``: the saved transcript (AG-UI messages)."""
-    st = state_of(request)
     thread_id = validate_id(request.path_params["thread_id"], "threadId")
-    msgs, revision = await load_thread_transcript(st, tenant(request), thread_id)
+    msgs, revision = await service_of(request).transcript(tenant(request), thread_id)
     return JSONResponse({"threadId": thread_id, "messages": msgs, "revision": revision})
 
 
 async def agents(request: Request) -> Response:
     """``GET /api/agents``: the agent kinds and the replay corpus the web page offers."""
-    st = state_of(request)
     tenant(request)
-    return JSONResponse({"default": st.settings.default_agent, "agents": agent_list(st.settings.replay_dirs)})
-
-
-def agent_list(dirs: Sequence[pathlib.Path]) -> list[dict[str, str]]:
-    """The agents a client may pick (shared by HTTP and gRPC): replay journals, then the kinds."""
-    items: list[dict[str, str]] = []
-    for path in list_replay_journals(dirs):
-        fmt = path.parent.name if path.parent.name in REPLAY_FORMATS else None
-        if fmt is None:
-            continue  # not a journal format the replay agent plays (e.g. recorded AG-UI streams)
-        rel = next((str(path.relative_to(d.resolve())) for d in dirs if path.is_relative_to(d.resolve())), path.name)
-        items.append({"kind": "replay", "journal": rel, "format": fmt, "name": f"replay: {rel}"})
-    items += [{"kind": k, "name": k} for k in AGENT_KINDS if k != "replay"]
-    return items
+    default, items = service_of(request).list_agents()
+    return JSONResponse({"default": default, "agents": items})
 
 
 async def healthz(request: Request) -> Response:

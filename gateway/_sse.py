@@ -54,21 +54,31 @@ def choose_framing(accept: str | None, fmt: str | None = None) -> Framing:
     return "ndjson" if accept and NDJSON in accept.lower() else "sse"
 
 
-def _dumps(value: Any) -> str:
-    # Compact and without ASCII escaping: the chunk is shown to people, byte size matters.
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+def dumps(value: Any) -> bytes:
+    """A chunk's JSON bytes as every framing carries them: compact, without ASCII escaping
+    (the chunk is shown to people, byte size matters)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def chunk_frame(framing: Framing, offset: bytes | None, payload: bytes) -> bytes:
+    """The one framing of a chunk: ``offset`` (ASCII digits; ``None``: no resume id, as a gap
+    notice has none) and the chunk's JSON bytes (:func:`dumps`). The shared tail
+    (:mod:`gateway._fanout`) and a reader's own log read both frame through this."""
+    if framing == "grpc":
+        return _grpc_wire.chunk_frame(offset or b"", payload)
+    if framing == "ndjson":
+        if offset is None:
+            return b'{"chunk":%b}\n' % payload
+        return b'{"id":"%b","chunk":%b}\n' % (offset, payload)
+    # JSON never contains a raw newline, so one data line always suffices.
+    if offset is None:
+        return b"data: %b\n\n" % payload
+    return b"id: %b\ndata: %b\n\n" % (offset, payload)
 
 
 def frame_chunk(framing: Framing, offset: str | None, chunk: dict[str, Any]) -> bytes:
     """One chunk on the wire. ``offset=None`` sends the chunk with no resume id (a gap notice)."""
-    if framing == "grpc":
-        return _grpc_wire.chunk_frame((offset or "").encode(), _dumps(chunk).encode())
-    if framing == "ndjson":
-        env: dict[str, Any] = {"chunk": chunk} if offset is None else {"id": offset, "chunk": chunk}
-        return (_dumps(env) + "\n").encode()
-    # JSON never contains a raw newline, so one data line always suffices.
-    head = "" if offset is None else f"id: {offset}\n"
-    return f"{head}data: {_dumps(chunk)}\n\n".encode()
+    return chunk_frame(framing, None if offset is None else offset.encode(), dumps(chunk))
 
 
 def frame_keepalive(framing: Framing) -> bytes:
@@ -82,7 +92,7 @@ def frame_notice(framing: Framing, reason: str, message: str) -> bytes:
     if framing == "grpc":
         return _grpc_wire.notice_frame(reason, message)
     if framing == "ndjson":
-        return (_dumps({"notice": {"reason": reason, "message": message}}) + "\n").encode()
+        return dumps({"notice": {"reason": reason, "message": message}}) + b"\n"
     text = " ".join(message.splitlines())  # one comment line: a newline would end it
     return f": notice {reason} {text}\n\n".encode()
 

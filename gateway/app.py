@@ -1,7 +1,9 @@
 """The gateway's Starlette app (docs/design.md §6): the only public door.
 
 All state lives in the ASGI lifespan: the coordinator client and the gateway session, the
-NATS connection (delivery log reads, transcripts), host channels and the app's tasks.
+NATS connection (delivery log reads, transcripts), host channels and the app's tasks, and
+the run service (:mod:`gateway._service`) that the HTTP routes, the gRPC server and ``/ds``
+call.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from gateway import _routes_ops as ops
 from gateway import durable_streams
 from gateway._errors import handle_baton_error
 from gateway._metrics import Metrics
+from gateway._service import RunService
 from gateway._settings import GatewaySettings
 from gateway._state import GatewayState
 
@@ -82,15 +85,17 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
                 await dl.provision()
                 state = GatewayState(settings, cc, dl, TranscriptStore(dl.nc, cfg), Metrics())
                 app.state.gateway = state
+                # The one service layer under the three edges (HTTP routes, gRPC, /ds).
+                runs = app.state.runs = RunService(state)
                 state.start()
-                ds_store = await durable_streams.start_for(app, state)
+                ds_store = await durable_streams.start_for(app, runs)
                 grpc_server = None
                 try:
                     if settings.grpc_listen:
                         # The gRPC twin of the HTTP API, on its own port, sharing this state.
                         from gateway._grpc import RunsServer
 
-                        grpc_server = RunsServer(state, settings.grpc_listen)
+                        grpc_server = RunsServer(runs, settings.grpc_listen)
                         await grpc_server.start()
                         state.grpc_port = grpc_server.port
                     yield

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from typing import Any, AsyncGenerator, AsyncIterator
+from typing import Any, AsyncGenerator, AsyncIterator, Callable
 
 import nats.errors
 import nats.js.errors
@@ -83,6 +83,10 @@ class LogReader(AsyncIterator[Item]):
         # Stop after the record at this stream sequence, whatever its kind (a catch-up read
         # up to a known tail that may be a fence record); ``None``: tail on.
         self.until: int | None = None
+        #: Called with the stream sequence of every record read that is not yielded (a fence
+        #: or the close), so a reader that serves positions (the gateway's shared tail) knows
+        #: how far the log was read, whatever the last record's kind.
+        self.on_marker: Callable[[int], None] | None = None
 
     @property
     def close_status(self) -> str | None:
@@ -155,9 +159,12 @@ class LogReader(AsyncIterator[Item]):
                         offset = str(rec.seq)
                         self._last_offset = offset
                         yield offset, json.loads(rec.data)
-                    elif kind == "close":
-                        self.close_record = H.parse_record(rec.seq, rec.headers)
-                        if self._stop_at_close:
+                    else:
+                        if kind == "close":
+                            self.close_record = H.parse_record(rec.seq, rec.headers)
+                        if self.on_marker is not None:
+                            self.on_marker(rec.seq)
+                        if kind == "close" and self._stop_at_close:
                             return
                     if self.until is not None and rec.seq >= self.until:
                         return

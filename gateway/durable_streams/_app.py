@@ -208,8 +208,12 @@ def settings_from_env(env: Mapping[str, str]) -> tuple[DSSettings, StoreConfig]:
     return ds, store
 
 
-async def start_for(app: Any, state: Any) -> StreamStore:
+async def start_for(app: Any, runs: Any) -> StreamStore:
     """Start the store (on its own no-echo NATS connection) and publish the app on ``app.state``.
+
+    Args:
+        runs: the gateway's run service (``gateway._service.RunService``): ``/runs/<runId>``
+            reads go through it.
 
     Returns:
         The started store (the caller stops it on shutdown).
@@ -225,15 +229,16 @@ async def start_for(app: Any, state: Any) -> StreamStore:
     # for this process and for NATS). Same servers and reconnect policy as the delivery log's.
     # Subjects are ours (``baton.ds.<hex>``, an inbox): nats-py's per-publish check of them
     # (a regex per subject) is skipped.
-    conn = await DeliveryLog.connect(state.settings.nats_url, no_echo=True, skip_subject_validation=True)
+    settings = runs.state.settings
+    conn = await DeliveryLog.connect(settings.nats_url, no_echo=True, skip_subject_validation=True)
     store = StreamStore(conn.nc, store_cfg, close=conn.close)
     try:
         await store.start()
     except BaseException:
         await conn.close()
         raise
-    runs = RunLogs(state, ds_settings)
-    app.state.durable_streams = DurableStreams(store, ds_settings, state.settings.api_keys, runs.handle)
+    logs = RunLogs(runs, ds_settings)
+    app.state.durable_streams = DurableStreams(store, ds_settings, settings.api_keys, logs.handle)
     return store
 
 

@@ -3,28 +3,30 @@
 The stream is the run's chunks, in JSON mode (one AG-UI event per message). Its offsets are
 the log's own: ``0000000000000000_<stream sequence, 16 digits>``, so a protocol client
 resumes exactly where baton's own readers would. The stream is closed once the log's close
-record is stored (the run ended). Reads go through baton's one log reader
-(:class:`baton.log.LogReader`); writes are refused (405): only the run's fenced writer
+record is stored (the run ended). Writes are refused (405): only the run's fenced writer
 appends to its log. Tenancy is the gateway's: another tenant's run is 404.
+
+The ``/ds`` edge of the run service (:class:`gateway._service.RunService`): reads are the
+service's (:class:`gateway._reader.RunRead`), served from the run's shared tail like every
+HTTP and gRPC reader of the run, with a presence key while a live read (SSE, long-poll)
+waits, and a GET looks at the run for a takeover as a join does. A catch-up read is bounded
+by the log's tail at request time, whatever that record's kind.
 """
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 from typing import Any, AsyncIterator
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from baton import errors as e
 from baton.ids import validate_id
-from baton.log import LogReader
-from gateway._views import run_view_for
+from gateway._reader import CaughtUp, Chunks, End, Failed, Gap, RunRead
 from gateway.durable_streams import _protocol as P
 from gateway.durable_streams._routes import DSSettings, text
 
 CONTENT_TYPE = "application/json"
-_END = object()
 
 
 def to_ds(seq: int) -> str:
@@ -40,46 +42,49 @@ def from_ds(offset: str) -> str:
     return str(seq) if seq > 0 else "-1"
 
 
-class _Feed:
-    """A log reader pumped into a bounded queue by a task this object owns, so waits can
-    time out without cancelling the reader (``("chunk", seq, value)``, then ``_END``)."""
+async def _opened(read: RunRead) -> RunRead:
+    """Open ``read``; an offset older than retention or a log that does not answer is the
+    request's error (mapped to its status), not a stream.
 
-    def __init__(self, reader: LogReader, maxsize: int = 256) -> None:
-        self.reader = reader
-        self.queue: asyncio.Queue[Any] = asyncio.Queue(maxsize)
-        self._task = asyncio.get_running_loop().create_task(self._pump(), name=f"ds-run-feed:{reader.run_id}")
+    Raises:
+        OffsetExpired, LogUnavailable.
+    """
+    first = await read.open()
+    if first is None:
+        return read
+    await read.aclose()
+    if isinstance(first, Gap):
+        raise e.OffsetExpired(read.run_id, read.after, first.earliest)
+    raise e.LogUnavailable(read.run_id, "reading the log failed")
 
-    async def _pump(self) -> None:
-        try:
-            async for offset, chunk in self.reader:
-                await self.queue.put((int(offset), chunk))
-        finally:
-            with contextlib.suppress(asyncio.QueueFull):
-                self.queue.put_nowait(_END)
 
-    async def aclose(self) -> None:
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self._task
-        await self.reader.aclose()
+def _json_array(payloads: list[bytes]) -> bytes:
+    return b"[" + b",".join(payloads) + b"]"
 
 
 class RunLogs:
-    """Serves ``/ds/runs/<runId>`` from the gateway's delivery log and coordinator."""
+    """Serves ``/ds/runs/<runId>`` through the gateway's run service.
 
-    def __init__(self, state: Any, settings: DSSettings) -> None:
-        self._st = state
+    Args:
+        runs: the run service (``gateway._service.RunService``).
+        settings: the protocol's limits.
+    """
+
+    def __init__(self, runs: Any, settings: DSSettings) -> None:
+        self._runs = runs
+        self._log = runs.state.log
         self._settings = settings
 
     async def handle(self, request: Request, raw_id: str, tenant: str) -> Response:
         """Dispatch a request for one run's log."""
         run_id = validate_id(raw_id, "runId")
-        await run_view_for(self._st, tenant, run_id)  # 404 for unknown or other tenants' runs
         method = request.method.upper()
+        # 404 for unknown or other tenants' runs; a read looks at the run for a takeover.
+        await self._runs.read_view(tenant, run_id, reading=method == "GET")
         if method in ("PUT", "POST", "DELETE"):
             return text(405, "A run's log is read-only: only the run's fenced writer appends to it",
                         {"allow": "GET, HEAD, OPTIONS"})
-        tail = await self._st.log.last_record(run_id)
+        tail = await self._log.last_record(run_id)
         tail_seq = tail.offset if tail is not None else 0
         closed = tail is not None and tail.kind == "close"
         public = request.url.path
@@ -108,7 +113,8 @@ class RunLogs:
             after = str(tail_seq) if tail_seq else "-1"
         start_seq = int(after) if after != "-1" else 0
         if live == "sse":
-            return StreamingResponse(self._sse(run_id, after, start_seq, tail_seq, cursor),
+            read = await _opened(self._runs.read(run_id, after))
+            return StreamingResponse(self._sse(read, start_seq, tail_seq, cursor),
                                      headers={"content-type": "text/event-stream", "cache-control": "no-cache"})
         items, end, closed = await self._catch_up(run_id, after, start_seq, tail_seq, closed)
         if not items and live == "long-poll":
@@ -128,72 +134,74 @@ class RunLogs:
         headers["etag"] = tag
         if request.headers.get("if-none-match") == tag:
             return Response(b"", status_code=304, headers={"etag": tag})
-        body = "[" + ",".join(json.dumps(c, separators=(",", ":"), ensure_ascii=False) for c in items) + "]"
-        return Response(body.encode(), status_code=200, headers=headers)
+        return Response(_json_array(items), status_code=200, headers=headers)
 
     async def _catch_up(self, run_id: str, after: str, start_seq: int, tail_seq: int,
-                        closed: bool) -> tuple[list[Any], int, bool]:
-        """Chunks after ``after`` up to the tail known now: ``(chunks, end seq, closed)``."""
+                        closed: bool) -> tuple[list[bytes], int, bool]:
+        """Chunks after ``after`` up to the tail known now: ``(chunk JSON, end seq, closed)``."""
         if tail_seq <= start_seq:
             return [], max(tail_seq, start_seq), closed
-        items: list[Any] = []
-        async with self._st.log.read(run_id, after) as reader:
-            reader.until = tail_seq
-            async for _, chunk in reader:
-                items.append(chunk)
-        return items, tail_seq, closed
+        items: list[bytes] = []
+        # Not a live reader: no presence key for a read that ends at the tail.
+        async with await _opened(self._runs.read(run_id, after, until=tail_seq, presence=False)) as read:
+            while True:
+                step = await read.next(self._settings.long_poll_timeout)
+                if isinstance(step, Chunks):
+                    items += [payload for _, payload in step.items()]
+                elif isinstance(step, (CaughtUp, End)):
+                    return items, tail_seq, closed
+                elif isinstance(step, (Gap, Failed)):
+                    raise e.LogUnavailable(run_id, "reading the log failed")
 
-    async def _long_poll(self, run_id: str, after: str, start_seq: int) -> tuple[list[Any], int, bool]:
+    async def _long_poll(self, run_id: str, after: str, start_seq: int) -> tuple[list[bytes], int, bool]:
         """Wait up to the long-poll timeout for chunks after ``after``."""
-        feed = _Feed(self._st.log.read(run_id, after))
-        try:
-            try:
-                async with asyncio.timeout(self._settings.long_poll_timeout):
-                    first = await feed.queue.get()
-            except TimeoutError:
-                return [], start_seq, False
-            if first is _END:
-                tail = await self._st.log.last_record(run_id)
-                return [], tail.offset if tail else start_seq, True
-            items = [first[1]]
-            end = first[0]
-            while not feed.queue.empty():
-                nxt = feed.queue.get_nowait()
-                if nxt is _END:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._settings.long_poll_timeout
+        async with await _opened(self._runs.read(run_id, after)) as read:
+            while (left := deadline - loop.time()) > 0:
+                step = await read.next(left)
+                if step is None:
                     break
-                end = nxt[0]
-                items.append(nxt[1])
-            return items, end, False
-        finally:
-            await feed.aclose()
+                if isinstance(step, Chunks):
+                    if step.count:
+                        return [payload for _, payload in step.items()], step.position, False
+                    continue  # only the position moved
+                if isinstance(step, End):
+                    return [], step.position or await self._tail(run_id, start_seq), True
+                raise e.LogUnavailable(run_id, "reading the log failed")
+        return [], start_seq, False
 
-    async def _sse(self, run_id: str, after: str, start_seq: int, tail_seq: int,
-                   cursor: str | None) -> AsyncIterator[bytes]:
+    async def _tail(self, run_id: str, default: int) -> int:
+        tail = await self._log.last_record(run_id)
+        return tail.offset if tail is not None else default
+
+    async def _sse(self, read: RunRead, start_seq: int, tail_seq: int, cursor: str | None) -> AsyncIterator[bytes]:
         """Data events for each chunk, control events with offsets; ends once the run's log closes."""
-        feed = _Feed(self._st.log.read(run_id, after))
         current = start_seq
         try:
             if start_seq >= tail_seq:
                 yield P.control_event(to_ds(max(start_seq, tail_seq)), cursor=P.response_cursor(cursor),
                                       up_to_date=True, closed=False)
             while True:
-                try:
-                    async with asyncio.timeout(self._settings.long_poll_timeout):
-                        item = await feed.queue.get()
-                except TimeoutError:
+                step = await read.next(self._settings.long_poll_timeout)
+                if step is None:
                     yield P.control_event(to_ds(current), cursor=P.response_cursor(cursor), up_to_date=True,
                                           closed=False)
                     continue
-                if item is _END:
-                    tail = await self._st.log.last_record(run_id)
-                    end = max(current, tail.offset if tail else current)
+                if isinstance(step, Chunks):
+                    items = step.items()
+                    out = bytearray()
+                    for i, (seq, payload) in enumerate(items):
+                        current = seq
+                        up = i == len(items) - 1 and step.position >= tail_seq
+                        out += P.sse_event("data", f"[{payload.decode()}]") + P.control_event(
+                            to_ds(current), cursor=P.response_cursor(cursor), up_to_date=up, closed=False)
+                    if out:
+                        yield bytes(out)
+                    continue
+                if isinstance(step, End):
+                    end = max(current, step.position or await self._tail(read.run_id, current))
                     yield P.control_event(to_ds(end), cursor=None, up_to_date=True, closed=True)
-                    return
-                current = item[0]
-                payload = json.dumps(item[1], separators=(",", ":"), ensure_ascii=False)
-                up = current >= tail_seq and feed.queue.empty()
-                yield P.sse_event("data", f"[{payload}]") + P.control_event(
-                    to_ds(current), cursor=P.response_cursor(cursor), up_to_date=up, closed=False)
+                return  # a failed read ends without the close: the client reads again from its offset
         finally:
-            await feed.aclose()
-
+            await read.aclose()

@@ -117,3 +117,97 @@ async def test_a_fork_source_never_names_another_tenants_stream(make_gateway: Ga
         f = f"{gw.url}/ds/{unique('fork')}"
         assert (await http.put(f, headers={**a, "stream-forked-from": src})).status_code == 201
         assert (await http.get(f, params={"offset": "-1"}, headers=a)).content == b"a's"
+
+
+async def test_an_sse_reader_with_a_big_backlog_sees_the_close(gateway: Gateway, cc: Any, dlog: Any) -> None:
+    """A reader whose client is slower than the log read (its backlog fills every buffer on
+    the way: the socket's, and what the gateway keeps for it) still gets every chunk and then
+    the closing control event, not an endless wait after the last chunk."""
+    import asyncio
+    import socket
+    import urllib.parse
+
+    from baton.v1 import runs_pb2
+    from tests.conftest import assert_eventually
+    from tests.gateway.conftest import run_chunks, write_run
+
+    thread, run = unique("th"), unique("run")
+    await cc.create_or_resume_run(runs_pb2.RunRecord(run_id=run, thread_id=thread, started_at=1.0,
+                                                     status=runs_pb2.RUN_STATUS_COMPLETED), interrupt_active=False)
+    chunks = run_chunks(run, thread, [f"{i:04d}" + "x" * 2000 for i in range(600)])
+    await write_run(dlog, run, chunks, close=True)
+
+    url = urllib.parse.urlsplit(gateway.url)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a slow client: little room on its side
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (url.hostname, url.port))
+    # A small read buffer on the client's side too: it stops reading the socket while full.
+    reader, writer = await asyncio.open_connection(sock=sock, limit=1024)
+    try:
+        writer.write(f"GET /ds/runs/{run}?offset=-1&live=sse HTTP/1.1\r\nHost: {url.netloc}\r\n"
+                     "Connection: close\r\n\r\n".encode())
+        await writer.drain()
+        # Read nothing until the socket is full: the gateway's writes then wait on it while
+        # its log read runs ahead of them.
+        import fcntl
+        import struct
+        import termios
+
+        def waiting() -> int:
+            return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+
+        full = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4
+        await assert_eventually(lambda: waiting() >= full, timeout=20)
+        parser_input = bytearray()
+        async with asyncio.timeout(60):
+            while True:
+                part = await reader.read(4096)
+                if not part:
+                    break
+                await asyncio.sleep(0.005)  # a slow client: the gateway's log read stays ahead of it
+                parser_input += part
+                if b'"streamClosed":true' in parser_input:
+                    break
+    finally:
+        writer.close()
+    body = bytes(parser_input).split(b"\r\n\r\n", 1)[1]
+    assert b'"streamClosed":true' in body
+    assert body.count(b"event: data") == len(chunks)
+
+
+
+async def test_a_live_ds_reader_is_a_reader_of_the_run(gateway: Gateway, http: httpx.AsyncClient, cc: Any,
+                                                        dlog: Any) -> None:
+    """A /ds SSE read is served like a join: it counts as a reader (presence) while it
+    waits, and its GET looks at the run for a takeover (an interrupted run is left alone)."""
+    import asyncio
+
+    from baton.v1 import runs_pb2
+    from tests.conftest import assert_eventually
+    from tests.gateway.conftest import run_chunks, write_run
+
+    thread, run = unique("th"), unique("run")
+    await cc.create_or_resume_run(runs_pb2.RunRecord(run_id=run, thread_id=thread, started_at=1.0,
+                                                     status=runs_pb2.RUN_STATUS_INTERRUPTED), interrupt_active=False)
+    chunks = run_chunks(run, thread, ["a", "b"])
+    w, _ = await write_run(dlog, run, chunks[:2], close=False)
+
+    async def decisions() -> dict[str, float]:
+        text = (await http.get(f"{gateway.url}/metrics")).text
+        return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+                if line.startswith("baton_gateway_takeover_decisions_total{")}
+
+    before = await decisions()
+    reading = asyncio.create_task(read_sse(http, f"{gateway.url}/ds/runs/{run}", "-1"))
+    try:
+        await assert_eventually(lambda: gateway.state.metrics.readers._value.get() == 1, timeout=10)
+        after = await decisions()
+        assert sum(after.values()) == sum(before.values()) + 1, (before, after)
+        await w.append(chunks[2:], origin="journal")
+        await w.close("completed")
+        data, controls = await asyncio.wait_for(reading, 30)
+    finally:
+        reading.cancel()
+    assert data == chunks and controls[-1].get("streamClosed") is True
+    await assert_eventually(lambda: gateway.state.metrics.readers._value.get() == 0, timeout=10)

@@ -206,10 +206,10 @@ async def test_next_message_after_a_closed_log_whose_status_never_lands_is_refus
     """The wait for the previous run's status is bounded: past it, 409 THREAD_BUSY naming that
     run, and the start is no longer counted as waiting."""
     from baton.v1 import runs_pb2
-    from gateway import _routes_chat
+    from gateway._service import _start
     from tests.gateway.conftest import metric, run_chunks, write_run
 
-    monkeypatch.setattr(_routes_chat, "FINISHING_WAIT", 0.5)
+    monkeypatch.setattr(_start, "FINISHING_WAIT", 0.5)
     thread, first, second = unique("th"), unique("run"), unique("run")
     await cc.create_or_resume_run(runs_pb2.RunRecord(run_id=first, thread_id=thread,
                                                      status=runs_pb2.RUN_STATUS_RUNNING, started_at=1.0),

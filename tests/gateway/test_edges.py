@@ -13,7 +13,7 @@ from baton.coordinator_client import CoordinatorClient
 from baton.log import DeliveryLog
 from baton.v1 import runs_pb2
 from tests.conftest import assert_eventually, unique
-from gateway._views import join_view_for
+from gateway._service import join_view_for
 from tests.gateway.conftest import Gateway, metric, read_stream, run_chunks, wait_for_metric, write_run
 
 JOINS_WAITING = "baton_gateway_joins_waiting_for_run"

@@ -12,7 +12,7 @@ import httpx
 
 from baton.coordinator_client import CoordinatorClient
 from baton.v1 import runs_pb2
-from gateway._validate import check_agent
+from gateway._service import check_agent
 from tests.conftest import unique
 from tests.gateway.conftest import Gateway, claude_journal
 

@@ -25,7 +25,7 @@ from baton.log import DeliveryLog, LogConfig
 from baton.retry import Deadline
 from baton.v1 import coordinator_pb2, sandbox_host_pb2
 from baton_tools.testing.cluster import start_coordinator, start_host
-from gateway import _routes_chat
+from gateway._service import _start
 from gateway._hosts import HostTimedOut
 from tests.conftest import unique
 from tests.gateway.conftest import host_settings, read_stream
@@ -60,10 +60,10 @@ async def test_a_burst_of_starts_slower_than_the_deadline_all_run_exactly_once(
         caplog: pytest.LogCaptureFixture) -> None:
     p = two_hosts
     cc: CoordinatorClient = p["cc"]
-    monkeypatch.setattr(_routes_chat, "RPC_TIMEOUT", SHORT_RPC_TIMEOUT)
+    monkeypatch.setattr(_start, "RPC_TIMEOUT", SHORT_RPC_TIMEOUT)
     gw = await make_gateway(coordinator=(p["coord"].address,))
     runs = [(unique("run-"), unique("thr-")) for _ in range(RUNS)]
-    with caplog.at_level(logging.INFO, logger="gateway.chat"):
+    with caplog.at_level(logging.INFO, logger="gateway.start"):
         async with httpx.AsyncClient(trust_env=False, timeout=120) as http:
             streams = await asyncio.gather(*(
                 read_stream(http, "POST", f"{gw.url}/api/chat", json=chat_body(run_id, thread_id, f"hi {i}"))
@@ -82,7 +82,7 @@ async def test_a_burst_of_starts_slower_than_the_deadline_all_run_exactly_once(
 
 
 class _Hosts:
-    """The two calls :func:`gateway._routes_chat._start_on` makes of the gateway's host pool."""
+    """The two calls :func:`gateway._service._start.start_on` makes of the gateway's host pool."""
 
     def __init__(self, slow_answers: int, registered: bool) -> None:
         self.slow_answers, self.is_registered, self.calls = slow_answers, registered, 0
@@ -108,19 +108,19 @@ REQ = sandbox_host_pb2.StartRunRequest(run_id="r")
 
 async def test_a_live_host_that_is_slow_is_asked_again_until_it_answers() -> None:
     hosts = _Hosts(slow_answers=3, registered=True)
-    resp = await _routes_chat._start_on(_State(hosts), HOST, REQ, Deadline.after(60))  # type: ignore[arg-type]
+    resp = await _start.start_on(_State(hosts), HOST, REQ, Deadline.after(60))  # type: ignore[arg-type]
     assert resp.created and hosts.calls == 4
 
 
 async def test_a_host_gone_from_the_registry_is_not_asked_again() -> None:
     hosts = _Hosts(slow_answers=3, registered=False)
     with pytest.raises(HostTimedOut):
-        await _routes_chat._start_on(_State(hosts), HOST, REQ, Deadline.after(60))  # type: ignore[arg-type]
+        await _start.start_on(_State(hosts), HOST, REQ, Deadline.after(60))  # type: ignore[arg-type]
     assert hosts.calls == 1
 
 
 async def test_a_start_past_its_budget_is_not_asked_again() -> None:
     hosts = _Hosts(slow_answers=3, registered=True)
     with pytest.raises(e.StoreUnavailable):
-        await _routes_chat._start_on(_State(hosts), HOST, REQ, Deadline.after(0))  # type: ignore[arg-type]
+        await _start.start_on(_State(hosts), HOST, REQ, Deadline.after(0))  # type: ignore[arg-type]
     assert hosts.calls == 1

@@ -8,7 +8,8 @@ import pytest
 from baton.agents import (ClaudeCodeOptions, CodexOptions, ReplayOptions, parse_agent_options,
                           resolve_replay_journal)
 from baton.errors import InvalidArgument
-from gateway._validate import check_agent, check_chat_start
+from gateway._http_input import check_chat_start
+from gateway._service import check_agent
 from sandbox_host.agents import prepare_agent
 
 pytestmark = pytest.mark.unit

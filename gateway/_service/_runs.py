@@ -1,0 +1,215 @@
+"""The run service: every run operation of the gateway, whatever the edge.
+
+HTTP (``gateway._routes_*``), gRPC (``gateway._grpc``) and Durable Streams
+(``gateway.durable_streams._runs``) parse their own format into the requests of
+:mod:`gateway._service._requests`, call one method here, and render its answer in their
+format. Tenancy is checked here: ``tenant`` is the caller's tenant (``""`` without auth).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from baton import errors as e
+from baton.ids import page_position, page_token, run_position
+from baton.runs import TERMINAL_PB
+from baton.v1 import runs_pb2
+from gateway._reader import RunRead
+from gateway._service import _cancel, _start, _views
+from gateway._service._cancel import CancelOutcome
+from gateway._service._requests import (CancelRequest, JoinRequest, ListRunsRequest, StartLimits, StartRequest,
+                                        agent_list)
+from gateway._state import GatewayState
+
+log = logging.getLogger("gateway.service")
+
+
+def _position(record: runs_pb2.RunRecord) -> bytes:
+    return run_position(record.started_at, record.run_id)
+
+
+class RunService:
+    """The gateway's run operations over one app's state (built in the app's lifespan).
+
+    Args:
+        state: the app's clients and owned tasks.
+    """
+
+    def __init__(self, state: GatewayState) -> None:
+        self.state = state
+
+    @property
+    def limits(self) -> StartLimits:
+        """What a start request is checked against."""
+        s = self.state.settings
+        return StartLimits(s.replay_dirs, s.default_agent, s.max_messages, s.workspace_dirs)
+
+    # --- streams --------------------------------------------------------------------------
+
+    async def start(self, tenant: str, req: StartRequest, *, resume_after: str = "-1") -> RunRead:
+        """Start the run on a host (or serve the run its id already names) and read its log.
+
+        Args:
+            resume_after: where to serve an existing run's log from (a reconnect's offset).
+
+        Returns:
+            The read (not yet open). A run started with ``cancel_on_disconnect`` is
+            cancelled when the read is closed before its log ended.
+
+        Raises:
+            UnknownRun, UnknownThread, InvalidArgument, ThreadBusy, NoHostAvailable,
+            StartFailed (a 5xx cause, ``runExists``), LogStorageFull, …
+        """
+        st = self.state
+        after = await _start.open_start(st, req, tenant, resume_after)
+        on_disconnect = None
+        if req.cancel_on_disconnect:
+            run_id = req.run_id
+
+            async def on_disconnect() -> None:
+                # Started with detachOnDisconnect: false: the client leaving cancels the run.
+                log.info("client of run %s left; cancelling it (detachOnDisconnect: false)", run_id)
+                st.spawn(_cancel.request_cancel(st, run_id, "client-disconnected"), name=f"cancel:{run_id}")
+        return RunRead(st, req.run_id, after, on_disconnect=on_disconnect)
+
+    async def join(self, tenant: str, req: JoinRequest) -> RunRead:
+        """A run's log strictly after ``req.after``; looks at the run for a takeover.
+
+        Waits briefly for a run that does not exist yet (a client minting run ids may join
+        before its start landed).
+
+        Raises:
+            UnknownRun: no such run (or another tenant's). StoreUnavailable, LogUnavailable.
+        """
+        st = self.state
+        view = await _views.join_view_for(st, tenant, req.run_id)
+        st.takeovers.consider(req.run_id, view.record if view else None, view.claim if view else None)
+        gone = view is not None and await self._log_gone(view.record)
+        return RunRead(st, req.run_id, req.after, gone=gone)
+
+    def read(self, run_id: str, after: str, *, until: int | None = None, presence: bool = True) -> RunRead:
+        """A read of a run the caller was already shown (see :meth:`read_view`)."""
+        return RunRead(self.state, run_id, after, until=until, presence=presence)
+
+    async def read_view(self, tenant: str, run_id: str, *, reading: bool) -> Any:
+        """The run's ``RunView`` for a reader of its log; ``reading``: look at it for a takeover.
+
+        Raises:
+            UnknownRun: no record, or another tenant's. StoreUnavailable.
+        """
+        view = await _views.run_view_for(self.state, tenant, run_id)
+        if reading:
+            self.state.takeovers.consider(run_id, view.record, view.claim)
+        return view
+
+    async def closed_after(self, run_id: str, after: str) -> bool:
+        """Whether the run's log is closed with no chunk after ``after`` (a decimal offset).
+
+        Raises:
+            LogUnavailable: JetStream did not answer.
+        """
+        st = self.state
+        if after in ("-1", "now"):
+            return False
+        tail = await st.log.last_record(run_id)
+        if tail is None or tail.kind != "close":
+            return False
+        reader = st.log.read(run_id, after=after)
+        try:
+            async with asyncio.timeout(_cancel.CONFIRMATION_READ_TIMEOUT):
+                async for _item in reader:
+                    return False
+        except (TimeoutError, e.BatonError):
+            return False  # let the stream itself answer (a gap, or the rest)
+        finally:
+            await reader.aclose()
+        return True
+
+    async def _log_gone(self, record: runs_pb2.RunRecord) -> bool:
+        """Whether a terminal run's whole log is gone (expired): readers then get a gap, not a wait.
+
+        A run that is not terminal yet may simply not have written; a terminal run always
+        wrote at least its close record, so an empty log means retention removed it.
+        """
+        if record.status not in TERMINAL_PB:
+            return False
+        try:
+            return await self.state.log.last_record(record.run_id) is None
+        except e.BatonError:
+            return False
+
+    # --- one-shot operations ----------------------------------------------------------------
+
+    async def cancel(self, tenant: str, req: CancelRequest) -> CancelOutcome:
+        """See :func:`gateway._service._cancel.cancel`."""
+        return await _cancel.cancel(self.state, tenant, req)
+
+    async def run_view(self, tenant: str, run_id: str) -> Any:
+        """The run's settled ``RunView`` (its end as its closed log tells it).
+
+        Raises:
+            UnknownRun, StoreUnavailable.
+        """
+        return await _views.settled_view_for(self.state, tenant, run_id)
+
+    async def find_active_run(self, tenant: str, thread_id: str) -> runs_pb2.RunRecord | None:
+        """The thread's active run if the caller may see it."""
+        return await _cancel.visible_active(self.state, tenant, thread_id)
+
+    async def thread_state(self, tenant: str, thread_id: str) -> tuple[list[dict[str, Any]], runs_pb2.RunRecord | None]:
+        """What a client shows of a thread it opens: ``(messages, active run)``.
+
+        While a run is going, the client re-plays its log from the start, so the messages
+        are what came before it (the run's input: the conversation so far plus the new user
+        message), never a partial answer it would show twice; else the saved transcript.
+
+        Raises:
+            UnknownThread: another tenant's thread.
+        """
+        st = self.state
+        await _views.thread_visible_for(st, tenant, thread_id, must_exist=False)
+        rec = await self.find_active_run(tenant, thread_id)
+        msgs: list[dict[str, Any]] | None = None
+        if rec is not None:
+            msgs = await _cancel.run_input(st, rec.run_id)
+        if msgs is None:
+            saved, _rev = await st.transcripts.load(thread_id)
+            msgs = list(saved or [])
+        return msgs, rec
+
+    async def transcript(self, tenant: str, thread_id: str) -> tuple[list[Any], int | None]:
+        """The thread's saved transcript and its revision.
+
+        Raises:
+            UnknownThread: no transcript and no run, or another tenant's thread.
+        """
+        return await _views.load_thread_transcript(self.state, tenant, thread_id)
+
+    async def list_runs(self, tenant: str, req: ListRunsRequest) -> tuple[list[runs_pb2.RunRecord], str]:
+        """One page of runs, oldest first: ``(records, next page token or "")``.
+
+        Raises:
+            InvalidArgument: a page token this API did not make. UnknownThread.
+        """
+        st = self.state
+        # Tenant-scoped in the store read (auth off: the empty tenant reads every run).
+        scope = tenant if st.settings.auth_enabled else None
+        if not req.thread_id:
+            # One page from the coordinator's started index: one call never reads every run.
+            recs, token = await st.coordinator.list_page(scope, req.page_size, req.page_token)
+            return list(recs), token
+        # A thread's runs are few (one runs at a time): read them and page here, with
+        # tokens of the same form (the position of the page's last run).
+        after = page_position(req.page_token) if req.page_token else None
+        await _views.thread_visible_for(st, tenant, req.thread_id, must_exist=False)
+        recs = sorted(await st.coordinator.list_runs(thread_id=req.thread_id, limit=0, tenant=scope), key=_position)
+        if after is not None:
+            recs = [r for r in recs if _position(r) > after]
+        page = recs[:req.page_size]
+        return page, page_token(_position(page[-1])) if len(recs) > req.page_size else ""
+
+    def list_agents(self) -> tuple[str, list[dict[str, str]]]:
+        """``(default kind, agents)``: what a client may pick (replay journals, then the kinds)."""
+        s = self.state.settings
+        return s.default_agent, agent_list(s.replay_dirs)
