@@ -143,6 +143,25 @@ class GatewayClient:
         data = await self._json("GET", f"/api/threads/{_quote(thread_id)}/messages")
         return list(data.get("messages", []))
 
+    async def fork_thread(self, thread_id: str, run_id: str, new_thread_id: str | None = None) -> dict[str, Any]:
+        """Fork a thread at one of its ended runs: ``{threadId, forkedFrom, messages}``.
+
+        Raises:
+            UnknownThread, UnknownRun, InvalidArgument (the run left no workspace, or has not
+            ended), ThreadExists (``new_thread_id`` is taken).
+        """
+        body: dict[str, Any] = {"runId": run_id}
+        if new_thread_id is not None:
+            body["newThreadId"] = new_thread_id
+        return await self._json("POST", f"/api/threads/{_quote(thread_id)}/fork", ok=(201,),  # type: ignore[no-any-return]
+                                json=body)
+
+    async def delete_thread(self, thread_id: str) -> None:
+        """Delete a thread's workspace and saved transcript. Raises ``UnknownThread``, ``ThreadBusy``."""
+        resp = await self._http.request("DELETE", f"/api/threads/{_quote(thread_id)}")
+        if resp.status_code != 204:
+            raise _error_from(resp, resp.content)
+
     async def agents(self) -> dict[str, Any]:
         """The agents and replay journals the gateway offers."""
         return await self._json("GET", "/api/agents")  # type: ignore[no-any-return]

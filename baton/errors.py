@@ -69,6 +69,15 @@ class UnknownRun(BatonError):
         super().__init__(f"unknown run {run_id!r}")
 
 
+class ThreadExists(BatonError):
+    """A new thread (a fork's) was asked for under an id that is taken: the thread has runs,
+    a transcript or a workspace already."""
+
+    def __init__(self, thread_id: str) -> None:
+        self.thread_id = thread_id
+        super().__init__(f"thread {thread_id!r} exists already")
+
+
 class ThreadBusy(BatonError):
     """The thread already has an active run (at most one per thread, docs/design.md §3.1)."""
 

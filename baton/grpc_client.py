@@ -261,6 +261,16 @@ class RunsClient:
         r = await self._unary("GetTranscript", pb.TranscriptRequest(thread_id=thread_id))
         return json.loads(r.messages_json)  # type: ignore[no-any-return]
 
+    async def fork_thread(self, thread_id: str, run_id: str, new_thread_id: str) -> pb.ThreadForkResponse:
+        """A new thread starting where ``run_id`` of ``thread_id`` left its workspace and agent
+        session, with the transcript up to it (the source is untouched)."""
+        return await self._unary("ForkThread", pb.ThreadForkRequest(  # type: ignore[no-any-return]
+            thread_id=thread_id, run_id=run_id, new_thread_id=new_thread_id))
+
+    async def delete_thread(self, thread_id: str) -> None:
+        """Delete a thread's workspace and saved transcript (``ThreadBusy`` while a run goes)."""
+        await self._unary("DeleteThread", pb.ThreadDeleteRequest(thread_id=thread_id))
+
     async def list_runs(self, thread_id: str = "", page_size: int = 100) -> AsyncIterator[pb.RunInfo]:
         """Every run of the caller (or of one thread), oldest first, page by page."""
         token = ""

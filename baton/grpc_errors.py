@@ -63,6 +63,9 @@ TABLE: tuple[Mapping, ...] = (
     Mapping(e.UnknownThread, grpc.StatusCode.NOT_FOUND, 404, "UNKNOWN_THREAD",
             lambda x: {"thread_id": x.thread_id},  # type: ignore[attr-defined]
             lambda m: e.UnknownThread(m.get("thread_id", ""))),
+    Mapping(e.ThreadExists, grpc.StatusCode.ALREADY_EXISTS, 409, "THREAD_EXISTS",
+            lambda x: {"thread_id": x.thread_id},  # type: ignore[attr-defined]
+            lambda m: e.ThreadExists(m.get("thread_id", ""))),
     Mapping(e.ThreadBusy, grpc.StatusCode.ALREADY_EXISTS, 409, "THREAD_BUSY",
             lambda x: {"thread_id": x.thread_id, "active_run_id": x.active_run_id},  # type: ignore[attr-defined]
             lambda m: e.ThreadBusy(m.get("thread_id", ""), m.get("active_run_id", ""))),

@@ -29,7 +29,7 @@ from gateway._auth import tenant_of_header
 from gateway._errors import grpc_status
 from gateway._grpc_input import cancel_request_of, join_request_of, list_runs_request_of, start_request_of
 from gateway._reader import RunRead, stream_log
-from gateway._service import RunService
+from gateway._service import RunService, fork_request
 
 log = logging.getLogger("gateway.grpc")
 
@@ -141,6 +141,19 @@ class RunsService:
         recs, token = await self._svc.list_runs(t, list_runs_request_of(request))
         return pb.RunListResponse(runs=[run_info(r) for r in recs], next_page_token=token)
 
+    async def ForkThread(self, request: pb.ThreadForkRequest, context: grpc.aio.ServicerContext[Any, Any]
+                         ) -> pb.ThreadForkResponse:
+        t = self._tenant(context)
+        forked = await self._svc.fork_thread(t, fork_request(request.thread_id, request.run_id, request.new_thread_id))
+        return pb.ThreadForkResponse(thread_id=forked.thread_id, source_thread_id=forked.source_thread_id,
+                                     source_run_id=forked.source_run_id, messages=forked.messages)
+
+    async def DeleteThread(self, request: pb.ThreadDeleteRequest, context: grpc.aio.ServicerContext[Any, Any]
+                           ) -> pb.ThreadDeleteResponse:
+        t = self._tenant(context)
+        await self._svc.delete_thread(t, validate_id(request.thread_id, "threadId"))
+        return pb.ThreadDeleteResponse()
+
     async def ListAgents(self, request: pb.AgentListRequest, context: grpc.aio.ServicerContext[Any, Any]
                          ) -> pb.AgentListResponse:
         self._tenant(context)
@@ -176,6 +189,8 @@ def generic_handler(service: RunsService) -> grpc.GenericRpcHandler[Any, Any]:
         "GetTranscript": (pb.TranscriptRequest, pb.Transcript),
         "ListRuns": (pb.RunListRequest, pb.RunListResponse),
         "ListAgents": (pb.AgentListRequest, pb.AgentListResponse),
+        "ForkThread": (pb.ThreadForkRequest, pb.ThreadForkResponse),
+        "DeleteThread": (pb.ThreadDeleteRequest, pb.ThreadDeleteResponse),
     }
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         name: grpc.unary_unary_rpc_method_handler(_guard(getattr(service, name)), request_deserializer=req.FromString,

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import pathlib
+import uuid
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
@@ -32,6 +33,33 @@ async def thread_messages(request: Request) -> Response:
     thread_id = validate_id(request.path_params["thread_id"], "threadId")
     msgs, revision = await service_of(request).transcript(tenant(request), thread_id)
     return JSONResponse({"threadId": thread_id, "messages": msgs, "revision": revision})
+
+
+async def fork_thread(request: Request) -> Response:
+    """``POST /api/threads/{threadId}/fork`` ``{"runId", "newThreadId"?}`` → 201
+    ``{threadId, forkedFrom: {threadId, runId}, messages}``: a new thread starting where the
+    run left the workspace and the agent session (no ``newThreadId``: one is made)."""
+    from gateway._http_input import read_json_object
+    from gateway._service import fork_request
+
+    st = state_of(request)
+    body = await read_json_object(request, st.settings.max_body_bytes)
+    new = body.get("newThreadId")
+    if new is None:
+        new = f"{request.path_params['thread_id'][:80]}-fork-{uuid.uuid4().hex[:8]}"
+    req = fork_request(request.path_params["thread_id"], body.get("runId"), new)
+    forked = await service_of(request).fork_thread(tenant(request), req)
+    return JSONResponse({"threadId": forked.thread_id, "messages": forked.messages,
+                         "forkedFrom": {"threadId": forked.source_thread_id, "runId": forked.source_run_id}},
+                        status_code=201)
+
+
+async def delete_thread(request: Request) -> Response:
+    """``DELETE /api/threads/{threadId}`` → 204: the thread's workspace and saved transcript
+    are deleted (409 ``THREAD_BUSY`` while a run of it is going)."""
+    thread_id = validate_id(request.path_params["thread_id"], "threadId")
+    await service_of(request).delete_thread(tenant(request), thread_id)
+    return Response(status_code=204)
 
 
 async def agents(request: Request) -> Response:

@@ -79,6 +79,8 @@ class GatewaySettings:
     coordinator: tuple[str, ...] = ("127.0.0.1:7100",)
     nats_url: str = "nats://127.0.0.1:4222"
     log_config: Any = None
+    #: A ``baton.workspaces.WorkspaceConfig``; ``None`` means ``WorkspaceConfig.from_env()``.
+    workspace_config: Any = None
     keepalive: float = 15.0
     replay_dirs: tuple[pathlib.Path, ...] = field(default_factory=default_replay_dirs)
     workspace_dirs: tuple[str, ...] = ()

@@ -39,6 +39,8 @@ class GatewayState:
         self.coordinator = coordinator
         self.log = delivery_log
         self.transcripts = transcripts
+        #: The thread workspace store (``baton.workspaces.WorkspaceStore``): forks, deletes.
+        self.workspaces: Any = None
         self.metrics = metrics
         self.hosts = HostPool(coordinator, settings.internal_token)
         self.takeovers = TakeoverTrigger(self.hosts, metrics)

@@ -77,6 +77,7 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
         # Imported here: the composition root is the only place that builds clients.
         from baton.coordinator_client import CoordinatorClient
         from baton.log import DeliveryLog, LogConfig, TranscriptStore
+        from baton.workspaces import WorkspaceConfig, WorkspaceStore
 
         cfg = settings.log_config or LogConfig.from_env()
         async with CoordinatorClient(list(settings.coordinator), token=settings.internal_token) as cc:
@@ -84,6 +85,8 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
             try:
                 await dl.provision()
                 state = GatewayState(settings, cc, dl, TranscriptStore(dl.nc, cfg), Metrics())
+                state.workspaces = WorkspaceStore(dl.nc, settings.workspace_config or WorkspaceConfig.from_env())
+                await state.workspaces.provision()
                 app.state.gateway = state
                 # The one service layer under the three edges (HTTP routes, gRPC, /ds).
                 runs = app.state.runs = RunService(state)
@@ -117,6 +120,8 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
         # `path`, not `str`: ids may contain "/" (baton.ids), sent percent-encoded.
         Route("/api/runs/{run_id:path}", misc.get_run, methods=["GET"]),
         Route("/api/threads/{thread_id:path}/messages", misc.thread_messages, methods=["GET"]),
+        Route("/api/threads/{thread_id:path}/fork", misc.fork_thread, methods=["POST"]),
+        Route("/api/threads/{thread_id:path}", misc.delete_thread, methods=["DELETE"]),
         Route("/api/agents", misc.agents, methods=["GET"]),
         Route("/healthz", misc.healthz, methods=["GET"]),
         Route("/readyz", misc.readyz, methods=["GET"]),

@@ -142,9 +142,11 @@ def spec_fields(record: runs_pb2.RunRecord, settings: WorkspaceSettings) -> dict
         # A later turn: its workspace is the snapshot its predecessor left (restored before
         # the launch, sandbox_host/turns.py), never built again.
         return {"thread_dir": thread_dir}
+    # The thread's workspace is built anew by this run (a head to restore would have a snapshot).
+    rebuild = turn is not None and thread_dir is not None
     spec = WorkspaceSpec.from_record(record.workspace_json)
     if spec is None:
-        return {"thread_dir": thread_dir} if thread_dir is not None else {}
+        return {"thread_dir": thread_dir, "rebuild_thread_dir": rebuild} if thread_dir is not None else {}
     secrets: dict[str, str] = {}
     if spec.credential is not None:
         cred = settings.credentials.get(record.tenant, {}).get(spec.credential)
@@ -159,6 +161,7 @@ def spec_fields(record: runs_pb2.RunRecord, settings: WorkspaceSettings) -> dict
         "setup": tuple(spec.setup),
         "secrets": secrets,
         "thread_dir": thread_dir,
+        "rebuild_thread_dir": rebuild,
         "build_timeout": settings.build_timeout or None,
         "max_workspace_bytes": settings.max_bytes or None,
     }

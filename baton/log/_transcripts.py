@@ -201,6 +201,25 @@ class TranscriptStore:
         except _NATS_ERRORS as exc:
             raise LogUnavailable(thread_id, f"saving the transcript failed: {type(exc).__name__}") from exc
 
+    async def delete(self, thread_id: str) -> None:
+        """Delete the thread's transcript (its parts too). Idempotent.
+
+        Raises:
+            LogUnavailable: JetStream did not answer.
+        """
+        key = thread_key(thread_id)
+        try:
+            kv, _ = await self._bucket()
+            current = await self._current(kv, key)
+            if current is None:
+                return
+            value = current[1]
+            await kv.purge(key)
+            if isinstance(value, dict) and "gen" in value:
+                await self._delete(kv, [f"{key}.{value['gen']}.{i}" for i in range(int(value.get("parts") or 0))])
+        except _NATS_ERRORS as exc:
+            raise LogUnavailable(thread_id, f"deleting the transcript failed: {type(exc).__name__}") from exc
+
     @staticmethod
     async def _current(kv: KeyValue, key: str) -> tuple[int, Any, TranscriptWriter | None] | None:
         """The stored entry: ``(revision, messages list or manifest dict, writer)``, or ``None``."""

@@ -649,3 +649,95 @@ class AgentListResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AgentListResponse: _TypeAlias = AgentListResponse  # noqa: Y015
+
+@_typing.final
+class ThreadForkRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    THREAD_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    NEW_THREAD_ID_FIELD_NUMBER: _builtins.int
+    thread_id: _builtins.str
+    """the thread to fork"""
+    run_id: _builtins.str
+    """one of its ended claude-code/codex runs: the fork starts at its end"""
+    new_thread_id: _builtins.str
+    """the new thread's id (must not exist)"""
+    def __init__(
+        self,
+        *,
+        thread_id: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+        new_thread_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["new_thread_id", b"new_thread_id", "run_id", b"run_id", "thread_id", b"thread_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ThreadForkRequest: _TypeAlias = ThreadForkRequest  # noqa: Y015
+
+@_typing.final
+class ThreadForkResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    THREAD_ID_FIELD_NUMBER: _builtins.int
+    SOURCE_THREAD_ID_FIELD_NUMBER: _builtins.int
+    SOURCE_RUN_ID_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    thread_id: _builtins.str
+    """the new thread"""
+    source_thread_id: _builtins.str
+    source_run_id: _builtins.str
+    messages: _builtins.int
+    """length of the new thread's transcript (the source's prefix)"""
+    def __init__(
+        self,
+        *,
+        thread_id: _builtins.str = ...,
+        source_thread_id: _builtins.str = ...,
+        source_run_id: _builtins.str = ...,
+        messages: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "source_run_id", b"source_run_id", "source_thread_id", b"source_thread_id", "thread_id", b"thread_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ThreadForkResponse: _TypeAlias = ThreadForkResponse  # noqa: Y015
+
+@_typing.final
+class ThreadDeleteRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    THREAD_ID_FIELD_NUMBER: _builtins.int
+    thread_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        thread_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["thread_id", b"thread_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ThreadDeleteRequest: _TypeAlias = ThreadDeleteRequest  # noqa: Y015
+
+@_typing.final
+class ThreadDeleteResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ThreadDeleteResponse: _TypeAlias = ThreadDeleteResponse  # noqa: Y015

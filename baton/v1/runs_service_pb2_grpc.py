@@ -74,6 +74,16 @@ class RunsStub:
                 request_serializer=baton_dot_v1_dot_runs__service__pb2.AgentListRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_runs__service__pb2.AgentListResponse.FromString,
                 _registered_method=True)
+        self.ForkThread = channel.unary_unary(
+                '/baton.v1.Runs/ForkThread',
+                request_serializer=baton_dot_v1_dot_runs__service__pb2.ThreadForkRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_runs__service__pb2.ThreadForkResponse.FromString,
+                _registered_method=True)
+        self.DeleteThread = channel.unary_unary(
+                '/baton.v1.Runs/DeleteThread',
+                request_serializer=baton_dot_v1_dot_runs__service__pb2.ThreadDeleteRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_runs__service__pb2.ThreadDeleteResponse.FromString,
+                _registered_method=True)
 
 
 class RunsServicer:
@@ -134,6 +144,21 @@ class RunsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForkThread(self, request, context):
+        """A new thread that starts where a run of a thread left its workspace and agent session,
+        with the thread's transcript up to that run; the source thread is untouched.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteThread(self, request, context):
+        """Delete a thread's workspace and saved transcript (refused while a run of it is going).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -176,6 +201,16 @@ def add_RunsServicer_to_server(servicer, server):
                     servicer.ListAgents,
                     request_deserializer=baton_dot_v1_dot_runs__service__pb2.AgentListRequest.FromString,
                     response_serializer=baton_dot_v1_dot_runs__service__pb2.AgentListResponse.SerializeToString,
+            ),
+            'ForkThread': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkThread,
+                    request_deserializer=baton_dot_v1_dot_runs__service__pb2.ThreadForkRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_runs__service__pb2.ThreadForkResponse.SerializeToString,
+            ),
+            'DeleteThread': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteThread,
+                    request_deserializer=baton_dot_v1_dot_runs__service__pb2.ThreadDeleteRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_runs__service__pb2.ThreadDeleteResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -394,6 +429,60 @@ class Runs:
             '/baton.v1.Runs/ListAgents',
             baton_dot_v1_dot_runs__service__pb2.AgentListRequest.SerializeToString,
             baton_dot_v1_dot_runs__service__pb2.AgentListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkThread(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.Runs/ForkThread',
+            baton_dot_v1_dot_runs__service__pb2.ThreadForkRequest.SerializeToString,
+            baton_dot_v1_dot_runs__service__pb2.ThreadForkResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteThread(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.Runs/DeleteThread',
+            baton_dot_v1_dot_runs__service__pb2.ThreadDeleteRequest.SerializeToString,
+            baton_dot_v1_dot_runs__service__pb2.ThreadDeleteResponse.FromString,
             options,
             channel_credentials,
             insecure,

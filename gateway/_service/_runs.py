@@ -16,7 +16,7 @@ from baton.ids import page_position, page_token, run_position
 from baton.runs import TERMINAL_PB
 from baton.v1 import runs_pb2
 from gateway._reader import RunRead
-from gateway._service import _cancel, _start, _views
+from gateway._service import _cancel, _start, _threads, _views
 from gateway._service._cancel import CancelOutcome
 from gateway._service._requests import (CancelRequest, JoinRequest, ListRunsRequest, StartLimits, StartRequest,
                                         agent_list)
@@ -208,6 +208,14 @@ class RunService:
             recs = [r for r in recs if _position(r) > after]
         page = recs[:req.page_size]
         return page, page_token(_position(page[-1])) if len(recs) > req.page_size else ""
+
+    async def fork_thread(self, tenant: str, req: _threads.ForkRequest) -> _threads.Forked:
+        """See :func:`gateway._service._threads.fork`."""
+        return await _threads.fork(self.state, tenant, req)
+
+    async def delete_thread(self, tenant: str, thread_id: str) -> None:
+        """See :func:`gateway._service._threads.delete`."""
+        await _threads.delete(self.state, tenant, thread_id)
 
     def list_agents(self) -> tuple[str, list[dict[str, str]]]:
         """``(default kind, agents)``: what a client may pick (replay journals, then the kinds)."""

@@ -50,6 +50,10 @@ class SandboxSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     workspace_is_git: bool | None = None
     thread_dir: str | None = None
+    #: With ``thread_dir``: the run builds the thread's workspace anew (the thread's first
+    #: run, or its first after its head was deleted or expired), so a thread directory an
+    #: earlier incarnation left on this machine is stale and removed first.
+    rebuild_thread_dir: bool = False
     build_timeout: float | None = None
     max_workspace_bytes: int | None = None
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)

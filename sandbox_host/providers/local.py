@@ -145,6 +145,8 @@ class LocalProvider(Provider):
             workdir=workdir,
             data={"dir": root, "pgid": None, **({"home": home} if home else {})},
         )
+        if spec.thread_dir is not None and spec.rebuild_thread_dir:
+            await self.remove_thread_dir(spec.thread_dir)
         fresh = not os.path.isdir(workdir)  # noqa: ASYNC240 -- one stat
         env = _ws.setup_env(self._env(spec.env, spec.secrets, home))
         steps = _ws.BuildSteps()

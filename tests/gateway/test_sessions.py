@@ -82,7 +82,10 @@ async def cluster(repo_dir: tuple[pathlib.Path, Repo], coordinator: Any, nats: A
 
 @pytest.fixture
 async def gw(cluster: Cluster, make_gateway: Any) -> Gateway:
-    return await make_gateway(keepalive=0.5, workspace_dirs=(str(cluster.allowed.resolve()),))
+    from baton.workspaces import WorkspaceConfig
+
+    ws_cfg = WorkspaceConfig.from_env({k: v for k, v in cluster.settings.items() if k.startswith("BATON_WORKSPACE_")})
+    return await make_gateway(keepalive=0.5, workspace_dirs=(str(cluster.allowed.resolve()),), workspace_config=ws_cfg)
 
 
 async def turn(http: httpx.AsyncClient, gw: Gateway, thread: str, kind: str, prompt: str,
@@ -188,3 +191,64 @@ async def test_a_refused_resume_fails_clearly_and_keeps_the_thread(
     after = (await http.get(f"{gw.url}/api/threads/{thread}/messages")).json()["messages"]
     assert after[:len(before)] == before
 
+
+
+async def test_a_fork_continues_independently_of_its_source(
+        cluster: Cluster, gw: Gateway, http: httpx.AsyncClient) -> None:
+    for kind in ("claude-code", "codex"):
+        src = unique(f"src-{kind}-")
+        ws = {"git": f"file://{cluster.repo.bare}"}
+        run1, c1 = await turn(http, gw, src, kind, "write story.txt once upon a time", ws)
+        assert terminal(c1)["type"] == "RUN_FINISHED", terminal(c1)
+        run2, c2 = await turn(http, gw, src, kind, "append story.txt the end")
+        assert terminal(c2)["type"] == "RUN_FINISHED", terminal(c2)
+        source_msgs = (await http.get(f"{gw.url}/api/threads/{src}/messages")).json()["messages"]
+
+        # Fork at run 1: the fork's workspace and agent session are run 1's, its transcript
+        # the source's up to run 1.
+        fork = unique(f"fork-{kind}-")
+        resp = await http.post(f"{gw.url}/api/threads/{src}/fork", json={"runId": run1, "newThreadId": fork})
+        assert resp.status_code == 201, resp.text
+        assert resp.json()["forkedFrom"] == {"threadId": src, "runId": run1}
+        forked_msgs = (await http.get(f"{gw.url}/api/threads/{fork}/messages")).json()["messages"]
+        assert forked_msgs == source_msgs[:resp.json()["messages"]] and len(forked_msgs) < len(source_msgs)
+        assert [m["role"] for m in forked_msgs] [0] == "user"
+
+        _, f1 = await turn(http, gw, fork, kind, "recall\nrun cat story.txt\nappend story.txt a twist")
+        assert terminal(f1)["type"] == "RUN_FINISHED", terminal(f1)
+        seen = texts(f1)
+        assert "once upon a time" in seen and "the end" not in seen.split("Previous prompts")[0].split("recall")[-1]
+        assert "write story.txt once upon a time" in seen  # the source's session, up to run 1
+        assert "append story.txt the end" not in seen  # not the source's later turn
+
+        # The source goes on as if nothing happened.
+        _, s3 = await turn(http, gw, src, kind, "recall\nrun cat story.txt")
+        assert terminal(s3)["type"] == "RUN_FINISHED", terminal(s3)
+        seen_src = texts(s3)
+        assert "the end" in seen_src and "a twist" not in seen_src
+        assert "recall\nrun cat story.txt\nappend story.txt a twist" not in seen_src
+
+        # And the fork keeps its own line.
+        _, f2 = await turn(http, gw, fork, kind, "run cat story.txt")
+        assert "a twist" in texts(f2) and "the end" not in texts(f2)
+
+    # Bad forks: an unknown run, a taken thread id, a run that left no workspace.
+    assert (await http.post(f"{gw.url}/api/threads/{src}/fork", json={"runId": "nope"})).status_code == 404
+    taken = await http.post(f"{gw.url}/api/threads/{src}/fork", json={"runId": run1, "newThreadId": fork})
+    assert taken.status_code == 409 and taken.json()["reason"] == "THREAD_EXISTS"
+
+
+async def test_deleting_a_thread_deletes_its_workspace_and_transcript(
+        cluster: Cluster, gw: Gateway, http: httpx.AsyncClient) -> None:
+    thread = unique("del-thr-")
+    run1, c1 = await turn(http, gw, thread, "claude-code", "write gone.txt soon", {"git": f"file://{cluster.repo.bare}"})
+    assert terminal(c1)["type"] == "RUN_FINISHED"
+    assert (await http.delete(f"{gw.url}/api/threads/{thread}")).status_code == 204
+    # The transcript is gone; a fork of it has nothing to start from; the next run starts afresh.
+    msgs = await http.get(f"{gw.url}/api/threads/{thread}/messages")
+    assert msgs.status_code == 200 and msgs.json()["messages"] == []
+    assert (await http.post(f"{gw.url}/api/threads/{thread}/fork", json={"runId": run1})).status_code == 400
+    _, c2 = await turn(http, gw, thread, "claude-code", "run ls")
+    assert terminal(c2)["type"] == "RUN_FINISHED"
+    assert "gone.txt" not in texts(c2)
+    assert (await http.delete(f"{gw.url}/api/threads/{unique('never-')}")).status_code == 404

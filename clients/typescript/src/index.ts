@@ -17,7 +17,8 @@ import * as grpc from "@grpc/grpc-js";
 
 import {
   ActiveRunResponse, AgentListResponse, LogChunk, RunCancelRequest, RunCancelResponse, RunEvent, RunInfo,
-  RunJoinRequest, RunListResponse, RunStartRequest, RunsClient as RunsStub, Transcript,
+  RunJoinRequest, RunListResponse, RunStartRequest, RunsClient as RunsStub, ThreadDeleteResponse, ThreadForkResponse,
+  Transcript,
 } from "./gen/baton/v1/runs_service";
 import { ErrorInfo } from "./gen/google/rpc/error_details";
 import { Status } from "./gen/google/rpc/status";
@@ -285,6 +286,16 @@ export class BatonRunsClient {
     const r = await this.unary<object, Transcript>(
       "getTranscript", { threadId });
     return { threadId: r.threadId, revision: r.revision, messages: r.messagesJson ? JSON.parse(r.messagesJson) : [] };
+  }
+
+  /** A new thread starting where `runId` of `threadId` left its workspace and agent session. */
+  async forkThread(threadId: string, runId: string, newThreadId: string): Promise<ThreadForkResponse> {
+    return this.unary<object, ThreadForkResponse>("forkThread", { threadId, runId, newThreadId });
+  }
+
+  /** Delete a thread's workspace and saved transcript (THREAD_BUSY while a run of it goes). */
+  async deleteThread(threadId: string): Promise<void> {
+    await this.unary<object, ThreadDeleteResponse>("deleteThread", { threadId });
   }
 
   /** Every run of the caller (or of one thread), oldest first, page by page (from `pageToken`, a page's next_page_token). */
