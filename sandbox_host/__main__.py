@@ -128,6 +128,7 @@ class Host:
         from baton.coordinator_client import CoordinatorClient
         from baton.log import DeliveryLog, LogConfig, TranscriptStore
         from baton.workspaces import WorkspaceConfig, WorkspaceStore
+        from sandbox_host.workspace_upkeep import UpkeepSettings, run_upkeep
         from sandbox_host.providers import provider_for
 
         ttl = config.get_float("BATON_SESSION_TTL")
@@ -171,6 +172,8 @@ class Host:
                 publisher = asyncio.create_task(self._publish_load(min(ttl / 3, 1.0)), name="publish-load")
                 # A late loop shows in the log (a session lost under load is then explained).
                 lag = asyncio.create_task(watch_loop_lag(f"host {self.host_id}"), name="loop-lag")
+                upkeep = asyncio.create_task(run_upkeep(workspaces, providers, UpkeepSettings.from_env()),
+                                             name="workspace-upkeep")
                 # From here on a stop drains (see _main); before, it just ends the start.
                 self.serving = True
                 try:
@@ -178,7 +181,8 @@ class Host:
                 finally:
                     publisher.cancel()
                     lag.cancel()
-                    await asyncio.gather(publisher, lag, return_exceptions=True)
+                    upkeep.cancel()
+                    await asyncio.gather(publisher, lag, upkeep, return_exceptions=True)
                     for name in ("", SERVICE_NAME):
                         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
                     await self.drain()

@@ -180,6 +180,12 @@ class Provider(abc.ABC):
         """
         raise NotImplementedError(f"{self.name} sandboxes cannot be imported")
 
+    async def remove_idle_thread_dirs(self, marked_before: float) -> int:
+        """Remove this machine's thread directories that hold a snapshot exactly (marked by
+        :meth:`mark_tree`) and were marked before ``marked_before`` (seconds since the
+        epoch); the number removed. The default keeps nothing per thread."""
+        return 0
+
     async def tree_marker(self, handle: SandboxHandle) -> str | None:
         """The snapshot digest :meth:`mark_tree` last left on the sandbox's thread directory,
         ``None`` when unknown (the default: a provider whose sandboxes start empty)."""

@@ -217,6 +217,11 @@ class LocalProvider(Provider):
             await asyncio.to_thread(_empty_tree, handle.workdir, home)
         await asyncio.to_thread(_tree.import_local, tar, handle.workdir, home)
 
+    async def remove_idle_thread_dirs(self, marked_before: float) -> int:
+        """Remove ``<base>/threads/*`` whose ``.baton-snapshot`` marker is older than
+        ``marked_before`` (an unmarked directory is in use, or was left by a failed turn)."""
+        return await asyncio.to_thread(_remove_idle, os.path.join(self.base_dir, "threads"), marked_before)
+
     async def tree_marker(self, handle: SandboxHandle) -> str | None:
         """The digest in ``<thread directory>/.baton-snapshot`` (thread sandboxes only)."""
         path = _marker_path(handle)
@@ -450,3 +455,24 @@ def _empty_tree(workdir: str, home: str | None) -> None:
         if top and os.path.isdir(top):
             shutil.rmtree(top)
             os.makedirs(top)
+
+
+def _remove_idle(top: str, marked_before: float) -> int:
+    removed = 0
+    try:
+        names = os.listdir(top)
+    except FileNotFoundError:
+        return 0
+    for name in names:
+        marker = os.path.join(top, name, ".baton-snapshot")
+        try:
+            st = os.stat(marker)
+            if st.st_size == 0 or st.st_mtime >= marked_before:
+                continue
+        except FileNotFoundError:
+            continue
+        # The marker goes first: a run starting now on this directory restores it anew.
+        os.unlink(marker)
+        shutil.rmtree(os.path.join(top, name), ignore_errors=True)
+        removed += 1
+    return removed
