@@ -76,7 +76,9 @@ async def fork(st: GatewayState, tenant: str, req: ForkRequest) -> Forked:
         LogUnavailable, StoreUnavailable: a store did not answer.
     """
     await _views.thread_visible_for(st, tenant, req.thread_id, must_exist=True)
-    view = await _views.run_view_for(st, tenant, req.run_id)
+    # Settled: a run whose log closed has ended, even while its record's last write is on
+    # its way (the host closes the log one store write before the record turns terminal).
+    view = await _views.settled_view_for(st, tenant, req.run_id)
     record = view.record
     if record.thread_id != req.thread_id:
         raise UnknownRun(req.run_id)
@@ -124,7 +126,8 @@ async def delete(st: GatewayState, tenant: str, thread_id: str) -> None:
     if st.settings.auth_enabled and owner != tenant:
         raise UnknownThread(thread_id)
     active = await st.coordinator.find_active_run(thread_id)
-    if active is not None:
+    if active is not None and record_status((await _views.settled_view_for(st, tenant, active.run_id)).record) \
+            not in TERMINAL:
         raise ThreadBusy(thread_id, active.run_id)
     await st.workspaces.delete_thread(thread_id)
     await st.transcripts.delete(thread_id)

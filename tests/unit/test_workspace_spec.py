@@ -118,7 +118,7 @@ def test_the_spec_carries_the_credential_as_secrets_and_the_thread_for_session_a
     fields = spec_fields(rec, settings)
     assert fields == {"workspace": "https://h/x", "workspace_is_git": True, "git_ref": "v1", "setup": ("make",),
                       "secrets": {GIT_TOKEN_ENV: "tok-123456", GIT_USERNAME_ENV: "bot"}, "thread_dir": "t1",
-                      "build_timeout": 30, "max_workspace_bytes": 1000}
+                      "build_timeout": 30, "max_workspace_bytes": 1000, "rebuild_thread_dir": False}
     rec.agent.kind = "replay"
     assert spec_fields(rec, settings)["thread_dir"] is None
     assert spec_fields(runs_pb2.RunRecord(run_id="r"), settings) == {}
