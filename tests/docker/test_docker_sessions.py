@@ -41,8 +41,12 @@ BASE_IMAGE = "baton-sandbox:latest"
 
 @pytest.fixture(scope="module")
 def standins_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The sandbox image with the stand-ins on ``PATH`` (built offline from the local base)."""
+    """The sandbox image with the stand-ins on ``PATH`` (built offline from the local base).
+
+    At the module's end no container of it is left (a host killed between a run's close and
+    its sandbox's removal leaves one, as may a failed test)."""
     import docker
+    import docker.errors
 
     ctx = tmp_path_factory.mktemp("standins-image")
     for name, path in STANDINS.items():
@@ -52,9 +56,12 @@ def standins_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     client = docker.from_env()
     try:
         client.images.build(path=str(ctx), tag=IMAGE, pull=False, rm=True, forcerm=True)
+        yield IMAGE
+        for c in client.containers.list(all=True, filters={"ancestor": IMAGE}):
+            with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                c.remove(force=True, v=True)
     finally:
         client.close()
-    yield IMAGE
 
 
 @pytest.fixture(scope="module")
