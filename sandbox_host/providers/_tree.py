@@ -106,9 +106,8 @@ def retar(sources: Iterable[tuple[Iterator[bytes], str, str]], out: IO[bytes]) -
         for chunks, old, new in sources:
             with tarfile.open(fileobj=_ChunkReader(chunks), mode="r|") as src:
                 for m in src:
-                    m.name = _rename(m.name, old, new)
-                    if m.islnk():
-                        m.linkname = _rename(m.linkname, old, new)
+                    _rename_member(m, _rename(m.name, old, new),
+                                   _rename(m.linkname, old, new) if m.islnk() else None)
                     dst.addfile(m, src.extractfile(m) if m.isfile() else None)
 
 
@@ -125,10 +124,11 @@ def renamed_for_put(data: bytes, names: dict[str, str]) -> bytes:
             root, rest = split(m.name)
             if root not in names:
                 raise SandboxBuildFailed("import", f"the tar has {root}/ but the sandbox has no agent home")
-            m.name = posixpath.join(names[root], rest) if rest else names[root]
+            linkname = None
             if m.islnk():
                 lroot, lrest = split(m.linkname)
-                m.linkname = posixpath.join(names[lroot], lrest) if lrest else names[lroot]
+                linkname = posixpath.join(names[lroot], lrest) if lrest else names[lroot]
+            _rename_member(m, posixpath.join(names[root], rest) if rest else names[root], linkname)
             dst.addfile(m, src.extractfile(m) if m.isfile() else None)
     return out.getvalue()
 
@@ -176,6 +176,19 @@ def put_dir(api: Any, container_id: str, src: str, dest: str) -> None:
             tar.add(src, arcname=dest.lstrip("/"))
         buf.seek(0)
         api.put_archive(container_id, "/", buf.read())
+
+
+def _rename_member(m: tarfile.TarInfo, name: str, linkname: str | None) -> None:
+    """Rename a member read from a tar, to be written to another.
+
+    A long name read from a PAX tar is also in ``m.pax_headers`` (``path``, ``linkpath``),
+    and ``tarfile`` writes those over the renamed fields ("the pax header has priority"):
+    the member would land under its old name. So they go, and are made again as needed.
+    """
+    m.pax_headers = {k: v for k, v in m.pax_headers.items() if k not in ("path", "linkpath")}
+    m.name = name
+    if linkname is not None:
+        m.linkname = linkname
 
 
 def _rename(name: str, old: str, new: str) -> str:

@@ -12,7 +12,6 @@ transcript.
 """
 from __future__ import annotations
 
-import os
 import pathlib
 import shutil
 from typing import Any, AsyncIterator, Iterator
@@ -22,38 +21,12 @@ import pytest
 
 from baton.ids import file_stem
 from baton.log import LogConfig
-from baton_tools.standins import STANDINS_DIR
-from tests.conftest import unique
+from tests.conftest import assert_eventually, unique
 from tests.gateway.conftest import Gateway, host_settings, read_stream
 from tests.sandbox.gitrepos import Repo, make_repo
+from tests.sessions_support import Cluster, chat_body, driver_of, history, terminal, texts, turn
 
 pytestmark = pytest.mark.timeout(240)
-
-
-class Cluster:
-    """Hosts of one module (started with the stand-ins first on PATH), restartable."""
-
-    def __init__(self, tmp: pathlib.Path, repo: Repo, allowed: pathlib.Path, coordinator: Any, nats: Any,
-                 settings: dict[str, str]) -> None:
-        self.tmp, self.repo, self.allowed = tmp, repo, allowed
-        self.coordinator, self.nats, self.settings = coordinator, nats, settings
-        self.hosts: list[Any] = []
-
-    async def add_host(self) -> Any:
-        from baton_tools.testing.cluster import start_host
-
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("PATH", f"{STANDINS_DIR}:{os.environ['PATH']}")
-            mp.setenv("ANTHROPIC_API_KEY", "test-key")
-            mp.setenv("OPENAI_API_KEY", "test-key")
-            h = await start_host(self.coordinator.address, self.nats.url, log_dir=self.tmp / "logs", **self.settings)
-        self.hosts.append(h)
-        return h
-
-    async def kill(self, host_id: str) -> None:
-        h = next(h for h in self.hosts if h.host_id == host_id)
-        await h.kill()
-        self.hosts.remove(h)
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +49,7 @@ async def cluster(repo_dir: tuple[pathlib.Path, Repo], coordinator: Any, nats: A
     try:
         yield c
     finally:
-        for h in c.hosts:
-            await h.stop()
+        await c.stop()
 
 
 @pytest.fixture
@@ -86,44 +58,6 @@ async def gw(cluster: Cluster, make_gateway: Any) -> Gateway:
 
     ws_cfg = WorkspaceConfig.from_env({k: v for k, v in cluster.settings.items() if k.startswith("BATON_WORKSPACE_")})
     return await make_gateway(keepalive=0.5, workspace_dirs=(str(cluster.allowed.resolve()),), workspace_config=ws_cfg)
-
-
-async def turn(http: httpx.AsyncClient, gw: Gateway, thread: str, kind: str, prompt: str,
-               workspace: dict[str, Any] | None = None) -> tuple[str, list[dict[str, Any]]]:
-    run_id = unique("run-")
-    # As a chat client does: the thread's messages so far, then the new one.
-    saved = await http.get(f"{gw.url}/api/threads/{thread}/messages")
-    history = saved.json()["messages"] if saved.status_code == 200 else []
-    body: dict[str, Any] = {"threadId": thread, "agent": {"kind": kind},
-                            "messages": [*history, {"id": unique("u"), "role": "user", "content": prompt}]}
-    if workspace is not None:
-        body["workspace"] = workspace
-    got = await read_stream(http, "POST", f"{gw.url}/api/chat?runId={run_id}", json=body)
-    assert got.status == 200, got
-    assert got.ended
-    return run_id, [c for _, c in got.events]
-
-
-def texts(chunks: list[dict[str, Any]]) -> str:
-    """Everything the user reads: text deltas and tool results."""
-    out = []
-    for c in chunks:
-        if c["type"] == "TEXT_MESSAGE_CONTENT":
-            out.append(c["delta"])
-        elif c["type"] == "TEXT_MESSAGE_END":
-            out.append("\n")
-        elif c["type"] == "TOOL_CALL_RESULT":
-            out.append(f"{c.get('content')}\n")
-    return "".join(out)
-
-
-def terminal(chunks: list[dict[str, Any]]) -> dict[str, Any]:
-    return next(c for c in reversed(chunks) if c["type"] in ("RUN_FINISHED", "RUN_ERROR"))
-
-
-async def driver_of(http: httpx.AsyncClient, gw: Gateway, run_id: str) -> str:
-    view = (await http.get(f"{gw.url}/api/runs/{run_id}")).json()
-    return str(view["driverHost"])
 
 
 @pytest.mark.parametrize("kind", ["claude-code", "codex"])
@@ -191,6 +125,48 @@ async def test_a_refused_resume_fails_clearly_and_keeps_the_thread(
     after = (await http.get(f"{gw.url}/api/threads/{thread}/messages")).json()["messages"]
     assert after[:len(before)] == before
 
+
+
+async def test_a_turn_taken_over_mid_run_still_ends_with_its_workspace_snapshotted(
+        cluster: Cluster, gw: Gateway, http: httpx.AsyncClient) -> None:
+    thread = unique("takeover-thr-")
+    run1, c1 = await turn(http, gw, thread, "claude-code", "write a.txt one", {"git": f"file://{cluster.repo.bare}"})
+    assert terminal(c1)["type"] == "RUN_FINISHED", terminal(c1)
+
+    # Turn 2 sleeps before its write; its client reads the start, then leaves (detached).
+    run2 = unique("run-")
+    body = chat_body(thread, "claude-code", "sleep 4\nwrite b.txt two", await history(http, gw, thread))
+    first = await read_stream(http, "POST", f"{gw.url}/api/chat?runId={run2}", json=body, stop_after=2)
+    assert first.status == 200 and len(first.events) == 2
+    # Its driving host dies mid-run (the agent lives on, detached); another host is alive
+    # (and one more starts), so the coordinator's failover hands the run to a live host.
+    victim = await driver_of(http, gw, run2)
+    await cluster.kill(victim)
+    await cluster.add_host()
+
+    got = await read_stream(http, "GET", f"{gw.url}/api/chat", params={"runId": run2, "offset": "-1"})
+    assert got.status == 200 and got.ended
+    offsets = [o for o, _ in got.events]
+    assert len(set(offsets)) == len(offsets)  # exactly once
+    assert got.events[:2] == first.events
+    chunks = [c for _, c in got.events]
+    assert [c["type"] for c in chunks].count("RUN_STARTED") == 1
+    assert terminal(chunks)["type"] == "RUN_FINISHED", terminal(chunks)
+    assert chunks[-1]["type"] == "RUN_FINISHED"
+
+    async def completed_elsewhere() -> bool:
+        view = (await http.get(f"{gw.url}/api/runs/{run2}")).json()
+        return bool(view["status"] == "completed" and view["driverHost"] != victim and view["epoch"] == 2)
+    await assert_eventually(completed_elsewhere, timeout=20)
+
+    # Turn 3 has no warm directory anywhere: it starts from the snapshot alone, which must be
+    # the one the successor took at turn 2's end.
+    shutil.rmtree(cluster.tmp / "sandboxes", ignore_errors=True)
+    run3, c3 = await turn(http, gw, thread, "claude-code", "recall\nrun cat a.txt b.txt")
+    assert terminal(c3)["type"] == "RUN_FINISHED", terminal(c3)
+    seen = texts(c3)
+    assert "one\ntwo" in seen, seen
+    assert "write a.txt one" in seen and "sleep 4" in seen  # the session, both prompts remembered
 
 
 async def test_a_fork_continues_independently_of_its_source(
