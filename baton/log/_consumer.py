@@ -246,7 +246,8 @@ class OrderedConsumer:
     async def _on_msg(self, msg: Msg) -> None:
         # A callback plus a deque costs a fraction of ``next_msg`` (which starts a task
         # per call); stored_headers reads 100k records per takeover.
-        if self._sub is not None and msg.sid == self._sub._id:  # not a dropped sub's leftover
+        # Each subscription has an inbox of its own: another subject is a dropped one's leftover.
+        if self._sub is not None and msg.subject == self._sub.subject:
             self._inbox.append(msg)
             self._arrived.set()
 
