@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -96,6 +97,7 @@ def distributions_of(module: str) -> set[str]:
     return {canonicalize_name(d) for d in _packages_distributions().get(parts[0], [])}
 
 
+@pytest.mark.servers  # starts processes: not a unit test
 def test_every_third_party_import_is_declared_in_the_extra_of_its_module() -> None:
     missing = []
     for pkg in sorted(OWN):
@@ -112,6 +114,7 @@ def test_every_third_party_import_is_declared_in_the_extra_of_its_module() -> No
     assert missing == []
 
 
+@pytest.mark.servers  # starts processes: not a unit test
 def test_the_client_imports_without_any_extra() -> None:
     # Import the client with every distribution outside the base dependencies hidden, as in a
     # fresh `pip install baton` (measured: ~33 MB installed, no etcd/nats/docker/typer).

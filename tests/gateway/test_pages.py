@@ -194,7 +194,8 @@ async def run_page_script(node: str, script: str, gw: Gateway, *, timeout: float
                 await proc.stdin.drain()
 
     try:
-        err = await asyncio.wait_for(asyncio.gather(read(), proc.stderr.read(), proc.wait()), timeout)
+        async with asyncio.timeout(timeout):
+            err = await asyncio.gather(read(), proc.stderr.read(), proc.wait())
     except TimeoutError:
         raise AssertionError(f"{script} timed out\nstdout: {''.join(out)[-3000:]}") from None
     finally:
