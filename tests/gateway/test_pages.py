@@ -274,7 +274,7 @@ async def test_chat_page_reloads_tabs_busy_stop_failures_and_hostile_output(
     assert result["failed"]["statusC"] == result["failed"]["statusD"] == "failed"
     assert result["xss"]["flag"] is None and result["xss"]["imgs"] == 0
     assert [pathlib.Path(p).name for p in result["screenshots"]] == [
-        "chat-mid-run.png", "chat-finished.png", "chat-busy.png", "chat-cancelled.png", "chat-interrupted.png",
+        "chat-mid-run.png", "chat-finished.png", "chat-scrolled.png", "chat-busy.png", "chat-cancelled.png", "chat-interrupted.png",
         "chat-failed.png", "chat-hostile.png", "chat-phone.png"]
 
 
