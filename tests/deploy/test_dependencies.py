@@ -58,7 +58,7 @@ def declared(*extras: str) -> set[str]:
 def extras_for(path: pathlib.Path) -> tuple[str, ...]:
     """The extras a module of ours may rely on, by where it sits."""
     rel = path.relative_to(REPO).as_posix()
-    if rel == "sandbox_host/providers/docker.py":
+    if rel in ("sandbox_host/providers/docker.py", "sandbox_host/providers/_docker_stream.py"):
         return ("server", "docker")
     if rel.startswith(("coordinator/", "gateway/", "sandbox_host/", "baton/log/")) or rel in ("baton/agui.py", "baton/agents.py"):
         return ("server",)
