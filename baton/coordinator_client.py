@@ -140,8 +140,7 @@ class Session:
         sent a third of the TTL after the previous *answer*, a coordinator answering in
         1.5 s (2 cores at load 20) stretched the gap between two refreshes reaching etcd
         to nearly the whole TTL, and leases expired while every answer came in time
-        (issue 18: hosts lost their sessions under load, ~250 driver stops in one bench
-        side). Answers are read by their own task: cancelling a pending gRPC read cancels
+        (hosts lost their sessions under load). Answers are read by their own task: cancelling a pending gRPC read cancels
         the whole call, so a slow answer is waited for, not abandoned.
 
         The lease is known to hold until the send time of the last answered refresh plus

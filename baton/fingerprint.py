@@ -4,7 +4,7 @@ A fingerprint identifies what a chunk *says*, not when it was said: the SHA-256 
 the canonical JSON (sorted keys, ``(",", ":")`` separators, UTF-8, no ASCII escaping) of
 the chunk's ``type`` plus the AG-UI spec fields of that type. ``timestamp``, ``rawEvent``
 and ``metadata`` never count. A field present with ``null`` differs from an absent one.
-The per-type field lists are those of issue 3 (after the AG-UI event definitions); every
+The per-type field lists follow the AG-UI event definitions; every
 type also counts ``subagentRunId`` when present, because ag-ui-protocol 1.0 puts it on
 every event and a subagent's message must not match its parent's. Types not listed count
 every field but the excluded ones.

@@ -3,7 +3,7 @@
 A host is a :class:`Candidate` (its load now, its capacity, whether it drains). Placing
 runs is greedy and accounts for each assignment as it is made, so a batch of runs spreads
 over the hosts with room instead of landing on the one that was least loaded before the
-batch (issue 19 E: eight orphans all went to one host). The order of hosts:
+batch (otherwise a batch of orphans all goes to one host). The order of hosts:
 
 1. hosts with room before full ones (``capacity`` 0 = no limit; a full host is never
    assigned by :func:`assign`, and only tried last by :func:`order`, because a published

@@ -1,6 +1,6 @@
 """``baton demo``: live runs survive a host SIGKILL, a reader disconnect and a page reload.
 
-The scenario (issue 7):
+The scenario:
 
 1. start a local cluster (2 sandbox hosts);
 2. start one replay run per shipped Claude Code journal plus one Codex journal, all at

@@ -1,4 +1,4 @@
-"""Cancel intents: a user's Stop of a run id that has no record yet (issue 12, docs/design.md §3.1).
+"""Cancel intents: a user's Stop of a run id that has no record yet (docs/design.md §3.1).
 
 A client that mints run ids (TanStack does) can send its Stop before its POST landed. The
 intent (tenant + reason, :func:`coordinator.rules.cancel_intent_value`) is stored under

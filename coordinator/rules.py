@@ -333,7 +333,7 @@ def index_changes(keys: Keys, old: RunRecord, new: RunRecord,
     return cmps, ops
 
 
-# --- a Stop that races the start (issue 12) ------------------------------------------------
+# --- a Stop that races the start ----------------------------------------------------------
 
 #: Seconds a cancel intent waits for the start of its run: a client that minted the run id
 #: sends its POST at most this long before its Stop can land; after that the intent expires.

@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import asyncio
 import logging
+import signal
 import socket
 import sys
 from types import FrameType
@@ -27,24 +28,30 @@ log = logging.getLogger("gateway")
 class _Server(uvicorn.Server):
     """uvicorn's server, except that SIGTERM/SIGINT also end a startup that is still waiting
     (NATS or the coordinator unreachable). uvicorn only checks for a signal once the app has
-    started, so the process ignored it until SIGKILL; a gateway still starting serves no
-    reader, so there is nothing to end gracefully."""
+    started, so the process would ignore it until SIGKILL; a gateway still starting serves no
+    reader, so there is nothing to end gracefully: the process then ends by that signal, as
+    uvicorn ends one it stopped on a signal."""
 
     _serving: asyncio.Task[None] | None = None
     _loop: asyncio.AbstractEventLoop | None = None
+    _signal: int | None = None
 
-    async def _serve(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop, self._serving = asyncio.get_running_loop(), asyncio.current_task()
         log.info("event loop: %s.%s", type(self._loop).__module__, type(self._loop).__qualname__)
         try:
-            await super()._serve(sockets)
+            await super().serve(sockets)
         except asyncio.CancelledError:
-            if self.started or not self.should_exit:
+            if self.started or not self.should_exit or self._signal is None:
                 raise
             log.info("stopped while starting")
+            # uvicorn's signal handlers are gone by now (its context manager restored the
+            # previous ones): the default action ends the process.
+            signal.raise_signal(self._signal)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         super().handle_exit(sig, frame)
+        self._signal = sig
         if not self.started and self._serving is not None and self._loop is not None:
             # A signal handler: hand the cancel to the loop.
             self._loop.call_soon_threadsafe(self._serving.cancel)

@@ -1,4 +1,4 @@
-"""Whether the delivery log can store, as the gateway tells its clients (issue 19).
+"""Whether the delivery log can store, as the gateway tells its clients.
 
 While JetStream cannot store (its disk or ``max_file_store`` is full), a new run cannot
 start and open streams get no chunks: a POST answers ``503 LOG_STORAGE_FULL`` at once
@@ -51,7 +51,7 @@ class LogHealth:
         there held every open stream of the gateway for as long as it took (up to twice
         ``timeout`` while JetStream elects a stream leader), chunks that had arrived
         meanwhile included: readers got their next chunk up to 1.7 s after the appends
-        resumed, all at the same moment (issue 18, stream-leader SIGKILL).
+        resumed, all at the same moment (a stream leader SIGKILLed).
         """
         if time.monotonic() - self._at >= self._ttl and (self._probing is None or self._probing.done()):
             self._probing = asyncio.ensure_future(self._probe())

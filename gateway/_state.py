@@ -27,7 +27,7 @@ class GatewayState:
         transcripts: ``TranscriptStore``.
         hosts: host registry and channels.
         takeovers: the takeover trigger.
-        log_health: whether the delivery log stores (a cached probe; issue 19).
+        log_health: whether the delivery log stores (a cached probe).
         metrics: the app's Prometheus metrics.
         session: the gateway session (presence keys live under it), or ``None`` while it
             is being (re)opened.

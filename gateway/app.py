@@ -41,8 +41,7 @@ class _Gateway(Starlette):
     """Starlette, except that Durable Streams requests (``/ds/...``) go straight to the
     protocol's ASGI app: it maps its own errors (an unexpected one to the same 500 body as
     :func:`_internal_error`), and Starlette's error and exception middleware plus a walk over
-    every route before the ``/ds`` mount were a large share of an append's Python time
-    (issue 16)."""
+    every route before the ``/ds`` mount were a large share of an append's Python time."""
 
     ds_direct: ASGIApp | None = None
 

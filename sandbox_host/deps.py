@@ -52,7 +52,7 @@ class HostSettings:
         replay_yield_lines: journal lines a driver translates and aligns before it lets the
             event loop run other tasks (the host's keep-alive among them). 0 = never: only
             ``bench/takeover.py`` sets it (``BATON_BENCH_COLD_TAKEOVER=1``, together with
-            ``warm_up = False``) to measure the host as it was before issue 17's fix.
+            ``warm_up = False``) to measure a host without them.
         warm_up: whether the composition root imports the takeover path's modules before
             the host opens its session (see :func:`warm_up`); off only with
             ``BATON_BENCH_COLD_TAKEOVER=1``.
@@ -103,7 +103,7 @@ def warm_up() -> None:
     not pay for them on its first takeover either: importing them (pydantic models,
     dataclasses, regexes) runs on the event loop and took 2-7 s on a loaded 2-core
     machine, long enough for the host's own session to expire while it took over the runs
-    of a dead peer (issue 17). Blocking here, before :meth:`CoordinatorClient.open_session`,
+    of a dead peer. Blocking here, before :meth:`CoordinatorClient.open_session`,
     delays only the host's readiness.
     """
     import baton.fingerprint  # noqa: F401  (imported for its side effect: loaded once)

@@ -139,13 +139,11 @@ class RunSandboxes:
                 # The session (and so the claim) is gone, and the registry may say the agent
                 # is launched (a write whose answer the loss cut off): a successor may already
                 # follow it. It is the successor's now: it follows a launched one and destroys
-                # one never marked launched. Killing it here killed the agent a successor had
-                # adopted, and the run failed (issue 18: 36 of 200 runs in one bench side,
-                # each whose host lost its session while launching). Before that write went
+                # one never marked launched. Killing it here would kill the agent a successor
+                # had adopted, and the run would fail. Before that write went
                 # out the registry cannot say "launched" (nobody adopts the agent), and the
                 # sandbox's own registration may not have landed (a successor may never learn
-                # of it): it is destroyed here, as below (brk8: such sandboxes were left for
-                # good).
+                # of it): it is destroyed here, as below (else nobody ever would).
                 log.info("run %s: session lost while launching; sandbox %s left to the successor",
                          self.run_id, key)
                 raise

@@ -11,6 +11,7 @@ Also here, for every test:
 - the ``unit`` marker, set by :func:`pytest_collection_modifyitems` on every test that needs
   no server (``pytest -m unit``: the pure core in seconds).
 - :func:`no_task_leaks`: a test that leaves asyncio tasks running fails.
+- :func:`no_process_in_unit_tests`: a ``unit`` test that starts a process fails.
 """
 from __future__ import annotations
 
@@ -108,9 +109,45 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         require(condition, mark.kwargs.get("reason") or (mark.args[1] if len(mark.args) > 1 else "unmet"))
 
 
+def _refuse_processes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Make every way to start a process raise, and return the list of attempts."""
+    attempts: list[str] = []
+    test = request.node.nodeid
+
+    def refuse(what: str) -> Callable[..., Any]:
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            attempts.append(f"{what}{args[1:2] if what == 'subprocess.Popen' else args[:1]}")
+            raise AssertionError(
+                f"{test} is a unit test and started a process ({what}): make it pure, or mark its "
+                "module `servers` (tests/conftest.py)")
+        return refused
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse("subprocess.Popen"))
+    for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system", "execv", "execve"):
+        if hasattr(os, name):
+            monkeypatch.setattr(os, name, refuse(f"os.{name}"))
+    return attempts
+
+
+@pytest.fixture(autouse=True)
+def no_process_in_unit_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A ``unit`` test that starts a process (subprocess, asyncio's subprocesses, git, a
+    fork) fails, even when the code under test caught the refusal: "unit" means no process.
+    """
+    if request.node.get_closest_marker("unit") is None:
+        yield
+        return
+    attempts = _refuse_processes(request, monkeypatch)
+    yield
+    if attempts:
+        pytest.fail(f"a unit test started {len(attempts)} process(es): {attempts[:3]}", pytrace=False)
+
+
 # How long tasks a test started may take to finish after it (cancelled tasks unwinding,
 # a close() callback scheduled on the loop) before they count as leaked.
 TASK_LEAK_GRACE = 2.0
+# Seconds one step of the event loop may take before asyncio's debug mode logs it.
+SLOW_CALLBACK = 1.0
 
 
 @pytest_asyncio.fixture(autouse=True, loop_scope="session")
@@ -121,7 +158,11 @@ async def no_task_leaks() -> AsyncIterator[None]:
     fixtures: tasks those fixtures own are awaited by their teardown first. Tasks of module
     or session fixtures already exist when the snapshot is taken. Leaked tasks are cancelled
     after the failure so they cannot disturb the next test.
+
+    Also sets the loop's slow-callback report (asyncio debug mode, pyproject.toml) to
+    :data:`SLOW_CALLBACK`: debug mode's 0.1 s default logs every step of a loaded machine.
     """
+    asyncio.get_running_loop().slow_callback_duration = SLOW_CALLBACK
     before = asyncio.all_tasks()
     yield
     deadline = time.monotonic() + TASK_LEAK_GRACE

@@ -4,7 +4,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
+
+# Runs protoc in a subprocess: not a `unit` test.
+pytestmark = pytest.mark.servers
 
 
 def test_generated_stubs_are_fresh() -> None:

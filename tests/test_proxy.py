@@ -20,7 +20,8 @@ async def _roundtrip(port: int, payload: bytes) -> bytes:
     try:
         w.write(payload)
         await w.drain()
-        return await asyncio.wait_for(r.read(1024), 5)
+        async with asyncio.timeout(5):
+            return await r.read(1024)
     finally:
         w.close()
 
@@ -37,7 +38,8 @@ async def test_blip_resets_open_connections_refuses_new_ones_then_forwards() -> 
         blip = asyncio.create_task(proxy.blip(0.5))
         await asyncio.sleep(0)  # the blip has begun: down, every connection aborted
         with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
-            await asyncio.wait_for(r.readexactly(1), 5)
+            async with asyncio.timeout(5):
+                await r.readexactly(1)
         w.close()
         with pytest.raises(ConnectionResetError):   # accepted and reset at once
             await _roundtrip(proxy.port, b"during")

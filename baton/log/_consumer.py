@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import contextlib
 import json
 import logging
@@ -101,6 +102,10 @@ class OrderedConsumer:
         self._batch = batch
         self._timeout = request_timeout
         self._sub: Subscription | None = None
+        # Which subscription is current: each one's callback carries the number it was made
+        # with, so a dropped subscription's leftovers are told apart without nats-py's
+        # private subscription id (a JetStream delivery keeps its stored subject).
+        self._generation = 0
         # Deliveries handed over by the subscription callback; at most one pull batch
         # (plus a few status messages) is ever in here.
         self._inbox: collections.deque[Msg] = collections.deque()
@@ -210,8 +215,9 @@ class OrderedConsumer:
     async def _create_once(self, timeout: float | None = None) -> None:
         await self._drop()
         # Room for one full batch plus status messages: the client never drops.
+        self._generation += 1
         self._sub = await self._nc.subscribe(
-            self._nc.new_inbox(), cb=self._on_msg,
+            self._nc.new_inbox(), cb=functools.partial(self._on_msg, self._generation),
             pending_msgs_limit=self._batch + 64, pending_bytes_limit=0,
         )
         cfg = api.ConsumerConfig(
@@ -243,10 +249,10 @@ class OrderedConsumer:
         )
         self._credit = self._batch
 
-    async def _on_msg(self, msg: Msg) -> None:
+    async def _on_msg(self, generation: int, msg: Msg) -> None:
         # A callback plus a deque costs a fraction of ``next_msg`` (which starts a task
         # per call); stored_headers reads 100k records per takeover.
-        if self._sub is not None and msg.sid == self._sub._id:  # not a dropped sub's leftover
+        if self._sub is not None and generation == self._generation:  # not a dropped sub's leftover
             self._inbox.append(msg)
             self._arrived.set()
 

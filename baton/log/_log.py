@@ -86,7 +86,9 @@ class DeliveryLog:
         # nats-py parses every message's headers in Python; its parser dominated the
         # headers-only read of a 100k-record log (the takeover budget is 2 s). The
         # replacement gives the same dict for well-formed headers. An instance attribute,
-        # so only this connection is affected.
+        # so only this connection is affected. A private method of nats-py:
+        # tests/log/test_header_parser_swap.py fails when nats-py renames it, changes its
+        # signature, stops calling it, or parses sample headers differently from this one.
         if hasattr(nc, "_parse_header_lines"):
             nc._parse_header_lines = H.fast_parse_header_lines  # type: ignore[method-assign]
 

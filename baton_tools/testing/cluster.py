@@ -233,7 +233,7 @@ async def start_coordinator(etcd_endpoint: str, prefix: str, *, in_process: bool
     return proc
 
 
-# --- sandbox hosts (issue 5) ---------------------------------------------------------------
+# --- sandbox hosts -------------------------------------------------------------------------
 
 
 class _ServiceProcess:
@@ -400,7 +400,7 @@ async def start_host(coordinator: str, nats_url: str, *, host_id: str | None = N
     return h
 
 
-# --- gateway (issue 6) ----------------------------------------------------------------------
+# --- gateway -------------------------------------------------------------------------------
 
 
 class GatewayProcess(_ServiceProcess):

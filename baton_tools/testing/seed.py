@@ -4,7 +4,7 @@ Records are written straight into etcd in batch transactions, as the coordinator
 out (:mod:`coordinator._keys`), so a store of 100,000 records takes seconds, not the hours
 100,000 real runs would. A seeded record is "realistic": about 450 bytes, as a run of the
 ``claude-code`` agent with options, usage and a sandbox key (the size at which an unpaged
-range of 8,000 to 10,000 records passed gRPC's 4 MiB limit, issue 18).
+range of 8,000 to 10,000 records passes gRPC's 4 MiB limit).
 """
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ class DurableStreams:
         protocol errors become their status, never a 500.
 
         An append (POST) reads its headers and body straight from the ASGI scope and
-        ``receive`` (the protocol's hot path, issue 16); other methods get a Starlette
+        ``receive`` (the protocol's hot path); other methods get a Starlette
         ``Request``.
         """
         method: str = scope["method"]
@@ -109,7 +109,7 @@ def build_app(ds: Callable[[], DurableStreams | None]) -> ASGIApp:
 
     A plain ASGI callable, not a Starlette router: the path under ``root_path`` is the
     stream path, and every response is sent as two ASGI messages with the CORS headers
-    added, which keeps the per-append Python work small (issue 16). An unexpected error
+    added, which keeps the per-append Python work small. An unexpected error
     is logged and answered 500 (``{"error": "internal error", "reason": "INTERNAL"}``, as
     the gateway's other routes), so the app needs no error middleware around it.
 

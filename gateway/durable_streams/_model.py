@@ -71,7 +71,7 @@ class StreamState:
     refs: int = 0
     soft_deleted: bool = False
     js_last: int = 0
-    # Made when a reader first waits, not on every append (issue 16): most appends have none.
+    # Made when a reader first waits, not on every append: most appends have none.
     _changed: asyncio.Event | None = field(default=None, repr=False, compare=False)
 
     @property

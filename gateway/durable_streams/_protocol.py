@@ -45,7 +45,7 @@ CORS_HEADERS = {
     "cross-origin-resource-policy": "cross-origin",
 }
 # Sent on a preflight (OPTIONS) answer only: browsers read them nowhere else (Fetch standard,
-# CORS-preflight fetch), and these two are most of the bytes of every answer (issue 16).
+# CORS-preflight fetch), and these two are most of the bytes of every answer.
 PREFLIGHT_HEADERS = {
     "access-control-allow-methods": "GET, POST, PUT, DELETE, HEAD, OPTIONS",
     "access-control-allow-headers": (

@@ -1,4 +1,4 @@
-"""JetStream publishes with acknowledgement, leaner than ``nc.request`` (issue 16).
+"""JetStream publishes with acknowledgement, leaner than ``nc.request``.
 
 A publish to a JetStream subject is a request: the server answers on the reply subject once
 the message is stored. nats-py's ``request`` waits with ``asyncio.wait_for`` plus a done

@@ -74,7 +74,7 @@ class Reply:
     """A bodiless answer given as raw ASGI headers (lower-case names), sent as is.
 
     What an accepted append returns: no Starlette ``Response`` (header dict, lower-casing,
-    content-length) to build on the protocol's hottest path (issue 16). Like Starlette's
+    content-length) to build on the protocol's hottest path. Like Starlette's
     ``Response(b"")``, a 200 carries ``content-length: 0`` and a 204 none.
     """
 

@@ -5,7 +5,7 @@ loop), holding one watch per followed file, rather than one instance per follow:
 kernel tears every inotify instance down when a process dies, each teardown waits for an
 RCU grace period, and a dying host closes its sockets only after them. With an instance
 per followed journal, a SIGKILLed host driving 10 runs kept its keep-alive connection to
-the coordinator open for 60-170 ms more, the start of every takeover (issue 17); with
+the coordinator open for 60-170 ms more, the start of every takeover; with
 one instance the extra wait is that of one teardown.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ def libc() -> ctypes.CDLL | None:
 
     ``ctypes.util.find_library`` runs ``ldconfig -p`` in a subprocess and parses its
     output: done at every follow, on the event loop, it held a host's loop for tens of ms
-    per takeover (issue 17).
+    per takeover.
     """
     name = ctypes.util.find_library("c")
     return None if name is None else ctypes.CDLL(name, use_errno=True)

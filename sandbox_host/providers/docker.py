@@ -34,7 +34,7 @@ import posixpath
 import shutil
 import tempfile
 import time
-from typing import Any, AsyncIterator, Iterator, Mapping, Sequence
+from typing import Any, AsyncIterator, Mapping, Sequence
 
 import docker
 import docker.errors
@@ -47,6 +47,7 @@ from sandbox_host._wrapper import wrapper_argv, wrapper_script
 from sandbox_host.providers._base import Provider, SandboxHandle, SandboxSpec
 from sandbox_host.providers import _tree
 from sandbox_host.providers import _workspace as _ws
+from sandbox_host.providers._docker_stream import ExecStream, open_exec_stream
 from sandbox_host.providers._redact import redact
 
 #: Bytes of a failing step's stderr kept in ``SandboxBuildFailed.detail``.
@@ -385,18 +386,15 @@ class DockerProvider(Provider):
                 except docker.errors.APIError as exc:  # e.g. container not running
                     raise FileNotFoundError(f"{path}: {_explain(exc)}") from exc
                 try:
-                    # Called in a lambda so the stubs' overload for stream=True applies.
-                    exec_id = ex["Id"]
-                    stream = await asyncio.to_thread(lambda: self._api.exec_start(exec_id, stream=True))
+                    stream = await asyncio.to_thread(open_exec_stream, self._api, ex["Id"])
                 except docker.errors.APIError as exc:  # removed between create and start
                     raise FileNotFoundError(f"{path}: {_explain(exc)}") from exc
                 tail_pid: int | None = None
                 head = b""
                 failure: bytes | None = None
                 try:
-                    chunks: Iterator[bytes] = iter(stream)
                     while True:
-                        data: bytes | None = await loop.run_in_executor(pool, next, chunks, None)
+                        data: bytes | None = await loop.run_in_executor(pool, stream.read)
                         if data is None:
                             break
                         if tail_pid is None:
@@ -435,7 +433,7 @@ class DockerProvider(Provider):
             pool.shutdown(wait=False, cancel_futures=True)
 
     async def _stop_follow(
-        self, cid: str, stream: Any, pid: int | None, pool: concurrent.futures.ThreadPoolExecutor
+        self, cid: str, stream: ExecStream, pid: int | None, pool: concurrent.futures.ThreadPoolExecutor
     ) -> None:
         """Stop a follow exec: inside the container, then the stream, then the response."""
         if pid is not None:
@@ -444,11 +442,11 @@ class DockerProvider(Provider):
                 await self._exec(cid, ["sh", "-c", 'kill -TERM "$1"', "sh", str(pid)])  # no /bin/kill in minbase
             except (docker.errors.DockerException, requests.exceptions.RequestException):
                 pass  # the container is gone, and the tail with it
-        # Shutting the socket down unblocks the reader thread if it still waits.
-        await asyncio.to_thread(stream.close)
+        # Shutting the connection down unblocks the reader thread if it still waits.
+        await asyncio.to_thread(stream.shutdown)
         # Queued behind the pending read on the follow's one thread, so the response is
         # closed only after the reader has let go of it.
-        await asyncio.get_running_loop().run_in_executor(pool, _close_response, stream)
+        await asyncio.get_running_loop().run_in_executor(pool, stream.close)
 
     async def read_file(self, handle: SandboxHandle, path: str, offset: int = 0, limit: int | None = None) -> bytes:
         """Bytes of a file from ``offset`` (at most ``limit``), via an exec'd ``tail -c +N``.
@@ -567,19 +565,6 @@ class DockerProvider(Provider):
 
 def _home_env(home: str | None) -> dict[str, str]:
     return {"HOME": home, "CODEX_HOME": f"{home}/.codex"} if home else {}
-
-
-def _close_response(stream: Any) -> None:
-    """Close the HTTP response behind an exec stream whose socket is already shut.
-
-    ``CancellableStream.close`` closes the socket but not the response, whose later
-    garbage collection would then report a flush on a closed file; closing it here (and
-    accepting that very error once) leaves nothing for the collector.
-    """
-    try:
-        stream._response.close()
-    except (ValueError, OSError):
-        pass
 
 
 def _explain(exc: BaseException) -> str:

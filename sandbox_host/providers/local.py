@@ -43,9 +43,8 @@ _PROXY_ENV = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "grpc_pr
 # launching sh prints the pid and exits. The record is what lets any host kill an agent whose
 # launch never reached the sandbox registry (the launching host died, or the store was down,
 # right after the launch). It is written by the group leader itself, after `setsid`: written
-# by the launching sh right after the fork (as it was), it could name a process not yet
-# leading its group, which a successor's SIGKILL of the group missed while the agent went on
-# (issue 18: "agent processes survived SIGKILL" under load). And when the sandbox was removed
+# by the launching sh right after the fork, it could name a process not yet leading its
+# group, which a successor's SIGKILL of the group would miss while the agent went on. And when the sandbox was removed
 # meanwhile, the record cannot be written and no agent starts (`&&`).
 _LAUNCHER = ('f=$1; shift; setsid sh -c \'echo $$ >"$0" && exec "$@"\' "$f" "$@" '
              '</dev/null >/dev/null 2>&1 & echo $!')

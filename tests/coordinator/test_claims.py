@@ -146,7 +146,8 @@ async def test_session_lost_fires_when_the_lease_is_revoked(cc: CoordinatorClien
         # Another party revokes the lease (as an operator would): the holder learns it.
         from baton.v1 import coordinator_pb2 as pb
         await other._unary("CloseSession", pb.CloseSessionRequest(session_id=s.id))
-    await asyncio.wait_for(s.lost.wait(), timeout=5)
+    async with asyncio.timeout(5):
+        await s.lost.wait()
     assert (await cc.get_run(rec.run_id)).claim is None
     with pytest.raises(errors.SessionLost):
         await cc.claim_run(rec.run_id, s, "h")

@@ -77,7 +77,8 @@ async def test_cancelled_watch_stream_closes_its_generator_cleanly(
             stub = pb_grpc.CoordinatorStub(ch)
             for _ in range(3):
                 call = stub.WatchRun(pb.WatchRunRequest(run_id=rec.run_id))
-                first = await asyncio.wait_for(call.read(), timeout=5)
+                async with asyncio.timeout(5):
+                    first = await call.read()
                 assert first.record.run_id == rec.run_id
                 call.cancel()                               # the client leaves mid-stream
     finally:

@@ -28,7 +28,8 @@ async def test_node_client_creates_claims_and_reads_a_run(coord: InProcessCoordi
     proc = await asyncio.create_subprocess_exec(
         "node", str(SCRIPT), coord.address, run_id, thread_id, cwd=str(NODE_DIR), env=env_without_proxy(),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    async with asyncio.timeout(60):
+        out, err = await proc.communicate()
     assert proc.returncode == 0, err.decode()
     got = json.loads(out)
     assert got["created"] is True and got["status"] == "RUN_STATUS_RUNNING"

@@ -124,7 +124,8 @@ async def test_leader_crash_hands_over_after_the_lease_expires(etcd: EtcdServer,
             await assert_eventually(lambda: _eq(candidates(), [b"sub", b"inproc"]), timeout=10)
             assert not started.is_set()
             await sub.kill()                                 # type: ignore[union-attr]
-            await asyncio.wait_for(started.wait(), timeout=2.0 + 3.0)
+            async with asyncio.timeout(2.0 + 3.0):
+                await started.wait()
         finally:
             await inproc.stop()
     finally:

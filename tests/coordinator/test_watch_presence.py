@@ -19,7 +19,8 @@ async def _new(cc: CoordinatorClient, **fields) -> RunRecord:  # type: ignore[no
 
 
 async def _next(it: AsyncIterator[WatchEvent]) -> WatchEvent:
-    return await asyncio.wait_for(it.__anext__(), timeout=5)
+    async with asyncio.timeout(5):
+        return await it.__anext__()
 
 
 async def test_watch_run_streams_cancel_epoch_and_status(cc: CoordinatorClient) -> None:

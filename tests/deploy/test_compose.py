@@ -80,6 +80,7 @@ def compose() -> dict[str, Any]:
     return yaml.safe_load(out.stdout)
 
 
+@pytest.mark.servers  # starts processes: not a unit test
 def test_docker_compose_config_accepts_the_file() -> None:
     exe = shutil.which("docker-compose")
     require(exe is not None, "docker-compose not installed (apt-get install docker-compose)")
@@ -88,6 +89,7 @@ def test_docker_compose_config_accepts_the_file() -> None:
     assert out.returncode == 0, out.stderr
 
 
+@pytest.mark.servers  # starts processes: not a unit test
 def test_docker_compose_config_rejects_a_broken_file(tmp_path: Any) -> None:
     exe = shutil.which("docker-compose")
     require(exe is not None, "docker-compose not installed (apt-get install docker-compose)")

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -58,7 +59,7 @@ def declared(*extras: str) -> set[str]:
 def extras_for(path: pathlib.Path) -> tuple[str, ...]:
     """The extras a module of ours may rely on, by where it sits."""
     rel = path.relative_to(REPO).as_posix()
-    if rel == "sandbox_host/providers/docker.py":
+    if rel in ("sandbox_host/providers/docker.py", "sandbox_host/providers/_docker_stream.py"):
         return ("server", "docker")
     if rel.startswith(("coordinator/", "gateway/", "sandbox_host/", "baton/log/")) or rel in ("baton/agui.py", "baton/agents.py"):
         return ("server",)
@@ -97,6 +98,7 @@ def distributions_of(module: str) -> set[str]:
     return {canonicalize_name(d) for d in _packages_distributions().get(parts[0], [])}
 
 
+@pytest.mark.servers  # starts processes: not a unit test
 def test_every_third_party_import_is_declared_in_the_extra_of_its_module() -> None:
     missing = []
     for pkg in sorted(OWN):
@@ -113,6 +115,7 @@ def test_every_third_party_import_is_declared_in_the_extra_of_its_module() -> No
     assert missing == []
 
 
+@pytest.mark.servers  # starts processes: not a unit test
 def test_the_client_imports_without_any_extra() -> None:
     # Import the client with every distribution outside the base dependencies hidden, as in a
     # fresh `pip install baton-runs` (measured: ~33 MB installed, no etcd/nats/docker/typer).

@@ -82,7 +82,8 @@ async def follow_all(
                 out.append(it)
         return out
 
-    return await asyncio.wait_for(run(), timeout)
+    async with asyncio.timeout(timeout):
+        return await run()
 
 
 async def container_processes(provider: "DockerProvider", handle: SandboxHandle) -> list[str]:

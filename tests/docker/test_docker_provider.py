@@ -189,7 +189,8 @@ async def test_destroy_is_the_end_of_a_running_agent(docker_provider: DockerProv
         assert await docker_provider.destroy(handle) is True
         # The follower notices the container is gone: a clear error, not a hang.
         with pytest.raises(JournalDeleted):
-            await asyncio.wait_for(task, 15)
+            async with asyncio.timeout(15):
+                await task
     finally:
         if not task.done():
             task.cancel()
@@ -348,7 +349,8 @@ async def test_journal_deleted_mid_follow(docker_provider: DockerProvider, conta
         code, _, _ = await docker_provider._exec(handle.data["container_id"], ["rm", handle.journal_path])
         assert code == 0
         with pytest.raises(JournalDeleted):
-            await asyncio.wait_for(task, 15)
+            async with asyncio.timeout(15):
+                await task
     finally:
         if not task.done():
             task.cancel()
@@ -402,7 +404,8 @@ async def test_follow_resumes_when_its_exec_dies(docker_provider: DockerProvider
         )
         code, out, _ = await docker_provider._exec(handle.data["container_id"], ["sh", "-c", killer])
         assert (code, out) == (0, b"killed\n")
-        await asyncio.wait_for(task, 20)
+        async with asyncio.timeout(20):
+            await task
     finally:
         if not task.done():
             task.cancel()

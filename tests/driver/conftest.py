@@ -100,7 +100,8 @@ class Cluster:
                 async for off, chunk in r:
                     out.append((off, chunk))
 
-        await asyncio.wait_for(go(), timeout)
+        async with asyncio.timeout(timeout):
+            await go()
         return out
 
     async def close(self) -> None:

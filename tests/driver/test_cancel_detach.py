@@ -37,7 +37,8 @@ async def _read_until(cluster: Cluster, run_id: str, n: int) -> tuple[list[dict[
         return got
 
     task = asyncio.create_task(go())
-    await asyncio.wait_for(seen.wait(), 30)
+    async with asyncio.timeout(30):
+        await seen.wait()
     return got, task
 
 
@@ -74,7 +75,9 @@ async def test_cancel_seen_via_watch_run(cluster: Cluster) -> None:
     _, reader = await _read_until(cluster, run_id, 10)
     pgid = await _pgid(cluster, run_id)
     await cluster.cc.request_run_cancel(run_id, reason="user")
-    await _assert_cancelled(cluster, run_id, await asyncio.wait_for(reader, 30), "user", pgid)
+    async with asyncio.timeout(30):
+        chunks = await reader
+    await _assert_cancelled(cluster, run_id, chunks, "user", pgid)
 
 
 async def test_cancel_by_the_in_process_fast_path(cluster: Cluster) -> None:
@@ -85,7 +88,9 @@ async def test_cancel_by_the_in_process_fast_path(cluster: Cluster) -> None:
     pgid = await _pgid(cluster, run_id)
     resp = await cluster.stub(host).CancelRun(sandbox_host_pb2.CancelRunRequest(run_id=run_id, reason="user"), timeout=5)
     assert resp.driving is True
-    await _assert_cancelled(cluster, run_id, await asyncio.wait_for(reader, 30), "user", pgid)
+    async with asyncio.timeout(30):
+        chunks = await reader
+    await _assert_cancelled(cluster, run_id, chunks, "user", pgid)
 
 
 @pytest.mark.parametrize("after", [0.0, 0.05, 0.2])
@@ -110,7 +115,8 @@ async def test_cancel_of_a_run_whose_host_died_is_carried_out_by_another(cluster
     a.kill_now()
     restart = asyncio.create_task(a.start())
     await cluster.cc.request_run_cancel(run_id, reason="user")
-    chunks = await asyncio.wait_for(reader, 30)
+    async with asyncio.timeout(30):
+        chunks = await reader
     await _assert_cancelled(cluster, run_id, chunks, "user", pgid)
     rec = await cluster.record(run_id)
     assert rec.driver_epoch == 2
@@ -136,7 +142,8 @@ async def test_detach_is_not_terminal_and_the_agent_goes_on(cluster: Cluster) ->
     rec = await assert_eventually(lambda: _detached(cluster, run_id))
     assert status_of(rec) == "running" and rec.sandbox_key and not rec.cancel_requested
     at_detach = len(got)
-    chunks = await asyncio.wait_for(reader, 60)
+    async with asyncio.timeout(60):
+        chunks = await reader
     assert len(chunks) > at_detach and chunks[-1]["type"] == "RUN_FINISHED"
     assert chunks[1]["name"] == "run.accepted"
     assert [chunks[0], *chunks[2:]] == translate_bytes("claude-stream-json", (CORPUS / LONG).read_bytes(), run_id, thread_id)
@@ -154,7 +161,8 @@ async def test_detach_with_cancel_on_disconnect_cancels_and_log_still_replays(cl
     _, reader = await _read_until(cluster, run_id, 5)
     pgid = await _pgid(cluster, run_id)
     await _detach(cluster, run_id)
-    live = await asyncio.wait_for(reader, 30)
+    async with asyncio.timeout(30):
+        live = await reader
     await _assert_cancelled(cluster, run_id, live, "disconnected", pgid)
     later = [c for _, c in await cluster.read_all(run_id)]  # a later reader gets the whole log
     assert later == live
@@ -169,7 +177,8 @@ async def test_drain_hands_runs_over_and_finalizes_nothing(cluster: Cluster) -> 
     assert a.proc is not None and a.proc.returncode == 0
     rec_mid = await cluster.record(run_id)
     assert status_of(rec_mid) == "running"
-    chunks = await asyncio.wait_for(reader, 60)
+    async with asyncio.timeout(60):
+        chunks = await reader
     expected = translate_bytes("claude-stream-json", (CORPUS / LONG).read_bytes(), run_id, thread_id)
     assert chunks[1]["name"] == "run.accepted" and [chunks[0], *chunks[2:]] == expected
     rec = await cluster.wait_status(run_id, "completed")

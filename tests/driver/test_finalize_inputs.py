@@ -91,9 +91,11 @@ async def test_cancel_seen_while_the_successor_loads_the_run_input_keeps_the_use
         epoch2, rec2 = await c.cc.claim_run(run_id, session, "successor", purpose="drive")
         driver = RunDriver(deps, rec2, epoch2, "attach", c.log.writer(run_id, epoch2))
         running = asyncio.create_task(driver.run())
-        await asyncio.wait_for(deps.held.wait(), 30)  # the body is inside the read now
+        async with asyncio.timeout(30):
+            await deps.held.wait()  # the body is inside the read now
         await c.cc.request_run_cancel(run_id, reason="user")
-        await asyncio.wait_for(running, 30)
+        async with asyncio.timeout(30):
+            await running
     finally:
         await session.close()
     await _assert_aborted_with_input(c, run_id, thread_id, epoch2)
@@ -153,7 +155,8 @@ async def test_finalize_whose_body_decides_after_the_watched_cancel_still_finish
         epoch2, rec2 = await c.cc.claim_run(run_id, session, "successor", purpose="finalize")
         driver = RunDriver(deps, rec2, epoch2, "finalize", c.log.writer(run_id, epoch2),
                            cancel_reason=rec2.cancel_reason or None)
-        await asyncio.wait_for(driver.run(), 30)
+        async with asyncio.timeout(30):
+            await driver.run()
     finally:
         await session.close()
     assert driver.stats.outcome == "aborted"

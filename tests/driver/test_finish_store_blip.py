@@ -142,7 +142,8 @@ async def _run_through_an_outage(c: Cluster, link: EtcdLink, *, until_log: str) 
         await assert_eventually(lambda: f"run {run_id}: {until_log}" in host.log_text(), timeout=60, interval=0.05)
     finally:
         link.up()
-    await asyncio.wait_for(reader, 60)  # readers get the end
+    async with asyncio.timeout(60):
+        await reader  # readers get the end
     assert got[0] == expected[0] and got[1]["name"] == RUN_ACCEPTED
     assert [got[0], *got[2:]] == expected  # each chunk once, in order
     return run_id, thread_id, got

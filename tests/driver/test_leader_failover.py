@@ -44,7 +44,8 @@ async def test_run_whose_host_died_while_no_coordinator_led_is_taken_over_by_the
                 if n >= 20:
                     return
 
-    await asyncio.wait_for(streaming(), 30)
+    async with asyncio.timeout(30):
+        await streaming()
     await cluster.coordinator.stop()                  # no leader from here on
     a.kill_now()                                       # its claim goes with its lease, unseen
     store = RunStore(Etcd([cluster.etcd_endpoint]), cluster.prefix)

@@ -213,10 +213,12 @@ async def test_a_start_that_outlived_its_session_is_taken_over(host: tuple[Clust
     run_id, thread_id = unique("run-"), unique("thr-")
     h.coordinator.hold_clear = True
     start = asyncio.create_task(h.manager.start_run(_start_request(run_id, thread_id)))
-    await asyncio.wait_for(h.coordinator.cleared.wait(), 30)  # the input is durable, starting cleared
+    async with asyncio.timeout(30):
+        await h.coordinator.cleared.wait()  # the input is durable, starting cleared
     await h.lose_session()  # the claim goes with the lease; the failover finds no host yet
     h.coordinator.go.set()  # the start goes on, under a session that is gone
-    record, created = await asyncio.wait_for(start, 30)
+    async with asyncio.timeout(30):
+        record, created = await start
     assert created and not record.starting
     await h.register()  # back: the failover hands the orphan to this host
     await _assert_completed_by_successor(c, h, run_id, thread_id)
@@ -229,7 +231,8 @@ async def test_a_driver_slow_to_stop_after_its_session_was_lost_does_not_keep_th
     run_id, thread_id = unique("run-"), unique("thr-")
     record, created = await h.manager.start_run(_start_request(run_id, thread_id))
     assert created and not record.starting
-    await asyncio.wait_for(h.deps.held.wait(), 30)  # the driver registers its sandbox
+    async with asyncio.timeout(30):
+        await h.deps.held.wait()  # the driver registers its sandbox
     await h.lose_session()  # told to stop, it is still stopping
     await h.register()
     await _assert_completed_by_successor(c, h, run_id, thread_id)
@@ -261,7 +264,8 @@ async def test_a_retried_start_takes_over_a_start_whose_session_lapsed_after_its
     try:
         first._task.cancel()
         with pytest.raises(StoreUnavailable):
-            await asyncio.wait_for(start, 30)
+            async with asyncio.timeout(30):
+                await start
         h.coordinator.slow_store = False
         h.manager.session_lost()
         h.deps.session = await h.coordinator.open_session(ttl=TTL, owner=h.host_id)
@@ -271,5 +275,6 @@ async def test_a_retried_start_takes_over_a_start_whose_session_lapsed_after_its
         assert view.record.starting and view.claim is not None and view.claim.session_id == first.id
     finally:
         await keeper.close()  # the lease lapses: the old claim goes
-    await asyncio.wait_for(retry, 60)
+    async with asyncio.timeout(60):
+        await retry
     await _assert_completed_by_successor(c, h, run_id, thread_id)

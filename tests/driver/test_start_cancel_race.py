@@ -47,7 +47,8 @@ async def test_a_start_that_meets_a_cancel_and_another_finalizer_follows_it(host
 
     h.coordinator.claim_run = claim_run  # type: ignore[method-assign]
     try:
-        record, created = await asyncio.wait_for(h.manager.start_run(_start_request(run_id, thread_id)), 60)
+        async with asyncio.timeout(60):
+            record, created = await h.manager.start_run(_start_request(run_id, thread_id))
         # Followed, not refused: once the other claim went, the start finalized the run itself.
         assert calls == ["drive", "finalize", "finalize"]
         assert created and record.run_id == run_id

@@ -85,7 +85,8 @@ async def test_coordinator_down_while_the_agent_launches_gives_each_chunk_once(c
             await store.etcd.close()
         await cluster.coordinator.start()
         rec = await cluster.wait_status(run_id, "completed", timeout=90)
-        await asyncio.wait_for(reader, 30)
+        async with asyncio.timeout(30):
+            await reader
     finally:
         reader.cancel()
         await asyncio.gather(reader, return_exceptions=True)
@@ -132,7 +133,8 @@ async def test_host_killed_right_after_launching_leaves_one_agent(cluster: Clust
         a.kill_now()
         restart = asyncio.create_task(a.start())
         rec = await cluster.wait_status(run_id, "completed", timeout=90)
-        await asyncio.wait_for(reader, 30)
+        async with asyncio.timeout(30):
+            await reader
         await restart
     finally:
         reader.cancel()

@@ -83,7 +83,8 @@ async def test_a_successor_replaying_a_long_prefix_yields_to_the_loop_every_few_
                     reading.set()
 
     reader = asyncio.create_task(read())
-    await asyncio.wait_for(reading.wait(), 60)
+    async with asyncio.timeout(60):
+        await reading.wait()
     first.kill_now()  # its agent keeps writing the journal in its sandbox
     c.hosts.remove(first)  # no host left: the leader's failover hands the run to nobody
 
@@ -111,8 +112,10 @@ async def test_a_successor_replaying_a_long_prefix_yields_to_the_loop_every_few_
 
     ticker = asyncio.create_task(tick())
     try:
-        await asyncio.wait_for(driver.run(), 90)
-        await asyncio.wait_for(reader, 30)
+        async with asyncio.timeout(90):
+            await driver.run()
+        async with asyncio.timeout(30):
+            await reader
     finally:
         ticker.cancel()
         await asyncio.gather(ticker, return_exceptions=True)

@@ -335,7 +335,8 @@ class FaultCluster:
                 rd.task.result()  # its AssertionError (a 4xx), if any
                 raise AssertionError(f"{rd.run.run_id}: the reader ended without a chunk")
         try:
-            await asyncio.wait_for(asyncio.gather(*(started(r.reader) for r in runs if r.reader is not None)), timeout)
+            async with asyncio.timeout(timeout):
+                await asyncio.gather(*(started(r.reader) for r in runs if r.reader is not None))
         except TimeoutError as exc:
             raise AssertionError(f"runs did not start within {timeout}s\n{self.log_tails()}") from exc
         except AssertionError as exc:
@@ -396,7 +397,8 @@ class FaultCluster:
             await eventually(terminal, timeout)
 
         try:
-            await asyncio.wait_for(ended(), timeout)
+            async with asyncio.timeout(timeout):
+                await ended()
         except TimeoutError as exc:
             state = {r.run_id: (await self.view(r.run_id)).get("status") for r in runs}
             got = {r.run_id: (len(r.reader.got.items), r.reader.got.ended) for r in runs if r.reader is not None}
@@ -423,7 +425,8 @@ class FaultCluster:
         """``GET /api/chat?runId&offset=-1`` to the end (a page opened after the run)."""
         run = next(r for r in self.runs if r.run_id == run_id)
         rd = Reader(self.http, self.url, run).start(post=False)
-        await asyncio.wait_for(rd.wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await rd.wait()
         assert not rd.got.refusals, rd.got.refusals
         return [(o, c) for o, c, _ in rd.got.items if o is not None]
 

@@ -31,7 +31,8 @@ async def test_a_stop_racing_the_start_is_never_lost(host: Any, gateway: Gateway
         await asyncio.sleep(delay_ms / 1000)  # the race itself: the Stop lands this long after the POST left
         cancelled = await _cancel(http, gateway.url, run_id)
         assert cancelled.status_code == 202, cancelled.text
-    got = await asyncio.wait_for(post, 60)
+    async with asyncio.timeout(60):
+        got = await post
     assert got.status == 200 and got.ended
     types = [c["type"] for _o, c in got.events]
     assert types[-1] == "RUN_ERROR" and got.events[-1][1].get("code") == "cancelled", types
@@ -52,8 +53,9 @@ async def test_an_intent_of_another_tenant_does_not_stop_the_run(host: Any, make
     assert other.status_code == 202
     body = {"threadId": thread, "messages": [{"id": "u1", "role": "user", "content": "hi"}],
             "agent": {"kind": "replay", "journal": "claude-stream-json/hello.jsonl"}}
-    got = await asyncio.wait_for(read_stream(http, "POST", f"{gw.url}/api/chat", json=body,
-                                             headers={"X-Run-Id": run_id, "Authorization": "Bearer k1"}), 60)
+    async with asyncio.timeout(60):
+        got = await read_stream(http, "POST", f"{gw.url}/api/chat", json=body,
+                                                 headers={"X-Run-Id": run_id, "Authorization": "Bearer k1"})
     assert [c["type"] for _o, c in got.events][-1] == "RUN_FINISHED"
     # And tenant-b still cannot see (nor cancel) tenant-a's run.
     again = await http.post(f"{gw.url}/api/chat/cancel", json={"runId": run_id},
@@ -72,8 +74,9 @@ async def test_another_tenants_cancel_does_not_undo_an_intent(host: Any, make_ga
                             headers={"Authorization": f"Bearer {key}"})
         assert r.status_code == 202, r.text
     body = {"threadId": thread, "messages": [{"id": "u1", "role": "user", "content": "hi"}], "agent": SLOW}
-    got = await asyncio.wait_for(read_stream(http, "POST", f"{gw.url}/api/chat", json=body,
-                                             headers={"X-Run-Id": run_id, "Authorization": "Bearer k1"}), 60)
+    async with asyncio.timeout(60):
+        got = await read_stream(http, "POST", f"{gw.url}/api/chat", json=body,
+                                                 headers={"X-Run-Id": run_id, "Authorization": "Bearer k1"})
     types = [c["type"] for _o, c in got.events]
     assert types[-1] == "RUN_ERROR" and got.events[-1][1].get("code") == "cancelled", types
     assert not any(t.startswith("TEXT_MESSAGE") for t in types), types
@@ -93,9 +96,11 @@ async def test_with_auth_a_join_before_the_start_waits_for_the_run(host: Any, ma
     await wait_for_metric(http, gw.url, "baton_gateway_joins_waiting_for_run", 1, headers=a)
     body = {"threadId": thread, "messages": [{"id": "u1", "role": "user", "content": "hi"}],
             "agent": {"kind": "replay", "journal": "claude-stream-json/hello.jsonl"}}
-    started = await asyncio.wait_for(read_stream(http, "POST", f"{gw.url}/api/chat", json=body,
-                                                 headers={"X-Run-Id": run_id, **a}), 60)
-    joined = await asyncio.wait_for(join, 60)
+    async with asyncio.timeout(60):
+        started = await read_stream(http, "POST", f"{gw.url}/api/chat", json=body,
+                                                     headers={"X-Run-Id": run_id, **a})
+    async with asyncio.timeout(60):
+        joined = await join
     assert joined.status == 200 and joined.events == started.events
     assert started.events[-1][1]["type"] == "RUN_FINISHED"
     other = await http.get(f"{gw.url}/api/chat", params={"runId": run_id, "offset": "-1"}, headers=b, timeout=30)

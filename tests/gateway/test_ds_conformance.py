@@ -43,7 +43,8 @@ async def run_suite(base_url: str, report: pathlib.Path, timeout: float = 600) -
         f"--outputFile={report}", cwd=NODE_DIR, env={**os.environ, "CONFORMANCE_TEST_URL": base_url},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+        async with asyncio.timeout(timeout):
+            out, _ = await proc.communicate()
     except TimeoutError:
         proc.kill()
         await proc.wait()

@@ -37,7 +37,8 @@ async def reference_server() -> AsyncIterator[str]:
                                                 stdout=asyncio.subprocess.PIPE)
     try:
         assert proc.stdout is not None
-        line = await asyncio.wait_for(proc.stdout.readline(), 30)
+        async with asyncio.timeout(30):
+            line = await proc.stdout.readline()
         assert line.startswith(b"http://"), line
         yield line.decode().strip()
     finally:

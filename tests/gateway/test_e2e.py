@@ -34,8 +34,9 @@ async def wait_status(cc: CoordinatorClient, run_id: str, status: int, timeout: 
 async def test_post_chat_streams_the_run_from_the_start_and_saves_the_transcript(
         host: Any, gateway: Gateway, http: httpx.AsyncClient) -> None:
     thread, run = unique("th"), unique("run")
-    got = await asyncio.wait_for(read_stream(http, "POST", f"{gateway.url}/api/chat", json=replay_body(thread, run),
-                                             headers={"X-Run-Id": run}), 60)
+    async with asyncio.timeout(60):
+        got = await read_stream(http, "POST", f"{gateway.url}/api/chat", json=replay_body(thread, run),
+                                                 headers={"X-Run-Id": run})
     assert got.status == 200 and got.ended
     types = [c["type"] for _, c in got.events]
     assert types[0] == "RUN_STARTED" and types[-1] == "RUN_FINISHED"
@@ -159,9 +160,10 @@ async def test_python_client_errors_are_domain_exceptions(host: Any, gateway: Ga
 async def test_silent_agent_keeps_the_connection_open(host: Any, make_gateway: Any, http: httpx.AsyncClient) -> None:
     gw = await make_gateway(keepalive=0.2)
     thread, run = unique("th"), unique("run")
-    got = await asyncio.wait_for(read_stream(http, "POST", f"{gw.url}/api/chat",
-                                             json=replay_body(thread, run, "claude-stream-json/silent.jsonl",
-                                                              speed=1, delay=0.01)), 30)
+    async with asyncio.timeout(30):
+        got = await read_stream(http, "POST", f"{gw.url}/api/chat",
+                                                 json=replay_body(thread, run, "claude-stream-json/silent.jsonl",
+                                                                  speed=1, delay=0.01))
     # 1.5 s without a chunk is more than keep-alive x 4 (0.8 s): comments kept it open.
     assert got.keepalives >= 4
     assert got.ended and text_of(got.events) == "before the silenceafter the silence"
@@ -192,8 +194,9 @@ async def test_next_message_right_after_the_end_waits_for_the_previous_runs_stat
 
     late = asyncio.create_task(status_lands_late())
     try:
-        got = await asyncio.wait_for(read_stream(http, "POST", f"{gateway.url}/api/chat",
-                                                 json=replay_body(thread, second), headers={"X-Run-Id": second}), 60)
+        async with asyncio.timeout(60):
+            got = await read_stream(http, "POST", f"{gateway.url}/api/chat",
+                                                     json=replay_body(thread, second), headers={"X-Run-Id": second})
     finally:
         await late
     assert got.status == 200 and got.ended

@@ -22,8 +22,9 @@ JOINS_WAITING = "baton_gateway_joins_waiting_for_run"
 @pytest.mark.parametrize("ndjson", [False, True], ids=["sse", "ndjson"])
 async def test_join_of_an_unknown_run_answers_404(gateway: Gateway, http: httpx.AsyncClient, ndjson: bool) -> None:
     headers = {"Accept": "application/x-ndjson" if ndjson else "text/event-stream"}
-    resp = await asyncio.wait_for(http.get(f"{gateway.url}/api/chat", params={"runId": "no-such", "offset": "-1"},
-                                           headers=headers), 15)
+    async with asyncio.timeout(15):
+        resp = await http.get(f"{gateway.url}/api/chat", params={"runId": "no-such", "offset": "-1"},
+                                               headers=headers)
     assert resp.status_code == 404
     assert resp.json()["reason"] == "UNKNOWN_RUN" and resp.json()["run_id"] == "no-such"
 
@@ -31,7 +32,8 @@ async def test_join_of_an_unknown_run_answers_404(gateway: Gateway, http: httpx.
 async def test_python_client_join_of_an_unknown_run_raises(gateway: Gateway) -> None:
     async with GatewayClient(gateway.url) as client:
         with pytest.raises(e.UnknownRun) as info:
-            await asyncio.wait_for(anext(aiter(client.join("no-such"))), 15)
+            async with asyncio.timeout(15):
+                await anext(aiter(client.join("no-such")))
     assert info.value.run_id == "no-such"
 
 
@@ -49,7 +51,8 @@ async def test_a_run_created_during_the_join_wait_is_served(gateway: Gateway, ht
                                            params={"runId": run_id, "offset": "-1"}))
     await wait_for_metric(http, gateway.url, JOINS_WAITING, 1)
     _, offsets = await write_run(dlog, run_id, chunks)
-    got = await asyncio.wait_for(join, 15)
+    async with asyncio.timeout(15):
+        got = await join
     assert got.status == 200 and got.events == list(zip(offsets, chunks)) and got.ended
     assert metric((await http.get(f"{gateway.url}/metrics")).text, JOINS_WAITING) == 0
 
@@ -76,8 +79,9 @@ async def test_offset_before_a_new_runs_first_chunk_reads_from_the_start(
     chunks = run_chunks(run_id, "t", ["a", "b"])
     _, offsets = await write_run(dlog, run_id, chunks)
     assert int(offsets[0]) > 2  # other runs wrote before: the stream's sequence 1 is not this run's
-    got = await asyncio.wait_for(read_stream(http, "GET", f"{gateway.url}/api/chat", ndjson=ndjson,
-                                             params={"runId": run_id, "offset": "1"}), 10)
+    async with asyncio.timeout(10):
+        got = await read_stream(http, "GET", f"{gateway.url}/api/chat", ndjson=ndjson,
+                                                 params={"runId": run_id, "offset": "1"})
     assert got.events == list(zip(offsets, chunks))
 
 
@@ -125,7 +129,8 @@ async def test_a_finished_run_whose_log_expired_gets_the_gap_at_once(host: Any, 
     run_id, thread_id = unique("run"), unique("th")
     body = {"threadId": thread_id, "runId": run_id, "messages": [{"id": "u1", "role": "user", "content": "hi"}],
             "agent": {"kind": "replay", "journal": "claude-stream-json/hello.jsonl", "speed": 10}}
-    done = await asyncio.wait_for(read_stream(http, "POST", f"{gateway.url}/api/chat", json=body), 60)
+    async with asyncio.timeout(60):
+        done = await read_stream(http, "POST", f"{gateway.url}/api/chat", json=body)
     assert done.status == 200 and done.ended
     offsets = [o for o, _ in done.events]
 
@@ -134,8 +139,9 @@ async def test_a_finished_run_whose_log_expired_gets_the_gap_at_once(host: Any, 
     await assert_eventually(finished, timeout=30)
     await dlog.js.purge_stream(dlog.cfg.stream, subject=dlog.cfg.subject(run_id))
     for after in ("-1", offsets[3]):
-        got = await asyncio.wait_for(read_stream(http, "GET", f"{gateway.url}/api/chat",
-                                                 params={"runId": run_id, "offset": after}), 15)
+        async with asyncio.timeout(15):
+            got = await read_stream(http, "GET", f"{gateway.url}/api/chat",
+                                                     params={"runId": run_id, "offset": after})
         assert got.status == 200  # and the stream ended: read_stream returned
         assert [c["name"] for _, c in got.events] == ["stream.gap"]
         assert got.events[0][1]["value"]["earliestOffset"] == "-1"

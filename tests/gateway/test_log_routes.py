@@ -21,8 +21,8 @@ async def test_join_finished_run_from_start_gives_whole_log_then_closes(gateway:
     chunks = run_chunks(run_id, thread_id, ["Hel", "lo"])
     _, offsets = await write_run(dlog, run_id, chunks)
 
-    got = await asyncio.wait_for(
-        read_stream(http, "GET", f"{gateway.url}/api/chat", params={"runId": run_id, "offset": "-1"}), 10)
+    async with asyncio.timeout(10):
+        got = await read_stream(http, "GET", f"{gateway.url}/api/chat", params={"runId": run_id, "offset": "-1"})
 
     assert got.status == 200
     assert got.events == list(zip(offsets, chunks))
@@ -42,10 +42,12 @@ async def test_resume_after_every_offset_gives_exactly_the_rest(gateway: Gateway
 
     for k, offset in enumerate(offsets):
         # Reconnect style (Last-Event-ID) and join style (?offset) must agree.
-        by_header = await asyncio.wait_for(read_stream(
-            http, "GET", url, ndjson=ndjson, params={"runId": run_id}, headers={"Last-Event-ID": offset}), 10)
-        by_query = await asyncio.wait_for(read_stream(
-            http, "GET", url, ndjson=ndjson, params={"runId": run_id, "offset": offset}), 10)
+        async with asyncio.timeout(10):
+            by_header = await read_stream(
+                http, "GET", url, ndjson=ndjson, params={"runId": run_id}, headers={"Last-Event-ID": offset})
+        async with asyncio.timeout(10):
+            by_query = await read_stream(
+                http, "GET", url, ndjson=ndjson, params={"runId": run_id, "offset": offset})
         want = list(zip(offsets[k + 1:], chunks[k + 1:]))
         assert by_header.events == want, f"after offset #{k}"
         assert by_query.events == want, f"after offset #{k}"
@@ -56,13 +58,14 @@ async def test_resume_after_every_offset_gives_exactly_the_rest(gateway: Gateway
 async def test_finished_run_joined_at_its_last_offset_closes_at_once(make_gateway: Any, http: httpx.AsyncClient,
                                                                      dlog: DeliveryLog) -> None:
     # A keep-alive far shorter than the read timeout: a keep-alive loop would show up as
-    # comments (and never end, tripping the wait_for).
+    # comments (and never end, tripping the timeout).
     gw = await make_gateway(keepalive=0.05)
     run_id = unique("run")
     _, offsets = await write_run(dlog, run_id, run_chunks(run_id, "t", ["x"]))
 
-    got = await asyncio.wait_for(read_stream(
-        http, "GET", f"{gw.url}/api/chat", params={"runId": run_id}, headers={"Last-Event-ID": offsets[-1]}), 5)
+    async with asyncio.timeout(5):
+        got = await read_stream(
+            http, "GET", f"{gw.url}/api/chat", params={"runId": run_id}, headers={"Last-Event-ID": offsets[-1]})
 
     # A reconnect (Last-Event-ID) to a closed log with nothing after it: 204, which stops
     # an EventSource from reconnecting (issue 12).
@@ -90,7 +93,8 @@ async def test_live_tail_delivers_appends_then_ends_at_close(gateway: Gateway, h
     await assert_eventually(lambda: gateway.state.metrics.readers._value.get() == 1)
     rest = await w.append(chunks[2:])
     await w.close("completed")
-    got = await asyncio.wait_for(reader, 10)
+    async with asyncio.timeout(10):
+        got = await reader
 
     assert got.events == list(zip(first + rest, chunks))
     assert got.ended
@@ -117,7 +121,8 @@ async def test_silent_run_keeps_the_connection_open_with_keepalives(make_gateway
     assert not reader.done()
     offsets = await w.append(chunks)
     await w.close("completed")
-    lines = await asyncio.wait_for(reader, 10)
+    async with asyncio.timeout(10):
+        lines = await reader
     assert [ln[4:] for ln in lines if ln.startswith("id: ")] == offsets
     assert lines[-2:] == [": end", ""] or lines[-1] == ": end"
 
@@ -133,8 +138,9 @@ async def test_offset_older_than_retention_gets_one_gap_chunk_and_ends(
         run_id = unique("run")
         _, offsets = await write_run(small, run_id, run_chunks(run_id, "t", ["a", "b", "c", "d"]), close=False)
 
-        got = await asyncio.wait_for(read_stream(http, "GET", f"{gw.url}/api/chat",
-                                                 params={"runId": run_id, "offset": offsets[0]}), 10)
+        async with asyncio.timeout(10):
+            got = await read_stream(http, "GET", f"{gw.url}/api/chat",
+                                                     params={"runId": run_id, "offset": offsets[0]})
 
         # Kept: the last 3 records of the subject (all chunks: the fence went first).
         assert got.events == [(None, {"type": "CUSTOM", "name": "stream.gap",

@@ -30,7 +30,8 @@ async def run_node(node: str, script: str, env: dict[str, str], timeout: float =
         node, script, cwd=NODE_DIR, env={**os.environ, **env},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        async with asyncio.timeout(timeout):
+            out, err = await proc.communicate()
     except TimeoutError:
         proc.kill()
         await proc.wait()

@@ -194,7 +194,8 @@ async def run_page_script(node: str, script: str, gw: Gateway, *, timeout: float
                 await proc.stdin.drain()
 
     try:
-        err = await asyncio.wait_for(asyncio.gather(read(), proc.stderr.read(), proc.wait()), timeout)
+        async with asyncio.timeout(timeout):
+            err = await asyncio.gather(read(), proc.stderr.read(), proc.wait())
     except TimeoutError:
         raise AssertionError(f"{script} timed out\nstdout: {''.join(out)[-3000:]}") from None
     finally:
@@ -273,7 +274,7 @@ async def test_chat_page_reloads_tabs_busy_stop_failures_and_hostile_output(
     assert result["failed"]["statusC"] == result["failed"]["statusD"] == "failed"
     assert result["xss"]["flag"] is None and result["xss"]["imgs"] == 0
     assert [pathlib.Path(p).name for p in result["screenshots"]] == [
-        "chat-mid-run.png", "chat-finished.png", "chat-busy.png", "chat-cancelled.png", "chat-interrupted.png",
+        "chat-mid-run.png", "chat-finished.png", "chat-scrolled.png", "chat-busy.png", "chat-cancelled.png", "chat-interrupted.png",
         "chat-failed.png", "chat-hostile.png", "chat-phone.png"]
 
 

@@ -77,7 +77,8 @@ async def assert_started_with_input(p: dict[str, Any], run_id: str, thread_id: s
         return rec
 
     await assert_eventually(ended, timeout=60, interval=0.1)
-    chunks = await asyncio.wait_for(log_chunks(p["log"], run_id), 30)
+    async with asyncio.timeout(30):
+        chunks = await log_chunks(p["log"], run_id)
     user = {"id": f"u-{run_id}", "role": "user", "content": text}
     assert chunks[0] == {"type": "RUN_STARTED", "threadId": thread_id, "runId": run_id}
     assert chunks[1]["type"] == "CUSTOM" and chunks[1]["name"] == RUN_ACCEPTED
@@ -167,7 +168,8 @@ async def test_post_while_the_log_is_paused_503_then_a_retry_starts_it_with_its_
         return True
 
     await assert_eventually(aborted, timeout=30, interval=0.1)
-    chunks = await asyncio.wait_for(log_chunks(p["log"], lost_run), 30)
+    async with asyncio.timeout(30):
+        chunks = await log_chunks(p["log"], lost_run)
     assert not any(c["type"].startswith("TEXT_MESSAGE") for c in chunks), chunks
 
 
@@ -208,8 +210,9 @@ async def test_gateway_sigkilled_mid_burst_every_run_has_its_input_or_does_not_e
                 return False
             try:
                 if view.record.starting:
-                    again = await asyncio.wait_for(read_stream(
-                        http, "POST", f"{gw2.url}/api/chat", json=chat_body(run_id, thread_id, run_id)), 90)
+                    async with asyncio.timeout(90):
+                        again = await read_stream(
+                            http, "POST", f"{gw2.url}/api/chat", json=chat_body(run_id, thread_id, run_id))
                     assert again.status == 200, again
                 await assert_started_with_input(p, run_id, thread_id, run_id)
             except (AssertionError, TimeoutError) as exc:

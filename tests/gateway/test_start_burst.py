@@ -76,7 +76,9 @@ async def test_a_burst_of_starts_slower_than_the_deadline_all_run_exactly_once(
         # Served from the run's start to its end, each chunk once, in order.
         offsets = [int(off or -1) for off, _ in s.events]
         assert offsets == sorted(set(offsets))
-        assert [c for _, c in s.events] == await asyncio.wait_for(log_chunks(p["log"], run_id), 30)
+        async with asyncio.timeout(30):
+            stored = await log_chunks(p["log"], run_id)
+        assert [c for _, c in s.events] == stored
         assert [c["type"] for _, c in s.events] == [c["type"] for _, c in streams[0].events]
         assert (await cc.get_run(run_id)).record.driver_epoch == 1  # one start, one agent
 

@@ -71,7 +71,8 @@ async def test_cancelling_a_failed_start_ends_it_aborted_without_an_agent(
     rec = (await cc.get_run(run_id)).record
     assert status_name(rec.status) == "aborted"
     assert await cc.get_sandbox(run_id) is None
-    chunks = await asyncio.wait_for(log_chunks(p["log"], run_id), 30)
+    async with asyncio.timeout(30):
+        chunks = await log_chunks(p["log"], run_id)
     assert not any(c["type"].startswith(("TEXT_MESSAGE", "TOOL_CALL")) for c in chunks), chunks
 
     async def no_agent() -> bool:

@@ -74,9 +74,11 @@ async def test_full_store_refuses_new_runs_and_notices_streams(
 
         # Open streams: a notice (not log data) naming the cause, SSE and NDJSON.
         url = f"{gw.url}/api/chat?runId={run_id}&offset=-1"
-        line = await asyncio.wait_for(first_notice(http, url, ndjson=False), 30)
+        async with asyncio.timeout(30):
+            line = await first_notice(http, url, ndjson=False)
         assert line.startswith(": notice LOG_STORAGE_FULL ") and "storage full" in line
-        line = await asyncio.wait_for(first_notice(http, url, ndjson=True), 30)
+        async with asyncio.timeout(30):
+            line = await first_notice(http, url, ndjson=True)
         assert json.loads(line)["notice"]["reason"] == "LOG_STORAGE_FULL"
 
         # Storage back (freed, then nats-server restarted: 2.15 needs it): the run goes on.

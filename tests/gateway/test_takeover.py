@@ -46,9 +46,10 @@ async def test_two_readers_join_an_orphaned_detached_run_one_takeover_same_seque
 
             # Two readers at the same moment.
             url = f"{gw.url}/api/chat"
-            r1, r2 = await asyncio.wait_for(asyncio.gather(
-                read_stream(http, "GET", url, params={"runId": run, "offset": "-1"}),
-                read_stream(http, "GET", url, params={"runId": run, "offset": "-1"})), 60)
+            async with asyncio.timeout(60):
+                r1, r2 = await asyncio.gather(
+                    read_stream(http, "GET", url, params={"runId": run, "offset": "-1"}),
+                    read_stream(http, "GET", url, params={"runId": run, "offset": "-1"}))
 
             assert r1.events == r2.events
             offsets = [o for o, _ in r1.events]

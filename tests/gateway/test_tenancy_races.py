@@ -27,8 +27,8 @@ async def test_racing_posts_of_one_run_id_never_cross_tenants_or_threads(
                                     headers={"X-Run-Id": run, "Authorization": f"Bearer {key}"}, stop_after=2)
             return thread, got
 
-        results = await asyncio.wait_for(
-            asyncio.gather(*(post(key, thread) for key, thread in callers * 2)), 60)
+        async with asyncio.timeout(60):
+            results = await asyncio.gather(*(post(key, thread) for key, thread in callers * 2))
         served = {thread for thread, got in results if got.status == 200}
         # Exactly one caller's run exists; everyone else is refused (404 another tenant's
         # run, 400 another thread's), never streamed the winner's log.
@@ -60,7 +60,8 @@ async def test_racing_first_runs_of_two_tenants_on_one_thread_never_disclose_or_
                     await resp.aread()
                     return key, resp.status_code, resp.json()
 
-        results = await asyncio.wait_for(asyncio.gather(post("key-a"), post("key-b")), 60)
+        async with asyncio.timeout(60):
+            results = await asyncio.gather(post("key-a"), post("key-b"))
         winners = [key for key, status, _ in results if status == 200]
         assert len(winners) == 1, results
         winner = winners[0]

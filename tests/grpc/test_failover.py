@@ -56,7 +56,8 @@ async def test_resume_after_offset_through_a_sigkill_of_the_driving_host(
         assert text == SLOW_TEXT
         assert (first.json() + rest.json())[-1]["type"] == "RUN_FINISHED"
 
-        kept = await asyncio.wait_for(steady, 60)
+        async with asyncio.timeout(60):
+            kept = await steady
         assert kept.error is None and kept.end == "completed" and kept.chunks == whole
         sse, ended = await sse_chunks(http, grpc_gateway.url, run)
         assert ended and sse == whole

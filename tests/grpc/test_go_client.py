@@ -41,7 +41,8 @@ async def _run(*cmd: str, env: dict[str, str], cwd: pathlib.Path | None = None, 
     proc = await asyncio.create_subprocess_exec(*cmd, env=env, cwd=cwd, stdout=asyncio.subprocess.PIPE,
                                                 stderr=asyncio.subprocess.PIPE)
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        async with asyncio.timeout(timeout):
+            out, err = await proc.communicate()
     except BaseException:  # timed out, or the test failed meanwhile: leave no process behind
         if proc.returncode is None:
             proc.kill()

@@ -57,7 +57,8 @@ async def test_node_client(host: Any, grpc_gateway: Any, http: httpx.AsyncClient
             env={**os.environ, "BATON_PROTOS": str(REPO / "protos"), "BATON_REPLAY_DELAY": "0.15"},
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         killed = await kill_driver_mid_run(cc, dlog, [host, other], run, after_chunks=10)
-        out, err = await asyncio.wait_for(proc.communicate(), 120)
+        async with asyncio.timeout(120):
+            out, err = await proc.communicate()
     finally:
         if proc is not None and proc.returncode is None:  # the test failed meanwhile
             proc.kill()

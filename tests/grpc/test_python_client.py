@@ -17,6 +17,7 @@ from tests.gateway.conftest import SLOW_TEXT, CuttableProxy
 from tests.grpc.conftest import sse_chunks
 
 
+@pytest.mark.servers  # starts processes: not a unit test
 def test_imports_without_server_dependencies() -> None:
     code = ("import sys, baton.grpc_client; "
             "bad = [m for m in ('starlette', 'gateway', 'nats', 'aetcd', 'uvicorn', 'httpx', 'coordinator', "

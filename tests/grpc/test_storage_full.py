@@ -65,7 +65,8 @@ async def test_full_store_over_grpc(small_nats: NatsServer, tmpfs_dir: pathlib.P
             it = call.__aiter__()
             notice = None
             while notice is None:
-                ev = await asyncio.wait_for(it.__anext__(), 30)
+                async with asyncio.timeout(30):
+                    ev = await it.__anext__()
                 got += [(c.offset, c.json) for c in ev.chunks]
                 if ev.HasField("notice"):
                     notice = ev.notice
@@ -83,7 +84,8 @@ async def test_full_store_over_grpc(small_nats: NatsServer, tmpfs_dir: pathlib.P
             assert await w.close("completed")
             end = None
             while end is None:
-                ev = await asyncio.wait_for(it.__anext__(), 30)
+                async with asyncio.timeout(30):
+                    ev = await it.__anext__()
                 got += [(c.offset, c.json) for c in ev.chunks]
                 if ev.HasField("end"):
                     end = ev.end.status

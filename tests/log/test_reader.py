@@ -85,7 +85,8 @@ async def test_reader_attached_while_writing_sees_every_chunk_once_in_order(dlog
     for i in range(10, 300, 10):
         written += await w.append([chunk(j) for j in range(i, i + 10)])
     await w.close("completed")
-    await asyncio.wait_for(task, 20)
+    async with asyncio.timeout(20):
+        await task
     assert [o for o, _ in seen] == written
     assert [c for _, c in seen] == [chunk(i) for i in range(300)]
     assert reader.close_status == "completed"
@@ -156,7 +157,8 @@ async def test_deleted_consumer_is_recovered_without_gap_or_duplicate(dlog: Deli
     await assert_eventually(lambda: len(seen) == 10)
     written += await w.append([chunk(10)])
     await w.close("completed")
-    await asyncio.wait_for(task, 10)
+    async with asyncio.timeout(10):
+        await task
     assert seen == written
 
 
@@ -188,7 +190,8 @@ async def test_nats_restart_during_a_tail_loses_and_doubles_nothing(own_nats: Na
 
         written += await assert_eventually(append_more, timeout=20)
         await w.close("completed")
-        await asyncio.wait_for(task, 30)
+        async with asyncio.timeout(30):
+            await task
         assert seen == written
         assert reader.consumer_resets >= 1
     finally:

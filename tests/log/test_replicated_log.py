@@ -73,7 +73,8 @@ async def test_compare_dedup_and_fence_hold_across_a_stream_leader_kill(cluster:
         appending = asyncio.create_task(w1.append(chunks[5:]))
         await assert_eventually(lambda: len(got) >= 20, timeout=30)
         await asyncio.to_thread(cluster.node(old).kill)
-        offsets = await asyncio.wait_for(appending, 120)
+        async with asyncio.timeout(120):
+            offsets = await appending
         assert len(offsets) == N - 5 and await _leader(log) != old
 
         stored = await log.stored_headers(run_id)
@@ -97,7 +98,8 @@ async def test_compare_dedup_and_fence_hold_across_a_stream_leader_kill(cluster:
         with pytest.raises(RunClaimLost):
             await w1.append([chunk(N)])
         assert await w2.close("completed")
-        await asyncio.wait_for(reading, 60)
+        async with asyncio.timeout(60):
+            await reading
 
         final = await log.stored_headers(run_id)
         assert [r.offset for r in final] == sorted({r.offset for r in final})

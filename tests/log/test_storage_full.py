@@ -25,7 +25,7 @@ from baton_tools.testing.servers import NatsServer
 from tests.conftest import assert_eventually
 from tests.log.conftest import chunk, unique_cfg
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.servers]  # starts its own nats-server
 
 
 @pytest.fixture

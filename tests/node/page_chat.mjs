@@ -31,6 +31,15 @@ await main(async (browser) => {
     return r && r.textContent.length > 20 && document.querySelector('.reasoning .label').textContent === 'Thinking…'
   })
   await shot(page, 'chat-mid-run')
+  // Screen readers hear finished messages and run states (#announce), not every delta.
+  results.a11y = await page.evaluate(() => ({
+    liveTranscript: document.getElementById('transcript').closest('[aria-live]') !== null,
+    status: document.getElementById('announce')?.getAttribute('aria-live'),
+    previewWraps: getComputedStyle(document.querySelector('.reasoning .preview')).whiteSpace !== 'nowrap',
+    stickyNav: getComputedStyle(document.querySelector('.top')).position === 'sticky'
+  }))
+  check(!results.a11y.liveTranscript && results.a11y.status === 'polite' && results.a11y.previewWraps && results.a11y.stickyNav,
+    'the transcript is a live region, or the status region is missing, or the thought preview is one line', results.a11y)
   const beforeReload = (await rendered(page)).length
   await page.reload()
   await page.evaluate(() => window.__batonReady)
@@ -79,9 +88,23 @@ await main(async (browser) => {
   check(a1.usage && a1.usage.includes('$0.0313'), 'no usage and cost', a1)
   check(a1.outcome.startsWith('Completed'), 'no completed outcome', a1)
   check(await pill(page) === 'completed', 'pill is not completed')
+  results.announced = await page.textContent('#announce')
+  check(/^(Run completed|Agent: )/.test(results.announced), 'the end of the run was not announced', { announced: results.announced })
   check((await page.textContent('#run-info')).includes('epoch 1'), 'no epoch shown')
   await page.click(`section.run[data-run-id="${runA}"] .tool summary`)
   await shot(page, 'chat-finished')
+  // A transcript taller than the window: the navigation and the run bar stay on screen.
+  await page.setViewportSize({ width: 1280, height: 420 })
+  await page.evaluate(() => window.scrollTo(0, document.documentElement.scrollHeight))
+  results.stuck = await page.evaluate(() => ({
+    scrolled: window.scrollY,
+    nav: document.querySelector('.top').getBoundingClientRect().top,
+    bar: document.querySelector('.run-bar').getBoundingClientRect().top - document.querySelector('.top').offsetHeight
+  }))
+  check(results.stuck.scrolled > 0 && results.stuck.nav === 0 && Math.abs(results.stuck.bar) < 1,
+    'the navigation or the run bar scrolled away', results.stuck)
+  await shot(page, 'chat-scrolled')
+  await page.setViewportSize({ width: 1280, height: 860 })
   await page.reload() // after the end
   await page.evaluate(() => window.__batonReady)
   await page.waitForFunction(() => document.querySelector('.outcome'))

@@ -152,7 +152,7 @@ export async function runSection (page, runId) {
   }, runId)
 }
 
-export const rendered = (page) => page.evaluate(() => window.__batonRendered)
+export const rendered = (page) => page.evaluate(() => window.__baton.rendered())
 
 /** Check every offset of the run's log was rendered exactly once, in order. */
 export function checkOnce (renderedOffsets, log, what) {

@@ -52,4 +52,5 @@ async def follow_all(provider: Provider, handle: SandboxHandle, nonce: str, *, o
                 out.append(it)
         return out
 
-    return await asyncio.wait_for(run(), timeout)
+    async with asyncio.timeout(timeout):
+        return await run()

@@ -49,6 +49,7 @@ def test_replay_refuses_journals_outside_allowed_dirs(tmp_path: pathlib.Path) ->
         prepare_agent("replay", {"journal": "x.jsonl", "speed": -1}, env=env)
 
 
+@pytest.mark.servers  # starts processes: not a unit test
 def test_replay_program_is_byte_exact_and_paced(tmp_path: pathlib.Path) -> None:
     journal = tmp_path / "j.jsonl"
     journal.write_bytes(b'{"a":1}\n{"timestamp":"2026-01-01T00:00:00.000Z"}\n'

@@ -79,6 +79,7 @@ async def _launch_sh(provider: LocalProvider, sandboxes: list, key: str, script:
     return h
 
 
+@pytest.mark.servers  # starts processes: not a unit test
 async def test_follow_hostile_lines(local_provider: LocalProvider, sandboxes: list) -> None:
     """2 MiB line, invalid UTF-8, CRLF and a forged sentinel come through as plain lines."""
     nonce = new_nonce()
@@ -101,6 +102,7 @@ async def test_follow_hostile_lines(local_provider: LocalProvider, sandboxes: li
     assert items[5].end == os.path.getsize(h.journal_path)
 
 
+@pytest.mark.servers  # starts processes: not a unit test
 async def test_follow_zero_byte_journal_ends_with_exit(local_provider: LocalProvider, sandboxes: list) -> None:
     nonce = new_nonce()
     h = await _launch_sh(local_provider, sandboxes, "empty", "exit 4", nonce)
@@ -108,6 +110,7 @@ async def test_follow_zero_byte_journal_ends_with_exit(local_provider: LocalProv
     assert items == [JournalExit(4, 0, os.path.getsize(h.journal_path))]
 
 
+@pytest.mark.servers  # starts processes: not a unit test
 async def test_follow_killed_agent_reports_fragment_without_exit(
     local_provider: LocalProvider, sandboxes: list
 ) -> None:
@@ -121,6 +124,7 @@ async def test_follow_killed_agent_reports_fragment_without_exit(
     assert not await local_provider.processes_alive(h)
 
 
+@pytest.mark.servers  # starts processes: not a unit test
 async def test_follow_resumes_from_offset(local_provider: LocalProvider, sandboxes: list) -> None:
     nonce = new_nonce()
     h = await _launch_sh(local_provider, sandboxes, "offset", "printf 'a\\nbb\\nccc\\n'", nonce)
@@ -130,6 +134,7 @@ async def test_follow_resumes_from_offset(local_provider: LocalProvider, sandbox
     assert again == full[1:]
 
 
+@pytest.mark.servers  # starts processes: not a unit test
 async def test_follow_journal_deleted_mid_follow(local_provider: LocalProvider, sandboxes: list) -> None:
     nonce = new_nonce()
     h = await _launch_sh(local_provider, sandboxes, "deleted", "printf 'a\\n'; exec sleep 60", nonce)

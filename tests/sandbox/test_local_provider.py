@@ -32,6 +32,7 @@ def test_registry_and_redact() -> None:
     )
 
 
+@pytest.mark.servers  # starts processes: not a unit test
 async def test_local_path_workspace_and_setup_in_order(
     local_provider: LocalProvider, sandboxes: list, tmp_path: pathlib.Path
 ) -> None:
@@ -51,6 +52,7 @@ async def test_local_path_workspace_and_setup_in_order(
     assert src.exists()
 
 
+@pytest.mark.servers  # starts processes: not a unit test
 async def test_git_workspace_at_ref(local_provider: LocalProvider, sandboxes: list, tmp_path: pathlib.Path) -> None:
     bare = tmp_path / "repo.git"
     work = tmp_path / "work"
@@ -82,6 +84,7 @@ async def test_git_workspace_at_ref(local_provider: LocalProvider, sandboxes: li
     assert not (pathlib.Path(local_provider.base_dir) / "g-bad").exists()
 
 
+@pytest.mark.servers  # starts processes: not a unit test
 async def test_failing_setup_fails_build_with_redacted_stderr(local_provider: LocalProvider) -> None:
     secret = "sk-live-0123456789"
     spec = SandboxSpec(setup=("true", 'echo "token $API_KEY rejected" >&2; exit 3', "touch never"),
@@ -95,6 +98,7 @@ async def test_failing_setup_fails_build_with_redacted_stderr(local_provider: Lo
     assert not (pathlib.Path(local_provider.base_dir) / "setup-fails").exists()
 
 
+@pytest.mark.servers  # starts processes: not a unit test
 async def test_launch_hides_nonce_and_passes_secrets_as_env(local_provider: LocalProvider, sandboxes: list) -> None:
     """The agent sees its secrets in env, never the nonce (env, argv or the nonce file)."""
     nonce = new_nonce()
@@ -121,6 +125,7 @@ async def test_launch_hides_nonce_and_passes_secrets_as_env(local_provider: Loca
     assert pathlib.Path(h.stderr_path).read_text() == "err\n"
 
 
+@pytest.mark.servers  # starts processes: not a unit test
 async def test_kill_group_and_destroy(local_provider: LocalProvider, sandboxes: list) -> None:
     nonce = new_nonce()
     h = await local_provider.create("kill", SandboxSpec())
@@ -166,6 +171,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.servers  # starts processes: not a unit test
 async def test_agent_survives_sigkill_of_launching_host(tmp_path: pathlib.Path) -> None:
     """The host process is SIGKILLed right after launch; this process follows to the end."""
     nonce = new_nonce()
@@ -174,7 +180,8 @@ async def test_agent_survives_sigkill_of_launching_host(tmp_path: pathlib.Path) 
                             env=env_without_proxy(), stdout=subprocess.PIPE)
     try:
         assert host.stdout is not None
-        line = await asyncio.wait_for(asyncio.to_thread(host.stdout.readline), 30)
+        async with asyncio.timeout(30):
+            line = await asyncio.to_thread(host.stdout.readline)
         info = json.loads(line)
         host.send_signal(signal.SIGKILL)
         host.wait()
@@ -208,6 +215,7 @@ def slow_setsid(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None
 
 
 @pytest.mark.usefixtures("slow_setsid")
+@pytest.mark.servers  # starts processes: not a unit test
 async def test_the_pgid_record_only_ever_names_a_group_leader(local_provider: LocalProvider, sandboxes: list) -> None:
     """A successor that reads ``.baton/pgid`` during a launch SIGKILLs that group: a record
     naming a process not yet leading its group made the kill miss the agent (issue 18, a

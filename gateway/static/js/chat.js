@@ -8,9 +8,9 @@
 // live: it gives the state, the driving host and epoch, detach and reap times; a higher
 // epoch places a takeover marker where the new claim's fence landed in the log.
 
-import { $, el, clock, duration, relative, bindApiKey } from './dom.js'
+import { $, el, announce, clock, duration, everyVisible, relative, bindApiKey, trackHeaderHeight, whenVisible } from './dom.js'
 import { ApiError, cancelRun, enc, getJSON, joinRun, readSSE, startRun } from './api.js'
-import { RunView, errorSentence } from './transcript.js'
+import { RunView, errorSentence, renderedOffsets } from './transcript.js'
 
 const TERMINAL = new Set(['completed', 'failed', 'aborted'])
 const STATE_WORDS = {
@@ -33,11 +33,14 @@ const state = {
   openSeq: 0
 }
 window.__baton = state
+// For the tests: the offsets the shown runs rendered (tests/node/page_lib.mjs `rendered`).
+state.rendered = () => renderedOffsets($('transcript'))
 
 // --- run state shown in the header ------------------------------------------------------
 
 function showState (name, detail) {
   const pill = $('run-state')
+  if (pill.dataset.state !== name && name !== 'idle') announce(`Run ${STATE_WORDS[name] ?? name}`)
   pill.dataset.state = name
   pill.textContent = STATE_WORDS[name] ?? name
   if (detail !== undefined) $('run-info').textContent = detail
@@ -189,6 +192,8 @@ async function follow (view, runId, first = null) {
 async function pollRecord (live) {
   const signal = live.controller.signal
   while (!signal.aborted) {
+    await whenVisible(signal) // a hidden tab does not poll; it asks at once when shown
+    if (signal.aborted) return
     try {
       const rec = await getJSON(`/api/runs/${enc(live.runId)}`, signal)
       live.record = rec
@@ -423,6 +428,7 @@ function stickToBottom () {
 }
 
 function init () {
+  trackHeaderHeight(document.querySelector('.top'))
   stickToBottom()
   // On a phone the threads list starts folded, so the conversation comes first.
   if (matchMedia('(max-width: 760px)').matches) document.querySelector('.threads-box').open = false
@@ -441,7 +447,7 @@ function init () {
   })
   document.addEventListener('keydown', stopOnEscape)
   window.addEventListener('popstate', () => openThread(threadFromUrl()))
-  setInterval(loadThreads, 5000)
+  everyVisible(5000, loadThreads)
   const agents = loadAgents()
   loadThreads()
   return agents.then(() => openThread(threadFromUrl()))

@@ -37,6 +37,63 @@ export function relative (seconds) {
   return d >= 0 ? `in ${duration(d)}` : `${duration(-d)} ago`
 }
 
+/**
+ * Tell screen readers `text` through the page's polite status region (#announce): a
+ * finished message or a new run state, never a streaming delta.
+ */
+export function announce (text) {
+  const box = document.getElementById('announce')
+  if (box && text) box.textContent = text
+}
+
+/** Resolve once the page is visible (at once when it is), or when `signal` aborts. */
+export function whenVisible (signal) {
+  if (!document.hidden || signal?.aborted) return Promise.resolve()
+  return new Promise((resolve) => {
+    const check = () => {
+      if (document.hidden && !signal?.aborted) return
+      document.removeEventListener('visibilitychange', check)
+      signal?.removeEventListener('abort', check)
+      resolve()
+    }
+    document.addEventListener('visibilitychange', check)
+    signal?.addEventListener('abort', check)
+  })
+}
+
+/**
+ * Run `fn` every `ms` while the page is visible: a hidden tab polls nothing, and a tab
+ * shown again runs `fn` at once, then every `ms`.
+ */
+export function everyVisible (ms, fn) {
+  let timer = null
+  const tick = () => {
+    timer = null
+    if (document.hidden) return
+    fn()
+    timer = setTimeout(tick, ms)
+  }
+  document.addEventListener('visibilitychange', () => {
+    if (document.hidden) {
+      clearTimeout(timer)
+      timer = null
+    } else if (timer === null) {
+      tick()
+    }
+  })
+  timer = setTimeout(tick, ms)
+}
+
+/**
+ * Keep the CSS variable --top-h equal to the sticky header's height, so what sticks under
+ * it (the run bar, the sidebar) sits right below it however the header wraps.
+ */
+export function trackHeaderHeight (header) {
+  const set = () => document.documentElement.style.setProperty('--top-h', `${header.offsetHeight}px`)
+  new ResizeObserver(set).observe(header)
+  set()
+}
+
 /** The API key the user typed (kept in localStorage). */
 export function apiKey () { return localStorage.getItem('baton.apiKey') ?? '' }
 

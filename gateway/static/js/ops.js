@@ -3,7 +3,7 @@
 // Every value comes from GET /api/ops/overview and /api/ops/timeline, as the caller's
 // tenant may see them.
 
-import { $, el, clock, duration, relative, bindApiKey } from './dom.js'
+import { $, el, clock, duration, everyVisible, relative, bindApiKey, trackHeaderHeight } from './dom.js'
 import { enc, getJSON } from './api.js'
 
 const REFRESH_MS = 3000
@@ -183,6 +183,7 @@ async function showTimeline (runId) {
 }
 
 function init () {
+  trackHeaderHeight(document.querySelector('.top'))
   bindApiKey($('api-key'), () => { refresh(); const run = new URLSearchParams(location.search).get('run'); if (run) showTimeline(run) })
   $('timeline-form').addEventListener('submit', (ev) => {
     ev.preventDefault()
@@ -195,7 +196,7 @@ function init () {
     const run = new URLSearchParams(location.search).get('run')
     if (run) showTimeline(run)
   })
-  setInterval(refresh, REFRESH_MS)
+  everyVisible(REFRESH_MS, refresh)
   const run = new URLSearchParams(location.search).get('run')
   return Promise.all([refresh(), run ? showTimeline(run) : null])
 }

@@ -1,18 +1,33 @@
 // One run's part of the conversation: AG-UI chunks → DOM.
 //
 // A RunView owns a <section> of the transcript and renders each chunk of the run's log
-// once, by offset (window.__batonRendered lists every offset rendered on the page, in
-// order, so tests can check that nothing is shown twice). Agent text goes through the
+// once, by offset (renderedOffsets() lists the offsets the views on the page rendered, in
+// order, so tests can check that nothing is shown twice or skipped). Agent text goes through the
 // markdown renderer (never innerHTML); everything else is textContent.
 //
 // Unknown event types and CUSTOM names are not shown inline: they are counted in a
 // collapsed "other agent events" list at the end of the run, so new event kinds from the
 // translators degrade to something inspectable instead of bare names in the chat.
 
-import { el, duration } from './dom.js'
+import { announce, el, duration } from './dom.js'
 import { renderMarkdown } from './markdown.js'
 
-window.__batonRendered = window.__batonRendered ?? []
+// section.run → its RunView: a view goes with its section, and nothing else holds it.
+const VIEWS = new WeakMap()
+
+/** The offsets rendered by the runs shown under `root`, in order (what the tests check). */
+export function renderedOffsets (root) {
+  return [...root.querySelectorAll('section.run')].flatMap((s) => [...(VIEWS.get(s)?.seen ?? [])])
+}
+
+/** The last `n` characters or so of `text` on one line, starting at a word ("…" when cut). */
+function tail (text, n = 240) {
+  const t = text.replace(/\s+/g, ' ').trim()
+  if (t.length <= n) return t
+  const cut = t.slice(-n)
+  const space = cut.indexOf(' ')
+  return `…${space >= 0 && space < 40 ? cut.slice(space + 1) : cut}`
+}
 
 // Plain sentences for the error codes a run ends with.
 const ERROR_SENTENCES = {
@@ -93,7 +108,8 @@ export class RunView {
     this.footer = el('div', 'run-footer')
     this.section.append(this.body, this.footer)
     container.append(this.section)
-    this.seen = new Set()
+    VIEWS.set(this.section, this)
+    this.seen = new Set() // offsets rendered, in order (a Set keeps insertion order)
     this.lastOffset = '-1'
     this.ended = false
     this.messages = new Map() // messageId → {box, text}
@@ -115,7 +131,6 @@ export class RunView {
       if (this.seen.has(offset)) return
       this.seen.add(offset)
       this.lastOffset = offset
-      window.__batonRendered.push(offset)
       this.placeFences(Number(offset))
     }
     this.current = offset === null ? null : Number(offset)
@@ -202,10 +217,12 @@ export class RunView {
       case 'CUSTOM':
         this.custom(c)
         break
+      case 'TEXT_MESSAGE_END':
+        this.announceMessage(c.messageId)
+        break
       case 'RUN_STARTED':
       case 'STEP_STARTED':
       case 'STEP_FINISHED':
-      case 'TEXT_MESSAGE_END':
         break
       default:
         this.other(c.type, c)
@@ -222,7 +239,7 @@ export class RunView {
       const text = el('div', 'text md')
       box.append(text)
       this.append(this.scope(chunk), box)
-      m = { box, textEl: text, text: '', markdown: true }
+      m = { box, textEl: text, text: '', markdown: true, role }
       this.messages.set(id, m)
     }
     return m
@@ -243,6 +260,14 @@ export class RunView {
       this.reasoning.set(id, r)
     }
     return r
+  }
+
+  // A finished message is read out once, whole (live only: a closed log read from its
+  // start is not news).
+  announceMessage (id) {
+    const m = this.messages.get(id)
+    if (!m || this.backlog || !m.text.trim()) return
+    announce(`${m.role === 'user' ? 'You' : 'Agent'}: ${m.text.trim().slice(0, 500)}`)
   }
 
   appendText (m, delta) {
@@ -266,7 +291,7 @@ export class RunView {
         m.textEl.textContent = m.text
         const words = m.text.trim() ? m.text.trim().split(/\s+/).length : 0
         m.label.textContent = m.done ? `Thought · ${words} words` : 'Thinking…'
-        m.preview.textContent = m.done ? '' : m.text.slice(-90).replace(/\s+/g, ' ')
+        m.preview.textContent = m.done ? '' : tail(m.text)
       }
     }
     this.dirty.clear()
