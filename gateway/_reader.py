@@ -102,7 +102,7 @@ def gap_chunk(earliest_offset: str) -> dict[str, Any]:
 async def idle_frame(state: GatewayState, framing: Framing) -> bytes:
     """What an idle stream gets: a keep-alive, or a notice naming why no chunk comes.
 
-    While the delivery log cannot store (issue 19), runs make no progress a reader could
+    While the delivery log cannot store, runs make no progress a reader could
     see; the notice (not log data: no id, no chunk) names the cause, e.g.
     ``LOG_STORAGE_FULL``. The answer is the gateway's cached probe (:mod:`gateway._log_health`),
     taken as it is: a stale probe is renewed in the background, never waited for (chunks

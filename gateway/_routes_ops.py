@@ -1,4 +1,4 @@
-"""Read-only routes the web pages need beyond the chat API (docs/design.md §6, issue 13).
+"""Read-only routes the web pages need beyond the chat API (docs/design.md §6).
 
 - ``GET /api/threads``: the caller's threads, newest first, with their last run's status.
 - ``GET /api/threads/{threadId}/runs``: a thread's runs, oldest first (``record_json`` each).

@@ -6,7 +6,7 @@ Wire format (docs/design.md §6, the TanStack AI durable chat transport):
   ``: keep-alive`` comment when idle, and a final ``: end`` comment when the log closed.
 - NDJSON (``Accept: application/x-ndjson``): one ``{"id": "<offset>", "chunk": {...}}`` per
   line; an empty line is the keep-alive (line readers skip blank lines).
-- Notices (the log cannot store, issue 19) are not log data: never an ``id`` nor a
+- Notices (the log cannot store) are not log data: never an ``id`` nor a
   chunk. SSE sends a comment ``: notice LOG_STORAGE_FULL <message>`` (EventSource and
   AG-UI parsers ignore comments); NDJSON a line ``{"notice": {"reason", "message"}}``
   without ``chunk`` (clients skip lines without one). A notice also serves as keep-alive.

@@ -185,7 +185,7 @@ class ClaimLog:
                 await self.writer.append(remaining, origin=origin)
                 break
             except LogStorageFull as full:
-                # Keep the claim and wait for storage (issue 19): a handover would only
+                # Keep the claim and wait for storage: a handover would only
                 # meet the same full store on the next host. Only the unstored rest is
                 # sent again, its first record with the same message id.
                 landed = len(full.landed)

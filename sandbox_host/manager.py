@@ -274,7 +274,7 @@ class RunManager:
             # The session was lost while the start was in flight (the clear landed before its
             # lease lapsed in etcd): the host told its drivers to stop before this one existed,
             # so a driver spawned now would never hear it, and would sit in this host's
-            # drivers with no claim (issue 18: the host then refused the failover's AttachRun
+            # drivers with no claim (the host then refused the failover's AttachRun
             # of this very run as ``held``, and the run never ended). The run is started (its
             # input is durable, ``starting`` is cleared); its claim goes with the lease, and
             # failover hands it to a live host, this one included.
@@ -453,7 +453,7 @@ class RunManager:
         does: the coordinator's failover gives each host 5 s, and a host busy under load
         answered later. Cancelled with the caller, the attach left a claim whose answer
         came after the cancel and that no driver held; the failover then found the run
-        ``held`` on every other host, and the run waited for ever (issue 18: the
+        ``held`` on every other host, and the run waited for ever (the
         unfinished runs of the 200-run bench). An ``AttachRun`` of a run this host is
         attaching already joins that attach. Whether the run is ``held`` is the claim's
         answer, never this host's own drivers': a driver of the run still running here
@@ -503,7 +503,7 @@ class RunManager:
         # this host taken as an answer: the claim in etcd says whether the run is held. A
         # driver here may hold no claim any more (its session lapsed, and it has not seen it
         # yet); refused as ``held`` from that belief, the failover took the run for driven
-        # and never offered it again (issue 18: two runs of the 200-run bench never ended).
+        # and never offered it again (two runs of the 200-run bench never ended).
         try:
             try:
                 epoch, record = await deps.cc.claim_run(run_id, session, deps.host_id, purpose=purpose,

@@ -3,7 +3,7 @@
 Owned by :class:`~sandbox_host.manager.RunManager` (``manager.claims``): a claim whose start or attach failed is
 released (retried while its session lives), a start that meets another start's claim follows
 it, and a driver left from an older claim of the run on this host is stopped when a new
-claim lands. Each is a way a run was left with nobody to drive it (issue 18).
+claim lands. Each is a way a run was left with nobody to drive it.
 """
 from __future__ import annotations
 

@@ -202,7 +202,7 @@ async def _finishing(st: GatewayState, run_id: str) -> bool:
 
 
 async def _check_log_stores(st: GatewayState, run_id: str) -> None:
-    """Refuse a new run at once while the delivery log cannot store (issue 19).
+    """Refuse a new run at once while the delivery log cannot store.
 
     Its fence and ``run.accepted`` could not land, so the start would hang; the client gets
     ``503 LOG_STORAGE_FULL`` (or ``LOG_UNAVAILABLE``) naming the cause instead.
