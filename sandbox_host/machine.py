@@ -206,14 +206,20 @@ def cancelled_chunk(*, reason: str, process_gone: bool | None, sandbox_destroyed
             "value": {"reason": reason, "processGone": process_gone, "sandboxDestroyed": sandbox_destroyed}}
 
 
-def accepted_chunk(run_id: str, thread_id: str, agent: str | None, messages: list[dict[str, Any]]) -> Chunk:
+def accepted_chunk(run_id: str, thread_id: str, agent: str | None, messages: list[dict[str, Any]],
+                   previous_turn_lost: dict[str, str] | None = None) -> Chunk:
     """The ``CUSTOM run.accepted`` chunk (origin host) a fresh start appends first.
 
     It carries the run input's messages, so a successor host can rebuild the transcript
-    (docs/design.md §4.2) from the log alone, and launch the agent with its input.
+    (docs/design.md §4.2) from the log alone, and launch the agent with its input; and, for
+    a thread's run whose previous turn could not be saved, ``previousTurnLost`` (``{runId,
+    reason}``): this run starts from the turn before it.
     """
-    return {"type": "CUSTOM", "name": RUN_ACCEPTED,
-            "value": {"runId": run_id, "threadId": thread_id, "agent": agent or None, "messages": messages}}
+    value: dict[str, Any] = {"runId": run_id, "threadId": thread_id, "agent": agent or None, "messages": messages}
+    if previous_turn_lost:
+        value["previousTurnLost"] = {"runId": previous_turn_lost.get("run", ""),
+                                     "reason": previous_turn_lost.get("reason", "")}
+    return {"type": "CUSTOM", "name": RUN_ACCEPTED, "value": value}
 
 
 def run_error_chunk(message: str, code: str) -> Chunk:

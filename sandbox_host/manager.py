@@ -435,7 +435,11 @@ class RunManager:
             opened = [StoredRecord(int(off), "chunk", writer.epoch, "journal", fingerprint(c))
                       for off, c in zip(offsets, opening)]
         if host is None:
-            await writer.append([M.accepted_chunk(run_id, record.thread_id, record.agent.kind, messages)], origin="host")
+            from sandbox_host.thread_session import TurnStart
+
+            turn = TurnStart.from_json(record.turn_json)
+            await writer.append([M.accepted_chunk(run_id, record.thread_id, record.agent.kind, messages,
+                                                  turn.lost if turn is not None else None)], origin="host")
             return opened, messages
         body = await deps.read_chunk(run_id, host.offset)
         value = body.get("value") if isinstance(body, dict) else None

@@ -59,6 +59,8 @@ class TurnStart:
         resume: the agent session to resume (``None``: a fresh session).
         fork: Claude: resume ``resume`` under a new session id (``--fork-session``).
         fork_of: Codex: the session whose rollout is copied under ``resume`` first.
+        lost: the thread's previous turn whose end could not be snapshotted (``{"run",
+            "reason"}``; this run starts from the turn before it), else ``None``.
     """
 
     workspace: dict[str, Any] = field(default_factory=dict)
@@ -66,10 +68,12 @@ class TurnStart:
     resume: str | None = None
     fork: bool = False
     fork_of: str | None = None
+    lost: dict[str, str] | None = None
 
     def to_json(self) -> str:
         return json.dumps({"workspace": self.workspace, "snapshot": self.snapshot, "resume": self.resume,
-                           "fork": self.fork, "fork_of": self.fork_of}, sort_keys=True, separators=(",", ":"))
+                           "fork": self.fork, "fork_of": self.fork_of, "lost": self.lost},
+                          sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, raw: str) -> "TurnStart | None":
@@ -78,7 +82,8 @@ class TurnStart:
             return None
         doc = json.loads(raw)
         return cls(workspace=dict(doc.get("workspace") or {}), snapshot=doc.get("snapshot"),
-                   resume=doc.get("resume"), fork=bool(doc.get("fork")), fork_of=doc.get("fork_of"))
+                   resume=doc.get("resume"), fork=bool(doc.get("fork")), fork_of=doc.get("fork_of"),
+                   lost=doc.get("lost") if isinstance(doc.get("lost"), dict) else None)
 
 
 def plan_turn(head: ThreadHead | None, *, thread_id: str, agent_kind: str, tenant: str,
@@ -118,7 +123,7 @@ def plan_turn(head: ThreadHead | None, *, thread_id: str, agent_kind: str, tenan
             return TurnStart(workspace=head.workspace, snapshot=head.snapshot, resume=new_session_id(),
                              fork_of=resume)
         return TurnStart(workspace=head.workspace, snapshot=head.snapshot, resume=resume, fork=True)
-    return TurnStart(workspace=head.workspace, snapshot=head.snapshot, resume=resume)
+    return TurnStart(workspace=head.workspace, snapshot=head.snapshot, resume=resume, lost=head.lost)
 
 
 def turn_session(turn: TurnStart, announced: str | None) -> str | None:

@@ -142,6 +142,10 @@ async def snapshot_turn(deps: "HostDeps", record: runs_pb2.RunRecord, epoch: int
         info = await deps.workspaces.snapshot(tar, parent=turn.snapshot)
     except WorkspaceError as exc:  # too large, or unsafe: the next turn starts where this one did
         log.error("run %s: workspace not snapshotted: %s", record.run_id, exc)
+        # ... and says so (its run.accepted names this turn): never a silent loss.
+        await deps.workspaces.note_lost_turn(
+            record.thread_id, run_id=record.run_id, reason=f"the workspace could not be saved: {exc}",
+            writer=TranscriptWriter(record.run_id, epoch, record.started_at))
         return None
     await deps.workspaces.save_turn(
         record.thread_id, run_id=record.run_id, snapshot=info.digest, agent_session_id=turn_session(turn, announced),

@@ -15,7 +15,7 @@ import io
 import logging
 import pathlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO, Any, BinaryIO, Callable
 
 import nats.errors
@@ -331,6 +331,39 @@ class WorkspaceStore:
                     turn = TurnRecord(snapshot, agent_session_id, messages, self._clock())
                     new = with_turn(head, run_id=run_id, turn=turn, workspace=workspace, agent_kind=agent_kind,
                                     writer=writer, max_turns=self.cfg.max_turns, tenant=tenant)
+                    landed = await _cas(kv, key, new.encode(), rev)
+                    if landed is not None:
+                        return landed
+        except NATS_ERRORS as exc:
+            raise LogUnavailable(thread_id, f"saving the thread head failed: {type(exc).__name__}") from exc
+        raise WorkspaceConflict(thread_id, rev)
+
+    async def note_lost_turn(self, thread_id: str, *, run_id: str, reason: str, writer: TranscriptWriter) -> int | None:
+        """Record that run ``run_id``'s turn could not be snapshotted: the head keeps its
+        snapshot and session, and names the lost turn until the next turn is saved. Fenced
+        as :meth:`save_turn`.
+
+        Returns:
+            The head's new revision; ``None`` when the thread has no head (nothing to note on).
+
+        Raises:
+            WorkspaceFenced, WorkspaceConflict, LogUnavailable: as :meth:`save_turn`.
+        """
+        key = thread_key(thread_id)
+        rev: int | None = None
+        try:
+            _, kv = await self._buckets()
+            for _ in range(_CAS_TRIES):
+                async with asyncio.timeout(self.cfg.timeout):
+                    head, rev = await _read_head(kv, key, lenient=True)
+                    if head is None:
+                        return None
+                    if verdict(head.writer, writer) != "replace":
+                        assert head.writer is not None
+                        raise WorkspaceFenced(thread_id, writer.run_id, writer.epoch, head.writer.run_id,
+                                              head.writer.epoch)
+                    new = replace(head, lost={"run": run_id, "reason": reason[:500]}, writer=writer,
+                                  updated_at=self._clock())
                     landed = await _cas(kv, key, new.encode(), rev)
                     if landed is not None:
                         return landed

@@ -81,6 +81,9 @@ class ThreadHead:
     updated_at: float = 0.0
     writer: TranscriptWriter | None = None
     tenant: str = ""
+    #: A turn whose end could not be snapshotted (``{"run", "reason"}``): the next run starts
+    #: from the head's snapshot and session as they were, and says so; ``None`` otherwise.
+    lost: dict[str, str] | None = None
 
     def snapshots(self) -> set[str]:
         """Every snapshot this head keeps alive: its own and its turns'."""
@@ -101,6 +104,7 @@ class ThreadHead:
                             if self.forked_from is not None else None),
             "updated_at": self.updated_at,
             "tenant": self.tenant,
+            "lost": self.lost,
         }
         return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -124,6 +128,7 @@ class ThreadHead:
                 updated_at=float(doc.get("updated_at") or 0),
                 writer=TranscriptWriter.from_json(doc.get("writer")),
                 tenant=str(doc.get("tenant") or ""),
+                lost=dict(doc["lost"]) if isinstance(doc.get("lost"), dict) else None,
             )
         except (TypeError, KeyError, AttributeError, json.JSONDecodeError) as exc:
             raise ValueError(f"not a thread head: {type(exc).__name__}") from exc
@@ -158,6 +163,6 @@ def forked(source: ThreadHead, *, source_thread: str, run_id: str, writer: Trans
     """
     turn = source.turns[run_id]
     return replace(
-        source, agent_session_id=turn.agent_session_id, snapshot=turn.snapshot, turns={},
+        source, agent_session_id=turn.agent_session_id, snapshot=turn.snapshot, turns={}, lost=None,
         forked_from=ForkedFrom(source_thread, run_id), updated_at=now, writer=writer,
     )

@@ -170,3 +170,25 @@ async def test_a_path_outside_the_allow_list(cluster: Cluster, thread: Thread, g
         await assert_refused(http, gw, target, {"dir": str(cluster.allowed / ".." / "outside")}, "workspace.dir", words)
         await assert_refused(http, lax, target, {"dir": str(outside)}, "workspace.dir", words)
     await assert_intact(http, gw, thread)
+
+
+async def test_a_turn_that_outgrows_the_limit_is_named_by_the_next_turn(
+        cluster: Cluster, thread: Thread, gw: Gateway, http: httpx.AsyncClient) -> None:
+    """A turn's tree over the limit cannot be snapshotted, and its RUN_FINISHED is already in
+    its log: the thread's next run starts from the turn before it and says so in its
+    ``run.accepted`` (``previousTurnLost``), never silently."""
+    grow, chunks = await turn(http, gw, thread.id, "claude-code",
+                              f"run head -c {LIMIT + 50_000} /dev/urandom > huge.bin\nwrite note.txt grown")
+    assert terminal(chunks)["type"] == "RUN_FINISHED", terminal(chunks)
+
+    _, after = await turn(http, gw, thread.id, "claude-code", "recall\nrun ls")
+    accepted = next(c for c in after if c.get("name") == "run.accepted")
+    lost = accepted["value"]["previousTurnLost"]
+    assert lost["runId"] == grow and f"more than {LIMIT} bytes" in lost["reason"], lost
+    seen = texts(after)
+    assert "kept.txt" in seen and "huge.bin" not in seen and "note.txt" not in seen
+    # The session is turn 1's: the lost turn's prompt is not in what the agent remembers.
+    assert "write kept.txt" in seen and "huge.bin" not in seen.split("run ls")[0]
+    # Once a turn is saved again, the notice is gone.
+    _, again = await turn(http, gw, thread.id, "claude-code", "run ls")
+    assert "previousTurnLost" not in next(c for c in again if c.get("name") == "run.accepted")["value"]
