@@ -1,7 +1,8 @@
 """Read-only routes the web pages need beyond the chat API (docs/design.md §6).
 
 - ``GET /api/threads``: the caller's threads, newest first, with their last run's status.
-- ``GET /api/threads/{threadId}/runs``: a thread's runs, oldest first (``record_json`` each).
+- ``GET /api/threads/{threadId}/runs``: a thread's runs, oldest first (``record_json`` each),
+  with its workspace and, for a fork, where it was forked from.
 - ``GET /api/ops/overview``: live hosts (load, capacity, draining), the caller's runs by
   status, and its recent takeovers (runs past epoch 1) and reaps (cancel reason ``reaped``).
 - ``GET /api/ops/timeline?runId=…``: one run's epochs (where each fence landed), its close,
@@ -31,6 +32,7 @@ from baton.ids import validate_id
 from baton.runs import TERMINAL, status_name
 from baton.v1 import runs_pb2
 from gateway._routes_misc import STATIC
+from gateway._service._views import visible_head
 from gateway._views import check_thread_visible, record_json, run_view, state_of, tenant
 
 #: How many of the caller's newest runs the threads list and the overview look at.
@@ -70,13 +72,30 @@ async def threads(request: Request) -> Response:
 
 
 async def thread_runs(request: Request) -> Response:
-    """``GET /api/threads/{threadId}/runs`` → ``{threadId, runs: [record_json…]}``, oldest first."""
+    """``GET /api/threads/{threadId}/runs`` → ``{threadId, runs: [record_json…], workspace,
+    forkedFrom}``, runs oldest first.
+
+    ``workspace`` is the thread's workspace spec (names, never secrets) and ``forkedFrom``
+    ``{threadId, runId, messages}`` the run a forked thread started from (``messages``: how
+    many of the saved transcript's first messages came with the fork), both from the
+    thread's workspace head: ``null`` for a thread without a coding session, or when the
+    workspace store does not answer (the runs are still listed).
+    """
     st = state_of(request)
     thread_id = validate_id(request.path_params["thread_id"], "threadId")
     await check_thread_visible(request, thread_id, must_exist=False)
     recs = await st.coordinator.list_runs(thread_id=thread_id, limit=RECENT_RUNS, tenant=_tenant_filter(request),
                                           timeout=_READ_TIMEOUT)
-    return JSONResponse({"threadId": thread_id, "runs": [record_json(r) for r in recs]})
+    try:
+        head = await visible_head(st, tenant(request), thread_id)
+    except e.LogUnavailable:
+        head = None
+    ff = head.forked_from if head is not None else None
+    return JSONResponse({
+        "threadId": thread_id, "runs": [record_json(r) for r in recs],
+        "workspace": (head.workspace or None) if head is not None else None,
+        "forkedFrom": {"threadId": ff.thread_id, "runId": ff.run_id, "messages": ff.messages} if ff else None,
+    })
 
 
 async def overview(request: Request) -> Response:

@@ -2,6 +2,7 @@
 JSON of records (the HTTP edge's rendering of the run service's answers)."""
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from starlette.requests import Request
@@ -32,6 +33,14 @@ def _opt(msg: Any, name: str) -> Any:
     return getattr(msg, name) if msg.HasField(name) else None
 
 
+def _workspace(raw: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) and value else None
+
+
 def record_json(record: runs_pb2.RunRecord, claim: Any | None = None, reap_at: float | None = None) -> dict[str, Any]:
     """The public view of a run (``GET /api/runs/{runId}``), camelCase."""
     err = None
@@ -52,6 +61,8 @@ def record_json(record: runs_pb2.RunRecord, claim: Any | None = None, reap_at: f
         "reapAt": reap_at,
         "cancelRequested": record.cancel_requested,
         "agent": record.agent.kind or None,
+        # The thread's workspace as the run was started in it (names only, never secrets).
+        "workspace": _workspace(record.workspace_json),
     }
 
 

@@ -9,7 +9,7 @@ Stored value (JSON)::
     {"writer": {"run", "epoch", "at"}, "workspace": {...}, "agent": "claude",
      "session": "<agent session id>" | null, "snapshot": "<digest>" | null,
      "turns": {"<run id>": {"snapshot", "session", "messages", "at"}, ...},
-     "forked_from": {"thread", "run"} | null, "updated_at": <seconds>, "tenant": "<tenant>"}
+     "forked_from": {"thread", "run", "messages"} | null, "updated_at": <seconds>, "tenant": "<tenant>"}
 """
 from __future__ import annotations
 
@@ -49,10 +49,16 @@ class TurnRecord:
 
 @dataclass(frozen=True)
 class ForkedFrom:
-    """The thread and run a forked thread started from."""
+    """The thread and run a forked thread started from.
+
+    Attributes:
+        messages: how many messages of the source's transcript the fork started with (its
+            run's turn record's ``messages``; ``0`` in heads saved before it was kept).
+    """
 
     thread_id: str
     run_id: str
+    messages: int = 0
 
 
 @dataclass(frozen=True)
@@ -100,7 +106,8 @@ class ThreadHead:
             "session": self.agent_session_id,
             "snapshot": self.snapshot,
             "turns": {r: t.to_json() for r, t in self.turns.items()},
-            "forked_from": ({"thread": self.forked_from.thread_id, "run": self.forked_from.run_id}
+            "forked_from": ({"thread": self.forked_from.thread_id, "run": self.forked_from.run_id,
+                             "messages": self.forked_from.messages}
                             if self.forked_from is not None else None),
             "updated_at": self.updated_at,
             "tenant": self.tenant,
@@ -124,7 +131,7 @@ class ThreadHead:
                 agent_session_id=doc.get("session"),
                 snapshot=doc.get("snapshot"),
                 turns={str(r): TurnRecord.from_json(t) for r, t in (doc.get("turns") or {}).items()},
-                forked_from=ForkedFrom(str(ff["thread"]), str(ff["run"])) if ff else None,
+                forked_from=ForkedFrom(str(ff["thread"]), str(ff["run"]), int(ff.get("messages") or 0)) if ff else None,
                 updated_at=float(doc.get("updated_at") or 0),
                 writer=TranscriptWriter.from_json(doc.get("writer")),
                 tenant=str(doc.get("tenant") or ""),
@@ -164,5 +171,5 @@ def forked(source: ThreadHead, *, source_thread: str, run_id: str, writer: Trans
     turn = source.turns[run_id]
     return replace(
         source, agent_session_id=turn.agent_session_id, snapshot=turn.snapshot, turns={}, lost=None,
-        forked_from=ForkedFrom(source_thread, run_id), updated_at=now, writer=writer,
+        forked_from=ForkedFrom(source_thread, run_id, turn.messages), updated_at=now, writer=writer,
     )

@@ -148,16 +148,38 @@ async def _run_exists(st: GatewayState, tenant_id: str, run_id: str) -> tuple[bo
     return False, None
 
 
+async def visible_head(st: GatewayState, tenant_id: str, thread_id: str) -> Any | None:
+    """The thread's workspace head (``baton.workspaces.ThreadHead``) if the caller may see it:
+    ``None`` when the thread has none (no coding session), the gateway keeps no workspace
+    store, or, with auth, the head is another tenant's.
+
+    Raises:
+        LogUnavailable: the workspace store did not answer.
+    """
+    if st.workspaces is None:
+        return None
+    head, _ = await st.workspaces.load_head(thread_id)
+    if head is None or (st.settings.auth_enabled and head.tenant != tenant_id):
+        return None
+    return head
+
+
 async def load_thread_transcript(st: GatewayState, tenant_id: str, thread_id: str) -> tuple[list[Any], int | None]:
     """The thread's saved transcript and its revision, for a caller that may see the thread.
 
     A thread is known when it has a saved transcript or a run (one still going has no
-    transcript yet); anything else is unknown, as is another tenant's thread.
+    transcript yet), or is a fork of the caller's (before its first run); anything else is
+    unknown, as is another tenant's thread.
 
     Raises:
         UnknownThread: as above.
     """
-    await thread_visible_for(st, tenant_id, thread_id, must_exist=True)
+    try:
+        await thread_visible_for(st, tenant_id, thread_id, must_exist=True)
+    except UnknownThread:
+        # A fork before its first run has no owner key and no run: its head names its tenant.
+        if await visible_head(st, tenant_id, thread_id) is None:
+            raise
     msgs, revision = await st.transcripts.load(thread_id)
     if revision is None and not st.settings.auth_enabled:
         # With auth, thread_visible_for already required a run of the caller's tenant.

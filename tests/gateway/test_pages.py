@@ -26,6 +26,8 @@ from sandbox_host.machine import accepted_chunk
 from tests.conftest import REPO, assert_eventually, require, unique
 from tests.gateway.conftest import SLOW_TEXT, Gateway, GatewayFactory, claude_journal, host_settings
 from tests.gateway.test_node import NODE_DIR, need_node
+from tests.sandbox.gitrepos import make_repo
+from tests.sessions_support import Cluster
 
 ARTIFACTS = REPO / "artifacts" / "browser"
 KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
@@ -60,29 +62,44 @@ def page_replay(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 
 @pytest.fixture(scope="module")
-async def two_hosts(coordinator: Any, nats: Any, log_cfg: LogConfig, page_replay: pathlib.Path,
-                    tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[list[Any]]:
-    """Two sandbox hosts on one machine (shared journal and sandbox dirs: either can take over)."""
-    from baton_tools.testing.cluster import start_host
-
+async def page_cluster(coordinator: Any, nats: Any, log_cfg: LogConfig, page_replay: pathlib.Path,
+                       tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Cluster]:
+    """Two sandbox hosts on one machine (shared journal and sandbox dirs: either can take
+    over), which play replay journals and run coding sessions with the stand-in CLIs on a
+    local git repository (``cluster.repo``, inside ``BATON_WORKSPACE_DIRS``)."""
     tmp = tmp_path_factory.mktemp("page-hosts")
+    allowed = tmp / "allowed"
+    allowed.mkdir()
     # A longer lease than the default 2 s: the page tests share two cores with browsers.
-    settings = {**host_settings(log_cfg, page_replay, tmp), "BATON_SESSION_TTL": "5"}
-    hosts = [await start_host(coordinator.address, nats.url, log_dir=tmp, host_id=unique(f"host-{i}-"), **settings)
-             for i in (1, 2)]
-    yield hosts
-    for h in hosts:
-        await h.stop()
+    settings = {**host_settings(log_cfg, page_replay, tmp), "BATON_SESSION_TTL": "5",
+                "BATON_WORKSPACE_DIRS": str(allowed), "BATON_WORKSPACE_OBJECTS": unique("ws-objects"),
+                "BATON_WORKSPACE_HEADS": unique("ws-heads")}
+    cluster = Cluster(tmp, make_repo(allowed), allowed, coordinator, nats, settings)
+    try:
+        for _ in range(2):
+            await cluster.add_host()
+        yield cluster
+    finally:
+        await cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def two_hosts(page_cluster: Cluster) -> list[Any]:
+    return page_cluster.hosts
 
 
 @pytest.fixture
-async def page_gateway(make_gateway: GatewayFactory, page_replay: pathlib.Path, two_hosts: list[Any],
+async def page_gateway(make_gateway: GatewayFactory, page_replay: pathlib.Path, page_cluster: Cluster,
                        cc: Any) -> Gateway:
+    from baton.workspaces import WorkspaceConfig
+
     async def both_registered() -> bool:
         ids = {h.host_id for h in await cc.list_hosts()}
-        return all(h.host_id in ids for h in two_hosts)
+        return all(h.host_id in ids for h in page_cluster.hosts)
     await assert_eventually(both_registered, timeout=20)
-    return await make_gateway(keepalive=0.5, api_keys=KEYS, replay_dirs=(page_replay,))
+    ws_cfg = WorkspaceConfig.from_env({k: v for k, v in page_cluster.settings.items() if k.startswith("BATON_WORKSPACE_")})
+    return await make_gateway(keepalive=0.5, api_keys=KEYS, replay_dirs=(page_replay,),
+                              workspace_dirs=(str(page_cluster.allowed.resolve()),), workspace_config=ws_cfg)
 
 
 async def _run_to_end(http: httpx.AsyncClient, gw: Gateway, headers: dict[str, str], thread: str, journal: str) -> str:
@@ -164,13 +181,14 @@ def need_browser() -> str:
 
 
 async def run_page_script(node: str, script: str, gw: Gateway, *, timeout: float,
-                          on_line: Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]] | None = None
-                          ) -> dict[str, Any]:
+                          on_line: Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]] | None = None,
+                          env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run a Playwright script; ``on_line`` answers its requests (JSON lines without ``ok``) on
-    stdin: with the JSON of what it returns, or ``done``."""
+    stdin: with the JSON of what it returns, or ``done``. ``env``: more of its environment."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     print(f"screenshots: {ARTIFACTS}")
-    env = {**os.environ, "BATON_GATEWAY_URL": gw.url, "BATON_API_KEY": "key-a", "BATON_ARTIFACTS": str(ARTIFACTS)}
+    env = {**os.environ, "BATON_GATEWAY_URL": gw.url, "BATON_API_KEY": "key-a", "BATON_ARTIFACTS": str(ARTIFACTS),
+           **(env or {})}
     proc = await asyncio.create_subprocess_exec(node, script, cwd=NODE_DIR, env=env, stdin=asyncio.subprocess.PIPE,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     assert proc.stdout is not None and proc.stdin is not None and proc.stderr is not None
@@ -276,6 +294,36 @@ async def test_chat_page_reloads_tabs_busy_stop_failures_and_hostile_output(
     assert [pathlib.Path(p).name for p in result["screenshots"]] == [
         "chat-mid-run.png", "chat-finished.png", "chat-scrolled.png", "chat-busy.png", "chat-cancelled.png", "chat-interrupted.png",
         "chat-failed.png", "chat-hostile.png", "chat-phone.png"]
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(300)
+async def test_coding_session_repository_field_second_turn_and_fork(
+        page_gateway: Gateway, page_cluster: Cluster, http: httpx.AsyncClient) -> None:
+    """A claude-code thread on a repository from the page (stand-in CLI): the field, a refused
+    workspace, a second turn in the same workspace, a fork at the first run and its turn."""
+    node = need_browser()
+    repo = f"file://{page_cluster.repo.bare}"
+    result = await run_page_script(node, "page_session.mjs", page_gateway, timeout=280,
+                                   env={"BATON_TEST_REPO": repo})
+    s = result["session"]
+    assert s["refused"].startswith("Not sent: workspace.dir: ") and "BATON_WORKSPACE_DIRS" in s["refused"]
+    runs = (await http.get(f"{page_gateway.url}/api/threads/{s['thread']}/runs", headers=A)).json()
+    assert [r["runId"] for r in runs["runs"]] == [s["run1"], s["run2"]]
+    assert all(r["status"] == "completed" and r["agent"] == "claude-code" for r in runs["runs"])
+    assert runs["workspace"]["git"] == runs["runs"][0]["workspace"]["git"] and runs["forkedFrom"] is None
+    f = result["fork"]
+    forked = (await http.get(f"{page_gateway.url}/api/threads/{f['thread']}/runs", headers=A)).json()
+    assert [r["runId"] for r in forked["runs"]] == [f["run"]] and forked["runs"][0]["status"] == "completed"
+    msgs = (await http.get(f"{page_gateway.url}/api/threads/{f['thread']}/messages", headers=A)).json()["messages"]
+    users = [m["content"] for m in msgs if m["role"] == "user"]
+    assert users == ["write hello.txt hi", "run cat hello.txt"]  # the fork's first turn, then its own
+    # The fork started with the first turn's messages: everything before its own prompt.
+    own = next(i for i, m in enumerate(msgs) if m["role"] == "user" and m["content"] == "run cat hello.txt")
+    assert forked["forkedFrom"] == f["forkedFrom"] == {"threadId": s["thread"], "runId": s["run1"], "messages": own}
+    assert [pathlib.Path(p).name for p in result["screenshots"]] == [
+        "session-new.png", "session-refused.png", "session-second-turn.png", "session-forked.png",
+        "session-fork-turn.png", "session-phone.png"]
 
 
 @pytest.mark.browser

@@ -127,3 +127,15 @@ def test_codex_fork_copies_the_rollout_under_the_new_id() -> None:
     assert out[name] == meta + b'{"type":"response_item"}\n'
     first = json.loads(out[copy].splitlines()[0])
     assert first["payload"]["id"] == new
+
+
+def test_a_fork_head_keeps_its_source_and_how_many_messages_it_started_with() -> None:
+    from baton.workspaces.heads import forked
+
+    f = forked(head(), source_thread="src", run_id="r1", writer=W, now=20.0)
+    assert f.forked_from == ForkedFrom("src", "r1", 2)  # r1's turn record: 2 messages
+    assert ThreadHead.decode(f.encode()).forked_from == ForkedFrom("src", "r1", 2)
+    # A head saved before the count was kept reads as 0.
+    old = json.loads(f.encode())
+    del old["forked_from"]["messages"]
+    assert ThreadHead.decode(json.dumps(old).encode()).forked_from == ForkedFrom("src", "r1", 0)

@@ -125,6 +125,16 @@ def test_the_spec_carries_the_credential_as_secrets_and_the_thread_for_session_a
     assert "tok-123456" not in repr(settings)
 
 
+def test_the_run_view_shows_the_workspace_by_name_only() -> None:
+    from gateway._views import record_json
+
+    ws = {"git": "https://h/x", "ref": "v1", "credential": "ci", "setup": ["make"]}
+    rec = runs_pb2.RunRecord(run_id="r", thread_id="t1", workspace_json=json.dumps(ws))
+    assert record_json(rec)["workspace"] == ws  # the credential's name; its secret is never in a record
+    assert record_json(runs_pb2.RunRecord(run_id="r"))["workspace"] is None
+    assert record_json(runs_pb2.RunRecord(run_id="r", workspace_json="not json"))["workspace"] is None
+
+
 def test_git_gets_the_credential_as_an_origin_scoped_header_in_its_environment() -> None:
     secrets = {GIT_USERNAME_ENV: "bot", GIT_TOKEN_ENV: "tok-123456"}
     env = git_env("https://git.example.com:8443/o/r.git", secrets, "/tmp/h")

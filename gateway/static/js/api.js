@@ -40,13 +40,18 @@ export async function cancelRun (runId) {
   }))
 }
 
-/** Start a run: POST /api/chat with the AG-UI input; resolves to the SSE response. */
-export async function startRun ({ threadId, runId, prompt, agent }, signal) {
+/**
+ * Start a run: POST /api/chat with the AG-UI input; resolves to the SSE response.
+ * `history`: the thread's saved messages, sent before the new one (a coding session's
+ * transcript then keeps every turn); `workspace`: the thread's workspace, on its first run only.
+ */
+export async function startRun ({ threadId, runId, prompt, agent, history = [], workspace = null }, signal) {
   const body = {
     threadId,
     runId,
-    messages: [{ id: `${runId}-user`, role: 'user', content: prompt }],
-    ...(agent ? { agent } : {})
+    messages: [...history, { id: `${runId}-user`, role: 'user', content: prompt }],
+    ...(agent ? { agent } : {}),
+    ...(workspace ? { workspace } : {})
   }
   return check(await fetch('/api/chat', {
     method: 'POST',
@@ -54,6 +59,16 @@ export async function startRun ({ threadId, runId, prompt, agent }, signal) {
     headers: headers({ 'Content-Type': 'application/json', 'X-Run-Id': runId, Accept: 'text/event-stream' }),
     body: JSON.stringify(body)
   }))
+}
+
+/** POST /api/threads/{threadId}/fork {runId} → {threadId, forkedFrom, messages} (throws ApiError). */
+export async function forkThread (threadId, runId) {
+  const resp = await check(await fetch(`/api/threads/${enc(threadId)}/fork`, {
+    method: 'POST',
+    headers: headers({ 'Content-Type': 'application/json' }),
+    body: JSON.stringify({ runId })
+  }))
+  return resp.json()
 }
 
 /** Join a run's log strictly after `offset` ('-1': from the start); resolves to the SSE response. */

@@ -11,6 +11,10 @@
 import { $, el, announce, clock, duration, everyVisible, relative, bindApiKey, trackHeaderHeight, whenVisible } from './dom.js'
 import { ApiError, cancelRun, enc, getJSON, joinRun, readSSE, startRun } from './api.js'
 import { RunView, errorSentence, renderedOffsets } from './transcript.js'
+import {
+  SESSION_KINDS, bindWorkspaceField, clearWorkspaceError, forgetFork, forkListItem, isNewThread, offerFork,
+  pendingForks, renderForkHistory, showWorkspaceError, showWorkspaceField, threadInfo, workspaceToSend
+} from './session.js'
 
 const TERMINAL = new Set(['completed', 'failed', 'aborted'])
 const STATE_WORDS = {
@@ -29,6 +33,7 @@ const POLL_MS = 1000
 
 const state = {
   threadId: null,
+  thread: threadInfo(null), // the open thread's session: {runs, workspace, forkedFrom}
   live: null, // {runId, view, controller, record}
   openSeq: 0
 }
@@ -117,6 +122,7 @@ async function readClosed (view, rec, signal) {
   if (rec.epoch > 1) await markTakeovers(view, rec)
   view.placeFences(Infinity)
   view.setOutcome(outcomeText(rec, view), rec.status)
+  offerFork(view, rec, openFork)
 }
 
 const sleep = (ms, signal) => new Promise((resolve) => {
@@ -184,6 +190,7 @@ async function follow (view, runId, first = null) {
     await markTakeovers(view, rec).catch(() => {})
     view.placeFences(Infinity)
     view.setOutcome(outcomeText(rec, view), rec.status)
+    offerFork(view, rec, openFork)
     if (state.live === null && view.section.isConnected) showRecord(rec)
   }
   loadThreads()
@@ -239,6 +246,7 @@ async function openThread (threadId) {
   state.live?.controller.abort()
   state.live = null
   state.threadId = threadId
+  state.thread = threadInfo(null)
   $('stop').disabled = true
   $('busy').hidden = true
   $('transcript').replaceChildren()
@@ -246,16 +254,26 @@ async function openThread (threadId) {
   $('run-id').textContent = ''
   showState('idle', threadId ? '' : 'Type a message to start a run.')
   markCurrentThread()
+  showWorkspaceField(state.thread, selectedAgent()?.kind)
   if (!threadId) return
   let runs
   try {
-    runs = (await getJSON(`/api/threads/${enc(threadId)}/runs`)).runs
+    const listing = await getJSON(`/api/threads/${enc(threadId)}/runs`)
+    runs = listing.runs
+    if (seq !== state.openSeq) return
+    state.thread = threadInfo(listing)
   } catch (err) {
     $('transcript').append(el('div', 'note error', `This thread cannot be opened: ${err.message}`))
     return
   }
+  showWorkspaceField(state.thread, selectedAgent()?.kind)
+  if (state.thread.forkedFrom) await showForkHistory(threadId, seq, runs.length)
   if (seq !== state.openSeq) return
-  if (!runs.length) { showState('idle', 'No runs in this thread yet.'); return }
+  if (!runs.length) {
+    if (!state.thread.forkedFrom) forgetFork(threadId) // a fork this page listed that is gone
+    showState('idle', state.thread.forkedFrom ? 'Forked: the next message continues from here.' : 'No runs in this thread yet.')
+    return
+  }
   for (const rec of runs) {
     if (seq !== state.openSeq) return
     const view = new RunView($('transcript'), rec.runId)
@@ -270,6 +288,30 @@ async function openThread (threadId) {
       if (seq === state.openSeq && !state.live) showRecord(rec)
     }
   }
+}
+
+// A fork's first messages came with it, not from its runs: shown from the saved transcript.
+async function showForkHistory (threadId, seq, runs) {
+  const ff = state.thread.forkedFrom
+  let messages
+  try {
+    messages = (await getJSON(`/api/threads/${enc(threadId)}/messages`)).messages
+  } catch (err) {
+    if (seq === state.openSeq) $('transcript').append(el('div', 'note error', `The conversation before the fork cannot be read: ${err.message}`))
+    return
+  }
+  if (seq !== state.openSeq) return
+  // Before its first run the saved transcript is the fork's history alone.
+  // After it, the fork's first `messages` (a head from before that count was kept: none).
+  const count = ff.messages || (runs ? 0 : messages.length)
+  renderForkHistory($('transcript'), messages.slice(0, count), ff)
+}
+
+/** Open a thread just forked (its history loads as any thread's does). */
+function openFork (threadId) {
+  setThreadUrl(threadId, true)
+  loadThreads()
+  return openThread(threadId).then(() => $('prompt').focus())
 }
 
 function markCurrentThread () {
@@ -305,6 +347,20 @@ async function loadThreads () {
     li.append(a)
     return li
   })
+  // Forks this browser made that have no run yet (the list above is built from runs).
+  for (const f of pendingForks(new Set(threads.map((t) => t.threadId))).reverse()) {
+    const a = forkListItem(f)
+    a.addEventListener('click', (ev) => {
+      if (ev.metaKey || ev.ctrlKey || ev.shiftKey || ev.button !== 0) return
+      ev.preventDefault()
+      setThreadUrl(f.threadId, true)
+      openThread(f.threadId)
+      $('prompt').focus()
+    })
+    const li = el('li')
+    li.append(a)
+    items.unshift(li)
+  }
   $('threads').replaceChildren(...(items.length ? items : [el('li', 'note', 'No threads yet.')]))
   markCurrentThread()
 }
@@ -324,15 +380,25 @@ async function send () {
     $('thread-title').textContent = state.threadId
   }
   const runId = `run-${crypto.randomUUID()}`
+  const agent = selectedAgent()
+  const thread = state.thread
+  showWorkspaceField(thread, agent?.kind) // the picker may have changed without an event
+  const workspace = workspaceToSend() // a new thread's only: a thread keeps its first run's
   $('busy').hidden = true
+  clearWorkspaceError()
   $('send').disabled = true
   let response
   try {
-    response = await startRun({ threadId: state.threadId, runId, prompt, agent: selectedAgent() })
+    // A coding session's turn carries the thread's saved messages, so its transcript (and a
+    // fork of it) holds every turn; a replay run sends the prompt alone, as it always did.
+    const history = SESSION_KINDS.has(agent?.kind) && !isNewThread(thread) ? await savedMessages(state.threadId) : []
+    response = await startRun({ threadId: state.threadId, runId, prompt, agent, history, workspace })
   } catch (err) {
     $('send').disabled = false
     if (err instanceof ApiError && err.reason === 'THREAD_BUSY') {
       showBusy(err.body.activeRunId)
+    } else if (showWorkspaceError(err)) {
+      // said beside the repository field
     } else {
       showComposerError(err instanceof ApiError ? errorSentence(err.message, err.reason) : `Could not reach the gateway: ${err.message}`)
     }
@@ -340,9 +406,23 @@ async function send () {
   }
   $('send').disabled = false
   $('prompt').value = ''
+  if (state.thread === thread) {
+    if (isNewThread(thread)) thread.workspace = workspace
+    thread.runs++
+    showWorkspaceField(thread, agent?.kind)
+  }
   const view = new RunView($('transcript'), runId)
   follow(view, runId, response)
   loadThreads()
+}
+
+async function savedMessages (threadId) {
+  try {
+    return (await getJSON(`/api/threads/${enc(threadId)}/messages`)).messages
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 404) return [] // no transcript saved yet
+    throw err
+  }
 }
 
 function showComposerError (text) {
@@ -433,7 +513,11 @@ function init () {
   // On a phone the threads list starts folded, so the conversation comes first.
   if (matchMedia('(max-width: 760px)').matches) document.querySelector('.threads-box').open = false
   bindApiKey($('api-key'), () => { loadAgents(); loadThreads(); openThread(state.threadId) })
-  $('agent').addEventListener('change', () => localStorage.setItem('baton.agent', $('agent').value))
+  $('agent').addEventListener('change', () => {
+    localStorage.setItem('baton.agent', $('agent').value)
+    showWorkspaceField(state.thread, selectedAgent()?.kind)
+  })
+  bindWorkspaceField()
   $('new-thread').addEventListener('click', () => {
     setThreadUrl(null, true)
     openThread(null)
