@@ -17,7 +17,7 @@ from sandbox_host.providers.local import LocalProvider
 from tests.sandbox.conftest import follow_all, with_data
 from tests.sandbox.gitrepos import Repo, git, git_http_server, make_repo
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.servers, pytest.mark.timeout(60)]  # real git and providers
 
 
 @pytest.fixture
