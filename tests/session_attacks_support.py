@@ -120,14 +120,20 @@ async def jetstream_holding(nats_url: str, needles: tuple[str, ...]) -> list[str
     try:
         js = nc.jetstream()
         for info in await js.streams_info():
-            name, state = info.config.name, info.state
-            for seq in range(state.first_seq, state.last_seq + 1):
+            name, state = str(info.config.name), info.state
+            for seq in range(max(state.first_seq, 1), state.last_seq + 1):
                 try:
                     msg = await js.get_msg(name, seq)
                 except NotFoundError:
                     continue
                 data = (msg.data or b"") + repr(msg.headers or {}).encode()
-                found += [f"{name}/{seq}: {n}" for n in needles if n.encode() in data]
+                found += [f"{name}/{seq} {msg.subject}: {n} in ...{_around(data, n)!r}"
+                          for n in needles if n.encode() in data]
     finally:
         await nc.close()
     return found
+
+
+def _around(data: bytes, needle: str) -> bytes:
+    i = data.find(needle.encode())
+    return data[max(0, i - 160):i]

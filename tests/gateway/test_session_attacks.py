@@ -21,7 +21,7 @@ import pytest
 from baton.ids import file_stem
 from baton.log import LogConfig
 from baton.sse import Comment, aiter_sse
-from tests.conftest import assert_eventually, unique
+from tests.conftest import unique
 from tests.gateway.conftest import Gateway, host_settings, read_stream
 from tests.sandbox.gitrepos import GitHttpServer, Repo, git_http_server, make_repo
 from tests.session_attacks_support import (
@@ -88,8 +88,9 @@ async def gw(cluster: AttackCluster, make_gateway: Any) -> Gateway:
     from baton.workspaces import WorkspaceConfig
 
     ws_cfg = WorkspaceConfig.from_env({k: v for k, v in cluster.settings.items() if k.startswith("BATON_WORKSPACE_")})
-    return await make_gateway(keepalive=0.5, workspace_dirs=(str(cluster.allowed.resolve()),), workspace_config=ws_cfg,
-                              api_keys={KEY_A: TENANT_A, KEY_B: TENANT_B})
+    made: Gateway = await make_gateway(keepalive=0.5, workspace_dirs=(str(cluster.allowed.resolve()),),
+                                       workspace_config=ws_cfg, api_keys={KEY_A: TENANT_A, KEY_B: TENANT_B})
+    return made
 
 
 @pytest.fixture
@@ -119,6 +120,11 @@ async def ok_turn(http: httpx.AsyncClient, gw: Gateway, thread: str, prompt: str
     run_id, chunks = await turn(http, gw, thread, kind, prompt, workspace)
     assert terminal(chunks)["type"] == "RUN_FINISHED", terminal(chunks)
     return run_id, texts(chunks)
+
+
+def split(secret: str) -> str:
+    """A shell word for ``secret`` that does not hold it (prompts are saved: they must not)."""
+    return f'"{secret[:6]}""{secret[6:]}"'
 
 
 def between(seen: str, start: str, end: str) -> str:
@@ -280,7 +286,7 @@ async def test_a_credential_is_never_sent_to_an_origin_the_request_chooses(
 async def test_setup_and_agent_never_see_the_git_credential_or_the_hosts_secrets(
         world: World, cluster: AttackCluster, gw: Gateway, a: httpx.AsyncClient) -> None:
     words = (GIT_TOKEN, basic(GIT_USER, GIT_TOKEN), HOST_SECRET)
-    pattern = " ".join(f"-e {w}" for w in words)
+    pattern = " ".join(f"-e {split(w)}" for w in words)
     ws = {"git": world.git_server.url("private.git"), "credential": "ci",
           "setup": ["env > .setup-env", "git config --list --show-origin > .setup-git 2>&1; true"]}
     thread = unique("cred-thr-")
@@ -305,7 +311,211 @@ async def test_a_setup_command_cannot_read_the_hosts_environment_or_credentials_
              "cat \"$(sed -n 's/^BATON_GIT_CREDENTIALS_FILE=//p' .leak)\" >> .leak; true")
     ws = {"git": f"file://{world.repo.bare}", "setup": [steal]}
     thread = unique("steal-thr-")
-    _, seen = await ok_turn(a, gw, thread, "".join(f"run grep -c -e {w} .leak; echo W{i}\n" for i, w in enumerate(words))
+    _, seen = await ok_turn(a, gw, thread, "".join(f"run grep -c -e {split(w)} .leak; echo W{i}\n" for i, w in enumerate(words))
                             + "run rm -f .leak", ws)
     kept(await a.delete(f"{gw.url}/api/threads/{thread}"))
     assert "0\nW0" in seen and "0\nW1" in seen, seen
+
+
+# --- the snapshot and its restore -----------------------------------------------------------
+
+
+def accepted(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    return dict(next(c for c in chunks if c.get("name") == "run.accepted")["value"])
+
+
+async def test_symlinks_out_of_the_tree_are_not_kept_and_host_files_never_come_back(
+        world: World, cluster: AttackCluster, gw: Gateway, a: httpx.AsyncClient) -> None:
+    thread = unique("links-thr-")
+    _, seen = await ok_turn(a, gw, thread, "run ./tool.sh; cat inside", {"git": f"file://{world.tricks}"})
+    assert "EXEC-OK" in seen and "hello" in seen
+    chill(cluster, thread)
+    _, seen = await ok_turn(a, gw, thread, "run ls -A; echo LS-END\nrun cat passwd climb inside 2>&1; ./tool.sh")
+    listing = seen.split("LS-END")[0]
+    assert "inside" in listing and "tool.sh" in listing
+    assert "passwd" not in listing and "climb" not in listing  # skipped by the snapshot
+    assert "root:" not in seen  # no host file read through a restored link
+    assert "EXEC-OK" in seen and "hello" in seen
+
+
+@pytest.mark.xfail(strict=True, reason="finding: a symlink the snapshot keeps (lexically inside the tree, e.g. "
+                                       "work/up -> ..) is refused by the local restore's 'data' filter: every "
+                                       "later cold turn of the thread fails at restore")
+async def test_a_link_from_work_into_the_thread_root_does_not_brick_the_thread(
+        world: World, cluster: AttackCluster, gw: Gateway, a: httpx.AsyncClient) -> None:
+    thread = unique("up-thr-")
+    await ok_turn(a, gw, thread, "run ln -s .. up; ln -s ../home homelink; echo made", {"git": f"file://{world.repo.bare}"})
+    chill(cluster, thread)
+    run_id, chunks = await turn(a, gw, thread, "claude-code", "run ls -A")
+    assert terminal(chunks)["type"] == "RUN_FINISHED", terminal(chunks)
+
+
+async def test_thousands_of_files_deep_dirs_modes_and_type_swaps_survive_cold_restores(
+        world: World, cluster: AttackCluster, gw: Gateway, a: httpx.AsyncClient) -> None:
+    thread = unique("tree-thr-")
+    deep = "/".join(["d"] * 60)
+    await ok_turn(a, gw, thread, "\n".join([
+        "run mkdir many && cd many && i=0; while [ $i -lt 3000 ]; do echo $i > f$i; i=$((i+1)); done; echo MADE",
+        f"run mkdir -p {deep} && echo DEEP-LEAF > {deep}/leaf",
+        "run printf '#!/bin/sh\\necho EXEC-OK\\n' > tool.sh && chmod 755 tool.sh && chmod 600 README.md",
+        "run mkdir swap1 && echo in > swap1/inner; echo file > swap2",
+        "run touch \"$(printf 'new\\nline')\" 'ünï©ødé ☃.txt' ' lead space' -- '-dash'",
+    ]), {"git": f"file://{world.repo.bare}"})
+    chill(cluster, thread)
+    _, seen = await ok_turn(a, gw, thread, "\n".join([
+        "run find many -type f | wc -l; cat many/f2999; echo COUNT-END",
+        f"run cat {deep}/leaf; ./tool.sh; stat -c %a README.md tool.sh",
+        "run test -f \"$(printf 'new\\nline')\" && test -f 'ünï©ødé ☃.txt' && test -f ' lead space' "
+        "&& test -f ./-dash && echo NAMES-OK",
+        "run rm -rf swap1 && echo NOW-A-FILE > swap1; rm swap2 && mkdir swap2 && echo NOW-A-DIR > swap2/in",
+    ]))
+    assert "3000\n2999\nCOUNT-END" in seen, seen
+    assert "DEEP-LEAF" in seen and "EXEC-OK" in seen and "600\n755" in seen, seen
+    assert "NAMES-OK" in seen, seen
+    chill(cluster, thread)
+    _, seen = await ok_turn(a, gw, thread, "run cat swap1 swap2/in; test -d swap2 && test -f swap1 && echo SWAP-OK")
+    assert "NOW-A-FILE\nNOW-A-DIR\nSWAP-OK" in seen, seen
+
+    # A turn that deletes everything: the next turn, cold, sees an empty workspace.
+    await ok_turn(a, gw, thread, "run rm -rf ./* ./.[!.]* && ls -A | wc -l")
+    chill(cluster, thread)
+    _, seen = await ok_turn(a, gw, thread, "run echo BEGIN; ls -A; echo END")
+    assert between(seen, "BEGIN", "END").strip() == "", seen
+
+
+@pytest.mark.xfail(strict=True, reason="finding: a turn that removes its working directory itself cannot be "
+                                       "exported (OSError, logged only): the next turn silently gets the "
+                                       "previous turn's workspace, with no previousTurnLost")
+async def test_a_turn_that_removes_its_working_directory_is_not_lost_silently(
+        world: World, cluster: AttackCluster, gw: Gateway, a: httpx.AsyncClient) -> None:
+    thread = unique("rmwd-thr-")
+    await ok_turn(a, gw, thread, "write old.txt OLD", {"git": f"file://{world.repo.bare}"})
+    gone, _ = await ok_turn(a, gw, thread, "run rm -rf \"$PWD\"; echo removed")
+    _, chunks = await turn(a, gw, thread, "claude-code", "run echo BEGIN; ls -A; echo END")
+    lost = accepted(chunks).get("previousTurnLost")
+    empty = between(texts(chunks), "BEGIN", "END").strip() == ""
+    assert empty or (lost is not None and lost["runId"] == gone), (lost, texts(chunks))
+
+
+@pytest.mark.xfail(strict=True, reason="finding: a file name that is not UTF-8 makes the manifest's encode raise "
+                                       "UnicodeEncodeError in the WORKSPACE step, which no one catches: the run's "
+                                       "log is never closed and hosts take it over again and again (epoch 500+)")
+async def test_a_file_name_that_is_not_utf8_never_wedges_the_run(
+        world: World, cluster: AttackCluster, gw: Gateway, a: httpx.AsyncClient) -> None:
+    thread = unique("bytes-thr-")
+    await ok_turn(a, gw, thread, "write kept.txt KEPT", {"git": f"file://{world.repo.bare}"})
+    made = unique("run-")
+    body = chat_body(thread, "claude-code", "run touch \"$(printf 'bad\\377name')\" && echo MADE",
+                     await history(a, gw, thread))
+    work = cluster.tmp / "sandboxes" / "threads" / file_stem(thread) / "work"
+    try:
+        async with asyncio.timeout(45):
+            got = await read_stream(a, "POST", f"{gw.url}/api/chat?runId={made}", json=body)
+        assert got.ended and terminal([c for _, c in got.events])["type"] == "RUN_FINISHED"
+    finally:
+        # Unwedge the run for the tests after this one: without the name, the next
+        # takeover's snapshot succeeds and the log closes.
+        for p in work.iterdir():
+            if p.name.startswith("bad"):
+                p.unlink()
+        got = await read_stream(a, "GET", f"{gw.url}/api/chat", params={"runId": made, "offset": "-1"})
+        assert got.ended
+
+
+# --- races ----------------------------------------------------------------------------------
+
+
+async def test_delete_while_a_run_goes_is_refused_and_forks_race_cleanly(
+        world: World, cluster: AttackCluster, gw: Gateway, a: httpx.AsyncClient) -> None:
+    thread = unique("race-thr-")
+    run1, _ = await ok_turn(a, gw, thread, "write one.txt ONE", {"git": f"file://{world.repo.bare}"})
+    before = await history(a, gw, thread)
+
+    # Turn 2 is going (a client read its start and left).
+    run2 = unique("run-")
+    body = chat_body(thread, "claude-code", "sleep 3\nwrite two.txt TWO", before)
+    first = await read_stream(a, "POST", f"{gw.url}/api/chat?runId={run2}", json=body, stop_after=2,
+                              headers={"Authorization": f"Bearer {KEY_A}"})
+    assert first.status == 200
+    busy = kept(await a.delete(f"{gw.url}/api/threads/{thread}"))
+    assert busy.status_code == 409 and busy.json()["reason"] == "THREAD_BUSY", busy.text
+    assert busy.json()["activeRunId"] == run2
+
+    # Forks at run 1 while run 2 goes: two to the same new id at once, one wins.
+    fork = unique("fork-")
+    both = await asyncio.gather(*(a.post(f"{gw.url}/api/threads/{thread}/fork", json={"runId": run1, "newThreadId": fork})
+                                  for _ in range(2)))
+    for r in both:
+        kept(r)
+    assert sorted(r.status_code for r in both) == [201, 409], [r.text for r in both]
+
+    got = await read_stream(a, "GET", f"{gw.url}/api/chat", params={"runId": run2, "offset": "-1"})
+    assert got.ended and terminal([c for _, c in got.events])["type"] == "RUN_FINISHED"
+    _, seen = await ok_turn(a, gw, fork, "run cat one.txt; ls")
+    assert "ONE" in seen and "two.txt" not in seen
+    _, seen = await ok_turn(a, gw, thread, "run cat one.txt two.txt")
+    assert "ONE\nTWO" in seen
+    assert kept(await a.delete(f"{gw.url}/api/threads/{thread}")).status_code == 204
+
+
+async def test_a_host_killed_while_it_snapshots_leaves_a_good_head(
+        world: World, cluster: AttackCluster, gw: Gateway, a: httpx.AsyncClient) -> None:
+    thread = unique("kill-thr-")
+    await ok_turn(a, gw, thread, "write base.txt BASE", {"git": f"file://{world.repo.bare}"})
+    # Turn 2 leaves 24 MB of random bytes: its snapshot takes a while; its host dies as soon
+    # as the client reads RUN_FINISHED (the snapshot is the next final write).
+    run2 = unique("run-")
+    body = chat_body(thread, "claude-code", "run head -c 24000000 /dev/urandom > big.bin; sha256sum big.bin",
+                     await history(a, gw, thread))
+    victim, summed = None, ""
+    async with a.stream("POST", f"{gw.url}/api/chat?runId={run2}", json=body) as resp:
+        async for item in aiter_sse(resp.aiter_bytes()):
+            if isinstance(item, Comment):
+                continue
+            chunk = json.loads(item.data)
+            if chunk["type"] == "TOOL_CALL_RESULT":
+                summed = str(chunk.get("content"))
+            if chunk["type"] == "RUN_STARTED":
+                victim = await driver_of(a, gw, run2)
+            if chunk["type"] == "RUN_FINISHED":
+                assert victim is not None
+                await cluster.kill(victim)
+                break
+    await cluster.add_host()
+    got = await read_stream(a, "GET", f"{gw.url}/api/chat", params={"runId": run2, "offset": "-1"})
+    assert got.ended
+
+    chill(cluster, thread)
+    _, chunks = await turn(a, gw, thread, "claude-code", "run cat base.txt; sha256sum big.bin 2>&1")
+    assert terminal(chunks)["type"] == "RUN_FINISHED", terminal(chunks)
+    seen, lost = texts(chunks), accepted(chunks).get("previousTurnLost")
+    assert "BASE" in seen
+    digest = summed.split()[0] if summed else "?"
+    assert digest in seen or (lost is not None and lost["runId"] == run2), (summed, lost, seen)
+
+
+# --- secrets, after all that ----------------------------------------------------------------
+
+
+async def test_no_secret_anywhere(cluster: AttackCluster, records: Records, nats: Any, world: World) -> None:
+    from baton.workspaces import WorkspaceConfig, WorkspaceStore
+    import nats as nats_py
+
+    found = files_holding(cluster.tmp / "logs", SECRETS) + files_holding(cluster.tmp / "journals", SECRETS)
+    found += [f"log record: {n}" for line in records.lines for n in SECRETS if n in line]
+    found += [f"error body: {n}" for body in BODIES for n in SECRETS if n in body]
+    found += await jetstream_holding(nats.url, SECRETS)
+    # Every thread head's workspace, restored (packs are compressed: read them as a restore does).
+    nc = await nats_py.connect(nats.url)
+    try:
+        cfg = WorkspaceConfig.from_env({k: v for k, v in cluster.settings.items() if k.startswith("BATON_WORKSPACE_")})
+        store = WorkspaceStore(nc, cfg)
+        kv = await nc.jetstream().key_value(cluster.settings["BATON_WORKSPACE_HEADS"])
+        for key in await kv.keys():
+            head = json.loads((await kv.get(key)).value or b"{}")
+            if head.get("snapshot"):
+                tar = await store.restore_tar(head["snapshot"])
+                found += [f"workspace of {key}: {n}" for n in SECRETS if n.encode() in tar]
+    finally:
+        await nc.close()
+    assert found == []
