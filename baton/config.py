@@ -62,7 +62,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("BATON_SSE_KEEPALIVE", "15", "seconds between SSE/NDJSON keep-alive comments"),
     Setting("BATON_REPLAY_DIRS", "", "colon-separated directories replay journals may be read from (default: the shipped corpus)"),
     Setting("BATON_WORKSPACE_DIRS", "", "directories (colon- or comma-separated) a request's workspace `dir`, or a local git path, may name; empty = none (gateway and hosts)"),
-    Setting("BATON_GIT_CREDENTIALS_FILE", "", "hosts: JSON file {tenant: {name: {\"username\", \"token\"}}} of the git credentials a workspace may name; empty = none"),
+    Setting("BATON_GIT_CREDENTIALS_FILE", "", "hosts: JSON file {tenant: {name: {\"username\", \"token\", \"url\"}}} of the git credentials a workspace may name (url: the repository URL prefix each is for); empty = none"),
     Setting("BATON_WORKSPACE_BUILD_TIMEOUT", "600", "seconds a sandbox's workspace build (clone, checkout, setup commands) may take"),
     Setting("BATON_DEFAULT_AGENT", "replay", "agent kind used when a request names none"),
     Setting("BATON_API_KEYS", "", "bearer API keys: comma-separated key=tenant pairs; empty = no auth"),

@@ -26,7 +26,7 @@ import json
 import os
 import re
 from typing import Annotated, Any, Mapping, Sequence
-from urllib.parse import urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
@@ -215,7 +215,11 @@ def _check_git_url(url: str, field: str, dirs: Sequence[str] | None) -> str:
     if scheme == "file":
         if dirs is None:
             return url
-        return "file://" + _allowed_path(parts.path or "/", dirs, field)
+        if parts.netloc not in ("", "localhost"):
+            raise InvalidArgument(field, "a file:// URL must name a local path")
+        # git decodes a file URL's percent-escapes (%2e%2e is ".."): the path is checked as
+        # git will read it, and handed to git escaped again.
+        return "file://" + quote(_allowed_path(unquote(parts.path or "/"), dirs, field), safe="/")
     if scheme not in GIT_SCHEMES:
         raise InvalidArgument(field, f"must use one of the schemes {', '.join(GIT_SCHEMES)} (or a local path)")
     if not parts.hostname:

@@ -291,6 +291,9 @@ class Finisher:
         except (LogUnavailable, StoreUnavailable, WorkspaceError, SandboxError, OSError) as exc:
             reraise_if_cancelling()
             log.error("run %s: workspace not snapshotted: %r", self.run_id, exc)
+        except Exception:  # a bug here must not keep the run from ending (its log from closing)
+            reraise_if_cancelling()
+            log.exception("run %s: workspace not snapshotted", self.run_id)
 
     def _finish_time(self) -> float:
         """When the run finished: the time of the first final write that states it."""

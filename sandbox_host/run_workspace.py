@@ -15,6 +15,7 @@ and from there to git through its environment only.
 from __future__ import annotations
 
 import json
+from urllib.parse import urlsplit
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -35,6 +36,13 @@ class GitCredential:
 
     username: str
     token: str = field(repr=False)
+    #: The URL prefix it is for (``https://git.example.com/acme/``): a request's repository
+    #: must start with it, so a request can never send the token to an origin it chooses.
+    url: str = ""
+
+    def serves(self, repository: str) -> bool:
+        """Whether this credential may be sent for ``repository`` (a git URL)."""
+        return bool(self.url) and repository.startswith(self.url)
 
 
 @dataclass(frozen=True)
@@ -69,7 +77,9 @@ class WorkspaceSettings:
 
 
 def load_git_credentials(path: str) -> dict[str, dict[str, GitCredential]]:
-    """Parse a credentials file: ``{tenant: {name: {"username": str?, "token": str}}}``.
+    """Parse a credentials file: ``{tenant: {name: {"username": str?, "token": str, "url": str}}}``
+    (``url``: the prefix of the repository URLs the credential is for, e.g.
+    ``https://git.example.com/acme/``).
 
     Raises:
         ValueError: naming ``BATON_GIT_CREDENTIALS_FILE`` and the tenant/name at fault;
@@ -89,10 +99,19 @@ def load_git_credentials(path: str) -> dict[str, dict[str, GitCredential]]:
             raise ValueError(f"{where}: tenant {tenant!r} must map names to credentials")
         for name, cred in names.items():
             if not isinstance(cred, dict) or not isinstance(cred.get("token"), str) or not cred["token"] \
-                    or not isinstance(cred.get("username", ""), str) or set(cred) - {"username", "token"}:
-                raise ValueError(f"{where}: {tenant!r}/{name!r} must be {{\"username\"?: str, \"token\": str}}")
-            out.setdefault(tenant, {})[name] = GitCredential(cred.get("username") or "", cred["token"])
+                    or not isinstance(cred.get("username", ""), str) or set(cred) - {"username", "token", "url"} \
+                    or not _credential_url(cred.get("url")):
+                raise ValueError(f"{where}: {tenant!r}/{name!r} must be {{\"username\"?: str, \"token\": str, "
+                                 f"\"url\": the http(s) URL prefix of the repositories it is for}}")
+            out.setdefault(tenant, {})[name] = GitCredential(cred.get("username") or "", cred["token"], cred["url"])
     return out
+
+
+def _credential_url(url: Any) -> bool:
+    if not isinstance(url, str):
+        return False
+    parts = urlsplit(url)
+    return parts.scheme in ("https", "http") and bool(parts.hostname) and parts.password is None
 
 
 def check_start(raw: str, tenant: str, settings: WorkspaceSettings) -> str:
@@ -120,9 +139,14 @@ def check_start(raw: str, tenant: str, settings: WorkspaceSettings) -> str:
     spec = parse_workspace(value, dirs=settings.dirs)
     if spec is None:
         return ""
-    if spec.credential is not None and spec.credential not in settings.credentials.get(tenant, {}):
-        raise InvalidArgument("workspace.credential",
-                              f"no git credential {spec.credential!r} is configured for this tenant")
+    if spec.credential is not None:
+        cred = settings.credentials.get(tenant, {}).get(spec.credential)
+        if cred is None:
+            raise InvalidArgument("workspace.credential",
+                                  f"no git credential {spec.credential!r} is configured for this tenant")
+        if spec.git is None or not cred.serves(spec.git):
+            raise InvalidArgument("workspace.credential",
+                                  f"git credential {spec.credential!r} is not for this repository's URL")
     return spec.to_record()
 
 
@@ -150,9 +174,10 @@ def spec_fields(record: runs_pb2.RunRecord, settings: WorkspaceSettings) -> dict
     secrets: dict[str, str] = {}
     if spec.credential is not None:
         cred = settings.credentials.get(record.tenant, {}).get(spec.credential)
-        if cred is None:
+        if cred is None or spec.git is None or not cred.serves(spec.git):
             raise InvalidArgument("workspace.credential",
-                                  f"no git credential {spec.credential!r} is configured for this tenant on this host")
+                                  f"no git credential {spec.credential!r} for this repository is configured "
+                                  "for this tenant on this host")
         secrets = {GIT_TOKEN_ENV: cred.token, **({GIT_USERNAME_ENV: cred.username} if cred.username else {})}
     return {
         "workspace": spec.git if spec.git is not None else spec.dir,

@@ -22,7 +22,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from baton import config
-from baton.errors import LogUnavailable, SandboxBuildFailed, SnapshotMissing, WorkspaceError
+from baton.errors import UnknownThread, LogUnavailable, SandboxBuildFailed, SandboxError, SnapshotMissing, WorkspaceError
 from baton.log._transcript_fence import TranscriptWriter
 from baton.v1 import runs_pb2
 from sandbox_host.thread_session import SESSION_KINDS, ResumeUnavailable, TurnStart, plan_turn, prepare_tree, turn_session
@@ -55,9 +55,15 @@ async def plan_start(deps: "HostDeps", req: Any, kind: str, workspace_json: str)
         InvalidArgument: the request names another workspace than the thread's.
         LogUnavailable: the workspace store did not answer.
     """
-    if deps.workspaces is None or kind not in SESSION_KINDS:
+    if deps.workspaces is None:
         return workspace_json, ""
     head, _ = await deps.workspaces.load_head(req.thread_id)
+    if head is not None and head.tenant != req.tenant:
+        # A fork has a head before its first run (and so before the coordinator knows its
+        # owner): it is its source's tenant's, whatever agent another tenant asks for.
+        raise UnknownThread(req.thread_id)
+    if kind not in SESSION_KINDS:
+        return workspace_json, ""
     requested = json.loads(workspace_json) if workspace_json else None
     turn = plan_turn(head, thread_id=req.thread_id, agent_kind=kind, tenant=req.tenant, workspace=requested,
                      new_session_id=lambda: str(uuid.uuid4()))
@@ -137,14 +143,18 @@ async def snapshot_turn(deps: "HostDeps", record: runs_pb2.RunRecord, epoch: int
     if announced is None:
         log.info("run %s: the agent announced no session; the thread's head stays", record.run_id)
         return None
-    tar = await sbx.provider.export_tree(sbx.handle)
     try:
+        tar = await sbx.provider.export_tree(sbx.handle)
         info = await deps.workspaces.snapshot(tar, parent=turn.snapshot)
-    except WorkspaceError as exc:  # too large, or unsafe: the next turn starts where this one did
+    except LogUnavailable:
+        raise  # the store: retried by the caller within its budget
+    except (WorkspaceError, SandboxError, OSError, ValueError) as exc:
+        # Too large, unsafe, or a tree that cannot be read (the agent removed its working
+        # directory): the next turn starts where this one did, and says so (its
+        # run.accepted names this turn): never a silent loss.
         log.error("run %s: workspace not snapshotted: %s", record.run_id, exc)
-        # ... and says so (its run.accepted names this turn): never a silent loss.
         await deps.workspaces.note_lost_turn(
-            record.thread_id, run_id=record.run_id, reason=f"the workspace could not be saved: {exc}",
+            record.thread_id, run_id=record.run_id, reason=f"the workspace could not be saved: {exc}"[:500],
             writer=TranscriptWriter(record.run_id, epoch, record.started_at))
         return None
     await deps.workspaces.save_turn(

@@ -117,7 +117,9 @@ class Manifest:
             else:
                 rows.append([e.path, "l", e.target])
         doc = {"v": VERSION, "parent": self.parent, "packs": [[p, self.packs[p]] for p in packs], "entries": rows}
-        return zlib.compress(json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode(), 6)
+        # ASCII JSON: a file name that is not UTF-8 (a lone surrogate after the filesystem's
+        # surrogateescape decoding) is kept as a \udcXX escape and comes back as the same name.
+        return zlib.compress(json.dumps(doc, separators=(",", ":"), ensure_ascii=True).encode("ascii"), 6)
 
 
 def digest_of(blob: bytes) -> str:

@@ -39,12 +39,18 @@ def link_stays_inside(path: str, target: str) -> bool:
     tree, judged lexically (the tree's other symlinks are not followed: a chain of
     inside-pointing links stays inside).
 
-    An absolute target, or one whose ``..`` climbs above the root, escapes.
+    An absolute target, or one whose ``..`` climbs above its root, escapes. The roots are a
+    tree's top directories (``work/``, ``home/``): each is restored into its own place (the
+    working directory, the agent's home), so a link from one into the other, or to the
+    tree's top, would point outside the directory it is restored into.
     """
     if not target or target.startswith("/") or "\x00" in target:
         return False
     joined = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
-    return joined != ".." and not joined.startswith("../") and not joined.startswith("/")
+    if joined == ".." or joined.startswith("../") or joined.startswith("/"):
+        return False
+    top = path.split("/", 1)[0]
+    return "/" not in path or joined == top or joined.startswith(top + "/")
 
 
 def parents(path: str) -> Iterable[str]:

@@ -33,8 +33,10 @@ from sandbox_host.providers._redact import redact
 #: Bytes of a failing step's stderr kept in ``SandboxBuildFailed.detail``.
 STDERR_TAIL = 2000
 _READ_CHUNK = 1 << 20
-# Host variables the agent inherits; everything else (the host's own credentials
-# included) stays out of the sandbox. Sandbox env and secrets are added on top.
+# Host variables the agent's environment inherits; everything else (the host's own
+# credentials included) stays out of its environment. Sandbox env and secrets are added on
+# top. This is not isolation: the agent runs as the host's user and can read what it can
+# (/proc, files); docs/overview.md says so, and the docker provider is the isolated one.
 _INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "LOGNAME", "SHELL", "TZ")
 _PROXY_ENV = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "grpc_proxy")
 # Launch: `setsid` (not forking, as it is not a group leader in a non-interactive sh) makes

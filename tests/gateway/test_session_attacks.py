@@ -70,7 +70,8 @@ def records() -> Iterator[Records]:
 async def cluster(world: World, records: Records, coordinator: Any, nats: Any, log_cfg: LogConfig,
                   replay_dir: pathlib.Path) -> AsyncIterator[AttackCluster]:
     creds = world.root / "creds.json"
-    creds.write_text(json.dumps({TENANT_A: {"ci": {"username": GIT_USER, "token": GIT_TOKEN}}}))
+    creds.write_text(json.dumps({TENANT_A: {"ci": {"username": GIT_USER, "token": GIT_TOKEN,
+                                                   "url": world.git_server.url("")}}}))
     settings = {**host_settings(log_cfg, replay_dir, world.root), "BATON_WORKSPACE_DIRS": str(world.allowed),
                 "BATON_WORKSPACE_OBJECTS": unique("ws-objects"), "BATON_WORKSPACE_HEADS": unique("ws-heads"),
                 "BATON_GIT_CREDENTIALS_FILE": str(creds)}
@@ -166,8 +167,6 @@ async def test_another_tenant_cannot_touch_a_thread_or_its_fork(
     assert "A-PRIVATE-TEXT" in seen
 
 
-@pytest.mark.xfail(strict=True, reason="finding: a fork has no owner key until its first run, so another tenant's "
-                                       "replay run on the fork's id takes the thread (and its transcript)")
 async def test_another_tenant_cannot_take_a_fork_with_a_run_of_another_kind(
         cluster: AttackCluster, gw: Gateway, a: httpx.AsyncClient, b: httpx.AsyncClient) -> None:
     thread = unique("a-thr-")
@@ -189,8 +188,6 @@ async def test_another_tenant_cannot_take_a_fork_with_a_run_of_another_kind(
     assert owner_a.status_code == 200
 
 
-@pytest.mark.xfail(strict=True, reason="finding: with API keys a fork's own tenant cannot read the fork's "
-                                       "transcript (404) until the fork's first run")
 async def test_a_fork_is_readable_by_its_tenant_before_its_first_run(
         cluster: AttackCluster, gw: Gateway, a: httpx.AsyncClient) -> None:
     thread = unique("a-thr-")
@@ -257,9 +254,6 @@ async def test_hostile_workspace_input_is_refused_before_anything_exists(
     assert not pathlib.Path("/tmp/pwned").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="finding: a file:// URL's percent-encoded '..' (%2e%2e) passes the "
-                                       "allow-list check (realpath of the literal name) and git decodes it: "
-                                       "any repository on the host can be cloned")
 async def test_a_percent_encoded_dotdot_does_not_escape_the_allow_list(
         world: World, cluster: AttackCluster, gw: Gateway, a: httpx.AsyncClient) -> None:
     url = f"file://{world.allowed}/%2e%2e/outside/secret.git"
@@ -271,8 +265,6 @@ async def test_a_percent_encoded_dotdot_does_not_escape_the_allow_list(
     assert got.status == 400
 
 
-@pytest.mark.xfail(strict=True, reason="finding: a git credential is not bound to a host: a request naming it "
-                                       "sends the token to any http(s) origin it chooses")
 async def test_a_credential_is_never_sent_to_an_origin_the_request_chooses(
         world: World, cluster: AttackCluster, gw: Gateway, a: httpx.AsyncClient) -> None:
     run_id = unique("run-")
@@ -338,9 +330,6 @@ async def test_symlinks_out_of_the_tree_are_not_kept_and_host_files_never_come_b
     assert "EXEC-OK" in seen and "hello" in seen
 
 
-@pytest.mark.xfail(strict=True, reason="finding: a symlink the snapshot keeps (lexically inside the tree, e.g. "
-                                       "work/up -> ..) is refused by the local restore's 'data' filter: every "
-                                       "later cold turn of the thread fails at restore")
 async def test_a_link_from_work_into_the_thread_root_does_not_brick_the_thread(
         world: World, cluster: AttackCluster, gw: Gateway, a: httpx.AsyncClient) -> None:
     thread = unique("up-thr-")
@@ -383,9 +372,6 @@ async def test_thousands_of_files_deep_dirs_modes_and_type_swaps_survive_cold_re
     assert between(seen, "BEGIN", "END").strip() == "", seen
 
 
-@pytest.mark.xfail(strict=True, reason="finding: a turn that removes its working directory itself cannot be "
-                                       "exported (OSError, logged only): the next turn silently gets the "
-                                       "previous turn's workspace, with no previousTurnLost")
 async def test_a_turn_that_removes_its_working_directory_is_not_lost_silently(
         world: World, cluster: AttackCluster, gw: Gateway, a: httpx.AsyncClient) -> None:
     thread = unique("rmwd-thr-")
@@ -397,9 +383,6 @@ async def test_a_turn_that_removes_its_working_directory_is_not_lost_silently(
     assert empty or (lost is not None and lost["runId"] == gone), (lost, texts(chunks))
 
 
-@pytest.mark.xfail(strict=True, reason="finding: a file name that is not UTF-8 makes the manifest's encode raise "
-                                       "UnicodeEncodeError in the WORKSPACE step, which no one catches: the run's "
-                                       "log is never closed and hosts take it over again and again (epoch 500+)")
 async def test_a_file_name_that_is_not_utf8_never_wedges_the_run(
         world: World, cluster: AttackCluster, gw: Gateway, a: httpx.AsyncClient) -> None:
     thread = unique("bytes-thr-")

@@ -51,7 +51,7 @@ async def cluster(repos: tuple[pathlib.Path, Repo, Repo], coordinator: Any, nats
                   replay_dir: pathlib.Path) -> AsyncIterator[Cluster]:
     root, repo, _ = repos
     creds = root / "creds.json"
-    creds.write_text(json.dumps({"": {"ci": {"username": "ci-bot", "token": "tok-SECRET-1"}}}))
+    creds.write_text(json.dumps({"": {"ci": {"username": "ci-bot", "token": "tok-SECRET-1", "url": "https://git.example.com/"}}}))
     settings = {**host_settings(log_cfg, replay_dir, root), "BATON_WORKSPACE_DIRS": str(root / "allowed"),
                 "BATON_WORKSPACE_OBJECTS": unique("ws-objects"), "BATON_WORKSPACE_HEADS": unique("ws-heads"),
                 "BATON_WORKSPACE_MAX_BYTES": str(LIMIT), "BATON_GIT_CREDENTIALS_FILE": str(creds)}

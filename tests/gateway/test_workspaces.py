@@ -85,8 +85,9 @@ async def env(repos: tuple[pathlib.Path, Repo, Repo, GitHttpServer], coordinator
     git("commit", "-qm", "big", cwd=work)
     git("push", "-q", "origin", "main", cwd=work)
     creds = root / "creds.json"
-    creds.write_text(json.dumps({"": {"ci": {"username": "ci-bot", "token": TOKEN},
-                                      "wrong": {"username": "ci-bot", "token": "bad-SECRET-token-xyz"}}}))
+    creds.write_text(json.dumps({"": {"ci": {"username": "ci-bot", "token": TOKEN, "url": server.url("")},
+                                      "wrong": {"username": "ci-bot", "token": "bad-SECRET-token-xyz",
+                                                "url": server.url("")}}}))
     # start_host takes BATON_* settings; the rest of a host's environment is this process's.
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")

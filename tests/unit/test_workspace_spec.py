@@ -100,7 +100,7 @@ def _settings(**creds: GitCredential) -> WorkspaceSettings:
 
 def test_the_host_refuses_a_credential_its_tenant_does_not_have() -> None:
     raw = json.dumps({"git": "https://h/x", "credential": "ci"})
-    settings = _settings(ci=GitCredential("bot", "tok-123456"))
+    settings = _settings(ci=GitCredential("bot", "tok-123456", "https://h/"))
     assert json.loads(check_start(raw, "acme", settings))["credential"] == "ci"
     with pytest.raises(InvalidArgument) as refused:
         check_start(raw, "other-tenant", settings)
@@ -110,7 +110,7 @@ def test_the_host_refuses_a_credential_its_tenant_does_not_have() -> None:
 
 
 def test_the_spec_carries_the_credential_as_secrets_and_the_thread_for_session_agents() -> None:
-    settings = _settings(ci=GitCredential("bot", "tok-123456"))
+    settings = _settings(ci=GitCredential("bot", "tok-123456", "https://h/"))
     rec = runs_pb2.RunRecord(run_id="r", thread_id="t1", tenant="acme",
                              agent=runs_pb2.AgentSpec(kind="claude-code"),
                              workspace_json=json.dumps({"git": "https://h/x", "ref": "v1", "credential": "ci",
@@ -149,9 +149,10 @@ def test_git_gets_the_credential_as_an_origin_scoped_header_in_its_environment()
 
 def test_the_credentials_file_is_checked_without_quoting_a_token(tmp_path: pathlib.Path) -> None:
     good = tmp_path / "creds.json"
-    good.write_text(json.dumps({"acme": {"ci": {"username": "bot", "token": "tok-1"}, "ro": {"token": "tok-2"}}}))
+    good.write_text(json.dumps({"acme": {"ci": {"username": "bot", "token": "tok-1", "url": "https://git.example.com/acme/"},
+                                         "ro": {"token": "tok-2", "url": "https://git.example.com/"}}}))
     creds = load_git_credentials(str(good))
-    assert creds["acme"]["ci"] == GitCredential("bot", "tok-1") and creds["acme"]["ro"].username == ""
+    assert creds["acme"]["ci"] == GitCredential("bot", "tok-1", "https://git.example.com/acme/") and creds["acme"]["ro"].username == ""
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"acme": {"ci": {"username": "bot", "token": "tok-SECRET", "extra": 1}}}))
     with pytest.raises(ValueError) as refused:
