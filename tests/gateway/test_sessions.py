@@ -169,6 +169,41 @@ async def test_a_turn_taken_over_mid_run_still_ends_with_its_workspace_snapshott
     assert "write a.txt one" in seen and "sleep 4" in seen  # the session, both prompts remembered
 
 
+async def test_a_turn_whose_sandbox_is_lost_mid_run_fails_and_the_next_starts_from_the_last_snapshot(
+        cluster: Cluster, gw: Gateway, http: httpx.AsyncClient, cc: Any) -> None:
+    import json as _json
+    import os
+    import signal
+
+    thread = unique("lost-thr-")
+    _, c1 = await turn(http, gw, thread, "claude-code", "write a.txt one", {"git": f"file://{cluster.repo.bare}"})
+    assert terminal(c1)["type"] == "RUN_FINISHED", terminal(c1)
+
+    # Turn 2's sandbox is lost mid-run: its agent's process group killed, its directory gone.
+    run2 = unique("run-")
+    body = chat_body(thread, "claude-code", "write b.txt two\nsleep 30", await history(http, gw, thread))
+    first = await read_stream(http, "POST", f"{gw.url}/api/chat?runId={run2}", json=body, stop_after=3)
+    assert first.status == 200
+    async def launched() -> bool:
+        inst = await cc.get_sandbox(run2)
+        return bool(_json.loads(inst.handle_json)["data"].get("pgid"))
+    await assert_eventually(launched, timeout=20)
+    handle = _json.loads((await cc.get_sandbox(run2)).handle_json)
+    shutil.rmtree(pathlib.Path(handle["workdir"]).parent, ignore_errors=True)
+    os.killpg(int(handle["data"]["pgid"]), signal.SIGKILL)
+
+    got = await read_stream(http, "GET", f"{gw.url}/api/chat", params={"runId": run2, "offset": "-1"})
+    assert got.ended and terminal([c for _, c in got.events])["type"] == "RUN_ERROR"  # it fails, clearly
+
+    # The next turn starts from turn 1's snapshot, and says turn 2 could not be kept.
+    _, c3 = await turn(http, gw, thread, "claude-code", "recall\nrun ls")
+    assert terminal(c3)["type"] == "RUN_FINISHED", terminal(c3)
+    seen = texts(c3)
+    assert "a.txt" in seen and "b.txt" not in seen.split("run ls")[-1], seen
+    accepted = next(c for c in c3 if c.get("name") == "run.accepted")["value"]
+    assert accepted["previousTurnLost"]["runId"] == run2, accepted
+
+
 async def test_a_fork_continues_independently_of_its_source(
         cluster: Cluster, gw: Gateway, http: httpx.AsyncClient) -> None:
     for kind in ("claude-code", "codex"):
