@@ -39,6 +39,8 @@ class RunHub:
     Attributes:
         seqs: stream sequences of the kept frames, ascending.
         base: how many frames were dropped from the front (indexes are absolute).
+        dropped_through: the stream sequence of the newest dropped frame, 0 before any drop
+            (a reader whose last chunk is older missed frames the hub no longer keeps).
         closed: the log ended with its close record.
         close_position: the close record's stream sequence once ``closed``.
         position: the stream sequence of the last record read, whatever its kind (a fence
@@ -57,6 +59,7 @@ class RunHub:
         # first needs them, aligned with ``seqs`` from ``base`` (may be shorter).
         self._grpc: list[bytes] = []
         self.base = 0
+        self.dropped_through = 0
         self.closed = False
         self.close_status: str | None = None
         self.close_position = 0
@@ -80,6 +83,7 @@ class RunHub:
                 self.payloads.append(dumps(chunk))
                 if len(self.seqs) > self._max:
                     drop = len(self.seqs) - self._max
+                    self.dropped_through = self.seqs[drop - 1]
                     del self.seqs[:drop], self.offsets[:drop], self.payloads[:drop], self._grpc[:drop]
                     self.base += drop
                 self._notify()
@@ -144,9 +148,21 @@ class RunHub:
         lo, hi = start - self.base, stop - self.base
         return list(zip(self.seqs[lo:hi], self.payloads[lo:hi]))
 
-    async def changed(self, timeout: float) -> bool:
-        """Wait until new frames arrive or the hub ends; ``False`` on timeout."""
-        ev = self._changed
+    def watch(self) -> asyncio.Event:
+        """The event the next change sets: take it *before* looking at the hub, then wait
+        with ``changed(timeout, since=...)``, so a change made while the caller looked (or
+        awaited something else in between) wakes it at once instead of being missed."""
+        return self._changed
+
+    async def changed(self, timeout: float, since: asyncio.Event | None = None) -> bool:
+        """Wait until new frames arrive or the hub ends; ``False`` on timeout.
+
+        Args:
+            timeout: seconds to wait at most.
+            since: an event from :meth:`watch`: any change after it was taken counts
+                (without it, only a change after this call does).
+        """
+        ev = self._changed if since is None else since
         try:
             async with asyncio.timeout(timeout):
                 await ev.wait()

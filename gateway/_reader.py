@@ -290,9 +290,14 @@ class RunRead:
         """A step from the shared tail (``None``: idle); ``False`` when this reader fell
         behind its window."""
         while True:
+            # Taken before the hub is looked at: a change while this reader looks, or while
+            # it renews its presence below (an RPC), then wakes the wait at once. Taken after
+            # that await, it missed such a change and waited out ``timeout`` with the chunks
+            # already there.
+            since = hub.watch()
+            if self._last < hub.dropped_through:
+                return False  # frames after our last chunk were dropped: nothing may be skipped
             idx = hub.index_after(self._last)
-            if idx < hub.base:
-                return False
             stop = hub.end if self.until is None else hub.index_after(self.until)
             if idx < stop:
                 self._last = hub.seqs[stop - 1 - hub.base]
@@ -313,7 +318,7 @@ class RunRead:
                 self._told = hub.position
                 return Chunks(self._told, hub=hub, lo=idx, hi=idx)
             await self._ensure_presence()
-            if not await hub.changed(timeout):
+            if not await hub.changed(timeout, since):
                 return None
 
     async def _from_own(self, timeout: float) -> Step | None:

@@ -1,0 +1,99 @@
+"""A live reader served from a run's shared tail (``gateway._fanout.RunHub`` through
+``gateway._reader.RunRead``) misses no chunk and waits for none that is already there."""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from baton.v1 import runs_pb2
+from gateway._fanout import Hubs
+from gateway._reader import Chunks, End, RunRead
+from tests.conftest import assert_eventually, unique
+from tests.gateway.conftest import Gateway, run_chunks, write_run
+
+
+async def _open_run(cc: Any, dlog: Any, texts: list[str]) -> tuple[str, list[dict[str, Any]], Any]:
+    """A run with a record and its first two chunks stored (the log stays open)."""
+    thread, run = unique("th"), unique("run")
+    await cc.create_or_resume_run(runs_pb2.RunRecord(run_id=run, thread_id=thread, started_at=1.0,
+                                                     status=runs_pb2.RUN_STATUS_INTERRUPTED), interrupt_active=False)
+    chunks = run_chunks(run, thread, texts)
+    w, _ = await write_run(dlog, run, chunks[:2], close=False)
+    return run, chunks, w
+
+
+def _values(step: Any) -> list[dict[str, Any]]:
+    assert isinstance(step, Chunks), step
+    return [json.loads(payload) for _, payload in step.items()]
+
+
+async def test_chunks_stored_while_a_reader_renews_its_presence_wake_it_at_once(
+        gateway: Gateway, cc: Any, dlog: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader looked at the tail (nothing new), then renewed its presence key (an RPC:
+    the gateway session was reopened, or the first registration did not answer). The rest
+    of the run is stored and read by the tail during that RPC: the reader's wait must end at
+    once with those chunks, not after its whole timeout (a /ds reader: 20 s) as if nothing
+    came (a long-poll then answered "up to date" with the chunks there)."""
+    state = gateway.state
+    run, chunks, w = await _open_run(cc, dlog, ["a", "b"])
+    real = state.coordinator.register_reader
+    armed, entered, release = False, asyncio.Event(), asyncio.Event()
+
+    async def register_reader(run_id: str, session: Any, reader_id: str) -> Any:
+        if not armed:
+            raise TimeoutError  # unanswered: the reader registers again when it next waits
+        entered.set()
+        await release.wait()
+        return await real(run_id, session, reader_id)
+
+    monkeypatch.setattr(state.coordinator, "register_reader", register_reader)
+    async with RunRead(state, run, "-1") as read:
+        got = _values(await read.next(10))
+        while len(got) < 2:
+            got += _values(await read.next(10))
+        assert got == chunks[:2]
+        armed = True
+        waiting = asyncio.create_task(read.next(5))
+        try:
+            await asyncio.wait_for(entered.wait(), 10)  # the reader is in its presence RPC
+            await w.append(chunks[2:], origin="journal")
+            await w.close("completed")
+            hub = state.hubs._hubs[run]
+            await assert_eventually(lambda: hub.closed, timeout=10)  # the tail read it all
+            release.set()
+            step = await asyncio.wait_for(waiting, 10)
+        finally:
+            waiting.cancel()
+        assert step is not None, "the reader waited out its timeout with the chunks already read"
+        rest = _values(step)
+        assert rest == chunks[2:]
+        end = await read.next(5)
+        assert isinstance(end, End) and end.status == "completed"
+
+
+async def test_a_reader_behind_the_kept_window_reads_the_dropped_chunks_on_its_own(
+        gateway: Gateway, cc: Any, dlog: Any) -> None:
+    """The tail keeps its newest frames only; a reader whose last chunk is older than a
+    dropped one reads on from its own offset, so nothing between is skipped."""
+    state = gateway.state
+    state.hubs = Hubs(state.log, max_frames=3)  # this gateway's tail keeps 3 frames
+    run, chunks, w = await _open_run(cc, dlog, ["a", "b", "c", "d"])
+    async with RunRead(state, run, "-1") as read:
+        got = _values(await read.next(10))
+        while len(got) < 2:
+            got += _values(await read.next(10))
+        # While this reader's client is slow, the run writes 6 more chunks: the tail drops 3.
+        await w.append(chunks[2:], origin="journal")
+        await w.close("completed")
+        hub = state.hubs._hubs[run]
+        await assert_eventually(lambda: hub.closed, timeout=10)
+        assert hub.base > 0  # frames were dropped
+        while True:
+            step = await read.next(10)
+            if isinstance(step, End):
+                break
+            got += _values(step)
+        assert got == chunks and step.status == "completed"
