@@ -16,6 +16,7 @@ import shutil
 from typing import Any, AsyncIterator, Iterator
 
 import httpx
+import nats.js.errors as nats_errors
 import pytest
 
 from baton.ids import file_stem
@@ -494,7 +495,11 @@ async def test_no_secret_anywhere(cluster: AttackCluster, records: Records, nats
         cfg = WorkspaceConfig.from_env({k: v for k, v in cluster.settings.items() if k.startswith("BATON_WORKSPACE_")})
         store = WorkspaceStore(nc, cfg)
         kv = await nc.jetstream().key_value(cluster.settings["BATON_WORKSPACE_HEADS"])
-        for key in await kv.keys():
+        try:
+            keys = await kv.keys()
+        except nats_errors.NoKeysError:  # run alone: no turn of this module left a head
+            keys = []
+        for key in keys:
             head = json.loads((await kv.get(key)).value or b"{}")
             if head.get("snapshot"):
                 tar = await store.restore_tar(head["snapshot"])
