@@ -47,7 +47,8 @@ $(TS_BUILT): $(TS_DEPS) $(TS_DIR)/src/index.ts $(TS_DIR)/scripts/gen.mjs $(TS_DI
 	touch $(TS_BUILT)
 
 ts-client:
-	@if command -v npm >/dev/null 2>&1 && command -v protoc >/dev/null 2>&1; then $(MAKE) --no-print-directory $(TS_BUILT); fi
+	@if command -v npm >/dev/null 2>&1 && command -v protoc >/dev/null 2>&1; then $(MAKE) --no-print-directory $(TS_BUILT); \
+	else echo "ts-client: not built: it needs npm and protoc (apt-get install nodejs npm protobuf-compiler)"; fi
 
 protos: venv
 	$(PY) scripts/gen_protos.py
