@@ -3,6 +3,7 @@ closed at the end, read-only, and the gateway's tenancy."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import httpx
@@ -39,7 +40,7 @@ async def test_finished_run_reads_as_a_closed_json_stream_and_refuses_writes(
     assert poll.status_code == 204 and poll.headers["stream-closed"] == "true"
     # SSE from the start: every chunk once, in order, then the closing control event.
     data, controls = await read_sse(http, url, "-1")
-    assert data == chunks and controls[-1].get("streamClosed") is True
+    assert data == chunks and controls[-1].get("streamClosed") is True, (len(data), controls)
     # Only the run's fenced writer appends: the protocol's writes are refused, nothing changes.
     for method in ("POST", "PUT", "DELETE"):
         w = await http.request(method, url, content=b'{"type":"RAW"}', headers={"content-type": "application/json"})
@@ -77,18 +78,28 @@ async def test_tenancy_other_tenants_run_is_unknown(host: Any, make_gateway: Gat
 
 
 async def read_sse(http: httpx.AsyncClient, url: str, offset: str) -> tuple[list[Any], list[dict[str, Any]]]:
-    """Read a protocol SSE stream to its end: (values of the data events, control events)."""
+    """Read a protocol SSE stream until it is closed, as a Durable Streams client does: a
+    response that ends without ``streamClosed`` (the server's log read failed, say under
+    load) is resumed from the last ``streamNextOffset`` (PROTOCOL.md §5.7).
+
+    Returns:
+        (values of the data events, control events).
+    """
     data: list[Any] = []
     controls: list[dict[str, Any]] = []
-    async with http.stream("GET", url, params={"offset": offset, "live": "sse"}, timeout=60) as resp:
-        assert resp.status_code == 200
-        async for ev in aiter_sse(resp.aiter_bytes()):
-            if not isinstance(ev, Event):
-                continue
-            if ev.event == "data":
-                data += json.loads(ev.data)
-            elif ev.event == "control":
-                controls.append(json.loads(ev.data))
+    for _ in range(10):
+        async with http.stream("GET", url, params={"offset": offset, "live": "sse"}, timeout=60) as resp:
+            assert resp.status_code == 200
+            async for ev in aiter_sse(resp.aiter_bytes()):
+                if not isinstance(ev, Event):
+                    continue
+                if ev.event == "data":
+                    data += json.loads(ev.data)
+                elif ev.event == "control":
+                    controls.append(json.loads(ev.data))
+                    offset = controls[-1].get("streamNextOffset", offset)
+        if controls and controls[-1].get("streamClosed"):
+            break
     return data, controls
 
 
@@ -132,7 +143,7 @@ async def test_an_sse_reader_with_a_big_backlog_sees_the_close(gateway: Gateway,
     from tests.gateway.conftest import run_chunks, write_run
 
     thread, run = unique("th"), unique("run")
-    await cc.create_or_resume_run(runs_pb2.RunRecord(run_id=run, thread_id=thread, started_at=1.0,
+    await cc.create_or_resume_run(runs_pb2.RunRecord(run_id=run, thread_id=thread, started_at=time.time(),
                                                      status=runs_pb2.RUN_STATUS_COMPLETED), interrupt_active=False)
     chunks = run_chunks(run, thread, [f"{i:04d}" + "x" * 2000 for i in range(600)])
     await write_run(dlog, run, chunks, close=True)
@@ -180,7 +191,8 @@ async def test_an_sse_reader_with_a_big_backlog_sees_the_close(gateway: Gateway,
 async def test_a_live_ds_reader_is_a_reader_of_the_run(gateway: Gateway, http: httpx.AsyncClient, cc: Any,
                                                         dlog: Any) -> None:
     """A /ds SSE read is served like a join: it counts as a reader (presence) while it
-    waits, and its GET looks at the run for a takeover (an interrupted run is left alone)."""
+    waits, and its GET looks at the run for a takeover (a run whose claim is held is left
+    alone)."""
     import asyncio
 
     from baton.v1 import runs_pb2
@@ -188,10 +200,14 @@ async def test_a_live_ds_reader_is_a_reader_of_the_run(gateway: Gateway, http: h
     from tests.gateway.conftest import run_chunks, write_run
 
     thread, run = unique("th"), unique("run")
-    await cc.create_or_resume_run(runs_pb2.RunRecord(run_id=run, thread_id=thread, started_at=1.0,
+    await cc.create_or_resume_run(runs_pb2.RunRecord(run_id=run, thread_id=thread, started_at=time.time(),
                                                      status=runs_pb2.RUN_STATUS_INTERRUPTED), interrupt_active=False)
+    # The test is the run's driver: it holds the claim, so the coordinator's failover (a
+    # module's host may be alive) never hands the run to a host that would fail it (no sandbox).
+    session = await cc.open_session(ttl=10.0, owner="test-driver")
+    epoch, _ = await cc.claim_run(run, session, "test-driver", purpose="drive")
     chunks = run_chunks(run, thread, ["a", "b"])
-    w, _ = await write_run(dlog, run, chunks[:2], close=False)
+    w, _ = await write_run(dlog, run, chunks[:2], close=False, epoch=epoch)
 
     async def decisions() -> dict[str, float]:
         text = (await http.get(f"{gateway.url}/metrics")).text
@@ -209,5 +225,6 @@ async def test_a_live_ds_reader_is_a_reader_of_the_run(gateway: Gateway, http: h
         data, controls = await asyncio.wait_for(reading, 30)
     finally:
         reading.cancel()
-    assert data == chunks and controls[-1].get("streamClosed") is True
+    await session.close()
+    assert data == chunks and controls[-1].get("streamClosed") is True, (len(data), controls)
     await assert_eventually(lambda: gateway.state.metrics.readers._value.get() == 0, timeout=10)
