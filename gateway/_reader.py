@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from dataclasses import dataclass, field
-from typing import Any, AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, AsyncGenerator, Awaitable, Callable, Sequence
 
 from ag_ui.core import CustomEvent, EventType
 
@@ -32,7 +32,7 @@ PRESENCE_TIMEOUT = 3.0  # seconds a presence RPC may take before the reader goes
 
 # --- the steps of a read ----------------------------------------------------------------
 
-@dataclass
+@dataclass(slots=True)
 class Chunks:
     """Chunks ready to send, and the log position after them (their last sequence, or past
     a fence/close the tail read after them). Frame or take them before the next ``await``:
@@ -42,7 +42,8 @@ class Chunks:
     hub: RunHub | None = None
     lo: int = 0
     hi: int = 0
-    own: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    # A tuple default: one Chunks per step of every reader, no empty list made for the shared tail's.
+    own: Sequence[tuple[str, dict[str, Any]]] = ()
 
     def frame(self, framing: Framing) -> bytes:
         """The chunks as one write in ``framing``."""
@@ -271,10 +272,11 @@ class RunRead:
             :class:`Chunks` (more to come), or a last step (:class:`End`, :class:`CaughtUp`,
             :class:`Gap`, :class:`Failed`), or ``None`` when nothing came in time (idle).
         """
-        first = await self.open()
-        if first is not None:
-            self._done = True
-            return first
+        if not self._opened or self._first is not None:  # a step per chunk batch: skip the await once open
+            first = await self.open()
+            if first is not None:
+                self._done = True
+                return first
         hub = self._hub
         if hub is not None:
             step = await self._from_hub(hub, timeout)
@@ -317,7 +319,9 @@ class RunRead:
                 # Only the position moved (a fence was read): say where the log is.
                 self._told = hub.position
                 return Chunks(self._told, hub=hub, lo=idx, hi=idx)
-            await self._ensure_presence()
+            p = self._presence
+            if p is not None and p.session is not self.state.session:
+                await p.ensure()  # the gateway session was reopened (inline: this runs once per wake)
             if not await hub.changed(timeout, since):
                 return None
 
