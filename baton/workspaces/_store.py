@@ -317,26 +317,14 @@ class WorkspaceStore:
             WorkspaceConflict: the head changed under every retry.
             LogUnavailable: JetStream did not answer.
         """
-        key = thread_key(thread_id)
-        rev: int | None = None
-        try:
-            _, kv = await self._buckets()
-            for _ in range(_CAS_TRIES):
-                async with asyncio.timeout(self.cfg.timeout):
-                    head, rev = await _read_head(kv, key, lenient=True)
-                    stored = head.writer if head is not None else None
-                    if verdict(stored, writer) != "replace":
-                        assert stored is not None
-                        raise WorkspaceFenced(thread_id, writer.run_id, writer.epoch, stored.run_id, stored.epoch)
-                    turn = TurnRecord(snapshot, agent_session_id, messages, self._clock())
-                    new = with_turn(head, run_id=run_id, turn=turn, workspace=workspace, agent_kind=agent_kind,
-                                    writer=writer, max_turns=self.cfg.max_turns, tenant=tenant)
-                    landed = await _cas(kv, key, new.encode(), rev)
-                    if landed is not None:
-                        return landed
-        except NATS_ERRORS as exc:
-            raise LogUnavailable(thread_id, f"saving the thread head failed: {type(exc).__name__}") from exc
-        raise WorkspaceConflict(thread_id, rev)
+        def change(head: ThreadHead | None) -> ThreadHead:
+            turn = TurnRecord(snapshot, agent_session_id, messages, self._clock())
+            return with_turn(head, run_id=run_id, turn=turn, workspace=workspace, agent_kind=agent_kind,
+                             writer=writer, max_turns=self.cfg.max_turns, tenant=tenant)
+
+        landed = await self._replace_head(thread_id, writer, change)
+        assert landed is not None  # ``change`` always gives a head
+        return landed
 
     async def note_lost_turn(self, thread_id: str, *, run_id: str, reason: str, writer: TranscriptWriter) -> int | None:
         """Record that run ``run_id``'s turn could not be snapshotted: the head keeps its
@@ -349,6 +337,25 @@ class WorkspaceStore:
         Raises:
             WorkspaceFenced, WorkspaceConflict, LogUnavailable: as :meth:`save_turn`.
         """
+        def change(head: ThreadHead | None) -> ThreadHead | None:
+            if head is None:
+                return None
+            return replace(head, lost={"run": run_id, "reason": reason[:500]}, writer=writer, updated_at=self._clock())
+
+        return await self._replace_head(thread_id, writer, change)
+
+    async def _replace_head(self, thread_id: str, writer: TranscriptWriter,
+                            change: Callable[[ThreadHead | None], ThreadHead | None]) -> int | None:
+        """Replace the thread's head with ``change(head)`` under the transcript fence: read the
+        stored writer, refuse a successor's or a later run's head, compare-and-set on the
+        revision read (re-read and retried on a lost race).
+
+        Returns:
+            The new revision; ``None`` when ``change`` gave nothing to write.
+
+        Raises:
+            WorkspaceFenced, WorkspaceConflict, LogUnavailable: as :meth:`save_turn`.
+        """
         key = thread_key(thread_id)
         rev: int | None = None
         try:
@@ -356,14 +363,13 @@ class WorkspaceStore:
             for _ in range(_CAS_TRIES):
                 async with asyncio.timeout(self.cfg.timeout):
                     head, rev = await _read_head(kv, key, lenient=True)
-                    if head is None:
+                    stored = head.writer if head is not None else None
+                    if verdict(stored, writer) != "replace":
+                        assert stored is not None
+                        raise WorkspaceFenced(thread_id, writer.run_id, writer.epoch, stored.run_id, stored.epoch)
+                    new = change(head)
+                    if new is None:
                         return None
-                    if verdict(head.writer, writer) != "replace":
-                        assert head.writer is not None
-                        raise WorkspaceFenced(thread_id, writer.run_id, writer.epoch, head.writer.run_id,
-                                              head.writer.epoch)
-                    new = replace(head, lost={"run": run_id, "reason": reason[:500]}, writer=writer,
-                                  updated_at=self._clock())
                     landed = await _cas(kv, key, new.encode(), rev)
                     if landed is not None:
                         return landed
