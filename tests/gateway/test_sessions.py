@@ -189,8 +189,11 @@ async def test_a_turn_whose_sandbox_is_lost_mid_run_fails_and_the_next_starts_fr
         return bool(_json.loads(inst.handle_json)["data"].get("pgid"))
     await assert_eventually(launched, timeout=20)
     handle = _json.loads((await cc.get_sandbox(run2)).handle_json)
+    # Frozen first, so nothing of the agent writes while its disk goes; then killed.
+    pgid = int(handle["data"]["pgid"])
+    os.killpg(pgid, signal.SIGSTOP)
     shutil.rmtree(pathlib.Path(handle["workdir"]).parent, ignore_errors=True)
-    os.killpg(int(handle["data"]["pgid"]), signal.SIGKILL)
+    os.killpg(pgid, signal.SIGKILL)
 
     got = await read_stream(http, "GET", f"{gw.url}/api/chat", params={"runId": run2, "offset": "-1"})
     assert got.ended and terminal([c for _, c in got.events])["type"] == "RUN_ERROR"  # it fails, clearly
