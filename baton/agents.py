@@ -79,6 +79,9 @@ class ReplayOptions(AgentOptions):
     delay: Annotated[float, Field(ge=0, le=60)] = 0.05
     max_gap: Annotated[float, Field(ge=0, le=3600)] = 5.0
     format: Literal["claude-stream-json", "codex-exec-json"] | None = None
+    #: Seconds a tool approval the journal asks for waits for its answer before it counts
+    #: as denied (default: the host's ``BATON_APPROVAL_TIMEOUT``).
+    approval_timeout: Annotated[float, Field(gt=0, le=7 * 86400)] | None = None
 
 
 class ClaudeCodeOptions(AgentOptions):
@@ -103,6 +106,9 @@ class ClaudeCodeOptions(AgentOptions):
     include_partial_messages: bool = Field(True, validation_alias=AliasChoices(
         "includePartialMessages", "include_partial_messages", "partial_messages"))
     append_system_prompt: Text | None = None
+    #: Seconds a tool approval waits for its answer before it counts as denied (default:
+    #: the host's ``BATON_APPROVAL_TIMEOUT``).
+    approval_timeout: Annotated[float, Field(gt=0, le=7 * 86400)] | None = None
 
 
 class CodexOptions(AgentOptions):

@@ -34,6 +34,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("BATON_SESSION_TTL", "2", "session lease TTL in seconds (keep-alive every TTL/3)"),
     Setting("BATON_FAST_FAILOVER", "1", "coordinator: revoke a session at once when its keep-alive stream resets and its process's address refuses connections (0 = wait for the lease TTL)"),
     Setting("BATON_ATTACH_WAIT", "10", "seconds an attach waits for the journal to appear / first byte"),
+    Setting("BATON_APPROVAL_TIMEOUT", "600", "seconds a tool approval waits for its answer before it counts as denied (a run's agent option approvalTimeout overrides it)"),
     Setting("BATON_JOURNAL_POLL", "0.25", "journal poll interval in seconds (providers that cannot follow)"),
     Setting("BATON_JOURNAL_DIR", "/tmp/baton-runs", "where local sandboxes keep journals"),
     Setting("BATON_SANDBOX_DIR", "/tmp/baton-sandboxes", "where local sandboxes are created"),

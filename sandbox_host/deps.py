@@ -53,6 +53,8 @@ class HostSettings:
             event loop run other tasks (the host's keep-alive among them). 0 = never: only
             ``bench/takeover.py`` sets it (``BATON_BENCH_COLD_TAKEOVER=1``, together with
             ``warm_up = False``) to measure a host without them.
+        approval_timeout: seconds a tool approval waits for its answer before it counts as
+            denied (``BATON_APPROVAL_TIMEOUT``; an agent's ``approvalTimeout`` option overrides it).
         warm_up: whether the composition root imports the takeover path's modules before
             the host opens its session (see :func:`warm_up`); off only with
             ``BATON_BENCH_COLD_TAKEOVER=1``.
@@ -70,6 +72,7 @@ class HostSettings:
     capacity: int = 64
     store_retry: float = 5.0
     finish_budget: float = 30.0
+    approval_timeout: float = 600.0
     #: Agent credentials from the host's own environment (``AGENT_SECRET_NAMES``); passed to
     #: the agent as env only, never logged, journaled or stored.
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
@@ -88,6 +91,7 @@ class HostSettings:
             capacity=int(config.get_float("BATON_HOST_CAPACITY", env)),
             replay_yield_lines=0 if cold else 32,
             warm_up=not cold,
+            approval_timeout=config.get_float("BATON_APPROVAL_TIMEOUT", env),
             finish_budget=float((os.environ if env is None else env).get("BATON_FINISH_BUDGET", "30") or 30),
             secrets={k: v for k, v in (os.environ if env is None else env).items()
                      if k in AGENT_SECRET_NAMES and v},

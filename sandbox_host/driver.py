@@ -46,6 +46,8 @@ from sandbox_host._tasks import cancel_and_wait
 from sandbox_host.claim_log import ClaimLog, Mode, RunStats
 from sandbox_host.finishing import Finisher
 from sandbox_host.pipeline import Batch, Replay
+from sandbox_host.run_inputs import InputDesk
+from sandbox_host import run_inputs_io
 from sandbox_host.sandboxes import RunSandboxes, Sandbox
 
 if TYPE_CHECKING:
@@ -112,6 +114,10 @@ class RunDriver:
         self.sandboxes = RunSandboxes(deps, record, epoch, mode)
         self._release_delay = 0.0
         self.done = asyncio.Event()
+        #: The run's inputs (approvals, steered messages): set once its sandbox has an inbox.
+        self.inputs: InputDesk | None = None
+        self._inputs_wake = asyncio.Event()
+        self._record_inputs: list[Any] = list(record.inputs)
 
     @property
     def releasing(self) -> bool:
@@ -130,6 +136,23 @@ class RunDriver:
         except asyncio.QueueFull:
             return False
         return True
+
+    def on_inputs(self, inputs: Any) -> None:
+        """The record's inputs changed (an answer, a steered message, an expiry)."""
+        self._record_inputs = list(inputs)
+        if self.inputs is not None:
+            self.inputs.on_record(self._record_inputs)
+            self._inputs_wake.set()
+
+    def _inputs_ended(self, task: "asyncio.Task[None]") -> None:
+        """The inputs loop ended on its own: a lost claim ends the run's driving too."""
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if isinstance(exc, RunClaimLost):
+            self.post(M.ClaimLost(exc.observed))
+        elif exc is not None:
+            log.warning("run %s: inputs ended with %r", self.run_id, exc)
 
     # --- supervision ----------------------------------------------------------------------
 
@@ -244,6 +267,7 @@ class RunDriver:
                     if rec is None:
                         self.post(M.ClaimLost("record-gone"))
                         return
+                    self.on_inputs(rec.inputs)
                     if rec.cancel_requested:
                         self.post(M.CancelRequested(reason=rec.cancel_reason or "user", path="watch"))
                     elif rec.cancel_on_disconnect and rec.HasField("detached_since"):
@@ -350,14 +374,26 @@ class RunDriver:
         items = follow_journal(sbx.provider, sbx.handle, sbx.handle.journal_path, offset=0, nonce=sbx.nonce,
                                poll_interval=self.deps.settings.journal_poll)
         decision: M.Decision | None = None
-        async with contextlib.aclosing(items) as journal, contextlib.aclosing(replay.batches(journal)) as batches:
-            try:
-                async for batch in batches:
-                    decision = await self._take(batch)
-                    if decision is not None and not batch.final:
-                        return decision
-            except JournalReplayDiverged as exc:
-                raise await self._refine(exc, replay) from None
+        self.inputs = run_inputs_io.desk_for(self.deps, self.record, sbx)
+        serving: asyncio.Task[None] | None = None
+        if self.inputs is not None:
+            self.inputs.on_record(self._record_inputs)
+            serving = asyncio.create_task(
+                run_inputs_io.serve(self.deps, self.record, self.epoch, sbx, self.inputs, self._inputs_wake),
+                name=f"inputs:{self.run_id}")
+            serving.add_done_callback(self._inputs_ended)
+        try:
+            async with contextlib.aclosing(items) as journal, contextlib.aclosing(replay.batches(journal)) as batches:
+                try:
+                    async for batch in batches:
+                        decision = await self._take(batch)
+                        if decision is not None and not batch.final:
+                            return decision
+                except JournalReplayDiverged as exc:
+                    raise await self._refine(exc, replay) from None
+        finally:
+            if serving is not None:
+                await cancel_and_wait({serving})
         if decision is not None:
             return decision
         return self.machine.on(M.Failed("the journal ended without a terminal event", "incomplete_journal"))
@@ -371,6 +407,13 @@ class RunDriver:
             if tagged.tag == "stored":
                 self.machine.saw_chunk(tagged.chunk)
         new = batch.new
+        if self.inputs is not None:
+            asks = self.inputs.saw(t.chunk for t in batch.chunks)
+            # An approval is on the run record (answerable, with its expiry) before any
+            # reader can see it in the log.
+            for ask in asks:
+                await run_inputs_io.register(self.deps, self.record, self.epoch, self.inputs, ask)
+            self._inputs_wake.set()
         if new:
             await self.claim_log.append(new)
         end = batch.terminal

@@ -40,6 +40,7 @@ from ag_ui.core import (
 )
 
 from baton.agui import event_to_chunk
+from sandbox_host.translate._inputs import ask_chunks, input_chunks
 
 Chunk = dict[str, Any]
 #: Longest delta in one CONTENT/ARGS chunk (characters): one journal line can hold MiBs
@@ -221,6 +222,7 @@ class Translator:
         self._run_usage: TokenUsage | None = None  # sum of the turns' usage
         self._run_cost: float | None = None  # sum of the turns' cost (USD)
         self._usage_turns = 0
+        self._approval_tools: dict[str, str | None] = {}  # approval (request) id -> tool call id
 
     # --- public contract ------------------------------------------------------------------
 
@@ -258,7 +260,11 @@ class Translator:
                 self._unparsed(line)
             else:
                 if isinstance(obj, dict):
-                    self._line(obj)
+                    if obj.get("type") == "baton_input":
+                        for chunk in input_chunks(obj, self._approval_tools.get):
+                            self._emit_chunk(chunk)
+                    else:
+                        self._line(obj)
                 else:
                     self._custom("journal.unknown_line", {"line": self.line_no, "value": obj})
         return self._take()
@@ -326,6 +332,17 @@ class Translator:
 
     def _end_word(self) -> str:
         return "terminal line"
+
+    def _ask(self, obj: dict[str, Any]) -> bool:
+        """Emit the chunks of a tool-approval ``control_request`` (``False``: not one)."""
+        chunks = ask_chunks(obj)
+        if chunks is None:
+            return False
+        value = chunks[0]["value"]
+        self._approval_tools[value["approval"]["id"]] = value["toolCallId"]
+        for chunk in chunks:
+            self._emit_chunk(chunk)
+        return True
 
     def _next_id(self) -> str:
         self._n += 1

@@ -158,6 +158,8 @@ class ClaudeTranslator(Translator):
             self._system(obj)
         elif t == "result":
             self._result(obj)
+        elif t == "control_request" and self._ask(obj):
+            pass
         elif t == "rate_limit_event":
             info = obj.get("rate_limit_info")
             self._custom("agent.rate_limit", info if isinstance(info, dict) else {}, self._scope(obj))

@@ -1,0 +1,257 @@
+"""The inputs of a live run: which approvals to register, deliver or expire, and when the
+agent's input closes (pure; docs/hitl.md).
+
+A host driving a run keeps one :class:`InputDesk`. It learns from two sides:
+
+- the run's chunks as the replay pipeline produces them (stored and new alike), which say
+  what the agent asked (``approval-requested``), what reached its stdin (an answer's
+  ``approval_answer`` activity, a steered ``input:<id>`` user message) and where a turn
+  ended (``CUSTOM claude.result``): the journal is the truth of what was delivered;
+- the run record's ``inputs`` (``RunRecord.inputs``, from ``WatchRun``): which approvals are
+  answered (one answer wins, stored before delivery) and which messages wait to be steered in.
+
+From both it decides (:meth:`InputDesk.actions`):
+
+- :class:`Register`: an approval the agent asked for that the record does not hold yet: the
+  host writes it to the record (with its expiry) **before** the chunk is appended to the log,
+  so no reader sees a request that cannot be answered;
+- :class:`Deliver`: an answered approval, or a pending message, not yet seen on the agent's
+  stdin: the host appends it to the sandbox's inbox (the relay passes each id once, so a
+  repeated delivery, by this host or a successor, is harmless);
+- :class:`Expire`: a pending approval whose ``expires_at`` passed: the host stores the
+  denial (fail closed; an answer stored first wins);
+- :class:`CloseInput`: the agent's turn ended (a ``result`` after every delivered input) and
+  nothing waits to be delivered: its stdin is closed so it exits (claude-code only; a replay
+  agent ends by itself).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from sandbox_host.translate._inputs import (
+    ANSWER_ACTIVITY, APPROVAL_ACTIVITY, APPROVAL_REQUESTED, STEER_PREFIX,
+)
+
+#: The inbox id that closes the agent's stdin (sandbox_host/_wrapper.py).
+EOF_ID = "eof"
+#: CUSTOM chunk that ends a Claude turn.
+TURN_RESULT = "claude.result"
+
+
+@dataclass(frozen=True)
+class Ask:
+    """An approval the agent asked for (from its ``approval-requested`` chunk)."""
+
+    id: str
+    tool_call_id: str
+    tool_name: str
+    input: Any
+
+
+@dataclass(frozen=True)
+class Register:
+    """Store ``ask`` on the run record, expiring at ``expires_at`` (seconds since the epoch)."""
+
+    ask: Ask
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class Deliver:
+    """Append ``payload`` (one compact JSON line) under ``input_id`` to the agent's inbox."""
+
+    input_id: str
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class Expire:
+    """Store the expiry (a denial) of the pending approval ``approval_id``."""
+
+    approval_id: str
+
+
+@dataclass(frozen=True)
+class CloseInput:
+    """Close the agent's stdin (its turn is over and nothing waits)."""
+
+
+Action = Register | Deliver | Expire | CloseInput
+
+
+def _compact(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def answer_payload(approval_id: str, decision: str, message: str, updated_input: Any) -> bytes:
+    """The ``control_response`` line Claude Code reads for an approval's answer.
+
+    Args:
+        approval_id: the request id.
+        decision: ``"allow"`` or ``"deny"``.
+        message: why it was denied (deny only; a default is used when empty).
+        updated_input: the tool input to run with (allow only).
+    """
+    if decision == "allow":
+        inner: dict[str, Any] = {"behavior": "allow", "updatedInput": updated_input if updated_input is not None else {}}
+    else:
+        inner = {"behavior": "deny", "message": message or "The user denied this tool use."}
+    return _compact({"type": "control_response",
+                     "response": {"subtype": "success", "request_id": approval_id, "response": inner}})
+
+
+def steer_payload(text: str) -> bytes:
+    """The stream-json ``user`` line of a steered message."""
+    return _compact({"type": "user", "message": {"role": "user", "content": text},
+                     "parent_tool_use_id": None, "session_id": ""})
+
+
+@dataclass
+class InputDesk:
+    """The inputs of one driven run (see the module docstring).
+
+    Args:
+        approval_timeout: seconds an approval may wait for its answer.
+        closes_input: the agent reads stdin until EOF (claude-code): close it after its turn.
+    """
+
+    approval_timeout: float
+    closes_input: bool = False
+    asks: dict[str, Ask] = field(default_factory=dict)
+    delivered: set[str] = field(default_factory=set)
+    #: Inputs appended to the inbox by this host (not yet seen back in the journal).
+    sent: set[str] = field(default_factory=set)
+    registered: set[str] = field(default_factory=set)
+    expiring: set[str] = field(default_factory=set)
+    #: The record's inputs by id (protobuf ``RunInput`` or anything with its fields).
+    record: dict[str, Any] = field(default_factory=dict)
+    turn_over: bool = False
+    closed: bool = False
+    _ask_order: list[str] = field(default_factory=list)
+
+    # --- what the journal says ---------------------------------------------------------
+
+    def saw(self, chunks: Iterable[dict[str, Any]]) -> list[Ask]:
+        """Learn from chunks in log order; returns the asks among them the record lacks
+        (to :class:`Register` before these chunks are appended)."""
+        new: list[Ask] = []
+        for c in chunks:
+            t = c.get("type")
+            if t == "CUSTOM":
+                name = c.get("name")
+                if name == APPROVAL_REQUESTED:
+                    ask = _ask_of(c.get("value"))
+                    if ask is not None and ask.id not in self.asks:
+                        self.asks[ask.id] = ask
+                        self._ask_order.append(ask.id)
+                        self.turn_over = False
+                        if ask.id not in self.record and ask.id not in self.registered:
+                            new.append(ask)
+                elif name == TURN_RESULT:
+                    self.turn_over = True
+            elif t == "ACTIVITY_SNAPSHOT" and c.get("activityType") == ANSWER_ACTIVITY:
+                content = c.get("content")
+                if isinstance(content, dict) and isinstance(content.get("approvalId"), str):
+                    self.delivered.add(content["approvalId"])
+            elif t == "TEXT_MESSAGE_START" and c.get("role") == "user":
+                mid = c.get("messageId")
+                if isinstance(mid, str) and mid.startswith(STEER_PREFIX):
+                    self.delivered.add(mid[len(STEER_PREFIX):])
+                    self.turn_over = False
+            elif t in ("STEP_STARTED", "TEXT_MESSAGE_START", "TOOL_CALL_START"):
+                if t != "TEXT_MESSAGE_START" or c.get("role") in (None, "assistant"):
+                    self.turn_over = False
+            elif t == "ACTIVITY_SNAPSHOT" and c.get("activityType") == APPROVAL_ACTIVITY:
+                pass
+        return new
+
+    def registered_ask(self, ask_id: str) -> None:
+        """The record now holds ``ask_id`` (its :class:`Register` was stored)."""
+        self.registered.add(ask_id)
+
+    # --- what the record says ----------------------------------------------------------
+
+    def on_record(self, inputs: Sequence[Any]) -> None:
+        """The record's ``inputs`` as of now (a ``WatchRun`` change or a write's result)."""
+        self.record = {i.id: i for i in inputs}
+        self.registered.update(i for i in self.record if self.record[i].kind == "approval")
+
+    # --- decisions ---------------------------------------------------------------------
+
+    def pending_approvals(self) -> list[str]:
+        """Ids of approvals asked and not answered on the record, in ask order."""
+        out = []
+        for aid in self._ask_order:
+            rec = self.record.get(aid)
+            if aid not in self.delivered and (rec is None or rec.state != "answered"):
+                out.append(aid)
+        return out
+
+    def actions(self, now: float) -> list[Action]:
+        """What to do now (each action at most once per call; the caller reports results
+        through :meth:`sent_input`, :meth:`expiry_sent`, :meth:`on_record`)."""
+        out: list[Action] = []
+        for aid in self._ask_order:
+            if aid not in self.record and aid not in self.registered:
+                out.append(Register(self.asks[aid], now + self.approval_timeout))
+        waiting = False
+        for rec in self.record.values():
+            if rec.id in self.delivered:
+                continue
+            if rec.kind == "approval":
+                if rec.id not in self.asks:
+                    continue  # asked by a process this journal does not show (never delivered blind)
+                if rec.state == "answered":
+                    if rec.id not in self.sent:
+                        out.append(Deliver(rec.id, answer_payload(rec.id, rec.decision, rec.message,
+                                                                  _json_or(rec.updated_input_json, self.asks[rec.id].input))))
+                    waiting = True
+                elif rec.expires_at and rec.expires_at <= now and rec.id not in self.expiring:
+                    out.append(Expire(rec.id))
+            elif rec.kind == "message" and not self.closed:
+                if rec.id not in self.sent:
+                    out.append(Deliver(rec.id, steer_payload(rec.message)))
+                waiting = True
+        if (self.closes_input and self.turn_over and not self.closed and not waiting
+                and not self.pending_approvals()):
+            out.append(CloseInput())
+        return out
+
+    def next_deadline(self) -> float | None:
+        """The earliest ``expires_at`` of a pending approval (seconds since the epoch)."""
+        times = [r.expires_at for r in self.record.values()
+                 if r.kind == "approval" and r.state != "answered" and r.expires_at and r.id not in self.delivered]
+        return min(times) if times else None
+
+    def sent_input(self, input_id: str) -> None:
+        """``input_id`` was appended to the inbox (``eof`` closes it)."""
+        if input_id == EOF_ID:
+            self.closed = True
+        else:
+            self.sent.add(input_id)
+
+    def expiry_sent(self, approval_id: str) -> None:
+        """The expiry of ``approval_id`` was stored (or lost to an answer)."""
+        self.expiring.add(approval_id)
+
+
+def _ask_of(value: Any) -> Ask | None:
+    if not isinstance(value, dict):
+        return None
+    approval = value.get("approval")
+    aid = approval.get("id") if isinstance(approval, dict) else None
+    if not isinstance(aid, str) or not aid:
+        return None
+    tcid = value.get("toolCallId")
+    return Ask(aid, tcid if isinstance(tcid, str) else "", str(value.get("toolName") or ""), value.get("input"))
+
+
+def _json_or(text: str, default: Any) -> Any:
+    if not text:
+        return default
+    try:
+        return json.loads(text)
+    except ValueError:
+        return default

@@ -1,0 +1,132 @@
+"""The inputs of a live run, carried out: the record writes and the inbox appends an
+:class:`~sandbox_host.run_inputs.InputDesk` decides (docs/hitl.md).
+
+Every record write is fenced by this claim (its session and epoch): a host that lost the run
+cannot register or expire anything. Deliveries append to the sandbox's inbox; the launch
+wrapper's relay passes each input id to the agent once, so a delivery repeated by a
+successor (it cannot know whether its predecessor's append landed) is harmless.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from baton.errors import RunClaimLost
+from baton.v1 import coordinator_pb2 as cpb
+from baton.v1 import runs_pb2
+from sandbox_host.run_inputs import EOF_ID, Ask, CloseInput, Deliver, Expire, InputDesk, Register
+
+if TYPE_CHECKING:
+    from sandbox_host.deps import HostDeps
+    from sandbox_host.sandboxes import Sandbox
+
+log = logging.getLogger("baton.sandbox_host.inputs")
+
+#: Agent kinds whose launch reads further input on stdin (sandbox_host/agents).
+INTERACTIVE_KINDS = frozenset({"claude-code", "replay"})
+#: Longest wait between two looks at the desk when nothing wakes it (seconds).
+IDLE_WAIT = 5.0
+#: Seconds before a failed input action (store or sandbox unavailable) is tried again.
+RETRY_PAUSE = 1.0
+
+
+def approval_timeout(deps: "HostDeps", record: runs_pb2.RunRecord) -> float:
+    """Seconds an approval of this run waits: its agent's ``approval_timeout`` option, else
+    the host's ``BATON_APPROVAL_TIMEOUT``."""
+    try:
+        opts = json.loads(record.agent.options_json or "{}")
+    except ValueError:
+        opts = {}
+    value = opts.get("approval_timeout") if isinstance(opts, dict) else None
+    if isinstance(value, (int, float)) and value > 0:
+        return float(value)
+    return deps.settings.approval_timeout
+
+
+def desk_for(deps: "HostDeps", record: runs_pb2.RunRecord, sbx: "Sandbox") -> InputDesk | None:
+    """The run's desk, or ``None`` when its agent takes no input (codex, or a sandbox
+    launched without an inbox)."""
+    if record.agent.kind not in INTERACTIVE_KINDS or not getattr(sbx.handle, "inbox_path", ""):
+        return None
+    return InputDesk(approval_timeout=approval_timeout(deps, record),
+                     closes_input=record.agent.kind == "claude-code")
+
+
+def _check(outcome: int, run_id: str, epoch: int) -> None:
+    if outcome == cpb.PutRunInputResponse.FENCED:
+        raise RunClaimLost(run_id, epoch, "inputs-fenced")
+
+
+async def register(deps: "HostDeps", record: runs_pb2.RunRecord, epoch: int, desk: InputDesk, ask: Ask) -> None:
+    """Store an approval the agent asked for on the run record (pending, with its expiry).
+
+    Raises:
+        RunClaimLost: this claim no longer holds the run.
+        StoreUnavailable: the coordinator did not answer.
+    """
+    now = time.time()
+    item = runs_pb2.RunInput(
+        id=ask.id, kind="approval", state="pending", tool_call_id=ask.tool_call_id, tool_name=ask.tool_name,
+        tool_input_json=json.dumps(ask.input, separators=(",", ":"), ensure_ascii=False),
+        requested_at=now, expires_at=now + desk.approval_timeout)
+    outcome, rec, _ = await deps.cc.put_run_input(record.run_id, cpb.PutRunInputRequest.REQUEST, item,
+                                                  session_id=deps.session.id, epoch=epoch)
+    _check(outcome, record.run_id, epoch)
+    desk.registered_ask(ask.id)
+    if rec is not None:
+        desk.on_record(rec.inputs)
+    log.info("run %s: approval %s asked (%s), expires in %.0f s", record.run_id, ask.id, ask.tool_name,
+             desk.approval_timeout)
+
+
+async def serve(deps: "HostDeps", record: runs_pb2.RunRecord, epoch: int, sbx: "Sandbox", desk: InputDesk,
+                wake: asyncio.Event) -> None:
+    """Carry out the desk's actions until cancelled (the driver's stream ends).
+
+    Raises:
+        RunClaimLost: a fenced write found the claim gone.
+    """
+    while True:
+        wake.clear()
+        try:
+            await _act(deps, record, epoch, sbx, desk)
+        except RunClaimLost:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the store or the sandbox: tried again shortly
+            log.warning("run %s: an input action failed (%r); trying again", record.run_id, exc)
+            await asyncio.sleep(RETRY_PAUSE)
+            continue
+        deadline = desk.next_deadline()
+        wait = IDLE_WAIT if deadline is None else max(0.0, min(IDLE_WAIT, deadline - time.time()))
+        try:
+            async with asyncio.timeout(wait):
+                await wake.wait()
+        except TimeoutError:
+            pass
+
+
+async def _act(deps: "HostDeps", record: runs_pb2.RunRecord, epoch: int, sbx: "Sandbox", desk: InputDesk) -> None:
+    """Carry out what the desk says now."""
+    run_id = record.run_id
+    for action in desk.actions(time.time()):
+        if isinstance(action, Register):
+            await register(deps, record, epoch, desk, action.ask)
+        elif isinstance(action, Deliver):
+            await sbx.provider.send_input(sbx.handle, action.input_id, action.payload)
+            desk.sent_input(action.input_id)
+            log.info("run %s: input %s delivered", run_id, action.input_id)
+        elif isinstance(action, Expire):
+            outcome, rec, _ = await deps.cc.put_run_input(
+                run_id, cpb.PutRunInputRequest.EXPIRE, runs_pb2.RunInput(id=action.approval_id),
+                session_id=deps.session.id, epoch=epoch, now=time.time())
+            _check(outcome, run_id, epoch)
+            desk.expiry_sent(action.approval_id)
+            if rec is not None:
+                desk.on_record(rec.inputs)
+            log.info("run %s: approval %s expired (denied)", run_id, action.approval_id)
+        elif isinstance(action, CloseInput):
+            await sbx.provider.send_input(sbx.handle, EOF_ID, b"{}")
+            desk.sent_input(EOF_ID)

@@ -1,0 +1,142 @@
+"""Human-in-the-loop lines of a journal → AG-UI chunks (pure; docs/hitl.md).
+
+Two journal lines carry the exchange between an agent and its user while a turn runs:
+
+- the agent's **ask**: Claude Code's stream-json control protocol writes
+  ``{"type":"control_request","request_id":R,"request":{"subtype":"can_use_tool",
+  "tool_name":N,"input":{…},"tool_use_id":T,…}}`` on stdout and waits for the answer on
+  stdin (the replay agent plays recorded ones the same way);
+- what reached the agent's stdin: the launch wrapper's relay writes
+  ``{"type":"baton_input","id":I,"input":<the line it passed on>}`` into the journal just
+  before the agent reads it. ``input`` is a ``control_response`` (an approval's answer,
+  ``id`` = the request id) or a stream-json ``user`` message (a message steered into the
+  running turn, ``id`` = the client's input id).
+
+Both become chunks at their place in the journal, so every host that replays it produces
+the same ones (the transcript shows them where they happened):
+
+- an ask → ``CUSTOM approval-requested`` ``{toolCallId, toolName, input, approval: {id,
+  needsApproval: true}}`` (the event ``@tanstack/ai-client`` turns into a tool-call part in
+  state ``approval-requested``), then ``ACTIVITY_SNAPSHOT`` ``approval:<id>`` (activity type
+  ``approval``) whose content holds the same and ``interrupt``, shaped as AG-UI's
+  ``Interrupt`` (``id``, ``reason: "tool_approval"``, ``message``, ``toolCallId``);
+- an answer → ``ACTIVITY_SNAPSHOT`` ``approval:<id>:answer`` (activity type
+  ``approval_answer``) ``{approvalId, toolCallId, approved, message?}``;
+- a steered message → a ``role: "user"`` text message ``input:<id>`` (``TEXT_MESSAGE_START`` /
+  ``CONTENT`` / ``END``).
+
+The expiry time of an approval is not in the chunks (it is the host's clock, not the
+journal's); it is on the run record (``RunRecord.inputs``).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+Chunk = dict[str, Any]
+
+#: CUSTOM name of an approval request (``@tanstack/ai``'s stream processor name for it).
+APPROVAL_REQUESTED = "approval-requested"
+#: Activity types of the request and of its answer.
+APPROVAL_ACTIVITY = "approval"
+ANSWER_ACTIVITY = "approval_answer"
+#: Message id prefixes (``approval:<id>``, ``approval:<id>:answer``, ``input:<id>``).
+APPROVAL_PREFIX = "approval:"
+STEER_PREFIX = "input:"
+
+
+def approval_message_id(approval_id: str) -> str:
+    """The activity message id of an approval request."""
+    return f"{APPROVAL_PREFIX}{approval_id}"
+
+
+def answer_message_id(approval_id: str) -> str:
+    """The activity message id of an approval's answer."""
+    return f"{APPROVAL_PREFIX}{approval_id}:answer"
+
+
+def steer_message_id(input_id: str) -> str:
+    """The user message id of a steered message."""
+    return f"{STEER_PREFIX}{input_id}"
+
+
+def ask_chunks(obj: dict[str, Any]) -> list[Chunk] | None:
+    """The chunks of a ``control_request`` line, or ``None`` when it is not a tool approval
+    (another control subtype: the caller reports it as it did before).
+
+    Shapes: see the module docstring. ``input`` is the tool's input as the agent asked
+    (``{}`` when absent or not an object).
+    """
+    req = obj.get("request")
+    rid = obj.get("request_id")
+    if not isinstance(req, dict) or req.get("subtype") != "can_use_tool" or not isinstance(rid, str) or not rid:
+        return None
+    name = req.get("tool_name")
+    name = name if isinstance(name, str) else ""
+    inp = req.get("input")
+    inp = inp if isinstance(inp, dict) else {}
+    tcid = req.get("tool_use_id")
+    tcid = tcid if isinstance(tcid, str) and tcid else None
+    reason = req.get("decision_reason")
+    message = f"Allow {name or 'this tool'}?" + (f" ({reason})" if isinstance(reason, str) and reason else "")
+    interrupt: dict[str, Any] = {"id": rid, "reason": "tool_approval", "message": message}
+    if tcid is not None:
+        interrupt["toolCallId"] = tcid
+    request = {"toolCallId": tcid, "toolName": name, "input": inp, "approval": {"id": rid, "needsApproval": True}}
+    content = {"approvalId": rid, "toolCallId": tcid, "toolName": name, "input": inp, "interrupt": interrupt}
+    return [
+        {"type": "CUSTOM", "name": APPROVAL_REQUESTED, "value": request},
+        {"type": "ACTIVITY_SNAPSHOT", "messageId": approval_message_id(rid), "activityType": APPROVAL_ACTIVITY,
+         "content": content, "replace": True},
+    ]
+
+
+def _user_text(message: Any) -> str | None:
+    """The text of a stream-json user message's ``message`` (string or text blocks)."""
+    if not isinstance(message, dict):
+        return None
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(b.get("text", "")) for b in content if isinstance(b, dict) and b.get("type") == "text")
+    return None
+
+
+def input_chunks(obj: dict[str, Any], tool_call_of: Callable[[str], str | None]) -> list[Chunk]:
+    """The chunks of a ``baton_input`` line (what reached the agent's stdin, and where).
+
+    Args:
+        obj: the line.
+        tool_call_of: the tool call id an approval id gates (from its ask), ``None`` if unknown.
+
+    Returns:
+        An answer's activity, a steered user message, or ``[]`` for an input of another
+        shape (never raises).
+    """
+    iid, payload = obj.get("id"), obj.get("input")
+    if not isinstance(iid, str) or not iid or not isinstance(payload, dict):
+        return []
+    if payload.get("type") == "control_response":
+        resp = payload.get("response")
+        resp = resp if isinstance(resp, dict) else {}
+        inner = resp.get("response")
+        inner = inner if isinstance(inner, dict) else {}
+        rid = resp.get("request_id") if isinstance(resp.get("request_id"), str) else iid
+        approved = inner.get("behavior") == "allow"
+        content: dict[str, Any] = {"approvalId": rid, "toolCallId": tool_call_of(rid), "approved": approved}
+        msg = inner.get("message")
+        if isinstance(msg, str) and msg:
+            content["message"] = msg
+        return [{"type": "ACTIVITY_SNAPSHOT", "messageId": answer_message_id(rid), "activityType": ANSWER_ACTIVITY,
+                 "content": content, "replace": True}]
+    if payload.get("type") == "user":
+        text = _user_text(payload.get("message"))
+        if text is None:
+            return []
+        mid = steer_message_id(iid)
+        out: list[Chunk] = [{"type": "TEXT_MESSAGE_START", "messageId": mid, "role": "user"}]
+        if text:
+            out.append({"type": "TEXT_MESSAGE_CONTENT", "messageId": mid, "delta": text})
+        out.append({"type": "TEXT_MESSAGE_END", "messageId": mid})
+        return out
+    return []
