@@ -1,0 +1,157 @@
+"""The input desk and the approval/steer chunks (pure): what a host registers, delivers,
+expires and closes, from the chunks it replays and the record it watches."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+
+from baton.transcript import build_transcript
+from sandbox_host.run_inputs import CloseInput, Deliver, Expire, InputDesk, Register
+from sandbox_host.translate import translator_for
+
+pytestmark = pytest.mark.unit
+
+
+@dataclass
+class Inp:
+    """The fields of a ``RunInput`` the desk reads."""
+
+    id: str
+    kind: str = "approval"
+    state: str = "pending"
+    decision: str = ""
+    message: str = ""
+    updated_input_json: str = ""
+    expires_at: float = 0.0
+
+
+ASK = {"type": "control_request", "request_id": "req-1",
+       "request": {"subtype": "can_use_tool", "tool_name": "Bash", "input": {"command": "rm -rf build"},
+                   "permission_suggestions": [], "tool_use_id": "toolu_1"}}
+
+
+def _lines(*objs: dict) -> list[bytes]:
+    return [json.dumps(o).encode() for o in objs]
+
+
+def _translate(*objs: dict) -> list[dict]:
+    tr = translator_for("claude-stream-json", "run-1", "thread-1")
+    out: list[dict] = []
+    for line in _lines(*objs):
+        out += tr.feed(line)
+    return out
+
+
+def test_an_ask_becomes_tanstacks_approval_request_and_an_activity_in_place() -> None:
+    chunks = _translate(ASK)
+    custom = [c for c in chunks if c["type"] == "CUSTOM"]
+    assert custom == [{"type": "CUSTOM", "name": "approval-requested", "value": {
+        "toolCallId": "toolu_1", "toolName": "Bash", "input": {"command": "rm -rf build"},
+        "approval": {"id": "req-1", "needsApproval": True}}}]
+    act = [c for c in chunks if c["type"] == "ACTIVITY_SNAPSHOT"]
+    assert act[0]["messageId"] == "approval:req-1"
+    assert act[0]["content"]["interrupt"] == {"id": "req-1", "reason": "tool_approval",
+                                              "message": "Allow Bash?", "toolCallId": "toolu_1"}
+
+
+def test_the_answer_and_a_steer_stand_where_the_relay_delivered_them() -> None:
+    answer = {"type": "baton_input", "id": "req-1", "input": {"type": "control_response", "response": {
+        "subtype": "success", "request_id": "req-1", "response": {"behavior": "deny", "message": "not now"}}}}
+    steer = {"type": "baton_input", "id": "m1", "input": {"type": "user", "message": {
+        "role": "user", "content": "also update the README"}}}
+    chunks = _translate(ASK, answer, steer)
+    msgs = build_transcript(chunks)
+    assert [m["id"] for m in msgs] == ["approval:req-1", "approval:req-1:answer", "input:m1"]
+    assert msgs[1]["content"] == {"approvalId": "req-1", "toolCallId": "toolu_1", "approved": False,
+                                  "message": "not now"}
+    assert msgs[2] == {"id": "input:m1", "role": "user", "content": "also update the README"}
+
+
+def test_other_control_requests_stay_notices() -> None:
+    chunks = _translate({"type": "control_request", "request_id": "x", "request": {"subtype": "interrupt"}})
+    assert [c.get("name") for c in chunks if c["type"] == "CUSTOM"] == ["claude.control_request"]
+
+
+def _desk(**kw) -> InputDesk:
+    return InputDesk(approval_timeout=60.0, **kw)
+
+
+def _ask_chunks() -> list[dict]:
+    return [c for c in _translate(ASK) if c["type"] != "RUN_STARTED"]
+
+
+def test_an_ask_is_registered_before_anything_else_then_never_again() -> None:
+    desk = _desk()
+    asks = desk.saw(_ask_chunks())
+    assert [a.id for a in asks] == ["req-1"]
+    assert desk.actions(100.0) == [Register(asks[0], 160.0)]
+    desk.registered_ask("req-1")
+    assert desk.actions(100.0) == []
+    assert desk.saw(_ask_chunks()) == []  # a replay of the same ask
+    assert desk.pending_approvals() == ["req-1"]
+
+
+def test_an_answer_is_delivered_once_and_the_echo_settles_it() -> None:
+    desk = _desk()
+    desk.saw(_ask_chunks())
+    desk.on_record([Inp("req-1", state="answered", decision="allow")])
+    [d] = desk.actions(0.0)
+    assert isinstance(d, Deliver) and d.input_id == "req-1"
+    assert json.loads(d.payload)["response"] == {"subtype": "success", "request_id": "req-1", "response": {
+        "behavior": "allow", "updatedInput": {"command": "rm -rf build"}}}
+    desk.sent_input("req-1")
+    assert desk.actions(0.0) == []
+    # A successor knows nothing of what was sent: it delivers again unless the journal shows it.
+    succ = _desk()
+    succ.saw(_ask_chunks())
+    succ.on_record([Inp("req-1", state="answered", decision="allow")])
+    echo = {"type": "baton_input", "id": "req-1", "input": json.loads(d.payload)}
+    succ.saw(_translate(ASK, echo))
+    assert succ.actions(0.0) == []
+    assert succ.pending_approvals() == []
+
+
+def test_an_unanswered_approval_expires_at_its_time_and_not_before() -> None:
+    desk = _desk()
+    desk.saw(_ask_chunks())
+    desk.on_record([Inp("req-1", expires_at=50.0)])
+    assert desk.next_deadline() == 50.0
+    assert desk.actions(49.9) == []
+    assert desk.actions(50.0) == [Expire("req-1")]
+    desk.expiry_sent("req-1")
+    assert desk.actions(51.0) == []
+    desk.on_record([Inp("req-1", state="answered", decision="deny", message="the approval expired", expires_at=50.0)])
+    [d] = desk.actions(51.0)
+    assert json.loads(d.payload)["response"]["response"] == {"behavior": "deny", "message": "the approval expired"}
+
+
+def test_an_answer_for_an_ask_the_journal_never_showed_is_not_delivered() -> None:
+    desk = _desk()
+    desk.on_record([Inp("req-9", state="answered", decision="allow")])
+    assert desk.actions(0.0) == []
+
+
+def test_input_closes_after_the_turn_only_when_nothing_waits() -> None:
+    desk = _desk(closes_input=True)
+    result = {"type": "result", "subtype": "success", "is_error": False, "result": "ok"}
+    desk.saw(_translate({"type": "system", "subtype": "init", "session_id": "s"}, result))
+    desk.on_record([Inp("m1", kind="message", message="one more thing")])
+    [d] = desk.actions(0.0)
+    assert isinstance(d, Deliver) and json.loads(d.payload)["message"]["content"] == "one more thing"
+    desk.sent_input("m1")
+    assert desk.actions(0.0) == []  # delivered, not yet seen: it may start another turn
+    echo = {"type": "baton_input", "id": "m1", "input": json.loads(d.payload)}
+    desk.saw(_translate(echo))
+    assert desk.actions(0.0) == []  # the steered turn runs
+    desk.saw(_translate({"type": "system", "subtype": "init", "session_id": "s"}, result))
+    assert desk.actions(0.0) == [CloseInput()]
+    desk.sent_input("eof")
+    assert desk.actions(0.0) == []
+
+
+def test_a_replay_agent_input_is_never_closed() -> None:
+    desk = _desk(closes_input=False)
+    desk.saw(_translate({"type": "result", "subtype": "success", "is_error": False}))
+    assert desk.actions(0.0) == []
