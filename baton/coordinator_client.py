@@ -31,7 +31,7 @@ from baton.retry import Attempts, Deadline
 from baton.v1 import coordinator_pb2 as pb
 from baton.v1 import coordinator_pb2_grpc as pb_grpc
 from baton.v1.coordinator_pb2 import HostInfo, SandboxInstance
-from baton.v1.runs_pb2 import Claim, RunRecord
+from baton.v1.runs_pb2 import Claim, RunInput, RunRecord
 
 log = logging.getLogger(__name__)
 
@@ -426,6 +426,25 @@ class CoordinatorClient:
         r = await self._unary("RequestRunCancel", pb.RequestRunCancelRequest(run_id=run_id, reason=reason,
                                                                              tenant=tenant), timeout)
         return None if r.intent else r.record
+
+    async def put_run_input(self, run_id: str, op: pb.PutRunInputRequest.Op.ValueType, input: RunInput, *, tenant: str = "",
+                            session_id: int = 0, epoch: int = 0, now: float = 0.0,
+                            timeout: float | None = None) -> tuple[int, RunRecord, RunInput | None]:
+        """One input op on a live run (docs/hitl.md): ``op`` is a ``PutRunInputRequest.Op``.
+
+        Returns:
+            (``PutRunInputResponse.Outcome``, the record after the op or as found, the stored
+            input when the outcome is ``CONFLICT`` else ``None``).
+
+        Raises:
+            InvalidArgument: a malformed request (see ``coordinator._service.check_run_input``).
+        """
+        r = await self._unary("PutRunInput", pb.PutRunInputRequest(
+            run_id=run_id, op=op, input=input, tenant=tenant, session_id=session_id, epoch=epoch,
+            now=now), timeout)
+        existing: RunInput | None = r.existing if r.HasField("existing") else None
+        record: RunRecord = r.record
+        return r.outcome, record, existing
 
     # --- sessions and claims ----------------------------------------------------------
 

@@ -48,6 +48,25 @@ def validate_id(value: str, field: str) -> str:
     return value
 
 
+#: An input id (an approval's request id, a steered message's id): it travels as one word of
+#: a line in the sandbox's inbox (docs/hitl.md), so it is plain ASCII; ``eof`` is reserved
+#: (it closes the agent's input).
+INPUT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+EOF_INPUT_ID = "eof"
+
+
+def validate_input_id(value: str, field: str) -> str:
+    """Check an input id (:data:`INPUT_ID`, not ``eof``) and return it unchanged.
+
+    Raises:
+        InvalidArgument: otherwise.
+    """
+    if not isinstance(value, str) or not INPUT_ID.fullmatch(value) or value == EOF_INPUT_ID:
+        raise InvalidArgument(field, "must be 1-128 characters of A-Z a-z 0-9 . _ : - starting with a "
+                              "letter or digit (and not \"eof\")")
+    return value
+
+
 def encode_token(value: str) -> str:
     """Injective, subject- and shell-safe encoding of an id (``%XX`` escapes)."""
     out: list[str] = []

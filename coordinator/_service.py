@@ -16,7 +16,7 @@ import grpc
 
 from baton import errors
 from baton.grpc_errors import abort
-from baton.ids import validate_id
+from baton.ids import validate_id, validate_input_id
 from baton.v1 import coordinator_pb2 as pb
 from baton.v1 import coordinator_pb2_grpc as pb_grpc
 from baton.v1.runs_pb2 import Claim, RunRecord, RunStatus
@@ -49,6 +49,33 @@ _OUTCOMES = {
 async def no_reaper(ttl: float, now: float) -> dict[str, int]:
     """The default reaper: does nothing (the real one is wired in ``coordinator._wiring``)."""
     return {}
+
+
+#: Bytes one input may carry in each of its text fields (tool input, message, reason).
+MAX_INPUT_TEXT = 64 * 1024
+
+
+def check_run_input(request: pb.PutRunInputRequest) -> None:
+    """Validate a ``PutRunInput`` request's shape (the rules judge it against the record).
+
+    Raises:
+        InvalidArgument: unknown op; an input id that is not an id; an answer whose decision
+            is not allow/deny; REQUEST/EXPIRE without a session and epoch; a text field over
+            :data:`MAX_INPUT_TEXT` bytes.
+    """
+    op, given = request.op, request.input
+    if op not in (pb.PutRunInputRequest.REQUEST, pb.PutRunInputRequest.ANSWER,
+                  pb.PutRunInputRequest.EXPIRE, pb.PutRunInputRequest.STEER):
+        raise errors.InvalidArgument("op", "must be REQUEST, ANSWER, EXPIRE or STEER")
+    validate_input_id(given.id, "input.id")
+    if op == pb.PutRunInputRequest.ANSWER and given.decision not in ("allow", "deny"):
+        raise errors.InvalidArgument("input.decision", "must be allow or deny")
+    if op in (pb.PutRunInputRequest.REQUEST, pb.PutRunInputRequest.EXPIRE) and not (
+            request.session_id and request.epoch):
+        raise errors.InvalidArgument("session_id", "REQUEST and EXPIRE need the claim's session and epoch")
+    for name in ("tool_input_json", "message", "updated_input_json"):
+        if len(getattr(given, name).encode()) > MAX_INPUT_TEXT:
+            raise errors.InvalidArgument(f"input.{name}", f"must be at most {MAX_INPUT_TEXT} bytes")
 
 
 def _positive(value: float, field: str) -> float:
@@ -202,6 +229,17 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             rec = await self.store.request_cancel(request.run_id, request.reason or "user",
                                                   timeout=self._budget(context))
             return pb.RequestRunCancelResponse(record=rec)
+        return await self._call(context, go())
+
+    async def PutRunInput(self, request: pb.PutRunInputRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.PutRunInputResponse:
+        async def go() -> pb.PutRunInputResponse:
+            validate_id(request.run_id, "run_id")
+            check_run_input(request)
+            outcome, rec, existing = await self.store.put_run_input(
+                request.run_id, request.op, request.input, tenant=request.tenant,
+                session_id=request.session_id, epoch=request.epoch, now=request.now,
+                timeout=self._budget(context))
+            return pb.PutRunInputResponse(outcome=outcome, record=rec, existing=existing)  # type: ignore[arg-type]
         return await self._call(context, go())
 
     # --- sessions ---------------------------------------------------------------------

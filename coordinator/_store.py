@@ -31,7 +31,7 @@ from baton.errors import (BatonError, InvalidArgument, RunIdRetired, SessionLost
                           ThreadBusy, UnknownThread)
 from baton.retry import Deadline
 from baton.v1.coordinator_pb2 import HostInfo, SandboxInstance
-from baton.v1.runs_pb2 import Claim, RunRecord, RunStatus
+from baton.v1.runs_pb2 import Claim, RunInput, RunRecord, RunStatus
 
 from coordinator import _etcd as E
 from coordinator import _intents, _listing, rules
@@ -483,6 +483,22 @@ class RunStore:
         """
         def decide(snap: Snapshot) -> Plan[RunRecord]:
             return rules.request_cancel(snap, reason=reason)
+
+        out = await self.mutate(run_id, decide, timeout=timeout)
+        assert out is not None
+        return out
+
+    async def put_run_input(self, run_id: str, op: int, given: RunInput, *, tenant: str = "",
+                            session_id: int = 0, epoch: int = 0, now: float = 0.0,
+                            timeout: float) -> rules.InputResult:
+        """One input op (:func:`coordinator.rules.put_input`): one compare-and-set of the record.
+
+        Returns:
+            (outcome, record after the op or as found, the stored input on ``CONFLICT``).
+        """
+        def decide(snap: Snapshot) -> Plan[rules.InputResult]:
+            return rules.put_input(snap, keys=self.keys, op=op, given=given, tenant=tenant,
+                                   session_id=session_id, epoch=epoch, now=now)
 
         out = await self.mutate(run_id, decide, timeout=timeout)
         assert out is not None

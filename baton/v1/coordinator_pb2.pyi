@@ -431,6 +431,145 @@ class RequestRunCancelResponse(_message.Message):
 Global___RequestRunCancelResponse: _TypeAlias = RequestRunCancelResponse  # noqa: Y015
 
 @_typing.final
+class PutRunInputRequest(_message.Message):
+    """REQUEST and EXPIRE come from the host holding the run's claim (fenced by session and
+    epoch); ANSWER and STEER from a user through a gateway (scoped by tenant).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    class _Op:
+        ValueType = _typing.NewType("ValueType", _builtins.int)
+        V: _TypeAlias = ValueType  # noqa: Y015
+
+    class _OpEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[PutRunInputRequest._Op.ValueType], _builtins.type):
+        DESCRIPTOR: _descriptor.EnumDescriptor
+        OP_UNSPECIFIED: PutRunInputRequest._Op.ValueType  # 0
+        REQUEST: PutRunInputRequest._Op.ValueType  # 1
+        """the agent asked: add the approval as pending (idempotent by id)"""
+        ANSWER: PutRunInputRequest._Op.ValueType  # 2
+        """a user answered: the first answer wins"""
+        EXPIRE: PutRunInputRequest._Op.ValueType  # 3
+        """the host's deadline passed: a pending approval becomes a denial"""
+        STEER: PutRunInputRequest._Op.ValueType  # 4
+        """a user's message into the running turn (idempotent by id)"""
+
+    class Op(_Op, metaclass=_OpEnumTypeWrapper): ...
+    OP_UNSPECIFIED: PutRunInputRequest.Op.ValueType  # 0
+    REQUEST: PutRunInputRequest.Op.ValueType  # 1
+    """the agent asked: add the approval as pending (idempotent by id)"""
+    ANSWER: PutRunInputRequest.Op.ValueType  # 2
+    """a user answered: the first answer wins"""
+    EXPIRE: PutRunInputRequest.Op.ValueType  # 3
+    """the host's deadline passed: a pending approval becomes a denial"""
+    STEER: PutRunInputRequest.Op.ValueType  # 4
+    """a user's message into the running turn (idempotent by id)"""
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    OP_FIELD_NUMBER: _builtins.int
+    INPUT_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    NOW_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    op: Global___PutRunInputRequest.Op.ValueType
+    tenant: _builtins.str
+    """ANSWER / STEER: the caller's tenant ("" = no tenancy check)"""
+    session_id: _builtins.int
+    """REQUEST / EXPIRE: the claim holder's session"""
+    epoch: _builtins.int
+    """REQUEST / EXPIRE: the claim's epoch"""
+    now: _builtins.float
+    """EXPIRE: the host's clock (Unix seconds)"""
+    @_builtins.property
+    def input(self) -> _runs_pb2.RunInput: ...
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        op: Global___PutRunInputRequest.Op.ValueType = ...,
+        input: _runs_pb2.RunInput | None = ...,
+        tenant: _builtins.str = ...,
+        session_id: _builtins.int = ...,
+        epoch: _builtins.int = ...,
+        now: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "input", b"input", "now", b"now", "op", b"op", "run_id", b"run_id", "session_id", b"session_id", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PutRunInputRequest: _TypeAlias = PutRunInputRequest  # noqa: Y015
+
+@_typing.final
+class PutRunInputResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    class _Outcome:
+        ValueType = _typing.NewType("ValueType", _builtins.int)
+        V: _TypeAlias = ValueType  # noqa: Y015
+
+    class _OutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[PutRunInputResponse._Outcome.ValueType], _builtins.type):
+        DESCRIPTOR: _descriptor.EnumDescriptor
+        OUTCOME_UNSPECIFIED: PutRunInputResponse._Outcome.ValueType  # 0
+        OK: PutRunInputResponse._Outcome.ValueType  # 1
+        """done, or already so (an idempotent retry)"""
+        NOT_FOUND: PutRunInputResponse._Outcome.ValueType  # 2
+        """no such run (for this tenant) or no such approval"""
+        CONFLICT: PutRunInputResponse._Outcome.ValueType  # 3
+        """the approval was answered already: `existing` is the first answer"""
+        ENDED: PutRunInputResponse._Outcome.ValueType  # 4
+        """the run has ended"""
+        FENCED: PutRunInputResponse._Outcome.ValueType  # 5
+        """REQUEST / EXPIRE: the caller does not hold the claim"""
+        TOO_MANY: PutRunInputResponse._Outcome.ValueType  # 6
+        """STEER: the run has too many inputs"""
+
+    class Outcome(_Outcome, metaclass=_OutcomeEnumTypeWrapper): ...
+    OUTCOME_UNSPECIFIED: PutRunInputResponse.Outcome.ValueType  # 0
+    OK: PutRunInputResponse.Outcome.ValueType  # 1
+    """done, or already so (an idempotent retry)"""
+    NOT_FOUND: PutRunInputResponse.Outcome.ValueType  # 2
+    """no such run (for this tenant) or no such approval"""
+    CONFLICT: PutRunInputResponse.Outcome.ValueType  # 3
+    """the approval was answered already: `existing` is the first answer"""
+    ENDED: PutRunInputResponse.Outcome.ValueType  # 4
+    """the run has ended"""
+    FENCED: PutRunInputResponse.Outcome.ValueType  # 5
+    """REQUEST / EXPIRE: the caller does not hold the claim"""
+    TOO_MANY: PutRunInputResponse.Outcome.ValueType  # 6
+    """STEER: the run has too many inputs"""
+
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    RECORD_FIELD_NUMBER: _builtins.int
+    EXISTING_FIELD_NUMBER: _builtins.int
+    outcome: Global___PutRunInputResponse.Outcome.ValueType
+    @_builtins.property
+    def record(self) -> _runs_pb2.RunRecord:
+        """after the op (OK), or as found"""
+
+    @_builtins.property
+    def existing(self) -> _runs_pb2.RunInput:
+        """CONFLICT: the input as stored"""
+
+    def __init__(
+        self,
+        *,
+        outcome: Global___PutRunInputResponse.Outcome.ValueType = ...,
+        record: _runs_pb2.RunRecord | None = ...,
+        existing: _runs_pb2.RunInput | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["existing", b"existing", "record", b"record"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["existing", b"existing", "outcome", b"outcome", "record", b"record"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PutRunInputResponse: _TypeAlias = PutRunInputResponse  # noqa: Y015
+
+@_typing.final
 class OpenSessionRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

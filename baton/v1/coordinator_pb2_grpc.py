@@ -69,6 +69,11 @@ class CoordinatorStub:
                 request_serializer=baton_dot_v1_dot_coordinator__pb2.RequestRunCancelRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_coordinator__pb2.RequestRunCancelResponse.FromString,
                 _registered_method=True)
+        self.PutRunInput = channel.unary_unary(
+                '/baton.v1.Coordinator/PutRunInput',
+                request_serializer=baton_dot_v1_dot_coordinator__pb2.PutRunInputRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_coordinator__pb2.PutRunInputResponse.FromString,
+                _registered_method=True)
         self.OpenSession = channel.unary_unary(
                 '/baton.v1.Coordinator/OpenSession',
                 request_serializer=baton_dot_v1_dot_coordinator__pb2.OpenSessionRequest.SerializeToString,
@@ -183,6 +188,13 @@ class CoordinatorServicer:
 
     def RequestRunCancel(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutRunInput(self, request, context):
+        """Inputs to a live run (docs/hitl.md): one compare-and-set of the record each.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -314,6 +326,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.RequestRunCancel,
                     request_deserializer=baton_dot_v1_dot_coordinator__pb2.RequestRunCancelRequest.FromString,
                     response_serializer=baton_dot_v1_dot_coordinator__pb2.RequestRunCancelResponse.SerializeToString,
+            ),
+            'PutRunInput': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutRunInput,
+                    request_deserializer=baton_dot_v1_dot_coordinator__pb2.PutRunInputRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_coordinator__pb2.PutRunInputResponse.SerializeToString,
             ),
             'OpenSession': grpc.unary_unary_rpc_method_handler(
                     servicer.OpenSession,
@@ -575,6 +592,33 @@ class Coordinator:
             '/baton.v1.Coordinator/RequestRunCancel',
             baton_dot_v1_dot_coordinator__pb2.RequestRunCancelRequest.SerializeToString,
             baton_dot_v1_dot_coordinator__pb2.RequestRunCancelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutRunInput(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.Coordinator/PutRunInput',
+            baton_dot_v1_dot_coordinator__pb2.PutRunInputRequest.SerializeToString,
+            baton_dot_v1_dot_coordinator__pb2.PutRunInputResponse.FromString,
             options,
             channel_credentials,
             insecure,

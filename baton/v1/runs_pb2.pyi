@@ -3,8 +3,10 @@
 isort:skip_file
 Run records: the shared vocabulary of every service (docs/design.md §3.1)."""
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
@@ -151,6 +153,7 @@ class RunRecord(_message.Message):
     STARTING_FIELD_NUMBER: _builtins.int
     WORKSPACE_JSON_FIELD_NUMBER: _builtins.int
     TURN_JSON_FIELD_NUMBER: _builtins.int
+    INPUTS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     thread_id: _builtins.str
     status: Global___RunStatus.ValueType
@@ -210,6 +213,12 @@ class RunRecord(_message.Message):
     def usage(self) -> Global___Usage: ...
     @_builtins.property
     def agent(self) -> Global___AgentSpec: ...
+    @_builtins.property
+    def inputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunInput]:
+        """The run's inputs from people while it runs (docs/hitl.md): the tool approvals its agent
+        asked for and the messages steered into its running turn, in the order they came.
+        """
+
     def __init__(
         self,
         *,
@@ -236,10 +245,11 @@ class RunRecord(_message.Message):
         starting: _builtins.bool = ...,
         workspace_json: _builtins.str = ...,
         turn_json: _builtins.str = ...,
+        inputs: _abc.Iterable[Global___RunInput] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since", "_finished_at", b"_finished_at", "_started_at", b"_started_at", "agent", b"agent", "detached_since", b"detached_since", "error", b"error", "finished_at", b"finished_at", "started_at", b"started_at", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since", "_finished_at", b"_finished_at", "_started_at", b"_started_at", "agent", b"agent", "cancel_on_disconnect", b"cancel_on_disconnect", "cancel_reason", b"cancel_reason", "cancel_requested", b"cancel_requested", "detach_on_disconnect", b"detach_on_disconnect", "detached_since", b"detached_since", "driver_epoch", b"driver_epoch", "driver_host", b"driver_host", "error", b"error", "finished_at", b"finished_at", "keep_sandbox", b"keep_sandbox", "parent_run_id", b"parent_run_id", "revision", b"revision", "run_id", b"run_id", "sandbox_key", b"sandbox_key", "started_at", b"started_at", "starting", b"starting", "status", b"status", "tenant", b"tenant", "thread_id", b"thread_id", "turn_json", b"turn_json", "usage", b"usage", "workspace_json", b"workspace_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since", "_finished_at", b"_finished_at", "_started_at", b"_started_at", "agent", b"agent", "cancel_on_disconnect", b"cancel_on_disconnect", "cancel_reason", b"cancel_reason", "cancel_requested", b"cancel_requested", "detach_on_disconnect", b"detach_on_disconnect", "detached_since", b"detached_since", "driver_epoch", b"driver_epoch", "driver_host", b"driver_host", "error", b"error", "finished_at", b"finished_at", "inputs", b"inputs", "keep_sandbox", b"keep_sandbox", "parent_run_id", b"parent_run_id", "revision", b"revision", "run_id", b"run_id", "sandbox_key", b"sandbox_key", "started_at", b"started_at", "starting", b"starting", "status", b"status", "tenant", b"tenant", "thread_id", b"thread_id", "turn_json", b"turn_json", "usage", b"usage", "workspace_json", b"workspace_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__detached_since: _TypeAlias = _typing.Literal["detached_since"]  # noqa: Y015
     _WhichOneofArgType__detached_since: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since"]  # noqa: Y015
@@ -255,6 +265,76 @@ class RunRecord(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__started_at) -> _WhichOneofReturnType__started_at | None: ...
 
 Global___RunRecord: _TypeAlias = RunRecord  # noqa: Y015
+
+@_typing.final
+class RunInput(_message.Message):
+    """One input to a live run (docs/hitl.md): a tool approval the agent asked for, or a
+    message steered into its running turn. Times are Unix seconds.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    TOOL_NAME_FIELD_NUMBER: _builtins.int
+    TOOL_INPUT_JSON_FIELD_NUMBER: _builtins.int
+    REQUESTED_AT_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    DECISION_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    ANSWERED_BY_FIELD_NUMBER: _builtins.int
+    ANSWERED_AT_FIELD_NUMBER: _builtins.int
+    UPDATED_INPUT_JSON_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    """approval: the agent's request id; message: the client's id"""
+    kind: _builtins.str
+    """"approval" | "message" """
+    state: _builtins.str
+    """approval: "pending" | "answered"; message: "pending" """
+    tool_call_id: _builtins.str
+    """approval: the tool call it gates"""
+    tool_name: _builtins.str
+    tool_input_json: _builtins.str
+    """approval: the tool's input as JSON (the agent's own)"""
+    requested_at: _builtins.float
+    """the host's clock when the agent asked"""
+    expires_at: _builtins.float
+    """approval: when an unanswered approval counts as denied"""
+    decision: _builtins.str
+    """approval: "allow" | "deny" """
+    message: _builtins.str
+    """approval: the reason given with the answer; message: its text"""
+    answered_by: _builtins.str
+    """who answered: "user", or "expired" """
+    answered_at: _builtins.float
+    updated_input_json: _builtins.str
+    """approval allow: the tool input to use ("" = as asked)"""
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        state: _builtins.str = ...,
+        tool_call_id: _builtins.str = ...,
+        tool_name: _builtins.str = ...,
+        tool_input_json: _builtins.str = ...,
+        requested_at: _builtins.float = ...,
+        expires_at: _builtins.float = ...,
+        decision: _builtins.str = ...,
+        message: _builtins.str = ...,
+        answered_by: _builtins.str = ...,
+        answered_at: _builtins.float = ...,
+        updated_input_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answered_at", b"answered_at", "answered_by", b"answered_by", "decision", b"decision", "expires_at", b"expires_at", "id", b"id", "kind", b"kind", "message", b"message", "requested_at", b"requested_at", "state", b"state", "tool_call_id", b"tool_call_id", "tool_input_json", b"tool_input_json", "tool_name", b"tool_name", "updated_input_json", b"updated_input_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunInput: _TypeAlias = RunInput  # noqa: Y015
 
 @_typing.final
 class Claim(_message.Message):

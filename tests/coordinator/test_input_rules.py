@@ -1,0 +1,145 @@
+"""The input rule (:func:`coordinator.rules.put_input`) as tables, no servers: a tool approval
+asked under the claim, answered once by a user, expired as a denial; a steered message.
+
+The real-etcd test (tests/coordinator/test_run_inputs.py) proves the store applies the plan in
+one compare-and-set, so two answers racing each other see one win.
+"""
+from __future__ import annotations
+
+import pytest
+
+from baton.v1.coordinator_pb2 import PutRunInputRequest as Op
+from baton.v1.coordinator_pb2 import PutRunInputResponse as Out
+from baton.v1.runs_pb2 import RunInput, RunRecord
+from coordinator import _etcd as E
+from coordinator import rules
+from tests.coordinator.test_rules import CLAIM_REV, COMPLETED, K, OTHER_SESSION, RUN, SESSION, held, record, snap
+
+pytestmark = pytest.mark.unit
+
+
+def ask(aid: str = "req-1", expires_at: float = 200.0) -> RunInput:
+    return RunInput(id=aid, tool_call_id="toolu_1", tool_name="Bash", tool_input_json='{"command":"ls"}',
+                    requested_at=100.0, expires_at=expires_at)
+
+
+def asked(*inputs: RunInput, **fields: object) -> RunRecord:
+    rec = record(**fields)  # type: ignore[arg-type]
+    for i in inputs:
+        stored = rec.inputs.add()
+        stored.CopyFrom(i)
+        stored.kind, stored.state = "approval", "pending"
+    return rec
+
+
+def answer(decision: str = "allow", aid: str = "req-1", **fields: object) -> RunInput:
+    return RunInput(id=aid, decision=decision, answered_at=150.0, **fields)  # type: ignore[arg-type]
+
+
+def fence() -> list[E.Cmp]:
+    return [E.cmp_mod(K.claim(RUN), CLAIM_REV)]
+
+
+def test_request_appends_a_pending_approval_under_the_claim() -> None:
+    plan = rules.put_input(snap(record(), held()), keys=K, op=Op.REQUEST, given=ask(),
+                           session_id=SESSION, epoch=3)
+    outcome, rec, existing = plan.result
+    assert outcome == Out.OK and existing is None and plan.write and list(plan.cmps) == fence()
+    assert rec is not None and [(i.id, i.kind, i.state, i.tool_name) for i in rec.inputs] == [
+        ("req-1", "approval", "pending", "Bash")]
+
+
+@pytest.mark.parametrize(("claim", "epoch"), [
+    pytest.param(None, 3, id="claim-gone"),
+    pytest.param(held(session_id=OTHER_SESSION), 3, id="another-session"),
+    pytest.param(held(epoch=4), 3, id="taken-over"),
+])
+def test_request_or_expire_without_the_claim_is_fenced(claim: object, epoch: int) -> None:
+    for op in (Op.REQUEST, Op.EXPIRE):
+        plan = rules.put_input(snap(asked(ask()), claim), keys=K, op=op, given=ask(),  # type: ignore[arg-type]
+                               session_id=SESSION, epoch=epoch, now=500.0)
+        assert plan.result[0] == Out.FENCED and not plan.write
+
+
+def test_request_again_is_idempotent() -> None:
+    plan = rules.put_input(snap(asked(ask()), held()), keys=K, op=Op.REQUEST, given=ask(),
+                           session_id=SESSION, epoch=3)
+    assert plan.result[0] == Out.OK and not plan.write
+
+
+def test_first_answer_wins_and_a_second_gets_the_first() -> None:
+    plan = rules.put_input(snap(asked(ask())), keys=K, op=Op.ANSWER, tenant="acme",
+                           given=answer("deny", message="not that", answered_by="user"))
+    outcome, rec, _ = plan.result
+    assert outcome == Out.OK and plan.write and not plan.cmps  # a user's answer is not fenced
+    assert rec is not None
+    first = rec.inputs[0]
+    assert (first.state, first.decision, first.message, first.answered_at) == ("answered", "deny", "not that", 150.0)
+    again = rules.put_input(snap(rec), keys=K, op=Op.ANSWER, tenant="acme", given=answer("allow"))
+    assert again.result[0] == Out.CONFLICT and not again.write and again.result[2] == first
+
+
+def test_allow_keeps_updated_input_deny_drops_it() -> None:
+    given = answer("allow", updated_input_json='{"command":"ls -la"}')
+    rec = rules.put_input(snap(asked(ask())), keys=K, op=Op.ANSWER, given=given).result[1]
+    assert rec is not None and rec.inputs[0].updated_input_json == '{"command":"ls -la"}'
+    given = answer("deny", updated_input_json='{"command":"rm -rf /"}')
+    rec = rules.put_input(snap(asked(ask())), keys=K, op=Op.ANSWER, given=given).result[1]
+    assert rec is not None and rec.inputs[0].updated_input_json == ""
+
+
+@pytest.mark.parametrize(("cur", "tenant", "aid", "outcome"), [
+    pytest.param(None, "acme", "req-1", Out.NOT_FOUND, id="no-run"),
+    pytest.param(asked(ask()), "globex", "req-1", Out.NOT_FOUND, id="another-tenant"),
+    pytest.param(asked(ask()), "acme", "req-9", Out.NOT_FOUND, id="no-such-approval"),
+    pytest.param(asked(ask(), status=COMPLETED), "acme", "req-1", Out.ENDED, id="run-ended"),
+])
+def test_answer_refusals(cur: RunRecord | None, tenant: str, aid: str, outcome: int) -> None:
+    plan = rules.put_input(snap(cur), keys=K, op=Op.ANSWER, tenant=tenant, given=answer(aid=aid))
+    assert plan.result[0] == outcome and not plan.write
+
+
+def test_an_answer_cannot_name_a_steered_message() -> None:
+    rec = rules.put_input(snap(record()), keys=K, op=Op.STEER, given=RunInput(id="m1", message="hi")).result[1]
+    assert rec is not None
+    plan = rules.put_input(snap(rec), keys=K, op=Op.ANSWER, given=answer(aid="m1"))
+    assert plan.result[0] == Out.NOT_FOUND
+
+
+def test_expire_denies_when_due_only() -> None:
+    early = rules.put_input(snap(asked(ask()), held()), keys=K, op=Op.EXPIRE, given=ask(),
+                            session_id=SESSION, epoch=3, now=199.0)
+    assert early.result[0] == Out.OK and not early.write
+    due = rules.put_input(snap(asked(ask()), held()), keys=K, op=Op.EXPIRE, given=ask(),
+                          session_id=SESSION, epoch=3, now=200.0)
+    rec = due.result[1]
+    assert due.result[0] == Out.OK and due.write and list(due.cmps) == fence() and rec is not None
+    got = rec.inputs[0]
+    assert (got.state, got.decision, got.answered_by, got.message) == ("answered", "deny", "expired",
+                                                                      rules.EXPIRED_MESSAGE)
+    late_answer = rules.put_input(snap(rec), keys=K, op=Op.ANSWER, given=answer("allow"))
+    assert late_answer.result[0] == Out.CONFLICT and late_answer.result[2] == got
+
+
+def test_expire_after_an_answer_is_a_conflict() -> None:
+    rec = rules.put_input(snap(asked(ask())), keys=K, op=Op.ANSWER, given=answer("allow")).result[1]
+    plan = rules.put_input(snap(rec, held()), keys=K, op=Op.EXPIRE, given=ask(), session_id=SESSION,
+                           epoch=3, now=500.0)
+    assert plan.result[0] == Out.CONFLICT and not plan.write
+
+
+def test_steer_appends_once_and_is_bounded() -> None:
+    plan = rules.put_input(snap(record()), keys=K, op=Op.STEER, tenant="acme",
+                           given=RunInput(id="m1", message="also add tests", requested_at=120.0))
+    rec = plan.result[1]
+    assert plan.result[0] == Out.OK and rec is not None
+    assert [(i.id, i.kind, i.state, i.message) for i in rec.inputs] == [("m1", "message", "pending", "also add tests")]
+    again = rules.put_input(snap(rec), keys=K, op=Op.STEER, given=RunInput(id="m1", message="also add tests"))
+    assert again.result[0] == Out.OK and not again.write
+    full = record()
+    for n in range(rules.MAX_RUN_INPUTS):
+        full.inputs.add(id=f"m{n}", kind="message", state="pending")
+    over = rules.put_input(snap(full), keys=K, op=Op.STEER, given=RunInput(id="one-more", message="x"))
+    assert over.result[0] == Out.TOO_MANY and not over.write
+    ended = rules.put_input(snap(record(COMPLETED)), keys=K, op=Op.STEER, given=RunInput(id="m2", message="x"))
+    assert ended.result[0] == Out.ENDED
