@@ -162,6 +162,36 @@ class GatewayClient:
         if resp.status_code != 204:
             raise _error_from(resp, resp.content)
 
+    async def answer_approval(self, run_id: str, approval_id: str, approved: bool, message: str | None = None,
+                              updated_input: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Answer a tool approval the run's agent asked for (docs/hitl.md): the approval as
+        stored (``{id, state: "answered", decision, approved, ...}``).
+
+        Raises:
+            ApprovalNotFound; ApprovalAlreadyAnswered (its ``approval`` holds the first answer
+            as JSON text); RunEnded; InvalidArgument.
+        """
+        body: dict[str, Any] = {"approved": approved}
+        if message is not None:
+            body["message"] = message
+        if updated_input is not None:
+            body["updatedInput"] = updated_input
+        data = await self._json("POST", f"/api/runs/{_quote(run_id)}/approvals/{_quote(approval_id)}", json=body)
+        return data["approval"]  # type: ignore[no-any-return]
+
+    async def steer(self, run_id: str, content: str, input_id: str | None = None) -> str:
+        """Send a message into the run's running turn; returns its input id (pass the same
+        ``input_id`` on a retry: it is delivered once).
+
+        Raises:
+            UnknownRun, RunEnded, SteerUnsupported, TooManyInputs, InvalidArgument.
+        """
+        body: dict[str, Any] = {"content": content}
+        if input_id is not None:
+            body["id"] = input_id
+        data = await self._json("POST", f"/api/runs/{_quote(run_id)}/messages", ok=(202,), json=body)
+        return str(data["inputId"])
+
     async def agents(self) -> dict[str, Any]:
         """The agents and replay journals the gateway offers."""
         return await self._json("GET", "/api/agents")  # type: ignore[no-any-return]

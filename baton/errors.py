@@ -110,6 +110,56 @@ class RunIdRetired(BatonError):
         super().__init__(f"run id {run_id!r} belonged to a run whose record was deleted; use a new run id")
 
 
+# --- inputs to a live run (docs/hitl.md) --------------------------------------------------
+
+
+class ApprovalNotFound(BatonError):
+    """No approval ``approval_id`` of run ``run_id`` for the caller (another tenant's looks
+    the same)."""
+
+    def __init__(self, run_id: str, approval_id: str) -> None:
+        self.run_id = run_id
+        self.approval_id = approval_id
+        super().__init__(f"run {run_id!r} has no approval {approval_id!r}")
+
+
+class ApprovalAlreadyAnswered(BatonError):
+    """The approval was answered already (or expired, which is a denial): the first answer
+    stands. ``approval`` is the stored approval as the API's JSON object text."""
+
+    def __init__(self, run_id: str, approval_id: str, approval: str) -> None:
+        self.run_id = run_id
+        self.approval_id = approval_id
+        self.approval = approval
+        super().__init__(f"approval {approval_id!r} of run {run_id!r} was answered already")
+
+
+class RunEnded(BatonError):
+    """The run has ended: it takes no more input."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"run {run_id!r} has ended")
+
+
+class SteerUnsupported(BatonError):
+    """The run's agent cannot take a message while it runs (its kind has no live input)."""
+
+    def __init__(self, run_id: str, agent: str) -> None:
+        self.run_id = run_id
+        self.agent = agent
+        super().__init__(f"run {run_id!r} ({agent}) cannot take a message while it runs")
+
+
+class TooManyInputs(BatonError):
+    """The run holds as many inputs as it may (``limit``)."""
+
+    def __init__(self, run_id: str, limit: int) -> None:
+        self.run_id = run_id
+        self.limit = limit
+        super().__init__(f"run {run_id!r} has {limit} inputs already, the most it may hold")
+
+
 # --- claims and fencing -------------------------------------------------------------------
 
 

@@ -267,6 +267,25 @@ class RunsClient:
         return await self._unary("ForkThread", pb.ThreadForkRequest(  # type: ignore[no-any-return]
             thread_id=thread_id, run_id=run_id, new_thread_id=new_thread_id))
 
+    async def answer_approval(self, run_id: str, approval_id: str, approved: bool, message: str = "",
+                              updated_input: Mapping[str, Any] | None = None) -> runs_pb2.RunInput:
+        """Answer a tool approval the run's agent asked for (docs/hitl.md); the approval as stored.
+
+        Raises:
+            ApprovalNotFound; ApprovalAlreadyAnswered (``approval``: the first answer as JSON
+            text); RunEnded; InvalidArgument.
+        """
+        r = await self._unary("AnswerApproval", pb.ApprovalAnswerRequest(
+            run_id=run_id, approval_id=approval_id, approved=approved, message=message,
+            updated_input_json=json.dumps(dict(updated_input)) if updated_input is not None else ""))
+        return r.approval  # type: ignore[no-any-return]
+
+    async def steer(self, run_id: str, text: str, input_id: str = "") -> str:
+        """Send a message into the run's running turn; returns its input id (the same
+        ``input_id`` on a retry is delivered once)."""
+        r = await self._unary("SteerRun", pb.RunSteerRequest(run_id=run_id, text=text, input_id=input_id))
+        return str(r.input_id)
+
     async def delete_thread(self, thread_id: str) -> None:
         """Delete a thread's workspace and saved transcript (``ThreadBusy`` while a run goes)."""
         await self._unary("DeleteThread", pb.ThreadDeleteRequest(thread_id=thread_id))

@@ -69,6 +69,21 @@ TABLE: tuple[Mapping, ...] = (
     Mapping(e.ThreadBusy, grpc.StatusCode.ALREADY_EXISTS, 409, "THREAD_BUSY",
             lambda x: {"thread_id": x.thread_id, "active_run_id": x.active_run_id},  # type: ignore[attr-defined]
             lambda m: e.ThreadBusy(m.get("thread_id", ""), m.get("active_run_id", ""))),
+    Mapping(e.ApprovalNotFound, grpc.StatusCode.NOT_FOUND, 404, "APPROVAL_NOT_FOUND",
+            lambda x: {"run_id": x.run_id, "approval_id": x.approval_id},  # type: ignore[attr-defined]
+            lambda m: e.ApprovalNotFound(m.get("run_id", ""), m.get("approval_id", ""))),
+    Mapping(e.ApprovalAlreadyAnswered, grpc.StatusCode.ABORTED, 409, "APPROVAL_ALREADY_ANSWERED",
+            lambda x: {"run_id": x.run_id, "approval_id": x.approval_id, "approval_json": x.approval},  # type: ignore[attr-defined]
+            lambda m: e.ApprovalAlreadyAnswered(m.get("run_id", ""), m.get("approval_id", ""), m.get("approval_json", "{}"))),
+    Mapping(e.RunEnded, grpc.StatusCode.FAILED_PRECONDITION, 409, "RUN_ENDED",
+            lambda x: {"run_id": x.run_id},  # type: ignore[attr-defined]
+            lambda m: e.RunEnded(m.get("run_id", ""))),
+    Mapping(e.SteerUnsupported, grpc.StatusCode.FAILED_PRECONDITION, 409, "STEER_UNSUPPORTED",
+            lambda x: {"run_id": x.run_id, "agent": x.agent},  # type: ignore[attr-defined]
+            lambda m: e.SteerUnsupported(m.get("run_id", ""), m.get("agent", ""))),
+    Mapping(e.TooManyInputs, grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "TOO_MANY_INPUTS",
+            lambda x: {"run_id": x.run_id, "limit": str(x.limit)},  # type: ignore[attr-defined]
+            lambda m: e.TooManyInputs(m.get("run_id", ""), int(m.get("limit", "0")))),
     Mapping(e.RunIdRetired, grpc.StatusCode.FAILED_PRECONDITION, 409, "RUN_ID_RETIRED",
             lambda x: {"run_id": x.run_id},  # type: ignore[attr-defined]
             lambda m: e.RunIdRetired(m.get("run_id", ""))),

@@ -52,3 +52,8 @@ def record_status(record: runs_pb2.RunRecord) -> str:
 def is_host_chunk(chunk: dict[str, object], name: str) -> bool:
     """Whether ``chunk`` is the host's ``CUSTOM`` chunk called ``name``."""
     return chunk.get("type") == "CUSTOM" and chunk.get("name") == name
+
+
+#: Most inputs (tool approvals and steered messages together) one run keeps (docs/hitl.md): a
+#: steer beyond it is refused, so a client in a loop cannot grow a run record without bound.
+MAX_RUN_INPUTS = 256

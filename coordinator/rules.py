@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Generic, Sequence, TypeVar
 
 from baton.errors import RunClaimLost, RunClaimNotAcquired, ThreadBusy, UnknownRun
+from baton.runs import MAX_RUN_INPUTS
 from baton.v1.coordinator_pb2 import PutRunInputRequest, PutRunInputResponse, SandboxInstance
 from baton.v1.runs_pb2 import Claim, RunInput, RunRecord, RunStatus
 
@@ -232,9 +233,6 @@ def reap_cancel(snap: Snapshot, *, listed_detached_since: float) -> Plan[str | N
 
 # --- inputs from people (docs/hitl.md) -------------------------------------------------------
 
-#: Most inputs one run keeps (approvals and steered messages together): a steer beyond it is
-#: refused (``TOO_MANY``), so a client in a loop cannot grow a record without bound.
-MAX_RUN_INPUTS = 256
 #: The deny reason of an approval nobody answered in time (fail closed).
 EXPIRED_MESSAGE = "the approval expired"
 
@@ -277,7 +275,7 @@ def put_input(snap: Snapshot, *, keys: Keys, op: int, given: RunInput, tenant: s
         read and the write fails it).
     """
     cur = snap.record
-    if cur is None or (op in (_Op.ANSWER, _Op.STEER) and tenant and cur.tenant and cur.tenant != tenant):
+    if cur is None or (op in (_Op.ANSWER, _Op.STEER) and tenant and cur.tenant != tenant):
         return Plan((_Out.NOT_FOUND, None, None), write=False)
     cmps: list[E.Cmp] = []
     if op in (_Op.REQUEST, _Op.EXPIRE):

@@ -7,6 +7,7 @@ rebuilds the domain exception the same way in HTTP and gRPC (see :mod:`baton.cli
 """
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -136,6 +137,8 @@ def error_body(exc: e.BatonError) -> tuple[int, dict[str, object]]:
         body["activeRunId"] = exc.active_run_id
     if isinstance(exc, e.OffsetExpired):
         body["earliestOffset"] = exc.earliest_offset
+    if isinstance(exc, e.ApprovalAlreadyAnswered):
+        body["approval"] = json.loads(exc.approval)  # the first answer, as GET /api/runs/{id} shows it
     return m.status, body
 
 

@@ -29,7 +29,7 @@ from gateway._auth import tenant_of_header
 from gateway._errors import grpc_status
 from gateway._grpc_input import cancel_request_of, join_request_of, list_runs_request_of, start_request_of
 from gateway._reader import RunRead, stream_log
-from gateway._service import RunService, fork_request
+from gateway._service import RunService, approval_answer, awaiting_approval, fork_request, steer_request
 
 log = logging.getLogger("gateway.grpc")
 
@@ -44,6 +44,7 @@ def run_info(record: runs_pb2.RunRecord, claim: Any | None = None, reap_at: floa
         epoch=int(claim.epoch) if claim is not None else int(record.driver_epoch),
         driver_host=(claim.host_id if claim is not None and claim.host_id else record.driver_host),
         claimed=claim is not None, cancel_requested=record.cancel_requested, agent=record.agent.kind,
+        awaiting_approval=awaiting_approval(record), inputs=record.inputs,
     )
     for name in ("started_at", "finished_at", "detached_since"):
         if record.HasField(name):
@@ -154,6 +155,25 @@ class RunsService:
         await self._svc.delete_thread(t, validate_id(request.thread_id, "threadId"))
         return pb.ThreadDeleteResponse()
 
+    async def AnswerApproval(self, request: pb.ApprovalAnswerRequest, context: grpc.aio.ServicerContext[Any, Any]
+                             ) -> pb.ApprovalAnswerResponse:
+        t = self._tenant(context)
+        updated: Any = None
+        if request.updated_input_json:
+            try:
+                updated = json.loads(request.updated_input_json)
+            except ValueError:
+                raise e.InvalidArgument("updated_input_json", "must be a JSON object") from None
+        req = approval_answer(request.run_id, request.approval_id, request.approved, request.message, updated)
+        return pb.ApprovalAnswerResponse(approval=await self._svc.answer_approval(t, req))
+
+    async def SteerRun(self, request: pb.RunSteerRequest, context: grpc.aio.ServicerContext[Any, Any]
+                       ) -> pb.RunSteerResponse:
+        t = self._tenant(context)
+        req = steer_request(request.run_id, request.text, request.input_id or None)
+        stored = await self._svc.steer(t, req)
+        return pb.RunSteerResponse(run_id=req.run_id, input_id=stored.id)
+
     async def ListAgents(self, request: pb.AgentListRequest, context: grpc.aio.ServicerContext[Any, Any]
                          ) -> pb.AgentListResponse:
         self._tenant(context)
@@ -191,6 +211,8 @@ def generic_handler(service: RunsService) -> grpc.GenericRpcHandler[Any, Any]:
         "ListAgents": (pb.AgentListRequest, pb.AgentListResponse),
         "ForkThread": (pb.ThreadForkRequest, pb.ThreadForkResponse),
         "DeleteThread": (pb.ThreadDeleteRequest, pb.ThreadDeleteResponse),
+        "AnswerApproval": (pb.ApprovalAnswerRequest, pb.ApprovalAnswerResponse),
+        "SteerRun": (pb.RunSteerRequest, pb.RunSteerResponse),
     }
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         name: grpc.unary_unary_rpc_method_handler(_guard(getattr(service, name)), request_deserializer=req.FromString,

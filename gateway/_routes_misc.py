@@ -13,6 +13,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from baton import errors as e
 from baton.ids import validate_id
 from baton.runs import STATUSES, status_name
+from gateway._service import input_json
 from gateway._views import record_json, service_of, state_of, tenant
 
 log = logging.getLogger("gateway.routes")
@@ -26,6 +27,34 @@ async def get_run(request: Request) -> Response:
     run_id = validate_id(request.path_params["run_id"], "runId")
     view = await service_of(request).run_view(tenant(request), run_id)
     return JSONResponse(record_json(view.record, view.claim, view.reap_at))
+
+
+async def answer_approval(request: Request) -> Response:
+    """``POST /api/runs/{runId}/approvals/{approvalId}`` ``{"approved": bool, "message"?: str,
+    "updatedInput"?: object}`` → 200 ``{"approval": <the input as GET /api/runs shows it>}``;
+    404 ``APPROVAL_NOT_FOUND``; 409 ``APPROVAL_ALREADY_ANSWERED`` (``approval``: the first
+    answer) or ``RUN_ENDED``."""
+    from gateway._http_input import read_json_object
+    from gateway._service import approval_answer
+
+    body = await read_json_object(request, state_of(request).settings.max_body_bytes)
+    req = approval_answer(request.path_params["run_id"], request.path_params["approvalId"], body.get("approved"),
+                          body.get("message"), body.get("updatedInput"))
+    stored = await service_of(request).answer_approval(tenant(request), req)
+    return JSONResponse({"approval": input_json(stored)})
+
+
+async def steer_run(request: Request) -> Response:
+    """``POST /api/runs/{runId}/messages`` ``{"content": str, "id"?: str}`` → 202
+    ``{"runId", "inputId"}``: the message goes into the run's running turn (409
+    ``RUN_ENDED``, ``STEER_UNSUPPORTED``)."""
+    from gateway._http_input import read_json_object
+    from gateway._service import steer_request
+
+    body = await read_json_object(request, state_of(request).settings.max_body_bytes)
+    req = steer_request(request.path_params["run_id"], body.get("content"), body.get("id"))
+    stored = await service_of(request).steer(tenant(request), req)
+    return JSONResponse({"runId": req.run_id, "inputId": stored.id}, status_code=202)
 
 
 async def thread_messages(request: Request) -> Response:

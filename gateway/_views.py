@@ -10,7 +10,7 @@ from starlette.requests import Request
 from baton.runs import status_name
 from baton.v1 import runs_pb2
 from gateway._auth import tenant_of
-from gateway._service import RunService
+from gateway._service import RunService, awaiting_approval, input_json
 from gateway._service._views import run_view_for, thread_visible_for
 from gateway._state import GatewayState
 
@@ -63,6 +63,9 @@ def record_json(record: runs_pb2.RunRecord, claim: Any | None = None, reap_at: f
         "agent": record.agent.kind or None,
         # The thread's workspace as the run was started in it (names only, never secrets).
         "workspace": _workspace(record.workspace_json),
+        # Tool approvals and steered messages (docs/hitl.md): a pending approval pauses the run.
+        "awaitingApproval": awaiting_approval(record),
+        "inputs": [input_json(i) for i in record.inputs],
     }
 
 

@@ -117,6 +117,8 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
         Route("/api/chat/active", chat.active_run, methods=["GET"]),
         Route("/api/chat/cancel", chat.cancel_chat, methods=["POST"]),
         # `path`, not `str`: ids may contain "/" (baton.ids), sent percent-encoded.
+        Route("/api/runs/{run_id:path}/approvals/{approvalId}", misc.answer_approval, methods=["POST"]),
+        Route("/api/runs/{run_id:path}/messages", misc.steer_run, methods=["POST"]),
         Route("/api/runs/{run_id:path}", misc.get_run, methods=["GET"]),
         Route("/api/threads/{thread_id:path}/messages", misc.thread_messages, methods=["GET"]),
         Route("/api/threads/{thread_id:path}/fork", misc.fork_thread, methods=["POST"]),

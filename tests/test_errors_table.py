@@ -28,6 +28,11 @@ SAMPLES: list[tuple[e.BatonError, grpc.StatusCode]] = [
     (e.WorkspaceFenced("t1", "r1", 1, "r2", 2), grpc.StatusCode.ABORTED),
     (e.WorkspaceTooLarge(1024, 2048), grpc.StatusCode.FAILED_PRECONDITION),
     (e.SnapshotMissing("ab12", "pack gone"), grpc.StatusCode.NOT_FOUND),
+    (e.ApprovalNotFound("r1", "req-1"), grpc.StatusCode.NOT_FOUND),
+    (e.ApprovalAlreadyAnswered("r1", "req-1", '{"id":"req-1","decision":"deny"}'), grpc.StatusCode.ABORTED),
+    (e.RunEnded("r1"), grpc.StatusCode.FAILED_PRECONDITION),
+    (e.SteerUnsupported("r1", "codex"), grpc.StatusCode.FAILED_PRECONDITION),
+    (e.TooManyInputs("r1", 256), grpc.StatusCode.RESOURCE_EXHAUSTED),
 ]
 
 
@@ -105,6 +110,11 @@ EVERY: dict[type[e.BatonError], e.BatonError] = {
     e.WorkspaceTooLarge: e.WorkspaceTooLarge(1024, 2048),
     e.WorkspaceUnsafe: e.WorkspaceUnsafe("work/../x", "a '..' component"),
     e.SnapshotMissing: e.SnapshotMissing("ab12", "pack gone"),
+    e.ApprovalNotFound: e.ApprovalNotFound("r1", "req-1"),
+    e.ApprovalAlreadyAnswered: e.ApprovalAlreadyAnswered("r1", "req-1", '{"id":"req-1","decision":"deny"}'),
+    e.RunEnded: e.RunEnded("r1"),
+    e.SteerUnsupported: e.SteerUnsupported("r1", "codex"),
+    e.TooManyInputs: e.TooManyInputs("r1", 256),
 }
 ABSTRACT = {e.BatonError, e.ClaimError, e.DeliveryLogError, e.JournalError, e.SandboxError, e.WorkspaceError}
 EDGE_SAMPLES: list[e.BatonError] = [edge.Unauthorized(), edge.BodyTooLarge(1024), edge.NoHostAvailable(),

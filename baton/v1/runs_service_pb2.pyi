@@ -386,6 +386,8 @@ class RunInfo(_message.Message):
     REAP_AT_FIELD_NUMBER: _builtins.int
     CANCEL_REQUESTED_FIELD_NUMBER: _builtins.int
     AGENT_FIELD_NUMBER: _builtins.int
+    AWAITING_APPROVAL_FIELD_NUMBER: _builtins.int
+    INPUTS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     thread_id: _builtins.str
     status: _runs_pb2.RunStatus.ValueType
@@ -398,8 +400,14 @@ class RunInfo(_message.Message):
     reap_at: _builtins.float
     cancel_requested: _builtins.bool
     agent: _builtins.str
+    awaiting_approval: _builtins.bool
+    """An approval the agent asked for is waiting for an answer (docs/hitl.md)."""
     @_builtins.property
     def error(self) -> _runs_pb2.RunError: ...
+    @_builtins.property
+    def inputs(self) -> _containers.RepeatedCompositeFieldContainer[_runs_pb2.RunInput]:
+        """The run's approvals and steered messages, in the order they came."""
+
     def __init__(
         self,
         *,
@@ -416,10 +424,12 @@ class RunInfo(_message.Message):
         reap_at: _builtins.float | None = ...,
         cancel_requested: _builtins.bool = ...,
         agent: _builtins.str = ...,
+        awaiting_approval: _builtins.bool = ...,
+        inputs: _abc.Iterable[_runs_pb2.RunInput] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since", "_finished_at", b"_finished_at", "_reap_at", b"_reap_at", "_started_at", b"_started_at", "detached_since", b"detached_since", "error", b"error", "finished_at", b"finished_at", "reap_at", b"reap_at", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since", "_finished_at", b"_finished_at", "_reap_at", b"_reap_at", "_started_at", b"_started_at", "agent", b"agent", "cancel_requested", b"cancel_requested", "claimed", b"claimed", "detached_since", b"detached_since", "driver_host", b"driver_host", "epoch", b"epoch", "error", b"error", "finished_at", b"finished_at", "reap_at", b"reap_at", "run_id", b"run_id", "started_at", b"started_at", "status", b"status", "thread_id", b"thread_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since", "_finished_at", b"_finished_at", "_reap_at", b"_reap_at", "_started_at", b"_started_at", "agent", b"agent", "awaiting_approval", b"awaiting_approval", "cancel_requested", b"cancel_requested", "claimed", b"claimed", "detached_since", b"detached_since", "driver_host", b"driver_host", "epoch", b"epoch", "error", b"error", "finished_at", b"finished_at", "inputs", b"inputs", "reap_at", b"reap_at", "run_id", b"run_id", "started_at", b"started_at", "status", b"status", "thread_id", b"thread_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__detached_since: _TypeAlias = _typing.Literal["detached_since"]  # noqa: Y015
     _WhichOneofArgType__detached_since: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since"]  # noqa: Y015
@@ -741,3 +751,105 @@ class ThreadDeleteResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ThreadDeleteResponse: _TypeAlias = ThreadDeleteResponse  # noqa: Y015
+
+@_typing.final
+class ApprovalAnswerRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    APPROVAL_ID_FIELD_NUMBER: _builtins.int
+    APPROVED_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    UPDATED_INPUT_JSON_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    approval_id: _builtins.str
+    approved: _builtins.bool
+    message: _builtins.str
+    """optional: the reason, shown to the agent on a denial"""
+    updated_input_json: _builtins.str
+    """optional, with approved: the tool input to run instead (a JSON object)"""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        approval_id: _builtins.str = ...,
+        approved: _builtins.bool = ...,
+        message: _builtins.str = ...,
+        updated_input_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_id", b"approval_id", "approved", b"approved", "message", b"message", "run_id", b"run_id", "updated_input_json", b"updated_input_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApprovalAnswerRequest: _TypeAlias = ApprovalAnswerRequest  # noqa: Y015
+
+@_typing.final
+class ApprovalAnswerResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    APPROVAL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def approval(self) -> _runs_pb2.RunInput: ...
+    def __init__(
+        self,
+        *,
+        approval: _runs_pb2.RunInput | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApprovalAnswerResponse: _TypeAlias = ApprovalAnswerResponse  # noqa: Y015
+
+@_typing.final
+class RunSteerRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    INPUT_ID_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    text: _builtins.str
+    """1 byte to 64 KiB"""
+    input_id: _builtins.str
+    """optional: the client's id, so a retry is delivered once"""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        text: _builtins.str = ...,
+        input_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["input_id", b"input_id", "run_id", b"run_id", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunSteerRequest: _TypeAlias = RunSteerRequest  # noqa: Y015
+
+@_typing.final
+class RunSteerResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    INPUT_ID_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    input_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        input_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["input_id", b"input_id", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunSteerResponse: _TypeAlias = RunSteerResponse  # noqa: Y015

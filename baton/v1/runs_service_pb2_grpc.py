@@ -84,6 +84,16 @@ class RunsStub:
                 request_serializer=baton_dot_v1_dot_runs__service__pb2.ThreadDeleteRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_runs__service__pb2.ThreadDeleteResponse.FromString,
                 _registered_method=True)
+        self.AnswerApproval = channel.unary_unary(
+                '/baton.v1.Runs/AnswerApproval',
+                request_serializer=baton_dot_v1_dot_runs__service__pb2.ApprovalAnswerRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_runs__service__pb2.ApprovalAnswerResponse.FromString,
+                _registered_method=True)
+        self.SteerRun = channel.unary_unary(
+                '/baton.v1.Runs/SteerRun',
+                request_serializer=baton_dot_v1_dot_runs__service__pb2.RunSteerRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_runs__service__pb2.RunSteerResponse.FromString,
+                _registered_method=True)
 
 
 class RunsServicer:
@@ -159,6 +169,23 @@ class RunsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AnswerApproval(self, request, context):
+        """Answer a tool approval the run's agent asked for (docs/hitl.md). The first answer wins:
+        a later one fails ABORTED (APPROVAL_ALREADY_ANSWERED, the stored answer as JSON in the
+        ErrorInfo metadata `approval_json`); an unknown approval NOT_FOUND (APPROVAL_NOT_FOUND);
+        an ended run FAILED_PRECONDITION (RUN_ENDED).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SteerRun(self, request, context):
+        """Send a message into the run's running turn (the agent reads it at its next step).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -211,6 +238,16 @@ def add_RunsServicer_to_server(servicer, server):
                     servicer.DeleteThread,
                     request_deserializer=baton_dot_v1_dot_runs__service__pb2.ThreadDeleteRequest.FromString,
                     response_serializer=baton_dot_v1_dot_runs__service__pb2.ThreadDeleteResponse.SerializeToString,
+            ),
+            'AnswerApproval': grpc.unary_unary_rpc_method_handler(
+                    servicer.AnswerApproval,
+                    request_deserializer=baton_dot_v1_dot_runs__service__pb2.ApprovalAnswerRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_runs__service__pb2.ApprovalAnswerResponse.SerializeToString,
+            ),
+            'SteerRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.SteerRun,
+                    request_deserializer=baton_dot_v1_dot_runs__service__pb2.RunSteerRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_runs__service__pb2.RunSteerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -483,6 +520,60 @@ class Runs:
             '/baton.v1.Runs/DeleteThread',
             baton_dot_v1_dot_runs__service__pb2.ThreadDeleteRequest.SerializeToString,
             baton_dot_v1_dot_runs__service__pb2.ThreadDeleteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AnswerApproval(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.Runs/AnswerApproval',
+            baton_dot_v1_dot_runs__service__pb2.ApprovalAnswerRequest.SerializeToString,
+            baton_dot_v1_dot_runs__service__pb2.ApprovalAnswerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SteerRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.Runs/SteerRun',
+            baton_dot_v1_dot_runs__service__pb2.RunSteerRequest.SerializeToString,
+            baton_dot_v1_dot_runs__service__pb2.RunSteerResponse.FromString,
             options,
             channel_credentials,
             insecure,

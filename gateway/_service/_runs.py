@@ -16,7 +16,7 @@ from baton.ids import page_position, page_token, run_position
 from baton.runs import TERMINAL_PB
 from baton.v1 import runs_pb2
 from gateway._reader import RunRead
-from gateway._service import _cancel, _start, _threads, _views
+from gateway._service import _cancel, _inputs, _start, _threads, _views
 from gateway._service._cancel import CancelOutcome
 from gateway._service._requests import (CancelRequest, JoinRequest, ListRunsRequest, StartLimits, StartRequest,
                                         agent_list)
@@ -144,6 +144,14 @@ class RunService:
     async def cancel(self, tenant: str, req: CancelRequest) -> CancelOutcome:
         """See :func:`gateway._service._cancel.cancel`."""
         return await _cancel.cancel(self.state, tenant, req)
+
+    async def answer_approval(self, tenant: str, req: _inputs.ApprovalAnswer) -> runs_pb2.RunInput:
+        """See :func:`gateway._service._inputs.answer`."""
+        return await _inputs.answer(self.state, tenant, req)
+
+    async def steer(self, tenant: str, req: _inputs.SteerRequest) -> runs_pb2.RunInput:
+        """See :func:`gateway._service._inputs.steer`."""
+        return await _inputs.steer(self.state, tenant, req)
 
     async def run_view(self, tenant: str, run_id: str) -> Any:
         """The run's settled ``RunView`` (its end as its closed log tells it).
