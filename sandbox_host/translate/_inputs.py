@@ -121,7 +121,8 @@ def input_chunks(obj: dict[str, Any], tool_call_of: Callable[[str], str | None])
         resp = resp if isinstance(resp, dict) else {}
         inner = resp.get("response")
         inner = inner if isinstance(inner, dict) else {}
-        rid = resp.get("request_id") if isinstance(resp.get("request_id"), str) else iid
+        given = resp.get("request_id")
+        rid: str = given if isinstance(given, str) and given else iid
         approved = inner.get("behavior") == "allow"
         content: dict[str, Any] = {"approvalId": rid, "toolCallId": tool_call_of(rid), "approved": approved}
         msg = inner.get("message")
