@@ -96,6 +96,10 @@ class ClaudeCodeOptions(AgentOptions):
         include_partial_messages: ``--include-partial-messages`` (token deltas); also
             accepted as ``partial_messages``, its name in earlier records.
         append_system_prompt: ``--append-system-prompt``.
+        approvals: ask the run's users before a tool that needs permission
+            (``--permission-prompt-tool stdio``: docs/hitl.md); false: such a tool is
+            denied, as headless Claude Code does.
+        approval_timeout: seconds an approval waits before it counts as denied.
     """
 
     model: Name | None = None
@@ -106,6 +110,7 @@ class ClaudeCodeOptions(AgentOptions):
     include_partial_messages: bool = Field(True, validation_alias=AliasChoices(
         "includePartialMessages", "include_partial_messages", "partial_messages"))
     append_system_prompt: Text | None = None
+    approvals: bool = False
     #: Seconds a tool approval waits for its answer before it counts as denied (default:
     #: the host's ``BATON_APPROVAL_TIMEOUT``).
     approval_timeout: Annotated[float, Field(gt=0, le=7 * 86400)] | None = None

@@ -10,6 +10,16 @@ docs/design.md §5.2. The wrapper
    prompt) or ``/dev/null``;
 3. appends ``{"__exit":<code>,"__nonce":"<nonce>"}`` to the journal when the agent ends.
 
+With an **inbox** (an interactive agent, docs/hitl.md), the agent's stdin is a FIFO fed by a
+relay: first the stdin file, then every line appended to the inbox (``<id> <payload>``),
+followed with ``tail -f``. The relay passes each input id once (a line whose id it has seen
+is skipped, so two hosts appending the same input deliver it once), and for each it FIRST
+appends ``{"type":"baton_input","id":"<id>","input":<payload>}`` to the journal, THEN writes
+``<payload>`` to the agent: the journal shows the input at the place the agent got it. The id
+``eof`` ends the relay, so the agent reads end-of-file. The relay is the FIFO's only writer
+and ends with the agent (``tail --pid``); the wrapper waits for it before the sentinel, so
+the sentinel stays the journal's last line.
+
 It traps TERM/INT/HUP with a handler that only sets a flag (not ``''``, which children
 would inherit as "ignored"), so a signal that lands before the agent starts stops it from
 starting (sentinel 143), and a SIGTERM to the process group stops the agent while the wrapper survives
@@ -22,7 +32,7 @@ the file to vanish knows a SIGTERM from then on yields a sentinel.
 Invocation (same for every provider; the docker provider copies the script into the
 container)::
 
-    sh <wrapper.sh> <journal> <stderr> <nonce file> <stdin file or ""> <argv...>
+    sh <wrapper.sh> <journal> <stderr> <nonce file> <stdin file or ""> <inbox or ""> <argv...>
 
 Exit codes of the wrapper itself: 97 when the nonce file is missing or malformed (the
 agent is then not started).
@@ -34,9 +44,9 @@ from typing import Sequence
 WRAPPER_EXIT_BAD_NONCE = 97
 
 _SCRIPT = r"""#!/bin/sh
-# baton launch wrapper (sandbox_host/_wrapper.py). Args: journal stderr noncefile stdinfile argv...
-journal=$1; errfile=$2; noncefile=$3; stdinfile=$4
-shift 4
+# baton launch wrapper (sandbox_host/_wrapper.py). Args: journal stderr noncefile stdinfile inbox argv...
+journal=$1; errfile=$2; noncefile=$3; stdinfile=$4; inbox=$5
+shift 5
 stopped=
 trap 'stopped=1' TERM INT HUP
 nonce=$(cat "$noncefile" 2>/dev/null)
@@ -49,12 +59,37 @@ if [ -n "$stopped" ]; then
 fi
 # The agent runs as a background job the wrapper waits for, so a signal the wrapper traps
 # is forwarded at once (a group signal landing between fork and exec would be lost).
-if [ -n "$stdinfile" ]; then
+relay=
+if [ -n "$inbox" ]; then
+  fifo="$inbox.fifo"
+  rm -f "$fifo"
+  mkfifo -m 600 "$fifo" || exit 96
+  "$@" <"$fifo" >>"$journal" 2>>"$errfile" &
+  agent=$!
+  # The relay: the FIFO's only writer (see the module's docstring).
+  tail -n +1 -s 0.2 -f --pid="$agent" "$inbox" 2>/dev/null | {
+    [ -n "$stdinfile" ] && cat "$stdinfile"
+    seen=" "
+    while IFS= read -r line; do
+      id=${line%% *}
+      payload=${line#* }
+      [ "$id" = "$line" ] && continue
+      case $seen in *" $id "*) continue ;; esac
+      seen="$seen$id "
+      [ "$id" = eof ] && break
+      kill -0 "$agent" 2>/dev/null || break
+      printf '{"type":"baton_input","id":"%s","input":%s}\n' "$id" "$payload" >>"$journal"
+      printf '%s\n' "$payload" || break
+    done
+  } >"$fifo" 2>/dev/null &
+  relay=$!
+elif [ -n "$stdinfile" ]; then
   "$@" <"$stdinfile" >>"$journal" 2>>"$errfile" &
+  agent=$!
 else
   "$@" </dev/null >>"$journal" 2>>"$errfile" &
+  agent=$!
 fi
-agent=$!
 trap 'stopped=1; kill -TERM "$agent" 2>/dev/null' TERM INT HUP
 resent=
 while :; do
@@ -71,13 +106,19 @@ while :; do
   code=$?
   kill -0 "$agent" 2>/dev/null || break
 done
+if [ -n "$relay" ]; then
+  # The relay ends within tail's 0.2 s poll of the agent's end (or at once when it reads eof).
+  wait "$relay" 2>/dev/null
+  rm -f "$fifo"
+fi
 printf '{"__exit":%d,"__nonce":"%s"}\n' "$code" "$nonce" >>"$journal"
 exit 0
 """
 
 
 def wrapper_script() -> str:
-    """The wrapper's source (POSIX ``sh``: ``cat``, ``rm``, ``sleep`` and the builtins ``printf``, ``kill``, ``wait``)."""
+    """The wrapper's source (POSIX ``sh``: ``cat``, ``rm``, ``sleep``, ``mkfifo``, GNU ``tail`` and the
+    builtins ``printf``, ``kill``, ``wait``, ``read``)."""
     return _SCRIPT
 
 
@@ -88,6 +129,7 @@ def wrapper_argv(
     nonce_file: str,
     stdin_file: str | None,
     argv: Sequence[str],
+    inbox: str = "",
 ) -> list[str]:
     """The command line that runs ``argv`` under the wrapper.
 
@@ -98,10 +140,11 @@ def wrapper_argv(
         nonce_file: a file holding the nonce (mode 0600); the wrapper deletes it.
         stdin_file: a file fed to the agent's stdin, or ``None`` for ``/dev/null``.
         argv: the agent's command line.
+        inbox: the inbox file the relay follows ("" = none: stdin is the file alone).
 
     Raises:
         ValueError: when ``argv`` is empty.
     """
     if not argv:
         raise ValueError("argv must not be empty")
-    return ["sh", wrapper_path, journal, stderr, nonce_file, stdin_file or "", *argv]
+    return ["sh", wrapper_path, journal, stderr, nonce_file, stdin_file or "", inbox, *argv]

@@ -206,8 +206,9 @@ class HostDeps:
         return {k: v for k, v in self.settings.secrets.items() if k in wanted}
 
     async def launch_spec(self, record: runs_pb2.RunRecord, provider: Any, handle: Any,
-                          messages: list[dict[str, Any]]) -> tuple[list[str], bytes | None, dict[str, str], dict[str, str]]:
-        """Prepare the agent (files copied in) and return ``(argv, stdin, env, secrets)``."""
+                          messages: list[dict[str, Any]]) -> tuple[list[str], bytes | None, dict[str, str], dict[str, str], bool]:
+        """Prepare the agent (files copied in) and return ``(argv, stdin, env, secrets,
+        interactive)`` (``interactive``: it reads inputs from an inbox while it runs)."""
         from sandbox_host.agents import load_files, prepare_agent, prompt_from_messages
 
         # The record's options were resolved by the first preparation (StartRun): this one
@@ -222,7 +223,7 @@ class HostDeps:
         secrets = self.agent_secrets(launch)
         for path, (content, mode) in (await load_files(launch)).items():
             await provider.copy_in(handle, path, content, mode)
-        return list(launch.argv), launch.stdin, dict(launch.env), secrets
+        return list(launch.argv), launch.stdin, dict(launch.env), secrets, launch.interactive
 
     # --- sandboxes registry -------------------------------------------------------------
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("baton.sandbox_host.driver")
 T = TypeVar("T")
 #: An agent's launch in a prepared sandbox: ``(argv, stdin, env, secrets)``.
-LaunchSpec = tuple[list[str], bytes | None, dict[str, str], dict[str, str]]
+LaunchSpec = tuple[list[str], bytes | None, dict[str, str], dict[str, str], bool]
 
 __all__ = ["RunSandboxes", "Sandbox"]
 
@@ -162,7 +162,7 @@ class RunSandboxes:
         A thread's run also gets the workspace its turn starts from (:func:`sandbox_host.turns.restore`).
 
         Returns:
-            ``(argv, stdin, env, secrets)`` of the agent's launch.
+            ``(argv, stdin, env, secrets, interactive)`` of the agent's launch.
 
         Raises:
             SandboxBuildFailed: the turn's workspace could not be restored.
@@ -174,8 +174,9 @@ class RunSandboxes:
 
     async def _launch(self, sbx: Sandbox, input_messages: list[dict[str, Any]]) -> None:
         deps = self.deps
-        argv, stdin, env, secrets = await self.prepare_launch(sbx, input_messages)
-        data = await sbx.provider.launch(sbx.handle, argv, nonce=sbx.nonce, stdin=stdin, env=env, secrets=secrets)
+        argv, stdin, env, secrets, interactive = await self.prepare_launch(sbx, input_messages)
+        data = await sbx.provider.launch(sbx.handle, argv, nonce=sbx.nonce, stdin=stdin, env=env, secrets=secrets,
+                                         interactive=interactive)
         from sandbox_host.providers import SandboxHandle
 
         sbx.handle = SandboxHandle(provider=sbx.handle.provider, key=sbx.handle.key,

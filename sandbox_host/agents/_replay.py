@@ -109,4 +109,6 @@ def prepare(options: ReplayOptions, *, env: Mapping[str, str] | None = None,
         journal_format=fmt,
         options=resolved.to_record(),
         sources={prog_rel: (PROGRAM_PATH, 0o755), journal_rel: (path, 0o644)},
+        # A recorded tool approval waits for its answer on stdin (docs/hitl.md).
+        interactive=True,
     )

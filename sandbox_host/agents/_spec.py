@@ -36,6 +36,8 @@ class AgentLaunch:
             ``exec resume <id>``), or ``None`` for a fresh session; what
             :func:`sandbox_host.agents.sessions.resume_refused` checks the outcome against.
         fork: the resumed session goes on under a new id (Claude ``--fork-session``).
+        interactive: the agent reads further input on stdin after ``stdin`` (tool-approval
+            answers, steered messages: docs/hitl.md), from the sandbox's inbox.
     """
 
     kind: str
@@ -49,6 +51,7 @@ class AgentLaunch:
     required_secrets: tuple[str, ...] = ()
     resume: str | None = None
     fork: bool = False
+    interactive: bool = False
 
     def missing_secrets(self, secrets: Mapping[str, str]) -> list[str]:
         """Names (``A|B`` alternatives) of required secrets that ``secrets`` lacks."""

@@ -79,6 +79,34 @@ class SandboxHandle:
     workdir: str
     data: Mapping[str, Any] = field(default_factory=dict)
 
+    @property
+    def inbox_path(self) -> str:
+        """The agent's inbox in the sandbox (docs/hitl.md), ``""`` when launched without one
+        (the launch's ``data["inbox"]``, so handles stored before inboxes still load)."""
+        return str(self.data.get("inbox") or "")
+
+
+#: The largest input payload one inbox line carries (one line of compact JSON).
+MAX_INPUT_PAYLOAD = 64 * 1024 + 1024
+
+
+def check_input(handle: SandboxHandle, input_id: str, payload: bytes) -> bytes:
+    """The inbox line for an input, checked: ``<input_id> <payload>\\n``.
+
+    Raises:
+        ValueError: no inbox; ``input_id`` not an input id (``baton.ids.INPUT_ID``, or the
+            reserved ``eof``); ``payload`` empty, holding a newline or NUL, or too long.
+    """
+    from baton.ids import EOF_INPUT_ID, INPUT_ID
+
+    if not handle.inbox_path:
+        raise ValueError(f"sandbox {handle.key} was launched without an inbox")
+    if not INPUT_ID.fullmatch(input_id) and input_id != EOF_INPUT_ID:
+        raise ValueError(f"bad input id {input_id!r}")
+    if not payload or b"\n" in payload or b"\r" in payload or b"\0" in payload or len(payload) > MAX_INPUT_PAYLOAD:
+        raise ValueError(f"input {input_id}: the payload must be one line of at most {MAX_INPUT_PAYLOAD} bytes")
+    return input_id.encode() + b" " + payload + b"\n"
+
 
 class Provider(abc.ABC):
     """One kind of sandbox. Implementations are adapters: all their I/O lives here."""
@@ -107,11 +135,25 @@ class Provider(abc.ABC):
         stdin: bytes | None = None,
         env: Mapping[str, str] | None = None,
         secrets: Mapping[str, str] | None = None,
+        interactive: bool = False,
     ) -> Mapping[str, Any]:
         """Start ``argv`` detached, stdout redirected to the journal, stderr to its file.
 
         A wrapper appends ``{"__exit": <code>, "__nonce": <nonce>}`` to the journal when the
-        agent ends. Returns provider data to merge into the handle (e.g. the process group).
+        agent ends. ``interactive``: the agent reads further input after ``stdin``, from an
+        inbox the provider creates empty before the wrapper starts (``data["inbox"]``; see
+        :meth:`send_input`). Returns provider data to merge into the handle (e.g. the
+        process group, the inbox).
+        """
+
+    @abc.abstractmethod
+    async def send_input(self, handle: SandboxHandle, input_id: str, payload: bytes) -> None:
+        """Append the line ``<input_id> <payload>`` to the sandbox's inbox in one write; the
+        wrapper's relay passes ``payload`` to the agent once per id (docs/hitl.md).
+
+        Raises:
+            ValueError: the handle has no inbox; a bad id (see :func:`check_input`); a payload
+                with a newline or over :data:`MAX_INPUT_PAYLOAD` bytes.
         """
 
     @abc.abstractmethod

@@ -44,7 +44,7 @@ from baton import config
 from baton.errors import SandboxBuildFailed, SandboxReclaimFailed
 from sandbox_host import journal as _journal
 from sandbox_host._wrapper import wrapper_argv, wrapper_script
-from sandbox_host.providers._base import Provider, SandboxHandle, SandboxSpec
+from sandbox_host.providers._base import Provider, SandboxHandle, SandboxSpec, check_input
 from sandbox_host.providers import _tree
 from sandbox_host.providers import _workspace as _ws
 from sandbox_host.providers._docker_stream import ExecStream, open_exec_stream
@@ -311,8 +311,10 @@ class DockerProvider(Provider):
         stdin: bytes | None = None,
         env: Mapping[str, str] | None = None,
         secrets: Mapping[str, str] | None = None,
+        interactive: bool = False,
     ) -> Mapping[str, Any]:
-        """Start ``argv`` under the wrapper, detached, in a new session; returns ``{"pgid"}``.
+        """Start ``argv`` under the wrapper, detached, in a new session; returns ``{"pgid"}``
+        (and ``"inbox"``, its path in the container, when ``interactive``).
 
         The journal is created (empty) before the agent starts, so an attach preflight sees
         it at once. ``env`` and ``secrets`` become the environment of this exec only.
@@ -327,12 +329,15 @@ class DockerProvider(Provider):
         wrapper = f"{META_DIR}/wrapper.sh"
         nonce_file = f"{META_DIR}/nonce-{tag}"
         stdin_file = f"{META_DIR}/stdin-{tag}" if stdin is not None else None
-        cmd = wrapper_argv(wrapper, handle.journal_path, handle.stderr_path, nonce_file, stdin_file, argv)
+        inbox = f"{META_DIR}/inbox-{tag}" if interactive else ""
+        cmd = wrapper_argv(wrapper, handle.journal_path, handle.stderr_path, nonce_file, stdin_file, argv, inbox)
         try:
             await asyncio.to_thread(self._put_file_sync, cid, wrapper, wrapper_script().encode(), 0o755)
             await asyncio.to_thread(self._put_file_sync, cid, nonce_file, nonce.encode(), 0o600)
             if stdin_file is not None:
                 await asyncio.to_thread(self._put_file_sync, cid, stdin_file, stdin or b"", 0o600)
+            if inbox:
+                await asyncio.to_thread(self._put_file_sync, cid, inbox, b"", 0o600)
             code, _, err = await self._exec(
                 cid, ["sh", "-c", ': >>"$1"; : >>"$2"', "sh", handle.journal_path, handle.stderr_path]
             )
@@ -352,7 +357,25 @@ class DockerProvider(Provider):
             raise SandboxBuildFailed(
                 "launch", redact(f"launcher exit {code} printed {out[-200:]!r}: {_tail(err)}", secrets)
             ) from None
-        return {"pgid": pgid}
+        return {"pgid": pgid, "inbox": inbox} if inbox else {"pgid": pgid}
+
+    async def send_input(self, handle: SandboxHandle, input_id: str, payload: bytes) -> None:
+        """Append the input's line to the inbox in the container: an exec whose argv carries
+        the line (never a shell string with it inside), written by one ``printf``.
+
+        Raises:
+            ValueError: see :func:`sandbox_host.providers._base.check_input`.
+            SandboxReclaimFailed: the container is gone or the append failed.
+        """
+        line = check_input(handle, input_id, payload)
+        try:
+            code, _, err = await self._exec(self._cid(handle), [
+                "sh", "-c", 'printf "%s" "$1" >>"$2"', "sh", line.decode("utf-8", "surrogateescape"),
+                handle.inbox_path])
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise SandboxReclaimFailed(handle.key, _explain(exc)) from exc
+        if code != 0:
+            raise SandboxReclaimFailed(handle.key, f"inbox append failed: {_tail(err)}")
 
     async def follow(self, handle: SandboxHandle, path: str, offset: int) -> AsyncIterator[bytes]:
         """Yield the file's bytes from ``offset`` as written, via an exec'd ``tail -c +N -f``.

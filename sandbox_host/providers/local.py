@@ -24,7 +24,7 @@ from baton.errors import SandboxBuildFailed
 from baton.ids import file_stem
 from sandbox_host import journal as _journal
 from sandbox_host._wrapper import wrapper_argv, wrapper_script
-from sandbox_host.providers._base import Provider, SandboxHandle, SandboxSpec, run_host_command
+from sandbox_host.providers._base import Provider, SandboxHandle, SandboxSpec, check_input, run_host_command
 from sandbox_host.providers._inotify import FileWatcher
 from sandbox_host.providers import _tree
 from sandbox_host.providers import _workspace as _ws
@@ -264,8 +264,10 @@ class LocalProvider(Provider):
         stdin: bytes | None = None,
         env: Mapping[str, str] | None = None,
         secrets: Mapping[str, str] | None = None,
+        interactive: bool = False,
     ) -> Mapping[str, Any]:
-        """Start ``argv`` under the wrapper in a new session; returns ``{"pgid": int}``.
+        """Start ``argv`` under the wrapper in a new session; returns ``{"pgid": int}`` (and
+        ``"inbox"``: its path, when ``interactive``).
 
         The journal is created (empty) before the agent starts, so an attach preflight
         sees it at once. Returns once the process group exists; does not wait for the
@@ -275,6 +277,7 @@ class LocalProvider(Provider):
         wrapper = os.path.join(meta, "wrapper.sh")
         nonce_file = os.path.join(meta, f"nonce-{_secrets.token_hex(8)}")
         stdin_file = os.path.join(meta, "stdin") if stdin is not None else None
+        inbox = os.path.join(meta, "inbox") if interactive else ""
 
         def prepare() -> None:
             with open(wrapper, "w") as f:
@@ -285,12 +288,15 @@ class LocalProvider(Provider):
             if stdin_file is not None:
                 with open(stdin_file, "wb") as f:
                     f.write(stdin or b"")
+            if inbox:
+                with open(inbox, "wb"):
+                    pass  # empty: the relay follows it from its first line
             os.makedirs(os.path.dirname(handle.journal_path), exist_ok=True)
             open(handle.journal_path, "ab").close()
             open(handle.stderr_path, "ab").close()
 
         await asyncio.to_thread(prepare)
-        cmd = wrapper_argv(wrapper, handle.journal_path, handle.stderr_path, nonce_file, stdin_file, argv)
+        cmd = wrapper_argv(wrapper, handle.journal_path, handle.stderr_path, nonce_file, stdin_file, argv, inbox)
         proc = await asyncio.create_subprocess_exec(
             "sh", "-c", _LAUNCHER, "baton-launch", os.path.join(meta, _PGID_FILE), *cmd,
             cwd=handle.workdir,
@@ -313,7 +319,21 @@ class LocalProvider(Provider):
             if st is None or st[0] == "Z" or (st[1] == pgid and not os.path.exists(nonce_file)):  # noqa: ASYNC240 -- one stat, see above
                 break
             await asyncio.sleep(0.001)
-        return {"pgid": pgid}
+        return {"pgid": pgid, "inbox": inbox} if inbox else {"pgid": pgid}
+
+    async def send_input(self, handle: SandboxHandle, input_id: str, payload: bytes) -> None:
+        """Append the input's line to the inbox (one ``O_APPEND`` write). Raises ``ValueError``
+        (see :func:`sandbox_host.providers._base.check_input`), ``OSError``."""
+        line = check_input(handle, input_id, payload)
+
+        def append() -> None:
+            fd = os.open(handle.inbox_path, os.O_WRONLY | os.O_APPEND)
+            try:
+                os.write(fd, line)  # one write of at most ~65 KiB to a regular file: not split
+            finally:
+                os.close(fd)
+
+        await asyncio.to_thread(append)
 
     async def follow(self, handle: SandboxHandle, path: str, offset: int) -> AsyncIterator[bytes]:
         """Yield the file's bytes from ``offset`` as they are written (inotify wake-ups).

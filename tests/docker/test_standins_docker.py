@@ -55,3 +55,29 @@ async def test_standin_turn_and_resume_in_the_sandbox_image(
     text = "".join(c["delta"] for c in chunks if c["type"] == "TEXT_MESSAGE_CONTENT")
     assert "1. write hello.txt from the image" in text
     assert await docker_provider.read_file(handle, f"{handle.workdir}/hello.txt") == b"from the image\n"
+
+
+async def _sandbox_with_standins(docker_provider: DockerProvider, containers: list[SandboxHandle]
+                                 ) -> tuple[SandboxHandle, dict[str, str]]:
+    handle = await docker_provider.create(unique("dk-relay-"), SandboxSpec(provider="docker"))
+    containers.append(handle)
+    for name, path in STANDINS.items():
+        await docker_provider.copy_in(handle, f"{BIN}/{name}", pathlib.Path(path).read_bytes(), 0o755)
+    return handle, {"PATH": f"{handle.workdir}/{BIN}:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp/standin-home"}
+
+
+async def test_an_approval_reaches_the_agent_once_in_a_container(
+    docker_provider: DockerProvider, containers: list[SandboxHandle]
+) -> None:
+    """The wrapper's relay (dash, coreutils tail and mkfifo of the minbase image) and an inbox
+    appended by ``docker exec``."""
+    from tests.sandbox import relay_support as rs
+
+    handle, env = await _sandbox_with_standins(docker_provider, containers)
+
+    async def read(h: SandboxHandle, rel: str) -> bytes:
+        return await docker_provider.read_file(h, f"{h.workdir}/{rel}")
+
+    await rs.approve_once_delivered_once(docker_provider, handle, env, read)
+    handle, env = await _sandbox_with_standins(docker_provider, containers)
+    await rs.deny_then_steer(docker_provider, handle, env, read)

@@ -1,0 +1,54 @@
+"""A live agent's inbox with the local provider (docs/hitl.md): approvals and a steered
+message reach the stand-in claude once, through the launch wrapper's relay."""
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+from baton_tools.standins import STANDINS_DIR
+from sandbox_host.providers import SandboxHandle, SandboxSpec
+from sandbox_host.providers.local import LocalProvider
+from tests.conftest import unique
+from tests.sandbox import relay_support as rs
+
+pytestmark = pytest.mark.servers  # spawns the stand-in
+
+
+@pytest.fixture
+async def sandbox(local_provider: LocalProvider, sandboxes: list[SandboxHandle], tmp_path: pathlib.Path
+                  ) -> tuple[SandboxHandle, dict[str, str]]:
+    handle = await local_provider.create(unique("relay-"), SandboxSpec())
+    sandboxes.append(handle)
+    (tmp_path / "home").mkdir()
+    return handle, {"PATH": f"{STANDINS_DIR}:{os.environ['PATH']}", "HOME": str(tmp_path / "home")}
+
+
+async def _read(handle: SandboxHandle, rel: str) -> bytes:
+    return (pathlib.Path(handle.workdir) / rel).read_bytes()
+
+
+async def test_an_approval_reaches_the_agent_once(local_provider: LocalProvider, sandbox) -> None:  # type: ignore[no-untyped-def]
+    await rs.approve_once_delivered_once(local_provider, sandbox[0], sandbox[1], _read)
+
+
+async def test_a_denial_and_a_steered_message(local_provider: LocalProvider, sandbox) -> None:  # type: ignore[no-untyped-def]
+    await rs.deny_then_steer(local_provider, sandbox[0], sandbox[1], _read)
+
+
+async def test_bad_inputs_are_refused_before_the_inbox(local_provider: LocalProvider, sandbox) -> None:  # type: ignore[no-untyped-def]
+    live = await rs.launch(local_provider, sandbox[0], "say hi", sandbox[1])
+    try:
+        for bad_id, payload in (("two words", b"{}"), ("", b"{}"), ("ok", b"{\n}"), ("ok", b""),
+                                ("ok", b"x" * (200 * 1024))):
+            with pytest.raises(ValueError):
+                await local_provider.send_input(live.handle, bad_id, payload)
+        assert pathlib.Path(live.handle.inbox_path).read_bytes() == b""
+        await live.until(lambda o: o.get("type") == "result")
+        await local_provider.send_input(live.handle, "eof", b"{}")
+        assert (await live.to_end()).code == 0
+    finally:
+        await live.close()
+    with pytest.raises(ValueError, match="without an inbox"):
+        await local_provider.send_input(sandbox[0], "x", b"{}")
