@@ -71,6 +71,29 @@ export async function forkThread (threadId, runId) {
   return resp.json()
 }
 
+/**
+ * Answer a tool approval: POST /api/runs/{runId}/approvals/{approvalId} → the stored approval.
+ * Throws ApiError (409 APPROVAL_ALREADY_ANSWERED carries the first answer in `body.approval`).
+ */
+export async function answerApproval (runId, approvalId, approved, message) {
+  const resp = await check(await fetch(`/api/runs/${enc(runId)}/approvals/${enc(approvalId)}`, {
+    method: 'POST',
+    headers: headers({ 'Content-Type': 'application/json' }),
+    body: JSON.stringify(message ? { approved, message } : { approved })
+  }))
+  return (await resp.json()).approval
+}
+
+/** Send a message into a run's running turn: POST /api/runs/{runId}/messages → {runId, inputId}. */
+export async function steerRun (runId, content) {
+  const resp = await check(await fetch(`/api/runs/${enc(runId)}/messages`, {
+    method: 'POST',
+    headers: headers({ 'Content-Type': 'application/json' }),
+    body: JSON.stringify({ content, id: `msg-${crypto.randomUUID()}` })
+  }))
+  return resp.json()
+}
+
 /** Join a run's log strictly after `offset` ('-1': from the start); resolves to the SSE response. */
 export async function joinRun (runId, offset, signal) {
   return check(await fetch(`/api/chat?runId=${enc(runId)}&offset=${enc(offset)}`, {

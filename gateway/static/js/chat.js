@@ -9,7 +9,7 @@
 // epoch places a takeover marker where the new claim's fence landed in the log.
 
 import { $, el, announce, clock, duration, everyVisible, relative, bindApiKey, trackHeaderHeight, whenVisible } from './dom.js'
-import { ApiError, cancelRun, enc, getJSON, joinRun, readSSE, startRun } from './api.js'
+import { ApiError, cancelRun, enc, getJSON, joinRun, readSSE, startRun, steerRun } from './api.js'
 import { RunView, errorSentence, renderedOffsets } from './transcript.js'
 import {
   SESSION_KINDS, bindWorkspaceField, clearWorkspaceError, forgetFork, forkListItem, isNewThread, offerFork,
@@ -25,6 +25,7 @@ const STATE_WORDS = {
   aborted: 'stopped',
   interrupted: 'interrupted',
   stopping: 'stopping…',
+  awaiting: 'awaiting approval',
   connecting: 'connecting…',
   reconnecting: 'reconnecting…',
   idle: 'idle'
@@ -54,6 +55,7 @@ function showState (name, detail) {
 function recordState (rec) {
   if (rec.status === 'running') {
     if (rec.cancelRequested) return 'stopping'
+    if (rec.awaitingApproval) return 'awaiting'
     return rec.detachedSince ? 'detached' : 'running'
   }
   return rec.status
@@ -431,21 +433,38 @@ function showComposerError (text) {
   box.hidden = false
 }
 
-// A refused second Send: say why, keep the prompt, offer to stop the running run.
+// A refused second Send: say why, keep the prompt, offer to send it into the running turn
+// (the agent reads it at its next step) or to stop the running run.
 function showBusy (activeRunId) {
   const box = $('busy')
   const stopBtn = el('button', 'danger', 'Stop the running run')
   stopBtn.type = 'button'
   stopBtn.addEventListener('click', () => stop(activeRunId))
+  const steerBtn = el('button', 'steer', 'Send into the running turn')
+  steerBtn.type = 'button'
+  steerBtn.addEventListener('click', () => steer(activeRunId))
   box.replaceChildren(
-    el('span', null, 'Not sent: this thread already has a run in progress. Wait for it to finish, or stop it and send again.'),
-    stopBtn)
+    el('span', null, 'Not sent: this thread already has a run in progress. Send it into that run, wait for it to finish, or stop it and send again.'),
+    steerBtn, stopBtn)
   box.hidden = false
   stopBtn.focus()
   // Follow that run here if this page did not know of it (another tab started it).
   if (activeRunId && state.live?.runId !== activeRunId) {
     const view = new RunView($('transcript'), activeRunId)
     follow(view, activeRunId)
+  }
+}
+
+async function steer (runId) {
+  const content = $('prompt').value.trim()
+  if (!runId || !content) return
+  try {
+    await steerRun(runId, content)
+    $('prompt').value = ''
+    $('busy').hidden = true
+    announce('Sent into the running turn')
+  } catch (err) {
+    showComposerError(err instanceof ApiError ? errorSentence(err.message, err.reason) : `Could not reach the gateway: ${err.message}`)
   }
 }
 

@@ -9,6 +9,7 @@
 // collapsed "other agent events" list at the end of the run, so new event kinds from the
 // translators degrade to something inspectable instead of bare names in the chat.
 
+import { ApiError, answerApproval } from './api.js'
 import { announce, el, duration } from './dom.js'
 import { renderMarkdown } from './markdown.js'
 
@@ -123,6 +124,7 @@ export class RunView {
     this.dirty = new Set()
     this.flushTimer = null
     this.backlog = false // true while a closed log is read: no durations then
+    this.approvals = new Map() // approvalId → card
   }
 
   /** Render the chunk stored at `offset` (null: not log data, e.g. a gap answer). */
@@ -219,6 +221,11 @@ export class RunView {
         break
       case 'TEXT_MESSAGE_END':
         this.announceMessage(c.messageId)
+        break
+      case 'ACTIVITY_SNAPSHOT':
+        if (c.activityType === 'approval') this.approval(c.content ?? {}, c)
+        else if (c.activityType === 'approval_answer') this.approvalAnswered(c.content ?? {})
+        else this.other(c.type, c)
         break
       case 'RUN_STARTED':
       case 'STEP_STARTED':
@@ -350,6 +357,82 @@ export class RunView {
     this.subagents.set(c.subagentRunId, body)
   }
 
+  // --- approvals (docs/hitl.md) ----------------------------------------------------------
+
+  /** The agent asks before a tool: a card with Approve / Deny, in place (after the tool call). */
+  approval (v, chunk) {
+    const id = v.approvalId
+    if (!id || this.approvals.has(id)) return
+    const card = el('div', 'approval')
+    card.dataset.approvalId = id
+    card.dataset.state = 'pending'
+    card.setAttribute('role', 'group')
+    card.setAttribute('aria-label', `Approval for ${v.toolName ?? 'a tool'}`)
+    const head = el('div', 'approval-head', `The agent asks to run ${v.toolName ?? 'a tool'}`)
+    const input = el('pre', 'approval-input', JSON.stringify(v.input ?? {}, null, 2))
+    const reason = el('input', 'approval-reason')
+    reason.type = 'text'
+    reason.placeholder = 'Reason (optional, shown to the agent)'
+    reason.setAttribute('aria-label', 'Reason for the answer')
+    const approve = el('button', 'primary approve', 'Approve')
+    const deny = el('button', 'danger deny', 'Deny')
+    approve.type = deny.type = 'button'
+    const status = el('div', 'approval-status', 'Waiting for your answer')
+    status.setAttribute('role', 'status')
+    const row = el('div', 'approval-actions')
+    row.append(reason, approve, deny)
+    card.append(head, input, row, status)
+    const answer = async (approved) => {
+      approve.disabled = deny.disabled = true
+      status.textContent = 'Sending…'
+      try {
+        const stored = await answerApproval(this.runId, id, approved, reason.value.trim())
+        this.showAnswer(card, stored)
+      } catch (err) {
+        if (err instanceof ApiError && err.body.approval) {
+          this.showAnswer(card, err.body.approval, true)
+        } else {
+          approve.disabled = deny.disabled = false
+          status.textContent = `Not sent: ${err.message}${err.reason ? ` (${err.reason})` : ''}`
+        }
+      }
+    }
+    approve.addEventListener('click', () => answer(true))
+    deny.addEventListener('click', () => answer(false))
+    const tool = v.toolCallId ? this.tools.get(v.toolCallId) : null
+    if (tool && tool.card.parentElement) {
+      tool.card.after(card)
+      if (this.current !== null) this.byOffset.push([this.current, card])
+    } else {
+      this.append(this.scope(chunk), card)
+    }
+    this.approvals.set(id, card)
+    if (!this.backlog) announce(`The agent asks to run ${v.toolName ?? 'a tool'}: approve or deny`)
+  }
+
+  /** The answer as the agent got it (from the log), or as stored (from the API). */
+  showAnswer (card, a, first = false) {
+    if (card.dataset.state === 'answered' && !first) return
+    const approved = a.approved === true || a.decision === 'allow'
+    card.dataset.state = 'answered'
+    card.dataset.decision = approved ? 'allow' : 'deny'
+    for (const b of card.querySelectorAll('button, input')) b.disabled = true
+    const by = a.answeredBy === 'expired' ? ' (nobody answered in time)' : ''
+    const why = a.message && a.answeredBy !== 'expired' ? `: ${a.message}` : ''
+    card.querySelector('.approval-status').textContent =
+      `${first ? 'Already answered: ' : ''}${approved ? 'Approved' : 'Denied'}${by}${why}`
+  }
+
+  approvalAnswered (v) {
+    const card = this.approvals.get(v.approvalId)
+    if (card) this.showAnswer(card, v)
+  }
+
+  /** Pending approvals as the run's record lists them (a page opened while it waits). */
+  pendingApprovals () {
+    return [...this.approvals.values()].filter((c) => c.dataset.state === 'pending')
+  }
+
   // --- ends, notices, usage --------------------------------------------------------------
 
   runError (c) {
@@ -392,6 +475,8 @@ export class RunView {
       case 'claude.result':
       case 'codex.usage':
         this.usage(v)
+        break
+      case 'approval-requested': // the TanStack-shaped twin of the approval activity
         break
       case 'claude.init':
         if (v.model) this.note(`${v.model}${v.claude_code_version ? ` · Claude Code ${v.claude_code_version}` : ''}`, 'init')

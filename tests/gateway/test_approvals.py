@@ -1,0 +1,352 @@
+"""Tool approvals end to end (docs/hitl.md): a claude-code run asks before it runs a command,
+its user answers from any tab, reload or gateway, and the answer reaches the agent exactly
+once, also after the host that asked was SIGKILLed; nobody answering counts as a denial.
+
+Real hosts (subprocesses) run the real claude-code launch (stream-json control protocol)
+against the stand-in ``claude`` (``baton_tools/standins``; no model is reachable here),
+which asks for Bash and Write as Claude Code does in its default permission mode. What is
+checked is what a user checks: the chunks in the log (the request, then the answer, then
+the tool's output, each once), the run's view (awaiting approval), the files the command
+wrote, the saved transcript.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import pathlib
+from typing import Any, AsyncIterator, Callable, Iterator
+
+import httpx
+import pytest
+
+from baton.log import LogConfig
+from baton.sse import Comment, aiter_sse
+from tests.conftest import unique
+from tests.gateway.conftest import Gateway, host_settings, read_stream
+from tests.sandbox.gitrepos import Repo, make_repo
+from tests.sessions_support import Cluster, driver_of, terminal, texts
+
+pytestmark = pytest.mark.timeout(240)
+
+Chunk = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def repo_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[pathlib.Path, Repo]]:
+    root = tmp_path_factory.mktemp("approvals")
+    allowed = root / "allowed"
+    allowed.mkdir()
+    yield root, make_repo(allowed)
+
+
+@pytest.fixture(scope="module")
+async def cluster(repo_dir: tuple[pathlib.Path, Repo], coordinator: Any, nats: Any, log_cfg: LogConfig,
+                  replay_dir: pathlib.Path) -> AsyncIterator[Cluster]:
+    root, repo = repo_dir
+    settings = {**host_settings(log_cfg, replay_dir, root), "BATON_WORKSPACE_DIRS": str(root / "allowed"),
+                "BATON_WORKSPACE_OBJECTS": unique("ws-objects"), "BATON_WORKSPACE_HEADS": unique("ws-heads")}
+    c = Cluster(root, repo, root / "allowed", coordinator, nats, settings)
+    await c.add_host()
+    await c.add_host()
+    try:
+        yield c
+    finally:
+        await c.stop()
+
+
+KEYS = {"key-alpha": "alpha", "key-beta": "beta"}
+
+
+@pytest.fixture
+async def gw(cluster: Cluster, make_gateway: Any) -> Gateway:
+    return await make_gateway(keepalive=0.5, grpc_listen="127.0.0.1:0", api_keys=KEYS)
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    """The user's client (tenant alpha)."""
+    async with httpx.AsyncClient(trust_env=False, timeout=60, headers={"Authorization": "Bearer key-alpha"}) as c:
+        yield c
+
+
+def body(thread: str, prompt: str, **agent: Any) -> dict[str, Any]:
+    return {"threadId": thread, "agent": {"kind": "claude-code", "approvals": True, **agent},
+            "messages": [{"id": unique("u"), "role": "user", "content": prompt}]}
+
+
+AUTH = {"Authorization": "Bearer key-alpha"}
+
+
+async def read_until(url: str, method: str, until: Callable[[Chunk], bool], **kw: Any) -> list[Chunk]:
+    """Read an SSE response until a chunk matches ``until`` (then disconnect, as a closed
+    tab does) or the log ends."""
+    chunks: list[Chunk] = []
+    async with httpx.AsyncClient(trust_env=False, timeout=60, headers=AUTH) as own:
+        async with own.stream(method, url, **kw) as resp:
+            assert resp.status_code == 200, (await resp.aread())
+            async for item in aiter_sse(resp.aiter_bytes()):
+                if isinstance(item, Comment):
+                    if item.text == "end":
+                        break
+                    continue
+                chunk = json.loads(item.data)
+                chunks.append(chunk)
+                if until(chunk):
+                    break
+    return chunks
+
+
+def is_ask(c: Chunk) -> bool:
+    return c["type"] == "CUSTOM" and c.get("name") == "approval-requested"
+
+
+def approvals_in(chunks: list[Chunk]) -> list[str]:
+    return [c["value"]["approval"]["id"] for c in chunks if is_ask(c)]
+
+
+def answers_in(chunks: list[Chunk]) -> list[dict[str, Any]]:
+    return [c["content"] for c in chunks
+            if c["type"] == "ACTIVITY_SNAPSHOT" and c.get("activityType") == "approval_answer"]
+
+
+def results_in(chunks: list[Chunk]) -> list[Chunk]:
+    return [c for c in chunks if c["type"] == "TOOL_CALL_RESULT"]
+
+
+async def whole_log(http: httpx.AsyncClient, gw: Gateway, run_id: str) -> list[Chunk]:
+    got = await read_stream(http, "GET", f"{gw.url}/api/chat?runId={run_id}&offset=-1")
+    assert got.status == 200 and got.ended, got
+    return [c for _, c in got.events]
+
+
+async def ask(gw: Gateway, prompt: str, **agent: Any) -> tuple[str, str, str]:
+    """Start a run whose agent asks, read until it asks, leave: ``(thread, run id, approval id)``."""
+    thread, run_id = unique("hitl-thr-"), unique("run-")
+    seen = await read_until(f"{gw.url}/api/chat?runId={run_id}", "POST", is_ask, json=body(thread, prompt, **agent))
+    [approval] = approvals_in(seen)
+    return thread, run_id, approval
+
+
+async def view(http: httpx.AsyncClient, gw: Gateway, run_id: str) -> dict[str, Any]:
+    r = await http.get(f"{gw.url}/api/runs/{run_id}")
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+async def answer(http: httpx.AsyncClient, gw: Gateway, run_id: str, approval: str, approved: bool,
+                 message: str | None = None) -> httpx.Response:
+    payload: dict[str, Any] = {"approved": approved}
+    if message is not None:
+        payload["message"] = message
+    return await http.post(f"{gw.url}/api/runs/{run_id}/approvals/{approval}", json=payload)
+
+
+def in_order_once(chunks: list[Chunk], approval: str, tool_call: str) -> tuple[int, int, int]:
+    """Positions of the request, the answer and the tool's result, each present once."""
+    asks = [i for i, c in enumerate(chunks) if is_ask(c) and c["value"]["approval"]["id"] == approval]
+    answers = [i for i, c in enumerate(chunks) if c["type"] == "ACTIVITY_SNAPSHOT"
+               and c.get("activityType") == "approval_answer" and c["content"]["approvalId"] == approval]
+    results = [i for i, c in enumerate(chunks) if c["type"] == "TOOL_CALL_RESULT" and c["toolCallId"] == tool_call]
+    assert len(asks) == len(answers) == len(results) == 1, (asks, answers, results)
+    assert asks[0] < answers[0] < results[0]
+    return asks[0], answers[0], results[0]
+
+
+async def test_approve_after_a_reload(cluster: Cluster, gw: Gateway, http: httpx.AsyncClient) -> None:
+    thread, run_id, approval = await ask(gw, "run echo approved > a.txt && cat a.txt\nsay done")
+    v = await view(http, gw, run_id)
+    assert v["status"] == "running" and v["awaitingApproval"] is True
+    [pending] = [i for i in v["inputs"] if i["id"] == approval]
+    assert pending["kind"] == "approval" and pending["state"] == "pending" and pending["toolName"] == "Bash"
+    assert pending["input"]["command"] == "echo approved > a.txt && cat a.txt"
+    assert pending["expiresAt"] > pending["requestedAt"]
+
+    # A reload reads the log from the start: the request is there (once), the run waits.
+    again = await read_until(f"{gw.url}/api/chat?runId={run_id}&offset=-1", "GET", is_ask)
+    assert approvals_in(again) == [approval] and not results_in(again)
+    assert (await view(http, gw, run_id))["awaitingApproval"] is True
+
+    r = await answer(http, gw, run_id, approval, True)
+    assert r.status_code == 200, r.text
+    assert r.json()["approval"]["decision"] == "allow" and r.json()["approval"]["answeredBy"] == "user"
+
+    chunks = await whole_log(http, gw, run_id)
+    assert terminal(chunks)["type"] == "RUN_FINISHED", terminal(chunks)
+    tool_call = pending["toolCallId"]
+    in_order_once(chunks, approval, tool_call)
+    assert [c["content"] for c in results_in(chunks)] == ["approved"]
+    assert answers_in(chunks) == [{"approvalId": approval, "toolCallId": tool_call, "approved": True}]
+    done = await view(http, gw, run_id)
+    assert done["status"] == "completed" and done["awaitingApproval"] is False
+
+    # A second answer: 409 with the first; the saved transcript shows request and answer in place.
+    late = await answer(http, gw, run_id, approval, False)
+    assert late.status_code == 409 and late.json()["reason"] in ("APPROVAL_ALREADY_ANSWERED", "RUN_ENDED")
+    saved = (await http.get(f"{gw.url}/api/threads/{thread}/messages")).json()["messages"]
+    kinds = [(m["role"], (m.get("activityType") or "")) for m in saved]
+    asked_at = kinds.index(("activity", "approval"))
+    answered_at = kinds.index(("activity", "approval_answer"))
+    call_at = next(i for i, m in enumerate(saved) if m["role"] == "assistant" and m.get("toolCalls"))
+    # The request and its answer follow the call they gate, in the order they happened (the
+    # tool's result sits with its call, where AG-UI's client puts it).
+    assert call_at < asked_at < answered_at, kinds
+    assert saved[asked_at]["content"]["toolCallId"] == saved[answered_at]["content"]["toolCallId"] == tool_call
+
+
+async def test_two_tabs_answer_at_once_one_wins(cluster: Cluster, gw: Gateway, http: httpx.AsyncClient) -> None:
+    _, run_id, approval = await ask(gw, "run echo raced > r.txt && cat r.txt")
+    first, second = await asyncio.gather(answer(http, gw, run_id, approval, True),
+                                         answer(http, gw, run_id, approval, False, "no"))
+    assert sorted([first.status_code, second.status_code]) == [200, 409], (first.text, second.text)
+    won, lost = (first, second) if first.status_code == 200 else (second, first)
+    assert lost.json()["reason"] == "APPROVAL_ALREADY_ANSWERED"
+    assert lost.json()["approval"] == won.json()["approval"]
+    chunks = await whole_log(http, gw, run_id)
+    [got] = answers_in(chunks)
+    assert got["approved"] is won.json()["approval"]["approved"]
+    assert terminal(chunks)["type"] == "RUN_FINISHED"
+
+
+async def test_a_denial_reaches_the_agent_and_nothing_runs(cluster: Cluster, gw: Gateway, http: httpx.AsyncClient) -> None:
+    _, run_id, approval = await ask(gw, "run echo never > n.txt && cat n.txt\nrun test -e n.txt && echo present || echo absent")
+    r = await answer(http, gw, run_id, approval, False, "not on this repo")
+    assert r.status_code == 200 and r.json()["approval"]["approved"] is False
+    # The second command asks too: allow it, and it finds no file.
+    seen = await read_until(f"{gw.url}/api/chat?runId={run_id}&offset=-1", "GET",
+                            lambda c: is_ask(c) and c["value"]["approval"]["id"] != approval)
+    second = [a for a in approvals_in(seen) if a != approval][0]
+    assert (await answer(http, gw, run_id, second, True)).status_code == 200
+    chunks = await whole_log(http, gw, run_id)
+    results = results_in(chunks)
+    assert [(c["content"], bool(c.get("metadata", {}).get("isError") or c.get("isError"))) for c in results][0] == (
+        "not on this repo", True)
+    assert results[1]["content"] == "absent"
+    assert answers_in(chunks)[0] == {"approvalId": approval, "toolCallId": results[0]["toolCallId"],
+                                     "approved": False, "message": "not on this repo"}
+
+
+async def test_nobody_answers_it_expires_as_a_denial(cluster: Cluster, gw: Gateway, http: httpx.AsyncClient) -> None:
+    _, run_id, approval = await ask(gw, "run echo late > l.txt && cat l.txt", approval_timeout=1.5)
+    chunks = await whole_log(http, gw, run_id)
+    assert terminal(chunks)["type"] == "RUN_FINISHED"
+    [got] = answers_in(chunks)
+    assert got["approved"] is False and "expired" in got["message"]
+    assert results_in(chunks)[0]["content"] == got["message"]
+    late = await answer(http, gw, run_id, approval, True)
+    assert late.status_code == 409
+    stored = (await view(http, gw, run_id))["inputs"][0]
+    assert stored["answeredBy"] == "expired" and stored["approved"] is False
+
+
+async def test_the_successor_delivers_after_the_asking_host_dies(cluster: Cluster, gw: Gateway,
+                                                                 http: httpx.AsyncClient) -> None:
+    _, run_id, approval = await ask(gw, "run echo survived > s.txt && cat s.txt\nsay after")
+    before = await view(http, gw, run_id)
+    await cluster.kill(await driver_of(http, gw, run_id))
+    try:
+        # The answer is stored while nobody drives the run; a reader's join brings a successor,
+        # which replays the journal: the request stays pending (a replayed ask does not deny).
+        r = await answer(http, gw, run_id, approval, True)
+        assert r.status_code == 200, r.text
+        chunks = await whole_log(http, gw, run_id)
+        after = await view(http, gw, run_id)
+        assert after["epoch"] > before["epoch"]
+        assert terminal(chunks)["type"] == "RUN_FINISHED", terminal(chunks)
+        tool_call = before["inputs"][0]["toolCallId"]
+        in_order_once(chunks, approval, tool_call)
+        assert [c["content"] for c in results_in(chunks)] == ["survived"]
+    finally:
+        await cluster.add_host()
+
+
+async def test_a_host_death_before_anyone_answers_keeps_the_run_waiting(cluster: Cluster, gw: Gateway,
+                                                                         http: httpx.AsyncClient) -> None:
+    _, run_id, approval = await ask(gw, "run echo waited > w.txt && cat w.txt")
+    before = await view(http, gw, run_id)
+    await cluster.kill(await driver_of(http, gw, run_id))
+    try:
+        # A join brings a successor; it replays the ask and the run keeps waiting for its user.
+        replayed = await read_until(f"{gw.url}/api/chat?runId={run_id}&offset=-1", "GET", is_ask)
+        assert approvals_in(replayed) == [approval]
+
+        async def taken_over() -> bool:
+            v = await view(http, gw, run_id)
+            return bool(v["claimed"] and v["epoch"] > before["epoch"])
+        from tests.conftest import assert_eventually
+        await assert_eventually(taken_over, timeout=30)
+        v = await view(http, gw, run_id)
+        assert v["status"] == "running" and v["awaitingApproval"] is True
+        assert (await answer(http, gw, run_id, approval, True)).status_code == 200
+        chunks = await whole_log(http, gw, run_id)
+        in_order_once(chunks, approval, before["inputs"][0]["toolCallId"])
+        assert [c["content"] for c in results_in(chunks)] == ["waited"]
+    finally:
+        await cluster.add_host()
+
+
+async def test_steer_a_running_turn(cluster: Cluster, gw: Gateway, http: httpx.AsyncClient) -> None:
+    thread, run_id = unique("hitl-thr-"), unique("run-")
+    started = await read_until(f"{gw.url}/api/chat?runId={run_id}", "POST",
+                               lambda c: c["type"] == "TEXT_MESSAGE_CONTENT",
+                               json={**body(thread, "say working\nsleep 2\nsay first part"),
+                                     "agent": {"kind": "claude-code"}})
+    assert started
+    r = await http.post(f"{gw.url}/api/runs/{run_id}/messages",
+                        json={"content": "say also this, from the steer", "id": "steer-1"})
+    assert r.status_code == 202 and r.json() == {"runId": run_id, "inputId": "steer-1"}
+    again = await http.post(f"{gw.url}/api/runs/{run_id}/messages",
+                            json={"content": "say also this, from the steer", "id": "steer-1"})
+    assert again.status_code == 202  # a retry: delivered once
+    chunks = await whole_log(http, gw, run_id)
+    assert terminal(chunks)["type"] == "RUN_FINISHED"
+    users = [c for c in chunks if c["type"] == "TEXT_MESSAGE_START" and c.get("role") == "user"]
+    assert [u["messageId"] for u in users] == ["input:steer-1"]
+    text = texts(chunks)
+    assert text.index("working") < text.index("say also this, from the steer") < text.index("also this, from the steer\n")
+    saved = (await http.get(f"{gw.url}/api/threads/{thread}/messages")).json()["messages"]
+    assert [m["content"] for m in saved if m["role"] == "user"][-1] == "say also this, from the steer"
+    ended = await http.post(f"{gw.url}/api/runs/{run_id}/messages", json={"content": "too late"})
+    assert ended.status_code == 409 and ended.json()["reason"] == "RUN_ENDED"
+
+
+async def test_bad_answers_get_clear_errors(cluster: Cluster, gw: Gateway, http: httpx.AsyncClient) -> None:
+    _, run_id, approval = await ask(gw, "run echo x")
+    url = f"{gw.url}/api/runs/{run_id}/approvals"
+    async with httpx.AsyncClient(trust_env=False, timeout=30, headers={"Authorization": "Bearer key-beta"}) as beta:
+        other = await beta.post(f"{url}/{approval}", json={"approved": True})
+        assert other.status_code == 404 and other.json()["reason"] == "APPROVAL_NOT_FOUND"
+        assert (await beta.get(f"{gw.url}/api/runs/{run_id}")).status_code == 404
+        steer = await beta.post(f"{gw.url}/api/runs/{run_id}/messages", json={"content": "hi"})
+        assert steer.status_code == 404
+    unknown = await http.post(f"{url}/req-unknown", json={"approved": True})
+    assert unknown.status_code == 404 and unknown.json()["reason"] == "APPROVAL_NOT_FOUND"
+    no_run = await http.post(f"{gw.url}/api/runs/{unique('nope-')}/approvals/{approval}", json={"approved": True})
+    assert no_run.status_code == 404
+    for bad in ({}, {"approved": "yes"}, {"approved": False, "updatedInput": {"command": "x"}},
+                {"approved": True, "message": 5}, {"approved": True, "updatedInput": [1]}):
+        r = await http.post(f"{url}/{approval}", json=bad)
+        assert r.status_code == 400 and r.json()["reason"] == "INVALID_ARGUMENT", (bad, r.text)
+    assert (await http.post(f"{url}/bad%20id", json={"approved": True})).status_code == 400
+    # None of that answered it: the run still waits, and the user's answer goes through.
+    assert (await view(http, gw, run_id))["awaitingApproval"] is True
+    assert (await answer(http, gw, run_id, approval, True)).status_code == 200
+    assert terminal(await whole_log(http, gw, run_id))["type"] == "RUN_FINISHED"
+
+
+async def test_grpc_answers_the_same_approval(cluster: Cluster, gw: Gateway, http: httpx.AsyncClient) -> None:
+    from baton import errors as e
+    from baton.grpc_client import RunsClient
+
+    _, run_id, approval = await ask(gw, "run echo over grpc && echo again")
+    async with RunsClient(f"127.0.0.1:{gw.state.grpc_port}", api_key="key-alpha") as runs:
+        info = await runs.get_run(run_id)
+        assert info.awaiting_approval and [i.id for i in info.inputs] == [approval]
+        stored = await runs.answer_approval(run_id, approval, True, updated_input={"command": "echo changed"})
+        assert stored.decision == "allow" and stored.state == "answered"
+        with pytest.raises(e.ApprovalAlreadyAnswered) as info2:
+            await runs.answer_approval(run_id, approval, False)
+        assert json.loads(info2.value.approval)["decision"] == "allow"
+        with pytest.raises(e.ApprovalNotFound):
+            await runs.answer_approval(run_id, "req-none", True)
+    chunks = await whole_log(http, gw, run_id)
+    assert [c["content"] for c in results_in(chunks)] == ["changed"]  # the answer's input ran
