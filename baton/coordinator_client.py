@@ -446,6 +446,30 @@ class CoordinatorClient:
         record: RunRecord = r.record
         return r.outcome, record, existing
 
+    async def enqueue_run(self, run: pb.QueuedRun, *, timeout: float | None = None) -> tuple[int, int, str]:
+        """Queue a run behind its thread's active run → (``EnqueueRunResponse.Outcome``,
+        position, the active run id); ``IDLE``: the thread is idle, start the run instead."""
+        r = await self._unary("EnqueueRun", pb.EnqueueRunRequest(run=run), timeout)
+        return r.outcome, r.position, r.active_run_id
+
+    async def list_queued_runs(self, thread_id: str = "", *, tenant: str | None = None, run_id: str = "",
+                               timeout: float | None = None) -> list[pb.QueuedRun]:
+        """Queued runs in dispatch order (``thread_id`` "" = every thread's)."""
+        req = pb.ListQueuedRunsRequest(thread_id=thread_id, run_id=run_id)
+        if tenant is not None:
+            req.tenant = tenant
+        r = await self._unary("ListQueuedRuns", req, timeout)
+        return list(r.runs)
+
+    async def remove_queued_run(self, thread_id: str, run_id: str, *, tenant: str | None = None,
+                                timeout: float | None = None) -> bool:
+        """Take a run out of its thread's queue; ``False`` when it is not queued."""
+        req = pb.RemoveQueuedRunRequest(thread_id=thread_id, run_id=run_id)
+        if tenant is not None:
+            req.tenant = tenant
+        r = await self._unary("RemoveQueuedRun", req, timeout)
+        return bool(r.removed)
+
     # --- sessions and claims ----------------------------------------------------------
 
     async def open_session(self, ttl: float = 2.0, owner: str = "", *, probe_address: str = "",

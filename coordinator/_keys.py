@@ -97,6 +97,21 @@ class Keys:
         per tenant: another tenant's cancel of the same id cannot replace it."""
         return self._k("cancel-intents", encode_token(run_id), encode_token(tenant))
 
+    def queue(self, thread_id: str) -> bytes:
+        """The prefix of a thread's queued runs, in dispatch order."""
+        return self._k("queue", encode_token(thread_id), "")
+
+    @property
+    def queues(self) -> bytes:
+        return self._k("queue", "")
+
+    def queued(self, thread_id: str, order: str) -> bytes:
+        return self._k("queue", encode_token(thread_id), order)
+
+    def queued_run(self, run_id: str) -> bytes:
+        """A queued run's entry by run id (its value: the entry's key)."""
+        return self._k("queued-runs", encode_token(run_id))
+
     def thread_run(self, thread_id: str, run_id: str) -> bytes:
         return self._k("thread-runs", encode_token(thread_id), encode_token(run_id))
 

@@ -51,6 +51,8 @@ async def no_reaper(ttl: float, now: float) -> dict[str, int]:
     return {}
 
 
+#: Bytes of a queued run's start request (its messages, agent and workspace).
+MAX_QUEUED_START = 1024 * 1024
 #: Bytes one input may carry in each of its text fields (tool input, message, reason).
 MAX_INPUT_TEXT = 64 * 1024
 
@@ -240,6 +242,43 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 session_id=request.session_id, epoch=request.epoch, now=request.now,
                 timeout=self._budget(context))
             return pb.PutRunInputResponse(outcome=outcome, record=rec, existing=existing)  # type: ignore[arg-type]
+        return await self._call(context, go())
+
+    async def EnqueueRun(self, request: pb.EnqueueRunRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.EnqueueRunResponse:
+        async def go() -> pb.EnqueueRunResponse:
+            run = request.run
+            validate_id(run.run_id, "run.run_id")
+            validate_id(run.thread_id, "run.thread_id")
+            if run.strategy not in ("enqueue", "interrupt"):
+                raise errors.InvalidArgument("run.strategy", "must be enqueue or interrupt")
+            if len(run.start_request) > MAX_QUEUED_START or len(run.prompt.encode()) > MAX_INPUT_TEXT:
+                raise errors.InvalidArgument("run.start_request", f"must be at most {MAX_QUEUED_START} bytes")
+            if run.enqueued_at <= 0:
+                run.enqueued_at = self.store.clock()
+            outcome, position, active = await self.store.enqueue_run(run, timeout=self._budget(context))
+            return pb.EnqueueRunResponse(outcome=outcome, position=position, active_run_id=active)  # type: ignore[arg-type]
+        return await self._call(context, go())
+
+    async def ListQueuedRuns(self, request: pb.ListQueuedRunsRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.ListQueuedRunsResponse:
+        async def go() -> pb.ListQueuedRunsResponse:
+            if request.thread_id:
+                validate_id(request.thread_id, "thread_id")
+            if request.run_id:
+                validate_id(request.run_id, "run_id")
+            runs = await self.store.list_queued_runs(
+                request.thread_id, tenant=request.tenant if request.HasField("tenant") else None,
+                run_id=request.run_id, timeout=self._budget(context))
+            return pb.ListQueuedRunsResponse(runs=runs)
+        return await self._call(context, go())
+
+    async def RemoveQueuedRun(self, request: pb.RemoveQueuedRunRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.RemoveQueuedRunResponse:
+        async def go() -> pb.RemoveQueuedRunResponse:
+            validate_id(request.thread_id, "thread_id")
+            validate_id(request.run_id, "run_id")
+            removed = await self.store.remove_queued_run(
+                request.thread_id, request.run_id, tenant=request.tenant if request.HasField("tenant") else None,
+                timeout=self._budget(context))
+            return pb.RemoveQueuedRunResponse(removed=removed)
         return await self._call(context, go())
 
     # --- sessions ---------------------------------------------------------------------

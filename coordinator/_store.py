@@ -29,14 +29,15 @@ from typing import AsyncIterator, Callable, Sequence, TypeVar
 
 from baton.errors import (BatonError, InvalidArgument, RunIdRetired, SessionLost, StoreUnavailable,
                           ThreadBusy, UnknownThread)
+from baton.ids import encode_token
 from baton.retry import Deadline
-from baton.v1.coordinator_pb2 import HostInfo, SandboxInstance
+from baton.v1.coordinator_pb2 import EnqueueRunResponse, HostInfo, QueuedRun, SandboxInstance
 from baton.v1.runs_pb2 import Claim, RunInput, RunRecord, RunStatus
 
 from coordinator import _etcd as E
 from coordinator import _intents, _listing, rules
 from coordinator._cache import RecordCache
-from coordinator._keys import Keys, prefix_end
+from coordinator._keys import Keys, micros, prefix_end
 from coordinator._records import is_active, is_reclaimable, is_starting
 from coordinator.rules import KEEP as _KEEP
 from coordinator.rules import FAILURE_READS, PURPOSES, Plan, Snapshot, UpdateOutcome, holds
@@ -503,6 +504,86 @@ class RunStore:
         out = await self.mutate(run_id, decide, timeout=timeout)
         assert out is not None
         return out
+
+    # --- thread queues (docs/hitl.md) ---------------------------------------------------
+
+    async def enqueue_run(self, run: QueuedRun, *, timeout: float) -> tuple[int, int, str]:
+        """Queue ``run`` behind its thread's active run.
+
+        The write compares the thread's active-run entry as read (so a thread that went idle
+        meanwhile is seen), and the absence of a record or a queued entry with the run id.
+        Interrupting runs go before enqueued ones; each kind in arrival order.
+
+        Returns:
+            (``EnqueueRunResponse.Outcome``, position (1 = next), the active run id).
+        """
+        b = _Budget(timeout)
+        k = self.keys
+        Out = EnqueueRunResponse
+        for _ in range(8):
+            active, _ = await self.etcd.range(k.thread_active(run.thread_id), timeout=b.left())
+            if not active:
+                return Out.IDLE, 0, ""
+            order = f"{0 if run.strategy == 'interrupt' else 1}{micros(run.enqueued_at):020d}-{encode_token(run.run_id)}"
+            key = k.queued(run.thread_id, order)
+            stored = QueuedRun()
+            stored.CopyFrom(run)
+            stored.ClearField("position")
+            res = await self.etcd.txn(
+                [E.cmp_mod(k.thread_active(run.thread_id), active[0].mod_revision), E.cmp_absent(k.run(run.run_id)),
+                 E.cmp_absent(k.queued_run(run.run_id))],
+                [E.put(key, stored.SerializeToString()), E.put(k.queued_run(run.run_id), key),
+                 E.get(k.queue(run.thread_id), key + b"\0", count_only=True)],
+                [E.get(k.run(run.run_id), count_only=True), E.get(k.queued_run(run.run_id), count_only=True)],
+                timeout=b.left())
+            if res.succeeded:
+                return Out.QUEUED, res.count(2), active[0].value.decode()
+            if res.count(0) or res.count(1):
+                return Out.EXISTS, 0, ""
+        raise StoreUnavailable("the thread's active run kept changing while queueing")
+
+    async def list_queued_runs(self, thread_id: str, *, tenant: str | None = None, run_id: str = "",
+                               timeout: float) -> list[QueuedRun]:
+        """Queued runs in dispatch order (``thread_id`` "" = every thread's; positions per thread)."""
+        k = self.keys
+        if run_id:
+            ref, _ = await self.etcd.range(k.queued_run(run_id), timeout=timeout)
+            entry, _ = await self.etcd.range(ref[0].value, timeout=timeout) if ref else ([], 0)
+            if not entry:
+                return []
+            thread_id = QueuedRun.FromString(entry[0].value).thread_id
+        prefix = k.queue(thread_id) if thread_id else k.queues
+        kvs, _ = await self.etcd.range_all(prefix, prefix_end(prefix), timeout=timeout)
+        out: list[QueuedRun] = []
+        positions: dict[str, int] = {}
+        for kv in kvs:
+            q = QueuedRun.FromString(kv.value)
+            positions[q.thread_id] = positions.get(q.thread_id, 0) + 1
+            q.position = positions[q.thread_id]
+            if tenant is not None and q.tenant != tenant:
+                continue
+            if run_id and q.run_id != run_id:
+                continue
+            out.append(q)
+        return out
+
+    async def remove_queued_run(self, thread_id: str, run_id: str, *, tenant: str | None = None,
+                                timeout: float) -> bool:
+        """Take a run out of its thread's queue (a user's cancel, or a dispatcher that started
+        it); ``False`` when it is not queued (for ``tenant``)."""
+        b = _Budget(timeout)
+        k = self.keys
+        ref, _ = await self.etcd.range(k.queued_run(run_id), timeout=b.left())
+        if not ref:
+            return False
+        entry, _ = await self.etcd.range(ref[0].value, timeout=b.left())
+        if entry:
+            q = QueuedRun.FromString(entry[0].value)
+            if q.thread_id != thread_id or (tenant is not None and q.tenant != tenant):
+                return False
+        res = await self.etcd.txn([E.cmp_mod(k.queued_run(run_id), ref[0].mod_revision)],
+                                  [E.delete(ref[0].value), E.delete(k.queued_run(run_id))], timeout=b.left())
+        return res.succeeded
 
     # --- sessions -----------------------------------------------------------------------
 

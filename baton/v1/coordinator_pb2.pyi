@@ -570,6 +570,221 @@ class PutRunInputResponse(_message.Message):
 Global___PutRunInputResponse: _TypeAlias = PutRunInputResponse  # noqa: Y015
 
 @_typing.final
+class QueuedRun(_message.Message):
+    """A run waiting in its thread's queue: started (by a gateway's dispatcher) once the thread
+    has no active run, interrupting runs first, then in the order they came.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    THREAD_ID_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    STRATEGY_FIELD_NUMBER: _builtins.int
+    ENQUEUED_AT_FIELD_NUMBER: _builtins.int
+    START_REQUEST_FIELD_NUMBER: _builtins.int
+    PROMPT_FIELD_NUMBER: _builtins.int
+    POSITION_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    thread_id: _builtins.str
+    tenant: _builtins.str
+    strategy: _builtins.str
+    """"enqueue" | "interrupt" """
+    enqueued_at: _builtins.float
+    """Unix seconds"""
+    start_request: _builtins.bytes
+    """the host's StartRunRequest (wire bytes), as the gateway made it"""
+    prompt: _builtins.str
+    """the new user message's text (for listings)"""
+    position: _builtins.int
+    """read-only: 1 = the next run of the thread"""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        thread_id: _builtins.str = ...,
+        tenant: _builtins.str = ...,
+        strategy: _builtins.str = ...,
+        enqueued_at: _builtins.float = ...,
+        start_request: _builtins.bytes = ...,
+        prompt: _builtins.str = ...,
+        position: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["enqueued_at", b"enqueued_at", "position", b"position", "prompt", b"prompt", "run_id", b"run_id", "start_request", b"start_request", "strategy", b"strategy", "tenant", b"tenant", "thread_id", b"thread_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueuedRun: _TypeAlias = QueuedRun  # noqa: Y015
+
+@_typing.final
+class EnqueueRunRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def run(self) -> Global___QueuedRun: ...
+    def __init__(
+        self,
+        *,
+        run: Global___QueuedRun | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EnqueueRunRequest: _TypeAlias = EnqueueRunRequest  # noqa: Y015
+
+@_typing.final
+class EnqueueRunResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    class _Outcome:
+        ValueType = _typing.NewType("ValueType", _builtins.int)
+        V: _TypeAlias = ValueType  # noqa: Y015
+
+    class _OutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[EnqueueRunResponse._Outcome.ValueType], _builtins.type):
+        DESCRIPTOR: _descriptor.EnumDescriptor
+        OUTCOME_UNSPECIFIED: EnqueueRunResponse._Outcome.ValueType  # 0
+        QUEUED: EnqueueRunResponse._Outcome.ValueType  # 1
+        """queued at `position`"""
+        IDLE: EnqueueRunResponse._Outcome.ValueType  # 2
+        """the thread has no active run: start the run now instead"""
+        EXISTS: EnqueueRunResponse._Outcome.ValueType  # 3
+        """the run id names a run or a queued run already"""
+
+    class Outcome(_Outcome, metaclass=_OutcomeEnumTypeWrapper): ...
+    OUTCOME_UNSPECIFIED: EnqueueRunResponse.Outcome.ValueType  # 0
+    QUEUED: EnqueueRunResponse.Outcome.ValueType  # 1
+    """queued at `position`"""
+    IDLE: EnqueueRunResponse.Outcome.ValueType  # 2
+    """the thread has no active run: start the run now instead"""
+    EXISTS: EnqueueRunResponse.Outcome.ValueType  # 3
+    """the run id names a run or a queued run already"""
+
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    POSITION_FIELD_NUMBER: _builtins.int
+    ACTIVE_RUN_ID_FIELD_NUMBER: _builtins.int
+    outcome: Global___EnqueueRunResponse.Outcome.ValueType
+    position: _builtins.int
+    active_run_id: _builtins.str
+    """QUEUED: the run it waits for"""
+    def __init__(
+        self,
+        *,
+        outcome: Global___EnqueueRunResponse.Outcome.ValueType = ...,
+        position: _builtins.int = ...,
+        active_run_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_run_id", b"active_run_id", "outcome", b"outcome", "position", b"position"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EnqueueRunResponse: _TypeAlias = EnqueueRunResponse  # noqa: Y015
+
+@_typing.final
+class ListQueuedRunsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    THREAD_ID_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    thread_id: _builtins.str
+    """"" = every thread's queue (a dispatcher's sweep)"""
+    tenant: _builtins.str
+    """set: another tenant's queued runs are not listed"""
+    run_id: _builtins.str
+    """set: only this queued run (its position included)"""
+    def __init__(
+        self,
+        *,
+        thread_id: _builtins.str = ...,
+        tenant: _builtins.str | None = ...,
+        run_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_tenant", b"_tenant", "tenant", b"tenant"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_tenant", b"_tenant", "run_id", b"run_id", "tenant", b"tenant", "thread_id", b"thread_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__tenant: _TypeAlias = _typing.Literal["tenant"]  # noqa: Y015
+    _WhichOneofArgType__tenant: _TypeAlias = _typing.Literal["_tenant", b"_tenant"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tenant) -> _WhichOneofReturnType__tenant | None: ...
+
+Global___ListQueuedRunsRequest: _TypeAlias = ListQueuedRunsRequest  # noqa: Y015
+
+@_typing.final
+class ListQueuedRunsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueuedRun]: ...
+    def __init__(
+        self,
+        *,
+        runs: _abc.Iterable[Global___QueuedRun] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["runs", b"runs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListQueuedRunsResponse: _TypeAlias = ListQueuedRunsResponse  # noqa: Y015
+
+@_typing.final
+class RemoveQueuedRunRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    THREAD_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    thread_id: _builtins.str
+    run_id: _builtins.str
+    tenant: _builtins.str
+    """set: another tenant's queued run is not found"""
+    def __init__(
+        self,
+        *,
+        thread_id: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+        tenant: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_tenant", b"_tenant", "tenant", b"tenant"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_tenant", b"_tenant", "run_id", b"run_id", "tenant", b"tenant", "thread_id", b"thread_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__tenant: _TypeAlias = _typing.Literal["tenant"]  # noqa: Y015
+    _WhichOneofArgType__tenant: _TypeAlias = _typing.Literal["_tenant", b"_tenant"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tenant) -> _WhichOneofReturnType__tenant | None: ...
+
+Global___RemoveQueuedRunRequest: _TypeAlias = RemoveQueuedRunRequest  # noqa: Y015
+
+@_typing.final
+class RemoveQueuedRunResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REMOVED_FIELD_NUMBER: _builtins.int
+    removed: _builtins.bool
+    def __init__(
+        self,
+        *,
+        removed: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["removed", b"removed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveQueuedRunResponse: _TypeAlias = RemoveQueuedRunResponse  # noqa: Y015
+
+@_typing.final
 class OpenSessionRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

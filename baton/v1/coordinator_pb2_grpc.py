@@ -74,6 +74,21 @@ class CoordinatorStub:
                 request_serializer=baton_dot_v1_dot_coordinator__pb2.PutRunInputRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_coordinator__pb2.PutRunInputResponse.FromString,
                 _registered_method=True)
+        self.EnqueueRun = channel.unary_unary(
+                '/baton.v1.Coordinator/EnqueueRun',
+                request_serializer=baton_dot_v1_dot_coordinator__pb2.EnqueueRunRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_coordinator__pb2.EnqueueRunResponse.FromString,
+                _registered_method=True)
+        self.ListQueuedRuns = channel.unary_unary(
+                '/baton.v1.Coordinator/ListQueuedRuns',
+                request_serializer=baton_dot_v1_dot_coordinator__pb2.ListQueuedRunsRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_coordinator__pb2.ListQueuedRunsResponse.FromString,
+                _registered_method=True)
+        self.RemoveQueuedRun = channel.unary_unary(
+                '/baton.v1.Coordinator/RemoveQueuedRun',
+                request_serializer=baton_dot_v1_dot_coordinator__pb2.RemoveQueuedRunRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_coordinator__pb2.RemoveQueuedRunResponse.FromString,
+                _registered_method=True)
         self.OpenSession = channel.unary_unary(
                 '/baton.v1.Coordinator/OpenSession',
                 request_serializer=baton_dot_v1_dot_coordinator__pb2.OpenSessionRequest.SerializeToString,
@@ -195,6 +210,25 @@ class CoordinatorServicer:
     def PutRunInput(self, request, context):
         """Inputs to a live run (docs/hitl.md): one compare-and-set of the record each.
         """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EnqueueRun(self, request, context):
+        """A thread's queue of runs waiting for its active run to end (docs/hitl.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListQueuedRuns(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveQueuedRun(self, request, context):
+        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -331,6 +365,21 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.PutRunInput,
                     request_deserializer=baton_dot_v1_dot_coordinator__pb2.PutRunInputRequest.FromString,
                     response_serializer=baton_dot_v1_dot_coordinator__pb2.PutRunInputResponse.SerializeToString,
+            ),
+            'EnqueueRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.EnqueueRun,
+                    request_deserializer=baton_dot_v1_dot_coordinator__pb2.EnqueueRunRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_coordinator__pb2.EnqueueRunResponse.SerializeToString,
+            ),
+            'ListQueuedRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQueuedRuns,
+                    request_deserializer=baton_dot_v1_dot_coordinator__pb2.ListQueuedRunsRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_coordinator__pb2.ListQueuedRunsResponse.SerializeToString,
+            ),
+            'RemoveQueuedRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveQueuedRun,
+                    request_deserializer=baton_dot_v1_dot_coordinator__pb2.RemoveQueuedRunRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_coordinator__pb2.RemoveQueuedRunResponse.SerializeToString,
             ),
             'OpenSession': grpc.unary_unary_rpc_method_handler(
                     servicer.OpenSession,
@@ -619,6 +668,87 @@ class Coordinator:
             '/baton.v1.Coordinator/PutRunInput',
             baton_dot_v1_dot_coordinator__pb2.PutRunInputRequest.SerializeToString,
             baton_dot_v1_dot_coordinator__pb2.PutRunInputResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EnqueueRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.Coordinator/EnqueueRun',
+            baton_dot_v1_dot_coordinator__pb2.EnqueueRunRequest.SerializeToString,
+            baton_dot_v1_dot_coordinator__pb2.EnqueueRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListQueuedRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.Coordinator/ListQueuedRuns',
+            baton_dot_v1_dot_coordinator__pb2.ListQueuedRunsRequest.SerializeToString,
+            baton_dot_v1_dot_coordinator__pb2.ListQueuedRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveQueuedRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.Coordinator/RemoveQueuedRun',
+            baton_dot_v1_dot_coordinator__pb2.RemoveQueuedRunRequest.SerializeToString,
+            baton_dot_v1_dot_coordinator__pb2.RemoveQueuedRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

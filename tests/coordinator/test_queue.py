@@ -1,0 +1,40 @@
+"""A thread's queue of runs against a real etcd (docs/hitl.md): runs wait behind the active
+run, interrupting ones first, then in arrival order; an idle thread queues nothing."""
+from __future__ import annotations
+
+from baton.coordinator_client import CoordinatorClient
+from baton.v1.coordinator_pb2 import EnqueueRunResponse as Out
+from baton.v1.coordinator_pb2 import QueuedRun
+from baton.v1.runs_pb2 import RunRecord
+from tests.conftest import unique
+
+
+def queued(thread: str, strategy: str = "enqueue", at: float = 0.0, tenant: str = "acme") -> QueuedRun:
+    return QueuedRun(run_id=unique("q-"), thread_id=thread, tenant=tenant, strategy=strategy, enqueued_at=at,
+                     start_request=b"\x0a\x01x", prompt="next")
+
+
+async def test_runs_wait_in_order_behind_the_active_run(cc: CoordinatorClient) -> None:
+    thread = unique("th-")
+    idle = queued(thread)
+    assert (await cc.enqueue_run(idle))[0] == Out.IDLE  # nothing to wait for: start it instead
+    active, _ = await cc.create_or_resume_run(RunRecord(run_id=unique("run-"), thread_id=thread, tenant="acme"))
+    first, second, urgent = queued(thread, at=10.0), queued(thread, at=11.0), queued(thread, "interrupt", at=12.0)
+    assert await cc.enqueue_run(first) == (Out.QUEUED, 1, active.run_id)
+    assert await cc.enqueue_run(second) == (Out.QUEUED, 2, active.run_id)
+    assert (await cc.enqueue_run(urgent))[:2] == (Out.QUEUED, 1)  # an interrupt goes first
+    assert (await cc.enqueue_run(first))[0] == Out.EXISTS  # a retry queues nothing twice
+    listed = await cc.list_queued_runs(thread)
+    assert [(q.run_id, q.position) for q in listed] == [(urgent.run_id, 1), (first.run_id, 2), (second.run_id, 3)]
+    assert listed[1].start_request == first.start_request and listed[1].prompt == "next"
+    assert [q.run_id for q in await cc.list_queued_runs(thread, tenant="globex")] == []
+    assert [q.position for q in await cc.list_queued_runs(run_id=second.run_id)] == [3]
+    assert any(q.run_id == first.run_id for q in await cc.list_queued_runs())  # every thread's
+
+    assert not await cc.remove_queued_run(thread, first.run_id, tenant="globex")
+    assert await cc.remove_queued_run(thread, first.run_id, tenant="acme")
+    assert not await cc.remove_queued_run(thread, first.run_id)
+    assert [(q.run_id, q.position) for q in await cc.list_queued_runs(thread)] == [(urgent.run_id, 1),
+                                                                                  (second.run_id, 2)]
+    # A run id that names a record cannot be queued.
+    assert (await cc.enqueue_run(QueuedRun(run_id=active.run_id, thread_id=thread, strategy="enqueue")))[0] == Out.EXISTS
