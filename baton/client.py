@@ -219,6 +219,45 @@ class GatewayClient:
         return await self._json("POST", "/api/chat/cancel", ok=(200, 202), json=body, params=params,  # type: ignore[no-any-return]
                                 timeout=http_timeout)
 
+    async def send(self, run_id: str, thread_id: str, messages: list[dict[str, Any]], *, multitask: str,
+                   agent: Mapping[str, Any] | None = None, workspace: Mapping[str, Any] | None = None
+                   ) -> dict[str, Any]:
+        """Send a message to a thread that may be busy (docs/hitl.md), without reading the run.
+
+        ``multitask``: ``enqueue`` | ``interrupt`` | ``steer`` (``reject`` is :meth:`start`'s).
+
+        Returns:
+            ``{"runId", "threadId", "status": "queued", "position"}`` (queued),
+            ``{"runId": <active run>, "inputId", "status": "steered"}``, or
+            ``{"runId", "status": "started"}`` when the run started at once (read it with
+            :meth:`join`; it goes on without a reader).
+
+        Raises:
+            InvalidArgument, UnknownThread, RunEnded, SteerUnsupported.
+        """
+        validate_id(run_id, "runId")
+        validate_id(thread_id, "threadId")
+        body: dict[str, Any] = {"threadId": thread_id, "runId": run_id, "messages": messages, "multitask": multitask}
+        if agent is not None:
+            body["agent"] = dict(agent)
+        if workspace is not None:
+            body["workspace"] = dict(workspace)
+        async with self._http.stream("POST", "/api/chat", json=body, headers={"X-Run-Id": run_id}) as resp:
+            if resp.status_code == 202:
+                return json.loads(await resp.aread())  # type: ignore[no-any-return]
+            if resp.status_code != 200:
+                raise _error_from(resp, await resp.aread())
+        return {"runId": run_id, "status": "started"}
+
+    async def list_queue(self, thread_id: str) -> list[dict[str, Any]]:
+        """The thread's queued runs, next first: ``[{runId, strategy, position, enqueuedAt, prompt}]``."""
+        data = await self._json("GET", f"/api/threads/{_quote(thread_id)}/queue")
+        return list(data["queue"])
+
+    async def cancel_queued(self, thread_id: str, run_id: str) -> None:
+        """Take a queued run out of its thread's queue. Raises ``UnknownRun`` when it is not queued."""
+        await self._json("DELETE", f"/api/threads/{_quote(thread_id)}/queue/{_quote(run_id)}")
+
     # --- streams --------------------------------------------------------------------------
 
     def start(self, run_id: str, thread_id: str, messages: list[dict[str, Any]], *,

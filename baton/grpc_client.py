@@ -212,8 +212,13 @@ class RunsClient:
     def start(self, run_id: str, thread_id: str, messages: Sequence[Mapping[str, Any]] = (), *,
               agent: Mapping[str, Any] | None = None, cancel_on_disconnect: bool = False,
               interrupt_active: bool = False, parent_run_id: str = "",
-              workspace: Mapping[str, Any] | None = None) -> RunStream:
+              workspace: Mapping[str, Any] | None = None, multitask: str = "") -> RunStream:
         """Start a run (or join it, when the run id exists) and stream its log from the start.
+
+        ``multitask`` (docs/hitl.md): what a busy thread does with the run: ``reject`` (the
+        default: ``ThreadBusy``), ``enqueue`` / ``interrupt`` (the stream waits, then carries
+        the run once it started), ``steer`` (the message goes into the active run, whose log
+        the stream then carries from its current end).
 
         Args:
             agent: ``{"kind": ..., **options}`` (e.g. ``{"kind": "replay", "journal": ...}``);
@@ -227,7 +232,8 @@ class RunsClient:
             spec = runs_pb2.AgentSpec(kind=str(agent.get("kind", "")), options_json=json.dumps(opts))
         req = pb.RunStartRequest(thread_id=thread_id, run_id=run_id, messages_json=json.dumps(list(messages)),
                                  agent=spec, cancel_on_disconnect=cancel_on_disconnect,
-                                 interrupt_active=interrupt_active, parent_run_id=parent_run_id)
+                                 interrupt_active=interrupt_active, parent_run_id=parent_run_id,
+                                 multitask=multitask)
         if workspace is not None:
             req.workspace.CopyFrom(pb.Workspace(**{k: v for k, v in workspace.items() if v is not None}))
         return RunStream(self, run_id, req, "-1", self._max_retries)
@@ -285,6 +291,15 @@ class RunsClient:
         ``input_id`` on a retry is delivered once)."""
         r = await self._unary("SteerRun", pb.RunSteerRequest(run_id=run_id, text=text, input_id=input_id))
         return str(r.input_id)
+
+    async def list_queue(self, thread_id: str) -> list[pb.QueuedRunInfo]:
+        """The thread's queued runs, next first."""
+        r = await self._unary("ListQueuedRuns", pb.QueueListRequest(thread_id=thread_id))
+        return list(r.runs)
+
+    async def cancel_queued(self, thread_id: str, run_id: str) -> None:
+        """Take a queued run out of its thread's queue (``UnknownRun`` when it is not queued)."""
+        await self._unary("CancelQueuedRun", pb.QueueCancelRequest(thread_id=thread_id, run_id=run_id))
 
     async def delete_thread(self, thread_id: str) -> None:
         """Delete a thread's workspace and saved transcript (``ThreadBusy`` while a run goes)."""

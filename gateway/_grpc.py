@@ -29,7 +29,8 @@ from gateway._auth import tenant_of_header
 from gateway._errors import grpc_status
 from gateway._grpc_input import cancel_request_of, join_request_of, list_runs_request_of, start_request_of
 from gateway._reader import RunRead, stream_log
-from gateway._service import RunService, approval_answer, awaiting_approval, fork_request, steer_request
+from gateway._service import JoinRequest, RunService, approval_answer, awaiting_approval, fork_request, steer_request
+from gateway._service._queue import Queued, Steered, wait_started
 
 log = logging.getLogger("gateway.grpc")
 
@@ -98,9 +99,23 @@ class RunsService:
     async def StartRun(self, request: pb.RunStartRequest, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         t = self._tenant(context)
         req = start_request_of(request, self._svc.limits, self._settings.max_body_bytes)
-        read = await self._svc.start(t, req)
+        placed = await self._svc.start_or_queue(t, req)
+        if isinstance(placed, Queued):
+            # A busy thread (multitask enqueue/interrupt): say so, then stream the run once it
+            # started (the stream stays open while it waits).
+            await context.send_initial_metadata((("x-run-id", req.run_id),))
+            await context.write(_grpc_wire.notice_frame("RUN_QUEUED", f"position {placed.position}"))
+            while not await wait_started(self._svc.state, req.run_id):
+                await context.write(_grpc_wire.notice_frame("RUN_QUEUED", "still waiting"))
+            await self._stream(context, await self._svc.join(t, JoinRequest(req.run_id, "-1")))
+            return
+        if isinstance(placed, Steered):
+            await context.send_initial_metadata((("x-run-id", placed.run_id),))
+            await context.write(_grpc_wire.notice_frame("RUN_STEERED", f"{placed.run_id} {placed.input_id}"))
+            await self._stream(context, await self._svc.join(t, JoinRequest(placed.run_id, "now")))
+            return
         await context.send_initial_metadata((("x-run-id", req.run_id),))
-        await self._stream(context, read)
+        await self._stream(context, placed)
 
     async def JoinRun(self, request: pb.RunJoinRequest, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         t = self._tenant(context)
@@ -174,6 +189,22 @@ class RunsService:
         stored = await self._svc.steer(t, req)
         return pb.RunSteerResponse(run_id=req.run_id, input_id=stored.id)
 
+    async def ListQueuedRuns(self, request: pb.QueueListRequest, context: grpc.aio.ServicerContext[Any, Any]
+                             ) -> pb.QueueListResponse:
+        t = self._tenant(context)
+        queued = await self._svc.list_queue(t, validate_id(request.thread_id, "thread_id"))
+        return pb.QueueListResponse(runs=[pb.QueuedRunInfo(
+            run_id=q.run_id, thread_id=q.thread_id, strategy=q.strategy, position=q.position,
+            enqueued_at=q.enqueued_at, prompt=q.prompt) for q in queued])
+
+    async def CancelQueuedRun(self, request: pb.QueueCancelRequest, context: grpc.aio.ServicerContext[Any, Any]
+                              ) -> pb.QueueCancelResponse:
+        t = self._tenant(context)
+        run_id = validate_id(request.run_id, "run_id")
+        if not await self._svc.cancel_queued(t, validate_id(request.thread_id, "thread_id"), run_id):
+            raise e.UnknownRun(run_id)
+        return pb.QueueCancelResponse()
+
     async def ListAgents(self, request: pb.AgentListRequest, context: grpc.aio.ServicerContext[Any, Any]
                          ) -> pb.AgentListResponse:
         self._tenant(context)
@@ -213,6 +244,8 @@ def generic_handler(service: RunsService) -> grpc.GenericRpcHandler[Any, Any]:
         "DeleteThread": (pb.ThreadDeleteRequest, pb.ThreadDeleteResponse),
         "AnswerApproval": (pb.ApprovalAnswerRequest, pb.ApprovalAnswerResponse),
         "SteerRun": (pb.RunSteerRequest, pb.RunSteerResponse),
+        "ListQueuedRuns": (pb.QueueListRequest, pb.QueueListResponse),
+        "CancelQueuedRun": (pb.QueueCancelRequest, pb.QueueCancelResponse),
     }
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         name: grpc.unary_unary_rpc_method_handler(_guard(getattr(service, name)), request_deserializer=req.FromString,

@@ -70,6 +70,7 @@ def start_request_of(request: pb.RunStartRequest, limits: StartLimits, max_bytes
         interrupt_active=request.interrupt_active,
         parent_run_id=request.parent_run_id,
         workspace=_workspace(request.workspace) if request.HasField("workspace") else None,
+        multitask=request.multitask,
     )
 
 

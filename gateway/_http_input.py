@@ -108,6 +108,7 @@ class _ChatOptions(BaseModel):
     agent: dict[str, Any] | None = None
     detach_on_disconnect: bool = Field(True, description="false: the client leaving cancels the run")
     interrupt_active: bool = False
+    multitask: str | None = None
 
 
 def _validated(model: type[BaseModel], value: Mapping[str, Any]) -> Any:
@@ -142,7 +143,7 @@ def check_chat_start(
     thread_id = parsed.thread_id or query.get("threadId")
     props = parsed.forwarded_props or {}
     merged = {name: body[name] if body.get(name) is not None else props.get(name)
-              for name in ("agent", "detachOnDisconnect", "interruptActive", "workspace")}
+              for name in ("agent", "detachOnDisconnect", "interruptActive", "workspace", "multitask")}
     workspace = merged.pop("workspace")
     opts: _ChatOptions = _validated(_ChatOptions, {k: v for k, v in merged.items() if v is not None})
     return start_request(
@@ -155,6 +156,7 @@ def check_chat_start(
         interrupt_active=opts.interrupt_active,
         parent_run_id=parsed.parent_run_id or "",
         workspace=workspace,
+        multitask=opts.multitask,
     )
 
 

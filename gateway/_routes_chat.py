@@ -18,13 +18,19 @@ from baton.ids import validate_id
 from gateway._http_input import cancel_request_of, check_chat_start, read_json_object
 from gateway._reader import stream_log
 from gateway._service import JoinRequest, check_offset
+from gateway._service._queue import Queued, Steered, queued_view
 from gateway._sse import FORMAT_PARAM, StreamResponse, choose_framing
 from gateway._ui_messages import to_ui_messages
 from gateway._views import record_json, service_of, state_of, tenant
 
 
 async def start_chat(request: Request) -> Response | StreamResponse:
-    """``POST /api/chat``: validate, start the run on a host, stream its log from the start."""
+    """``POST /api/chat``: validate, start the run on a host, stream its log from the start.
+
+    A busy thread: ``multitask`` (docs/hitl.md) ``reject`` → 409 ``THREAD_BUSY``; ``enqueue``
+    → 202 ``{runId, threadId, status: "queued", position}``; ``interrupt`` → the active run is
+    cancelled and this run's log streams once it started; ``steer`` → 202 ``{runId: <the
+    active run>, inputId, status: "steered"}``."""
     st = state_of(request)
     t = tenant(request)
     body = await read_json_object(request, st.settings.max_body_bytes)
@@ -32,7 +38,14 @@ async def start_chat(request: Request) -> Response | StreamResponse:
                            default_agent=st.settings.default_agent, max_messages=st.settings.max_messages,
                            workspace_dirs=st.settings.workspace_dirs)
     resume = request.headers.get("last-event-id")
-    read = await service_of(request).start(t, req, resume_after=check_offset(resume) if resume else "-1")
+    read = await service_of(request).start_or_queue(t, req, resume_after=check_offset(resume) if resume else "-1")
+    if isinstance(read, Queued):
+        # A busy thread and multitask enqueue (or an interrupt whose run has not started yet).
+        return JSONResponse({"runId": read.run_id, "threadId": read.thread_id, "status": "queued",
+                             "position": read.position}, status_code=202, headers={"X-Run-Id": read.run_id})
+    if isinstance(read, Steered):
+        return JSONResponse({"runId": read.run_id, "inputId": read.input_id, "status": "steered"},
+                            status_code=202, headers={"X-Run-Id": read.run_id})
     framing = choose_framing(request.headers.get("accept"), request.query_params.get(FORMAT_PARAM))
     return StreamResponse(stream_log(read, framing), framing, headers={"X-Run-Id": req.run_id})
 
@@ -96,3 +109,21 @@ async def cancel_chat(request: Request) -> Response:
     doc = record_json(out.view.record, out.view.claim, out.view.reap_at)
     doc["confirmation"] = out.confirmation
     return JSONResponse(doc, status_code=200)
+
+
+async def thread_queue(request: Request) -> Response:
+    """``GET /api/threads/{threadId}/queue`` → ``{"queue": [{runId, status, strategy, position,
+    enqueuedAt, prompt}]}``, next first."""
+    thread_id = validate_id(request.path_params["thread_id"], "threadId")
+    queued = await service_of(request).list_queue(tenant(request), thread_id)
+    return JSONResponse({"threadId": thread_id, "queue": [queued_view(q) for q in queued]})
+
+
+async def cancel_queued(request: Request) -> Response:
+    """``DELETE /api/threads/{threadId}/queue/{runId}`` → 200 ``{"removed": true}``; a run that
+    is not queued (started already, or unknown) → 404 ``UNKNOWN_RUN``."""
+    thread_id = validate_id(request.path_params["thread_id"], "threadId")
+    run_id = validate_id(request.path_params["run_id"], "runId")
+    if not await service_of(request).cancel_queued(tenant(request), thread_id, run_id):
+        raise e.UnknownRun(run_id)
+    return JSONResponse({"removed": True})

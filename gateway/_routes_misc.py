@@ -25,7 +25,16 @@ METRICS_RUNS_LIMIT = 1000
 async def get_run(request: Request) -> Response:
     """``GET /api/runs/{runId}``: status, owner host, epoch, ``detachedSince``, ``reapAt``."""
     run_id = validate_id(request.path_params["run_id"], "runId")
-    view = await service_of(request).run_view(tenant(request), run_id)
+    try:
+        view = await service_of(request).run_view(tenant(request), run_id)
+    except e.UnknownRun:
+        # A run waiting in its thread's queue has no record yet.
+        from gateway._service._queue import queued_view
+
+        queued = await service_of(request).queued_run(tenant(request), run_id)
+        if queued is None:
+            raise
+        return JSONResponse(queued_view(queued))
     return JSONResponse(record_json(view.record, view.claim, view.reap_at))
 
 

@@ -90,6 +90,10 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
                 # The one service layer under the three edges (HTTP routes, gRPC, /ds).
                 runs = app.state.runs = RunService(state)
                 state.start()
+                # Starts each thread's next queued run once the thread is idle (every gateway).
+                from gateway._service._queue import QueueDispatcher
+
+                state.spawn(QueueDispatcher(state).run(), name="queue-dispatcher")
                 ds_store = await durable_streams.start_for(app, runs)
                 grpc_server = None
                 try:
@@ -121,6 +125,8 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
         Route("/api/runs/{run_id:path}/messages", misc.steer_run, methods=["POST"]),
         Route("/api/runs/{run_id:path}", misc.get_run, methods=["GET"]),
         Route("/api/threads/{thread_id:path}/messages", misc.thread_messages, methods=["GET"]),
+        Route("/api/threads/{thread_id:path}/queue/{run_id}", chat.cancel_queued, methods=["DELETE"]),
+        Route("/api/threads/{thread_id:path}/queue", chat.thread_queue, methods=["GET"]),
         Route("/api/threads/{thread_id:path}/fork", misc.fork_thread, methods=["POST"]),
         Route("/api/threads/{thread_id:path}", misc.delete_thread, methods=["DELETE"]),
         Route("/api/agents", misc.agents, methods=["GET"]),

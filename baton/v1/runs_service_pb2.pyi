@@ -37,6 +37,7 @@ class RunStartRequest(_message.Message):
     INTERRUPT_ACTIVE_FIELD_NUMBER: _builtins.int
     PARENT_RUN_ID_FIELD_NUMBER: _builtins.int
     WORKSPACE_FIELD_NUMBER: _builtins.int
+    MULTITASK_FIELD_NUMBER: _builtins.int
     thread_id: _builtins.str
     run_id: _builtins.str
     messages_json: _builtins.str
@@ -46,6 +47,14 @@ class RunStartRequest(_message.Message):
     interrupt_active: _builtins.bool
     """Interrupt the thread's running run instead of failing with THREAD_BUSY."""
     parent_run_id: _builtins.str
+    multitask: _builtins.str
+    """What to do when the thread has an active run (docs/hitl.md): "reject" (default,
+    THREAD_BUSY), "enqueue" (the run waits and starts once the thread is idle), "interrupt"
+    (the active run is cancelled; this run starts right after it ended), "steer" (the last
+    user message goes into the active run's turn). Busy thread: the stream first carries a
+    notice RUN_QUEUED (message: the position) or RUN_STEERED (message: the active run id),
+    then the queued run once it started, or the active run's log from its current end.
+    """
     @_builtins.property
     def agent(self) -> _runs_pb2.AgentSpec:
         """Which agent runs; unset = the gateway's default agent."""
@@ -65,10 +74,11 @@ class RunStartRequest(_message.Message):
         interrupt_active: _builtins.bool = ...,
         parent_run_id: _builtins.str = ...,
         workspace: Global___Workspace | None = ...,
+        multitask: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "workspace", b"workspace"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "cancel_on_disconnect", b"cancel_on_disconnect", "interrupt_active", b"interrupt_active", "messages_json", b"messages_json", "parent_run_id", b"parent_run_id", "run_id", b"run_id", "thread_id", b"thread_id", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "cancel_on_disconnect", b"cancel_on_disconnect", "interrupt_active", b"interrupt_active", "messages_json", b"messages_json", "multitask", b"multitask", "parent_run_id", b"parent_run_id", "run_id", b"run_id", "thread_id", b"thread_id", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -853,3 +863,117 @@ class RunSteerResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RunSteerResponse: _TypeAlias = RunSteerResponse  # noqa: Y015
+
+@_typing.final
+class QueueListRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    THREAD_ID_FIELD_NUMBER: _builtins.int
+    thread_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        thread_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["thread_id", b"thread_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueueListRequest: _TypeAlias = QueueListRequest  # noqa: Y015
+
+@_typing.final
+class QueuedRunInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    THREAD_ID_FIELD_NUMBER: _builtins.int
+    STRATEGY_FIELD_NUMBER: _builtins.int
+    POSITION_FIELD_NUMBER: _builtins.int
+    ENQUEUED_AT_FIELD_NUMBER: _builtins.int
+    PROMPT_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    thread_id: _builtins.str
+    strategy: _builtins.str
+    """"enqueue" | "interrupt" """
+    position: _builtins.int
+    """1 = next"""
+    enqueued_at: _builtins.float
+    """Unix seconds"""
+    prompt: _builtins.str
+    """its user message"""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        thread_id: _builtins.str = ...,
+        strategy: _builtins.str = ...,
+        position: _builtins.int = ...,
+        enqueued_at: _builtins.float = ...,
+        prompt: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["enqueued_at", b"enqueued_at", "position", b"position", "prompt", b"prompt", "run_id", b"run_id", "strategy", b"strategy", "thread_id", b"thread_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueuedRunInfo: _TypeAlias = QueuedRunInfo  # noqa: Y015
+
+@_typing.final
+class QueueListResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueuedRunInfo]: ...
+    def __init__(
+        self,
+        *,
+        runs: _abc.Iterable[Global___QueuedRunInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["runs", b"runs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueueListResponse: _TypeAlias = QueueListResponse  # noqa: Y015
+
+@_typing.final
+class QueueCancelRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    THREAD_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    thread_id: _builtins.str
+    run_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        thread_id: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id", "thread_id", b"thread_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueueCancelRequest: _TypeAlias = QueueCancelRequest  # noqa: Y015
+
+@_typing.final
+class QueueCancelResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueueCancelResponse: _TypeAlias = QueueCancelResponse  # noqa: Y015

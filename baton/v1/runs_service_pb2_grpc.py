@@ -94,6 +94,16 @@ class RunsStub:
                 request_serializer=baton_dot_v1_dot_runs__service__pb2.RunSteerRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_runs__service__pb2.RunSteerResponse.FromString,
                 _registered_method=True)
+        self.ListQueuedRuns = channel.unary_unary(
+                '/baton.v1.Runs/ListQueuedRuns',
+                request_serializer=baton_dot_v1_dot_runs__service__pb2.QueueListRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_runs__service__pb2.QueueListResponse.FromString,
+                _registered_method=True)
+        self.CancelQueuedRun = channel.unary_unary(
+                '/baton.v1.Runs/CancelQueuedRun',
+                request_serializer=baton_dot_v1_dot_runs__service__pb2.QueueCancelRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_runs__service__pb2.QueueCancelResponse.FromString,
+                _registered_method=True)
 
 
 class RunsServicer:
@@ -186,6 +196,19 @@ class RunsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListQueuedRuns(self, request, context):
+        """A thread's queued runs, next first; and taking one out before it starts.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelQueuedRun(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -248,6 +271,16 @@ def add_RunsServicer_to_server(servicer, server):
                     servicer.SteerRun,
                     request_deserializer=baton_dot_v1_dot_runs__service__pb2.RunSteerRequest.FromString,
                     response_serializer=baton_dot_v1_dot_runs__service__pb2.RunSteerResponse.SerializeToString,
+            ),
+            'ListQueuedRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQueuedRuns,
+                    request_deserializer=baton_dot_v1_dot_runs__service__pb2.QueueListRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_runs__service__pb2.QueueListResponse.SerializeToString,
+            ),
+            'CancelQueuedRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelQueuedRun,
+                    request_deserializer=baton_dot_v1_dot_runs__service__pb2.QueueCancelRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_runs__service__pb2.QueueCancelResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -574,6 +607,60 @@ class Runs:
             '/baton.v1.Runs/SteerRun',
             baton_dot_v1_dot_runs__service__pb2.RunSteerRequest.SerializeToString,
             baton_dot_v1_dot_runs__service__pb2.RunSteerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListQueuedRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.Runs/ListQueuedRuns',
+            baton_dot_v1_dot_runs__service__pb2.QueueListRequest.SerializeToString,
+            baton_dot_v1_dot_runs__service__pb2.QueueListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelQueuedRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.Runs/CancelQueuedRun',
+            baton_dot_v1_dot_runs__service__pb2.QueueCancelRequest.SerializeToString,
+            baton_dot_v1_dot_runs__service__pb2.QueueCancelResponse.FromString,
             options,
             channel_credentials,
             insecure,

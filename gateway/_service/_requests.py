@@ -83,6 +83,8 @@ class StartRequest:
     parent_run_id: str = ""
     #: The thread's workspace (its first run names it; ``None``: none named).
     workspace: WorkspaceSpec | None = None
+    #: A busy thread: ``reject`` | ``enqueue`` | ``interrupt`` | ``steer`` (docs/hitl.md).
+    multitask: str = "reject"
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,7 @@ _MESSAGES: TypeAdapter[list[_Message]] = TypeAdapter(list[_Message])
 
 def start_request(*, run_id: str, thread_id: str | None, messages: Any, agent: Any, limits: StartLimits,
                   cancel_on_disconnect: bool = False, interrupt_active: bool = False,
-                  parent_run_id: str = "", workspace: Any = None) -> StartRequest:
+                  parent_run_id: str = "", workspace: Any = None, multitask: Any = None) -> StartRequest:
     """The checks every start shares, whatever its edge.
 
     Args:
@@ -167,7 +169,25 @@ def start_request(*, run_id: str, thread_id: str | None, messages: Any, agent: A
         interrupt_active=interrupt_active,
         parent_run_id=parent_run_id,
         workspace=parse_workspace(workspace, dirs=limits.workspace_dirs),
+        multitask=check_multitask(multitask),
     )
+
+
+#: The choices for a message to a busy thread (docs/hitl.md; LangGraph's double-texting names).
+MULTITASK = ("reject", "enqueue", "interrupt", "steer")
+
+
+def check_multitask(value: Any) -> str:
+    """The strategy named by ``value`` (``None`` or ``""``: ``reject``).
+
+    Raises:
+        InvalidArgument: not one of :data:`MULTITASK`.
+    """
+    if value is None or value == "":
+        return "reject"
+    if value not in MULTITASK:
+        raise e.InvalidArgument("multitask", f"must be one of {', '.join(MULTITASK)}")
+    return str(value)
 
 
 def json_depth(value: Any) -> int:

@@ -16,7 +16,7 @@ from baton.ids import page_position, page_token, run_position
 from baton.runs import TERMINAL_PB
 from baton.v1 import runs_pb2
 from gateway._reader import RunRead
-from gateway._service import _cancel, _inputs, _start, _threads, _views
+from gateway._service import _cancel, _inputs, _queue, _start, _threads, _views
 from gateway._service._cancel import CancelOutcome
 from gateway._service._requests import (CancelRequest, JoinRequest, ListRunsRequest, StartLimits, StartRequest,
                                         agent_list)
@@ -72,6 +72,50 @@ class RunService:
                 log.info("client of run %s left; cancelling it (detachOnDisconnect: false)", run_id)
                 st.spawn(_cancel.request_cancel(st, run_id, "client-disconnected"), name=f"cancel:{run_id}")
         return RunRead(st, req.run_id, after, on_disconnect=on_disconnect)
+
+    async def start_or_queue(self, tenant: str, req: StartRequest, *, resume_after: str = "-1"
+                             ) -> RunRead | _queue.Queued | _queue.Steered:
+        """:meth:`start`, with ``req.multitask`` deciding what a busy thread does with the run
+        (docs/hitl.md): ``reject`` raises ``ThreadBusy``; ``enqueue`` answers the run's place
+        in the queue; ``interrupt`` cancels the active run and reads this run once it started
+        (its place in the queue when that takes longer than ``INTERRUPT_WAIT``); ``steer``
+        answers the active run and the message's input id.
+
+        Raises:
+            As :meth:`start`; a steer's errors (``RunEnded``, ``SteerUnsupported``...).
+        """
+        for _ in range(3):
+            placed = await _queue.queue_or_steer(self.state, tenant, req, req.multitask)
+            if isinstance(placed, _queue.Queued):
+                if req.multitask == "interrupt" and await _queue.wait_started(self.state, req.run_id):
+                    return await self.join(tenant, JoinRequest(req.run_id, "-1"))
+                return placed
+            if placed is not None:
+                return placed
+            try:
+                return await self.start(tenant, req, resume_after=resume_after)
+            except e.ThreadBusy:
+                if req.multitask == "reject":
+                    raise
+                # The thread became busy between the look and the start: place it again.
+        raise e.StoreUnavailable("the thread's active run kept changing")
+
+    async def list_queue(self, tenant: str, thread_id: str) -> list[Any]:
+        """The thread's queued runs, next first (``UnknownThread`` for another tenant's)."""
+        await _views.thread_visible_for(self.state, tenant, thread_id, must_exist=True)
+        scope = tenant if self.state.settings.auth_enabled else None
+        return list(await self.state.coordinator.list_queued_runs(thread_id, tenant=scope))
+
+    async def cancel_queued(self, tenant: str, thread_id: str, run_id: str) -> bool:
+        """Take a queued run out of its thread's queue; ``False`` when it is not queued."""
+        scope = tenant if self.state.settings.auth_enabled else None
+        return bool(await self.state.coordinator.remove_queued_run(thread_id, run_id, tenant=scope))
+
+    async def queued_run(self, tenant: str, run_id: str) -> Any | None:
+        """The queued run ``run_id`` of ``tenant`` (with its position), or ``None``."""
+        scope = tenant if self.state.settings.auth_enabled else None
+        found = await self.state.coordinator.list_queued_runs(run_id=run_id, tenant=scope)
+        return found[0] if found else None
 
     async def join(self, tenant: str, req: JoinRequest) -> RunRead:
         """A run's log strictly after ``req.after``; looks at the run for a takeover.

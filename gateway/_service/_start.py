@@ -106,7 +106,16 @@ def _check_same_run(record: runs_pb2.RunRecord, req: StartRequest, tenant_id: st
 
 
 async def _start_run(st: GatewayState, req: StartRequest, tenant_id: str) -> runs_pb2.RunRecord:
-    host_req = host_request(req, tenant_id)
+    return await start_host_request(st, host_request(req, tenant_id))
+
+
+async def start_host_request(st: GatewayState, host_req: sandbox_host_pb2.StartRunRequest) -> runs_pb2.RunRecord:
+    """``StartRun`` of ``host_req`` on a live host (the next one on a host's trouble); a thread
+    whose previous run is finishing is waited for (:func:`_finishing`).
+
+    Raises:
+        ThreadBusy, NoHostAvailable, and the host's other errors.
+    """
     t0 = time.monotonic()
     hosts = await st.hosts.live_hosts(timeout=START_READ_TIMEOUT)
     resp: sandbox_host_pb2.StartRunResponse
@@ -134,7 +143,7 @@ async def _start_run(st: GatewayState, req: StartRequest, tenant_id: str) -> run
         st.metrics.appends.labels("thread-busy").inc()
         raise
     st.metrics.appends.labels("created" if resp.created else "existing").inc()
-    log.info("run %s started on %s (created=%s) in %.3fs", req.run_id, host.host_id, resp.created,
+    log.info("run %s started on %s (created=%s) in %.3fs", host_req.run_id, host.host_id, resp.created,
              time.monotonic() - t0)
     return resp.record
 

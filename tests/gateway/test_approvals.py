@@ -350,3 +350,117 @@ async def test_grpc_answers_the_same_approval(cluster: Cluster, gw: Gateway, htt
             await runs.answer_approval(run_id, "req-none", True)
     chunks = await whole_log(http, gw, run_id)
     assert [c["content"] for c in results_in(chunks)] == ["changed"]  # the answer's input ran
+
+
+# --- a second message to a busy thread (multitask) -----------------------------------------
+
+def chat(thread: str, prompt: str, multitask: str | None = None) -> dict[str, Any]:
+    b: dict[str, Any] = {"threadId": thread, "agent": {"kind": "claude-code"},
+                         "messages": [{"id": unique("u"), "role": "user", "content": prompt}]}
+    if multitask is not None:
+        b["multitask"] = multitask
+    return b
+
+
+async def start_busy(gw: Gateway, prompt: str) -> tuple[str, str]:
+    """A thread whose first run is working (read until its first text, then left)."""
+    thread, run_id = unique("mt-thr-"), unique("run-")
+    await read_until(f"{gw.url}/api/chat?runId={run_id}", "POST", lambda c: c["type"] == "TEXT_MESSAGE_CONTENT",
+                     json=chat(thread, prompt))
+    return thread, run_id
+
+
+async def test_three_queued_runs_start_in_order_in_the_same_session(cluster: Cluster, gw: Gateway,
+                                                                    http: httpx.AsyncClient) -> None:
+    thread, first = await start_busy(gw, "say first\nsleep 2\nrun echo one >> log.txt")
+    queued = []
+    for n in range(1, 4):
+        run_id = unique(f"q{n}-")
+        prompt = "recall" if n == 3 else f"run echo {n + 1} >> log.txt"
+        r = await http.post(f"{gw.url}/api/chat?runId={run_id}", json=chat(thread, prompt, "enqueue"))
+        assert r.status_code == 202, r.text
+        assert r.json() == {"runId": run_id, "threadId": thread, "status": "queued", "position": n}
+        queued.append(run_id)
+    again = await http.post(f"{gw.url}/api/chat?runId={queued[0]}", json=chat(thread, "x", "enqueue"))
+    assert again.status_code == 202 and again.json()["position"] == 1  # a retried POST queues nothing twice
+    listed = (await http.get(f"{gw.url}/api/threads/{thread}/queue")).json()["queue"]
+    assert [(q["runId"], q["position"]) for q in listed] == [(queued[0], 1), (queued[1], 2), (queued[2], 3)]
+    assert (await view(http, gw, queued[1]))["status"] == "queued"
+
+    last = await whole_log_when_started(http, gw, queued[2])
+    assert terminal(last)["type"] == "RUN_FINISHED"
+    # The last turn's agent remembers every earlier turn of the thread, in order.
+    assert "1. say first" in texts(last) and "3. run echo 3 >> log.txt" in texts(last)
+    starts = [(await view(http, gw, r))["startedAt"] for r in [first, *queued]]
+    assert starts == sorted(starts)
+    saved = (await http.get(f"{gw.url}/api/threads/{thread}/messages")).json()["messages"]
+    users = [m["content"] for m in saved if m["role"] == "user"]
+    assert users == ["say first\nsleep 2\nrun echo one >> log.txt", "run echo 2 >> log.txt",
+                     "run echo 3 >> log.txt", "recall"]
+    assert (await http.get(f"{gw.url}/api/threads/{thread}/queue")).json()["queue"] == []
+
+
+async def whole_log_when_started(http: httpx.AsyncClient, gw: Gateway, run_id: str, timeout: float = 60) -> list[Chunk]:
+    """The run's whole log once it was dispatched from its queue."""
+    from tests.conftest import assert_eventually
+
+    async def started() -> bool:
+        return (await http.get(f"{gw.url}/api/runs/{run_id}")).json().get("status") != "queued"
+    await assert_eventually(started, timeout=timeout)
+    return await whole_log(http, gw, run_id)
+
+
+async def test_interrupt_cancels_the_active_run_and_streams_the_new_one(cluster: Cluster, gw: Gateway,
+                                                                        http: httpx.AsyncClient) -> None:
+    thread, first = await start_busy(gw, "say working\nsleep 30\nsay never")
+    run_id = unique("run-")
+    got = await read_stream(http, "POST", f"{gw.url}/api/chat?runId={run_id}",
+                            json=chat(thread, "say instead", "interrupt"))
+    assert got.status == 200 and got.ended
+    chunks = [c for _, c in got.events]
+    assert terminal(chunks)["type"] == "RUN_FINISHED" and "instead" in texts(chunks)
+    old = await view(http, gw, first)
+    assert old["status"] == "aborted"
+    saved = (await http.get(f"{gw.url}/api/threads/{thread}/messages")).json()["messages"]
+    assert [m["content"] for m in saved if m["role"] == "user"][-1] == "say instead"
+
+
+async def test_steer_through_chat_and_cancel_a_queued_run(cluster: Cluster, gw: Gateway,
+                                                          http: httpx.AsyncClient) -> None:
+    thread, first = await start_busy(gw, "say working\nsleep 2\nsay done")
+    r = await http.post(f"{gw.url}/api/chat?runId=steer-{unique()}", json=chat(thread, "say steered in", "steer"))
+    assert r.status_code == 202 and r.json()["runId"] == first and r.json()["status"] == "steered"
+    queued = unique("q-")
+    assert (await http.post(f"{gw.url}/api/chat?runId={queued}", json=chat(thread, "say no", "enqueue"))).status_code == 202
+    async with httpx.AsyncClient(trust_env=False, timeout=30, headers={"Authorization": "Bearer key-beta"}) as beta:
+        assert (await beta.delete(f"{gw.url}/api/threads/{thread}/queue/{queued}")).status_code == 404
+        assert (await beta.get(f"{gw.url}/api/runs/{queued}")).status_code == 404
+    gone = await http.delete(f"{gw.url}/api/threads/{thread}/queue/{queued}")
+    assert gone.status_code == 200 and gone.json() == {"removed": True}
+    assert (await http.delete(f"{gw.url}/api/threads/{thread}/queue/{queued}")).status_code == 404
+    chunks = await whole_log(http, gw, first)
+    assert "steered in" in texts(chunks)
+    busy = await http.post(f"{gw.url}/api/chat?runId={unique('r-')}", json=chat(thread, "x", "bogus"))
+    assert busy.status_code == 400 and "multitask" in busy.text
+    # The cancelled run never starts.
+    await asyncio.sleep(1.0)
+    assert (await http.get(f"{gw.url}/api/runs/{queued}")).status_code == 404
+    r = await http.post(f"{gw.url}/api/chat?runId={unique('r-')}", json=chat(thread, "say idle now", "enqueue"))
+    assert r.status_code == 200  # an idle thread starts the run at once, whatever the strategy
+
+
+async def test_grpc_queue_and_start_notice(cluster: Cluster, gw: Gateway, http: httpx.AsyncClient) -> None:
+    from baton import errors as e
+    from baton.grpc_client import RunsClient
+
+    thread, first = await start_busy(gw, "say working\nsleep 2\nsay done")
+    async with RunsClient(f"127.0.0.1:{gw.state.grpc_port}", api_key="key-alpha") as runs:
+        run_id = unique("g-")
+        stream = runs.start(run_id, thread, [{"id": "u1", "role": "user", "content": "say queued over grpc"}],
+                            agent={"kind": "claude-code"}, multitask="enqueue")
+        got = [c async for c in stream]
+        assert "queued over grpc" in "".join(c.event.get("delta", "") for c in got)
+        assert stream.status == "completed"
+        assert await runs.list_queue(thread) == []
+        with pytest.raises(e.UnknownRun):
+            await runs.cancel_queued(thread, run_id)
