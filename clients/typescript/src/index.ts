@@ -98,6 +98,8 @@ export interface StartRunOptions {
   agent?: Agent;
   cancelOnDisconnect?: boolean;
   interruptActive?: boolean;
+  /** A busy thread: "reject" (default), "enqueue", "interrupt" or "steer" (docs/hitl.md). */
+  multitask?: "reject" | "enqueue" | "interrupt" | "steer";
   parentRunId?: string;
   /** The thread's workspace, on its first run: `{ git, ref?, credential? }` or `{ dir }`, plus `setup?`. */
   workspace?: WorkspaceOptions;
@@ -239,7 +241,7 @@ export class BatonRunsClient {
     const req: RunStartRequest = {
       threadId: opts.threadId, runId: opts.runId, messagesJson: JSON.stringify(opts.messages ?? []), agent,
       cancelOnDisconnect: opts.cancelOnDisconnect ?? false, interruptActive: opts.interruptActive ?? false,
-      parentRunId: opts.parentRunId ?? "",
+      parentRunId: opts.parentRunId ?? "", multitask: opts.multitask ?? "",
       workspace: opts.workspace ? {
         git: opts.workspace.git ?? "", ref: opts.workspace.ref ?? "", credential: opts.workspace.credential ?? "",
         dir: opts.workspace.dir ?? "", setup: opts.workspace.setup ?? [],
