@@ -360,18 +360,12 @@ class DockerProvider(Provider):
         return {"pgid": pgid, "inbox": inbox} if inbox else {"pgid": pgid}
 
     async def send_input(self, handle: SandboxHandle, input_id: str, payload: bytes) -> None:
-        """Append the input's line to the inbox in the container: an exec whose argv carries
-        the line (never a shell string with it inside), written by one ``printf``.
-
-        Raises:
-            ValueError: see :func:`sandbox_host.providers._base.check_input`.
-            SandboxReclaimFailed: the container is gone or the append failed.
-        """
-        line = check_input(handle, input_id, payload)
+        """Append the input's line to the inbox: an exec whose argv carries the line (never a
+        shell string with it inside). Raises ``ValueError`` (``check_input``), ``SandboxReclaimFailed``."""
+        line = check_input(handle, input_id, payload).decode("utf-8", "surrogateescape")
         try:
-            code, _, err = await self._exec(self._cid(handle), [
-                "sh", "-c", 'printf "%s" "$1" >>"$2"', "sh", line.decode("utf-8", "surrogateescape"),
-                handle.inbox_path])
+            code, _, err = await self._exec(self._cid(handle), ["sh", "-c", 'printf "%s" "$1" >>"$2"', "sh", line,
+                                                                handle.inbox_path])
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise SandboxReclaimFailed(handle.key, _explain(exc)) from exc
         if code != 0:

@@ -138,11 +138,15 @@ async def run_kill_point(c: Cluster, baseline: dict[str, Any], point: str) -> No
                     if point.startswith("double:"):
                         await _wait_fence(c, run_id, 2)
                         view = await c.cc.get_run(run_id)
-                        successor = next(h for h in c.hosts if view.claim and h.host_id == view.claim.host_id)
-                        await kill(successor)
-                        # On a slow machine the successor may have finished the run before
-                        # the kill landed: only a successor killed mid-run forces a third claim.
-                        still_running = status_of((await c.cc.get_run(run_id)).record) == "running"
+                        successor = next((h for h in c.hosts if view.claim and h.host_id == view.claim.host_id), None)
+                        # On a slow machine the successor may have finished the run (its claim
+                        # released) before we look, or before the kill lands: only a successor
+                        # killed mid-run forces a third claim.
+                        if successor is None:
+                            still_running = False
+                        else:
+                            await kill(successor)
+                            still_running = status_of((await c.cc.get_run(run_id)).record) == "running"
     finally:
         await asyncio.gather(*restarts.values())
     rec = await c.wait_status(run_id, "completed")

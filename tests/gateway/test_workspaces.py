@@ -30,7 +30,7 @@ TOKEN = "ghp-SECRET-token-0123456789"
 # the files there, its HOME and whether the git credential reached it, as stream-json.
 FAKE_CLAUDE = """#!{python}
 import json, os, sys
-sys.stdin.read()
+sys.stdin.readline()  # the prompt: one stream-json user line (stdin stays open after it)
 seen = {{"cwd": os.getcwd(), "files": sorted(os.listdir(".")), "home": os.environ.get("HOME"),
         "token": any("SECRET" in v for v in os.environ.values())}}
 text = json.dumps(seen, sort_keys=True)

@@ -2,6 +2,8 @@
 claude-code / codex launch specs."""
 from __future__ import annotations
 
+import json
+
 import asyncio
 import pathlib
 import subprocess
@@ -9,6 +11,8 @@ import sys
 import time
 
 import pytest
+
+from sandbox_host.agents._claude import user_line
 
 from baton.errors import InvalidArgument
 from sandbox_host.agents import journal_format_for, load_files, prepare_agent, prompt_from_messages
@@ -65,9 +69,13 @@ def test_replay_program_is_byte_exact_and_paced(tmp_path: pathlib.Path) -> None:
 
 def test_cli_agent_launch_specs() -> None:
     c = prepare_agent("claude-code", {"model": "sonnet", "max_turns": 3}, prompt="fix it")
-    assert c.argv == ("claude", "-p", "--output-format", "stream-json", "--verbose",
+    assert c.argv == ("claude", "-p", "--input-format", "stream-json", "--output-format", "stream-json", "--verbose",
                       "--include-partial-messages", "--model", "sonnet", "--max-turns", "3")
-    assert c.stdin == b"fix it" and c.journal_format == "claude-stream-json"
+    assert c.stdin == user_line("fix it") and c.interactive and c.journal_format == "claude-stream-json"
+    assert json.loads(c.stdin) == {"type": "user", "message": {"role": "user", "content": "fix it"},
+                                   "parent_tool_use_id": None, "session_id": ""}
+    asking = prepare_agent("claude-code", {"approvals": True}, prompt="p")
+    assert asking.argv[-2:] == ("--permission-prompt-tool", "stdio")
     assert c.missing_secrets({}) == ["ANTHROPIC_API_KEY|CLAUDE_CODE_OAUTH_TOKEN"]
     assert c.missing_secrets({"CLAUDE_CODE_OAUTH_TOKEN": "t"}) == []
     c2 = prepare_agent("claude-code", {"partial_messages": False}, prompt="p")

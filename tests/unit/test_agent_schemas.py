@@ -75,7 +75,7 @@ def test_what_the_gateway_accepts_is_what_the_host_runs(tmp_path: pathlib.Path) 
     choice = check_agent({"kind": "claude-code", "model": "sonnet", "maxTurns": 3, "allowedTools": ["Read", "Edit"],
                           "appendSystemPrompt": "be brief"}, [tmp_path], "replay")
     launch = prepare_agent(choice.kind, choice.options, prompt="hi")
-    assert launch.argv == ("claude", "-p", "--output-format", "stream-json", "--verbose", "--include-partial-messages",
+    assert launch.argv == ("claude", "-p", "--input-format", "stream-json", "--output-format", "stream-json", "--verbose", "--include-partial-messages",
                            "--model", "sonnet", "--max-turns", "3", "--allowedTools", "Read,Edit",
                            "--append-system-prompt", "be brief")
     codex = check_agent({"kind": "codex", "profile": "ci", "sandbox": "read-only"}, [tmp_path], "replay")
@@ -139,7 +139,7 @@ def test_contract_from_the_http_body_to_argv_and_env(tmp_path: pathlib.Path) -> 
     claude = _http_body_to_launch({"kind": "claude-code", "model": "sonnet", "maxTurns": 3, "permissionMode": "plan",
                                    "includePartialMessages": False, "allowedTools": ["Read"],
                                    "appendSystemPrompt": "be brief"}, tmp_path)
-    assert claude.argv == ("claude", "-p", "--output-format", "stream-json", "--verbose", "--model", "sonnet",
+    assert claude.argv == ("claude", "-p", "--input-format", "stream-json", "--output-format", "stream-json", "--verbose", "--model", "sonnet",
                            "--max-turns", "3", "--permission-mode", "plan", "--allowedTools", "Read",
                            "--append-system-prompt", "be brief")
     assert "--include-partial-messages" not in claude.argv  # false means false

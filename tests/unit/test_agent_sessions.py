@@ -12,6 +12,8 @@ from datetime import datetime, timezone
 
 import pytest
 
+from sandbox_host.agents._claude import user_line
+
 from baton.errors import InvalidArgument
 from sandbox_host.agents import prepare_agent
 from sandbox_host.agents.sessions import (
@@ -144,9 +146,9 @@ def test_session_paths() -> None:
 def test_resume_argv_of_the_cli_kinds() -> None:
     sid = "3c655f56-b968-4973-a723-c2370e328b4e"
     c = prepare_agent("claude-code", {"model": "sonnet"}, prompt="p", resume=sid)
-    assert c.argv == ("claude", "-p", "--output-format", "stream-json", "--verbose", "--include-partial-messages",
+    assert c.argv == ("claude", "-p", "--input-format", "stream-json", "--output-format", "stream-json", "--verbose", "--include-partial-messages",
                       "--model", "sonnet", "--resume", sid)
-    assert c.resume == sid and not c.fork and c.stdin == b"p"
+    assert c.resume == sid and not c.fork and c.stdin == user_line("p")
     f = prepare_agent("claude-code", {}, prompt="p", resume=sid, fork=True)
     assert f.argv[-3:] == ("--resume", sid, "--fork-session") and f.fork
     x = prepare_agent("codex", {"model": "gpt-5", "profile": "ci"}, prompt="do", resume=sid)
