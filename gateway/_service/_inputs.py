@@ -62,8 +62,10 @@ def input_json(given: runs_pb2.RunInput) -> dict[str, Any]:
 
 
 def awaiting_approval(record: runs_pb2.RunRecord) -> bool:
-    """Whether an approval the run's agent asked for waits for an answer."""
-    return any(i.kind == "approval" and i.state == "pending" for i in record.inputs)
+    """Whether an approval the run's agent asked for waits for an answer (a run that ended
+    waits for nothing: an approval left pending by a cancel stays ``pending`` in ``inputs``)."""
+    return record.status == runs_pb2.RUN_STATUS_RUNNING and any(
+        i.kind == "approval" and i.state == "pending" for i in record.inputs)
 
 
 @dataclass(frozen=True)

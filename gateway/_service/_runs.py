@@ -101,8 +101,9 @@ class RunService:
         raise e.StoreUnavailable("the thread's active run kept changing")
 
     async def list_queue(self, tenant: str, thread_id: str) -> list[Any]:
-        """The thread's queued runs, next first (``UnknownThread`` for another tenant's)."""
-        await _views.thread_visible_for(self.state, tenant, thread_id, must_exist=True)
+        """The thread's queued runs, next first (``UnknownThread`` for another tenant's; a
+        thread without runs has an empty queue)."""
+        await _views.thread_visible_for(self.state, tenant, thread_id, must_exist=False)
         scope = tenant if self.state.settings.auth_enabled else None
         return list(await self.state.coordinator.list_queued_runs(thread_id, tenant=scope))
 

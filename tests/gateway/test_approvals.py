@@ -464,3 +464,66 @@ async def test_grpc_queue_and_start_notice(cluster: Cluster, gw: Gateway, http: 
         assert await runs.list_queue(thread) == []
         with pytest.raises(e.UnknownRun):
             await runs.cancel_queued(thread, run_id)
+
+
+async def test_a_cancel_while_it_waits_ends_the_run_and_its_approval(cluster: Cluster, gw: Gateway,
+                                                                      http: httpx.AsyncClient) -> None:
+    _, run_id, approval = await ask(gw, "run echo never > c.txt")
+    r = await http.post(f"{gw.url}/api/chat/cancel?wait=true", json={"runId": run_id})
+    assert r.status_code == 200 and r.json()["status"] == "aborted", r.text
+    v = await view(http, gw, run_id)
+    assert v["awaitingApproval"] is False and v["inputs"][0]["state"] == "pending"
+    late = await answer(http, gw, run_id, approval, True)
+    assert late.status_code == 409 and late.json()["reason"] == "RUN_ENDED"
+    chunks = await whole_log(http, gw, run_id)
+    assert terminal(chunks)["type"] == "RUN_ERROR" and answers_in(chunks) == [] and results_in(chunks) == []
+
+
+@pytest.mark.node
+async def test_tanstack_client_sees_the_approval_and_the_run_goes_on(cluster: Cluster, gw: Gateway,
+                                                                     http: httpx.AsyncClient) -> None:
+    """A stock ``@tanstack/ai-client`` ChatClient: its processor turns the request into its
+    approval state; answered through baton's endpoint, its stream goes on to the result."""
+    from tests.gateway.test_node import need_node, run_node
+
+    node = need_node("@tanstack/ai-client")
+    result = await run_node(node, "tanstack_approvals.mjs", {"BATON_GATEWAY_URL": gw.url, "BATON_API_KEY": "key-alpha"},
+                            timeout=120)
+    assert result["asked"]["name"] == "Bash" and result["asked"]["state"] == "approval-requested"
+    assert result["answer"]["body"]["approval"]["id"] == result["asked"]["approval"]["id"]
+    chunks = await whole_log(http, gw, result["runId"])
+    assert approvals_in(chunks) == [result["asked"]["approval"]["id"]]
+    assert terminal(chunks)["type"] == "RUN_FINISHED"
+
+
+async def test_a_queued_run_outlives_the_gateway_that_queued_it(cluster: Cluster, gw: Gateway, make_gateway: Any,
+                                                                http: httpx.AsyncClient) -> None:
+    first_gw = await make_gateway(keepalive=0.5, api_keys=KEYS)
+    thread, first = await start_busy(first_gw, "say working\nsleep 2\nsay done")
+    queued = unique("q-")
+    r = await http.post(f"{first_gw.url}/api/chat?runId={queued}", json=chat(thread, "say after the gateway", "enqueue"))
+    assert r.status_code == 202
+    await first_gw.stop()  # its dispatcher is gone with it: another gateway's starts the run
+    chunks = await whole_log_when_started(http, gw, queued)
+    assert terminal(chunks)["type"] == "RUN_FINISHED" and "after the gateway" in texts(chunks)
+
+
+async def test_a_steered_message_outlives_the_host_that_drove_the_run(cluster: Cluster, gw: Gateway,
+                                                                      http: httpx.AsyncClient) -> None:
+    thread, run_id = await start_busy(gw, "say working\nsleep 4\nsay done")
+    await cluster.kill(await driver_of(http, gw, run_id))
+    try:
+        r = await http.post(f"{gw.url}/api/runs/{run_id}/messages", json={"content": "say steered while it was down",
+                                                                          "id": "steer-down"})
+        assert r.status_code == 202
+        chunks = await whole_log(http, gw, run_id)  # the join brings a successor, which delivers it
+        assert terminal(chunks)["type"] == "RUN_FINISHED"
+        users = [c["messageId"] for c in chunks if c["type"] == "TEXT_MESSAGE_START" and c.get("role") == "user"]
+        assert users == ["input:steer-down"]
+        said: dict[str, str] = {}
+        for c in chunks:
+            if c["type"] == "TEXT_MESSAGE_CONTENT" and not c["messageId"].startswith("input:"):
+                said[c["messageId"]] = said.get(c["messageId"], "") + c["delta"]
+        assert list(said.values()).count("steered while it was down") == 1  # the agent took it once
+    finally:
+        await cluster.add_host()

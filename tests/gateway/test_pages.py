@@ -328,6 +328,28 @@ async def test_coding_session_repository_field_second_turn_and_fork(
 
 @pytest.mark.browser
 @pytest.mark.timeout(300)
+async def test_approvals_are_answered_in_place_from_any_tab(
+        page_gateway: Gateway, page_cluster: Cluster, http: httpx.AsyncClient) -> None:
+    """A claude-code run whose stand-in asks before Bash: the card, a second tab, a reload,
+    Approve, then a denial with a reason; a busy thread's queue: two queued, one cancelled,
+    the other runs next (docs/hitl.md)."""
+    node = need_browser()
+    result = await run_page_script(node, "page_approvals.mjs", page_gateway, timeout=280)
+    a = result["approvals"]
+    view = (await http.get(f"{page_gateway.url}/api/runs/{a['run1']}", headers=A)).json()
+    assert view["status"] == "completed" and [(i["id"], i["decision"], i["answeredBy"]) for i in view["inputs"]] == [
+        (a["approval"], "allow", "user")]
+    denied = (await http.get(f"{page_gateway.url}/api/runs/{a['run2']}", headers=A)).json()["inputs"]
+    assert [(i["decision"], i["message"]) for i in denied] == [("deny", "not today")]
+    q = result["queue"]
+    assert (await http.get(f"{page_gateway.url}/api/runs/{q['ran']}", headers=A)).json()["status"] == "completed"
+    assert (await http.get(f"{page_gateway.url}/api/runs/{q['cancelled']}", headers=A)).status_code == 404
+    assert [pathlib.Path(p).name for p in result["screenshots"]] == [
+        "approval-pending.png", "approval-answered.png", "approval-denied.png", "queue-two.png", "queue-ran.png"]
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(300)
 async def test_host_killed_mid_run_shows_one_takeover_marker_and_the_operator_view(
         page_gateway: Gateway, two_hosts: list[Any], http: httpx.AsyncClient, cc: CoordinatorClient) -> None:
     """Last in this module: it SIGKILLs one of the two hosts."""
@@ -371,20 +393,3 @@ async def test_host_killed_mid_run_shows_one_takeover_marker_and_the_operator_vi
     assert t["text"] == SLOW_TEXT
     assert t["shownText"] == SLOW_TEXT  # no part shown twice, none missing
 
-
-@pytest.mark.browser
-@pytest.mark.timeout(300)
-async def test_approvals_are_answered_in_place_from_any_tab(
-        page_gateway: Gateway, page_cluster: Cluster, http: httpx.AsyncClient) -> None:
-    """A claude-code run whose stand-in asks before Bash: the card, a second tab, a reload,
-    Approve, then a denial with a reason (docs/hitl.md)."""
-    node = need_browser()
-    result = await run_page_script(node, "page_approvals.mjs", page_gateway, timeout=280)
-    a = result["approvals"]
-    view = (await http.get(f"{page_gateway.url}/api/runs/{a['run1']}", headers=A)).json()
-    assert view["status"] == "completed" and [(i["id"], i["decision"], i["answeredBy"]) for i in view["inputs"]] == [
-        (a["approval"], "allow", "user")]
-    denied = (await http.get(f"{page_gateway.url}/api/runs/{a['run2']}", headers=A)).json()["inputs"]
-    assert [(i["decision"], i["message"]) for i in denied] == [("deny", "not today")]
-    assert [pathlib.Path(p).name for p in result["screenshots"]] == [
-        "approval-pending.png", "approval-answered.png", "approval-denied.png"]

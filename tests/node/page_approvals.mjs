@@ -84,4 +84,35 @@ await main(async (browser) => {
   noProblems(page, 'approvals')
   noProblems(other, 'approvals, second tab')
   results.approvals = { thread, run1, run2, approval: asked.id }
+
+  // --- 4. a busy thread: queue two messages, cancel one, the other runs next -----------------
+  await page.click('#new-thread')
+  const busyRun = await send(page, { kind: 'claude-code' }, 'say busy\nsleep 12\nsay still busy')
+  await page.waitForFunction(() => document.querySelectorAll('.run-body > .msg.assistant').length >= 1)
+  for (const prompt of ['say queued one', 'say queued two']) {
+    await page.fill('#prompt', prompt)
+    await page.keyboard.press('Enter')
+    await page.waitForSelector('#busy:not([hidden]) button.enqueue')
+    await page.click('#busy button.enqueue')
+    await page.waitForFunction((p) => [...document.querySelectorAll('#queue-list .queued-prompt')]
+      .some((e) => e.textContent === p), prompt)
+  }
+  const queued = await page.evaluate(() => [...document.querySelectorAll('#queue-list li')].map((li) => ({
+    runId: li.dataset.runId, text: li.textContent })))
+  check(queued.length === 2 && queued[0].text.includes('1.') && queued[1].text.includes('queued two'),
+    'the queue does not list the two messages in order', queued)
+  await shot(page, 'queue-two')
+  await page.click(`#queue-list li[data-run-id="${queued[1].runId}"] button`)
+  await page.waitForFunction(() => document.querySelectorAll('#queue-list li').length === 1)
+  // The running run ends; the page follows the queued one, which answers, and the queue empties.
+  await page.waitForFunction((id) => document.querySelector(`section.run[data-run-id="${CSS.escape(id)}"]`),
+    queued[0].runId, { timeout: 60000 })
+  await waitState(page, 'completed')
+  const next = await page.evaluate((id) => document.querySelector(`section.run[data-run-id="${CSS.escape(id)}"]`)
+    .textContent, queued[0].runId)
+  check(next.includes('queued one') && await page.isHidden('#queue'), 'the queued run did not run next', { next })
+  check(!(await page.evaluate((id) => !!document.querySelector(`section.run[data-run-id="${CSS.escape(id)}"]`),
+    queued[1].runId)), 'the cancelled queued run ran')
+  await shot(page, 'queue-ran')
+  results.queue = { busyRun, ran: queued[0].runId, cancelled: queued[1].runId }
 })

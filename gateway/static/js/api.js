@@ -61,6 +61,33 @@ export async function startRun ({ threadId, runId, prompt, agent, history = [], 
   }))
 }
 
+/**
+ * Queue a message behind the thread's running run: POST /api/chat with multitask "enqueue".
+ * Resolves to {runId, threadId, status: "queued", position}, or {status: "started"} when the
+ * thread was idle (the run started at once; its stream is left to be joined).
+ */
+export async function queueRun ({ threadId, runId, prompt, agent, history = [] }) {
+  const body = {
+    threadId, runId, multitask: 'enqueue',
+    messages: [...history, { id: `${runId}-user`, role: 'user', content: prompt }],
+    ...(agent ? { agent } : {})
+  }
+  const controller = new AbortController()
+  const resp = await check(await fetch('/api/chat', {
+    method: 'POST', signal: controller.signal,
+    headers: headers({ 'Content-Type': 'application/json', 'X-Run-Id': runId, Accept: 'text/event-stream' }),
+    body: JSON.stringify(body)
+  }))
+  if (resp.status === 202) return resp.json()
+  controller.abort() // a stream: the run started; the page follows it as the thread's active run
+  return { runId, threadId, status: 'started' }
+}
+
+/** DELETE /api/threads/{threadId}/queue/{runId}: the queued run never starts. */
+export async function cancelQueued (threadId, runId) {
+  await check(await fetch(`/api/threads/${enc(threadId)}/queue/${enc(runId)}`, { method: 'DELETE', headers: headers() }))
+}
+
 /** POST /api/threads/{threadId}/fork {runId} → {threadId, forkedFrom, messages} (throws ApiError). */
 export async function forkThread (threadId, runId) {
   const resp = await check(await fetch(`/api/threads/${enc(threadId)}/fork`, {

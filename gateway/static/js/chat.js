@@ -9,7 +9,7 @@
 // epoch places a takeover marker where the new claim's fence landed in the log.
 
 import { $, el, announce, clock, duration, everyVisible, relative, bindApiKey, trackHeaderHeight, whenVisible } from './dom.js'
-import { ApiError, cancelRun, enc, getJSON, joinRun, readSSE, startRun, steerRun } from './api.js'
+import { ApiError, cancelQueued, cancelRun, enc, getJSON, joinRun, queueRun, readSSE, startRun, steerRun } from './api.js'
 import { RunView, errorSentence, renderedOffsets } from './transcript.js'
 import {
   SESSION_KINDS, bindWorkspaceField, clearWorkspaceError, forgetFork, forkListItem, isNewThread, offerFork,
@@ -196,6 +196,7 @@ async function follow (view, runId, first = null) {
     if (state.live === null && view.section.isConnected) showRecord(rec)
   }
   loadThreads()
+  if (state.live === null && view.section.isConnected) followQueued(state.threadId)
 }
 
 async function pollRecord (live) {
@@ -257,7 +258,9 @@ async function openThread (threadId) {
   showState('idle', threadId ? '' : 'Type a message to start a run.')
   markCurrentThread()
   showWorkspaceField(state.thread, selectedAgent()?.kind)
+  $('queue').hidden = true
   if (!threadId) return
+  loadQueue()
   let runs
   try {
     const listing = await getJSON(`/api/threads/${enc(threadId)}/runs`)
@@ -443,9 +446,12 @@ function showBusy (activeRunId) {
   const steerBtn = el('button', 'steer', 'Send into the running turn')
   steerBtn.type = 'button'
   steerBtn.addEventListener('click', () => steer(activeRunId))
+  const queueBtn = el('button', 'enqueue', 'Queue it for after this run')
+  queueBtn.type = 'button'
+  queueBtn.addEventListener('click', () => enqueue())
   box.replaceChildren(
-    el('span', null, 'Not sent: this thread already has a run in progress. Send it into that run, wait for it to finish, or stop it and send again.'),
-    steerBtn, stopBtn)
+    el('span', null, 'Not sent: this thread already has a run in progress. Send it into that run, queue it for after it, or stop it and send again.'),
+    steerBtn, queueBtn, stopBtn)
   box.hidden = false
   stopBtn.focus()
   // Follow that run here if this page did not know of it (another tab started it).
@@ -465,6 +471,66 @@ async function steer (runId) {
     announce('Sent into the running turn')
   } catch (err) {
     showComposerError(err instanceof ApiError ? errorSentence(err.message, err.reason) : `Could not reach the gateway: ${err.message}`)
+  }
+}
+
+async function enqueue () {
+  const prompt = $('prompt').value.trim()
+  const threadId = state.threadId
+  if (!prompt || !threadId) return
+  const agent = selectedAgent()
+  try {
+    const history = SESSION_KINDS.has(agent?.kind) ? await savedMessages(threadId) : []
+    await queueRun({ threadId, runId: `run-${crypto.randomUUID()}`, prompt, agent, history })
+    $('prompt').value = ''
+    $('busy').hidden = true
+    announce('Queued for after the running run')
+  } catch (err) {
+    showComposerError(err instanceof ApiError ? errorSentence(err.message, err.reason) : `Could not reach the gateway: ${err.message}`)
+  }
+  await loadQueue()
+}
+
+// The thread's queued runs under the conversation, each with Cancel.
+async function loadQueue () {
+  const threadId = state.threadId
+  const box = $('queue')
+  if (!threadId) { box.hidden = true; return [] }
+  let queue = []
+  try {
+    queue = (await getJSON(`/api/threads/${enc(threadId)}/queue`)).queue
+  } catch { /* an unknown thread has no queue */ }
+  if (threadId !== state.threadId) return queue
+  const list = $('queue-list')
+  list.replaceChildren(...queue.map((q) => {
+    const li = el('li', 'queued')
+    li.dataset.runId = q.runId
+    const cancel = el('button', 'danger', 'Cancel')
+    cancel.type = 'button'
+    cancel.addEventListener('click', async () => {
+      cancel.disabled = true
+      try { await cancelQueued(threadId, q.runId) } catch { /* it started meanwhile */ }
+      await loadQueue()
+    })
+    li.append(el('span', 'queued-pos', `${q.position}.`), el('span', 'queued-prompt', q.prompt), cancel)
+    return li
+  }))
+  box.hidden = queue.length === 0
+  return queue
+}
+
+// After a run of the thread ended: the queue's next run starts; follow it here.
+async function followQueued (threadId) {
+  for (let i = 0; i < 40 && state.threadId === threadId && !state.live; i++) {
+    const queue = await loadQueue()
+    const active = (await getJSON(`/api/chat/active?threadId=${enc(threadId)}`).catch(() => ({}))).runId
+    if (active && !state.live && state.threadId === threadId) {
+      follow(new RunView($('transcript'), active), active)
+      await loadQueue()
+      return
+    }
+    if (!queue.length) return
+    await sleep(250)
   }
 }
 

@@ -214,6 +214,7 @@ export class RunView {
         break
       case 'RUN_FINISHED':
         this.ended = true
+        this.closeApprovals()
         if (Array.isArray(c.usage) && !this.usageShown) this.usage({ usage: c.usage })
         break
       case 'CUSTOM':
@@ -423,6 +424,15 @@ export class RunView {
       `${first ? 'Already answered: ' : ''}${approved ? 'Approved' : 'Denied'}${by}${why}`
   }
 
+  /** The run ended: a request still unanswered can no longer be answered. */
+  closeApprovals () {
+    for (const card of this.pendingApprovals()) {
+      card.dataset.state = 'closed'
+      for (const b of card.querySelectorAll('button, input')) b.disabled = true
+      card.querySelector('.approval-status').textContent = 'The run ended before an answer.'
+    }
+  }
+
   approvalAnswered (v) {
     const card = this.approvals.get(v.approvalId)
     if (card) this.showAnswer(card, v)
@@ -437,6 +447,7 @@ export class RunView {
 
   runError (c) {
     this.ended = true
+    this.closeApprovals()
     this.errorShown = true
     const cls = c.code === 'cancelled' ? 'run-error cancelled' : 'run-error'
     const box = this.append(this.body, el('div', cls, errorSentence(c.message, c.code)))
