@@ -445,8 +445,11 @@ async def test_steer_through_chat_and_cancel_a_queued_run(cluster: Cluster, gw: 
     # The cancelled run never starts.
     await asyncio.sleep(1.0)
     assert (await http.get(f"{gw.url}/api/runs/{queued}")).status_code == 404
-    r = await http.post(f"{gw.url}/api/chat?runId={unique('r-')}", json=chat(thread, "say idle now", "enqueue"))
-    assert r.status_code == 200  # an idle thread starts the run at once, whatever the strategy
+    idle = await read_stream(http, "POST", f"{gw.url}/api/chat?runId={unique('r-')}",
+                             json=chat(thread, "say idle now", "enqueue"))
+    # An idle thread starts the run at once, whatever the strategy (read to its end: no run
+    # of this module outlives it, for a later module's hosts to take over).
+    assert idle.status == 200 and idle.ended and "idle now" in texts([c for _, c in idle.events])
 
 
 async def test_grpc_queue_and_start_notice(cluster: Cluster, gw: Gateway, http: httpx.AsyncClient) -> None:
