@@ -27,7 +27,8 @@ sandbox relay and the agent, which any design has too, so the ratio (a) / floor 
 baton's own machinery costs on top of the bare store and bus. The coordinator's own
 ``PutRunInput`` → ``WatchRun`` is measured too (a figure of the path, not of the floor).
 
-**The relay's poll.** The launch wrapper's relay is ``tail -n +1 -s 0.2 -f --pid=<agent>``.
+**The relay's poll.** The launch wrapper's relay is ``tail -n +1 -s 0.05 -f --pid=<agent>`` (``-s 0.2`` when these variants were
+first measured).
 GNU ``tail -f`` follows a file with inotify where it can: the append wakes it at once and
 ``-s`` only paces the ``--pid`` check. Where it cannot (a file system it does not trust for
 inotify: overlayfs, i.e. the docker provider, whose inbox lives in the container's root file

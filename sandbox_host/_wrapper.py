@@ -12,7 +12,8 @@ docs/design.md §5.2. The wrapper
 
 With an **inbox** (an interactive agent, docs/hitl.md), the agent's stdin is a FIFO fed by a
 relay: first the stdin file, then every line appended to the inbox (``<id> <payload>``),
-followed with ``tail -f``. The relay passes each input id once (a line whose id it has seen
+followed with ``tail -f`` (it wakes on an append through inotify; where it cannot, as on a
+container's overlayfs, it polls every 0.05 s: ``bench/approvals.py`` measures both). The relay passes each input id once (a line whose id it has seen
 is skipped, so two hosts appending the same input deliver it once), and for each it FIRST
 appends ``{"type":"baton_input","id":"<id>","input":<payload>}`` to the journal, THEN writes
 ``<payload>`` to the agent: the journal shows the input at the place the agent got it. The id
@@ -67,7 +68,7 @@ if [ -n "$inbox" ]; then
   "$@" <"$fifo" >>"$journal" 2>>"$errfile" &
   agent=$!
   # The relay: the FIFO's only writer (see the module's docstring).
-  tail -n +1 -s 0.2 -f --pid="$agent" "$inbox" 2>/dev/null | {
+  tail -n +1 -s 0.05 -f --pid="$agent" "$inbox" 2>/dev/null | {
     [ -n "$stdinfile" ] && cat "$stdinfile"
     seen=" "
     while IFS= read -r line; do
@@ -78,7 +79,11 @@ if [ -n "$inbox" ]; then
       seen="$seen$id "
       [ "$id" = eof ] && break
       kill -0 "$agent" 2>/dev/null || break
-      printf '{"type":"baton_input","id":"%s","input":%s}\n' "$id" "$payload" >>"$journal"
+      # One write (the agent may be writing its own lines to the journal meanwhile): the line
+      # is built first, then printed whole (dash splits a longer format's output at ~8 KiB).
+      echoed="{\"type\":\"baton_input\",\"id\":\"$id\",\"input\":$payload}
+"
+      printf '%s' "$echoed" >>"$journal"
       printf '%s\n' "$payload" || break
     done
   } >"$fifo" 2>/dev/null &
@@ -107,7 +112,7 @@ while :; do
   kill -0 "$agent" 2>/dev/null || break
 done
 if [ -n "$relay" ]; then
-  # The relay ends within tail's 0.2 s poll of the agent's end (or at once when it reads eof).
+  # The relay ends within tail's 0.05 s check of the agent's end (or at once when it reads eof).
   wait "$relay" 2>/dev/null
   rm -f "$fifo"
 fi

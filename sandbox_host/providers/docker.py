@@ -364,7 +364,7 @@ class DockerProvider(Provider):
         shell string with it inside). Raises ``ValueError`` (``check_input``), ``SandboxReclaimFailed``."""
         line = check_input(handle, input_id, payload).decode("utf-8", "surrogateescape")
         try:
-            code, _, err = await self._exec(self._cid(handle), ["sh", "-c", 'printf "%s" "$1" >>"$2"', "sh", line,
+            code, _, err = await self._exec(self._cid(handle), ["sh", "-c", '[ -e "$2" ] || exit 3; printf "%s" "$1" >>"$2"', "sh", line,
                                                                 handle.inbox_path])
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise SandboxReclaimFailed(handle.key, _explain(exc)) from exc

@@ -52,3 +52,25 @@ async def test_bad_inputs_are_refused_before_the_inbox(local_provider: LocalProv
         await live.close()
     with pytest.raises(ValueError, match="without an inbox"):
         await local_provider.send_input(sandbox[0], "x", b"{}")
+
+
+async def test_a_large_steer_is_one_journal_line(local_provider: LocalProvider, sandbox) -> None:  # type: ignore[no-untyped-def]
+    """A 60 KB message is echoed into the journal whole (one write, not split where the
+    agent's own lines could land between its pieces), and reaches the agent."""
+    from sandbox_host.run_inputs import steer_payload
+
+    live = await rs.launch(local_provider, sandbox[0], "say first\nsleep 1\nsay second", sandbox[1])
+    big = "say " + "y" * 60000
+    try:
+        await live.until(lambda o: o.get("type") == "assistant")
+        await local_provider.send_input(live.handle, "big-1", steer_payload(big))
+        await live.until(lambda o: o.get("type") == "result")
+        await local_provider.send_input(live.handle, "eof", b"{}")
+        assert (await live.to_end()).code == 0
+    finally:
+        await live.close()
+    [echo] = [o for o in live.lines if o.get("type") == "baton_input"]
+    assert echo["id"] == "big-1" and echo["input"]["message"]["content"] == big
+    said = [b["text"] for o in live.lines if o.get("type") == "assistant" for b in o["message"]["content"]
+            if b.get("type") == "text"]
+    assert "y" * 60000 in said
