@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from baton.errors import RunClaimLost
 from baton.v1 import coordinator_pb2 as cpb
 from baton.v1 import runs_pb2
-from sandbox_host.run_inputs import EOF_ID, Ask, CloseInput, Deliver, Expire, InputDesk, Register
+from sandbox_host.run_inputs import EOF_ID, Ask, CloseInput, Deliver, Expire, InputDesk, Register, answer_payload
 
 if TYPE_CHECKING:
     from sandbox_host.deps import HostDeps
@@ -108,6 +108,29 @@ async def serve(deps: "HostDeps", record: runs_pb2.RunRecord, epoch: int, sbx: "
             pass
 
 
+#: What the agent is told when an answer cannot be passed to it (too large for one inbox line).
+UNDELIVERABLE = "The answer could not be passed to the agent (it is too large), so the tool is denied."
+
+
+async def _deliver(sbx: "Sandbox", run_id: str, action: Deliver) -> None:
+    """Append one input to the inbox. An input the inbox refuses (``ValueError``: too large
+    once escaped, or an id the relay cannot carry) is refused for good, never retried: an
+    approval's answer becomes a denial (fail closed), a steered message is dropped (logged),
+    so the inputs after it still go through."""
+    try:
+        await sbx.provider.send_input(sbx.handle, action.input_id, action.payload)
+        log.info("run %s: input %s delivered", run_id, action.input_id)
+        return
+    except ValueError as exc:
+        log.error("run %s: input %s cannot be delivered: %s", run_id, action.input_id, exc)
+    if b'"control_response"' in action.payload:
+        try:
+            await sbx.provider.send_input(sbx.handle, action.input_id,
+                                          answer_payload(action.input_id, "deny", UNDELIVERABLE, None))
+        except ValueError as exc:
+            log.error("run %s: approval %s: not even a denial can be delivered: %s", run_id, action.input_id, exc)
+
+
 async def _act(deps: "HostDeps", record: runs_pb2.RunRecord, epoch: int, sbx: "Sandbox", desk: InputDesk) -> None:
     """Carry out what the desk says now."""
     run_id = record.run_id
@@ -115,9 +138,8 @@ async def _act(deps: "HostDeps", record: runs_pb2.RunRecord, epoch: int, sbx: "S
         if isinstance(action, Register):
             await register(deps, record, epoch, desk, action.ask)
         elif isinstance(action, Deliver):
-            await sbx.provider.send_input(sbx.handle, action.input_id, action.payload)
+            await _deliver(sbx, run_id, action)
             desk.sent_input(action.input_id)
-            log.info("run %s: input %s delivered", run_id, action.input_id)
         elif isinstance(action, Expire):
             outcome, rec, _ = await deps.cc.put_run_input(
                 run_id, cpb.PutRunInputRequest.EXPIRE, runs_pb2.RunInput(id=action.approval_id),

@@ -74,3 +74,27 @@ async def test_a_large_steer_is_one_journal_line(local_provider: LocalProvider, 
     said = [b["text"] for o in live.lines if o.get("type") == "assistant" for b in o["message"]["content"]
             if b.get("type") == "text"]
     assert "y" * 60000 in said
+
+
+async def test_an_answer_too_large_for_the_inbox_is_a_denial_not_a_hang(local_provider: LocalProvider,
+                                                                        sandbox) -> None:  # type: ignore[no-untyped-def]
+    """The host's delivery (``run_inputs_io._deliver``): an allow whose payload the inbox refuses
+    (too large once escaped) reaches the agent as a denial; the run goes on and ends."""
+    from sandbox_host.providers import Sandbox
+    from sandbox_host.run_inputs import Deliver, answer_payload
+    from sandbox_host.run_inputs_io import UNDELIVERABLE, _deliver
+
+    live = await rs.launch(local_provider, sandbox[0], "run echo hi", sandbox[1])
+    try:
+        ask = await live.until(rs.is_ask)
+        rid = ask["request_id"]
+        huge = answer_payload(rid, "allow", "", {"command": "echo " + "\x01" * 40000})
+        await _deliver(Sandbox(local_provider, live.handle, live.nonce), "run-x", Deliver(rid, huge))
+        result = await live.until(lambda o: o.get("type") == "result")
+        await local_provider.send_input(live.handle, "eof", b"{}")
+        assert (await live.to_end()).code == 0
+    finally:
+        await live.close()
+    assert [d["tool_name"] for d in result["permission_denials"]] == ["Bash"]
+    denied = [o for o in live.lines if o.get("type") == "user" and isinstance(o["message"]["content"], list)]
+    assert denied[0]["message"]["content"][0]["content"] == UNDELIVERABLE
