@@ -32,6 +32,7 @@ from baton.ids import validate_id
 from baton.runs import TERMINAL, status_name
 from baton.v1 import runs_pb2
 from gateway._routes_misc import STATIC
+from gateway._service import awaiting_approval
 from gateway._service._views import visible_head
 from gateway._views import check_thread_visible, record_json, run_view, state_of, tenant
 
@@ -56,16 +57,18 @@ async def _recent_runs(request: Request, limit: int = RECENT_RUNS) -> list[runs_
 
 
 async def threads(request: Request) -> Response:
-    """``GET /api/threads`` → ``{threads: [{threadId, lastRunId, status, startedAt, runs}]}``.
+    """``GET /api/threads`` → ``{threads: [{threadId, lastRunId, status, awaitingApproval,
+    startedAt, runs}]}``.
 
-    Built from the caller's newest :data:`RECENT_RUNS` runs, newest thread first.
+    Built from the caller's newest :data:`RECENT_RUNS` runs, newest thread first;
+    ``awaitingApproval``: the thread's latest run waits for an answer (docs/hitl.md).
     """
     recs = await _recent_runs(request)
     by_thread: dict[str, dict[str, Any]] = {}
     for r in recs:  # oldest first: the last one seen per thread is its latest run
         item = by_thread.setdefault(r.thread_id, {"threadId": r.thread_id, "runs": 0})
         item["runs"] += 1
-        item.update(lastRunId=r.run_id, status=status_name(r.status),
+        item.update(lastRunId=r.run_id, status=status_name(r.status), awaitingApproval=awaiting_approval(r),
                     startedAt=r.started_at if r.HasField("started_at") else None)
     out = sorted(by_thread.values(), key=lambda t: t["startedAt"] or 0, reverse=True)
     return JSONResponse({"threads": out})

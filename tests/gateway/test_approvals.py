@@ -483,20 +483,41 @@ async def test_a_cancel_while_it_waits_ends_the_run_and_its_approval(cluster: Cl
 
 
 @pytest.mark.node
-async def test_tanstack_client_sees_the_approval_and_the_run_goes_on(cluster: Cluster, gw: Gateway,
-                                                                     http: httpx.AsyncClient) -> None:
+async def test_tanstack_client_sees_the_approval_once_and_its_own_answer_does_not_reach_the_run(
+        cluster: Cluster, gw: Gateway, http: httpx.AsyncClient) -> None:
     """A stock ``@tanstack/ai-client`` ChatClient: its processor turns the request into its
-    approval state; answered through baton's endpoint, its stream goes on to the result."""
+    approval state and emits its approval event, each once; answered through baton's
+    endpoint, its stream goes on to the result and it sends nothing more. Its own
+    ``addToolApprovalResponse`` answers only in the client: the run still waits, and once the
+    run ends the client posts a continuation, a new run that asks again (docs/hitl.md)."""
     from tests.gateway.test_node import need_node, run_node
 
     node = need_node("@tanstack/ai-client")
     result = await run_node(node, "tanstack_approvals.mjs", {"BATON_GATEWAY_URL": gw.url, "BATON_API_KEY": "key-alpha"},
-                            timeout=120)
-    assert result["asked"]["name"] == "Bash" and result["asked"]["state"] == "approval-requested"
-    assert result["answer"]["body"]["approval"]["id"] == result["asked"]["approval"]["id"]
+                            timeout=180)
+    asked = result["asked"]
+    assert asked["name"] == "Bash" and asked["state"] == "approval-requested"
+    assert result["answer"]["body"]["approval"]["id"] == asked["approval"]["id"]
+    seen = result["seen"]
+    assert seen["askChunks"] == 1
+    assert [(e["approvalId"], e["toolName"], e["input"]["command"]) for e in seen["approvalEvents"]] == [
+        (asked["approval"]["id"], "Bash", "echo from tanstack")]
+    assert seen["partStates"].count("approval-requested") == 1 and seen["partStates"][-1] == "complete"
+    assert result["toolResults"] == ["from tanstack"] and len(result["posts1"]) == 1
     chunks = await whole_log(http, gw, result["runId"])
-    assert approvals_in(chunks) == [result["asked"]["approval"]["id"]]
+    assert approvals_in(chunks) == [asked["approval"]["id"]]
     assert terminal(chunks)["type"] == "RUN_FINISHED"
+
+    own = result["ownAnswer"]
+    assert own["partState"] == "approval-responded"  # the client shows it answered ...
+    assert own["awaitingApproval"] is True and own["inputs"] == [{"state": "pending", "decision": None}]  # ... baton not
+    assert own["postsWhileWaiting"] == 1 and own["answer"] == 200 and own["first"] == {"status": "completed",
+                                                                                       "inputs": ["allow"]}
+    first, cont = own["posts"]
+    assert cont["runId"] == own["continuation"]["runId"] != first["runId"] and cont["messages"] == 3
+    assert own["continuation"]["asked"] == ["echo own answer"]  # the same command, asked again
+    stopped = await view(http, gw, own["continuation"]["runId"])
+    assert stopped["status"] == "aborted"
 
 
 async def test_a_queued_run_outlives_the_gateway_that_queued_it(cluster: Cluster, gw: Gateway, make_gateway: Any,

@@ -126,7 +126,7 @@ async def test_page_endpoints_answer_the_callers_tenant_only(page_gateway: Gatew
 
     threads = (await http.get(f"{gw.url}/api/threads", headers=A)).json()["threads"]
     mine = next(t for t in threads if t["threadId"] == thread)
-    assert mine == {"threadId": thread, "runs": 1, "lastRunId": run, "status": "completed", "startedAt": mine["startedAt"]}
+    assert mine == {"threadId": thread, "runs": 1, "lastRunId": run, "status": "completed", "awaitingApproval": False, "startedAt": mine["startedAt"]}
     assert thread not in {t["threadId"] for t in (await http.get(f"{gw.url}/api/threads", headers=B)).json()["threads"]}
     assert (await http.get(f"{gw.url}/api/threads")).status_code == 401
 
@@ -331,7 +331,8 @@ async def test_coding_session_repository_field_second_turn_and_fork(
 async def test_approvals_are_answered_in_place_from_any_tab(
         page_gateway: Gateway, page_cluster: Cluster, http: httpx.AsyncClient) -> None:
     """A claude-code run whose stand-in asks before Bash: the card, a second tab, a reload,
-    Approve, then a denial with a reason; a busy thread's queue: two queued, one cancelled,
+    Approve, then a denial with a reason, two tabs answering at once, a message sent into the
+    running turn; a busy thread's queue: two queued, one cancelled,
     the other runs next (docs/hitl.md)."""
     node = need_browser()
     result = await run_page_script(node, "page_approvals.mjs", page_gateway, timeout=280)
@@ -341,11 +342,16 @@ async def test_approvals_are_answered_in_place_from_any_tab(
         (a["approval"], "allow", "user")]
     denied = (await http.get(f"{page_gateway.url}/api/runs/{a['run2']}", headers=A)).json()["inputs"]
     assert [(i["decision"], i["message"]) for i in denied] == [("deny", "not today")]
+    raced = (await http.get(f"{page_gateway.url}/api/runs/{result['raced']['run']}", headers=A)).json()["inputs"]
+    assert [(i["decision"], i["answeredBy"]) for i in raced] == [(result["raced"]["decision"], "user")]  # one answer stored
+    steered = (await http.get(f"{page_gateway.url}/api/threads/{a['thread']}/messages", headers=A)).json()["messages"]
+    assert [m["content"] for m in steered if m["role"] == "user"][-1] == "say steered from the page"
     q = result["queue"]
     assert (await http.get(f"{page_gateway.url}/api/runs/{q['ran']}", headers=A)).json()["status"] == "completed"
     assert (await http.get(f"{page_gateway.url}/api/runs/{q['cancelled']}", headers=A)).status_code == 404
     assert [pathlib.Path(p).name for p in result["screenshots"]] == [
-        "approval-pending.png", "approval-answered.png", "approval-denied.png", "queue-two.png", "queue-ran.png"]
+        "approval-pending.png", "approval-answered.png", "approval-denied.png", "approval-raced.png", "steered.png",
+        "queue-two.png", "queue-ran.png"]
 
 
 @pytest.mark.browser

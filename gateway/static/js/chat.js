@@ -338,8 +338,10 @@ async function loadThreads () {
     const a = el('a')
     a.href = `/?thread=${enc(t.threadId)}`
     a.dataset.threadId = t.threadId
+    // A thread whose run waits for the user's answer says so in the list, as the pill does.
+    const shown = t.status === 'running' && t.awaitingApproval ? 'awaiting' : t.status
     a.append(el('span', 'thread-name', t.threadId),
-      el('span', `badge ${t.status}`, STATE_WORDS[t.status] ?? t.status),
+      el('span', `badge ${shown}`, STATE_WORDS[shown] ?? shown),
       el('span', 'thread-meta', `${t.runs} run${t.runs === 1 ? '' : 's'} · ${clock(t.startedAt)}`))
     a.addEventListener('click', (ev) => {
       if (ev.metaKey || ev.ctrlKey || ev.shiftKey || ev.button !== 0) return
@@ -572,6 +574,12 @@ async function loadAgents () {
     const opt = el('option', null, a.name)
     opt.value = JSON.stringify(spec)
     sel.append(opt)
+    // Claude Code can ask before each risky tool (docs/hitl.md): offered as its own choice.
+    if (a.kind === 'claude-code') {
+      const asking = el('option', null, `${a.name} (ask before tools)`)
+      asking.value = JSON.stringify({ kind: a.kind, approvals: true })
+      sel.append(asking)
+    }
   }
   const values = [...sel.options].map((o) => o.value)
   const dflt = [...sel.options].find((o) => JSON.parse(o.value).kind === list.default)

@@ -401,6 +401,12 @@ export class RunView {
     approve.addEventListener('click', () => answer(true))
     deny.addEventListener('click', () => answer(false))
     const tool = v.toolCallId ? this.tools.get(v.toolCallId) : null
+    if (tool && !tool.resultEl.isConnected) {
+      // The tool does not run until it is answered: its card says so, not "running…".
+      tool.card.dataset.state = 'awaiting'
+      tool.state.textContent = 'awaiting approval'
+      card.tool = tool
+    }
     if (tool && tool.card.parentElement) {
       tool.card.after(card)
       if (this.current !== null) this.byOffset.push([this.current, card])
@@ -422,6 +428,11 @@ export class RunView {
     const why = a.message && a.answeredBy !== 'expired' ? `: ${a.message}` : ''
     card.querySelector('.approval-status').textContent =
       `${first ? 'Already answered: ' : ''}${approved ? 'Approved' : 'Denied'}${by}${why}`
+    const tool = card.tool
+    if (tool && tool.card.dataset.state === 'awaiting') { // its result, when it comes, says the rest
+      tool.card.dataset.state = 'running'
+      tool.state.textContent = approved ? 'running…' : 'denied'
+    }
   }
 
   /** The run ended: a request still unanswered can no longer be answered. */
@@ -430,6 +441,10 @@ export class RunView {
       card.dataset.state = 'closed'
       for (const b of card.querySelectorAll('button, input')) b.disabled = true
       card.querySelector('.approval-status').textContent = 'The run ended before an answer.'
+      if (card.tool?.card.dataset.state === 'awaiting') {
+        card.tool.card.dataset.state = 'closed'
+        card.tool.state.textContent = 'not run'
+      }
     }
   }
 
