@@ -145,7 +145,8 @@ class Floor:
         await asyncio.sleep(0.05)  # the watch is registered with etcd
         t = time.monotonic()
         await self.etcd.txn([], [E.put(key, value)], timeout=10)
-        await asyncio.wait_for(seen.wait(), 10)
+        async with asyncio.timeout(10):
+            await seen.wait()
         took = time.monotonic() - t
         w.cancel()
         await asyncio.gather(w, return_exceptions=True)
@@ -168,7 +169,8 @@ class Floor:
         await asyncio.sleep(0.05)  # the watch is open (its first event is the record as it is)
         t = time.monotonic()
         await self.cc.put_run_input(self.floor_run, PutRunInputRequest.STEER, RunInput(id=iid, message="floor"))
-        await asyncio.wait_for(seen.wait(), 10)
+        async with asyncio.timeout(10):
+            await seen.wait()
         took = time.monotonic() - t
         w.cancel()
         await asyncio.gather(w, return_exceptions=True)
@@ -234,7 +236,8 @@ async def one_run(http: Any, gw_url: str, asks: int, floor: Floor, rng: random.R
             r = await http.post(f"{gw_url}/api/runs/{run_id}/approvals/{aid}", json={"approved": True})
             out["post_rtt"].append(time.monotonic() - sent[aid])
             r.raise_for_status()
-        await asyncio.wait_for(reader, 60)
+        async with asyncio.timeout(60):
+            await reader
     finally:
         reader.cancel()
         await asyncio.gather(reader, return_exceptions=True)

@@ -100,22 +100,23 @@ class RunService:
                 # The thread became busy between the look and the start: place it again.
         raise e.StoreUnavailable("the thread's active run kept changing")
 
+    def _scope(self, tenant: str) -> str | None:
+        """The tenant a coordinator read is scoped to (``None`` without auth)."""
+        return tenant if self.state.settings.auth_enabled else None
+
     async def list_queue(self, tenant: str, thread_id: str) -> list[Any]:
         """The thread's queued runs, next first (``UnknownThread`` for another tenant's; a
         thread without runs has an empty queue)."""
         await _views.thread_visible_for(self.state, tenant, thread_id, must_exist=False)
-        scope = tenant if self.state.settings.auth_enabled else None
-        return list(await self.state.coordinator.list_queued_runs(thread_id, tenant=scope))
+        return list(await self.state.coordinator.list_queued_runs(thread_id, tenant=self._scope(tenant)))
 
     async def cancel_queued(self, tenant: str, thread_id: str, run_id: str) -> bool:
         """Take a queued run out of its thread's queue; ``False`` when it is not queued."""
-        scope = tenant if self.state.settings.auth_enabled else None
-        return bool(await self.state.coordinator.remove_queued_run(thread_id, run_id, tenant=scope))
+        return bool(await self.state.coordinator.remove_queued_run(thread_id, run_id, tenant=self._scope(tenant)))
 
     async def queued_run(self, tenant: str, run_id: str) -> Any | None:
         """The queued run ``run_id`` of ``tenant`` (with its position), or ``None``."""
-        scope = tenant if self.state.settings.auth_enabled else None
-        found = await self.state.coordinator.list_queued_runs(run_id=run_id, tenant=scope)
+        found = await self.state.coordinator.list_queued_runs(run_id=run_id, tenant=self._scope(tenant))
         return found[0] if found else None
 
     async def join(self, tenant: str, req: JoinRequest) -> RunRead:

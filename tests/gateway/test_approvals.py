@@ -442,8 +442,15 @@ async def test_steer_through_chat_and_cancel_a_queued_run(cluster: Cluster, gw: 
     assert "steered in" in texts(chunks)
     busy = await http.post(f"{gw.url}/api/chat?runId={unique('r-')}", json=chat(thread, "x", "bogus"))
     assert busy.status_code == 400 and "multitask" in busy.text
-    # The cancelled run never starts.
-    await asyncio.sleep(1.0)
+    # The cancelled run never starts: once the thread is idle (a dispatcher would have started
+    # a queued run then) and its queue empty, it has no record.
+    from tests.conftest import assert_eventually
+
+    async def idle_and_empty() -> bool:
+        active = (await http.get(f"{gw.url}/api/chat/active?threadId={thread}")).json()["runId"]
+        queue = (await http.get(f"{gw.url}/api/threads/{thread}/queue")).json()["queue"]
+        return active is None and queue == []
+    await assert_eventually(idle_and_empty, timeout=30)
     assert (await http.get(f"{gw.url}/api/runs/{queued}")).status_code == 404
     idle = await read_stream(http, "POST", f"{gw.url}/api/chat?runId={unique('r-')}",
                              json=chat(thread, "say idle now", "enqueue"))
