@@ -4,7 +4,10 @@ docs/design.md §5.2. The wrapper
 
 1. reads the exit-sentinel nonce from a file and deletes that file before the agent starts,
    so the nonce is never in the agent's environment, argv or file system (it lives only in
-   an unexported shell variable of the wrapper);
+   an unexported shell variable of the wrapper). The file may add `` <attempt>`` (an agent
+   process relaunched in the same run, :mod:`sandbox_host.agent_resume`): the wrapper then
+   first appends ``{"__resume":<attempt>,"__nonce":"<nonce>","inbox":"<inbox>"}`` to the
+   journal;
 2. runs the agent with stdout **redirected** (``>>``, append, never a pipe: a dead host
    cannot SIGPIPE it) into the journal, stderr into its own file, stdin from a file (the
    prompt) or ``/dev/null``;
@@ -52,7 +55,12 @@ stopped=
 trap 'stopped=1' TERM INT HUP
 nonce=$(cat "$noncefile" 2>/dev/null)
 rm -f "$noncefile"
+attempt=
+case $nonce in *" "*) attempt=${nonce#* }; nonce=${nonce%% *} ;; esac
 case $nonce in ''|*[!0-9a-f]*) exit 97 ;; esac
+case $attempt in *[!0-9]*) exit 97 ;; esac
+# A relaunched agent process (docs/hitl.md): the marker goes first, before anything it writes.
+[ -n "$attempt" ] && printf '{"__resume":%d,"__nonce":"%s","inbox":"%s"}\n' "$attempt" "$nonce" "$inbox" >>"$journal"
 if [ -n "$stopped" ]; then
   # Signalled before the agent started: it never runs; report as a SIGTERM death.
   printf '{"__exit":%d,"__nonce":"%s"}\n' 143 "$nonce" >>"$journal"

@@ -383,13 +383,19 @@ class ClaimLog:
             data = await sbx.provider.read_file(sbx.handle, sbx.handle.journal_path)
         except (FileNotFoundError, BatonError, OSError):
             return
-        from sandbox_host.journal import LineSplitter, parse_sentinel
+        from sandbox_host.journal import JournalExit, JournalLine, JournalResume, journal_items
 
         async def lines() -> "AsyncIterator[JournalItem]":
-            for line in LineSplitter().feed(data):
-                if parse_sentinel(line.data, sbx.nonce) is not None:
+            items = journal_items(data, sbx.nonce)
+            for i, item in enumerate(items):
+                if isinstance(item, JournalExit):
+                    # An agent process that ended and was resumed (its marker follows) is
+                    # not the journal's end.
+                    if i + 1 < len(items) and isinstance(items[i + 1], JournalResume):
+                        continue
                     return
-                yield line
+                if isinstance(item, JournalLine):
+                    yield item
 
         replay = Replay(self.deps.translator(self.record, self.run_id), stored,
                         yield_every=self.deps.settings.replay_yield_lines)

@@ -209,7 +209,7 @@ class HostDeps:
                           messages: list[dict[str, Any]]) -> tuple[list[str], bytes | None, dict[str, str], dict[str, str], bool]:
         """Prepare the agent (files copied in) and return ``(argv, stdin, env, secrets,
         interactive)`` (``interactive``: it reads inputs from an inbox while it runs)."""
-        from sandbox_host.agents import load_files, prepare_agent, prompt_from_messages
+        from sandbox_host.agents import prepare_agent, prompt_from_messages
 
         # The record's options were resolved by the first preparation (StartRun): this one
         # reads nothing but the files it copies in, once, in a worker thread.
@@ -220,6 +220,27 @@ class HostDeps:
                                prompt=prompt_from_messages(messages),
                                resume=turn.resume if turn is not None else None,
                                fork=turn.fork if turn is not None else False)
+        return await self._copy_in(launch, provider, handle)
+
+    async def relaunch_spec(self, record: runs_pb2.RunRecord, provider: Any, handle: Any,
+                            session_id: str) -> tuple[list[str], bytes | None, dict[str, str], dict[str, str], bool]:
+        """Like :meth:`launch_spec`, for the agent process relaunched in the same run: it
+        resumes ``session_id`` (the one its journal announced) and is told to go on
+        (:data:`sandbox_host.agents.RESUME_PROMPT`); the workspace is left as it is.
+
+        Raises:
+            InvalidArgument: a malformed ``session_id``, or a credential the host lacks.
+        """
+        from sandbox_host.agents import RESUME_PROMPT, prepare_agent
+
+        launch = prepare_agent(record.agent.kind or config.get("BATON_DEFAULT_AGENT"), self.agent_options(record),
+                               prompt=RESUME_PROMPT, resume=session_id, fork=False)
+        return await self._copy_in(launch, provider, handle)
+
+    async def _copy_in(self, launch: Any, provider: Any,
+                       handle: Any) -> tuple[list[str], bytes | None, dict[str, str], dict[str, str], bool]:
+        from sandbox_host.agents import load_files
+
         secrets = self.agent_secrets(launch)
         for path, (content, mode) in (await load_files(launch)).items():
             await provider.copy_in(handle, path, content, mode)

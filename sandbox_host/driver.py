@@ -48,7 +48,8 @@ from sandbox_host.finishing import Finisher
 from sandbox_host.pipeline import Batch, Replay
 from sandbox_host.run_inputs import InputDesk
 from sandbox_host import run_inputs_io
-from sandbox_host.sandboxes import RunSandboxes, Sandbox
+from sandbox_host.journal import JournalResume
+from sandbox_host.sandboxes import RunSandboxes, Sandbox, adopt
 
 if TYPE_CHECKING:
     from baton.log import LogWriter
@@ -368,11 +369,25 @@ class RunDriver:
         return None
 
     async def _stream(self, sbx: Sandbox, replay: Replay) -> M.Decision | None:
-        """Follow the journal through the replay pipeline and append what is new."""
-        from sandbox_host.journal import follow_journal
+        """Follow the journal (across relaunched agent processes) through the replay
+        pipeline and append what is new."""
+        from sandbox_host.agent_resume import journal_with_resumes, should_relaunch
 
-        items = follow_journal(sbx.provider, sbx.handle, sbx.handle.journal_path, offset=0, nonce=sbx.nonce,
-                               poll_interval=self.deps.settings.journal_poll)
+        def on_resume(item: JournalResume) -> None:
+            if item.inbox and item.inbox != sbx.handle.data.get("inbox"):
+                adopt(sbx, {"inbox": item.inbox})
+            if self.inputs is not None:
+                self.inputs.restarted()
+                self._inputs_wake.set()
+
+        async def relaunch(attempt: int) -> bool:
+            assert self.inputs is not None  # should_relaunch said yes
+            await self.sandboxes.relaunch(sbx, self.inputs.agent_session, attempt)
+            return True
+
+        items = journal_with_resumes(sbx, poll_interval=self.deps.settings.journal_poll,
+                                     wanted=lambda attempt: should_relaunch(self.inputs, attempt),
+                                     relaunch=relaunch, on_resume=on_resume)
         decision: M.Decision | None = None
         self.inputs = run_inputs_io.desk_for(self.deps, self.record, sbx)
         serving: asyncio.Task[None] | None = None

@@ -6,6 +6,12 @@ wrapper (:mod:`sandbox_host._wrapper`) appends ``{"__exit": <code>, "__nonce": "
 when the agent ends. The nonce is made here, handed to the wrapper out of band, and never
 reaches the agent, so an agent cannot forge the end of its own journal.
 
+An agent process relaunched in the same run (:mod:`sandbox_host.agent_resume`: it died while
+its turn waited for an answer, and goes on with ``--resume``) appends to the same journal: its
+wrapper first writes ``{"__resume": <attempt>, "__nonce": "<nonce>", "inbox": "<path>"}``
+(:class:`JournalResume`), so a sentinel followed by that marker is an agent process that
+ended and was resumed, not the journal's end. Same nonce, so the agent cannot forge it either.
+
 :func:`follow_journal` turns bytes from a provider into complete lines with absolute byte
 offsets. It never parses JSON (translators do) and never repairs a trailing fragment
 (journal-formats.md §0.3): at final EOF the fragment is reported as
@@ -32,6 +38,8 @@ STDERR_SUFFIX = ".err"
 
 _SENTINEL_MARK = b'{"__exit":'
 _SENTINEL_RE = re.compile(rb'\{"__exit":\s*(-?\d+),\s*"__nonce":\s*"([0-9a-f]+)"\}')
+_RESUME_MARK = b'{"__resume":'
+_RESUME_RE = re.compile(rb'\{"__resume":\s*(\d+),\s*"__nonce":\s*"([0-9a-f]+)",\s*"inbox":\s*"([^"\\]*)"\}')
 
 
 def journal_path(journal_dir: str, run_id: str) -> str:
@@ -101,6 +109,39 @@ class JournalExit:
 
 
 @dataclass(frozen=True)
+class JournalResume:
+    """The marker a relaunched agent's wrapper writes before the agent starts (right nonce).
+
+    Attributes:
+        attempt: the agent process's number in this run (2 for the first relaunch).
+        inbox: the relaunched process's inbox path in the sandbox ("" = none).
+        offset: byte offset of the marker.
+        end: byte offset past it.
+    """
+
+    attempt: int
+    inbox: str
+    offset: int
+    end: int
+
+
+def parse_resume(data: bytes, nonce: str) -> tuple[int, str] | None:
+    """``(attempt, inbox)`` when ``data`` (one line, no ``\\n``) is a resume marker with
+    ``nonce``; a marker with any other nonce is an ordinary line (forged or foreign)."""
+    m = _RESUME_RE.fullmatch(data)
+    if m is None or not secrets.compare_digest(m.group(2), nonce.encode()):
+        return None
+    return int(m.group(1)), m.group(3).decode("utf-8", "replace")
+
+
+def nonce_file_text(nonce: str, attempt: int = 1) -> str:
+    """What a launch writes to the wrapper's nonce file: the nonce, and for a relaunched
+    agent process (``attempt`` > 1) its number, which makes the wrapper write the
+    :class:`JournalResume` marker first."""
+    return nonce if attempt <= 1 else f"{nonce} {attempt}"
+
+
+@dataclass(frozen=True)
 class JournalTruncated:
     """A trailing fragment without ``\\n`` at final EOF (reported, never repaired).
 
@@ -113,7 +154,7 @@ class JournalTruncated:
     data: bytes
 
 
-JournalItem = Union[JournalLine, JournalExit, JournalTruncated]
+JournalItem = Union[JournalLine, JournalExit, JournalTruncated, JournalResume]
 
 
 class JournalDeleted(JournalError):
@@ -181,6 +222,10 @@ def _classify(line: JournalLine, nonce: str) -> list[JournalItem]:
     fragment on the same physical line: the fragment is reported as truncated and the
     sentinel still counts.
     """
+    if line.data.startswith(_RESUME_MARK):
+        resumed = parse_resume(line.data, nonce)
+        if resumed is not None:
+            return [JournalResume(resumed[0], resumed[1], line.offset, line.end)]
     if _SENTINEL_MARK not in line.data:
         return [line]
     code = parse_sentinel(line.data, nonce)
@@ -195,6 +240,15 @@ def _classify(line: JournalLine, nonce: str) -> list[JournalItem]:
                 JournalExit(code, line.offset + cut, line.end),
             ]
     return [line]
+
+
+def journal_items(data: bytes, nonce: str) -> list[JournalItem]:
+    """The complete lines of ``data`` (a journal read from byte 0) as journal items; a
+    trailing fragment is left out."""
+    out: list[JournalItem] = []
+    for line in LineSplitter().feed(data):
+        out.extend(_classify(line, nonce))
+    return out
 
 
 async def _next_chunk(stream: AsyncIterator[bytes]) -> bytes:
@@ -244,7 +298,9 @@ async def follow_journal(
             providers that cannot follow.
 
     Yields:
-        ``JournalLine`` | ``JournalExit`` | ``JournalTruncated``, in file order.
+        ``JournalLine`` | ``JournalExit`` | ``JournalTruncated`` | ``JournalResume``, in file
+        order (it ends at a ``JournalExit``: a relaunched agent's part of the journal is
+        followed anew from the sentinel's end, see :mod:`sandbox_host.agent_resume`).
 
     Raises:
         JournalDeleted: the journal vanished (or never existed) while being followed.

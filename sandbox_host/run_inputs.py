@@ -23,6 +23,12 @@ From both it decides (:meth:`InputDesk.actions`):
 - :class:`CloseInput`: the agent's turn ended (a ``result`` after every delivered input) and
   nothing waits to be delivered: its stdin is closed so it exits (claude-code only; a replay
   agent ends by itself).
+
+When the agent's process ends while its turn waits on an approval (:meth:`InputDesk.resume_wanted`),
+the host relaunches it with ``--resume`` (:mod:`sandbox_host.agent_resume`) and tells the desk
+(:meth:`InputDesk.restarted`): what it appended to the dead process's inbox is sent again, and
+the approvals it waited on are answered again once the new process asks again
+(``approval.reasked``: its request id is the one answered), exactly once for that process.
 """
 from __future__ import annotations
 
@@ -31,13 +37,14 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from sandbox_host.translate._inputs import (
-    ANSWER_ACTIVITY, APPROVAL_ACTIVITY, APPROVAL_REQUESTED, STEER_PREFIX,
+    ANSWER_ACTIVITY, APPROVAL_ACTIVITY, APPROVAL_REASKED, APPROVAL_REQUESTED, STEER_PREFIX,
 )
 
 #: The inbox id that closes the agent's stdin (sandbox_host/_wrapper.py).
 EOF_ID = "eof"
-#: CUSTOM chunk that ends a Claude turn.
+#: CUSTOM chunk that ends a Claude turn, and the one that starts its process (or turn).
 TURN_RESULT = "claude.result"
+AGENT_INIT = "claude.init"
 
 
 @dataclass(frozen=True)
@@ -60,10 +67,14 @@ class Register:
 
 @dataclass(frozen=True)
 class Deliver:
-    """Append ``payload`` (one compact JSON line) under ``input_id`` to the agent's inbox."""
+    """Append ``payload`` (one compact JSON line) under ``input_id`` to the agent's inbox.
+
+    ``key`` is the record's input id when it differs (an approval answered under the request
+    id of its repeated ask)."""
 
     input_id: str
     payload: bytes
+    key: str = ""
 
 
 @dataclass(frozen=True)
@@ -129,6 +140,15 @@ class InputDesk:
     record: dict[str, Any] = field(default_factory=dict)
     turn_over: bool = False
     closed: bool = False
+    #: The agent session its ``init`` announced (what a relaunch resumes).
+    agent_session: str = ""
+    #: Tool call ids with a result in the journal.
+    tool_results: set[str] = field(default_factory=set)
+    #: Approval id → the request id of its latest (repeated) ask.
+    request_ids: dict[str, str] = field(default_factory=dict)
+    #: Approvals a relaunched process has not asked again yet, and those its turn ended without.
+    awaiting_reask: set[str] = field(default_factory=set)
+    abandoned: set[str] = field(default_factory=set)
     _ask_order: list[str] = field(default_factory=list)
 
     # --- what the journal says ---------------------------------------------------------
@@ -151,6 +171,25 @@ class InputDesk:
                             new.append(ask)
                 elif name == TURN_RESULT:
                     self.turn_over = True
+                    self.abandoned |= self.awaiting_reask
+                    self.awaiting_reask.clear()
+                elif name == APPROVAL_REASKED:
+                    value = c.get("value") or {}
+                    aid, rid = value.get("approvalId"), value.get("requestId")
+                    if isinstance(aid, str) and isinstance(rid, str) and aid in self.asks:
+                        # The new process waits on it: its answer goes to it under ``rid``.
+                        self.request_ids[aid] = rid
+                        self.delivered.discard(aid)
+                        self.sent.discard(aid)
+                        self.awaiting_reask.discard(aid)
+                        self.abandoned.discard(aid)
+                        self.turn_over = False
+                elif name == AGENT_INIT:
+                    value = c.get("value") or {}
+                    if isinstance(value.get("session_id"), str):
+                        self.agent_session = value["session_id"]
+            elif t == "TOOL_CALL_RESULT" and isinstance(c.get("toolCallId"), str):
+                self.tool_results.add(c["toolCallId"])
             elif t == "ACTIVITY_SNAPSHOT" and c.get("activityType") == ANSWER_ACTIVITY:
                 content = c.get("content")
                 if isinstance(content, dict) and isinstance(content.get("approvalId"), str):
@@ -185,9 +224,37 @@ class InputDesk:
         out = []
         for aid in self._ask_order:
             rec = self.record.get(aid)
+            if aid in self.abandoned:
+                continue
             if aid not in self.delivered and (rec is None or rec.state != "answered"):
                 out.append(aid)
         return out
+
+    def unresolved_asks(self) -> list[str]:
+        """Approvals whose tool call has no result yet (the agent still waits on them, or
+        was about to run the call), in ask order."""
+        out = []
+        for aid in self._ask_order:
+            ask = self.asks[aid]
+            done = ask.tool_call_id in self.tool_results if ask.tool_call_id else aid in self.delivered
+            if not done and aid not in self.abandoned:
+                out.append(aid)
+        return out
+
+    def resume_wanted(self) -> bool:
+        """Whether an agent process that ended now should be relaunched with ``--resume``:
+        its turn was not over and waited on an approval (claude-code, whose session is known)."""
+        return (self.closes_input and not self.turn_over and bool(self.agent_session)
+                and bool(self.unresolved_asks()))
+
+    def restarted(self) -> None:
+        """The agent's process was relaunched (a resume marker in the journal): what was
+        appended to the old inbox and never reached it is sent again, and the approvals it
+        waited on wait for the new process to ask again."""
+        self.sent.clear()
+        self.closed = False
+        self.turn_over = False
+        self.awaiting_reask = set(self.unresolved_asks())
 
     def actions(self, now: float) -> list[Action]:
         """What to do now (each action at most once per call; the caller reports results
@@ -198,16 +265,18 @@ class InputDesk:
                 out.append(Register(self.asks[aid], now + self.approval_timeout))
         waiting = False
         for rec in self.record.values():
-            if rec.id in self.delivered:
+            if rec.id in self.delivered or rec.id in self.abandoned:
                 continue
             if rec.kind == "approval":
                 if rec.id not in self.asks:
                     continue  # asked by a process this journal does not show (never delivered blind)
                 if rec.state == "answered":
-                    if rec.id not in self.sent:
-                        out.append(Deliver(rec.id, answer_payload(rec.id, rec.decision, rec.message,
-                                                                  _json_or(rec.updated_input_json, self.asks[rec.id].input))))
-                    waiting = True
+                    if rec.id not in self.sent and rec.id not in self.awaiting_reask:
+                        rid = self.request_ids.get(rec.id, rec.id)
+                        out.append(Deliver(rid, answer_payload(rid, rec.decision, rec.message,
+                                                               _json_or(rec.updated_input_json, self.asks[rec.id].input)),
+                                           key=rec.id))
+                    waiting = rec.id not in self.awaiting_reask or waiting
                 elif rec.expires_at and rec.expires_at <= now and rec.id not in self.expiring:
                     out.append(Expire(rec.id))
             elif rec.kind == "message" and not self.closed:
@@ -222,7 +291,8 @@ class InputDesk:
     def next_deadline(self) -> float | None:
         """The earliest ``expires_at`` of a pending approval (seconds since the epoch)."""
         times = [r.expires_at for r in self.record.values()
-                 if r.kind == "approval" and r.state != "answered" and r.expires_at and r.id not in self.delivered]
+                 if r.kind == "approval" and r.state != "answered" and r.expires_at and r.id not in self.delivered
+                 and r.id not in self.abandoned]
         return min(times) if times else None
 
     def sent_input(self, input_id: str) -> None:

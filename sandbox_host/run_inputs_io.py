@@ -139,7 +139,7 @@ async def _act(deps: "HostDeps", record: runs_pb2.RunRecord, epoch: int, sbx: "S
             await register(deps, record, epoch, desk, action.ask)
         elif isinstance(action, Deliver):
             await _deliver(sbx, run_id, action)
-            desk.sent_input(action.input_id)
+            desk.sent_input(action.key or action.input_id)
         elif isinstance(action, Expire):
             outcome, rec, _ = await deps.cc.put_run_input(
                 run_id, cpb.PutRunInputRequest.EXPIRE, runs_pb2.RunInput(id=action.approval_id),

@@ -33,6 +33,15 @@ LaunchSpec = tuple[list[str], bytes | None, dict[str, str], dict[str, str], bool
 __all__ = ["RunSandboxes", "Sandbox"]
 
 
+def adopt(sbx: Sandbox, data: Any) -> None:
+    """Merge a launch's provider data (process group, inbox) into the sandbox's handle."""
+    from sandbox_host.providers import SandboxHandle
+
+    sbx.handle = SandboxHandle(provider=sbx.handle.provider, key=sbx.handle.key,
+                               journal_path=sbx.handle.journal_path, stderr_path=sbx.handle.stderr_path,
+                               workdir=sbx.handle.workdir, data={**sbx.handle.data, **dict(data), "launched": True})
+
+
 class RunSandboxes:
     """The sandbox I/O of one claim. Holds the run's current sandbox (:attr:`current`).
 
@@ -177,12 +186,33 @@ class RunSandboxes:
         argv, stdin, env, secrets, interactive = await self.prepare_launch(sbx, input_messages)
         data = await sbx.provider.launch(sbx.handle, argv, nonce=sbx.nonce, stdin=stdin, env=env, secrets=secrets,
                                          interactive=interactive)
-        from sandbox_host.providers import SandboxHandle
-
-        sbx.handle = SandboxHandle(provider=sbx.handle.provider, key=sbx.handle.key,
-                                   journal_path=sbx.handle.journal_path, stderr_path=sbx.handle.stderr_path,
-                                   workdir=sbx.handle.workdir, data={**sbx.handle.data, **data, "launched": True})
+        adopt(sbx, data)
         await self._store(lambda: deps.register_sandbox(self.record, sbx, launched=True, epoch=self.epoch))
+
+    async def relaunch(self, sbx: Sandbox, session_id: str, attempt: int) -> None:
+        """Launch the agent again in ``sbx`` as process number ``attempt``, resuming
+        ``session_id`` (:mod:`sandbox_host.agent_resume`); the workspace stays as it is.
+
+        Raises:
+            RunClaimLost: this claim no longer holds the run (checked by a fenced write
+                first: a host that lost the run never starts an agent in it).
+            InvalidArgument: the session id is malformed.
+            SandboxError: the launch failed.
+            StoreUnavailable: the store did not answer within ``settings.store_retry``.
+        """
+        from sandbox_host.journal import nonce_file_text
+
+        deps = self.deps
+        await self._store(lambda: deps.cc.update_run(
+            self.run_id, runs_pb2.RunRecord(sandbox_key=sbx.handle.key), paths=["sandbox_key"],
+            epoch=self.epoch, session_id=deps.session.id))
+        argv, stdin, env, secrets, interactive = await deps.relaunch_spec(self.record, sbx.provider, sbx.handle,
+                                                                          session_id)
+        data = await sbx.provider.launch(sbx.handle, argv, nonce=nonce_file_text(sbx.nonce, attempt), stdin=stdin,
+                                         env=env, secrets=secrets, interactive=interactive)
+        adopt(sbx, data)
+        await self._store(lambda: deps.register_sandbox(self.record, sbx, launched=True, epoch=self.epoch))
+        log.info("run %s: agent relaunched (process %d, resuming session %s)", self.run_id, attempt, session_id)
 
     async def _store(self, write: Callable[[], Awaitable[T]]) -> T:
         """One idempotent registry/record write, retried for ``settings.store_retry`` seconds

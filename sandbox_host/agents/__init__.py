@@ -17,6 +17,10 @@ from baton.errors import InvalidArgument
 from sandbox_host.agents import _claude, _codex, _replay
 from sandbox_host.agents._spec import CLAUDE_STREAM_JSON, CODEX_EXEC_JSON, JOURNAL_FORMATS, AgentLaunch, load_files
 
+#: What an agent process relaunched in its run is told (its first user message), after its
+#: predecessor died while the turn waited (sandbox_host/agent_resume.py; docs/hitl.md).
+RESUME_PROMPT = "Continue where you left off."
+
 
 def prepare_agent(
     kind: str,
@@ -100,6 +104,7 @@ def prompt_from_messages(messages: Iterable[Mapping[str, Any]]) -> str:
 
 
 __all__ = [
+    "RESUME_PROMPT",
     "AGENT_KINDS", "AgentLaunch", "CLAUDE_STREAM_JSON", "CODEX_EXEC_JSON", "JOURNAL_FORMATS",
     "journal_format_for", "load_files", "prepare_agent", "prompt_from_messages",
 ]

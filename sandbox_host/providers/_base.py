@@ -140,7 +140,9 @@ class Provider(abc.ABC):
         """Start ``argv`` detached, stdout redirected to the journal, stderr to its file.
 
         A wrapper appends ``{"__exit": <code>, "__nonce": <nonce>}`` to the journal when the
-        agent ends. ``interactive``: the agent reads further input after ``stdin``, from an
+        agent ends. ``nonce`` is written to the wrapper's nonce file as given (a relaunched
+        agent process adds its attempt: :func:`sandbox_host.journal.nonce_file_text`).
+        ``interactive``: the agent reads further input after ``stdin``, from an
         inbox the provider creates empty before the wrapper starts (``data["inbox"]``; see
         :meth:`send_input`). Returns provider data to merge into the handle (e.g. the
         process group, the inbox).

@@ -40,7 +40,7 @@ from ag_ui.core import (
 )
 
 from baton.agui import event_to_chunk
-from sandbox_host.translate._inputs import ask_chunks, input_chunks
+from sandbox_host.translate._inputs import ask_chunks, input_chunks, reask_chunk
 
 Chunk = dict[str, Any]
 #: Longest delta in one CONTENT/ARGS chunk (characters): one journal line can hold MiBs
@@ -223,6 +223,11 @@ class Translator:
         self._run_cost: float | None = None  # sum of the turns' cost (USD)
         self._usage_turns = 0
         self._approval_tools: dict[str, str | None] = {}  # approval (request) id -> tool call id
+        self._approval_of: dict[str, str] = {}  # a re-ask's request id -> the approval it repeats
+        # approval id -> (tool call id, tool name, input JSON, agent start it was asked in)
+        self._asked: dict[str, tuple[str | None, str, str, int]] = {}
+        self._tool_results: set[str] = set()  # tool call ids with a result
+        self._agent_starts = 0  # agent processes (or turns) begun: a journal's ``init`` lines
 
     # --- public contract ------------------------------------------------------------------
 
@@ -261,7 +266,7 @@ class Translator:
             else:
                 if isinstance(obj, dict):
                     if obj.get("type") == "baton_input":
-                        for chunk in input_chunks(obj, self._approval_tools.get):
+                        for chunk in input_chunks(obj, self._approval_tools.get, self._approval_of):
                             self._emit_chunk(chunk)
                     else:
                         self._line(obj)
@@ -339,10 +344,33 @@ class Translator:
         if chunks is None:
             return False
         value = chunks[0]["value"]
-        self._approval_tools[value["approval"]["id"]] = value["toolCallId"]
+        rid, tcid = value["approval"]["id"], value["toolCallId"]
+        self._approval_tools[rid] = tcid
+        repeated = self._repeated_ask(rid, tcid, value["toolName"], compact_json(value["input"]))
+        if repeated is not None:
+            # A resumed agent process asks again for a call its predecessor asked for and
+            # never ran: the same approval (docs/hitl.md "A resumed agent").
+            self._approval_of[rid] = repeated
+            self._emit_chunk(reask_chunk(repeated, rid, tcid))
+            return True
+        self._asked[rid] = (tcid, value["toolName"], compact_json(value["input"]), self._agent_starts)
         for chunk in chunks:
             self._emit_chunk(chunk)
         return True
+
+    def _repeated_ask(self, rid: str, tcid: str | None, name: str, inp: str) -> str | None:
+        """The approval an ask repeats: one asked earlier for the same tool call, or (a
+        resumed process gives the call a new id) for the same tool and input, asked before
+        the latest agent start, whose call never got a result. ``None``: a new approval."""
+        if rid in self._asked:
+            return None
+        for aid, (t, n, i, start) in self._asked.items():
+            if t is not None and t == tcid:
+                return aid
+        for aid, (t, n, i, start) in self._asked.items():
+            if n == name and i == inp and start < self._agent_starts and (t is None or t not in self._tool_results):
+                return aid
+        return None
 
     def _next_id(self) -> str:
         self._n += 1
@@ -495,6 +523,7 @@ class Translator:
             self._emit(ToolCallEndEvent(tool_call_id=tid, subagent_run_id=sub))
 
     def _tool_result(self, tid: str, content: str, subagent: str | None, metadata: dict[str, Any] | None) -> None:
+        self._tool_results.add(tid)
         content, cut = cut_result(content)
         if cut is not None:
             metadata = {**(metadata or {}), "truncated": cut}

@@ -25,6 +25,12 @@ the same ones (the transcript shows them where they happened):
 - a steered message → a ``role: "user"`` text message ``input:<id>`` (``TEXT_MESSAGE_START`` /
   ``CONTENT`` / ``END``).
 
+A resumed agent process (its predecessor died while the call waited) asks again for the same
+call: same ``tool_use_id``, or a new one with the same tool and input (docs/hitl.md). That is
+the same approval, not a new one: → ``CUSTOM approval.reasked`` ``{approvalId, requestId,
+toolCallId}`` (the host answers ``requestId`` with the stored answer), and its answer's
+activity names the approval (``approval:<approval id>:answer``).
+
 The expiry time of an approval is not in the chunks (it is the host's clock, not the
 journal's); it is on the run record (``RunRecord.inputs``).
 """
@@ -36,6 +42,8 @@ Chunk = dict[str, Any]
 
 #: CUSTOM name of an approval request (``@tanstack/ai``'s stream processor name for it).
 APPROVAL_REQUESTED = "approval-requested"
+#: CUSTOM name of a resumed agent process's repeated ask.
+APPROVAL_REASKED = "approval.reasked"
 #: Activity types of the request and of its answer.
 APPROVAL_ACTIVITY = "approval"
 ANSWER_ACTIVITY = "approval_answer"
@@ -90,6 +98,12 @@ def ask_chunks(obj: dict[str, Any]) -> list[Chunk] | None:
     ]
 
 
+def reask_chunk(approval_id: str, request_id: str, tool_call_id: str | None) -> Chunk:
+    """The chunk of a repeated ask (see the module docstring)."""
+    return {"type": "CUSTOM", "name": APPROVAL_REASKED,
+            "value": {"approvalId": approval_id, "requestId": request_id, "toolCallId": tool_call_id}}
+
+
 def _user_text(message: Any) -> str | None:
     """The text of a stream-json user message's ``message`` (string or text blocks)."""
     if not isinstance(message, dict):
@@ -102,12 +116,14 @@ def _user_text(message: Any) -> str | None:
     return None
 
 
-def input_chunks(obj: dict[str, Any], tool_call_of: Callable[[str], str | None]) -> list[Chunk]:
+def input_chunks(obj: dict[str, Any], tool_call_of: Callable[[str], str | None],
+                 approval_of: dict[str, str] | None = None) -> list[Chunk]:
     """The chunks of a ``baton_input`` line (what reached the agent's stdin, and where).
 
     Args:
         obj: the line.
         tool_call_of: the tool call id an approval id gates (from its ask), ``None`` if unknown.
+        approval_of: a repeated ask's request id → the approval it repeats.
 
     Returns:
         An answer's activity, a steered user message, or ``[]`` for an input of another
@@ -123,8 +139,10 @@ def input_chunks(obj: dict[str, Any], tool_call_of: Callable[[str], str | None])
         inner = inner if isinstance(inner, dict) else {}
         given = resp.get("request_id")
         rid: str = given if isinstance(given, str) and given else iid
+        tool_call = tool_call_of(rid)
+        rid = (approval_of or {}).get(rid, rid)
         approved = inner.get("behavior") == "allow"
-        content: dict[str, Any] = {"approvalId": rid, "toolCallId": tool_call_of(rid), "approved": approved}
+        content: dict[str, Any] = {"approvalId": rid, "toolCallId": tool_call or tool_call_of(rid), "approved": approved}
         msg = inner.get("message")
         if isinstance(msg, str) and msg:
             content["message"] = msg

@@ -195,6 +195,7 @@ class ClaudeTranslator(Translator):
     def _system(self, obj: dict[str, Any]) -> None:
         sub = obj.get("subtype")
         if sub == "init":
+            self._agent_starts += 1
             self._close_all()
             self._start_step()
             self._custom("claude.init", {

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import pathlib
+import signal
 from typing import Any, AsyncIterator, Callable, Iterator
 
 import httpx
@@ -21,7 +23,7 @@ import pytest
 
 from baton.log import LogConfig
 from baton.sse import Comment, aiter_sse
-from tests.conftest import unique
+from tests.conftest import assert_eventually, unique
 from tests.gateway.conftest import Gateway, host_settings, read_stream
 from tests.sandbox.gitrepos import Repo, make_repo
 from tests.sessions_support import Cluster, driver_of, terminal, texts
@@ -556,5 +558,71 @@ async def test_a_steered_message_outlives_the_host_that_drove_the_run(cluster: C
             if c["type"] == "TEXT_MESSAGE_CONTENT" and not c["messageId"].startswith("input:"):
                 said[c["messageId"]] = said.get(c["messageId"], "") + c["delta"]
         assert list(said.values()).count("steered while it was down") == 1  # the agent took it once
+    finally:
+        await cluster.add_host()
+
+
+def agent_pids(run_id: str) -> list[int]:
+    """The run's agent processes (the stand-in ``claude`` writing to its journal)."""
+    from baton.ids import file_stem
+
+    journal = f"{file_stem(run_id)}.ndjson"
+    pids = []
+    for proc in pathlib.Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            out = os.readlink(proc / "fd" / "1")
+            cmd = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if out.endswith(journal) and b"claude" in cmd:
+            pids.append(int(proc.name))
+    return pids
+
+
+async def kill_agent(run_id: str) -> None:
+    for pid in await assert_eventually(lambda: agent_pids(run_id), timeout=30):
+        os.kill(pid, signal.SIGKILL)
+
+
+def resumed_once(chunks: list[Chunk], approval: str) -> None:
+    """The relaunched process asked again for the same call: one request, one repeat."""
+    assert approvals_in(chunks) == [approval]
+    again = [c["value"] for c in chunks if c["type"] == "CUSTOM" and c.get("name") == "approval.reasked"]
+    assert [a["approvalId"] for a in again] == [approval]
+    assert len([c for c in chunks if c["type"] == "CUSTOM" and c.get("name") == "claude.init"]) == 2
+
+
+async def test_the_agent_process_dies_while_it_waits_and_is_resumed(cluster: Cluster, gw: Gateway,
+                                                                    http: httpx.AsyncClient) -> None:
+    _, run_id, approval = await ask(gw, "run echo resumed >> r.txt && cat r.txt")
+    tool_call = (await view(http, gw, run_id))["inputs"][0]["toolCallId"]
+    await kill_agent(run_id)
+    r = await answer(http, gw, run_id, approval, True)
+    assert r.status_code == 200, r.text
+    chunks = await whole_log(http, gw, run_id)
+    assert terminal(chunks)["type"] == "RUN_FINISHED", terminal(chunks)
+    resumed_once(chunks, approval)
+    in_order_once(chunks, approval, tool_call)  # the answer reached the new process once
+    assert [c["content"] for c in results_in(chunks)] == ["resumed"]  # the command ran once
+    assert (await view(http, gw, run_id))["status"] == "completed"
+
+
+async def test_the_host_and_the_agent_process_die_and_the_successor_resumes_it(cluster: Cluster, gw: Gateway,
+                                                                              http: httpx.AsyncClient) -> None:
+    _, run_id, approval = await ask(gw, "run echo both >> b.txt && cat b.txt")
+    before = await view(http, gw, run_id)
+    await cluster.kill(await driver_of(http, gw, run_id))
+    try:
+        await kill_agent(run_id)
+        r = await answer(http, gw, run_id, approval, True)
+        assert r.status_code == 200, r.text
+        chunks = await whole_log(http, gw, run_id)
+        assert (await view(http, gw, run_id))["epoch"] > before["epoch"]
+        assert terminal(chunks)["type"] == "RUN_FINISHED", terminal(chunks)
+        resumed_once(chunks, approval)
+        in_order_once(chunks, approval, before["inputs"][0]["toolCallId"])
+        assert [c["content"] for c in results_in(chunks)] == ["both"]
     finally:
         await cluster.add_host()

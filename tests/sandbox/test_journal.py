@@ -191,3 +191,48 @@ async def test_preflight_reasons(tmp_path: pathlib.Path) -> None:
     got = await preflight_attach("r1", status=lambda: status_of("interrupted"), journal_size=size, attach_wait=5)
     await task
     assert got == 3
+
+
+@pytest.mark.servers  # starts processes: not a unit test
+async def test_a_relaunched_agent_continues_the_same_journal(local_provider: LocalProvider, sandboxes: list) -> None:
+    """An agent process ends while its run wants it back: the relaunched wrapper marks the
+    journal first, and the journal reads as one (the sentinel in between is no end). A
+    successor replaying it relaunches nothing; a marker with a foreign nonce is a plain line."""
+    from sandbox_host.agent_resume import journal_with_resumes
+    from sandbox_host.journal import JournalResume, nonce_file_text
+    from sandbox_host.providers import Sandbox
+
+    nonce = new_nonce()
+    forged = '{"__resume":2,"__nonce":"0123abcd","inbox":""}'
+    h = await _launch_sh(local_provider, sandboxes, "relaunch", f"printf 'one\\n{forged}\\n'; exit 3", nonce)
+    sbx = Sandbox(local_provider, h, nonce)
+    launched: list[int] = []
+    resumed: list[JournalResume] = []
+
+    async def relaunch(attempt: int) -> bool:
+        launched.append(attempt)
+        data = await local_provider.launch(sbx.handle, ["sh", "-c", "printf 'two\\n'"],
+                                           nonce=nonce_file_text(nonce, attempt))
+        sbx.handle = with_data(sbx.handle, dict(data))
+        return True
+
+    async def read(wanted: bool) -> list:
+        out = []
+        async with asyncio.timeout(20):
+            async for it in journal_with_resumes(sbx, poll_interval=0.05, wanted=lambda a: wanted and a == 2,
+                                                 relaunch=relaunch, on_resume=resumed.append):
+                out.append(it)
+        return out
+
+    items = await read(True)
+    assert [getattr(i, "data", None) for i in items] == [b"one", forged.encode(), b"two", None]
+    assert isinstance(items[-1], JournalExit) and items[-1].code == 0
+    assert launched == [2] and [(r.attempt, r.inbox) for r in resumed] == [(2, "")]
+    text = pathlib.Path(h.journal_path).read_bytes().decode()
+    assert text.count('"__exit"') == 2 and text.index('"__resume":2,"__nonce":"' + nonce) < text.index("two")
+    # A successor replays the same journal: the marker says the agent was relaunched already.
+    assert await read(True) == items and launched == [2]
+    # Without a marker after it, a sentinel nobody wants a relaunch for is the end.
+    h2 = await _launch_sh(local_provider, sandboxes, "relaunch-not", "printf 'one\\n'; exit 3", nonce)
+    sbx.handle = h2
+    assert [type(i) for i in await read(False)] == [JournalLine, JournalExit] and launched == [2]

@@ -155,3 +155,86 @@ def test_a_replay_agent_input_is_never_closed() -> None:
     desk = _desk(closes_input=False)
     desk.saw(_translate({"type": "result", "subtype": "success", "is_error": False}))
     assert desk.actions(0.0) == []
+
+
+# --- a resumed agent process (docs/hitl.md "A resumed agent") ----------------------------
+
+INIT = {"type": "system", "subtype": "init", "session_id": "0b8f2b1e-3c1d-4e55-9a6b-4a8f3c2d1e00"}
+TOOL_USE = {"type": "assistant", "message": {"id": "msg_1", "role": "assistant", "content": [
+    {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "rm -rf build"}}]},
+    "parent_tool_use_id": None}
+REASK = {**ASK, "request_id": "req-2"}
+RESULT = {"type": "user", "message": {"role": "user", "content": [
+    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "removed"}]}, "parent_tool_use_id": None}
+
+
+def _answer_line(rid: str) -> dict:
+    return {"type": "baton_input", "id": rid, "input": {"type": "control_response", "response": {
+        "subtype": "success", "request_id": rid, "response": {"behavior": "allow", "updatedInput": {}}}}}
+
+
+def test_a_resumed_process_asking_again_is_the_same_approval_answered_under_its_new_request() -> None:
+    chunks = _translate(INIT, TOOL_USE, ASK, INIT, REASK, _answer_line("req-2"), RESULT)
+    asks = [c for c in chunks if c.get("name") == "approval-requested"]
+    assert len(asks) == 1  # no second request for the same call
+    [again] = [c for c in chunks if c.get("name") == "approval.reasked"]
+    assert again["value"] == {"approvalId": "req-1", "requestId": "req-2", "toolCallId": "toolu_1"}
+    [answer] = [c for c in chunks if c.get("activityType") == "approval_answer"]
+    assert answer["messageId"] == "approval:req-1:answer"
+    assert answer["content"] == {"approvalId": "req-1", "toolCallId": "toolu_1", "approved": True}
+
+
+def test_a_resumed_process_giving_the_call_a_new_id_is_matched_by_tool_and_input() -> None:
+    other_use = {**TOOL_USE, "message": {**TOOL_USE["message"], "id": "msg_2", "content": [
+        {**TOOL_USE["message"]["content"][0], "id": "toolu_9"}]}}
+    reask = {**REASK, "request": {**ASK["request"], "tool_use_id": "toolu_9"}}
+    chunks = _translate(INIT, TOOL_USE, ASK, INIT, other_use, reask)
+    [again] = [c for c in chunks if c.get("name") == "approval.reasked"]
+    assert again["value"] == {"approvalId": "req-1", "requestId": "req-2", "toolCallId": "toolu_9"}
+    # Within one process, the same command asked twice is two approvals.
+    same_process = _translate(INIT, TOOL_USE, ASK, other_use, reask)
+    assert len([c for c in same_process if c.get("name") == "approval-requested"]) == 2
+
+
+def test_after_a_relaunch_the_stored_answer_goes_to_the_new_request_once() -> None:
+    desk = _desk(closes_input=True)
+    desk.saw(_translate(INIT, TOOL_USE, ASK))
+    desk.on_record([Inp("req-1", state="answered", decision="allow")])
+    [d] = desk.actions(0.0)
+    desk.sent_input(d.key or d.input_id)
+    desk.saw(_translate(INIT, TOOL_USE, ASK, _answer_line("req-1")))  # delivered; then the process died
+    assert desk.resume_wanted()  # no result for the call, the turn not over, the session known
+    assert desk.agent_session == INIT["session_id"]
+    desk.restarted()
+    assert desk.actions(0.0) == []  # the new process has not asked yet: nothing goes to it blind
+    desk.saw(_translate(INIT, TOOL_USE, ASK, _answer_line("req-1"), INIT, REASK)[-1:])
+    [again] = desk.actions(0.0)
+    assert isinstance(again, Deliver) and (again.input_id, again.key) == ("req-2", "req-1")
+    assert json.loads(again.payload)["response"]["request_id"] == "req-2"
+    desk.sent_input(again.key)
+    assert desk.actions(0.0) == []
+    tail = _translate(INIT, TOOL_USE, ASK, _answer_line("req-1"), INIT, REASK, _answer_line("req-2"), RESULT)
+    desk.saw(tail[-6:])
+    assert not desk.resume_wanted()  # the call ran
+
+
+def test_no_relaunch_for_a_turn_that_ended_or_an_agent_without_a_session() -> None:
+    desk = _desk(closes_input=True)
+    desk.saw(_translate(TOOL_USE, ASK))
+    assert not desk.resume_wanted()  # no init: no session to resume
+    ended = _desk(closes_input=True)
+    ended.saw(_translate(INIT, TOOL_USE, ASK, {"type": "result", "subtype": "success", "is_error": False}))
+    assert not ended.resume_wanted()
+    replay = _desk(closes_input=False)
+    replay.saw(_translate(INIT, TOOL_USE, ASK))
+    assert not replay.resume_wanted()
+
+
+def test_a_relaunched_turn_that_never_asks_again_does_not_wait_for_it() -> None:
+    desk = _desk(closes_input=True)
+    desk.saw(_translate(INIT, TOOL_USE, ASK))
+    desk.on_record([Inp("req-1", state="answered", decision="allow")])
+    desk.restarted()
+    assert desk.actions(0.0) == []
+    desk.saw(_translate(INIT, {"type": "result", "subtype": "success", "is_error": False})[-4:])
+    assert desk.actions(0.0) == [CloseInput()]
