@@ -63,12 +63,16 @@ async def _after_sentinel(sbx: "Sandbox", end: int) -> bool | None:
 
 async def _goes_on(sbx: "Sandbox", item: JournalExit, attempt: int, wanted: Callable[[int], bool],
                    relaunch: Callable[[int], Awaitable[bool]], poll: float) -> bool:
-    """Whether the journal goes on after the sentinel ``item`` (see the module docstring)."""
+    """Whether the journal goes on after the sentinel ``item`` (see the module docstring).
+
+    ``wanted`` is decided from the journal before the sentinel alone, so it is the same on
+    every host: where it says no, no host relaunched, and a run that simply ended reads
+    nothing more."""
+    if not wanted(attempt):
+        return False
     after = await _after_sentinel(sbx, item.end)
     if after is not None:
         return after
-    if not wanted(attempt):
-        return False
     deadline = time.monotonic() + STARTING_WAIT
     while await sbx.provider.processes_alive(sbx.handle) and time.monotonic() < deadline:
         # The ended process's wrapper is still exiting, or a relaunch is under way (a

@@ -81,3 +81,23 @@ async def test_an_approval_reaches_the_agent_once_in_a_container(
     await rs.approve_once_delivered_once(docker_provider, handle, env, read)
     handle, env = await _sandbox_with_standins(docker_provider, containers)
     await rs.deny_then_steer(docker_provider, handle, env, read)
+
+
+async def test_a_relaunched_agent_takes_the_answer_in_a_container(
+    docker_provider: DockerProvider, containers: list[SandboxHandle]
+) -> None:
+    """The relaunch in a container: a new inbox (its path in the resume marker), the agent's
+    session store kept in the container."""
+    from tests.sandbox import relay_support as rs
+
+    handle, env = await _sandbox_with_standins(docker_provider, containers)
+
+    async def read(h: SandboxHandle, rel: str) -> bytes:
+        return await docker_provider.read_file(h, f"{h.workdir}/{rel}")
+
+    async def kill_agent(h: SandboxHandle) -> None:
+        code, _, err = await docker_provider._exec(docker_provider._cid(h), ["sh", "-c", rs.KILL_AGENT, "sh",
+                                                                            h.journal_path])
+        assert code == 0, err
+
+    await rs.relaunched_process_gets_the_answer(docker_provider, handle, env, read, kill_agent)

@@ -140,3 +140,51 @@ async def _exists(read: Any, handle: SandboxHandle, rel: str) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+#: Kills the agent's own process (the stand-in's python3 writing the journal ``$1``), not its
+#: wrapper: what a crash or an OOM kill of the agent does.
+KILL_AGENT = ('for p in /proc/[0-9]*; do [ "$(readlink "$p/fd/1" 2>/dev/null)" = "$1" ] && '
+              'grep -q python3 "$p/cmdline" 2>/dev/null && kill -9 "${p#/proc/}"; done; true')
+
+
+async def relaunched_process_gets_the_answer(provider: Provider, handle: SandboxHandle, env: Mapping[str, str],
+                                             read: Any, kill_agent: Any) -> None:
+    """The agent dies while it waits; relaunched with ``--resume`` (the resume marker first,
+    in the same journal, with its own inbox), it asks again for the same call, takes the
+    answer under its new request id, and the command runs once.
+
+    ``kill_agent(handle)``: runs :data:`KILL_AGENT` in the sandbox."""
+    from sandbox_host.agents import RESUME_PROMPT
+    from sandbox_host.journal import JournalResume, nonce_file_text
+
+    live = await launch(provider, handle, "run echo once >> o.txt && cat o.txt", env)
+    try:
+        ask = await live.until(is_ask)
+        session = next(o["session_id"] for o in live.lines if o.get("subtype") == "init")
+        await kill_agent(live.handle)
+        died = await live.to_end()
+        assert died.code == 137
+    finally:
+        await live.close()
+    spec = prepare_agent("claude-code", {"approvals": True}, prompt=RESUME_PROMPT, resume=session)
+    data = await provider.launch(live.handle, spec.argv, nonce=nonce_file_text(live.nonce, 2), stdin=spec.stdin,
+                                 env={**spec.env, **env}, interactive=True)
+    h2 = SandboxHandle(handle.provider, handle.key, handle.journal_path, handle.stderr_path, handle.workdir,
+                       {**live.handle.data, **data})
+    again = Live(provider, h2, live.nonce)
+    again._items = follow_journal(provider, h2, h2.journal_path, offset=died.end, nonce=live.nonce, poll_interval=0.05)
+    try:
+        first = await anext(again._items)  # type: ignore[arg-type]
+        assert isinstance(first, JournalResume) and (first.attempt, first.inbox) == (2, h2.inbox_path)
+        reask = await again.until(is_ask)
+        assert reask["request"]["tool_use_id"] == ask["request"]["tool_use_id"]
+        assert reask["request_id"] != ask["request_id"]
+        rid = reask["request_id"]
+        await provider.send_input(h2, rid, answer_payload(rid, "allow", "", reask["request"]["input"]))
+        await again.until(lambda o: o.get("type") == "result")
+        await provider.send_input(h2, EOF_ID, b"{}")
+        assert (await again.to_end()).code == 0
+        assert await read(h2, "o.txt") == b"once\n"
+    finally:
+        await again.close()

@@ -98,3 +98,14 @@ async def test_an_answer_too_large_for_the_inbox_is_a_denial_not_a_hang(local_pr
     assert [d["tool_name"] for d in result["permission_denials"]] == ["Bash"]
     denied = [o for o in live.lines if o.get("type") == "user" and isinstance(o["message"]["content"], list)]
     assert denied[0]["message"]["content"][0]["content"] == UNDELIVERABLE
+
+
+async def test_a_relaunched_agent_takes_the_answer_its_predecessor_waited_for(
+        local_provider: LocalProvider, sandbox) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    async def kill_agent(h: SandboxHandle) -> None:
+        proc = await asyncio.create_subprocess_exec("sh", "-c", rs.KILL_AGENT, "sh", h.journal_path)
+        assert await proc.wait() == 0
+
+    await rs.relaunched_process_gets_the_answer(local_provider, sandbox[0], sandbox[1], _read, kill_agent)
