@@ -151,6 +151,16 @@ class SteerUnsupported(BatonError):
         super().__init__(f"run {run_id!r} ({agent}) cannot take a message while it runs")
 
 
+class InputIdTaken(BatonError):
+    """A message's id is an approval's of the same run (approvals and messages share one id
+    space: the inbox passes each id once)."""
+
+    def __init__(self, run_id: str, input_id: str) -> None:
+        self.run_id = run_id
+        self.input_id = input_id
+        super().__init__(f"input id {input_id!r} of run {run_id!r} is taken by another input")
+
+
 class TooManyInputs(BatonError):
     """The run holds as many inputs as it may (``limit``)."""
 

@@ -266,6 +266,8 @@ def put_input(snap: Snapshot, *, keys: Keys, op: int, given: RunInput, tenant: s
       - ``STEER`` (a user's): the message ``given`` is appended as ``pending``; its id
         already there answers ``OK`` unchanged (a retry); beyond :data:`MAX_RUN_INPUTS`
         inputs ``TOO_MANY``.
+      - ``REQUEST`` / ``STEER`` with an id an input of the other kind holds: ``CONFLICT``
+        with that input (one id space: the inbox passes each id once).
 
     Returns:
         A plan whose result is (outcome, record, existing input on ``CONFLICT``). Outcomes:
@@ -290,8 +292,13 @@ def put_input(snap: Snapshot, *, keys: Keys, op: int, given: RunInput, tenant: s
         return Plan((_Out.ENDED, cur, None), write=False)
     new = _copy(cur)
     if op in (_Op.REQUEST, _Op.STEER):
-        if _find_input(cur, given.id) >= 0:
+        if at >= 0:
             return Plan((_Out.OK, cur, None), write=False)
+        other = _find_input(cur, given.id)
+        if other >= 0:
+            # Approvals and messages share one id space (the inbox passes each id once):
+            # an id the other kind holds is refused, never silently dropped.
+            return Plan((_Out.CONFLICT, cur, cur.inputs[other]), write=False)
         if op == _Op.STEER and len(cur.inputs) >= MAX_RUN_INPUTS:
             return Plan((_Out.TOO_MANY, cur, None), write=False)
         added = new.inputs.add()

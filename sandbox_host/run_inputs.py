@@ -32,10 +32,12 @@ the approvals it waited on are answered again once the new process asks again
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
+from baton.ids import INPUT_ID
 from sandbox_host.translate._inputs import (
     ANSWER_ACTIVITY, APPROVAL_ACTIVITY, APPROVAL_REASKED, APPROVAL_REQUESTED, STEER_PREFIX,
 )
@@ -119,6 +121,22 @@ def steer_payload(text: str) -> bytes:
                      "parent_tool_use_id": None, "session_id": ""})
 
 
+#: What the agent is told when its ask cannot be stored (its id is a message's of the run).
+ID_TAKEN = "This request could not be put to the user (its id is taken), so the tool is denied."
+
+
+#: The desk's key of a refused ask's denial (its id may be a message's too).
+REFUSED_KEY = "refused:"
+
+
+def _safe_inbox_id(request_id: str) -> str:
+    """A request id the relay can carry as is, else one derived from it (the same on every
+    host): ``a-`` and 40 hex digits of its SHA-256."""
+    if INPUT_ID.fullmatch(request_id) and request_id != EOF_ID:
+        return request_id
+    return "a-" + hashlib.sha256(request_id.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+
+
 @dataclass
 class InputDesk:
     """The inputs of one driven run (see the module docstring).
@@ -149,6 +167,9 @@ class InputDesk:
     #: Approvals a relaunched process has not asked again yet, and those its turn ended without.
     awaiting_reask: set[str] = field(default_factory=set)
     abandoned: set[str] = field(default_factory=set)
+    #: Asks the record refused (their id is a message's): denied to the agent (fail closed).
+    refused: set[str] = field(default_factory=set)
+    refused_done: set[str] = field(default_factory=set)
     _ask_order: list[str] = field(default_factory=list)
 
     # --- what the journal says ---------------------------------------------------------
@@ -194,6 +215,8 @@ class InputDesk:
                 content = c.get("content")
                 if isinstance(content, dict) and isinstance(content.get("approvalId"), str):
                     self.delivered.add(content["approvalId"])
+                    if content["approvalId"] in self.refused:
+                        self.refused_done.add(content["approvalId"])
             elif t == "TEXT_MESSAGE_START" and c.get("role") == "user":
                 mid = c.get("messageId")
                 if isinstance(mid, str) and mid.startswith(STEER_PREFIX):
@@ -224,7 +247,10 @@ class InputDesk:
         out = []
         for aid in self._ask_order:
             rec = self.record.get(aid)
-            if aid in self.abandoned:
+            if aid in self.abandoned or aid in self.refused_done:
+                continue
+            if aid in self.refused:
+                out.append(aid)
                 continue
             if aid not in self.delivered and (rec is None or rec.state != "answered"):
                 out.append(aid)
@@ -264,6 +290,11 @@ class InputDesk:
             if aid not in self.record and aid not in self.registered:
                 out.append(Register(self.asks[aid], now + self.approval_timeout))
         waiting = False
+        for aid in sorted(self.refused - self.refused_done):
+            if REFUSED_KEY + aid not in self.sent:
+                rid = self.request_ids.get(aid, aid)
+                out.append(Deliver(self.inbox_id(rid), answer_payload(rid, "deny", ID_TAKEN, None),
+                                   key=REFUSED_KEY + aid))
         for rec in self.record.values():
             if rec.id in self.delivered or rec.id in self.abandoned:
                 continue
@@ -273,7 +304,7 @@ class InputDesk:
                 if rec.state == "answered":
                     if rec.id not in self.sent and rec.id not in self.awaiting_reask:
                         rid = self.request_ids.get(rec.id, rec.id)
-                        out.append(Deliver(rid, answer_payload(rid, rec.decision, rec.message,
+                        out.append(Deliver(self.inbox_id(rid), answer_payload(rid, rec.decision, rec.message,
                                                                _json_or(rec.updated_input_json, self.asks[rec.id].input)),
                                            key=rec.id))
                     waiting = rec.id not in self.awaiting_reask or waiting
@@ -287,6 +318,21 @@ class InputDesk:
                 and not self.pending_approvals()):
             out.append(CloseInput())
         return out
+
+    def inbox_id(self, request_id: str) -> str:
+        """The inbox id an answer to ``request_id`` goes under: the request id, unless the
+        relay cannot carry it or a message of the run has it (the relay passes each id once),
+        then one derived from it."""
+        rec = self.record.get(request_id)
+        if rec is not None and rec.kind == "message":
+            return "a-" + hashlib.sha256(request_id.encode()).hexdigest()[:40]
+        return _safe_inbox_id(request_id)
+
+    def refuse(self, approval_id: str) -> None:
+        """The record refused the ask ``approval_id`` (its id is a message's): the agent gets
+        a denial."""
+        self.refused.add(approval_id)
+        self.registered.add(approval_id)
 
     def next_deadline(self) -> float | None:
         """The earliest ``expires_at`` of a pending approval (seconds since the epoch)."""

@@ -75,6 +75,12 @@ async def register(deps: "HostDeps", record: runs_pb2.RunRecord, epoch: int, des
     outcome, rec, _ = await deps.cc.put_run_input(record.run_id, cpb.PutRunInputRequest.REQUEST, item,
                                                   session_id=deps.session.id, epoch=epoch)
     _check(outcome, record.run_id, epoch)
+    if outcome == cpb.PutRunInputResponse.CONFLICT:
+        # A message of the run has this id (one id space): the ask cannot be answered by
+        # anyone, so the agent is told no (fail closed) instead of waiting for ever.
+        log.error("run %s: approval %s cannot be stored (its id is a message's); denied", record.run_id, ask.id)
+        desk.refuse(ask.id)
+        return
     desk.registered_ask(ask.id)
     if rec is not None:
         desk.on_record(rec.inputs)
@@ -124,9 +130,10 @@ async def _deliver(sbx: "Sandbox", run_id: str, action: Deliver) -> None:
     except ValueError as exc:
         log.error("run %s: input %s cannot be delivered: %s", run_id, action.input_id, exc)
     if b'"control_response"' in action.payload:
+        request_id = json.loads(action.payload)["response"]["request_id"]
         try:
             await sbx.provider.send_input(sbx.handle, action.input_id,
-                                          answer_payload(action.input_id, "deny", UNDELIVERABLE, None))
+                                          answer_payload(request_id, "deny", UNDELIVERABLE, None))
         except ValueError as exc:
             log.error("run %s: approval %s: not even a denial can be delivered: %s", run_id, action.input_id, exc)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from baton import errors as e
 from baton.ids import validate_id, validate_input_id
-from baton.runs import MAX_RUN_INPUTS
+from baton.runs import MAX_INPUT_PAYLOAD, MAX_RUN_INPUTS
 from baton.v1 import coordinator_pb2, runs_pb2
 from gateway._service._requests import MAX_JSON_DEPTH, json_depth
 from gateway._state import GatewayState
@@ -27,6 +27,31 @@ Out = coordinator_pb2.PutRunInputResponse
 MAX_INPUT_TEXT = 64 * 1024
 #: Agent kinds whose process reads messages while it runs (the others: 409 STEER_UNSUPPORTED).
 STEERABLE_AGENTS = ("claude-code", "replay")
+
+
+#: Bytes of a payload's JSON besides the text it carries (the stream-json ``user`` line's
+#: or the ``control_response``'s fields).
+_PAYLOAD_FRAME = 512
+
+
+def _checked_text(value: Any, field: str, *, empty_ok: bool) -> str:
+    """``value`` as a text an inbox line can carry: a string of at most
+    :data:`MAX_INPUT_TEXT` UTF-8 bytes whose escaped JSON fits :data:`MAX_INPUT_PAYLOAD`.
+
+    Raises:
+        InvalidArgument: not a string, empty (unless ``empty_ok``), lone surrogates, too long.
+    """
+    if not isinstance(value, str) or (not empty_ok and not value.strip()):
+        raise e.InvalidArgument(field, f"must be a non-empty string of at most {MAX_INPUT_TEXT} bytes")
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError:
+        raise e.InvalidArgument(field, "must be valid Unicode text (it holds a lone surrogate)") from None
+    escaped = len(json.dumps(value, ensure_ascii=False).encode())
+    if size > MAX_INPUT_TEXT or escaped + _PAYLOAD_FRAME > MAX_INPUT_PAYLOAD:
+        raise e.InvalidArgument(field, f"must be at most {MAX_INPUT_TEXT} bytes, and at most "
+                                       f"{MAX_INPUT_PAYLOAD - _PAYLOAD_FRAME} bytes once escaped as JSON")
+    return value
 
 
 def _parsed(raw: str) -> Any:
@@ -92,8 +117,8 @@ def approval_answer(run_id: Any, approval_id: Any, approved: Any, message: Any =
     or ``None``).
 
     Raises:
-        InvalidArgument: a bad id, ``approved`` not a boolean, ``message`` not a string or
-            over :data:`MAX_INPUT_TEXT` bytes, ``updated_input`` not an object, too deep or
+        InvalidArgument: a bad id, ``approved`` not a boolean, ``message`` not a text an
+            inbox line can carry (``_checked_text``), ``updated_input`` not an object, too deep or
             too large, or given with a denial.
     """
     validate_id(run_id, "runId")
@@ -102,16 +127,19 @@ def approval_answer(run_id: Any, approval_id: Any, approved: Any, message: Any =
         raise e.InvalidArgument("approved", "must be true or false")
     if message is None:
         message = ""
-    if not isinstance(message, str) or len(message.encode()) > MAX_INPUT_TEXT:
-        raise e.InvalidArgument("message", f"must be a string of at most {MAX_INPUT_TEXT} bytes")
+    message = _checked_text(message, "message", empty_ok=True)
     raw = ""
     if updated_input is not None:
         if not approved:
             raise e.InvalidArgument("updatedInput", "only goes with approved: true")
         if not isinstance(updated_input, dict) or json_depth(updated_input) > MAX_JSON_DEPTH:
             raise e.InvalidArgument("updatedInput", f"must be a JSON object at most {MAX_JSON_DEPTH} deep")
-        raw = json.dumps(updated_input, separators=(",", ":"), ensure_ascii=False)
-        if len(raw.encode()) > MAX_INPUT_TEXT:
+        try:
+            raw = json.dumps(updated_input, separators=(",", ":"), ensure_ascii=False)
+            raw_size = len(raw.encode())
+        except UnicodeEncodeError:
+            raise e.InvalidArgument("updatedInput", "must be valid Unicode text (it holds a lone surrogate)") from None
+        if raw_size > MAX_INPUT_TEXT:
             raise e.InvalidArgument("updatedInput", f"must be at most {MAX_INPUT_TEXT} bytes as JSON")
     return ApprovalAnswer(run_id, approval_id, approved, message, raw)
 
@@ -129,12 +157,11 @@ def steer_request(run_id: Any, text: Any, input_id: Any = None) -> SteerRequest:
     """Check a steer's parts; mint an input id when the client sent none.
 
     Raises:
-        InvalidArgument: a bad run or input id; ``text`` empty, not a string, or over
-            :data:`MAX_INPUT_TEXT` bytes.
+        InvalidArgument: a bad run or input id; ``text`` empty, not a string, holding a
+            lone surrogate, over :data:`MAX_INPUT_TEXT` bytes or too long once escaped.
     """
     validate_id(run_id, "runId")
-    if not isinstance(text, str) or not text.strip() or len(text.encode()) > MAX_INPUT_TEXT:
-        raise e.InvalidArgument("content", f"must be a non-empty string of at most {MAX_INPUT_TEXT} bytes")
+    text = _checked_text(text, "content", empty_ok=False)
     if input_id is None or input_id == "":
         input_id = f"msg-{uuid.uuid4().hex}"
     validate_input_id(input_id, "id")
@@ -187,6 +214,7 @@ async def steer(st: GatewayState, tenant: str, req: SteerRequest) -> runs_pb2.Ru
         UnknownRun: no such run for ``tenant``.
         SteerUnsupported: the run's agent cannot take a message while it runs.
         RunEnded: the run has ended.
+        InputIdTaken: one of the run's approvals has the message's id.
         TooManyInputs: the run holds the most inputs it may.
     """
     view = await st.coordinator.get_run(req.run_id)
@@ -199,6 +227,8 @@ async def steer(st: GatewayState, tenant: str, req: SteerRequest) -> runs_pb2.Ru
     outcome, record, existing = await st.coordinator.put_run_input(req.run_id, Op.STEER, given, tenant=scope)
     if outcome == Out.NOT_FOUND:
         raise e.UnknownRun(req.run_id)
+    if outcome == Out.CONFLICT:
+        raise e.InputIdTaken(req.run_id, req.input_id)
     _raise_for(outcome, req.run_id, req.input_id, existing, MAX_RUN_INPUTS)
     stored: runs_pb2.RunInput = next(i for i in record.inputs if i.id == req.input_id)
     return stored

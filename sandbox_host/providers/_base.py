@@ -86,8 +86,7 @@ class SandboxHandle:
         return str(self.data.get("inbox") or "")
 
 
-#: The largest input payload one inbox line carries (one line of compact JSON).
-MAX_INPUT_PAYLOAD = 64 * 1024 + 1024
+from baton.runs import MAX_INPUT_PAYLOAD  # noqa: E402 - the limit the gateway checks up front too
 
 
 def check_input(handle: SandboxHandle, input_id: str, payload: bytes) -> bytes:

@@ -143,3 +143,16 @@ def test_steer_appends_once_and_is_bounded() -> None:
     assert over.result[0] == Out.TOO_MANY and not over.write
     ended = rules.put_input(snap(record(COMPLETED)), keys=K, op=Op.STEER, given=RunInput(id="m2", message="x"))
     assert ended.result[0] == Out.ENDED
+
+
+def test_an_id_the_other_kind_holds_is_a_conflict_never_a_silent_ok() -> None:
+    # A steer whose id is an approval's: refused with the approval, nothing written.
+    plan = rules.put_input(snap(asked(ask())), keys=K, op=Op.STEER, given=RunInput(id="req-1", message="hi"))
+    outcome, _, existing = plan.result
+    assert outcome == Out.CONFLICT and not plan.write and existing is not None and existing.kind == "approval"
+    # An ask whose id a steered message holds: refused too (the host then denies it).
+    steered = rules.put_input(snap(record(), held()), keys=K, op=Op.STEER,
+                              given=RunInput(id="req-1", message="hi")).result[1]
+    assert steered is not None
+    plan = rules.put_input(snap(steered, held()), keys=K, op=Op.REQUEST, given=ask(), session_id=SESSION, epoch=3)
+    assert plan.result[0] == Out.CONFLICT and not plan.write and plan.result[2].kind == "message"

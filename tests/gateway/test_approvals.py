@@ -329,6 +329,18 @@ async def test_bad_answers_get_clear_errors(cluster: Cluster, gw: Gateway, http:
         r = await http.post(f"{url}/{approval}", json=bad)
         assert r.status_code == 400 and r.json()["reason"] == "INVALID_ARGUMENT", (bad, r.text)
     assert (await http.post(f"{url}/bad%20id", json={"approved": True})).status_code == 400
+    steer_url = f"{gw.url}/api/runs/{run_id}/messages"
+    for bad in ({"content": "half a pair \ud800"}, {"content": "\x01" * 20000},  # 120 KB once escaped
+                {"content": "x" * (64 * 1024 + 1)}):
+        # As a browser's JSON.stringify sends it (a lone surrogate as a \u escape).
+        r = await http.post(steer_url, content=json.dumps(bad), headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and r.json()["reason"] == "INVALID_ARGUMENT", (len(bad["content"]), r.text)
+    r = await http.post(f"{url}/{approval}", content=json.dumps({"approved": False, "message": "no \udfff"}),
+                        headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["reason"] == "INVALID_ARGUMENT", r.text
+    taken = await http.post(steer_url, json={"content": "hi", "id": approval})  # one id space
+    assert taken.status_code == 409 and taken.json()["reason"] == "INPUT_ID_TAKEN", taken.text
+    assert [i["kind"] for i in (await view(http, gw, run_id))["inputs"]] == ["approval"]
     # None of that answered it: the run still waits, and the user's answer goes through.
     assert (await view(http, gw, run_id))["awaitingApproval"] is True
     assert (await answer(http, gw, run_id, approval, True)).status_code == 200

@@ -238,3 +238,31 @@ def test_a_relaunched_turn_that_never_asks_again_does_not_wait_for_it() -> None:
     assert desk.actions(0.0) == []
     desk.saw(_translate(INIT, {"type": "result", "subtype": "success", "is_error": False})[-4:])
     assert desk.actions(0.0) == [CloseInput()]
+
+
+def test_an_ask_whose_id_a_message_holds_is_denied_under_another_inbox_id() -> None:
+    desk = _desk(closes_input=True)
+    desk.saw(_translate(INIT, TOOL_USE, ASK))
+    desk.on_record([Inp("req-1", kind="message", state="pending", message="hi")])
+    desk.sent_input("req-1")  # the message went in under its id
+    desk.refuse("req-1")
+    [d] = desk.actions(0.0)
+    assert isinstance(d, Deliver) and d.key == "refused:req-1" and d.input_id.startswith("a-") and len(d.input_id) == 42
+    body = json.loads(d.payload)["response"]
+    assert body["request_id"] == "req-1" and body["response"]["behavior"] == "deny"
+    desk.sent_input(d.key)
+    assert desk.actions(0.0) == [] and desk.pending_approvals() == ["req-1"]
+    echo = {"type": "baton_input", "id": d.input_id, "input": json.loads(d.payload)}
+    desk.saw(_translate(INIT, TOOL_USE, ASK, echo)[-1:])
+    assert desk.pending_approvals() == []
+
+
+def test_a_request_id_the_relay_cannot_carry_gets_a_derived_inbox_id() -> None:
+    odd = {**ASK, "request_id": "bad id/with spaces"}
+    desk = _desk()
+    desk.saw(_translate(odd))
+    desk.on_record([Inp("bad id/with spaces", state="answered", decision="allow")])
+    [d] = desk.actions(0.0)
+    assert d.input_id == desk.inbox_id("bad id/with spaces") and d.input_id.startswith("a-")
+    assert json.loads(d.payload)["response"]["request_id"] == "bad id/with spaces"
+    assert d.key == "bad id/with spaces"
