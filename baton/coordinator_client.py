@@ -102,7 +102,7 @@ class Session:
     """
 
     def __init__(self, client: "CoordinatorClient", session_id: int, ttl: float, owner: str,
-                 probe_address: str = "") -> None:
+                 probe_address: str = "", own_thread: bool = False) -> None:
         self.id = session_id
         self.ttl = ttl
         self.owner = owner
@@ -110,7 +110,23 @@ class Session:
         self.lost = asyncio.Event()
         self._client = client
         self._closed = False
-        self._task = asyncio.create_task(self._keepalive(), name=f"session-{session_id:x}")
+        self._task: asyncio.Task[None] | None = None
+        self._thread: Any = None
+        if own_thread:
+            from baton.keepalive import KeepAliveThread
+
+            self._loop = asyncio.get_running_loop()
+            self._thread = KeepAliveThread(
+                session_id, ttl, client.addresses, first=client._current, token=client._token,
+                probe_address=lambda: self.probe_address, options=_CHANNEL_OPTIONS,
+                on_lost=self._lost_from_thread)
+            self._thread.start()
+        else:
+            self._task = asyncio.create_task(self._keepalive(), name=f"session-{session_id:x}")
+
+    def _lost_from_thread(self, _why: str) -> None:
+        """The keep-alive thread found the lease gone: ``lost`` is set on the loop (unless closed)."""
+        self._loop.call_soon_threadsafe(lambda: None if self._closed else self.lost.set())
 
     async def _keepalive(self) -> None:
         """Refresh the lease until close(); any other end of this task sets ``lost``.
@@ -211,8 +227,11 @@ class Session:
             return
         self._closed = True
         self._client._sessions.discard(self)
-        self._task.cancel()
-        await asyncio.wait({self._task}, timeout=timeout)
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.stop, timeout)
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait({self._task}, timeout=timeout)
         if not self.lost.is_set():
             try:
                 await self._client._unary("CloseSession", pb.CloseSessionRequest(session_id=self.id),
@@ -473,13 +492,15 @@ class CoordinatorClient:
     # --- sessions and claims ----------------------------------------------------------
 
     async def open_session(self, ttl: float = 2.0, owner: str = "", *, probe_address: str = "",
-                           timeout: float | None = None) -> Session:
+                           timeout: float | None = None, own_thread: bool = False) -> Session:
         """Open a session (one etcd lease, TTL rounded up to whole seconds) and keep it alive.
 
-        ``probe_address``: see :attr:`Session.probe_address`.
+        ``probe_address``: see :attr:`Session.probe_address`. ``own_thread``: refresh it from
+        a thread and channel of its own (:mod:`baton.keepalive`), so a busy event loop
+        cannot starve it.
         """
         r = await self._unary("OpenSession", pb.OpenSessionRequest(ttl_seconds=ttl, owner=owner), timeout)
-        s = Session(self, r.session_id, r.ttl_seconds, owner, probe_address)
+        s = Session(self, r.session_id, r.ttl_seconds, owner, probe_address, own_thread)
         self._sessions.add(s)
         return s
 

@@ -146,7 +146,8 @@ class Host:
                 await dlog.provision()
                 workspaces = WorkspaceStore(dlog.nc, WorkspaceConfig.from_env())
                 await workspaces.provision()
-                session = await cc.open_session(ttl=ttl, owner=self.host_id)
+                # Its own thread: a busy event loop must not cost the host its session.
+                session = await cc.open_session(ttl=ttl, owner=self.host_id, own_thread=True)
                 deps = HostDeps(host_id=self.host_id, cc=cc, session=session, log=dlog,
                                 transcripts=TranscriptStore(dlog.nc, cfg), providers=providers,
                                 settings=self.settings, workspaces=workspaces)
@@ -242,7 +243,7 @@ class Host:
             while not self.stop.is_set():
                 try:
                     deps.session = await cc.open_session(ttl=ttl, owner=self.host_id,
-                                                         probe_address=self.address)
+                                                         probe_address=self.address, own_thread=True)
                     await self._register(draining=False)
                     break
                 except (BatonError, grpc.RpcError) as exc:  # coordinator unreachable: retry until stopped
