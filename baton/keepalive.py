@@ -2,7 +2,7 @@
 
 A host's event loop can be busy for seconds (a burst of starts, long replays, a starved
 machine): when the lease's refreshes wait for that loop, a host that is only busy loses its
-session and its runs are taken over, again and again (docs/operations.md "Overload"). Here
+session and its runs are taken over, again and again (docs/operating.md "Overload"). Here
 the refreshes run in a daemon thread with a blocking gRPC channel (grpc's synchronous stack,
 whose I/O does not go through any asyncio loop), so they keep their pace whatever the loop
 does. Only the verdict, "the lease is gone", crosses back to the loop.

@@ -1,5 +1,5 @@
 """A burst of concurrent starts: do busy hosts keep their sessions, and does every start get
-a clear answer? (docs/operations.md "Overload").
+a clear answer? (docs/operating.md "Overload").
 
 Each side is a whole cluster of real processes on this machine: etcd and nats-server, one
 coordinator, ``hosts`` sandbox hosts with the shipped defaults (``BATON_SESSION_TTL`` 2 s,
@@ -67,7 +67,8 @@ async def side(label: str, runs: int, n_hosts: int, tmp: pathlib.Path) -> dict[s
     env: dict[str, Any] = {"BATON_RUNS_STREAM": f"RUNS_{tag}", "BATON_SUBJECT_PREFIX": f"baton.{tag}",
                            "BATON_THREADS_BUCKET": f"threads-{tag}", "BATON_REPLAY_DIRS": str(CORPUS),
                            "BATON_JOURNAL_DIR": str(tmp / "journals"), "BATON_SANDBOX_DIR": str(tmp / "sandboxes"),
-                           "BATON_LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "WARNING")}
+                           "BATON_LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "WARNING"),
+                           **{k: v for k, v in os.environ.items() if k.startswith("BATON_START_")}}
     coordinator: Any = None
     hosts: list[Any] = []
     gateway: Any = None

@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 
 from baton import errors as e
 from baton import grpc_errors
+from gateway import _admission
 
 if TYPE_CHECKING:
     import grpc
@@ -79,6 +80,7 @@ class StartFailed(e.BatonError):
 
 
 UnknownThread = e.UnknownThread  # shared with the coordinator (baton/errors.py)
+TooManyStarts = _admission.TooManyStarts  # gateway/_admission.py
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,10 @@ EDGE: tuple[tuple[type[e.BatonError], int, str, str], ...] = (
     (BodyTooLarge, 413, "BODY_TOO_LARGE", "INVALID_ARGUMENT"),
     (NoHostAvailable, 503, "NO_HOST_AVAILABLE", "UNAVAILABLE"),
     (CancelWaitTimeout, 504, "CANCEL_WAIT_TIMEOUT", "DEADLINE_EXCEEDED"),
+    (TooManyStarts, 429, "TOO_MANY_STARTS", "RESOURCE_EXHAUSTED"),
 )
+#: ``Retry-After`` (seconds) of a start refused because every host is full.
+FULL_RETRY_AFTER = 5
 
 # Lookup walks the MRO of the raised exception, so a row per class suffices: the edge's
 # own errors, then every domain error with the status of the one table
@@ -142,10 +147,24 @@ def error_body(exc: e.BatonError) -> tuple[int, dict[str, object]]:
     return m.status, body
 
 
+def retry_after(exc: e.BatonError) -> int | None:
+    """Seconds a client should wait before it retries (the ``Retry-After`` header), or
+    ``None``: too many starts at once, or every host full."""
+    cause = exc.cause if isinstance(exc, StartFailed) else exc
+    if isinstance(cause, TooManyStarts):
+        return cause.retry_after
+    if isinstance(cause, e.HostAtCapacity):
+        return FULL_RETRY_AFTER
+    return None
+
+
 def error_response(exc: e.BatonError) -> Response:
     status, body = error_body(exc)
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse(body, status_code=status, headers=headers)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
+    after = retry_after(exc)
+    if after is not None:
+        headers["Retry-After"] = str(after)
+    return JSONResponse(body, status_code=status, headers=headers or None)
 
 
 async def handle_baton_error(request: Request, exc: Exception) -> Response:
@@ -165,6 +184,8 @@ def _edge_meta(exc: e.BatonError) -> dict[str, str]:
         return {"limit": str(exc.limit)}
     if isinstance(exc, CancelWaitTimeout):
         return {"run_id": exc.run_id, "timeout": f"{exc.timeout:g}"}
+    if isinstance(exc, TooManyStarts):
+        return {"retry_after": str(exc.retry_after)}
     return {}
 
 

@@ -51,6 +51,9 @@ class HostPool:
         # Runs this gateway handed to each host: breaks ties between hosts whose published
         # load is equal (it is refreshed about once a second, so a burst would all go to one).
         self._handed: collections.Counter[str] = collections.Counter()
+        # Starts this gateway has sent to each host and not yet had answered: they count as
+        # load, so a burst spreads (the published load lags them by a second).
+        self.in_flight: collections.Counter[str] = collections.Counter()
 
     def stub(self, address: str) -> sandbox_host_pb2_grpc.SandboxHostStub:
         """The cached stub for a host address (``host:port``)."""
@@ -70,10 +73,12 @@ class HostPool:
         """Non-draining hosts in the order to try them (:func:`baton.placement.order`): those
         with room before those whose published load says they are full (the load may be a
         second stale, so a full one is tried last rather than never), then published load
-        per unit of capacity, runs this gateway handed to it, host id (deterministic)."""
+        plus the starts this gateway has in flight there, per unit of capacity, runs this
+        gateway handed to it, host id (deterministic)."""
         by_id = {h.host_id: h for h in hosts}
         ranked = placement.order(
-            [placement.Candidate(h.host_id, h.load, h.capacity, h.draining) for h in hosts], handed=self._handed)
+            [placement.Candidate(h.host_id, h.load, h.capacity, h.draining) for h in hosts],
+            pending=self.in_flight, handed=self._handed)
         return [by_id[c.host_id] for c in ranked]
 
     def note_handed(self, host_id: str) -> None:
@@ -134,12 +139,17 @@ async def try_hosts(
     refusals: list[BaseException] = []
     passed: tuple[type[e.BatonError], ...] = (e.StoreUnavailable, e.HostDraining, e.HostAtCapacity, *next_on)
     for h in pool.rank(hosts):
+        pool.in_flight[h.host_id] += 1
         try:
             result = await attempt(h)
         except passed as exc:
             log.warning("host %s (%s) refused or unreachable: %s", h.host_id, h.address, exc)
             refusals.append(exc)
             continue
+        finally:
+            pool.in_flight[h.host_id] -= 1
+            if pool.in_flight[h.host_id] <= 0:
+                del pool.in_flight[h.host_id]
         pool.note_handed(h.host_id)
         return h, result
     if refusals and all(isinstance(x, e.HostAtCapacity) for x in refusals):

@@ -70,6 +70,8 @@ class GatewaySettings:
             port); empty serves no gRPC.
         internal_token: the cluster's internal token, sent on every call to the
             coordinator and the sandbox hosts; empty sends none.
+        admission: limits of run starts in flight and waiting (``BATON_START_*``,
+            gateway/_admission.py).
         probe_address: ``host:port`` the coordinator may connect to while this gateway
             lives (``BATON_GATEWAY_ADVERTISE``; ``python -m gateway`` defaults it to its
             HTTP listen address). A dead gateway's readers then go at once, not after the
@@ -95,6 +97,13 @@ class GatewaySettings:
     grpc_listen: str = ""
     internal_token: str = field(default="", repr=False)
     probe_address: str = ""
+    admission: Any = None
+
+    def __post_init__(self) -> None:
+        if self.admission is None:
+            from gateway._admission import AdmissionLimits
+
+            object.__setattr__(self, "admission", AdmissionLimits())
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "GatewaySettings":
@@ -122,8 +131,27 @@ class GatewaySettings:
             grpc_listen=config.get("BATON_GATEWAY_GRPC_LISTEN", env),
             internal_token=config.get("BATON_INTERNAL_TOKEN", env),
             probe_address=config.get("BATON_GATEWAY_ADVERTISE", env),
+            admission=_admission_limits(env),
         )
 
     @property
     def auth_enabled(self) -> bool:
         return bool(self.api_keys)
+
+
+def _admission_limits(env: Mapping[str, str]) -> Any:
+    """The ``BATON_START_*`` settings (gateway/_admission.py).
+
+    Raises:
+        ValueError: a negative or malformed value (naming the variable).
+    """
+    from gateway._admission import AdmissionLimits
+
+    def read(env_name: str) -> float:
+        v = config.get_float(env_name, env)
+        if v < 0:
+            raise ValueError(f"{env_name} must be 0 or more, not {v:g}")
+        return v
+
+    return AdmissionLimits(per_tenant=int(read("BATON_START_PER_TENANT")), per_host=int(read("BATON_START_PER_HOST")),
+                           queue=int(read("BATON_START_QUEUE")), wait=read("BATON_START_WAIT"))

@@ -43,6 +43,10 @@ class GatewayState:
         self.workspaces: Any = None
         self.metrics = metrics
         self.hosts = HostPool(coordinator, settings.internal_token)
+        from gateway._admission import Admission
+
+        #: Starts in flight and waiting at this gateway (gateway/_admission.py).
+        self.admission = Admission(settings.admission)
         self.takeovers = TakeoverTrigger(self.hosts, metrics)
         self.hubs = Hubs(delivery_log)
         self.log_health = LogHealth(delivery_log, settings.gateway_id)
@@ -102,7 +106,8 @@ class GatewayState:
             try:
                 session = await self.coordinator.open_session(ttl=self.settings.session_ttl,
                                                               owner=self.settings.gateway_id,
-                                                              probe_address=self.settings.probe_address)
+                                                              probe_address=self.settings.probe_address,
+                                                              own_thread=True)  # a busy loop keeps it
             except e.BatonError as exc:
                 log.warning("cannot open the gateway session yet: %s", exc)
                 await asyncio.sleep(delay)

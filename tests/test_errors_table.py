@@ -33,6 +33,7 @@ SAMPLES: list[tuple[e.BatonError, grpc.StatusCode]] = [
     (e.RunEnded("r1"), grpc.StatusCode.FAILED_PRECONDITION),
     (e.SteerUnsupported("r1", "codex"), grpc.StatusCode.FAILED_PRECONDITION),
     (e.TooManyInputs("r1", 256), grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (e.InputIdTaken("r1", "req-1"), grpc.StatusCode.ALREADY_EXISTS),
 ]
 
 
@@ -115,10 +116,11 @@ EVERY: dict[type[e.BatonError], e.BatonError] = {
     e.RunEnded: e.RunEnded("r1"),
     e.SteerUnsupported: e.SteerUnsupported("r1", "codex"),
     e.TooManyInputs: e.TooManyInputs("r1", 256),
+    e.InputIdTaken: e.InputIdTaken("r1", "req-1"),
 }
 ABSTRACT = {e.BatonError, e.ClaimError, e.DeliveryLogError, e.JournalError, e.SandboxError, e.WorkspaceError}
 EDGE_SAMPLES: list[e.BatonError] = [edge.Unauthorized(), edge.BodyTooLarge(1024), edge.NoHostAvailable(),
-                                    edge.CancelWaitTimeout("r1", 5.0)]
+                                    edge.CancelWaitTimeout("r1", 5.0), edge.TooManyStarts(3, "a test")]
 API_DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "api.md"
 
 

@@ -110,14 +110,25 @@ async def _start_run(st: GatewayState, req: StartRequest, tenant_id: str) -> run
 
 
 async def start_host_request(st: GatewayState, host_req: sandbox_host_pb2.StartRunRequest) -> runs_pb2.RunRecord:
-    """``StartRun`` of ``host_req`` on a live host (the next one on a host's trouble); a thread
-    whose previous run is finishing is waited for (:func:`_finishing`).
+    """``StartRun`` of ``host_req`` on a live host (the next one on a host's trouble), once
+    this gateway's admission control gives it a slot (gateway/_admission.py); a thread whose
+    previous run is finishing is waited for (:func:`_finishing`).
 
     Raises:
+        TooManyStarts: no start slot (nothing was created).
         ThreadBusy, NoHostAvailable, and the host's other errors.
     """
-    t0 = time.monotonic()
     hosts = await st.hosts.live_hosts(timeout=START_READ_TIMEOUT)
+    asked = time.monotonic()
+    async with st.admission.slot(host_req.tenant, len(hosts)):
+        if time.monotonic() - asked > 1.0:  # it waited its turn: the hosts may have changed
+            hosts = await st.hosts.live_hosts(timeout=START_READ_TIMEOUT)
+        return await _start_admitted(st, host_req, hosts)
+
+
+async def _start_admitted(st: GatewayState, host_req: sandbox_host_pb2.StartRunRequest,
+                          hosts: list[coordinator_pb2.HostInfo]) -> runs_pb2.RunRecord:
+    t0 = time.monotonic()
     resp: sandbox_host_pb2.StartRunResponse
     # A host whose session expired half-way through the start (a pause or a starved loop past
     # its lease) answers RUN_CLAIM_LOST; the run is left ``starting`` (or was taken over), and

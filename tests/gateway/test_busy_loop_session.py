@@ -1,4 +1,4 @@
-"""A busy event loop does not cost a host its session (docs/operations.md "Overload"): the
+"""A busy event loop does not cost a host its session (docs/operating.md "Overload"): the
 lease is refreshed from a thread and channel of its own (:mod:`baton.keepalive`).
 
 Real coordinator subprocess and etcd. The event loop is kept busy (pure Python work, as a

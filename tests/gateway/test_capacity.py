@@ -44,6 +44,7 @@ async def test_start_on_a_full_host_is_503_host_at_capacity(
     assert r.status_code == 503
     body = r.json()
     assert body["reason"] == "HOST_AT_CAPACITY" and body["host_id"] == full_host.host_id and body["capacity"] == "1"
+    assert r.headers["Retry-After"] == "5"  # every host is full: when to try again
     with pytest.raises(e.UnknownRun):                         # nothing was started
         await cc.get_run(later)
 
