@@ -50,8 +50,8 @@ class AdmissionLimits:
         wait: seconds a start waits for a slot.
     """
 
-    per_tenant: int = 32
-    per_host: int = 8
+    per_tenant: int = 64
+    per_host: int = 32
     queue: int = 512
     wait: float = 30.0
 

@@ -119,11 +119,28 @@ async def start_host_request(st: GatewayState, host_req: sandbox_host_pb2.StartR
         ThreadBusy, NoHostAvailable, and the host's other errors.
     """
     hosts = await st.hosts.live_hosts(timeout=START_READ_TIMEOUT)
+    _refuse_when_full(st, hosts)
     asked = time.monotonic()
     async with st.admission.slot(host_req.tenant, len(hosts)):
         if time.monotonic() - asked > 1.0:  # it waited its turn: the hosts may have changed
             hosts = await st.hosts.live_hosts(timeout=START_READ_TIMEOUT)
         return await _start_admitted(st, host_req, hosts)
+
+
+def _refuse_when_full(st: GatewayState, hosts: list[coordinator_pb2.HostInfo]) -> None:
+    """Refuse a start at once when the hosts have no room left for it: their published load
+    plus the starts in flight and those already waiting take every run they may drive
+    (waiting for a slot would only end in ``HOST_AT_CAPACITY`` later).
+
+    Raises:
+        HostAtCapacity: no room (``host_id`` names the fullest host, ``capacity`` the total).
+    """
+    if not hosts or any(h.capacity <= 0 for h in hosts):
+        return
+    room = sum(max(0, h.capacity - h.load - st.hosts.in_flight[h.host_id]) for h in hosts)
+    if room <= st.admission.waiting:
+        fullest = max(hosts, key=lambda h: (h.load, h.host_id))
+        raise e.HostAtCapacity(fullest.host_id, sum(h.capacity for h in hosts))
 
 
 async def _start_admitted(st: GatewayState, host_req: sandbox_host_pb2.StartRunRequest,
