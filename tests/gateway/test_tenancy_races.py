@@ -6,6 +6,7 @@ Gateway + real coordinator + a real sandbox host running the replay agent.
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import httpx
@@ -74,3 +75,30 @@ async def test_racing_first_runs_of_two_tenants_on_one_thread_never_disclose_or_
         assert [r.run_id for r in on_thread] == [runs[winner]]
         assert on_thread[0].tenant == {"key-a": "tenant-a", "key-b": "tenant-b"}[winner]
         assert on_thread[0].cancel_reason != "interrupted-by-new-run"
+
+
+async def test_another_tenants_id_tells_only_that_it_is_taken(
+        host: Any, make_gateway: Any, http: httpx.AsyncClient) -> None:
+    """Ids are one namespace for the cluster (docs/api.md "What a tenant may learn"): a start
+    on another tenant's run or thread id is refused where a fresh id would start, and the
+    refusal is word for word the one an id nobody uses gets from a read: nothing about the
+    other tenant's run or thread comes with it."""
+    gw: Gateway = await make_gateway(api_keys={"key-a": "tenant-a", "key-b": "tenant-b"})
+    a_run, a_thread = unique("run-a"), unique("th-a")
+    got = await read_stream(http, "POST", f"{gw.url}/api/chat", json=replay_body(a_thread, a_run),
+                            headers={"Authorization": "Bearer key-a"})
+    assert got.status == 200 and got.ended
+    b = {"Authorization": "Bearer key-b"}
+    nobody_run, nobody_thread = unique("run-none"), unique("th-none")
+
+    def same_but_id(taken: dict[str, Any], unused: dict[str, Any], taken_id: str, unused_id: str) -> None:
+        assert json.loads(json.dumps(taken).replace(taken_id, unused_id)) == unused
+
+    r = await http.post(f"{gw.url}/api/chat", json=replay_body(unique("th-b"), a_run), headers=b)
+    unused = await http.get(f"{gw.url}/api/runs/{nobody_run}", headers=b)
+    assert r.status_code == unused.status_code == 404
+    same_but_id(r.json(), unused.json(), a_run, nobody_run)
+    r = await http.post(f"{gw.url}/api/chat", json=replay_body(a_thread, unique("run-b")), headers=b)
+    unused = await http.get(f"{gw.url}/api/threads/{nobody_thread}/messages", headers=b)
+    assert r.status_code == unused.status_code == 404 and r.json()["reason"] == "UNKNOWN_THREAD"
+    same_but_id(r.json(), unused.json(), a_thread, nobody_thread)
