@@ -41,8 +41,11 @@ from coordinator._store import RunStore
 
 log = logging.getLogger(__name__)
 
-#: Seconds a probe connect may take; a connect still pending then is not definite.
-PROBE_TIMEOUT = 0.5
+#: Seconds a probe connect may take; a connect still pending then is not definite. A dead
+#: process's port refuses at once (the kernel answers); the time is for a starved
+#: coordinator's own loop to see that answer (at 0.5 s a loaded machine judged dead
+#: processes "unknown" and left them to the TTL).
+PROBE_TIMEOUT = 2.0
 #: An arming connect that is not accepted is tried again after these pauses (seconds,
 #: doubling), for at most ``ARM_RETRY_WINDOW`` seconds, while the stream lasts: a process
 #: opens its session before its server listens (uvicorn runs the app's start-up before it

@@ -125,7 +125,9 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
         Route("/api/runs/{run_id:path}/messages", misc.steer_run, methods=["POST"]),
         Route("/api/runs/{run_id:path}", misc.get_run, methods=["GET"]),
         Route("/api/threads/{thread_id:path}/messages", misc.thread_messages, methods=["GET"]),
-        Route("/api/threads/{thread_id:path}/queue/{run_id}", chat.cancel_queued, methods=["DELETE"]),
+        # run_id:path: a run id may hold "/", and a DELETE under /queue/ must never fall
+        # through to the thread's DELETE below.
+        Route("/api/threads/{thread_id:path}/queue/{run_id:path}", chat.cancel_queued, methods=["DELETE"]),
         Route("/api/threads/{thread_id:path}/queue", chat.thread_queue, methods=["GET"]),
         Route("/api/threads/{thread_id:path}/fork", misc.fork_thread, methods=["POST"]),
         Route("/api/threads/{thread_id:path}", misc.delete_thread, methods=["DELETE"]),

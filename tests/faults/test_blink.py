@@ -121,9 +121,10 @@ async def test_sigstopped_host_takes_the_ttl_path(fault_cluster: ClusterFactory)
 
 @pytest.mark.timeout(180)
 async def test_gateway_sigkill_detaches_its_runs_at_once(fault_cluster: ClusterFactory) -> None:
-    """Detached in under half the TTL, where the TTL path needs at least two thirds of it (the
-    lease is renewed every third). The gateway opens its session before it listens, so this
-    also shows the session is armed for fast failover soon after (not at its next refresh)."""
+    """Detached sooner than the TTL path could (it needs at least two thirds of the TTL: the
+    lease is renewed every third), by a revoke. The gateway opens its session before it
+    listens, so this also shows the session is armed for fast failover soon after (not at its
+    next refresh). How soon is load-dependent (bench/results/takeover_fast.json)."""
     ttl = TTL
     c = await fault_cluster(hosts=1, session_ttl=ttl)
     assert c.coordinator is not None and c.gateway is not None
@@ -140,7 +141,7 @@ async def test_gateway_sigkill_detaches_its_runs_at_once(fault_cluster: ClusterF
             await eventually(detached, ttl)
             took = time.monotonic() - killed_at
             await c.gateway.start()
-    assert took < ttl / 2, took
     assert REVOKED in _coordinator_log(c)
+    assert took < ttl * 2 / 3, took
     await c.finish()
     await c.check()

@@ -444,8 +444,9 @@ async def test_steer_through_chat_and_cancel_a_queued_run(cluster: Cluster, gw: 
     thread, first = await start_busy(gw, "say working\nsleep 2\nsay done")
     r = await http.post(f"{gw.url}/api/chat?runId=steer-{unique()}", json=chat(thread, "say steered in", "steer"))
     assert r.status_code == 202 and r.json()["runId"] == first and r.json()["status"] == "steered"
-    queued = unique("q-")
-    assert (await http.post(f"{gw.url}/api/chat?runId={queued}", json=chat(thread, "say no", "enqueue"))).status_code == 202
+    queued = unique("q-") + "/x"  # a "/" in a run id: its DELETE is the queue's, never the thread's
+    assert (await http.post(f"{gw.url}/api/chat", params={"runId": queued},
+                            json=chat(thread, "say no", "enqueue"))).status_code == 202
     async with httpx.AsyncClient(trust_env=False, timeout=30, headers={"Authorization": "Bearer key-beta"}) as beta:
         assert (await beta.delete(f"{gw.url}/api/threads/{thread}/queue/{queued}")).status_code == 404
         assert (await beta.get(f"{gw.url}/api/runs/{queued}")).status_code == 404
