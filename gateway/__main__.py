@@ -18,6 +18,7 @@ from types import FrameType
 import uvicorn
 
 from baton import config
+from gateway._connection import uvicorn_options
 from gateway._settings import GatewaySettings
 from gateway.app import create_app
 
@@ -89,6 +90,8 @@ def main(argv: list[str] | None = None) -> None:
         lifespan="on",
         # Named, never uvicorn's "auto": the loop is a setting, and tests run under both.
         loop=loop,
+        # Head and body timeouts, per-client connection cap (BATON_HTTP_*).
+        **uvicorn_options(settings.connections),
     ))
     try:
         server.run()

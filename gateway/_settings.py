@@ -9,6 +9,7 @@ from typing import Any, Mapping
 
 from baton import config
 from baton.workspace_spec import workspace_dirs
+from gateway._connection import ConnectionLimits
 
 _REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -76,6 +77,9 @@ class GatewaySettings:
             lives (``BATON_GATEWAY_ADVERTISE``; ``python -m gateway`` defaults it to its
             HTTP listen address). A dead gateway's readers then go at once, not after the
             session TTL (fast failover); empty: the TTL only.
+        connections: the HTTP port's head and body timeouts and per-client connection cap
+            (``BATON_HTTP_*``, gateway/_connection.py); applied where uvicorn is configured
+            (``python -m gateway``), not by :func:`gateway.create_app`.
     """
 
     coordinator: tuple[str, ...] = ("127.0.0.1:7100",)
@@ -98,6 +102,7 @@ class GatewaySettings:
     internal_token: str = field(default="", repr=False)
     probe_address: str = ""
     admission: Any = None
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
 
     def __post_init__(self) -> None:
         if self.admission is None:
@@ -132,6 +137,7 @@ class GatewaySettings:
             internal_token=config.get("BATON_INTERNAL_TOKEN", env),
             probe_address=config.get("BATON_GATEWAY_ADVERTISE", env),
             admission=_admission_limits(env),
+            connections=_connection_limits(env),
         )
 
     @property
@@ -155,3 +161,19 @@ def _admission_limits(env: Mapping[str, str]) -> Any:
 
     return AdmissionLimits(per_tenant=int(read("BATON_START_PER_TENANT")), per_host=int(read("BATON_START_PER_HOST")),
                            queue=int(read("BATON_START_QUEUE")), wait=read("BATON_START_WAIT"))
+
+
+def _connection_limits(env: Mapping[str, str]) -> ConnectionLimits:
+    """The ``BATON_HTTP_*`` settings (gateway/_connection.py).
+
+    Raises:
+        ValueError: a negative or malformed value (naming the variable).
+    """
+    def read(env_name: str) -> float:
+        v = config.get_float(env_name, env)
+        if v < 0:
+            raise ValueError(f"{env_name} must be 0 or more, not {v:g}")
+        return v
+
+    return ConnectionLimits(header_timeout=read("BATON_HTTP_HEADER_TIMEOUT"), body_timeout=read("BATON_HTTP_BODY_TIMEOUT"),
+                            per_client=int(read("BATON_HTTP_CONNECTIONS_PER_CLIENT")))

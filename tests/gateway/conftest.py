@@ -20,6 +20,7 @@ from baton.log import DeliveryLog, LogConfig
 from baton.sse import Comment, aiter_sse
 from baton_tools.testing.servers import free_port
 from gateway import GatewaySettings, create_app
+from gateway._connection import uvicorn_options
 from tests.conftest import assert_eventually, unique
 
 
@@ -131,8 +132,9 @@ async def make_gateway(coordinator: Any, nats: Any, log_cfg: LogConfig, replay_d
         settings = GatewaySettings(**{**base, **overrides})
         app = create_app(settings)
         port = free_port()
+        # The connection limits as python -m gateway applies them (gateway/_connection.py).
         config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
-                                timeout_graceful_shutdown=1)
+                                timeout_graceful_shutdown=1, **uvicorn_options(settings.connections))
         server = uvicorn.Server(config)
         # Tests run in the main thread: keep uvicorn's hands off the process's signals.
         server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
