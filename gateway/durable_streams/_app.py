@@ -17,6 +17,7 @@ from gateway._auth import tenant_of_header
 from gateway._errors import Unauthorized, error_body
 from gateway.durable_streams import _protocol as P
 from gateway.durable_streams._routes import DSSettings, Handlers, Reply, text
+from gateway.durable_streams._quota import QuotaLimits
 from gateway.durable_streams._store import Conflict, StoreConfig, StreamStore
 
 log = logging.getLogger("gateway.durable_streams")
@@ -189,7 +190,8 @@ PREFIX = "/ds"
 
 def settings_from_env(env: Mapping[str, str]) -> tuple[DSSettings, StoreConfig]:
     """``BATON_DS_LONG_POLL_S``, ``BATON_DS_MAX_APPEND_BYTES``, ``BATON_DS_REPLICAS``,
-    ``BATON_DS_MAX_BYTES`` (docs/design.md §9).
+    ``BATON_DS_MAX_BYTES``, ``BATON_DS_MAX_STREAMS_PER_TENANT``, ``BATON_DS_MAX_BYTES_PER_TENANT``
+    (docs/design.md §9).
 
     Raises:
         ValueError: naming the variable when a value is malformed.
@@ -203,8 +205,16 @@ def settings_from_env(env: Mapping[str, str]) -> tuple[DSSettings, StoreConfig]:
 
     ds = DSSettings(long_poll_timeout=num("BATON_DS_LONG_POLL_S", DSSettings.long_poll_timeout),
                     max_append_bytes=int(num("BATON_DS_MAX_APPEND_BYTES", DSSettings.max_append_bytes)))
+    def count(name: str, default: int) -> int:
+        v = int(num(name, default))
+        if v < 0:
+            raise ValueError(f"{name} must be 0 (no limit) or more, got {v}")
+        return v
+
+    quota = QuotaLimits(streams=count("BATON_DS_MAX_STREAMS_PER_TENANT", QuotaLimits.streams),
+                        bytes=count("BATON_DS_MAX_BYTES_PER_TENANT", QuotaLimits.bytes))
     store = StoreConfig(replicas=int(num("BATON_DS_REPLICAS", StoreConfig.replicas)),
-                        max_bytes=int(num("BATON_DS_MAX_BYTES", StoreConfig.max_bytes)))
+                        max_bytes=int(num("BATON_DS_MAX_BYTES", StoreConfig.max_bytes)), quota=quota)
     return ds, store
 
 

@@ -43,6 +43,7 @@ from gateway.durable_streams import _model as M
 from gateway.durable_streams import _protocol as P
 from gateway.durable_streams._model import Message, StreamState, Verdict
 from gateway.durable_streams._publish import Publisher
+from gateway.durable_streams._quota import Ledger, QuotaLimits, tenant_of
 
 log = logging.getLogger("gateway.durable_streams")
 
@@ -61,6 +62,8 @@ class StoreConfig:
             data dropped (discard ``new``): a stream never silently loses its beginning.
         cached_streams: most streams a gateway keeps folded in memory; the least recently
             used beyond it are dropped (and reloaded from JetStream when next read).
+        usage_bucket: the KV bucket counting each tenant's streams and bytes (``_quota.py``).
+        quota: the per-tenant limits.
     """
 
     stream: str = "BATON_DS"
@@ -68,6 +71,8 @@ class StoreConfig:
     replicas: int = 1
     max_bytes: int = -1
     cached_streams: int = 10_000
+    usage_bucket: str = "baton-ds-usage"
+    quota: QuotaLimits = QuotaLimits()
 
 
 class Conflict(Exception):
@@ -98,6 +103,7 @@ class StreamStore:
         self._lock_users: dict[str, int] = {}
         self._gw = uuid.uuid4().hex
         self._sub: Subscription | None = None
+        self._ledger = Ledger(self._js, self.cfg.usage_bucket, self.cfg.replicas, self.cfg.quota)
 
     async def start(self) -> None:
         """Create (or update) the JetStream stream and listen for other gateways' writes."""
@@ -117,6 +123,7 @@ class StreamStore:
             if exc.err_code != ERR_STREAM_NAME_IN_USE:
                 raise
             await self._js.update_stream(cfg)
+        await self._ledger.start()
         await self._pub.start()
         self._sub = await self._nc.subscribe(f"{self.cfg.subject_prefix}.*", cb=self._on_record)
 
@@ -127,6 +134,7 @@ class StreamStore:
                 await self._sub.unsubscribe()
             self._sub = None
         await self._pub.stop()
+        await self._ledger.stop()
         for st in self._cache.values():
             st.notify()
         self._cache.clear()
@@ -353,9 +361,20 @@ class StreamStore:
         cfg["created"] = self._clock()
         closed = bool(cfg.get("closed"))
         cfg["closed"] = False  # closed after the initial data, by a close record
-        if isinstance(src_path, str) and src_path:
-            await self._ref(src_path, +1)
-        st = await self._write(path, None, last, {M.OP: "create", M.CONFIG: cfg})
+        # Counted before it exists, uncounted only if its create record was not written.
+        tenant, spent, written = tenant_of(path), 0, False
+        await self._ledger.add_stream(tenant)
+        try:
+            await self._ledger.spend(tenant, len(prefix) + len(fragment))
+            spent = len(prefix) + len(fragment)
+            if isinstance(src_path, str) and src_path:
+                await self._ref(src_path, +1)
+            st = await self._write(path, None, last, {M.OP: "create", M.CONFIG: cfg})
+            written = True
+        finally:
+            if not written:
+                self._ledger.refund(tenant, spent)
+                await self._ledger.remove_stream(tenant, 0)
         assert st is not None
         for data in (prefix, fragment):
             if data:
@@ -436,7 +455,13 @@ class StreamStore:
                 meta.update({M.PID: producer.id, M.PEPOCH: producer.epoch, M.PSEQ: producer.seq})
             if close:
                 meta[M.CLOSE] = True
-            new = await self._write(path, st, st.js_last, meta, fragment)
+            tenant = tenant_of(path)
+            await self._ledger.spend(tenant, len(fragment))
+            try:
+                new = await self._write(path, st, st.js_last, meta, fragment)
+            except BaseException:
+                self._ledger.refund(tenant, len(fragment))
+                raise
             assert new is not None
             return new, off, verdict
 
@@ -498,6 +523,7 @@ class StreamStore:
             await self._write(path, st, st.js_last, {M.OP: "softdelete"})
             return
         await self._write(path, st, st.js_last, {M.OP: "delete"})
+        await self._ledger.remove_stream(tenant_of(path), sum(len(m.data) for m in st.messages))
         with contextlib.suppress(nats.errors.Error, nats.js.errors.Error):
             await self._js.purge_stream(self.cfg.stream, subject=self.subject(path), keep=1)
         if st.forked_from:
