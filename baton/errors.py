@@ -161,6 +161,15 @@ class InputIdTaken(BatonError):
         super().__init__(f"input id {input_id!r} of run {run_id!r} is taken by another input")
 
 
+class QueueFull(BatonError):
+    """The thread's queue holds as many runs as it may (``limit``, ``MAX_QUEUED_RUNS``)."""
+
+    def __init__(self, thread_id: str, limit: int) -> None:
+        self.thread_id = thread_id
+        self.limit = limit
+        super().__init__(f"thread {thread_id!r} has {limit} queued runs already, the most it may hold")
+
+
 class TooManyInputs(BatonError):
     """The run holds as many inputs as it may (``limit``)."""
 

@@ -81,6 +81,9 @@ TABLE: tuple[Mapping, ...] = (
     Mapping(e.SteerUnsupported, grpc.StatusCode.FAILED_PRECONDITION, 409, "STEER_UNSUPPORTED",
             lambda x: {"run_id": x.run_id, "agent": x.agent},  # type: ignore[attr-defined]
             lambda m: e.SteerUnsupported(m.get("run_id", ""), m.get("agent", ""))),
+    Mapping(e.QueueFull, grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "QUEUE_FULL",
+            lambda x: {"thread_id": x.thread_id, "limit": str(x.limit)},  # type: ignore[attr-defined]
+            lambda m: e.QueueFull(m.get("thread_id", ""), int(m.get("limit", "0")))),
     Mapping(e.InputIdTaken, grpc.StatusCode.ALREADY_EXISTS, 409, "INPUT_ID_TAKEN",
             lambda x: {"run_id": x.run_id, "input_id": x.input_id},  # type: ignore[attr-defined]
             lambda m: e.InputIdTaken(m.get("run_id", ""), m.get("input_id", ""))),

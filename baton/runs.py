@@ -57,6 +57,8 @@ def is_host_chunk(chunk: dict[str, object], name: str) -> bool:
 #: Most inputs (tool approvals and steered messages together) one run keeps (docs/hitl.md): a
 #: steer beyond it is refused, so a client in a loop cannot grow a run record without bound.
 MAX_RUN_INPUTS = 256
+#: Most runs one thread's queue holds (docs/hitl.md): an enqueue beyond it is 429 QUEUE_FULL.
+MAX_QUEUED_RUNS = 64
 #: The largest input payload one sandbox inbox line carries, in bytes (one line of compact
 #: JSON: a steered message or an approval's answer as the agent reads it).
 MAX_INPUT_PAYLOAD = 64 * 1024 + 1024

@@ -34,6 +34,7 @@ SAMPLES: list[tuple[e.BatonError, grpc.StatusCode]] = [
     (e.SteerUnsupported("r1", "codex"), grpc.StatusCode.FAILED_PRECONDITION),
     (e.TooManyInputs("r1", 256), grpc.StatusCode.RESOURCE_EXHAUSTED),
     (e.InputIdTaken("r1", "req-1"), grpc.StatusCode.ALREADY_EXISTS),
+    (e.QueueFull("t1", 64), grpc.StatusCode.RESOURCE_EXHAUSTED),
 ]
 
 
@@ -117,6 +118,7 @@ EVERY: dict[type[e.BatonError], e.BatonError] = {
     e.SteerUnsupported: e.SteerUnsupported("r1", "codex"),
     e.TooManyInputs: e.TooManyInputs("r1", 256),
     e.InputIdTaken: e.InputIdTaken("r1", "req-1"),
+    e.QueueFull: e.QueueFull("t1", 64),
 }
 ABSTRACT = {e.BatonError, e.ClaimError, e.DeliveryLogError, e.JournalError, e.SandboxError, e.WorkspaceError}
 EDGE_SAMPLES: list[e.BatonError] = [edge.Unauthorized(), edge.BodyTooLarge(1024), edge.NoHostAvailable(),

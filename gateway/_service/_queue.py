@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from baton import errors as e
+from baton.runs import MAX_QUEUED_RUNS
 from baton.v1 import coordinator_pb2, sandbox_host_pb2
 from gateway._errors import mapping_for
 from gateway._service import _cancel
@@ -94,6 +95,7 @@ async def queue_or_steer(st: GatewayState, tenant: str, req: StartRequest, multi
     Raises:
         UnknownThread: another tenant's thread.
         ThreadBusy: never (a busy thread is queued or steered).
+        QueueFull: the thread's queue holds :data:`~baton.runs.MAX_QUEUED_RUNS` runs.
         The errors of a steer (``RunEnded``, ``SteerUnsupported``...).
     """
     if multitask == "reject":
@@ -112,6 +114,10 @@ async def queue_or_steer(st: GatewayState, tenant: str, req: StartRequest, multi
         if q.tenant != tenant or q.thread_id != req.thread_id:
             raise e.InvalidArgument("runId", "already names a run of another thread")
         return Queued(q.run_id, q.thread_id, int(q.position))
+    # Bounded (read, then written: concurrent enqueues may pass it by a few, never grow it
+    # without bound; entries carry up to a whole start request each).
+    if len(await st.coordinator.list_queued_runs(req.thread_id)) >= MAX_QUEUED_RUNS:
+        raise e.QueueFull(req.thread_id, MAX_QUEUED_RUNS)
     run = coordinator_pb2.QueuedRun(
         run_id=req.run_id, thread_id=req.thread_id, tenant=tenant, strategy=multitask, enqueued_at=time.time(),
         start_request=host_request(req, tenant).SerializeToString(), prompt=last_user_text(req.messages)[:4096])

@@ -639,3 +639,23 @@ async def test_the_host_and_the_agent_process_die_and_the_successor_resumes_it(c
         assert [c["content"] for c in results_in(chunks)] == ["both"]
     finally:
         await cluster.add_host()
+
+
+async def test_a_full_queue_refuses_the_next_run(cluster: Cluster, gw: Gateway, http: httpx.AsyncClient,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway._service import _queue
+
+    monkeypatch.setattr(_queue, "MAX_QUEUED_RUNS", 2)  # the gateway runs in this process
+    thread, first = await start_busy(gw, "say working\nsleep 3\nsay done")
+    queued = [unique("qf-") for _ in range(2)]
+    for run_id in queued:
+        r = await http.post(f"{gw.url}/api/chat", params={"runId": run_id}, json=chat(thread, "say later", "enqueue"))
+        assert r.status_code == 202, r.text
+    over = await http.post(f"{gw.url}/api/chat", params={"runId": unique("qf-")},
+                           json=chat(thread, "say one too many", "enqueue"))
+    assert over.status_code == 429 and over.json()["reason"] == "QUEUE_FULL" and over.json()["limit"] == "2"
+    listed = (await http.get(f"{gw.url}/api/threads/{thread}/queue")).json()["queue"]
+    assert [q["runId"] for q in listed] == queued
+    for run_id in queued:
+        assert (await http.delete(f"{gw.url}/api/threads/{thread}/queue/{run_id}")).status_code == 200
+    assert terminal(await whole_log(http, gw, first))["type"] == "RUN_FINISHED"
