@@ -27,6 +27,7 @@ from typing import Any
 
 from baton import errors as e
 from baton.runs import MAX_QUEUED_RUNS
+from gateway._admission import TooManyStarts
 from baton.v1 import coordinator_pb2, sandbox_host_pb2
 from gateway._errors import mapping_for
 from gateway._service import _cancel
@@ -154,6 +155,11 @@ async def wait_started(st: GatewayState, run_id: str, timeout: float = INTERRUPT
     return False
 
 
+#: Refusals of a dispatch that pass (another gateway's dispatcher claimed the run at the same
+#: moment, this gateway had no start slot): the entry stays for the next sweep.
+RETRYABLE: tuple[type[e.BatonError], ...] = (e.RunClaimNotAcquired, e.RunClaimLost, TooManyStarts)
+
+
 class QueueDispatcher:
     """Starts each thread's next queued run once the thread is idle (see the module docstring).
 
@@ -184,10 +190,13 @@ class QueueDispatcher:
             heads.setdefault(q.thread_id, q)
         started = 0
         for q in heads.values():
-            if await self.st.coordinator.find_active_run(q.thread_id) is not None:
-                continue
-            if await self.dispatch(q):
-                started += 1
+            try:
+                if await self.st.coordinator.find_active_run(q.thread_id) is not None:
+                    continue
+                if await self.dispatch(q):
+                    started += 1
+            except e.BatonError as exc:  # one thread's trouble never holds up the others' queues
+                log.warning("queued run %s of thread %s not dispatched: %s", q.run_id, q.thread_id, exc)
         return started
 
     async def dispatch(self, q: coordinator_pb2.QueuedRun) -> bool:
@@ -207,7 +216,7 @@ class QueueDispatcher:
             return False  # another run took the thread meanwhile: it waits its turn again
         except e.BatonError as exc:
             m = mapping_for(exc)
-            if m is not None and m.status < 500:
+            if m is not None and m.status < 500 and not isinstance(exc, RETRYABLE):
                 # The run can never start (its workspace went away, its thread was deleted...):
                 # it leaves the queue so the runs behind it go on.
                 log.warning("queued run %s of thread %s dropped: %s", q.run_id, q.thread_id, exc)

@@ -108,7 +108,7 @@ async def _new_thread_is_free(st: GatewayState, thread_id: str) -> None:
 
 
 async def delete(st: GatewayState, tenant: str, thread_id: str) -> None:
-    """Delete a thread's workspace and transcript (see the module docstring).
+    """Delete a thread's workspace, transcript and queued runs (see the module docstring).
 
     Raises:
         UnknownThread: no such thread, or not the caller's.
@@ -129,5 +129,8 @@ async def delete(st: GatewayState, tenant: str, thread_id: str) -> None:
     if active is not None and record_status((await _views.settled_view_for(st, tenant, active.run_id)).record) \
             not in TERMINAL:
         raise ThreadBusy(thread_id, active.run_id)
+    # Its queued runs go first: none may start on a thread being deleted.
+    for q in await st.coordinator.list_queued_runs(thread_id):
+        await st.coordinator.remove_queued_run(thread_id, q.run_id)
     await st.workspaces.delete_thread(thread_id)
     await st.transcripts.delete(thread_id)
