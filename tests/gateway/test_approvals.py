@@ -659,3 +659,25 @@ async def test_a_full_queue_refuses_the_next_run(cluster: Cluster, gw: Gateway, 
     for run_id in queued:
         assert (await http.delete(f"{gw.url}/api/threads/{thread}/queue/{run_id}")).status_code == 200
     assert terminal(await whole_log(http, gw, first))["type"] == "RUN_FINISHED"
+
+
+async def test_deleting_a_thread_drops_its_queued_runs(cluster: Cluster, make_gateway: Any,
+                                                       http: httpx.AsyncClient) -> None:
+    """A run still queued when its thread is deleted never starts on the deleted thread."""
+    gw = await make_gateway(keepalive=0.5, grpc_listen="127.0.0.1:0", api_keys=KEYS)
+    # This gateway's dispatcher is stopped (it runs in this process), so the queued run waits
+    # while the thread goes idle: the moment a delete may come in.
+    [dispatcher] = [t for t in asyncio.all_tasks() if t.get_name() == "queue-dispatcher"
+                    and t.get_coro() is not None and not t.done()][-1:]
+    dispatcher.cancel()
+    thread, first = await start_busy(gw, "say working\nsleep 1\nsay done")
+    queued = unique("qd-")
+    r = await http.post(f"{gw.url}/api/chat", params={"runId": queued}, json=chat(thread, "say later", "enqueue"))
+    assert r.status_code == 202, r.text
+    assert terminal(await whole_log(http, gw, first))["type"] == "RUN_FINISHED"
+
+    async def deleted() -> bool:
+        return (await http.delete(f"{gw.url}/api/threads/{thread}")).status_code == 204
+    await assert_eventually(deleted, timeout=30)  # once the finished run's record settled
+    assert (await http.get(f"{gw.url}/api/threads/{thread}/queue")).json()["queue"] == []
+    assert (await http.get(f"{gw.url}/api/runs/{queued}")).status_code == 404
