@@ -82,10 +82,11 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
         async with CoordinatorClient(list(settings.coordinator), token=settings.internal_token) as cc:
             dl = await DeliveryLog.connect(settings.nats_url, cfg)
             try:
-                await dl.provision()
+                from baton.log import provision_with_patience
+
                 state = GatewayState(settings, cc, dl, TranscriptStore(dl.nc, cfg), Metrics())
                 state.workspaces = WorkspaceStore(dl.nc, settings.workspace_config or WorkspaceConfig.from_env())
-                await state.workspaces.provision()
+                await provision_with_patience(dl, state.workspaces)
                 app.state.gateway = state
                 # The one service layer under the three edges (HTTP routes, gRPC, /ds).
                 runs = app.state.runs = RunService(state)

@@ -126,7 +126,7 @@ class Host:
 
     async def run(self) -> None:
         from baton.coordinator_client import CoordinatorClient
-        from baton.log import DeliveryLog, LogConfig, TranscriptStore
+        from baton.log import DeliveryLog, LogConfig, TranscriptStore, provision_with_patience
         from baton.workspaces import WorkspaceConfig, WorkspaceStore
         from sandbox_host.workspace_upkeep import UpkeepSettings, run_upkeep
         from sandbox_host.providers import provider_for
@@ -143,9 +143,8 @@ class Host:
         async with CoordinatorClient(addrs) as cc:
             dlog = await DeliveryLog.connect(nats_urls, cfg)
             try:
-                await dlog.provision()
                 workspaces = WorkspaceStore(dlog.nc, WorkspaceConfig.from_env())
-                await workspaces.provision()
+                await provision_with_patience(dlog, workspaces)
                 # Its own thread: a busy event loop must not cost the host its session.
                 session = await cc.open_session(ttl=ttl, owner=self.host_id, own_thread=True)
                 deps = HostDeps(host_id=self.host_id, cc=cc, session=session, log=dlog,

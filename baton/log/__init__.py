@@ -13,7 +13,7 @@ Public surface::
 """
 from baton.log._config import LogConfig
 from baton.log._headers import CloseStatus, Kind, Origin, StoredRecord
-from baton.log._log import DeliveryLog
+from baton.log._log import DeliveryLog, provision_with_patience
 from baton.log._reader import LogReader, parse_offset
 from baton.log._transcript_fence import TranscriptWriter
 from baton.log._transcripts import TranscriptStore
@@ -31,4 +31,5 @@ __all__ = [
     "TranscriptStore",
     "TranscriptWriter",
     "parse_offset",
+    "provision_with_patience",
 ]

@@ -371,3 +371,29 @@ class DeliveryLog:
             except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
                 raise LogUnavailable(run_id, f"reading the stored log failed: {type(exc).__name__}") from exc
         return records, bodies
+
+
+#: Seconds a service starting up waits for JetStream to take its provisioning (a cluster that
+#: is electing stream leaders, or a loaded machine, answers late at first).
+PROVISION_PATIENCE = 60.0
+
+
+async def provision_with_patience(log: DeliveryLog, *stores: Any, patience: float = PROVISION_PATIENCE) -> None:
+    """Provision the delivery log and ``stores`` (anything with an idempotent ``provision()``,
+    e.g. a ``WorkspaceStore``), retrying while JetStream does not answer, for ``patience``
+    seconds: a service started while NATS elects its leaders waits instead of exiting.
+
+    Raises:
+        LogUnavailable: still failing after ``patience`` seconds.
+    """
+    from baton.retry import Deadline, retry
+
+    async def once() -> None:
+        await log.provision()
+        for s in stores:
+            await s.provision()
+
+    def note(exc: BaseException) -> None:
+        logging.getLogger("baton.log").warning("provisioning JetStream failed (%s); trying again", exc)
+
+    await retry(once, deadline=Deadline.after(patience), retry_on=(LogUnavailable,), max_pause=2.0, on_retry=note)
