@@ -39,7 +39,7 @@ from typing import Any, Iterable, Sequence
 
 from baton.ids import INPUT_ID
 from sandbox_host.translate._inputs import (
-    ANSWER_ACTIVITY, APPROVAL_ACTIVITY, APPROVAL_REASKED, APPROVAL_REQUESTED, STEER_PREFIX,
+    ANSWER_ACTIVITY, APPROVAL_ACTIVITY, APPROVAL_REASKED, APPROVAL_REDELIVERED, APPROVAL_REQUESTED, STEER_PREFIX,
 )
 
 #: The inbox id that closes the agent's stdin (sandbox_host/_wrapper.py).
@@ -205,6 +205,12 @@ class InputDesk:
                         self.awaiting_reask.discard(aid)
                         self.abandoned.discard(aid)
                         self.turn_over = False
+                elif name == APPROVAL_REDELIVERED:
+                    aid = (c.get("value") or {}).get("approvalId")
+                    if isinstance(aid, str):
+                        self.delivered.add(aid)
+                        if aid in self.refused:
+                            self.refused_done.add(aid)
                 elif name == AGENT_INIT:
                     value = c.get("value") or {}
                     if isinstance(value.get("session_id"), str):

@@ -224,6 +224,7 @@ class Translator:
         self._usage_turns = 0
         self._approval_tools: dict[str, str | None] = {}  # approval (request) id -> tool call id
         self._approval_of: dict[str, str] = {}  # a re-ask's request id -> the approval it repeats
+        self._answered: set[str] = set()  # approvals whose answer activity was emitted
         # approval id -> (tool call id, tool name, input JSON, agent start it was asked in)
         self._asked: dict[str, tuple[str | None, str, str, int]] = {}
         self._tool_results: set[str] = set()  # tool call ids with a result
@@ -266,7 +267,7 @@ class Translator:
             else:
                 if isinstance(obj, dict):
                     if obj.get("type") == "baton_input":
-                        for chunk in input_chunks(obj, self._approval_tools.get, self._approval_of):
+                        for chunk in input_chunks(obj, self._approval_tools.get, self._approval_of, self._answered):
                             self._emit_chunk(chunk)
                     else:
                         self._line(obj)

@@ -29,7 +29,10 @@ A resumed agent process (its predecessor died while the call waited) asks again 
 call: same ``tool_use_id``, or a new one with the same tool and input (docs/hitl.md). That is
 the same approval, not a new one: → ``CUSTOM approval.reasked`` ``{approvalId, requestId,
 toolCallId}`` (the host answers ``requestId`` with the stored answer), and its answer's
-activity names the approval (``approval:<approval id>:answer``).
+activity names the approval (``approval:<approval id>:answer``). An approval's answer activity
+appears once: when the answer already reached the journal (the dead process's relay passed it
+on just before it went), the resumed process's copy becomes ``CUSTOM approval.redelivered``
+``{approvalId, requestId}`` instead.
 
 The expiry time of an approval is not in the chunks (it is the host's clock, not the
 journal's); it is on the run record (``RunRecord.inputs``).
@@ -44,6 +47,8 @@ Chunk = dict[str, Any]
 APPROVAL_REQUESTED = "approval-requested"
 #: CUSTOM name of a resumed agent process's repeated ask.
 APPROVAL_REASKED = "approval.reasked"
+#: CUSTOM name of an answer passed again to a resumed agent process.
+APPROVAL_REDELIVERED = "approval.redelivered"
 #: Activity types of the request and of its answer.
 APPROVAL_ACTIVITY = "approval"
 ANSWER_ACTIVITY = "approval_answer"
@@ -117,13 +122,15 @@ def _user_text(message: Any) -> str | None:
 
 
 def input_chunks(obj: dict[str, Any], tool_call_of: Callable[[str], str | None],
-                 approval_of: dict[str, str] | None = None) -> list[Chunk]:
+                 approval_of: dict[str, str] | None = None, answered: set[str] | None = None) -> list[Chunk]:
     """The chunks of a ``baton_input`` line (what reached the agent's stdin, and where).
 
     Args:
         obj: the line.
         tool_call_of: the tool call id an approval id gates (from its ask), ``None`` if unknown.
         approval_of: a repeated ask's request id → the approval it repeats.
+        answered: approvals whose answer activity was already emitted; updated in place (an
+            answer to one of them becomes ``approval.redelivered``).
 
     Returns:
         An answer's activity, a steered user message, or ``[]`` for an input of another
@@ -140,7 +147,12 @@ def input_chunks(obj: dict[str, Any], tool_call_of: Callable[[str], str | None],
         given = resp.get("request_id")
         rid: str = given if isinstance(given, str) and given else iid
         tool_call = tool_call_of(rid)
-        rid = (approval_of or {}).get(rid, rid)
+        request_id, rid = rid, (approval_of or {}).get(rid, rid)
+        if answered is not None:
+            if rid in answered:
+                return [{"type": "CUSTOM", "name": APPROVAL_REDELIVERED,
+                         "value": {"approvalId": rid, "requestId": request_id}}]
+            answered.add(rid)
         approved = inner.get("behavior") == "allow"
         content: dict[str, Any] = {"approvalId": rid, "toolCallId": tool_call or tool_call_of(rid), "approved": approved}
         msg = inner.get("message")

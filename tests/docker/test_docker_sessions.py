@@ -57,7 +57,7 @@ def standins_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     try:
         client.images.build(path=str(ctx), tag=IMAGE, pull=False, rm=True, forcerm=True)
         yield IMAGE
-        for c in client.containers.list(all=True, filters={"ancestor": IMAGE}):
+        for c in client.containers.list(all=True, sparse=True, filters={"ancestor": IMAGE}):
             with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
                 c.remove(force=True, v=True)
     finally:
@@ -101,7 +101,7 @@ async def remove_containers(run_ids: list[str]) -> None:
     async def left() -> list[Any]:
         found: list[Any] = []
         for run_id in run_ids:
-            found += await asyncio.to_thread(client.containers.list, all=True,
+            found += await asyncio.to_thread(client.containers.list, all=True, sparse=True,
                                              filters={"label": f"{LABEL_RUN}={run_id}"})
         return found
 

@@ -55,7 +55,8 @@ async def test_docker_cancel_destroys_the_container(dcluster: Cluster) -> None:
     await dcluster.wait_status(run_id, "aborted")
     client = docker.from_env()
     try:
-        left = await asyncio.to_thread(client.containers.list, all=True, filters={"label": f"baton.run_id={run_id}"})
+        left = await asyncio.to_thread(client.containers.list, all=True, sparse=True,
+                                       filters={"label": f"baton.run_id={run_id}"})
         assert left == []
     finally:
         client.close()

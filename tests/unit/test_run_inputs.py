@@ -218,6 +218,30 @@ def test_after_a_relaunch_the_stored_answer_goes_to_the_new_request_once() -> No
     assert not desk.resume_wanted()  # the call ran
 
 
+def test_an_answer_the_dead_process_was_given_stands_once_and_its_redelivery_settles_the_reask() -> None:
+    # The dead process's relay passed the answer on just before it went; the resumed process
+    # asks again and gets it again: one answer activity, where it first reached the journal.
+    lines = (INIT, TOOL_USE, ASK, _answer_line("req-1"), INIT, REASK, _answer_line("req-2"), RESULT)
+    chunks = _translate(*lines)
+    answers = [i for i, c in enumerate(chunks) if c.get("activityType") == "approval_answer"]
+    [again] = [i for i, c in enumerate(chunks) if c.get("name") == "approval.reasked"]
+    [redelivered] = [c for c in chunks if c.get("name") == "approval.redelivered"]
+    assert len(answers) == 1 and answers[0] < again
+    assert redelivered["value"] == {"approvalId": "req-1", "requestId": "req-2"}
+    desk = _desk(closes_input=True)
+    desk.on_record([Inp("req-1", state="answered", decision="allow")])
+    desk.saw(_translate(*lines[:4]))
+    desk.restarted()
+    desk.saw(_translate(*lines[:6])[len(_translate(*lines[:4])):])
+    [d] = desk.actions(0.0)
+    assert isinstance(d, Deliver) and d.input_id == "req-2"
+    desk.sent_input(d.key)
+    desk.saw(_translate(*lines)[len(_translate(*lines[:6])):])
+    assert desk.actions(0.0) == [] and not desk.resume_wanted()
+    # Every host replaying the journal produces the same chunks.
+    assert _translate(*lines) == chunks
+
+
 def test_no_relaunch_for_a_turn_that_ended_or_an_agent_without_a_session() -> None:
     desk = _desk(closes_input=True)
     desk.saw(_translate(TOOL_USE, ASK))
