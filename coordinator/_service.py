@@ -17,6 +17,7 @@ import grpc
 from baton import errors
 from baton.grpc_errors import abort
 from baton.ids import validate_id, validate_input_id
+from baton.runs import MAX_INPUT_TEXT
 from baton.v1 import coordinator_pb2 as pb
 from baton.v1 import coordinator_pb2_grpc as pb_grpc
 from baton.v1.runs_pb2 import Claim, RunRecord, RunStatus
@@ -53,8 +54,6 @@ async def no_reaper(ttl: float, now: float) -> dict[str, int]:
 
 #: Bytes of a queued run's start request (its messages, agent and workspace).
 MAX_QUEUED_START = 1024 * 1024
-#: Bytes one input may carry in each of its text fields (tool input, message, reason).
-MAX_INPUT_TEXT = 64 * 1024
 
 
 def check_run_input(request: pb.PutRunInputRequest) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from baton.transcript import build_transcript
-from sandbox_host.run_inputs import CloseInput, Deliver, Expire, InputDesk, Register
+from sandbox_host.run_inputs import NO_ROOM, CloseInput, Deliver, Expire, InputDesk, Register, record_tool_input
 from sandbox_host.translate import translator_for
 
 pytestmark = pytest.mark.unit
@@ -266,3 +266,26 @@ def test_a_request_id_the_relay_cannot_carry_gets_a_derived_inbox_id() -> None:
     assert d.input_id == desk.inbox_id("bad id/with spaces") and d.input_id.startswith("a-")
     assert json.loads(d.payload)["response"]["request_id"] == "bad id/with spaces"
     assert d.key == "bad id/with spaces"
+
+
+def test_a_tool_input_the_record_cannot_hold_is_stored_as_a_preview() -> None:
+    # A Write of a 100 KB file: the coordinator refuses a tool input over 64 KiB, and an ask
+    # it refuses would be retried for ever (the agent left waiting), so the record keeps a preview.
+    assert record_tool_input({"command": "ls"}) == '{"command":"ls"}'
+    stored = json.loads(record_tool_input({"content": "é" * 60_000}))
+    assert stored["truncated"] is True and stored["bytes"] == len(json.dumps({"content": "é" * 60_000},
+                                                                            separators=(",", ":"), ensure_ascii=False).encode())
+    assert stored["preview"].startswith('{"content":"éé') and len(record_tool_input({"content": "é" * 60_000}).encode()) < 9000
+    # A lone surrogate from the journal (JSON "\ud800") cannot go in a UTF-8 record as is.
+    odd = record_tool_input(json.loads('{"x":"\\ud800"}'))
+    odd.encode()
+    assert json.loads(odd) == {"x": "\ud800"}
+
+
+def test_an_ask_the_record_has_no_room_for_is_denied_with_why() -> None:
+    desk = _desk()
+    desk.saw(_translate(INIT, TOOL_USE, ASK))
+    desk.refuse("req-1", NO_ROOM)
+    [d] = desk.actions(0.0)
+    inner = json.loads(d.payload)["response"]["response"]
+    assert isinstance(d, Deliver) and inner == {"behavior": "deny", "message": NO_ROOM}
