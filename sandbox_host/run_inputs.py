@@ -37,7 +37,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from baton.ids import INPUT_ID
+from baton.ids import input_id_for
 from baton.runs import MAX_INPUT_TEXT
 from sandbox_host.translate._inputs import (
     ANSWER_ACTIVITY, APPROVAL_ACTIVITY, APPROVAL_REASKED, APPROVAL_REQUESTED, STEER_PREFIX,
@@ -156,12 +156,9 @@ def record_tool_input(value: Any) -> str:
 REFUSED_KEY = "refused:"
 
 
-def _safe_inbox_id(request_id: str) -> str:
-    """A request id the relay can carry as is, else one derived from it (the same on every
-    host): ``a-`` and 40 hex digits of its SHA-256."""
-    if INPUT_ID.fullmatch(request_id) and request_id != EOF_ID:
-        return request_id
-    return "a-" + hashlib.sha256(request_id.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+#: A request id the relay can carry as is, else one derived from it (the same on every host;
+#: the approval id of an ask whose request id is not an input id is that derived one too).
+_safe_inbox_id = input_id_for
 
 
 @dataclass
@@ -214,6 +211,11 @@ class InputDesk:
                 if name == APPROVAL_REQUESTED:
                     ask = _ask_of(c.get("value"))
                     if ask is not None and ask.id not in self.asks:
+                        raw = (c.get("value") or {}).get("requestId")
+                        if isinstance(raw, str) and raw:
+                            # An ask whose request id is not an input id goes under a derived
+                            # approval id; the agent is answered under its own request id.
+                            self.request_ids.setdefault(ask.id, raw)
                         self.asks[ask.id] = ask
                         self._ask_order.append(ask.id)
                         self.turn_over = False
@@ -355,7 +357,7 @@ class InputDesk:
         then one derived from it."""
         rec = self.record.get(request_id)
         if rec is not None and rec.kind == "message":
-            return "a-" + hashlib.sha256(request_id.encode()).hexdigest()[:40]
+            return "a-" + hashlib.sha256(request_id.encode("utf-8", "surrogatepass")).hexdigest()[:40]
         return _safe_inbox_id(request_id)
 
     def refuse(self, approval_id: str, why: str = ID_TAKEN) -> None:
