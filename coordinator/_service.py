@@ -274,7 +274,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         async def go() -> pb.RemoveQueuedRunResponse:
             validate_id(request.thread_id, "thread_id")
             validate_id(request.run_id, "run_id")
-            removed = await self.store.remove_queued_run(
+            remove = self.store.cancel_queued_run if request.user_cancel else self.store.remove_queued_run
+            removed = await remove(
                 request.thread_id, request.run_id, tenant=request.tenant if request.HasField("tenant") else None,
                 timeout=self._budget(context))
             return pb.RemoveQueuedRunResponse(removed=removed)

@@ -27,7 +27,7 @@ import time
 import uuid
 from typing import AsyncIterator, Callable, Sequence, TypeVar
 
-from baton.errors import (BatonError, InvalidArgument, QueueFull, RunIdRetired, SessionLost, StoreUnavailable,
+from baton.errors import (BatonError, InvalidArgument, QueuedRunStarted, QueueFull, RunIdRetired, SessionLost, StoreUnavailable,
                           ThreadBusy, UnknownThread)
 from baton.ids import encode_token
 from baton.retry import Deadline
@@ -42,6 +42,9 @@ from coordinator._keys import Keys, micros, prefix_end
 from coordinator._records import is_active, is_reclaimable, is_starting
 from coordinator.rules import KEEP as _KEEP
 from coordinator.rules import FAILURE_READS, PURPOSES, Plan, Snapshot, UpdateOutcome, holds
+
+#: The cancel reason a run gets when its start raced a user's removal from its queue.
+DEQUEUED = "dequeued"
 
 __all__ = ["FAILURE_READS", "PURPOSES", "Plan", "RunStore", "Snapshot", "UpdateOutcome"]
 
@@ -598,6 +601,45 @@ class RunStore:
         res = await self.etcd.txn([E.cmp_mod(k.queued_run(run_id), ref[0].mod_revision)],
                                   [E.delete(ref[0].value), E.delete(k.queued_run(run_id))], timeout=b.left())
         return res.succeeded
+
+    async def cancel_queued_run(self, thread_id: str, run_id: str, *, tenant: str | None,
+                                timeout: float) -> bool:
+        """A user's cancel of a queued run: consistent with a dispatcher starting it at the
+        same moment. One transaction takes the entry out only while the run has no record,
+        and leaves a cancel intent (:mod:`coordinator._intents`, reason ``dequeued``), so a
+        start already on its way is born cancelled (no agent launched); a run whose record
+        exists started first and is :class:`QueuedRunStarted`, its entry left to its dispatcher.
+
+        Returns:
+            ``True`` when removed; ``False`` when not queued (or another ``tenant``'s).
+
+        Raises:
+            QueuedRunStarted: the run has a record (it started): nothing removed.
+            StoreUnavailable: etcd did not answer within ``timeout``.
+        """
+        b = _Budget(timeout)
+        k = self.keys
+        while True:
+            ref, _ = await self.etcd.range(k.queued_run(run_id), timeout=b.left())
+            if not ref:
+                return False
+            entry, _ = await self.etcd.range(ref[0].value, timeout=b.left())
+            if not entry:
+                return False
+            q = QueuedRun.FromString(entry[0].value)
+            if q.thread_id != thread_id or (tenant is not None and q.tenant != tenant):
+                return False
+            lease_id, _ = await self.etcd.grant(rules.CANCEL_INTENT_TTL, timeout=b.left())
+            res = await self.etcd.txn(
+                [E.cmp_mod(k.queued_run(run_id), ref[0].mod_revision), E.cmp_absent(k.run(run_id))],
+                [E.delete(ref[0].value), E.delete(k.queued_run(run_id)),
+                 E.put(k.cancel_intent(run_id, q.tenant), rules.cancel_intent_value(q.tenant, DEQUEUED), lease_id)],
+                [E.get(k.run(run_id), count_only=True)], timeout=b.left())
+            if res.succeeded:
+                return True
+            if res.count(0):
+                raise QueuedRunStarted(run_id)
+            # The entry changed meanwhile (removed, or queued again): read it again.
 
     # --- sessions -----------------------------------------------------------------------
 

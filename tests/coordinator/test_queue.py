@@ -65,3 +65,31 @@ async def test_a_full_queue_refuses_in_the_write_however_many_enqueue_at_once(
     assert (await cc.enqueue_run(queued(thread, at=30.0)))[0] == Out.QUEUED
     with pytest.raises(errors.QueueFull):
         await cc.enqueue_run(queued(thread, at=31.0))
+
+
+async def test_a_users_cancel_and_the_dispatchers_start_agree_on_who_won(cc: CoordinatorClient) -> None:
+    # The dispatcher's start is a create of the run's record (here under an idle thread of its
+    # own: the record's thread plays no part in the race).
+    thread = unique("th-")
+    await cc.create_or_resume_run(RunRecord(run_id=unique("run-"), thread_id=thread, tenant="acme"))
+    first, second = queued(thread, at=10.0), queued(thread, at=11.0)
+    for q in (first, second):
+        assert (await cc.enqueue_run(q))[0] == Out.QUEUED
+
+    # The cancel lands first: removed, and the start already on its way is born cancelled
+    # (no agent is launched for it), never a run going on after "removed".
+    assert await cc.remove_queued_run(thread, first.run_id, tenant="acme", user_cancel=True)
+    born, created = await cc.create_or_resume_run(RunRecord(run_id=first.run_id, thread_id=unique("th-"),
+                                                            tenant="acme"))
+    assert created and born.cancel_requested and born.cancel_reason == "dequeued"
+
+    # The start lands first: the cancel is refused and removes nothing (the dispatcher takes
+    # the entry out once its start returned).
+    started, _ = await cc.create_or_resume_run(RunRecord(run_id=second.run_id, thread_id=unique("th-"),
+                                                         tenant="acme"))
+    assert not started.cancel_requested
+    with pytest.raises(errors.QueuedRunStarted):
+        await cc.remove_queued_run(thread, second.run_id, tenant="acme", user_cancel=True)
+    assert [q.run_id for q in await cc.list_queued_runs(thread)] == [second.run_id]
+    assert await cc.remove_queued_run(thread, second.run_id)  # the dispatcher's own removal
+    assert not await cc.remove_queued_run(thread, second.run_id, tenant="acme", user_cancel=True)
