@@ -481,9 +481,11 @@ class CoordinatorClient:
         return list(r.runs)
 
     async def remove_queued_run(self, thread_id: str, run_id: str, *, tenant: str | None = None,
-                                timeout: float | None = None) -> bool:
-        """Take a run out of its thread's queue; ``False`` when it is not queued."""
-        req = pb.RemoveQueuedRunRequest(thread_id=thread_id, run_id=run_id)
+                                user_cancel: bool = False, timeout: float | None = None) -> bool:
+        """Take a run out of its thread's queue; ``False`` when it is not queued. ``user_cancel``:
+        only while the run has no record (a start on its way is born cancelled), else raises
+        ``QueuedRunStarted``."""
+        req = pb.RemoveQueuedRunRequest(thread_id=thread_id, run_id=run_id, user_cancel=user_cancel)
         if tenant is not None:
             req.tenant = tenant
         r = await self._unary("RemoveQueuedRun", req, timeout)

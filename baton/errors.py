@@ -170,6 +170,15 @@ class QueueFull(BatonError):
         super().__init__(f"thread {thread_id!r} has {limit} queued runs already, the most it may hold")
 
 
+class QueuedRunStarted(BatonError):
+    """A cancel of a queued run that has started already (its queue's dispatcher got there
+    first): nothing was removed; the run is cancelled like any run (``POST /api/chat/cancel``)."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"queued run {run_id!r} has started already")
+
+
 class TooManyInputs(BatonError):
     """The run holds as many inputs as it may (``limit``)."""
 

@@ -84,6 +84,9 @@ TABLE: tuple[Mapping, ...] = (
     Mapping(e.QueueFull, grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "QUEUE_FULL",
             lambda x: {"thread_id": x.thread_id, "limit": str(x.limit)},  # type: ignore[attr-defined]
             lambda m: e.QueueFull(m.get("thread_id", ""), int(m.get("limit", "0")))),
+    Mapping(e.QueuedRunStarted, grpc.StatusCode.FAILED_PRECONDITION, 409, "QUEUED_RUN_STARTED",
+            lambda x: {"run_id": x.run_id},  # type: ignore[attr-defined]
+            lambda m: e.QueuedRunStarted(m.get("run_id", ""))),
     Mapping(e.InputIdTaken, grpc.StatusCode.ALREADY_EXISTS, 409, "INPUT_ID_TAKEN",
             lambda x: {"run_id": x.run_id, "input_id": x.input_id},  # type: ignore[attr-defined]
             lambda m: e.InputIdTaken(m.get("run_id", ""), m.get("input_id", ""))),

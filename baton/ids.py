@@ -67,6 +67,23 @@ def validate_input_id(value: str, field: str) -> str:
     return value
 
 
+def input_id_for(raw: str) -> str:
+    """The input id an id chosen elsewhere (an agent's approval request id) goes under.
+
+    Args:
+        raw: any string (lone surrogates included).
+
+    Returns:
+        ``raw`` when it is an input id (:func:`validate_input_id`), else ``a-`` and the first
+        40 hex digits of the SHA-256 of its UTF-8 (surrogates passed through): the same on
+        every host and every replay of a journal, so a successor derives the id its
+        predecessor stored. Never raises.
+    """
+    if INPUT_ID.fullmatch(raw) and raw != EOF_INPUT_ID:
+        return raw
+    return "a-" + hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+
+
 def encode_token(value: str) -> str:
     """Injective, subject- and shell-safe encoding of an id (``%XX`` escapes)."""
     out: list[str] = []

@@ -59,6 +59,14 @@ def is_host_chunk(chunk: dict[str, object], name: str) -> bool:
 MAX_RUN_INPUTS = 256
 #: Most runs one thread's queue holds (docs/hitl.md): an enqueue beyond it is 429 QUEUE_FULL.
 MAX_QUEUED_RUNS = 64
+#: Bytes one input may carry in each of its text fields (a steered message, an approval's
+#: reason, its tool input and updated input as JSON), UTF-8.
+MAX_INPUT_TEXT = 64 * 1024
+#: Bytes a run record may hold once serialized (``RunRecord.ByteSize()``), its inputs
+#: included: etcd refuses a request over 1.5 MiB (its ``--max-request-bytes`` default) and a
+#: record's transaction carries its indexes too, so an input that would take the record past
+#: this is refused (``TOO_MANY``: 429 TOO_MANY_INPUTS) instead of failing in etcd.
+MAX_RECORD_BYTES = 1024 * 1024
 #: The largest input payload one sandbox inbox line carries, in bytes (one line of compact
 #: JSON: a steered message or an approval's answer as the agent reads it).
 MAX_INPUT_PAYLOAD = 64 * 1024 + 1024

@@ -120,6 +120,13 @@ def cmp_absent(key: bytes, range_end: bytes = b"") -> Cmp:
     return Cmp(key=key, range_end=range_end, target=Cmp.CREATE, result=Cmp.EQUAL, create_revision=0)
 
 
+def cmp_none_created_after(key: bytes, range_end: bytes, rev: int) -> Cmp:
+    """No key in ``[key, range_end)`` was created after revision ``rev`` (an empty range
+    holds: etcd compares it against a zero key). With a count read at ``rev``, the count
+    can only have shrunk when it holds: a bound on a prefix checked inside the write."""
+    return Cmp(key=key, range_end=range_end, target=Cmp.CREATE, result=Cmp.LESS, create_revision=rev + 1)
+
+
 def cmp_value(key: bytes, value: bytes) -> Cmp:
     """The key exists and holds ``value``."""
     return Cmp(key=key, target=Cmp.VALUE, result=Cmp.EQUAL, value=value)

@@ -17,6 +17,7 @@ import grpc
 from baton import errors
 from baton.grpc_errors import abort
 from baton.ids import validate_id, validate_input_id
+from baton.runs import MAX_INPUT_TEXT
 from baton.v1 import coordinator_pb2 as pb
 from baton.v1 import coordinator_pb2_grpc as pb_grpc
 from baton.v1.runs_pb2 import Claim, RunRecord, RunStatus
@@ -53,8 +54,6 @@ async def no_reaper(ttl: float, now: float) -> dict[str, int]:
 
 #: Bytes of a queued run's start request (its messages, agent and workspace).
 MAX_QUEUED_START = 1024 * 1024
-#: Bytes one input may carry in each of its text fields (tool input, message, reason).
-MAX_INPUT_TEXT = 64 * 1024
 
 
 def check_run_input(request: pb.PutRunInputRequest) -> None:
@@ -275,7 +274,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         async def go() -> pb.RemoveQueuedRunResponse:
             validate_id(request.thread_id, "thread_id")
             validate_id(request.run_id, "run_id")
-            removed = await self.store.remove_queued_run(
+            remove = self.store.cancel_queued_run if request.user_cancel else self.store.remove_queued_run
+            removed = await remove(
                 request.thread_id, request.run_id, tenant=request.tenant if request.HasField("tenant") else None,
                 timeout=self._budget(context))
             return pb.RemoveQueuedRunResponse(removed=removed)

@@ -27,10 +27,11 @@ import time
 import uuid
 from typing import AsyncIterator, Callable, Sequence, TypeVar
 
-from baton.errors import (BatonError, InvalidArgument, RunIdRetired, SessionLost, StoreUnavailable,
+from baton.errors import (BatonError, InvalidArgument, QueuedRunStarted, QueueFull, RunIdRetired, SessionLost, StoreUnavailable,
                           ThreadBusy, UnknownThread)
 from baton.ids import encode_token
 from baton.retry import Deadline
+from baton.runs import MAX_QUEUED_RUNS
 from baton.v1.coordinator_pb2 import EnqueueRunResponse, HostInfo, QueuedRun, SandboxInstance
 from baton.v1.runs_pb2 import Claim, RunInput, RunRecord, RunStatus
 
@@ -41,6 +42,9 @@ from coordinator._keys import Keys, micros, prefix_end
 from coordinator._records import is_active, is_reclaimable, is_starting
 from coordinator.rules import KEEP as _KEEP
 from coordinator.rules import FAILURE_READS, PURPOSES, Plan, Snapshot, UpdateOutcome, holds
+
+#: The cancel reason a run gets when its start raced a user's removal from its queue.
+DEQUEUED = "dequeued"
 
 __all__ = ["FAILURE_READS", "PURPOSES", "Plan", "RunStore", "Snapshot", "UpdateOutcome"]
 
@@ -511,36 +515,49 @@ class RunStore:
         """Queue ``run`` behind its thread's active run.
 
         The write compares the thread's active-run entry as read (so a thread that went idle
-        meanwhile is seen), and the absence of a record or a queued entry with the run id.
+        meanwhile is seen), the absence of a record or a queued entry with the run id, and
+        that no entry joined the thread's queue since it was counted, so the queue never
+        holds more than :data:`~baton.runs.MAX_QUEUED_RUNS` runs however many gateways
+        enqueue at once (a conflicting enqueue reads again, within ``timeout``).
         Interrupting runs go before enqueued ones; each kind in arrival order.
 
         Returns:
             (``EnqueueRunResponse.Outcome``, position (1 = next), the active run id).
+
+        Raises:
+            QueueFull: the thread's queue holds :data:`~baton.runs.MAX_QUEUED_RUNS` runs.
+            StoreUnavailable: etcd did not answer, or the queue kept changing, within ``timeout``.
         """
         b = _Budget(timeout)
         k = self.keys
         Out = EnqueueRunResponse
-        for _ in range(8):
-            active, _ = await self.etcd.range(k.thread_active(run.thread_id), timeout=b.left())
+        queue = k.queue(run.thread_id)
+        order = f"{0 if run.strategy == 'interrupt' else 1}{micros(run.enqueued_at):020d}-{encode_token(run.run_id)}"
+        key = k.queued(run.thread_id, order)
+        stored = QueuedRun()
+        stored.CopyFrom(run)
+        stored.ClearField("position")
+        while True:
+            # One read at one revision: the active run, whether the id is taken, the queue's length.
+            read = await self.etcd.txn([], [E.get(k.thread_active(run.thread_id)),
+                                            E.get(k.run(run.run_id), count_only=True),
+                                            E.get(k.queued_run(run.run_id), count_only=True),
+                                            E.get(queue, prefix_end(queue), count_only=True)], timeout=b.left())
+            active = read.kvs(0)
             if not active:
                 return Out.IDLE, 0, ""
-            order = f"{0 if run.strategy == 'interrupt' else 1}{micros(run.enqueued_at):020d}-{encode_token(run.run_id)}"
-            key = k.queued(run.thread_id, order)
-            stored = QueuedRun()
-            stored.CopyFrom(run)
-            stored.ClearField("position")
+            if read.count(1) or read.count(2):
+                return Out.EXISTS, 0, ""
+            if read.count(3) >= MAX_QUEUED_RUNS:
+                raise QueueFull(run.thread_id, MAX_QUEUED_RUNS)
             res = await self.etcd.txn(
                 [E.cmp_mod(k.thread_active(run.thread_id), active[0].mod_revision), E.cmp_absent(k.run(run.run_id)),
-                 E.cmp_absent(k.queued_run(run.run_id))],
+                 E.cmp_absent(k.queued_run(run.run_id)), E.cmp_none_created_after(queue, prefix_end(queue), read.revision)],
                 [E.put(key, stored.SerializeToString()), E.put(k.queued_run(run.run_id), key),
-                 E.get(k.queue(run.thread_id), key + b"\0", count_only=True)],
-                [E.get(k.run(run.run_id), count_only=True), E.get(k.queued_run(run.run_id), count_only=True)],
+                 E.get(queue, key + b"\0", count_only=True)],
                 timeout=b.left())
             if res.succeeded:
                 return Out.QUEUED, res.count(2), active[0].value.decode()
-            if res.count(0) or res.count(1):
-                return Out.EXISTS, 0, ""
-        raise StoreUnavailable("the thread's active run kept changing while queueing")
 
     async def list_queued_runs(self, thread_id: str, *, tenant: str | None = None, run_id: str = "",
                                timeout: float) -> list[QueuedRun]:
@@ -584,6 +601,45 @@ class RunStore:
         res = await self.etcd.txn([E.cmp_mod(k.queued_run(run_id), ref[0].mod_revision)],
                                   [E.delete(ref[0].value), E.delete(k.queued_run(run_id))], timeout=b.left())
         return res.succeeded
+
+    async def cancel_queued_run(self, thread_id: str, run_id: str, *, tenant: str | None,
+                                timeout: float) -> bool:
+        """A user's cancel of a queued run: consistent with a dispatcher starting it at the
+        same moment. One transaction takes the entry out only while the run has no record,
+        and leaves a cancel intent (:mod:`coordinator._intents`, reason ``dequeued``), so a
+        start already on its way is born cancelled (no agent launched); a run whose record
+        exists started first and is :class:`QueuedRunStarted`, its entry left to its dispatcher.
+
+        Returns:
+            ``True`` when removed; ``False`` when not queued (or another ``tenant``'s).
+
+        Raises:
+            QueuedRunStarted: the run has a record (it started): nothing removed.
+            StoreUnavailable: etcd did not answer within ``timeout``.
+        """
+        b = _Budget(timeout)
+        k = self.keys
+        while True:
+            ref, _ = await self.etcd.range(k.queued_run(run_id), timeout=b.left())
+            if not ref:
+                return False
+            entry, _ = await self.etcd.range(ref[0].value, timeout=b.left())
+            if not entry:
+                return False
+            q = QueuedRun.FromString(entry[0].value)
+            if q.thread_id != thread_id or (tenant is not None and q.tenant != tenant):
+                return False
+            lease_id, _ = await self.etcd.grant(rules.CANCEL_INTENT_TTL, timeout=b.left())
+            res = await self.etcd.txn(
+                [E.cmp_mod(k.queued_run(run_id), ref[0].mod_revision), E.cmp_absent(k.run(run_id))],
+                [E.delete(ref[0].value), E.delete(k.queued_run(run_id)),
+                 E.put(k.cancel_intent(run_id, q.tenant), rules.cancel_intent_value(q.tenant, DEQUEUED), lease_id)],
+                [E.get(k.run(run_id), count_only=True)], timeout=b.left())
+            if res.succeeded:
+                return True
+            if res.count(0):
+                raise QueuedRunStarted(run_id)
+            # The entry changed meanwhile (removed, or queued again): read it again.
 
     # --- sessions -----------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Generic, Sequence, TypeVar
 
 from baton.errors import RunClaimLost, RunClaimNotAcquired, ThreadBusy, UnknownRun
-from baton.runs import MAX_RUN_INPUTS
+from baton.runs import MAX_RECORD_BYTES, MAX_RUN_INPUTS
 from baton.v1.coordinator_pb2 import PutRunInputRequest, PutRunInputResponse, SandboxInstance
 from baton.v1.runs_pb2 import Claim, RunInput, RunRecord, RunStatus
 
@@ -268,6 +268,10 @@ def put_input(snap: Snapshot, *, keys: Keys, op: int, given: RunInput, tenant: s
         inputs ``TOO_MANY``.
       - ``REQUEST`` / ``STEER`` with an id an input of the other kind holds: ``CONFLICT``
         with that input (one id space: the inbox passes each id once).
+      - ``REQUEST`` / ``STEER`` / ``ANSWER`` that would take the serialized record past
+        :data:`MAX_RECORD_BYTES`: ``TOO_MANY``, nothing written (etcd would refuse the
+        write). ``EXPIRE`` is never refused for size: the denial it stores is the fail-closed
+        end of an approval.
 
     Returns:
         A plan whose result is (outcome, record, existing input on ``CONFLICT``). Outcomes:
@@ -305,6 +309,8 @@ def put_input(snap: Snapshot, *, keys: Keys, op: int, given: RunInput, tenant: s
         added.CopyFrom(given)
         added.kind = "message" if op == _Op.STEER else "approval"
         added.state = "pending"
+        if new.ByteSize() > MAX_RECORD_BYTES:
+            return Plan((_Out.TOO_MANY, cur, None), write=False)
         return Plan((_Out.OK, new, None), new=new, cmps=cmps)
     if at < 0:  # EXPIRE of an approval never asked
         return Plan((_Out.NOT_FOUND, cur, None), write=False)
@@ -323,6 +329,8 @@ def put_input(snap: Snapshot, *, keys: Keys, op: int, given: RunInput, tenant: s
         target.decision, target.message = given.decision, given.message
         target.answered_by, target.answered_at = given.answered_by or "user", given.answered_at
         target.updated_input_json = given.updated_input_json if given.decision == "allow" else ""
+        if new.ByteSize() > MAX_RECORD_BYTES:
+            return Plan((_Out.TOO_MANY, cur, None), write=False)
     else:
         raise ValueError(f"unknown input op {op}")
     target.state = "answered"

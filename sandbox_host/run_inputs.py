@@ -37,7 +37,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from baton.ids import INPUT_ID
+from baton.ids import input_id_for
+from baton.runs import MAX_INPUT_TEXT
 from sandbox_host.translate._inputs import (
     ANSWER_ACTIVITY, APPROVAL_ACTIVITY, APPROVAL_REASKED, APPROVAL_REDELIVERED, APPROVAL_REQUESTED, STEER_PREFIX,
 )
@@ -123,18 +124,41 @@ def steer_payload(text: str) -> bytes:
 
 #: What the agent is told when its ask cannot be stored (its id is a message's of the run).
 ID_TAKEN = "This request could not be put to the user (its id is taken), so the tool is denied."
+#: ... or when the run's record has no room left for it (``MAX_RECORD_BYTES``).
+NO_ROOM = "This request could not be put to the user (the run holds too many inputs), so the tool is denied."
+#: Bytes of a tool input's JSON the record keeps as is (``MAX_INPUT_TEXT``); a larger one is
+#: kept as a preview (the log's ``approval-requested`` chunk has it whole).
+_PREVIEW = 8 * 1024
+
+
+def record_tool_input(value: Any) -> str:
+    """The JSON of an ask's tool input as the run record stores it: compact, at most
+    :data:`~baton.runs.MAX_INPUT_TEXT` bytes of UTF-8 (the coordinator refuses more).
+
+    An input too large becomes ``{"truncated": true, "bytes": <its size>, "preview": <its
+    first 8 KiB of JSON>}``; lone surrogates (which the record's UTF-8 cannot hold) stay as
+    ``\\u`` escapes. Never raises.
+    """
+    raw = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    try:
+        size = len(raw.encode())
+    except UnicodeEncodeError:
+        raw = json.dumps(value, separators=(",", ":"))
+        size = len(raw)
+    if size <= MAX_INPUT_TEXT:
+        return raw
+    preview = raw.encode("utf-8", "backslashreplace")[:_PREVIEW].decode("utf-8", "ignore")
+    # At most 6 bytes of JSON per byte of preview (a control character's \\u escape): < 64 KiB.
+    return json.dumps({"truncated": True, "bytes": size, "preview": preview}, separators=(",", ":"), ensure_ascii=False)
 
 
 #: The desk's key of a refused ask's denial (its id may be a message's too).
 REFUSED_KEY = "refused:"
 
 
-def _safe_inbox_id(request_id: str) -> str:
-    """A request id the relay can carry as is, else one derived from it (the same on every
-    host): ``a-`` and 40 hex digits of its SHA-256."""
-    if INPUT_ID.fullmatch(request_id) and request_id != EOF_ID:
-        return request_id
-    return "a-" + hashlib.sha256(request_id.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+#: A request id the relay can carry as is, else one derived from it (the same on every host;
+#: the approval id of an ask whose request id is not an input id is that derived one too).
+_safe_inbox_id = input_id_for
 
 
 @dataclass
@@ -169,6 +193,8 @@ class InputDesk:
     abandoned: set[str] = field(default_factory=set)
     #: Asks the record refused (their id is a message's): denied to the agent (fail closed).
     refused: set[str] = field(default_factory=set)
+    #: Why each refused ask was refused (what the agent is told).
+    refused_why: dict[str, str] = field(default_factory=dict)
     refused_done: set[str] = field(default_factory=set)
     _ask_order: list[str] = field(default_factory=list)
 
@@ -185,6 +211,11 @@ class InputDesk:
                 if name == APPROVAL_REQUESTED:
                     ask = _ask_of(c.get("value"))
                     if ask is not None and ask.id not in self.asks:
+                        raw = (c.get("value") or {}).get("requestId")
+                        if isinstance(raw, str) and raw:
+                            # An ask whose request id is not an input id goes under a derived
+                            # approval id; the agent is answered under its own request id.
+                            self.request_ids.setdefault(ask.id, raw)
                         self.asks[ask.id] = ask
                         self._ask_order.append(ask.id)
                         self.turn_over = False
@@ -299,7 +330,8 @@ class InputDesk:
         for aid in sorted(self.refused - self.refused_done):
             if REFUSED_KEY + aid not in self.sent:
                 rid = self.request_ids.get(aid, aid)
-                out.append(Deliver(self.inbox_id(rid), answer_payload(rid, "deny", ID_TAKEN, None),
+                why = self.refused_why.get(aid, ID_TAKEN)
+                out.append(Deliver(self.inbox_id(rid), answer_payload(rid, "deny", why, None),
                                    key=REFUSED_KEY + aid))
         for rec in self.record.values():
             if rec.id in self.delivered or rec.id in self.abandoned:
@@ -331,13 +363,14 @@ class InputDesk:
         then one derived from it."""
         rec = self.record.get(request_id)
         if rec is not None and rec.kind == "message":
-            return "a-" + hashlib.sha256(request_id.encode()).hexdigest()[:40]
+            return "a-" + hashlib.sha256(request_id.encode("utf-8", "surrogatepass")).hexdigest()[:40]
         return _safe_inbox_id(request_id)
 
-    def refuse(self, approval_id: str) -> None:
-        """The record refused the ask ``approval_id`` (its id is a message's): the agent gets
-        a denial."""
+    def refuse(self, approval_id: str, why: str = ID_TAKEN) -> None:
+        """The record refused the ask ``approval_id`` (its id is a message's, or the record
+        has no room for it): the agent gets a denial saying ``why``."""
         self.refused.add(approval_id)
+        self.refused_why[approval_id] = why
         self.registered.add(approval_id)
 
     def next_deadline(self) -> float | None:

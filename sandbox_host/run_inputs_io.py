@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 from baton.errors import RunClaimLost
 from baton.v1 import coordinator_pb2 as cpb
 from baton.v1 import runs_pb2
-from sandbox_host.run_inputs import EOF_ID, Ask, CloseInput, Deliver, Expire, InputDesk, Register, answer_payload
+from sandbox_host.run_inputs import (EOF_ID, NO_ROOM, Ask, CloseInput, Deliver, Expire, InputDesk, Register, answer_payload,
+                                     record_tool_input)
 
 if TYPE_CHECKING:
     from sandbox_host.deps import HostDeps
@@ -70,7 +71,7 @@ async def register(deps: "HostDeps", record: runs_pb2.RunRecord, epoch: int, des
     now = time.time()
     item = runs_pb2.RunInput(
         id=ask.id, kind="approval", state="pending", tool_call_id=ask.tool_call_id, tool_name=ask.tool_name,
-        tool_input_json=json.dumps(ask.input, separators=(",", ":"), ensure_ascii=False),
+        tool_input_json=record_tool_input(ask.input),
         requested_at=now, expires_at=now + desk.approval_timeout)
     outcome, rec, _ = await deps.cc.put_run_input(record.run_id, cpb.PutRunInputRequest.REQUEST, item,
                                                   session_id=deps.session.id, epoch=epoch)
@@ -80,6 +81,11 @@ async def register(deps: "HostDeps", record: runs_pb2.RunRecord, epoch: int, des
         # anyone, so the agent is told no (fail closed) instead of waiting for ever.
         log.error("run %s: approval %s cannot be stored (its id is a message's); denied", record.run_id, ask.id)
         desk.refuse(ask.id)
+        return
+    if outcome == cpb.PutRunInputResponse.TOO_MANY:
+        # The record has no room left for it (MAX_RECORD_BYTES): nobody could answer it.
+        log.error("run %s: approval %s cannot be stored (the record is full); denied", record.run_id, ask.id)
+        desk.refuse(ask.id, NO_ROOM)
         return
     desk.registered_ask(ask.id)
     if rec is not None:

@@ -35,6 +35,7 @@ SAMPLES: list[tuple[e.BatonError, grpc.StatusCode]] = [
     (e.TooManyInputs("r1", 256), grpc.StatusCode.RESOURCE_EXHAUSTED),
     (e.InputIdTaken("r1", "req-1"), grpc.StatusCode.ALREADY_EXISTS),
     (e.QueueFull("t1", 64), grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (e.QueuedRunStarted("r1"), grpc.StatusCode.FAILED_PRECONDITION),
 ]
 
 
@@ -119,6 +120,7 @@ EVERY: dict[type[e.BatonError], e.BatonError] = {
     e.TooManyInputs: e.TooManyInputs("r1", 256),
     e.InputIdTaken: e.InputIdTaken("r1", "req-1"),
     e.QueueFull: e.QueueFull("t1", 64),
+    e.QueuedRunStarted: e.QueuedRunStarted("r1"),
 }
 ABSTRACT = {e.BatonError, e.ClaimError, e.DeliveryLogError, e.JournalError, e.SandboxError, e.WorkspaceError}
 EDGE_SAMPLES: list[e.BatonError] = [edge.Unauthorized(), edge.BodyTooLarge(1024), edge.NoHostAvailable(),

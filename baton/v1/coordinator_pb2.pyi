@@ -744,20 +744,26 @@ class RemoveQueuedRunRequest(_message.Message):
     THREAD_ID_FIELD_NUMBER: _builtins.int
     RUN_ID_FIELD_NUMBER: _builtins.int
     TENANT_FIELD_NUMBER: _builtins.int
+    USER_CANCEL_FIELD_NUMBER: _builtins.int
     thread_id: _builtins.str
     run_id: _builtins.str
     tenant: _builtins.str
     """set: another tenant's queued run is not found"""
+    user_cancel: _builtins.bool
+    """A user's cancel: the entry goes only while its run has no record, and a start already
+    on its way is born cancelled (a cancel intent); a run that started is QUEUED_RUN_STARTED.
+    """
     def __init__(
         self,
         *,
         thread_id: _builtins.str = ...,
         run_id: _builtins.str = ...,
         tenant: _builtins.str | None = ...,
+        user_cancel: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_tenant", b"_tenant", "tenant", b"tenant"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_tenant", b"_tenant", "run_id", b"run_id", "tenant", b"tenant", "thread_id", b"thread_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_tenant", b"_tenant", "run_id", b"run_id", "tenant", b"tenant", "thread_id", b"thread_id", "user_cancel", b"user_cancel"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__tenant: _TypeAlias = _typing.Literal["tenant"]  # noqa: Y015
     _WhichOneofArgType__tenant: _TypeAlias = _typing.Literal["_tenant", b"_tenant"]  # noqa: Y015

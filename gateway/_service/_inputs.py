@@ -15,7 +15,7 @@ from typing import Any
 
 from baton import errors as e
 from baton.ids import validate_id, validate_input_id
-from baton.runs import MAX_INPUT_PAYLOAD, MAX_RUN_INPUTS
+from baton.runs import MAX_INPUT_PAYLOAD, MAX_INPUT_TEXT, MAX_RUN_INPUTS
 from baton.v1 import coordinator_pb2, runs_pb2
 from gateway._service._requests import MAX_JSON_DEPTH, json_depth
 from gateway._state import GatewayState
@@ -23,8 +23,6 @@ from gateway._state import GatewayState
 Op = coordinator_pb2.PutRunInputRequest
 Out = coordinator_pb2.PutRunInputResponse
 
-#: Bytes a steered message or an approval's reason may carry.
-MAX_INPUT_TEXT = 64 * 1024
 #: Agent kinds whose process reads messages while it runs (the others: 409 STEER_UNSUPPORTED).
 STEERABLE_AGENTS = ("claude-code", "replay")
 
@@ -193,13 +191,14 @@ async def answer(st: GatewayState, tenant: str, req: ApprovalAnswer) -> runs_pb2
         ApprovalNotFound: no such run or approval for ``tenant``.
         ApprovalAlreadyAnswered: answered (or expired) before: carries the stored answer.
         RunEnded: the run has ended.
+        TooManyInputs: the answer would take the run's record past its byte budget.
     """
     given = runs_pb2.RunInput(id=req.approval_id, decision="allow" if req.approved else "deny",
                               message=req.message, answered_by="user", answered_at=time.time(),
                               updated_input_json=req.updated_input_json)
     scope = tenant if st.settings.auth_enabled else ""
     outcome, record, existing = await st.coordinator.put_run_input(req.run_id, Op.ANSWER, given, tenant=scope)
-    _raise_for(outcome, req.run_id, req.approval_id, existing)
+    _raise_for(outcome, req.run_id, req.approval_id, existing, MAX_RUN_INPUTS)
     stored: runs_pb2.RunInput = next(i for i in record.inputs if i.id == req.approval_id and i.kind == "approval")
     return stored
 
@@ -215,7 +214,8 @@ async def steer(st: GatewayState, tenant: str, req: SteerRequest) -> runs_pb2.Ru
         SteerUnsupported: the run's agent cannot take a message while it runs.
         RunEnded: the run has ended.
         InputIdTaken: one of the run's approvals has the message's id.
-        TooManyInputs: the run holds the most inputs it may.
+        TooManyInputs: the run holds the most inputs it may (by count, or by the bytes of
+            its record: ``MAX_RECORD_BYTES``).
     """
     view = await st.coordinator.get_run(req.run_id)
     if st.settings.auth_enabled and view.record.tenant != tenant:

@@ -115,8 +115,9 @@ async def queue_or_steer(st: GatewayState, tenant: str, req: StartRequest, multi
         if q.tenant != tenant or q.thread_id != req.thread_id:
             raise e.InvalidArgument("runId", "already names a run of another thread")
         return Queued(q.run_id, q.thread_id, int(q.position))
-    # Bounded (read, then written: concurrent enqueues may pass it by a few, never grow it
-    # without bound; entries carry up to a whole start request each).
+    # Bounded (entries carry up to a whole start request each). This read refuses early,
+    # before a start request is built; the coordinator's EnqueueRun enforces the bound inside
+    # its write, so gateways enqueueing at once cannot pass it.
     if len(await st.coordinator.list_queued_runs(req.thread_id)) >= MAX_QUEUED_RUNS:
         raise e.QueueFull(req.thread_id, MAX_QUEUED_RUNS)
     run = coordinator_pb2.QueuedRun(

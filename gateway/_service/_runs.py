@@ -111,8 +111,15 @@ class RunService:
         return list(await self.state.coordinator.list_queued_runs(thread_id, tenant=self._scope(tenant)))
 
     async def cancel_queued(self, tenant: str, thread_id: str, run_id: str) -> bool:
-        """Take a queued run out of its thread's queue; ``False`` when it is not queued."""
-        return bool(await self.state.coordinator.remove_queued_run(thread_id, run_id, tenant=self._scope(tenant)))
+        """Take a queued run out of its thread's queue; ``False`` when it is not queued. A
+        dispatcher starting it at the same moment either finds it gone (the run, if its start
+        was on its way, is born cancelled: no agent launched) or started it first.
+
+        Raises:
+            QueuedRunStarted: the run started first: nothing removed.
+        """
+        return bool(await self.state.coordinator.remove_queued_run(thread_id, run_id, tenant=self._scope(tenant),
+                                                                   user_cancel=True))
 
     async def queued_run(self, tenant: str, run_id: str) -> Any | None:
         """The queued run ``run_id`` of ``tenant`` (with its position), or ``None``."""

@@ -346,13 +346,16 @@ class Translator:
             return False
         value = chunks[0]["value"]
         rid, tcid = value["approval"]["id"], value["toolCallId"]
+        raw = value.get("requestId", rid)  # the agent's own request id (rid: derived from it)
         self._approval_tools[rid] = tcid
+        if raw != rid:
+            self._approval_of[raw] = rid
         repeated = self._repeated_ask(rid, tcid, value["toolName"], compact_json(value["input"]))
         if repeated is not None:
             # A resumed agent process asks again for a call its predecessor asked for and
             # never ran: the same approval (docs/hitl.md "A resumed agent").
-            self._approval_of[rid] = repeated
-            self._emit_chunk(reask_chunk(repeated, rid, tcid))
+            self._approval_of[raw] = repeated
+            self._emit_chunk(reask_chunk(repeated, raw, tcid))
             return True
         self._asked[rid] = (tcid, value["toolName"], compact_json(value["input"]), self._agent_starts)
         for chunk in chunks:

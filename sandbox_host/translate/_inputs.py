@@ -41,6 +41,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from baton.ids import input_id_for
+
 Chunk = dict[str, Any]
 
 #: CUSTOM name of an approval request (``@tanstack/ai``'s stream processor name for it).
@@ -77,7 +79,11 @@ def ask_chunks(obj: dict[str, Any]) -> list[Chunk] | None:
     (another control subtype: the caller reports it as it did before).
 
     Shapes: see the module docstring. ``input`` is the tool's input as the agent asked
-    (``{}`` when absent or not an object).
+    (``{}`` when absent or not an object). The approval's id is the request id when it is an
+    input id (:func:`baton.ids.validate_input_id`: a user must be able to name it in a URL,
+    the inbox to carry it), else one derived from it (:func:`baton.ids.input_id_for`, the same
+    on every replay); then the request id itself is in the ``CUSTOM`` value as ``requestId``
+    (what the agent is answered under).
     """
     req = obj.get("request")
     rid = obj.get("request_id")
@@ -91,14 +97,18 @@ def ask_chunks(obj: dict[str, Any]) -> list[Chunk] | None:
     tcid = tcid if isinstance(tcid, str) and tcid else None
     reason = req.get("decision_reason")
     message = f"Allow {name or 'this tool'}?" + (f" ({reason})" if isinstance(reason, str) and reason else "")
-    interrupt: dict[str, Any] = {"id": rid, "reason": "tool_approval", "message": message}
+    aid = input_id_for(rid)
+    interrupt: dict[str, Any] = {"id": aid, "reason": "tool_approval", "message": message}
     if tcid is not None:
         interrupt["toolCallId"] = tcid
-    request = {"toolCallId": tcid, "toolName": name, "input": inp, "approval": {"id": rid, "needsApproval": True}}
-    content = {"approvalId": rid, "toolCallId": tcid, "toolName": name, "input": inp, "interrupt": interrupt}
+    request: dict[str, Any] = {"toolCallId": tcid, "toolName": name, "input": inp,
+                               "approval": {"id": aid, "needsApproval": True}}
+    if aid != rid:
+        request["requestId"] = rid
+    content = {"approvalId": aid, "toolCallId": tcid, "toolName": name, "input": inp, "interrupt": interrupt}
     return [
         {"type": "CUSTOM", "name": APPROVAL_REQUESTED, "value": request},
-        {"type": "ACTIVITY_SNAPSHOT", "messageId": approval_message_id(rid), "activityType": APPROVAL_ACTIVITY,
+        {"type": "ACTIVITY_SNAPSHOT", "messageId": approval_message_id(aid), "activityType": APPROVAL_ACTIVITY,
          "content": content, "replace": True},
     ]
 
@@ -128,7 +138,8 @@ def input_chunks(obj: dict[str, Any], tool_call_of: Callable[[str], str | None],
     Args:
         obj: the line.
         tool_call_of: the tool call id an approval id gates (from its ask), ``None`` if unknown.
-        approval_of: a repeated ask's request id → the approval it repeats.
+        approval_of: a request id → the approval it answers (a repeated ask's, or one whose
+            approval id was derived from it).
         answered: approvals whose answer activity was already emitted; updated in place (an
             answer to one of them becomes ``approval.redelivered``).
 
@@ -147,7 +158,7 @@ def input_chunks(obj: dict[str, Any], tool_call_of: Callable[[str], str | None],
         given = resp.get("request_id")
         rid: str = given if isinstance(given, str) and given else iid
         tool_call = tool_call_of(rid)
-        request_id, rid = rid, (approval_of or {}).get(rid, rid)
+        request_id, rid = rid, (approval_of or {}).get(rid) or input_id_for(rid)
         if answered is not None:
             if rid in answered:
                 return [{"type": "CUSTOM", "name": APPROVAL_REDELIVERED,

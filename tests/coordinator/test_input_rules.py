@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from baton.runs import MAX_INPUT_TEXT, MAX_RECORD_BYTES, MAX_RUN_INPUTS
 from baton.v1.coordinator_pb2 import PutRunInputRequest as Op
 from baton.v1.coordinator_pb2 import PutRunInputResponse as Out
 from baton.v1.runs_pb2 import RunInput, RunRecord
@@ -156,3 +157,35 @@ def test_an_id_the_other_kind_holds_is_a_conflict_never_a_silent_ok() -> None:
     assert steered is not None
     plan = rules.put_input(snap(steered, held()), keys=K, op=Op.REQUEST, given=ask(), session_id=SESSION, epoch=3)
     assert plan.result[0] == Out.CONFLICT and not plan.write and plan.result[2].kind == "message"
+
+
+def test_an_input_that_would_take_the_record_past_its_byte_budget_is_too_many() -> None:
+    # 64 KiB messages: 256 of them would be 16 MiB, far past what etcd takes in one request
+    # (1.5 MiB); the record is refused the input at MAX_RECORD_BYTES, whatever the count.
+    big = "x" * MAX_INPUT_TEXT
+    rec = record()
+    n = 0
+    while True:
+        plan = rules.put_input(snap(rec), keys=K, op=Op.STEER, given=RunInput(id=f"m{n}", message=big))
+        if plan.result[0] != Out.OK:
+            break
+        assert plan.result[1] is not None
+        rec = plan.result[1]
+        n += 1
+    assert plan.result[0] == Out.TOO_MANY and not plan.write and n < MAX_RUN_INPUTS
+    assert rec.ByteSize() <= MAX_RECORD_BYTES < rec.ByteSize() + len(big)
+    # A small steer still fits; the agent's ask and a user's long answer are refused alike.
+    assert rules.put_input(snap(rec), keys=K, op=Op.STEER, given=RunInput(id="small", message="hi")).result[0] == Out.OK
+    big_ask = RunInput(id="req-9", tool_name="Write", tool_input_json=big)
+    plan = rules.put_input(snap(rec, held()), keys=K, op=Op.REQUEST, given=big_ask, session_id=SESSION, epoch=3)
+    assert plan.result[0] == Out.TOO_MANY and not plan.write
+    full = asked(ask(), *(RunInput(id=f"p{i}", tool_input_json=big) for i in range(n - 1)))
+    full = asked(ask(), *full.inputs[1:], RunInput(id="pad", tool_input_json="y" * (MAX_RECORD_BYTES - full.ByteSize() - 1000)))
+    assert MAX_RECORD_BYTES - 1000 <= full.ByteSize() <= MAX_RECORD_BYTES
+    plan = rules.put_input(snap(full), keys=K, op=Op.ANSWER, given=answer("deny", message="n" * 2000))
+    assert plan.result[0] == Out.TOO_MANY and not plan.write
+    assert rules.put_input(snap(full), keys=K, op=Op.ANSWER, given=answer("deny", message="no")).result[0] == Out.OK
+    # The fail-closed expiry is never refused for size.
+    plan = rules.put_input(snap(full, held()), keys=K, op=Op.EXPIRE, given=RunInput(id="req-1"),
+                           session_id=SESSION, epoch=3, now=500.0)
+    assert plan.result[0] == Out.OK and plan.write

@@ -449,8 +449,12 @@ async def test_steer_through_chat_and_cancel_a_queued_run(cluster: Cluster, gw: 
                             json=chat(thread, "say no", "enqueue"))).status_code == 202
     async with httpx.AsyncClient(trust_env=False, timeout=30, headers={"Authorization": "Bearer key-beta"}) as beta:
         assert (await beta.delete(f"{gw.url}/api/threads/{thread}/queue/{queued}")).status_code == 404
+        # ... and so is its URL-encoded form ("%2F" reaches the router as "/").
+        encoded = queued.replace("/", "%2F")
+        assert (await beta.delete(f"{gw.url}/api/threads/{thread}/queue/{encoded}")).status_code == 404
         assert (await beta.get(f"{gw.url}/api/runs/{queued}")).status_code == 404
-    gone = await http.delete(f"{gw.url}/api/threads/{thread}/queue/{queued}")
+    assert [q["runId"] for q in (await http.get(f"{gw.url}/api/threads/{thread}/queue")).json()["queue"]] == [queued]
+    gone = await http.delete(f"{gw.url}/api/threads/{thread}/queue/{queued.replace('/', '%2F')}")
     assert gone.status_code == 200 and gone.json() == {"removed": True}
     assert (await http.delete(f"{gw.url}/api/threads/{thread}/queue/{queued}")).status_code == 404
     chunks = await whole_log(http, gw, first)

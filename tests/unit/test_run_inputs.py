@@ -2,13 +2,15 @@
 expires and closes, from the chunks it replays and the record it watches."""
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 
 import pytest
 
+from baton.ids import input_id_for, validate_input_id
 from baton.transcript import build_transcript
-from sandbox_host.run_inputs import CloseInput, Deliver, Expire, InputDesk, Register
+from sandbox_host.run_inputs import NO_ROOM, CloseInput, Deliver, Expire, InputDesk, Register, record_tool_input
 from sandbox_host.translate import translator_for
 
 pytestmark = pytest.mark.unit
@@ -281,12 +283,61 @@ def test_an_ask_whose_id_a_message_holds_is_denied_under_another_inbox_id() -> N
     assert desk.pending_approvals() == []
 
 
-def test_a_request_id_the_relay_cannot_carry_gets_a_derived_inbox_id() -> None:
-    odd = {**ASK, "request_id": "bad id/with spaces"}
+@pytest.mark.parametrize("raw", ["bad id/with spaces", "eof", "x" * 200, "\u00e9t\u00e9", "-lead"])
+def test_a_request_id_that_is_no_input_id_gets_a_derived_approval_id_on_every_replay(raw: str) -> None:
+    # The agent picks its request ids; one a user cannot name in a URL or the relay cannot
+    # carry gets an approval id derived from it, the same on every host (a takeover replays
+    # the journal and must find the approval its predecessor stored).
+    aid = input_id_for(raw)
+    assert aid == input_id_for(raw) and aid.startswith("a-") and len(aid) == 42
+    assert validate_input_id(aid, "approvalId") == aid
+    assert input_id_for("req-1") == "req-1"  # an input id stays as the agent chose it
+    assert input_id_for("half \ud800") == "a-" + hashlib.sha256(b"half \xed\xa0\x80").hexdigest()[:40]
+    odd = {**ASK, "request_id": raw}
+    chunks = _translate(INIT, TOOL_USE, odd)
+    assert chunks == _translate(INIT, TOOL_USE, odd)
+    [custom] = [c for c in chunks if c.get("name") == "approval-requested"]
+    assert custom["value"]["approval"]["id"] == aid and custom["value"]["requestId"] == raw
+    [act] = [c for c in chunks if c["type"] == "ACTIVITY_SNAPSHOT"]
+    assert act["messageId"] == f"approval:{aid}" and act["content"]["interrupt"]["id"] == aid
     desk = _desk()
-    desk.saw(_translate(odd))
-    desk.on_record([Inp("bad id/with spaces", state="answered", decision="allow")])
+    [asked] = desk.saw(chunks)
+    assert asked.id == aid  # what the host registers on the record (the coordinator checks it)
+    desk.registered_ask(aid)
+    desk.on_record([Inp(aid, state="answered", decision="allow")])
     [d] = desk.actions(0.0)
-    assert d.input_id == desk.inbox_id("bad id/with spaces") and d.input_id.startswith("a-")
-    assert json.loads(d.payload)["response"]["request_id"] == "bad id/with spaces"
-    assert d.key == "bad id/with spaces"
+    # Delivered under the derived id, answered under the agent's own request id.
+    assert d.input_id == aid and d.key == aid
+    assert json.loads(d.payload)["response"]["request_id"] == raw
+    # The relay's echo names the same approval, so it is delivered once and the transcript
+    # shows the answer under the approval's id.
+    echo = {"type": "baton_input", "id": d.input_id, "input": json.loads(d.payload)}
+    full = _translate(INIT, TOOL_USE, odd, echo)
+    [answer] = [c for c in full if c["type"] == "ACTIVITY_SNAPSHOT" and c["activityType"] == "approval_answer"]
+    assert answer["messageId"] == f"approval:{aid}:answer" and answer["content"]["approvalId"] == aid
+    assert answer["content"]["toolCallId"] == "toolu_1"
+    desk.saw(full[len(chunks):])
+    assert desk.pending_approvals() == [] and desk.actions(0.0) == []
+
+
+def test_a_tool_input_the_record_cannot_hold_is_stored_as_a_preview() -> None:
+    # A Write of a 100 KB file: the coordinator refuses a tool input over 64 KiB, and an ask
+    # it refuses would be retried for ever (the agent left waiting), so the record keeps a preview.
+    assert record_tool_input({"command": "ls"}) == '{"command":"ls"}'
+    stored = json.loads(record_tool_input({"content": "é" * 60_000}))
+    assert stored["truncated"] is True and stored["bytes"] == len(json.dumps({"content": "é" * 60_000},
+                                                                            separators=(",", ":"), ensure_ascii=False).encode())
+    assert stored["preview"].startswith('{"content":"éé') and len(record_tool_input({"content": "é" * 60_000}).encode()) < 9000
+    # A lone surrogate from the journal (JSON "\ud800") cannot go in a UTF-8 record as is.
+    odd = record_tool_input(json.loads('{"x":"\\ud800"}'))
+    odd.encode()
+    assert json.loads(odd) == {"x": "\ud800"}
+
+
+def test_an_ask_the_record_has_no_room_for_is_denied_with_why() -> None:
+    desk = _desk()
+    desk.saw(_translate(INIT, TOOL_USE, ASK))
+    desk.refuse("req-1", NO_ROOM)
+    [d] = desk.actions(0.0)
+    inner = json.loads(d.payload)["response"]["response"]
+    assert isinstance(d, Deliver) and inner == {"behavior": "deny", "message": NO_ROOM}
