@@ -27,6 +27,22 @@ def test_json_mode_flattens_arrays_and_refuses_bad_input() -> None:
         assert exc.value.status == 400
 
 
+def test_json_depth_is_judged_without_parsing() -> None:
+    limit = P.MAX_JSON_DEPTH
+    assert not P.json_too_deep(b"[" * limit + b"]" * limit)
+    assert P.json_too_deep(b"[" * (limit + 1) + b"]" * (limit + 1))
+    assert P.json_too_deep(b"[" * 1_000_000)  # no recursion, whatever the depth
+    # Without a run of brackets: [[1],[[1],[[1],...]]] nests one level per element.
+    assert P.json_too_deep(b"[" + b"[[1]," * limit + b"1" + b"]" * (limit + 1))
+    # Brackets in strings (escaped quotes and backslashes included) are text.
+    assert not P.json_too_deep(b'{"a":"' + b"[{" * 5000 + b'\\""}')
+    assert not P.json_too_deep(b'["\\\\", "\\"[[[", ' + b'"[",' * 100 + b"1]")
+    assert P.json_too_deep(b'["\\\\",' + b"[" * 70 + b"]" * 70 + b"]")
+    with pytest.raises(P.ProtocolError) as exc:
+        P.process_json_append(b"[" * 100_000 + b"]" * 100_000)
+    assert (exc.value.status, exc.value.reason) == (400, f"Invalid JSON: nested deeper than {limit} levels")
+
+
 def test_producer_headers_all_or_none_and_strict_numbers() -> None:
     # Headers by lower-case name, as the app passes them (and as Starlette's Headers looks up).
     pid, epoch, seq = P.PRODUCER_ID.lower(), P.PRODUCER_EPOCH.lower(), P.PRODUCER_SEQ.lower()

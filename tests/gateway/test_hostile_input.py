@@ -12,7 +12,7 @@ import httpx
 
 from baton.coordinator_client import CoordinatorClient
 from baton.v1 import runs_pb2
-from gateway._service import check_agent
+from gateway._service import MAX_JSON_DEPTH, check_agent
 from tests.conftest import unique
 from tests.gateway.conftest import Gateway, claude_journal
 
@@ -63,3 +63,27 @@ async def test_a_symlink_out_of_the_replay_dirs_is_never_offered(make_gateway: A
     assert offered == ["claude-stream-json/hello.jsonl", None, None], offered
     default = check_agent(None, [allowed], "replay")
     assert default.options["journal"] == str((allowed / "claude-stream-json" / "hello.jsonl").resolve())
+
+
+# --- Durable Streams (/ds) -------------------------------------------------------------------
+
+
+async def test_a_deeply_nested_json_append_is_the_protocols_400(gateway: Gateway, http: httpx.AsyncClient) -> None:
+    # Past Python's recursion limit the parser itself used to fail (500 INTERNAL); depth is
+    # checked before parsing, at the same limit as /api/chat's.
+    url = f"{gateway.url}/ds/{unique('deep')}"
+    json_ct = {"Content-Type": "application/json"}
+    assert (await http.put(url, headers=json_ct)).status_code == 201
+    for depth in (100_000, MAX_JSON_DEPTH + 1):
+        r = await http.post(url, content=b"[" * depth + b"]" * depth, headers=json_ct)
+        assert r.status_code == 400, (depth, r.status_code, r.text)
+        assert r.text == f"Invalid JSON: nested deeper than {MAX_JSON_DEPTH} levels"
+    # Brackets inside strings are text, not nesting; the limit itself is accepted.
+    ok = [b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH, b'{"a":"' + b"[{" * 5000 + b'\\""}']
+    for body in ok:
+        r = await http.post(url, content=body, headers=json_ct)
+        assert r.status_code == 204, r.text
+    r = await http.put(f"{gateway.url}/ds/{unique('deep')}", content=b"[" * 100_000 + b"]" * 100_000,
+                       headers=json_ct)
+    assert r.status_code == 400 and r.text.startswith("Invalid JSON: nested deeper"), r.text
+
