@@ -60,6 +60,7 @@ class DurableStreams:
             # first of repeated headers winning (as Starlette's); others are not decoded.
             h = {k.decode("latin-1"): v.decode("latin-1") for k, v in reversed(scope["headers"]) if k in _READ}
             tenant = tenant_of_header(h.get("authorization", ""), self.api_keys) if self.api_keys else ""
+            P.check_stream_path(public)
             if public.startswith(RUNS) and self.runs is not None:
                 # A run id is baton's own name, not a client's stream path: escapes decoded.
                 resp: Response = await self.runs(Request(scope, receive), unquote(public[len(RUNS):]), tenant)
@@ -79,7 +80,7 @@ class DurableStreams:
             if method == "POST":
                 return await handlers.post(h, receive, path)
             if method == "PUT":
-                return await handlers.put(Request(scope, receive), path, qualify)
+                return await handlers.put(Request(scope, receive), path, public, qualify)
             if method == "GET":
                 return await handlers.get(Request(scope, receive), path, public)
             if method == "HEAD":
@@ -189,7 +190,7 @@ PREFIX = "/ds"
 
 
 def settings_from_env(env: Mapping[str, str]) -> tuple[DSSettings, StoreConfig]:
-    """``BATON_DS_LONG_POLL_S``, ``BATON_DS_MAX_APPEND_BYTES``, ``BATON_DS_REPLICAS``,
+    """``BATON_DS_LONG_POLL_S``, ``BATON_DS_MAX_APPEND_BYTES``, ``BATON_DS_PUBLIC_URL``, ``BATON_DS_REPLICAS``,
     ``BATON_DS_MAX_BYTES``, ``BATON_DS_MAX_STREAMS_PER_TENANT``, ``BATON_DS_MAX_BYTES_PER_TENANT``
     (docs/design.md §9).
 
@@ -203,8 +204,12 @@ def settings_from_env(env: Mapping[str, str]) -> tuple[DSSettings, StoreConfig]:
         except ValueError as exc:
             raise ValueError(f"{name} must be a number, got {raw!r}") from exc
 
+    public_url = env.get("BATON_DS_PUBLIC_URL", "")
+    if public_url and (not public_url.startswith(("http://", "https://")) or P.has_control(public_url)):
+        raise ValueError(f"BATON_DS_PUBLIC_URL must be an http(s) URL, got {public_url!r}")
     ds = DSSettings(long_poll_timeout=num("BATON_DS_LONG_POLL_S", DSSettings.long_poll_timeout),
-                    max_append_bytes=int(num("BATON_DS_MAX_APPEND_BYTES", DSSettings.max_append_bytes)))
+                    max_append_bytes=int(num("BATON_DS_MAX_APPEND_BYTES", DSSettings.max_append_bytes)),
+                    public_url=public_url)
     def count(name: str, default: int) -> int:
         v = int(num(name, default))
         if v < 0:

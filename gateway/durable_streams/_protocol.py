@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from itertools import accumulate, count
 from typing import Any
+from urllib.parse import unquote
 
 # Header names (PROTOCOL.md §5).
 NEXT_OFFSET = "Stream-Next-Offset"
@@ -67,6 +68,8 @@ _NONNEG = re.compile(r"0|[1-9][0-9]*")
 _DIGITS = re.compile(r"[0-9]+")
 _CONTENT_TYPE = re.compile(r"[\w.+-]+/[\w.+-]+")
 MAX_SAFE_INT = 2**53 - 1
+# C0 controls and DEL: never part of a stream name (they cannot travel in a header either).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 #: Deepest JSON nesting an append may hold, as ``/api/chat`` (``gateway._service.MAX_JSON_DEPTH``):
 #: the parser and the serialiser recurse, so deeper input would end in a ``RecursionError``.
 MAX_JSON_DEPTH = 64
@@ -86,6 +89,25 @@ class ProtocolError(Exception):
         self.status = status
         self.reason = reason
         self.headers = headers or {}
+
+
+def has_control(text: str) -> bool:
+    """Whether ``text`` holds a C0 control character or DEL."""
+    return _CONTROL.search(text) is not None
+
+
+def check_stream_path(public: str) -> None:
+    """Refuse a stream path (as sent, percent-escapes kept) naming a control character.
+
+    A NUL, CR, LF or any other C0 control or DEL, raw or percent-escaped (``%00``, ``%0A``),
+    is refused before anything is read or made: such a name could not be echoed in a
+    ``Location`` header (a NUL one dropped the connection after the stream was created).
+
+    Raises:
+        ProtocolError: 400.
+    """
+    if has_control(public) or ("%" in public and has_control(unquote(public))):
+        raise ProtocolError(400, "Invalid stream path: control characters are not allowed")
 
 
 def make_offset(position: int, read_seq: int = 0) -> str:

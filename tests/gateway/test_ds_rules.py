@@ -90,3 +90,27 @@ def test_the_stream_path_is_the_path_as_sent_under_the_mount() -> None:
     # No raw path, or a mount prefix sent escaped: the decoded path under the root.
     assert stream_path(scope(None, "/ds/streams/a/b")) == "/streams/a/b"
     assert stream_path(scope(b"/d%73/a%2Fb", "/ds/a/b")) == "/a/b"
+
+
+def test_location_comes_from_the_settings_or_the_accepting_socket_never_host() -> None:
+    from gateway.durable_streams._app import settings_from_env
+    from gateway.durable_streams._routes import location
+
+    scope = {"type": "http", "scheme": "http", "server": ("::1", 8080), "root_path": "/ds",
+             "headers": [(b"host", b"evil.example")]}
+    assert location(scope, "/a%2Fb") == "http://[::1]:8080/ds/a%2Fb"
+    assert location(scope, "/a%2Fb", "https://baton.example/ds/") == "https://baton.example/ds/a%2Fb"
+    assert location({**scope, "server": None}, "/s") == "/ds/s"
+    ds, _ = settings_from_env({"BATON_DS_PUBLIC_URL": "https://baton.example/ds"})
+    assert ds.public_url == "https://baton.example/ds"
+    for bad in ("baton.example/ds", "https://x/\r\nSet-Cookie: a=b"):
+        with pytest.raises(ValueError, match="BATON_DS_PUBLIC_URL"):
+            settings_from_env({"BATON_DS_PUBLIC_URL": bad})
+
+
+def test_stream_paths_with_control_characters_are_refused() -> None:
+    P.check_stream_path("/a%2Fb/%E2%9C%93 x")
+    for bad in ("/a%00b", "/a%0Ab", "/a%0db", "/a%7F", "/a\x01b", "/%1f"):
+        with pytest.raises(P.ProtocolError) as exc:
+            P.check_stream_path(bad)
+        assert exc.value.status == 400

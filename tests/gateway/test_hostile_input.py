@@ -87,3 +87,26 @@ async def test_a_deeply_nested_json_append_is_the_protocols_400(gateway: Gateway
                        headers=json_ct)
     assert r.status_code == 400 and r.text.startswith("Invalid JSON: nested deeper"), r.text
 
+
+async def test_stream_names_with_control_characters_are_refused_before_anything_is_made(
+        gateway: Gateway, http: httpx.AsyncClient) -> None:
+    for escape in ("%00", "%0A", "%0D", "%0d%0a", "%1F", "%7F", "%09"):
+        name = f"/ds/{unique('z')}{escape}b"
+        r = await http.put(f"{gateway.url}{name}")
+        assert r.status_code == 400, (escape, r.status_code, r.text)
+        assert r.text == "Invalid stream path: control characters are not allowed"
+        assert "location" not in r.headers
+        # Nothing was created under the name, nor under the name with the character dropped.
+        for path in (name, name.replace(escape, "")):
+            assert (await http.head(f"{gateway.url}{path}")).status_code in (400, 404), path
+
+
+async def test_location_names_the_stream_and_never_the_clients_host(gateway: Gateway,
+                                                                    http: httpx.AsyncClient) -> None:
+    name = f"/ds/{unique('loc')}/a%2Fb"
+    r = await http.put(f"{gateway.url}{name}", headers={"Host": "evil.example"})
+    assert r.status_code == 201, r.text
+    location = r.headers["location"]
+    assert "evil.example" not in location
+    assert location == f"{gateway.url}{name}"  # the address the gateway listens on, the path as sent
+
