@@ -13,8 +13,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocketClose
 
 from baton import errors as e
-from gateway._auth import tenant_of_header
-from gateway._errors import Unauthorized, error_body
+from gateway._auth import one_authorization, tenant_of_header
+from gateway._errors import SeveralCredentials, Unauthorized, error_body
 from gateway.durable_streams import _protocol as P
 from gateway.durable_streams._routes import DSSettings, Handlers, Reply, text
 from gateway.durable_streams._quota import QuotaLimits
@@ -23,9 +23,9 @@ from gateway.durable_streams._store import Conflict, StoreConfig, StreamStore
 log = logging.getLogger("gateway.durable_streams")
 
 RUNS = "/runs/"
-# The request headers DurableStreams.handle and Handlers.post read (ASGI names: lower case).
+# The request headers Handlers.post reads (ASGI names: lower case); auth reads its own.
 _READ = frozenset(n.lower().encode() for n in (
-    "authorization", "content-type", P.CLOSED, P.SEQ, P.PRODUCER_ID, P.PRODUCER_EPOCH, P.PRODUCER_SEQ))
+    "content-type", P.CLOSED, P.SEQ, P.PRODUCER_ID, P.PRODUCER_EPOCH, P.PRODUCER_SEQ))
 
 
 class DurableStreams:
@@ -56,10 +56,13 @@ class DurableStreams:
         try:
             if method == "OPTIONS":
                 return Response(b"", status_code=204, headers=P.PREFLIGHT_HEADERS)
-            # The headers read from this dict (auth and an append's), by lower-case name, the
-            # first of repeated headers winning (as Starlette's); others are not decoded.
+            # The headers an append reads, by lower-case name, the first of repeated headers
+            # winning (as Starlette's); others are not decoded.
             h = {k.decode("latin-1"): v.decode("latin-1") for k, v in reversed(scope["headers"]) if k in _READ}
-            tenant = tenant_of_header(h.get("authorization", ""), self.api_keys) if self.api_keys else ""
+            tenant = ""
+            if self.api_keys:
+                sent = [v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"]
+                tenant = tenant_of_header(one_authorization(sent), self.api_keys)
             P.check_stream_path(public)
             if public.startswith(RUNS) and self.runs is not None:
                 # A run id is baton's own name, not a client's stream path: escapes decoded.
@@ -90,6 +93,8 @@ class DurableStreams:
             return text(405, "Method not allowed")
         except P.ProtocolError as exc:
             return text(exc.status, exc.reason, exc.headers)
+        except SeveralCredentials as exc:
+            return text(401, f"Unauthorized: {exc}", {"www-authenticate": "Bearer"})
         except Unauthorized:
             return text(401, "Unauthorized", {"www-authenticate": "Bearer"})
         except e.BatonError as exc:

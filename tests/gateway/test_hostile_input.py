@@ -110,3 +110,17 @@ async def test_location_names_the_stream_and_never_the_clients_host(gateway: Gat
     assert "evil.example" not in location
     assert location == f"{gateway.url}{name}"  # the address the gateway listens on, the path as sent
 
+
+async def test_duplicate_authorization_headers_are_refused(make_gateway: Any, http: httpx.AsyncClient) -> None:
+    # Two keys (two tenants): which one counts must never depend on which one a layer reads.
+    gw = await make_gateway(api_keys={"ka": "alpha", "kb": "beta"})
+    twice = [("Authorization", "Bearer ka"), ("Authorization", "Bearer kb")]
+    same_twice = [("Authorization", "Bearer ka"), ("Authorization", "Bearer ka")]
+    for headers in (twice, same_twice):
+        for method, path in (("GET", "/api/threads"), ("PUT", f"/ds/{unique('s')}"),
+                             ("POST", f"/ds/{unique('s')}")):
+            r = await http.request(method, f"{gw.url}{path}", headers=headers)
+            assert r.status_code == 401, (method, path, r.status_code, r.text)
+            assert "one Authorization header" in r.text, r.text
+    # One header still works.
+    assert (await http.get(f"{gw.url}/api/threads", headers=[("Authorization", "Bearer ka")])).status_code == 200

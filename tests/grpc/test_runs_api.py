@@ -232,6 +232,36 @@ async def test_tenancy_and_credentials(host: Any, make_gateway: Any, http: httpx
         assert "baton.v1.Runs" in names
 
 
+async def test_credentials_come_before_decoding_and_are_sent_once(make_gateway: Any) -> None:
+    gw = await make_gateway(keepalive=0.5, grpc_listen="127.0.0.1:0", api_keys={"ka": "alpha", "kb": "beta"})
+    a = [("authorization", "Bearer ka")]
+    corrupt = b"\x0a\x05ab"  # field 1, 5 bytes long, 2 sent: protobuf cannot decode it
+    UA, IA = grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.state.grpc_port}", options=CHANNEL_OPTIONS) as ch:
+        get_run = ch.unary_unary("/baton.v1.Runs/GetRun")
+        join_run = ch.unary_stream("/baton.v1.Runs/JoinRun")
+        # No credentials: UNAUTHENTICATED, whatever the bytes.
+        await _fails(get_run(corrupt), UA, "UNAUTHENTICATED")
+        await _fails(join_run(corrupt), UA, "UNAUTHENTICATED")
+        # With them: the request is INVALID_ARGUMENT (not UNKNOWN "Unexpected DecodeError").
+        meta = await _fails(get_run(corrupt, metadata=a), IA, "INVALID_ARGUMENT")
+        assert meta["field"] == "request"
+        await _fails(join_run(corrupt, metadata=a), IA, "INVALID_ARGUMENT")
+
+        # Two authorization entries: refused, whichever key each holds.
+        runs = pbg.RunsStub(ch)
+        for twice in ([("authorization", "Bearer ka"), ("authorization", "Bearer kb")],
+                      [("authorization", "Bearer nope"), ("authorization", "Bearer ka")],
+                      [("authorization", "Bearer ka"), ("authorization", "Bearer ka")]):
+            try:
+                await runs.ListAgents(pb.AgentListRequest(), metadata=twice)
+            except grpc.aio.AioRpcError as exc:
+                assert exc.code() == UA and "one Authorization header" in (exc.details() or ""), exc
+            else:
+                raise AssertionError(f"{twice} was accepted")
+        assert (await runs.ListAgents(pb.AgentListRequest(), metadata=a)).default_kind == "replay"
+
+
 async def test_unknown_run_and_offsets_before_a_new_run_as_over_http(grpc_gateway: Any, runs: pbg.RunsStub,
                                                                       dlog: Any) -> None:
     """Issue 12 over gRPC: an unknown run is NOT_FOUND after the bounded wait; an offset before
