@@ -139,7 +139,12 @@ async def test_bad_input_each_with_its_status_and_reason(host: Any, grpc_gateway
     assert meta["field"] == "threadId"
     meta = await _fails(runs.StartRun(start_request(thread, "r" * 1000)), IA, "INVALID_ARGUMENT")
     assert meta["field"] == "X-Run-Id" or meta["field"] == "runId"
-    await _fails(runs.JoinRun(pb.RunJoinRequest(run_id="")), IA, "INVALID_ARGUMENT")
+    await _fails(runs.JoinRun(pb.RunJoinRequest(run_id="", from_start=True)), IA, "INVALID_ARGUMENT")
+    # No position (or a false one): as HTTP without an offset, the caller is told what to send.
+    for no_position in (pb.RunJoinRequest(run_id=unique("run")), pb.RunJoinRequest(run_id=unique("run"), from_start=False),
+                        pb.RunJoinRequest(run_id=unique("run"), only_new=False)):
+        meta = await _fails(runs.JoinRun(no_position), IA, "INVALID_ARGUMENT")
+        assert meta["field"] == "position"
     await _fails(runs.GetRun(pb.RunGetRequest(run_id="x" * 1000)), IA, "INVALID_ARGUMENT")
     await _fails(runs.StartRun(start_request(thread, unique("run"), agent=runs_pb2.AgentSpec(kind="nope"))),
                  IA, "INVALID_ARGUMENT")
@@ -152,7 +157,8 @@ async def test_bad_input_each_with_its_status_and_reason(host: Any, grpc_gateway
     await _fails(runs.StartRun(big), IA, "BODY_TOO_LARGE")
     # Unknown run: NOT_FOUND at once, on every RPC that names one.
     missing = unique("missing")
-    assert (await _fails(runs.JoinRun(pb.RunJoinRequest(run_id=missing)), NF, "UNKNOWN_RUN"))["run_id"] == missing
+    assert (await _fails(runs.JoinRun(pb.RunJoinRequest(run_id=missing, from_start=True)), NF,
+                         "UNKNOWN_RUN"))["run_id"] == missing
     await _fails(runs.GetRun(pb.RunGetRequest(run_id=missing)), NF, "UNKNOWN_RUN")
     # A cancel of a run id with no run yet is kept for its start (issue 12), not refused.
     assert (await runs.CancelRun(pb.RunCancelRequest(run_id=missing))).run_id == missing
@@ -209,7 +215,7 @@ async def test_tenancy_and_credentials(host: Any, make_gateway: Any, http: httpx
         # Another tenant's run and thread do not exist for beta.
         NF = grpc.StatusCode.NOT_FOUND
         await _fails(runs.GetRun(pb.RunGetRequest(run_id=run), metadata=b), NF, "UNKNOWN_RUN")
-        await _fails(runs.JoinRun(pb.RunJoinRequest(run_id=run), metadata=b), NF, "UNKNOWN_RUN")
+        await _fails(runs.JoinRun(pb.RunJoinRequest(run_id=run, from_start=True), metadata=b), NF, "UNKNOWN_RUN")
         await _fails(runs.StartRun(start_request(thread, run), metadata=b), NF, "UNKNOWN_RUN")
         await _fails(runs.CancelRun(pb.RunCancelRequest(run_id=run), metadata=b), NF, "UNKNOWN_RUN")
         await _fails(runs.GetTranscript(pb.TranscriptRequest(thread_id=thread), metadata=b), NF, "UNKNOWN_THREAD")
