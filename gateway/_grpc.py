@@ -133,7 +133,7 @@ class RunsService:
     async def CancelRun(self, request: pb.RunCancelRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.RunCancelResponse:
         t = self._tenant(context)
         out = await self._svc.cancel(t, cancel_request_of(request, self._settings.cancel_wait))
-        resp = pb.RunCancelResponse(run_id=out.run_id, cancel_requested=True)
+        resp = pb.RunCancelResponse(run_id=out.run_id, cancel_requested=True, run_known=out.run_known)
         if out.view is not None:
             resp.run.CopyFrom(run_info(out.view.record, out.view.claim, out.view.reap_at))
             resp.confirmation_json = (json.dumps(out.confirmation, separators=(",", ":"))

@@ -84,7 +84,7 @@ async def test_cancel_with_wait_and_find_active(host: Any, grpc_gateway: Any, ru
     assert (await runs.FindActiveRun(pb.ActiveRunRequest(thread_id=thread))).run_id == ""
     # Cancelling a finished run: accepted, nothing changes.
     again = await runs.CancelRun(pb.RunCancelRequest(run_id=run))
-    assert again.cancel_requested and not again.HasField("run")
+    assert again.cancel_requested and again.run_known and not again.HasField("run")
 
 
 async def test_list_runs_pages_and_list_agents(host: Any, grpc_gateway: Any, runs: pbg.RunsStub) -> None:
@@ -161,8 +161,10 @@ async def test_bad_input_each_with_its_status_and_reason(host: Any, grpc_gateway
                          "UNKNOWN_RUN"))["run_id"] == missing
     await _fails(runs.GetRun(pb.RunGetRequest(run_id=missing)), NF, "UNKNOWN_RUN")
     # A cancel of a run id with no run yet is kept for its start (issue 12), not refused.
-    assert (await runs.CancelRun(pb.RunCancelRequest(run_id=missing))).run_id == missing
-    await _fails(runs.CancelRun(pb.RunCancelRequest(thread_id=unique("th"))), NF, "UNKNOWN_RUN")
+    for wait in (False, True):  # said to be unknown, at once: a wait does not wait for it
+        out = await runs.CancelRun(pb.RunCancelRequest(run_id=missing, wait=wait, timeout_seconds=60), timeout=10)
+        assert (out.run_id, out.cancel_requested, out.run_known, out.HasField("run")) == (missing, True, False, False)
+    await _fails(runs.CancelRun(pb.RunCancelRequest(thread_id=unique("th"))), NF, "UNKNOWN_THREAD")
     await _fails(runs.CancelRun(pb.RunCancelRequest()), IA, "INVALID_ARGUMENT")
     await _fails(runs.CancelRun(pb.RunCancelRequest(run_id=missing, wait=True, timeout_seconds=1e9)),
                  IA, "INVALID_ARGUMENT")
