@@ -91,11 +91,13 @@ class ClaudeCodeOptions(AgentOptions):
         model: ``--model``.
         max_turns: ``--max-turns``.
         permission_mode: ``--permission-mode``.
-        allowed_tools: ``--allowedTools`` (joined with commas).
-        disallowed_tools: ``--disallowedTools`` (joined with commas).
+        allowed_tools: ``--allowedTools=`` (joined with commas, one argument: a leading
+            "-" is part of the value, never a flag).
+        disallowed_tools: ``--disallowedTools=`` (likewise).
         include_partial_messages: ``--include-partial-messages`` (token deltas); also
             accepted as ``partial_messages``, its name in earlier records.
-        append_system_prompt: ``--append-system-prompt``.
+        append_system_prompt: ``--append-system-prompt=`` (one argument: a prompt may
+            start with "-", a Markdown list).
         approvals: ask the run's users before a tool that needs permission
             (``--permission-prompt-tool stdio``: docs/hitl.md); false: such a tool is
             denied, as headless Claude Code does.

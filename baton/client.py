@@ -202,11 +202,14 @@ class GatewayClient:
 
         Args:
             wait: return only once the run is terminal (the final run view, with the
-                host's ``confirmation``), else at once (``{"runId", "cancelRequested"}``).
+                host's ``confirmation``), else at once (``{"runId", "cancelRequested",
+                "runKnown"}``). A run id with no run answers at once, ``runKnown`` false
+                (the cancel is kept for its start).
             timeout: seconds the gateway waits when ``wait``.
 
         Raises:
-            UnknownRun: no such run (or no active run on the thread).
+            UnknownThread: by thread, a thread with no run. UnknownRun: another tenant's run,
+                or no active run on the thread.
             GatewayHTTPError: 504 when ``wait`` timed out.
         """
         body = {"runId": run_id} if run_id else {"threadId": thread_id}

@@ -88,6 +88,30 @@ def check_paths(paths: Iterable[str]) -> list[str]:
     return out
 
 
+def check_enums(message: Message, prefix: str) -> None:
+    """Refuse enum values the schema does not name, anywhere in ``message``.
+
+    Proto3 enums are open: a client may send any number (``status=99``) and protobuf keeps
+    it; stored, it would be a record no state rule knows. Walks every set field (nested and
+    repeated messages too; protobuf bounds the nesting).
+
+    Raises:
+        InvalidArgument: naming the field (``record.status``) for an unknown value.
+    """
+    for field, value in message.ListFields():
+        name = f"{prefix}.{field.name}" if prefix else field.name
+        repeated = field.is_repeated
+        if field.enum_type is not None:
+            known = field.enum_type.values_by_number
+            for v in (value if repeated else (value,)):
+                if v not in known:
+                    names = ", ".join(known[n].name for n in sorted(known))
+                    raise InvalidArgument(name, f"unknown value {v}: must be one of {names}")
+        elif field.message_type is not None and not field.message_type.GetOptions().map_entry:
+            for i, m in enumerate(value if repeated else (value,)):
+                check_enums(m, f"{name}[{i}]" if repeated else name)
+
+
 def apply_mask(current: RunRecord, patch: RunRecord, paths: Iterable[str]) -> RunRecord:
     """``current`` with every path in ``paths`` taken from ``patch``.
 

@@ -24,7 +24,7 @@ from baton.v1.runs_pb2 import Claim, RunRecord, RunStatus
 
 from coordinator import _etcd as E
 from coordinator import _intents
-from coordinator._records import check_paths
+from coordinator._records import check_enums, check_paths
 from coordinator._store import PURPOSES, RunStore, UpdateOutcome
 from coordinator._etcd import LeaseNotFound
 from coordinator._liveness import FastFailover, StreamKeeper
@@ -140,6 +140,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 validate_id(rec.parent_run_id, "record.parent_run_id")
             if rec.tenant:
                 validate_id(rec.tenant, "record.tenant")
+            check_enums(rec, "record")
             out, created = await self.store.create_or_resume(rec, request.interrupt_active,
                                                              timeout=self._budget(context))
             return pb.CreateOrResumeRunResponse(record=out, created=created)
@@ -167,6 +168,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 raise errors.InvalidArgument("update_mask", "must name at least one field")
             if request.epoch < 0:
                 raise errors.InvalidArgument("epoch", "must be >= 0")
+            check_enums(request.record, "record")
             outcome, rec = await self.store.update_run(
                 request.run_id, request.record, paths, request.epoch, request.session_id,
                 timeout=self._budget(context))

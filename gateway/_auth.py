@@ -8,13 +8,13 @@ existence of another tenant's run is not disclosed).
 from __future__ import annotations
 
 import hmac
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from starlette.requests import Request
 
 from baton import errors as e
 from baton.v1 import runs_pb2
-from gateway._errors import Unauthorized
+from gateway._errors import SeveralCredentials, Unauthorized
 
 
 def tenant_of(request: Request, api_keys: Mapping[str, str]) -> str:
@@ -28,11 +28,26 @@ def tenant_of(request: Request, api_keys: Mapping[str, str]) -> str:
         The tenant, or ``""`` when auth is disabled.
 
     Raises:
-        Unauthorized: auth is enabled and the header is missing or the key unknown.
+        Unauthorized: auth is enabled and the header is missing, sent more than once, or
+            the key unknown.
     """
     if not api_keys:
         return ""
-    return tenant_of_header(request.headers.get("authorization", ""), api_keys)
+    return tenant_of_header(one_authorization(request.headers.getlist("authorization")), api_keys)
+
+
+def one_authorization(values: Sequence[str]) -> str:
+    """The one ``Authorization`` value of a request (``""`` when it sends none).
+
+    Several are refused, whatever they say: which one counts must not depend on which one a
+    layer (a proxy, Starlette, grpc) happens to read, first or last.
+
+    Raises:
+        SeveralCredentials: more than one value.
+    """
+    if len(values) > 1:
+        raise SeveralCredentials()
+    return values[0] if values else ""
 
 
 def tenant_of_header(header: str, api_keys: Mapping[str, str]) -> str:

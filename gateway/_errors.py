@@ -31,8 +31,16 @@ log = logging.getLogger("gateway.errors")
 class Unauthorized(e.BatonError):
     """No or an unknown bearer API key (the key itself never appears in the message)."""
 
+    def __init__(self, problem: str = "a valid API key is required: send Authorization: Bearer <key>") -> None:
+        super().__init__(problem)
+
+
+class SeveralCredentials(Unauthorized):
+    """More than one ``Authorization`` header (gRPC: ``authorization`` metadata entry): refused
+    whatever they say, so which one counts never depends on the layer reading them."""
+
     def __init__(self) -> None:
-        super().__init__("a valid API key is required: send Authorization: Bearer <key>")
+        super().__init__("send one Authorization header, not several")
 
 
 class BodyTooLarge(e.BatonError):

@@ -17,7 +17,7 @@ import logging
 from typing import Any, Awaitable, Callable
 
 import grpc
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -25,7 +25,7 @@ from baton import errors as e
 from baton.ids import validate_id
 from baton.v1 import runs_pb2, runs_service_pb2 as pb
 from gateway import _grpc_wire
-from gateway._auth import tenant_of_header
+from gateway._auth import one_authorization, tenant_of_header
 from gateway._errors import grpc_status
 from gateway._grpc_input import cancel_request_of, join_request_of, list_runs_request_of, start_request_of
 from gateway._reader import RunRead, stream_log
@@ -72,11 +72,17 @@ class RunsService:
         self._settings = service.state.settings
 
     def _tenant(self, context: grpc.aio.ServicerContext[Any, Any]) -> str:
-        header = ""
-        for key, value in context.invocation_metadata() or ():
-            if key == "authorization":
-                header = value if isinstance(value, str) else value.decode("latin-1")
-        return tenant_of_header(header, self._settings.api_keys)
+        """The caller's tenant (``""`` without auth).
+
+        Raises:
+            Unauthorized: no or an unknown key; SeveralCredentials: more than one
+                ``authorization`` entry.
+        """
+        if not self._settings.api_keys:
+            return ""
+        sent = [value if isinstance(value, str) else value.decode("latin-1")
+                for key, value in context.invocation_metadata() or () if key == "authorization"]
+        return tenant_of_header(one_authorization(sent), self._settings.api_keys)
 
     async def _stream(self, context: grpc.aio.ServicerContext[Any, Any], read: RunRead) -> None:
         """Write the log's frames; a stream that ends without end/gap fails UNAVAILABLE."""
@@ -127,7 +133,7 @@ class RunsService:
     async def CancelRun(self, request: pb.RunCancelRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.RunCancelResponse:
         t = self._tenant(context)
         out = await self._svc.cancel(t, cancel_request_of(request, self._settings.cancel_wait))
-        resp = pb.RunCancelResponse(run_id=out.run_id, cancel_requested=True)
+        resp = pb.RunCancelResponse(run_id=out.run_id, cancel_requested=True, run_known=out.run_known)
         if out.view is not None:
             resp.run.CopyFrom(run_info(out.view.record, out.view.claim, out.view.reap_at))
             resp.confirmation_json = (json.dumps(out.confirmation, separators=(",", ":"))
@@ -212,11 +218,22 @@ class RunsService:
         return pb.AgentListResponse(default_kind=default, agents=[pb.AgentInfo(**i) for i in items])
 
 
-def _guard(fn: Handler) -> Handler:
-    """Map what a method raises to its gRPC status (never a stack trace to the client)."""
+def _guard(fn: Handler, request_type: type[Message], authenticate: Callable[[Any], object]) -> Handler:
+    """The method ``fn`` as served: credentials checked, then the request decoded, then the
+    call; what it raises mapped to its gRPC status (never a stack trace to the client).
 
-    async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+    The request arrives as bytes (no ``request_deserializer``): decoding it here puts the
+    credentials first (a caller without them learns nothing about what it sent) and makes an
+    undecodable message ``INVALID_ARGUMENT`` instead of grpc's ``UNKNOWN``.
+    """
+
+    async def call(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         try:
+            authenticate(context)
+            try:
+                request = request_type.FromString(raw)
+            except DecodeError:
+                raise e.InvalidArgument("request", f"is not a valid {request_type.DESCRIPTOR.full_name} message") from None
             return await fn(request, context)
         except e.BatonError as exc:
             await context.abort_with_status(grpc_status(exc))  # type: ignore[attr-defined]  # grpc-stubs' aio context lacks it
@@ -231,8 +248,9 @@ def _guard(fn: Handler) -> Handler:
 
 
 def generic_handler(service: RunsService) -> grpc.GenericRpcHandler[Any, Any]:
-    """The method table of ``baton.v1.Runs``. The streams have no response serializer: they
-    write ``RunEvent`` bytes framed by the reader."""
+    """The method table of ``baton.v1.Runs``. Requests are decoded by :func:`_guard` (after the
+    credentials); the streams have no response serializer: they write ``RunEvent`` bytes
+    framed by the reader."""
     unary: dict[str, tuple[type[Message], type[Message]]] = {
         "CancelRun": (pb.RunCancelRequest, pb.RunCancelResponse),
         "GetRun": (pb.RunGetRequest, pb.RunInfo),
@@ -247,14 +265,14 @@ def generic_handler(service: RunsService) -> grpc.GenericRpcHandler[Any, Any]:
         "ListQueuedRuns": (pb.QueueListRequest, pb.QueueListResponse),
         "CancelQueuedRun": (pb.QueueCancelRequest, pb.QueueCancelResponse),
     }
+    auth = service._tenant
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
-        name: grpc.unary_unary_rpc_method_handler(_guard(getattr(service, name)), request_deserializer=req.FromString,
+        name: grpc.unary_unary_rpc_method_handler(_guard(getattr(service, name), req, auth),
                                                   response_serializer=resp.SerializeToString)
         for name, (req, resp) in unary.items()
     }
     for name, req in (("StartRun", pb.RunStartRequest), ("JoinRun", pb.RunJoinRequest)):
-        handlers[name] = grpc.unary_stream_rpc_method_handler(_guard(getattr(service, name)),
-                                                              request_deserializer=req.FromString,
+        handlers[name] = grpc.unary_stream_rpc_method_handler(_guard(getattr(service, name), req, auth),
                                                               response_serializer=None)
     return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
 

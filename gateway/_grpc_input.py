@@ -84,15 +84,26 @@ def _workspace(ws: pb.Workspace) -> dict[str, Any]:
 
 
 def join_request_of(request: pb.RunJoinRequest) -> JoinRequest:
-    """``RunJoinRequest`` → a join: after an offset, only what is new, or from the start."""
+    """``RunJoinRequest`` → a join: after an offset, only what is new, or from the start.
+
+    As over HTTP (where a join without ``offset`` is a 400), the position is required: a
+    client that forgot it is told so rather than sent the whole log.
+
+    Raises:
+        InvalidArgument: a bad run id; no position, or ``from_start``/``only_new`` false
+            (field ``position``). InvalidOffset: a malformed ``after_offset``.
+    """
     run_id = validate_id(request.run_id, "runId")
     position = request.WhichOneof("position")
     if position == "after_offset":
         after = check_offset(request.after_offset)
     elif position == "only_new" and request.only_new:
         after = "now"
-    else:
+    elif position == "from_start" and request.from_start:
         after = "-1"
+    else:
+        raise e.InvalidArgument("position", "is required: from_start=true reads from the start, only_new=true "
+                                            "only what comes next, after_offset the rest after a chunk you hold")
     return JoinRequest(run_id, after)
 
 

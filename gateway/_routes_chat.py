@@ -98,14 +98,15 @@ async def active_run(request: Request) -> Response:
 
 
 async def cancel_chat(request: Request) -> Response:
-    """``POST /api/chat/cancel`` ``{runId | threadId}`` → 202; ``?wait=true`` → 200 once terminal, else 504."""
+    """``POST /api/chat/cancel`` ``{runId | threadId}`` → 202 ``{runId, cancelRequested, runKnown}``;
+    ``?wait=true`` → 200 once terminal, else 504 (a run id with no run: 202 ``runKnown`` false at once)."""
     st = state_of(request)
     t = tenant(request)
     body = await read_json_object(request, st.settings.max_body_bytes)
     req = cancel_request_of(body, request.query_params, st.settings.cancel_wait)
     out = await service_of(request).cancel(t, req)
     if out.view is None:
-        return JSONResponse({"runId": out.run_id, "cancelRequested": True}, status_code=202)
+        return JSONResponse({"runId": out.run_id, "cancelRequested": True, "runKnown": out.run_known}, status_code=202)
     doc = record_json(out.view.record, out.view.claim, out.view.reap_at)
     doc["confirmation"] = out.confirmation
     return JSONResponse(doc, status_code=200)

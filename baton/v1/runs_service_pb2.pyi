@@ -302,10 +302,12 @@ class RunCancelRequest(_message.Message):
     TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     thread_id: _builtins.str
-    """Cancel the thread's active run."""
+    """Cancel the thread's active run (NOT_FOUND UNKNOWN_THREAD for a thread with no run,
+    UNKNOWN_RUN for one with no active run).
+    """
     wait: _builtins.bool
     """Wait until the run is terminal (DEADLINE_EXCEEDED, reason CANCEL_WAIT_TIMEOUT, when
-    it is not within the timeout).
+    it is not within the timeout). A run id with no run answers at once (`run_known` false).
     """
     timeout_seconds: _builtins.float
     """Seconds to wait, in (0, 300]; 0 = the gateway's default."""
@@ -335,9 +337,14 @@ class RunCancelResponse(_message.Message):
     CANCEL_REQUESTED_FIELD_NUMBER: _builtins.int
     RUN_FIELD_NUMBER: _builtins.int
     CONFIRMATION_JSON_FIELD_NUMBER: _builtins.int
+    RUN_KNOWN_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     cancel_requested: _builtins.bool
     confirmation_json: _builtins.str
+    run_known: _builtins.bool
+    """False: no run has this id (yet). The cancel is kept for a start that comes later (a
+    mistyped id looks the same); `wait` does not wait for it.
+    """
     @_builtins.property
     def run(self) -> Global___RunInfo:
         """With `wait`: the terminal run, and the host's `run.cancelled` value as JSON ("" if none)."""
@@ -349,10 +356,11 @@ class RunCancelResponse(_message.Message):
         cancel_requested: _builtins.bool = ...,
         run: Global___RunInfo | None = ...,
         confirmation_json: _builtins.str = ...,
+        run_known: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_requested", b"cancel_requested", "confirmation_json", b"confirmation_json", "run", b"run", "run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_requested", b"cancel_requested", "confirmation_json", b"confirmation_json", "run", b"run", "run_id", b"run_id", "run_known", b"run_known"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

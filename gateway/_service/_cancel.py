@@ -11,7 +11,7 @@ from baton.runs import RUN_ACCEPTED, RUN_CANCELLED, TERMINAL_PB, is_host_chunk
 from baton.v1 import runs_pb2, sandbox_host_pb2
 from gateway._errors import CancelWaitTimeout
 from gateway._service._requests import CancelRequest
-from gateway._service._views import run_view_for
+from gateway._service._views import run_view_for, thread_visible_for
 from gateway._state import GatewayState
 
 log = logging.getLogger("gateway.cancel")
@@ -23,11 +23,13 @@ CONFIRMATION_READ_TIMEOUT = 2.0
 @dataclass(frozen=True)
 class CancelOutcome:
     """What a cancel did: the run, and with ``wait`` its terminal ``RunView`` and the host's
-    ``run.cancelled`` value (``None`` without ``wait``, or when not readable in time)."""
+    ``run.cancelled`` value (``None`` without ``wait``, or when not readable in time).
+    ``run_known`` false: no run had the id, the intent is kept for its start."""
 
     run_id: str
     view: Any | None = None
     confirmation: dict[str, Any] | None = None
+    run_known: bool = True
 
 
 async def visible_active(st: GatewayState, tenant_id: str, thread_id: str) -> runs_pb2.RunRecord | None:
@@ -36,6 +38,17 @@ async def visible_active(st: GatewayState, tenant_id: str, thread_id: str) -> ru
     if rec is None or (st.settings.auth_enabled and rec.tenant != tenant_id):
         return None
     return rec  # type: ignore[no-any-return]
+
+
+async def _thread_known(st: GatewayState, tenant_id: str, thread_id: str) -> bool:
+    """Whether the thread has a run ``tenant_id`` may see (with auth: the thread is its own)."""
+    if st.settings.auth_enabled:
+        try:
+            await thread_visible_for(st, tenant_id, thread_id, must_exist=True)
+        except e.UnknownThread:
+            return False
+        return True
+    return bool(await st.coordinator.list_runs(thread_id=thread_id, limit=1))
 
 
 async def request_cancel(st: GatewayState, run_id: str, reason: str) -> runs_pb2.RunRecord:
@@ -62,9 +75,13 @@ async def request_cancel(st: GatewayState, run_id: str, reason: str) -> runs_pb2
 async def cancel(st: GatewayState, tenant_id: str, req: CancelRequest) -> CancelOutcome:
     """Cancel ``req.run_id``, else ``req.thread_id``'s active run; with ``wait``, until terminal.
 
+    A run id with no run (yet) records the intent and answers at once, ``run_known``
+    false, ``wait`` or not: the run may never come (a mistyped id looks the same).
+
     Raises:
-        InvalidArgument: neither id. UnknownRun: no such (visible) run or active run.
-        CancelWaitTimeout: with ``wait``, the run was not terminal in time.
+        InvalidArgument: neither id. UnknownThread: by thread, a thread with no run the
+            caller may see. UnknownRun: by thread, no active run; by run id, another
+            tenant's run. CancelWaitTimeout: with ``wait``, the run was not terminal in time.
     """
     run_id = req.run_id
     by_thread = not run_id
@@ -73,6 +90,8 @@ async def cancel(st: GatewayState, tenant_id: str, req: CancelRequest) -> Cancel
             raise e.InvalidArgument("runId", "send a runId or a threadId")
         rec = await visible_active(st, tenant_id, req.thread_id)
         if rec is None:
+            if not await _thread_known(st, tenant_id, req.thread_id):
+                raise e.UnknownThread(req.thread_id)
             raise e.UnknownRun(f"(active run of thread {req.thread_id})")
         run_id = rec.run_id
     try:
@@ -85,10 +104,9 @@ async def cancel(st: GatewayState, tenant_id: str, req: CancelRequest) -> Cancel
         # that comes later is born cancelled. Another tenant's run stays unknown.
         if await st.coordinator.user_cancel(run_id, tenant_id, "user") is None:
             log.info("cancel of run %s before its start: intent recorded", run_id)
-            view = None
-        else:
-            view = await run_view_for(st, tenant_id, run_id)  # created meanwhile
-    if view is not None and view.record.status not in TERMINAL_PB:
+            return CancelOutcome(run_id, run_known=False)
+        view = await run_view_for(st, tenant_id, run_id)  # created meanwhile
+    if view.record.status not in TERMINAL_PB:
         await request_cancel(st, run_id, "user")
     if not req.wait:
         return CancelOutcome(run_id)
@@ -100,7 +118,7 @@ async def cancel(st: GatewayState, tenant_id: str, req: CancelRequest) -> Cancel
             if view.record.status in TERMINAL_PB:
                 break
         except e.UnknownRun:
-            pass  # an intent waiting for its start
+            pass  # created, then deleted by retention meanwhile: the timeout ends the wait
         if loop.time() >= deadline:
             raise CancelWaitTimeout(run_id, req.timeout)
         await asyncio.sleep(min(0.05, max(deadline - loop.time(), 0)))

@@ -13,8 +13,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocketClose
 
 from baton import errors as e
-from gateway._auth import tenant_of_header
-from gateway._errors import Unauthorized, error_body
+from gateway._auth import one_authorization, tenant_of_header
+from gateway._errors import SeveralCredentials, Unauthorized, error_body
 from gateway.durable_streams import _protocol as P
 from gateway.durable_streams._routes import DSSettings, Handlers, Reply, text
 from gateway.durable_streams._quota import QuotaLimits
@@ -23,9 +23,9 @@ from gateway.durable_streams._store import Conflict, StoreConfig, StreamStore
 log = logging.getLogger("gateway.durable_streams")
 
 RUNS = "/runs/"
-# The request headers DurableStreams.handle and Handlers.post read (ASGI names: lower case).
+# The request headers Handlers.post reads (ASGI names: lower case); auth reads its own.
 _READ = frozenset(n.lower().encode() for n in (
-    "authorization", "content-type", P.CLOSED, P.SEQ, P.PRODUCER_ID, P.PRODUCER_EPOCH, P.PRODUCER_SEQ))
+    "content-type", P.CLOSED, P.SEQ, P.PRODUCER_ID, P.PRODUCER_EPOCH, P.PRODUCER_SEQ))
 
 
 class DurableStreams:
@@ -56,10 +56,14 @@ class DurableStreams:
         try:
             if method == "OPTIONS":
                 return Response(b"", status_code=204, headers=P.PREFLIGHT_HEADERS)
-            # The headers read from this dict (auth and an append's), by lower-case name, the
-            # first of repeated headers winning (as Starlette's); others are not decoded.
+            # The headers an append reads, by lower-case name, the first of repeated headers
+            # winning (as Starlette's); others are not decoded.
             h = {k.decode("latin-1"): v.decode("latin-1") for k, v in reversed(scope["headers"]) if k in _READ}
-            tenant = tenant_of_header(h.get("authorization", ""), self.api_keys) if self.api_keys else ""
+            tenant = ""
+            if self.api_keys:
+                sent = [v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"]
+                tenant = tenant_of_header(one_authorization(sent), self.api_keys)
+            P.check_stream_path(public)
             if public.startswith(RUNS) and self.runs is not None:
                 # A run id is baton's own name, not a client's stream path: escapes decoded.
                 resp: Response = await self.runs(Request(scope, receive), unquote(public[len(RUNS):]), tenant)
@@ -79,7 +83,7 @@ class DurableStreams:
             if method == "POST":
                 return await handlers.post(h, receive, path)
             if method == "PUT":
-                return await handlers.put(Request(scope, receive), path, qualify)
+                return await handlers.put(Request(scope, receive), path, public, qualify)
             if method == "GET":
                 return await handlers.get(Request(scope, receive), path, public)
             if method == "HEAD":
@@ -89,6 +93,8 @@ class DurableStreams:
             return text(405, "Method not allowed")
         except P.ProtocolError as exc:
             return text(exc.status, exc.reason, exc.headers)
+        except SeveralCredentials as exc:
+            return text(401, f"Unauthorized: {exc}", {"www-authenticate": "Bearer"})
         except Unauthorized:
             return text(401, "Unauthorized", {"www-authenticate": "Bearer"})
         except e.BatonError as exc:
@@ -189,7 +195,7 @@ PREFIX = "/ds"
 
 
 def settings_from_env(env: Mapping[str, str]) -> tuple[DSSettings, StoreConfig]:
-    """``BATON_DS_LONG_POLL_S``, ``BATON_DS_MAX_APPEND_BYTES``, ``BATON_DS_REPLICAS``,
+    """``BATON_DS_LONG_POLL_S``, ``BATON_DS_MAX_APPEND_BYTES``, ``BATON_DS_PUBLIC_URL``, ``BATON_DS_REPLICAS``,
     ``BATON_DS_MAX_BYTES``, ``BATON_DS_MAX_STREAMS_PER_TENANT``, ``BATON_DS_MAX_BYTES_PER_TENANT``
     (docs/design.md §9).
 
@@ -203,8 +209,12 @@ def settings_from_env(env: Mapping[str, str]) -> tuple[DSSettings, StoreConfig]:
         except ValueError as exc:
             raise ValueError(f"{name} must be a number, got {raw!r}") from exc
 
+    public_url = env.get("BATON_DS_PUBLIC_URL", "")
+    if public_url and (not public_url.startswith(("http://", "https://")) or P.has_control(public_url)):
+        raise ValueError(f"BATON_DS_PUBLIC_URL must be an http(s) URL, got {public_url!r}")
     ds = DSSettings(long_poll_timeout=num("BATON_DS_LONG_POLL_S", DSSettings.long_poll_timeout),
-                    max_append_bytes=int(num("BATON_DS_MAX_APPEND_BYTES", DSSettings.max_append_bytes)))
+                    max_append_bytes=int(num("BATON_DS_MAX_APPEND_BYTES", DSSettings.max_append_bytes)),
+                    public_url=public_url)
     def count(name: str, default: int) -> int:
         v = int(num(name, default))
         if v < 0:

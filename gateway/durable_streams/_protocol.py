@@ -8,12 +8,15 @@ does, so offsets are opaque, strictly increasing, and compare correctly as strin
 from __future__ import annotations
 
 import json
+import operator
 import random
 import re
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import accumulate, count
 from typing import Any
+from urllib.parse import unquote
 
 # Header names (PROTOCOL.md §5).
 NEXT_OFFSET = "Stream-Next-Offset"
@@ -65,6 +68,14 @@ _NONNEG = re.compile(r"0|[1-9][0-9]*")
 _DIGITS = re.compile(r"[0-9]+")
 _CONTENT_TYPE = re.compile(r"[\w.+-]+/[\w.+-]+")
 MAX_SAFE_INT = 2**53 - 1
+# C0 controls and DEL: never part of a stream name (they cannot travel in a header either).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+#: Deepest JSON nesting an append may hold, as ``/api/chat`` (``gateway._service.MAX_JSON_DEPTH``):
+#: the parser and the serialiser recurse, so deeper input would end in a ``RecursionError``.
+MAX_JSON_DEPTH = 64
+# An opening bracket as 2, a closing one as 0, every other byte deleted (see json_too_deep).
+_BRACKETS = bytes.maketrans(b"[{]}", b"\x02\x02\x00\x00")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 CURSOR_EPOCH_S = 1728432000.0  # 2024-10-09T00:00:00Z, the reference's cursor epoch
 CURSOR_INTERVAL_S = 20
@@ -78,6 +89,25 @@ class ProtocolError(Exception):
         self.status = status
         self.reason = reason
         self.headers = headers or {}
+
+
+def has_control(text: str) -> bool:
+    """Whether ``text`` holds a C0 control character or DEL."""
+    return _CONTROL.search(text) is not None
+
+
+def check_stream_path(public: str) -> None:
+    """Refuse a stream path (as sent, percent-escapes kept) naming a control character.
+
+    A NUL, CR, LF or any other C0 control or DEL, raw or percent-escaped (``%00``, ``%0A``),
+    is refused before anything is read or made: such a name could not be echoed in a
+    ``Location`` header (a NUL one dropped the connection after the stream was created).
+
+    Raises:
+        ProtocolError: 400.
+    """
+    if has_control(public) or ("%" in public and has_control(unquote(public))):
+        raise ProtocolError(400, "Invalid stream path: control characters are not allowed")
 
 
 def make_offset(position: int, read_seq: int = 0) -> str:
@@ -172,8 +202,11 @@ def process_json_append(data: bytes, *, initial: bool = False) -> bytes:
         ``v1,v2,...,`` (each value compactly re-serialised); ``b""`` for ``[]`` on create.
 
     Raises:
-        ProtocolError: 400 on invalid JSON or an empty array on append.
+        ProtocolError: 400 on invalid JSON, JSON nested deeper than :data:`MAX_JSON_DEPTH`,
+            or an empty array on append.
     """
+    if json_too_deep(data):
+        raise ProtocolError(400, f"Invalid JSON: nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         parsed = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
@@ -187,6 +220,27 @@ def process_json_append(data: bytes, *, initial: bool = False) -> bytes:
     else:
         items = [parsed]
     return ("".join(_dump(v) + "," for v in items)).encode()
+
+
+def json_too_deep(data: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the JSON text ``data`` nests arrays/objects deeper than ``limit``, found
+    without parsing it (no recursion, whatever the depth).
+
+    Brackets inside strings do not count. Text that is not JSON gets an answer too (the
+    parser refuses it next). Cost: two ``bytes.count`` when there are at most ``limit``
+    opening brackets (most appends), else linear, in C: the strings dropped, then one pass
+    over the brackets (about 40 ns each).
+    """
+    if data.count(b"[") + data.count(b"{") <= limit:
+        return False
+    # Outside the strings: escaped backslashes and quotes dropped (JSON allows them only in
+    # strings), every other quote starts or ends one.
+    unescaped = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    steps = b"".join(unescaped.split(b'"')[::2]).translate(_BRACKETS, _NOT_BRACKETS)
+    if b"\x02" * (limit + 1) in steps:
+        return True  # a run of opening brackets: the usual shape of such input, found at once
+    # The depth after the k-th bracket is (sum of the first k steps) - k; all in C iterators.
+    return max(map(operator.sub, accumulate(steps), count(1)), default=0) > limit
 
 
 def _dump(value: Any) -> str:

@@ -11,7 +11,7 @@ from typing import AsyncIterator, Awaitable, Callable, Mapping
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
-from starlette.types import Receive
+from starlette.types import Receive, Scope
 
 from gateway.durable_streams import _protocol as P
 from gateway.durable_streams._model import Message, StreamState, Verdict
@@ -25,10 +25,33 @@ class DSSettings:
     Attributes:
         long_poll_timeout: seconds a long-poll (or an idle SSE wait) holds before answering.
         max_append_bytes: largest request body; more is refused with 413.
+        public_url: the ``/ds`` base URL as clients reach it (``https://baton.example/ds``),
+            for ``Location``; empty: the address the gateway accepted the connection on.
     """
 
     long_poll_timeout: float = 20.0
     max_append_bytes: int = 1_000_000
+    public_url: str = ""
+
+
+def location(scope: Scope, public: str, public_url: str = "") -> str:
+    """The ``Location`` of a created stream: ``public`` (the stream path under ``/ds``, as sent)
+    under ``public_url``, else under the address and port the connection was accepted on
+    (ASGI ``server``) and ``root_path``.
+
+    Never the request's ``Host`` header: a client (or whoever stands before the gateway) must
+    not choose where the answer points. The conformance suite wants an absolute URL.
+    """
+    if public_url:
+        return public_url.rstrip("/") + public
+    root: str = scope.get("root_path", "")
+    server = scope.get("server")
+    if not server:
+        return root + public
+    host, port = server
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{scope.get('scheme', 'http')}://{host}:{port}{root}{public}"
 
 
 def text(status: int, body: str = "", headers: Mapping[str, str] | None = None) -> Response:
@@ -107,7 +130,7 @@ class Handlers:
         self.store = store
         self.settings = settings
 
-    async def put(self, request: Request, path: str, qualify: Callable[[str], str]) -> Response:
+    async def put(self, request: Request, path: str, public: str, qualify: Callable[[str], str]) -> Response:
         h = request.headers
         forked_from = h.get(P.FORKED_FROM)
         ct = P.sanitize_create_content_type(h.get("content-type"))
@@ -139,7 +162,7 @@ class Handlers:
         st, created = await self.store.create(path, cfg, body)
         headers = {"content-type": st.content_type or P.DEFAULT_CONTENT_TYPE, P.NEXT_OFFSET: st.offset}
         if created:
-            headers["location"] = str(request.url.replace(query=""))
+            headers["location"] = location(request.scope, public, self.settings.public_url)
         if st.closed:
             headers[P.CLOSED] = "true"
         return Response(b"", status_code=201 if created else 200, headers=headers)

@@ -50,12 +50,15 @@ def prepare(options: ClaudeCodeOptions, *, prompt: str, resume: str | None = Non
         argv += ["--max-turns", str(options.max_turns)]
     if options.permission_mode is not None:
         argv += ["--permission-mode", options.permission_mode]
+    # Free text and tool patterns go as one "--option=value" element: a value starting with
+    # "-" (a prompt that is a Markdown list, "- be brief") stays the option's value, never a
+    # flag of its own, and legitimate values need no refusal ("model" is a name: refused).
     if options.allowed_tools:
-        argv += ["--allowedTools", ",".join(options.allowed_tools)]
+        argv.append("--allowedTools=" + ",".join(options.allowed_tools))
     if options.disallowed_tools:
-        argv += ["--disallowedTools", ",".join(options.disallowed_tools)]
+        argv.append("--disallowedTools=" + ",".join(options.disallowed_tools))
     if options.append_system_prompt is not None:
-        argv += ["--append-system-prompt", options.append_system_prompt]
+        argv.append("--append-system-prompt=" + options.append_system_prompt)
     if options.approvals:
         argv += ["--permission-prompt-tool", "stdio"]
     if resume is not None:

@@ -10,7 +10,7 @@ from baton.coordinator_client import CoordinatorClient, HostInfo, SandboxInstanc
 from baton.grpc_errors import from_rpc_error
 from baton.v1 import coordinator_pb2 as pb
 from baton.v1 import coordinator_pb2_grpc as pb_grpc
-from baton.v1.runs_pb2 import RunRecord
+from baton.v1.runs_pb2 import RunRecord, RunStatus
 
 BAD_IDS = {"empty": "", "too long": "x" * 257, "long multibyte": "é" * 129, "newline": "a\nb",
            "nul": "a\x00b", "escape": "\x1b[31m", "bidi override": "a\u202eb"}
@@ -54,6 +54,26 @@ async def test_256_byte_id_is_accepted(cc: CoordinatorClient) -> None:
     run_id = "r" * 256
     rec, created = await cc.create_or_resume_run(RunRecord(run_id=run_id, thread_id="é" * 128))
     assert created and (await cc.get_run(run_id)).record.run_id == run_id
+
+
+async def test_unknown_enum_values_are_refused_and_nothing_is_written(cc: CoordinatorClient, stub) -> None:  # type: ignore[no-untyped-def]
+    # Proto3 enums are open: status=99 decodes, and used to be stored.
+    rec, _ = await cc.create_or_resume_run(RunRecord(run_id="enum-run", thread_id="enum-th"))
+    for call in (lambda: cc.update_run(rec.run_id, RunRecord(status=99), ["status"]),  # type: ignore[arg-type]
+                 lambda: cc.create_or_resume_run(RunRecord(run_id="enum-run-2", thread_id="enum-th",
+                                                           status=99))):  # type: ignore[arg-type]
+        with pytest.raises(errors.InvalidArgument) as ei:
+            await call()
+        assert ei.value.field == "record.status" and "unknown value 99" in str(ei.value)
+    assert (await cc.get_run(rec.run_id)).record.status == rec.status
+    with pytest.raises(errors.UnknownRun):
+        await cc.get_run("enum-run-2")
+    with pytest.raises(grpc.aio.AioRpcError) as e2:
+        await stub.PutRunInput(pb.PutRunInputRequest(run_id=rec.run_id, op=99), timeout=5)  # type: ignore[arg-type]
+    assert e2.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # A known value is written.
+    outcome, after = await cc.update_run(rec.run_id, RunRecord(status=RunStatus.RUN_STATUS_INTERRUPTED), ["status"])
+    assert after is not None and after.status == RunStatus.RUN_STATUS_INTERRUPTED
 
 
 async def test_other_bad_fields(cc: CoordinatorClient, stub) -> None:  # type: ignore[no-untyped-def]

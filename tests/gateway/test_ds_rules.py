@@ -27,6 +27,22 @@ def test_json_mode_flattens_arrays_and_refuses_bad_input() -> None:
         assert exc.value.status == 400
 
 
+def test_json_depth_is_judged_without_parsing() -> None:
+    limit = P.MAX_JSON_DEPTH
+    assert not P.json_too_deep(b"[" * limit + b"]" * limit)
+    assert P.json_too_deep(b"[" * (limit + 1) + b"]" * (limit + 1))
+    assert P.json_too_deep(b"[" * 1_000_000)  # no recursion, whatever the depth
+    # Without a run of brackets: [[1],[[1],[[1],...]]] nests one level per element.
+    assert P.json_too_deep(b"[" + b"[[1]," * limit + b"1" + b"]" * (limit + 1))
+    # Brackets in strings (escaped quotes and backslashes included) are text.
+    assert not P.json_too_deep(b'{"a":"' + b"[{" * 5000 + b'\\""}')
+    assert not P.json_too_deep(b'["\\\\", "\\"[[[", ' + b'"[",' * 100 + b"1]")
+    assert P.json_too_deep(b'["\\\\",' + b"[" * 70 + b"]" * 70 + b"]")
+    with pytest.raises(P.ProtocolError) as exc:
+        P.process_json_append(b"[" * 100_000 + b"]" * 100_000)
+    assert (exc.value.status, exc.value.reason) == (400, f"Invalid JSON: nested deeper than {limit} levels")
+
+
 def test_producer_headers_all_or_none_and_strict_numbers() -> None:
     # Headers by lower-case name, as the app passes them (and as Starlette's Headers looks up).
     pid, epoch, seq = P.PRODUCER_ID.lower(), P.PRODUCER_EPOCH.lower(), P.PRODUCER_SEQ.lower()
@@ -74,3 +90,27 @@ def test_the_stream_path_is_the_path_as_sent_under_the_mount() -> None:
     # No raw path, or a mount prefix sent escaped: the decoded path under the root.
     assert stream_path(scope(None, "/ds/streams/a/b")) == "/streams/a/b"
     assert stream_path(scope(b"/d%73/a%2Fb", "/ds/a/b")) == "/a/b"
+
+
+def test_location_comes_from_the_settings_or_the_accepting_socket_never_host() -> None:
+    from gateway.durable_streams._app import settings_from_env
+    from gateway.durable_streams._routes import location
+
+    scope = {"type": "http", "scheme": "http", "server": ("::1", 8080), "root_path": "/ds",
+             "headers": [(b"host", b"evil.example")]}
+    assert location(scope, "/a%2Fb") == "http://[::1]:8080/ds/a%2Fb"
+    assert location(scope, "/a%2Fb", "https://baton.example/ds/") == "https://baton.example/ds/a%2Fb"
+    assert location({**scope, "server": None}, "/s") == "/ds/s"
+    ds, _ = settings_from_env({"BATON_DS_PUBLIC_URL": "https://baton.example/ds"})
+    assert ds.public_url == "https://baton.example/ds"
+    for bad in ("baton.example/ds", "https://x/\r\nSet-Cookie: a=b"):
+        with pytest.raises(ValueError, match="BATON_DS_PUBLIC_URL"):
+            settings_from_env({"BATON_DS_PUBLIC_URL": bad})
+
+
+def test_stream_paths_with_control_characters_are_refused() -> None:
+    P.check_stream_path("/a%2Fb/%E2%9C%93 x")
+    for bad in ("/a%00b", "/a%0Ab", "/a%0db", "/a%7F", "/a\x01b", "/%1f"):
+        with pytest.raises(P.ProtocolError) as exc:
+            P.check_stream_path(bad)
+        assert exc.value.status == 400

@@ -12,7 +12,7 @@ import httpx
 
 from baton.coordinator_client import CoordinatorClient
 from baton.v1 import runs_pb2
-from gateway._service import check_agent
+from gateway._service import MAX_JSON_DEPTH, check_agent
 from tests.conftest import unique
 from tests.gateway.conftest import Gateway, claude_journal
 
@@ -63,3 +63,64 @@ async def test_a_symlink_out_of_the_replay_dirs_is_never_offered(make_gateway: A
     assert offered == ["claude-stream-json/hello.jsonl", None, None], offered
     default = check_agent(None, [allowed], "replay")
     assert default.options["journal"] == str((allowed / "claude-stream-json" / "hello.jsonl").resolve())
+
+
+# --- Durable Streams (/ds) -------------------------------------------------------------------
+
+
+async def test_a_deeply_nested_json_append_is_the_protocols_400(gateway: Gateway, http: httpx.AsyncClient) -> None:
+    # Past Python's recursion limit the parser itself used to fail (500 INTERNAL); depth is
+    # checked before parsing, at the same limit as /api/chat's.
+    url = f"{gateway.url}/ds/{unique('deep')}"
+    json_ct = {"Content-Type": "application/json"}
+    assert (await http.put(url, headers=json_ct)).status_code == 201
+    for depth in (100_000, MAX_JSON_DEPTH + 1):
+        r = await http.post(url, content=b"[" * depth + b"]" * depth, headers=json_ct)
+        assert r.status_code == 400, (depth, r.status_code, r.text)
+        assert r.text == f"Invalid JSON: nested deeper than {MAX_JSON_DEPTH} levels"
+    # Brackets inside strings are text, not nesting; the limit itself is accepted.
+    ok = [b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH, b'{"a":"' + b"[{" * 5000 + b'\\""}']
+    for body in ok:
+        r = await http.post(url, content=body, headers=json_ct)
+        assert r.status_code == 204, r.text
+    r = await http.put(f"{gateway.url}/ds/{unique('deep')}", content=b"[" * 100_000 + b"]" * 100_000,
+                       headers=json_ct)
+    assert r.status_code == 400 and r.text.startswith("Invalid JSON: nested deeper"), r.text
+
+
+async def test_stream_names_with_control_characters_are_refused_before_anything_is_made(
+        gateway: Gateway, http: httpx.AsyncClient) -> None:
+    for escape in ("%00", "%0A", "%0D", "%0d%0a", "%1F", "%7F", "%09"):
+        name = f"/ds/{unique('z')}{escape}b"
+        r = await http.put(f"{gateway.url}{name}")
+        assert r.status_code == 400, (escape, r.status_code, r.text)
+        assert r.text == "Invalid stream path: control characters are not allowed"
+        assert "location" not in r.headers
+        # Nothing was created under the name, nor under the name with the character dropped.
+        for path in (name, name.replace(escape, "")):
+            assert (await http.head(f"{gateway.url}{path}")).status_code in (400, 404), path
+
+
+async def test_location_names_the_stream_and_never_the_clients_host(gateway: Gateway,
+                                                                    http: httpx.AsyncClient) -> None:
+    name = f"/ds/{unique('loc')}/a%2Fb"
+    r = await http.put(f"{gateway.url}{name}", headers={"Host": "evil.example"})
+    assert r.status_code == 201, r.text
+    location = r.headers["location"]
+    assert "evil.example" not in location
+    assert location == f"{gateway.url}{name}"  # the address the gateway listens on, the path as sent
+
+
+async def test_duplicate_authorization_headers_are_refused(make_gateway: Any, http: httpx.AsyncClient) -> None:
+    # Two keys (two tenants): which one counts must never depend on which one a layer reads.
+    gw = await make_gateway(api_keys={"ka": "alpha", "kb": "beta"})
+    twice = [("Authorization", "Bearer ka"), ("Authorization", "Bearer kb")]
+    same_twice = [("Authorization", "Bearer ka"), ("Authorization", "Bearer ka")]
+    for headers in (twice, same_twice):
+        for method, path in (("GET", "/api/threads"), ("PUT", f"/ds/{unique('s')}"),
+                             ("POST", f"/ds/{unique('s')}")):
+            r = await http.request(method, f"{gw.url}{path}", headers=headers)
+            assert r.status_code == 401, (method, path, r.status_code, r.text)
+            assert "one Authorization header" in r.text, r.text
+    # One header still works.
+    assert (await http.get(f"{gw.url}/api/threads", headers=[("Authorization", "Bearer ka")])).status_code == 200

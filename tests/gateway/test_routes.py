@@ -155,7 +155,7 @@ async def test_cancel_sets_the_durable_flag_and_answers_202(gateway: Gateway, ht
                                                             cc: CoordinatorClient) -> None:
     rec = await new_record(cc)
     r = await http.post(f"{gateway.url}/api/chat/cancel", json={"runId": rec.run_id})
-    assert r.status_code == 202 and r.json() == {"runId": rec.run_id, "cancelRequested": True}
+    assert r.status_code == 202 and r.json() == {"runId": rec.run_id, "cancelRequested": True, "runKnown": True}
     view = await cc.get_run(rec.run_id)
     assert view.record.cancel_requested
     # By thread id: the thread's active run.
@@ -178,6 +178,23 @@ async def test_cancel_wait_on_a_terminal_run_answers_the_final_record(
     await finish(cc, rec, runs_pb2.RUN_STATUS_ABORTED)
     r = await http.post(f"{gateway.url}/api/chat/cancel?wait=true", json={"runId": rec.run_id})
     assert r.status_code == 200 and r.json()["status"] == "aborted"
+
+
+async def test_cancel_of_a_run_not_started_says_so_at_once(gateway: Gateway, http: httpx.AsyncClient) -> None:
+    # The intent is kept for the run's start (issue 12); the answer says the run is not known
+    # (a mistyped id looks the same) and a wait does not wait on a run that may never come.
+    loop = asyncio.get_running_loop()
+    for params in ({}, {"wait": "true"}, {"wait": "true", "timeout": "60"}):
+        run_id = unique("not-yet-")
+        began = loop.time()
+        r = await http.post(f"{gateway.url}/api/chat/cancel", params=params, json={"runId": run_id})
+        assert r.status_code == 202, r.text
+        assert r.json() == {"runId": run_id, "cancelRequested": True, "runKnown": False}
+        assert loop.time() - began < 5, params
+    # By thread: a thread nobody ran is an unknown thread, not an unknown run.
+    thread_id = unique("no-such-thread-")
+    r = await http.post(f"{gateway.url}/api/chat/cancel", json={"threadId": thread_id})
+    assert r.status_code == 404 and r.json()["reason"] == "UNKNOWN_THREAD", r.text
 
 
 @pytest.mark.parametrize("body,params,status", [

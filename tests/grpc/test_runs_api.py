@@ -84,7 +84,7 @@ async def test_cancel_with_wait_and_find_active(host: Any, grpc_gateway: Any, ru
     assert (await runs.FindActiveRun(pb.ActiveRunRequest(thread_id=thread))).run_id == ""
     # Cancelling a finished run: accepted, nothing changes.
     again = await runs.CancelRun(pb.RunCancelRequest(run_id=run))
-    assert again.cancel_requested and not again.HasField("run")
+    assert again.cancel_requested and again.run_known and not again.HasField("run")
 
 
 async def test_list_runs_pages_and_list_agents(host: Any, grpc_gateway: Any, runs: pbg.RunsStub) -> None:
@@ -139,7 +139,12 @@ async def test_bad_input_each_with_its_status_and_reason(host: Any, grpc_gateway
     assert meta["field"] == "threadId"
     meta = await _fails(runs.StartRun(start_request(thread, "r" * 1000)), IA, "INVALID_ARGUMENT")
     assert meta["field"] == "X-Run-Id" or meta["field"] == "runId"
-    await _fails(runs.JoinRun(pb.RunJoinRequest(run_id="")), IA, "INVALID_ARGUMENT")
+    await _fails(runs.JoinRun(pb.RunJoinRequest(run_id="", from_start=True)), IA, "INVALID_ARGUMENT")
+    # No position (or a false one): as HTTP without an offset, the caller is told what to send.
+    for no_position in (pb.RunJoinRequest(run_id=unique("run")), pb.RunJoinRequest(run_id=unique("run"), from_start=False),
+                        pb.RunJoinRequest(run_id=unique("run"), only_new=False)):
+        meta = await _fails(runs.JoinRun(no_position), IA, "INVALID_ARGUMENT")
+        assert meta["field"] == "position"
     await _fails(runs.GetRun(pb.RunGetRequest(run_id="x" * 1000)), IA, "INVALID_ARGUMENT")
     await _fails(runs.StartRun(start_request(thread, unique("run"), agent=runs_pb2.AgentSpec(kind="nope"))),
                  IA, "INVALID_ARGUMENT")
@@ -152,11 +157,14 @@ async def test_bad_input_each_with_its_status_and_reason(host: Any, grpc_gateway
     await _fails(runs.StartRun(big), IA, "BODY_TOO_LARGE")
     # Unknown run: NOT_FOUND at once, on every RPC that names one.
     missing = unique("missing")
-    assert (await _fails(runs.JoinRun(pb.RunJoinRequest(run_id=missing)), NF, "UNKNOWN_RUN"))["run_id"] == missing
+    assert (await _fails(runs.JoinRun(pb.RunJoinRequest(run_id=missing, from_start=True)), NF,
+                         "UNKNOWN_RUN"))["run_id"] == missing
     await _fails(runs.GetRun(pb.RunGetRequest(run_id=missing)), NF, "UNKNOWN_RUN")
     # A cancel of a run id with no run yet is kept for its start (issue 12), not refused.
-    assert (await runs.CancelRun(pb.RunCancelRequest(run_id=missing))).run_id == missing
-    await _fails(runs.CancelRun(pb.RunCancelRequest(thread_id=unique("th"))), NF, "UNKNOWN_RUN")
+    for wait in (False, True):  # said to be unknown, at once: a wait does not wait for it
+        out = await runs.CancelRun(pb.RunCancelRequest(run_id=missing, wait=wait, timeout_seconds=60), timeout=10)
+        assert (out.run_id, out.cancel_requested, out.run_known, out.HasField("run")) == (missing, True, False, False)
+    await _fails(runs.CancelRun(pb.RunCancelRequest(thread_id=unique("th"))), NF, "UNKNOWN_THREAD")
     await _fails(runs.CancelRun(pb.RunCancelRequest()), IA, "INVALID_ARGUMENT")
     await _fails(runs.CancelRun(pb.RunCancelRequest(run_id=missing, wait=True, timeout_seconds=1e9)),
                  IA, "INVALID_ARGUMENT")
@@ -209,7 +217,7 @@ async def test_tenancy_and_credentials(host: Any, make_gateway: Any, http: httpx
         # Another tenant's run and thread do not exist for beta.
         NF = grpc.StatusCode.NOT_FOUND
         await _fails(runs.GetRun(pb.RunGetRequest(run_id=run), metadata=b), NF, "UNKNOWN_RUN")
-        await _fails(runs.JoinRun(pb.RunJoinRequest(run_id=run), metadata=b), NF, "UNKNOWN_RUN")
+        await _fails(runs.JoinRun(pb.RunJoinRequest(run_id=run, from_start=True), metadata=b), NF, "UNKNOWN_RUN")
         await _fails(runs.StartRun(start_request(thread, run), metadata=b), NF, "UNKNOWN_RUN")
         await _fails(runs.CancelRun(pb.RunCancelRequest(run_id=run), metadata=b), NF, "UNKNOWN_RUN")
         await _fails(runs.GetTranscript(pb.TranscriptRequest(thread_id=thread), metadata=b), NF, "UNKNOWN_THREAD")
@@ -230,6 +238,36 @@ async def test_tenancy_and_credentials(host: Any, make_gateway: Any, http: httpx
             iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
         names = [s.name async for r in refl for s in r.list_services_response.service]
         assert "baton.v1.Runs" in names
+
+
+async def test_credentials_come_before_decoding_and_are_sent_once(make_gateway: Any) -> None:
+    gw = await make_gateway(keepalive=0.5, grpc_listen="127.0.0.1:0", api_keys={"ka": "alpha", "kb": "beta"})
+    a = [("authorization", "Bearer ka")]
+    corrupt = b"\x0a\x05ab"  # field 1, 5 bytes long, 2 sent: protobuf cannot decode it
+    UA, IA = grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.state.grpc_port}", options=CHANNEL_OPTIONS) as ch:
+        get_run = ch.unary_unary("/baton.v1.Runs/GetRun")
+        join_run = ch.unary_stream("/baton.v1.Runs/JoinRun")
+        # No credentials: UNAUTHENTICATED, whatever the bytes.
+        await _fails(get_run(corrupt), UA, "UNAUTHENTICATED")
+        await _fails(join_run(corrupt), UA, "UNAUTHENTICATED")
+        # With them: the request is INVALID_ARGUMENT (not UNKNOWN "Unexpected DecodeError").
+        meta = await _fails(get_run(corrupt, metadata=a), IA, "INVALID_ARGUMENT")
+        assert meta["field"] == "request"
+        await _fails(join_run(corrupt, metadata=a), IA, "INVALID_ARGUMENT")
+
+        # Two authorization entries: refused, whichever key each holds.
+        runs = pbg.RunsStub(ch)
+        for twice in ([("authorization", "Bearer ka"), ("authorization", "Bearer kb")],
+                      [("authorization", "Bearer nope"), ("authorization", "Bearer ka")],
+                      [("authorization", "Bearer ka"), ("authorization", "Bearer ka")]):
+            try:
+                await runs.ListAgents(pb.AgentListRequest(), metadata=twice)
+            except grpc.aio.AioRpcError as exc:
+                assert exc.code() == UA and "one Authorization header" in (exc.details() or ""), exc
+            else:
+                raise AssertionError(f"{twice} was accepted")
+        assert (await runs.ListAgents(pb.AgentListRequest(), metadata=a)).default_kind == "replay"
 
 
 async def test_unknown_run_and_offsets_before_a_new_run_as_over_http(grpc_gateway: Any, runs: pbg.RunsStub,

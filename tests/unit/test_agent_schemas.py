@@ -76,8 +76,8 @@ def test_what_the_gateway_accepts_is_what_the_host_runs(tmp_path: pathlib.Path) 
                           "appendSystemPrompt": "be brief"}, [tmp_path], "replay")
     launch = prepare_agent(choice.kind, choice.options, prompt="hi")
     assert launch.argv == ("claude", "-p", "--input-format", "stream-json", "--output-format", "stream-json", "--verbose", "--include-partial-messages",
-                           "--model", "sonnet", "--max-turns", "3", "--allowedTools", "Read,Edit",
-                           "--append-system-prompt", "be brief")
+                           "--model", "sonnet", "--max-turns", "3", "--allowedTools=Read,Edit",
+                           "--append-system-prompt=be brief")
     codex = check_agent({"kind": "codex", "profile": "ci", "sandbox": "read-only"}, [tmp_path], "replay")
     assert prepare_agent(codex.kind, codex.options, prompt="hi").argv == (
         "codex", "exec", "--json", "--sandbox", "read-only", "--profile", "ci", "--skip-git-repo-check", "-")
@@ -134,14 +134,31 @@ def _http_body_to_launch(agent: dict, tmp_path: pathlib.Path):  # type: ignore[n
     return first
 
 
+def test_option_values_starting_with_a_dash_never_become_flags(tmp_path: pathlib.Path) -> None:
+    # A value is one argv element with its option ("--opt=value"): a prompt that is a Markdown
+    # list stays a prompt, and "--dangerously-skip-permissions" as a value is just text.
+    hostile = "--dangerously-skip-permissions"
+    launch = _http_body_to_launch({"kind": "claude-code", "allowedTools": [hostile, "Read"],
+                                   "disallowedTools": ["-x"], "appendSystemPrompt": hostile}, tmp_path)
+    assert hostile not in launch.argv and "-x" not in launch.argv
+    assert launch.argv[-3:] == (f"--allowedTools={hostile},Read", "--disallowedTools=-x",
+                                f"--append-system-prompt={hostile}")
+    listed = _http_body_to_launch({"kind": "claude-code", "appendSystemPrompt": "- be brief\n- cite files"}, tmp_path)
+    assert listed.argv[-1] == "--append-system-prompt=- be brief\n- cite files"
+    # A name is refused instead (it has no reason to start with "-").
+    with pytest.raises(InvalidArgument) as exc:
+        _http_body_to_launch({"kind": "claude-code", "model": hostile}, tmp_path)
+    assert exc.value.field == "agent.model"
+
+
 def test_contract_from_the_http_body_to_argv_and_env(tmp_path: pathlib.Path) -> None:
     """Issue 12 item 8: every option the HTTP API names reaches the agent's command line."""
     claude = _http_body_to_launch({"kind": "claude-code", "model": "sonnet", "maxTurns": 3, "permissionMode": "plan",
                                    "includePartialMessages": False, "allowedTools": ["Read"],
                                    "appendSystemPrompt": "be brief"}, tmp_path)
     assert claude.argv == ("claude", "-p", "--input-format", "stream-json", "--output-format", "stream-json", "--verbose", "--model", "sonnet",
-                           "--max-turns", "3", "--permission-mode", "plan", "--allowedTools", "Read",
-                           "--append-system-prompt", "be brief")
+                           "--max-turns", "3", "--permission-mode", "plan", "--allowedTools=Read",
+                           "--append-system-prompt=be brief")
     assert "--include-partial-messages" not in claude.argv  # false means false
     # The host's own (snake_case) names are the same options, accepted at the edge too.
     snake = _http_body_to_launch({"kind": "claude-code", "max_turns": 3, "include_partial_messages": False}, tmp_path)
