@@ -70,6 +70,18 @@ async def read_body(receive: Receive, limit: int) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)  # one chunk: no copy
 
 
+def created_location(request: Request) -> str:
+    """The ``Location`` of a stream just created: its URL with the path as the client sent it.
+
+    A stream is named by its path with percent-escapes kept (``stream_path``): the decoded
+    path (``request.url``) names another stream when it held ``%2F``, and is no header value
+    when it decodes to characters past latin-1 (``/ds/%E6%97%A5``).
+    """
+    url = request.url.replace(query="")
+    raw: bytes | None = request.scope.get("raw_path")
+    return str(url.replace(path=raw.decode("latin-1")) if raw else url)
+
+
 class Reply:
     """A bodiless answer given as raw ASGI headers (lower-case names), sent as is.
 
@@ -139,7 +151,7 @@ class Handlers:
         st, created = await self.store.create(path, cfg, body)
         headers = {"content-type": st.content_type or P.DEFAULT_CONTENT_TYPE, P.NEXT_OFFSET: st.offset}
         if created:
-            headers["location"] = str(request.url.replace(query=""))
+            headers["location"] = created_location(request)
         if st.closed:
             headers[P.CLOSED] = "true"
         return Response(b"", status_code=201 if created else 200, headers=headers)
