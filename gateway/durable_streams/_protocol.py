@@ -172,7 +172,8 @@ def process_json_append(data: bytes, *, initial: bool = False) -> bytes:
         ``v1,v2,...,`` (each value compactly re-serialised); ``b""`` for ``[]`` on create.
 
     Raises:
-        ProtocolError: 400 on invalid JSON or an empty array on append.
+        ProtocolError: 400 on invalid JSON (a lone surrogate escape included) or an empty
+            array on append.
     """
     try:
         parsed = json.loads(data.decode("utf-8"))
@@ -186,7 +187,12 @@ def process_json_append(data: bytes, *, initial: bool = False) -> bytes:
         items = parsed
     else:
         items = [parsed]
-    return ("".join(_dump(v) + "," for v in items)).encode()
+    try:
+        return ("".join(_dump(v) + "," for v in items)).encode()
+    except UnicodeEncodeError as exc:
+        # A lone surrogate sent as a \u escape ("\ud800") parses, but is no text UTF-8 can
+        # store or a reader parse back.
+        raise ProtocolError(400, "Invalid JSON: a lone surrogate (\\ud800-\\udfff) is not text") from exc
 
 
 def _dump(value: Any) -> str:
