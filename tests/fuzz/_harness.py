@@ -39,11 +39,12 @@ T = TypeVar("T")
 #: the test xfail (not strict), never pass silently; once fixed, the test passes.
 KNOWN_DEFECTS = {
     "ds-deep-json": "/ds JSON append nested 100,000 deep answers 500 (RecursionError)",
+    # Its cause was the Location header (the decoded path, NUL included): fixed on this
+    # branch with the other Location failures (raw path), so no run of the suite hits it.
     "ds-nul-path": "a /ds path with %00 (PUT /ds/z%00b) drops the connection",
     "grpc-corrupt-protobuf": "a request that does not parse (corrupt protobuf) answers UNKNOWN, not INVALID_ARGUMENT",
     # The same in grpcio's own health and reflection servicers (its deserializer, not baton's).
     "grpc-corrupt-protobuf-std": "health/reflection: a request that does not parse answers UNKNOWN (grpcio's servicers)",
-    "duplicate-authorization": "duplicate Authorization headers are handled inconsistently",
 }
 
 

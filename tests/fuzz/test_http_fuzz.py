@@ -167,8 +167,7 @@ def judge_http(world: World, by_route: dict[str, dict[str, int]]) -> Any:
         problem = _problem(out)
         if problem is None:
             return label, None
-        known = "duplicate-authorization" if sum(k == b"authorization" for k, _ in x.request.headers) > 1 else None
-        return label, Finding(i, f"[{x.gateway}] {x.request.describe()}", problem, known)
+        return label, Finding(i, f"[{x.gateway}] {x.request.describe()}", problem)
 
     return judge
 
