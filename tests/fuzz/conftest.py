@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 import urllib.parse
 from typing import Any, AsyncIterator
 
@@ -133,7 +134,9 @@ async def world(request: pytest.FixtureRequest, make_gateway: GatewayFactory, cc
             agent=runs_pb2.AgentSpec(kind="replay"), detach_on_disconnect=True))
         assert created
         await write_run(dlog, run_id, run_chunks(run_id, thread_id, [f"seeded {i}", " \u2028 \ud7ff 🙂"]))
-        await cc.update_run(run_id, runs_pb2.RunRecord(status=runs_pb2.RUN_STATUS_COMPLETED, finished_at=1.0),
+        # Finished now: a record that ended long ago is retention's to delete (30 days), and
+        # its sweep runs during a long fuzz run.
+        await cc.update_run(run_id, runs_pb2.RunRecord(status=runs_pb2.RUN_STATUS_COMPLETED, finished_at=time.time()),
                             paths=["status", "finished_at"])
         await transcripts.save(thread_id, [{"id": f"u{i}", "role": "user", "content": "hi"},
                                            {"id": f"a{i}", "role": "assistant", "content": f"seeded {i}"}])
