@@ -14,6 +14,8 @@ Budget (environment; ``make test`` uses the defaults):
 - ``BATON_FUZZ_SECONDS``: a deadline per surface; inputs not sent by then are not tried
   (the figures say how many were).
 - ``BATON_FUZZ_SEED`` (default 0) and ``BATON_FUZZ_CONCURRENCY`` (default 16).
+- ``BATON_FUZZ_WRITE=1`` (``make test-fuzz``): the summary also goes to
+  ``bench/results/fuzz.json``.
 - ``BATON_FUZZ_LOG=<file>``: one JSON line per input sent (index, outcome, seconds, the
   request and the start of the answer), to study what a run reached.
 """
@@ -24,6 +26,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import platform
 import time
 from typing import Any, Awaitable, Callable, Generic, Sequence, TypeVar
 
@@ -32,6 +35,7 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[2]
 #: Per-surface figures of the last run (``artifacts/`` is not versioned).
 FIGURES_DIR = REPO / "artifacts" / "fuzz"
+RESULTS = REPO / "bench" / "results" / "fuzz.json"
 
 T = TypeVar("T")
 
@@ -46,6 +50,12 @@ KNOWN_DEFECTS = {
     # The same in grpcio's own health and reflection servicers (its deserializer, not baton's).
     "grpc-corrupt-protobuf-std": "health/reflection: a request that does not parse answers UNKNOWN (grpcio's servicers)",
 }
+
+
+def fuzz_timeout() -> float:
+    """Seconds a fuzz test may take (pytest-timeout): its batch's deadline plus the
+    gateways' start, the seeding and the snapshots."""
+    return float(os.environ.get("BATON_FUZZ_SECONDS") or 60) + 90
 
 
 def log(entry: dict[str, Any]) -> None:
@@ -194,3 +204,8 @@ def terminal_summary(terminalreporter: Any, started: float) -> None:
         tr.write_line(f"{r['surface']:<14} {r['tried']:>6} {r['drawn']:>6} {r['seconds']:>8.1f} "
                       f"{r['violations']:>10}  {known}")
     tr.write_line(f"(figures: {FIGURES_DIR.relative_to(REPO)}/<surface>.json)")
+    if os.environ.get("BATON_FUZZ_WRITE") == "1":  # `make test-fuzz`; `make test` leaves the checkout alone
+        RESULTS.write_text(json.dumps({
+            "bench": "fuzz", "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            "surfaces": rows}, indent=2) + "\n")
+        tr.write_line(f"(written to {RESULTS.relative_to(REPO)})")

@@ -14,8 +14,10 @@ import random
 import time
 from typing import Any
 
+import pytest
+
 from tests.fuzz import _strategies as S
-from tests.fuzz._harness import Budget, Finding, Tally, conclude, log, run_batch
+from tests.fuzz._harness import Budget, Finding, Tally, conclude, log, run_batch, fuzz_timeout
 from tests.fuzz._raw_http import Outcome, Request, encode_segment, exchange, header_value
 from tests.fuzz.conftest import Names, World, assert_unchanged
 
@@ -169,6 +171,7 @@ def judge_ds(world: World) -> Any:
     return judge
 
 
+@pytest.mark.timeout(fuzz_timeout())
 async def test_durable_streams_fuzz(world: World) -> None:
     budget = Budget.from_env(DEFAULT_EXAMPLES)
     inputs = S.draw(ds_input, budget.examples, budget.seed, SURFACE)

@@ -24,8 +24,10 @@ from grpc_reflection.v1alpha import reflection_pb2
 from grpc_status import rpc_status
 
 from baton.v1 import runs_pb2, runs_service_pb2 as pb
+import pytest
+
 from tests.fuzz import _strategies as S
-from tests.fuzz._harness import Budget, Finding, Tally, conclude, log, run_batch
+from tests.fuzz._harness import Budget, Finding, Tally, conclude, log, run_batch, fuzz_timeout
 from tests.fuzz.conftest import Names, World, assert_unchanged
 
 NAMES = Names("grpc")
@@ -219,6 +221,7 @@ def judge_grpc(channels: dict[str, grpc.aio.Channel]) -> Any:
     return judge
 
 
+@pytest.mark.timeout(fuzz_timeout())
 async def test_grpc_fuzz(world: World) -> None:
     budget = Budget.from_env(DEFAULT_EXAMPLES)
     inputs = S.draw(grpc_input, budget.examples, budget.seed, SURFACE)

@@ -13,8 +13,10 @@ import random
 import time
 from typing import Any
 
+import pytest
+
 from tests.fuzz import _strategies as S
-from tests.fuzz._harness import Budget, Finding, Tally, conclude, log, run_batch
+from tests.fuzz._harness import Budget, Finding, Tally, conclude, log, run_batch, fuzz_timeout
 from tests.fuzz._raw_http import Outcome, Request, encode_segment, exchange, header_value
 from tests.fuzz.conftest import Names, World, assert_unchanged
 
@@ -192,6 +194,7 @@ def _problem(out: Outcome) -> str | None:
     return None
 
 
+@pytest.mark.timeout(fuzz_timeout())
 async def test_http_api_fuzz(world: World) -> None:
     budget = Budget.from_env(DEFAULT_EXAMPLES)
     inputs = S.draw(http_input, budget.examples, budget.seed, SURFACE)
