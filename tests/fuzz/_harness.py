@@ -160,7 +160,9 @@ def record(tally: Tally[Any], budget: Budget) -> dict[str, Any]:
         "violations": sum(1 for f in tally.findings if not f.known), **tally.notes,
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    figures["findings"] = [dataclasses.asdict(f) for f in sorted(tally.findings, key=lambda f: f.index)[:50]]
+    # New findings first, then a few of each known defect's.
+    ordered = sorted(tally.findings, key=lambda f: (f.known is not None, f.index))
+    figures["findings"] = [dataclasses.asdict(f) for f in ordered[:50]]
     FIGURES_DIR.mkdir(parents=True, exist_ok=True)
     (FIGURES_DIR / f"{tally.surface}.json").write_text(json.dumps(figures, indent=2) + "\n")
     return figures

@@ -55,7 +55,9 @@ def _json_text(plausible: S.Gen[Any]) -> S.Gen[str]:
     """JSON as a proto string: plausible or hostile, always valid UTF-8 (lone surrogates
     travel as ``\\ud800`` escapes, as a protobuf string cannot hold them)."""
     return S.one_of(lambda r: S.encode_json(plausible(r), True).decode(),
-                    lambda r: S.json_bodies(S.json_values)(r).decode("utf-8", "replace"), weights=(3, 1))
+                    lambda r: S.json_bodies(S.json_values)(r).decode("utf-8", "replace"),
+                    lambda r: S.nested(r.choice([65, 1000, 100_000]), r.choice(["array", "object"])).decode(),
+                    weights=(6, 2, 1))
 
 
 def _utf8(g: S.Gen[str]) -> S.Gen[str]:
