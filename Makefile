@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 NODE_STAMP := tests/node/node_modules/.installed-stamp
 
-.PHONY: ts-client venv lock protos protos-check check test test-unit test-faults test-deploy image lint typecheck demo bench node-deps clean
+.PHONY: ts-client venv lock protos protos-check check test test-unit test-faults test-fuzz test-deploy image lint typecheck demo bench node-deps clean
 
 # Exact versions from requirements.lock: the code overrides private internals of nats-py,
 # uvicorn and the docker SDK, so an unpinned upgrade can break it silently.
@@ -85,6 +85,15 @@ check: lint typecheck
 FAULTS ?= all
 test-faults: venv
 	BATON_FAULTS=$(FAULTS) $(PY) -m pytest tests/faults -p no:cacheprovider $(PYTEST_ARGS)
+
+# The fuzz suite (tests/fuzz) alone, with FUZZ_SCALE times the inputs `make test` sends it
+# (HTTP API, /ds, gRPC; FUZZ_SEED picks other inputs). Prints the inputs tried per surface
+# and writes bench/results/fuzz.json.
+FUZZ_SCALE ?= 10
+FUZZ_SEED ?= 0
+test-fuzz: venv
+	BATON_FUZZ_SCALE=$(FUZZ_SCALE) BATON_FUZZ_SEED=$(FUZZ_SEED) BATON_FUZZ_SECONDS=900 BATON_FUZZ_WRITE=1 \
+	  $(PY) -m pytest tests/fuzz -n 3 --dist loadscope -p no:cacheprovider $(PYTEST_ARGS)
 
 # The offline image build (scripts/build_image.sh): engine, debootstrap'ed base, wheelhouse,
 # then baton:local and baton-sandbox:local, the images compose.yaml runs.

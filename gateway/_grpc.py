@@ -29,7 +29,8 @@ from gateway._auth import one_authorization, tenant_of_header
 from gateway._errors import grpc_status
 from gateway._grpc_input import cancel_request_of, join_request_of, list_runs_request_of, start_request_of
 from gateway._reader import RunRead, stream_log
-from gateway._service import JoinRequest, RunService, approval_answer, awaiting_approval, fork_request, steer_request
+from gateway._service import (MAX_JSON_DEPTH, JoinRequest, RunService, approval_answer, awaiting_approval, fork_request,
+                             steer_request)
 from gateway._service._queue import Queued, Steered, wait_started
 
 log = logging.getLogger("gateway.grpc")
@@ -185,6 +186,8 @@ class RunsService:
                 updated = json.loads(request.updated_input_json)
             except ValueError:
                 raise e.InvalidArgument("updated_input_json", "must be a JSON object") from None
+            except RecursionError:  # nested past the parser's stack (the service checks the rest)
+                raise e.InvalidArgument("updated_input_json", f"must not nest deeper than {MAX_JSON_DEPTH} levels") from None
         req = approval_answer(request.run_id, request.approval_id, request.approved, request.message, updated)
         return pb.ApprovalAnswerResponse(approval=await self._svc.answer_approval(t, req))
 

@@ -290,3 +290,14 @@ def own_nats(tmp_path: pathlib.Path) -> Iterator[NatsServer]:
     server.start()
     yield server
     server.kill()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The fuzz suite's figures (tests/fuzz): inputs tried per surface, printed here (the
+    root conftest) so the controller of an xdist run prints them too."""
+    from tests.fuzz._harness import terminal_summary
+
+    terminal_summary(terminalreporter, _SESSION_STARTED)
+
+
+_SESSION_STARTED = time.time()

@@ -202,8 +202,8 @@ def process_json_append(data: bytes, *, initial: bool = False) -> bytes:
         ``v1,v2,...,`` (each value compactly re-serialised); ``b""`` for ``[]`` on create.
 
     Raises:
-        ProtocolError: 400 on invalid JSON, JSON nested deeper than :data:`MAX_JSON_DEPTH`,
-            or an empty array on append.
+        ProtocolError: 400 on invalid JSON (a lone surrogate escape included), JSON nested
+            deeper than :data:`MAX_JSON_DEPTH`, or an empty array on append.
     """
     if json_too_deep(data):
         raise ProtocolError(400, f"Invalid JSON: nested deeper than {MAX_JSON_DEPTH} levels")
@@ -219,7 +219,12 @@ def process_json_append(data: bytes, *, initial: bool = False) -> bytes:
         items = parsed
     else:
         items = [parsed]
-    return ("".join(_dump(v) + "," for v in items)).encode()
+    try:
+        return ("".join(_dump(v) + "," for v in items)).encode()
+    except UnicodeEncodeError as exc:
+        # A lone surrogate sent as a \u escape ("\ud800") parses, but is no text UTF-8 can
+        # store or a reader parse back.
+        raise ProtocolError(400, "Invalid JSON: a lone surrogate (\\ud800-\\udfff) is not text") from exc
 
 
 def json_too_deep(data: bytes, limit: int = MAX_JSON_DEPTH) -> bool:

@@ -335,7 +335,10 @@ class Handlers:
                 closed = cur.closed and at_tail
                 out += P.sse_event("data", payload) + P.control_event(
                     current, cursor=None if closed else P.response_cursor(cursor), up_to_date=at_tail, closed=closed)
-            if current == "-1":
+            if not msgs:
+                # Nothing after ``current``: the reader is at the tail, or asked for an offset
+                # past it (as the reference server does, it goes on from the tail). Left past
+                # the tail it was never "at" it, never waited, and spun the event loop.
                 current = cur.offset
             at_tail = current == cur.offset
             closed = cur.closed and at_tail

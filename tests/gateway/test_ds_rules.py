@@ -21,7 +21,7 @@ def test_json_mode_flattens_arrays_and_refuses_bad_input() -> None:
     frag = P.process_json_append(b'[{"a":1},2]') + P.process_json_append(b'"x"')
     assert P.format_json([frag]) == b'[{"a":1},2,"x"]'
     assert P.process_json_append(b"[]", initial=True) == b""
-    for bad in (b"[]", b"{", b"\xff"):
+    for bad in (b"[]", b"{", b"\xff", b'"\\ud800"', b'[1, {"\\udfff": 2}]'):
         with pytest.raises(P.ProtocolError) as exc:
             P.process_json_append(bad)
         assert exc.value.status == 400

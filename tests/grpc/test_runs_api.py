@@ -192,6 +192,22 @@ async def test_bad_input_each_with_its_status_and_reason(host: Any, grpc_gateway
     assert ok.end == "completed"
 
 
+async def test_json_nested_past_the_parser_is_invalid_argument(grpc_gateway: Any, runs: pbg.RunsStub) -> None:
+    # AnswerApproval parsed updated_input_json itself and caught ValueError only: a value
+    # nested past the parser's stack raised RecursionError, answered INTERNAL (found by the
+    # fuzz suite, tests/fuzz). Every JSON field of a request is refused the same way.
+    IA = grpc.StatusCode.INVALID_ARGUMENT
+    for deep in ("[" * 5000 + "]" * 5000, '{"a":' * 100_000 + "1" + "}" * 100_000):
+        meta = await _fails(runs.AnswerApproval(pb.ApprovalAnswerRequest(
+            run_id=unique("run"), approval_id="req-1", approved=True, updated_input_json=deep)), IA, "INVALID_ARGUMENT")
+        assert meta["field"] == "updated_input_json"
+        meta = await _fails(runs.StartRun(pb.RunStartRequest(
+            thread_id=unique("th"), run_id=unique("run"), messages_json=deep)), IA, "INVALID_ARGUMENT")
+        assert meta["field"] == "messages_json"
+        await _fails(runs.StartRun(start_request(unique("th"), unique("run"), agent=runs_pb2.AgentSpec(
+            kind="replay", options_json=deep))), IA, "INVALID_ARGUMENT")
+
+
 async def test_tenancy_and_credentials(host: Any, make_gateway: Any, http: httpx.AsyncClient) -> None:
     gw = await make_gateway(keepalive=0.5, grpc_listen="127.0.0.1:0", api_keys={"ka": "alpha", "kb": "beta"})
     target = f"127.0.0.1:{gw.state.grpc_port}"
