@@ -152,15 +152,31 @@ class _TokenChannel:
         await self._channel.close(None)
 
 
+#: The service config of a ``dns:`` target: one subchannel per resolved address, calls spread
+#: over them (gRPC's default, pick_first, would send everything to the first address).
+ROUND_ROBIN = ("grpc.service_config", '{"loadBalancingConfig": [{"round_robin": {}}]}')
+
+
+def balanced(address: str, options: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """``options`` plus :data:`ROUND_ROBIN` when ``address`` is a ``dns:`` target (a headless
+    Kubernetes Service naming every replica, docs/deploy.md "Kubernetes") or an ``ipv4:`` /
+    ``ipv6:`` address list; a ``host:port`` is one server and keeps gRPC's default."""
+    if address.startswith(("dns:", "ipv4:", "ipv6:")) and not any(k == ROUND_ROBIN[0] for k, _ in options):
+        return [*options, ROUND_ROBIN]
+    return list(options)
+
+
 def insecure_channel(address: str, options: Sequence[tuple[str, Any]] = (), token: str | None = None
                      ) -> grpc.aio.Channel:
     """An aio channel to an internal service that sends the token on every call.
 
     Args:
+        address: ``host:port``, or a ``dns:///name:port`` target whose addresses the calls
+            are spread over (:func:`balanced`).
         token: the cluster's token; ``None`` reads ``BATON_INTERNAL_TOKEN``; ``""`` sends none.
     """
     token = token_from_env() if token is None else token
-    channel = grpc.aio.insecure_channel(address, options=list(options))
+    channel = grpc.aio.insecure_channel(address, options=balanced(address, options))
     if token:
         return cast(grpc.aio.Channel, _TokenChannel(channel, token))
     return channel
@@ -191,5 +207,5 @@ class _SyncDetails(grpc.ClientCallDetails):
 def sync_channel(address: str, options: Sequence[tuple[str, Any]] = (), token: str | None = None) -> grpc.Channel:
     """A blocking channel to an internal service that sends the token (for the CLI)."""
     token = token_from_env() if token is None else token
-    ch = grpc.insecure_channel(address, options=list(options))
+    ch = grpc.insecure_channel(address, options=balanced(address, options))
     return grpc.intercept_channel(ch, _SyncAddToken(token)) if token else ch

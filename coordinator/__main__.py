@@ -12,6 +12,7 @@ import sys
 from typing import Sequence
 
 from baton import config as baton_config
+from baton import credentials
 from coordinator._config import parse_args
 from coordinator._server import CoordinatorServer, build_store
 from coordinator._wiring import WiringContext, build_leader_tasks, build_reaper
@@ -38,6 +39,8 @@ async def _serve(argv: Sequence[str] | None) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=baton_config.get("BATON_LOG_LEVEL").upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    credentials.exit_if_unsafe("coordinator", listens={"BATON_COORDINATOR_LISTEN": parse_args(argv).listen},
+                               auth_var="BATON_INTERNAL_TOKEN")
     try:
         loop = baton_config.event_loop()
     except ValueError as exc:

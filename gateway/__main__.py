@@ -17,7 +17,7 @@ from types import FrameType
 
 import uvicorn
 
-from baton import config
+from baton import config, credentials
 from gateway._connection import uvicorn_options
 from gateway._settings import GatewaySettings
 from gateway.app import create_app
@@ -73,6 +73,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     host, _, port = args.listen.rpartition(":")
     settings = GatewaySettings.from_env()
+    credentials.exit_if_unsafe("gateway", auth_var="BATON_API_KEYS", listens={
+        "BATON_GATEWAY_LISTEN": args.listen, "BATON_GATEWAY_GRPC_LISTEN": settings.grpc_listen})
     if not settings.probe_address:
         # The coordinator probes this address when the gateway's keep-alive stream breaks.
         probe_host = socket.gethostname() if host in ("", "0.0.0.0", "::", "[::]") else host

@@ -22,7 +22,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from baton import config, internal_auth
+from baton import config, credentials, internal_auth
 from baton.aio import watch_loop_lag
 from baton.errors import BatonError
 from baton.v1 import coordinator_pb2
@@ -301,6 +301,12 @@ async def _main() -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=config.get("BATON_LOG_LEVEL").upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    credentials.exit_if_unsafe("sandbox host", listens={"BATON_HOST_LISTEN": config.get("BATON_HOST_LISTEN")},
+                               auth_var="BATON_INTERNAL_TOKEN")
+    try:
+        HostSettings.from_env()  # the tenants' credentials (BATON_TENANT_SECRETS_DIR) read and checked
+    except ValueError as exc:
+        credentials.refuse("sandbox host", exc)
     asyncio.run(_main())
 
 

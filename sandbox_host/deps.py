@@ -12,12 +12,12 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
-from baton import config
+from baton import config, credentials
 from baton.errors import InvalidArgument
 from baton.v1 import coordinator_pb2, runs_pb2
 from baton.coordinator_client import CoordinatorClient, Session
 from baton.log import DeliveryLog, TranscriptStore
-from sandbox_host import run_workspace
+from sandbox_host import run_workspace, tenant_secrets
 from sandbox_host.providers import Provider, Sandbox
 from sandbox_host.run_workspace import WorkspaceSettings
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 #: Environment variables a host hands to the agents that need them (``required_secrets`` of
 #: the agent kinds in :mod:`sandbox_host.agents`).
-AGENT_SECRET_NAMES = frozenset({"ANTHROPIC_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN", "OPENAI_API_KEY", "CODEX_API_KEY"})
+AGENT_SECRET_NAMES = credentials.AGENT_SECRET_NAMES
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,9 @@ class HostSettings:
     #: Agent credentials from the host's own environment (``AGENT_SECRET_NAMES``); passed to
     #: the agent as env only, never logged, journaled or stored.
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
+    #: Per-tenant agent credentials (``BATON_TENANT_SECRETS_DIR``, :mod:`sandbox_host.tenant_secrets`):
+    #: tenant → variable → value; a tenant's runs use its own over :attr:`secrets`.
+    tenant_secrets: Mapping[str, Mapping[str, str]] = field(default_factory=dict, repr=False)
     #: Workspace allow-list, build limits and git credentials (:mod:`sandbox_host.run_workspace`).
     workspace: WorkspaceSettings = field(default_factory=WorkspaceSettings)
 
@@ -95,6 +98,7 @@ class HostSettings:
             finish_budget=float((os.environ if env is None else env).get("BATON_FINISH_BUDGET", "30") or 30),
             secrets={k: v for k, v in (os.environ if env is None else env).items()
                      if k in AGENT_SECRET_NAMES and v},
+            tenant_secrets=tenant_secrets.load(config.get("BATON_TENANT_SECRETS_DIR", env)),
             workspace=WorkspaceSettings.from_env(env),
         )
 
@@ -191,19 +195,23 @@ class HostDeps:
         """
         return run_workspace.check_start(req.workspace_json, req.tenant, self.settings.workspace)
 
-    def agent_secrets(self, launch: Any) -> dict[str, str]:
-        """The host's secrets that ``launch`` (an ``AgentLaunch``) asks for.
+    def agent_secrets(self, launch: Any, tenant: str = "") -> dict[str, str]:
+        """The secrets that ``launch`` (an ``AgentLaunch``) asks for, for a run of ``tenant``:
+        the tenant's own (``BATON_TENANT_SECRETS_DIR``) where it has them, else the host's
+        (:func:`sandbox_host.tenant_secrets.choose`).
 
         Raises:
-            InvalidArgument: (field ``agent.kind``) naming the secret variables the host
-                lacks; never their values.
+            InvalidArgument: (field ``agent.kind``) naming the secret variables neither the
+                tenant nor the host has; never their values.
         """
-        missing = launch.missing_secrets(self.settings.secrets)
+        own = self.settings.tenant_secrets.get(tenant, {}) if tenant else {}
+        chosen = tenant_secrets.choose(launch.required_secrets, self.settings.secrets, own)
+        missing = launch.missing_secrets(chosen)
         if missing:
             raise InvalidArgument("agent.kind", f"agent {launch.kind!r} needs a credential this host does not have: "
-                                  f"set {' and '.join(n.replace('|', ' or ') for n in missing)} in the host's environment")
-        wanted = {name for need in launch.required_secrets for name in need.split("|")}
-        return {k: v for k, v in self.settings.secrets.items() if k in wanted}
+                                  f"set {' and '.join(n.replace('|', ' or ') for n in missing)} in the host's environment"
+                                  + (f" or for tenant {tenant!r} in {tenant_secrets.ENV}" if tenant else ""))
+        return chosen
 
     async def launch_spec(self, record: runs_pb2.RunRecord, provider: Any, handle: Any,
                           messages: list[dict[str, Any]]) -> tuple[list[str], bytes | None, dict[str, str], dict[str, str], bool]:
@@ -220,7 +228,7 @@ class HostDeps:
                                prompt=prompt_from_messages(messages),
                                resume=turn.resume if turn is not None else None,
                                fork=turn.fork if turn is not None else False)
-        return await self._copy_in(launch, provider, handle)
+        return await self._copy_in(launch, provider, handle, record.tenant)
 
     async def relaunch_spec(self, record: runs_pb2.RunRecord, provider: Any, handle: Any,
                             session_id: str) -> tuple[list[str], bytes | None, dict[str, str], dict[str, str], bool]:
@@ -235,13 +243,13 @@ class HostDeps:
 
         launch = prepare_agent(record.agent.kind or config.get("BATON_DEFAULT_AGENT"), self.agent_options(record),
                                prompt=RESUME_PROMPT, resume=session_id, fork=False)
-        return await self._copy_in(launch, provider, handle)
+        return await self._copy_in(launch, provider, handle, record.tenant)
 
-    async def _copy_in(self, launch: Any, provider: Any,
-                       handle: Any) -> tuple[list[str], bytes | None, dict[str, str], dict[str, str], bool]:
+    async def _copy_in(self, launch: Any, provider: Any, handle: Any,
+                       tenant: str) -> tuple[list[str], bytes | None, dict[str, str], dict[str, str], bool]:
         from sandbox_host.agents import load_files
 
-        secrets = self.agent_secrets(launch)
+        secrets = self.agent_secrets(launch, tenant)
         for path, (content, mode) in (await load_files(launch)).items():
             await provider.copy_in(handle, path, content, mode)
         return list(launch.argv), launch.stdin, dict(launch.env), secrets, launch.interactive

@@ -306,7 +306,7 @@ class RunManager:
         except ValueError:
             raise InvalidArgument("agent.options", "must be a JSON object") from None
         launch = prepare_agent(kind, options, prompt=prompt_from_messages(messages))
-        self.deps.agent_secrets(launch)
+        self.deps.agent_secrets(launch, req.tenant)
         workspace_json = self.deps.check_workspace(req)  # likewise: a bad workspace, an unknown credential
         # No started_at: the coordinator stamps it with its clock. It orders the runs of a
         # thread (the transcript fence) and times the reaper's start grace, so it must not

@@ -55,15 +55,20 @@ def default_port(env: str) -> int:
     return int(next(s.default for s in SETTINGS if s.env == env).rsplit(":", 1)[1])
 
 
+def _authority(address: str) -> str:
+    """``host:port`` of ``host:port``, ``scheme://host:port/...`` or a gRPC ``dns:///host:port``."""
+    if address.startswith("dns:"):
+        return address[len("dns:"):].lstrip("/")
+    return address.split("://", 1)[-1].split("/", 1)[0]
+
+
 def port_of(address: str) -> int:
-    """``host:port`` (or ``scheme://host:port/...``) -> port."""
-    rest = address.split("://", 1)[-1].split("/", 1)[0]
-    return int(rest.rsplit(":", 1)[1])
+    """``host:port`` (or ``scheme://host:port/...``, ``dns:///host:port``) -> port."""
+    return int(_authority(address).rsplit(":", 1)[1])
 
 
 def host_of(address: str) -> str:
-    rest = address.split("://", 1)[-1].split("/", 1)[0]
-    return rest.rsplit(":", 1)[0]
+    return _authority(address).rsplit(":", 1)[0]
 
 
 def package_sources(package: str) -> str:

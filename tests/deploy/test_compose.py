@@ -30,8 +30,12 @@ BATON_SERVICES = {
 }
 
 
-# Compose's interpolation: ${VAR}, ${VAR:-default}, ${VAR-default}, and $$ for a literal $.
-_VAR = re.compile(r"\$\$|\$\{(?P<name>\w+)(?:(?P<op>:?-)(?P<default>[^}]*))?\}")
+# Compose's interpolation: ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?error},
+# ${VAR?error}, and $$ for a literal $.
+_VAR = re.compile(r"\$\$|\$\{(?P<name>\w+)(?:(?P<op>:?[-?])(?P<default>[^}]*))?\}")
+#: What the file requires (${VAR:?...}); the tests set it, as a user must.
+REQUIRED = {"BATON_INTERNAL_TOKEN": "compose-test-token-5d1e"}
+AGENT_KEYS = {"ANTHROPIC_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN", "OPENAI_API_KEY", "CODEX_API_KEY"}
 
 
 def _interpolate(value: Any, env: dict[str, str]) -> Any:
@@ -51,14 +55,18 @@ def _interpolate(value: Any, env: dict[str, str]) -> Any:
             return env.get(name) or default
         if op == "-":
             return env.get(name, default)
+        if op in (":?", "?") and not (env.get(name) if op == ":?" else name in env):
+            raise ValueError(f"Missing mandatory value for {name}: {default}")
         return env.get(name, "")
 
     return _VAR.sub(sub, value)
 
 
 def _env_without_baton() -> dict[str, str]:
-    # The file's defaults are what is tested, not the caller's BATON_* settings.
-    return {k: v for k, v in os.environ.items() if not k.startswith("BATON_")}
+    # The file's defaults are what is tested, not the caller's BATON_* settings or agent keys,
+    # plus what it requires.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_") and k not in AGENT_KEYS}
+    return {**env, **REQUIRED}
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +93,21 @@ def test_docker_compose_config_accepts_the_file() -> None:
     exe = shutil.which("docker-compose")
     require(exe is not None, "docker-compose not installed (apt-get install docker-compose)")
     assert exe is not None
-    out = subprocess.run([exe, "-f", str(COMPOSE), "config", "-q"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([exe, "-f", str(COMPOSE), "config", "-q"], capture_output=True, text=True, timeout=60,
+                         env=_env_without_baton())
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.servers  # starts processes: not a unit test
+def test_docker_compose_refuses_to_start_without_an_internal_token() -> None:
+    exe = shutil.which("docker-compose")
+    require(exe is not None, "docker-compose not installed (apt-get install docker-compose)")
+    assert exe is not None
+    env = {k: v for k, v in _env_without_baton().items() if k != "BATON_INTERNAL_TOKEN"}
+    out = subprocess.run([exe, "-f", str(COMPOSE), "config", "-q"], capture_output=True, text=True, timeout=60,
+                         env=env)
+    assert out.returncode != 0
+    assert "set BATON_INTERNAL_TOKEN to a random secret" in out.stderr
 
 
 @pytest.mark.servers  # starts processes: not a unit test
@@ -96,7 +117,8 @@ def test_docker_compose_config_rejects_a_broken_file(tmp_path: Any) -> None:
     assert exe is not None
     bad = tmp_path / "compose.yaml"
     bad.write_text(COMPOSE.read_text().replace("depends_on:", "depends_onn:", 1))
-    out = subprocess.run([exe, "-f", str(bad), "config", "-q"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([exe, "-f", str(bad), "config", "-q"], capture_output=True, text=True, timeout=60,
+                         env=_env_without_baton())
     assert out.returncode != 0
 
 
@@ -143,8 +165,30 @@ def test_env_names_are_baton_settings(compose: dict[str, Any]) -> None:
     for name in BATON_SERVICES:
         env = compose["services"][name]["environment"]
         baton = {k for k in env if k.startswith("BATON_")}
-        assert baton == set(env), name
+        assert baton == set(env) - AGENT_KEYS, name
         assert baton <= setting_names(), baton - setting_names()
+
+
+def test_credentials_go_only_where_they_are_used_and_none_has_a_default(compose: dict[str, Any]) -> None:
+    s = compose["services"]
+    for name in BATON_SERVICES:
+        env = s[name]["environment"]
+        # Agent keys: the hosts' only (they hand them to agents); API keys: the gateway's.
+        assert (set(env) & AGENT_KEYS == AGENT_KEYS) is name.startswith("sandbox-host"), name
+        assert ("BATON_API_KEYS" in env) is (name == "gateway"), name
+        assert env["BATON_INTERNAL_TOKEN"] == REQUIRED["BATON_INTERNAL_TOKEN"]
+        assert all(not env[k] for k in set(env) & (AGENT_KEYS | {"BATON_API_KEYS", "BATON_ALLOW_INSECURE"})), name
+    # No default a service would refuse as a placeholder (baton/credentials.py).
+    from baton.credentials import placeholders
+
+    for name in BATON_SERVICES:
+        assert placeholders(s[name]["environment"]) == [], name
+
+
+def test_the_interpolation_refuses_a_missing_required_variable() -> None:
+    with pytest.raises(ValueError, match="Missing mandatory value for T: say so"):
+        _interpolate("${T:?say so}", {"T": ""})
+    assert _interpolate("${T:?say so}", {"T": "x"}) == "x"
 
 
 def _listen_port(env: dict[str, str], setting: str) -> int:

@@ -32,6 +32,8 @@ MODELS: dict[tuple[str, str], type] = {
     ("v1", "Service"): client.V1Service,
     ("apps/v1", "Deployment"): client.V1Deployment,
     ("policy/v1", "PodDisruptionBudget"): client.V1PodDisruptionBudget,
+    ("networking.k8s.io/v1", "NetworkPolicy"): client.V1NetworkPolicy,
+    ("autoscaling/v2", "HorizontalPodAutoscaler"): client.V2HorizontalPodAutoscaler,
 }
 # Environment variables that are not baton settings but are meant to be there.
 FOREIGN_ENV = {"POD_NAME", "POD_IP", "DOCKER_HOST", "ANTHROPIC_API_KEY", "OPENAI_API_KEY"}
@@ -174,6 +176,8 @@ def test_services_dial_each_other_by_service_name_and_port(k8s_docs: list[tuple[
     coord = env["BATON_COORDINATOR"]
     assert host_of(coord) in svcs
     assert port_of(coord) == svcs[host_of(coord)]["spec"]["ports"][0]["port"]
+    # Every replica through DNS, the calls balanced by the client (baton/internal_auth.py).
+    assert coord.startswith("dns:///") and svcs[host_of(coord)]["spec"]["clusterIP"] == "None"
     # Hosts advertise their pod IP on their listen port.
     assert env["BATON_HOST_ADVERTISE"] == f"$(POD_IP):{port_of(env['BATON_HOST_LISTEN'])}"
     assert env["BATON_HOST_ID"] == "$(POD_NAME)"

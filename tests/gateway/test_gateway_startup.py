@@ -23,7 +23,7 @@ async def test_sigterm_stops_a_gateway_still_waiting_for_nats(tmp_path: pathlib.
     closed = free_port()  # nothing listens here: NATS is "down"
     env = {**env_without_proxy(), "BATON_NATS_URL": f"nats://127.0.0.1:{closed}",
            "BATON_COORDINATOR": f"127.0.0.1:{free_port()}",
-           "BATON_GATEWAY_LISTEN": f"127.0.0.1:{free_port()}"}
+           "BATON_GATEWAY_LISTEN": f"127.0.0.1:{free_port()}", "BATON_GATEWAY_GRPC_LISTEN": "127.0.0.1:0"}
     log_path = tmp_path / "gateway.log"
     with open(log_path, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "gateway"], env=env, stdout=out,
