@@ -75,6 +75,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("BATON_DEFAULT_AGENT", "replay", "agent kind used when a request names none"),
     Setting("BATON_API_KEYS", "", "bearer API keys: comma-separated key=tenant pairs; empty = no auth"),
     Setting("BATON_LOG_LEVEL", "INFO", "log level"),
+    Setting("BATON_LOG_FORMAT", "text", "services' log lines: json (one object per line with ts, level, logger, msg, service and, when known, run_id, thread_id, epoch, host, trace_id; the image sets it) or text"),
     Setting("BATON_EVENT_LOOP", "uvloop", "event loop of the coordinator and gateway processes: uvloop (coordinator: about 10% more calls per CPU second; gateway: about 10% less CPU per Durable Streams append) or asyncio"),
     Setting("BATON_COORDINATOR_ID", "", "coordinator replica id in the leader election (default: hostname-pid)"),
     Setting("BATON_ETCD_TIMEOUT", "5", "seconds one coordinator RPC may spend on etcd when the caller sets no deadline"),
