@@ -270,6 +270,7 @@ class RunManager:
             return claimed, False  # joined: another start (or its finalizer) has it
         epoch, record, mode = claimed
         run_trace.claimed(self.deps.host_id, record, epoch, mode, claim_ns)
+        bind_fields(epoch=epoch)
         clock.mark("claim")
         writer = self.deps.log.writer(req.run_id, epoch)
         record, fence_seq, opened, messages = await self._make_input_durable(
@@ -545,6 +546,7 @@ class RunManager:
             raise SessionLost(session.id)
         mode: Mode = "finalize" if purpose == "finalize" else "attach"
         run_trace.claimed(deps.host_id, record, epoch, mode, asked_ns)
+        bind_fields(thread_id=record.thread_id, epoch=epoch)
         # No await from the check above to here: a session lost from now on reaches this
         # driver through session_lost().
         self._spawn(RunDriver(deps, record, epoch, mode, deps.log.writer(run_id, epoch),
