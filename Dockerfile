@@ -63,7 +63,8 @@ ENV PATH=/opt/baton/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/
     PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
     BATON_REPLAY_DIRS=/opt/baton/corpus \
     BATON_JOURNAL_DIR=/var/lib/baton/runs \
-    BATON_SANDBOX_DIR=/var/lib/baton/sandboxes
+    BATON_SANDBOX_DIR=/var/lib/baton/sandboxes \
+    BATON_LOG_FORMAT=json
 RUN groupadd --system --gid 10001 baton \
  && useradd --system --uid 10001 --gid baton --home-dir /var/lib/baton --create-home baton \
  && mkdir -p /var/lib/baton/runs /var/lib/baton/sandboxes \

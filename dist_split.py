@@ -24,6 +24,7 @@ from setuptools.command.build_py import build_py
 CLIENT_MODULES = frozenset({
     "baton", "baton.client", "baton.grpc_client", "baton.coordinator_client", "baton.errors",
     "baton.grpc_errors", "baton.ids", "baton.internal_auth", "baton.retry", "baton.runs", "baton.sse",
+    "baton.trace_context",
     # The console scripts live in the client (one distribution owns bin/baton*); without the
     # server distribution they say what to install.
     "baton_tools", "baton_tools._entry",

@@ -23,6 +23,8 @@ from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+from baton.trace_context import METADATA_KEY as _TRACE_KEY, TRACEPARENT
+
 TOKEN_METADATA = "x-baton-internal-token"
 ENV = "BATON_INTERNAL_TOKEN"
 #: Methods callable without the token (probes and tooling).
@@ -107,19 +109,28 @@ def server_interceptors(token: str | None = None) -> list[grpc.aio.ServerInterce
 # iterator (the keep-alive: "RPC already finished"); and every intercepted call costs an
 # extra task. One wrapper covers the four kinds alike.
 class _WithToken:
-    """A multi-callable that adds the token to each call's metadata."""
+    """A multi-callable that adds the token (when there is one) and the run's trace context
+    (:data:`baton.trace_context.TRACEPARENT`, when set) to each call's metadata."""
 
-    def __init__(self, callable_: Any, pair: tuple[str, str]) -> None:
+    def __init__(self, callable_: Any, pair: tuple[str, str] | None) -> None:
         self._callable = callable_
         self._pair = pair
 
     def __call__(self, *args: Any, metadata: Any = None, **kwargs: Any) -> Any:
-        md = grpc.aio.Metadata(*(tuple(metadata) if metadata else ()), self._pair)
-        return self._callable(*args, metadata=md, **kwargs)
+        pairs = list(metadata) if metadata else []
+        if self._pair is not None:
+            pairs.append(self._pair)
+        traceparent = TRACEPARENT.get()
+        if traceparent:
+            pairs.append((_TRACE_KEY, traceparent))
+        if not pairs:
+            return self._callable(*args, metadata=metadata, **kwargs)
+        return self._callable(*args, metadata=grpc.aio.Metadata(*pairs), **kwargs)
 
 
 class _TokenChannel:
-    """An aio channel whose calls all carry the token; everything else is the channel's.
+    """An aio channel whose calls all carry the token and the caller's trace context;
+    everything else is the channel's.
 
     A proxy rather than factories patched onto the channel: those would close a reference
     cycle through the channel (its attribute -> a bound method of itself), leaving a Cython
@@ -128,7 +139,7 @@ class _TokenChannel:
 
     def __init__(self, channel: grpc.aio.Channel, token: str) -> None:
         self._channel = channel
-        self._pair = (TOKEN_METADATA, token)
+        self._pair = (TOKEN_METADATA, token) if token else None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._channel, name)
@@ -168,7 +179,8 @@ def balanced(address: str, options: Sequence[tuple[str, Any]]) -> list[tuple[str
 
 def insecure_channel(address: str, options: Sequence[tuple[str, Any]] = (), token: str | None = None
                      ) -> grpc.aio.Channel:
-    """An aio channel to an internal service that sends the token on every call.
+    """An aio channel to an internal service that sends the token on every call, and the
+    trace context of the run the caller is handling (:mod:`baton.trace_context`).
 
     Args:
         address: ``host:port``, or a ``dns:///name:port`` target whose addresses the calls
@@ -177,9 +189,7 @@ def insecure_channel(address: str, options: Sequence[tuple[str, Any]] = (), toke
     """
     token = token_from_env() if token is None else token
     channel = grpc.aio.insecure_channel(address, options=balanced(address, options))
-    if token:
-        return cast(grpc.aio.Channel, _TokenChannel(channel, token))
-    return channel
+    return cast(grpc.aio.Channel, _TokenChannel(channel, token))
 
 
 class _SyncAddToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):  # type: ignore[type-arg]  # generic only in grpc-stubs, not at runtime

@@ -6,13 +6,11 @@ it). SIGTERM/SIGINT shut down gracefully.
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
 import sys
 from typing import Sequence
 
-from baton import config as baton_config
-from baton import credentials
+from baton import config as baton_config, credentials, telemetry
 from coordinator._config import parse_args
 from coordinator._server import CoordinatorServer, build_store
 from coordinator._wiring import WiringContext, build_leader_tasks, build_reaper
@@ -29,7 +27,7 @@ async def _serve(argv: Sequence[str] | None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await server.start()
-    print(f"coordinator listening on {server.port}", flush=True)
+    telemetry.announce("coordinator", f"coordinator listening on {server.port}")
     try:
         await stop.wait()
     finally:
@@ -37,20 +35,24 @@ async def _serve(argv: Sequence[str] | None) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    logging.basicConfig(level=baton_config.get("BATON_LOG_LEVEL").upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    credentials.exit_if_unsafe("coordinator", listens={"BATON_COORDINATOR_LISTEN": parse_args(argv).listen},
-                               auth_var="BATON_INTERNAL_TOKEN")
     try:
+        telemetry.configure_logging("coordinator")
         loop = baton_config.event_loop()
     except ValueError as exc:
         sys.exit(str(exc))
-    if loop == "uvloop":
-        import uvloop
+    credentials.exit_if_unsafe("coordinator", listens={"BATON_COORDINATOR_LISTEN": parse_args(argv).listen},
+                               auth_var="BATON_INTERNAL_TOKEN")
+    tracing = telemetry.configure_tracing("coordinator")
+    try:
+        if loop == "uvloop":
+            import uvloop
 
-        uvloop.run(_serve(argv))
-    else:
-        asyncio.run(_serve(argv))
+            uvloop.run(_serve(argv))
+        else:
+            asyncio.run(_serve(argv))
+    finally:
+        if tracing is not None:
+            tracing.shutdown()  # the spans still batched
 
 
 if __name__ == "__main__":

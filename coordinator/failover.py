@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from baton import internal_auth
+from baton import internal_auth, telemetry
 
 from baton.errors import JournalAttachUnavailable, RunClaimNotAcquired, StoreUnavailable
 from baton.grpc_errors import from_rpc_error
@@ -227,7 +227,20 @@ async def hand_over_if_orphaned(ctx: LeaderContext, pool: HostPool, run_id: str,
         return "skipped"
     assert rec is not None
     purpose = "finalize" if rec.cancel_requested else "drive"
-    return await attach_somewhere(ctx, pool, run_id, purpose, placer=placer)
+    with telemetry.log_fields(run_id=run_id, thread_id=rec.thread_id, epoch=rec.driver_epoch):
+        if not rec.trace_parent:
+            return await attach_somewhere(ctx, pool, run_id, purpose, placer=placer)
+        # The hand-over joins the run's trace (its AttachRun carries it to the new host).
+        span = telemetry.run_span("run.failover", rec.trace_parent, {
+            "baton.run_id": run_id, "baton.epoch": rec.driver_epoch, "baton.host": rec.driver_host,
+            "baton.purpose": purpose}, takeover=True)
+        try:
+            with telemetry.activate(span):
+                outcome = await attach_somewhere(ctx, pool, run_id, purpose, placer=placer)
+            span.set_attribute("baton.outcome", outcome)
+            return outcome
+        finally:
+            span.end()
 
 
 async def settle_hosts(ctx: LeaderContext, drivers: set[str], budget: float, *, quiet: float = 0.3,

@@ -17,7 +17,7 @@ from types import FrameType
 
 import uvicorn
 
-from baton import config, credentials
+from baton import config, credentials, telemetry
 from gateway._connection import uvicorn_options
 from gateway._settings import GatewaySettings
 from gateway.app import create_app
@@ -50,6 +50,16 @@ class _Server(uvicorn.Server):
             # previous ones): the default action ends the process.
             signal.raise_signal(self._signal)
 
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # Open streams would hold the graceful shutdown until its timeout, then be cancelled
+        # (an ERROR traceback each): no new connections, then end them, then uvicorn's shutdown.
+        for server in self.servers:
+            server.close()
+        state = getattr(getattr(self.config.app, "state", None), "gateway", None)
+        if state is not None:
+            log.info("shutting down: ending %d open stream(s); their readers reconnect", state.streams.close_all())
+        await super().shutdown(sockets)
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         super().handle_exit(sig, frame)
         self._signal = sig
@@ -70,7 +80,11 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as exc:
         sys.exit(str(exc))
     level = args.log_level.upper()
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        telemetry.configure_logging("gateway", level=level)
+    except ValueError as exc:
+        sys.exit(str(exc))
+    tracing = telemetry.configure_tracing("gateway")
     host, _, port = args.listen.rpartition(":")
     settings = GatewaySettings.from_env()
     credentials.exit_if_unsafe("gateway", auth_var="BATON_API_KEYS", listens={
@@ -85,6 +99,7 @@ def main(argv: list[str] | None = None) -> None:
         host=host or "0.0.0.0",
         port=int(port),
         log_level=level.lower(),
+        log_config=None,  # uvicorn's loggers propagate to the one handler (BATON_LOG_FORMAT)
         access_log=False,
         server_header=False,  # no "server: uvicorn" on every answer: it says nothing a client needs
         # Streams end quickly on shutdown: readers see the disconnect and unregister.
@@ -99,6 +114,9 @@ def main(argv: list[str] | None = None) -> None:
         server.run()
     except KeyboardInterrupt:  # SIGINT re-raised by uvicorn once it stopped
         pass
+    finally:
+        if tracing is not None:
+            tracing.shutdown()  # the spans still batched
     if not server.started:
         sys.exit(3)  # the app failed to start (what uvicorn.run exits with)
 

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 
 from baton import errors as e
 from baton.ids import validate_id
+from baton.telemetry import bind_fields, remote_parent
 from gateway._http_input import cancel_request_of, check_chat_start, read_json_object
 from gateway._reader import stream_log
 from gateway._service import JoinRequest, check_offset
@@ -38,7 +39,9 @@ async def start_chat(request: Request) -> Response | StreamResponse:
                            default_agent=st.settings.default_agent, max_messages=st.settings.max_messages,
                            workspace_dirs=st.settings.workspace_dirs)
     resume = request.headers.get("last-event-id")
-    read = await service_of(request).start_or_queue(t, req, resume_after=check_offset(resume) if resume else "-1")
+    bind_fields(run_id=req.run_id, thread_id=req.thread_id)  # this request's task: its lines
+    with remote_parent(request.headers.get("traceparent")):  # a client that traces its call
+        read = await service_of(request).start_or_queue(t, req, resume_after=check_offset(resume) if resume else "-1")
     if isinstance(read, Queued):
         # A busy thread and multitask enqueue (or an interrupt whose run has not started yet).
         return JSONResponse({"runId": read.run_id, "threadId": read.thread_id, "status": "queued",
@@ -47,7 +50,7 @@ async def start_chat(request: Request) -> Response | StreamResponse:
         return JSONResponse({"runId": read.run_id, "inputId": read.input_id, "status": "steered"},
                             status_code=202, headers={"X-Run-Id": read.run_id})
     framing = choose_framing(request.headers.get("accept"), request.query_params.get(FORMAT_PARAM))
-    return StreamResponse(stream_log(read, framing), framing, headers={"X-Run-Id": req.run_id})
+    return StreamResponse(stream_log(read, framing), framing, headers={"X-Run-Id": req.run_id}, closer=st.streams)
 
 
 async def join_chat(request: Request) -> Response | StreamResponse:
@@ -65,6 +68,7 @@ async def join_chat(request: Request) -> Response | StreamResponse:
             return await _hydrate(request, q["threadId"])
         raise e.DurableRunIdRequired()
     validate_id(run_id, "runId")
+    bind_fields(run_id=run_id)
     offset = request.headers.get("last-event-id") or q.get("offset")
     if offset is None:
         raise e.InvalidArgument("offset", "is required: ?offset=-1 reads from the start; "
@@ -78,7 +82,8 @@ async def join_chat(request: Request) -> Response | StreamResponse:
         # SSE spec lets a server stop an EventSource from reconnecting for ever.
         await read.aclose()
         return Response(status_code=204, headers={"X-Run-Id": run_id})
-    return StreamResponse(stream_log(read, framing), framing, headers={"X-Run-Id": run_id})
+    return StreamResponse(stream_log(read, framing), framing, headers={"X-Run-Id": run_id},
+                          closer=state_of(request).streams)
 
 
 async def _hydrate(request: Request, thread_id: str) -> Response:

@@ -118,22 +118,57 @@ def media_type(framing: Framing) -> str:
     return NDJSON if framing == "ndjson" else "text/event-stream"
 
 
+class StreamCloser:
+    """The open streams of one gateway, and the signal that ends them all at shutdown.
+
+    uvicorn's graceful shutdown waits for every response to complete, then cancels what is
+    left: an open stream was cancelled after ``timeout_graceful_shutdown`` and logged as an
+    ERROR with a traceback (one per stream). Ended here instead, each stream completes its
+    response without the end marker, so its reader reconnects (to another gateway) at once.
+    """
+
+    def __init__(self) -> None:
+        self.closing = asyncio.Event()
+        self.open = 0
+
+    def close_all(self) -> int:
+        """End every open stream (and any opened from now on); returns how many were open."""
+        self.closing.set()
+        return self.open
+
+
 class StreamResponse:
-    """An ASGI streaming response that ends when the body ends or the client disconnects.
+    """An ASGI streaming response that ends when the body ends, the client disconnects or
+    the gateway shuts down (``closer``).
 
     Unlike ``StarletteStreamingResponse`` under ASGI spec 2.4, it always listens for
     ``http.disconnect``, so an idle reader (waiting for the next chunk) is noticed at once,
     not at its next keep-alive write: presence must go away when the client does. The body
     generator is always closed (``aclose``), so its ``finally`` (presence unregister) runs.
+    A stream ended by the shutdown completes its response without the end marker (the
+    client tells it from the log's end and reconnects).
     """
 
-    def __init__(self, body: AsyncIterator[bytes], framing: Framing, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, body: AsyncIterator[bytes], framing: Framing, headers: dict[str, str] | None = None,
+                 closer: StreamCloser | None = None) -> None:
         self._body = body
         self._headers = {**STREAM_HEADERS, **(headers or {})}
         self._framing = framing
+        self._closer = closer
         self.disconnected = False
+        self.shut_down = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._closer is None:
+            await self._serve(receive, send, None)
+            return
+        self._closer.open += 1
+        try:
+            await self._serve(receive, send, self._closer.closing)
+        finally:
+            self._closer.open -= 1
+
+    async def _serve(self, receive: Receive, send: Send, closing: asyncio.Event | None) -> None:
         raw = [(b"content-type", f"{media_type(self._framing)}; charset=utf-8".encode())]
         raw += [(k.lower().encode(), v.encode()) for k, v in self._headers.items()]
         await send({"type": "http.response.start", "status": 200, "headers": raw})
@@ -156,15 +191,29 @@ class StreamResponse:
                     self.disconnected = True
                     return
 
+        async def shutdown() -> None:
+            assert closing is not None
+            await closing.wait()
+            self.shut_down = True
+
         try:
             async with asyncio.TaskGroup() as tg:
                 pump_t = tg.create_task(pump())
                 listen_t = tg.create_task(listen())
                 pump_t.add_done_callback(lambda _: listen_t.cancel())
                 listen_t.add_done_callback(lambda _: pump_t.cancel())
+                if closing is not None:
+                    shut_t = tg.create_task(shutdown())
+                    pump_t.add_done_callback(lambda _: shut_t.cancel())
+                    shut_t.add_done_callback(lambda _: pump_t.cancel())
         except* OSError:
             # The socket went away under a write: the same as a disconnect.
             self.disconnected = True
+        if self.shut_down and not self.disconnected:
+            try:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            except OSError:
+                self.disconnected = True
 
     async def _close_body(self) -> None:
         aclose = getattr(self._body, "aclose", None)

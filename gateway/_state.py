@@ -12,6 +12,7 @@ from gateway._hosts import HostPool
 from gateway._log_health import LogHealth
 from gateway._metrics import Metrics
 from gateway._settings import GatewaySettings
+from gateway._sse import StreamCloser
 from gateway._takeover import TakeoverTrigger
 
 log = logging.getLogger("gateway.state")
@@ -53,6 +54,8 @@ class GatewayState:
         self.session: Any | None = None
         self.session_changed = asyncio.Event()
         self.shutting_down = False
+        #: The open SSE/NDJSON streams, ended at once when the server shuts down.
+        self.streams = StreamCloser()
         #: The bound port of the gRPC Runs API (0 when it is not served).
         self.grpc_port = 0
         self.tasks = TaskOwner("gateway")

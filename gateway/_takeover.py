@@ -25,7 +25,7 @@ import functools
 import logging
 from typing import Any, Literal
 
-from baton import errors as e
+from baton import errors as e, telemetry
 from baton.runs import TERMINAL_PB
 from baton.v1 import runs_pb2, sandbox_host_pb2
 from gateway._hosts import HostPool, try_hosts
@@ -85,7 +85,9 @@ class TakeoverTrigger:
                 decision = "in-flight"
             else:
                 purpose = "finalize" if decision == "finalize" else "drive"
-                task = asyncio.get_running_loop().create_task(self._attach(run_id, purpose), name=f"takeover:{run_id}")
+                trace_parent = record.trace_parent if record is not None else ""
+                task = asyncio.get_running_loop().create_task(self._attach(run_id, purpose, trace_parent),
+                                                              name=f"takeover:{run_id}")
                 self._inflight[run_id] = task
                 task.add_done_callback(functools.partial(self._done, run_id))
         self._metrics.takeover_decisions.labels(decision).inc()
@@ -95,7 +97,22 @@ class TakeoverTrigger:
         if self._inflight.get(run_id) is task:
             del self._inflight[run_id]
 
-    async def _attach(self, run_id: str, purpose: str) -> None:
+    async def _attach(self, run_id: str, purpose: str, trace_parent: str = "") -> None:
+        # Its own task: the run's log field, and (when the run is traced) a span in the run's
+        # trace, which its AttachRun carries to the host.
+        telemetry.bind_fields(run_id=run_id)
+        if not trace_parent:
+            await self._attach_traced(run_id, purpose, None)
+            return
+        span = telemetry.run_span("run.takeover", trace_parent, {"baton.run_id": run_id, "baton.purpose": purpose},
+                                  takeover=True)
+        try:
+            with telemetry.activate(span):
+                await self._attach_traced(run_id, purpose, span)
+        finally:
+            span.end()
+
+    async def _attach_traced(self, run_id: str, purpose: str, span: Any) -> None:
         outcome = "attached"
         try:
             hosts = await self._hosts.live_hosts()
@@ -122,6 +139,8 @@ class TakeoverTrigger:
             log.exception("takeover of run %s failed", run_id)
         finally:
             self._metrics.takeovers.labels(outcome).inc()
+            if span is not None:
+                span.set_attribute("baton.outcome", outcome)
 
     async def aclose(self) -> None:
         """Cancel and await every in-flight attach (idempotent)."""

@@ -12,7 +12,7 @@ import logging
 from typing import AsyncIterator
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
@@ -30,6 +30,13 @@ from gateway._settings import GatewaySettings
 from gateway._state import GatewayState
 
 log = logging.getLogger("gateway")
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    # Nobody reads this answer: the client closed the connection before its body ended (an
+    # aborted upload, a closed tab). Not an error of ours: one line, no traceback.
+    log.info("%s %s: the client went away before its request body ended", request.method, request.url.path)
+    return Response(status_code=400)
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
@@ -144,7 +151,8 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
     app_ref = _Gateway(
         routes=routes,
         lifespan=lifespan,
-        exception_handlers={e.BatonError: handle_baton_error, Exception: _internal_error},
+        exception_handlers={e.BatonError: handle_baton_error, ClientDisconnect: _client_gone,
+                            Exception: _internal_error},
     )
     app_ref.ds_direct = ds_app
     return app_ref

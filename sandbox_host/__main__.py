@@ -22,7 +22,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from baton import config, credentials, internal_auth
+from baton import config, credentials, internal_auth, telemetry
 from baton.aio import watch_loop_lag
 from baton.errors import BatonError
 from baton.v1 import coordinator_pb2
@@ -33,6 +33,10 @@ from sandbox_host.service import SandboxHostService, add_to_server
 log = logging.getLogger("baton.sandbox_host")
 SERVICE_NAME = "baton.v1.SandboxHost"
 _GRPC_OPTIONS = [("grpc.enable_http_proxy", 0)]
+
+
+def _host_id() -> str:
+    return config.get("BATON_HOST_ID") or f"{socket.gethostname()}-{os.getpid()}"
 
 
 def _advertise(listen: str, port: int) -> str:
@@ -112,7 +116,7 @@ class Host:
 
     def __init__(self) -> None:
         self.settings = HostSettings.from_env()
-        self.host_id = config.get("BATON_HOST_ID") or f"{socket.gethostname()}-{os.getpid()}"
+        self.host_id = _host_id()
         self.listen = config.get("BATON_HOST_LISTEN")
         self.capacity = self.settings.capacity
         self._published_load = -1
@@ -152,7 +156,7 @@ class Host:
                                 settings=self.settings, workspaces=workspaces)
                 self.manager = RunManager(deps)
                 # BATON_INTERNAL_TOKEN: only the cluster may call; health and reflection stay open.
-                server = grpc.aio.server(options=_GRPC_OPTIONS, interceptors=internal_auth.server_interceptors())
+                server = grpc.aio.server(options=_GRPC_OPTIONS, interceptors=[*internal_auth.server_interceptors(), *telemetry.server_interceptors()])
                 add_to_server(SandboxHostService(self.manager, self.drain), server)
                 health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc_health stubs lack .aio
                 health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -168,7 +172,7 @@ class Host:
                 await self._register(draining=False)
                 for name in ("", SERVICE_NAME):
                     await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-                print(f"sandbox host {self.host_id} listening on {port}", flush=True)
+                telemetry.announce("baton.sandbox_host", f"sandbox host {self.host_id} listening on {port}")
                 publisher = asyncio.create_task(self._publish_load(min(ttl / 3, 1.0)), name="publish-load")
                 # A late loop shows in the log (a session lost under load is then explained).
                 lag = asyncio.create_task(watch_loop_lag(f"host {self.host_id}"), name="loop-lag")
@@ -299,15 +303,22 @@ async def _main() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    logging.basicConfig(level=config.get("BATON_LOG_LEVEL").upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        telemetry.configure_logging("sandbox_host", static={"host": _host_id()})
+    except ValueError as exc:
+        sys.exit(str(exc))
     credentials.exit_if_unsafe("sandbox host", listens={"BATON_HOST_LISTEN": config.get("BATON_HOST_LISTEN")},
                                auth_var="BATON_INTERNAL_TOKEN")
     try:
         HostSettings.from_env()  # the tenants' credentials (BATON_TENANT_SECRETS_DIR) read and checked
     except ValueError as exc:
         credentials.refuse("sandbox host", exc)
-    asyncio.run(_main())
+    tracing = telemetry.configure_tracing("sandbox-host")
+    try:
+        asyncio.run(_main())
+    finally:
+        if tracing is not None:
+            tracing.shutdown()  # the spans still batched
 
 
 if __name__ == "__main__":

@@ -228,7 +228,7 @@ class HostDeps:
                                prompt=prompt_from_messages(messages),
                                resume=turn.resume if turn is not None else None,
                                fork=turn.fork if turn is not None else False)
-        return await self._copy_in(launch, provider, handle, record.tenant)
+        return await self._copy_in(launch, provider, handle, record)
 
     async def relaunch_spec(self, record: runs_pb2.RunRecord, provider: Any, handle: Any,
                             session_id: str) -> tuple[list[str], bytes | None, dict[str, str], dict[str, str], bool]:
@@ -243,16 +243,18 @@ class HostDeps:
 
         launch = prepare_agent(record.agent.kind or config.get("BATON_DEFAULT_AGENT"), self.agent_options(record),
                                prompt=RESUME_PROMPT, resume=session_id, fork=False)
-        return await self._copy_in(launch, provider, handle, record.tenant)
+        return await self._copy_in(launch, provider, handle, record)
 
-    async def _copy_in(self, launch: Any, provider: Any, handle: Any,
-                       tenant: str) -> tuple[list[str], bytes | None, dict[str, str], dict[str, str], bool]:
+    async def _copy_in(self, launch: Any, provider: Any, handle: Any, record: runs_pb2.RunRecord
+                       ) -> tuple[list[str], bytes | None, dict[str, str], dict[str, str], bool]:
         from sandbox_host.agents import load_files
+        from sandbox_host.run_trace import agent_env
 
-        secrets = self.agent_secrets(launch, tenant)
+        secrets = self.agent_secrets(launch, record.tenant)
         for path, (content, mode) in (await load_files(launch)).items():
             await provider.copy_in(handle, path, content, mode)
-        return list(launch.argv), launch.stdin, dict(launch.env), secrets, launch.interactive
+        # The run's trace context (TRACEPARENT): an agent that traces joins the run's trace.
+        return list(launch.argv), launch.stdin, {**launch.env, **agent_env(record)}, secrets, launch.interactive
 
     # --- sandboxes registry -------------------------------------------------------------
 

@@ -47,7 +47,7 @@ from sandbox_host.claim_log import ClaimLog, Mode, RunStats
 from sandbox_host.finishing import Finisher
 from sandbox_host.pipeline import Batch, Replay
 from sandbox_host.run_inputs import InputDesk
-from sandbox_host import run_inputs_io
+from sandbox_host import run_inputs_io, run_trace
 from sandbox_host.journal import JournalResume
 from sandbox_host.sandboxes import RunSandboxes, Sandbox, adopt
 
@@ -159,15 +159,18 @@ class RunDriver:
 
     async def run(self) -> None:
         """Drive the run to a decision and carry it out. Never raises domain errors."""
-        try:
-            decision = await self._supervise_all()
-            self.stats.decision = decision
-            if decision is not None:
-                await self._finish_shielded(decision)
-        finally:
-            await self.claim_log.drop_inflight()
-            self.done.set()
-            log.info("run %s: driver ended at epoch %d (%s)", self.run_id, self.epoch, self.stats.outcome)
+        # Its own task: the run's log fields and drive span hold for everything it spawns.
+        with run_trace.driving(self.deps.host_id, self.record, self.epoch, self.mode) as span:
+            try:
+                decision = await self._supervise_all()
+                self.stats.decision = decision
+                if decision is not None:
+                    await self._finish_shielded(decision)
+            finally:
+                await self.claim_log.drop_inflight()
+                self.done.set()
+                span.set_attribute("baton.outcome", str(self.stats.outcome))
+                log.info("run %s: driver ended at epoch %d (%s)", self.run_id, self.epoch, self.stats.outcome)
 
     async def _supervise_all(self) -> M.Decision | None:
         """The body, the record's watch and the snapshots in one task group, until a decision."""

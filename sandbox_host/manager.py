@@ -19,6 +19,7 @@ import time
 from typing import Any, Iterator
 
 from baton import config
+from baton.telemetry import bind_fields
 from baton.errors import (
     HostAtCapacity, HostDraining, InvalidArgument, JournalAttachUnavailable, RunClaimLost,
     RunClaimNotAcquired, SessionLost,
@@ -28,7 +29,7 @@ from baton.retry import Deadline
 from baton.v1 import runs_pb2
 from sandbox_host import machine as M
 from baton.runs import record_status
-from sandbox_host import turns
+from sandbox_host import run_trace, turns
 from sandbox_host.deps import HostDeps
 from sandbox_host.driver import Mode, RunDriver
 from sandbox_host.manager_claims import HOLDER_WAIT, ClaimUpkeep
@@ -218,6 +219,7 @@ class RunManager:
             log.info("start %s failed: %r", task.get_name(), task.exception())  # also told to the caller
 
     async def _start_in_slot(self, req: Any) -> tuple[runs_pb2.RunRecord, bool]:
+        bind_fields(run_id=req.run_id, thread_id=req.thread_id)  # its own task: the start's lines
         with self._slot():
             session = self.deps.session
             try:
@@ -262,10 +264,13 @@ class RunManager:
         clock.mark("create")
         if not self._ours_to_start(req, record, created):
             return record, False
+        claim_ns = run_trace.now_ns()
         claimed = await self._claim_to_start(req, session)
         if isinstance(claimed, runs_pb2.RunRecord):
             return claimed, False  # joined: another start (or its finalizer) has it
         epoch, record, mode = claimed
+        run_trace.claimed(self.deps.host_id, record, epoch, mode, claim_ns)
+        bind_fields(epoch=epoch)
         clock.mark("claim")
         writer = self.deps.log.writer(req.run_id, epoch)
         record, fence_seq, opened, messages = await self._make_input_durable(
@@ -316,7 +321,7 @@ class RunManager:
             agent=runs_pb2.AgentSpec(kind=kind, options_json=json.dumps(dict(launch.options))),
             cancel_on_disconnect=req.cancel_on_disconnect, keep_sandbox=req.keep_sandbox, tenant=req.tenant,
             parent_run_id=req.parent_run_id, driver_host=self.deps.host_id, starting=True,
-            workspace_json=workspace_json)
+            workspace_json=workspace_json, trace_parent=run_trace.start_trace_parent())
         return messages, seed
 
     def _ours_to_start(self, req: Any, record: runs_pb2.RunRecord, created: bool) -> bool:
@@ -489,6 +494,7 @@ class RunManager:
             log.debug("attach %s failed: %r", run_id, task.exception())  # also told to the caller
 
     async def _attach_in_slot(self, run_id: str, purpose: str) -> tuple[int, runs_pb2.RunRecord]:
+        bind_fields(run_id=run_id)  # its own task: the attach's lines
         if purpose == "finalize":
             return await self._attach_run(run_id, purpose)
         with self._slot():
@@ -501,6 +507,7 @@ class RunManager:
             raise InvalidArgument("purpose", "must be drive or finalize")
         deps = self.deps
         session = deps.session
+        asked_ns = run_trace.now_ns()
         # No read of the record first: the claim itself refuses an unknown, ended or (for
         # drive) still starting run, inside its write. (Read first, then claimed, cost one
         # more coordinator and etcd round trip per takeover.) Nor is a driver of the run on
@@ -538,6 +545,8 @@ class RunManager:
         if session.lost.is_set():
             raise SessionLost(session.id)
         mode: Mode = "finalize" if purpose == "finalize" else "attach"
+        run_trace.claimed(deps.host_id, record, epoch, mode, asked_ns)
+        bind_fields(thread_id=record.thread_id, epoch=epoch)
         # No await from the check above to here: a session lost from now on reaches this
         # driver through session_lost().
         self._spawn(RunDriver(deps, record, epoch, mode, deps.log.writer(run_id, epoch),

@@ -13,7 +13,9 @@ import logging
 import time
 from typing import Awaitable
 
-from baton import errors as e
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from baton import errors as e, telemetry
 from baton.retry import Deadline
 from baton.runs import TERMINAL_PB
 from baton.v1 import coordinator_pb2, runs_pb2, sandbox_host_pb2
@@ -85,7 +87,19 @@ async def open_start(st: GatewayState, req: StartRequest, tenant_id: str, after:
         await _check_log_stores(st, req.run_id)
     except e.LogUnavailable as exc:
         raise StartFailed(exc, view is not None) from exc
-    record = await _start_or_explain(st, req, tenant_id)
+    # The run's trace starts here (or continues the caller's): the host stores this span's
+    # context on the record, and every host that drives the run later continues it.
+    span = telemetry.run_span("run.start", None, {"baton.run_id": req.run_id, "baton.thread_id": req.thread_id},
+                              kind=SpanKind.SERVER)
+    try:
+        with telemetry.activate(span):
+            record = await _start_or_explain(st, req, tenant_id)
+        span.set_attribute("baton.host", record.driver_host)
+    except BaseException as exc:
+        span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+        raise
+    finally:
+        span.end()
     # A concurrent start with the same run id may have created the record between our lookup
     # and StartRun (the host then answers with that record, unchanged): the same checks as
     # for a record found above, or another tenant's or thread's log is served.

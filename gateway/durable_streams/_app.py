@@ -7,7 +7,7 @@ from urllib.parse import quote, unquote
 
 import nats.errors
 import nats.js.errors
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocketClose
@@ -142,6 +142,10 @@ def build_app(ds: Callable[[], DurableStreams | None]) -> ASGIApp:
             else:
                 try:
                     resp = await live.handle(scope, receive, public)
+                except ClientDisconnect:
+                    # An aborted upload: nobody reads the answer, and it is not our error.
+                    log.info("%s %s: the client went away before its request body ended", method, path)
+                    resp = text(400, "Client went away")
                 except Exception:
                     log.exception("%s %s failed", method, path)
                     resp = JSONResponse({"error": "internal error", "reason": "INTERNAL"}, status_code=500)
