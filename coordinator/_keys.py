@@ -223,8 +223,16 @@ class Keys:
     def hosts(self) -> bytes:
         return self._k("hosts", "")
 
+    @property
+    def all_sessions(self) -> bytes:
+        return self._k("sessions", "")
+
     def session(self, session_id: int) -> bytes:
         return self._k("sessions", f"{session_id:016x}")
+
+    @property
+    def all_keepers(self) -> bytes:
+        return self._k("keepers", "")
 
     def keeper(self, session_id: int) -> bytes:
         return self._k("keepers", f"{session_id:016x}")

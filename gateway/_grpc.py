@@ -26,7 +26,7 @@ from baton.ids import validate_id
 from baton.v1 import runs_pb2, runs_service_pb2 as pb
 from gateway import _grpc_wire
 from gateway._auth import tenant_of_header
-from gateway._errors import grpc_status
+from gateway._errors import StartFailed, grpc_status, mapping_for
 from gateway._grpc_input import cancel_request_of, join_request_of, list_runs_request_of, start_request_of
 from gateway._reader import RunRead, stream_log
 from gateway._service import JoinRequest, RunService, approval_answer, awaiting_approval, fork_request, steer_request
@@ -212,13 +212,17 @@ class RunsService:
         return pb.AgentListResponse(default_kind=default, agents=[pb.AgentInfo(**i) for i in items])
 
 
-def _guard(fn: Handler) -> Handler:
-    """Map what a method raises to its gRPC status (never a stack trace to the client)."""
+def _guard(fn: Handler, metrics: Any = None) -> Handler:
+    """Map what a method raises to its gRPC status (never a stack trace to the client);
+    count it in ``metrics`` (``baton_gateway_rejected_requests_total{edge="grpc"}``)."""
 
     async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         try:
             return await fn(request, context)
         except e.BatonError as exc:
+            if metrics is not None:
+                m = mapping_for(exc.cause if isinstance(exc, StartFailed) else exc)
+                metrics.rejected.labels("grpc", m.reason if m is not None else "INTERNAL").inc()
             await context.abort_with_status(grpc_status(exc))  # type: ignore[attr-defined]  # grpc-stubs' aio context lacks it
         except grpc.aio.AbortError:
             raise
@@ -247,13 +251,14 @@ def generic_handler(service: RunsService) -> grpc.GenericRpcHandler[Any, Any]:
         "ListQueuedRuns": (pb.QueueListRequest, pb.QueueListResponse),
         "CancelQueuedRun": (pb.QueueCancelRequest, pb.QueueCancelResponse),
     }
+    metrics = service._svc.state.metrics
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
-        name: grpc.unary_unary_rpc_method_handler(_guard(getattr(service, name)), request_deserializer=req.FromString,
-                                                  response_serializer=resp.SerializeToString)
+        name: grpc.unary_unary_rpc_method_handler(_guard(getattr(service, name), metrics),
+                                                  request_deserializer=req.FromString, response_serializer=resp.SerializeToString)
         for name, (req, resp) in unary.items()
     }
     for name, req in (("StartRun", pb.RunStartRequest), ("JoinRun", pb.RunJoinRequest)):
-        handlers[name] = grpc.unary_stream_rpc_method_handler(_guard(getattr(service, name)),
+        handlers[name] = grpc.unary_stream_rpc_method_handler(_guard(getattr(service, name), metrics),
                                                               request_deserializer=req.FromString,
                                                               response_serializer=None)
     return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
