@@ -230,10 +230,6 @@ class Keys:
     def session(self, session_id: int) -> bytes:
         return self._k("sessions", f"{session_id:016x}")
 
-    @property
-    def all_keepers(self) -> bytes:
-        return self._k("keepers", "")
-
     def keeper(self, session_id: int) -> bytes:
         return self._k("keepers", f"{session_id:016x}")
 

@@ -4,16 +4,17 @@ One :class:`CoordinatorMetrics` per replica (its own registry, served on
 ``BATON_COORDINATOR_METRICS_LISTEN``). Counters of the leader's tasks (failovers, sessions
 ended) move only on the replica that leads: sum them over replicas.
 
-Why a session ended is read from the watch that sees its keys go (the leader's failover
-watch, :func:`ended_sessions`): a session closed by ``CloseSession`` or revoked by fast
-failover gets a marker on its keeper key (``closed`` / ``revoked``, on the same lease) in
-the write that ends it, so the deletion event's previous value names the cause on whichever
-replica leads; a session key deleted without a marker is a lease that expired.
+Why a session ended is read from the watch that sees its key go (the leader's failover
+watch, :class:`SessionEnds`): a session closed by ``CloseSession`` or revoked by fast
+failover gets a marker as its key's value (``closed`` / ``revoked``) in the write just
+before its lease is revoked, so the deletion event's previous value names the cause on
+whichever replica leads; a session key deleted without a marker is a lease that expired.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Iterable, Literal
+from typing import Any, Iterable, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -22,7 +23,7 @@ from baton.v1.runs_pb2 import Claim
 
 from coordinator._keys import Keys
 
-#: Values of the keeper key that mark how its session was ended on purpose.
+#: Values of a session key that mark how its session was ended on purpose.
 CLOSED_MARK = b"closed"
 REVOKED_MARK = b"revoked"
 
@@ -33,15 +34,13 @@ LossCause = Literal["crash", "drain", "session_lost", "other"]
 
 @dataclass(frozen=True)
 class Loss:
-    """How a run lost its driver: when the leader saw the claim go (Unix seconds) and why.
-
-    ``released_by`` names the host that let the claim go while its session lived (its
-    cause is ``drain`` if that host is draining, which is read only for an orphaned run).
-    """
+    """How a run lost its driver: when the leader saw the claim go (Unix seconds), why, and
+    the lost claim's session and host (0 and "" when unknown)."""
 
     at: float
     cause: LossCause
-    released_by: str = ""
+    session_id: int = 0
+    host_id: str = ""
 
 
 class CoordinatorMetrics:
@@ -67,57 +66,66 @@ class CoordinatorMetrics:
             "longer holds the run", ["op"], registry=r)
 
 
-def session_end(marker: bytes | None) -> SessionEnd:
-    """The cause of a session's end from its keeper key's last value (``None``: no keeper)."""
-    if marker == CLOSED_MARK:
+def session_end(value: bytes | None) -> SessionEnd:
+    """The cause of a session's end from its key's last value (the owner's name unless marked)."""
+    if value == CLOSED_MARK:
         return "closed"
-    if marker == REVOKED_MARK:
+    if value == REVOKED_MARK:
         return "revoked"
     return "expired"
 
 
-def ended_sessions(keys: Keys, events: Iterable[object]) -> dict[int, SessionEnd]:
-    """Sessions whose key was deleted in ``events`` (one watch response, one revision per
-    lease revoke), with the cause their keeper marker names."""
-    ended: set[int] = set()
-    marks: dict[int, bytes] = {}
-    for ev in events:
-        key: bytes = ev.kv.key  # type: ignore[attr-defined]
-        if key.startswith(keys.all_sessions):
-            ended.add(int(key[len(keys.all_sessions):], 16))
-        elif key.startswith(keys.all_keepers):
-            prev = ev.prev_kv  # type: ignore[attr-defined]
-            marks[int(key[len(keys.all_keepers):], 16)] = prev.value if prev is not None else b""
-    return {sid: session_end(marks.get(sid)) for sid in ended}
+class SessionEnds:
+    """The sessions that ended lately, with their causes (bounded: the newest are kept).
+
+    The leader's one watch stream carries the claims' and the sessions' deletions as
+    separate watches, so a claim and its session, deleted in one revision, arrive in two
+    responses in either order: a hand-over looks its session up here when it needs it.
+    """
+
+    def __init__(self, keep: int = 4096) -> None:
+        self._ends: OrderedDict[int, SessionEnd] = OrderedDict()
+        self._keep = keep
+
+    def saw(self, keys: Keys, events: Iterable[Any]) -> dict[int, SessionEnd]:
+        """Take the session key deletions of one watch response → the sessions they ended."""
+        ended: dict[int, SessionEnd] = {}
+        for ev in events:
+            key: bytes = ev.kv.key
+            if key.startswith(keys.all_sessions):
+                sid = int(key[len(keys.all_sessions):], 16)
+                ended[sid] = session_end(ev.prev_kv.value if ev.prev_kv is not None else None)
+                self._ends[sid] = ended[sid]
+        while len(self._ends) > self._keep:
+            self._ends.popitem(last=False)
+        return ended
+
+    def get(self, session_id: int) -> SessionEnd | None:
+        return self._ends.get(session_id)
 
 
-def loss_of(claim_prev: bytes | None, ended: dict[int, SessionEnd], *, at: float) -> Loss:
+def loss_of(claim_prev: bytes | None, *, at: float) -> Loss:
+    """The loss of a deleted claim (``claim_prev``: its value, ``None`` when unknown), its
+    cause not known yet (:func:`cause_of`)."""
+    if claim_prev is None:
+        return Loss(at, "other")
+    claim = Claim.FromString(claim_prev)
+    return Loss(at, "other", session_id=claim.session_id, host_id=claim.host_id)
+
+
+def cause_of(end: SessionEnd | None, *, session_lives: bool, host_draining: bool) -> LossCause:
     """Why a claim vanished.
-
-    Args:
-        claim_prev: the deleted claim's value (a ``Claim``), ``None`` when unknown.
-        ended: sessions ended in the same revision (:func:`ended_sessions`).
-        at: when the deletion was seen (Unix seconds).
 
     Returns:
         ``crash`` (fast failover revoked the session: its process refused connections),
         ``session_lost`` (the session's lease expired: the host stopped refreshing it, being
-        dead, paused or cut off), else ``other`` (its session closed; or the claim was
-        released while the session lived, with ``released_by`` set: see :func:`settle_drain`).
+        dead, paused or cut off), ``drain`` (released by a draining host while its session
+        lived), else ``other`` (closed; released otherwise; unknown).
     """
-    if claim_prev is None:
-        return Loss(at, "other")
-    claim = Claim.FromString(claim_prev)
-    end = ended.get(claim.session_id)
     if end == "revoked":
-        return Loss(at, "crash")
+        return "crash"
     if end == "expired":
-        return Loss(at, "session_lost")
-    return Loss(at, "other", released_by=claim.host_id if end is None else "")
-
-
-def settle_drain(loss: Loss, draining: set[str]) -> Loss:
-    """``loss`` with cause ``drain`` when the host that released the claim is draining."""
-    if loss.released_by and loss.released_by in draining:
-        return Loss(loss.at, "drain", loss.released_by)
-    return loss
+        return "session_lost"
+    if end is None and session_lives and host_draining:
+        return "drain"
+    return "other"

@@ -22,7 +22,7 @@ import itertools
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import grpc
@@ -40,7 +40,7 @@ from baton.v1.runs_pb2 import Claim
 from coordinator._election import LeaderContext
 from coordinator._indexes import ensure_indexes, live_runs
 from coordinator._keys import prefix_end
-from coordinator._metrics import CoordinatorMetrics, Loss, ended_sessions, loss_of, settle_drain
+from coordinator._metrics import CoordinatorMetrics, Loss, SessionEnds, cause_of, loss_of
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +225,7 @@ def orphaned(rec: runs_pb2.RunRecord | None, claim: Claim | None) -> bool:
 
 async def hand_over_if_orphaned(ctx: LeaderContext, pool: HostPool, run_id: str,
                                 placer: Placer | None = None, loss: Loss | None = None,
-                                metrics: CoordinatorMetrics | None = None) -> str:
+                                metrics: CoordinatorMetrics | None = None, ends: SessionEnds | None = None) -> str:
     """Hand ``run_id`` to a live host when :func:`orphaned`.
 
     Returns:
@@ -236,9 +236,8 @@ async def hand_over_if_orphaned(ctx: LeaderContext, pool: HostPool, run_id: str,
         return "skipped"
     assert rec is not None
     purpose = "finalize" if rec.cancel_requested else "drive"
-    if loss is not None and loss.released_by:
-        # Released by a host that lives: a drain? (Read only for an orphan, not per run end.)
-        loss = settle_drain(loss, {h.host_id for h in await ctx.list_hosts() if h.draining})
+    if loss is not None and ends is not None:
+        loss = await _why(ctx, loss, ends)  # read only for an orphan, never per run end
     if loss is not None and metrics is not None:
         metrics.orphans.labels(loss.cause).inc()
     return await attach_somewhere(ctx, pool, run_id, purpose, placer=placer, loss=loss)
@@ -295,6 +294,7 @@ async def failover_scheduler(ctx: LeaderContext, metrics: CoordinatorMetrics | N
     """
     store, keys, cfg = ctx.store, ctx.store.keys, ctx.config
     metrics = metrics or CoordinatorMetrics()
+    ends = SessionEnds()
     pool = HostPool()
     placer = Placer(ctx)
     slots = asyncio.Semaphore(MAX_PARALLEL_HANDOVERS)
@@ -310,7 +310,7 @@ async def failover_scheduler(ctx: LeaderContext, metrics: CoordinatorMetrics | N
             recheck.add(run_id)
             return
         task = asyncio.create_task(_guarded(ctx, pool, run_id, placer=placer, slots=slots, loss=loss,
-                                            metrics=metrics),
+                                            metrics=metrics, ends=ends),
                                    name=f"failover:{run_id}")
         pending[run_id] = task
         task.add_done_callback(functools.partial(finished, run_id))
@@ -341,10 +341,10 @@ async def failover_scheduler(ctx: LeaderContext, metrics: CoordinatorMetrics | N
                     await settle_hosts(ctx, {rec.driver_host for rec in orphans}, cfg.session_ttl)
                 for rec in orphans:
                     spawn(rec.run_id)
-                ranges = [(p, prefix_end(p)) for p in (keys.claims, keys.all_sessions, keys.all_keepers)]
+                ranges = [(p, prefix_end(p)) for p in (keys.claims, keys.all_sessions)]
                 async for _rev, events in store.etcd.watch(ranges, start_revision=rev + 1, deletes_only=True,
                                                            prev_kv=True):
-                    _on_deletes(ctx, metrics, events, spawn)
+                    _on_deletes(ctx, metrics, ends, events, spawn)
             except StoreUnavailable as exc:
                 log.warning("failover watch: %s; watching again", exc)
                 await asyncio.sleep(0.2)
@@ -358,23 +358,44 @@ async def failover_scheduler(ctx: LeaderContext, metrics: CoordinatorMetrics | N
         await pool.close()
 
 
-def _on_deletes(ctx: LeaderContext, metrics: CoordinatorMetrics, events: list[Any],
+def _on_deletes(ctx: LeaderContext, metrics: CoordinatorMetrics, ends: SessionEnds, events: list[Any],
                 spawn: Callable[[str, Loss | None], None]) -> None:
     """One watch response: count the sessions that ended, and hand over each run whose
-    claim vanished, with when and why it lost its driver."""
+    claim vanished, with when it lost its driver (why: :func:`_why`)."""
     keys, now = ctx.store.keys, time.time()
-    ended = ended_sessions(keys, events)
-    for cause in ended.values():
+    for cause in ends.saw(keys, events).values():
         metrics.sessions_ended.labels(cause).inc()
     for ev in events:
         if ev.kv.key.startswith(keys.claims):
             prev = ev.prev_kv.value if ev.prev_kv is not None else None
-            spawn(keys.run_id_of_claim(ev.kv.key), loss_of(prev, ended, at=now))
+            spawn(keys.run_id_of_claim(ev.kv.key), loss_of(prev, at=now))
+
+
+#: Seconds a hand-over waits for the deletion of its claim's session to be seen (it comes on
+#: the same stream, as a response of its own, within milliseconds) before calling it ``other``.
+_SESSION_END_WAIT = 1.0
+
+
+async def _why(ctx: LeaderContext, loss: Loss, ends: SessionEnds) -> Loss:
+    """``loss`` with its cause (:func:`coordinator._metrics.cause_of`); only for an orphan."""
+    if not loss.session_id:
+        return loss
+    timeout = ctx.config.etcd_timeout
+    kvs, _ = await ctx.store.etcd.range(ctx.store.keys.session(loss.session_id), keys_only=True, timeout=timeout)
+    lives = bool(kvs)
+    draining = lives and any(h.host_id == loss.host_id and h.draining for h in await ctx.list_hosts())
+    end = ends.get(loss.session_id)
+    deadline = asyncio.get_running_loop().time() + _SESSION_END_WAIT
+    while end is None and not lives and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.02)
+        end = ends.get(loss.session_id)
+    return replace(loss, cause=cause_of(end, session_lives=lives, host_draining=draining))
 
 
 async def _guarded(ctx: LeaderContext, pool: HostPool, run_id: str, *, placer: Placer,
                    slots: asyncio.Semaphore, patience: float = HANDOVER_PATIENCE,
-                   loss: Loss | None = None, metrics: CoordinatorMetrics | None = None) -> str:
+                   loss: Loss | None = None, metrics: CoordinatorMetrics | None = None,
+                   ends: SessionEnds | None = None) -> str:
     """:func:`hand_over_if_orphaned`, retried while etcd (or a host) fails transiently.
 
     No later event reports this run again (its claim is gone already), so giving up at the
@@ -383,7 +404,7 @@ async def _guarded(ctx: LeaderContext, pool: HostPool, run_id: str, *, placer: P
     """
     async def once() -> str:
         async with slots:
-            return await hand_over_if_orphaned(ctx, pool, run_id, placer, loss, metrics)
+            return await hand_over_if_orphaned(ctx, pool, run_id, placer, loss, metrics, ends)
 
     while True:
         try:
