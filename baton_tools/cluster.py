@@ -229,6 +229,8 @@ class LocalCluster:
         prev = self._previous_ports()
         names = [*self._engine_port_names(), "coordinator", "gateway-grpc"] + [
             f"host-{i}" for i in range(1, self.n_hosts + 1)]
+        # Each service's Prometheus listener (cluster.json's "ports" names them).
+        names += ["coordinator-metrics", "gateway-metrics"] + [f"host-{i}-metrics" for i in range(1, self.n_hosts + 1)]
         gw = self.port or prev.get("gateway")
         if gw and not _port_free(gw):
             raise ClusterError(f"port {gw} is in use: pick another with --port")
@@ -400,6 +402,7 @@ class LocalCluster:
         self.on_step("coordinator")
         self._spawn("coordinator", "coordinator", {
             **common, "BATON_ETCD_ENDPOINTS": etcd_endpoints, "BATON_COORDINATOR_LISTEN": coord_addr,
+            "BATON_COORDINATOR_METRICS_LISTEN": f"127.0.0.1:{ports['coordinator-metrics']}",
         })
         self._wait("coordinator", lambda: grpc_serving(coord_addr))
 
@@ -409,6 +412,7 @@ class LocalCluster:
             self.on_step(f"sandbox host {name}")
             self._spawn(name, "sandbox_host", {
                 **common, "BATON_HOST_LISTEN": addr, "BATON_HOST_ADVERTISE": addr, "BATON_HOST_ID": name,
+                "BATON_HOST_METRICS_LISTEN": f"127.0.0.1:{ports[f'{name}-metrics']}",
             })
             hosts.append((name, addr))
         for name, addr in hosts:
@@ -418,7 +422,8 @@ class LocalCluster:
         url = f"http://{gw_addr}"
         self.on_step("gateway")
         self._spawn("gateway", "gateway", {**common, "BATON_GATEWAY_LISTEN": gw_addr,
-                                           "BATON_GATEWAY_GRPC_LISTEN": f"127.0.0.1:{ports['gateway-grpc']}"})
+                                           "BATON_GATEWAY_GRPC_LISTEN": f"127.0.0.1:{ports['gateway-grpc']}",
+                                           "BATON_GATEWAY_METRICS_LISTEN": f"127.0.0.1:{ports['gateway-metrics']}"})
         self._wait("gateway", lambda: http_ok(f"{url}/readyz"))
 
         logs = self.data_dir / "logs"

@@ -12,6 +12,7 @@ from typing import Sequence
 
 from baton import config as baton_config, credentials, telemetry
 from coordinator._config import parse_args
+from coordinator._metrics import CoordinatorMetrics
 from coordinator._server import CoordinatorServer, build_store
 from coordinator._wiring import WiringContext, build_leader_tasks, build_reaper
 
@@ -19,9 +20,9 @@ from coordinator._wiring import WiringContext, build_leader_tasks, build_reaper
 async def _serve(argv: Sequence[str] | None) -> None:
     cfg = parse_args(argv)
     store = build_store(cfg)
-    wiring = WiringContext(cfg, store)
+    wiring = WiringContext(cfg, store, CoordinatorMetrics())
     server = CoordinatorServer(cfg, store=store, leader_tasks=build_leader_tasks(wiring),
-                               reaper=build_reaper(wiring))
+                               reaper=build_reaper(wiring), metrics=wiring.metrics)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

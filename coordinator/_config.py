@@ -34,6 +34,8 @@ class CoordinatorConfig:
         fast_failover: revoke a session at once when its keep-alive stream resets and its
             probe address refuses connections (:mod:`coordinator._liveness`); ``False``:
             the lease TTL only.
+        metrics_listen: ``host:port`` of the Prometheus metrics listener (port 0: any free
+            port); empty (the default here; ``BATON_COORDINATOR_METRICS_LISTEN`` has a port): none.
     """
 
     listen: str = "0.0.0.0:7100"
@@ -51,6 +53,7 @@ class CoordinatorConfig:
     etcd_page_size: int = 500
     internal_token: str = field(default="", repr=False)
     fast_failover: bool = True
+    metrics_listen: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "CoordinatorConfig":
@@ -82,6 +85,7 @@ class CoordinatorConfig:
             etcd_page_size=_count(f("BATON_ETCD_PAGE_SIZE"), "BATON_ETCD_PAGE_SIZE") or 1,
             internal_token=g("BATON_INTERNAL_TOKEN"),
             fast_failover=_flag(g("BATON_FAST_FAILOVER"), "BATON_FAST_FAILOVER"),
+            metrics_listen=g("BATON_COORDINATOR_METRICS_LISTEN"),
         )
 
     def with_overrides(self, **overrides: object) -> "CoordinatorConfig":

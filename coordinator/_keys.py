@@ -223,6 +223,10 @@ class Keys:
     def hosts(self) -> bytes:
         return self._k("hosts", "")
 
+    @property
+    def all_sessions(self) -> bytes:
+        return self._k("sessions", "")
+
     def session(self, session_id: int) -> bytes:
         return self._k("sessions", f"{session_id:016x}")
 

@@ -14,12 +14,14 @@ from baton import telemetry
 from baton.aio import watch_loop_lag
 from baton.errors import StoreUnavailable
 from baton.internal_auth import server_interceptors
+from baton.metrics import MetricsListener, start_listener
 from baton.v1 import coordinator_pb2, coordinator_pb2_grpc
 
 from coordinator._config import CoordinatorConfig
 from coordinator._election import LeaderElection, LeaderTask
 from coordinator._etcd import Etcd
 from coordinator._liveness import FastFailover
+from coordinator._metrics import CoordinatorMetrics
 from coordinator._presence import presence_sweeper
 from coordinator._service import CoordinatorService, Reaper, no_reaper
 from coordinator._store import RunStore
@@ -45,11 +47,16 @@ class CoordinatorServer:
         leader_tasks: leader-only tasks (run while this replica leads, cancelled on losing
             leadership), beside the built-in presence sweeper.
         reaper: the ``Reap`` RPC's sweep ``(ttl, now) -> counts``; default returns ``{}``.
+        metrics: the replica's metrics (served on ``config.metrics_listen`` when set);
+            default: a fresh registry.
     """
 
     def __init__(self, config: CoordinatorConfig, *, store: RunStore | None = None,
-                 leader_tasks: Sequence[LeaderTask] = (), reaper: Reaper = no_reaper) -> None:
+                 leader_tasks: Sequence[LeaderTask] = (), reaper: Reaper = no_reaper,
+                 metrics: CoordinatorMetrics | None = None) -> None:
         self.config = config
+        self.metrics = metrics or CoordinatorMetrics()
+        self.metrics_listener: MetricsListener | None = None
         self._leader_tasks = list(leader_tasks)
         self._reaper = reaper
         self.store = store if store is not None else build_store(config)
@@ -78,7 +85,7 @@ class CoordinatorServer:
         self.fast_failover = FastFailover(store, enabled=cfg.fast_failover, etcd_timeout=cfg.etcd_timeout)
         self.service = CoordinatorService(store, etcd_timeout=cfg.etcd_timeout,
                                           detached_run_ttl=cfg.detached_run_ttl, reaper=self._reaper,
-                                          fast_failover=self.fast_failover)
+                                          fast_failover=self.fast_failover, metrics=self.metrics)
         self._server = server = grpc.aio.server(options=(("grpc.so_reuseport", 0),),
                                                 interceptors=[*server_interceptors(cfg.internal_token),
                                                               *telemetry.server_interceptors()])
@@ -91,6 +98,8 @@ class CoordinatorServer:
         if self.port == 0:
             raise OSError(f"cannot bind {cfg.listen}")
         await server.start()
+        self.metrics_listener = start_listener(self.metrics.registry, cfg.metrics_listen,
+                                               "BATON_COORDINATOR_METRICS_LISTEN")
         self.election = LeaderElection(store, cfg, [presence_sweeper, *self._leader_tasks])
         self._election_task = asyncio.create_task(self.election.run(), name="coordinator-election")
         # A late loop shows in the log (a stalled election or keep-alive is then explained).
@@ -150,6 +159,8 @@ class CoordinatorServer:
             if self.fast_failover is not None:
                 await self.fast_failover.aclose()
             await self.etcd.close()
+            if self.metrics_listener is not None:
+                await asyncio.to_thread(self.metrics_listener.stop)
         finally:
             self._stopped.set()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import grpc
@@ -28,6 +29,7 @@ from coordinator._records import check_enums, check_paths
 from coordinator._store import PURPOSES, RunStore, UpdateOutcome
 from coordinator._etcd import LeaseNotFound
 from coordinator._liveness import FastFailover, StreamKeeper
+from coordinator._metrics import CoordinatorMetrics
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +105,10 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     """
 
     def __init__(self, store: RunStore, *, etcd_timeout: float, detached_run_ttl: float,
-                 reaper: Reaper = no_reaper, fast_failover: FastFailover | None = None) -> None:
+                 reaper: Reaper = no_reaper, fast_failover: FastFailover | None = None,
+                 metrics: CoordinatorMetrics | None = None) -> None:
         self.store = store
+        self.metrics = metrics or CoordinatorMetrics()
         self.fast_failover = fast_failover or FastFailover(store, enabled=False, etcd_timeout=etcd_timeout)
         self.etcd_timeout = etcd_timeout
         self.detached_run_ttl = detached_run_ttl
@@ -126,6 +130,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         try:
             return await coro
         except errors.BatonError as exc:
+            if isinstance(exc, errors.RunClaimLost):
+                self.metrics.fenced_writes.labels("other").inc()
             await abort(context, exc)
         raise AssertionError("unreachable")
 
@@ -172,6 +178,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             outcome, rec = await self.store.update_run(
                 request.run_id, request.record, paths, request.epoch, request.session_id,
                 timeout=self._budget(context))
+            if outcome is UpdateOutcome.SUPPRESSED:
+                self.metrics.fenced_writes.labels("update_run").inc()
             resp = pb.UpdateRunResponse(outcome=_OUTCOMES[outcome])
             if rec is not None:
                 resp.record.CopyFrom(rec)
@@ -362,10 +370,18 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             purpose = request.purpose or "drive"
             if purpose not in PURPOSES:
                 raise errors.InvalidArgument("purpose", "must be 'drive' or 'finalize'")
-            epoch, rec = await self.store.claim_run(request.run_id, _session(request.session_id),
-                                                    request.host_id, purpose,
-                                                    timeout=self._budget(context),
-                                                    require_started=request.require_started)
+            t0, outcome = time.monotonic(), "error"
+            try:
+                epoch, rec = await self.store.claim_run(request.run_id, _session(request.session_id),
+                                                        request.host_id, purpose,
+                                                        timeout=self._budget(context),
+                                                        require_started=request.require_started)
+                outcome = "claimed"
+            except errors.RunClaimNotAcquired as refused:
+                outcome = refused.reason
+                raise
+            finally:
+                self.metrics.claim_seconds.labels(purpose, outcome).observe(time.monotonic() - t0)
             return pb.ClaimRunResponse(epoch=epoch, record=rec)
         return await self._call(context, go())
 

@@ -6,11 +6,13 @@ against :class:`~coordinator._election.LeaderContext` and hook in here: edit
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from coordinator._config import CoordinatorConfig
 from coordinator._election import LeaderTask
+from coordinator._metrics import CoordinatorMetrics
 from coordinator._service import Reaper
 from coordinator._store import RunStore
 
@@ -20,10 +22,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class WiringContext:
-    """What a builder may use: the replica's config and its etcd-backed store."""
+    """What a builder may use: the replica's config, its etcd-backed store and its metrics."""
 
     config: CoordinatorConfig
     store: RunStore
+    metrics: CoordinatorMetrics = field(default_factory=CoordinatorMetrics)
 
 
 def _reaper_sweep(ctx: WiringContext) -> "ReaperSweep":
@@ -44,7 +47,7 @@ def build_leader_tasks(ctx: WiringContext) -> list[LeaderTask]:
     from coordinator.reaper import reaper_loop
     from coordinator.retention import retention_loop
 
-    tasks: list[LeaderTask] = [failover_scheduler, backfill]
+    tasks: list[LeaderTask] = [functools.partial(failover_scheduler, metrics=ctx.metrics), backfill]
     if ctx.config.reaper_interval > 0:
         tasks.append(reaper_loop(_reaper_sweep(ctx), ctx.config.reaper_interval))
         # Retention passes run at the reaper's pace.

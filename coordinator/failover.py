@@ -20,8 +20,10 @@ import asyncio
 import functools
 import itertools
 import logging
+import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any, Callable
 
 import grpc
 
@@ -38,6 +40,7 @@ from baton.v1.runs_pb2 import Claim
 from coordinator._election import LeaderContext
 from coordinator._indexes import ensure_indexes, live_runs
 from coordinator._keys import prefix_end
+from coordinator._metrics import CoordinatorMetrics, Loss, SessionEnds, cause_of, loss_of
 
 log = logging.getLogger(__name__)
 
@@ -176,8 +179,11 @@ class Placer:
 
 async def attach_somewhere(ctx: LeaderContext, pool: HostPool, run_id: str, purpose: str, *,
                            patience: float = HANDOVER_PATIENCE, exclude: str = "",
-                           placer: Placer | None = None) -> str:
+                           placer: Placer | None = None, loss: Loss | None = None) -> str:
     """Ask live hosts, best placed first (see :class:`Placer`), to take ``run_id`` over.
+
+    ``loss`` (when and why the run lost its driver) goes to the host with the request, for
+    its takeover stall histogram.
 
     Returns:
         ``"attached"`` (a host holds the claim now), ``"taken"`` (someone else already
@@ -193,7 +199,9 @@ async def attach_somewhere(ctx: LeaderContext, pool: HostPool, run_id: str, purp
             h, a = picked
             try:
                 await pool.stub(h.address).AttachRun(
-                    sandbox_host_pb2.AttachRunRequest(run_id=run_id, purpose=purpose), timeout=5.0)
+                    sandbox_host_pb2.AttachRunRequest(run_id=run_id, purpose=purpose,
+                                                      lost_at=loss.at if loss else 0.0,
+                                                      loss_cause=loss.cause if loss else ""), timeout=5.0)
                 log.info("failover: run %s handed to %s (%s)", run_id, h.host_id, purpose)
                 return "attached"
             except grpc.aio.AioRpcError as err:
@@ -216,7 +224,8 @@ def orphaned(rec: runs_pb2.RunRecord | None, claim: Claim | None) -> bool:
 
 
 async def hand_over_if_orphaned(ctx: LeaderContext, pool: HostPool, run_id: str,
-                                placer: Placer | None = None) -> str:
+                                placer: Placer | None = None, loss: Loss | None = None,
+                                metrics: CoordinatorMetrics | None = None, ends: SessionEnds | None = None) -> str:
     """Hand ``run_id`` to a live host when :func:`orphaned`.
 
     Returns:
@@ -227,16 +236,20 @@ async def hand_over_if_orphaned(ctx: LeaderContext, pool: HostPool, run_id: str,
         return "skipped"
     assert rec is not None
     purpose = "finalize" if rec.cancel_requested else "drive"
+    if loss is not None and ends is not None:
+        loss = await _why(ctx, loss, ends)  # read only for an orphan, never per run end
+    if loss is not None and metrics is not None:
+        metrics.orphans.labels(loss.cause).inc()
     with telemetry.log_fields(run_id=run_id, thread_id=rec.thread_id, epoch=rec.driver_epoch):
         if not rec.trace_parent:
-            return await attach_somewhere(ctx, pool, run_id, purpose, placer=placer)
+            return await attach_somewhere(ctx, pool, run_id, purpose, placer=placer, loss=loss)
         # The hand-over joins the run's trace (its AttachRun carries it to the new host).
         span = telemetry.run_span("run.failover", rec.trace_parent, {
             "baton.run_id": run_id, "baton.epoch": rec.driver_epoch, "baton.host": rec.driver_host,
             "baton.purpose": purpose}, takeover=True)
         try:
             with telemetry.activate(span):
-                outcome = await attach_somewhere(ctx, pool, run_id, purpose, placer=placer)
+                outcome = await attach_somewhere(ctx, pool, run_id, purpose, placer=placer, loss=loss)
             span.set_attribute("baton.outcome", outcome)
             return outcome
         finally:
@@ -279,7 +292,7 @@ async def settle_hosts(ctx: LeaderContext, drivers: set[str], budget: float, *, 
         await asyncio.sleep(min(poll, max(deadline.left(), 0.0)))
 
 
-async def failover_scheduler(ctx: LeaderContext) -> None:
+async def failover_scheduler(ctx: LeaderContext, metrics: CoordinatorMetrics | None = None) -> None:
     """Leader task: watch claim deletions and hand orphaned runs over at once.
 
     On start (a new leader) it also sweeps the claims it cannot have seen vanish: every
@@ -288,8 +301,13 @@ async def failover_scheduler(ctx: LeaderContext) -> None:
     it: a hand-over is retried through transient etcd/gRPC failures, and a deletion that
     arrives while a hand-over of the same run is in flight is looked at again after it.
     Runs until cancelled (leadership lost).
+
+    The same watch sees sessions end (their keys go with their lease), which tells why each
+    claim vanished (:func:`coordinator._metrics.loss_of`) for the metrics and the host.
     """
     store, keys, cfg = ctx.store, ctx.store.keys, ctx.config
+    metrics = metrics or CoordinatorMetrics()
+    ends = SessionEnds()
     pool = HostPool()
     placer = Placer(ctx)
     slots = asyncio.Semaphore(MAX_PARALLEL_HANDOVERS)
@@ -299,12 +317,13 @@ async def failover_scheduler(ctx: LeaderContext) -> None:
     recheck: set[str] = set()
     stopping = False
 
-    def spawn(run_id: str) -> None:
+    def spawn(run_id: str, loss: Loss | None = None) -> None:
         t = pending.get(run_id)
         if t is not None and not t.done():
             recheck.add(run_id)
             return
-        task = asyncio.create_task(_guarded(ctx, pool, run_id, placer=placer, slots=slots),
+        task = asyncio.create_task(_guarded(ctx, pool, run_id, placer=placer, slots=slots, loss=loss,
+                                            metrics=metrics, ends=ends),
                                    name=f"failover:{run_id}")
         pending[run_id] = task
         task.add_done_callback(functools.partial(finished, run_id))
@@ -312,6 +331,8 @@ async def failover_scheduler(ctx: LeaderContext) -> None:
     def finished(run_id: str, task: asyncio.Task[str]) -> None:
         if pending.get(run_id) is task:
             del pending[run_id]
+        if not task.cancelled() and task.exception() is None and task.result() != "skipped":
+            metrics.failovers.labels(task.result()).inc()
         if not stopping and not task.cancelled() and run_id in recheck:
             recheck.discard(run_id)
             spawn(run_id)
@@ -333,10 +354,10 @@ async def failover_scheduler(ctx: LeaderContext) -> None:
                     await settle_hosts(ctx, {rec.driver_host for rec in orphans}, cfg.session_ttl)
                 for rec in orphans:
                     spawn(rec.run_id)
-                async for _rev, events in store.etcd.watch([(keys.claims, prefix_end(keys.claims))],
-                                                           start_revision=rev + 1, deletes_only=True):
-                    for ev in events:
-                        spawn(keys.run_id_of_claim(ev.kv.key))
+                ranges = [(p, prefix_end(p)) for p in (keys.claims, keys.all_sessions)]
+                async for _rev, events in store.etcd.watch(ranges, start_revision=rev + 1, deletes_only=True,
+                                                           prev_kv=True):
+                    _on_deletes(ctx, metrics, ends, events, spawn)
             except StoreUnavailable as exc:
                 log.warning("failover watch: %s; watching again", exc)
                 await asyncio.sleep(0.2)
@@ -350,8 +371,44 @@ async def failover_scheduler(ctx: LeaderContext) -> None:
         await pool.close()
 
 
+def _on_deletes(ctx: LeaderContext, metrics: CoordinatorMetrics, ends: SessionEnds, events: list[Any],
+                spawn: Callable[[str, Loss | None], None]) -> None:
+    """One watch response: count the sessions that ended, and hand over each run whose
+    claim vanished, with when it lost its driver (why: :func:`_why`)."""
+    keys, now = ctx.store.keys, time.time()
+    for cause in ends.saw(keys, events).values():
+        metrics.sessions_ended.labels(cause).inc()
+    for ev in events:
+        if ev.kv.key.startswith(keys.claims):
+            prev = ev.prev_kv.value if ev.prev_kv is not None else None
+            spawn(keys.run_id_of_claim(ev.kv.key), loss_of(prev, at=now))
+
+
+#: Seconds a hand-over waits for the deletion of its claim's session to be seen (it comes on
+#: the same stream, as a response of its own, within milliseconds) before calling it ``other``.
+_SESSION_END_WAIT = 1.0
+
+
+async def _why(ctx: LeaderContext, loss: Loss, ends: SessionEnds) -> Loss:
+    """``loss`` with its cause (:func:`coordinator._metrics.cause_of`); only for an orphan."""
+    if not loss.session_id:
+        return loss
+    timeout = ctx.config.etcd_timeout
+    kvs, _ = await ctx.store.etcd.range(ctx.store.keys.session(loss.session_id), keys_only=True, timeout=timeout)
+    lives = bool(kvs)
+    draining = lives and any(h.host_id == loss.host_id and h.draining for h in await ctx.list_hosts())
+    end = ends.get(loss.session_id)
+    deadline = asyncio.get_running_loop().time() + _SESSION_END_WAIT
+    while end is None and not lives and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.02)
+        end = ends.get(loss.session_id)
+    return replace(loss, cause=cause_of(end, session_lives=lives, host_draining=draining))
+
+
 async def _guarded(ctx: LeaderContext, pool: HostPool, run_id: str, *, placer: Placer,
-                   slots: asyncio.Semaphore, patience: float = HANDOVER_PATIENCE) -> str:
+                   slots: asyncio.Semaphore, patience: float = HANDOVER_PATIENCE,
+                   loss: Loss | None = None, metrics: CoordinatorMetrics | None = None,
+                   ends: SessionEnds | None = None) -> str:
     """:func:`hand_over_if_orphaned`, retried while etcd (or a host) fails transiently.
 
     No later event reports this run again (its claim is gone already), so giving up at the
@@ -360,7 +417,7 @@ async def _guarded(ctx: LeaderContext, pool: HostPool, run_id: str, *, placer: P
     """
     async def once() -> str:
         async with slots:
-            return await hand_over_if_orphaned(ctx, pool, run_id, placer)
+            return await hand_over_if_orphaned(ctx, pool, run_id, placer, loss, metrics, ends)
 
     while True:
         try:

@@ -43,6 +43,15 @@ class SeveralCredentials(Unauthorized):
         super().__init__("send one Authorization header, not several")
 
 
+class MetricsForbidden(e.BatonError):
+    """The public port's ``/metrics`` with API keys on, without the internal token: a
+    tenant's key must not read cluster-wide counts (scrape the metrics listener instead)."""
+
+    def __init__(self) -> None:
+        super().__init__("/metrics needs the internal token here (Authorization: Bearer <BATON_INTERNAL_TOKEN>); "
+                         "scrape the metrics listener (BATON_GATEWAY_METRICS_LISTEN) instead")
+
+
 class BodyTooLarge(e.BatonError):
     """The request body is larger than the configured limit (bytes)."""
 
@@ -101,6 +110,7 @@ class HttpMapping:
 #: The errors that exist only at the gateway's edge, with their gRPC codes.
 EDGE: tuple[tuple[type[e.BatonError], int, str, str], ...] = (
     (Unauthorized, 401, "UNAUTHENTICATED", "UNAUTHENTICATED"),
+    (MetricsForbidden, 403, "METRICS_FORBIDDEN", "PERMISSION_DENIED"),
     (BodyTooLarge, 413, "BODY_TOO_LARGE", "INVALID_ARGUMENT"),
     (NoHostAvailable, 503, "NO_HOST_AVAILABLE", "UNAVAILABLE"),
     (CancelWaitTimeout, 504, "CANCEL_WAIT_TIMEOUT", "DEADLINE_EXCEEDED"),
@@ -179,6 +189,9 @@ async def handle_baton_error(request: Request, exc: Exception) -> Response:
     """Starlette exception handler: domain errors become their mapped status."""
     assert isinstance(exc, e.BatonError)
     m = mapping_for(exc.cause if isinstance(exc, StartFailed) else exc)
+    st = getattr(request.app.state, "gateway", None)
+    if st is not None:
+        st.metrics.rejected.labels("http", m.reason if m is not None else "INTERNAL").inc()
     if m is not None and m.status >= 500:
         log.warning("%s %s -> %s: %s", request.method, request.url.path, m.status, exc)
     return error_response(exc)

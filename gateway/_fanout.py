@@ -191,6 +191,10 @@ class Hubs:
         hub.readers += 1
         return hub
 
+    def readers_per_run(self) -> list[int]:
+        """Readers of each run with readers (a copy: safe to call from the scrape's thread)."""
+        return [h.readers for h in list(self._hubs.values())]
+
     async def release(self, hub: RunHub) -> None:
         hub.readers -= 1
         if hub.readers == 0 and self._hubs.get(hub.run_id) is hub:

@@ -26,7 +26,7 @@ from baton.ids import validate_id
 from baton.v1 import runs_pb2, runs_service_pb2 as pb
 from gateway import _grpc_wire
 from gateway._auth import one_authorization, tenant_of_header
-from gateway._errors import grpc_status
+from gateway._errors import StartFailed, grpc_status, mapping_for
 from gateway._grpc_input import cancel_request_of, join_request_of, list_runs_request_of, start_request_of
 from gateway._reader import RunRead, stream_log
 from gateway._service import (MAX_JSON_DEPTH, JoinRequest, RunService, approval_answer, awaiting_approval, fork_request,
@@ -221,9 +221,11 @@ class RunsService:
         return pb.AgentListResponse(default_kind=default, agents=[pb.AgentInfo(**i) for i in items])
 
 
-def _guard(fn: Handler, request_type: type[Message], authenticate: Callable[[Any], object]) -> Handler:
+def _guard(fn: Handler, request_type: type[Message], authenticate: Callable[[Any], object],
+           metrics: Any = None) -> Handler:
     """The method ``fn`` as served: credentials checked, then the request decoded, then the
-    call; what it raises mapped to its gRPC status (never a stack trace to the client).
+    call; what it raises mapped to its gRPC status (never a stack trace to the client) and
+    counted in ``metrics`` (``baton_gateway_rejected_requests_total{edge="grpc"}``).
 
     The request arrives as bytes (no ``request_deserializer``): decoding it here puts the
     credentials first (a caller without them learns nothing about what it sent) and makes an
@@ -239,6 +241,9 @@ def _guard(fn: Handler, request_type: type[Message], authenticate: Callable[[Any
                 raise e.InvalidArgument("request", f"is not a valid {request_type.DESCRIPTOR.full_name} message") from None
             return await fn(request, context)
         except e.BatonError as exc:
+            if metrics is not None:
+                m = mapping_for(exc.cause if isinstance(exc, StartFailed) else exc)
+                metrics.rejected.labels("grpc", m.reason if m is not None else "INTERNAL").inc()
             await context.abort_with_status(grpc_status(exc))  # type: ignore[attr-defined]  # grpc-stubs' aio context lacks it
         except grpc.aio.AbortError:
             raise
@@ -268,14 +273,14 @@ def generic_handler(service: RunsService) -> grpc.GenericRpcHandler[Any, Any]:
         "ListQueuedRuns": (pb.QueueListRequest, pb.QueueListResponse),
         "CancelQueuedRun": (pb.QueueCancelRequest, pb.QueueCancelResponse),
     }
-    auth = service._tenant
+    auth, metrics = service._tenant, service._svc.state.metrics
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
-        name: grpc.unary_unary_rpc_method_handler(_guard(getattr(service, name), req, auth),
+        name: grpc.unary_unary_rpc_method_handler(_guard(getattr(service, name), req, auth, metrics),
                                                   response_serializer=resp.SerializeToString)
         for name, (req, resp) in unary.items()
     }
     for name, req in (("StartRun", pb.RunStartRequest), ("JoinRun", pb.RunJoinRequest)):
-        handlers[name] = grpc.unary_stream_rpc_method_handler(_guard(getattr(service, name), req, auth),
+        handlers[name] = grpc.unary_stream_rpc_method_handler(_guard(getattr(service, name), req, auth, metrics),
                                                               response_serializer=None)
     return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
 

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import pathlib
 import uuid
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
@@ -13,6 +15,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from baton import errors as e
 from baton.ids import validate_id
 from baton.runs import STATUSES, status_name
+from gateway._errors import MetricsForbidden
 from gateway._service import input_json
 from gateway._views import record_json, service_of, state_of, tenant
 
@@ -118,10 +121,35 @@ async def readyz(request: Request) -> Response:
     return JSONResponse({"status": "not ready"}, status_code=503)
 
 
+def _may_read_metrics(request: Request) -> None:
+    """Without API keys everyone may (no tenant exists); with them only the internal token
+    does, never a tenant's key: the counts are the cluster's, not the tenant's.
+
+    Raises:
+        MetricsForbidden: otherwise (403 ``METRICS_FORBIDDEN``).
+    """
+    settings = state_of(request).settings
+    if not settings.auth_enabled:
+        return
+    token = settings.internal_token
+    sent = request.headers.get("authorization", "")
+    if not token or not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
+        raise MetricsForbidden()
+
+
 async def metrics(request: Request) -> Response:
-    """``/metrics``: Prometheus text; runs by status are read from the coordinator at scrape time."""
+    """``/metrics`` on the public port: Prometheus text (see :func:`_may_read_metrics` for
+    who may read it; the metrics listener serves the same without a key); runs by status
+    are read from the coordinator at scrape time."""
     st = state_of(request)
-    tenant(request)
+    _may_read_metrics(request)
+    await refresh_runs_by_status(st)
+    return Response(st.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+async def refresh_runs_by_status(st: Any) -> None:
+    """Set ``baton_runs{status}`` from the coordinator's newest runs (at most 2 s; a failure
+    leaves the last values and is logged)."""
     try:
         async with asyncio.timeout(2.0):
             recs = await st.coordinator.list_runs(limit=METRICS_RUNS_LIMIT)
@@ -132,7 +160,6 @@ async def metrics(request: Request) -> Response:
             st.metrics.runs.labels(name).set(counts.get(name, 0))
     except (e.BatonError, TimeoutError) as exc:
         log.warning("runs by status not refreshed: %s", exc)
-    return Response(st.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
 async def index(request: Request) -> Response:

@@ -69,6 +69,8 @@ class GatewaySettings:
         reader_queue: chunks buffered per reader before backpressure reaches the log read.
         grpc_listen: ``host:port`` of the gRPC ``baton.v1.Runs`` API (port 0: any free
             port); empty serves no gRPC.
+        metrics_listen: ``host:port`` of the Prometheus metrics listener (port 0: any free
+            port); empty (the default here; ``BATON_GATEWAY_METRICS_LISTEN`` has a port): none.
         internal_token: the cluster's internal token, sent on every call to the
             coordinator and the sandbox hosts; empty sends none.
         admission: limits of run starts in flight and waiting (``BATON_START_*``,
@@ -99,6 +101,7 @@ class GatewaySettings:
     cancel_wait: float = 30.0
     reader_queue: int = 256
     grpc_listen: str = ""
+    metrics_listen: str = ""
     internal_token: str = field(default="", repr=False)
     probe_address: str = ""
     admission: Any = None
@@ -134,6 +137,7 @@ class GatewaySettings:
             default_agent=config.get("BATON_DEFAULT_AGENT", env),
             session_ttl=config.get_float("BATON_SESSION_TTL", env),
             grpc_listen=config.get("BATON_GATEWAY_GRPC_LISTEN", env),
+            metrics_listen=config.get("BATON_GATEWAY_METRICS_LISTEN", env),
             internal_token=config.get("BATON_INTERNAL_TOKEN", env),
             probe_address=config.get("BATON_GATEWAY_ADVERTISE", env),
             admission=_admission_limits(env),

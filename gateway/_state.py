@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import logging
+import threading
 from typing import Any
 
 from baton import errors as e
@@ -50,6 +53,7 @@ class GatewayState:
         self.admission = Admission(settings.admission)
         self.takeovers = TakeoverTrigger(self.hosts, metrics)
         self.hubs = Hubs(delivery_log)
+        metrics.watch_fanout(self.hubs.readers_per_run)
         self.log_health = LogHealth(delivery_log, settings.gateway_id)
         self.session: Any | None = None
         self.session_changed = asyncio.Event()
@@ -58,6 +62,8 @@ class GatewayState:
         self.streams = StreamCloser()
         #: The bound port of the gRPC Runs API (0 when it is not served).
         self.grpc_port = 0
+        #: The bound port of the metrics listener (0 when there is none).
+        self.metrics_port = 0
         self.tasks = TaskOwner("gateway")
         self._session_task: asyncio.Task[None] | None = None
 
@@ -82,7 +88,9 @@ class GatewayState:
             return None
 
     def start(self) -> None:
-        self._session_task = asyncio.get_running_loop().create_task(self._keep_session(), name="gateway-session")
+        loop = asyncio.get_running_loop()
+        self._session_task = loop.create_task(self._keep_session(), name="gateway-session")
+        self.metrics.on_scrape(functools.partial(_refresh_from_scrape, self, loop, threading.get_ident()))
         # A late loop shows in the log (a session lost under load is then explained).
         self.spawn(watch_loop_lag("gateway"), name="loop-lag")
 
@@ -146,3 +154,18 @@ class GatewayState:
         await self.hubs.aclose()
         await self.log_health.aclose()
         await self.hosts.close()
+
+
+def _refresh_from_scrape(st: GatewayState, loop: asyncio.AbstractEventLoop, loop_thread: int) -> None:
+    """Before a scrape of the metrics listener (its own thread): refresh the runs by status
+    on the loop, waiting at most 2.5 s (a stuck loop leaves the last values). A scrape of the
+    public ``/metrics`` runs on the loop and has refreshed them already."""
+    if threading.get_ident() == loop_thread or st.shutting_down or loop.is_closed():
+        return
+    from gateway._routes_misc import refresh_runs_by_status
+
+    fut = asyncio.run_coroutine_threadsafe(refresh_runs_by_status(st), loop)
+    try:
+        fut.result(timeout=2.5)
+    except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError, RuntimeError):
+        fut.cancel()

@@ -7,6 +7,7 @@ call.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from typing import AsyncIterator
@@ -24,7 +25,8 @@ from gateway import _routes_misc as misc
 from gateway import _routes_ops as ops
 from gateway import durable_streams
 from gateway._errors import handle_baton_error
-from gateway._metrics import Metrics
+from baton.metrics import start_listener
+from gateway._metrics import Metrics, count_requests
 from gateway._service import RunService
 from gateway._settings import GatewaySettings
 from gateway._state import GatewayState
@@ -53,6 +55,13 @@ class _Gateway(Starlette):
     ds_direct: ASGIApp | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            # Counted by route template and status class (baton_gateway_requests_total).
+            await count_requests(self, self._dispatch, scope, receive, send)
+        else:
+            await self._dispatch(scope, receive, send)
+
+    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (self.ds_direct is not None and scope["type"] == "http" and not scope.get("root_path")
                 and scope["path"].startswith(DS_DIRECT)):
             scope["app"] = self
@@ -103,8 +112,12 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
 
                 state.spawn(QueueDispatcher(state).run(), name="queue-dispatcher")
                 ds_store = await durable_streams.start_for(app, runs)
-                grpc_server = None
+                grpc_server = metrics_listener = None
                 try:
+                    # Prometheus on its own port: no tenant key reads cluster-wide counts.
+                    metrics_listener = start_listener(state.metrics.registry, settings.metrics_listen,
+                                                      "BATON_GATEWAY_METRICS_LISTEN")
+                    state.metrics_port = metrics_listener.port if metrics_listener else 0
                     if settings.grpc_listen:
                         # The gRPC twin of the HTTP API, on its own port, sharing this state.
                         from gateway._grpc import RunsServer
@@ -116,6 +129,8 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
                 finally:
                     if grpc_server is not None:
                         await grpc_server.stop()
+                    if metrics_listener is not None:
+                        await asyncio.to_thread(metrics_listener.stop)
                     await ds_store.stop()
                     await state.aclose()
             finally:

@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from typing import Any, Sequence
 
 import grpc
@@ -49,12 +50,13 @@ def _advertise(listen: str, port: int) -> str:
     return f"{host}:{port}"
 
 
-async def hand_over(cc: Any, run_ids: Sequence[str], self_id: str) -> int:
+async def hand_over(cc: Any, run_ids: Sequence[str], self_id: str, lost_at: float = 0.0) -> int:
     """Ask live, non-draining peers to take the released runs over, in parallel.
 
     Each run goes to the peer :func:`baton.placement.assign` picks, counting the runs this
     drain has placed so far on top of each peer's published load and respecting its
-    capacity; a peer that refuses is skipped for that run. The coordinator leader's
+    capacity; a peer that refuses is skipped for that run. ``lost_at`` (Unix seconds: when
+    the drain let go) goes with each request, cause ``drain``. The coordinator leader's
     failover does the same on its own when it sees the claims vanish; whichever AttachRun
     comes second is refused with ``held``, harmlessly.
 
@@ -95,7 +97,8 @@ async def hand_over(cc: Any, run_ids: Sequence[str], self_id: str) -> int:
             if ch is None:
                 ch = channels[host_id] = internal_auth.insecure_channel(address[host_id], _GRPC_OPTIONS)
             try:
-                await hgrpc.SandboxHostStub(ch).AttachRun(hpb.AttachRunRequest(run_id=run_id), timeout=5.0)
+                await hgrpc.SandboxHostStub(ch).AttachRun(hpb.AttachRunRequest(
+                    run_id=run_id, lost_at=lost_at, loss_cause="drain"), timeout=5.0)
                 return True
             except grpc.aio.AioRpcError as exc:
                 placed[host_id] -= 1
@@ -142,10 +145,16 @@ class Host:
         if self.settings.provider == "docker":
             providers["docker"] = provider_for("docker")
         cfg = LogConfig.from_env()
+        from baton.metrics import start_listener
+        from sandbox_host.metrics import HostMetrics
+
+        metrics = HostMetrics()
         if self.settings.warm_up:
             warm_up()  # before the session: a first takeover must not import on the loop
         async with CoordinatorClient(addrs) as cc:
             dlog = await DeliveryLog.connect(nats_urls, cfg)
+            dlog.observer = metrics
+            listener = None
             try:
                 workspaces = WorkspaceStore(dlog.nc, WorkspaceConfig.from_env())
                 await provision_with_patience(dlog, workspaces)
@@ -153,8 +162,11 @@ class Host:
                 session = await cc.open_session(ttl=ttl, owner=self.host_id, own_thread=True)
                 deps = HostDeps(host_id=self.host_id, cc=cc, session=session, log=dlog,
                                 transcripts=TranscriptStore(dlog.nc, cfg), providers=providers,
-                                settings=self.settings, workspaces=workspaces)
+                                settings=self.settings, workspaces=workspaces, metrics=metrics)
                 self.manager = RunManager(deps)
+                metrics.runs.set_function(lambda: self.manager.load)
+                listener = start_listener(metrics.registry, config.get("BATON_HOST_METRICS_LISTEN"),
+                                          "BATON_HOST_METRICS_LISTEN")
                 # BATON_INTERNAL_TOKEN: only the cluster may call; health and reflection stay open.
                 server = grpc.aio.server(options=_GRPC_OPTIONS, interceptors=[*internal_auth.server_interceptors(), *telemetry.server_interceptors()])
                 add_to_server(SandboxHostService(self.manager, self.drain), server)
@@ -198,6 +210,8 @@ class Host:
                     except (TimeoutError, BatonError, grpc.RpcError):
                         pass  # the session may be gone already; its lease expires anyway
             finally:
+                if listener is not None:
+                    await asyncio.to_thread(listener.stop)
                 await dlog.close()
 
     async def _register(self, *, draining: bool) -> None:
@@ -270,9 +284,10 @@ class Host:
             log.warning("could not mark the host draining: %s", exc)
         except Exception:  # a bug: the drain goes on regardless
             log.exception("could not mark the host draining")
+        let_go = time.time()  # the drivers stop from here: the readers' stall begins
         handed = await self.manager.drain()
         try:
-            return await hand_over(self.manager.deps.cc, handed, self.host_id)
+            return await hand_over(self.manager.deps.cc, handed, self.host_id, let_go)
         except (BatonError, grpc.RpcError) as exc:
             log.warning("hand-over failed (the coordinator's failover takes the runs): %s", exc)
             return 0

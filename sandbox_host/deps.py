@@ -18,6 +18,7 @@ from baton.v1 import coordinator_pb2, runs_pb2
 from baton.coordinator_client import CoordinatorClient, Session
 from baton.log import DeliveryLog, TranscriptStore
 from sandbox_host import run_workspace, tenant_secrets
+from sandbox_host.metrics import HostMetrics
 from sandbox_host.providers import Provider, Sandbox
 from sandbox_host.run_workspace import WorkspaceSettings
 
@@ -142,8 +143,10 @@ class HostDeps:
 
     def __init__(self, *, host_id: str, cc: CoordinatorClient, session: Session, log: DeliveryLog,
                  transcripts: TranscriptStore, providers: Mapping[str, Provider], settings: HostSettings,
-                 workspaces: "WorkspaceStore | None" = None) -> None:
+                 workspaces: "WorkspaceStore | None" = None, metrics: HostMetrics | None = None) -> None:
         self.host_id = host_id
+        #: The host's Prometheus metrics (sandbox_host/metrics.py).
+        self.metrics = metrics if metrics is not None else HostMetrics()
         self.cc = cc
         self.session = session
         self.log = log

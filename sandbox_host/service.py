@@ -50,11 +50,15 @@ class SandboxHostService(pb_grpc.SandboxHostServicer):
         return pb.StartRunResponse(record=record, created=created)
 
     async def AttachRun(self, request: pb.AttachRunRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.AttachRunResponse:
+        metrics = self.manager.deps.metrics
+        cause = metrics.expect_takeover(request.run_id, request.lost_at, request.loss_cause)
         try:
             epoch, record = await self.manager.attach_run(request.run_id, request.purpose or "drive")
         except Exception as exc:
+            metrics.forget_takeover(request.run_id)
             await _fail(context, exc)
             raise
+        metrics.takeovers.labels(cause).inc()
         return pb.AttachRunResponse(epoch=epoch, record=record)
 
     async def CancelRun(self, request: pb.CancelRunRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.CancelRunResponse:

@@ -123,7 +123,8 @@ EVERY: dict[type[e.BatonError], e.BatonError] = {
     e.QueuedRunStarted: e.QueuedRunStarted("r1"),
 }
 ABSTRACT = {e.BatonError, e.ClaimError, e.DeliveryLogError, e.JournalError, e.SandboxError, e.WorkspaceError}
-EDGE_SAMPLES: list[e.BatonError] = [edge.Unauthorized(), edge.BodyTooLarge(1024), edge.NoHostAvailable(),
+EDGE_SAMPLES: list[e.BatonError] = [edge.Unauthorized(), edge.MetricsForbidden(), edge.BodyTooLarge(1024),
+                                    edge.NoHostAvailable(),
                                     edge.CancelWaitTimeout("r1", 5.0), edge.TooManyStarts(3, "a test")]
 API_DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "api.md"
 

@@ -17,7 +17,7 @@ from baton.log._log import DeliveryLog, provision_with_patience
 from baton.log._reader import LogReader, parse_offset
 from baton.log._transcript_fence import TranscriptWriter
 from baton.log._transcripts import TranscriptStore
-from baton.log._writer import LogWriter
+from baton.log._writer import LogWriter, WriteObserver
 
 __all__ = [
     "CloseStatus",
@@ -30,6 +30,7 @@ __all__ = [
     "StoredRecord",
     "TranscriptStore",
     "TranscriptWriter",
+    "WriteObserver",
     "parse_offset",
     "provision_with_patience",
 ]

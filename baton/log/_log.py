@@ -22,7 +22,7 @@ from baton.log._config import LogConfig
 from baton.log._consumer import OrderedConsumer
 from baton.log._reader import LogReader, parse_offset
 from baton.log._transcripts import TranscriptStore
-from baton.log._writer import LogWriter
+from baton.log._writer import LogWriter, WriteObserver
 
 log = logging.getLogger("baton.log")
 # How long a storage probe record is kept (nats-server per-message TTL).
@@ -83,6 +83,8 @@ class DeliveryLog:
         self.cfg = cfg or LogConfig.from_env()
         self.js = nc.jetstream()
         self._owns = owns_connection
+        #: Told about every write of this log's writers (a host sets its metrics here).
+        self.observer: WriteObserver | None = None
         # nats-py parses every message's headers in Python; its parser dominated the
         # headers-only read of a 100k-record log (the takeover budget is 2 s). The
         # replacement gives the same dict for well-formed headers. An instance attribute,
@@ -212,7 +214,8 @@ class DeliveryLog:
 
     def writer(self, run_id: str, epoch: int, *, publish_timeout: float = 2.0) -> LogWriter:
         """A writer for ``run_id`` under the claim of ``epoch``; call ``fence()`` first."""
-        return LogWriter(self.nc, self.js, self.cfg, run_id, epoch, publish_timeout=publish_timeout)
+        return LogWriter(self.nc, self.js, self.cfg, run_id, epoch, publish_timeout=publish_timeout,
+                         observer=self.observer)
 
     def read(
         self, run_id: str, after: str = "-1", *, stop_at_close: bool = True, idle_heartbeat: float = 1.0

@@ -14,7 +14,7 @@ import asyncio
 import json
 import logging
 import time
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Protocol
 
 import nats.errors
 from nats.aio.client import Client as NATS
@@ -61,6 +61,23 @@ def _parsed(tail: RawRecord | None) -> StoredRecord | None:
     return None if tail is None else H.parse_record(tail.seq, tail.headers)
 
 
+class WriteObserver(Protocol):
+    """Told what a writer's records met (a host's metrics, sandbox_host/metrics.py).
+    Called on the writer's task; must not block."""
+
+    def appended(self, seconds: float) -> None:
+        """A record was stored ``seconds`` after its first publish (retries included)."""
+
+    def fenced(self, run_id: str) -> None:
+        """This writer's fence record was stored."""
+
+    def latched(self, run_id: str) -> None:
+        """A write was refused: a higher epoch fenced the log."""
+
+    def refused_storage(self, run_id: str) -> None:
+        """A write was refused: JetStream cannot store."""
+
+
 class LogWriter:
     """Appends one run's records under one claim (run id, epoch).
 
@@ -90,6 +107,7 @@ class LogWriter:
         *,
         publish_timeout: float = 2.0,
         max_attempts: int = 5,
+        observer: WriteObserver | None = None,
     ) -> None:
         if epoch < 1:
             raise ValueError("epoch must be >= 1")
@@ -112,6 +130,7 @@ class LogWriter:
         self._lost: RunClaimLost | None = None
         self._closed = False
         self._lock = asyncio.Lock()
+        self._observer = observer
 
     # --- state ------------------------------------------------------------------------
 
@@ -143,6 +162,8 @@ class LogWriter:
 
     def _latch(self, tail: StoredRecord | None) -> RunClaimLost:
         assert tail is not None  # Verdict.LOST names a record
+        if self._observer is not None:
+            self._observer.latched(self.run_id)
         self._lost = RunClaimLost(self.run_id, self.epoch, describe(tail))
         return self._lost
 
@@ -210,11 +231,15 @@ class LogWriter:
                     if attempt > 1:  # a leader change or an outage: how long this append waited
                         log.info("append to %s stored after %d tries, %.2fs", self._subject, attempt,
                                  time.monotonic() - began)
+                    if self._observer is not None:
+                        self._observer.appended(time.monotonic() - began)
                     return int(resp["seq"])
                 code = err.get("err_code")
                 if code in STORAGE_FULL_CODES:
                     # max_file_store reached: refused before storing, clears by itself
                     # once space is freed (retention, deletes).
+                    if self._observer is not None:
+                        self._observer.refused_storage(self.run_id)
                     raise LogStorageFull(self.run_id, f"publish refused: {err.get('description', '')} ({code})", code)
                 if code not in (ERR_WRONG_LAST_SEQUENCE, ERR_WRONG_LAST_SEQUENCE_IN_FLIGHT):
                     raise LogUnavailable(self.run_id, f"publish refused: {err.get('description', '')}")
@@ -254,6 +279,8 @@ class LogWriter:
                     # Reads answer, stores do not: what nats-server does after a write hit
                     # ENOSPC (the stream stores again only after a restart with free space),
                     # or a stream leader election that outlasts the budget.
+                    if self._observer is not None:
+                        self._observer.refused_storage(self.run_id)
                     raise LogStorageFull(
                         self.run_id, f"JetStream answers reads but acknowledged none of {attempt} publishes"
                     ) from err_exc
@@ -287,6 +314,8 @@ class LogWriter:
                 try:
                     self._head = await self._publish(b"", headers, over)
                     self._fenced_over = over
+                    if self._observer is not None:
+                        self._observer.fenced(self.run_id)
                     return self._head
                 except _CompareFailed:
                     continue  # the head moved between read and publish: read it again

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from baton.v1 import runs_pb2 as baton_dot_v1_dot_runs__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x62\x61ton/v1/sandbox_host.proto\x12\x08\x62\x61ton.v1\x1a\x13\x62\x61ton/v1/runs.proto\"\x9e\x02\n\x0fStartRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tthread_id\x18\x02 \x01(\t\x12\"\n\x05\x61gent\x18\x03 \x01(\x0b\x32\x13.baton.v1.AgentSpec\x12\x15\n\rmessages_json\x18\x04 \x01(\t\x12 \n\x14\x64\x65tach_on_disconnect\x18\x05 \x01(\x08\x42\x02\x18\x01\x12\x14\n\x0ckeep_sandbox\x18\x06 \x01(\x08\x12\x0e\n\x06tenant\x18\x07 \x01(\t\x12\x18\n\x10interrupt_active\x18\x08 \x01(\x08\x12\x15\n\rparent_run_id\x18\t \x01(\t\x12\x1c\n\x14\x63\x61ncel_on_disconnect\x18\n \x01(\x08\x12\x16\n\x0eworkspace_json\x18\x0b \x01(\t\"H\n\x10StartRunResponse\x12#\n\x06record\x18\x01 \x01(\x0b\x32\x13.baton.v1.RunRecord\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"3\n\x10\x41ttachRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07purpose\x18\x02 \x01(\t\"G\n\x11\x41ttachRunResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12#\n\x06record\x18\x02 \x01(\x0b\x32\x13.baton.v1.RunRecord\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"$\n\x11\x43\x61ncelRunResponse\x12\x0f\n\x07\x64riving\x18\x01 \x01(\x08\",\n\x15\x44\x65stroySandboxRequest\x12\x13\n\x0bsandbox_key\x18\x01 \x01(\t\"+\n\x16\x44\x65stroySandboxResponse\x12\x11\n\tdestroyed\x18\x01 \x01(\x08\"\x0e\n\x0c\x44rainRequest\"$\n\rDrainResponse\x12\x13\n\x0bhanded_over\x18\x01 \x01(\x05\x32\xeb\x02\n\x0bSandboxHost\x12\x41\n\x08StartRun\x12\x19.baton.v1.StartRunRequest\x1a\x1a.baton.v1.StartRunResponse\x12\x44\n\tAttachRun\x12\x1a.baton.v1.AttachRunRequest\x1a\x1b.baton.v1.AttachRunResponse\x12\x44\n\tCancelRun\x12\x1a.baton.v1.CancelRunRequest\x1a\x1b.baton.v1.CancelRunResponse\x12S\n\x0e\x44\x65stroySandbox\x12\x1f.baton.v1.DestroySandboxRequest\x1a .baton.v1.DestroySandboxResponse\x12\x38\n\x05\x44rain\x12\x16.baton.v1.DrainRequest\x1a\x17.baton.v1.DrainResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x62\x61ton/v1/sandbox_host.proto\x12\x08\x62\x61ton.v1\x1a\x13\x62\x61ton/v1/runs.proto\"\x9e\x02\n\x0fStartRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tthread_id\x18\x02 \x01(\t\x12\"\n\x05\x61gent\x18\x03 \x01(\x0b\x32\x13.baton.v1.AgentSpec\x12\x15\n\rmessages_json\x18\x04 \x01(\t\x12 \n\x14\x64\x65tach_on_disconnect\x18\x05 \x01(\x08\x42\x02\x18\x01\x12\x14\n\x0ckeep_sandbox\x18\x06 \x01(\x08\x12\x0e\n\x06tenant\x18\x07 \x01(\t\x12\x18\n\x10interrupt_active\x18\x08 \x01(\x08\x12\x15\n\rparent_run_id\x18\t \x01(\t\x12\x1c\n\x14\x63\x61ncel_on_disconnect\x18\n \x01(\x08\x12\x16\n\x0eworkspace_json\x18\x0b \x01(\t\"H\n\x10StartRunResponse\x12#\n\x06record\x18\x01 \x01(\x0b\x32\x13.baton.v1.RunRecord\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"X\n\x10\x41ttachRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07purpose\x18\x02 \x01(\t\x12\x0f\n\x07lost_at\x18\x03 \x01(\x01\x12\x12\n\nloss_cause\x18\x04 \x01(\t\"G\n\x11\x41ttachRunResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12#\n\x06record\x18\x02 \x01(\x0b\x32\x13.baton.v1.RunRecord\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"$\n\x11\x43\x61ncelRunResponse\x12\x0f\n\x07\x64riving\x18\x01 \x01(\x08\",\n\x15\x44\x65stroySandboxRequest\x12\x13\n\x0bsandbox_key\x18\x01 \x01(\t\"+\n\x16\x44\x65stroySandboxResponse\x12\x11\n\tdestroyed\x18\x01 \x01(\x08\"\x0e\n\x0c\x44rainRequest\"$\n\rDrainResponse\x12\x13\n\x0bhanded_over\x18\x01 \x01(\x05\x32\xeb\x02\n\x0bSandboxHost\x12\x41\n\x08StartRun\x12\x19.baton.v1.StartRunRequest\x1a\x1a.baton.v1.StartRunResponse\x12\x44\n\tAttachRun\x12\x1a.baton.v1.AttachRunRequest\x1a\x1b.baton.v1.AttachRunResponse\x12\x44\n\tCancelRun\x12\x1a.baton.v1.CancelRunRequest\x1a\x1b.baton.v1.CancelRunResponse\x12S\n\x0e\x44\x65stroySandbox\x12\x1f.baton.v1.DestroySandboxRequest\x1a .baton.v1.DestroySandboxResponse\x12\x38\n\x05\x44rain\x12\x16.baton.v1.DrainRequest\x1a\x17.baton.v1.DrainResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,21 +39,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STARTRUNRESPONSE']._serialized_start=351
   _globals['_STARTRUNRESPONSE']._serialized_end=423
   _globals['_ATTACHRUNREQUEST']._serialized_start=425
-  _globals['_ATTACHRUNREQUEST']._serialized_end=476
-  _globals['_ATTACHRUNRESPONSE']._serialized_start=478
-  _globals['_ATTACHRUNRESPONSE']._serialized_end=549
-  _globals['_CANCELRUNREQUEST']._serialized_start=551
-  _globals['_CANCELRUNREQUEST']._serialized_end=601
-  _globals['_CANCELRUNRESPONSE']._serialized_start=603
-  _globals['_CANCELRUNRESPONSE']._serialized_end=639
-  _globals['_DESTROYSANDBOXREQUEST']._serialized_start=641
-  _globals['_DESTROYSANDBOXREQUEST']._serialized_end=685
-  _globals['_DESTROYSANDBOXRESPONSE']._serialized_start=687
-  _globals['_DESTROYSANDBOXRESPONSE']._serialized_end=730
-  _globals['_DRAINREQUEST']._serialized_start=732
-  _globals['_DRAINREQUEST']._serialized_end=746
-  _globals['_DRAINRESPONSE']._serialized_start=748
-  _globals['_DRAINRESPONSE']._serialized_end=784
-  _globals['_SANDBOXHOST']._serialized_start=787
-  _globals['_SANDBOXHOST']._serialized_end=1150
+  _globals['_ATTACHRUNREQUEST']._serialized_end=513
+  _globals['_ATTACHRUNRESPONSE']._serialized_start=515
+  _globals['_ATTACHRUNRESPONSE']._serialized_end=586
+  _globals['_CANCELRUNREQUEST']._serialized_start=588
+  _globals['_CANCELRUNREQUEST']._serialized_end=638
+  _globals['_CANCELRUNRESPONSE']._serialized_start=640
+  _globals['_CANCELRUNRESPONSE']._serialized_end=676
+  _globals['_DESTROYSANDBOXREQUEST']._serialized_start=678
+  _globals['_DESTROYSANDBOXREQUEST']._serialized_end=722
+  _globals['_DESTROYSANDBOXRESPONSE']._serialized_start=724
+  _globals['_DESTROYSANDBOXRESPONSE']._serialized_end=767
+  _globals['_DRAINREQUEST']._serialized_start=769
+  _globals['_DRAINREQUEST']._serialized_end=783
+  _globals['_DRAINRESPONSE']._serialized_start=785
+  _globals['_DRAINRESPONSE']._serialized_end=821
+  _globals['_SANDBOXHOST']._serialized_start=824
+  _globals['_SANDBOXHOST']._serialized_end=1187
 # @@protoc_insertion_point(module_scope)

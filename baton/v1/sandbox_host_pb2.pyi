@@ -121,18 +121,28 @@ class AttachRunRequest(_message.Message):
 
     RUN_ID_FIELD_NUMBER: _builtins.int
     PURPOSE_FIELD_NUMBER: _builtins.int
+    LOST_AT_FIELD_NUMBER: _builtins.int
+    LOSS_CAUSE_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     purpose: _builtins.str
     """"drive" (default) | "finalize" """
+    lost_at: _builtins.float
+    """When the run lost its previous driver (Unix seconds; 0 = unknown) and why
+    ("crash" | "drain" | "session_lost" | "other"): the successor observes the takeover
+    stall from it (baton_host_takeover_stall_seconds). Never changes what the attach does.
+    """
+    loss_cause: _builtins.str
     def __init__(
         self,
         *,
         run_id: _builtins.str = ...,
         purpose: _builtins.str = ...,
+        lost_at: _builtins.float = ...,
+        loss_cause: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["purpose", b"purpose", "run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["loss_cause", b"loss_cause", "lost_at", b"lost_at", "purpose", b"purpose", "run_id", b"run_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -209,6 +209,9 @@ async def start_coordinator(etcd_endpoint: str, prefix: str, *, in_process: bool
         from coordinator import CoordinatorConfig
 
         server_kwargs = {k: settings.pop(k) for k in ("leader_tasks", "reaper", "store") if k in settings}
+        # No metrics listener unless asked (metrics_listen="127.0.0.1:0"): the default port
+        # would collide between coordinators of concurrent tests.
+        settings.setdefault("metrics_listen", "")
         cfg = CoordinatorConfig.from_env(env_without_proxy()).with_overrides(
             listen=f"127.0.0.1:{port}", etcd_endpoints=tuple(etcd_endpoint.split(",")), prefix=prefix,
             replica_id=settings.pop("replica_id", None) or f"inproc-{port}", **settings)
@@ -221,6 +224,8 @@ async def start_coordinator(etcd_endpoint: str, prefix: str, *, in_process: bool
         "BATON_ETCD_ENDPOINTS": etcd_endpoint,
         "BATON_ETCD_PREFIX": prefix,
         "BATON_COORDINATOR_ID": f"coordinator-{port}",
+        # Any free port unless a test names one (the default would collide between tests).
+        "BATON_COORDINATOR_METRICS_LISTEN": "127.0.0.1:0",
         "PYTHONUNBUFFERED": "1",
     })
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo or _REPO), env.get("PYTHONPATH", "")) if p)
@@ -388,6 +393,7 @@ async def start_host(coordinator: str, nats_url: str, *, host_id: str | None = N
         "BATON_HOST_LISTEN": f"127.0.0.1:{port}",
         "BATON_HOST_ADVERTISE": f"127.0.0.1:{port}",
         "BATON_HOST_ID": hid,
+        "BATON_HOST_METRICS_LISTEN": "127.0.0.1:0",  # any free port unless a test names one
         "PYTHONUNBUFFERED": "1",
     })
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo or _REPO), env.get("PYTHONPATH", "")) if p)
@@ -470,6 +476,7 @@ async def start_gateway(coordinator: str, nats_url: str, *, port: int | None = N
         # Any free port for the gRPC API unless a test names one: the default (8081) would
         # collide between gateways of concurrent tests and suites.
         "BATON_GATEWAY_GRPC_LISTEN": "127.0.0.1:0",
+        "BATON_GATEWAY_METRICS_LISTEN": "127.0.0.1:0",  # the same for the metrics listener
         "PYTHONUNBUFFERED": "1",
     })
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH", "")) if p)

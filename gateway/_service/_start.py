@@ -55,6 +55,22 @@ def host_request(req: StartRequest, tenant_id: str) -> sandbox_host_pb2.StartRun
 
 
 async def open_start(st: GatewayState, req: StartRequest, tenant_id: str, after: str) -> str:
+    """:func:`_open_start`, timed and counted by outcome (``baton_gateway_start*``)."""
+    t0 = time.monotonic()
+    try:
+        served, started = await _open_start(st, req, tenant_id, after)
+    except e.BatonError as exc:
+        m = mapping_for(exc.cause if isinstance(exc, StartFailed) else exc)
+        st.metrics.starts.labels(m.reason if m is not None else "INTERNAL").inc()
+        st.metrics.start_seconds.labels("failed").observe(time.monotonic() - t0)
+        raise
+    outcome = "started" if started else "joined"
+    st.metrics.starts.labels(outcome).inc()
+    st.metrics.start_seconds.labels(outcome).observe(time.monotonic() - t0)
+    return served
+
+
+async def _open_start(st: GatewayState, req: StartRequest, tenant_id: str, after: str) -> tuple[str, bool]:
     """Start the run on a host, or, when the run id exists (a retry or a reconnect), check it
     is the caller's run of the same thread and start nothing (the takeover trigger looks at
     it as a join would).
@@ -63,7 +79,7 @@ async def open_start(st: GatewayState, req: StartRequest, tenant_id: str, after:
         after: the offset to serve from when the run exists (``-1``: from the start).
 
     Returns:
-        Where to serve the log from.
+        Where to serve the log from, and whether this call started the run.
 
     Raises:
         UnknownRun, UnknownThread, InvalidArgument, ThreadBusy, NoHostAvailable, StartFailed, …
@@ -76,7 +92,7 @@ async def open_start(st: GatewayState, req: StartRequest, tenant_id: str, after:
         # A retried POST or a transport reconnect: serve the existing run, start nothing.
         _check_same_run(view.record, req, tenant_id, st.settings.auth_enabled)
         st.takeovers.consider(req.run_id, view.record, view.claim)
-        return after
+        return after, False
     # No run, or one whose start failed half-way (still ``starting``): StartRun creates or
     # resumes it, idempotently by run id; a start in progress elsewhere is joined.
     if view is not None:
@@ -104,7 +120,7 @@ async def open_start(st: GatewayState, req: StartRequest, tenant_id: str, after:
     # and StartRun (the host then answers with that record, unchanged): the same checks as
     # for a record found above, or another tenant's or thread's log is served.
     _check_same_run(record, req, tenant_id, st.settings.auth_enabled)
-    return "-1"
+    return "-1", True
 
 
 def _check_same_run(record: runs_pb2.RunRecord, req: StartRequest, tenant_id: str, auth_enabled: bool) -> None:
