@@ -27,7 +27,7 @@ import grpc
 
 from baton import internal_auth
 
-from baton.errors import JournalAttachUnavailable, RunClaimNotAcquired, StoreUnavailable
+from baton.errors import BatonError, JournalAttachUnavailable, RunClaimNotAcquired, StoreUnavailable
 from baton.grpc_errors import from_rpc_error
 from baton.placement import Candidate, assign
 from baton.retry import Attempts, Deadline, retry
@@ -38,6 +38,8 @@ from baton.v1.runs_pb2 import Claim
 from coordinator._election import LeaderContext
 from coordinator._indexes import ensure_indexes, live_runs
 from coordinator._keys import prefix_end
+from coordinator import takeovers
+from coordinator.rules import Plan, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +211,40 @@ async def attach_somewhere(ctx: LeaderContext, pool: HostPool, run_id: str, purp
     return "no-host"
 
 
+async def record_loss(ctx: LeaderContext, lost: Claim, at: float) -> str | None:
+    """Note why ``lost`` went on its run's record (``last_takeover``; coordinator/takeovers.py).
+
+    Args:
+        lost: the claim whose key was just deleted (the watch's previous value).
+        at: when the deletion was seen (Unix seconds).
+
+    Returns:
+        The cause written, or ``None`` when the loss is no takeover (the run ended, is
+        still starting, or moved on since).
+
+    Raises:
+        StoreUnavailable: etcd did not answer within the configured timeout.
+    """
+    store, t = ctx.store, ctx.config.etcd_timeout
+    rec, _ = await store.get_run(lost.run_id, timeout=t)
+    if takeovers.after_loss(rec, lost, "", at) is None:  # most deletions: a run that ended
+        return None
+    r = await store.etcd.txn([], takeovers.loss_reads(store.keys, lost), timeout=t)
+    session_kv, host_kv, end_kv = (r.kvs(i)[0] if r.kvs(i) else None for i in range(3))
+    cause = takeovers.classify(lost, session_alive=session_kv is not None,
+                               host=HostInfo.FromString(host_kv.value) if host_kv is not None else None,
+                               session_end=end_kv.value if end_kv is not None else b"")
+
+    def decide(snap: Snapshot) -> Plan[str | None]:
+        new = takeovers.after_loss(snap.record, lost, cause, at)
+        return Plan(None, write=False) if new is None else Plan(cause, new=new)
+
+    written = await store.mutate(lost.run_id, decide, timeout=t)
+    if written:
+        log.info("takeover of run %s from %s (epoch %d): %s", lost.run_id, lost.host_id, lost.epoch, cause)
+    return written
+
+
 def orphaned(rec: runs_pb2.RunRecord | None, claim: Claim | None) -> bool:
     """Whether failover hands the run over: running, started (input durable), no claim."""
     return (rec is not None and claim is None and rec.status == runs_pb2.RUN_STATUS_RUNNING
@@ -285,6 +321,21 @@ async def failover_scheduler(ctx: LeaderContext) -> None:
     # may have read the claim before it went ("skipped"), so the run is looked at again.
     recheck: set[str] = set()
     stopping = False
+    # Takeover notes (record_loss), one per deleted claim, beside the hand-overs.
+    notes: set[asyncio.Task[None]] = set()
+    note_slots = asyncio.Semaphore(MAX_PARALLEL_HANDOVERS)
+
+    async def note(lost: Claim, at: float) -> None:
+        async with note_slots:
+            try:
+                await record_loss(ctx, lost, at)
+            except BatonError as exc:  # a note is for operators: the hand-over goes on without it
+                log.warning("takeover of run %s not noted: %s", lost.run_id, exc)
+
+    def spawn_note(lost: Claim) -> None:
+        task = asyncio.create_task(note(lost, store.clock()), name=f"takeover-note:{lost.run_id}")
+        notes.add(task)
+        task.add_done_callback(notes.discard)
 
     def spawn(run_id: str) -> None:
         t = pending.get(run_id)
@@ -321,15 +372,18 @@ async def failover_scheduler(ctx: LeaderContext) -> None:
                 for rec in orphans:
                     spawn(rec.run_id)
                 async for _rev, events in store.etcd.watch([(keys.claims, prefix_end(keys.claims))],
-                                                           start_revision=rev + 1, deletes_only=True):
+                                                           start_revision=rev + 1, deletes_only=True,
+                                                           prev_kv=True):
                     for ev in events:
                         spawn(keys.run_id_of_claim(ev.kv.key))
+                        if ev.prev_kv.value:
+                            spawn_note(Claim.FromString(ev.prev_kv.value))
             except StoreUnavailable as exc:
                 log.warning("failover watch: %s; watching again", exc)
                 await asyncio.sleep(0.2)
     finally:
         stopping = True
-        tasks = list(pending.values())
+        tasks = [*pending.values(), *notes]
         for t in tasks:
             t.cancel()
         if tasks:
