@@ -38,6 +38,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("BATON_HTTP_CONNECTIONS_PER_CLIENT", "256", "gateway: HTTP connections open at once from one client IP address; past it 429 TOO_MANY_CONNECTIONS and closed (0 = no limit). Clients behind one proxy or NAT share its address: size it for the proxy"),
     Setting("BATON_GATEWAY_GRPC_LISTEN", "0.0.0.0:8081", "gateway gRPC listen address of the public baton.v1.Runs API (empty = off)"),
     Setting("BATON_INTERNAL_TOKEN", "", "shared secret every internal gRPC call (coordinator, sandbox hosts) must carry; empty = no internal auth"),
+    Setting("BATON_DATA_DIR", ".data/cluster", "the baton CLI's cluster data directory (its -d): where `baton up` keeps the cluster's data, cluster.json and internal token, and where the other commands find them"),
     Setting("BATON_SESSION_TTL", "2", "session lease TTL in seconds (keep-alive every TTL/3)"),
     Setting("BATON_FAST_FAILOVER", "1", "coordinator: revoke a session at once when its keep-alive stream resets and its process's address refuses connections (0 = wait for the lease TTL)"),
     Setting("BATON_ATTACH_WAIT", "10", "seconds an attach waits for the journal to appear / first byte"),

@@ -26,6 +26,7 @@ from rich.text import Text
 from baton import config
 from baton.internal_auth import sync_channel
 from baton.runs import status_name
+from baton_tools import host_commands
 from baton_tools.cluster import (
     GRPC_OPTIONS,
     INTERNAL_TOKEN_FILE,
@@ -38,7 +39,7 @@ from baton_tools.cluster import (
     stop_recorded,
 )
 
-DEFAULT_DATA_DIR = ".data/cluster"
+DEFAULT_DATA_DIR = host_commands.DEFAULT_DATA_DIR  # BATON_DATA_DIR's default
 # Columns the demo prints at when stdout is not a terminal: its table's natural width.
 DEMO_LOG_WIDTH = 140
 
@@ -59,7 +60,8 @@ console = Console()
 err = Console(stderr=True)
 
 DataDir = Annotated[
-    pathlib.Path, typer.Option("--data-dir", "-d", help="Cluster data directory (holds cluster.json).")
+    pathlib.Path, typer.Option("--data-dir", "-d", envvar="BATON_DATA_DIR",
+                               help="Cluster data directory (holds cluster.json; default: $BATON_DATA_DIR).")
 ]
 UrlOpt = Annotated[
     Optional[str], typer.Option("--url", envvar="BATON_URL", help="Gateway base URL (default: from cluster.json).")
@@ -197,10 +199,11 @@ def up(
         raise _fail("--replicated starts its own engines: give either it or --etcd-endpoints/--nats-url")
     cluster = LocalCluster(data_dir, hosts=hosts, port=port, replicated=replicated,
                            etcd_endpoints=etcd_endpoints, nats_url=nats_url)
+    # One line per service as it starts and is ready (a spinner shows nothing in a log).
+    cluster.on_step = lambda step: console.print(f"starting {step}…", highlight=False)
+    cluster.on_progress = lambda line: console.print(f"  {line}", highlight=False)
     try:
-        with console.status("starting…") as status:
-            cluster.on_step = lambda step: status.update(f"starting {step}…")
-            info = cluster.start()
+        info = cluster.start()
         table = Table(title=f"baton cluster in {info.data_dir}", show_header=True)
         for col in ("component", "pid", "address", "host id"):
             table.add_column(col)
@@ -219,8 +222,7 @@ def up(
     except ClusterError as exc:
         raise _fail(str(exc)) from None
     finally:
-        with console.status("stopping (hosts drain first)…"):
-            cluster.stop()
+        cluster.stop()
         for s, h in old.items():
             signal.signal(s, h)
     console.print("stopped")
@@ -237,7 +239,7 @@ def down(data_dir: DataDir = pathlib.Path(DEFAULT_DATA_DIR)) -> None:
         baton down --data-dir /tmp/baton
     """
     try:
-        alive = stop_recorded(data_dir)
+        alive = stop_recorded(data_dir, progress=lambda line: console.print(line, highlight=False))
     except ClusterError as exc:
         raise _fail(str(exc)) from None
     console.print(f"stopped {', '.join(alive)}" if alive else "nothing was running")
@@ -286,7 +288,8 @@ def demo(
 def runs(
     thread: Annotated[Optional[str], typer.Option("--thread", "-t", help="Only this thread's runs.")] = None,
     limit: Annotated[int, typer.Option("--limit", help="At most this many runs.")] = 100,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON record per line.")] = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="One run per line, as the HTTP API shows it (GET /api/runs/{runId}; times in ISO 8601).")] = False,
     coordinator: CoordOpt = None,
     data_dir: DataDir = pathlib.Path(DEFAULT_DATA_DIR),
 ) -> None:
@@ -300,8 +303,6 @@ def runs(
 
         baton runs --coordinator 10.0.0.5:7100 --json
     """
-    from google.protobuf.json_format import MessageToDict
-
     from baton.v1 import coordinator_pb2, coordinator_pb2_grpc
 
     addr = _coordinator(coordinator, data_dir)
@@ -314,7 +315,7 @@ def runs(
             raise _unreachable("coordinator", addr, str(exc.details()), data_dir, coordinator) from None
     if as_json:
         for r in resp.records:
-            print(json.dumps(MessageToDict(r, preserving_proto_field_name=True)))
+            print(json.dumps(host_commands.run_json(r)))
         return
     table = Table(show_header=True)
     for col in ("run", "thread", "status", "agent", "host", "epoch", "started", "detached since"):
@@ -492,31 +493,6 @@ def reap(
 # --- operations -------------------------------------------------------------------------------
 
 
-@app.command()
-def drain(
-    address: Annotated[str, typer.Argument(help="The sandbox host's gRPC address (host:port).")],
-    timeout: Annotated[float, typer.Option("--timeout", help="Give up after this many seconds.")] = 40.0,
-) -> None:
-    """Drain a sandbox host: stop taking work and hand every run it drives to another host.
-
-    Used as the Kubernetes `preStop` hook; the host then exits on SIGTERM.
-
-    Examples:
-
-        baton drain 127.0.0.1:7200
-
-        baton drain 10.0.0.7:7200 --timeout 30
-    """
-    from baton.v1 import sandbox_host_pb2, sandbox_host_pb2_grpc
-
-    with sync_channel(address, GRPC_OPTIONS) as ch:
-        try:
-            resp = sandbox_host_pb2_grpc.SandboxHostStub(ch).Drain(sandbox_host_pb2.DrainRequest(), timeout=timeout)
-        except grpc.RpcError as exc:
-            raise _fail(f"host {address}: {exc.details()}") from None
-    console.print(f"handed over {resp.handed_over} run(s)")
-
-
 @health_app.command("grpc")
 def health_grpc(
     address: Annotated[str, typer.Argument(help="host:port of a coordinator or sandbox host.")],
@@ -547,6 +523,9 @@ def health_http(
     if not http_ok(url, timeout):
         raise _fail(f"{url}: not ready")
     console.print("ok")
+
+
+host_commands.register(app)  # `baton hosts`, `drain`, `undrain`
 
 
 def main() -> None:
