@@ -22,6 +22,7 @@ import itertools
 import logging
 from collections import Counter
 from dataclasses import dataclass
+from typing import Mapping
 
 import grpc
 
@@ -38,6 +39,7 @@ from baton.v1.runs_pb2 import Claim
 from coordinator._election import LeaderContext
 from coordinator._indexes import ensure_indexes, live_runs
 from coordinator._keys import prefix_end
+from coordinator._liveness import Verdict, probe
 from coordinator import takeovers
 from coordinator.rules import Plan, Snapshot
 
@@ -50,6 +52,8 @@ HANDOVER_PATIENCE = 30.0
 NO_HOST_PAUSE = 1.0
 #: Hand-overs of one leader in flight at once (the orphans of a dead host come together).
 MAX_PARALLEL_HANDOVERS = 64
+#: Departed hosts' registry entries the leader remembers (to judge their claims' loss).
+MAX_GONE_HOSTS = 1000
 
 
 class HostPool:
@@ -211,12 +215,20 @@ async def attach_somewhere(ctx: LeaderContext, pool: HostPool, run_id: str, purp
     return "no-host"
 
 
-async def record_loss(ctx: LeaderContext, lost: Claim, at: float) -> str | None:
+async def record_loss(ctx: LeaderContext, lost: Claim, at: float,
+                      gone_hosts: Mapping[str, HostInfo] | None = None) -> str | None:
     """Note why ``lost`` went on its run's record (``last_takeover``; coordinator/takeovers.py).
+
+    A session that ran out with no note (``session-lost``) whose host's registry entry went
+    with it is told apart by one connect to the host's address, as fast failover does
+    (:func:`coordinator._liveness.probe`): refused means the process is gone (``crash``: a
+    SIGKILL the TTL saw before the keep-alive's break was judged); anything else leaves it
+    ``session-lost`` (alive and paused, or cut off: a zombie).
 
     Args:
         lost: the claim whose key was just deleted (the watch's previous value).
         at: when the deletion was seen (Unix seconds).
+        gone_hosts: registry entries of hosts whose entry vanished, by host id.
 
     Returns:
         The cause written, or ``None`` when the loss is no takeover (the run ended, is
@@ -234,6 +246,10 @@ async def record_loss(ctx: LeaderContext, lost: Claim, at: float) -> str | None:
     cause = takeovers.classify(lost, session_alive=session_kv is not None,
                                host=HostInfo.FromString(host_kv.value) if host_kv is not None else None,
                                session_end=end_kv.value if end_kv is not None else b"")
+    host = (gone_hosts or {}).get(lost.host_id)
+    if (cause == takeovers.SESSION_LOST and host is not None and host.session_id == lost.session_id
+            and host.address and await probe(host.address) is Verdict.GONE):
+        cause = takeovers.CRASH
 
     def decide(snap: Snapshot) -> Plan[str | None]:
         new = takeovers.after_loss(snap.record, lost, cause, at)
@@ -324,11 +340,13 @@ async def failover_scheduler(ctx: LeaderContext) -> None:
     # Takeover notes (record_loss), one per deleted claim, beside the hand-overs.
     notes: set[asyncio.Task[None]] = set()
     note_slots = asyncio.Semaphore(MAX_PARALLEL_HANDOVERS)
+    # Hosts whose registry entry went (their session ended), newest last, for record_loss.
+    gone_hosts: dict[str, HostInfo] = {}
 
     async def note(lost: Claim, at: float) -> None:
         async with note_slots:
             try:
-                await record_loss(ctx, lost, at)
+                await record_loss(ctx, lost, at, gone_hosts)
             except BatonError as exc:  # a note is for operators: the hand-over goes on without it
                 log.warning("takeover of run %s not noted: %s", lost.run_id, exc)
 
@@ -371,10 +389,18 @@ async def failover_scheduler(ctx: LeaderContext) -> None:
                     await settle_hosts(ctx, {rec.driver_host for rec in orphans}, cfg.session_ttl)
                 for rec in orphans:
                     spawn(rec.run_id)
-                async for _rev, events in store.etcd.watch([(keys.claims, prefix_end(keys.claims))],
-                                                           start_revision=rev + 1, deletes_only=True,
+                watched = [(keys.claims, prefix_end(keys.claims)), (keys.hosts, prefix_end(keys.hosts))]
+                async for _rev, events in store.etcd.watch(watched, start_revision=rev + 1, deletes_only=True,
                                                            prev_kv=True):
                     for ev in events:
+                        if ev.kv.key.startswith(keys.hosts):
+                            if ev.prev_kv.value:  # before the batch's notes run (they are tasks)
+                                h = HostInfo.FromString(ev.prev_kv.value)
+                                gone_hosts.pop(h.host_id, None)
+                                gone_hosts[h.host_id] = h
+                                while len(gone_hosts) > MAX_GONE_HOSTS:
+                                    gone_hosts.pop(next(iter(gone_hosts)))
+                            continue
                         spawn(keys.run_id_of_claim(ev.kv.key))
                         if ev.prev_kv.value:
                             spawn_note(Claim.FromString(ev.prev_kv.value))

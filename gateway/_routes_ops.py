@@ -111,7 +111,8 @@ async def overview(request: Request) -> Response:
     for r in recs:
         by_status[status_name(r.status)] = by_status.get(status_name(r.status), 0) + 1
     newest_first = list(reversed(recs))
-    takeovers = [record_json(r) for r in newest_first if r.driver_epoch > 1][:20]
+    # Past epoch 1, or a loss noted that no claim followed yet (its host died, nobody took it).
+    takeovers = [record_json(r) for r in newest_first if r.driver_epoch > 1 or r.HasField("last_takeover")][:20]
     reaps = [record_json(r) for r in newest_first if r.cancel_reason == "reaped"][:20]
     running = await _live_views(request, [r for r in newest_first if status_name(r.status) not in TERMINAL][:LIVE_ROWS])
     dead = dead_hosts(running, {h.host_id for h in hosts})
