@@ -12,26 +12,23 @@ import os
 import pathlib
 import signal
 import time
-from datetime import datetime, timezone
 from typing import Annotated, Any, Optional
 
 import grpc
 import httpx
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from baton import config
 from baton.internal_auth import sync_channel
 from baton.runs import status_name
 from baton_tools import host_commands
+from baton_tools.cli_support import (_coordinator, _fail, _gateway_url, _http, _info, _internal_token, _unreachable, _when,
+                                     console, err)
 from baton_tools.cluster import (
     GRPC_OPTIONS,
-    INTERNAL_TOKEN_FILE,
     ClusterError,
-    ClusterInfo,
     LocalCluster,
     grpc_serving,
     http_ok,
@@ -56,8 +53,6 @@ health_app = typer.Typer(
 )
 app.add_typer(health_app, name="health")
 
-console = Console()
-err = Console(stderr=True)
 
 DataDir = Annotated[
     pathlib.Path, typer.Option("--data-dir", "-d", envvar="BATON_DATA_DIR",
@@ -72,72 +67,6 @@ ApiKeyOpt = Annotated[
 CoordOpt = Annotated[
     Optional[str], typer.Option("--coordinator", help="Coordinator gRPC address (default: from cluster.json).")
 ]
-
-
-# --- address resolution ------------------------------------------------------------------
-
-
-def _info(data_dir: pathlib.Path) -> ClusterInfo | None:
-    try:
-        info = ClusterInfo.load(data_dir)
-    except (ClusterError, ValueError, TypeError):
-        return None
-    return info if info.components else None
-
-
-def _gateway_url(url: str | None, data_dir: pathlib.Path) -> str:
-    if url:
-        return url.rstrip("/")
-    info = _info(data_dir)
-    if info is not None:
-        return info.url
-    host, _, port = config.get("BATON_GATEWAY_LISTEN").rpartition(":")
-    return f"http://{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{port}"
-
-
-def _internal_token(data_dir: pathlib.Path) -> str | None:
-    """``BATON_INTERNAL_TOKEN``, else the token `baton up` keeps in the data directory."""
-    if config.get("BATON_INTERNAL_TOKEN"):
-        return None  # sync_channel reads it from the environment
-    try:
-        return (data_dir / INTERNAL_TOKEN_FILE).read_text().strip() or None
-    except OSError:
-        return None
-
-
-def _coordinator(addr: str | None, data_dir: pathlib.Path) -> str:
-    if addr:
-        return addr
-    info = _info(data_dir)
-    if info is not None:
-        return info.coordinator
-    return config.get("BATON_COORDINATOR").split(",")[0]
-
-
-def _unreachable(what: str, address: str, detail: str, data_dir: pathlib.Path, given: str | None) -> typer.Exit:
-    """The error for a component that did not answer; says so when the address was only the
-    default because no cluster runs in ``data_dir`` (after ``baton down``, or none yet)."""
-    hint = ""
-    if given is None and _info(data_dir) is None:
-        hint = f" (no cluster running in {data_dir}: start one with `baton up`, or give the address)"
-    return _fail(f"{what} {address}: {detail}{hint}")
-
-
-def _http(api_key: str | None, timeout: float | None = 10.0) -> httpx.Client:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    return httpx.Client(trust_env=False, timeout=timeout, headers=headers)
-
-
-def _fail(message: str, code: int = 1) -> typer.Exit:
-    # Escaped: a message holding brackets (``baton[tools]``, a path) is not rich markup.
-    err.print(f"[red]error:[/red] {escape(message)}")
-    return typer.Exit(code)
-
-
-def _when(ts: float | None) -> str:
-    if not ts:
-        return "-"
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
 # --- up / down ---------------------------------------------------------------------------

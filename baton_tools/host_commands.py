@@ -1,8 +1,7 @@
 """``baton hosts``, ``baton drain``, ``baton undrain``: the sandbox hosts as an operator sees them.
 
-:func:`register` adds them to the CLI's app (``baton_tools.cli`` calls it). The helpers they
-share with the other commands are imported from ``baton_tools.cli`` when a command runs, not
-at import: that module imports this one, and may itself be ``__main__``. Every command
+:func:`register` adds them to the CLI's app (``baton_tools.cli`` calls it: that module may
+run as ``__main__``, so this one never imports it). Every command
 finds the cluster as the others do (a flag, else ``<data-dir>/cluster.json``, else the
 ``BATON_*`` settings) and carries the cluster's internal token (``BATON_INTERNAL_TOKEN``, else
 the one ``baton up`` keeps in the data directory), so nothing needs exporting by hand.
@@ -23,6 +22,7 @@ from baton import config
 from baton.internal_auth import sync_channel
 from baton.runs import status_name
 from baton.v1 import coordinator_pb2, coordinator_pb2_grpc, runs_pb2, sandbox_host_pb2, sandbox_host_pb2_grpc
+from baton_tools.cli_support import _coordinator, _fail, _internal_token, _unreachable, console
 from baton_tools.cluster import GRPC_OPTIONS
 
 #: Most recent runs ``baton hosts`` looks at to find dead hosts' runs (as the operator page).
@@ -107,8 +107,6 @@ def hosts(
 
         BATON_DATA_DIR=/tmp/baton baton hosts --json
     """
-    from baton_tools.cli import _coordinator, _internal_token, _unreachable, console
-
     addr = _coordinator(coordinator, data_dir)
     try:
         rows = host_rows(addr, _internal_token(data_dir))
@@ -134,8 +132,6 @@ def hosts(
 
 def _host_address(host: str, coordinator: str | None, data_dir: pathlib.Path, token: str | None) -> str:
     """``host`` as a gRPC address: itself when it has a port, else the registered host's."""
-    from baton_tools.cli import _coordinator, _fail, _unreachable
-
     if ":" in host:
         return host
     addr = _coordinator(coordinator, data_dir)
@@ -168,8 +164,6 @@ def drain(
 
         baton drain 10.0.0.7:7200 --timeout 30
     """
-    from baton_tools.cli import _fail, _internal_token, console
-
     token = _internal_token(data_dir)
     address = _host_address(host, coordinator, data_dir, token)
     with sync_channel(address, GRPC_OPTIONS, token) as ch:
@@ -193,8 +187,6 @@ def undrain(
 
         baton undrain 10.0.0.7:7200
     """
-    from baton_tools.cli import _fail, _internal_token, console
-
     token = _internal_token(data_dir)
     address = _host_address(host, coordinator, data_dir, token)
     with sync_channel(address, GRPC_OPTIONS, token) as ch:

@@ -10,6 +10,10 @@ picks that start together share one read of the hosts and their claims. A run wi
 purpose ``finalize``, so a cancelled run whose host died still ends ``aborted``. Clients
 still connected see a pause, then the rest of the run.
 
+The same watch notes why each claim went (``last_takeover`` on the record, beside the
+hand-over: :func:`record_loss`, coordinator/takeovers.py), so operators see crash, drain or a
+lost session with each takeover.
+
 A run still ``starting`` (its ``StartRun`` has not made its input durable; this includes
 one never claimed) is left alone: only a retried ``StartRun`` drives it, and the reaper
 ends it when nobody retries (:mod:`coordinator.reaper`).
