@@ -115,6 +115,13 @@ async def moved_count(cc: Any, run_ids: Sequence[str], self_id: str, patience: f
     """
     left = set(run_ids)
     moved = 0
+    if left:
+        try:
+            peers = [h for h in await cc.list_hosts() if h.host_id != self_id and not h.draining and h.address]
+        except (BatonError, grpc.RpcError):
+            peers = []
+        if not peers:
+            patience = 0.0  # nobody can take them (every host drains, as at `baton down`): one look
     deadline = asyncio.get_running_loop().time() + patience
     while left:
         for run_id in sorted(left):
