@@ -39,6 +39,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("BATON_GATEWAY_GRPC_LISTEN", "0.0.0.0:8081", "gateway gRPC listen address of the public baton.v1.Runs API (empty = off)"),
     Setting("BATON_INTERNAL_TOKEN", "", "shared secret every internal gRPC call (coordinator, sandbox hosts) must carry; empty = no internal auth (then a coordinator or host listening off loopback refuses to start, see BATON_ALLOW_INSECURE). A placeholder (`change-me`...) is refused at start-up"),
     Setting("BATON_ALLOW_INSECURE", "", "1 = a service may listen on a non-loopback address without its auth (coordinator and hosts: BATON_INTERNAL_TOKEN; gateway: BATON_API_KEYS); empty = such a start is refused (docs/deploy.md, \"Credentials\")"),
+    Setting("BATON_DATA_DIR", ".data/cluster", "the baton CLI's cluster data directory (its -d): where `baton up` keeps the cluster's data, cluster.json and internal token, and where the other commands find them"),
     Setting("BATON_SESSION_TTL", "2", "session lease TTL in seconds (keep-alive every TTL/3)"),
     Setting("BATON_FAST_FAILOVER", "1", "coordinator: revoke a session at once when its keep-alive stream resets and its process's address refuses connections (0 = wait for the lease TTL)"),
     Setting("BATON_ATTACH_WAIT", "10", "seconds an attach waits for the journal to appear / first byte"),

@@ -12,25 +12,23 @@ import os
 import pathlib
 import signal
 import time
-from datetime import datetime, timezone
 from typing import Annotated, Any, Optional
 
 import grpc
 import httpx
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from baton import config
 from baton.internal_auth import sync_channel
 from baton.runs import status_name
+from baton_tools import host_commands
+from baton_tools.cli_support import (_coordinator, _fail, _gateway_url, _http, _info, _internal_token, _unreachable, _when,
+                                     console, err)
 from baton_tools.cluster import (
     GRPC_OPTIONS,
-    INTERNAL_TOKEN_FILE,
     ClusterError,
-    ClusterInfo,
     LocalCluster,
     grpc_serving,
     http_ok,
@@ -38,7 +36,7 @@ from baton_tools.cluster import (
     stop_recorded,
 )
 
-DEFAULT_DATA_DIR = ".data/cluster"
+DEFAULT_DATA_DIR = host_commands.DEFAULT_DATA_DIR  # BATON_DATA_DIR's default
 # Columns the demo prints at when stdout is not a terminal: its table's natural width.
 DEMO_LOG_WIDTH = 140
 
@@ -55,11 +53,10 @@ health_app = typer.Typer(
 )
 app.add_typer(health_app, name="health")
 
-console = Console()
-err = Console(stderr=True)
 
 DataDir = Annotated[
-    pathlib.Path, typer.Option("--data-dir", "-d", help="Cluster data directory (holds cluster.json).")
+    pathlib.Path, typer.Option("--data-dir", "-d", envvar="BATON_DATA_DIR",
+                               help="Cluster data directory (holds cluster.json; default: $BATON_DATA_DIR).")
 ]
 UrlOpt = Annotated[
     Optional[str], typer.Option("--url", envvar="BATON_URL", help="Gateway base URL (default: from cluster.json).")
@@ -70,72 +67,6 @@ ApiKeyOpt = Annotated[
 CoordOpt = Annotated[
     Optional[str], typer.Option("--coordinator", help="Coordinator gRPC address (default: from cluster.json).")
 ]
-
-
-# --- address resolution ------------------------------------------------------------------
-
-
-def _info(data_dir: pathlib.Path) -> ClusterInfo | None:
-    try:
-        info = ClusterInfo.load(data_dir)
-    except (ClusterError, ValueError, TypeError):
-        return None
-    return info if info.components else None
-
-
-def _gateway_url(url: str | None, data_dir: pathlib.Path) -> str:
-    if url:
-        return url.rstrip("/")
-    info = _info(data_dir)
-    if info is not None:
-        return info.url
-    host, _, port = config.get("BATON_GATEWAY_LISTEN").rpartition(":")
-    return f"http://{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{port}"
-
-
-def _internal_token(data_dir: pathlib.Path) -> str | None:
-    """``BATON_INTERNAL_TOKEN``, else the token `baton up` keeps in the data directory."""
-    if config.get("BATON_INTERNAL_TOKEN"):
-        return None  # sync_channel reads it from the environment
-    try:
-        return (data_dir / INTERNAL_TOKEN_FILE).read_text().strip() or None
-    except OSError:
-        return None
-
-
-def _coordinator(addr: str | None, data_dir: pathlib.Path) -> str:
-    if addr:
-        return addr
-    info = _info(data_dir)
-    if info is not None:
-        return info.coordinator
-    return config.get("BATON_COORDINATOR").split(",")[0]
-
-
-def _unreachable(what: str, address: str, detail: str, data_dir: pathlib.Path, given: str | None) -> typer.Exit:
-    """The error for a component that did not answer; says so when the address was only the
-    default because no cluster runs in ``data_dir`` (after ``baton down``, or none yet)."""
-    hint = ""
-    if given is None and _info(data_dir) is None:
-        hint = f" (no cluster running in {data_dir}: start one with `baton up`, or give the address)"
-    return _fail(f"{what} {address}: {detail}{hint}")
-
-
-def _http(api_key: str | None, timeout: float | None = 10.0) -> httpx.Client:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    return httpx.Client(trust_env=False, timeout=timeout, headers=headers)
-
-
-def _fail(message: str, code: int = 1) -> typer.Exit:
-    # Escaped: a message holding brackets (``baton[tools]``, a path) is not rich markup.
-    err.print(f"[red]error:[/red] {escape(message)}")
-    return typer.Exit(code)
-
-
-def _when(ts: float | None) -> str:
-    if not ts:
-        return "-"
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
 # --- up / down ---------------------------------------------------------------------------
@@ -197,10 +128,11 @@ def up(
         raise _fail("--replicated starts its own engines: give either it or --etcd-endpoints/--nats-url")
     cluster = LocalCluster(data_dir, hosts=hosts, port=port, replicated=replicated,
                            etcd_endpoints=etcd_endpoints, nats_url=nats_url)
+    # One line per service as it starts and is ready (a spinner shows nothing in a log).
+    cluster.on_step = lambda step: console.print(f"starting {step}…", highlight=False)
+    cluster.on_progress = lambda line: console.print(f"  {line}", highlight=False)
     try:
-        with console.status("starting…") as status:
-            cluster.on_step = lambda step: status.update(f"starting {step}…")
-            info = cluster.start()
+        info = cluster.start()
         table = Table(title=f"baton cluster in {info.data_dir}", show_header=True)
         for col in ("component", "pid", "address", "host id"):
             table.add_column(col)
@@ -219,8 +151,7 @@ def up(
     except ClusterError as exc:
         raise _fail(str(exc)) from None
     finally:
-        with console.status("stopping (hosts drain first)…"):
-            cluster.stop()
+        cluster.stop()
         for s, h in old.items():
             signal.signal(s, h)
     console.print("stopped")
@@ -237,7 +168,7 @@ def down(data_dir: DataDir = pathlib.Path(DEFAULT_DATA_DIR)) -> None:
         baton down --data-dir /tmp/baton
     """
     try:
-        alive = stop_recorded(data_dir)
+        alive = stop_recorded(data_dir, progress=lambda line: console.print(line, highlight=False))
     except ClusterError as exc:
         raise _fail(str(exc)) from None
     console.print(f"stopped {', '.join(alive)}" if alive else "nothing was running")
@@ -286,7 +217,8 @@ def demo(
 def runs(
     thread: Annotated[Optional[str], typer.Option("--thread", "-t", help="Only this thread's runs.")] = None,
     limit: Annotated[int, typer.Option("--limit", help="At most this many runs.")] = 100,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON record per line.")] = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="One run per line, as the HTTP API shows it (GET /api/runs/{runId}; times in ISO 8601).")] = False,
     coordinator: CoordOpt = None,
     data_dir: DataDir = pathlib.Path(DEFAULT_DATA_DIR),
 ) -> None:
@@ -300,8 +232,6 @@ def runs(
 
         baton runs --coordinator 10.0.0.5:7100 --json
     """
-    from google.protobuf.json_format import MessageToDict
-
     from baton.v1 import coordinator_pb2, coordinator_pb2_grpc
 
     addr = _coordinator(coordinator, data_dir)
@@ -314,7 +244,7 @@ def runs(
             raise _unreachable("coordinator", addr, str(exc.details()), data_dir, coordinator) from None
     if as_json:
         for r in resp.records:
-            print(json.dumps(MessageToDict(r, preserving_proto_field_name=True)))
+            print(json.dumps(host_commands.run_json(r)))
         return
     table = Table(show_header=True)
     for col in ("run", "thread", "status", "agent", "host", "epoch", "started", "detached since"):
@@ -492,31 +422,6 @@ def reap(
 # --- operations -------------------------------------------------------------------------------
 
 
-@app.command()
-def drain(
-    address: Annotated[str, typer.Argument(help="The sandbox host's gRPC address (host:port).")],
-    timeout: Annotated[float, typer.Option("--timeout", help="Give up after this many seconds.")] = 40.0,
-) -> None:
-    """Drain a sandbox host: stop taking work and hand every run it drives to another host.
-
-    Used as the Kubernetes `preStop` hook; the host then exits on SIGTERM.
-
-    Examples:
-
-        baton drain 127.0.0.1:7200
-
-        baton drain 10.0.0.7:7200 --timeout 30
-    """
-    from baton.v1 import sandbox_host_pb2, sandbox_host_pb2_grpc
-
-    with sync_channel(address, GRPC_OPTIONS) as ch:
-        try:
-            resp = sandbox_host_pb2_grpc.SandboxHostStub(ch).Drain(sandbox_host_pb2.DrainRequest(), timeout=timeout)
-        except grpc.RpcError as exc:
-            raise _fail(f"host {address}: {exc.details()}") from None
-    console.print(f"handed over {resp.handed_over} run(s)")
-
-
 @health_app.command("grpc")
 def health_grpc(
     address: Annotated[str, typer.Argument(help="host:port of a coordinator or sandbox host.")],
@@ -547,6 +452,9 @@ def health_http(
     if not http_ok(url, timeout):
         raise _fail(f"{url}: not ready")
     console.print("ok")
+
+
+host_commands.register(app)  # `baton hosts`, `drain`, `undrain`
 
 
 def main() -> None:

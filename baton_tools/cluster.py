@@ -177,6 +177,7 @@ class LocalCluster:
         port: gateway HTTP port on 127.0.0.1 (0 = a free one).
         env: base environment of every child (default: the caller's, without proxies).
         on_step: called with a short description of each step (progress display).
+        on_progress: called with one line per service ready or stopped (with its time).
         replicated: start a 3-member etcd and a 3-node JetStream cluster, the log at R3
             (``BATON_LOG_REPLICAS=3`` unless ``env`` sets it).
         etcd_endpoints: external etcd (comma-separated ``host:port``): none is started.
@@ -193,6 +194,7 @@ class LocalCluster:
         env: dict[str, str] | None = None,
         on_step: Callable[[str], None] | None = None,
         *,
+        on_progress: Callable[[str], None] | None = None,
         replicated: bool = False,
         etcd_endpoints: str | None = None,
         nats_url: str | None = None,
@@ -209,6 +211,7 @@ class LocalCluster:
         self.port = port
         self.base_env = env_without_proxy() if env is None else dict(env)
         self.on_step = on_step or (lambda _msg: None)
+        self.on_progress = on_progress or (lambda _msg: None)
         self.etcd: EtcdServer | EtcdCluster | None = None
         self.nats: NatsServer | NatsCluster | None = None
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -309,11 +312,13 @@ class LocalCluster:
 
     def _wait(self, name: str, ready: Callable[[], bool], timeout: float = 30.0) -> None:
         proc = self.procs[name]
-        deadline = time.monotonic() + timeout
+        t0 = time.monotonic()
+        deadline = t0 + timeout
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise ClusterError(f"{name} exited with {proc.returncode}; see {self._log_tail(name)}")
             if ready():
+                self.on_progress(f"{name} ready (pid {proc.pid}, {time.monotonic() - t0:.1f} s)")
                 return
             time.sleep(0.05)
         raise ClusterError(f"{name} not healthy within {timeout:.0f}s; see {self._log_tail(name)}")
@@ -475,18 +480,26 @@ class LocalCluster:
         hosts = [self.procs[n] for n in order if n.startswith("host-") and n in self.procs]
         # Hosts drain in parallel: each hands its runs on, so stopping them one by one would
         # shuffle runs between the ones still up.
+        host_names = [n for n in order if n.startswith("host-") and n in self.procs]
         if "gateway" in self.procs:
-            _terminate([self.procs["gateway"]], timeout)
-        _terminate(hosts, timeout)
+            self._stop_step("gateway", lambda: _terminate([self.procs["gateway"]], timeout))
+        if hosts:
+            self._stop_step(", ".join(host_names) + " (draining first)", lambda: _terminate(hosts, timeout))
         if "coordinator" in self.procs:
-            _terminate([self.procs["coordinator"]], timeout)
-        for server in (self.nats, self.etcd):
+            self._stop_step("coordinator", lambda: _terminate([self.procs["coordinator"]], timeout))
+        for label, server in (("nats-server", self.nats), ("etcd", self.etcd)):
             if server is not None:
-                server.stop(timeout)
+                self._stop_step(label, lambda srv=server: srv.stop(timeout))  # type: ignore[misc]
         if self.info is not None:
             self.info.components = []
             self.info.supervisor_pid = 0
             self.info.save()
+
+    def _stop_step(self, what: str, stop: Callable[[], None]) -> None:
+        self.on_progress(f"stopping {what}…")
+        t0 = time.monotonic()
+        stop()
+        self.on_progress(f"stopped {what.split(' (')[0]} ({time.monotonic() - t0:.1f} s)")
 
     def __enter__(self) -> "LocalCluster":
         self.start()
@@ -514,11 +527,14 @@ def _terminate(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
         p.wait()
 
 
-def stop_recorded(data_dir: str | os.PathLike[str], timeout: float = 30.0) -> list[str]:
+def stop_recorded(data_dir: str | os.PathLike[str], timeout: float = 30.0,
+                  progress: Callable[[str], None] = lambda _line: None) -> list[str]:
     """``baton down``: stop the cluster described in ``<data_dir>/cluster.json``.
 
     Asks the supervising ``baton up`` to stop (SIGTERM) and waits for it; if it is gone,
     stops the recorded components directly in the same order as :meth:`LocalCluster.stop`.
+
+    ``progress`` gets one line per component as it is asked to stop and as it is gone.
 
     Returns:
         Names of the components that were still running.
@@ -529,10 +545,16 @@ def stop_recorded(data_dir: str | os.PathLike[str], timeout: float = 30.0) -> li
     info = ClusterInfo.load(data_dir)
     alive = [c.name for c in info.components if pid_alive(c.pid)]
     sup = info.supervisor_pid
+    t0 = time.monotonic()
     if sup and sup != os.getpid() and pid_alive(sup):
+        progress(f"asking `baton up` (pid {sup}) to stop {', '.join(alive) or 'its cluster'}…")
         os.kill(sup, signal.SIGTERM)
         deadline = time.monotonic() + timeout
+        waiting = [c for c in info.components if pid_alive(c.pid)]
         while pid_alive(sup) and time.monotonic() < deadline:
+            for c in [c for c in waiting if not pid_alive(c.pid)]:
+                waiting.remove(c)
+                progress(f"stopped {c.name} ({time.monotonic() - t0:.1f} s)")
             time.sleep(0.05)
     services = ["gateway"] + [c.name for c in info.hosts] + ["coordinator"]
     engines = [c.name for c in info.components if c.name.startswith("nats")] + \
@@ -542,7 +564,10 @@ def stop_recorded(data_dir: str | os.PathLike[str], timeout: float = 30.0) -> li
             comp = info.get(name)
         except ClusterError:
             continue
-        _stop_pid(comp.pid, timeout)
+        if pid_alive(comp.pid):
+            progress(f"stopping {name} (pid {comp.pid})…")
+            _stop_pid(comp.pid, timeout)
+            progress(f"stopped {name} ({time.monotonic() - t0:.1f} s)")
     info = ClusterInfo.load(data_dir)
     info.components, info.supervisor_pid = [], 0
     info.save()

@@ -31,6 +31,9 @@ range over ``readers/<run>/`` can never catch another run's readers.
 ``sessions/<lease hex>``                owner of a session, under its lease (operators)
 ``keepers/<lease hex>``                 token of the keep-alive stream that armed the session
                                         for fast failover, under its lease (_liveness.py)
+``session-ends/<lease hex>``          why a session ended before its TTL (``crash``: fast
+                                        failover revoked it; ``closed``: CloseSession), under
+                                        a lease of 10 min (takeovers.py)
 ``cancel-intents/<run>/<tenant>``       a user's Stop of a run id with no record yet, under a
                                         lease of 60 s (_intents.py)
 ``election/<lease hex>``                leader-election candidates (as etcd election.go)
@@ -232,6 +235,9 @@ class Keys:
 
     def keeper(self, session_id: int) -> bytes:
         return self._k("keepers", f"{session_id:016x}")
+
+    def session_end(self, session_id: int) -> bytes:
+        return self._k("session-ends", f"{session_id:016x}")
 
     @property
     def incarnation(self) -> bytes:

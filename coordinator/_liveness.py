@@ -38,6 +38,7 @@ from baton.errors import StoreUnavailable
 
 from coordinator import _etcd as E
 from coordinator._store import RunStore
+from coordinator.takeovers import CRASH, note_session_end
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +202,8 @@ class FastFailover:
                 self.outcomes["moved"] += 1
                 log.info("session %x: keep-alive moved to another stream; not revoked", session_id)
                 return
+            # Why its claims go, for the takeovers they cause (coordinator/takeovers.py).
+            await note_session_end(self.store.etcd, self.store.keys, session_id, CRASH, timeout=self.etcd_timeout)
             await self.store.etcd.revoke(session_id, timeout=self.etcd_timeout)
         except E.LeaseNotFound:
             self.outcomes["gone-already"] += 1

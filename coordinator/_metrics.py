@@ -29,7 +29,8 @@ REVOKED_MARK = b"revoked"
 
 SessionEnd = Literal["closed", "revoked", "expired"]
 #: Why a run lost its driver, as the takeover stall histogram labels it.
-LossCause = Literal["crash", "drain", "session_lost", "other"]
+#: The same words as ``Takeover.cause`` on the run record (:mod:`coordinator.takeovers`).
+LossCause = Literal["crash", "drain", "session-lost", "closed", "released", "other"]
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class CoordinatorMetrics:
             ["cause"], registry=r)
         self.orphans = Counter(
             "baton_coordinator_orphaned_runs", "Running runs whose claim vanished, by cause "
-            "(crash|drain|session_lost|other), seen by the leader", ["cause"], registry=r)
+            "(crash|drain|session-lost|closed|released|other), seen by the leader", ["cause"], registry=r)
         self.failovers = Counter(
             "baton_coordinator_failovers", "Hand-overs of orphaned runs by the leader, by outcome "
             "(attached|taken|skipped|failed)", ["outcome"], registry=r)
@@ -114,18 +115,21 @@ def loss_of(claim_prev: bytes | None, *, at: float) -> Loss:
 
 
 def cause_of(end: SessionEnd | None, *, session_lives: bool, host_draining: bool) -> LossCause:
-    """Why a claim vanished.
+    """Why a claim vanished, in the words of the run record's ``Takeover.cause``.
 
     Returns:
         ``crash`` (fast failover revoked the session: its process refused connections),
-        ``session_lost`` (the session's lease expired: the host stopped refreshing it, being
-        dead, paused or cut off), ``drain`` (released by a draining host while its session
-        lived), else ``other`` (closed; released otherwise; unknown).
+        ``closed`` (the session was closed), ``session-lost`` (the session's lease expired:
+        the host stopped refreshing it, being dead, paused or cut off), ``drain`` (released
+        by a draining host while its session lived), ``released`` (released otherwise while
+        its session lived), else ``other`` (not known).
     """
     if end == "revoked":
         return "crash"
+    if end == "closed":
+        return "closed"
     if end == "expired":
-        return "session_lost"
-    if end is None and session_lives and host_draining:
-        return "drain"
+        return "session-lost"
+    if end is None and session_lives:
+        return "drain" if host_draining else "released"
     return "other"

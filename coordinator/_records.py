@@ -17,7 +17,7 @@ TERMINAL = TERMINAL_PB
 # Paths a field mask may name. Identity and the store's own bookkeeping are not writable:
 # run_id/thread_id key the indexes, tenant owns the thread (threads/<t>/tenant), revision is
 # the store's, and driver_epoch only ever rises, by ClaimRun (the fence, docs/design.md §3.2).
-_READ_ONLY = frozenset({"run_id", "thread_id", "revision", "tenant", "driver_epoch"})
+_READ_ONLY = frozenset({"run_id", "thread_id", "revision", "tenant", "driver_epoch", "last_takeover"})
 WRITABLE = frozenset(f.name for f in RunRecord.DESCRIPTOR.fields) - _READ_ONLY
 
 

@@ -36,7 +36,7 @@ from baton.v1.coordinator_pb2 import EnqueueRunResponse, HostInfo, QueuedRun, Sa
 from baton.v1.runs_pb2 import Claim, RunInput, RunRecord, RunStatus
 
 from coordinator import _etcd as E
-from coordinator import _intents, _listing, rules
+from coordinator import _intents, _listing, rules, takeovers
 from coordinator._cache import RecordCache
 from coordinator._keys import Keys, micros, prefix_end
 from coordinator._records import is_active, is_reclaimable, is_starting
@@ -664,6 +664,7 @@ class RunStore:
         r = await self.etcd.txn([E.cmp_lease(k, session_id)], [E.put(k, b"closed", session_id)], timeout=b.left())
         if not r.succeeded:
             return
+        await takeovers.note_session_end(self.etcd, self.keys, session_id, takeovers.CLOSED, timeout=b.left())
         try:
             await self.etcd.revoke(session_id, timeout=b.left())
         except E.LeaseNotFound:
@@ -687,9 +688,11 @@ class RunStore:
                 checked in that order.
             SessionLost: the session's lease is gone.
         """
+        now = self.clock()
+
         def decide(snap: Snapshot) -> Plan[tuple[int, RunRecord]]:
             return rules.claim(snap, keys=self.keys, session_id=session_id, host_id=host_id,
-                               purpose=purpose, require_started=require_started)
+                               purpose=purpose, require_started=require_started, now=now)
 
         try:
             out = await self.mutate(run_id, decide, timeout=timeout)

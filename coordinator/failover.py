@@ -10,6 +10,10 @@ picks that start together share one read of the hosts and their claims. A run wi
 purpose ``finalize``, so a cancelled run whose host died still ends ``aborted``. Clients
 still connected see a pause, then the rest of the run.
 
+The same watch notes why each claim went (``last_takeover`` on the record, beside the
+hand-over: :func:`record_loss`, coordinator/takeovers.py), so operators see crash, drain or a
+lost session with each takeover.
+
 A run still ``starting`` (its ``StartRun`` has not made its input durable; this includes
 one never claimed) is left alone: only a retried ``StartRun`` drives it, and the reaper
 ends it when nobody retries (:mod:`coordinator.reaper`).
@@ -23,13 +27,13 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import grpc
 
 from baton import internal_auth, telemetry
 
-from baton.errors import JournalAttachUnavailable, RunClaimNotAcquired, StoreUnavailable
+from baton.errors import BatonError, JournalAttachUnavailable, RunClaimNotAcquired, StoreUnavailable
 from baton.grpc_errors import from_rpc_error
 from baton.placement import Candidate, assign
 from baton.retry import Attempts, Deadline, retry
@@ -40,7 +44,10 @@ from baton.v1.runs_pb2 import Claim
 from coordinator._election import LeaderContext
 from coordinator._indexes import ensure_indexes, live_runs
 from coordinator._keys import prefix_end
+from coordinator._liveness import Verdict, probe
 from coordinator._metrics import CoordinatorMetrics, Loss, SessionEnds, cause_of, loss_of
+from coordinator import takeovers
+from coordinator.rules import Plan, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +58,8 @@ HANDOVER_PATIENCE = 30.0
 NO_HOST_PAUSE = 1.0
 #: Hand-overs of one leader in flight at once (the orphans of a dead host come together).
 MAX_PARALLEL_HANDOVERS = 64
+#: Departed hosts' registry entries the leader remembers (to judge their claims' loss).
+MAX_GONE_HOSTS = 1000
 
 
 class HostPool:
@@ -217,6 +226,52 @@ async def attach_somewhere(ctx: LeaderContext, pool: HostPool, run_id: str, purp
     return "no-host"
 
 
+async def record_loss(ctx: LeaderContext, lost: Claim, at: float,
+                      gone_hosts: Mapping[str, HostInfo] | None = None) -> str | None:
+    """Note why ``lost`` went on its run's record (``last_takeover``; coordinator/takeovers.py).
+
+    A session that ran out with no note (``session-lost``) whose host's registry entry went
+    with it is told apart by one connect to the host's address, as fast failover does
+    (:func:`coordinator._liveness.probe`): refused means the process is gone (``crash``: a
+    SIGKILL the TTL saw before the keep-alive's break was judged); anything else leaves it
+    ``session-lost`` (alive and paused, or cut off: a zombie).
+
+    Args:
+        lost: the claim whose key was just deleted (the watch's previous value).
+        at: when the deletion was seen (Unix seconds).
+        gone_hosts: registry entries of hosts whose entry vanished, by host id.
+
+    Returns:
+        The cause written, or ``None`` when the loss is no takeover (the run ended, is
+        still starting, or moved on since).
+
+    Raises:
+        StoreUnavailable: etcd did not answer within the configured timeout.
+    """
+    store, t = ctx.store, ctx.config.etcd_timeout
+    rec, _ = await store.get_run(lost.run_id, timeout=t)
+    if takeovers.after_loss(rec, lost, "", at) is None:  # most deletions: a run that ended
+        return None
+    r = await store.etcd.txn([], takeovers.loss_reads(store.keys, lost), timeout=t)
+    session_kv, host_kv, end_kv = (r.kvs(i)[0] if r.kvs(i) else None for i in range(3))
+    cause = takeovers.classify(lost, session_alive=session_kv is not None,
+                               host=HostInfo.FromString(host_kv.value) if host_kv is not None else None,
+                               session_end=end_kv.value if end_kv is not None else b"")
+    host = (gone_hosts or {}).get(lost.host_id)
+    if (cause == takeovers.SESSION_LOST and host is not None and host.session_id == lost.session_id
+            and host.address and await probe(host.address) is Verdict.GONE):
+        cause = takeovers.CRASH
+
+    def decide(snap: Snapshot) -> Plan[str | None]:
+        new = takeovers.after_loss(snap.record, lost, cause, at)
+        return Plan(None, write=False) if new is None else Plan(cause, new=new)
+
+    written = await store.mutate(lost.run_id, decide, timeout=t)
+    if written:
+        log.info("takeover of run %s from %s (epoch %d): %s", lost.run_id, lost.host_id, lost.epoch, cause)
+    return written
+
+
 def orphaned(rec: runs_pb2.RunRecord | None, claim: Claim | None) -> bool:
     """Whether failover hands the run over: running, started (input durable), no claim."""
     return (rec is not None and claim is None and rec.status == runs_pb2.RUN_STATUS_RUNNING
@@ -316,6 +371,23 @@ async def failover_scheduler(ctx: LeaderContext, metrics: CoordinatorMetrics | N
     # may have read the claim before it went ("skipped"), so the run is looked at again.
     recheck: set[str] = set()
     stopping = False
+    # Takeover notes (record_loss), one per deleted claim, beside the hand-overs.
+    notes: set[asyncio.Task[None]] = set()
+    note_slots = asyncio.Semaphore(MAX_PARALLEL_HANDOVERS)
+    # Hosts whose registry entry went (their session ended), newest last, for record_loss.
+    gone_hosts: dict[str, HostInfo] = {}
+
+    async def note(lost: Claim, at: float) -> None:
+        async with note_slots:
+            try:
+                await record_loss(ctx, lost, at, gone_hosts)
+            except BatonError as exc:  # a note is for operators: the hand-over goes on without it
+                log.warning("takeover of run %s not noted: %s", lost.run_id, exc)
+
+    def spawn_note(lost: Claim) -> None:
+        task = asyncio.create_task(note(lost, store.clock()), name=f"takeover-note:{lost.run_id}")
+        notes.add(task)
+        task.add_done_callback(notes.discard)
 
     def spawn(run_id: str, loss: Loss | None = None) -> None:
         t = pending.get(run_id)
@@ -354,16 +426,27 @@ async def failover_scheduler(ctx: LeaderContext, metrics: CoordinatorMetrics | N
                     await settle_hosts(ctx, {rec.driver_host for rec in orphans}, cfg.session_ttl)
                 for rec in orphans:
                     spawn(rec.run_id)
-                ranges = [(p, prefix_end(p)) for p in (keys.claims, keys.all_sessions)]
+                ranges = [(p, prefix_end(p)) for p in (keys.claims, keys.all_sessions, keys.hosts)]
                 async for _rev, events in store.etcd.watch(ranges, start_revision=rev + 1, deletes_only=True,
                                                            prev_kv=True):
+                    for ev in events:
+                        if ev.kv.key.startswith(keys.hosts) and ev.prev_kv is not None and ev.prev_kv.value:
+                            # Before the batch's notes run (they are tasks).
+                            h = HostInfo.FromString(ev.prev_kv.value)
+                            gone_hosts.pop(h.host_id, None)
+                            gone_hosts[h.host_id] = h
+                            while len(gone_hosts) > MAX_GONE_HOSTS:
+                                gone_hosts.pop(next(iter(gone_hosts)))
                     _on_deletes(ctx, metrics, ends, events, spawn)
+                    for ev in events:
+                        if ev.kv.key.startswith(keys.claims) and ev.prev_kv is not None and ev.prev_kv.value:
+                            spawn_note(Claim.FromString(ev.prev_kv.value))
             except StoreUnavailable as exc:
                 log.warning("failover watch: %s; watching again", exc)
                 await asyncio.sleep(0.2)
     finally:
         stopping = True
-        tasks = list(pending.values())
+        tasks = [*pending.values(), *notes]
         for t in tasks:
             t.cancel()
         if tasks:

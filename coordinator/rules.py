@@ -31,6 +31,7 @@ from baton.v1.runs_pb2 import Claim, RunInput, RunRecord, RunStatus
 
 from coordinator import _etcd as E
 from coordinator._keys import Keys, prefix_end
+from coordinator.takeovers import stamp_claim
 from coordinator._records import (apply_mask, cancels_on_disconnect, ended_at, is_active, is_ended, is_live,
                                   is_reclaimable, is_starting, is_terminal)
 
@@ -119,7 +120,7 @@ def _copy(rec: RunRecord) -> RunRecord:
 # --- claims ---------------------------------------------------------------------------------
 
 def claim(snap: Snapshot, *, keys: Keys, session_id: int, host_id: str,
-          purpose: str, require_started: bool = False) -> Plan[tuple[int, RunRecord]]:
+          purpose: str, require_started: bool = False, now: float = 0.0) -> Plan[tuple[int, RunRecord]]:
     """Claim the run under ``session_id``, raising ``driver_epoch`` by one (docs/design.md §3.2).
 
     The write compares the claim key's absence and puts it under the session's lease.
@@ -128,7 +129,8 @@ def claim(snap: Snapshot, *, keys: Keys, session_id: int, host_id: str,
         A plan whose result is (new epoch, record after the claim).
 
     ``require_started`` (an ``AttachRun``'s claim) refuses a run still ``starting``: only its
-    ``StartRun`` drives it, and checked here it is checked inside the write.
+    ``StartRun`` drives it, and checked here it is checked inside the write. A claim after an
+    earlier one stamps ``last_takeover`` (``to_host``, ``claimed_at`` = ``now``; takeovers.py).
 
     Raises:
         RunClaimNotAcquired: reason ``unknown`` | ``terminal`` | ``starting``
@@ -152,6 +154,7 @@ def claim(snap: Snapshot, *, keys: Keys, session_id: int, host_id: str,
     new = _copy(cur)
     new.driver_epoch = epoch
     new.driver_host = host_id
+    stamp_claim(cur, new, host_id, now)
     value = Claim(run_id=run_id, epoch=epoch, host_id=host_id, session_id=session_id,
                   purpose=purpose).SerializeToString()
     return Plan((epoch, new), new=new, cmps=[E.cmp_absent(claim_key)],

@@ -3,8 +3,9 @@
 - ``GET /api/threads``: the caller's threads, newest first, with their last run's status.
 - ``GET /api/threads/{threadId}/runs``: a thread's runs, oldest first (``record_json`` each),
   with its workspace and, for a fork, where it was forked from.
-- ``GET /api/ops/overview``: live hosts (load, capacity, draining), the caller's runs by
-  status, and its recent takeovers (runs past epoch 1) and reaps (cancel reason ``reaped``).
+- ``GET /api/ops/overview``: live hosts (load, capacity, draining), dead hosts that still
+  had runs (until they moved), the caller's runs by status, and its recent takeovers (runs
+  past epoch 1, with time, previous host, cause and stall) and reaps (cancel reason ``reaped``).
 - ``GET /api/ops/timeline?runId=…``: one run's epochs (where each fence landed), its close,
   detach state and chunk rate, read from the run's delivery-log headers.
 - ``/favicon.ico``: the page's icon (an SVG), so browsers asking for it get no 404.
@@ -102,7 +103,7 @@ async def thread_runs(request: Request) -> Response:
 
 
 async def overview(request: Request) -> Response:
-    """``GET /api/ops/overview``: hosts, runs by status, recent takeovers and reaps."""
+    """``GET /api/ops/overview``: hosts (live and dead), runs by status, takeovers and reaps."""
     st = state_of(request)
     recs = await _recent_runs(request)
     hosts = await st.coordinator.list_hosts(timeout=_READ_TIMEOUT)
@@ -110,19 +111,47 @@ async def overview(request: Request) -> Response:
     for r in recs:
         by_status[status_name(r.status)] = by_status.get(status_name(r.status), 0) + 1
     newest_first = list(reversed(recs))
-    takeovers = [record_json(r) for r in newest_first if r.driver_epoch > 1][:20]
+    # Past epoch 1, or a loss noted that no claim followed yet (its host died, nobody took it).
+    takeovers = [record_json(r) for r in newest_first if r.driver_epoch > 1 or r.HasField("last_takeover")][:20]
     reaps = [record_json(r) for r in newest_first if r.cancel_reason == "reaped"][:20]
     running = await _live_views(request, [r for r in newest_first if status_name(r.status) not in TERMINAL][:LIVE_ROWS])
+    dead = dead_hosts(running, {h.host_id for h in hosts})
     return JSONResponse({
         "hosts": [{"hostId": h.host_id, "address": h.address, "load": h.load, "capacity": h.capacity,
                    "draining": h.draining, "providers": list(h.provider_kinds)}
                   for h in sorted(hosts, key=lambda h: h.host_id)],
+        "deadHosts": dead,
         "runsByStatus": by_status,
         "runsSeen": len(recs),
         "live": running,
         "takeovers": takeovers,
         "reaps": reaps,
     })
+
+
+def dead_hosts(live: list[dict[str, Any]], registered: set[str]) -> list[dict[str, Any]]:
+    """Hosts whose session is gone but that still had runs, until those runs moved.
+
+    A live run (a :func:`record_json` view) with no claim whose last driver is not a
+    registered host is a run of a dead host: it is flagged (``hostDead``) and its host listed
+    as ``{hostId, runs, lostAt, cause}`` (``lostAt``/``cause`` from the runs' takeover notes:
+    the earliest loss seen, the cause noted first; ``null`` until the leader noted them).
+    A run of a live host without a claim (a drain's hand-over in flight) is not flagged.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for r in live:
+        host = str(r.get("driverHost") or "")
+        r["hostDead"] = bool(r["status"] == "running" and not r["claimed"] and host and host not in registered)
+        if not r["hostDead"]:
+            continue
+        item = out.setdefault(host, {"hostId": host, "runs": [], "lostAt": None, "cause": None})
+        item["runs"].append(r["runId"])
+        t = r.get("takeover")
+        if t and t["fromHost"] == host and t["fromEpoch"] == r["epoch"]:
+            if t["lostAt"] and (item["lostAt"] is None or t["lostAt"] < item["lostAt"]):
+                item["lostAt"] = t["lostAt"]
+            item["cause"] = item["cause"] or t["cause"]
+    return sorted(out.values(), key=lambda h: h["hostId"])
 
 
 async def _live_views(request: Request, recs: list[runs_pb2.RunRecord]) -> list[dict[str, Any]]:

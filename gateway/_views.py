@@ -41,6 +41,21 @@ def _workspace(raw: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) and value else None
 
 
+def takeover_json(record: runs_pb2.RunRecord) -> dict[str, Any] | None:
+    """The run's last takeover (``takeover`` of the run view), or ``None`` if never taken over.
+
+    ``{fromEpoch, fromHost, toHost, cause, lostAt, claimedAt, stall}``: ``cause`` is ``crash``,
+    ``drain``, ``session-lost``, ``closed`` or ``released`` (``null``: not known);
+    ``stall`` is ``claimedAt - lostAt`` in seconds when both are known. Times are Unix seconds.
+    """
+    if not record.HasField("last_takeover"):
+        return None
+    t = record.last_takeover
+    return {"fromEpoch": int(t.from_epoch), "fromHost": t.from_host or None, "toHost": t.to_host or None,
+            "cause": t.cause or None, "lostAt": t.lost_at or None, "claimedAt": t.claimed_at or None,
+            "stall": round(max(t.claimed_at - t.lost_at, 0.0), 3) if t.lost_at and t.claimed_at else None}
+
+
 def record_json(record: runs_pb2.RunRecord, claim: Any | None = None, reap_at: float | None = None) -> dict[str, Any]:
     """The public view of a run (``GET /api/runs/{runId}``), camelCase."""
     err = None
@@ -66,6 +81,8 @@ def record_json(record: runs_pb2.RunRecord, claim: Any | None = None, reap_at: f
         # Tool approvals and steered messages (docs/hitl.md): a pending approval pauses the run.
         "awaitingApproval": awaiting_approval(record),
         "inputs": [input_json(i) for i in record.inputs],
+        # The latest move of its claim to another owner (docs/operating.md, "Takeovers").
+        "takeover": takeover_json(record),
     }
 
 

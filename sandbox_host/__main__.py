@@ -114,6 +114,39 @@ async def hand_over(cc: Any, run_ids: Sequence[str], self_id: str, lost_at: floa
     return sum(results)
 
 
+async def moved_count(cc: Any, run_ids: Sequence[str], self_id: str, patience: float = 5.0) -> int:
+    """How many of ``run_ids`` another host took over, as seen within ``patience`` seconds.
+
+    A run released by a drain is placed by whichever of the drain and the coordinator's
+    failover comes first; this counts the outcome, not who placed it.
+    """
+    left = set(run_ids)
+    moved = 0
+    if left:
+        try:
+            peers = [h for h in await cc.list_hosts() if h.host_id != self_id and not h.draining and h.address]
+        except (BatonError, grpc.RpcError):
+            peers = []
+        if not peers:
+            patience = 0.0  # nobody can take them (every host drains, as at `baton down`): one look
+    deadline = asyncio.get_running_loop().time() + patience
+    while left:
+        for run_id in sorted(left):
+            try:
+                view = await cc.get_run(run_id, timeout=2.0)
+            except (BatonError, grpc.RpcError):
+                continue
+            # The claim's holder, else the last driver (a run taken over and ended since).
+            holder = view.claim.host_id if view.claim is not None else view.record.driver_host
+            if holder != self_id:
+                left.discard(run_id)
+                moved += 1
+        if not left or asyncio.get_running_loop().time() >= deadline:
+            break
+        await asyncio.sleep(0.1)
+    return moved
+
+
 class Host:
     """One sandbox host process: ``run()`` until stopped; ``shutdown()`` drains."""
 
@@ -169,7 +202,7 @@ class Host:
                                           "BATON_HOST_METRICS_LISTEN")
                 # BATON_INTERNAL_TOKEN: only the cluster may call; health and reflection stay open.
                 server = grpc.aio.server(options=_GRPC_OPTIONS, interceptors=[*internal_auth.server_interceptors(), *telemetry.server_interceptors()])
-                add_to_server(SandboxHostService(self.manager, self.drain), server)
+                add_to_server(SandboxHostService(self.manager, self.drain, self.undrain), server)
                 health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc_health stubs lack .aio
                 health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
                 reflection.enable_server_reflection(
@@ -287,13 +320,25 @@ class Host:
         let_go = time.time()  # the drivers stop from here: the readers' stall begins
         handed = await self.manager.drain()
         try:
-            return await hand_over(self.manager.deps.cc, handed, self.host_id, let_go)
+            await hand_over(self.manager.deps.cc, handed, self.host_id, let_go)
         except (BatonError, grpc.RpcError) as exc:
             log.warning("hand-over failed (the coordinator's failover takes the runs): %s", exc)
-            return 0
         except Exception:  # a bug: the coordinator's failover takes the runs as well
             log.exception("hand-over failed (the coordinator's failover takes the runs)")
-            return 0
+        # The coordinator's failover races this drain's own hand-over and often wins: the
+        # count is of runs another host holds now, whoever placed them.
+        return await moved_count(self.manager.deps.cc, handed, self.host_id)
+
+    async def undrain(self) -> bool:
+        """Take work again after a drain (registers as not draining); ``False`` when not draining."""
+        if self._drained is not None:
+            await asyncio.shield(self._drained)  # a drain in flight finishes its hand-over first
+        was = self.manager.draining
+        self.manager.draining = False
+        self._drained = None
+        await self._register(draining=False)
+        log.info("undrained: taking work again")
+        return was
 
 
 async def _main() -> None:

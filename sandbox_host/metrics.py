@@ -22,7 +22,7 @@ from baton.metrics import LATENCY_BUCKETS, new_registry
 
 #: Takeovers awaiting their fence, at most (an attach whose driver never fenced is dropped).
 _PENDING_MAX = 4096
-LOSS_CAUSES = ("crash", "drain", "session_lost", "other")
+LOSS_CAUSES = ("crash", "drain", "session-lost", "closed", "released", "other")
 
 
 class HostMetrics:
@@ -44,7 +44,7 @@ class HostMetrics:
                                  ["cause"], registry=r)
         self.takeover_stall = Histogram(
             "baton_host_takeover_stall_seconds", "From the previous driver's loss to this host's fence in the "
-            "run's log, by cause (crash|drain|session_lost|other)", ["cause"],
+            "run's log, by cause (crash|drain|session-lost|closed|released|other)", ["cause"],
             buckets=LATENCY_BUCKETS, registry=r)
         self.runs = Gauge("baton_host_runs", "Runs this host drives now", registry=r)
         self._pending: OrderedDict[str, tuple[float, str]] = OrderedDict()

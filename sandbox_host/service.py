@@ -35,11 +35,15 @@ class SandboxHostService(pb_grpc.SandboxHostServicer):
         manager: the host's run manager.
         drain: the host's drain procedure (stop accepting, hand every run over); returns
             how many runs were handed over.
+        undrain: takes work again after a drain; returns whether the host was draining
+            (``None``: the RPC is refused as unimplemented).
     """
 
-    def __init__(self, manager: RunManager, drain: Callable[[], Awaitable[int]]) -> None:
+    def __init__(self, manager: RunManager, drain: Callable[[], Awaitable[int]],
+                 undrain: Callable[[], Awaitable[bool]] | None = None) -> None:
         self.manager = manager
         self._drain = drain
+        self._undrain = undrain
 
     async def StartRun(self, request: pb.StartRunRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.StartRunResponse:
         try:
@@ -87,6 +91,17 @@ class SandboxHostService(pb_grpc.SandboxHostServicer):
             await _fail(context, exc)
             raise
         return pb.DrainResponse(handed_over=n)
+
+    async def Undrain(self, request: pb.UndrainRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.UndrainResponse:
+        if self._undrain is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this host cannot undrain")
+        assert self._undrain is not None
+        try:
+            was = await self._undrain()
+        except Exception as exc:
+            await _fail(context, exc)
+            raise
+        return pb.UndrainResponse(was_draining=was)
 
 
 def add_to_server(service: SandboxHostService, server: grpc.aio.Server) -> None:

@@ -20,6 +20,7 @@
 #   BATON_SANDBOX_IMAGE  sandbox image tag (default baton-sandbox:local, compose.yaml's)
 #   BATON_BASE_IMAGE     base image tag (default baton-base:bookworm; docker_setup.sh makes it)
 #   BATON_DOCKER_CACHE   cache directory (default /var/cache/baton)
+#   BATON_BUILD_LOG      steps (default: one line per Dockerfile step) | full (every line of the builds)
 #   PYTHON               interpreter whose pip builds the wheelhouse (default: .venv's, else python3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,7 +49,8 @@ if [ ! -f "$house/.complete" ]; then
     rm -rf "$house" && mkdir -p "$house"
     reqs=$(mktemp)
     "$PYTHON" scripts/image_requirements.py server,docker,cli >"$reqs"
-    "$PYTHON" -m pip wheel -q --disable-pip-version-check --constraint requirements.lock \
+    # Not -q: building the wheelhouse takes minutes the first time; pip names each package.
+    "$PYTHON" -m pip wheel --progress-bar off --disable-pip-version-check --constraint requirements.lock \
         --requirement "$reqs" --wheel-dir "$house" || die "pip wheel"
     # The build backend of pyproject.toml's [build-system] (the project is built in the image).
     "$PYTHON" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))' >"$reqs"
@@ -61,8 +63,22 @@ find wheelhouse -maxdepth 1 -type f -name '*.whl' -delete
 cp -p "$house"/*.whl wheelhouse/
 
 # --- 3. images -----------------------------------------------------------------------------
+# Progress, not minutes of silence: each Dockerfile step as it starts, with the seconds since
+# this build began (BATON_BUILD_LOG=full: every line the build prints). The whole output goes
+# to a log whose tail is shown when the build fails.
 build() {
-    DOCKER_BUILDKIT=0 docker build -q --build-arg BASE="$BATON_BASE_IMAGE" --build-arg OFFLINE=1 "$@" . >/dev/null
+    local start log
+    start=$(date +%s)
+    log=$(mktemp)
+    DOCKER_BUILDKIT=0 docker build --build-arg BASE="$BATON_BASE_IMAGE" --build-arg OFFLINE=1 "$@" . 2>&1 \
+        | tee "$log" | while IFS= read -r line; do
+            case "$line" in
+                Step\ *) say "  +$(( $(date +%s) - start ))s ${line:0:150}" ;;
+                *) if [ "${BATON_BUILD_LOG:-steps}" = full ]; then echo "    $line" >&2; fi ;;
+            esac
+        done || { tail -n 40 "$log" >&2; rm -f "$log"; return 1; }
+    say "  done in $(( $(date +%s) - start ))s"
+    rm -f "$log"
 }
 say "docker build $SANDBOX_IMAGE (target sandbox)"
 build --target sandbox -t "$SANDBOX_IMAGE" || die "docker build --target sandbox"

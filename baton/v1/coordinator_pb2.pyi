@@ -170,7 +170,8 @@ class UpdateRunRequest(_message.Message):
     @_builtins.property
     def update_mask(self) -> _field_mask_pb2.FieldMask:
         """A path in the mask but unset in record clears it. Not writable (INVALID_ARGUMENT naming
-        update_mask): run_id, thread_id, revision, tenant, driver_epoch (only ClaimRun raises it).
+        update_mask): run_id, thread_id, revision, tenant, driver_epoch (only ClaimRun raises it),
+        last_takeover (the coordinator's own).
         A write that makes the run running again while another run of its thread is running
         fails ALREADY_EXISTS (THREAD_BUSY).
         """

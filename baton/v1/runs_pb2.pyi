@@ -155,6 +155,7 @@ class RunRecord(_message.Message):
     TURN_JSON_FIELD_NUMBER: _builtins.int
     INPUTS_FIELD_NUMBER: _builtins.int
     TRACE_PARENT_FIELD_NUMBER: _builtins.int
+    LAST_TAKEOVER_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     thread_id: _builtins.str
     status: Global___RunStatus.ValueType
@@ -226,6 +227,12 @@ class RunRecord(_message.Message):
         asked for and the messages steered into its running turn, in the order they came.
         """
 
+    @_builtins.property
+    def last_takeover(self) -> Global___Takeover:
+        """The latest move of the run's claim from one owner to the next (set by the
+        coordinator only; absent on a run never taken over).
+        """
+
     def __init__(
         self,
         *,
@@ -254,10 +261,11 @@ class RunRecord(_message.Message):
         turn_json: _builtins.str = ...,
         inputs: _abc.Iterable[Global___RunInput] | None = ...,
         trace_parent: _builtins.str = ...,
+        last_takeover: Global___Takeover | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since", "_finished_at", b"_finished_at", "_started_at", b"_started_at", "agent", b"agent", "detached_since", b"detached_since", "error", b"error", "finished_at", b"finished_at", "started_at", b"started_at", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since", "_finished_at", b"_finished_at", "_started_at", b"_started_at", "agent", b"agent", "detached_since", b"detached_since", "error", b"error", "finished_at", b"finished_at", "last_takeover", b"last_takeover", "started_at", b"started_at", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since", "_finished_at", b"_finished_at", "_started_at", b"_started_at", "agent", b"agent", "cancel_on_disconnect", b"cancel_on_disconnect", "cancel_reason", b"cancel_reason", "cancel_requested", b"cancel_requested", "detach_on_disconnect", b"detach_on_disconnect", "detached_since", b"detached_since", "driver_epoch", b"driver_epoch", "driver_host", b"driver_host", "error", b"error", "finished_at", b"finished_at", "inputs", b"inputs", "keep_sandbox", b"keep_sandbox", "parent_run_id", b"parent_run_id", "revision", b"revision", "run_id", b"run_id", "sandbox_key", b"sandbox_key", "started_at", b"started_at", "starting", b"starting", "status", b"status", "tenant", b"tenant", "thread_id", b"thread_id", "trace_parent", b"trace_parent", "turn_json", b"turn_json", "usage", b"usage", "workspace_json", b"workspace_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since", "_finished_at", b"_finished_at", "_started_at", b"_started_at", "agent", b"agent", "cancel_on_disconnect", b"cancel_on_disconnect", "cancel_reason", b"cancel_reason", "cancel_requested", b"cancel_requested", "detach_on_disconnect", b"detach_on_disconnect", "detached_since", b"detached_since", "driver_epoch", b"driver_epoch", "driver_host", b"driver_host", "error", b"error", "finished_at", b"finished_at", "inputs", b"inputs", "keep_sandbox", b"keep_sandbox", "last_takeover", b"last_takeover", "parent_run_id", b"parent_run_id", "revision", b"revision", "run_id", b"run_id", "sandbox_key", b"sandbox_key", "started_at", b"started_at", "starting", b"starting", "status", b"status", "tenant", b"tenant", "thread_id", b"thread_id", "trace_parent", b"trace_parent", "turn_json", b"turn_json", "usage", b"usage", "workspace_json", b"workspace_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__detached_since: _TypeAlias = _typing.Literal["detached_since"]  # noqa: Y015
     _WhichOneofArgType__detached_since: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since"]  # noqa: Y015
@@ -273,6 +281,56 @@ class RunRecord(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__started_at) -> _WhichOneofReturnType__started_at | None: ...
 
 Global___RunRecord: _TypeAlias = RunRecord  # noqa: Y015
+
+@_typing.final
+class Takeover(_message.Message):
+    """One move of a run's claim to a new owner (docs/operating.md, "Takeovers"). Written by
+    the coordinator: the successor's ClaimRun stamps to_host and claimed_at; the leader that
+    saw the lost claim's key go stamps cause and lost_at. Either may come first. Times are
+    Unix seconds (0 = not known yet).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FROM_EPOCH_FIELD_NUMBER: _builtins.int
+    FROM_HOST_FIELD_NUMBER: _builtins.int
+    TO_HOST_FIELD_NUMBER: _builtins.int
+    CAUSE_FIELD_NUMBER: _builtins.int
+    LOST_AT_FIELD_NUMBER: _builtins.int
+    CLAIMED_AT_FIELD_NUMBER: _builtins.int
+    from_epoch: _builtins.int
+    """the epoch of the claim that was lost"""
+    from_host: _builtins.str
+    """the host that held it"""
+    to_host: _builtins.str
+    """the host that claimed next ("" = nobody yet)"""
+    cause: _builtins.str
+    """Why the claim went: "crash" (the holder's keep-alive broke and its port refused a
+    connect: the process died), "drain" (its draining host released it), "session-lost"
+    (its session expired while the process may live on: paused, partitioned; a zombie),
+    "closed" (its session was closed), "released" (released otherwise), "" (not known).
+    """
+    lost_at: _builtins.float
+    """when the coordinator saw the claim go"""
+    claimed_at: _builtins.float
+    """when the successor's claim was written"""
+    def __init__(
+        self,
+        *,
+        from_epoch: _builtins.int = ...,
+        from_host: _builtins.str = ...,
+        to_host: _builtins.str = ...,
+        cause: _builtins.str = ...,
+        lost_at: _builtins.float = ...,
+        claimed_at: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cause", b"cause", "claimed_at", b"claimed_at", "from_epoch", b"from_epoch", "from_host", b"from_host", "lost_at", b"lost_at", "to_host", b"to_host"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Takeover: _TypeAlias = Takeover  # noqa: Y015
 
 @_typing.final
 class RunInput(_message.Message):

@@ -59,6 +59,11 @@ class SandboxHostStub:
                 request_serializer=baton_dot_v1_dot_sandbox__host__pb2.DrainRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_sandbox__host__pb2.DrainResponse.FromString,
                 _registered_method=True)
+        self.Undrain = channel.unary_unary(
+                '/baton.v1.SandboxHost/Undrain',
+                request_serializer=baton_dot_v1_dot_sandbox__host__pb2.UndrainRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_sandbox__host__pb2.UndrainResponse.FromString,
+                _registered_method=True)
 
 
 class SandboxHostServicer:
@@ -100,6 +105,13 @@ class SandboxHostServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Undrain(self, request, context):
+        """Take work again after a drain (the host registers as not draining).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxHostServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +139,11 @@ def add_SandboxHostServicer_to_server(servicer, server):
                     servicer.Drain,
                     request_deserializer=baton_dot_v1_dot_sandbox__host__pb2.DrainRequest.FromString,
                     response_serializer=baton_dot_v1_dot_sandbox__host__pb2.DrainResponse.SerializeToString,
+            ),
+            'Undrain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Undrain,
+                    request_deserializer=baton_dot_v1_dot_sandbox__host__pb2.UndrainRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_sandbox__host__pb2.UndrainResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -264,6 +281,33 @@ class SandboxHost:
             '/baton.v1.SandboxHost/Drain',
             baton_dot_v1_dot_sandbox__host__pb2.DrainRequest.SerializeToString,
             baton_dot_v1_dot_sandbox__host__pb2.DrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Undrain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.SandboxHost/Undrain',
+            baton_dot_v1_dot_sandbox__host__pb2.UndrainRequest.SerializeToString,
+            baton_dot_v1_dot_sandbox__host__pb2.UndrainResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -34,7 +34,7 @@ def _all_commands() -> list[list[str]]:
 
 def test_the_issue_commands_exist() -> None:
     names = {" ".join(c) for c in _all_commands()}
-    assert {"up", "down", "demo", "runs", "tail", "cancel", "reap"} <= names
+    assert {"up", "down", "demo", "runs", "tail", "cancel", "reap", "hosts", "drain", "undrain"} <= names
 
 
 @pytest.mark.parametrize("command", _all_commands(), ids=lambda c: " ".join(c))
@@ -138,7 +138,9 @@ async def test_up_page_run_down_and_restart_keeps_the_runs(tmp_path: pathlib.Pat
         runs = run_cli("runs", "--thread", "cli-thread", "--data-dir", str(data_dir), "--json")
         assert runs.returncode == 0, runs.stderr
         (listed,) = [json.loads(line) for line in runs.stdout.splitlines()]
-        assert listed["run_id"] == "cli-run" and listed["status"] == "RUN_STATUS_COMPLETED"
+        # The HTTP API's words (GET /api/runs/{runId}), times in ISO 8601.
+        assert listed["runId"] == "cli-run" and listed["status"] == "completed" and listed["agent"] == "replay"
+        assert listed["startedAt"].endswith("+00:00") and listed["takeover"] is None
         table = run_cli("runs", "--thread", "cli-thread", "--data-dir", str(data_dir), COLUMNS="80")
         assert table.returncode == 0, table.stderr
         # Piped (80 columns: rich's width without a terminal): one line per run, every

@@ -24,6 +24,7 @@ from coordinator._etcd import Etcd
 from coordinator._keys import prefix_end
 from coordinator._records import is_active, is_terminal
 from coordinator._store import RunStore, UpdateOutcome
+from coordinator.takeovers import stamp_claim
 from tests.conftest import assert_eventually, unique
 
 T = 5.0
@@ -62,6 +63,8 @@ def _strip(rec: RunRecord | None) -> RunRecord | None:
     out.ClearField("revision")
     if out.HasField("detached_since"):
         out.detached_since = 1.0  # only its presence is predictable
+    if out.last_takeover.claimed_at:
+        out.last_takeover.claimed_at = 1.0  # the claiming replica's clock: only its presence
     return out
 
 
@@ -154,6 +157,7 @@ async def _random_walk(replicas: list[RunStore], oracle: RunStore, seed: int, st
             if isinstance(want, int):
                 exp.driver_epoch = want
                 exp.driver_host = f"host-{sid}"
+                stamp_claim(pre, exp, f"host-{sid}", 1.0)
         elif op == "release":
             if claim is not None and rnd.random() < 0.7:
                 sid, epoch = claim.session_id, claim.epoch

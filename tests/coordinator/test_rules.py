@@ -13,7 +13,7 @@ import pytest
 from aetcd import rpc
 
 from baton.errors import RunClaimLost, RunClaimNotAcquired, ThreadBusy, UnknownRun
-from baton.v1.runs_pb2 import Claim, RunRecord, RunStatus
+from baton.v1.runs_pb2 import Claim, RunRecord, RunStatus, Takeover
 from coordinator import _etcd as E
 from coordinator import rules
 from coordinator._keys import Keys, prefix_end
@@ -102,11 +102,14 @@ def test_claim_rule(state: str, purpose: str, expected: int | str) -> None:
             rules.claim(s, keys=K, session_id=SESSION, host_id="host-b", purpose=purpose)
         assert (ei.value.run_id, ei.value.reason) == (RUN, expected)
         return
-    plan = rules.claim(s, keys=K, session_id=SESSION, host_id="host-b", purpose=purpose)
+    plan = rules.claim(s, keys=K, session_id=SESSION, host_id="host-b", purpose=purpose, now=1234.5)
     assert rec is not None
     want = RunRecord()
     want.CopyFrom(rec)
     want.driver_epoch, want.driver_host = expected, "host-b"
+    # A claim after an earlier one is a takeover: the successor's side is stamped.
+    want.last_takeover.CopyFrom(Takeover(from_epoch=rec.driver_epoch, from_host=rec.driver_host,
+                                         to_host="host-b", claimed_at=1234.5))
     assert plan.result == (expected, want) and plan.new == want and plan.write
     stored = Claim(run_id=RUN, epoch=expected, host_id="host-b", session_id=SESSION, purpose=purpose)
     value = stored.SerializeToString()

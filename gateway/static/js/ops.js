@@ -1,4 +1,5 @@
-// The operator view: live hosts, runs by status, recent takeovers and reaps, and one run's
+// The operator view: hosts (live, and dead ones whose runs have not moved yet), runs by
+// status, recent takeovers (when, from, cause, stall) and reaps, and one run's
 // timeline (epochs, hosts, detaches, chunk rate). Read-only; refreshed every few seconds.
 // Every value comes from GET /api/ops/overview and /api/ops/timeline, as the caller's
 // tenant may see them.
@@ -52,9 +53,10 @@ function fillTable (id, rows, empty) {
     body.replaceChildren(tr)
     return
   }
-  body.replaceChildren(...rows.map((cells) => {
-    const tr = el('tr')
-    tr.append(...cells.map(cell))
+  body.replaceChildren(...rows.map((row) => {
+    // A row is its cells, or {cells, cls} to mark it (a dead host, a run that lost its host).
+    const tr = el('tr', Array.isArray(row) ? null : row.cls)
+    tr.append(...(Array.isArray(row) ? row : row.cells).map(cell))
     return tr
   }))
 }
@@ -71,6 +73,30 @@ function loadBar (load, capacity) {
   return wrap
 }
 
+// Why a claim moved (Takeover.cause): crash, drain, session lost (a zombie), or other.
+const CAUSES = { crash: 'crash', drain: 'drain', 'session-lost': 'session lost (zombie)' }
+
+function causeBadge (cause) {
+  if (!cause) return el('span', 'badge', 'not known yet')
+  const b = el('span', `badge ${CAUSES[cause] ? cause : 'other'}`, CAUSES[cause] ?? 'other')
+  b.title = cause
+  return b
+}
+
+function deadState (h) {
+  const wrap = el('span')
+  wrap.append(badge('dead'))
+  if (h.cause) wrap.append(' ', causeBadge(h.cause))
+  if (h.lostAt) wrap.append(` since ${clock(h.lostAt)} (${relative(h.lostAt)})`)
+  return wrap
+}
+
+function hostLost () {
+  const b = el('span', 'badge host-lost', 'host lost')
+  b.title = 'its host is dead: waiting to move to another host'
+  return b
+}
+
 async function refresh () {
   let o
   try {
@@ -80,21 +106,38 @@ async function refresh () {
     return
   }
   $('updated').textContent = `Updated ${clock(Date.now() / 1000)} · ${o.runsSeen} recent runs looked at`
-  fillTable('hosts', o.hosts.map((h) => [
-    el('strong', null, h.hostId), loadBar(h.load, h.capacity), h.address, badge(h.draining ? 'draining' : 'serving')
-  ]), 'No live host.')
+  fillTable('hosts', [
+    ...o.hosts.map((h) => [
+      el('strong', null, h.hostId), loadBar(h.load, h.capacity), h.address, badge(h.draining ? 'draining' : 'serving')
+    ]),
+    ...(o.deadHosts ?? []).map((h) => ({
+      cls: 'dead-host',
+      cells: [el('strong', null, h.hostId), `${h.runs.length} run${h.runs.length === 1 ? '' : 's'} not moved yet`, '—',
+        deadState(h)]
+    }))
+  ], 'No host.')
   const chips = Object.entries(o.runsByStatus).sort()
   $('by-status').replaceChildren(...(chips.length
     ? chips.map(([s, n]) => { const c = el('span', `chip badge ${s}`); c.append(el('strong', null, n), ` ${s}`); return c })
     : [el('span', 'empty', 'No runs yet.')]))
-  fillTable('live', o.live.map((r) => [
-    runLink(r.runId), threadLink(r.threadId), badge(stateOf(r)), r.driverHost ?? '—', String(r.epoch),
-    r.detachedSince ? `${clock(r.detachedSince)} (${relative(r.detachedSince)})` : '—',
-    r.reapAt ? `${clock(r.reapAt)} (${relative(r.reapAt)})` : '—'
-  ]), 'No live run.')
-  fillTable('takeovers', o.takeovers.map((r) => [
-    runLink(r.runId), threadLink(r.threadId), badge(stateOf(r)), r.driverHost ?? '—', String(r.epoch), clock(r.startedAt)
-  ]), 'No takeover among the recent runs.')
+  fillTable('live', o.live.map((r) => ({
+    cls: r.hostDead ? 'host-lost' : null,
+    cells: [
+      runLink(r.runId), threadLink(r.threadId), r.hostDead ? hostLost() : badge(stateOf(r)),
+      r.hostDead ? `${r.driverHost} (dead)` : r.driverHost ?? '—', String(r.epoch),
+      r.detachedSince ? `${clock(r.detachedSince)} (${relative(r.detachedSince)})` : '—',
+      r.reapAt ? `${clock(r.reapAt)} (${relative(r.reapAt)})` : '—'
+    ]
+  })), 'No live run.')
+  fillTable('takeovers', o.takeovers.map((r) => {
+    const t = r.takeover ?? {}
+    const at = t.claimedAt ?? t.lostAt
+    return [
+      runLink(r.runId), threadLink(r.threadId), badge(stateOf(r)), at ? `${clock(at)} (${relative(at)})` : '—',
+      t.fromHost ?? '—', t.toHost ?? (t.fromEpoch === r.epoch ? 'not yet' : r.driverHost ?? '—'), causeBadge(t.cause),
+      t.stall !== null && t.stall !== undefined ? duration(t.stall) : '—', String(r.epoch)
+    ]
+  }), 'No takeover among the recent runs.')
   fillTable('reaps', o.reaps.map((r) => [
     runLink(r.runId), threadLink(r.threadId), badge(stateOf(r)), clock(r.detachedSince), clock(r.finishedAt)
   ]), 'No reaped run among the recent runs.')
@@ -149,6 +192,12 @@ function epochBar (tl) {
   return bar
 }
 
+function takenFrom (t, epoch) {
+  if (!t || t.fromEpoch !== epoch - 1) return ''
+  const cause = t.cause ? `; cause: ${CAUSES[t.cause] ?? 'other'}` : ''
+  return ` from ${t.fromHost ?? '?'}${cause}${t.stall !== null ? `; stalled ${duration(t.stall)}` : ''}`
+}
+
 async function showTimeline (runId) {
   $('timeline-run').value = runId
   const box = $('timeline')
@@ -166,7 +215,7 @@ async function showTimeline (runId) {
   const events = []
   tl.epochs.forEach((f, i) => events.push([f.at, i === 0
     ? `epoch ${f.epoch}: claimed and fenced at offset ${f.offset}`
-    : `epoch ${f.epoch}: taken over, fence at offset ${f.offset}${i === tl.epochs.length - 1 && r.driverHost ? ` (host ${r.driverHost})` : ''}`]))
+    : `epoch ${f.epoch}: taken over${takenFrom(r.takeover, f.epoch)}, fence at offset ${f.offset}${i === tl.epochs.length - 1 && r.driverHost ? ` (host ${r.driverHost})` : ''}`]))
   if (r.detachedSince) events.push([r.detachedSince, `detached: no reader since then${r.reapAt ? `; reaper acts at ${clock(r.reapAt)}` : ''}`])
   if (r.cancelRequested) events.push([r.finishedAt ?? null, 'cancel requested'])
   if (tl.close) events.push([tl.close.at, `log closed: ${tl.close.status}${tl.close.errorCode ? ` (${tl.close.errorCode})` : ''}`])
