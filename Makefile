@@ -78,7 +78,7 @@ typecheck: venv
 
 check: lint typecheck
 
-# The whole fault suite of issue 19 (tests/faults), slow cases included: real etcd, NATS,
+# The whole fault suite (tests/faults), slow cases included: real etcd, NATS,
 # coordinator, hosts and gateway processes under faults. Prints the recovery-time table and
 # writes bench/results/faults.json. `make test` runs only its fast cases.
 # FAULTS=slow runs only the slow cases (CI: the fast ones already ran in `make test`).

@@ -4,7 +4,7 @@ Claims/s and record updates/s at 1 and 20 concurrent callers through the coordin
 (a real ``python -m coordinator`` subprocess, gRPC), side by side with raw ``aetcd``
 transactions doing the same claim and update (read the record and claim, then one
 transaction comparing the record's mod revision and, for a claim, the claim key's absence).
-Targets (issue 2): coordinator >= 0.5 x the raw etcd rate; p99 claim latency <= 10 ms at 20
+Targets: coordinator >= 0.5 x the raw etcd rate; p99 claim latency <= 10 ms at 20
 callers.
 
 Paths:

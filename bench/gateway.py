@@ -1,7 +1,7 @@
 """Gateway fan-out: delivered chunks/s, append→reader p99 and RSS per idle reader, side by
 side with a minimal Starlette SSE endpoint serving the same bytes from memory, in one run.
 
-Scenarios (issue 6):
+Scenarios:
 - 1 run × 1,000 concurrent SSE readers: burst throughput, paced latency, RSS per idle reader;
 - 200 runs × 1 reader each: burst throughput and latency.
 

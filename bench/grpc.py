@@ -1,4 +1,4 @@
-"""SSE vs gRPC ``JoinRun``, side by side, on the real gateway (issue 11).
+"""SSE vs gRPC ``JoinRun``, side by side, on the real gateway.
 
 Scenarios, each served once over SSE (``GET /api/chat``) and once over gRPC
 (``baton.v1.Runs/JoinRun``):

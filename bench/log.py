@@ -9,7 +9,7 @@ Side by side on one nats-server (file storage), with identical chunk payloads:
 - append -> reader latency p50/p99 at 1 and 10 concurrent runs: a ``DeliveryLog.read``
   tail per run vs a raw nats-py ordered push consumer per subject.
 
-Targets (issue 3): one run >= 2,000 chunks/s; 50 runs >= 0.5 x the raw publish rate;
+Targets: one run >= 2,000 chunks/s; 50 runs >= 0.5 x the raw publish rate;
 append->reader p99 <= 10 ms at 10 runs. Writes ``bench/results/log.json``.
 """
 from __future__ import annotations

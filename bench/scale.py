@@ -1,4 +1,4 @@
-"""The control plane at volume (issue 18): claims/s and failover time with 1k, 10k and 100k
+"""The control plane at volume: claims/s and failover time with 1k, 10k and 100k
 stored records, each side by side with a baseline at ~0 records measured in the same run.
 
 For each size a fresh etcd prefix is seeded straight into etcd (batch transactions) with

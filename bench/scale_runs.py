@@ -1,5 +1,5 @@
 """Many concurrent runs on one machine, on single-node and on replicated engines, side by
-side in one run (issue 18).
+side in one run.
 
 Each side is a whole cluster of real processes: etcd and nats-server (one of each, or a
 3-member etcd and a 3-node JetStream cluster with the delivery log at R3), one coordinator,

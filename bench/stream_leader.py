@@ -1,4 +1,4 @@
-"""Where a reader's stall after a ``BATON_RUNS`` stream-leader SIGKILL goes (issue 18).
+"""Where a reader's stall after a ``BATON_RUNS`` stream-leader SIGKILL goes.
 
 A 3-node JetStream cluster, the delivery log at R3, ``WRITERS`` runs each appending one
 chunk every ``EVERY`` seconds through :class:`baton.log.LogWriter` (the host's writer, its

@@ -1,4 +1,4 @@
-"""Takeover latency: ours side by side with a reference-style baseline, in one run (issue 5).
+"""Takeover latency: ours side by side with a reference-style baseline, in one run.
 
 Two clusters share one etcd and one nats-server: each has its own coordinator (own etcd
 prefix) and two sandbox host subprocesses (own stream and bucket). The baseline's hosts wait
@@ -18,7 +18,7 @@ Figures (seconds; p50 and max over the samples):
 (d) alignment time of 1k, 10k and 100k stored chunks (pure, with real fingerprints).
     Target: linear, 100k ≤ 2 s.
 
-Fast failover (issue 17): three more clusters of three hosts each, measured side by side
+Fast failover: three more clusters of three hosts each, measured side by side
 (their kills interleaved, so load drifts hit them alike):
 
 * ``fast``: today's hosts with the fast path (the default);
@@ -279,7 +279,7 @@ async def _successor_delays(side: Side, run_ids: list[str], arrivals: dict[str, 
     every run ended). Runs that ended before the fault (no fence above epoch 1, or no chunk
     after it) are left out.
     ``moved_again`` gets one entry per run taken over more than once (its successor lost
-    its session: the starvation issue 17 measured)."""
+    its session: the starvation measured before fast failover)."""
     async with asyncio.timeout(600):
         await asyncio.gather(*readers)
     out = []
@@ -601,7 +601,7 @@ def _print_fast(r: dict[str, Any]) -> None:
         return f"{x * 1000:8.1f} ms" if isinstance(x, (int, float)) else f"{'-':>11}"
 
     e = r["e_sigkill_next_chunk_s"]
-    print(f"{'fast failover (issue 17)':46} {'p50':>11} {'p99':>11} {'max':>11} {'n':>5}")
+    print(f"{'fast failover':46} {'p50':>11} {'p99':>11} {'max':>11} {'n':>5}")
     for side in [k for k in ("fast", "before", "cold", "ttl") if k in e]:
         x = e.get(side, {})
         print(f"{'(e) SIGKILL -> next chunk, ' + side:46} {ms(x.get('p50'))} {ms(x.get('p99'))} {ms(x.get('max'))} "

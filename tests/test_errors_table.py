@@ -67,7 +67,7 @@ def test_round_trip(exc: e.BatonError, code: grpc.StatusCode) -> None:
     assert rpc_status.from_call(_FakeCall(status)) is not None  # type: ignore[arg-type]
 
 
-# --- every error class, over HTTP and gRPC, as the gateway answers it (issue 12) -----------
+# --- every error class, over HTTP and gRPC, as the gateway answers it -----------
 
 import inspect  # noqa: E402
 import json  # noqa: E402

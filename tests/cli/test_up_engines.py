@@ -1,4 +1,4 @@
-"""`baton up` on replicated engines (issue 18): a 3-member etcd and a 3-node JetStream
+"""`baton up` on replicated engines: a 3-member etcd and a 3-node JetStream
 cluster it starts itself (``--replicated``), or servers it is given (``--etcd-endpoints``,
 ``--nats-url``) and leaves alone."""
 from __future__ import annotations

@@ -169,7 +169,7 @@ async def test_session_keepalive_outlives_its_ttl(cc: CoordinatorClient) -> None
 
 
 async def test_session_holds_while_the_coordinator_answers_slowly(coord: InProcessCoordinator) -> None:
-    """Issue 18: under load (2 cores at load 20) a coordinator answered each refresh in
+    """Under load (2 cores at load 20) a coordinator answered each refresh in
     about 1.5 s; a client that sent the next refresh a third of the TTL after each *answer*
     let the gap between refreshes reaching etcd grow to the whole TTL, and hosts lost their
     sessions while every answer came in time. A link that holds every byte 0.45 s each way

@@ -1,4 +1,4 @@
-"""The coordinator's etcd client on a 3-member cluster (issue 18): whichever member it
+"""The coordinator's etcd client on a 3-member cluster: whichever member it
 talks to dies, its next calls reach a survivor (gRPC's address list, reconnecting in
 ≤ 1 s), and a lease granted before keeps being refreshed."""
 from __future__ import annotations

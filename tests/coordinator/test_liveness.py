@@ -1,4 +1,4 @@
-"""Fast failover (issue 17) on one in-process coordinator and a real etcd: which ends of a
+"""Fast failover on one in-process coordinator and a real etcd: which ends of a
 keep-alive stream revoke the session. Processes and SIGKILL: tests/faults/test_blink.py."""
 from __future__ import annotations
 

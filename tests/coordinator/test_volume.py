@@ -1,4 +1,4 @@
-"""The coordinator at volume on a real etcd (docs/design.md §3.5, issue 18): paged ranges,
+"""The coordinator at volume on a real etcd: paged ranges,
 every etcd error translated, the live/ended indexes and their backfill, retention."""
 from __future__ import annotations
 

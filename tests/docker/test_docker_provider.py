@@ -1,4 +1,4 @@
-"""The docker provider against a real engine (issue 4: create, replay, follow, kill, destroy,
+"""The docker provider against a real engine (create, replay, follow, kill, destroy,
 attach from a second client; failing setup; secrets).
 
 Each test builds its own container(s) from the offline ``baton-sandbox`` image and removes

@@ -1,4 +1,4 @@
-"""An ``AttachRun`` whose caller gives up after the host's claim landed (issue 18).
+"""An ``AttachRun`` whose caller gives up after the host's claim landed.
 
 Under load (200 runs, 2 cores at load 20) the coordinator's failover gave a host its 5 s
 for ``AttachRun`` and the host answered later: the call was cancelled on the host with the

@@ -1,4 +1,4 @@
-"""Hosts whose wall clocks disagree (issue 19 B): the runs of a thread keep the order in
+"""Hosts whose wall clocks disagree: the runs of a thread keep the order in
 which they were created, so the later run's transcript is saved. Real coordinator, host
 processes (one with its clock ten minutes ahead), etcd and NATS.
 """

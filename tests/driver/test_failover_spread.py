@@ -1,4 +1,4 @@
-"""Orphans of a dead host spread over the hosts with room (issue 19 E).
+"""Orphans of a dead host spread over the hosts with room.
 
 The leader's failover counts its own hand-overs in flight as load (baton.placement), so
 the eight runs of one SIGKILLed host do not all land on the host that was least loaded

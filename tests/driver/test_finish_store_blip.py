@@ -1,4 +1,4 @@
-"""Finishing while the store is unavailable (issue 19 A).
+"""Finishing while the store is unavailable.
 
 The coordinator reaches etcd through a TCP proxy that the test takes down right when the
 run finishes. Before the fix the host logged ``driver ended (completed)``, then crashed on

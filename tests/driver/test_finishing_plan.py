@@ -1,4 +1,4 @@
-"""The pure part of finishing (issue 19 A): which final writes a decision needs, in which
+"""The pure part of finishing: which final writes a decision needs, in which
 order, and what is left when a step is done, refused by a fence, or cannot be done within
 the budget (then the run is let go, so another owner finalizes from what is stored)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A run interrupted by a newer run of its thread still ends (issue 19 A/B): when the newer
+"""A run interrupted by a newer run of its thread still ends: when the newer
 run saved the thread's transcript first, the interrupted run's own save is refused (the
 transcript fence), and it must still close its log and write its terminal status. Real
 coordinator, host processes, agent processes, etcd and NATS.

@@ -1,4 +1,4 @@
-"""A paused old host never overwrites a successor's final transcript (issue 19 B).
+"""A paused old host never overwrites a successor's final transcript.
 
 The driving host of several runs is frozen (SIGSTOP) past its lease; the other host takes
 every run over and finishes it, saving each thread's final transcript. Then the old host

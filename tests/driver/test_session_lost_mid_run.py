@@ -1,4 +1,4 @@
-"""A host that lost its session while one of its drivers still ran gets the run back (issue 18).
+"""A host that lost its session while one of its drivers still ran gets the run back.
 
 What the 200-run bench left behind (``bench/results/scale_runs.json``, replicated side: r141
 and r142 never ended): records ``running``, no longer ``starting``, epoch 1, no claim, no

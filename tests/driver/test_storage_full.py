@@ -1,4 +1,4 @@
-"""A full JetStream store mid-run (issue 19), with real hosts, coordinator, etcd and a
+"""A full JetStream store mid-run, with real hosts, coordinator, etcd and a
 nats-server whose store is a 64 MB tmpfs that the test fills and frees.
 
 The host keeps its claim and retries instead of handing the run around (the epoch stays

@@ -1,4 +1,4 @@
-"""A successor never launches an agent without the run's input (issue 19 C, successor half).
+"""A successor never launches an agent without the run's input (the successor's half).
 
 A start that failed half-way can leave a log with the fence and the opening but no
 ``run.accepted`` (the chunk that carries the run's input). The leader hands the orphaned run

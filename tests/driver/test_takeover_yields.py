@@ -1,4 +1,4 @@
-"""A successor's replay lets its event loop run: the host's keep-alive is never starved (issue 17).
+"""A successor's replay lets its event loop run: the host's keep-alive is never starved.
 
 A replay over a stored prefix appends nothing, so nothing in it awaits: the journal's first
 read (up to 1 MiB) used to be translated and aligned in one step of the event loop. With a

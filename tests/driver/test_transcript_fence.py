@@ -1,4 +1,4 @@
-"""The transcript fence (issue 19 B): a paused old host never replaces what a successor or a
+"""The transcript fence: a paused old host never replaces what a successor or a
 later run of the thread saved. The rule is table-tested; the store applies it inside the
 write on a real nats-server.
 """

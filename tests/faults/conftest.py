@@ -1,4 +1,4 @@
-"""Fixtures of the fault suite (issue 19): a :class:`FaultCluster` per test, tiers, and the
+"""Fixtures of the fault suite: a :class:`FaultCluster` per test, tiers, and the
 recovery-time table.
 
 Tiers: a test marked ``faults_slow`` runs only under ``make test-faults``

@@ -1,4 +1,4 @@
-"""Issue 17: fast failover. A process that died is known at once (its keep-alive stream
+"""Fast failover. A process that died is known at once (its keep-alive stream
 resets and its address refuses connections), so its lease is revoked without waiting for the
 TTL; a process that is alive but cut off, or paused, keeps the TTL path.
 

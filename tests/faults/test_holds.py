@@ -1,4 +1,4 @@
-"""Issue 19: the faults baton survives today, each on 3 hosts with live readers and detached
+"""The faults baton survives today, each on 3 hosts with live readers and detached
 runs, each compared with the uninterrupted replay of its journals (``FaultCluster.check``).
 
 Every case is ``faults_slow``: it runs in ``make test-faults`` (CI runs it after ``make test``),

@@ -1,4 +1,4 @@
-"""Issue 19: replicated engines lose their leaders (3-node etcd, 3-node JetStream with the
+"""Replicated engines lose their leaders (3-node etcd, 3-node JetStream with the
 delivery log at R3). The runs go on, compared with the uninterrupted replay as everywhere."""
 from __future__ import annotations
 

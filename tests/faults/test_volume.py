@@ -1,4 +1,4 @@
-"""Issue 18 "Done means": a fresh leader over a store of many finished records (docs/design.md §3.5).
+"""A fresh leader over a store of many finished records (docs/design.md §3.5).
 
 Seeded straight into etcd (batch transactions): ``n`` terminal records of realistic size
 (~450 bytes; 90% older than the retention) and 50 running runs claimed by a live "host"

@@ -1,4 +1,4 @@
-"""A Stop racing the start (issue 12): a cancel before, with or just after the POST is never lost."""
+"""A Stop racing the start: a cancel before, with or just after the POST is never lost."""
 from __future__ import annotations
 
 import asyncio

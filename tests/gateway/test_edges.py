@@ -1,4 +1,4 @@
-"""Issue 12 at the HTTP edge: unknown runs, offsets of a new run, the end of an EventSource, framing by URL."""
+"""At the HTTP edge: unknown runs, offsets of a new run, the end of an EventSource, framing by URL."""
 from __future__ import annotations
 
 import asyncio

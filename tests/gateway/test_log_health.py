@@ -1,4 +1,4 @@
-"""The gateway's log-health answer never holds an open stream (issue 18).
+"""The gateway's log-health answer never holds an open stream.
 
 An open stream's idle frame used to await the storage probe, which waits up to twice its
 timeout while JetStream elects a stream leader: every open stream sat behind it, chunks

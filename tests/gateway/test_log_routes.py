@@ -68,7 +68,7 @@ async def test_finished_run_joined_at_its_last_offset_closes_at_once(make_gatewa
             http, "GET", f"{gw.url}/api/chat", params={"runId": run_id}, headers={"Last-Event-ID": offsets[-1]})
 
     # A reconnect (Last-Event-ID) to a closed log with nothing after it: 204, which stops
-    # an EventSource from reconnecting (issue 12).
+    # an EventSource from reconnecting.
     assert got.status == 204 and got.events == [] and got.keepalives == 0
 
 

@@ -56,7 +56,7 @@ async def test_tanstack_client_streams_reconnects_and_joins(host: Any, gateway: 
 
 @pytest.mark.node
 async def test_tanstack_unknown_run_persistence_and_ndjson_adapter(host: Any, gateway: Gateway) -> None:
-    """Issue 12 items 1-3 with @tanstack/ai-client: an unknown run errors, persistence: true
+    """With @tanstack/ai-client: an unknown run errors, persistence: true
     hydrates and tails a reloaded run without a duplicated text part, fetchHttpStream needs only a URL."""
     node = need_node("@tanstack/ai-client")
     result = await run_node(node, "tanstack_edges.mjs", {"BATON_GATEWAY_URL": gateway.url}, timeout=150)
@@ -73,7 +73,7 @@ async def test_tanstack_unknown_run_persistence_and_ndjson_adapter(host: Any, ga
 @pytest.mark.browser
 @pytest.mark.timeout(240)
 async def test_react_use_chat_persistence_and_xhr_adapter_in_chromium(host: Any, gateway: Gateway) -> None:
-    """Issue 12 item 2 in Chromium: ``useChat`` (``@tanstack/ai-react``, ``persistence: true``)
+    """In Chromium: ``useChat`` (``@tanstack/ai-react``, ``persistence: true``)
     reloaded mid-run restores the prompt and the answer so far, joins the live run and ends
     with the exact text, each chunk once; a reload after the end shows the transcript once.
     ``xhrHttpStream`` (browser-only) streams and joins a run as the exact chunks of its log.
@@ -90,7 +90,7 @@ async def test_react_use_chat_persistence_and_xhr_adapter_in_chromium(host: Any,
 
 @pytest.mark.browser
 async def test_browser_eventsource_stops_after_the_end(gateway: Gateway, dlog: Any) -> None:
-    """Issue 12 item 4: after ``: end`` a native EventSource reconnects once, gets 204, and stops."""
+    """After ``: end`` a native EventSource reconnects once, gets 204, and stops."""
     from tests.conftest import unique
     from tests.gateway.conftest import run_chunks, write_run
 

@@ -1,4 +1,4 @@
-"""The web pages (issue 13): the chat at ``/`` and the operator view at ``/ops``, in a real
+"""The web pages: the chat at ``/`` and the operator view at ``/ops``, in a real
 browser (Playwright + Debian chromium) against two real sandbox hosts, plus the read-only
 endpoints they use (``/api/threads``, ``/api/threads/{id}/runs``, ``/api/ops/*``) with
 auth and tenancy.

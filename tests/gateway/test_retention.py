@@ -40,7 +40,7 @@ async def test_a_thread_whose_records_retention_deleted_keeps_its_transcript_and
     r = await http.get(f"{gw.url}/api/threads/{thread}/messages", headers=a)
     assert r.status_code == 200 and r.json()["messages"] == msgs
     r = await http.get(f"{gw.url}/api/chat", params={"threadId": thread}, headers=a)
-    # The TanStack hydration shape (issue 12): UI messages with parts.
+    # The TanStack hydration shape: UI messages with parts.
     ui = [{"id": "u1", "role": "user", "parts": [{"type": "text", "content": "hi"}]},
           {"id": "a1", "role": "assistant", "parts": [{"type": "text", "content": "yo"}]}]
     assert r.status_code == 200 and r.json() == {"messages": ui, "activeRun": None}

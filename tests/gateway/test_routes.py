@@ -181,7 +181,7 @@ async def test_cancel_wait_on_a_terminal_run_answers_the_final_record(
 
 
 async def test_cancel_of_a_run_not_started_says_so_at_once(gateway: Gateway, http: httpx.AsyncClient) -> None:
-    # The intent is kept for the run's start (issue 12); the answer says the run is not known
+    # The intent is kept for the run's start; the answer says the run is not known
     # (a mistyped id looks the same) and a wait does not wait on a run that may never come.
     loop = asyncio.get_running_loop()
     for params in ({}, {"wait": "true"}, {"wait": "true", "timeout": "60"}):
@@ -198,7 +198,7 @@ async def test_cancel_of_a_run_not_started_says_so_at_once(gateway: Gateway, htt
 
 
 @pytest.mark.parametrize("body,params,status", [
-    ({"runId": "nope-" + "x" * 8}, {}, 202),  # kept for the run's start (issue 12)
+    ({"runId": "nope-" + "x" * 8}, {}, 202),  # kept for the run's start
     ({"threadId": "no-such-thread-x1"}, {}, 404),
     ({}, {}, 400),
     ({"runId": 5}, {}, 400),

@@ -1,4 +1,4 @@
-"""A start that fails half-way (issue 19 C): the run is started with its input or not at all.
+"""A start that fails half-way: the run is started with its input or not at all.
 
 Real coordinator (with its leader's failover), real host and gateway, a nats-server of the
 test's own that is paused (SIGSTOP) while a POST arrives, or a gateway SIGKILLed in the

@@ -1,4 +1,4 @@
-"""Many starts at once on hosts slower than the gateway's per-call deadline (issue 18).
+"""Many starts at once on hosts slower than the gateway's per-call deadline.
 
 Under load a ``StartRun`` (3 coordinator calls, 3 JetStream appends) can take longer than the
 gateway's per-call deadline. The host is busy, not dead: the gateway asks it again (the

@@ -1,4 +1,4 @@
-"""Retried and cancelled starts (issue 19 C) with real processes: a coordinator, a host, a
+"""Retried and cancelled starts with real processes: a coordinator, a host, a
 gateway, and a nats-server of the test's own paused (SIGSTOP) while the first POST arrives.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Pure rules of start atomicity (issue 19 C), without servers: HTTP mapping of a failed
+"""Pure rules of start atomicity, without servers: HTTP mapping of a failed
 start, who may drive a ``starting`` run, and that ``starting`` is only ever cleared."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A full JetStream store as a browser sees it (issue 19): a new run is refused with
+"""A full JetStream store as a browser sees it: a new run is refused with
 ``503 LOG_STORAGE_FULL`` at once (not a 200 that never streams), an open stream gets a
 notice naming the cause instead of bare keep-alives, and once nats-server stores again
 (restarted with free space) the stream goes on and ends with every chunk once."""

@@ -160,7 +160,7 @@ async def test_bad_input_each_with_its_status_and_reason(host: Any, grpc_gateway
     assert (await _fails(runs.JoinRun(pb.RunJoinRequest(run_id=missing, from_start=True)), NF,
                          "UNKNOWN_RUN"))["run_id"] == missing
     await _fails(runs.GetRun(pb.RunGetRequest(run_id=missing)), NF, "UNKNOWN_RUN")
-    # A cancel of a run id with no run yet is kept for its start (issue 12), not refused.
+    # A cancel of a run id with no run yet is kept for its start, not refused.
     for wait in (False, True):  # said to be unknown, at once: a wait does not wait for it
         out = await runs.CancelRun(pb.RunCancelRequest(run_id=missing, wait=wait, timeout_seconds=60), timeout=10)
         assert (out.run_id, out.cancel_requested, out.run_known, out.HasField("run")) == (missing, True, False, False)
@@ -288,7 +288,7 @@ async def test_credentials_come_before_decoding_and_are_sent_once(make_gateway: 
 
 async def test_unknown_run_and_offsets_before_a_new_run_as_over_http(grpc_gateway: Any, runs: pbg.RunsStub,
                                                                       dlog: Any) -> None:
-    """Issue 12 over gRPC: an unknown run is NOT_FOUND after the bounded wait; an offset before
+    """Over gRPC: an unknown run is NOT_FOUND after the bounded wait; an offset before
     a new run's first chunk reads it from the start (a gap means this run's chunks are gone)."""
     from tests.gateway.conftest import run_chunks, write_run
 

@@ -1,4 +1,4 @@
-"""A full JetStream store over gRPC (issue 19's guarantees, the gRPC twin of
+"""A full JetStream store over gRPC (the gRPC twin of
 tests/gateway/test_storage_full.py): StartRun is refused with UNAVAILABLE +
 LOG_STORAGE_FULL at once; an open JoinRun gets a RunEvent.notice naming the cause; once
 nats-server stores again the stream goes on and ends with every chunk once."""

@@ -128,7 +128,7 @@ async def test_expired_offset_gets_the_gap_error_naming_the_earliest(nc: NATS) -
         assert [o for o, _ in await collect(log.read(run_id, offsets[6]))] == offsets[7:]
         assert [o for o, _ in await collect(log.read(run_id, "-1"))] == offsets[6:]
         # A wholly purged log looks, to the log alone, like a run that has not written yet
-        # (issue 12: offsets are stream-wide); the gateway tells an expired one by its terminal
+        # (offsets are stream-wide); the gateway tells an expired one by its terminal
         # record (tests/gateway/test_edges.py::test_a_finished_run_whose_log_expired_gets_the_gap_at_once).
     finally:
         await nc.jetstream().delete_stream(log.cfg.stream)

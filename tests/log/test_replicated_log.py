@@ -1,5 +1,5 @@
 """The delivery log on a 3-node JetStream cluster at R3 across a stream leader change
-(issue 18): appends in flight when the leader is SIGKILLed land exactly once, the new
+: appends in flight when the leader is SIGKILLed land exactly once, the new
 leader enforces the compare (``Nats-Expected-Last-Subject-Sequence``) and still knows
 the message ids (``Nats-Msg-Id`` de-duplication), the epoch fence holds, and a reader
 tailing through the change gets every chunk once, in order."""

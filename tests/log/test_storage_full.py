@@ -1,4 +1,4 @@
-"""A full disk under nats-server (issue 19), with a real nats-server whose JetStream store
+"""A full disk under nats-server, with a real nats-server whose JetStream store
 lives on a 64 MB tmpfs that the test fills and frees.
 
 What nats-server 2.15 does (checked here, documented in docs/operating-nats.md): publishes

@@ -1,4 +1,4 @@
-"""Translation fidelity (issue 15) beyond the goldens: what a cut, a second invocation or a
+"""Translation fidelity beyond the goldens: what a cut, a second invocation or a
 changed snapshot does, on real recordings of the corpus (tests/sandbox/test_golden.py pins
 each journal's own facts; docs/translation.md documents the names and payloads)."""
 from __future__ import annotations

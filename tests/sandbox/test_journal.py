@@ -1,6 +1,6 @@
 """Journal names, the exit sentinel, the line splitter, the follower and the attach preflight.
 
-Hostile journals (docs/design.md §5.2, issue 4): a 2 MiB line, invalid UTF-8, CRLF, a forged
+Hostile journals: a 2 MiB line, invalid UTF-8, CRLF, a forged
 sentinel, a 0-byte journal, a journal deleted mid-follow: each has one clear outcome.
 """
 from __future__ import annotations

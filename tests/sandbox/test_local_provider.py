@@ -218,7 +218,7 @@ def slow_setsid(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None
 @pytest.mark.servers  # starts processes: not a unit test
 async def test_the_pgid_record_only_ever_names_a_group_leader(local_provider: LocalProvider, sandboxes: list) -> None:
     """A successor that reads ``.baton/pgid`` during a launch SIGKILLs that group: a record
-    naming a process not yet leading its group made the kill miss the agent (issue 18, a
+    naming a process not yet leading its group made the kill miss the agent (a
     run failed with "agent processes survived SIGKILL")."""
     h = await local_provider.create("slow-setsid", SandboxSpec())
     sandboxes.append(h)

@@ -152,7 +152,7 @@ def test_option_values_starting_with_a_dash_never_become_flags(tmp_path: pathlib
 
 
 def test_contract_from_the_http_body_to_argv_and_env(tmp_path: pathlib.Path) -> None:
-    """Issue 12 item 8: every option the HTTP API names reaches the agent's command line."""
+    """Every option the HTTP API names reaches the agent's command line."""
     claude = _http_body_to_launch({"kind": "claude-code", "model": "sonnet", "maxTurns": 3, "permissionMode": "plan",
                                    "includePartialMessages": False, "allowedTools": ["Read"],
                                    "appendSystemPrompt": "be brief"}, tmp_path)

@@ -1,4 +1,4 @@
-"""The pure rules of a Stop that races its run's start (coordinator/rules.py, issue 12)."""
+"""The pure rules of a Stop that races its run's start (coordinator/rules.py)."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""Issue 19: the five faults that broke (A–E), each compared with the uninterrupted replay
+"""The five faults that broke (A–E), each compared with the uninterrupted replay
 of its journals (``FaultCluster.check``) on top of the case's own expectation.
 
 A case whose fix is not on this branch yet is marked expected-to-fail (not strict).
