@@ -522,7 +522,9 @@ class RunStore:
         Interrupting runs go before enqueued ones; each kind in arrival order.
 
         Returns:
-            (``EnqueueRunResponse.Outcome``, position (1 = next), the active run id).
+            (``EnqueueRunResponse.Outcome``, position (1 = next), the active run id, "" when
+            the thread is idle but runs wait in its queue). ``IDLE`` only when the thread
+            has neither an active run nor a queue.
 
         Raises:
             QueueFull: the thread's queue holds :data:`~baton.runs.MAX_QUEUED_RUNS` runs.
@@ -544,20 +546,24 @@ class RunStore:
                                             E.get(k.queued_run(run.run_id), count_only=True),
                                             E.get(queue, prefix_end(queue), count_only=True)], timeout=b.left())
             active = read.kvs(0)
-            if not active:
+            if not active and not read.count(3):
                 return Out.IDLE, 0, ""
             if read.count(1) or read.count(2):
                 return Out.EXISTS, 0, ""
             if read.count(3) >= MAX_QUEUED_RUNS:
                 raise QueueFull(run.thread_id, MAX_QUEUED_RUNS)
+            # A thread idle between two runs of its queue (the next not dispatched yet) is
+            # not free: the run queues behind those waiting, never ahead of them.
+            same_active = (E.cmp_mod(k.thread_active(run.thread_id), active[0].mod_revision) if active
+                           else E.cmp_absent(k.thread_active(run.thread_id)))
             res = await self.etcd.txn(
-                [E.cmp_mod(k.thread_active(run.thread_id), active[0].mod_revision), E.cmp_absent(k.run(run.run_id)),
+                [same_active, E.cmp_absent(k.run(run.run_id)),
                  E.cmp_absent(k.queued_run(run.run_id)), E.cmp_none_created_after(queue, prefix_end(queue), read.revision)],
                 [E.put(key, stored.SerializeToString()), E.put(k.queued_run(run.run_id), key),
                  E.get(queue, key + b"\0", count_only=True)],
                 timeout=b.left())
             if res.succeeded:
-                return Out.QUEUED, res.count(2), active[0].value.decode()
+                return Out.QUEUED, res.count(2), active[0].value.decode() if active else ""
 
     async def list_queued_runs(self, thread_id: str, *, tenant: str | None = None, run_id: str = "",
                                timeout: float) -> list[QueuedRun]:

@@ -100,7 +100,13 @@ async def queue_or_steer(st: GatewayState, tenant: str, req: StartRequest, multi
         The errors of a steer (``RunEnded``, ``SteerUnsupported``...).
     """
     if multitask == "reject":
-        return None
+        # A run id queued already is that run (a retry after the queue took it), never a
+        # second run of that id on another thread.
+        queued = await st.coordinator.list_queued_runs(run_id=req.run_id)
+        if not queued:
+            return None
+        _same_run(queued[0], tenant, req.thread_id)
+        return Queued(queued[0].run_id, queued[0].thread_id, int(queued[0].position))
     await thread_visible_for(st, tenant, req.thread_id, must_exist=False)
     if multitask == "steer":
         active = await _cancel.visible_active(st, tenant, req.thread_id)
@@ -112,9 +118,16 @@ async def queue_or_steer(st: GatewayState, tenant: str, req: StartRequest, multi
     already = await st.coordinator.list_queued_runs(run_id=req.run_id)
     if already:
         q = already[0]
-        if q.tenant != tenant or q.thread_id != req.thread_id:
-            raise e.InvalidArgument("runId", "already names a run of another thread")
-        return Queued(q.run_id, q.thread_id, int(q.position))
+        _same_run(q, tenant, req.thread_id)
+        active_id = ""
+        if q.strategy == "interrupt":
+            # A retry of an interrupting start whose first attempt may have stopped between
+            # queueing and cancelling: the active run is asked to stop again (idempotent).
+            current = await st.coordinator.find_active_run(req.thread_id)
+            if current is not None:
+                active_id = current.run_id
+                await _interrupt(st, active_id)
+        return Queued(q.run_id, q.thread_id, int(q.position), active_id)
     # Bounded (entries carry up to a whole start request each). This read refuses early,
     # before a start request is built; the coordinator's EnqueueRun enforces the bound inside
     # its write, so gateways enqueueing at once cannot pass it.
@@ -126,14 +139,33 @@ async def queue_or_steer(st: GatewayState, tenant: str, req: StartRequest, multi
     outcome, position, active = await st.coordinator.enqueue_run(run)
     if outcome != Outcome.QUEUED:
         return None  # idle thread, or a retry of a run that exists: start (or serve) it
-    if multitask == "interrupt":
-        try:
-            await _cancel.request_cancel(st, active, INTERRUPTED)
-        except e.UnknownRun:
-            pass  # it ended meanwhile: the queue goes on by itself
+    if multitask == "interrupt" and active:
+        await _interrupt(st, active)
     log.info("run %s queued on thread %s at %d (%s, behind %s)", req.run_id, req.thread_id, position, multitask,
              active)
     return Queued(req.run_id, req.thread_id, position, active)
+
+
+def _same_run(q: coordinator_pb2.QueuedRun, tenant: str, thread_id: str) -> None:
+    """Check that a start naming the queued run ``q``'s id is a retry of it.
+
+    Raises:
+        UnknownRun: another tenant's run (the answer an unused id gets on a read, docs/api.md
+            "What a tenant may learn").
+        InvalidArgument: ``runId``, a run of another of the tenant's threads.
+    """
+    if q.tenant != tenant:
+        raise e.UnknownRun(q.run_id)
+    if q.thread_id != thread_id:
+        raise e.InvalidArgument("runId", "already names a run of another thread")
+
+
+async def _interrupt(st: GatewayState, active_run_id: str) -> None:
+    """Ask the thread's active run to stop for an interrupting run queued behind it."""
+    try:
+        await _cancel.request_cancel(st, active_run_id, INTERRUPTED)
+    except e.UnknownRun:
+        pass  # it ended meanwhile: the queue goes on by itself
 
 
 def _steer_id(run_id: str) -> str:

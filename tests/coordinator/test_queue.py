@@ -10,7 +10,7 @@ from baton import errors
 from baton.coordinator_client import CoordinatorClient
 from baton.v1.coordinator_pb2 import EnqueueRunResponse as Out
 from baton.v1.coordinator_pb2 import QueuedRun
-from baton.v1.runs_pb2 import RunRecord
+from baton.v1.runs_pb2 import RunRecord, RunStatus
 from coordinator import _store
 from tests.conftest import unique
 
@@ -44,6 +44,18 @@ async def test_runs_wait_in_order_behind_the_active_run(cc: CoordinatorClient) -
                                                                                   (second.run_id, 2)]
     # A run id that names a record cannot be queued.
     assert (await cc.enqueue_run(QueuedRun(run_id=active.run_id, thread_id=thread, strategy="enqueue")))[0] == Out.EXISTS
+
+
+async def test_a_thread_idle_between_its_queued_runs_queues_a_newcomer_behind_them(cc: CoordinatorClient) -> None:
+    thread = unique("th-")
+    active, _ = await cc.create_or_resume_run(RunRecord(run_id=unique("run-"), thread_id=thread, tenant="acme"))
+    waiting = queued(thread, at=10.0)
+    assert (await cc.enqueue_run(waiting))[:2] == (Out.QUEUED, 1)
+    await cc.update_run(active.run_id, RunRecord(status=RunStatus.RUN_STATUS_COMPLETED), ["status"])
+    assert await cc.find_active_run(thread) is None  # idle: the dispatcher has not started the next yet
+    late = queued(thread, at=20.0)
+    assert await cc.enqueue_run(late) == (Out.QUEUED, 2, "")  # behind the one waiting, not ahead of it
+    assert [q.run_id for q in await cc.list_queued_runs(thread)] == [waiting.run_id, late.run_id]
 
 
 async def test_a_full_queue_refuses_in_the_write_however_many_enqueue_at_once(

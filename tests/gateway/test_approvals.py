@@ -439,6 +439,47 @@ async def test_interrupt_cancels_the_active_run_and_streams_the_new_one(cluster:
     assert [m["content"] for m in saved if m["role"] == "user"][-1] == "say instead"
 
 
+async def test_a_queued_run_id_names_that_run_whatever_a_later_start_asks(cluster: Cluster, gw: Gateway,
+                                                                       http: httpx.AsyncClient) -> None:
+    thread, first = await start_busy(gw, "say working\nsleep 3\nsay done")
+    run_id = unique("q-")
+    url = f"{gw.url}/api/chat?runId={run_id}"
+    assert (await http.post(url, json=chat(thread, "say queued", "enqueue"))).status_code == 202
+    # A plain start (multitask reject) with that id is a retry of the queued run, not a second run.
+    again = await http.post(url, json=chat(thread, "say queued"))
+    assert again.status_code == 202 and again.json()["status"] == "queued", again.text
+    elsewhere = await http.post(url, json=chat(unique("other-thr-"), "say elsewhere"))
+    assert elsewhere.status_code == 400 and "runId" in elsewhere.text
+    async with httpx.AsyncClient(trust_env=False, timeout=30, headers={"Authorization": "Bearer key-beta"}) as beta:
+        taken = await beta.post(url, json=chat(unique("beta-thr-"), "say mine"))
+        assert taken.status_code == 404 and taken.json()["reason"] == "UNKNOWN_RUN", taken.text
+    chunks = await whole_log_when_started(http, gw, run_id)
+    assert terminal(chunks)["type"] == "RUN_FINISHED" and "queued" in texts(chunks)
+    assert (await view(http, gw, run_id))["threadId"] == thread
+
+
+async def test_a_retried_interrupt_stops_the_active_run_its_first_attempt_did_not(
+        cluster: Cluster, gw: Gateway, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway._service import _queue
+
+    thread, first = await start_busy(gw, "say working\nsleep 30\nsay never")
+    run_id = unique("run-")
+    url = f"{gw.url}/api/chat?runId={run_id}"
+    real = _queue._interrupt
+
+    async def gone(st: Any, active_run_id: str) -> None:
+        raise RuntimeError("the gateway stopped between queueing and cancelling")
+    monkeypatch.setattr(_queue, "_interrupt", gone)
+    assert (await http.post(url, json=chat(thread, "say instead", "interrupt"))).status_code == 500
+    assert (await view(http, gw, first))["status"] == "running"  # queued, nothing cancelled
+    monkeypatch.setattr(_queue, "_interrupt", real)
+    got = await read_stream(http, "POST", url, json=chat(thread, "say instead", "interrupt"))  # the client's retry
+    assert got.status == 200 and got.ended
+    chunks = [c for _, c in got.events]
+    assert terminal(chunks)["type"] == "RUN_FINISHED" and "instead" in texts(chunks)
+    assert (await view(http, gw, first))["status"] == "aborted"
+
+
 async def test_steer_through_chat_and_cancel_a_queued_run(cluster: Cluster, gw: Gateway,
                                                           http: httpx.AsyncClient) -> None:
     thread, first = await start_busy(gw, "say working\nsleep 2\nsay done")
