@@ -6,6 +6,8 @@ public port's ``/metrics`` only without API keys or with the internal token
 """
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any, Awaitable, Callable, Iterable
 
 from prometheus_client import Counter, Gauge, Histogram, generate_latest
@@ -13,7 +15,9 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from starlette.types import Message, Receive, Scope, Send
 
+from baton import errors as e
 from baton.metrics import LATENCY_BUCKETS, new_registry
+from baton.runs import STATUSES, status_name
 
 
 class Metrics:
@@ -114,3 +118,23 @@ async def count_requests(app: Any, call: Callable[[Scope, Receive, Send], Awaita
         st = getattr(app.state, "gateway", None)
         if st is not None:
             st.metrics.requests.labels(route_label(scope), f"{status // 100 or 5}xx").inc()
+
+
+#: ``baton_runs{status}`` counts the newest this many runs.
+METRICS_RUNS_LIMIT = 1000
+log = logging.getLogger("gateway.metrics")
+
+
+async def refresh_runs_by_status(st: Any) -> None:
+    """Set ``baton_runs{status}`` from the coordinator's newest runs (at most 2 s; a failure
+    leaves the last values and is logged)."""
+    try:
+        async with asyncio.timeout(2.0):
+            recs = await st.coordinator.list_runs(limit=METRICS_RUNS_LIMIT)
+        counts: dict[str, int] = {}
+        for r in recs:
+            counts[status_name(r.status)] = counts.get(status_name(r.status), 0) + 1
+        for name in STATUSES:
+            st.metrics.runs.labels(name).set(counts.get(name, 0))
+    except (e.BatonError, TimeoutError) as exc:
+        log.warning("runs by status not refreshed: %s", exc)

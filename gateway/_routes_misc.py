@@ -1,12 +1,10 @@
 """Read-only routes: run records, transcripts, the agent list, health, metrics, the web page."""
 from __future__ import annotations
 
-import asyncio
 import hmac
 import logging
 import pathlib
 import uuid
-from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
@@ -14,15 +12,14 @@ from starlette.responses import FileResponse, JSONResponse, Response
 
 from baton import errors as e
 from baton.ids import validate_id
-from baton.runs import STATUSES, status_name
 from gateway._errors import MetricsForbidden
+from gateway._metrics import refresh_runs_by_status
 from gateway._service import input_json
 from gateway._views import record_json, service_of, state_of, tenant
 
 log = logging.getLogger("gateway.routes")
 
 STATIC = pathlib.Path(__file__).resolve().parent / "static"
-METRICS_RUNS_LIMIT = 1000
 
 
 async def get_run(request: Request) -> Response:
@@ -145,21 +142,6 @@ async def metrics(request: Request) -> Response:
     _may_read_metrics(request)
     await refresh_runs_by_status(st)
     return Response(st.metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
-
-async def refresh_runs_by_status(st: Any) -> None:
-    """Set ``baton_runs{status}`` from the coordinator's newest runs (at most 2 s; a failure
-    leaves the last values and is logged)."""
-    try:
-        async with asyncio.timeout(2.0):
-            recs = await st.coordinator.list_runs(limit=METRICS_RUNS_LIMIT)
-        counts: dict[str, int] = {}
-        for r in recs:
-            counts[status_name(r.status)] = counts.get(status_name(r.status), 0) + 1
-        for name in STATUSES:
-            st.metrics.runs.labels(name).set(counts.get(name, 0))
-    except (e.BatonError, TimeoutError) as exc:
-        log.warning("runs by status not refreshed: %s", exc)
 
 
 async def index(request: Request) -> Response:

@@ -13,7 +13,7 @@ from baton.aio import TaskOwner, cancel_and_join, watch_loop_lag
 from gateway._fanout import Hubs
 from gateway._hosts import HostPool
 from gateway._log_health import LogHealth
-from gateway._metrics import Metrics
+from gateway._metrics import Metrics, refresh_runs_by_status
 from gateway._settings import GatewaySettings
 from gateway._sse import StreamCloser
 from gateway._takeover import TakeoverTrigger
@@ -162,8 +162,6 @@ def _refresh_from_scrape(st: GatewayState, loop: asyncio.AbstractEventLoop, loop
     public ``/metrics`` runs on the loop and has refreshed them already."""
     if threading.get_ident() == loop_thread or st.shutting_down or loop.is_closed():
         return
-    from gateway._routes_misc import refresh_runs_by_status
-
     fut = asyncio.run_coroutine_threadsafe(refresh_runs_by_status(st), loop)
     try:
         fut.result(timeout=2.5)

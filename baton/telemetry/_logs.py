@@ -157,6 +157,8 @@ def configure_logging(service: str, *, level: str | None = None, fmt: str | None
         lg = logging.getLogger(name)
         lg.handlers.clear()
         lg.propagate = True
+        lg.disabled = False  # a dictConfig before (disable_existing_loggers) silenced it
+        lg.setLevel(logging.NOTSET)  # the root's level, unless uvicorn's own config sets one after
     logging.captureWarnings(True)
 
 
