@@ -10,6 +10,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from baton.grpc_decode import DecodeCheck
 from baton import telemetry
 from baton.aio import watch_loop_lag
 from baton.errors import StoreUnavailable
@@ -87,7 +88,7 @@ class CoordinatorServer:
                                           detached_run_ttl=cfg.detached_run_ttl, reaper=self._reaper,
                                           fast_failover=self.fast_failover, metrics=self.metrics)
         self._server = server = grpc.aio.server(options=(("grpc.so_reuseport", 0),),
-                                                interceptors=[*server_interceptors(cfg.internal_token),
+                                                interceptors=[*server_interceptors(cfg.internal_token), DecodeCheck(),
                                                               *telemetry.server_interceptors()])
         coordinator_pb2_grpc.add_CoordinatorServicer_to_server(self.service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)

@@ -22,6 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from baton import errors as e
+from baton.grpc_decode import DecodeCheck
 from baton.ids import validate_id
 from baton.v1 import runs_pb2, runs_service_pb2 as pb
 from gateway import _grpc_wire
@@ -301,7 +302,8 @@ class RunsServer:
         self.port = 0
 
     async def start(self) -> None:
-        server = grpc.aio.server(options=_OPTIONS)
+        # Health and reflection decode their requests in the handler too (Runs does in _guard).
+        server = grpc.aio.server(options=_OPTIONS, interceptors=[DecodeCheck()])
         server.add_generic_rpc_handlers((generic_handler(RunsService(self._service)),))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(

@@ -24,6 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from baton import config, credentials, internal_auth, telemetry
+from baton.grpc_decode import DecodeCheck
 from baton.aio import watch_loop_lag
 from baton.errors import BatonError
 from baton.v1 import coordinator_pb2
@@ -201,7 +202,8 @@ class Host:
                 listener = start_listener(metrics.registry, config.get("BATON_HOST_METRICS_LISTEN"),
                                           "BATON_HOST_METRICS_LISTEN")
                 # BATON_INTERNAL_TOKEN: only the cluster may call; health and reflection stay open.
-                server = grpc.aio.server(options=_GRPC_OPTIONS, interceptors=[*internal_auth.server_interceptors(), *telemetry.server_interceptors()])
+                server = grpc.aio.server(options=_GRPC_OPTIONS, interceptors=[*internal_auth.server_interceptors(), DecodeCheck(),
+                                                                                      *telemetry.server_interceptors()])
                 add_to_server(SandboxHostService(self.manager, self.drain, self.undrain), server)
                 health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc_health stubs lack .aio
                 health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

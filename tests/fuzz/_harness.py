@@ -41,15 +41,9 @@ T = TypeVar("T")
 
 #: Defects known and being fixed elsewhere: a finding that matches one is counted and makes
 #: the test xfail (not strict), never pass silently; once fixed, the test passes.
-KNOWN_DEFECTS = {
-    "ds-deep-json": "/ds JSON append nested 100,000 deep answers 500 (RecursionError)",
-    # Its cause was the Location header (the decoded path, NUL included): fixed on this
-    # branch with the other Location failures (raw path), so no run of the suite hits it.
-    "ds-nul-path": "a /ds path with %00 (PUT /ds/z%00b) drops the connection",
-    "grpc-corrupt-protobuf": "a request that does not parse (corrupt protobuf) answers UNKNOWN, not INVALID_ARGUMENT",
-    # The same in grpcio's own health and reflection servicers (its deserializer, not baton's).
-    "grpc-corrupt-protobuf-std": "health/reflection: a request that does not parse answers UNKNOWN (grpcio's servicers)",
-}
+#: None now: the deep /ds JSON 500, the /ds %00 path's dropped connection and the corrupt
+#: protobufs answered UNKNOWN (Runs, and grpcio's health and reflection) are fixed.
+KNOWN_DEFECTS: dict[str, str] = {}
 
 
 def fuzz_timeout() -> float:

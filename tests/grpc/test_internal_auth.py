@@ -23,6 +23,10 @@ from tests.gateway.conftest import host_settings
 from tests.grpc.conftest import CHANNEL_OPTIONS, error_info, read_events, start_request
 
 
+#: Field 1, 5 bytes long, 2 sent: protobuf cannot decode it.
+CORRUPT = b"\x0a\x05ab"
+
+
 async def _refused(call: Any) -> None:
     try:
         await call
@@ -62,6 +66,21 @@ async def test_internal_services_need_the_token(etcd: Any, nats: Any, log_cfg: L
                 hs = sandbox_host_pb2_grpc.SandboxHostStub(ch)
                 await _refused(hs.CancelRun(sandbox_host_pb2.CancelRunRequest(run_id="r")))
                 await _refused(hs.Drain(sandbox_host_pb2.DrainRequest()))
+                # Bytes that do not parse: still UNAUTHENTICATED (the token comes first).
+                await _refused(ch.unary_unary("/baton.v1.SandboxHost/CancelRun")(CORRUPT))
+            async with internal_auth.insecure_channel(coord.address, CHANNEL_OPTIONS, tok) as ch:
+                await _refused(ch.unary_unary("/baton.v1.Coordinator/GetRun")(CORRUPT))
+        # With the token, bytes that do not parse are INVALID_ARGUMENT (grpcio said UNKNOWN).
+        for address, method in ((coord.address, "/baton.v1.Coordinator/GetRun"),
+                                (host.address, "/baton.v1.SandboxHost/CancelRun"),
+                                (coord.address, "/grpc.health.v1.Health/Check")):
+            async with internal_auth.insecure_channel(address, CHANNEL_OPTIONS, token) as ch:
+                try:
+                    await ch.unary_unary(method)(CORRUPT)
+                except grpc.aio.AioRpcError as exc:
+                    assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT and "is not a valid" in (exc.details() or "")
+                else:
+                    raise AssertionError(f"{method}: corrupt bytes were answered")
         # Health and reflection: open, on both.
         await _probes_open(coord.address, "baton.v1.Coordinator")
         await _probes_open(host.address, "baton.v1.SandboxHost")

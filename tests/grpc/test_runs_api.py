@@ -271,6 +271,20 @@ async def test_credentials_come_before_decoding_and_are_sent_once(make_gateway: 
         meta = await _fails(get_run(corrupt, metadata=a), IA, "INVALID_ARGUMENT")
         assert meta["field"] == "request"
         await _fails(join_run(corrupt, metadata=a), IA, "INVALID_ARGUMENT")
+        # grpcio's health and reflection servicers too (they answered UNKNOWN).
+        for call in (ch.unary_unary("/grpc.health.v1.Health/Check")(corrupt),
+                     ch.unary_stream("/grpc.health.v1.Health/Watch")(corrupt),
+                     ch.stream_stream("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo")(iter([corrupt]))):
+            try:
+                if isinstance(call, grpc.aio.UnaryUnaryCall):
+                    await call
+                else:
+                    async for _ in call:
+                        pass
+            except grpc.aio.AioRpcError as exc:
+                assert exc.code() == IA and "is not a valid" in (exc.details() or ""), exc
+            else:
+                raise AssertionError("corrupt bytes were answered")
 
         # Two authorization entries: refused, whichever key each holds.
         runs = pbg.RunsStub(ch)
