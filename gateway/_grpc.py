@@ -21,7 +21,7 @@ from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from baton import errors as e
+from baton import errors as e, strict_json
 from baton.grpc_decode import DecodeCheck
 from baton.ids import validate_id
 from baton.v1 import runs_pb2, runs_service_pb2 as pb
@@ -184,7 +184,7 @@ class RunsService:
         updated: Any = None
         if request.updated_input_json:
             try:
-                updated = json.loads(request.updated_input_json)
+                updated = strict_json.loads(request.updated_input_json)
             except ValueError:
                 raise e.InvalidArgument("updated_input_json", "must be a JSON object") from None
             except RecursionError:  # nested past the parser's stack (the service checks the rest)

@@ -5,10 +5,9 @@ The proto is read here and nowhere else; it becomes the domain requests of
 """
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from baton import errors as e
+from baton import errors as e, strict_json
 from baton.ids import validate_id
 from baton.v1 import runs_pb2, runs_service_pb2 as pb
 from gateway._errors import BodyTooLarge
@@ -23,7 +22,7 @@ def _messages(raw: str) -> Any:
     if not raw:
         return None
     try:
-        value = json.loads(raw)
+        value = strict_json.loads(raw)
     except ValueError:
         raise e.InvalidArgument("messages_json", "must be a JSON array") from None
     except RecursionError:
@@ -39,7 +38,7 @@ def _agent(spec: runs_pb2.AgentSpec) -> Any:
     options: Any = {}
     if spec.options_json:
         try:
-            options = json.loads(spec.options_json)
+            options = strict_json.loads(spec.options_json)
         except (ValueError, RecursionError):
             raise e.InvalidArgument("agent.options_json", "must be a JSON object") from None
         if not isinstance(options, dict):

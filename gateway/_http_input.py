@@ -5,7 +5,6 @@ requests of :mod:`gateway._service` (whose shared checks run there, once for eve
 """
 from __future__ import annotations
 
-import json
 import pathlib
 from typing import Any, Mapping, Sequence
 
@@ -13,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 from starlette.requests import Request
 
-from baton import errors as e
+from baton import errors as e, strict_json
 from baton.agents import invalid_argument
 from baton.ids import validate_id
 from gateway._errors import BodyTooLarge
@@ -44,7 +43,9 @@ async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
     if not buf.strip():
         return {}
     try:
-        value = json.loads(buf)
+        value = strict_json.loads(buf)
+    except strict_json.NonFiniteNumber as exc:
+        raise e.InvalidArgument("body", f"must be JSON: {exc}") from None
     except (ValueError, UnicodeDecodeError):
         raise e.InvalidArgument("body", "must be a JSON object") from None
     except RecursionError:

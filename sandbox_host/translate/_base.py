@@ -40,7 +40,7 @@ from ag_ui.core import (
 )
 
 from baton.agui import event_to_chunk
-from sandbox_host.translate._inputs import ask_chunks, input_chunks, reask_chunk
+from sandbox_host.translate._inputs import asked_again_chunk, ask_chunks, input_chunks, reask_chunk
 
 Chunk = dict[str, Any]
 #: Longest delta in one CONTENT/ARGS chunk (characters): one journal line can hold MiBs
@@ -224,7 +224,7 @@ class Translator:
         self._usage_turns = 0
         self._approval_tools: dict[str, str | None] = {}  # approval (request) id -> tool call id
         self._approval_of: dict[str, str] = {}  # a re-ask's request id -> the approval it repeats
-        self._answered: set[str] = set()  # approvals whose answer activity was emitted
+        self._answered: dict[str, bool] = {}  # approvals whose answer activity was emitted -> approved
         # approval id -> (tool call id, tool name, input JSON, agent start it was asked in)
         self._asked: dict[str, tuple[str | None, str, str, int]] = {}
         self._tool_results: set[str] = set()  # tool call ids with a result
@@ -351,6 +351,11 @@ class Translator:
         if raw != rid:
             self._approval_of[raw] = rid
         repeated = self._repeated_ask(rid, tcid, value["toolName"], compact_json(value["input"]))
+        if repeated is not None and self._answered.get(repeated):
+            # Its predecessor was allowed the call and may have run it before it died (the
+            # result not written yet): never allowed twice unasked. A new approval.
+            self._emit_chunk(asked_again_chunk(rid, repeated, tcid))
+            repeated = None
         if repeated is not None:
             # A resumed agent process asks again for a call its predecessor asked for and
             # never ran: the same approval (docs/hitl.md "A resumed agent").
@@ -368,10 +373,11 @@ class Translator:
         the latest agent start, whose call never got a result. ``None``: a new approval."""
         if rid in self._asked:
             return None
-        for aid, (t, n, i, start) in self._asked.items():
+        latest_first = list(reversed(self._asked.items()))
+        for aid, (t, n, i, start) in latest_first:
             if t is not None and t == tcid:
                 return aid
-        for aid, (t, n, i, start) in self._asked.items():
+        for aid, (t, n, i, start) in latest_first:
             if n == name and i == inp and start < self._agent_starts and (t is None or t not in self._tool_results):
                 return aid
         return None

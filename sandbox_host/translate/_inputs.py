@@ -32,7 +32,10 @@ toolCallId}`` (the host answers ``requestId`` with the stored answer), and its a
 activity names the approval (``approval:<approval id>:answer``). An approval's answer activity
 appears once: when the answer already reached the journal (the dead process's relay passed it
 on just before it went), the resumed process's copy becomes ``CUSTOM approval.redelivered``
-``{approvalId, requestId}`` instead.
+``{approvalId, requestId}`` instead. Except for an **allow** that reached the dead process: it
+may have run the call before it died (its result not written yet), so the stored allow is not
+given again (that would run it twice): the new ask is a new approval the user answers, after
+``CUSTOM approval.asked_again`` ``{approvalId, previousApprovalId, toolCallId, mayHaveRun: true}``.
 
 The expiry time of an approval is not in the chunks (it is the host's clock, not the
 journal's); it is on the run record (``RunRecord.inputs``).
@@ -51,6 +54,8 @@ APPROVAL_REQUESTED = "approval-requested"
 APPROVAL_REASKED = "approval.reasked"
 #: CUSTOM name of an answer passed again to a resumed agent process.
 APPROVAL_REDELIVERED = "approval.redelivered"
+#: CUSTOM name of a resumed process's ask for a call its predecessor was allowed (a new approval).
+APPROVAL_ASKED_AGAIN = "approval.asked_again"
 #: Activity types of the request and of its answer.
 APPROVAL_ACTIVITY = "approval"
 ANSWER_ACTIVITY = "approval_answer"
@@ -119,6 +124,14 @@ def reask_chunk(approval_id: str, request_id: str, tool_call_id: str | None) -> 
             "value": {"approvalId": approval_id, "requestId": request_id, "toolCallId": tool_call_id}}
 
 
+def asked_again_chunk(approval_id: str, previous: str, tool_call_id: str | None) -> Chunk:
+    """The notice before a new approval for a call an earlier process was allowed (see the
+    module docstring)."""
+    return {"type": "CUSTOM", "name": APPROVAL_ASKED_AGAIN,
+            "value": {"approvalId": approval_id, "previousApprovalId": previous, "toolCallId": tool_call_id,
+                      "mayHaveRun": True}}
+
+
 def _user_text(message: Any) -> str | None:
     """The text of a stream-json user message's ``message`` (string or text blocks)."""
     if not isinstance(message, dict):
@@ -132,7 +145,7 @@ def _user_text(message: Any) -> str | None:
 
 
 def input_chunks(obj: dict[str, Any], tool_call_of: Callable[[str], str | None],
-                 approval_of: dict[str, str] | None = None, answered: set[str] | None = None) -> list[Chunk]:
+                 approval_of: dict[str, str] | None = None, answered: dict[str, bool] | None = None) -> list[Chunk]:
     """The chunks of a ``baton_input`` line (what reached the agent's stdin, and where).
 
     Args:
@@ -140,8 +153,8 @@ def input_chunks(obj: dict[str, Any], tool_call_of: Callable[[str], str | None],
         tool_call_of: the tool call id an approval id gates (from its ask), ``None`` if unknown.
         approval_of: a request id → the approval it answers (a repeated ask's, or one whose
             approval id was derived from it).
-        answered: approvals whose answer activity was already emitted; updated in place (an
-            answer to one of them becomes ``approval.redelivered``).
+        answered: approvals whose answer activity was already emitted → approved; updated in
+            place (an answer to one of them becomes ``approval.redelivered``).
 
     Returns:
         An answer's activity, a steered user message, or ``[]`` for an input of another
@@ -159,12 +172,12 @@ def input_chunks(obj: dict[str, Any], tool_call_of: Callable[[str], str | None],
         rid: str = given if isinstance(given, str) and given else iid
         tool_call = tool_call_of(rid)
         request_id, rid = rid, (approval_of or {}).get(rid) or input_id_for(rid)
+        approved = inner.get("behavior") == "allow"
         if answered is not None:
             if rid in answered:
                 return [{"type": "CUSTOM", "name": APPROVAL_REDELIVERED,
                          "value": {"approvalId": rid, "requestId": request_id}}]
-            answered.add(rid)
-        approved = inner.get("behavior") == "allow"
+            answered[rid] = approved
         content: dict[str, Any] = {"approvalId": rid, "toolCallId": tool_call or tool_call_of(rid), "approved": approved}
         msg = inner.get("message")
         if isinstance(msg, str) and msg:

@@ -75,4 +75,5 @@ async def test_a_claim_whose_attach_caller_gave_up_is_driven(slow_cluster: tuple
     chunks = [c for _, c in await cluster.read_all(rec.run_id, timeout=60)]
     assert chunks == translate_bytes("codex-exec-json", (CORPUS / SHORT).read_bytes(), rec.run_id, rec.thread_id)
     done = await cluster.wait_status(rec.run_id, "completed")
-    assert done.driver_epoch == 1 and done.driver_host == host.host_id
+    # Driven by the host (on a loaded machine its claim may go and come back: epoch 2).
+    assert done.driver_epoch >= 1 and done.driver_host == host.host_id

@@ -19,6 +19,7 @@ import signal
 from typing import Any, AsyncIterator, Callable, Iterator
 
 import httpx
+import grpc
 import pytest
 
 from baton.log import LogConfig
@@ -338,6 +339,18 @@ async def test_bad_answers_get_clear_errors(cluster: Cluster, gw: Gateway, http:
     r = await http.post(f"{url}/{approval}", content=json.dumps({"approved": False, "message": "no \udfff"}),
                         headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and r.json()["reason"] == "INVALID_ARGUMENT", r.text
+    # Numbers JSON has not (Python's parser takes them; stored, they broke every view of the run).
+    for number in ("NaN", "Infinity", "-Infinity", "1e999"):
+        r = await http.post(f"{url}/{approval}", content='{"approved": true, "updatedInput": {"command": "echo x", '
+                            f'"n": {number}}}}}', headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and r.json()["reason"] == "INVALID_ARGUMENT", (number, r.text)
+    from baton.v1 import runs_service_pb2 as rpb, runs_service_pb2_grpc as rpbg
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.state.grpc_port}") as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await rpbg.RunsStub(ch).AnswerApproval(rpb.ApprovalAnswerRequest(
+                run_id=run_id, approval_id=approval, approved=True, updated_input_json='{"n": NaN}'),
+                metadata=[("authorization", "Bearer key-alpha")])
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value
     taken = await http.post(steer_url, json={"content": "hi", "id": approval})  # one id space
     assert taken.status_code == 409 and taken.json()["reason"] == "INPUT_ID_TAKEN", taken.text
     assert [i["kind"] for i in (await view(http, gw, run_id))["inputs"]] == ["approval"]
@@ -650,6 +663,47 @@ def resumed_once(chunks: list[Chunk], approval: str) -> None:
     again = [c["value"] for c in chunks if c["type"] == "CUSTOM" and c.get("name") == "approval.reasked"]
     assert [a["approvalId"] for a in again] == [approval]
     assert len([c for c in chunks if c["type"] == "CUSTOM" and c.get("name") == "claude.init"]) == 2
+
+
+async def answer_until_done(http: httpx.AsyncClient, gw: Gateway, run_id: str, approved: bool) -> list[str]:
+    """As a user would: answer every approval the run asks for until it ends; their ids."""
+    answered: list[str] = []
+
+    async def ended() -> bool:
+        v = await view(http, gw, run_id)
+        for i in v["inputs"]:
+            if i["kind"] == "approval" and i["state"] == "pending" and i["id"] not in answered:
+                r = await answer(http, gw, run_id, i["id"], approved)
+                assert r.status_code in (200, 409), r.text
+                answered.append(i["id"])
+        return v["status"] not in ("running", "queued")
+    await assert_eventually(ended, timeout=90, interval=0.1)
+    return answered
+
+
+async def test_an_agent_killed_just_after_its_allow_is_asked_again_never_run_twice(
+        cluster: Cluster, gw: Gateway, http: httpx.AsyncClient) -> None:
+    # The command appends at once, then takes a while: the agent is killed after it ran part of
+    # the call and before it wrote the call's result.
+    name = f"{unique('twice-')}.txt"
+    _, run_id, approval = await ask(gw, f"run echo ran >> {name} && sleep 3 && cat {name}")
+    assert (await answer(http, gw, run_id, approval, True)).status_code == 200
+    # Until the relay passed the allow to the agent's stdin (its answer activity in the log).
+    async with asyncio.timeout(30):
+        await read_until(f"{gw.url}/api/chat?runId={run_id}&offset=-1", "GET", lambda c: bool(answers_in([c])))
+    [written] = await assert_eventually(lambda: list(cluster.tmp.rglob(name)), timeout=30)
+    for pid in agent_pids(run_id):
+        os.kill(pid, signal.SIGKILL)
+    # The resumed process asks again: a new approval (the allow is not given twice unasked);
+    # the user denies it.
+    again = await answer_until_done(http, gw, run_id, False)
+    chunks = await whole_log(http, gw, run_id)
+    [notice] = [c["value"] for c in chunks if c["type"] == "CUSTOM" and c.get("name") == "approval.asked_again"]
+    assert notice["previousApprovalId"] == approval and notice["mayHaveRun"] is True
+    assert again == [notice["approvalId"]] and approvals_in(chunks) == [approval, notice["approvalId"]]
+    assert not [c for c in chunks if c["type"] == "CUSTOM" and c.get("name") == "approval.redelivered"]
+    assert written.read_text() == "ran\n"  # once
+    assert terminal(chunks)["type"] == "RUN_FINISHED"
 
 
 async def test_the_agent_process_dies_while_it_waits_and_is_resumed(cluster: Cluster, gw: Gateway,

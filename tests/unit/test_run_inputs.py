@@ -170,9 +170,10 @@ RESULT = {"type": "user", "message": {"role": "user", "content": [
     {"type": "tool_result", "tool_use_id": "toolu_1", "content": "removed"}]}, "parent_tool_use_id": None}
 
 
-def _answer_line(rid: str) -> dict:
+def _answer_line(rid: str, behavior: str = "allow") -> dict:
+    inner = {"behavior": "allow", "updatedInput": {}} if behavior == "allow" else {"behavior": "deny", "message": "no"}
     return {"type": "baton_input", "id": rid, "input": {"type": "control_response", "response": {
-        "subtype": "success", "request_id": rid, "response": {"behavior": "allow", "updatedInput": {}}}}}
+        "subtype": "success", "request_id": rid, "response": inner}}}
 
 
 def test_a_resumed_process_asking_again_is_the_same_approval_answered_under_its_new_request() -> None:
@@ -198,32 +199,32 @@ def test_a_resumed_process_giving_the_call_a_new_id_is_matched_by_tool_and_input
     assert len([c for c in same_process if c.get("name") == "approval-requested"]) == 2
 
 
-def test_after_a_relaunch_the_stored_answer_goes_to_the_new_request_once() -> None:
+def test_after_a_relaunch_a_stored_denial_goes_to_the_new_request_once() -> None:
     desk = _desk(closes_input=True)
     desk.saw(_translate(INIT, TOOL_USE, ASK))
-    desk.on_record([Inp("req-1", state="answered", decision="allow")])
+    desk.on_record([Inp("req-1", state="answered", decision="deny", message="no")])
     [d] = desk.actions(0.0)
     desk.sent_input(d.key or d.input_id)
-    desk.saw(_translate(INIT, TOOL_USE, ASK, _answer_line("req-1")))  # delivered; then the process died
+    desk.saw(_translate(INIT, TOOL_USE, ASK, _answer_line("req-1", "deny")))  # delivered; then the process died
     assert desk.resume_wanted()  # no result for the call, the turn not over, the session known
     assert desk.agent_session == INIT["session_id"]
     desk.restarted()
     assert desk.actions(0.0) == []  # the new process has not asked yet: nothing goes to it blind
-    desk.saw(_translate(INIT, TOOL_USE, ASK, _answer_line("req-1"), INIT, REASK)[-1:])
+    desk.saw(_translate(INIT, TOOL_USE, ASK, _answer_line("req-1", "deny"), INIT, REASK)[-1:])
     [again] = desk.actions(0.0)
     assert isinstance(again, Deliver) and (again.input_id, again.key) == ("req-2", "req-1")
     assert json.loads(again.payload)["response"]["request_id"] == "req-2"
     desk.sent_input(again.key)
     assert desk.actions(0.0) == []
-    tail = _translate(INIT, TOOL_USE, ASK, _answer_line("req-1"), INIT, REASK, _answer_line("req-2"), RESULT)
+    tail = _translate(INIT, TOOL_USE, ASK, _answer_line("req-1", "deny"), INIT, REASK, _answer_line("req-2", "deny"), RESULT)
     desk.saw(tail[-6:])
     assert not desk.resume_wanted()  # the call ran
 
 
-def test_an_answer_the_dead_process_was_given_stands_once_and_its_redelivery_settles_the_reask() -> None:
+def test_a_denial_the_dead_process_was_given_stands_once_and_its_redelivery_settles_the_reask() -> None:
     # The dead process's relay passed the answer on just before it went; the resumed process
     # asks again and gets it again: one answer activity, where it first reached the journal.
-    lines = (INIT, TOOL_USE, ASK, _answer_line("req-1"), INIT, REASK, _answer_line("req-2"), RESULT)
+    lines = (INIT, TOOL_USE, ASK, _answer_line("req-1", "deny"), INIT, REASK, _answer_line("req-2", "deny"), RESULT)
     chunks = _translate(*lines)
     answers = [i for i, c in enumerate(chunks) if c.get("activityType") == "approval_answer"]
     [again] = [i for i, c in enumerate(chunks) if c.get("name") == "approval.reasked"]
@@ -231,7 +232,7 @@ def test_an_answer_the_dead_process_was_given_stands_once_and_its_redelivery_set
     assert len(answers) == 1 and answers[0] < again
     assert redelivered["value"] == {"approvalId": "req-1", "requestId": "req-2"}
     desk = _desk(closes_input=True)
-    desk.on_record([Inp("req-1", state="answered", decision="allow")])
+    desk.on_record([Inp("req-1", state="answered", decision="deny", message="no")])
     desk.saw(_translate(*lines[:4]))
     desk.restarted()
     desk.saw(_translate(*lines[:6])[len(_translate(*lines[:4])):])
@@ -242,6 +243,31 @@ def test_an_answer_the_dead_process_was_given_stands_once_and_its_redelivery_set
     assert desk.actions(0.0) == [] and not desk.resume_wanted()
     # Every host replaying the journal produces the same chunks.
     assert _translate(*lines) == chunks
+
+
+def test_an_allow_the_dead_process_was_given_is_never_given_again_unasked() -> None:
+    # The dead process may have run the allowed call before it died (no result written yet):
+    # the resumed process's ask is a new approval, for the user to answer.
+    lines = (INIT, TOOL_USE, ASK, _answer_line("req-1"), INIT, REASK)
+    chunks = _translate(*lines)
+    assert not [c for c in chunks if c.get("name") in ("approval.reasked", "approval.redelivered")]
+    [notice] = [c for c in chunks if c.get("name") == "approval.asked_again"]
+    assert notice["value"] == {"approvalId": "req-2", "previousApprovalId": "req-1", "toolCallId": "toolu_1",
+                               "mayHaveRun": True}
+    asks = [c["value"]["approval"]["id"] for c in chunks if c.get("name") == "approval-requested"]
+    assert asks == ["req-1", "req-2"]
+    desk = _desk(closes_input=True)
+    desk.on_record([Inp("req-1", state="answered", decision="allow")])
+    desk.saw(_translate(*lines[:4]))
+    desk.restarted()
+    desk.saw(chunks[len(_translate(*lines[:4])):])
+    acts = desk.actions(0.0)
+    assert [type(a).__name__ for a in acts] == ["Register"] and acts[0].ask.id == "req-2"  # nothing delivered
+    assert desk.pending_approvals() == ["req-2"]
+    # A third process (another death before the user answered) asks again: still req-2's approval.
+    third = _translate(*lines, INIT, {**ASK, "request_id": "req-3"})
+    [reasked] = [c for c in third if c.get("name") == "approval.reasked"]
+    assert reasked["value"]["approvalId"] == "req-2"
 
 
 def test_no_relaunch_for_a_turn_that_ended_or_an_agent_without_a_session() -> None:
