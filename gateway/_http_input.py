@@ -58,6 +58,18 @@ async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
     return value
 
 
+def only_fields(body: Mapping[str, Any], *allowed: str) -> None:
+    """Refuse a field the request does not take (a misspelt ``updated_input`` would be
+    dropped silently and the unedited command approved).
+
+    Raises:
+        InvalidArgument: the first unknown field (sorted), naming the fields taken.
+    """
+    unknown = sorted(set(body) - set(allowed))
+    if unknown:
+        raise e.InvalidArgument(unknown[0][:100], f"is not a field of this request (it takes {', '.join(allowed)})")
+
+
 def _opt_str(body: Mapping[str, Any], name: str) -> str | None:
     value = body.get(name)
     if value is None:

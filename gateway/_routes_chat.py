@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 from baton import errors as e
 from baton.ids import validate_id
 from baton.telemetry import bind_fields, remote_parent
-from gateway._http_input import cancel_request_of, check_chat_start, read_json_object
+from gateway._http_input import cancel_request_of, check_chat_start, only_fields, read_json_object
 from gateway._reader import stream_log
 from gateway._service import JoinRequest, check_offset
 from gateway._service._queue import Queued, Steered, queued_view
@@ -108,6 +108,7 @@ async def cancel_chat(request: Request) -> Response:
     st = state_of(request)
     t = tenant(request)
     body = await read_json_object(request, st.settings.max_body_bytes)
+    only_fields(body, "runId", "threadId")
     req = cancel_request_of(body, request.query_params, st.settings.cancel_wait)
     out = await service_of(request).cancel(t, req)
     if out.view is None:

@@ -43,10 +43,11 @@ async def answer_approval(request: Request) -> Response:
     "updatedInput"?: object}`` → 200 ``{"approval": <the input as GET /api/runs shows it>}``;
     404 ``APPROVAL_NOT_FOUND``; 409 ``APPROVAL_ALREADY_ANSWERED`` (``approval``: the first
     answer) or ``RUN_ENDED``."""
-    from gateway._http_input import read_json_object
+    from gateway._http_input import only_fields, read_json_object
     from gateway._service import approval_answer
 
     body = await read_json_object(request, state_of(request).settings.max_body_bytes)
+    only_fields(body, "approved", "message", "updatedInput")
     req = approval_answer(request.path_params["run_id"], request.path_params["approvalId"], body.get("approved"),
                           body.get("message"), body.get("updatedInput"))
     stored = await service_of(request).answer_approval(tenant(request), req)
@@ -57,10 +58,11 @@ async def steer_run(request: Request) -> Response:
     """``POST /api/runs/{runId}/messages`` ``{"content": str, "id"?: str}`` → 202
     ``{"runId", "inputId"}``: the message goes into the run's running turn (409
     ``RUN_ENDED``, ``STEER_UNSUPPORTED``)."""
-    from gateway._http_input import read_json_object
+    from gateway._http_input import only_fields, read_json_object
     from gateway._service import steer_request
 
     body = await read_json_object(request, state_of(request).settings.max_body_bytes)
+    only_fields(body, "content", "id")
     req = steer_request(request.path_params["run_id"], body.get("content"), body.get("id"))
     stored = await service_of(request).steer(tenant(request), req)
     return JSONResponse({"runId": req.run_id, "inputId": stored.id}, status_code=202)
@@ -77,11 +79,12 @@ async def fork_thread(request: Request) -> Response:
     """``POST /api/threads/{threadId}/fork`` ``{"runId", "newThreadId"?}`` → 201
     ``{threadId, forkedFrom: {threadId, runId}, messages}``: a new thread starting where the
     run left the workspace and the agent session (no ``newThreadId``: one is made)."""
-    from gateway._http_input import read_json_object
+    from gateway._http_input import only_fields, read_json_object
     from gateway._service import fork_request
 
     st = state_of(request)
     body = await read_json_object(request, st.settings.max_body_bytes)
+    only_fields(body, "runId", "newThreadId")
     new = body.get("newThreadId")
     if new is None:
         new = f"{request.path_params['thread_id'][:80]}-fork-{uuid.uuid4().hex[:8]}"

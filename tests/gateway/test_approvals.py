@@ -339,6 +339,14 @@ async def test_bad_answers_get_clear_errors(cluster: Cluster, gw: Gateway, http:
     r = await http.post(f"{url}/{approval}", content=json.dumps({"approved": False, "message": "no \udfff"}),
                         headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and r.json()["reason"] == "INVALID_ARGUMENT", r.text
+    # A field the request does not take (the gRPC spelling, a typo) is refused, naming it:
+    # dropped, it would approve the unedited command.
+    r = await http.post(f"{url}/{approval}", json={"approved": True, "updated_input": {"command": "echo edited"}})
+    assert r.status_code == 400 and r.json()["field"] == "updated_input", r.text
+    r = await http.post(f"{gw.url}/api/runs/{run_id}/messages", json={"content": "hi", "role": "user"})
+    assert r.status_code == 400 and r.json()["field"] == "role", r.text
+    r = await http.post(f"{gw.url}/api/chat/cancel", json={"runId": run_id, "reason": "user"})
+    assert r.status_code == 400 and r.json()["field"] == "reason", r.text
     # Numbers JSON has not (Python's parser takes them; stored, they broke every view of the run).
     for number in ("NaN", "Infinity", "-Infinity", "1e999"):
         r = await http.post(f"{url}/{approval}", content='{"approved": true, "updatedInput": {"command": "echo x", '
