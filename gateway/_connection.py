@@ -47,6 +47,13 @@ class ConnectionLimits:
     per_client: int = 256
 
 
+#: Seconds a connection over the per-client cap waits for its request's head before the 429
+#: goes anyway, and then for the rest of the request (read and dropped) before it closes.
+REFUSAL_WAIT = 1.0
+#: Bytes of a refused connection's request read (and dropped) before it is closed at once.
+REFUSAL_DRAIN = 1 << 20
+
+
 def _refusal(status: int, phrase: str, reason: str, message: str) -> bytes:
     """A complete ``connection: close`` response with the gateway's JSON error body."""
     body = json.dumps({"error": message, "reason": reason}).encode()
@@ -69,6 +76,11 @@ class _GuardedHttp(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._counted: str | None = None  # the address this connection is counted under
+        self._refusal: bytes | None = None  # the answer of a connection over the per-client cap
+        self._refusal_sent = False
+        self._refusal_timer: asyncio.TimerHandle | None = None
+        self._refused_bytes = 0
+        self._refused_tail = b""
 
     # -- the per-client cap -------------------------------------------------------------
 
@@ -79,17 +91,48 @@ class _GuardedHttp(HttpToolsProtocol):
         if cap and ip is not None:
             held = self.open_per_client.get(ip, 0)
             if held >= cap:
-                transport.write(_refusal(
+                # Answered once the request's head is in (a client whose request is still
+                # on its way when the socket closes gets a reset, not the 429).
+                self._refusal = _refusal(
                     429, "Too Many Requests", "TOO_MANY_CONNECTIONS",
-                    f"this address already holds {held} connections, the most one client may hold"))
-                transport.close()
+                    f"this address already holds {held} connections, the most one client may hold")
+                self._refusal_timer = self.loop.call_later(REFUSAL_WAIT, self._refuse)
                 return
             self.open_per_client[ip] = held + 1
             self._counted = ip
         self._arm_head()
 
+    def data_received(self, data: bytes) -> None:
+        if self._refusal is None:
+            super().data_received(data)
+            return
+        # A refused connection: its bytes are read and dropped, never parsed.
+        self._refused_bytes += len(data)
+        seen = self._refused_tail + data
+        self._refused_tail = seen[-3:]
+        if not self._refusal_sent and b"\r\n\r\n" in seen:
+            self._refuse()
+        elif self._refused_bytes > REFUSAL_DRAIN:
+            self.transport.close()
+
+    def _refuse(self) -> None:
+        """Send the refusal, stop writing, and close after :data:`REFUSAL_WAIT` seconds: the
+        rest of the request (a body) is read and dropped meanwhile, so the close resets nothing."""
+        if self._refusal is None or self._refusal_sent or self.transport.is_closing():
+            return
+        self._refusal_sent = True
+        if self._refusal_timer is not None:
+            self._refusal_timer.cancel()
+        self.transport.write(self._refusal)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self._refusal_timer = self.loop.call_later(REFUSAL_WAIT, self.transport.close)
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
+        if self._refusal_timer is not None:
+            self._refusal_timer.cancel()
+            self._refusal_timer = None
         ip, self._counted = self._counted, None
         if ip is not None:
             left = self.open_per_client[ip] - 1

@@ -197,20 +197,21 @@ async def test_connections_past_the_per_client_cap_get_429(make_gateway: Any) ->
     async def second_one_is_admitted() -> bool:
         # The readiness probe's connection may still be counted for a moment after it closed.
         reader, writer = await connect(gw)
-        try:
-            async with asyncio.timeout(0.2):
-                if await reader.read(1) == b"":
-                    writer.close()
-                    return False
-        except TimeoutError:
-            held.append((reader, writer))  # nothing said: admitted
-            return True
+        writer.write(b"GET /healthz HTTP/1.1\r\nhost: t\r\n\r\n")
+        async with asyncio.timeout(10):
+            status = await reader.readline()
+            if status.startswith(b"HTTP/1.1 200"):
+                head = (await reader.readuntil(b"\r\n\r\n")).decode().lower()
+                length = int(head.split("content-length:")[1].split("\r\n")[0])
+                await reader.readexactly(length)
+                held.append((reader, writer))  # served, and kept alive: it holds its place
+                return True
         writer.close()
         return False
 
     await assert_eventually(second_one_is_admitted)
     try:
-        # The third from this address: 429 and closed at once, before it sent anything.
+        # The third from this address: 429 and closed, even before it sent anything.
         reader, writer = await connect(gw)
         try:
             answer = await read_to_eof(reader)
@@ -232,3 +233,19 @@ async def test_connections_past_the_per_client_cap_get_429(make_gateway: Any) ->
         return (await get_healthz(gw)).startswith(b"HTTP/1.1 200")
 
     await assert_eventually(admitted_again)  # once they are gone, a new one is served
+
+
+async def test_a_client_whose_request_is_on_its_way_past_the_cap_reads_the_429(make_gateway: Any) -> None:
+    # httpx's async client sends its request as the connection opens: it read a reset where
+    # the gateway answered and closed before the request came in.
+    gw = await make_gateway(connections=ConnectionLimits(per_client=1))
+    reader, writer = await connect(gw)
+    writer.write(b"GET /healthz HTTP/1.1\r\nhost: t\r\n\r\n")
+    async with asyncio.timeout(10):
+        assert (await reader.readline()).startswith(b"HTTP/1.1 200")  # it holds the one place
+    try:
+        async with httpx.AsyncClient(trust_env=False, timeout=10) as client:
+            r = await client.post(f"{gw.url}/api/chat/cancel", json={"runId": "r", "pad": "x" * 20000})
+        assert r.status_code == 429 and r.json()["reason"] == "TOO_MANY_CONNECTIONS", r.text
+    finally:
+        writer.close()
