@@ -97,7 +97,8 @@ def has_control(text: str) -> bool:
 
 
 def check_stream_path(public: str) -> None:
-    """Refuse a stream path (as sent, percent-escapes kept) naming a control character.
+    """Refuse a stream path (as sent, percent-escapes kept) naming a control character, or
+    holding a ``.`` or ``..`` segment (raw or escaped: ``%2e%2E``).
 
     A NUL, CR, LF or any other C0 control or DEL, raw or percent-escaped (``%00``, ``%0A``),
     is refused before anything is read or made: such a name could not be echoed in a
@@ -108,6 +109,11 @@ def check_stream_path(public: str) -> None:
     """
     if has_control(public) or ("%" in public and has_control(unquote(public))):
         raise ProtocolError(400, "Invalid stream path: control characters are not allowed")
+    if "." in public or "%" in public:
+        if any(unquote(seg) in (".", "..") for seg in public.split("/")):
+            # Browsers, URL libraries and proxies rewrite them: such a stream could never be
+            # named again, and behind a normalising proxy it would name another path.
+            raise ProtocolError(400, "Invalid stream path: '.' and '..' segments are not allowed")
 
 
 def make_offset(position: int, read_seq: int = 0) -> str:

@@ -4,6 +4,8 @@ Real coordinator and gateway (no host needed: every case is refused or read-only
 """
 from __future__ import annotations
 
+import asyncio
+
 import pathlib
 import urllib.parse
 from typing import Any
@@ -99,6 +101,24 @@ async def test_stream_names_with_control_characters_are_refused_before_anything_
         # Nothing was created under the name, nor under the name with the character dropped.
         for path in (name, name.replace(escape, "")):
             assert (await http.head(f"{gateway.url}{path}")).status_code in (400, 404), path
+
+
+async def test_stream_names_with_dot_segments_are_refused(gateway: Gateway, http: httpx.AsyncClient) -> None:
+    # Sent as is (clients, browsers and proxies would rewrite them): no stream may take such a
+    # name, which nobody could name again and which a normalising proxy would send elsewhere.
+    host, port = gateway.url.removeprefix("http://").rsplit(":", 1)
+    base = unique("dots")
+    for path in (f"/ds/{base}/../runs/evil", f"/ds/./{base}", f"/ds/{base}/%2e%2E/x", f"/ds/{base}/%2E",
+                 f"/ds/{base}/.."):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(f"PUT {path} HTTP/1.1\r\nhost: t\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".encode())
+        answer = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 400 "), (path, answer[:200])
+        assert answer.endswith(b"Invalid stream path: '.' and '..' segments are not allowed"), answer[-200:]
+    # Dots inside a segment are names like any other.
+    for name in (f"{base}/v1.2", f"{base}/...", f"{base}/.hidden"):
+        assert (await http.put(f"{gateway.url}/ds/{name}")).status_code == 201, name
 
 
 async def test_location_names_the_stream_and_never_the_clients_host(gateway: Gateway,
