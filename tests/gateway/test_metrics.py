@@ -110,9 +110,9 @@ async def test_every_service_shows_a_takeover_on_its_metrics_port(
             assert total(h, "baton_host_takeover_stall_seconds_count") == 1, h
             return h
         h = await assert_eventually(host_saw_it, timeout=15)
-        causes = {c for c in ("crash", "session_lost")
+        causes = {c for c in ("crash", "session-lost")
                   if total(h, "baton_host_takeover_stall_seconds_count", cause=c) == 1}
-        assert len(causes) == 1  # the process was gone: fast failover (crash) or the TTL (session_lost)
+        assert len(causes) == 1  # the process was gone: fast failover (crash) or the TTL (session-lost)
         cause = causes.pop()
         assert total(h, "baton_host_takeover_stall_seconds_sum") > 0
         assert total(h, "baton_host_takeovers_total", cause=cause) == 1
