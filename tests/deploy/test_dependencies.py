@@ -61,8 +61,8 @@ def extras_for(path: pathlib.Path) -> tuple[str, ...]:
     rel = path.relative_to(REPO).as_posix()
     if rel in ("sandbox_host/providers/docker.py", "sandbox_host/providers/_docker_stream.py"):
         return ("server", "docker")
-    if rel.startswith(("coordinator/", "gateway/", "sandbox_host/", "baton/log/", "baton/workspaces/")) \
-            or rel in ("baton/agui.py", "baton/agents.py", "baton/workspace_spec.py"):
+    if rel.startswith(("coordinator/", "gateway/", "sandbox_host/", "baton/log/", "baton/workspaces/", "baton/telemetry/")) \
+            or rel in ("baton/agui.py", "baton/agents.py", "baton/workspace_spec.py", "baton/metrics.py"):
         return ("server",)
     if rel in ("baton_tools/cli.py", "baton_tools/cluster.py", "baton_tools/run_command.py"):
         return ("cli",)
