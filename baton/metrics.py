@@ -28,7 +28,11 @@ log = logging.getLogger("baton.metrics")
 #: (about a millisecond) to a takeover after a lease TTL (seconds) or a stuck store.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
-__all__ = ["LATENCY_BUCKETS", "MetricsListener", "new_registry", "parse_listen", "start_listener"]
+#: Bucket bounds (bytes) of the size histograms, by fours: from one short journal line
+#: (a few hundred bytes) to a takeover replaying a long journal from byte 0 (hundreds of MiB).
+BYTE_BUCKETS = tuple(float(256 << (2 * i)) for i in range(11))  # 256 B, 1 KiB, 4 KiB … 256 MiB
+
+__all__ = ["BYTE_BUCKETS", "LATENCY_BUCKETS", "MetricsListener", "new_registry", "parse_listen", "start_listener"]
 
 
 def new_registry() -> CollectorRegistry:

@@ -91,6 +91,7 @@ async def journal_with_resumes(
     wanted: Callable[[int], bool],
     relaunch: Callable[[int], Awaitable[bool]],
     on_resume: Callable[[JournalResume], None],
+    on_lag: Callable[[int], None] | None = None,
 ) -> AsyncGenerator[JournalItem, None]:
     """The run's journal from byte 0 across its agent processes (see the module docstring).
 
@@ -103,6 +104,8 @@ async def journal_with_resumes(
         relaunch: then called with that number once the ended process is gone; returns
             whether it relaunched the agent (the journal then goes on).
         on_resume: called for each resume marker, before the new process's lines.
+        on_lag: the journal's lag in bytes at each read, as
+            :func:`~sandbox_host.journal.follow_journal` reports it.
 
     Yields:
         ``JournalLine`` items, and at the end ``JournalTruncated`` / ``JournalExit`` as
@@ -115,7 +118,7 @@ async def journal_with_resumes(
         went_on = False
         async with contextlib.aclosing(follow_journal(sbx.provider, sbx.handle, sbx.handle.journal_path,
                                                       offset=offset, nonce=sbx.nonce,
-                                                      poll_interval=poll_interval)) as items:
+                                                      poll_interval=poll_interval, on_lag=on_lag)) as items:
             async for item in items:
                 if isinstance(item, JournalResume):
                     attempt = max(attempt, item.attempt)

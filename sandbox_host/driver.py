@@ -390,7 +390,8 @@ class RunDriver:
 
         items = journal_with_resumes(sbx, poll_interval=self.deps.settings.journal_poll,
                                      wanted=lambda attempt: should_relaunch(self.inputs, attempt),
-                                     relaunch=relaunch, on_resume=on_resume)
+                                     relaunch=relaunch, on_resume=on_resume,
+                                     on_lag=self.deps.metrics.journal_read)
         decision: M.Decision | None = None
         self.inputs = run_inputs_io.desk_for(self.deps, self.record, sbx)
         serving: asyncio.Task[None] | None = None

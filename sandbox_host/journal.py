@@ -276,6 +276,7 @@ async def follow_journal(
     offset: int = 0,
     nonce: str,
     poll_interval: float = 0.25,
+    on_lag: Callable[[int], None] | None = None,
 ) -> AsyncGenerator[JournalItem, None]:
     """Follow a journal from ``offset`` until its end, yielding complete lines.
 
@@ -296,6 +297,13 @@ async def follow_journal(
         nonce: the run's exit-sentinel nonce.
         poll_interval: seconds between liveness checks while idle, and between reads for
             providers that cannot follow.
+        on_lag: called once per read that returned bytes (never per line) with the journal's
+            lag: bytes written but not yet consumed (the journal's size minus the end of the
+            last complete line yielded; a generator runs only when its consumer asks for
+            more, so everything yielded before was consumed). The size is the provider's
+            :meth:`~Provider.file_size` where that is cheap (``cheap_file_size``), else the
+            end of the read: exact when the read went to the end of the file, a lower bound
+            while a long follow catches up.
 
     Yields:
         ``JournalLine`` | ``JournalExit`` | ``JournalTruncated`` | ``JournalResume``, in file
@@ -307,8 +315,16 @@ async def follow_journal(
     """
     splitter = LineSplitter(offset)
     pos = offset  # next byte to read
+    stat = on_lag is not None and provider.cheap_file_size
 
-    def items(data: bytes) -> list[JournalItem]:
+    async def items(data: bytes, *, to_eof: bool) -> list[JournalItem]:
+        """The items ``data`` (read at ``pos``) completes; ``to_eof``: the read went to the
+        end of the file (a ``read_file``), so no size is asked for."""
+        nonlocal pos
+        pos += len(data)
+        if on_lag is not None:
+            size = await provider.file_size(handle, path) if stat and not to_eof else None
+            on_lag(max(pos, size or 0) - splitter.consumed)
         out: list[JournalItem] = []
         for line in splitter.feed(data):
             out.extend(_classify(line, nonce))
@@ -328,8 +344,7 @@ async def follow_journal(
         while True:
             data = await drain()
             if data:
-                pos += len(data)
-                for it in items(data):
+                for it in await items(data, to_eof=True):
                     yield it
                     if isinstance(it, JournalExit):
                         return
@@ -340,8 +355,7 @@ async def follow_journal(
                     for it in at_eof():
                         yield it
                     return
-                pos += len(data)
-                for it in items(data):
+                for it in await items(data, to_eof=True):
                     yield it
                     if isinstance(it, JournalExit):
                         return
@@ -367,8 +381,7 @@ async def follow_journal(
                 else:
                     stream_ended = False
                 if data:
-                    pos += len(data)
-                    for item in items(data):
+                    for item in await items(data, to_eof=False):
                         yield item
                         if isinstance(item, JournalExit):
                             return
@@ -386,8 +399,7 @@ async def follow_journal(
                 data = await drain()
                 if not data:
                     break
-                pos += len(data)
-                for item in items(data):
+                for item in await items(data, to_eof=True):
                     yield item
                     if isinstance(item, JournalExit):
                         return

@@ -10,6 +10,11 @@ coordinator's leader saw its claim go, or the draining host let go; sent with
 ``AttachRun``) to this host's fence record stored in the run's log: from then on the
 successor appends, so it is the gap readers see, short of the agent's own silence. Clocks
 of two machines are compared: keep them in NTP sync.
+
+The journal lag is sampled by the driver's journal follower at each read of the journal
+(:func:`sandbox_host.journal.follow_journal`), never per line: the bytes the agent has written
+that the driver has not consumed yet. A takeover replaying a journal from byte 0 shows its
+whole backlog at its first read.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from collections import OrderedDict
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from baton.metrics import LATENCY_BUCKETS, new_registry
+from baton.metrics import BYTE_BUCKETS, LATENCY_BUCKETS, new_registry
 
 #: Takeovers awaiting their fence, at most (an attach whose driver never fenced is dropped).
 _PENDING_MAX = 4096
@@ -47,6 +52,9 @@ class HostMetrics:
             "run's log, by cause (crash|drain|session-lost|closed|released|other)", ["cause"],
             buckets=LATENCY_BUCKETS, registry=r)
         self.runs = Gauge("baton_host_runs", "Runs this host drives now", registry=r)
+        self.journal_lag = Histogram(
+            "baton_host_journal_lag_bytes", "Bytes of an agent's journal written but not yet consumed by its "
+            "driver, sampled at each read of the journal", buckets=BYTE_BUCKETS, registry=r)
         self._pending: OrderedDict[str, tuple[float, str]] = OrderedDict()
 
     # --- takeovers ----------------------------------------------------------------------
@@ -72,6 +80,12 @@ class HostMetrics:
     def forget_takeover(self, run_id: str) -> None:
         """The attach failed: nothing to observe."""
         self._pending.pop(run_id, None)
+
+    # --- the journal follower's lag observer ---------------------------------------------
+
+    def journal_read(self, lag: int) -> None:
+        """A driver read its journal: ``lag`` bytes were written and not yet consumed."""
+        self.journal_lag.observe(lag)
 
     # --- the delivery log's write observer ---------------------------------------------
 

@@ -115,6 +115,10 @@ class Provider(abc.ABC):
     killable_processes: bool
     #: Can the provider follow a growing file (else callers poll with ``read_file``)?
     can_follow: bool
+    #: Is :meth:`file_size` cheap enough to ask once per read of a followed journal (a local
+    #: stat, not an exec in a container)? The journal lag is sampled with it (else from the
+    #: reads alone: :func:`sandbox_host.journal.follow_journal`).
+    cheap_file_size: bool = False
 
     @abc.abstractmethod
     async def create(self, key: str, spec: SandboxSpec) -> SandboxHandle:

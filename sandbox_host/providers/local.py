@@ -96,6 +96,7 @@ class LocalProvider(Provider):
     name = "local"
     killable_processes = True
     can_follow = True
+    cheap_file_size = True  # one stat of a local file
 
     def __init__(
         self,

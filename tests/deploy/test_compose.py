@@ -196,11 +196,19 @@ def _listen_port(env: dict[str, str], setting: str) -> int:
 
 
 def _container_port(mapping: Any) -> int:
-    """The container side of a compose port mapping: short ("8080:8080") or long syntax (a
-    mapping with ``target``, as ``docker-compose config`` prints it)."""
+    """The container side of a compose port mapping: short ("8080:8080", "127.0.0.1:9101:9101/tcp")
+    or long syntax (a mapping with ``target``, as ``docker-compose config`` prints it)."""
     if isinstance(mapping, dict):
         return int(mapping["target"])
-    return int(str(mapping).rsplit(":", 1)[1])
+    return int(str(mapping).rsplit(":", 1)[1].split("/", 1)[0])
+
+
+def _published(mapping: Any) -> tuple[str, int]:
+    """``(host address, host port)`` of a compose port mapping ("" = every interface)."""
+    if isinstance(mapping, dict):
+        return str(mapping.get("host_ip", "")), int(mapping["published"])
+    parts = str(mapping).split("/", 1)[0].split(":")
+    return (parts[0] if len(parts) == 3 else ""), int(parts[-2])
 
 
 def test_ports_addresses_and_health_checks_agree(compose: dict[str, Any]) -> None:
@@ -222,10 +230,33 @@ def test_ports_addresses_and_health_checks_agree(compose: dict[str, Any]) -> Non
         assert f"127.0.0.1:{port}" in s[name]["healthcheck"]["test"]
     assert s["sandbox-host-1"]["environment"]["BATON_HOST_ID"] != s["sandbox-host-2"]["environment"]["BATON_HOST_ID"]
     gw_port = _listen_port(s["gateway"]["environment"], "BATON_GATEWAY_LISTEN")
-    published, grpc_published = s["gateway"]["ports"]
+    published, grpc_published, _ = s["gateway"]["ports"]
     assert _container_port(grpc_published) == _listen_port(s["gateway"]["environment"], "BATON_GATEWAY_GRPC_LISTEN")
     assert _container_port(published) == gw_port
     assert f"http://127.0.0.1:{gw_port}/readyz" in s["gateway"]["healthcheck"]["test"]
+
+
+METRICS_LISTEN = {"coordinator": "BATON_COORDINATOR_METRICS_LISTEN", "sandbox-host-1": "BATON_HOST_METRICS_LISTEN",
+                  "sandbox-host-2": "BATON_HOST_METRICS_LISTEN", "gateway": "BATON_GATEWAY_METRICS_LISTEN"}
+
+
+def test_every_metrics_listener_is_exposed_and_published_on_loopback_only(compose: dict[str, Any]) -> None:
+    s = compose["services"]
+    published: dict[str, int] = {}
+    for name, setting in METRICS_LISTEN.items():
+        env = s[name]["environment"]
+        listen = env.get(setting, f"0.0.0.0:{default_port(setting)}")
+        # Every interface of the container: a scrape comes over the compose network.
+        assert host_of(listen) == "0.0.0.0", (name, listen)
+        port = port_of(listen)
+        assert str(port) in [str(p) for p in s[name]["expose"]], name
+        (mapping,) = [m for m in s[name]["ports"] if _container_port(m) == port]
+        # The listener asks for no key: never on the engine's public interfaces.
+        address, published[name] = _published(mapping)
+        assert address == "127.0.0.1", (name, mapping)
+    # One host port each (the two hosts listen on the same port in their containers).
+    assert len(set(published.values())) == len(published), published
+    assert published == {"coordinator": 9101, "sandbox-host-1": 9102, "sandbox-host-2": 9104, "gateway": 9103}
 
 
 def test_docker_provider_hosts_reach_the_engine(compose: dict[str, Any]) -> None:

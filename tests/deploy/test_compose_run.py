@@ -10,7 +10,9 @@ the mounted engine socket, the gateway with API keys and the internal token.
 A run started through the published gRPC port, its driving host's container SIGKILLed
 mid-run (``docker kill -s KILL``), must go on exactly once on the other host: the reader's
 chunks have no duplicate and no gap and equal the uninterrupted replay of the journal, and
-the saved transcript equals the uninterrupted one.
+the saved transcript equals the uninterrupted one. Then every service's metrics port, as
+compose publishes it on loopback, answers, and the successor's shows the takeover and the
+journal lag of its replay.
 
 Slow (image build, a whole stack's start-up): only ``make test-deploy``
 (``BATON_TEST_DEPLOY=1``, which CI's ``.ci/run`` calls) runs it; ``make test`` skips it. With
@@ -28,6 +30,7 @@ import tempfile
 import time
 from typing import Any, Iterator
 
+import httpx
 import pytest
 
 from baton.grpc_client import RunsClient
@@ -95,6 +98,25 @@ class Stack:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_")}
         self.env.update(BATON_PORT=str(self.http_port), BATON_GRPC_PORT=str(self.grpc_port),
                         BATON_API_KEYS=f"{API_KEY}=tenant-deploy", BATON_INTERNAL_TOKEN=unique("tok"))
+        # Each service's metrics listener, published on loopback (free ports, not the file's).
+        self.metrics_ports = {name: free_port() for name in ("coordinator", *HOSTS, "gateway")}
+        self.env.update(BATON_COORDINATOR_METRICS_PORT=str(self.metrics_ports["coordinator"]),
+                        BATON_HOST_1_METRICS_PORT=str(self.metrics_ports["sandbox-host-1"]),
+                        BATON_HOST_2_METRICS_PORT=str(self.metrics_ports["sandbox-host-2"]),
+                        BATON_GATEWAY_METRICS_PORT=str(self.metrics_ports["gateway"]))
+
+    async def metrics(self, service: str) -> dict[str, float]:
+        """The samples of ``service``'s published metrics port, summed by name (no key asked)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        async with httpx.AsyncClient(timeout=10) as http:
+            r = await http.get(f"http://127.0.0.1:{self.metrics_ports[service]}/metrics")
+        assert r.status_code == 200, (service, r.status_code)
+        out: dict[str, float] = {}
+        for family in text_string_to_metric_families(r.text):
+            for sample in family.samples:
+                out[sample.name] = out.get(sample.name, 0.0) + sample.value
+        return out
 
     def compose(self, *args: str, timeout: float = 900) -> str:
         return _run(["docker-compose", "-p", self.project, "-f", str(REPO / "compose.yaml"), "-f", str(OVERRIDE),
@@ -180,6 +202,16 @@ async def test_a_run_survives_a_sigkill_of_its_host_container(stack: Stack) -> N
             assert info.driver_host in HOSTS and info.driver_host != victim
             assert info.epoch >= 2
             assert await runs.transcript(thread_id) == build_transcript(reference, input_messages=messages)
+
+        # The metrics ports compose publishes: the successor counted its takeover and sampled
+        # the journal lag of its replay (from byte 0: at least one read, of the journal's
+        # bytes); the coordinator and the gateway answer too.
+        successor = await stack.metrics(info.driver_host)
+        assert successor["baton_host_takeovers_total"] >= 1
+        assert successor["baton_host_journal_lag_bytes_count"] >= 1
+        assert successor["baton_host_journal_lag_bytes_sum"] > 0
+        assert (await stack.metrics("coordinator"))["baton_coordinator_claim_seconds_count"] >= 2
+        assert (await stack.metrics("gateway"))["baton_gateway_starts_total"] >= 1
 
         # The sandbox container goes once the run is final.
         def gone() -> bool:

@@ -16,11 +16,14 @@ from kubernetes import client
 
 from baton.credentials import AGENT_SECRET_NAMES, placeholders
 from tests.conftest import require
-from tests.deploy.conftest import K8S
-from tests.deploy.test_k8s import MODELS, by_kind, container
+from tests.deploy.conftest import K8S, default_port, host_of, port_of
+from tests.deploy.test_k8s import MODELS, by_kind, container, effective_env, named_port
 
 DEPLOYMENTS = ("baton-coordinator", "baton-sandbox-host", "baton-gateway")
-METRICS_PORT = 9090
+#: The setting of each tier's Prometheus listener (baton/config.py: 9101, 9102, 9103).
+METRICS_LISTEN = {"baton-coordinator": "BATON_COORDINATOR_METRICS_LISTEN",
+                  "baton-sandbox-host": "BATON_HOST_METRICS_LISTEN",
+                  "baton-gateway": "BATON_GATEWAY_METRICS_LISTEN"}
 Docs = list[tuple[pathlib.Path, dict[str, Any]]]
 
 
@@ -67,16 +70,27 @@ def test_replicas_spread_over_nodes_and_zones(k8s_docs: Docs, name: str) -> None
 @pytest.mark.parametrize("name", DEPLOYMENTS)
 def test_metrics_port_and_scrape_annotations_agree(k8s_docs: Docs, name: str) -> None:
     d = by_kind(k8s_docs, "Deployment")[name]
-    ports = {p["name"]: p["containerPort"] for p in container(d)["ports"]}
-    assert ports["metrics"] == METRICS_PORT
+    c = container(d)
+    # The port named `metrics` is the one the service's listener binds, on every interface
+    # of the pod (a scrape comes from another pod).
+    setting = METRICS_LISTEN[name]
+    listen = effective_env(k8s_docs, c).get(setting, f"0.0.0.0:{default_port(setting)}")
+    assert host_of(listen) == "0.0.0.0", listen
+    port = port_of(listen)
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports["metrics"] == port
+    assert port == default_port(setting)  # what a service run without the ConfigMap binds too
     ann = d["spec"]["template"]["metadata"]["annotations"]
-    assert ann == {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT),
+    assert ann == {"prometheus.io/scrape": "true", "prometheus.io/port": str(port),
                    "prometheus.io/path": "/metrics"}
-    # Exactly one Service per tier exposes it (a second would scrape every pod twice).
-    exposing = [s for s in by_kind(k8s_docs, "Service").values()
+    # Exactly one Service per tier exposes it (a second would scrape every pod twice), by the
+    # name the ServiceMonitor scrapes.
+    exposing = [p for s in by_kind(k8s_docs, "Service").values()
                 if s["spec"]["selector"] == {"app.kubernetes.io/name": name}
-                and any(p["name"] == "metrics" for p in s["spec"]["ports"])]
+                for p in s["spec"]["ports"] if p["name"] == "metrics"]
     assert len(exposing) == 1, name
+    assert named_port(c, exposing[0]["targetPort"]) == port
+    assert exposing[0]["port"] == port
 
 
 def test_hosts_and_coordinators_have_headless_services(k8s_docs: Docs) -> None:
@@ -115,10 +129,12 @@ def test_network_policies_admit_what_the_services_dial_and_nothing_else(k8s_docs
         assert _admits(policies[name], "grpc", baton_pod), name
         assert not _admits(policies[name], "grpc", stranger), name
         assert not _admits(policies[name], "grpc", None), name
-        assert _admits(policies[name], "metrics", stranger), name
     gw = policies["baton-gateway"]
     for port in ("http", "grpc"):
         assert _admits(gw, port, None)  # the public edge
+    # Every tier's metrics port: a Prometheus in any namespace scrapes it.
+    for name, policy in policies.items():
+        assert _admits(policy, "metrics", stranger), name
     # Every port a policy names is a port of its pods.
     deps = by_kind(k8s_docs, "Deployment")
     for name, policy in policies.items():

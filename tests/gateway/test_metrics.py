@@ -4,9 +4,9 @@ A coordinator, two sandbox hosts and a gateway run as processes of their own, wi
 and an internal token. A run starts, its client leaves, its host is SIGKILLed; the other
 host takes it over. Then each service's metrics port (no key) must show what happened:
 claims timed, the session's end and the failover counted by the coordinator; the takeover's
-stall, its fence and the appends on the successor; the start and the requests on the
-gateway; and the process collector everywhere. The gateway's public ``/metrics`` no longer
-answers a tenant's key.
+stall, its fence, the appends and the journal lag of its replay on the successor; the start
+and the requests on the gateway; and the process collector everywhere. The gateway's public
+``/metrics`` no longer answers a tenant's key.
 """
 from __future__ import annotations
 
@@ -16,9 +16,11 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.utils import floatToGoString
 
 from baton.coordinator_client import CoordinatorClient
 from baton.log import LogConfig
+from baton.metrics import BYTE_BUCKETS
 from baton_tools.testing.cluster import start_coordinator, start_gateway, start_host
 from baton_tools.testing.servers import free_port
 from tests.conftest import assert_eventually, unique
@@ -110,15 +112,25 @@ async def test_every_service_shows_a_takeover_on_its_metrics_port(
             assert total(h, "baton_host_takeover_stall_seconds_count") == 1, h
             return h
         h = await assert_eventually(host_saw_it, timeout=15)
-        causes = {c for c in ("crash", "session_lost")
+        causes = {c for c in ("crash", "session-lost")
                   if total(h, "baton_host_takeover_stall_seconds_count", cause=c) == 1}
-        assert len(causes) == 1  # the process was gone: fast failover (crash) or the TTL (session_lost)
+        assert len(causes) == 1  # the process was gone: fast failover (crash) or the TTL (session-lost)
         cause = causes.pop()
         assert total(h, "baton_host_takeover_stall_seconds_sum") > 0
         assert total(h, "baton_host_takeovers_total", cause=cause) == 1
         assert total(h, "baton_host_log_fences_total", kind="takeover") == 1
         assert total(h, "baton_host_append_seconds_count") > 0
         assert total(h, "process_cpu_seconds_total") > 0
+        # Its journal lag, sampled at each read: the replay from byte 0 starts with nothing
+        # consumed, and each later sample counts at least what was written since the read
+        # before, so the samples add up to at least the agent's journal (the replay agent
+        # writes the recording's bytes unchanged); none exceeds the journal.
+        journal = len((replay_dir / "claude-stream-json" / "slow.jsonl").read_bytes())
+        reads = total(h, "baton_host_journal_lag_bytes_count")
+        assert reads >= 1
+        assert total(h, "baton_host_journal_lag_bytes_sum") >= journal
+        bound = min(b for b in BYTE_BUCKETS if b >= journal + 100)  # + the wrapper's sentinel line
+        assert total(h, "baton_host_journal_lag_bytes_bucket", le=floatToGoString(bound)) == reads
 
         # The coordinator: claims timed (the start's and the takeover's), the session's end,
         # the orphan by the same cause, the hand-over.

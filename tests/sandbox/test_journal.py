@@ -6,6 +6,7 @@ sentinel, a 0-byte journal, a journal deleted mid-follow: each has one clear out
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pathlib
 
@@ -20,12 +21,14 @@ from sandbox_host.journal import (
     JournalTruncated,
     LineSplitter,
     exit_sentinel,
+    follow_journal,
     journal_path,
     new_nonce,
     parse_sentinel,
     preflight_attach,
     stderr_path,
 )
+from sandbox_host.providers import SandboxHandle
 from sandbox_host.providers.local import LocalProvider
 from tests.conftest import assert_eventually
 from tests.sandbox.conftest import follow_all, with_data
@@ -149,6 +152,36 @@ async def test_follow_journal_deleted_mid_follow(local_provider: LocalProvider, 
         await follow_all(local_provider, h, nonce)
     await task
     assert ei.value.path == h.journal_path and ei.value.offset >= 0
+
+
+class _StatlessProvider(LocalProvider):
+    """The local provider as one whose ``file_size`` is dear (an exec in a container)."""
+
+    cheap_file_size = False
+
+
+@pytest.mark.servers  # the local follow's inotify finds libc with ldconfig: a process
+@pytest.mark.parametrize("stat", [True, False], ids=["stat", "reads-only"])
+async def test_the_lag_is_sampled_once_per_read(tmp_path: pathlib.Path, stat: bool) -> None:
+    """The follower reports the journal's lag at each read, not per line: bytes written and
+    not yet consumed. Followed from byte 0 (a takeover's replay) the first read's sample is
+    the whole journal (its size, from a stat), or the 1 MiB read (a lower bound, without
+    one); the second is what is left past the two lines the first read completed."""
+    provider = (LocalProvider if stat else _StatlessProvider)(str(tmp_path / "s"), str(tmp_path / "j"),
+                                                             idle_check=0.05)
+    nonce = new_nonce()
+    line = b'{"x":"' + b"y" * 399_992 + b'"}\n'  # 400_001 bytes: two complete lines per MiB read
+    path = tmp_path / "j.ndjson"
+    path.write_bytes(line * 5 + exit_sentinel(0, nonce))
+    size = path.stat().st_size
+    handle = SandboxHandle("local", "lag", str(path), str(tmp_path / "j.err"), str(tmp_path))  # no process
+    lags: list[int] = []
+    async with asyncio.timeout(20):
+        async with contextlib.aclosing(follow_journal(provider, handle, str(path), nonce=nonce,
+                                                      poll_interval=0.05, on_lag=lags.append)) as items:
+            got = [it async for it in items]
+    assert [type(i) for i in got] == [JournalLine] * 5 + [JournalExit]
+    assert lags == [size if stat else 1 << 20, size - 2 * len(line)]
 
 
 async def test_follow_missing_journal_is_deleted(local_provider: LocalProvider, sandboxes: list) -> None:
