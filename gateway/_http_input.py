@@ -67,7 +67,9 @@ def only_fields(body: Mapping[str, Any], *allowed: str) -> None:
     """
     unknown = sorted(set(body) - set(allowed))
     if unknown:
-        raise e.InvalidArgument(unknown[0][:100], f"is not a field of this request (it takes {', '.join(allowed)})")
+        # The client's own text: a lone surrogate in it is escaped, never logged or sent raw.
+        name = unknown[0][:100].encode("utf-8", "backslashreplace").decode("utf-8")
+        raise e.InvalidArgument(name, f"is not a field of this request (it takes {', '.join(allowed)})")
 
 
 def _opt_str(body: Mapping[str, Any], name: str) -> str | None:
