@@ -10,7 +10,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from baton import telemetry
+from baton import telemetry, tls
 from baton.aio import watch_loop_lag
 from baton.errors import StoreUnavailable
 from baton.internal_auth import server_interceptors
@@ -34,7 +34,8 @@ SERVICE_NAME = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_n
 
 def build_store(config: CoordinatorConfig, clock: Callable[[], float] = time.time) -> RunStore:
     """The etcd connection and store for ``config`` (no I/O until first used)."""
-    return RunStore(Etcd(config.etcd_endpoints, page_size=config.etcd_page_size), config.prefix, clock, config.record_cache_size)
+    etcd = Etcd(config.etcd_endpoints, page_size=config.etcd_page_size, security=config.etcd_security)
+    return RunStore(etcd, config.prefix, clock, config.record_cache_size)
 
 
 class CoordinatorServer:
@@ -94,7 +95,7 @@ class CoordinatorServer:
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
              reflection.SERVICE_NAME), server)
-        self.port = server.add_insecure_port(cfg.listen)
+        self.port = tls.add_port(server, cfg.listen, cfg.tls)
         if self.port == 0:
             raise OSError(f"cannot bind {cfg.listen}")
         await server.start()
