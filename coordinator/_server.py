@@ -72,6 +72,7 @@ class CoordinatorServer:
         self._health_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self._shutdown_started = False
+        self._etcd_error = ""
         self.port = 0
 
     @property
@@ -121,7 +122,10 @@ class CoordinatorServer:
         try:
             await self.etcd.range(self.store.keys.runs, timeout=self.config.etcd_timeout)
             return True
-        except StoreUnavailable:
+        except StoreUnavailable as exc:
+            if str(exc) != self._etcd_error:  # each new reason once (a refused password, TLS...)
+                self._etcd_error = str(exc)
+                log.warning("etcd does not answer: %s", exc)
             return False
 
     async def _set_health(self, status: "health_pb2.HealthCheckResponse.ServingStatus.ValueType") -> None:
