@@ -17,15 +17,15 @@ Internal TLS is on when ``BATON_TLS_CERT`` or ``BATON_TLS_CA`` is set, for the w
 a service either serves and dials TLS on every internal link or on none.
 
 Files are read when a channel or server is made (a rotated file is used by the next channel;
-restart to use it everywhere); :func:`check` reads them all at start-up so that a missing,
-unreadable or mismatched file stops the process with the variable's name. Errors name the
-variable and the path, never a key's bytes.
+restart to use it everywhere); every service's ``main()`` reads them all at start-up
+(:func:`baton.credentials.check_files`), so that a missing, unreadable or mismatched file
+stops the process with the variable's name. Errors name the variable and the path, never a
+key's bytes.
 """
 from __future__ import annotations
 
 import os
 import ssl
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -239,11 +239,3 @@ def client_ssl_context(ca: str = "", cert: str = "", key: str = "", *, names: tu
         ctx.load_cert_chain(cert, key)
     return ctx
 
-
-def pem_file(data: bytes) -> str:
-    """``data`` written to a new private temporary file (mode 0600); its path. For libraries
-    that take paths only."""
-    fd, path = tempfile.mkstemp(prefix="baton-tls-", suffix=".pem")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    return path
