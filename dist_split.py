@@ -23,7 +23,7 @@ from setuptools.command.build_py import build_py
 # tests/deploy/test_packaging.py imports them from a venv holding the client wheel alone.
 CLIENT_MODULES = frozenset({
     "baton", "baton.client", "baton.grpc_client", "baton.coordinator_client", "baton.errors",
-    "baton.grpc_errors", "baton.ids", "baton.internal_auth", "baton.retry", "baton.runs", "baton.sse",
+    "baton.grpc_errors", "baton.ids", "baton.internal_auth", "baton.retry", "baton.runs", "baton.sse", "baton.tls",
     "baton.trace_context",
     # The console scripts live in the client (one distribution owns bin/baton*); without the
     # server distribution they say what to install.

@@ -28,6 +28,7 @@ from baton import internal_auth
 from baton.errors import InvalidArgument, SessionLost, StoreUnavailable
 from baton.grpc_errors import from_rpc_error
 from baton.retry import Attempts, Deadline
+from baton.tls import GrpcTls
 from baton.v1 import coordinator_pb2 as pb
 from baton.v1 import coordinator_pb2_grpc as pb_grpc
 from baton.v1.coordinator_pb2 import HostInfo, SandboxInstance
@@ -37,17 +38,14 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-__all__ = [
-    "Claim", "CoordinatorClient", "HostInfo", "RunRecord", "RunView", "SandboxInstance",
-    "Session", "UpdateOutcome", "WatchEvent",
-]
+__all__ = ["Claim", "CoordinatorClient", "HostInfo", "RunRecord", "RunView", "SandboxInstance", "Session",
+           "UpdateOutcome", "WatchEvent"]
 
 _CHANNEL_OPTIONS = (
     # Reconnect fast after a coordinator restart (gRPC's default backoff grows to 120 s).
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-    ("grpc.enable_http_proxy", 0),
+    ("grpc.max_reconnect_backoff_ms", 1000), ("grpc.enable_http_proxy", 0),
 )
 
 
@@ -117,7 +115,7 @@ class Session:
 
             self._loop = asyncio.get_running_loop()
             self._thread = KeepAliveThread(
-                session_id, ttl, client.addresses, first=client._current, token=client._token,
+                session_id, ttl, client.addresses, first=client._current, token=client._token, tls=client._tls,
                 probe_address=lambda: self.probe_address, options=_CHANNEL_OPTIONS,
                 on_lost=self._lost_from_thread)
             self._thread.start()
@@ -256,16 +254,18 @@ class CoordinatorClient:
         timeout: default per-call deadline in seconds.
         token: the cluster's internal token sent on every call (:mod:`baton.internal_auth`);
             ``None`` reads ``BATON_INTERNAL_TOKEN``; ``""`` sends none.
+        tls: the internal links' TLS (:class:`baton.tls.GrpcTls`); ``None`` reads ``BATON_TLS_*``.
     """
 
-    def __init__(self, addresses: str | Sequence[str], timeout: float = 5.0, token: str | None = None) -> None:
+    def __init__(self, addresses: str | Sequence[str], timeout: float = 5.0, token: str | None = None,
+                 tls: GrpcTls | None = None) -> None:
         if isinstance(addresses, str):
             addresses = [a.strip() for a in addresses.split(",") if a.strip()]
         if not addresses:
             raise ValueError("at least one coordinator address is required")
         self.addresses = list(addresses)
         self.timeout = timeout
-        self._token = token
+        self._token, self._tls = token, tls
         self._channels: list[grpc.aio.Channel] = []
         self._stubs: list[pb_grpc.CoordinatorStub] = []
         self._current = 0
@@ -277,7 +277,7 @@ class CoordinatorClient:
         """The stub of replica ``replica`` (an index into ``addresses``; default: current)."""
         if not self._stubs:
             for a in self.addresses:
-                ch = internal_auth.insecure_channel(a, _CHANNEL_OPTIONS, self._token)
+                ch = internal_auth.channel(a, _CHANNEL_OPTIONS, self._token, self._tls)
                 self._channels.append(ch)
                 self._stubs.append(pb_grpc.CoordinatorStub(ch))
         return self._stubs[(self._current if replica is None else replica) % len(self._stubs)]

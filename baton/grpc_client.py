@@ -34,6 +34,7 @@ from grpc_status import rpc_status
 
 from baton import errors as e
 from baton.grpc_errors import from_rpc_error
+from baton.tls import TlsConfigError, read_pem
 from baton.v1 import runs_pb2, runs_service_pb2 as pb, runs_service_pb2_grpc as pbg
 
 __all__ = ["Chunk", "RunStream", "RunsClient", "RunsError"]
@@ -172,6 +173,15 @@ class RunStream:
             self.resumes += 1
 
 
+def _credentials(ca_file: str | None, cert_file: str | None, key_file: str | None) -> grpc.ChannelCredentials:
+    if bool(cert_file) != bool(key_file):
+        raise TlsConfigError("cert_file and key_file go together")
+    ca = read_pem("ca_file", ca_file, kind="certificate") if ca_file else None
+    cert = read_pem("cert_file", cert_file, kind="certificate") if cert_file else None
+    key = read_pem("key_file", key_file, kind="private key") if key_file else None
+    return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+
 class RunsClient:
     """Client of ``baton.v1.Runs``.
 
@@ -180,12 +190,24 @@ class RunsClient:
         api_key: the bearer API key (``BATON_API_KEYS``), or ``None`` without auth.
         channel: use this channel instead of opening one (the client then does not close it).
         max_retries: consecutive resumes without progress before a stream gives up.
+        tls: dial TLS (a gateway with ``BATON_GATEWAY_TLS_CERT``, or a TLS ingress),
+            checking the server against the system's roots or ``ca_file``.
+        ca_file: PEM file of the CA to check the server against (implies ``tls``).
+        cert_file, key_file: PEM files of a client certificate and its key, for a proxy in
+            front that asks for one (imply ``tls``).
+
+    Raises:
+        baton.tls.TlsConfigError: a file unreadable or not PEM of its kind (a ``ValueError``).
     """
 
     def __init__(self, target: str = "127.0.0.1:8081", *, api_key: str | None = None,
                  channel: grpc.aio.Channel | None = None, max_retries: int = 20,
-                 options: Sequence[tuple[str, Any]] = ()) -> None:
+                 options: Sequence[tuple[str, Any]] = (), tls: bool = False, ca_file: str | None = None,
+                 cert_file: str | None = None, key_file: str | None = None) -> None:
         self._own = channel is None
+        if channel is None and (tls or ca_file or cert_file or key_file):
+            channel = grpc.aio.secure_channel(target, _credentials(ca_file, cert_file, key_file),
+                                              options=[*_OPTIONS, *options])
         self._channel = channel or grpc.aio.insecure_channel(target, options=[*_OPTIONS, *options])
         self._stub = pbg.RunsStub(self._channel)
         self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()

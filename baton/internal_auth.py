@@ -1,16 +1,17 @@
-"""The cluster's internal credential: one shared token on every internal gRPC call.
+"""The cluster's internal credentials: a shared token on every internal gRPC call, and TLS.
 
 The coordinator and the sandbox hosts are internal services; with ``BATON_INTERNAL_TOKEN``
 set they refuse (``UNAUTHENTICATED``, ``ErrorInfo`` reason ``UNAUTHENTICATED``) any call
 that does not carry the token in the ``x-baton-internal-token`` metadata. Health checks and
 server reflection stay open (container and Kubernetes probes carry no credentials).
 
-Why a shared token and not TLS client certificates: it deploys offline with nothing but a
-Secret (no CA, no per-pod certificates to issue and rotate), it works on the insecure
-loopback channels the local cluster and tests use, and it is checked in one interceptor.
-It authenticates callers but does not encrypt: run the cluster network as private (or add
-TLS underneath; the token then travels encrypted). The token never appears in a log, an
-error or a record: comparisons are constant-time, and refusals name no value.
+The token deploys with nothing but a Secret (no CA, no per-pod certificates to issue and
+rotate) and is checked in one interceptor, but alone it does not encrypt. TLS comes from
+:mod:`baton.tls` (``BATON_TLS_*``): :func:`channel` and :func:`sync_channel` dial TLS when it
+is set, presenting this process's certificate, and with ``BATON_TLS_CLIENT_AUTH=1`` the
+servers refuse callers without a certificate of the cluster's CA (mutual TLS) in the
+handshake, before any token is looked at. Token, mutual TLS, or both. The token never appears
+in a log, an error or a record: comparisons are constant-time, and refusals name no value.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+from baton import tls as _tls
 from baton.trace_context import METADATA_KEY as _TRACE_KEY, TRACEPARENT
 
 TOKEN_METADATA = "x-baton-internal-token"
@@ -177,8 +179,8 @@ def balanced(address: str, options: Sequence[tuple[str, Any]]) -> list[tuple[str
     return list(options)
 
 
-def insecure_channel(address: str, options: Sequence[tuple[str, Any]] = (), token: str | None = None
-                     ) -> grpc.aio.Channel:
+def channel(address: str, options: Sequence[tuple[str, Any]] = (), token: str | None = None,
+            tls: _tls.GrpcTls | None = None) -> grpc.aio.Channel:
     """An aio channel to an internal service that sends the token on every call, and the
     trace context of the run the caller is handling (:mod:`baton.trace_context`).
 
@@ -186,10 +188,21 @@ def insecure_channel(address: str, options: Sequence[tuple[str, Any]] = (), toke
         address: ``host:port``, or a ``dns:///name:port`` target whose addresses the calls
             are spread over (:func:`balanced`).
         token: the cluster's token; ``None`` reads ``BATON_INTERNAL_TOKEN``; ``""`` sends none.
+        tls: the internal links' TLS; ``None`` reads ``BATON_TLS_*`` (:func:`baton.tls.from_env`).
+
+    Raises:
+        baton.tls.TlsConfigError: ``tls`` is ``None`` and a ``BATON_TLS_*`` file is unusable.
     """
     token = token_from_env() if token is None else token
-    channel = grpc.aio.insecure_channel(address, options=balanced(address, options))
-    return cast(grpc.aio.Channel, _TokenChannel(channel, token))
+    tls = _tls.from_env() if tls is None else tls
+    ch = _tls.aio_channel(address, balanced(address, options), tls)
+    return cast(grpc.aio.Channel, _TokenChannel(ch, token))
+
+
+def insecure_channel(address: str, options: Sequence[tuple[str, Any]] = (), token: str | None = None
+                     ) -> grpc.aio.Channel:
+    """:func:`channel` in plaintext, whatever ``BATON_TLS_*`` says (loopback tools, tests)."""
+    return channel(address, options, token, _tls.PLAINTEXT)
 
 
 class _SyncAddToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):  # type: ignore[type-arg]  # generic only in grpc-stubs, not at runtime
@@ -214,8 +227,11 @@ class _SyncDetails(grpc.ClientCallDetails):
         self.credentials, self.wait_for_ready, self.compression = credentials, wait_for_ready, compression
 
 
-def sync_channel(address: str, options: Sequence[tuple[str, Any]] = (), token: str | None = None) -> grpc.Channel:
-    """A blocking channel to an internal service that sends the token (for the CLI)."""
+def sync_channel(address: str, options: Sequence[tuple[str, Any]] = (), token: str | None = None,
+                 tls: _tls.GrpcTls | None = None) -> grpc.Channel:
+    """A blocking channel to an internal service that sends the token (for the CLI); TLS as
+    :func:`channel` (``None`` reads ``BATON_TLS_*``)."""
     token = token_from_env() if token is None else token
-    ch = grpc.insecure_channel(address, options=balanced(address, options))
+    tls = _tls.from_env() if tls is None else tls
+    ch = _tls.sync_channel(address, balanced(address, options), tls)
     return grpc.intercept_channel(ch, _SyncAddToken(token)) if token else ch

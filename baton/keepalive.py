@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import grpc
 
+from baton import tls as _tls
 from baton.internal_auth import TOKEN_METADATA, token_from_env
 from baton.v1 import coordinator_pb2 as pb
 from baton.v1 import coordinator_pb2_grpc as pb_grpc
@@ -45,6 +46,8 @@ class KeepAliveThread:
         addresses: the coordinator replicas (``host:port``).
         first: the replica to try first (an index into ``addresses``).
         token: the internal token (``None``: ``BATON_INTERNAL_TOKEN``; ``""``: none).
+        tls: the internal links' TLS (``None``: ``BATON_TLS_*``, read here, on the caller's
+            thread, so that an unusable file is the caller's error).
         probe_address: returns the address sent with each refresh (read at each send).
         on_lost: called once, from this thread, with why the lease is gone (the lease
             expired, or no refresh was answered for a whole TTL). Never called after
@@ -53,14 +56,16 @@ class KeepAliveThread:
     """
 
     def __init__(self, session_id: int, ttl: float, addresses: Sequence[str], *, first: int = 0,
-                 token: str | None = None, probe_address: Callable[[], str] = lambda: "",
-                 on_lost: Callable[[str], None], options: Sequence[tuple[str, Any]] = ()) -> None:
+                 token: str | None = None, tls: _tls.GrpcTls | None = None,
+                 probe_address: Callable[[], str] = lambda: "", on_lost: Callable[[str], None],
+                 options: Sequence[tuple[str, Any]] = ()) -> None:
         self.session_id = session_id
         self.ttl = ttl
         self._addresses = list(addresses)
         self._replica = first
         token = token_from_env() if token is None else token
         self._metadata = [(TOKEN_METADATA, token)] if token else []
+        self._tls = _tls.from_env() if tls is None else tls
         self._probe = probe_address
         self._on_lost = on_lost
         self._options = list(options)
@@ -99,7 +104,7 @@ class KeepAliveThread:
                 replica = self._replica % len(self._addresses)
                 ch = channels.get(replica)
                 if ch is None:
-                    ch = channels[replica] = grpc.insecure_channel(self._addresses[replica], options=self._options)
+                    ch = channels[replica] = _tls.sync_channel(self._addresses[replica], self._options, self._tls)
                 try:
                     self._stream(pb_grpc.CoordinatorStub(ch), interval)
                     return  # stopped, or the lease is gone (reported)

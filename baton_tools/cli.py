@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from baton.internal_auth import sync_channel
+from baton.tls import TlsConfigError
 from baton.runs import status_name
 from baton_tools import host_commands
 from baton_tools.cli_support import (_coordinator, _fail, _gateway_url, _http, _info, _internal_token, _unreachable, _when,
@@ -461,7 +462,10 @@ def main() -> None:
     """Console entry point (``python -m baton_tools.cli``)."""
     # gRPC honours proxy variables even for loopback; the CLI only dials what it is told.
     os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
-    app()
+    try:
+        app()
+    except TlsConfigError as exc:  # a BATON_TLS_* file unusable: the variable, no traceback
+        raise SystemExit(f"error: {exc}") from None
 
 
 if __name__ == "__main__":

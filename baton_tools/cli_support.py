@@ -6,7 +6,9 @@ Its own module so that the command modules (:mod:`baton_tools.cli`,
 """
 from __future__ import annotations
 
+import os
 import pathlib
+import ssl
 from datetime import datetime, timezone
 
 import httpx
@@ -69,7 +71,10 @@ def _unreachable(what: str, address: str, detail: str, data_dir: pathlib.Path, g
 
 def _http(api_key: str | None, timeout: float | None = 10.0) -> httpx.Client:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    return httpx.Client(trust_env=False, timeout=timeout, headers=headers)
+    # No proxy variables (trust_env), but an HTTPS gateway's CA may be named the usual way.
+    ca = os.environ.get("SSL_CERT_FILE")
+    verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca) if ca else True
+    return httpx.Client(trust_env=False, timeout=timeout, headers=headers, verify=verify)
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:

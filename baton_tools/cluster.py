@@ -30,12 +30,13 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from baton import tls
 from baton_tools.testing.replicated import EtcdCluster, NatsCluster
 from baton_tools.testing.servers import EtcdServer, NatsServer, env_without_proxy, free_port
 
@@ -138,9 +139,10 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
-def grpc_serving(address: str, timeout: float = 1.0) -> bool:
-    """Whether ``grpc.health.v1.Health/Check`` (service ``""``) answers SERVING at ``address``."""
-    with grpc.insecure_channel(address, options=GRPC_OPTIONS) as ch:
+def grpc_serving(address: str, timeout: float = 1.0, env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``grpc.health.v1.Health/Check`` (service ``""``) answers SERVING at ``address``
+    (over TLS when ``env``, default ``os.environ``, sets ``BATON_TLS_*``: :mod:`baton.tls`)."""
+    with tls.sync_channel(address, GRPC_OPTIONS, tls.from_env(env)) as ch:
         try:
             resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
         except grpc.RpcError:
@@ -149,9 +151,10 @@ def grpc_serving(address: str, timeout: float = 1.0) -> bool:
 
 
 def http_ok(url: str, timeout: float = 1.0) -> bool:
-    """Whether ``GET url`` answers 2xx."""
+    """Whether ``GET url`` answers 2xx (an ``https://`` server's certificate is not checked:
+    a probe of a process it can reach, as kubelet's HTTPS probes)."""
     try:
-        with httpx.Client(trust_env=False, timeout=timeout) as c:
+        with httpx.Client(trust_env=False, timeout=timeout, verify=False) as c:
             return c.get(url).is_success
     except httpx.HTTPError:
         return False
@@ -409,7 +412,7 @@ class LocalCluster:
             **common, "BATON_ETCD_ENDPOINTS": etcd_endpoints, "BATON_COORDINATOR_LISTEN": coord_addr,
             "BATON_COORDINATOR_METRICS_LISTEN": f"127.0.0.1:{ports['coordinator-metrics']}",
         })
-        self._wait("coordinator", lambda: grpc_serving(coord_addr))
+        self._wait("coordinator", lambda: grpc_serving(coord_addr, env=self.base_env))
 
         hosts: list[tuple[str, str]] = []
         for i in range(1, self.n_hosts + 1):
@@ -421,10 +424,10 @@ class LocalCluster:
             })
             hosts.append((name, addr))
         for name, addr in hosts:
-            self._wait(name, lambda a=addr: grpc_serving(a))  # type: ignore[misc]
+            self._wait(name, lambda a=addr: grpc_serving(a, env=self.base_env))  # type: ignore[misc]
 
         gw_addr = f"127.0.0.1:{ports['gateway']}"
-        url = f"http://{gw_addr}"
+        url = f"{'https' if self.base_env.get('BATON_GATEWAY_TLS_CERT') else 'http'}://{gw_addr}"
         self.on_step("gateway")
         self._spawn("gateway", "gateway", {**common, "BATON_GATEWAY_LISTEN": gw_addr,
                                            "BATON_GATEWAY_GRPC_LISTEN": f"127.0.0.1:{ports['gateway-grpc']}",

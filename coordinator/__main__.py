@@ -41,7 +41,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         loop = baton_config.event_loop()
     except ValueError as exc:
         sys.exit(str(exc))
-    credentials.exit_if_unsafe("coordinator", listens={"BATON_COORDINATOR_LISTEN": parse_args(argv).listen},
+    try:
+        listen = parse_args(argv).listen  # TLS files read and checked here: a bad one names its variable
+    except ValueError as exc:
+        credentials.refuse("coordinator", exc)
+    credentials.exit_if_unsafe("coordinator", listens={"BATON_COORDINATOR_LISTEN": listen},
                                auth_var="BATON_INTERNAL_TOKEN")
     tracing = telemetry.configure_tracing("coordinator")
     try:

@@ -7,7 +7,8 @@ import socket
 from dataclasses import dataclass, field, fields, replace
 from typing import Mapping, Sequence
 
-from baton import config
+from baton import config, tls as _tls
+from coordinator._etcd_auth import EtcdSecurity
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class CoordinatorConfig:
             the lease TTL only.
         metrics_listen: ``host:port`` of the Prometheus metrics listener (port 0: any free
             port); empty (the default here; ``BATON_COORDINATOR_METRICS_LISTEN`` has a port): none.
+        tls: TLS of the gRPC listener (``BATON_TLS_*``; :mod:`baton.tls`); default plaintext.
+        etcd_security: TLS and credentials towards etcd (``BATON_ETCD_CA``...,
+            coordinator/_etcd_auth.py); default plaintext, none.
     """
 
     listen: str = "0.0.0.0:7100"
@@ -54,13 +58,16 @@ class CoordinatorConfig:
     internal_token: str = field(default="", repr=False)
     fast_failover: bool = True
     metrics_listen: str = ""
+    tls: _tls.GrpcTls = _tls.PLAINTEXT
+    etcd_security: EtcdSecurity = field(default_factory=EtcdSecurity)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "CoordinatorConfig":
         """Read ``BATON_*`` settings (defaults from :data:`baton.config.SETTINGS`).
 
         Raises:
-            ValueError: naming the variable when a number does not parse.
+            ValueError: naming the variable when a number does not parse or a TLS file is
+                unusable (:class:`baton.tls.TlsConfigError`).
         """
         def g(n: str) -> str:
             return config.get(n, env)
@@ -68,9 +75,10 @@ class CoordinatorConfig:
         def f(n: str) -> float:
             return config.get_float(n, env)
 
+        endpoints = tuple(x.strip() for x in g("BATON_ETCD_ENDPOINTS").split(",") if x.strip())
         return cls(
             listen=g("BATON_COORDINATOR_LISTEN"),
-            etcd_endpoints=tuple(x.strip() for x in g("BATON_ETCD_ENDPOINTS").split(",") if x.strip()),
+            etcd_endpoints=endpoints,
             prefix=g("BATON_ETCD_PREFIX"),
             replica_id=g("BATON_COORDINATOR_ID") or f"{socket.gethostname()}-{os.getpid()}",
             etcd_timeout=f("BATON_ETCD_TIMEOUT"),
@@ -86,6 +94,8 @@ class CoordinatorConfig:
             internal_token=g("BATON_INTERNAL_TOKEN"),
             fast_failover=_flag(g("BATON_FAST_FAILOVER"), "BATON_FAST_FAILOVER"),
             metrics_listen=g("BATON_COORDINATOR_METRICS_LISTEN"),
+            tls=_tls.from_env(env),
+            etcd_security=EtcdSecurity.from_env(env),
         )
 
     def with_overrides(self, **overrides: object) -> "CoordinatorConfig":

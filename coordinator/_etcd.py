@@ -16,6 +16,7 @@ however many records etcd holds.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ipaddress
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Sequence, TypeAlias
@@ -24,6 +25,7 @@ import grpc
 from aetcd import rpc
 
 from baton.errors import StoreRefused, StoreUnavailable
+from coordinator._etcd_auth import EtcdSecurity
 
 # Reconnect quickly after an etcd restart: gRPC's default backoff grows to 120 s.
 _CHANNEL_OPTIONS = (
@@ -90,7 +92,7 @@ def _settled(pending: set[asyncio.Future[Any]]) -> Any:
 
 def _target(endpoints: Sequence[str]) -> str:
     """A gRPC target for etcd endpoints (``ipv4:`` list when every one is an IPv4 literal)."""
-    eps = [e.strip().removeprefix("http://") for e in endpoints if e.strip()]
+    eps = [e.strip().removeprefix("http://").removeprefix("https://") for e in endpoints if e.strip()]
     if len(eps) > 1:
         try:
             for ep in eps:
@@ -168,15 +170,28 @@ class TxnResult:
 class Etcd:
     """A connection to etcd. Methods take ``timeout`` in seconds (the caller's budget).
 
+    Args:
+        endpoints: etcd client endpoints (``host:port``; ``https://`` turns TLS on).
+        page_size: keys per range response (:meth:`range_pages`).
+        security: TLS and credentials (:class:`EtcdSecurity`); default: plaintext, none.
+
     Raises (every method):
         StoreUnavailable: etcd unreachable, or the deadline passed.
     """
 
-    def __init__(self, endpoints: Sequence[str], *, page_size: int = PAGE_SIZE) -> None:
+    def __init__(self, endpoints: Sequence[str], *, page_size: int = PAGE_SIZE,
+                 security: EtcdSecurity | None = None) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.page_size = page_size
-        self._channel = grpc.aio.insecure_channel(_target(endpoints), options=_CHANNEL_OPTIONS)
+        target = _target(endpoints)
+        # An ipv4: list names no one host: the members' certificates are checked against the
+        # first endpoint's (docs/deploy.md "TLS").
+        name = target.removeprefix("ipv4:").split(",")[0].rsplit(":", 1)[0] if target.startswith("ipv4:") else ""
+        security = security or EtcdSecurity()
+        if any(e.strip().startswith("https://") for e in endpoints):
+            security = dataclasses.replace(security, tls=True)
+        self._channel = security.channel(target, _CHANNEL_OPTIONS, name)
         self._kv = rpc.KVStub(self._channel)
         self._lease = rpc.LeaseStub(self._channel)
         self._watch = rpc.WatchStub(self._channel)

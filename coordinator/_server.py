@@ -10,8 +10,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from baton import telemetry, tls
 from baton.grpc_decode import DecodeCheck
-from baton import telemetry
 from baton.aio import watch_loop_lag
 from baton.errors import StoreUnavailable
 from baton.internal_auth import server_interceptors
@@ -35,7 +35,8 @@ SERVICE_NAME = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_n
 
 def build_store(config: CoordinatorConfig, clock: Callable[[], float] = time.time) -> RunStore:
     """The etcd connection and store for ``config`` (no I/O until first used)."""
-    return RunStore(Etcd(config.etcd_endpoints, page_size=config.etcd_page_size), config.prefix, clock, config.record_cache_size)
+    etcd = Etcd(config.etcd_endpoints, page_size=config.etcd_page_size, security=config.etcd_security)
+    return RunStore(etcd, config.prefix, clock, config.record_cache_size)
 
 
 class CoordinatorServer:
@@ -72,6 +73,7 @@ class CoordinatorServer:
         self._health_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self._shutdown_started = False
+        self._etcd_error = ""
         self.port = 0
 
     @property
@@ -95,7 +97,7 @@ class CoordinatorServer:
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
              reflection.SERVICE_NAME), server)
-        self.port = server.add_insecure_port(cfg.listen)
+        self.port = tls.add_port(server, cfg.listen, cfg.tls)
         if self.port == 0:
             raise OSError(f"cannot bind {cfg.listen}")
         await server.start()
@@ -121,7 +123,10 @@ class CoordinatorServer:
         try:
             await self.etcd.range(self.store.keys.runs, timeout=self.config.etcd_timeout)
             return True
-        except StoreUnavailable:
+        except StoreUnavailable as exc:
+            if str(exc) != self._etcd_error:  # each new reason once (a refused password, TLS...)
+                self._etcd_error = str(exc)
+                log.warning("etcd does not answer: %s", exc)
             return False
 
     async def _set_health(self, status: "health_pb2.HealthCheckResponse.ServingStatus.ValueType") -> None:

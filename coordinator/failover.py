@@ -71,7 +71,7 @@ class HostPool:
     def stub(self, address: str) -> sandbox_host_pb2_grpc.SandboxHostStub:
         ch = self._channels.get(address)
         if ch is None:
-            ch = self._channels[address] = internal_auth.insecure_channel(address, _GRPC_OPTIONS)
+            ch = self._channels[address] = internal_auth.channel(address, _GRPC_OPTIONS)
         return sandbox_host_pb2_grpc.SandboxHostStub(ch)
 
     async def close(self) -> None:

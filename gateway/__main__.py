@@ -14,12 +14,13 @@ import signal
 import socket
 import sys
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
 from baton import config, credentials, telemetry
 from gateway._connection import uvicorn_options
-from gateway._settings import GatewaySettings
+from gateway._settings import PUBLIC_CERT, PUBLIC_KEY, GatewaySettings
 from gateway.app import create_app
 
 
@@ -68,6 +69,14 @@ class _Server(uvicorn.Server):
             self._loop.call_soon_threadsafe(self._serving.cancel)
 
 
+def _https(settings: GatewaySettings) -> dict[str, Any]:
+    """uvicorn's ``ssl_certfile``/``ssl_keyfile`` from ``BATON_GATEWAY_TLS_CERT``/``_KEY``
+    (checked by :meth:`GatewaySettings.from_env`); none without them."""
+    if not settings.public_tls.enabled:
+        return {}
+    return {"ssl_certfile": config.get(PUBLIC_CERT), "ssl_keyfile": config.get(PUBLIC_KEY)}
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse flags (defaults from the environment) and serve until SIGTERM/SIGINT."""
     parser = argparse.ArgumentParser(prog="python -m gateway", description=__doc__.splitlines()[0])
@@ -86,7 +95,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(str(exc))
     tracing = telemetry.configure_tracing("gateway")
     host, _, port = args.listen.rpartition(":")
-    settings = GatewaySettings.from_env()
+    try:
+        settings = GatewaySettings.from_env()  # TLS files read and checked: a bad one names its variable
+        credentials.check_files(nats=True)
+    except ValueError as exc:
+        credentials.refuse("gateway", exc)
     credentials.exit_if_unsafe("gateway", auth_var="BATON_API_KEYS", listens={
         "BATON_GATEWAY_LISTEN": args.listen, "BATON_GATEWAY_GRPC_LISTEN": settings.grpc_listen})
     if not settings.probe_address:
@@ -109,6 +122,8 @@ def main(argv: list[str] | None = None) -> None:
         loop=loop,
         # Head and body timeouts, per-client connection cap (BATON_HTTP_*).
         **uvicorn_options(settings.connections),
+        # HTTPS when the public certificate is set (the gRPC port then serves TLS too).
+        **_https(settings),
     ))
     try:
         server.run()

@@ -24,6 +24,7 @@ from grpc_reflection.v1alpha import reflection
 from baton import errors as e, strict_json
 from baton.grpc_decode import DecodeCheck
 from baton.ids import validate_id
+from baton.tls import PLAINTEXT, GrpcTls, add_port
 from baton.v1 import runs_pb2, runs_service_pb2 as pb
 from gateway import _grpc_wire
 from gateway._auth import one_authorization, tenant_of_header
@@ -291,12 +292,14 @@ class RunsServer:
 
     Lifecycle: ``await start()`` (binds; raises ``OSError`` when it cannot), ``await stop()``
     (idempotent: NOT_SERVING, then open streams end within ``grace`` seconds, so readers
-    unregister their presence and their runs detach rather than stop).
+    unregister their presence and their runs detach rather than stop). With ``tls``
+    enabled the port serves TLS (no client certificates: API keys tell callers apart).
     """
 
-    def __init__(self, service: RunService, listen: str) -> None:
+    def __init__(self, service: RunService, listen: str, tls: GrpcTls = PLAINTEXT) -> None:
         self._service = service
         self._listen = listen
+        self._tls = tls
         self._health = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc_health stubs lack .aio
         self._server: grpc.aio.Server | None = None
         self.port = 0
@@ -309,7 +312,7 @@ class RunsServer:
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             server)
-        self.port = server.add_insecure_port(self._listen)
+        self.port = add_port(server, self._listen, self._tls, "BATON_GATEWAY_TLS_CERT")
         if self.port == 0:
             raise OSError(f"cannot bind {self._listen}")
         await server.start()

@@ -15,6 +15,7 @@ import grpc
 from baton import errors as e
 from baton import internal_auth, placement
 from baton.grpc_errors import from_rpc_error
+from baton.tls import GrpcTls
 from baton.v1 import coordinator_pb2, sandbox_host_pb2_grpc
 
 log = logging.getLogger("gateway.hosts")
@@ -41,11 +42,13 @@ class HostPool:
     Args:
         coordinator: a ``CoordinatorClient`` (for ``list_hosts``).
         token: the cluster's internal token sent to hosts (``None``: ``BATON_INTERNAL_TOKEN``).
+        tls: the internal links' TLS (``None``: ``BATON_TLS_*``).
     """
 
-    def __init__(self, coordinator: Any, token: str | None = None) -> None:
+    def __init__(self, coordinator: Any, token: str | None = None, tls: GrpcTls | None = None) -> None:
         self._coordinator = coordinator
         self._token = token
+        self._tls = tls
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, sandbox_host_pb2_grpc.SandboxHostStub] = {}
         # Runs this gateway handed to each host: breaks ties between hosts whose published
@@ -59,7 +62,7 @@ class HostPool:
         """The cached stub for a host address (``host:port``)."""
         s = self._stubs.get(address)
         if s is None:
-            ch = internal_auth.insecure_channel(address, _CHANNEL_OPTIONS, self._token)
+            ch = internal_auth.channel(address, _CHANNEL_OPTIONS, self._token, self._tls)
             self._channels[address] = ch
             s = self._stubs[address] = sandbox_host_pb2_grpc.SandboxHostStub(ch)
         return s

@@ -7,7 +7,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from baton import config
+from baton import config, tls
 from baton.workspace_spec import workspace_dirs
 from gateway._connection import ConnectionLimits
 
@@ -82,6 +82,10 @@ class GatewaySettings:
         connections: the HTTP port's head and body timeouts and per-client connection cap
             (``BATON_HTTP_*``, gateway/_connection.py); applied where uvicorn is configured
             (``python -m gateway``), not by :func:`gateway.create_app`.
+        internal_tls: TLS of the calls to the coordinator and the hosts (``BATON_TLS_*``,
+            :mod:`baton.tls`); default plaintext.
+        public_tls: TLS of the public gRPC port (``BATON_GATEWAY_TLS_CERT``/``_KEY``; the
+            HTTP port's is uvicorn's, configured by ``python -m gateway``); default plaintext.
     """
 
     coordinator: tuple[str, ...] = ("127.0.0.1:7100",)
@@ -106,6 +110,8 @@ class GatewaySettings:
     probe_address: str = ""
     admission: Any = None
     connections: ConnectionLimits = field(default_factory=ConnectionLimits)
+    internal_tls: tls.GrpcTls = tls.PLAINTEXT
+    public_tls: tls.GrpcTls = tls.PLAINTEXT
 
     def __post_init__(self) -> None:
         if self.admission is None:
@@ -118,7 +124,8 @@ class GatewaySettings:
         """Read every gateway setting from ``env`` (default: ``os.environ``).
 
         Raises:
-            ValueError: naming the variable when a value is malformed.
+            ValueError: naming the variable when a value is malformed or a TLS file is
+                unusable (:class:`baton.tls.TlsConfigError`).
         """
         env = os.environ if env is None else env
         raw_dirs = config.get("BATON_REPLAY_DIRS", env)
@@ -142,11 +149,27 @@ class GatewaySettings:
             probe_address=config.get("BATON_GATEWAY_ADVERTISE", env),
             admission=_admission_limits(env),
             connections=_connection_limits(env),
+            internal_tls=tls.from_env(env),
+            public_tls=public_tls(env),
         )
 
     @property
     def auth_enabled(self) -> bool:
         return bool(self.api_keys)
+
+
+PUBLIC_CERT, PUBLIC_KEY = "BATON_GATEWAY_TLS_CERT", "BATON_GATEWAY_TLS_KEY"
+
+
+def public_tls(env: Mapping[str, str]) -> tls.GrpcTls:
+    """The public ports' certificate (``BATON_GATEWAY_TLS_CERT``/``_KEY``): TLS without client
+    certificates (callers are told apart by their API keys); plaintext when unset.
+
+    Raises:
+        baton.tls.TlsConfigError: one without the other, a file unusable, or not a pair.
+    """
+    cert, key = tls.read_pair(PUBLIC_CERT, PUBLIC_KEY, env)
+    return tls.GrpcTls(True, cert, key) if cert else tls.PLAINTEXT
 
 
 def _admission_limits(env: Mapping[str, str]) -> Any:

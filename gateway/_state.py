@@ -46,7 +46,7 @@ class GatewayState:
         #: The thread workspace store (``baton.workspaces.WorkspaceStore``): forks, deletes.
         self.workspaces: Any = None
         self.metrics = metrics
-        self.hosts = HostPool(coordinator, settings.internal_token)
+        self.hosts = HostPool(coordinator, settings.internal_token, settings.internal_tls)
         from gateway._admission import Admission
 
         #: Starts in flight and waiting at this gateway (gateway/_admission.py).

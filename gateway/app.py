@@ -95,7 +95,8 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
         from baton.workspaces import WorkspaceConfig, WorkspaceStore
 
         cfg = settings.log_config or LogConfig.from_env()
-        async with CoordinatorClient(list(settings.coordinator), token=settings.internal_token) as cc:
+        async with CoordinatorClient(list(settings.coordinator), token=settings.internal_token,
+                                     tls=settings.internal_tls) as cc:
             dl = await DeliveryLog.connect(settings.nats_url, cfg)
             try:
                 from baton.log import provision_with_patience
@@ -122,7 +123,7 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
                         # The gRPC twin of the HTTP API, on its own port, sharing this state.
                         from gateway._grpc import RunsServer
 
-                        grpc_server = RunsServer(runs, settings.grpc_listen)
+                        grpc_server = RunsServer(runs, settings.grpc_listen, settings.public_tls)
                         await grpc_server.start()
                         state.grpc_port = grpc_server.port
                     yield

@@ -23,7 +23,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from baton import config, credentials, internal_auth, telemetry
+from baton import config, credentials, internal_auth, telemetry, tls
 from baton.grpc_decode import DecodeCheck
 from baton.aio import watch_loop_lag
 from baton.errors import BatonError
@@ -96,7 +96,7 @@ async def hand_over(cc: Any, run_ids: Sequence[str], self_id: str, lost_at: floa
             placed[host_id] = placed.get(host_id, 0) + 1
             ch = channels.get(host_id)
             if ch is None:
-                ch = channels[host_id] = internal_auth.insecure_channel(address[host_id], _GRPC_OPTIONS)
+                ch = channels[host_id] = internal_auth.channel(address[host_id], _GRPC_OPTIONS)
             try:
                 await hgrpc.SandboxHostStub(ch).AttachRun(hpb.AttachRunRequest(
                     run_id=run_id, lost_at=lost_at, loss_cause="drain"), timeout=5.0)
@@ -210,7 +210,7 @@ class Host:
                 reflection.enable_server_reflection(
                     (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                      reflection.SERVICE_NAME), server)
-                port = server.add_insecure_port(self.listen)
+                port = tls.add_port(server, self.listen, tls.from_env())
                 if port == 0:
                     raise RuntimeError(f"cannot listen on {self.listen}")
                 await server.start()
@@ -373,6 +373,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                                auth_var="BATON_INTERNAL_TOKEN")
     try:
         HostSettings.from_env()  # the tenants' credentials (BATON_TENANT_SECRETS_DIR) read and checked
+        credentials.check_files(nats=True)  # BATON_TLS_*, BATON_NATS_*: a bad file names its variable
     except ValueError as exc:
         credentials.refuse("sandbox host", exc)
     tracing = telemetry.configure_tracing("sandbox-host")

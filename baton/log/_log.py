@@ -20,6 +20,7 @@ from baton.log._api import (
 )
 from baton.log._config import LogConfig
 from baton.log._consumer import OrderedConsumer
+from baton.log._nats_auth import connect_options
 from baton.log._reader import LogReader, parse_offset
 from baton.log._transcripts import TranscriptStore
 from baton.log._writer import LogWriter, WriteObserver
@@ -102,7 +103,11 @@ class DeliveryLog:
             nats_url: server URL(s) (``nats://host:port``, comma-separated allowed).
             cfg: names and limits; ``LogConfig.from_env()`` when omitted.
             options: passed to ``nats.connect`` (defaults: reconnect forever every 0.2 s, ping
-                every 5 s, a server that leaves more than 2 unanswered is left).
+                every 5 s, a server that leaves more than 2 unanswered is left; TLS, a .creds
+                file or an nkey seed from ``BATON_NATS_*``: :mod:`baton.log._nats_auth`).
+
+        Raises:
+            baton.tls.TlsConfigError: a ``BATON_NATS_*`` file is missing or unusable.
         """
         servers = nats_url.split(",") if isinstance(nats_url, str) else nats_url
         options.setdefault("max_reconnect_attempts", -1)
@@ -114,6 +119,8 @@ class DeliveryLog:
         # Then the client moves to another server of the list (docs/deploy.md).
         options.setdefault("ping_interval", 5)
         options.setdefault("max_outstanding_pings", 2)
+        for name, value in connect_options().items():
+            options.setdefault(name, value)
         events = _ConnectionEvents()
         options.setdefault("error_cb", events.error)
         options.setdefault("disconnected_cb", events.disconnected)

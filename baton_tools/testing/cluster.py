@@ -20,6 +20,7 @@ from typing import Any, Awaitable, Protocol, Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from baton.tls import PLAINTEXT, GrpcTls, aio_channel, from_env as tls_from_env
 from baton_tools.testing.servers import env_without_proxy, free_port
 
 # CoordinatorConfig field → environment variable.
@@ -45,11 +46,12 @@ class CoordinatorHandle(Protocol):
     async def restart(self) -> None: ...
 
 
-async def wait_serving(address: str, timeout: float = 30.0, alive: Any = None) -> None:
+async def wait_serving(address: str, timeout: float = 30.0, alive: Any = None, tls: GrpcTls = PLAINTEXT) -> None:
     """Poll the gRPC health service at ``address`` until it reports SERVING.
 
     Args:
         alive: optional callable returning ``False`` when the server process died.
+        tls: how to dial it (:mod:`baton.tls`; the server's ``BATON_TLS_*`` settings).
 
     Raises:
         TimeoutError: not serving within ``timeout`` seconds.
@@ -61,7 +63,7 @@ async def wait_serving(address: str, timeout: float = 30.0, alive: Any = None) -
     # every Check in between fails at once: a start seen up to seconds after it was ready.
     options = (("grpc.enable_http_proxy", 0), ("grpc.initial_reconnect_backoff_ms", 50),
                ("grpc.min_reconnect_backoff_ms", 50), ("grpc.max_reconnect_backoff_ms", 100))
-    async with grpc.aio.insecure_channel(address, options=options) as ch:
+    async with aio_channel(address, options, tls) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         while True:
             if alive is not None and not alive():
@@ -101,7 +103,7 @@ class CoordinatorProcess:
             return
         proc = self._spawn()
         try:
-            await wait_serving(self.address, timeout, alive=lambda: proc.poll() is None)
+            await wait_serving(self.address, timeout, alive=lambda: proc.poll() is None, tls=tls_from_env(self.env))
         except (RuntimeError, TimeoutError) as exc:
             tail = self.log_path.read_text(errors="replace")[-3000:]
             await self.kill()
@@ -319,7 +321,7 @@ class HostProcess(_ServiceProcess):
             return
         proc = self._spawn()
         try:
-            await wait_serving(self.address, timeout, alive=lambda: proc.poll() is None)
+            await wait_serving(self.address, timeout, alive=lambda: proc.poll() is None, tls=tls_from_env(self.env))
         except (RuntimeError, TimeoutError) as exc:
             tail = self.log_path.read_text(errors="replace")[-3000:]
             await self.kill()
@@ -413,7 +415,7 @@ class GatewayProcess(_ServiceProcess):
     """A gateway subprocess (``python -m gateway``). ``log_path`` holds its output.
 
     Attributes:
-        url: ``http://127.0.0.1:<port>``.
+        url: ``http://127.0.0.1:<port>`` (``https://`` with ``BATON_GATEWAY_TLS_CERT``).
         port: its HTTP port.
         pid: the process id (``None`` before :meth:`start`).
     """
@@ -422,7 +424,7 @@ class GatewayProcess(_ServiceProcess):
 
     def __init__(self, env: dict[str, str], port: int, log_path: pathlib.Path) -> None:
         super().__init__(env, port, log_path)
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"{'https' if env.get('BATON_GATEWAY_TLS_CERT') else 'http'}://127.0.0.1:{port}"
 
     async def start(self, timeout: float = 30.0) -> None:
         """Start (or restart, same port); returns once ``/readyz`` answers 200 (it holds its
@@ -433,7 +435,8 @@ class GatewayProcess(_ServiceProcess):
             return
         proc = self._spawn()
         deadline = time.monotonic() + timeout
-        async with httpx.AsyncClient(trust_env=False, timeout=1.0) as http:
+        # An HTTPS gateway's certificate is the test's to check: this only waits for it.
+        async with httpx.AsyncClient(trust_env=False, timeout=1.0, verify=False) as http:
             while True:
                 if not self.alive:
                     tail = self.log_path.read_text(errors="replace")[-3000:]

@@ -177,7 +177,7 @@ class _ServiceMonitor(pydantic.BaseModel):
 
 @pytest.fixture(scope="module")
 def with_components(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """An overlay of the base with both components, as a user writes it, rendered."""
+    """An overlay of the base with every component, as a user writes it, rendered."""
     exe = shutil.which("kubectl")
     require(exe is not None, "kubectl not installed (apt-get install kubernetes-client)")
     assert exe is not None
@@ -185,7 +185,8 @@ def with_components(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, 
     base = pathlib.Path(shutil.copytree(K8S, overlay / "k8s"))
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": ["k8s"], "components": ["k8s/components/monitoring", "k8s/components/autoscaling"],
+        "resources": ["k8s"], "components": ["k8s/components/monitoring", "k8s/components/autoscaling",
+                                                "k8s/components/tls"],
         "images": [{"name": "baton", "newName": "registry.example.com/team/baton", "newTag": "1.2.3"}]}))
     out = subprocess.run([exe, "kustomize", str(overlay)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -217,6 +218,36 @@ def test_the_components_render_into_valid_objects(with_components: list[dict[str
     for d in with_components:
         if d["kind"] == "Deployment":
             assert container(d)["image"] == "registry.example.com/team/baton:1.2.3"
+
+
+def test_the_tls_component_gives_every_pod_its_certificate(with_components: list[dict[str, Any]]) -> None:
+    """Mutual TLS between the pods: the Secret's files mounted where the settings point, and
+    the gRPC probes (kubelet's cannot speak TLS) replaced by `baton health grpc`."""
+    from baton import config
+
+    for d in with_components:
+        if d["kind"] != "Deployment":
+            continue
+        c, spec = container(d), d["spec"]["template"]["spec"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert {n for n in env if n.startswith("BATON_TLS_")} <= {s.env for s in config.SETTINGS}
+        assert env["BATON_TLS_CLIENT_AUTH"] == "1" and env["BATON_TLS_SERVER_NAME"] == "baton-internal"
+        (mount,) = [m for m in c["volumeMounts"] if m["name"] == "baton-tls"]
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "baton-tls"]
+        assert volume["secret"]["secretName"] == "baton-tls" and mount["readOnly"]
+        for var, key in (("BATON_TLS_CERT", "tls.crt"), ("BATON_TLS_KEY", "tls.key"), ("BATON_TLS_CA", "ca.crt")):
+            assert env[var] == f"{mount['mountPath']}/{key}"
+        probes = [c["readinessProbe"], c["livenessProbe"]]
+        if d["metadata"]["name"] == "baton-gateway":
+            assert all("httpGet" in p for p in probes)  # its public ports are not the internal TLS
+            continue
+        port = named_port(c, "grpc")
+        for probe in probes:
+            assert "grpc" not in probe and probe["exec"]["command"] == ["baton", "health", "grpc", f"127.0.0.1:{port}"]
+
+
+def named_port(c: dict[str, Any], name: str) -> int:
+    return int(next(p["containerPort"] for p in c["ports"] if p["name"] == name))
 
 
 def test_the_servicemonitor_model_refuses_a_misspelled_field() -> None:
