@@ -243,13 +243,14 @@ def cancel_request(run_id: str | None, thread_id: str | None, *, wait: bool, tim
 
 
 def list_replay_journals(dirs: Sequence[pathlib.Path]) -> list[pathlib.Path]:
-    """Journal files in the replay directories (one level of subdirectories), sorted.
+    """Journal files in the replay directories (one level of subdirectories), sorted, each
+    once (directories that overlap, or links to one file, list it once).
 
     Only files that resolve inside ``dirs`` are listed (a symlink out of them is not a
     journal we may read), as :func:`baton.agents.resolve_replay_journal` would accept them.
     """
     roots = [str(d.resolve()) for d in dirs]
-    found: list[pathlib.Path] = []
+    found: dict[pathlib.Path, None] = {}  # each file once, however many dirs or links reach it
     for d in dirs:
         if not d.is_dir():
             continue
@@ -257,8 +258,8 @@ def list_replay_journals(dirs: Sequence[pathlib.Path]) -> list[pathlib.Path]:
             for f in sorted(d.glob(pattern)):
                 real = f.resolve()
                 if f.name.endswith(JOURNAL_SUFFIXES) and real.is_file() and is_inside(str(real), roots):
-                    found.append(real)
-    return found
+                    found.setdefault(real)
+    return list(found)
 
 
 def check_agent(agent: Any, dirs: Sequence[pathlib.Path], default_kind: str) -> AgentChoice:
@@ -296,6 +297,8 @@ def agent_list(dirs: Sequence[pathlib.Path]) -> list[dict[str, str]]:
         if fmt is None:
             continue  # not a journal format the replay agent plays (e.g. recorded AG-UI streams)
         rel = next((str(path.relative_to(d.resolve())) for d in dirs if path.is_relative_to(d.resolve())), path.name)
+        if any(i["journal"] == rel for i in items):
+            continue  # the same journal shipped in two corpus directories: the first one's plays
         items.append({"kind": "replay", "journal": rel, "format": fmt, "name": f"replay: {rel}"})
     items += [{"kind": k, "name": k} for k in AGENT_KINDS if k != "replay"]
     return items

@@ -169,3 +169,17 @@ def test_contract_from_the_http_body_to_argv_and_env(tmp_path: pathlib.Path) -> 
     with pytest.raises(InvalidArgument) as ei:
         _http_body_to_launch({"kind": "claude-code", "maxTurnz": 3}, tmp_path)
     assert "maxTurnz" in f"{ei.value.field} {ei.value.problem}"
+
+
+def test_the_agent_list_names_each_journal_once(tmp_path: pathlib.Path) -> None:
+    # The same journal shipped in two corpus directories, and reached again through a link.
+    from gateway._service._requests import agent_list
+
+    journal = CORPUS / "claude-stream-json" / "partial-messages-bash-exit-128.jsonl"
+    for name in ("a", "b"):
+        (tmp_path / name / "claude-stream-json").mkdir(parents=True)
+        (tmp_path / name / "claude-stream-json" / journal.name).write_bytes(journal.read_bytes())
+    (tmp_path / "c").symlink_to(tmp_path / "a")
+    dirs = [tmp_path / "a", tmp_path / "b", tmp_path / "c"]
+    replays = [a["journal"] for a in agent_list(dirs) if a["kind"] == "replay"]
+    assert replays == [f"claude-stream-json/{journal.name}"]
