@@ -100,9 +100,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("BATON_COORDINATOR_ID", "", "coordinator replica id in the leader election (default: hostname-pid)"),
     Setting("BATON_ETCD_TIMEOUT", "5", "seconds one coordinator RPC may spend on etcd when the caller sets no deadline"),
     Setting("BATON_ELECTION_TTL", "2", "seconds of a coordinator replica's leader-election lease"),
-    Setting("BATON_COORDINATOR_METRICS_LISTEN", "0.0.0.0:9101", "coordinator: Prometheus metrics listener (host:port; port 0 = any free port, logged; empty = off). No key asked: keep it on the cluster network"),
-    Setting("BATON_HOST_METRICS_LISTEN", "0.0.0.0:9102", "sandbox host: Prometheus metrics listener (host:port; port 0 = any free port, logged; empty = off). No key asked: keep it on the cluster network"),
-    Setting("BATON_GATEWAY_METRICS_LISTEN", "0.0.0.0:9103", "gateway: Prometheus metrics listener (host:port; port 0 = any free port, logged; empty = off). No key asked: keep it off the public network. The public port's /metrics then answers only without BATON_API_KEYS or with the internal token"),
+    Setting("BATON_COORDINATOR_METRICS_LISTEN", "0.0.0.0:9101", "coordinator: Prometheus metrics listener (host:port; port 0 = any free port, logged; empty = off; `baton up` gives each component a free port, listed in cluster.json's `ports`). No key asked: keep it on the cluster network"),
+    Setting("BATON_HOST_METRICS_LISTEN", "0.0.0.0:9102", "sandbox host: Prometheus metrics listener (host:port; port 0 = any free port, logged; empty = off; `baton up` gives each component a free port, listed in cluster.json's `ports`). No key asked: keep it on the cluster network"),
+    Setting("BATON_GATEWAY_METRICS_LISTEN", "0.0.0.0:9103", "gateway: Prometheus metrics listener (host:port; port 0 = any free port, logged; empty = off; `baton up` gives each component a free port, listed in cluster.json's `ports`). No key asked: keep it off the public network. The public port's /metrics then answers only without BATON_API_KEYS or with the internal token"),
 )
 
 _DEFAULTS = {s.env: s.default for s in SETTINGS}

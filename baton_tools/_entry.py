@@ -33,8 +33,9 @@ def _load(target: str, extra: str, prog: str) -> Callable[[], object]:
         # Our own module missing: the server distribution is not installed; a third-party one:
         # the extra that declares it is not.
         # The server distribution requires the `server` extra's dependencies itself.
-        what = "baton-runs-server" if extra == "server" else f"'baton-runs-server[{extra}]'"
-        sys.exit(f"{prog}: the {exc.name!r} module is missing; this command needs pip install {what}")
+        what = "./server-dist" if extra == "server" else f"'./server-dist[{extra}]'"
+        sys.exit(f"{prog}: the {exc.name!r} module is missing; this command needs the server distribution"
+                 f" (baton-runs-server, not on PyPI yet): pip install {what} in a checkout of baton")
     return loaded
 
 

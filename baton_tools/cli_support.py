@@ -78,6 +78,8 @@ def _http(api_key: str | None, timeout: float | None = 10.0) -> httpx.Client:
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
+    if message.startswith("401:"):
+        message += " (give the gateway's API key with --api-key or BATON_API_KEY)"
     # Escaped: a message holding brackets (``baton[tools]``, a path) is not rich markup.
     err.print(f"[red]error:[/red] {escape(message)}")
     return typer.Exit(code)

@@ -111,4 +111,4 @@ def test_a_venv_with_the_client_wheel_alone_imports_the_clients(
     # The console scripts are in the client wheel; without the server distribution they say so.
     out = subprocess.run([str(env_dir / "bin" / "baton-gateway")], cwd=tmp_path, capture_output=True,
                          text=True, timeout=60)
-    assert out.returncode != 0 and "pip install baton-runs-server" in out.stderr, out.stderr
+    assert out.returncode != 0 and "pip install ./server-dist" in out.stderr, out.stderr
