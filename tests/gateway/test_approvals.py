@@ -661,8 +661,20 @@ def agent_pids(run_id: str) -> list[int]:
 
 
 async def kill_agent(run_id: str) -> None:
-    for pid in await assert_eventually(lambda: agent_pids(run_id), timeout=30):
+    """SIGKILL the run's agent process and return once it is dead (gone, or a zombie): a
+    signal is delivered after ``kill`` returns, and an answer relayed before the death is an
+    answer the process may have acted on (docs/hitl.md "A resumed agent")."""
+    pids = await assert_eventually(lambda: agent_pids(run_id), timeout=30)
+    for pid in pids:
         os.kill(pid, signal.SIGKILL)
+
+    def dead(pid: int) -> bool:
+        try:
+            state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            return True
+        return state in ("Z", "X")
+    await assert_eventually(lambda: all(dead(p) for p in pids), timeout=30)
 
 
 def resumed_once(chunks: list[Chunk], approval: str) -> None:
