@@ -135,6 +135,8 @@ async def run_kill_point(c: Cluster, baseline: dict[str, Any], point: str) -> No
                 got.append(chunk)
                 if len(got) - 1 == k:
                     await kill(victim)
+                    # On a slow machine the victim may have ended the run before the kill landed.
+                    still_running = status_of((await c.cc.get_run(run_id)).record) == "running"
                     if point.startswith("double:"):
                         await _wait_fence(c, run_id, 2)
                         view = await c.cc.get_run(run_id)
@@ -150,7 +152,7 @@ async def run_kill_point(c: Cluster, baseline: dict[str, Any], point: str) -> No
     finally:
         await asyncio.gather(*restarts.values())
     rec = await c.wait_status(run_id, "completed")
-    assert rec.driver_epoch >= (3 if point.startswith("double:") and still_running else 2)
+    assert rec.driver_epoch >= ((3 if point.startswith("double:") else 2) if still_running else 1)
     assert normalize(got, run_id, thread_id) == baseline["norm"]
     msgs, _ = await c.transcripts.load(thread_id)
     assert normalize_obj(msgs, run_id, thread_id) == baseline["transcript"]
