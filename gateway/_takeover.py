@@ -106,11 +106,8 @@ class TakeoverTrigger:
             return
         span = telemetry.run_span("run.takeover", trace_parent, {"baton.run_id": run_id, "baton.purpose": purpose},
                                   takeover=True)
-        try:
-            with telemetry.activate(span):
-                await self._attach_traced(run_id, purpose, span)
-        finally:
-            span.end()
+        with telemetry.in_span(span):
+            await self._attach_traced(run_id, purpose, span)
 
     async def _attach_traced(self, run_id: str, purpose: str, span: Any) -> None:
         outcome = "attached"

@@ -16,7 +16,7 @@ import time
 from typing import Any, Iterator
 
 from opentelemetry import trace
-from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.trace import Span
 
 from baton import telemetry
 from baton.v1 import runs_pb2
@@ -55,14 +55,8 @@ def driving(host_id: str, record: runs_pb2.RunRecord, epoch: int, mode: str) -> 
     span = telemetry.run_span("run.drive", record.trace_parent, _attributes(host_id, record, epoch, mode),
                               takeover=mode != "fresh")
     telemetry.bind_fields(run_id=record.run_id, thread_id=record.thread_id, epoch=epoch)
-    try:
-        with telemetry.activate(span):
-            yield span
-    except BaseException as exc:
-        span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
-        raise
-    finally:
-        span.end()
+    with telemetry.in_span(span):
+        yield span
 
 
 def agent_env(record: runs_pb2.RunRecord) -> dict[str, str]:

@@ -9,11 +9,11 @@
 """
 from baton.telemetry._logs import (FIELDS, FORMATS, JsonFormatter, TextFormatter, announce, bind_fields,
                                    configure_logging, current_fields, log_fields)
-from baton.telemetry._tracing import (TracingInterceptor, activate, configure_tracing, current_traceparent, parent_of,
-                                      remote_parent, run_span, server_interceptors, span_traceparent, tracer,
+from baton.telemetry._tracing import (TracingInterceptor, activate, configure_tracing, current_traceparent, in_span,
+                                      parent_of, remote_parent, run_span, server_interceptors, span_traceparent, tracer,
                                       tracing_enabled)
 
 __all__ = ["FIELDS", "FORMATS", "JsonFormatter", "TextFormatter", "TracingInterceptor", "activate", "announce",
            "bind_fields", "configure_logging", "configure_tracing", "current_fields", "current_traceparent",
-           "log_fields", "parent_of", "remote_parent", "run_span", "server_interceptors", "span_traceparent",
+           "in_span", "log_fields", "parent_of", "remote_parent", "run_span", "server_interceptors", "span_traceparent",
            "tracer", "tracing_enabled"]

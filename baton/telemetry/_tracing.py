@@ -119,6 +119,28 @@ def activate(span: Span) -> Iterator[Span]:
 
 
 @contextlib.contextmanager
+def in_span(span: Span, *, current: bool = True) -> Iterator[Span]:
+    """Run the block in ``span`` and end it with the block: current within it (as
+    :func:`activate`) unless ``current`` is false, and marked ``ERROR`` (the exception's type)
+    when the block raises.
+
+    ``current=False`` is for an async generator's body: a context variable set in it may be
+    reset from another context (its finalizer), which the context API refuses.
+    """
+    try:
+        if current:
+            with activate(span):
+                yield span
+        else:
+            yield span
+    except BaseException as exc:
+        span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+        raise
+    finally:
+        span.end()
+
+
+@contextlib.contextmanager
 def remote_parent(traceparent: str | None) -> Iterator[None]:
     """Spans started within the block continue the caller's trace (an incoming
     ``traceparent`` header); a block without one (or a malformed one) changes nothing."""
@@ -207,30 +229,15 @@ def _server_span(name: str, traceparent: str, request: Any) -> Span:
 def _traced_unary(behavior: Callable[..., Awaitable[Any]], name: str, traceparent: str
                   ) -> Callable[[Any, Any], Awaitable[Any]]:
     async def traced(request: Any, context: Any) -> Any:
-        span = _server_span(name, traceparent, request)
-        try:
-            with activate(span):
-                return await behavior(request, context)
-        except BaseException as exc:
-            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
-            raise
-        finally:
-            span.end()
+        with in_span(_server_span(name, traceparent, request)):
+            return await behavior(request, context)
     return traced
 
 
 def _traced_stream(behavior: Callable[..., AsyncIterator[Any]], name: str, traceparent: str
                    ) -> Callable[[Any, Any], AsyncIterator[Any]]:
     async def traced(request: Any, context: Any) -> AsyncIterator[Any]:
-        # Not made current: a context variable set in an async generator may be reset from
-        # another context (its finalizer), which the context API refuses.
-        span = _server_span(name, traceparent, request)
-        try:
+        with in_span(_server_span(name, traceparent, request), current=False):
             async for item in behavior(request, context):
                 yield item
-        except BaseException as exc:
-            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
-            raise
-        finally:
-            span.end()
     return traced

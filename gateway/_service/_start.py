@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Awaitable
 
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind
 
 from baton import errors as e, telemetry
 from baton.retry import Deadline
@@ -107,15 +107,9 @@ async def _open_start(st: GatewayState, req: StartRequest, tenant_id: str, after
     # context on the record, and every host that drives the run later continues it.
     span = telemetry.run_span("run.start", None, {"baton.run_id": req.run_id, "baton.thread_id": req.thread_id},
                               kind=SpanKind.SERVER)
-    try:
-        with telemetry.activate(span):
-            record = await _start_or_explain(st, req, tenant_id)
+    with telemetry.in_span(span):
+        record = await _start_or_explain(st, req, tenant_id)
         span.set_attribute("baton.host", record.driver_host)
-    except BaseException as exc:
-        span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
-        raise
-    finally:
-        span.end()
     # A concurrent start with the same run id may have created the record between our lookup
     # and StartRun (the host then answers with that record, unchanged): the same checks as
     # for a record found above, or another tenant's or thread's log is served.
