@@ -192,11 +192,7 @@ class FastFailover:
         try:
             # Still this stream's session? A keep-alive reconnected to any replica since
             # has written its own token; then the process is not gone after all.
-            # The marker on the session key tells the leader's watch the lease was revoked
-            # because the process was gone, not left to expire (coordinator/_metrics.py).
-            txn = await self.store.etcd.txn([E.cmp_value(key, token)],
-                                            [E.delete(key), E.put(self.store.keys.session(session_id), b"revoked",
-                                                                  session_id)],
+            txn = await self.store.etcd.txn([E.cmp_value(key, token)], [E.delete(key)],
                                             timeout=self.etcd_timeout)
             if not txn.succeeded:
                 self.outcomes["moved"] += 1

@@ -665,9 +665,7 @@ class RunStore:
         """
         b = _Budget(timeout)
         k = self.keys.session(session_id)
-        # The marker tells the leader's watch this end was a close, not an expiry
-        # (coordinator/_metrics.py; nothing else reads a session key's value).
-        r = await self.etcd.txn([E.cmp_lease(k, session_id)], [E.put(k, b"closed", session_id)], timeout=b.left())
+        r = await self.etcd.txn([E.cmp_lease(k, session_id)], [], timeout=b.left())
         if not r.succeeded:
             return
         await takeovers.note_session_end(self.etcd, self.keys, session_id, takeovers.CLOSED, timeout=b.left())

@@ -24,10 +24,9 @@ import asyncio
 import functools
 import itertools
 import logging
-import time
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import grpc
 
@@ -45,7 +44,7 @@ from coordinator._election import LeaderContext
 from coordinator._indexes import ensure_indexes, live_runs
 from coordinator._keys import prefix_end
 from coordinator._liveness import Verdict, probe
-from coordinator._metrics import CoordinatorMetrics, Loss, SessionEnds, cause_of, loss_of
+from coordinator._metrics import CoordinatorMetrics, Loss, loss_of, session_end
 from coordinator import takeovers
 from coordinator.rules import Plan, Snapshot
 
@@ -252,11 +251,7 @@ async def record_loss(ctx: LeaderContext, lost: Claim, at: float,
     rec, _ = await store.get_run(lost.run_id, timeout=t)
     if takeovers.after_loss(rec, lost, "", at) is None:  # most deletions: a run that ended
         return None
-    r = await store.etcd.txn([], takeovers.loss_reads(store.keys, lost), timeout=t)
-    session_kv, host_kv, end_kv = (r.kvs(i)[0] if r.kvs(i) else None for i in range(3))
-    cause = takeovers.classify(lost, session_alive=session_kv is not None,
-                               host=HostInfo.FromString(host_kv.value) if host_kv is not None else None,
-                               session_end=end_kv.value if end_kv is not None else b"")
+    cause = await classify_loss(ctx, lost)
     host = (gone_hosts or {}).get(lost.host_id)
     if (cause == takeovers.SESSION_LOST and host is not None and host.session_id == lost.session_id
             and host.address and await probe(host.address) is Verdict.GONE):
@@ -272,6 +267,21 @@ async def record_loss(ctx: LeaderContext, lost: Claim, at: float,
     return written
 
 
+async def classify_loss(ctx: LeaderContext, lost: Claim) -> str:
+    """Why ``lost`` went (:func:`coordinator.takeovers.classify`), from one read of its
+    session, its host's entry and the session's end note.
+
+    Raises:
+        StoreUnavailable: etcd did not answer within the configured timeout.
+    """
+    store = ctx.store
+    r = await store.etcd.txn([], takeovers.loss_reads(store.keys, lost), timeout=ctx.config.etcd_timeout)
+    session_kv, host_kv, end_kv = (r.kvs(i)[0] if r.kvs(i) else None for i in range(3))
+    return takeovers.classify(lost, session_alive=session_kv is not None,
+                              host=HostInfo.FromString(host_kv.value) if host_kv is not None else None,
+                              session_end=end_kv.value if end_kv is not None else b"")
+
+
 def orphaned(rec: runs_pb2.RunRecord | None, claim: Claim | None) -> bool:
     """Whether failover hands the run over: running, started (input durable), no claim."""
     return (rec is not None and claim is None and rec.status == runs_pb2.RUN_STATUS_RUNNING
@@ -280,7 +290,7 @@ def orphaned(rec: runs_pb2.RunRecord | None, claim: Claim | None) -> bool:
 
 async def hand_over_if_orphaned(ctx: LeaderContext, pool: HostPool, run_id: str,
                                 placer: Placer | None = None, loss: Loss | None = None,
-                                metrics: CoordinatorMetrics | None = None, ends: SessionEnds | None = None) -> str:
+                                metrics: CoordinatorMetrics | None = None) -> str:
     """Hand ``run_id`` to a live host when :func:`orphaned`.
 
     Returns:
@@ -291,8 +301,12 @@ async def hand_over_if_orphaned(ctx: LeaderContext, pool: HostPool, run_id: str,
         return "skipped"
     assert rec is not None
     purpose = "finalize" if rec.cancel_requested else "drive"
-    if loss is not None and ends is not None:
-        loss = await _why(ctx, loss, ends)  # read only for an orphan, never per run end
+    if loss is not None and loss.session_id:
+        # Read only for an orphan, never per run end. The run record's note of the same loss
+        # may say ``crash`` where this says ``session-lost``: it also probes a host whose
+        # lease ran out (record_loss), which a hand-over does not wait for.
+        cause = await classify_loss(ctx, Claim(session_id=loss.session_id, host_id=loss.host_id))
+        loss = replace(loss, cause=cause)  # type: ignore[arg-type]  # takeovers' words, LossCause's
     if loss is not None and metrics is not None:
         metrics.orphans.labels(loss.cause).inc()
     with telemetry.log_fields(run_id=run_id, thread_id=rec.thread_id, epoch=rec.driver_epoch):
@@ -302,13 +316,10 @@ async def hand_over_if_orphaned(ctx: LeaderContext, pool: HostPool, run_id: str,
         span = telemetry.run_span("run.failover", rec.trace_parent, {
             "baton.run_id": run_id, "baton.epoch": rec.driver_epoch, "baton.host": rec.driver_host,
             "baton.purpose": purpose}, takeover=True)
-        try:
-            with telemetry.activate(span):
-                outcome = await attach_somewhere(ctx, pool, run_id, purpose, placer=placer, loss=loss)
+        with telemetry.in_span(span):
+            outcome = await attach_somewhere(ctx, pool, run_id, purpose, placer=placer, loss=loss)
             span.set_attribute("baton.outcome", outcome)
             return outcome
-        finally:
-            span.end()
 
 
 async def settle_hosts(ctx: LeaderContext, drivers: set[str], budget: float, *, quiet: float = 0.3,
@@ -357,12 +368,13 @@ async def failover_scheduler(ctx: LeaderContext, metrics: CoordinatorMetrics | N
     arrives while a hand-over of the same run is in flight is looked at again after it.
     Runs until cancelled (leadership lost).
 
-    The same watch sees sessions end (their keys go with their lease), which tells why each
-    claim vanished (:func:`coordinator._metrics.loss_of`) for the metrics and the host.
+    The same watch sees sessions end (their keys go with their lease; counted by their
+    ``session-ends/`` note) and hosts leave the registry; each vanished claim is noted on
+    its run's record (:func:`record_loss`) and its cause (:func:`classify_loss`) goes with
+    the hand-over, for the metrics and the host.
     """
     store, keys, cfg = ctx.store, ctx.store.keys, ctx.config
     metrics = metrics or CoordinatorMetrics()
-    ends = SessionEnds()
     pool = HostPool()
     placer = Placer(ctx)
     slots = asyncio.Semaphore(MAX_PARALLEL_HANDOVERS)
@@ -384,8 +396,17 @@ async def failover_scheduler(ctx: LeaderContext, metrics: CoordinatorMetrics | N
             except BatonError as exc:  # a note is for operators: the hand-over goes on without it
                 log.warning("takeover of run %s not noted: %s", lost.run_id, exc)
 
-    def spawn_note(lost: Claim) -> None:
-        task = asyncio.create_task(note(lost, store.clock()), name=f"takeover-note:{lost.run_id}")
+    async def count_end(session_id: int) -> None:
+        async with note_slots:
+            try:
+                kvs, _ = await store.etcd.range(keys.session_end(session_id), timeout=cfg.etcd_timeout)
+            except StoreUnavailable as exc:
+                log.warning("end of session %x not counted: %s", session_id, exc)
+                return
+            metrics.sessions_ended.labels(session_end(kvs[0].value if kvs else b"")).inc()
+
+    def side_task(coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
         notes.add(task)
         task.add_done_callback(notes.discard)
 
@@ -395,7 +416,7 @@ async def failover_scheduler(ctx: LeaderContext, metrics: CoordinatorMetrics | N
             recheck.add(run_id)
             return
         task = asyncio.create_task(_guarded(ctx, pool, run_id, placer=placer, slots=slots, loss=loss,
-                                            metrics=metrics, ends=ends),
+                                            metrics=metrics),
                                    name=f"failover:{run_id}")
         pending[run_id] = task
         task.add_done_callback(functools.partial(finished, run_id))
@@ -429,18 +450,24 @@ async def failover_scheduler(ctx: LeaderContext, metrics: CoordinatorMetrics | N
                 ranges = [(p, prefix_end(p)) for p in (keys.claims, keys.all_sessions, keys.hosts)]
                 async for _rev, events in store.etcd.watch(ranges, start_revision=rev + 1, deletes_only=True,
                                                            prev_kv=True):
+                    now = store.clock()
                     for ev in events:
-                        if ev.kv.key.startswith(keys.hosts) and ev.prev_kv is not None and ev.prev_kv.value:
-                            # Before the batch's notes run (they are tasks).
-                            h = HostInfo.FromString(ev.prev_kv.value)
-                            gone_hosts.pop(h.host_id, None)
-                            gone_hosts[h.host_id] = h
-                            while len(gone_hosts) > MAX_GONE_HOSTS:
-                                gone_hosts.pop(next(iter(gone_hosts)))
-                    _on_deletes(ctx, metrics, ends, events, spawn)
-                    for ev in events:
-                        if ev.kv.key.startswith(keys.claims) and ev.prev_kv is not None and ev.prev_kv.value:
-                            spawn_note(Claim.FromString(ev.prev_kv.value))
+                        key, prev = ev.kv.key, ev.prev_kv.value if ev.prev_kv is not None else b""
+                        if key.startswith(keys.hosts):
+                            if prev:  # noted before the batch's tasks run
+                                h = HostInfo.FromString(prev)
+                                gone_hosts.pop(h.host_id, None)
+                                gone_hosts[h.host_id] = h
+                                while len(gone_hosts) > MAX_GONE_HOSTS:
+                                    gone_hosts.pop(next(iter(gone_hosts)))
+                        elif key.startswith(keys.all_sessions):
+                            sid = int(key[len(keys.all_sessions):], 16)
+                            side_task(count_end(sid), f"session-end:{sid:x}")
+                        elif key.startswith(keys.claims):
+                            spawn(keys.run_id_of_claim(key), loss_of(prev or None, at=now))
+                            if prev:
+                                lost = Claim.FromString(prev)
+                                side_task(note(lost, now), f"takeover-note:{lost.run_id}")
             except StoreUnavailable as exc:
                 log.warning("failover watch: %s; watching again", exc)
                 await asyncio.sleep(0.2)
@@ -454,44 +481,9 @@ async def failover_scheduler(ctx: LeaderContext, metrics: CoordinatorMetrics | N
         await pool.close()
 
 
-def _on_deletes(ctx: LeaderContext, metrics: CoordinatorMetrics, ends: SessionEnds, events: list[Any],
-                spawn: Callable[[str, Loss | None], None]) -> None:
-    """One watch response: count the sessions that ended, and hand over each run whose
-    claim vanished, with when it lost its driver (why: :func:`_why`)."""
-    keys, now = ctx.store.keys, time.time()
-    for cause in ends.saw(keys, events).values():
-        metrics.sessions_ended.labels(cause).inc()
-    for ev in events:
-        if ev.kv.key.startswith(keys.claims):
-            prev = ev.prev_kv.value if ev.prev_kv is not None else None
-            spawn(keys.run_id_of_claim(ev.kv.key), loss_of(prev, at=now))
-
-
-#: Seconds a hand-over waits for the deletion of its claim's session to be seen (it comes on
-#: the same stream, as a response of its own, within milliseconds) before calling it ``other``.
-_SESSION_END_WAIT = 1.0
-
-
-async def _why(ctx: LeaderContext, loss: Loss, ends: SessionEnds) -> Loss:
-    """``loss`` with its cause (:func:`coordinator._metrics.cause_of`); only for an orphan."""
-    if not loss.session_id:
-        return loss
-    timeout = ctx.config.etcd_timeout
-    kvs, _ = await ctx.store.etcd.range(ctx.store.keys.session(loss.session_id), keys_only=True, timeout=timeout)
-    lives = bool(kvs)
-    draining = lives and any(h.host_id == loss.host_id and h.draining for h in await ctx.list_hosts())
-    end = ends.get(loss.session_id)
-    deadline = asyncio.get_running_loop().time() + _SESSION_END_WAIT
-    while end is None and not lives and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.02)
-        end = ends.get(loss.session_id)
-    return replace(loss, cause=cause_of(end, session_lives=lives, host_draining=draining))
-
-
 async def _guarded(ctx: LeaderContext, pool: HostPool, run_id: str, *, placer: Placer,
                    slots: asyncio.Semaphore, patience: float = HANDOVER_PATIENCE,
-                   loss: Loss | None = None, metrics: CoordinatorMetrics | None = None,
-                   ends: SessionEnds | None = None) -> str:
+                   loss: Loss | None = None, metrics: CoordinatorMetrics | None = None) -> str:
     """:func:`hand_over_if_orphaned`, retried while etcd (or a host) fails transiently.
 
     No later event reports this run again (its claim is gone already), so giving up at the
@@ -500,7 +492,7 @@ async def _guarded(ctx: LeaderContext, pool: HostPool, run_id: str, *, placer: P
     """
     async def once() -> str:
         async with slots:
-            return await hand_over_if_orphaned(ctx, pool, run_id, placer, loss, metrics, ends)
+            return await hand_over_if_orphaned(ctx, pool, run_id, placer, loss, metrics)
 
     while True:
         try:
