@@ -256,6 +256,20 @@ async def assert_eventually(
         await asyncio.sleep(interval)
 
 
+def eventually(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    """:func:`assert_eventually` for code without an event loop: poll ``check`` until it
+    returns a truthy value (returned); ``TimeoutError(what)`` after ``timeout`` seconds.
+    ``check`` may raise to stop at once (a process that exited)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} (within {timeout} s)")
+        time.sleep(interval)
+
+
 @pytest.fixture(scope="session")
 def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
     """The session's shared etcd (do not stop it; use ``own_etcd`` for that)."""

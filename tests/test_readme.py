@@ -25,13 +25,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 import pytest
 
 from baton_tools.testing.servers import env_without_proxy
-from tests.conftest import require
+from tests.conftest import eventually, require
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -144,15 +143,16 @@ def _free(port: int) -> bool:
 
 def _wait_ready(proc: subprocess.Popen[bytes], cwd: pathlib.Path, log: pathlib.Path, timeout: float) -> dict[str, object]:
     """``cluster.json`` of the ``baton up`` in ``proc`` once it printed ``ready``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def ready() -> bool:
         if proc.poll() is not None:
             pytest.fail(f"baton up exited with {proc.returncode}:\n{log.read_text(errors='replace')}")
-        if "ready:" in log.read_text(errors="replace"):
-            info: dict[str, object] = json.loads((cwd / ".data" / "cluster" / "cluster.json").read_text())
-            return info
-        time.sleep(0.1)
-    pytest.fail(f"baton up not ready in {timeout} s:\n{log.read_text(errors='replace')}")
+        return "ready:" in log.read_text(errors="replace")
+    try:
+        eventually(ready, timeout, "baton up printed no ready line", interval=0.1)
+    except TimeoutError as exc:
+        pytest.fail(f"{exc}:\n{log.read_text(errors='replace')}")
+    info: dict[str, object] = json.loads((cwd / ".data" / "cluster" / "cluster.json").read_text())
+    return info
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,7 @@ from baton.transcript import build_transcript
 from baton_tools.cluster import http_ok
 from baton_tools.reference import reference_chunks, speed_for
 from baton_tools.testing.servers import find_binary, free_port
-from tests.conftest import assert_eventually, require, unique
+from tests.conftest import assert_eventually, eventually, require, unique
 from tests.deploy.conftest import REPO
 
 ENABLED = os.environ.get("BATON_TEST_DEPLOY") == "1"
@@ -146,10 +146,11 @@ def stack() -> Iterator[Stack]:
             s.compose("up", "-d", "--no-build")
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{s.logs()}") from None
-        deadline = time.monotonic() + 300
-        while not http_ok(f"http://127.0.0.1:{s.http_port}/readyz", timeout=5):
-            assert time.monotonic() < deadline, f"the gateway never got ready\n{s.logs()}"
-            time.sleep(0.1)  # the poll's interval, under the deadline above
+        try:
+            eventually(lambda: http_ok(f"http://127.0.0.1:{s.http_port}/readyz", timeout=5), 300,
+                       "the gateway never got ready", interval=0.1)
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{s.logs()}") from None
         print(f"\ncompose: images {built - started:.0f}s, stack up {time.monotonic() - built:.0f}s")
         yield s
     finally:

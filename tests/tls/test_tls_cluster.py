@@ -30,7 +30,7 @@ from baton_tools.testing.cluster import start_coordinator, start_gateway, start_
 from baton_tools.testing.servers import EtcdServer, NatsServer, free_port
 from coordinator._etcd import Etcd
 from coordinator._etcd_auth import EtcdSecurity
-from tests.conftest import assert_eventually, unique
+from tests.conftest import assert_eventually, eventually, unique
 from tests.gateway.conftest import SLOW_TEXT, claude_journal
 from tests.tls.pki import CA, Leaf
 from tests.tls.test_nats_auth import refused
@@ -64,7 +64,7 @@ class TlsEtcd(EtcdServer):
                     return b"true" in r.read()
             except OSError:
                 return False
-        _poll(healthy, 20, "etcd (TLS) not healthy")
+        eventually(healthy, 20, "etcd (TLS) not healthy")
 
 
 @dataclass
@@ -78,17 +78,6 @@ class TlsNats(NatsServer):
         assert self.leaf is not None
         return [*super()._argv(), "--tlsverify", "--tlscert", self.leaf.cert, "--tlskey", self.leaf.key,
                 "--tlscacert", self.ca]
-
-
-def _poll(check: Any, timeout: float, what: str) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise TimeoutError(what)
 
 
 @dataclass
