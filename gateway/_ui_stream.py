@@ -34,7 +34,10 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
+
+from baton.runs import RUN_ACCEPTED
+from gateway._ui_messages import to_ui_messages
 
 Chunk = dict[str, Any]
 UIMessage = dict[str, Any]
@@ -522,3 +525,67 @@ _HANDLERS = {
     "RUN_ERROR": _run_error, "STEP_STARTED": _step_started, "STEP_FINISHED": _step_finished,
     "REASONING_MESSAGE_CONTENT": _reasoning_content, "REASONING_ENCRYPTED_VALUE": _reasoning_encrypted,
 }
+
+
+# --- a thread ------------------------------------------------------------------------------------
+
+def accepted_input(chunks: Sequence[Chunk]) -> list[dict[str, Any]] | None:
+    """The run input's messages from the host's first chunk (``CUSTOM run.accepted``, after
+    ``RUN_STARTED``), or ``None`` when the log does not start so (its start was removed)."""
+    head = chunks[1:2] if chunks and chunks[0].get("type") == "RUN_STARTED" else chunks[:1]
+    if not head or head[0].get("type") != "CUSTOM" or head[0].get("name") != RUN_ACCEPTED:
+        return None
+    value = _obj(head[0].get("value"))
+    msgs = value.get("messages")
+    return [m for m in msgs if isinstance(m, dict)] if isinstance(msgs, list) else []
+
+
+def prompt_messages(inputs: Sequence[dict[str, Any]], *, first: bool) -> list[UIMessage]:
+    """What the client showed of a run's input before its answer.
+
+    The thread's first run shows its whole input (a fork's copied conversation, or the
+    user's first message); a later run, only its trailing user messages (the turn's prompt:
+    the rest of its input is the conversation shown already). A message in the client's own
+    shape (``parts``) is kept as is; an AG-UI one is converted by :func:`to_ui_messages`.
+    """
+    picked = list(inputs)
+    if not first:
+        at = len(picked)
+        while at > 0 and picked[at - 1].get("role") == "user":
+            at -= 1
+        picked = picked[at:]
+    out: list[UIMessage] = []
+    batch: list[dict[str, Any]] = []
+    for m in picked:
+        if isinstance(m.get("parts"), list):
+            out += to_ui_messages(batch)
+            batch = []
+            out.append({"id": str(m.get("id", "")), "role": m.get("role"), "parts": copy.deepcopy(m["parts"])})
+        else:
+            batch.append(m)
+    return out + to_ui_messages(batch)
+
+
+def thread_messages(runs: Sequence[tuple[str, Sequence[Chunk]]],
+                    active_input: Sequence[dict[str, Any]] | None = None) -> list[UIMessage] | None:
+    """The UI messages of a thread's finished runs, oldest first, as the live client built them.
+
+    Args:
+        runs: ``(run id, its whole log's chunks)`` per finished run, oldest first.
+        active_input: the input of the run still going, if one is: its prompt is shown (the
+            client re-plays the run itself from its start).
+
+    Returns:
+        The messages, or ``None`` when a log does not start with the run's input (its
+        start was removed): the caller then answers from the saved transcript.
+    """
+    folder = UIStreamFolder()
+    for i, (run_id, chunks) in enumerate(runs):
+        inputs = accepted_input(chunks)
+        if inputs is None:
+            return None
+        folder.add_messages(prompt_messages(inputs, first=i == 0))
+        folder.fold_run(run_id, chunks)
+    if active_input is not None:
+        folder.add_messages(prompt_messages(active_input, first=not runs))
+    return folder.messages
