@@ -95,3 +95,18 @@ async def test_hydration_equals_the_live_client_for_every_corpus_journal(host: A
     by_stem = {j.stem: got[t["thread"]] for j, t in zip(JOURNALS, threads)}
     assert by_stem["subagents-parallel-tools-v2.0.25"]["messages"] == 4
     assert set(result["rejections"]) <= {"error_max_turns"}
+
+
+@pytest.mark.node
+@pytest.mark.timeout(120)
+async def test_the_two_reload_bugs_are_the_clients_own_and_a_leading_snapshot_cures_both() -> None:
+    """``@tanstack/ai-client`` alone, no baton (``tests/node/tanstack_rejoin_bugs.mjs``): a
+    rejoin with server persistence of a run that starts with reasoning loses the reasoning
+    and the first text message; a rejoin with client (storage) persistence doubles the text
+    of each stored message that ended in a tool result; both replays preceded by one
+    ``MESSAGES_SNAPSHOT`` of the run's input equal the undisturbed run."""
+    node = need_node("@tanstack/ai-client")
+    result = await run_node(node, "tanstack_rejoin_bugs.mjs", {}, timeout=110)
+    server, client = result["server"], result["client"]
+    assert server["bug"] and server["withSnapshot"] == server["live"] != server["reloaded"]
+    assert client["bug"] and client["rejoins"] > 0 and client["duplicatedAt"] and not client["withSnapshotDiffers"]
