@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from typing import Any, Sequence, TypeVar
+from typing import Any, Generic, NamedTuple, Sequence, TypeVar
 
 from baton.errors import InvalidArgument
 
@@ -40,13 +40,45 @@ def check_limit(raw: str | int | None, field: str = "limit") -> int:
     return n
 
 
+class Page(NamedTuple, Generic[T]):
+    """One window of a thread's messages.
+
+    Attributes:
+        messages: the window, oldest first.
+        cursor: where the next older window ends (``""``: nothing older is left).
+        start: the window's first message's position in the thread (0-based).
+    """
+
+    messages: list[T]
+    cursor: str
+    start: int
+
+
 def cursor_of(position: int, message_id: str) -> str:
     """The opaque cursor of the window whose oldest message is at ``position``."""
     raw = json.dumps([position, message_id], separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def window(messages: Sequence[T], limit: int, before: str | None, field: str = "before") -> tuple[list[T], str]:
+def check_cursor(before: str | None, field: str = "before") -> tuple[int, str] | None:
+    """``(position, message id)`` of a cursor, ``None`` for none; check it before reading.
+
+    Raises:
+        InvalidArgument: not a cursor :func:`cursor_of` made.
+    """
+    if not before:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(before + "=" * (-len(before) % 4))
+        position, mid = json.loads(raw)
+        if not isinstance(position, int) or isinstance(position, bool) or not isinstance(mid, str):
+            raise ValueError(before)
+    except (ValueError, binascii.Error, TypeError):
+        raise InvalidArgument(field, "is not a cursor this API returned") from None
+    return position, mid
+
+
+def window(messages: Sequence[T], limit: int, before: str | None, field: str = "before") -> Page[T]:
     """One page of ``messages`` (oldest first): the newest ``limit`` before ``before``.
 
     Args:
@@ -55,24 +87,18 @@ def window(messages: Sequence[T], limit: int, before: str | None, field: str = "
         before: a cursor this function returned, or ``None``/``""`` for the newest page.
 
     Returns:
-        ``(page, cursor)``; ``cursor`` is ``""`` when nothing older is left.
+        The :class:`Page`.
 
     Raises:
         InvalidArgument: ``before`` is not a cursor of this thread.
     """
     end = len(messages)
-    if before:
-        try:
-            raw = base64.urlsafe_b64decode(before + "=" * (-len(before) % 4))
-            position, mid = json.loads(raw)
-            if not isinstance(position, int) or isinstance(position, bool) or not isinstance(mid, str):
-                raise ValueError(before)
-        except (ValueError, binascii.Error, TypeError):
-            raise InvalidArgument(field, "is not a cursor this API returned") from None
+    parsed = check_cursor(before, field)
+    if parsed is not None:
+        position, mid = parsed
         if not 0 <= position < len(messages) or str(messages[position].get("id", "")) != mid:
             raise InvalidArgument(field, "is not a cursor of this thread's messages")
         end = position
     start = max(0, end - limit) if limit else 0
-    page = list(messages[start:end])
     cursor = cursor_of(start, str(messages[start].get("id", ""))) if start > 0 else ""
-    return page, cursor
+    return Page(list(messages[start:end]), cursor, start)
