@@ -27,6 +27,8 @@ log = logging.getLogger("gateway.hydration")
 
 #: How long one run's log may take to read to its end (seconds).
 LOG_READ_TIMEOUT = 10.0
+#: How many of a thread's logs one hydration reads at once.
+LOG_READS_AT_ONCE = 8
 
 
 async def _whole_log(st: GatewayState, run_id: str) -> list[dict[str, Any]] | None:
@@ -72,15 +74,16 @@ async def thread_ui(st: GatewayState, tenant: str, thread_id: str) -> tuple[list
     recs = await st.coordinator.list_runs(thread_id=thread_id, limit=0, tenant=scope)
     finished = sorted((r for r in recs if r.status in TERMINAL_PB and (active is None or r.run_id != active.run_id)),
                       key=lambda r: run_position(r.started_at, r.run_id))
-    runs: list[tuple[str, list[dict[str, Any]]]] = []
-    ui: list[dict[str, Any]] | None = []
-    for r in finished:
-        chunks = await _whole_log(st, r.run_id)
-        if chunks is None:
-            ui = None
-            break
-        if chunks:  # a run that never wrote (refused before it began) showed nothing
-            runs.append((r.run_id, chunks))
+    gate = asyncio.Semaphore(LOG_READS_AT_ONCE)
+
+    async def read(run_id: str) -> list[dict[str, Any]] | None:
+        async with gate:
+            return await _whole_log(st, run_id)
+
+    logs = await asyncio.gather(*(read(r.run_id) for r in finished))
+    ui: list[dict[str, Any]] | None = None if any(c is None for c in logs) else []
+    # A run that never wrote (refused before it began) showed nothing.
+    runs = [(r.run_id, c) for r, c in zip(finished, logs) if c]
     active_input = await _cancel.run_input(st, active.run_id) if active is not None else None
     saved, _rev = await st.transcripts.load(thread_id)
     if ui is not None:
