@@ -62,6 +62,10 @@ class GatewayState:
         self.streams = StreamCloser()
         #: The bound port of the gRPC Runs API (0 when it is not served).
         self.grpc_port = 0
+        from gateway._service._hydration import HydrationCache
+
+        #: Threads' folded hydrations (gateway/_service/_hydration.py).
+        self.hydrations = HydrationCache()
         #: The bound port of the metrics listener (0 when there is none).
         self.metrics_port = 0
         self.tasks = TaskOwner("gateway")

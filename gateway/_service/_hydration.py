@@ -6,12 +6,16 @@ reasoning and parts as the page that watched the runs. When that cannot be done 
 whose start retention removed, a terminal record retention removed, a log not readable in
 time) the answer is the saved transcript converted message by message
 (:func:`gateway._ui_messages.to_ui_messages`): the same content, with the saved
-transcript's message boundaries.
+transcript's message boundaries. The fold of a thread's finished runs is kept in the
+gateway's memory (:class:`HydrationCache`) until another run of the thread finishes, so the
+pages a client asks for one after the other read the logs once.
 """
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
+from collections import OrderedDict
 from typing import Any
 
 from baton import errors as e
@@ -21,7 +25,7 @@ from baton.v1 import runs_pb2
 from gateway._service import _cancel, _views
 from gateway._state import GatewayState
 from gateway._ui_messages import to_ui_messages
-from gateway._ui_stream import thread_messages
+from gateway._ui_stream import prompt_messages, thread_messages
 
 log = logging.getLogger("gateway.hydration")
 
@@ -52,6 +56,54 @@ async def _whole_log(st: GatewayState, run_id: str) -> list[dict[str, Any]] | No
         return None
 
 
+async def _fold(st: GatewayState, run_ids: list[str]) -> list[dict[str, Any]] | None:
+    """The UI messages of these finished runs (oldest first), or ``None`` if a log is not
+    readable to its end or does not start with its run's input."""
+    gate = asyncio.Semaphore(LOG_READS_AT_ONCE)
+
+    async def read(run_id: str) -> list[dict[str, Any]] | None:
+        async with gate:
+            return await _whole_log(st, run_id)
+
+    logs = await asyncio.gather(*(read(r) for r in run_ids))
+    if any(c is None for c in logs):
+        return None
+    # A run that never wrote (refused before it began) showed nothing.
+    return thread_messages([(r, c) for r, c in zip(run_ids, logs) if c])
+
+
+class HydrationCache:
+    """The folded UI messages of recently hydrated threads (gateway memory, LRU).
+
+    Keyed by the thread and the ids of its finished runs, oldest first: a finished run's log
+    never changes, so an entry is good until another run of the thread finishes (a new key)
+    or the thread's records change (deleted, retention). TanStack's paging asks the same
+    thread again for every older page; this makes those requests read no log.
+
+    Args:
+        max_threads: entries kept (the least recently used goes first).
+    """
+
+    def __init__(self, max_threads: int = 32) -> None:
+        self._max = max_threads
+        self._entries: OrderedDict[tuple[str, tuple[str, ...]], list[dict[str, Any]]] = OrderedDict()
+
+    def get(self, key: tuple[str, tuple[str, ...]]) -> list[dict[str, Any]] | None:
+        """The entry (a reference: copy before changing it), or ``None``."""
+        found = self._entries.get(key)
+        if found is not None:
+            self._entries.move_to_end(key)
+        return found
+
+    def put(self, key: tuple[str, tuple[str, ...]], messages: list[dict[str, Any]]) -> None:
+        """Keep ``messages`` for ``key``; a thread's older entries go."""
+        for old in [k for k in self._entries if k[0] == key[0]]:
+            del self._entries[old]
+        self._entries[key] = messages
+        while len(self._entries) > self._max:
+            self._entries.popitem(last=False)
+
+
 def _covers(ui: list[dict[str, Any]], saved: list[dict[str, Any]]) -> bool:
     """Whether every user message of the saved transcript is shown (no run was missed)."""
     shown = {m.get("id") for m in ui}
@@ -74,22 +126,20 @@ async def thread_ui(st: GatewayState, tenant: str, thread_id: str) -> tuple[list
     recs = await st.coordinator.list_runs(thread_id=thread_id, limit=0, tenant=scope)
     finished = sorted((r for r in recs if r.status in TERMINAL_PB and (active is None or r.run_id != active.run_id)),
                       key=lambda r: run_position(r.started_at, r.run_id))
-    gate = asyncio.Semaphore(LOG_READS_AT_ONCE)
-
-    async def read(run_id: str) -> list[dict[str, Any]] | None:
-        async with gate:
-            return await _whole_log(st, run_id)
-
-    logs = await asyncio.gather(*(read(r.run_id) for r in finished))
-    ui: list[dict[str, Any]] | None = None if any(c is None for c in logs) else []
-    # A run that never wrote (refused before it began) showed nothing.
-    runs = [(r.run_id, c) for r, c in zip(finished, logs) if c]
+    key = (thread_id, tuple(r.run_id for r in finished))
+    folded = st.hydrations.get(key)
+    if folded is None:
+        folded = await _fold(st, [r.run_id for r in finished])
+        if folded is not None:
+            st.hydrations.put(key, folded)
     active_input = await _cancel.run_input(st, active.run_id) if active is not None else None
     saved, _rev = await st.transcripts.load(thread_id)
-    if ui is not None:
-        ui = thread_messages(runs, active_input)
-    if ui is not None and _covers(ui, list(saved or [])):
-        return ui, active
+    if folded is not None:
+        ui = copy.deepcopy(folded)
+        if active_input is not None:
+            ui += prompt_messages(active_input, first=not finished)
+        if _covers(ui, list(saved or [])):
+            return ui, active
     # The saved transcript, converted message by message (the old answer).
     msgs = active_input if active_input is not None else list(saved or [])
     return to_ui_messages(msgs), active
