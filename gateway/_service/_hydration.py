@@ -7,7 +7,7 @@ whose start retention removed, a terminal record retention removed, a log not re
 time) the answer is the saved transcript converted message by message
 (:func:`gateway._ui_messages.to_ui_messages`): the same content, with the saved
 transcript's message boundaries. The fold of a thread's finished runs is kept in the
-gateway's memory (:class:`HydrationCache`) until another run of the thread finishes, so the
+gateway's memory (:class:`gateway._hydration_cache.HydrationCache`) until another run of the thread finishes, so the
 pages a client asks for one after the other read the logs once.
 """
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-from collections import OrderedDict
 from typing import Any
 
 from baton import errors as e
@@ -70,38 +69,6 @@ async def _fold(st: GatewayState, run_ids: list[str]) -> list[dict[str, Any]] | 
         return None
     # A run that never wrote (refused before it began) showed nothing.
     return thread_messages([(r, c) for r, c in zip(run_ids, logs) if c])
-
-
-class HydrationCache:
-    """The folded UI messages of recently hydrated threads (gateway memory, LRU).
-
-    Keyed by the thread and the ids of its finished runs, oldest first: a finished run's log
-    never changes, so an entry is good until another run of the thread finishes (a new key)
-    or the thread's records change (deleted, retention). TanStack's paging asks the same
-    thread again for every older page; this makes those requests read no log.
-
-    Args:
-        max_threads: entries kept (the least recently used goes first).
-    """
-
-    def __init__(self, max_threads: int = 32) -> None:
-        self._max = max_threads
-        self._entries: OrderedDict[tuple[str, tuple[str, ...]], list[dict[str, Any]]] = OrderedDict()
-
-    def get(self, key: tuple[str, tuple[str, ...]]) -> list[dict[str, Any]] | None:
-        """The entry (a reference: copy before changing it), or ``None``."""
-        found = self._entries.get(key)
-        if found is not None:
-            self._entries.move_to_end(key)
-        return found
-
-    def put(self, key: tuple[str, tuple[str, ...]], messages: list[dict[str, Any]]) -> None:
-        """Keep ``messages`` for ``key``; a thread's older entries go."""
-        for old in [k for k in self._entries if k[0] == key[0]]:
-            del self._entries[old]
-        self._entries[key] = messages
-        while len(self._entries) > self._max:
-            self._entries.popitem(last=False)
 
 
 def _covers(ui: list[dict[str, Any]], saved: list[dict[str, Any]]) -> bool:
