@@ -29,6 +29,7 @@ from baton.v1 import runs_pb2, runs_service_pb2 as pb
 from gateway import _grpc_wire
 from gateway._auth import one_authorization, tenant_of_header
 from gateway._errors import StartFailed, grpc_status, mapping_for
+from gateway._paging import check_cursor, check_limit, window
 from gateway._grpc_input import cancel_request_of, join_request_of, list_runs_request_of, start_request_of
 from gateway._reader import RunRead, stream_log
 from gateway._service import (MAX_JSON_DEPTH, JoinRequest, RunService, approval_answer, awaiting_approval, fork_request,
@@ -157,9 +158,13 @@ class RunsService:
     async def GetTranscript(self, request: pb.TranscriptRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.Transcript:
         t = self._tenant(context)
         thread_id = validate_id(request.thread_id, "threadId")
+        limit = check_limit(request.page_size, "page_size")
+        check_cursor(request.page_token, "page_token")
         msgs, revision = await self._svc.transcript(t, thread_id)
-        return pb.Transcript(thread_id=thread_id, messages_json=json.dumps(msgs, separators=(",", ":")),
-                             revision=revision or 0)
+        page = window(msgs, limit, request.page_token, "page_token")
+        return pb.Transcript(thread_id=thread_id, messages_json=json.dumps(page.messages, separators=(",", ":")),
+                             revision=revision or 0, next_page_token=page.cursor, total_messages=len(msgs),
+                             first_index=page.start)
 
     async def ListRuns(self, request: pb.RunListRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.RunListResponse:
         t = self._tenant(context)

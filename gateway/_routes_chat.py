@@ -21,7 +21,7 @@ from gateway._reader import stream_log
 from gateway._service import JoinRequest, check_offset
 from gateway._service._queue import Queued, Steered, queued_view
 from gateway._sse import FORMAT_PARAM, StreamResponse, choose_framing
-from gateway._ui_messages import to_ui_messages
+from gateway._paging import check_cursor, check_limit, window
 from gateway._views import record_json, service_of, state_of, tenant
 
 
@@ -87,9 +87,16 @@ async def join_chat(request: Request) -> Response | StreamResponse:
 
 
 async def _hydrate(request: Request, thread_id: str) -> Response:
+    """The TanStack hydration: ``{messages, activeRun, page}``, ``?limit`` and ``?before``
+    paging newest first (``page.truncated`` and its ``cursor``, sent back as ``before``)."""
     validate_id(thread_id, "threadId")
-    msgs, rec = await service_of(request).thread_state(tenant(request), thread_id)
-    return JSONResponse({"messages": to_ui_messages(msgs), "activeRun": {"runId": rec.run_id} if rec else None})
+    q = request.query_params
+    limit = check_limit(q.get("limit"))
+    check_cursor(q.get("before"))
+    msgs, rec = await service_of(request).thread_ui(tenant(request), thread_id)
+    page = window(msgs, limit, q.get("before"))
+    return JSONResponse({"messages": page.messages, "activeRun": {"runId": rec.run_id} if rec else None,
+                         "page": {"truncated": True, "cursor": page.cursor} if page.cursor else {"truncated": False}})
 
 
 async def active_run(request: Request) -> Response:

@@ -14,6 +14,7 @@ from baton import errors as e
 from baton.ids import validate_id
 from gateway._errors import MetricsForbidden
 from gateway._metrics import refresh_runs_by_status
+from gateway._paging import check_cursor, check_limit, window
 from gateway._service import input_json
 from gateway._views import record_json, service_of, state_of, tenant
 
@@ -69,10 +70,15 @@ async def steer_run(request: Request) -> Response:
 
 
 async def thread_messages(request: Request) -> Response:
-    """``GET /api/threads/{threadId}/messages``: the saved transcript (AG-UI messages)."""
+    """``GET /api/threads/{threadId}/messages``: the saved transcript (AG-UI messages);
+    ``?limit`` pages it newest first, ``?before=<nextCursor>`` reads the next older page."""
     thread_id = validate_id(request.path_params["thread_id"], "threadId")
+    limit = check_limit(request.query_params.get("limit"))
+    check_cursor(request.query_params.get("before"))
     msgs, revision = await service_of(request).transcript(tenant(request), thread_id)
-    return JSONResponse({"threadId": thread_id, "messages": msgs, "revision": revision})
+    page = window(msgs, limit, request.query_params.get("before"))
+    return JSONResponse({"threadId": thread_id, "messages": page.messages, "revision": revision,
+                         "total": len(msgs), "firstIndex": page.start, "nextCursor": page.cursor or None})
 
 
 async def fork_thread(request: Request) -> Response:

@@ -10,6 +10,7 @@ from typing import Any
 
 from baton import errors as e
 from baton.aio import TaskOwner, cancel_and_join, watch_loop_lag
+from gateway._hydration_cache import HydrationCache
 from gateway._fanout import Hubs
 from gateway._hosts import HostPool
 from gateway._log_health import LogHealth
@@ -62,6 +63,8 @@ class GatewayState:
         self.streams = StreamCloser()
         #: The bound port of the gRPC Runs API (0 when it is not served).
         self.grpc_port = 0
+        #: Threads' folded hydrations (gateway/_service/_hydration.py).
+        self.hydrations = HydrationCache()
         #: The bound port of the metrics listener (0 when there is none).
         self.metrics_port = 0
         self.tasks = TaskOwner("gateway")

@@ -511,15 +511,23 @@ class TranscriptRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     THREAD_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     thread_id: _builtins.str
+    page_size: _builtins.int
+    """At most this many messages, the newest (1..1000); 0 = the whole transcript."""
+    page_token: _builtins.str
+    """A Transcript.next_page_token: the page of messages just older than that page."""
     def __init__(
         self,
         *,
         thread_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["thread_id", b"thread_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "thread_id", b"thread_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -532,20 +540,32 @@ class Transcript(_message.Message):
     THREAD_ID_FIELD_NUMBER: _builtins.int
     MESSAGES_JSON_FIELD_NUMBER: _builtins.int
     REVISION_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    TOTAL_MESSAGES_FIELD_NUMBER: _builtins.int
+    FIRST_INDEX_FIELD_NUMBER: _builtins.int
     thread_id: _builtins.str
     messages_json: _builtins.str
-    """AG-UI messages as a JSON array."""
+    """AG-UI messages as a JSON array (a page: oldest of the page first)."""
     revision: _builtins.int
+    next_page_token: _builtins.str
+    """Set when older messages are left: send it as page_token for the next older page."""
+    total_messages: _builtins.int
+    """How many messages the whole transcript holds."""
+    first_index: _builtins.int
+    """Position (from the thread's first message, 0-based) of this page's first message."""
     def __init__(
         self,
         *,
         thread_id: _builtins.str = ...,
         messages_json: _builtins.str = ...,
         revision: _builtins.int = ...,
+        next_page_token: _builtins.str = ...,
+        total_messages: _builtins.int = ...,
+        first_index: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages_json", b"messages_json", "revision", b"revision", "thread_id", b"thread_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_index", b"first_index", "messages_json", b"messages_json", "next_page_token", b"next_page_token", "revision", b"revision", "thread_id", b"thread_id", "total_messages", b"total_messages"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -16,7 +16,7 @@ from baton.ids import page_position, page_token, run_position
 from baton.runs import TERMINAL_PB
 from baton.v1 import runs_pb2
 from gateway._reader import RunRead
-from gateway._service import _cancel, _inputs, _queue, _start, _threads, _views
+from gateway._service import _cancel, _hydration, _inputs, _queue, _start, _threads, _views
 from gateway._service._cancel import CancelOutcome
 from gateway._service._requests import (CancelRequest, JoinRequest, ListRunsRequest, StartLimits, StartRequest,
                                         agent_list)
@@ -218,26 +218,14 @@ class RunService:
         """The thread's active run if the caller may see it."""
         return await _cancel.visible_active(self.state, tenant, thread_id)
 
-    async def thread_state(self, tenant: str, thread_id: str) -> tuple[list[dict[str, Any]], runs_pb2.RunRecord | None]:
-        """What a client shows of a thread it opens: ``(messages, active run)``.
-
-        While a run is going, the client re-plays its log from the start, so the messages
-        are what came before it (the run's input: the conversation so far plus the new user
-        message), never a partial answer it would show twice; else the saved transcript.
+    async def thread_ui(self, tenant: str, thread_id: str) -> tuple[list[dict[str, Any]], runs_pb2.RunRecord | None]:
+        """The thread as the live TanStack client showed it: ``(UI messages, active run)``
+        (:mod:`gateway._service._hydration`).
 
         Raises:
             UnknownThread: another tenant's thread.
         """
-        st = self.state
-        await _views.thread_visible_for(st, tenant, thread_id, must_exist=False)
-        rec = await self.find_active_run(tenant, thread_id)
-        msgs: list[dict[str, Any]] | None = None
-        if rec is not None:
-            msgs = await _cancel.run_input(st, rec.run_id)
-        if msgs is None:
-            saved, _rev = await st.transcripts.load(thread_id)
-            msgs = list(saved or [])
-        return msgs, rec
+        return await _hydration.thread_ui(self.state, tenant, thread_id)
 
     async def transcript(self, tenant: str, thread_id: str) -> tuple[list[Any], int | None]:
         """The thread's saved transcript and its revision.

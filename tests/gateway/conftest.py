@@ -21,7 +21,7 @@ from baton.sse import Comment, aiter_sse
 from baton_tools.testing.servers import free_port
 from gateway import GatewaySettings, create_app
 from gateway._connection import uvicorn_options
-from tests.conftest import assert_eventually, unique
+from tests.conftest import REPO, assert_eventually, unique
 
 
 @dataclasses.dataclass
@@ -79,6 +79,11 @@ def replay_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     """An allowed replay directory with a small claude journal (and one containing HTML)."""
     d = tmp_path_factory.mktemp("replay")
     (d / "claude-stream-json").mkdir()
+    # The corpus's real journals, under their own names (tests/gateway/test_hydration_live.py).
+    for kind in ("claude-stream-json", "codex-exec-json"):
+        (d / kind).mkdir(exist_ok=True)
+        for journal in sorted((REPO / "corpus" / kind).glob("*.jsonl")):
+            (d / kind / journal.name).write_bytes(journal.read_bytes())
     (d / "claude-stream-json" / "hello.jsonl").write_text(claude_journal(["hello from the replay"]))
     (d / "claude-stream-json" / "slow.jsonl").write_text(claude_journal([f"part {i}. " for i in range(40)]))
     (d / "claude-stream-json" / "xss.jsonl").write_text(claude_journal(

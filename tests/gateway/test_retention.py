@@ -43,7 +43,7 @@ async def test_a_thread_whose_records_retention_deleted_keeps_its_transcript_and
     # The TanStack hydration shape: UI messages with parts.
     ui = [{"id": "u1", "role": "user", "parts": [{"type": "text", "content": "hi"}]},
           {"id": "a1", "role": "assistant", "parts": [{"type": "text", "content": "yo"}]}]
-    assert r.status_code == 200 and r.json() == {"messages": ui, "activeRun": None}
+    assert r.status_code == 200 and r.json() == {"messages": ui, "activeRun": None, "page": {"truncated": False}}
     # Another tenant still cannot read it, nor take the thread over.
     assert (await http.get(f"{gw.url}/api/threads/{thread}/messages", headers=b)).status_code == 404
     assert (await http.get(f"{gw.url}/api/chat", params={"threadId": thread}, headers=b)).status_code == 404

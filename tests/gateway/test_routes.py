@@ -223,9 +223,18 @@ async def test_thread_messages_returns_the_saved_transcript(gateway: Gateway, ht
     # The TanStack hydration probe: GET /api/chat?threadId → {messages, activeRun}, the
     # messages in @tanstack/ai-client's own UIMessage shape (parts).
     r = await http.get(f"{gateway.url}/api/chat", params={"threadId": thread})
-    assert r.json() == {"messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "content": "hi"}]},
-                                     {"id": "a1", "role": "assistant", "parts": [{"type": "text", "content": "<b>yo</b>"}]}],
-                        "activeRun": None}
+    u1 = {"id": "u1", "role": "user", "parts": [{"type": "text", "content": "hi"}]}
+    a1 = {"id": "a1", "role": "assistant", "parts": [{"type": "text", "content": "<b>yo</b>"}]}
+    assert r.json() == {"messages": [u1, a1], "activeRun": None, "page": {"truncated": False}}
+    # Paged as @tanstack/ai-client asks (history.pageSize): the newest first, then older by cursor.
+    r = await http.get(f"{gateway.url}/api/chat", params={"threadId": thread, "limit": "1"})
+    page = r.json()["page"]
+    assert r.json()["messages"] == [a1] and page["truncated"] is True and page["cursor"]
+    r = await http.get(f"{gateway.url}/api/chat", params={"threadId": thread, "limit": "1", "before": page["cursor"]})
+    assert r.json()["messages"] == [u1] and r.json()["page"] == {"truncated": False}
+    for bad in ({"limit": "x"}, {"limit": "1001"}, {"before": "bm9wZQ"}, {"before": "%%"}):
+        r = await http.get(f"{gateway.url}/api/chat", params={"threadId": thread, **bad})
+        assert r.status_code == 400 and r.json()["reason"] == "INVALID_ARGUMENT", (bad, r.text)
 
 
 async def test_agents_lists_the_replay_corpus(gateway: Gateway, http: httpx.AsyncClient) -> None:

@@ -60,6 +60,16 @@ async def test_start_streams_the_run_to_its_end_with_the_sse_bytes(host: Any, gr
     assert msgs[-1]["content"] == "hello from the replay" and tr.revision > 0
     http_tr = (await http.get(f"{grpc_gateway.url}/api/threads/{thread}/messages")).json()
     assert http_tr["messages"] == msgs
+    assert (tr.next_page_token, tr.total_messages, tr.first_index) == ("", 2, 0)
+    # Paged, newest first: one message, then the older one by its token; HTTP the same.
+    newest = await runs.GetTranscript(pb.TranscriptRequest(thread_id=thread, page_size=1))
+    assert json.loads(newest.messages_json) == msgs[1:] and newest.next_page_token and newest.first_index == 1
+    older = await runs.GetTranscript(pb.TranscriptRequest(thread_id=thread, page_size=1,
+                                                          page_token=newest.next_page_token))
+    assert json.loads(older.messages_json) == msgs[:1] and older.next_page_token == "" and older.first_index == 0
+    http_page = (await http.get(f"{grpc_gateway.url}/api/threads/{thread}/messages", params={"limit": 1})).json()
+    assert http_page["messages"] == msgs[1:] and http_page["nextCursor"] == newest.next_page_token
+    assert (http_page["total"], http_page["firstIndex"]) == (2, 1)
 
     active = await runs.FindActiveRun(pb.ActiveRunRequest(thread_id=thread))
     assert active.run_id == ""
@@ -169,6 +179,9 @@ async def test_bad_input_each_with_its_status_and_reason(host: Any, grpc_gateway
     await _fails(runs.CancelRun(pb.RunCancelRequest(run_id=missing, wait=True, timeout_seconds=1e9)),
                  IA, "INVALID_ARGUMENT")
     await _fails(runs.GetTranscript(pb.TranscriptRequest(thread_id="")), IA, "INVALID_ARGUMENT")
+    for bad in (pb.TranscriptRequest(thread_id="t-x", page_size=-1), pb.TranscriptRequest(thread_id="t-x", page_size=1001),
+                pb.TranscriptRequest(thread_id="t-x", page_token="garbage!")):
+        await _fails(runs.GetTranscript(bad), IA, "INVALID_ARGUMENT")
     await _fails(runs.ListRuns(pb.RunListRequest(page_token="garbage!")), IA, "INVALID_ARGUMENT")
     await _fails(runs.ListRuns(pb.RunListRequest(page_size=-1)), IA, "INVALID_ARGUMENT")
 

@@ -1,9 +1,9 @@
 // The chat page: threads, the conversation of one thread, its live run.
 //
 // The URL names the thread (`/?thread=<id>`), so a reload or a second tab opens the same
-// conversation. Opening a thread reads each of its runs' logs from the start (the user's
-// prompt comes from the run's `run.accepted` chunk, so every tab shows it) and follows
-// the live one; a dropped stream rejoins strictly after the last offset rendered, so
+// conversation. Opening a thread reads its newest runs' logs from the start (the user's
+// prompt comes from the run's `run.accepted` chunk, so every tab shows it), older runs as
+// the reader scrolls up to them, and follows the live one; a dropped stream rejoins strictly after the last offset rendered, so
 // nothing is shown twice. The run's record (GET /api/runs/{id}) is polled while it is
 // live: it gives the state, the driving host and epoch, detach and reap times; a higher
 // epoch places a takeover marker where the new claim's fence landed in the log.
@@ -31,6 +31,7 @@ const STATE_WORDS = {
   idle: 'idle'
 }
 const POLL_MS = 1000
+const RUNS_PER_PAGE = 10 // runs a thread opens with; older ones load on scroll
 
 const state = {
   threadId: null,
@@ -279,9 +280,17 @@ async function openThread (threadId) {
     showState('idle', state.thread.forkedFrom ? 'Forked: the next message continues from here.' : 'No runs in this thread yet.')
     return
   }
+  // A long thread opens with its newest runs; older ones load as the reader scrolls up.
+  const watchOlder = runs.length > RUNS_PER_PAGE ? offerOlderRuns(runs.slice(0, -RUNS_PER_PAGE), seq) : null
+  await showRuns(runs.slice(-RUNS_PER_PAGE), seq, $('transcript'), true)
+  if (seq === state.openSeq) watchOlder?.()
+}
+
+/** Render `runs` (oldest first) into `container`: each closed run's log, the live one followed. */
+async function showRuns (runs, seq, container, newest) {
   for (const rec of runs) {
     if (seq !== state.openSeq) return
-    const view = new RunView($('transcript'), rec.runId)
+    const view = new RunView(container, rec.runId)
     if (rec.status === 'running') {
       follow(view, rec.runId)
     } else {
@@ -290,9 +299,46 @@ async function openThread (threadId) {
       } catch (err) {
         view.note(`This run's log cannot be read: ${err.message}`, 'error')
       }
-      if (seq === state.openSeq && !state.live) showRecord(rec)
+      if (newest && seq === state.openSeq && !state.live) showRecord(rec)
     }
   }
+}
+
+/**
+ * Put an "older runs" marker above the shown runs: once watched (the returned function), when
+ * it scrolls into view (or is pressed)
+ * the next `RUNS_PER_PAGE` older runs are read into a detached box, which then goes in at
+ * once under the marker, the page scrolled by its height so what the reader saw stays put.
+ */
+function offerOlderRuns (older, seq) {
+  const box = el('div', 'older-runs')
+  const button = el('button', 'secondary')
+  button.type = 'button'
+  box.append(button)
+  $('transcript').append(box)
+  const label = () => { button.textContent = `Show ${older.length} older run${older.length === 1 ? '' : 's'}` }
+  label()
+  let loading = false
+  const observer = new IntersectionObserver((entries) => { if (entries.some((e) => e.isIntersecting)) load() })
+  async function load () {
+    if (loading || seq !== state.openSeq || !older.length) return
+    loading = true
+    button.disabled = true
+    button.textContent = 'Loading older runs…'
+    const page = older.splice(-RUNS_PER_PAGE)
+    const holder = el('div', 'older-page')
+    await showRuns(page, seq, holder, false)
+    if (seq !== state.openSeq) { observer.disconnect(); return }
+    box.after(holder)
+    window.scrollBy(0, holder.offsetHeight)
+    loading = false
+    button.disabled = false
+    if (older.length) label()
+    else { observer.disconnect(); box.remove() }
+  }
+  button.addEventListener('click', load)
+  // Watched once the newest runs are shown (the marker is in view until then).
+  return () => { if (box.isConnected) observer.observe(box) }
 }
 
 // A fork's first messages came with it, not from its runs: shown from the saved transcript.
