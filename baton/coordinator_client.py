@@ -10,6 +10,9 @@ coordinator replica (the lease lives in etcd, so it survives a coordinator resta
 ``lost`` event fires when the coordinator says the lease is gone or when no refresh
 succeeded for a whole TTL; work that needs the session stops then (etcd
 ``concurrency/session.go``).
+
+It is longer than 600 lines because the :class:`Session` (the lease and its keep-alive on
+the loop) sits beside the client whose channels and replicas it uses.
 """
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ from baton.v1.coordinator_pb2 import EnqueueRunResponse, HostInfo, QueuedRun, Sa
 from baton.v1.runs_pb2 import Claim, RunInput, RunRecord, RunStatus
 
 from coordinator import _etcd as E
-from coordinator import _intents, _listing, rules, takeovers
+from coordinator import _intents, _listing, _thread_seq, rules, takeovers
 from coordinator._cache import RecordCache
 from coordinator._keys import Keys, prefix_end
 from coordinator._records import is_active, is_reclaimable, is_starting
@@ -440,7 +440,7 @@ class RunStore:
             # Its number in the thread, taken in this write: what orders the thread's runs
             # (the transcript fence, the thread's listing), whatever this replica's clock
             # says against the one that stamped the run before it.
-            new.thread_seq, seq_cmps, seq_ops = rules.take_thread_seq(k, new.thread_id, _first(r.kvs(7)))
+            new.thread_seq, seq_cmps, seq_ops = _thread_seq.take_thread_seq(k, new.thread_id, _first(r.kvs(7)))
             cmps += seq_cmps
             ops += seq_ops
             value = _bytes(new)
@@ -561,8 +561,8 @@ class RunStore:
                            else E.cmp_absent(k.thread_active(run.thread_id)))
             # Its place in the queue is a number taken from the thread's counter in this
             # write, not the enqueuing gateway's clock (gateways' clocks may disagree).
-            seq, seq_cmps, seq_ops = rules.take_thread_seq(k, run.thread_id, _first(read.kvs(4)))
-            key = k.queued(run.thread_id, rules.queue_order(run.strategy, seq, run.run_id))
+            seq, seq_cmps, seq_ops = _thread_seq.take_thread_seq(k, run.thread_id, _first(read.kvs(4)))
+            key = k.queued(run.thread_id, _thread_seq.queue_order(run.strategy, seq, run.run_id))
             res = await self.etcd.txn(
                 [same_active, E.cmp_absent(k.run(run.run_id)),
                  E.cmp_absent(k.queued_run(run.run_id)), E.cmp_none_created_after(queue, prefix_end(queue), read.revision),

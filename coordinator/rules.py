@@ -25,9 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Generic, Sequence, TypeVar
 
 from baton.errors import RunClaimLost, RunClaimNotAcquired, ThreadBusy, UnknownRun
-from baton.ids import encode_token
 from baton.runs import MAX_RECORD_BYTES, MAX_RUN_INPUTS
-from baton.thread_order import next_seq
 from baton.v1.coordinator_pb2 import PutRunInputRequest, PutRunInputResponse, SandboxInstance
 from baton.v1.runs_pb2 import Claim, RunInput, RunRecord, RunStatus
 
@@ -507,42 +505,6 @@ def listing_entries(keys: Keys, rec: RunRecord) -> list[bytes]:
     scopes: list[str | None] = [None, rec.tenant] if rec.tenant else [None]
     return [keys.started(t, rec.started_at, rec.run_id, newest_first) for t in scopes
             for newest_first in (False, True)]
-
-
-def take_thread_seq(keys: Keys, thread_id: str, counter: E.KV | None) -> tuple[int, list[E.Cmp], list[E.Op]]:
-    """The next number of a thread's runs, and what takes it inside the creating write.
-
-    The write compares the counter's mod revision as read (its absence when there was
-    none) and puts the new number, so two creates on one thread never get one number and
-    a later create never gets a smaller one, whatever the clocks of the coordinators that
-    make them (:mod:`baton.thread_order`, docs/design.md §3.1).
-
-    Args:
-        keys: the key layout.
-        thread_id: the thread.
-        counter: ``threads/<thread>/seq`` as read (``None``: absent).
-
-    Returns:
-        ``(number, compares, ops)``.
-
-    Raises:
-        ValueError: the counter does not hold a number.
-    """
-    n = next_seq(counter.value if counter is not None else None)
-    key = keys.thread_seq(thread_id)
-    return n, [E.cmp_mod(key, counter.mod_revision if counter is not None else 0)], [E.put(key, str(n).encode())]
-
-
-def queue_order(strategy: str, seq: int, run_id: str) -> str:
-    """The key suffix that places a queued run in its thread's queue (dispatch order).
-
-    Interrupting runs (``strategy`` ``interrupt``) go before enqueued ones; each kind in
-    the order of the numbers ``seq`` the thread's counter gave them (:func:`take_thread_seq`,
-    in the enqueuing write), never by a clock. An entry written before numbers
-    (``<0|1><enqueued_at µs:020d>-<run>``) sorts before every numbered entry of its kind
-    (``s`` follows the digits), as it was queued before them.
-    """
-    return f"{0 if strategy == 'interrupt' else 1}s{seq:020d}-{encode_token(run_id)}"
 
 
 def creation_indexes(keys: Keys, new: RunRecord) -> list[E.Op]:

@@ -9,7 +9,7 @@ from baton.ids import page_position, page_token, run_position, thread_run_positi
 from baton.errors import InvalidArgument
 from baton.thread_order import next_seq, thread_position
 from coordinator import _etcd as E
-from coordinator import rules
+from coordinator import _thread_seq
 from coordinator._keys import Keys
 
 pytestmark = pytest.mark.unit
@@ -42,27 +42,27 @@ def test_a_corrupt_counter_is_refused_never_restarted(stored: bytes) -> None:
 
 
 def test_taking_a_number_compares_the_counter_as_read() -> None:
-    n, cmps, ops = rules.take_thread_seq(K, "t", None)
+    n, cmps, ops = _thread_seq.take_thread_seq(K, "t", None)
     assert n == 1
     assert cmps == [E.cmp_mod(K.thread_seq("t"), 0)]  # absent, as read
     assert ops == [E.put(K.thread_seq("t"), b"1")]
-    n, cmps, ops = rules.take_thread_seq(K, "t", E.KV(key=K.thread_seq("t"), value=b"7", mod_revision=33))
+    n, cmps, ops = _thread_seq.take_thread_seq(K, "t", E.KV(key=K.thread_seq("t"), value=b"7", mod_revision=33))
     assert n == 8
     assert cmps == [E.cmp_mod(K.thread_seq("t"), 33)]
     assert ops == [E.put(K.thread_seq("t"), b"8")]
 
 
 def test_queue_order_interrupts_first_then_by_number() -> None:
-    order = sorted([rules.queue_order("enqueue", 3, "a"), rules.queue_order("interrupt", 9, "b"),
-                    rules.queue_order("enqueue", 2, "c"), rules.queue_order("enqueue", 10, "d")])
-    assert order == [rules.queue_order("interrupt", 9, "b"), rules.queue_order("enqueue", 2, "c"),
-                     rules.queue_order("enqueue", 3, "a"), rules.queue_order("enqueue", 10, "d")]
+    order = sorted([_thread_seq.queue_order("enqueue", 3, "a"), _thread_seq.queue_order("interrupt", 9, "b"),
+                    _thread_seq.queue_order("enqueue", 2, "c"), _thread_seq.queue_order("enqueue", 10, "d")])
+    assert order == [_thread_seq.queue_order("interrupt", 9, "b"), _thread_seq.queue_order("enqueue", 2, "c"),
+                     _thread_seq.queue_order("enqueue", 3, "a"), _thread_seq.queue_order("enqueue", 10, "d")]
 
 
 def test_queue_entries_from_before_numbers_go_first_in_their_kind() -> None:
     legacy_enqueue = f"1{1_700_000_000_000_000:020d}-old"
     legacy_interrupt = f"0{1_700_000_000_000_000:020d}-old"
-    assert legacy_interrupt < rules.queue_order("interrupt", 1, "n") < legacy_enqueue < rules.queue_order("enqueue", 1, "n")
+    assert legacy_interrupt < _thread_seq.queue_order("interrupt", 1, "n") < legacy_enqueue < _thread_seq.queue_order("enqueue", 1, "n")
 
 
 def test_thread_page_tokens_follow_the_number_and_are_not_tenant_tokens() -> None:
