@@ -10,6 +10,9 @@ coordinator replica (the lease lives in etcd, so it survives a coordinator resta
 ``lost`` event fires when the coordinator says the lease is gone or when no refresh
 succeeded for a whole TTL; work that needs the session stops then (etcd
 ``concurrency/session.go``).
+
+It is longer than 600 lines because the :class:`Session` (the lease and its keep-alive on
+the loop) sits beside the client whose channels and replicas it uses.
 """
 from __future__ import annotations
 
@@ -104,12 +107,13 @@ class Session:
         self.id = session_id
         self.ttl = ttl
         self.owner = owner
-        self.probe_address = probe_address
+        self._probe_address = probe_address
         self.lost = asyncio.Event()
         self._client = client
         self._closed = False
         self._task: asyncio.Task[None] | None = None
         self._thread: Any = None
+        self._poke = asyncio.Event()  # refresh now: see the probe_address setter
         if own_thread:
             from baton.keepalive import KeepAliveThread
 
@@ -121,6 +125,23 @@ class Session:
             self._thread.start()
         else:
             self._task = asyncio.create_task(self._keepalive(), name=f"session-{session_id:x}")
+
+    @property
+    def probe_address(self) -> str:
+        """See the class docstring. Setting a new one sends a refresh at once: the
+        coordinator arms the session for fast failover on the first refresh that carries
+        it, and a process that dies before the next scheduled refresh (up to a third of the
+        TTL away) would otherwise be left to the TTL."""
+        return self._probe_address
+
+    @probe_address.setter
+    def probe_address(self, address: str) -> None:
+        changed = address != self._probe_address
+        self._probe_address = address
+        if changed and address:
+            if self._thread is not None:
+                self._thread.refresh_now()
+            self._poke.set()
 
     def _lost_from_thread(self, _why: str) -> None:
         """The keep-alive thread found the lease gone: ``lost`` is set on the loop (unless closed)."""
@@ -188,7 +209,13 @@ class Session:
                 while not self._closed:
                     await call.write(pb.KeepAliveRequest(session_id=self.id, probe_address=self.probe_address))
                     sent.append(time.monotonic())
-                    await asyncio.wait({reader}, timeout=interval)
+                    poked = asyncio.ensure_future(self._poke.wait())
+                    try:  # the interval, the stream's end, or a new probe address (refresh now)
+                        await asyncio.wait({reader, poked}, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        poked.cancel()
+                        await asyncio.wait({poked})
+                    self._poke.clear()
                     if answered:
                         last_ok = max(last_ok, answered[-1])
                         answered.clear()

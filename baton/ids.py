@@ -129,6 +129,7 @@ def file_stem(run_id: str) -> str:
 # --- list positions and page tokens (ListRuns, docs/design.md §3.5) ---------------------------
 
 _POSITION = re.compile(rb"\d{20}/[A-Za-z0-9_%-]+")
+_THREAD_POSITION = re.compile(rb"\d{20}/\d{20}/[A-Za-z0-9_%-]+")
 
 
 def micros(t: float) -> int:
@@ -142,21 +143,34 @@ def run_position(started_at: float, run_id: str) -> bytes:
     return f"{micros(started_at):020d}/{encode_token(run_id)}".encode()
 
 
+def thread_run_position(thread_seq: int, started_at: float, run_id: str) -> bytes:
+    """Where a run sits in its thread's listing, earliest first (:mod:`baton.thread_order`):
+    its number in the thread, then ``started_at`` in µs and the encoded run id (which decide
+    only between runs numbered 0, created before numbers)."""
+    return f"{thread_seq:020d}/{micros(started_at):020d}/{encode_token(run_id)}".encode()
+
+
 def page_token(position: bytes) -> str:
     """The opaque ``next_page_token`` for a page that ended at ``position``."""
     return base64.urlsafe_b64encode(position).decode().rstrip("=")
 
 
-def page_position(token: str) -> bytes:
+def page_position(token: str, *, thread: bool = False) -> bytes:
     """The position a ``page_token`` names (the next page starts strictly after it).
 
+    Args:
+        token: the token.
+        thread: a token of a thread's listing (:func:`thread_run_position`), not of a
+            tenant-wide one (:func:`run_position`).
+
     Raises:
-        InvalidArgument: ``page_token`` is not a token :func:`page_token` made.
+        InvalidArgument: ``page_token`` is not a token :func:`page_token` made for this
+            kind of listing.
     """
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
     except (ValueError, binascii.Error):
         raw = b""
-    if not _POSITION.fullmatch(raw):
+    if not (_THREAD_POSITION if thread else _POSITION).fullmatch(raw):
         raise InvalidArgument("page_token", "is not a token this API returned")
     return raw

@@ -70,6 +70,8 @@ class KeepAliveThread:
         self._on_lost = on_lost
         self._options = list(options)
         self._stop = threading.Event()
+        # Set to send a refresh now (refresh_now), and by a stream's reader when it ends.
+        self._wake = threading.Event()
         self._lock = threading.Lock()
         self._call: Any = None
         self._last_ok = time.monotonic()  # send time of the last answered refresh
@@ -77,6 +79,16 @@ class KeepAliveThread:
 
     def start(self) -> None:
         self._thread.start()
+
+    def refresh_now(self) -> None:
+        """Send a refresh at once, out of schedule (the schedule goes on from that send).
+
+        For a probe address set once the process listens: the coordinator arms the session
+        for fast failover on the first refresh that carries one, and the next scheduled
+        refresh may be a third of the TTL away, a window in which a crash of the process
+        would be left to the TTL (docs/design.md §3.2, "Fast failover"). Non-blocking.
+        """
+        self._wake.set()
 
     def stop(self, timeout: float = 2.0) -> None:
         """Stop refreshing (the lease then lapses unless revoked) and wait up to ``timeout``
@@ -159,6 +171,7 @@ class KeepAliveThread:
                 verdict.append(f"{exc.code()}: {exc.details()}" if hasattr(exc, "code") else repr(exc))
             finally:
                 ended.set()
+                self._wake.set()
 
         reader = threading.Thread(target=read, name=f"keepalive-read-{self.session_id:x}", daemon=True)
         reader.start()
@@ -166,7 +179,8 @@ class KeepAliveThread:
             while not self._stop.is_set():
                 requests.put(pb.KeepAliveRequest(session_id=self.session_id, probe_address=self._probe()))
                 sent.append(time.monotonic())
-                ended.wait(interval)
+                self._wake.wait(interval)  # the interval, the stream's end, or refresh_now
+                self._wake.clear()
                 while answered:
                     self._last_ok = max(self._last_ok, answered.popleft())
                 if ended.is_set() and not self._stop.is_set():

@@ -9,6 +9,8 @@ range over ``readers/<run>/`` can never catch another run's readers.
 ``claims/<run>``                        the Claim (protobuf bytes), under the session lease
 ``threads/<thread>/active``             run id of the thread's active (running) run
 ``threads/<thread>/tenant``             the tenant the thread belongs to (its first run's)
+``threads/<thread>/seq``                the last number given to a run (or queued run) of the
+                                        thread, ASCII decimal; kept for good (baton/thread_order.py)
 ``thread-runs/<thread>/<run>``          membership index for ``ListRuns(thread_id)``
 ``reclaimable/<µs:020d>/<run>``         running runs by ``detached_since`` (range read)
 ``starting/<µs:020d>/<run>``            runs whose input is not durable yet, by ``started_at``
@@ -94,6 +96,11 @@ class Keys:
     def thread_tenant(self, thread_id: str) -> bytes:
         """The tenant a thread belongs to (written with its first run)."""
         return self._k("threads", encode_token(thread_id), "tenant")
+
+    def thread_seq(self, thread_id: str) -> bytes:
+        """The thread's counter: the last number a run (or a queued run) of it was given
+        (:mod:`baton.thread_order`). Never deleted, so no number is given twice."""
+        return self._k("threads", encode_token(thread_id), "seq")
 
     def cancel_intent(self, run_id: str, tenant: str) -> bytes:
         """A user's cancel of a run id that has no record yet (leased: it expires), one key

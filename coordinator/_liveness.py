@@ -53,6 +53,14 @@ PROBE_TIMEOUT = 2.0
 #: binds), and waiting for the stream's next refresh (a third of the TTL) would leave a
 #: process that dies early on the TTL path. After the window, each refresh tries once.
 ARM_RETRY_FIRST, ARM_RETRY_MAX, ARM_RETRY_WINDOW = 0.1, 1.0, 30.0
+#: A connect accepted right after a stream ended is tried again after these pauses (seconds,
+#: doubling) for at most ``RECHECK_WINDOW`` seconds: a process being killed closes its
+#: files in order, so its keep-alive connection (opened before it listened) can end while
+#: its listening socket still accepts for a moment (longer on a loaded machine: the exit
+#: waits for RCU grace periods between files, docs/design.md §3.2). One accepted connect
+#: judged that process alive and left its runs to the TTL. A live process keeps accepting
+#: and costs only these few connects.
+RECHECK_FIRST, RECHECK_MAX, RECHECK_WINDOW = 0.05, 0.5, 3.0
 
 
 class Verdict(enum.Enum):
@@ -112,6 +120,8 @@ class FastFailover:
         enabled: ``False`` keeps every session on the TTL path (``BATON_FAST_FAILOVER=0``).
         etcd_timeout: seconds per etcd call.
         probe_timeout: seconds per probe connect.
+        recheck_window: seconds a process whose connect was not refused is probed again
+            (a dying process's listener can outlive its keep-alive connection briefly).
 
     Attributes:
         outcomes: counts of judged streams by outcome (``revoked``, ``alive``,
@@ -120,11 +130,12 @@ class FastFailover:
     """
 
     def __init__(self, store: RunStore, *, enabled: bool, etcd_timeout: float,
-                 probe_timeout: float = PROBE_TIMEOUT) -> None:
+                 probe_timeout: float = PROBE_TIMEOUT, recheck_window: float = RECHECK_WINDOW) -> None:
         self.store = store
         self.enabled = enabled
         self.etcd_timeout = etcd_timeout
         self.probe_timeout = probe_timeout
+        self.recheck_window = recheck_window
         self.outcomes: Counter[str] = Counter()
         self.armed = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -182,7 +193,7 @@ class FastFailover:
 
     async def judge(self, token: bytes, session_id: int, address: str) -> None:
         """Revoke ``session_id`` when its process is definitely gone (see module docstring)."""
-        verdict = await probe(address, self.probe_timeout)
+        verdict, probes = await self._settle(address)
         if verdict is not Verdict.GONE:
             self.outcomes[verdict.value] += 1
             log.info("session %x: keep-alive stream broke, %s is %s: the TTL decides",
@@ -209,8 +220,27 @@ class FastFailover:
             log.warning("session %x: fast failover failed (%s); the TTL decides", session_id, exc)
             return
         self.outcomes["revoked"] += 1
-        log.warning("session %x: keep-alive stream ended and %s refuses connections: "
-                    "lease revoked (fast failover)", session_id, address)
+        if probes > 1:
+            self.outcomes["revoked-after-recheck"] += 1
+        log.warning("session %x: keep-alive stream ended and %s refuses connections (probe %d): "
+                    "lease revoked (fast failover)", session_id, address, probes)
+
+    async def _settle(self, address: str) -> tuple[Verdict, int]:
+        """Probe ``address`` until it refuses, or for :attr:`recheck_window` seconds.
+
+        Returns:
+            ``(GONE, probes)`` at the first refusal; else the last verdict and the number
+            of probes made.
+        """
+        loop = asyncio.get_running_loop()
+        until, pause, probes = loop.time() + self.recheck_window, RECHECK_FIRST, 0
+        while True:
+            verdict = await probe(address, self.probe_timeout)
+            probes += 1
+            if verdict is Verdict.GONE or loop.time() + pause > until:
+                return verdict, probes
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, RECHECK_MAX)
 
     async def aclose(self) -> None:
         """Cancel and await every arming and judging task. Idempotent."""

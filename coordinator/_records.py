@@ -16,8 +16,10 @@ TERMINAL = TERMINAL_PB
 
 # Paths a field mask may name. Identity and the store's own bookkeeping are not writable:
 # run_id/thread_id key the indexes, tenant owns the thread (threads/<t>/tenant), revision is
-# the store's, and driver_epoch only ever rises, by ClaimRun (the fence, docs/design.md §3.2).
-_READ_ONLY = frozenset({"run_id", "thread_id", "revision", "tenant", "driver_epoch", "last_takeover"})
+# the store's, driver_epoch only ever rises, by ClaimRun (the fence, docs/design.md §3.2), and
+# thread_seq is the run's number in its thread, given once at creation (baton/thread_order.py).
+_READ_ONLY = frozenset({"run_id", "thread_id", "revision", "tenant", "driver_epoch", "last_takeover",
+                        "thread_seq"})
 WRITABLE = frozenset(f.name for f in RunRecord.DESCRIPTOR.fields) - _READ_ONLY
 
 

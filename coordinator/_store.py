@@ -29,16 +29,16 @@ from typing import AsyncIterator, Callable, Sequence, TypeVar
 
 from baton.errors import (BatonError, InvalidArgument, QueuedRunStarted, QueueFull, RunIdRetired, SessionLost, StoreUnavailable,
                           ThreadBusy, UnknownThread)
-from baton.ids import encode_token
 from baton.retry import Deadline
 from baton.runs import MAX_QUEUED_RUNS
+from baton.thread_order import ThreadPosition, thread_position
 from baton.v1.coordinator_pb2 import EnqueueRunResponse, HostInfo, QueuedRun, SandboxInstance
 from baton.v1.runs_pb2 import Claim, RunInput, RunRecord, RunStatus
 
 from coordinator import _etcd as E
-from coordinator import _intents, _listing, rules, takeovers
+from coordinator import _intents, _listing, _thread_seq, rules, takeovers
 from coordinator._cache import RecordCache
-from coordinator._keys import Keys, micros, prefix_end
+from coordinator._keys import Keys, prefix_end
 from coordinator._records import is_active, is_reclaimable, is_starting
 from coordinator.rules import KEEP as _KEEP
 from coordinator.rules import FAILURE_READS, PURPOSES, Plan, Snapshot, UpdateOutcome, holds
@@ -292,7 +292,8 @@ class RunStore:
 
     async def list_runs(self, thread_id: str, tenant: str, limit: int, *, timeout: float) -> list[RunRecord]:
         """Records of one thread (or all), optionally of one tenant, oldest first; with
-        ``limit``, only the newest ``limit``.
+        ``limit``, only the newest ``limit``. A thread's runs are in the thread's order (their
+        numbers, :mod:`baton.thread_order`); every run's by ``started_at``.
 
         A thread's records are read by its membership index, paged (``Etcd.page_size`` keys
         per response), keeping only the newest ``limit`` while reading. Without a thread the
@@ -312,14 +313,14 @@ class RunStore:
                 out += recs
                 if not token:
                     return out
-        newest: list[tuple[tuple[float, str], RunRecord]] = []  # a min-heap when limit > 0
+        newest: list[tuple[ThreadPosition, RunRecord]] = []  # a min-heap when limit > 0
         p = k.thread_runs(thread_id)
         async for kvs, _ in self.etcd.range_pages(p, prefix_end(p), keys_only=True, timeout=timeout):
             for r in await self._get_many([k.run_id_of_thread_run(thread_id, kv.key) for kv in kvs],
                                           _Budget(timeout)):
                 if tenant and r.tenant != tenant:
                     continue
-                item = ((r.started_at, r.run_id), r)
+                item = (thread_position(r.thread_seq, r.started_at, r.run_id), r)
                 if limit <= 0:
                     newest.append(item)
                 elif len(newest) < limit:
@@ -390,7 +391,8 @@ class RunStore:
             member = k.thread_runs(seed.thread_id)
             r = await self.etcd.txn([], [E.get(run_key), E.get(active_key), E.get(owner_key), E.get(k.incarnation),
                                          E.get(member, prefix_end(member), limit=1), E.get(k.cancel_intent(seed.run_id, seed.tenant)),
-                                         E.get(k.retired(seed.run_id), keys_only=True)],
+                                         E.get(k.retired(seed.run_id), keys_only=True),
+                                         E.get(k.thread_seq(seed.thread_id))],
                                     timeout=b.left())
             existing = _record(_first(r.kvs(0)))
             if existing is not None:
@@ -429,17 +431,18 @@ class RunStore:
             new = RunRecord()
             new.CopyFrom(seed)
             for f in ("finished_at", "detached_since", "error", "revision", "driver_epoch",
-                      "driver_host", "cancel_requested", "cancel_reason"):
+                      "driver_host", "cancel_requested", "cancel_reason", "thread_seq"):
                 new.ClearField(f)
             new.status = RunStatus.RUN_STATUS_RUNNING
             ops += _intents.on_create(k, new, _first(r.kvs(5)), cmps)  # a Stop before the start
             if not new.HasField("started_at"):
                 new.started_at = self.clock()
-                if is_active(other) and other is not None and new.started_at <= other.started_at:
-                    # It interrupts ``other``: it is the later run of the thread (started_at
-                    # orders them for the transcript fence), even if the coordinator that
-                    # stamped ``other`` had a clock ahead of ours.
-                    new.started_at = other.started_at + 1e-6
+            # Its number in the thread, taken in this write: what orders the thread's runs
+            # (the transcript fence, the thread's listing), whatever this replica's clock
+            # says against the one that stamped the run before it.
+            new.thread_seq, seq_cmps, seq_ops = _thread_seq.take_thread_seq(k, new.thread_id, _first(r.kvs(7)))
+            cmps += seq_cmps
+            ops += seq_ops
             value = _bytes(new)
             ops += [E.put(run_key, value), E.put(active_key, new.run_id.encode()),
                     E.put(k.thread_run(new.thread_id, new.run_id), b"")]
@@ -534,17 +537,17 @@ class RunStore:
         k = self.keys
         Out = EnqueueRunResponse
         queue = k.queue(run.thread_id)
-        order = f"{0 if run.strategy == 'interrupt' else 1}{micros(run.enqueued_at):020d}-{encode_token(run.run_id)}"
-        key = k.queued(run.thread_id, order)
         stored = QueuedRun()
         stored.CopyFrom(run)
         stored.ClearField("position")
         while True:
-            # One read at one revision: the active run, whether the id is taken, the queue's length.
+            # One read at one revision: the active run, whether the id is taken, the queue's
+            # length, the thread's counter.
             read = await self.etcd.txn([], [E.get(k.thread_active(run.thread_id)),
                                             E.get(k.run(run.run_id), count_only=True),
                                             E.get(k.queued_run(run.run_id), count_only=True),
-                                            E.get(queue, prefix_end(queue), count_only=True)], timeout=b.left())
+                                            E.get(queue, prefix_end(queue), count_only=True),
+                                            E.get(k.thread_seq(run.thread_id))], timeout=b.left())
             active = read.kvs(0)
             if not active and not read.count(3):
                 return Out.IDLE, 0, ""
@@ -556,11 +559,16 @@ class RunStore:
             # not free: the run queues behind those waiting, never ahead of them.
             same_active = (E.cmp_mod(k.thread_active(run.thread_id), active[0].mod_revision) if active
                            else E.cmp_absent(k.thread_active(run.thread_id)))
+            # Its place in the queue is a number taken from the thread's counter in this
+            # write, not the enqueuing gateway's clock (gateways' clocks may disagree).
+            seq, seq_cmps, seq_ops = _thread_seq.take_thread_seq(k, run.thread_id, _first(read.kvs(4)))
+            key = k.queued(run.thread_id, _thread_seq.queue_order(run.strategy, seq, run.run_id))
             res = await self.etcd.txn(
                 [same_active, E.cmp_absent(k.run(run.run_id)),
-                 E.cmp_absent(k.queued_run(run.run_id)), E.cmp_none_created_after(queue, prefix_end(queue), read.revision)],
+                 E.cmp_absent(k.queued_run(run.run_id)), E.cmp_none_created_after(queue, prefix_end(queue), read.revision),
+                 *seq_cmps],
                 [E.put(key, stored.SerializeToString()), E.put(k.queued_run(run.run_id), key),
-                 E.get(queue, key + b"\0", count_only=True)],
+                 E.get(queue, key + b"\0", count_only=True), *seq_ops],
                 timeout=b.left())
             if res.succeeded:
                 return Out.QUEUED, res.count(2), active[0].value.decode() if active else ""

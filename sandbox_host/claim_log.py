@@ -445,7 +445,7 @@ class ClaimLog:
             return
         ts = self.deps.transcripts
         thread = self.record.thread_id
-        writer = TranscriptWriter(self.run_id, self.epoch, self.record.started_at)
+        writer = TranscriptWriter(self.run_id, self.epoch, self.record.started_at, self.record.thread_seq)
         msgs = self.builder.messages()
         for _ in range(8):
             if not self._transcript_loaded:

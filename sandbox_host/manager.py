@@ -313,9 +313,10 @@ class RunManager:
         launch = prepare_agent(kind, options, prompt=prompt_from_messages(messages))
         self.deps.agent_secrets(launch, req.tenant)
         workspace_json = self.deps.check_workspace(req)  # likewise: a bad workspace, an unknown credential
-        # No started_at: the coordinator stamps it with its clock. It orders the runs of a
-        # thread (the transcript fence) and times the reaper's start grace, so it must not
-        # come from whichever host started the run (hosts' clocks may disagree).
+        # No started_at: the coordinator stamps it with its clock (it times the reaper's start
+        # grace, so it must not come from whichever host started the run: hosts' clocks may
+        # disagree). The coordinator also numbers the run in its thread (thread_seq), which
+        # is what orders a thread's runs (the transcript fence), never a clock.
         seed = runs_pb2.RunRecord(
             run_id=req.run_id, thread_id=req.thread_id, status=runs_pb2.RUN_STATUS_RUNNING,
             agent=runs_pb2.AgentSpec(kind=kind, options_json=json.dumps(dict(launch.options))),

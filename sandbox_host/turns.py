@@ -164,12 +164,12 @@ async def snapshot_turn(deps: "HostDeps", record: runs_pb2.RunRecord, epoch: int
         log.error("run %s: workspace not snapshotted: %s", record.run_id, exc)
         await deps.workspaces.note_lost_turn(
             record.thread_id, run_id=record.run_id, reason=f"the workspace could not be saved: {exc}"[:500],
-            writer=TranscriptWriter(record.run_id, epoch, record.started_at))
+            writer=TranscriptWriter(record.run_id, epoch, record.started_at, record.thread_seq))
         return None
     await deps.workspaces.save_turn(
         record.thread_id, run_id=record.run_id, snapshot=info.digest, agent_session_id=turn_session(turn, announced),
         messages=messages, workspace=turn.workspace, agent_kind=kind_of(record),
-        writer=TranscriptWriter(record.run_id, epoch, record.started_at), tenant=record.tenant)
+        writer=TranscriptWriter(record.run_id, epoch, record.started_at, record.thread_seq), tenant=record.tenant)
     await sbx.provider.mark_tree(sbx.handle, info.digest)
     log.info("run %s: workspace snapshot %s (%d files, %d bytes stored of %d)", record.run_id, info.digest[:12],
              info.files, info.bytes_stored, info.bytes_total)

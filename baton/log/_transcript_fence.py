@@ -10,27 +10,34 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from baton.thread_order import thread_position
+
 Verdict = Literal["replace", "newer-epoch", "later-run"]
 
 
 @dataclass(frozen=True)
 class TranscriptWriter:
-    """Who saved a transcript: the run, its claim's epoch and the run's start time.
+    """Who saved a transcript: the run, its claim's epoch, the run's start time and number.
 
     Attributes:
         run_id: the run whose driver saved.
         epoch: the claim's epoch (>= 1).
-        started_at: the run record's ``started_at`` (seconds since the epoch). It orders
-            the runs of one thread: a thread has at most one active run, so a later run is
-            created after the earlier one ended.
+        started_at: the run record's ``started_at`` (seconds since the epoch).
+        seq: the run record's ``thread_seq``: its number among its thread's runs, which
+            orders them (:mod:`baton.thread_order`); 0 for a run created before numbers
+            (ordered before every numbered run, then by ``started_at`` and run id).
     """
 
     run_id: str
     epoch: int
     started_at: float
+    seq: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"run": self.run_id, "epoch": self.epoch, "at": self.started_at}
+        out: dict[str, Any] = {"run": self.run_id, "epoch": self.epoch, "at": self.started_at}
+        if self.seq:
+            out["seq"] = self.seq
+        return out
 
     @classmethod
     def from_json(cls, value: Any) -> "TranscriptWriter | None":
@@ -39,9 +46,14 @@ class TranscriptWriter:
         if not isinstance(value, dict):
             return None
         try:
-            return cls(str(value["run"]), int(value["epoch"]), float(value["at"]))
+            return cls(str(value["run"]), int(value["epoch"]), float(value["at"]), int(value.get("seq") or 0))
         except (KeyError, TypeError, ValueError):
             return None
+
+    @property
+    def position(self) -> tuple[int, float, str]:
+        """Where the writer's run sits among its thread's runs (:func:`thread_position`)."""
+        return thread_position(self.seq, self.started_at, self.run_id)
 
 
 def verdict(stored: TranscriptWriter | None, writer: TranscriptWriter) -> Verdict:
@@ -54,20 +66,21 @@ def verdict(stored: TranscriptWriter | None, writer: TranscriptWriter) -> Verdic
 
     Returns:
         ``"replace"`` when it may; ``"newer-epoch"`` when ``stored`` is the same run (same
-        id and start time) at a higher epoch (a successor took the run over); ``"later-run"``
-        when ``stored`` is a later run of the thread (by start time, then run id; a run id
-        started again after retention is a new run). The same writer replaces its own value, and an equal
-        epoch of the same run replaces too (the log fence already allows one writer per
-        epoch).
+        id, start time and number) at a higher epoch (a successor took the run over);
+        ``"later-run"`` when ``stored`` is a later run of the thread, by the thread's order
+        (:func:`baton.thread_order.thread_position`: the runs' numbers, never their clocks;
+        a run id started again after retention is a new run with a new number). The same
+        writer replaces its own value, and an equal epoch of the same run replaces too
+        (the log fence already allows one writer per epoch).
     """
     if stored is None:
         return "replace"
-    if stored.run_id == writer.run_id and stored.started_at == writer.started_at:
+    if (stored.run_id, stored.started_at, stored.seq) == (writer.run_id, writer.started_at, writer.seq):
         return "newer-epoch" if stored.epoch > writer.epoch else "replace"
     # Another run, or the same run id started again after retention deleted the old record
-    # and its id stopped being retired (docs/design.md §3.5): the later start wins, so the
+    # and its id stopped being retired (docs/design.md §3.5): the later run wins, so the
     # old run's higher epochs cannot fence the new run out.
-    if (stored.started_at, stored.run_id) > (writer.started_at, writer.run_id):
+    if stored.position > writer.position:
         return "later-run"
     return "replace"
 

@@ -156,6 +156,7 @@ class RunRecord(_message.Message):
     INPUTS_FIELD_NUMBER: _builtins.int
     TRACE_PARENT_FIELD_NUMBER: _builtins.int
     LAST_TAKEOVER_FIELD_NUMBER: _builtins.int
+    THREAD_SEQ_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     thread_id: _builtins.str
     status: Global___RunStatus.ValueType
@@ -215,6 +216,14 @@ class RunRecord(_message.Message):
     run later (a takeover after a crash) continues this trace with a link to it. Empty
     when nobody traced the start.
     """
+    thread_seq: _builtins.int
+    """The run's place among its thread's runs: 1, 2, 3... in the order the coordinator
+    created them, taken from the thread's counter (threads/<thread>/seq in etcd) in the
+    transaction that creates the record (docs/design.md §3.1, "Order of a thread's runs").
+    It orders a thread's runs (the transcript fence, a thread's listing), never a clock.
+    0 on a record created before the counter: such runs come before every numbered run of
+    their thread, by started_at then run id among themselves. Set by the coordinator only.
+    """
     @_builtins.property
     def error(self) -> Global___RunError: ...
     @_builtins.property
@@ -262,10 +271,11 @@ class RunRecord(_message.Message):
         inputs: _abc.Iterable[Global___RunInput] | None = ...,
         trace_parent: _builtins.str = ...,
         last_takeover: Global___Takeover | None = ...,
+        thread_seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since", "_finished_at", b"_finished_at", "_started_at", b"_started_at", "agent", b"agent", "detached_since", b"detached_since", "error", b"error", "finished_at", b"finished_at", "last_takeover", b"last_takeover", "started_at", b"started_at", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since", "_finished_at", b"_finished_at", "_started_at", b"_started_at", "agent", b"agent", "cancel_on_disconnect", b"cancel_on_disconnect", "cancel_reason", b"cancel_reason", "cancel_requested", b"cancel_requested", "detach_on_disconnect", b"detach_on_disconnect", "detached_since", b"detached_since", "driver_epoch", b"driver_epoch", "driver_host", b"driver_host", "error", b"error", "finished_at", b"finished_at", "inputs", b"inputs", "keep_sandbox", b"keep_sandbox", "last_takeover", b"last_takeover", "parent_run_id", b"parent_run_id", "revision", b"revision", "run_id", b"run_id", "sandbox_key", b"sandbox_key", "started_at", b"started_at", "starting", b"starting", "status", b"status", "tenant", b"tenant", "thread_id", b"thread_id", "trace_parent", b"trace_parent", "turn_json", b"turn_json", "usage", b"usage", "workspace_json", b"workspace_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since", "_finished_at", b"_finished_at", "_started_at", b"_started_at", "agent", b"agent", "cancel_on_disconnect", b"cancel_on_disconnect", "cancel_reason", b"cancel_reason", "cancel_requested", b"cancel_requested", "detach_on_disconnect", b"detach_on_disconnect", "detached_since", b"detached_since", "driver_epoch", b"driver_epoch", "driver_host", b"driver_host", "error", b"error", "finished_at", b"finished_at", "inputs", b"inputs", "keep_sandbox", b"keep_sandbox", "last_takeover", b"last_takeover", "parent_run_id", b"parent_run_id", "revision", b"revision", "run_id", b"run_id", "sandbox_key", b"sandbox_key", "started_at", b"started_at", "starting", b"starting", "status", b"status", "tenant", b"tenant", "thread_id", b"thread_id", "thread_seq", b"thread_seq", "trace_parent", b"trace_parent", "turn_json", b"turn_json", "usage", b"usage", "workspace_json", b"workspace_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__detached_since: _TypeAlias = _typing.Literal["detached_since"]  # noqa: Y015
     _WhichOneofArgType__detached_since: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since"]  # noqa: Y015

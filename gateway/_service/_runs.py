@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 from baton import errors as e
-from baton.ids import page_position, page_token, run_position
+from baton.ids import page_position, page_token, thread_run_position
 from baton.runs import TERMINAL_PB
 from baton.v1 import runs_pb2
 from gateway._reader import RunRead
@@ -26,7 +26,8 @@ log = logging.getLogger("gateway.service")
 
 
 def _position(record: runs_pb2.RunRecord) -> bytes:
-    return run_position(record.started_at, record.run_id)
+    """Where a run sits among its thread's runs: its number, not its clock (baton/thread_order.py)."""
+    return thread_run_position(record.thread_seq, record.started_at, record.run_id)
 
 
 class RunService:
@@ -248,9 +249,9 @@ class RunService:
             # One page from the coordinator's started index: one call never reads every run.
             recs, token = await st.coordinator.list_page(scope, req.page_size, req.page_token)
             return list(recs), token
-        # A thread's runs are few (one runs at a time): read them and page here, with
-        # tokens of the same form (the position of the page's last run).
-        after = page_position(req.page_token) if req.page_token else None
+        # A thread's runs are few (one runs at a time): read them and page here, in the
+        # thread's order (the runs' numbers), with tokens of the position of the page's last run.
+        after = page_position(req.page_token, thread=True) if req.page_token else None
         await _views.thread_visible_for(st, tenant, req.thread_id, must_exist=False)
         recs = sorted(await st.coordinator.list_runs(thread_id=req.thread_id, limit=0, tenant=scope), key=_position)
         if after is not None:

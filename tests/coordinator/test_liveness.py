@@ -140,3 +140,30 @@ async def test_a_process_that_listens_after_its_session_opened_is_armed_before_t
         _drop_stream(s)  # now it dies: the refused connect is definite
         await assert_eventually(lambda: ff.outcomes["revoked"] == 1)
         assert await _lease_ttl(coord, s.id) == -1
+
+
+async def test_a_listener_that_outlives_the_stream_for_a_moment_is_still_revoked(coord: InProcessCoordinator) -> None:
+    """A process being killed closes its files in order: its keep-alive connection (opened
+    before it listened) ends while its listening socket still accepts for a moment. The
+    connect made then is accepted; the coordinator probes again shortly, meets the refusal,
+    and revokes (one accepted connect used to leave the runs to the TTL)."""
+    ff = coord.server.fast_failover
+    accepted = asyncio.Event()
+
+    def on_connect(_r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        accepted.set()
+        w.close()
+
+    srv = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    address = f"127.0.0.1:{srv.sockets[0].getsockname()[1]}"
+    async with CoordinatorClient(coord.address, token="") as cc:
+        s = await cc.open_session(ttl=90, owner="dying-slowly", probe_address=address)
+        await assert_eventually(lambda: ff.armed == 1)
+        accepted.clear()  # the arming connect
+        _drop_stream(s)
+        await assert_eventually(accepted.is_set)  # the judge's first connect: accepted
+        srv.close()  # the listener goes after the stream
+        await srv.wait_closed()
+        await assert_eventually(lambda: ff.outcomes["revoked"] == 1)
+        assert ff.outcomes["revoked-after-recheck"] == 1
+        assert await _lease_ttl(coord, s.id) == -1

@@ -75,6 +75,8 @@ async def test_update_round_trips_every_field_and_explicit_clear_removes_it(cc: 
     expect = RunRecord()
     expect.CopyFrom(patch)
     expect.run_id, expect.thread_id, expect.revision = rec.run_id, rec.thread_id, stored.revision
+    expect.thread_seq = rec.thread_seq  # the run's number in its thread: given at creation, read-only
+    assert rec.thread_seq == 1
     assert stored == expect and out == stored
 
     # An explicit clear: the path is in the mask, the value is unset.
@@ -295,11 +297,14 @@ async def test_sandbox_instances_round_trip(cc: CoordinatorClient) -> None:
 async def test_a_run_interrupting_another_starts_after_it_whatever_the_clocks(cc: CoordinatorClient) -> None:
     # The active run was stamped by a coordinator whose clock ran ten minutes ahead (or
     # sent its own started_at); the run that interrupts it is still the later run of the
-    # thread: the transcript fence orders a thread's runs by started_at.
+    # thread: its number in the thread, which orders a thread's runs (the transcript fence,
+    # baton/thread_order.py), is the next one. started_at stays the clock's word.
     thread = unique("th-")
     a = await _new(cc, thread, started_at=time.time() + 600)
     b, created = await cc.create_or_resume_run(RunRecord(run_id=unique("run-"), thread_id=thread),
                                                interrupt_active=True)
     assert created
-    assert b.started_at > a.started_at
+    assert b.started_at < a.started_at
+    assert b.thread_seq == a.thread_seq + 1
+    assert [r.run_id for r in await cc.list_runs(thread_id=thread, limit=0)] == [a.run_id, b.run_id]
     assert (await cc.get_run(a.run_id)).record.cancel_requested

@@ -32,6 +32,15 @@ W = TranscriptWriter
     (W("ra", 1, 10.0), W("rb", 1, 10.0), "replace"),
     (W("r1", 3, 10.0), W("r1", 1, 90.0), "replace"),          # the id reused after retention
     (W("r1", 1, 90.0), W("r1", 3, 10.0), "later-run"),        # the old run's zombie after reuse
+    # Numbered runs (RunRecord.thread_seq): the number orders them, never the clock.
+    (W("r1", 1, 90.0, 1), W("r2", 1, 10.0, 2), "replace"),    # the next run, stamped by a slow clock
+    (W("r2", 1, 10.0, 2), W("r1", 4, 90.0, 1), "later-run"),  # the earlier run's zombie, whatever its clock
+    (W("r1", 2, 10.0, 1), W("r1", 1, 10.0, 1), "newer-epoch"),
+    (W("r1", 1, 10.0, 1), W("r1", 2, 10.0, 1), "replace"),
+    (W("r1", 3, 10.0, 1), W("r1", 1, 10.0, 7), "replace"),    # the id reused after retention: a new number
+    (W("r0", 9, 99.0), W("r1", 1, 1.0, 1), "replace"),        # a run from before numbers comes first
+    (W("r1", 1, 1.0, 1), W("r0", 9, 99.0), "later-run"),
+    (W("", 0, 0.0), W("r1", 1, 5.0, 1), "replace"),           # a fork's transcript (no run)
 ])
 def test_the_fence_rule(stored: TranscriptWriter | None, writer: TranscriptWriter, expected: str) -> None:
     assert verdict(stored, writer) == expected
@@ -41,6 +50,12 @@ def test_the_fence_rule(stored: TranscriptWriter | None, writer: TranscriptWrite
 @pytest.mark.parametrize("raw", [None, {}, {"run": "r"}, {"run": "r", "epoch": "x", "at": 1}, [1, 2]])
 def test_a_missing_or_malformed_writer_is_no_writer(raw: Any) -> None:
     assert TranscriptWriter.from_json(raw) is None
+
+
+@pytest.mark.parametrize("writer", [W("r", 2, 10.5), W("r", 2, 10.5, 3)])
+def test_a_writer_round_trips_with_its_number(writer: TranscriptWriter) -> None:
+    assert TranscriptWriter.from_json(writer.to_json()) == writer
+    assert ("seq" in writer.to_json()) is bool(writer.seq)  # a run from before numbers is stored as before
 
 
 @pytest.fixture
