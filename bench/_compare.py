@@ -13,9 +13,11 @@ several rounds is its median.
 The table lists every figure either side wrote (the leaves of each ``bench/results/*.json``
 the bench wrote; lists are left out), both values, the ratio working/base, and a verdict:
 ``better``/``worse`` when the ratio moves past ``--noise`` (default 10 %) in a direction
-the figure's name tells (per second, ratios and speed-ups up; ms, seconds, RSS, CPU down),
-``changed`` when the name does not tell. A bench's own targets (the booleans under
-``targets``/``targets_met``) are rows of their own: ``met``/``missed`` on each side.
+the figure's name tells (per second, ratios and speed-ups up; ms, seconds, RSS, CPU,
+overhead down), ``changed`` when the name does not tell; and the figure's target when the
+bench states one beside it (``target_<figure>``). A bench's own verdicts on its targets (the
+booleans under ``targets``/``targets_met``, ``meets_*``) are rows of their own, after the
+figures: ``met``/``missed`` on each side.
 
 The working tree's committed results are restored after its runs: the comparison writes
 nothing into the tree.
@@ -44,6 +46,8 @@ Flat = dict[str, float | bool]
 # is a ratio of latencies: lower is better, so "_ms" is checked after "ratio").
 _UP = ("per_s", "_s_", "throughput", "speedup", "ratio", "vs_")
 _DOWN = ("_ms", "ms_", "latency", "seconds", "rss", "cpu", "_kb", "p50", "p99", "max", "stall", "failures")
+# A cost whatever follows it ("overhead_vs_bare").
+_COST = ("overhead",)
 
 
 # --- the table (pure) ---------------------------------------------------------------------
@@ -80,6 +84,8 @@ def median_of(runs: list[Flat]) -> Flat:
 def direction(key: str) -> int:
     """+1 when a larger value is better, -1 when smaller is, 0 when the name does not say."""
     name, found = key.lower(), 0
+    if any(w in name for w in _COST):
+        return -1
     best = -1
     for words, sign in ((_UP, 1), (_DOWN, -1)):
         for w in words:
@@ -90,8 +96,22 @@ def direction(key: str) -> int:
 
 
 def is_target(key: str) -> bool:
+    """Whether ``key`` is a bench's own verdict on a target (``targets.*``, ``meets_*``) or
+    the target's figure (``target_*``), not a measured figure."""
     parts = key.split(".")
-    return any(p in ("targets", "targets_met") for p in parts[:-1])
+    leaf = parts[-1]
+    return (any(p in ("targets", "targets_met") for p in parts[:-1])
+            or leaf.startswith(("target", "meets_")))
+
+
+def target_of(key: str, flat: Flat) -> str:
+    """The target a bench states beside figure ``key`` (a sibling ``target_<name>``), as
+    ``>= v`` or ``<= v`` by the figure's direction; empty when it states none."""
+    head, _, leaf = key.rpartition(".")
+    t = flat.get(f"{head}.target_{leaf}" if head else f"target_{leaf}")
+    if t is None or isinstance(t, bool):
+        return ""
+    return f"{'<=' if direction(key) < 0 else '>='} {t:g}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +124,7 @@ class Row:
         base: the base revision's value (``None``: it has no such figure).
         head: the working tree's value (``None``: likewise).
         ratio: head / base when both are numbers and base is not 0.
+        target: the target the bench states beside the figure (:func:`target_of`), or "".
         verdict: ``better``, ``worse``, ``changed``, ``same``, ``met``, ``missed``,
             ``now met``, ``now missed``, ``new`` or ``gone``.
     """
@@ -114,6 +135,7 @@ class Row:
     head: float | bool | None
     ratio: float | None
     verdict: str
+    target: str = ""
 
 
 def build_rows(base: dict[str, Flat], head: dict[str, Flat], noise: float = 0.10) -> list[Row]:
@@ -129,7 +151,8 @@ def build_rows(base: dict[str, Flat], head: dict[str, Flat], noise: float = 0.10
         b, h = base.get(bench, {}), head.get(bench, {})
         for key in dict.fromkeys([*b, *h]):
             bv, hv = b.get(key), h.get(key)
-            rows.append(Row(bench, key, bv, hv, _ratio(bv, hv), _verdict(key, bv, hv, noise)))
+            rows.append(Row(bench, key, bv, hv, _ratio(bv, hv), _verdict(key, bv, hv, noise),
+                            target_of(key, h) or target_of(key, b)))
     return rows
 
 
@@ -170,9 +193,9 @@ def render(rows: Iterable[Row], base_name: str, head_name: str = "working tree")
 
     ordered = sorted(rows, key=lambda r: is_target(r.figure))
     ordered.sort(key=lambda r: r.bench)  # stable: figures first, targets after, per bench
-    table = [("bench", "figure", base_name, head_name, "ratio", "verdict")]
+    table = [("bench", "figure", base_name, head_name, "ratio", "target", "verdict")]
     table += [(r.bench, r.figure, cell(r.base), cell(r.head), "-" if r.ratio is None else f"{r.ratio:.2f}x",
-               r.verdict) for r in ordered]
+               r.target or "-", r.verdict) for r in ordered]
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table)
 

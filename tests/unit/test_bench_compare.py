@@ -35,6 +35,14 @@ def test_rows_give_both_values_the_ratio_and_a_verdict() -> None:
     assert rows["summary.workers_2_vs_1"] == Row("gateway", "summary.workers_2_vs_1", None, 1.7, None, "new")
 
 
+def test_a_target_stated_beside_a_figure_is_its_target() -> None:
+    rows = {r.figure: r for r in build_rows({"t": {"x.p99_ms": 9.0, "x.target_p99_ms": 5.0, "x.meets_target": False}},
+                                            {"t": {"x.p99_ms": 4.0, "x.target_p99_ms": 5.0, "x.meets_target": True}})}
+    assert (rows["x.p99_ms"].target, rows["x.p99_ms"].verdict) == ("<= 5", "better")
+    assert rows["x.meets_target"].verdict == "now met"
+    assert rows["x.target_p99_ms"].target == ""
+
+
 def test_a_bench_on_one_side_only_and_a_figure_gone() -> None:
     rows = build_rows({"log": {"a_per_s": 1.0}, "old": {"x_ms": 2.0}}, {"log": {}})
     assert [(r.bench, r.figure, r.verdict) for r in rows] == [("log", "a_per_s", "gone"), ("old", "x_ms", "gone")]
@@ -42,7 +50,8 @@ def test_a_bench_on_one_side_only_and_a_figure_gone() -> None:
 
 @pytest.mark.parametrize("key, sign", [("delivered_chunks_per_s", 1), ("latency_p99_ms", -1), ("rss_kb_per_idle_reader", -1),
                                        ("workers_2_vs_1_many_runs", 1), ("ratios.reference.read_latency_p50", -1),
-                                       ("cpu_ms_per_request.gateway", -1), ("readers", 0)])
+                                       ("cpu_ms_per_request.gateway", -1), ("readers", 0),
+                                       ("overhead_vs_bare", -1)])
 def test_the_direction_a_name_tells(key: str, sign: int) -> None:
     assert direction(key) == sign
 
@@ -55,7 +64,7 @@ def test_median_over_rounds_and_majority_of_targets() -> None:
 def test_render_puts_targets_after_figures_and_marks_missing_values() -> None:
     text = render(build_rows({"gateway": flatten(BASE)}, {"gateway": flatten(HEAD)}), "base abc123")
     lines = text.splitlines()
-    assert lines[0].split() == ["bench", "figure", "base", "abc123", "working", "tree", "ratio", "verdict"]
+    assert lines[0].split() == ["bench", "figure", "base", "abc123", "working", "tree", "ratio", "target", "verdict"]
     figures = [line.split()[1] for line in lines[1:]]
     assert figures.index("summary.workers_2_vs_1") < figures.index("summary.targets.p99_le_50ms")
     assert "1.60x" in text and "now met" in text
