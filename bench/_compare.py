@@ -182,8 +182,26 @@ def _verdict(key: str, b: float | bool | None, h: float | bool | None, noise: fl
     return "better" if (h - b) * sign > 0 else "worse"
 
 
-def render(rows: Iterable[Row], base_name: str, head_name: str = "working tree") -> str:
-    """The table as aligned text, targets last within each bench."""
+def round_ratios(base_runs: list[Flat], head_runs: list[Flat], key: str) -> str:
+    """Working/base of each round's pair of runs (``a / b / c``), to read a median's spread;
+    ``-`` where a round lacks a number."""
+    out = []
+    for b, h in zip(base_runs, head_runs):
+        r = _ratio(b.get(key), h.get(key))
+        out.append("-" if r is None else f"{r:.2f}")
+    return " / ".join(out)
+
+
+def render(rows: Iterable[Row], base_name: str, head_name: str = "working tree",
+           runs: tuple[dict[str, list[Flat]], dict[str, list[Flat]]] | None = None) -> str:
+    """The table as aligned text, targets last within each bench.
+
+    Args:
+        rows: from :func:`build_rows`.
+        base_name: the base column's heading; ``head_name`` the working tree's.
+        runs: each side's runs per bench (base, head); with more than one round a column
+            gives each round's ratio (:func:`round_ratios`).
+    """
     def cell(v: float | bool | None) -> str:
         if v is None:
             return "-"
@@ -193,9 +211,14 @@ def render(rows: Iterable[Row], base_name: str, head_name: str = "working tree")
 
     ordered = sorted(rows, key=lambda r: is_target(r.figure))
     ordered.sort(key=lambda r: r.bench)  # stable: figures first, targets after, per bench
-    table = [("bench", "figure", base_name, head_name, "ratio", "target", "verdict")]
+    table: list[tuple[str, ...]] = [("bench", "figure", base_name, head_name, "ratio", "target", "verdict")]
     table += [(r.bench, r.figure, cell(r.base), cell(r.head), "-" if r.ratio is None else f"{r.ratio:.2f}x",
                r.target or "-", r.verdict) for r in ordered]
+    if runs is not None and max((len(v) for v in runs[0].values()), default=0) > 1:
+        table[0] += ("per round",)
+        for i, r in enumerate(ordered, start=1):
+            table[i] += (round_ratios(runs[0].get(r.bench, []), runs[1].get(r.bench, []), r.figure)
+                         if r.ratio is not None else "",)
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table)
 
@@ -290,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                     runs[key].setdefault(bench, []).append(side.run(bench))
         rows = build_rows({b: median_of(r) for b, r in runs["base"].items()},
                           {b: median_of(r) for b, r in runs["head"].items()}, args.noise)
-        print(render(rows, f"base {args.rev}"))
+        print(render(rows, f"base {args.rev}", runs=(runs["base"], runs["head"])))
         print(f"({args.rounds} interleaved round(s) per side; figures on a shared machine are noisy: "
               f"read 'worse' next to the bench's own spread)")
     finally:

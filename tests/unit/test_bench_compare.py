@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench._compare import Row, build_rows, direction, flatten, median_of, render
+from bench._compare import Row, build_rows, direction, flatten, median_of, render, round_ratios
 
 pytestmark = pytest.mark.unit
 
@@ -69,3 +69,13 @@ def test_render_puts_targets_after_figures_and_marks_missing_values() -> None:
     assert figures.index("summary.workers_2_vs_1") < figures.index("summary.targets.p99_le_50ms")
     assert "1.60x" in text and "now met" in text
     assert any(line.split()[2] == "-" for line in lines if "workers_2_vs_1" in line)
+
+
+def test_each_round_ratio_shows_a_medians_spread() -> None:
+    base = [{"a_per_s": 10.0}, {"a_per_s": 20.0}, {}]
+    head = [{"a_per_s": 15.0}, {"a_per_s": 10.0}, {"a_per_s": 1.0}]
+    assert round_ratios(base, head, "a_per_s") == "1.50 / 0.50 / -"
+    rows = build_rows({"b": median_of(base)}, {"b": median_of(head)})
+    text = render(rows, "base x", runs=({"b": base}, {"b": head}))
+    assert text.splitlines()[0].rstrip().endswith("per round")
+    assert text.splitlines()[1].endswith("1.50 / 0.50 / -")
