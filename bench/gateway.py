@@ -375,11 +375,11 @@ async def main() -> dict[str, Any]:
         # the 1,000 readers at BATON_HTTP_CONNECTIONS_PER_CLIENT).
         gw = await start_gateway(coord.address, nats.url, log_dir=tmp, log_level="WARNING",
                                  runs_stream=cfg.stream, subject_prefix=cfg.subject_prefix,
-                                 threads_bucket=cfg.bucket, http_connections_per_client=0)
+                                 threads_bucket=cfg.bucket, http_connections_per_client=0, start_timeout=120)
         metrics2 = adjacent_free_ports(2)
         gw2 = await start_gateway(coord.address, nats.url, log_dir=tmp, log_level="WARNING",
                                   runs_stream=cfg.stream, subject_prefix=cfg.subject_prefix,
-                                  threads_bucket=cfg.bucket, gateway_workers=2, http_connections_per_client=0,
+                                  threads_bucket=cfg.bucket, gateway_workers=2, http_connections_per_client=0, start_timeout=120,
                                   gateway_metrics_listen=f"127.0.0.1:{metrics2}")
         async with DeliveryLog(await _nats(nats.url), cfg, owns_connection=True) as log, \
                 httpx.AsyncClient(trust_env=False, timeout=30,

@@ -77,7 +77,7 @@ async def workers(coordinator: Any, nats: Any, log_cfg: LogConfig, tmp_path: Any
                              gateway_workers=2, gateway_grpc_listen=f"127.0.0.1:{grpc_port}",
                              gateway_metrics_listen=f"127.0.0.1:{metrics}", runs_stream=log_cfg.stream,
                              subject_prefix=log_cfg.subject_prefix, threads_bucket=log_cfg.bucket,
-                             sse_keepalive=0.5)
+                             sse_keepalive=0.5, start_timeout=120)
     w = Workers(gw, metrics, grpc_port)
     try:
         async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
