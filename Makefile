@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 NODE_STAMP := tests/node/node_modules/.installed-stamp
 
-.PHONY: ts-client venv lock protos protos-check check test test-unit test-faults test-fuzz test-deploy image lint typecheck demo bench node-deps clean
+.PHONY: ts-client venv lock protos protos-check check test test-unit test-faults test-fuzz test-deploy image lint typecheck demo bench bench-compare node-deps clean
 
 # Exact versions from requirements.lock: the code overrides private internals of nats-py,
 # uvicorn and the docker SDK, so an unpinned upgrade can break it silently.
@@ -111,6 +111,12 @@ demo: venv
 
 bench: venv
 	$(PY) -m bench $(BENCH_ARGS)
+
+# A base revision's benches beside the working tree's, interleaved, in one table
+# (bench/_compare.py): `make bench-compare REV=main BENCH_ARGS="gateway log"`.
+bench-compare: venv
+	@test -n "$(REV)" || { echo "usage: make bench-compare REV=<commit> [BENCH_ARGS=\"bench ...\"] [COMPARE_ARGS=--rounds=3]"; exit 2; }
+	$(PY) -m bench._compare $(COMPARE_ARGS) $(REV) $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) tests/node/node_modules $(TS_DIR)/node_modules $(TS_DIR)/dist $(TS_DIR)/src/gen .pytest_cache

@@ -28,6 +28,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("BATON_HOST_ID", "", "sandbox host id (default: hostname-pid)"),
     Setting("BATON_HOST_CAPACITY", "64", "runs one sandbox host drives at most"),
     Setting("BATON_GATEWAY_LISTEN", "0.0.0.0:8080", "gateway HTTP listen address"),
+    Setting("BATON_GATEWAY_WORKERS", "1", "gateway: worker processes serving the HTTP, gRPC and /ds ports together (SO_REUSEPORT; a supervisor restarts a dead one). Each worker is a gateway of its own (session, one log consumer per run it serves); BATON_START_* and BATON_HTTP_CONNECTIONS_PER_CLIENT are divided among them, and each has its own metrics port (docs/operating.md \"Gateway workers\")"),
     Setting("BATON_GATEWAY_ADVERTISE", "", "address the coordinator probes to tell a dead gateway from a cut-off one (default: the HTTP listen address with the machine's hostname)"),
     Setting("BATON_START_PER_TENANT", "64", "gateway: run starts of one tenant in flight at once (0 = no limit); more wait their turn"),
     Setting("BATON_START_PER_HOST", "32", "gateway: run starts in flight at once per live sandbox host (0 = no limit); more wait their turn"),

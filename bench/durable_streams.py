@@ -40,7 +40,10 @@ servers' CPU milliseconds per HTTP request (``/proc``: the gateway and nats-serv
 baton, the node process for a reference), a figure the machine's load distorts less than
 requests/s. ``BENCH_DS_VARIANTS`` (see :func:`variants`) runs several gateways (settings, or
 another checkout's code) in the same rounds for an A/B; such a run prints its table and
-writes no results file.
+writes no results file. By default two gateways run: ``baton`` (one process) and
+``baton_2w`` (``BATON_GATEWAY_WORKERS=2``: two worker processes on one port); the second's
+target is the in-memory reference's throughput (``workers_2_vs_1`` gives it against one
+process). A gateway's CPU is its process's and its workers'.
 """
 from __future__ import annotations
 
@@ -90,9 +93,17 @@ def measure(base: str, pids: dict[str, int]) -> dict[str, Any]:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a process has used so far (``/proc/<pid>/stat``)."""
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds a process and its live children (a gateway's workers) have
+    used so far (``/proc/<pid>/stat``)."""
+    total = 0.0
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        if stat.parent.name == str(pid) or fields[1] == str(pid):
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def variants() -> dict[str, dict[str, str]]:
@@ -103,7 +114,7 @@ def variants() -> dict[str, dict[str, str]]:
     gateways do): the same extra load for every variant."""
     raw = os.environ.get("BENCH_DS_VARIANTS", "").strip()
     if not raw:
-        return {"baton": {}}
+        return dict(DEFAULT_VARIANTS)
     out: dict[str, dict[str, str]] = {}
     for spec in raw.split(";"):
         name, _, kv = spec.strip().partition(":")
@@ -112,6 +123,8 @@ def variants() -> dict[str, dict[str, str]]:
 
 
 REFERENCES = ("reference", "reference_file")
+TWO_WORKERS = "baton_2w"
+DEFAULT_VARIANTS = {"baton": {}, TWO_WORKERS: {"BATON_GATEWAY_WORKERS": "2"}}
 
 
 def start_reference(log: pathlib.Path, data_dir: pathlib.Path | None = None) -> tuple[subprocess.Popen[bytes], str]:
@@ -246,12 +259,20 @@ async def main() -> dict[str, Any]:
     if first != "baton":
         out["baton"] = medians[first]
     ratios = {name: {ref: _ratios(medians[name], medians[ref]) for ref in REFERENCES} for name in [*gws, FLOOR]}
-    out["ratios"] = ratios["baton"] if list(gws) == ["baton"] else {name: ratios[name] for name in gws}
+    default = gws.keys() == DEFAULT_VARIANTS.keys()
+    out["ratios"] = ratios["baton"] if list(gws) == ["baton"] or default else {name: ratios[name] for name in gws}
     out["floor_ratios"] = ratios[FLOOR]
     out["targets_met"] = {
         f"throughput_ge_{ref}": min(r["append_1_stream"], r["append_16_streams"]) >= 1.0
         for ref, r in ratios[first].items()}
-    if len(gws) == 1 and first == "baton":
+    if TWO_WORKERS in gws:
+        out["ratios_2_workers"] = ratios[TWO_WORKERS]
+        out["workers_2_vs_1"] = {k: medians[TWO_WORKERS][f"{k}_per_s"] / medians[first][f"{k}_per_s"]
+                                 for k in ("append_1_stream", "append_16_streams")}
+        r2 = ratios[TWO_WORKERS]["reference"]
+        out["targets_met"]["workers_2_throughput_ge_reference"] = min(r2["append_1_stream"],
+                                                                      r2["append_16_streams"]) >= 1.0
+    if (len(gws) == 1 and first == "baton") or default:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(out, indent=2) + "\n")
     names = sides
@@ -269,6 +290,8 @@ async def main() -> dict[str, Any]:
         for n in names))
     print(f"{'nats CPU ms/request':<24}" + "".join(
         f"{medians[n]['cpu_ms_per_request'].get('nats', 0):>{w}.3f}" for n in names))
+    if "workers_2_vs_1" in out:
+        print("2 workers / 1: " + ", ".join(f"{k} {v:.2f}" for k, v in out["workers_2_vs_1"].items()))
     for name in [*gws, FLOOR]:
         for ref, r in ratios[name].items():
             print(f"ratio {name}/{ref}: append 1 stream {r['append_1_stream']:.2f}, "

@@ -12,6 +12,14 @@ cost. Chunks are appended with the real log writer (gateway) or POSTed to the mi
 endpoint, each carrying its send time. Targets: p99 ≤ 50 ms with 1,000 readers, ≤ 100 KB
 RSS per idle reader, throughput ≥ 0.5 × the minimal endpoint's.
 
+A third server, ``gateway_2w``, is the same gateway with ``BATON_GATEWAY_WORKERS=2`` (two
+worker processes on one port, in the same cluster); its readers are counted on each
+worker's metrics port and its RSS is its workers'. Target: its many-runs throughput
+≥ 1.6 × one worker's (``workers_2_vs_1_many_runs``). The many-runs scenario runs
+``BENCH_GW_ROUNDS`` (3) interleaved rounds, the servers' order rotated each round; its
+figures are the medians. Two workers can only gain with a core to spare: on a machine
+whose cores other work keeps busy the ratio says little.
+
 Writes ``bench/results/gateway.json``.
 """
 from __future__ import annotations
@@ -19,7 +27,9 @@ from __future__ import annotations
 import asyncio
 import json
 import pathlib
+import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,6 +43,7 @@ PACED_CHUNKS = 30
 PACED_RATE = 15.0  # chunks/s
 MANY_RUNS = 200
 MANY_RUNS_CHUNKS = 20
+MANY_RUNS_ROUNDS = int(os.environ.get("BENCH_GW_ROUNDS", "3"))
 _EVENT = re.compile(rb"data: ([^\n]*)\n\n")
 _SENT = re.compile(rb'"t":([0-9.]+)')
 
@@ -204,6 +215,9 @@ class Target:
     async def prepare(self, run: str) -> None:
         return None
 
+    def rss_kb(self) -> int:
+        return rss_kb(self.pid)
+
     async def publish(self, run: str, chunks: list[dict[str, Any]]) -> None:
         raise NotImplementedError
 
@@ -218,10 +232,10 @@ async def scenario(target: Target, runs: list[str], readers_per_run: int, *, pac
         await asyncio.sleep(0.1)
     base = 0
     t_start = time.monotonic()
-    rss_before = rss_kb(target.pid)
+    rss_before = target.rss_kb()
     paths = [target.path(run) for run in runs for _ in range(readers_per_run)]
     readers = await open_readers(len(paths), target.port, lambda i: paths[i], target.readers, base)
-    rss_idle = rss_kb(target.pid)
+    rss_idle = target.rss_kb()
     print(f"  {target.name}: {len(readers)} readers connected in {time.monotonic() - t_start:.1f}s", flush=True)
     out: dict[str, Any] = {"readers": len(readers), "rss_kb_before": rss_before, "rss_kb_idle": rss_idle,
                            # Meaningful with many readers on a fresh process only (the 1-run
@@ -259,18 +273,26 @@ async def scenario(target: Target, runs: list[str], readers_per_run: int, *, pac
 class GatewayTarget(Target):
     name = "gateway"
 
-    def __init__(self, gw: Any, log: Any, http: Any) -> None:
+    def __init__(self, gw: Any, log: Any, http: Any, name: str = "gateway", metrics: list[str] | None = None) -> None:
         self.gw, self.log, self.http = gw, log, http
+        self.name = name
         self.port, self.pid = gw.port, gw.pid
         self.writers: dict[str, Any] = {}
+        # One worker: its public /metrics. Several: each worker's own metrics port.
+        self.metrics = metrics or [f"{gw.url}/metrics"]
 
     def path(self, run: str) -> str:
         return f"/api/chat?runId={run}&offset=-1"
 
     async def readers(self) -> int:
-        text = (await self.http.get(f"{self.gw.url}/metrics")).text
-        m = re.search(r"^baton_gateway_readers ([0-9.]+)$", text, re.M)
-        return int(float(m.group(1))) if m else 0
+        total = 0
+        for url in self.metrics:
+            m = re.search(r"^baton_gateway_readers ([0-9.]+)$", (await self.http.get(url)).text, re.M)
+            total += int(float(m.group(1))) if m else 0
+        return total
+
+    def rss_kb(self) -> int:
+        return sum(rss_kb(pid) for pid in worker_pids(self.pid)) or rss_kb(self.pid)
 
     async def prepare(self, run: str) -> None:
         w = self.log.writer(run, 1)
@@ -298,6 +320,40 @@ class MinimalTarget(Target):
         await self.http.post(f"http://127.0.0.1:{self.port}/publish", params={"runId": run}, content=body)
 
 
+def worker_pids(pid: int) -> list[int]:
+    """The live children of ``pid`` (a supervised gateway's workers)."""
+    out = []
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if stat.read_text().rsplit(")", 1)[1].split()[1] == str(pid):
+                out.append(int(stat.parent.name))
+        except OSError:
+            continue
+    return out
+
+
+def adjacent_free_ports(n: int) -> int:
+    """A port P with P .. P + n - 1 free (a worker's metrics port is P + its index)."""
+    from baton_tools.testing.servers import free_port
+
+    for _ in range(100):
+        p = free_port()
+        if all(_free(p + i) for i in range(1, n)):
+            return p
+    raise RuntimeError(f"no {n} adjacent free ports")
+
+
+def _free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 async def main() -> dict[str, Any]:
     import httpx
 
@@ -310,7 +366,7 @@ async def main() -> dict[str, Any]:
     etcd.start()
     nats.start()
     cfg = LogConfig(stream="BENCH_GW", subject_prefix="bench.gw", bucket="bench-gw-threads")
-    coord = gw = None
+    coord = gw = gw2 = None
     port = free_port()
     env = env_without_proxy()
     # Setup, before anything is timed (the servers above start synchronously as well).
@@ -321,9 +377,16 @@ async def main() -> dict[str, Any]:
     results: dict[str, Any] = {}
     try:
         coord = await start_coordinator(etcd.endpoint, "/bench-gw/", log_dir=tmp)
+        # Every reader comes from 127.0.0.1: no per-client connection cap (it would stop
+        # the 1,000 readers at BATON_HTTP_CONNECTIONS_PER_CLIENT).
         gw = await start_gateway(coord.address, nats.url, log_dir=tmp, log_level="WARNING",
                                  runs_stream=cfg.stream, subject_prefix=cfg.subject_prefix,
-                                 threads_bucket=cfg.bucket)
+                                 threads_bucket=cfg.bucket, http_connections_per_client=0, start_timeout=120)
+        metrics2 = adjacent_free_ports(2)
+        gw2 = await start_gateway(coord.address, nats.url, log_dir=tmp, log_level="WARNING",
+                                  runs_stream=cfg.stream, subject_prefix=cfg.subject_prefix,
+                                  threads_bucket=cfg.bucket, gateway_workers=2, http_connections_per_client=0, start_timeout=120,
+                                  gateway_metrics_listen=f"127.0.0.1:{metrics2}")
         async with DeliveryLog(await _nats(nats.url), cfg, owns_connection=True) as log, \
                 httpx.AsyncClient(trust_env=False, timeout=30,
                                   limits=httpx.Limits(max_connections=400)) as http:
@@ -336,14 +399,41 @@ async def main() -> dict[str, Any]:
                     if time.monotonic() > deadline:
                         raise
                     await asyncio.sleep(0.05)
-            targets = [GatewayTarget(gw, log, http), MinimalTarget(port, minimal.pid, http)]
+            two = [f"http://127.0.0.1:{metrics2 + i}/metrics" for i in range(2)]
+            deadline = time.monotonic() + 60
+            while True:  # both workers up (the HTTP port answered as soon as one was)
+                try:
+                    if [(await http.get(u)).status_code for u in two] == [200, 200]:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the 2-worker gateway's workers did not both start")
+                await asyncio.sleep(0.1)
+            targets = [GatewayTarget(gw, log, http), GatewayTarget(gw2, log, http, "gateway_2w", two),
+                       MinimalTarget(port, minimal.pid, http)]
             for t in targets:
                 one = await scenario(t, [f"bench-one-{t.name}"], READERS_ONE_RUN, paced=True)
-                many = await scenario(t, [f"bench-many-{t.name}-{i}" for i in range(MANY_RUNS)], 1, paced=False)
-                results[t.name] = {"one_run_1000_readers": one, "200_runs_1_reader": many}
+                results[t.name] = {"one_run_1000_readers": one}
+            # Many runs: interleaved rounds, the order rotated each round, each figure the
+            # median (the machine's load drifts over a run and hits every server alike).
+            rounds: dict[str, list[dict[str, Any]]] = {t.name: [] for t in targets}
+            for r in range(MANY_RUNS_ROUNDS):
+                k = r % len(targets)
+                for t in targets[k:] + targets[:k]:
+                    rounds[t.name].append(await scenario(
+                        t, [f"bench-many-{t.name}-r{r}-{i}" for i in range(MANY_RUNS)], 1, paced=False))
+            for t in targets:
+                rs = rounds[t.name]
+                results[t.name]["200_runs_1_reader"] = {
+                    **rs[-1], "rounds": len(rs),
+                    "delivered_chunks_per_s": statistics.median(x["delivered_chunks_per_s"] for x in rs),
+                    "burst_p99_ms": statistics.median(x["burst_p99_ms"] for x in rs),
+                    "per_round_chunks_per_s": [x["delivered_chunks_per_s"] for x in rs]}
     finally:
-        if gw is not None:
-            await gw.stop()
+        for g in (gw, gw2):
+            if g is not None:
+                await g.stop()
         if coord is not None:
             await coord.stop()
         minimal.terminate()
@@ -360,11 +450,17 @@ async def main() -> dict[str, Any]:
         "p99_ms_1000_readers": g["one_run_1000_readers"]["latency_p99_ms"],
         "rss_kb_per_idle_reader": g["one_run_1000_readers"]["rss_kb_per_idle_reader"],
     }
+    g2 = results["gateway_2w"]
+    summary["workers_2_vs_1_one_run"] = round(g2["one_run_1000_readers"]["delivered_chunks_per_s"]
+                                              / g["one_run_1000_readers"]["delivered_chunks_per_s"], 2)
+    summary["workers_2_vs_1_many_runs"] = round(g2["200_runs_1_reader"]["delivered_chunks_per_s"]
+                                                / g["200_runs_1_reader"]["delivered_chunks_per_s"], 2)
     summary["targets"] = {
         "p99_le_50ms": summary["p99_ms_1000_readers"] <= 50,
         "rss_le_100kb_per_reader": summary["rss_kb_per_idle_reader"] <= 100,
         "throughput_ge_half_of_minimal": min(summary["throughput_ratio_one_run"],
                                              summary["throughput_ratio_many_runs"]) >= 0.5,
+        "workers_2_many_runs_ge_1_6x": summary["workers_2_vs_1_many_runs"] >= 1.6,
     }
     out = {"bench": "gateway", "results": results, "summary": summary}
     _print_table(out)

@@ -39,7 +39,10 @@ from gateway._service._queue import Queued, Steered, wait_started
 log = logging.getLogger("gateway.grpc")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Runs"].full_name
+# Off by default: a second gateway started on the same port by mistake fails to bind
+# instead of silently sharing it. On for the workers of one gateway (gateway/_workers.py).
 _OPTIONS = [("grpc.so_reuseport", 0)]
+_SHARED_PORT = [("grpc.so_reuseport", 1)]
 
 
 def run_info(record: runs_pb2.RunRecord, claim: Any | None = None, reap_at: float | None = None) -> pb.RunInfo:
@@ -301,8 +304,10 @@ class RunsServer:
     enabled the port serves TLS (no client certificates: API keys tell callers apart).
     """
 
-    def __init__(self, service: RunService, listen: str, tls: GrpcTls = PLAINTEXT) -> None:
+    def __init__(self, service: RunService, listen: str, tls: GrpcTls = PLAINTEXT, *,
+                 reuse_port: bool = False) -> None:
         self._service = service
+        self._reuse_port = reuse_port
         self._listen = listen
         self._tls = tls
         self._health = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc_health stubs lack .aio
@@ -311,7 +316,7 @@ class RunsServer:
 
     async def start(self) -> None:
         # Health and reflection decode their requests in the handler too (Runs does in _guard).
-        server = grpc.aio.server(options=_OPTIONS, interceptors=[DecodeCheck()])
+        server = grpc.aio.server(options=_SHARED_PORT if self._reuse_port else _OPTIONS, interceptors=[DecodeCheck()])
         server.add_generic_rpc_handlers((generic_handler(RunsService(self._service)),))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(

@@ -86,6 +86,9 @@ class GatewaySettings:
             :mod:`baton.tls`); default plaintext.
         public_tls: TLS of the public gRPC port (``BATON_GATEWAY_TLS_CERT``/``_KEY``; the
             HTTP port's is uvicorn's, configured by ``python -m gateway``); default plaintext.
+        workers: worker processes that serve the ports together (``BATON_GATEWAY_WORKERS``,
+            gateway/_workers.py); above 1 the gRPC port is bound with ``SO_REUSEPORT``, and a
+            worker's settings are :func:`gateway._workers.worker_settings` of these.
     """
 
     coordinator: tuple[str, ...] = ("127.0.0.1:7100",)
@@ -112,6 +115,7 @@ class GatewaySettings:
     connections: ConnectionLimits = field(default_factory=ConnectionLimits)
     internal_tls: tls.GrpcTls = tls.PLAINTEXT
     public_tls: tls.GrpcTls = tls.PLAINTEXT
+    workers: int = 1
 
     def __post_init__(self) -> None:
         if self.admission is None:
@@ -151,6 +155,7 @@ class GatewaySettings:
             connections=_connection_limits(env),
             internal_tls=tls.from_env(env),
             public_tls=public_tls(env),
+            workers=_workers(env),
         )
 
     @property
@@ -188,6 +193,18 @@ def _admission_limits(env: Mapping[str, str]) -> Any:
 
     return AdmissionLimits(per_tenant=int(read("BATON_START_PER_TENANT")), per_host=int(read("BATON_START_PER_HOST")),
                            queue=int(read("BATON_START_QUEUE")), wait=read("BATON_START_WAIT"))
+
+
+def _workers(env: Mapping[str, str]) -> int:
+    """``BATON_GATEWAY_WORKERS``: a whole number, 1 or more.
+
+    Raises:
+        ValueError: naming the variable otherwise.
+    """
+    raw = config.get("BATON_GATEWAY_WORKERS", env).strip()
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"BATON_GATEWAY_WORKERS must be a whole number, 1 or more, not {raw!r}")
+    return int(raw)
 
 
 def _connection_limits(env: Mapping[str, str]) -> ConnectionLimits:

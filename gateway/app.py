@@ -123,7 +123,9 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
                         # The gRPC twin of the HTTP API, on its own port, sharing this state.
                         from gateway._grpc import RunsServer
 
-                        grpc_server = RunsServer(runs, settings.grpc_listen, settings.public_tls)
+                        # Workers of one gateway bind the same port (SO_REUSEPORT; gateway/_workers.py).
+                        grpc_server = RunsServer(runs, settings.grpc_listen, settings.public_tls,
+                                                 reuse_port=settings.workers > 1)
                         await grpc_server.start()
                         state.grpc_port = grpc_server.port
                     yield

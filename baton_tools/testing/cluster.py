@@ -455,7 +455,8 @@ class GatewayProcess(_ServiceProcess):
 
 
 async def start_gateway(coordinator: str, nats_url: str, *, port: int | None = None,
-                        log_dir: str | os.PathLike[str] | None = None, **settings: Any) -> GatewayProcess:
+                        log_dir: str | os.PathLike[str] | None = None, start_timeout: float = 30.0,
+                        **settings: Any) -> GatewayProcess:
     """Start a gateway subprocess on a free loopback port (or ``port``).
 
     Args:
@@ -463,6 +464,7 @@ async def start_gateway(coordinator: str, nats_url: str, *, port: int | None = N
         nats_url: NATS URL.
         port: the HTTP port (default: a free one).
         log_dir: where the gateway log goes (default: a temp dir).
+        start_timeout: seconds it may take to answer ``/readyz`` (then it is killed).
         **settings: ``BATON_*`` variables or their short lower-case names
             (``sse_keepalive=0.5``, ``api_keys="k=tenant"``, ``replay_dirs=...``,
             ``runs_stream="S1"``).
@@ -488,5 +490,5 @@ async def start_gateway(coordinator: str, nats_url: str, *, port: int | None = N
     d = pathlib.Path(log_dir) if log_dir is not None else pathlib.Path(tempfile.mkdtemp(prefix="baton-gateway-"))
     d.mkdir(parents=True, exist_ok=True)
     g = GatewayProcess(env, port, d / f"gateway-{port}.log")
-    await g.start()
+    await g.start(start_timeout)
     return g

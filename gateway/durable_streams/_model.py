@@ -81,6 +81,12 @@ class StreamState:
             self._changed = asyncio.Event()
         return self._changed
 
+    def notify_pending(self) -> None:
+        """Mark this (uncached, possibly stale) view changed already: a reader that waits on
+        it reads again at once."""
+        self._changed = asyncio.Event()
+        self._changed.set()
+
     def notify(self) -> None:
         """Wake every reader waiting for a change."""
         ev, self._changed = self._changed, None
@@ -220,3 +226,35 @@ def check_producer(st: StreamState, p: P.Producer) -> Verdict:
     if p.seq == cur.last_seq + 1:
         return Verdict("accepted")
     return Verdict("sequence_gap", expected=cur.last_seq + 1, received=p.seq)
+
+
+def after(messages: list[Message], after: str | None) -> list[Message]:
+    """The messages with an offset strictly past ``after`` (all of them for ``None``)."""
+    if after is None:
+        return list(messages)
+    # Offsets increase strictly: binary search the first one past ``after``.
+    lo, hi = 0, len(messages)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if messages[mid].offset <= after:
+            lo = mid + 1
+        else:
+            hi = mid
+    return messages[lo:]
+
+
+def same_config(st: StreamState, cfg: dict[str, object]) -> bool:
+    """Whether a create's config ``cfg`` names the stream ``st`` is (an idempotent create)."""
+    want_ct = P.normalize_content_type(cfg.get("contentType")) or P.DEFAULT_CONTENT_TYPE  # type: ignore[arg-type]
+    have_ct = P.normalize_content_type(st.content_type) or P.DEFAULT_CONTENT_TYPE
+    if cfg.get("forkedFrom") and not cfg.get("contentType"):
+        want_ct = have_ct
+    return (
+        want_ct == have_ct
+        and cfg.get("ttl") == st.ttl
+        and cfg.get("expiresAt") == st.expires_at
+        and bool(cfg.get("closed")) == st.closed
+        and (cfg.get("forkedFrom") or None) == st.forked_from
+        and (cfg.get("forkOffset") is None or cfg.get("forkOffset") == st.fork_offset)
+        and int(cfg.get("forkSubOffset") or 0) == st.fork_sub_offset  # type: ignore[call-overload]
+    )

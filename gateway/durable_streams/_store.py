@@ -41,6 +41,7 @@ from baton.log._api import (
 from baton.log._consumer import OrderedConsumer
 from gateway.durable_streams import _model as M
 from gateway.durable_streams import _protocol as P
+from gateway.durable_streams._folds import FoldRaces
 from gateway.durable_streams._model import Message, StreamState, Verdict
 from gateway.durable_streams._publish import Publisher
 from gateway.durable_streams._quota import Ledger, QuotaLimits, tenant_of
@@ -99,6 +100,7 @@ class StreamStore:
         self._clock = clock
         self._cache: collections.OrderedDict[str, StreamState] = collections.OrderedDict()
         self._key_to_path: dict[str, str] = {}
+        self._races = FoldRaces()  # folds that another gateway's write raced
         self._locks: dict[str, asyncio.Lock] = {}
         self._lock_users: dict[str, int] = {}
         self._gw = uuid.uuid4().hex
@@ -148,7 +150,9 @@ class StreamStore:
             return
         if meta.get(M.GATEWAY) == self._gw:
             return
-        path = self._key_to_path.get(msg.subject.rsplit(".", 1)[-1])
+        key = msg.subject.rsplit(".", 1)[-1]
+        self._races.saw(key)
+        path = self._key_to_path.get(key)
         if path is not None:
             self._forget(path)
 
@@ -198,11 +202,24 @@ class StreamStore:
         if st is not None:
             self._cache.move_to_end(path)
             return st, st.js_last
-        st, last = await self._load(path)
+        # A fold raced by another gateway's write may lack it (_folds.py): folded again; after
+        # a few, returned uncached and already "changed", so its reader reads again at once.
+        key = _key(path)
+        for _ in range(_FOLD_TRIES):
+            token = self._races.begin(key)
+            try:
+                st, last = await self._load(path)
+            finally:
+                raced = self._races.end(key, token)
+            if not raced:
+                break
         if st is not None:
             if st.forked_from:
                 await self._ancestors(st)
-            self._remember(path, st)
+            if raced:
+                st.notify_pending()
+            else:
+                self._remember(path, st)
         return st, last
 
     async def _ancestors(self, st: StreamState) -> None:
@@ -324,7 +341,7 @@ class StreamStore:
             if st is not None:
                 if st.soft_deleted:
                     raise P.ProtocolError(409, "stream was deleted but still has active forks")
-                if not _same_config(st, cfg):
+                if not M.same_config(st, cfg):
                     raise P.ProtocolError(409, "Stream already exists with different configuration")
                 return st, False
             return await self._create_new(path, last, dict(cfg), initial), True
@@ -539,7 +556,7 @@ class StreamStore:
         out: list[Message] = []
         if st.forked_from and st.fork_offset and (after is None or after < st.fork_offset):
             out += self._inherited(st.forked_from, after, st.fork_offset)
-        out += _after(st.messages, after)
+        out += M.after(st.messages, after)
         return out
 
     def _inherited(self, path: str, after: str | None, cap: str) -> list[Message]:
@@ -549,7 +566,7 @@ class StreamStore:
         out: list[Message] = []
         if src.forked_from and src.fork_offset and (after is None or after < src.fork_offset):
             out += self._inherited(src.forked_from, after, min(src.fork_offset, cap))
-        out += [m for m in _after(src.messages, after) if m.offset <= cap]
+        out += [m for m in M.after(src.messages, after) if m.offset <= cap]
         return out
 
     async def wait(self, st: StreamState, timeout: float) -> bool:
@@ -563,36 +580,9 @@ class StreamStore:
         return True
 
 
+_FOLD_TRIES = 3  # folds of one stream while other gateways' writes race them
+
+
 @functools.lru_cache(maxsize=4096)  # several calls per request for the same few paths
 def _key(path: str) -> str:
     return hashlib.sha256(path.encode()).hexdigest()[:40]
-
-
-def _after(messages: list[Message], after: str | None) -> list[Message]:
-    if after is None:
-        return list(messages)
-    # Offsets increase strictly: binary search the first one past ``after``.
-    lo, hi = 0, len(messages)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if messages[mid].offset <= after:
-            lo = mid + 1
-        else:
-            hi = mid
-    return messages[lo:]
-
-
-def _same_config(st: StreamState, cfg: dict[str, object]) -> bool:
-    want_ct = P.normalize_content_type(cfg.get("contentType")) or P.DEFAULT_CONTENT_TYPE  # type: ignore[arg-type]
-    have_ct = P.normalize_content_type(st.content_type) or P.DEFAULT_CONTENT_TYPE
-    if cfg.get("forkedFrom") and not cfg.get("contentType"):
-        want_ct = have_ct
-    return (
-        want_ct == have_ct
-        and cfg.get("ttl") == st.ttl
-        and cfg.get("expiresAt") == st.expires_at
-        and bool(cfg.get("closed")) == st.closed
-        and (cfg.get("forkedFrom") or None) == st.forked_from
-        and (cfg.get("forkOffset") is None or cfg.get("forkOffset") == st.fork_offset)
-        and int(cfg.get("forkSubOffset") or 0) == st.fork_sub_offset  # type: ignore[call-overload]
-    )
