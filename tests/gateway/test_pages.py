@@ -355,6 +355,35 @@ async def test_approvals_are_answered_in_place_from_any_tab(
 
 
 @pytest.mark.browser
+@pytest.mark.timeout(200)
+async def test_a_long_thread_opens_with_its_newest_runs_and_loads_older_ones_on_scroll(
+        page_gateway: Gateway, cc: CoordinatorClient, dlog: DeliveryLog) -> None:
+    """25 finished runs: the page shows the newest 10 first, then 10 and 5 more as the reader
+    scrolls up, each run once, oldest at the top (tests/node/page_long_thread.mjs)."""
+    from tests.gateway.conftest import write_run
+
+    node = need_browser()
+    thread, total = unique("long-"), 25
+    for i in range(total):
+        run_id = f"{thread}-r{i:02d}"
+        await cc.create_or_resume_run(runs_pb2.RunRecord(run_id=run_id, thread_id=thread, tenant="tenant-a",
+                                                         started_at=1_000_000.0 + i))
+        mid = f"{run_id}-m"
+        await write_run(dlog, run_id, [
+            {"type": "RUN_STARTED", "threadId": thread, "runId": run_id},
+            accepted_chunk(run_id, thread, "replay", [{"id": f"{run_id}-u", "role": "user", "content": f"question {i}"}]),
+            {"type": "TEXT_MESSAGE_START", "messageId": mid, "role": "assistant"},
+            {"type": "TEXT_MESSAGE_CONTENT", "messageId": mid, "delta": f"answer {i}"},
+            {"type": "TEXT_MESSAGE_END", "messageId": mid},
+            {"type": "RUN_FINISHED", "threadId": thread, "runId": run_id}])
+        await cc.update_run(run_id, runs_pb2.RunRecord(status=runs_pb2.RUN_STATUS_COMPLETED,
+                                                       finished_at=1_000_000.5 + i), ["status", "finished_at"])
+    result = await run_page_script(node, "page_long_thread.mjs", page_gateway, timeout=180,
+                                   env={"BATON_THREAD": thread, "BATON_RUNS": str(total)})
+    assert result["pages"] == [10, 20, 25]
+
+
+@pytest.mark.browser
 @pytest.mark.timeout(300)
 async def test_host_killed_mid_run_shows_one_takeover_marker_and_the_operator_view(
         page_gateway: Gateway, two_hosts: list[Any], http: httpx.AsyncClient, cc: CoordinatorClient) -> None:
@@ -398,33 +427,3 @@ async def test_host_killed_mid_run_shows_one_takeover_marker_and_the_operator_vi
     assert killed == [t["from"]] and t["to"] != t["from"] and t["epoch"] == 2 and t["status"] == "completed"
     assert t["text"] == SLOW_TEXT
     assert t["shownText"] == SLOW_TEXT  # no part shown twice, none missing
-
-
-
-@pytest.mark.browser
-@pytest.mark.timeout(200)
-async def test_a_long_thread_opens_with_its_newest_runs_and_loads_older_ones_on_scroll(
-        page_gateway: Gateway, cc: CoordinatorClient, dlog: DeliveryLog) -> None:
-    """25 finished runs: the page shows the newest 10 first, then 10 and 5 more as the reader
-    scrolls up, each run once, oldest at the top (tests/node/page_long_thread.mjs)."""
-    from tests.gateway.conftest import write_run
-
-    node = need_browser()
-    thread, total = unique("long-"), 25
-    for i in range(total):
-        run_id = f"{thread}-r{i:02d}"
-        await cc.create_or_resume_run(runs_pb2.RunRecord(run_id=run_id, thread_id=thread, tenant="tenant-a",
-                                                         started_at=1_000_000.0 + i))
-        mid = f"{run_id}-m"
-        await write_run(dlog, run_id, [
-            {"type": "RUN_STARTED", "threadId": thread, "runId": run_id},
-            accepted_chunk(run_id, thread, "replay", [{"id": f"{run_id}-u", "role": "user", "content": f"question {i}"}]),
-            {"type": "TEXT_MESSAGE_START", "messageId": mid, "role": "assistant"},
-            {"type": "TEXT_MESSAGE_CONTENT", "messageId": mid, "delta": f"answer {i}"},
-            {"type": "TEXT_MESSAGE_END", "messageId": mid},
-            {"type": "RUN_FINISHED", "threadId": thread, "runId": run_id}])
-        await cc.update_run(run_id, runs_pb2.RunRecord(status=runs_pb2.RUN_STATUS_COMPLETED,
-                                                       finished_at=1_000_000.5 + i), ["status", "finished_at"])
-    result = await run_page_script(node, "page_long_thread.mjs", page_gateway, timeout=180,
-                                   env={"BATON_THREAD": thread, "BATON_RUNS": str(total)})
-    assert result["pages"] == [10, 20, 25]
