@@ -50,11 +50,12 @@ async def test_daemons_killed_mid_run_lose_and_repeat_nothing(fault_cluster: Clu
     await c.check()
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
 async def test_successor_with_other_dirs_reads_journals_through_daemons(fault_cluster: ClusterFactory,
                                                                        tmp_path: pathlib.Path) -> None:
     c = await fault_cluster(hosts=1)
-    runs = await c.start_runs(2, seconds=8, detached=1)
+    # Long enough to be running still once the successor has started.
+    runs = await c.start_runs(2, seconds=40, detached=1)
     await c.wait_progress(runs, 20)
     # The successor sees none of the first host's directories by its settings.
     other = tmp_path / "successor"
@@ -66,7 +67,7 @@ async def test_successor_with_other_dirs_reads_journals_through_daemons(fault_cl
             drivers = await c.drivers(runs)
             assert set(drivers.values()) == {b.host_id}, drivers
         await eventually(moved, 60)
-    await c.finish(timeout=120)
+    await c.finish(timeout=150)
     await c.check()
     assert not (other / "journals").exists() or not any((other / "journals").iterdir())
 
