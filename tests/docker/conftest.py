@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import json
 import os
-from typing import AsyncIterator, Iterator, Mapping, TYPE_CHECKING
+from typing import AsyncIterator, Mapping, TYPE_CHECKING
 
 import pytest
 
