@@ -90,7 +90,8 @@ class DockerProvider(Provider):
             from the environment (``DOCKER_HOST`` …), closed by :meth:`close`.
         image: default image when the spec names none (default ``BATON_DOCKER_IMAGE``).
         journal_dir: journal directory inside containers.
-        network_mode: the containers' network (``None`` = the engine's default bridge).
+        network_mode: the containers' network (``None`` = ``BATON_DOCKER_NETWORK``, else the
+            engine's default bridge); the host must reach the containers' addresses on it.
 
     May block briefly while constructing the default client (it asks the engine for its
     API version).
@@ -103,11 +104,11 @@ class DockerProvider(Provider):
     def __init__(self, client: docker.DockerClient | None = None, *, image: str | None = None,
                  journal_dir: str = JOURNAL_DIR, network_mode: str | None = None) -> None:
         self._owns_client = client is None
-        self._client = client if client is not None else docker.from_env()
+        self._client = client if client is not None else client_from_env()
         self._api = self._client.api
         self.image = image or config.get("BATON_DOCKER_IMAGE")
         self.journal_dir = journal_dir
-        self.network_mode = network_mode
+        self.network_mode = network_mode or config.get("BATON_DOCKER_NETWORK") or None
         self._token = internal_auth.token_from_env()
         self._clients: dict[str, DaemonClient] = {}
         self._bundle: bytes | None = None
@@ -516,6 +517,34 @@ class DockerProvider(Provider):
         """Ids of the containers labelled with sandbox ``key`` (running or not)."""
         found = await asyncio.to_thread(self._api.containers, all=True, filters={"label": f"{LABEL_KEY}={key}"})
         return [str(c["Id"]) for c in found]
+
+
+#: The API version a client starts with, before it asks the engine for its own (what the
+#: provider needs: ``init`` in a host config came with 1.25).
+_MIN_API = "1.25"
+
+
+def client_from_env() -> docker.DockerClient:
+    """``docker.from_env()`` (``DOCKER_HOST``, ``DOCKER_TLS_VERIFY``, ``DOCKER_CERT_PATH``), made
+    so that a TLS engine's ``DOCKER_CERT_PATH/ca.pem`` is the CA it is checked against.
+
+    requests lets ``REQUESTS_CA_BUNDLE`` / ``CURL_CA_BUNDLE`` override a session's CA (the
+    environment wins over ``session.verify``): set on a host, they would make the engine's
+    certificate fail to verify, already at the SDK's first call (asking the engine for its
+    API version). So the session ignores the environment (no HTTP proxy to the engine
+    either), and the version is asked for after that.
+
+    Raises:
+        docker.errors.DockerException: the engine cannot be reached or refuses.
+    """
+    client = docker.DockerClient(**docker.utils.kwargs_from_env(), version=_MIN_API)
+    client.api.trust_env = False
+    try:
+        client.api._version = str(client.api.version(api_version=False)["ApiVersion"])  # what version="auto" does
+    except BaseException:
+        client.close()
+        raise
+    return client
 
 
 def _container_ip(info: Mapping[str, Any]) -> str:
