@@ -118,9 +118,10 @@ async def main(mib: int = MIB, rounds: int = ROUNDS) -> dict[str, Any]:
         token = sandbox_token("bench-cluster-token", "bench")
         env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_")}
         env["BATON_INTERNAL_TOKEN"] = token
-        proc = subprocess.Popen([sys.executable, "-m", "sandbox_host.daemon", "--listen", "127.0.0.1:0",
-                                 "--root", str(root), "--addr-file", str(addr_file)], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        argv = [sys.executable, "-m", "sandbox_host.daemon", "--listen", "127.0.0.1:0", "--root", str(root),
+                "--addr-file", str(addr_file)]
+        # Started once, before any measurement.
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # noqa: ASYNC220
         try:
             deadline = time.monotonic() + 30
             while not addr_file.exists():

@@ -42,6 +42,7 @@ from typing import Any, AsyncIterator, Mapping, Sequence
 
 import docker
 import docker.errors
+from docker.utils import kwargs_from_env
 import requests.exceptions
 
 from baton import config, internal_auth
@@ -537,10 +538,11 @@ def client_from_env() -> docker.DockerClient:
     Raises:
         docker.errors.DockerException: the engine cannot be reached or refuses.
     """
-    client = docker.DockerClient(**docker.utils.kwargs_from_env(), version=_MIN_API)
+    client = docker.DockerClient(**kwargs_from_env(), version=_MIN_API)
     client.api.trust_env = False
     try:
-        client.api._version = str(client.api.version(api_version=False)["ApiVersion"])  # what version="auto" does
+        # What version="auto" does, once the session no longer reads the environment.
+        client.api._version = str(client.api.version(api_version=False)["ApiVersion"])  # type: ignore[attr-defined]
     except BaseException:
         client.close()
         raise
