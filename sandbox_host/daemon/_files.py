@@ -13,7 +13,7 @@ from typing import AsyncIterator
 from sandbox_host.providers._inotify import FileWatcher
 
 #: Bytes read (and sent) at once; under gRPC's default 4 MiB message limit.
-CHUNK = 4 << 20
+CHUNK = 1 << 20
 
 
 async def follow_file(path: str, offset: int, watcher: FileWatcher, idle_check: float,

@@ -27,7 +27,7 @@ from sandbox_host.providers._redact import redact
 
 T = TypeVar("T")
 _OPTIONS = [("grpc.enable_http_proxy", 0), ("grpc.max_receive_message_length", 64 << 20),
-            ("grpc.max_send_message_length", 64 << 20)]
+            ("grpc.max_send_message_length", 64 << 20), ("grpc.http2.max_frame_size", (1 << 24) - 1)]
 #: Seconds one unary call may take (a launch waits for its process group; an export reads a tree).
 _CALL_TIMEOUT = 30.0
 _TREE_CHUNK = 1 << 20
