@@ -67,6 +67,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("BATON_SANDBOX_DIR", "/tmp/baton-sandboxes", "where local sandboxes are created"),
     Setting("BATON_PROVIDER", "local", "default sandbox provider: local | docker"),
     Setting("BATON_DOCKER_IMAGE", "baton-sandbox:latest", "image for docker sandboxes"),
+    Setting("BATON_DOCKER_NETWORK", "", "network of docker sandboxes, which the hosts must reach (their daemons, port "
+            "7300); empty: the engine's default bridge"),
     Setting("BATON_CANCEL_GRACE", "5", "seconds between SIGTERM and SIGKILL on cancel"),
     Setting("BATON_DETACHED_RUN_TTL", "3600", "seconds a run may stay detached before the reaper cancels it"),
     Setting("BATON_REAPER_INTERVAL", "60", "seconds between reaper sweeps (leader only)"),
