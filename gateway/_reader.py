@@ -19,6 +19,7 @@ from typing import Any, AsyncGenerator, Awaitable, Callable, Sequence
 from ag_ui.core import CustomEvent, EventType
 
 from baton import errors as e
+from baton.log import Snapshot
 from baton.runs import STREAM_GAP
 from gateway._errors import mapping_for
 from gateway._fanout import RunHub, check_offset_kept, stop_read
@@ -91,7 +92,23 @@ class Failed:
     error: BaseException
 
 
-Step = Chunks | End | CaughtUp | Gap | Failed
+@dataclass(frozen=True)
+class SnapshotStep:
+    """A join from a snapshot: its events stand for every chunk up to ``offset``; the
+    chunks after it follow. Only the last event carries the resume id (``offset``): a
+    client that lost the stream inside the snapshot gets it whole again."""
+
+    offset: int
+    events: tuple[dict[str, Any], ...]
+
+    def frame(self, framing: Framing) -> bytes:
+        """The events as one write in ``framing``."""
+        last = len(self.events) - 1
+        return b"".join(chunk_frame(framing, str(self.offset).encode() if i == last else None, dumps(ev))
+                        for i, ev in enumerate(self.events))
+
+
+Step = Chunks | End | CaughtUp | Gap | Failed | SnapshotStep
 
 
 def gap_chunk(earliest_offset: str) -> dict[str, Any]:
@@ -196,6 +213,8 @@ class RunRead:
             this stream sequence (whatever that record's kind), or :class:`End`.
         presence: register a presence key while open (a live reader; a bounded catch-up
             read does not keep a run attached).
+        snapshot: a join from a snapshot: its events are the first step (``after`` is the
+            offset it covers).
 
     Use ``async with`` or call :meth:`aclose`: it releases the tail, removes the presence key
     (shielded) and runs ``on_disconnect`` when the read did not reach its end.
@@ -203,8 +222,9 @@ class RunRead:
 
     def __init__(self, state: GatewayState, run_id: str, after: str, *,
                  on_disconnect: Callable[[], Awaitable[None]] | None = None, gone: bool = False,
-                 until: int | None = None, presence: bool = True) -> None:
+                 until: int | None = None, presence: bool = True, snapshot: Snapshot | None = None) -> None:
         self.state = state
+        self.snapshot = snapshot
         self.run_id = run_id
         self.after = after
         self.on_disconnect = on_disconnect
@@ -277,6 +297,9 @@ class RunRead:
             if first is not None:
                 self._done = True
                 return first
+        if self.snapshot is not None:
+            snap, self.snapshot = self.snapshot, None
+            return SnapshotStep(snap.offset, snap.events)
         hub = self._hub
         if hub is not None:
             step = await self._from_hub(hub, timeout)
@@ -406,6 +429,8 @@ async def stream_log(read: RunRead, framing: Framing) -> AsyncGenerator[bytes, N
             elif isinstance(step, Chunks):
                 if step.count:
                     yield step.frame(framing)
+            elif isinstance(step, SnapshotStep):
+                yield step.frame(framing)
             elif isinstance(step, End):
                 yield frame_end(framing, step.status)
                 return

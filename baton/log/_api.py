@@ -139,3 +139,8 @@ async def direct_batch(nc: NATS, stream: str, subject: str, *, up_to: int, max_b
     if status not in ("204", "404"):  # 204: end of the batch; 404: nothing in the range
         raise nats.js.errors.APIError(code=int(status) if status.isdigit() else None, description=description)
     return [r for r in out if r.seq <= up_to]
+
+
+async def record_at(nc: NATS, stream: str, seq: int, timeout: float = 5.0) -> RawRecord | None:
+    """The record at stream sequence ``seq``, or ``None`` when there is none (deleted, expired)."""
+    return await _msg_get(nc, stream, {"seq": seq}, timeout)

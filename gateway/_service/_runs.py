@@ -15,6 +15,7 @@ from baton import errors as e
 from baton.ids import page_position, page_token, run_position
 from baton.runs import TERMINAL_PB
 from baton.v1 import runs_pb2
+from baton.log import latest_snapshot
 from gateway._reader import RunRead
 from gateway._service import _cancel, _inputs, _queue, _start, _threads, _views
 from gateway._service._cancel import CancelOutcome
@@ -139,7 +140,14 @@ class RunService:
         view = await _views.join_view_for(st, tenant, req.run_id)
         st.takeovers.consider(req.run_id, view.record if view else None, view.claim if view else None)
         gone = view is not None and await self._log_gone(view.record)
-        return RunRead(st, req.run_id, req.after, gone=gone)
+        after, snapshot = req.after, None
+        if after == "snapshot":
+            # The latest snapshot, then every chunk strictly after the offset it covers; a run
+            # without one yet is read from the start (docs/api.md "Joining from a snapshot").
+            found = None if gone else await latest_snapshot(st.log.nc, st.log.cfg, req.run_id)  # LogUnavailable
+            after = "-1" if found is None else str(found[0].offset)
+            snapshot = None if found is None else found[0]
+        return RunRead(st, req.run_id, after, gone=gone, snapshot=snapshot)
 
     def read(self, run_id: str, after: str, *, until: int | None = None, presence: bool = True) -> RunRead:
         """A read of a run the caller was already shown (see :meth:`read_view`)."""
@@ -163,7 +171,7 @@ class RunService:
             LogUnavailable: JetStream did not answer.
         """
         st = self.state
-        if after in ("-1", "now"):
+        if after in ("-1", "now", "snapshot"):
             return False
         tail = await st.log.last_record(run_id)
         if tail is None or tail.kind != "close":
