@@ -486,6 +486,11 @@ class LogWriter:
             LogUnavailable: JetStream did not answer (the append that primes fails with it).
         """
         policy = self._cfg.snapshot_policy
+        if self._fenced_over == 0:
+            # This writer's fence began the log: nothing stored before it, no I/O (the common
+            # start of a run).
+            self._snap = SnapshotState(policy)
+            return
         found = await _snapshots.latest(self._nc, self._cfg, self.run_id, timeout=self._timeout)
         state = SnapshotState(policy) if found is None else SnapshotState.restore(policy, found[0])
         self._snap_seq = 0 if found is None else found[1]
