@@ -19,10 +19,10 @@ from typing import Any, AsyncGenerator, Awaitable, Callable, Sequence
 from ag_ui.core import CustomEvent, EventType
 
 from baton import errors as e
-from baton.log import Snapshot
 from baton.runs import STREAM_GAP
 from gateway._errors import mapping_for
 from gateway._fanout import RunHub, check_offset_kept, stop_read
+from gateway._snapshots import ServedSnapshot
 from gateway._sse import Framing, chunk_frame, dumps, frame_end, frame_gap, frame_keepalive, frame_notice
 from gateway._state import GatewayState
 
@@ -94,18 +94,10 @@ class Failed:
 
 @dataclass(frozen=True)
 class SnapshotStep:
-    """A join from a snapshot: its events stand for every chunk up to ``offset``; the
-    chunks after it follow. Only the last event carries the resume id (``offset``): a
-    client that lost the stream inside the snapshot gets it whole again."""
+    """A join from a snapshot: its events stand for every chunk up to its offset; the chunks
+    after it follow (gateway/_snapshots.py frames it)."""
 
-    offset: int
-    events: tuple[dict[str, Any], ...]
-
-    def frame(self, framing: Framing) -> bytes:
-        """The events as one write in ``framing``."""
-        last = len(self.events) - 1
-        return b"".join(chunk_frame(framing, str(self.offset).encode() if i == last else None, dumps(ev))
-                        for i, ev in enumerate(self.events))
+    snapshot: ServedSnapshot
 
 
 Step = Chunks | End | CaughtUp | Gap | Failed | SnapshotStep
@@ -222,7 +214,7 @@ class RunRead:
 
     def __init__(self, state: GatewayState, run_id: str, after: str, *,
                  on_disconnect: Callable[[], Awaitable[None]] | None = None, gone: bool = False,
-                 until: int | None = None, presence: bool = True, snapshot: Snapshot | None = None) -> None:
+                 until: int | None = None, presence: bool = True, snapshot: ServedSnapshot | None = None) -> None:
         self.state = state
         self.snapshot = snapshot
         self.run_id = run_id
@@ -268,7 +260,12 @@ class RunRead:
             log.warning("reader of run %s cannot start: %s", self.run_id, exc)
             self._first = Failed(exc)
         else:
-            self._hub = self.state.hubs.acquire(self.run_id)
+            if self.snapshot is not None:
+                # From the snapshot's offset on its own read: the shared tail reads a run from
+                # its start, and a long run's snapshot join must not wait for (or hold) all of it.
+                self._start_own(self.after)
+            else:
+                self._hub = self.state.hubs.acquire(self.run_id)
         return self._first
 
     def _start_own(self, after: str) -> None:
@@ -299,7 +296,7 @@ class RunRead:
                 return first
         if self.snapshot is not None:
             snap, self.snapshot = self.snapshot, None
-            return SnapshotStep(snap.offset, snap.events)
+            return SnapshotStep(snap)
         hub = self._hub
         if hub is not None:
             step = await self._from_hub(hub, timeout)
@@ -430,7 +427,8 @@ async def stream_log(read: RunRead, framing: Framing) -> AsyncGenerator[bytes, N
                 if step.count:
                     yield step.frame(framing)
             elif isinstance(step, SnapshotStep):
-                yield step.frame(framing)
+                for piece in step.snapshot.frames(framing):
+                    yield piece
             elif isinstance(step, End):
                 yield frame_end(framing, step.status)
                 return

@@ -20,7 +20,8 @@ from nats.aio.client import Client as NATS
 
 from baton.errors import LogUnavailable
 from baton.log import _headers as H
-from baton.log._api import ERR_WRONG_LAST_SEQUENCE, RawRecord, first_on_subject, last_on_subject, record_at
+from baton.log._api import (ERR_WRONG_LAST_SEQUENCE, RawRecord, direct_batch, first_on_subject, last_on_subject,
+                            record_at)
 from baton.log._config import LogConfig
 from baton.log.snapshot import Snapshot, decode, encode, split
 
@@ -44,37 +45,60 @@ def _final(rec: RawRecord) -> bool:
     return rec.headers.get(H.KIND) == "snapshot" and bool(n) and i == n
 
 
+async def latest_final(nc: NATS, cfg: LogConfig, run_id: str, *, timeout: float = 5.0) -> RawRecord | None:
+    """The last part of the run's latest complete snapshot, or ``None`` (one or two reads).
+
+    Raises:
+        LogUnavailable: JetStream did not answer.
+    """
+    try:
+        rec = await last_on_subject(nc, cfg.stream, snapshot_subject(cfg, run_id), timeout=timeout)
+        if rec is not None and not _final(rec):
+            # A snapshot whose writer stopped between its parts: the one before it.
+            prev = int(rec.headers.get(H.SNAP_PREV, "0") or 0)
+            rec = await record_at(nc, cfg.stream, prev, timeout=timeout) if prev else None
+    except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
+        raise LogUnavailable(run_id, f"reading the snapshot failed: {type(exc).__name__}") from exc
+    return rec if rec is not None and _final(rec) else None
+
+
+async def body_of(nc: NATS, cfg: LogConfig, run_id: str, final: RawRecord, *, timeout: float = 5.0) -> bytes | None:
+    """The whole body of the snapshot whose last part is ``final`` (``None``: parts are gone).
+
+    Raises:
+        LogUnavailable: JetStream did not answer.
+    """
+    subject = snapshot_subject(cfg, run_id)
+    n = int(final.headers[H.SNAP_PART].partition("/")[2])
+    parts: list[bytes] = []
+    seq = int(final.headers.get(H.SNAP_FIRST, str(final.seq)))
+    try:
+        for _ in range(n - 1):
+            part = await first_on_subject(nc, cfg.stream, subject, start=seq, timeout=timeout)
+            if part is None or part.seq >= final.seq:
+                return None  # parts expired under us: as if there were no snapshot
+            parts.append(part.data)
+            seq = part.seq + 1
+    except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
+        raise LogUnavailable(run_id, f"reading the snapshot failed: {type(exc).__name__}") from exc
+    parts.append(final.data)
+    return b"".join(parts)
+
+
 async def latest(nc: NATS, cfg: LogConfig, run_id: str, *, timeout: float = 5.0) -> tuple[Snapshot, int] | None:
     """The run's latest complete snapshot and the sequence of its last part, or ``None``.
 
     Raises:
         LogUnavailable: JetStream did not answer.
     """
-    subject = snapshot_subject(cfg, run_id)
+    final = await latest_final(nc, cfg, run_id, timeout=timeout)
+    body = None if final is None else await body_of(nc, cfg, run_id, final, timeout=timeout)
+    if final is None or body is None:
+        return None
     try:
-        rec = await last_on_subject(nc, cfg.stream, subject, timeout=timeout)
-        if rec is not None and not _final(rec):
-            # A snapshot whose writer stopped between its parts: the one before it.
-            prev = int(rec.headers.get(H.SNAP_PREV, "0") or 0)
-            rec = await record_at(nc, cfg.stream, prev, timeout=timeout) if prev else None
-        if rec is None or not _final(rec):
-            return None
-        n = int(rec.headers[H.SNAP_PART].partition("/")[2])
-        parts: list[bytes] = []
-        seq = int(rec.headers.get(H.SNAP_FIRST, str(rec.seq)))
-        for _ in range(n - 1):
-            part = await first_on_subject(nc, cfg.stream, subject, start=seq, timeout=timeout)
-            if part is None or part.seq >= rec.seq:
-                return None  # parts expired under us: as if there were no snapshot
-            parts.append(part.data)
-            seq = part.seq + 1
-        parts.append(rec.data)
-    except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
-        raise LogUnavailable(run_id, f"reading the snapshot failed: {type(exc).__name__}") from exc
-    try:
-        return decode(b"".join(parts)), rec.seq
+        return decode(body), final.seq
     except (ValueError, KeyError) as exc:
-        log.warning("snapshot of run %s at %d is unreadable (%s): ignored", run_id, rec.seq, exc)
+        log.warning("snapshot of run %s at %d is unreadable (%s): ignored", run_id, final.seq, exc)
         return None
 
 
@@ -116,3 +140,30 @@ async def store(nc: NATS, cfg: LogConfig, run_id: str, epoch: int, snap: Snapsho
         seq = int(resp["seq"])
         first = first or seq
     return seq
+
+
+async def chunks_between(nc: NATS, cfg: LogConfig, run_id: str, after: int, up_to: int, *,
+                         timeout: float = 5.0) -> list[tuple[int, bytes]]:
+    """The chunk records of the run strictly after ``after`` up to ``up_to`` (inclusive):
+    ``(sequence, body)``, read by batched direct gets (no consumer: a takeover primes its
+    snapshot state from these, at most about one snapshot's worth).
+
+    Raises:
+        LogUnavailable: JetStream did not answer, or the records before ``up_to`` are gone.
+    """
+    subject = cfg.subject(run_id)
+    out: list[tuple[int, bytes]] = []
+    start = after + 1
+    try:
+        while start <= up_to:
+            batch = await direct_batch(nc, cfg.stream, subject, up_to=up_to, max_bytes=4 << 20, timeout=timeout,
+                                       start=start)
+            if not batch:
+                raise LogUnavailable(run_id, f"the log stops short of {up_to} (read from {start})")
+            for rec in batch:
+                if rec.headers.get(H.KIND, "chunk") == "chunk":
+                    out.append((rec.seq, rec.data))
+            start = batch[-1].seq + 1
+    except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
+        raise LogUnavailable(run_id, f"reading the log failed: {type(exc).__name__}") from exc
+    return out

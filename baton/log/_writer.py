@@ -32,7 +32,7 @@ from baton.log._api import (
 )
 from baton.log._config import LogConfig
 from baton.log._headers import StoredRecord
-from baton.log import _reader, _snapshots
+from baton.log import _snapshots
 from baton.log.snapshot import Snapshot, SnapshotState
 from baton.log.fence import Op, Verdict, describe, judge
 from baton.retry import Deadline
@@ -497,15 +497,10 @@ class LogWriter:
         due: Snapshot | None = None
         over = self._head or 0  # the fence (or the head a resync adopted): everything stored
         if over > state.offset:
-            reader = _reader.LogReader(self._nc, self._cfg, self.run_id, str(state.offset) if state.offset else "-1")
-            reader.until = over
-            try:
-                async for offset, chunk in reader:
-                    size = len(json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
-                    if state.feed(int(offset), chunk, size):
-                        due = state.take()
-            finally:
-                await reader.aclose()
+            for seq, body in await _snapshots.chunks_between(self._nc, self._cfg, self.run_id, state.offset, over,
+                                                             timeout=self._timeout):
+                if state.feed(seq, json.loads(body), len(body)):
+                    due = state.take()
         self._snap = state
         if due is not None:
             await self._store_snapshot(due)

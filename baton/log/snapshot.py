@@ -9,7 +9,13 @@ from the start would have left it. Its events, in order:
   assembles them (the run input, then what the run produced);
 * the run's state: its last ``STATE_SNAPSHOT`` and the ``STATE_DELTA`` chunks after it, as
   they are (no JSON patch is applied here, so nothing can be lost in applying it);
+* every chunk the messages do not hold, as it is, in log order: ``CUSTOM`` (approval
+  requests, usage, agent notes…), ``RAW``, ``SUBAGENT_*`` and ``ACTIVITY_DELTA``. A snapshot
+  is never lossy: what a client could learn from the chunks it stands for, it learns from it;
 * the terminal chunk (``RUN_FINISHED`` / ``RUN_ERROR``) once the log holds one.
+
+Only the structure of closed spans is left out (``*_START``/``*_END`` of messages, tool
+calls, reasoning and steps, and their deltas): the messages hold all they carried.
 
 When one is due is decided by the chunks alone (never by time, records of other kinds or
 who wrote them), so a writer that takes a run over and primes itself from the stored log
@@ -46,6 +52,8 @@ _CLOSE = {"TEXT_MESSAGE_END": "m", "REASONING_MESSAGE_END": "r", "TOOL_CALL_END"
 _KEY = {"m": "messageId", "r": "messageId", "t": "toolCallId", "s": "stepName", "p": "messageId",
         "k": "", "K": ""}
 _TERMINAL = ("RUN_FINISHED", "RUN_ERROR")
+#: Chunks the messages do not hold: kept in the snapshot as they are.
+KEPT = frozenset({"CUSTOM", "RAW", "SUBAGENT_STARTED", "SUBAGENT_FINISHED", "SUBAGENT_ERROR", "ACTIVITY_DELTA"})
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,7 @@ class SnapshotState:
         self._started: Chunk | None = None
         self._terminal: Chunk | None = None
         self._state: list[Chunk] = []
+        self._kept: list[Chunk] = []
         self._open: set[tuple[str, str]] = set()
         self._last_type = ""
         self._chunks = 0          # chunks covered so far
@@ -126,6 +135,8 @@ class SnapshotState:
                 st._terminal = copy.deepcopy(ev)
             elif t in ("STATE_SNAPSHOT", "STATE_DELTA"):
                 st._state.append(copy.deepcopy(ev))
+            elif t in KEPT:
+                st._kept.append(copy.deepcopy(ev))
         st._chunks, st._offset = snap.chunks, snap.offset
         return st
 
@@ -161,6 +172,8 @@ class SnapshotState:
             self._state = [copy.deepcopy(c)]
         elif t == "STATE_DELTA":
             self._state.append(copy.deepcopy(c))
+        elif t in KEPT:
+            self._kept.append(copy.deepcopy(c))
         if t in _OPEN:
             k = _OPEN[t]
             self._open.add((k, str(c.get(_KEY[k], "")) if _KEY[k] else ""))
@@ -193,6 +206,7 @@ class SnapshotState:
         input_msgs, out = self._builder.parts()
         events.append({"type": "MESSAGES_SNAPSHOT", "messages": input_msgs + out})
         events.extend(copy.deepcopy(s) for s in self._state)
+        events.extend(copy.deepcopy(k) for k in self._kept)
         if self._terminal is not None:
             events.append(copy.deepcopy(self._terminal))
         self._since_chunks = 0
@@ -200,11 +214,37 @@ class SnapshotState:
         return Snapshot(self._offset, self._chunks, tuple(events), len(input_msgs))
 
 
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode("utf-8")
+
+
 def encode(snap: Snapshot) -> bytes:
-    """The record body: compact, key-sorted UTF-8 JSON (equal snapshots, equal bytes)."""
-    body = {"v": VERSION, "offset": snap.offset, "chunks": snap.chunks, "inputCount": snap.input_count,
-            "events": list(snap.events)}
-    return json.dumps(body, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode("utf-8")
+    """The record body: a head line, then one line per event; compact, key-sorted UTF-8 JSON
+    (equal snapshots, equal bytes). Compact JSON never holds a raw newline, so a reader that
+    only serves the events splits lines and never parses them (:func:`event_lines`)."""
+    head = {"v": VERSION, "offset": snap.offset, "chunks": snap.chunks, "inputCount": snap.input_count}
+    return b"\n".join([_dumps(head)] + [_dumps(ev) for ev in snap.events])
+
+
+def event_lines(data: bytes) -> tuple[int, list[bytes]]:
+    """``(offset, each event's JSON bytes)`` of a body, parsing only its head line.
+
+    Raises:
+        ValueError: not a snapshot body of this version.
+    """
+    head_raw, _, rest = data.partition(b"\n")
+    head = _head(head_raw)
+    return int(head["offset"]), rest.split(b"\n") if rest else []
+
+
+def _head(raw: bytes) -> dict[str, Any]:
+    try:
+        head = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"snapshot head is not JSON: {exc}") from None
+    if not isinstance(head, dict) or head.get("v") != VERSION or not isinstance(head.get("offset"), int):
+        raise ValueError("snapshot body of an unknown version")
+    return head
 
 
 def decode(data: bytes) -> Snapshot:
@@ -213,16 +253,15 @@ def decode(data: bytes) -> Snapshot:
     Raises:
         ValueError: not a snapshot body of this version.
     """
+    head_raw, _, rest = data.partition(b"\n")
+    head = _head(head_raw)
     try:
-        body = json.loads(data)
+        events = [json.loads(line) for line in rest.split(b"\n")] if rest else []
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"snapshot body is not JSON: {exc}") from None
-    if not isinstance(body, dict) or body.get("v") != VERSION:
-        raise ValueError("snapshot body of an unknown version")
-    events = body.get("events")
-    if not isinstance(events, list) or not all(isinstance(ev, dict) for ev in events):
-        raise ValueError("snapshot body without events")
-    return Snapshot(int(body["offset"]), int(body["chunks"]), tuple(events), int(body.get("inputCount", 0)))
+        raise ValueError(f"snapshot event is not JSON: {exc}") from None
+    if not all(isinstance(ev, dict) for ev in events):
+        raise ValueError("snapshot event is not an object")
+    return Snapshot(int(head["offset"]), int(head.get("chunks", 0)), tuple(events), int(head.get("inputCount", 0)))
 
 
 def split(body: bytes, part_bytes: int) -> list[bytes]:

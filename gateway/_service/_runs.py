@@ -15,7 +15,6 @@ from baton import errors as e
 from baton.ids import page_position, page_token, run_position
 from baton.runs import TERMINAL_PB
 from baton.v1 import runs_pb2
-from baton.log import latest_snapshot
 from gateway._reader import RunRead
 from gateway._service import _cancel, _inputs, _queue, _start, _threads, _views
 from gateway._service._cancel import CancelOutcome
@@ -144,9 +143,8 @@ class RunService:
         if after == "snapshot":
             # The latest snapshot, then every chunk strictly after the offset it covers; a run
             # without one yet is read from the start (docs/api.md "Joining from a snapshot").
-            found = None if gone else await latest_snapshot(st.log.nc, st.log.cfg, req.run_id)  # LogUnavailable
-            after = "-1" if found is None else str(found[0].offset)
-            snapshot = None if found is None else found[0]
+            snapshot = None if gone else await st.snapshots.latest(st.log, req.run_id)  # LogUnavailable
+            after = "-1" if snapshot is None else str(snapshot.offset)
         return RunRead(st, req.run_id, after, gone=gone, snapshot=snapshot)
 
     def read(self, run_id: str, after: str, *, until: int | None = None, presence: bool = True) -> RunRead:

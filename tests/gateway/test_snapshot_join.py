@@ -67,7 +67,7 @@ async def test_a_live_run_joined_from_its_snapshot_gets_the_snapshot_then_each_l
         got = await read_stream(http, "GET", url, ndjson=ndjson, stop_after=len(want),
                                 params={"runId": run_id, "offset": "snapshot"})
     assert got.events == want
-    assert [ev["type"] for ev in snap.events] == ["RUN_STARTED", "MESSAGES_SNAPSHOT"]
+    assert [ev["type"] for ev in snap.events] == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "CUSTOM"]  # run.accepted
     assert snap.messages == build_transcript(chunks[:k])
     # The same through ?offset=-1&snapshot=1 (the opt-in of a client that always asks for -1).
     async with asyncio.timeout(30):
@@ -144,4 +144,4 @@ async def test_stock_clients_joined_from_a_snapshot_show_what_a_join_from_the_st
                            for p in m["parts"]]} for m in msgs]
     assert plain(out["tanstack"]["snapshot"]) == [{"id": "u1", "role": "user", "parts": [
         {"type": "text", "content": "Read the files"}]}] + plain(out["tanstack"]["full"])
-    assert out["chunks"]["full"] == len(chunks) and out["chunks"]["snapshot"] == 3  # started, messages, finished
+    assert out["chunks"]["full"] == len(chunks) and out["chunks"]["snapshot"] == 4  # started, messages, run.accepted, finished

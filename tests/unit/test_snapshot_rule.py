@@ -83,18 +83,23 @@ def test_no_snapshot_while_a_message_or_tool_call_is_open() -> None:
             st.take()
 
 
-def test_state_and_the_end_are_kept_as_events() -> None:
+def test_state_custom_events_and_the_end_are_kept_as_events() -> None:
     st = SnapshotState(SnapshotPolicy(100, 0))
     chunks = [{"type": "RUN_STARTED", "threadId": "t", "runId": "r"},
               {"type": "STATE_SNAPSHOT", "snapshot": {"a": 1}},
               {"type": "STATE_DELTA", "delta": [{"op": "replace", "path": "/a", "value": 2}]},
+              {"type": "CUSTOM", "name": "approval-requested", "value": {"toolCallId": "t1"}},
+              {"type": "STEP_STARTED", "stepName": "s"}, {"type": "STEP_FINISHED", "stepName": "s"},
               {"type": "RUN_FINISHED", "threadId": "t", "runId": "r"}]
     for i, c in enumerate(chunks, 1):
         st.feed(i, c, 10)
     snap = st.take()
+    # Nothing a client could learn from the chunks is lost: state, custom events (an approval
+    # request), the end; a closed step's structure carries nothing the messages lack.
     assert [ev["type"] for ev in snap.events] == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "STATE_SNAPSHOT",
-                                                  "STATE_DELTA", "RUN_FINISHED"]
-    assert snap.offset == 4 and snap.chunks == 4 and st.pending == 0
+                                                  "STATE_DELTA", "CUSTOM", "RUN_FINISHED"]
+    assert snap.events[4] == chunks[3]
+    assert snap.offset == 7 and snap.chunks == 7 and st.pending == 0
 
 
 def test_parts_join_to_the_body_and_bad_bodies_are_refused() -> None:
@@ -104,6 +109,6 @@ def test_parts_join_to_the_body_and_bad_bodies_are_refused() -> None:
     parts = split(body, 64)
     assert all(len(p) <= 64 for p in parts) and b"".join(parts) == body and len(parts) > 1
     assert decode(b"".join(parts)) == snap
-    for bad in (b"not json", b'{"v": 99}', b'{"v": 1, "events": 3}'):
+    for bad in (b"not json", b'{"v": 99}', b'{"v": 1, "offset": 1}\n3', b'{"v": 1}'):
         with pytest.raises(ValueError):
             decode(bad)
