@@ -10,15 +10,23 @@ costs the gateway does not grow with the run.
 """
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+import nats.errors
+import nats.js.errors
+
+from baton.errors import LogUnavailable
+from baton.log._api import first_on_subject
+from baton.log._compact import is_compacted
 from baton.log._snapshots import body_of, latest_final
+from baton.runs import STREAM_COMPACTED
 from baton.log.snapshot import event_lines
 from gateway import _grpc_wire
-from gateway._sse import Framing
+from gateway._sse import Framing, dumps
 
 log = logging.getLogger("gateway.snapshots")
 
@@ -39,6 +47,12 @@ class ServedSnapshot:
 
     offset: int
     events: tuple[bytes, ...]
+
+    def compacted(self) -> "ServedSnapshot":
+        """The same, after a ``CUSTOM stream.compacted {snapshotOffset}`` event (no id): what a
+        join from the start of a compacted log gets (docs/api.md)."""
+        marker = dumps({"type": "CUSTOM", "name": STREAM_COMPACTED, "value": {"snapshotOffset": str(self.offset)}})
+        return ServedSnapshot(self.offset, (marker, *self.events))
 
     @property
     def size(self) -> int:
@@ -109,3 +123,16 @@ class SnapshotCache:
                 _, old = self._kept.popitem(last=False)
                 self._bytes -= old.size
         return served
+
+
+async def log_compacted(delivery_log: Any, run_id: str) -> bool:
+    """Whether the run's log was compacted to its final snapshot (one read of its first record).
+
+    Raises:
+        LogUnavailable: JetStream did not answer.
+    """
+    try:
+        first = await first_on_subject(delivery_log.nc, delivery_log.cfg.stream, delivery_log.cfg.subject(run_id))
+    except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
+        raise LogUnavailable(run_id, f"reading the log failed: {type(exc).__name__}") from exc
+    return is_compacted(first)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import time
 from typing import Any
 
 import httpx
@@ -145,3 +146,35 @@ async def test_stock_clients_joined_from_a_snapshot_show_what_a_join_from_the_st
     assert plain(out["tanstack"]["snapshot"]) == [{"id": "u1", "role": "user", "parts": [
         {"type": "text", "content": "Read the files"}]}] + plain(out["tanstack"]["full"])
     assert out["chunks"]["full"] == len(chunks) and out["chunks"]["snapshot"] == 4  # started, messages, run.accepted, finished
+
+
+async def test_a_compacted_log_joined_from_the_start_says_so_then_gives_the_snapshot(
+        gateway: Gateway, http: httpx.AsyncClient, sdlog: DeliveryLog) -> None:
+    """Compaction keeps the final snapshot and the close; a join from the start gets the
+    ``stream.compacted`` marker (no id), the snapshot and the end, never a silent gap; an offset
+    inside what was dropped gets the gap."""
+    run_id, thread_id = unique("run"), unique("th")
+    chunks = turns(run_id, thread_id, 6)
+    w, offsets = await write_run(sdlog, run_id, chunks, close=False)
+    # Not closed: nothing to compact. Closed but younger than asked: neither.
+    assert not await sdlog.compact(run_id, now=time.time(), older_than=0)
+    await w.close("completed")
+    assert not await sdlog.compact(run_id, now=time.time(), older_than=3600)
+    assert await sdlog.compact(run_id, now=time.time() + 7200, older_than=3600)
+    assert await sdlog.compact(run_id, now=time.time() + 7200, older_than=3600)  # idempotent
+    final = await latest_snapshot(sdlog.nc, sdlog.cfg, run_id)
+    assert final is not None and final[0].offset == int(offsets[-1])
+    async with sdlog.read(run_id, str(final[0].offset)) as r:
+        assert [c async for c in r] == []
+    url = f"{gateway.url}/api/chat"
+    async with asyncio.timeout(30):
+        got = await read_stream(http, "GET", url, params={"runId": run_id, "offset": "-1"})
+        snap = await read_stream(http, "GET", url, params={"runId": run_id, "offset": "snapshot"})
+        gap = await read_stream(http, "GET", url, params={"runId": run_id, "offset": offsets[3]})
+    marker = {"type": "CUSTOM", "name": "stream.compacted", "value": {"snapshotOffset": offsets[-1]}}
+    want = [(None, ev) for ev in final[0].events[:-1]] + [(offsets[-1], final[0].events[-1])]
+    assert got.events == [(None, marker)] + want and got.ended
+    assert snap.events == want and snap.ended
+    assert [c["name"] for _, c in gap.events] == ["stream.gap"]
+    # The stock client shows the run from it: the same messages as the snapshot holds.
+    assert final[0].messages == build_transcript(chunks)
