@@ -96,7 +96,8 @@ async def latest(nc: NATS, cfg: LogConfig, run_id: str, *, timeout: float = 5.0)
     if final is None or body is None:
         return None
     try:
-        return decode(body), final.seq
+        snap = decode(body)
+        return Snapshot(snap.offset, snap.chunks, snap.events, snap.input_count, body), final.seq
     except (ValueError, KeyError) as exc:
         log.warning("snapshot of run %s at %d is unreadable (%s): ignored", run_id, final.seq, exc)
         return None
@@ -115,7 +116,7 @@ async def store(nc: NATS, cfg: LogConfig, run_id: str, epoch: int, snap: Snapsho
         LogUnavailable: JetStream refused or did not answer.
     """
     subject = snapshot_subject(cfg, run_id)
-    parts = split(encode(snap), part_bytes)
+    parts = split(snap.body or encode(snap), part_bytes)
     first = 0
     seq = 0
     for i, body in enumerate(parts, 1):

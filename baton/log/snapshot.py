@@ -23,7 +23,10 @@ who wrote them), so a writer that takes a run over and primes itself from the st
 of the chunks after it) writes byte for byte the snapshot its predecessor would have.
 
 * due after a chunk when, since the last snapshot, at least ``chunks`` chunks or ``bytes``
-  bytes of chunk JSON were appended (whichever first) **and** the log is at a quiet point:
+  bytes of chunk JSON were appended (whichever first), **and** at least as many bytes of
+  chunk JSON as the last snapshot's body weighs (so a run's snapshots together stay within
+  about twice its log, not its log times the number of snapshots), **and** the log is at a
+  quiet point:
   no text/reasoning message, tool call, step or reasoning span is open, and the chunk is not
   a ``*_CHUNK`` convenience event (whose message a client closes only on the next event). A
   join from a quiet point never gets a ``*_CONTENT`` for a message it was not shown opening.
@@ -35,7 +38,7 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from baton.transcript import TranscriptBuilder
@@ -90,6 +93,7 @@ class Snapshot:
     chunks: int
     events: tuple[Chunk, ...]
     input_count: int
+    body: bytes = field(default=b"", compare=False, repr=False)  #: :func:`encode`'s result, when known
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -120,6 +124,7 @@ class SnapshotState:
         self._offset = 0          # stream sequence of the last chunk fed
         self._since_chunks = 0    # since the last snapshot
         self._since_bytes = 0
+        self._last_size = 0       # bytes of the last snapshot's body
 
     @classmethod
     def restore(cls, policy: SnapshotPolicy, snap: Snapshot) -> "SnapshotState":
@@ -138,6 +143,7 @@ class SnapshotState:
             elif t in KEPT:
                 st._kept.append(copy.deepcopy(ev))
         st._chunks, st._offset = snap.chunks, snap.offset
+        st._last_size = len(snap.body or encode(snap))
         return st
 
     @property
@@ -191,7 +197,7 @@ class SnapshotState:
         """Whether a snapshot is due now (thresholds reached at a quiet point)."""
         p = self.policy
         reached = (p.chunks > 0 and self._since_chunks >= p.chunks) or (p.bytes > 0 and self._since_bytes >= p.bytes)
-        return reached and self.quiet
+        return reached and self._since_bytes >= self._last_size and self.quiet
 
     @property
     def quiet(self) -> bool:
@@ -211,7 +217,10 @@ class SnapshotState:
             events.append(copy.deepcopy(self._terminal))
         self._since_chunks = 0
         self._since_bytes = 0
-        return Snapshot(self._offset, self._chunks, tuple(events), len(input_msgs))
+        snap = Snapshot(self._offset, self._chunks, tuple(events), len(input_msgs))
+        body = encode(snap)
+        self._last_size = len(body)
+        return Snapshot(snap.offset, snap.chunks, snap.events, snap.input_count, body)
 
 
 def _dumps(value: Any) -> bytes:

@@ -37,6 +37,9 @@ def test_a_snapshot_is_the_transcript_of_the_log_before_it(path: pathlib.Path, p
     assert snaps, "a closed log with chunks always has its final snapshot"
     assert snaps[-1].offset == log[-1][0] and snaps[-1].chunks == len(log)
     offsets = [o for o, _, _ in log]
+    # A snapshot is due only once as many bytes of chunks came after the one before it as
+    # that one weighs: all of a run's snapshots but the last two weigh at most its log.
+    assert sum(len(encode(s)) for s in snaps[:-2]) <= sum(size for _, _, size in log)
     for snap in snaps:
         k = offsets.index(snap.offset) + 1
         assert snap.chunks == k
@@ -78,7 +81,7 @@ def test_no_snapshot_while_a_message_or_tool_call_is_open() -> None:
         ({"type": "TOOL_CALL_RESULT", "toolCallId": "t1", "messageId": "r1", "content": "out"}, True),
     ]
     for i, (chunk, due) in enumerate(seq, 1):
-        assert st.feed(i, chunk, 10) is due, chunk
+        assert st.feed(i, chunk, 10**6) is due, chunk
         if due:
             st.take()
 
