@@ -37,6 +37,9 @@ RUN_ACCEPTED: Final = "run.accepted"
 RUN_CANCELLED: Final = "run.cancelled"
 #: A reader's notice that retention dropped chunks it asked for (``value.earliestOffset``).
 STREAM_GAP: Final = "stream.gap"
+#: A reader's notice that the run's log was compacted to its final snapshot: a join from the
+#: start gets this (``value.snapshotOffset``), then the snapshot, then the end.
+STREAM_COMPACTED: Final = "stream.compacted"
 
 
 def status_name(status: int) -> str:

@@ -221,6 +221,24 @@ class TranscriptBuilder:
         self._out.append(msg)
         self._by_id[msg["id"]] = msg
 
+    @classmethod
+    def resumed(cls, input_messages: Sequence[Message], produced: Sequence[Message]) -> "TranscriptBuilder":
+        """A builder in the state it had after producing ``produced`` (a snapshot's messages,
+        baton.log.snapshot): every produced message and tool call is found by id again, so
+        feeding the chunks after it gives what feeding the whole log would have."""
+        b = cls(input_messages)
+        b._out = [copy.deepcopy(m) for m in produced]
+        for m in b._out:
+            b._by_id[m["id"]] = m
+            for call in m.get("toolCalls") or []:
+                if isinstance(call, dict) and isinstance(call.get("id"), str):
+                    b._tool_calls[call["id"]] = call
+        return b
+
+    def parts(self) -> tuple[list[Message], list[Message]]:
+        """``(input messages, produced messages)``, deep copies (:meth:`messages` is their sum)."""
+        return [copy.deepcopy(m) for m in (self._input or [])], [copy.deepcopy(m) for m in self._out]
+
     def messages(self) -> list[Message]:
         """The transcript so far: input messages, then the run's messages (deep copies).
 

@@ -100,9 +100,12 @@ def join_request_of(request: pb.RunJoinRequest) -> JoinRequest:
         after = "now"
     elif position == "from_start" and request.from_start:
         after = "-1"
+    elif position == "from_snapshot" and request.from_snapshot:
+        after = "snapshot"
     else:
         raise e.InvalidArgument("position", "is required: from_start=true reads from the start, only_new=true "
-                                            "only what comes next, after_offset the rest after a chunk you hold")
+                                            "only what comes next, from_snapshot=true the latest snapshot then the rest, "
+                                            "after_offset the rest after a chunk you hold")
     return JoinRequest(run_id, after)
 
 

@@ -22,6 +22,7 @@ from baton import errors as e
 from baton.runs import STREAM_GAP
 from gateway._errors import mapping_for
 from gateway._fanout import RunHub, check_offset_kept, stop_read
+from gateway._snapshots import ServedSnapshot
 from gateway._sse import Framing, chunk_frame, dumps, frame_end, frame_gap, frame_keepalive, frame_notice
 from gateway._state import GatewayState
 
@@ -91,7 +92,15 @@ class Failed:
     error: BaseException
 
 
-Step = Chunks | End | CaughtUp | Gap | Failed
+@dataclass(frozen=True)
+class SnapshotStep:
+    """A join from a snapshot: its events stand for every chunk up to its offset; the chunks
+    after it follow (gateway/_snapshots.py frames it)."""
+
+    snapshot: ServedSnapshot
+
+
+Step = Chunks | End | CaughtUp | Gap | Failed | SnapshotStep
 
 
 def gap_chunk(earliest_offset: str) -> dict[str, Any]:
@@ -196,6 +205,8 @@ class RunRead:
             this stream sequence (whatever that record's kind), or :class:`End`.
         presence: register a presence key while open (a live reader; a bounded catch-up
             read does not keep a run attached).
+        snapshot: a join from a snapshot: its events are the first step (``after`` is the
+            offset it covers).
 
     Use ``async with`` or call :meth:`aclose`: it releases the tail, removes the presence key
     (shielded) and runs ``on_disconnect`` when the read did not reach its end.
@@ -203,8 +214,9 @@ class RunRead:
 
     def __init__(self, state: GatewayState, run_id: str, after: str, *,
                  on_disconnect: Callable[[], Awaitable[None]] | None = None, gone: bool = False,
-                 until: int | None = None, presence: bool = True) -> None:
+                 until: int | None = None, presence: bool = True, snapshot: ServedSnapshot | None = None) -> None:
         self.state = state
+        self.snapshot = snapshot
         self.run_id = run_id
         self.after = after
         self.on_disconnect = on_disconnect
@@ -248,7 +260,12 @@ class RunRead:
             log.warning("reader of run %s cannot start: %s", self.run_id, exc)
             self._first = Failed(exc)
         else:
-            self._hub = self.state.hubs.acquire(self.run_id)
+            if self.snapshot is not None:
+                # From the snapshot's offset on its own read: the shared tail reads a run from
+                # its start, and a long run's snapshot join must not wait for (or hold) all of it.
+                self._start_own(self.after)
+            else:
+                self._hub = self.state.hubs.acquire(self.run_id)
         return self._first
 
     def _start_own(self, after: str) -> None:
@@ -277,6 +294,9 @@ class RunRead:
             if first is not None:
                 self._done = True
                 return first
+        if self.snapshot is not None:
+            snap, self.snapshot = self.snapshot, None
+            return SnapshotStep(snap)
         hub = self._hub
         if hub is not None:
             step = await self._from_hub(hub, timeout)
@@ -406,6 +426,9 @@ async def stream_log(read: RunRead, framing: Framing) -> AsyncGenerator[bytes, N
             elif isinstance(step, Chunks):
                 if step.count:
                     yield step.frame(framing)
+            elif isinstance(step, SnapshotStep):
+                for piece in step.snapshot.frames(framing):
+                    yield piece
             elif isinstance(step, End):
                 yield frame_end(framing, step.status)
                 return

@@ -53,8 +53,15 @@ async def start_chat(request: Request) -> Response | StreamResponse:
     return StreamResponse(stream_log(read, framing), framing, headers={"X-Run-Id": req.run_id}, closer=st.streams)
 
 
+#: ``?snapshot=1``: serve a from-start join (``offset=-1``) from the latest snapshot.
+SNAPSHOT_PARAM = "snapshot"
+
+
 async def join_chat(request: Request) -> Response | StreamResponse:
     """``GET /api/chat?runId&offset`` (or ``Last-Event-ID``): the log strictly after the offset.
+
+    ``offset=snapshot`` (or ``offset=-1&snapshot=1``) joins from the run's latest snapshot:
+    its events, then every chunk after the offset it covers (docs/api.md).
 
     Without ``runId`` but with ``threadId`` it answers the TanStack hydration probe
     ``{messages, activeRun}``.
@@ -74,6 +81,10 @@ async def join_chat(request: Request) -> Response | StreamResponse:
         raise e.InvalidArgument("offset", "is required: ?offset=-1 reads from the start; "
                                 "reconnect with a Last-Event-ID header")
     after = check_offset(offset)
+    if after == "-1" and q.get(SNAPSHOT_PARAM) in ("1", "true") and request.headers.get("last-event-id") is None:
+        # The app's connection URL opts a from-start join in to the snapshot (TanStack's
+        # joinRun always asks for offset=-1 and keeps the URL's other parameters).
+        after = "snapshot"
     framing = choose_framing(request.headers.get("accept"), q.get(FORMAT_PARAM))
     read = await service.join(t, JoinRequest(run_id, after))
     if (framing == "sse" and request.headers.get("last-event-id") is not None

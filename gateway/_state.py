@@ -54,6 +54,10 @@ class GatewayState:
         self.admission = Admission(settings.admission)
         self.takeovers = TakeoverTrigger(self.hosts, metrics)
         self.hubs = Hubs(delivery_log)
+        from gateway._snapshots import SnapshotCache
+
+        #: The snapshots joins were served from (gateway/_snapshots.py).
+        self.snapshots = SnapshotCache()
         metrics.watch_fanout(self.hubs.readers_per_run)
         self.log_health = LogHealth(delivery_log, settings.gateway_id)
         self.session: Any | None = None

@@ -10,11 +10,15 @@ Public surface::
     async with log.read(run_id, after="-1") as r:   # LogReader
         async for offset, chunk in r: ...
     ts = TranscriptStore(nc, cfg)                   # load / save with compare on revision
+    found = await latest_snapshot(nc, cfg, run_id)  # (Snapshot, seq) | None
 """
 from baton.log._config import LogConfig
 from baton.log._headers import CloseStatus, Kind, Origin, StoredRecord
 from baton.log._log import DeliveryLog, provision_with_patience
 from baton.log._reader import LogReader, parse_offset
+from baton.log._snapshots import latest as latest_snapshot
+from baton.log._snapshots import snapshot_subject
+from baton.log.snapshot import Snapshot, SnapshotPolicy
 from baton.log._transcript_fence import TranscriptWriter
 from baton.log._transcripts import TranscriptStore
 from baton.log._writer import LogWriter, WriteObserver
@@ -31,6 +35,10 @@ __all__ = [
     "TranscriptStore",
     "TranscriptWriter",
     "WriteObserver",
+    "Snapshot",
+    "SnapshotPolicy",
+    "latest_snapshot",
     "parse_offset",
+    "snapshot_subject",
     "provision_with_patience",
 ]

@@ -97,8 +97,8 @@ async def first_on_subject(
 
 
 async def direct_batch(nc: NATS, stream: str, subject: str, *, up_to: int, max_bytes: int,
-                       timeout: float = 5.0) -> list[RawRecord]:
-    """The records of ``subject`` from its first up to ``up_to`` (inclusive), in order, from
+                       timeout: float = 5.0, start: int = 1) -> list[RawRecord]:
+    """The records of ``subject`` from its first (at or after ``start``) up to ``up_to`` (inclusive), in order, from
     one batched direct get (``$JS.API.DIRECT.GET``, nats-server 2.11+): no consumer.
 
     The answer may stop early: at about ``max_bytes`` of records, or at whatever a replica
@@ -126,7 +126,8 @@ async def direct_batch(nc: NATS, stream: str, subject: str, *, up_to: int, max_b
 
     sub = await nc.subscribe(nc.new_inbox(), cb=on_msg, pending_msgs_limit=0, pending_bytes_limit=0)
     try:
-        req = {"seq": 1, "next_by_subj": subject, "up_to_seq": up_to, "batch": max(up_to, 1), "max_bytes": max_bytes}
+        req = {"seq": max(start, 1), "next_by_subj": subject, "up_to_seq": up_to, "batch": max(up_to, 1),
+               "max_bytes": max_bytes}
         await nc.publish(f"$JS.API.DIRECT.GET.{stream}", json.dumps(req).encode(), reply=sub.subject)
         try:
             async with asyncio.timeout(timeout):  # not wait_for: it can swallow a cancel on 3.11
@@ -139,3 +140,8 @@ async def direct_batch(nc: NATS, stream: str, subject: str, *, up_to: int, max_b
     if status not in ("204", "404"):  # 204: end of the batch; 404: nothing in the range
         raise nats.js.errors.APIError(code=int(status) if status.isdigit() else None, description=description)
     return [r for r in out if r.seq <= up_to]
+
+
+async def record_at(nc: NATS, stream: str, seq: int, timeout: float = 5.0) -> RawRecord | None:
+    """The record at stream sequence ``seq``, or ``None`` when there is none (deleted, expired)."""
+    return await _msg_get(nc, stream, {"seq": seq}, timeout)

@@ -6,6 +6,18 @@ from typing import Mapping
 
 from baton import config
 from baton.ids import subject_token
+from baton.log.snapshot import SnapshotPolicy
+
+
+def _count(name: str, env: Mapping[str, str] | None) -> int:
+    raw = config.get(name, env)
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -21,6 +33,10 @@ class LogConfig:
         replicas: JetStream replicas of the stream and the bucket.
         max_msgs_per_subject: per-run record limit (-1 = unlimited); tests use a small
             value to make retention drop old records.
+        snapshot_chunks: chunks after which a snapshot is due (baton.log.snapshot; 0: never by count).
+        snapshot_bytes: bytes of chunk JSON after which a snapshot is due (0: never by size).
+        snapshot_part_bytes: largest record a snapshot is stored in (under JetStream's
+            ``max_payload``, 1 MiB by default); a larger snapshot is stored in parts.
     """
 
     stream: str = "BATON_RUNS"
@@ -29,11 +45,15 @@ class LogConfig:
     max_age: float = 30 * 24 * 3600.0
     replicas: int = 1
     max_msgs_per_subject: int = -1
+    snapshot_chunks: int = 5000
+    snapshot_bytes: int = 1 << 20
+    snapshot_part_bytes: int = 512 * 1024
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "LogConfig":
         """Read ``BATON_RUNS_STREAM``, ``BATON_SUBJECT_PREFIX``, ``BATON_THREADS_BUCKET``,
-        ``BATON_LOG_MAX_AGE`` (seconds) and ``BATON_LOG_REPLICAS``.
+        ``BATON_LOG_MAX_AGE`` (seconds), ``BATON_LOG_REPLICAS``, ``BATON_SNAPSHOT_CHUNKS`` and
+        ``BATON_SNAPSHOT_BYTES``.
 
         Raises:
             ValueError: naming the variable when a number does not parse.
@@ -49,11 +69,18 @@ class LogConfig:
             bucket=config.get("BATON_THREADS_BUCKET", env),
             max_age=config.get_float("BATON_LOG_MAX_AGE", env),
             replicas=replicas,
+            snapshot_chunks=_count("BATON_SNAPSHOT_CHUNKS", env),
+            snapshot_bytes=_count("BATON_SNAPSHOT_BYTES", env),
         )
 
     def subject(self, run_id: str) -> str:
         """The run's subject: ``<subject_prefix>.<injective token of run_id>``."""
         return f"{self.subject_prefix}.{subject_token(run_id)}"
+
+    @property
+    def snapshot_policy(self) -> SnapshotPolicy:
+        """When a run's log gets a snapshot."""
+        return SnapshotPolicy(self.snapshot_chunks, self.snapshot_bytes)
 
     @property
     def subjects_wildcard(self) -> str:

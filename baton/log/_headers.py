@@ -17,8 +17,18 @@ ERROR_CODE = "Baton-Error-Code"
 ERROR = "Baton-Error"
 #: On a close record: when the run finished (Unix seconds), the value its record's ``finished_at`` gets.
 FINISHED_AT = "Baton-Finished-At"
+#: On a snapshot part (subject ``<run subject>.~snap``, baton.log.snapshot): the offset it
+#: covers, ``<i>/<n>`` (its place among the snapshot's parts), the sequence of the latest
+#: complete snapshot's last part before it (``0``: none), and on the last part, its first part's.
+SNAP_OFFSET = "Baton-Snap-Offset"
+SNAP_PART = "Baton-Snap-Part"
+SNAP_PREV = "Baton-Snap-Prev"
+SNAP_FIRST = "Baton-Snap-First"
 MSG_ID = "Nats-Msg-Id"
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+#: The subject the expected-last-sequence compare is made on (nats-server 2.11+): a snapshot
+#: part is fenced on its run's log head, not on its own subject.
+EXPECTED_LAST_SUBJECT_SEQ_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
 
 ORIGINS: frozenset[str] = frozenset({"journal", "host"})
 

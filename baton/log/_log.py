@@ -240,6 +240,12 @@ class DeliveryLog:
         parse_offset(after)
         return LogReader(self.nc, self.cfg, run_id, after, stop_at_close=stop_at_close, idle_heartbeat=idle_heartbeat)
 
+    async def compact(self, run_id: str, *, now: float, older_than: float) -> bool:
+        """See :func:`baton.log._compact.compact` (a finished run's log to its final snapshot)."""
+        from baton.log._compact import compact
+
+        return await compact(self.nc, self.cfg, run_id, now=now, older_than=older_than)
+
     async def last_record(self, run_id: str) -> H.StoredRecord | None:
         """Headers of the run's last record (e.g. to see if the log is closed), or None.
 

@@ -13,8 +13,10 @@ from nats.aio.client import Client as NATS
 from baton.errors import InvalidOffset, LogUnavailable, OffsetExpired
 from baton.log import _headers as H
 from baton.log._api import first_on_subject, last_on_subject
+from baton.log._compact import is_compacted
 from baton.log._config import LogConfig
 from baton.log._consumer import OrderedConsumer
+from baton.log._snapshots import latest_final
 
 _DECIMAL = re.compile(r"[0-9]{1,20}")
 
@@ -127,7 +129,7 @@ class LogReader(AsyncIterator[Item]):
                     # not written yet); a run whose whole log expired is the gateway's to
                     # tell by its terminal record (docs/design.md §6).
                     if first is not None and first.seq > n:
-                        if not _is_origin(first.headers):
+                        if not _is_origin(first.headers) and not await self._covered(first, n):
                             raise OffsetExpired(self.run_id, self.after, str(first.seq))
                         start = first.seq
         except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
@@ -138,6 +140,15 @@ class LogReader(AsyncIterator[Item]):
             self._ended = True
             return
         self._start_seq = start
+
+    async def _covered(self, first: Any, n: int) -> bool:
+        """Whether nothing of the run after offset ``n`` is gone although its first stored
+        record comes later: its log was compacted (baton/log/_compact.py) to a final snapshot
+        covering up to at least ``n``, and only its close is left."""
+        if not is_compacted(first):
+            return False
+        final = await latest_final(self._nc, self._cfg, self.run_id)
+        return final is not None and int(final.headers.get(H.SNAP_OFFSET, "0") or 0) <= n
 
     async def _iterate(self) -> AsyncGenerator[Item, None]:
         await self.open()

@@ -32,6 +32,8 @@ from baton.log._api import (
 )
 from baton.log._config import LogConfig
 from baton.log._headers import StoredRecord
+from baton.log import _snapshots
+from baton.log.snapshot import Snapshot, SnapshotState
 from baton.log.fence import Op, Verdict, describe, judge
 from baton.retry import Deadline
 from baton.runs import CLOSE_STATUSES
@@ -131,6 +133,10 @@ class LogWriter:
         self._closed = False
         self._lock = asyncio.Lock()
         self._observer = observer
+        # Snapshots (baton.log.snapshot): primed from the stored log at the first append or
+        # close; ``_snap_seq`` is the last part of the latest stored snapshot (0: none).
+        self._snap: SnapshotState | None = None
+        self._snap_seq = 0
 
     # --- state ------------------------------------------------------------------------
 
@@ -349,6 +355,8 @@ class LogWriter:
                 raise RuntimeError("append before fence")
             if self._closed:
                 raise RuntimeError("append after close")
+            if self._snap is None and self._cfg.snapshot_policy.enabled:
+                await self._prime_snapshots()
             offsets: list[str] = []
             epoch = str(self.epoch)
             for chunk in chunks:
@@ -368,6 +376,8 @@ class LogWriter:
                         self.run_id, expected, tail.offset if tail else 0, landed=tuple(offsets)
                     ) from None
                 offsets.append(str(self._head))
+                if self._snap is not None and self._snap.feed(self._head, chunk, len(payload)):
+                    await self._store_snapshot(self._snap.take())
             return offsets
 
     async def resync(self) -> int:
@@ -392,6 +402,7 @@ class LogWriter:
             if verdict is Verdict.CLOSED:
                 raise self._already_closed(tail)
             self._head = tail.offset
+            self._snap = None  # records this writer did not feed may be stored: prime again
             return tail.offset
 
     async def close(
@@ -441,6 +452,8 @@ class LogWriter:
                 headers[H.ERROR_CODE] = _header_safe(error_code)
             if finished_at is not None:
                 headers[H.FINISHED_AT] = repr(float(finished_at))
+            if self._head is not None and self._cfg.snapshot_policy.enabled:
+                await self._final_snapshot()
             expected = self._head
             while True:
                 if expected is None:
@@ -461,3 +474,63 @@ class LogWriter:
                     return True
                 except _CompareFailed:
                     expected = None  # re-read the head and decide again
+
+    # --- snapshots (caller holds the lock) ----------------------------------------------
+
+    async def _prime_snapshots(self) -> None:
+        """Learn the snapshot state of the stored log: the latest stored snapshot, then the
+        chunks after it up to this writer's fence. A due snapshot its predecessor did not
+        store (it stopped first) is stored now: the same bytes it would have stored.
+
+        Raises:
+            LogUnavailable: JetStream did not answer (the append that primes fails with it).
+        """
+        policy = self._cfg.snapshot_policy
+        if self._fenced_over == 0:
+            # This writer's fence began the log: nothing stored before it, no I/O (the common
+            # start of a run).
+            self._snap = SnapshotState(policy)
+            return
+        found = await _snapshots.latest(self._nc, self._cfg, self.run_id, timeout=self._timeout)
+        state = SnapshotState(policy) if found is None else SnapshotState.restore(policy, found[0])
+        self._snap_seq = 0 if found is None else found[1]
+        due: Snapshot | None = None
+        over = self._head or 0  # the fence (or the head a resync adopted): everything stored
+        if over > state.offset:
+            for seq, body in await _snapshots.chunks_between(self._nc, self._cfg, self.run_id, state.offset, over,
+                                                             timeout=self._timeout):
+                if state.feed(seq, json.loads(body), len(body)):
+                    due = state.take()
+        self._snap = state
+        if due is not None:
+            await self._store_snapshot(due)
+
+    async def _final_snapshot(self) -> None:
+        """Before the close record: a snapshot of every chunk, when any came after the last."""
+        try:
+            if self._snap is None:
+                await self._prime_snapshots()
+        except LogUnavailable as exc:
+            log.warning("no final snapshot for run %s: %s", self.run_id, exc)
+            return
+        if self._snap is not None and self._snap.pending:
+            await self._store_snapshot(self._snap.take())
+
+    async def _store_snapshot(self, snap: Snapshot) -> None:
+        """Store a due snapshot, fenced on the log head. Never fails the write that made it
+        due: a snapshot not stored leaves readers the previous one (the rule's next due point
+        is the same either way, so a successor still writes the same bytes)."""
+        assert self._head is not None
+        try:
+            self._snap_seq = await _snapshots.store(
+                self._nc, self._cfg, self.run_id, self.epoch, snap, head=self._head, prev=self._snap_seq,
+                part_bytes=self._cfg.snapshot_part_bytes, timeout=self._timeout)
+        except _snapshots.SnapshotFenced:
+            try:
+                tail = _parsed(await self._tail())
+            except LogUnavailable:
+                return
+            if judge(tail, self.epoch, Op.APPEND) is Verdict.LOST:
+                self._latch(tail)  # the next write raises RunClaimLost
+        except LogUnavailable as exc:
+            log.warning("snapshot of run %s at %d not stored: %s", self.run_id, snap.offset, exc)

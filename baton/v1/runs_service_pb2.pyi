@@ -134,12 +134,17 @@ class RunJoinRequest(_message.Message):
     AFTER_OFFSET_FIELD_NUMBER: _builtins.int
     FROM_START_FIELD_NUMBER: _builtins.int
     ONLY_NEW_FIELD_NUMBER: _builtins.int
+    FROM_SNAPSHOT_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     after_offset: _builtins.str
     """Strictly after this offset (the `offset` of the last chunk you hold)."""
     from_start: _builtins.bool
     only_new: _builtins.bool
     """Only chunks appended from now on."""
+    from_snapshot: _builtins.bool
+    """The run's latest snapshot (chunks without an offset, the last one carrying the
+    offset it covers), then every chunk after it; from the start when it has none yet.
+    """
     def __init__(
         self,
         *,
@@ -147,12 +152,13 @@ class RunJoinRequest(_message.Message):
         after_offset: _builtins.str = ...,
         from_start: _builtins.bool = ...,
         only_new: _builtins.bool = ...,
+        from_snapshot: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["after_offset", b"after_offset", "from_start", b"from_start", "only_new", b"only_new", "position", b"position"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["after_offset", b"after_offset", "from_snapshot", b"from_snapshot", "from_start", b"from_start", "only_new", b"only_new", "position", b"position"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_offset", b"after_offset", "from_start", b"from_start", "only_new", b"only_new", "position", b"position", "run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_offset", b"after_offset", "from_snapshot", b"from_snapshot", "from_start", b"from_start", "only_new", b"only_new", "position", b"position", "run_id", b"run_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_position: _TypeAlias = _typing.Literal["after_offset", "from_start", "only_new"]  # noqa: Y015
+    _WhichOneofReturnType_position: _TypeAlias = _typing.Literal["after_offset", "from_start", "only_new", "from_snapshot"]  # noqa: Y015
     _WhichOneofArgType_position: _TypeAlias = _typing.Literal["position", b"position"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_position) -> _WhichOneofReturnType_position | None: ...
 

@@ -38,7 +38,7 @@ __all__ = ["AGENT_KINDS", "MAX_CANCEL_WAIT", "MAX_JSON_DEPTH", "REPLAY_FORMATS",
 
 #: The formats a replay journal may have (the agent listing shows only these).
 REPLAY_FORMATS = JOURNAL_FORMATS
-_OFFSET = re.compile(r"^(-1|now|[0-9]{1,20})$")
+_OFFSET = re.compile(r"^(-1|now|snapshot|[0-9]{1,20})$")
 JOURNAL_SUFFIXES = (".jsonl", ".ndjson")
 # Deeper input is refused: nothing we accept nests this deep, and every later step (the
 # host's JSON, protobuf, the transcript) recurses over the value.
@@ -205,7 +205,8 @@ def json_depth(value: Any) -> int:
 
 
 def check_offset(value: str) -> str:
-    """An offset from a client: ``-1``, ``now`` or a stream sequence.
+    """An offset from a client: ``-1``, ``now``, ``snapshot`` (the latest snapshot, then the
+    chunks after it: a join only) or a stream sequence.
 
     Raises:
         InvalidOffset: anything else.

@@ -16,6 +16,7 @@ from baton.ids import page_position, page_token, thread_run_position
 from baton.runs import TERMINAL_PB
 from baton.v1 import runs_pb2
 from gateway._reader import RunRead
+from gateway._snapshots import log_compacted
 from gateway._service import _cancel, _hydration, _inputs, _queue, _start, _threads, _views
 from gateway._service._cancel import CancelOutcome
 from gateway._service._requests import (CancelRequest, JoinRequest, ListRunsRequest, StartLimits, StartRequest,
@@ -140,7 +141,18 @@ class RunService:
         view = await _views.join_view_for(st, tenant, req.run_id)
         st.takeovers.consider(req.run_id, view.record if view else None, view.claim if view else None)
         gone = view is not None and await self._log_gone(view.record)
-        return RunRead(st, req.run_id, req.after, gone=gone)
+        after, snapshot = req.after, None
+        if after == "-1" and not gone and await log_compacted(st.log, req.run_id):
+            # Its chunks are gone, its final snapshot stands for them: say so, then serve it.
+            served = await st.snapshots.latest(st.log, req.run_id)
+            if served is not None:
+                after, snapshot = str(served.offset), served.compacted()
+        elif after == "snapshot":
+            # The latest snapshot, then every chunk strictly after the offset it covers; a run
+            # without one yet is read from the start (docs/api.md "Joining from a snapshot").
+            snapshot = None if gone else await st.snapshots.latest(st.log, req.run_id)  # LogUnavailable
+            after = "-1" if snapshot is None else str(snapshot.offset)
+        return RunRead(st, req.run_id, after, gone=gone, snapshot=snapshot)
 
     def read(self, run_id: str, after: str, *, until: int | None = None, presence: bool = True) -> RunRead:
         """A read of a run the caller was already shown (see :meth:`read_view`)."""
@@ -164,7 +176,7 @@ class RunService:
             LogUnavailable: JetStream did not answer.
         """
         st = self.state
-        if after in ("-1", "now"):
+        if after in ("-1", "now", "snapshot"):
             return False
         tail = await st.log.last_record(run_id)
         if tail is None or tail.kind != "close":

@@ -1,0 +1,241 @@
+"""A long run joined from the start, with and without its snapshot.
+
+One run of 200,000 chunks is written with the real log writer (default snapshot thresholds:
+5,000 chunks or 1 MiB) to a real nats-server and served by the real gateway (a subprocess,
+against a real coordinator and etcd). It is joined over SSE with ``offset=-1`` (every chunk)
+and with ``offset=snapshot`` (the latest snapshot, then the chunks after it), side by side:
+
+- **first render**: from the request until the client can draw something: the first complete
+  message (``TEXT_MESSAGE_END``, ``TOOL_CALL_RESULT``…) of a join from the start, the whole
+  ``MESSAGES_SNAPSHOT`` event of a snapshot join;
+- **caught up**: until the client holds the run's whole state (the ``: end`` of the closed log);
+- **bytes** received in all;
+- **gateway RSS per reader**: the RSS growth with 20 readers that stopped reading (their
+  sockets full), for the 200,000-chunk run and a 20,000-chunk run of the same content: what a
+  reader costs the gateway, and whether that grows with the run.
+
+The workload is honest about real agent output: the chunk sequences of the golden corpus
+journals (tests/sandbox/golden: Claude Code and Codex sessions translated to AG-UI, with their
+reasoning, text deltas, tool calls and tool results), repeated with fresh ids until 200,000
+chunks. A snapshot must hold every character of text, reasoning, tool arguments and tool
+results (it is never lossy), so the byte ratio is bounded by what the chunks carry beyond
+their content: per-chunk JSON (type, ids) and SSE framing. ``content_share`` reports that.
+
+Targets (issue): ≥ 20× fewer bytes, first render ≤ 300 ms, memory per reader independent of
+the run's length. Writes ``bench/results/long_run.json``.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import pathlib
+import tempfile
+import time
+from typing import Any
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "long_run.json"
+GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "tests" / "sandbox" / "golden"
+CHUNKS = 200_000
+SHORT = 20_000
+STALLED_READERS = 20
+_ID_KEYS = ("messageId", "toolCallId", "parentMessageId", "entityId")
+_COMPLETE = (b'"type":"TEXT_MESSAGE_END"', b'"type":"TOOL_CALL_RESULT"', b'"type":"REASONING_MESSAGE_END"')
+_CONTENT_KEYS = ("delta", "content")
+
+
+def _golden_body() -> list[dict[str, Any]]:
+    """The golden runs' chunks without their lifecycle (one long run gets one start and end)."""
+    out: list[dict[str, Any]] = []
+    for path in sorted(GOLDEN.glob("*.json")):
+        data = json.loads(path.read_text())
+        chunks = data["chunks"] if isinstance(data, dict) else data
+        out += [c for c in chunks if c.get("type") not in ("RUN_STARTED", "RUN_FINISHED", "RUN_ERROR")]
+    return out
+
+
+def workload(run_id: str, n: int) -> list[dict[str, Any]]:
+    """``n`` chunks: RUN_STARTED, the golden body repeated with fresh ids, RUN_FINISHED."""
+    body = _golden_body()
+    out: list[dict[str, Any]] = [{"type": "RUN_STARTED", "threadId": "bench-thread", "runId": run_id}]
+    cycle = 0
+    while len(out) < n - 1:
+        for c in body:
+            if len(out) >= n - 1:
+                break
+            c2 = dict(c)
+            for k in _ID_KEYS:
+                if isinstance(c2.get(k), str):
+                    c2[k] = f"{c2[k]}~{cycle}"
+            out.append(c2)
+        cycle += 1
+    # Close what the cut left open, so the end is a quiet point like a real run's.
+    out.append({"type": "RUN_FINISHED", "threadId": "bench-thread", "runId": run_id})
+    return out
+
+
+def content_share(chunks: list[dict[str, Any]]) -> float:
+    """Bytes of content (deltas, tool results) over bytes of chunk JSON."""
+    total = content = 0
+    for c in chunks:
+        total += len(json.dumps(c, separators=(",", ":"), ensure_ascii=False).encode())
+        for k in _CONTENT_KEYS:
+            v = c.get(k)
+            if isinstance(v, str):
+                content += len(v.encode())
+    return content / total
+
+
+def rss_kb(pid: int) -> int:
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+async def join(port: int, path: str) -> dict[str, Any]:
+    """One SSE join read to its end: first render, caught up (s), bytes."""
+    began = time.perf_counter()
+    r, w = await asyncio.open_connection("127.0.0.1", port, limit=1 << 24)
+    w.write(f"GET {path} HTTP/1.1\r\nHost: bench\r\nAccept: text/event-stream\r\n\r\n".encode())
+    await w.drain()
+    first: float | None = None
+    total = 0
+    tail = b""
+    try:
+        while True:
+            data = await r.read(1 << 20)
+            if not data:
+                break
+            total += len(data)
+            window = tail + data
+            if first is None and (b'"type":"MESSAGES_SNAPSHOT"' in window or any(k in window for k in _COMPLETE)):
+                if b'"type":"MESSAGES_SNAPSHOT"' in window:
+                    # The snapshot event is rendered once it arrived whole (its frame ends).
+                    while b"\n\n" not in window[window.index(b'"type":"MESSAGES_SNAPSHOT"'):]:
+                        more = await r.read(1 << 20)
+                        total += len(more)
+                        window += more
+                first = time.perf_counter() - began
+            if b": end\n\n" in window:
+                break
+            tail = window[-64:]
+    finally:
+        w.close()
+    return {"first_render_ms": round((first or 0) * 1000, 1), "caught_up_ms": round((time.perf_counter() - began) * 1000, 1),
+            "bytes": total}
+
+
+async def stalled_rss(pid: int, port: int, path: str, n: int) -> float:
+    """RSS growth per reader (KB) with ``n`` readers that sent their join and read nothing."""
+    before = rss_kb(pid)
+    conns = []
+    for _ in range(n):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(f"GET {path} HTTP/1.1\r\nHost: bench\r\nAccept: text/event-stream\r\n\r\n".encode())
+        await w.drain()
+        conns.append((r, w))
+    # Settle: until the gateway's RSS stops moving (its readers blocked on full sockets).
+    last, stable, deadline = -1, 0, time.monotonic() + 30
+    while stable < 5 and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+        now = rss_kb(pid)
+        stable = stable + 1 if abs(now - last) < 64 else 0
+        last = now
+    grown = (last - before) / n
+    for _, w in conns:
+        w.close()
+    return round(grown, 1)
+
+
+async def write(log: Any, run_id: str, chunks: list[dict[str, Any]]) -> None:
+    w = log.writer(run_id, 1)
+    await w.fence()
+    for i in range(0, len(chunks), 1000):
+        await w.append(chunks[i:i + 1000])
+    await w.close("completed")
+
+
+async def main() -> dict[str, Any]:
+    import nats as nats_py
+
+    from baton.log import DeliveryLog, LogConfig, latest_snapshot
+    from baton.log.snapshot import encode
+    from baton_tools.testing.cluster import start_coordinator, start_gateway
+    from baton_tools.testing.servers import EtcdServer, NatsServer
+
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="baton-bench-long-"))
+    etcd, nats = EtcdServer(tmp / "etcd"), NatsServer(tmp / "nats")
+    etcd.start()
+    nats.start()
+    cfg = LogConfig(stream="BENCH_LONG", subject_prefix="bench.long", bucket="bench-long-threads")
+    coord = gw = None
+    results: dict[str, Any] = {}
+    try:
+        coord = await start_coordinator(etcd.endpoint, "/bench-long/", log_dir=tmp)
+        gw = await start_gateway(coord.address, nats.url, log_dir=tmp, log_level="WARNING",
+                                 runs_stream=cfg.stream, subject_prefix=cfg.subject_prefix, threads_bucket=cfg.bucket)
+        port = int(gw.url.rsplit(":", 1)[1])
+        async with DeliveryLog(await nats_py.connect(servers=[nats.url]), cfg, owns_connection=True) as log:
+            await log.provision()
+            for name, n in (("long", CHUNKS), ("short", SHORT)):
+                chunks = workload(f"bench-{name}", n)
+                t0 = time.perf_counter()
+                await write(log, f"bench-{name}", chunks)
+                found = await latest_snapshot(log.nc, log.cfg, f"bench-{name}")
+                assert found is not None
+                entry: dict[str, Any] = {
+                    "chunks": len(chunks), "write_s": round(time.perf_counter() - t0, 1),
+                    "chunk_json_bytes": sum(len(json.dumps(c, separators=(",", ":"), ensure_ascii=False).encode())
+                                            for c in chunks),
+                    "content_share": round(content_share(chunks), 3),
+                    "snapshot_bytes": len(encode(found[0])),
+                }
+                for mode in ("-1", "snapshot"):
+                    path = f"/api/chat?runId=bench-{name}&offset={mode}"
+                    entry[f"join_{'start' if mode == '-1' else 'snapshot'}"] = await join(port, path)
+                    assert gw.pid is not None
+                    entry[f"rss_kb_per_reader_{'start' if mode == '-1' else 'snapshot'}"] = await stalled_rss(
+                        gw.pid, port, path, STALLED_READERS)
+                results[name] = entry
+    finally:
+        if gw is not None:
+            await gw.stop()
+        if coord is not None:
+            await coord.stop()
+        nats.stop()
+        etcd.stop()
+    long = results["long"]
+    summary = {
+        "bytes_ratio": round(long["join_start"]["bytes"] / long["join_snapshot"]["bytes"], 1),
+        "first_render_ms_start": long["join_start"]["first_render_ms"],
+        "first_render_ms_snapshot": long["join_snapshot"]["first_render_ms"],
+        "caught_up_ms_start": long["join_start"]["caught_up_ms"],
+        "caught_up_ms_snapshot": long["join_snapshot"]["caught_up_ms"],
+        "caught_up_ratio": round(long["join_start"]["caught_up_ms"] / max(long["join_snapshot"]["caught_up_ms"], 0.1), 1),
+        "rss_kb_per_reader_snapshot_long_vs_short": [long["rss_kb_per_reader_snapshot"],
+                                                     results["short"]["rss_kb_per_reader_snapshot"]],
+        "rss_kb_per_reader_start_long_vs_short": [long["rss_kb_per_reader_start"],
+                                                  results["short"]["rss_kb_per_reader_start"]],
+        "content_share": long["content_share"],
+    }
+    summary["targets"] = {"bytes_ge_20x": summary["bytes_ratio"] >= 20,
+                          "first_render_le_300ms": summary["first_render_ms_snapshot"] <= 300}
+    out = {"bench": "long_run", "results": results, "summary": summary}
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
+    _print_table(out)
+    return out
+
+
+def _print_table(out: dict[str, Any]) -> None:
+    print(f"{'run':<6} {'join':<9} {'first render ms':>16} {'caught up ms':>13} {'bytes':>12} {'RSS KB/reader':>14}")
+    for name, r in out["results"].items():
+        for mode in ("start", "snapshot"):
+            j = r[f"join_{mode}"]
+            print(f"{name:<6} {mode:<9} {j['first_render_ms']:>16} {j['caught_up_ms']:>13} {j['bytes']:>12} "
+                  f"{r[f'rss_kb_per_reader_{mode}']:>14}")
+    print(json.dumps(out["summary"]))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
