@@ -82,6 +82,8 @@ class Kubelet:
     store: Store
     root: pathlib.Path
     images: dict[str, str] = field(default_factory=dict)
+    #: False: new pods are left unscheduled (Pending, no node: as when no node fits them).
+    schedule: bool = True
     pods: dict[str, PodRuntime] = field(default_factory=dict)
     _next_ip: int = 0
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -107,7 +109,7 @@ class Kubelet:
 
     def _on_pod(self, type_: str, pod: Obj) -> None:
         meta = pod["metadata"]
-        if type_ == "ADDED" and not pod.get("spec", {}).get("nodeName"):
+        if type_ == "ADDED" and not pod.get("spec", {}).get("nodeName") and self.schedule:
             self._spawn(self._start(pod))
         elif meta.get("deletionTimestamp") and meta["uid"] in self.pods and not self.pods[meta["uid"]].deleting:
             self.pods[meta["uid"]].deleting = True
