@@ -20,7 +20,9 @@ CONTAINER = "sandbox"
 #: run id and sandbox key (label values are short and restricted), the annotations the values.
 LABEL_NAME = "app.kubernetes.io/name"
 SANDBOX_APP = "baton-sandbox"
-LABEL_PART_OF = "app.kubernetes.io/part-of"
+#: Not ``app.kubernetes.io/part-of: baton``: deploy/k8s's NetworkPolicies admit baton's own
+#: pods by that label to the coordinator and hosts, and a sandbox runs an agent's code.
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_RUN = "baton/run"
 LABEL_KEY = "baton/sandbox"
 ANN_RUN = "baton/run-id"
@@ -85,7 +87,7 @@ def pod_name(key: str, suffix: str) -> str:
 
 
 def labels(run_id: str, key: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    return {**(extra or {}), LABEL_NAME: SANDBOX_APP, LABEL_PART_OF: "baton",
+    return {**(extra or {}), LABEL_NAME: SANDBOX_APP, LABEL_MANAGED_BY: "baton",
             LABEL_RUN: label_hash(run_id), LABEL_KEY: label_hash(key)}
 
 
