@@ -57,11 +57,17 @@ def check(members: Iterable[tarfile.TarInfo]) -> list[tarfile.TarInfo]:
     return out
 
 
-def export_local(workdir: str, home: str | None) -> bytes:
-    """The tar of a local sandbox (symlinks kept as links, never followed)."""
+def export_local(workdir: str, home: str | None, exclude: str | None = None) -> bytes:
+    """The tar of a local sandbox (symlinks kept as links, never followed); ``exclude``: a
+    directory inside ``workdir`` left out (a sandbox daemon's state kept in its workspace)."""
     buf = io.BytesIO()
+    skip = None if exclude is None else "work/" + os.path.relpath(exclude, workdir)
+
+    def keep(m: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        return None if skip is not None and (m.name == skip or m.name.startswith(skip + "/")) else m
+
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        tar.add(workdir, arcname="work")
+        tar.add(workdir, arcname="work", filter=keep)
         if home and os.path.isdir(home):
             tar.add(home, arcname="home")
     return buf.getvalue()

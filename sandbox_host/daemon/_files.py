@@ -1,0 +1,87 @@
+"""Reading and following a sandbox's files from the inside (the daemon's file I/O adapter).
+
+A follow reads from an offset to the end, then waits for an inotify wake-up (one instance per
+daemon, :class:`sandbox_host.providers._inotify.FileWatcher`) or ``idle_check`` seconds, and
+reads on; a file deleted (no link left) ends it with ``FileNotFoundError`` after its last bytes.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import AsyncIterator
+
+from sandbox_host.providers._inotify import FileWatcher
+
+#: Bytes read (and sent) at once; under gRPC's default 4 MiB message limit.
+CHUNK = 1 << 20
+
+
+async def follow_file(path: str, offset: int, watcher: FileWatcher, idle_check: float,
+                      *, follow: bool = True, limit: int = 0) -> AsyncIterator[bytes]:
+    """Yield the file's bytes from ``offset``; with ``follow`` as they are written (never ends
+    by itself), else up to its end (or ``limit`` bytes when > 0).
+
+    Raises:
+        FileNotFoundError: the file does not exist, or (following) was deleted, after
+            everything written to it was yielded.
+        IsADirectoryError: ``path`` is a directory.
+    """
+    # Reads run in a worker thread: a catch-up over a long journal reads megabytes. The read
+    # is shielded and awaited before the file is closed, so a cancelled follow never closes
+    # the file under a read still running in its thread. open and fstat stay inline
+    # (metadata only, negligible).
+    loop = asyncio.get_running_loop()
+    f = open(path, "rb")  # noqa: ASYNC230 -- metadata only, see above
+    watch = watcher.watch(path) if follow else None
+    reading: asyncio.Future[bytes] | None = None
+    left = limit if limit > 0 and not follow else -1
+
+    async def read(n: int) -> bytes:
+        nonlocal reading
+        reading = loop.run_in_executor(None, f.read, n)
+        data = await asyncio.shield(reading)
+        reading = None
+        return data
+
+    try:
+        f.seek(offset)
+        while True:
+            data = await read(CHUNK if left < 0 else min(CHUNK, left))
+            if data:
+                if left > 0:
+                    left -= len(data)
+                yield data
+                if left == 0:
+                    return
+                continue
+            if not follow:
+                return
+            if watch is not None:
+                await watch.wait(idle_check)
+            else:
+                await asyncio.sleep(min(idle_check, 0.02))
+            if os.fstat(f.fileno()).st_nlink == 0:
+                while rest := await read(CHUNK):
+                    yield rest
+                raise FileNotFoundError(path)
+    finally:
+        if watch is not None:
+            watch.close()
+        if reading is not None:
+            await asyncio.wait({reading})
+            if not reading.cancelled():
+                reading.exception()  # retrieved: the follow is ending anyway
+        f.close()
+
+
+def write_whole(target: str, content: bytes, mode: int) -> None:
+    """Write ``target`` whole: a temporary name beside it, then a rename (blocking)."""
+    os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+    tmp = f"{target}.tmp-{os.urandom(4).hex()}"
+    with open(tmp, "wb") as f:
+        f.write(content)
+    os.chmod(tmp, mode)
+    os.replace(tmp, target)
+
+
+__all__ = ["CHUNK", "follow_file", "write_whole"]

@@ -1,0 +1,330 @@
+"""A sandbox's daemon seen from a host: the provider I/O methods over ``baton.v1.SandboxDaemon``.
+
+A provider decides how a sandbox is created and destroyed and where its daemon listens; every
+read, follow, launch, input and signal then goes through a :class:`DaemonClient`
+(docs/design.md §5.1). The daemon may restart under a run (its agent lives on): a call that
+finds it unreachable asks the provider where it listens now and tries again, within
+``patience`` seconds, unless the provider says the sandbox is gone; a follow resumes from the
+offset it had reached, so no byte is lost or read twice.
+"""
+from __future__ import annotations
+
+import asyncio
+import io
+import time
+from typing import AsyncIterator, Awaitable, Callable, Mapping, Sequence, TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from baton import internal_auth
+from baton import tls as _tls
+from baton.errors import SandboxBuildFailed
+from baton.v1 import sandbox_daemon_pb2 as pb
+from baton.v1 import sandbox_daemon_pb2_grpc as pb_grpc
+from sandbox_host.daemon import SERVICE_NAME
+from sandbox_host.providers._redact import redact
+
+T = TypeVar("T")
+_OPTIONS = [("grpc.enable_http_proxy", 0), ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.max_send_message_length", 64 << 20)]
+#: Seconds one unary call may take (a launch waits for its process group; an export reads a tree).
+_CALL_TIMEOUT = 30.0
+_TREE_CHUNK = 1 << 20
+# Pauses between tries while the daemon is unreachable: from 20 ms up to 0.5 s.
+_BACKOFF = (0.02, 0.5)
+_RETRY = (grpc.StatusCode.UNAVAILABLE,)
+
+
+class DaemonUnreachable(OSError):
+    """The sandbox's daemon did not answer within the client's patience (the sandbox still
+    exists, as far as the provider can tell)."""
+
+
+class SandboxGone(FileNotFoundError):
+    """The daemon is unreachable and the provider says the sandbox no longer exists."""
+
+
+class _NoAddress(Exception):
+    """The provider could not say where the daemon listens (tried again, as unreachable)."""
+
+
+async def _never_gone() -> bool:
+    return False
+
+
+class DaemonClient:
+    """The I/O of one sandbox through its daemon.
+
+    Args:
+        resolve: where the daemon listens now (``host:port``); asked again after the
+            daemon was unreachable (a restarted local daemon has a new port).
+        token: the sandbox daemon's token (:func:`sandbox_host.daemon.sandbox_token`); ``""``
+            sends none.
+        tls: the link's TLS (:data:`baton.tls.PLAINTEXT` for a daemon that serves none).
+        gone: whether the sandbox no longer exists (asked while the daemon is unreachable).
+        patience: seconds a call keeps trying an unreachable daemon.
+    """
+
+    def __init__(self, resolve: Callable[[], Awaitable[str]], *, token: str = "",
+                 tls: _tls.GrpcTls = _tls.PLAINTEXT, gone: Callable[[], Awaitable[bool]] = _never_gone,
+                 patience: float = 30.0) -> None:
+        self._resolve = resolve
+        self._token = token
+        self._tls = tls
+        self._gone = gone
+        self.patience = patience
+        self._channel: grpc.aio.Channel | None = None
+        self._address = ""
+        self._old: list[grpc.aio.Channel] = []
+
+    async def _stub(self) -> pb_grpc.SandboxDaemonStub:
+        if self._channel is None:
+            try:
+                self._address = await self._resolve()
+            except SandboxGone:
+                raise
+            except OSError as exc:  # e.g. a restarting daemon has not written its address yet
+                raise _NoAddress(str(exc)) from exc
+            self._channel = internal_auth.channel(self._address, _OPTIONS, token=self._token, tls=self._tls)
+        return pb_grpc.SandboxDaemonStub(self._channel)
+
+    def _forget(self) -> None:
+        # Closed at close(): a stream still reading on the old channel ends on its own error.
+        if self._channel is not None:
+            self._old.append(self._channel)
+            self._channel = None
+
+    async def close(self) -> None:
+        """Close the channels (idempotent)."""
+        channels, self._old = [*self._old, *([self._channel] if self._channel else [])], []
+        self._channel = None
+        for ch in channels:
+            await ch.close(None)
+
+    async def _unreachable(self, started: float, tries: int, exc: BaseException) -> None:
+        """After an unreachable try: raise when gone or out of patience, else pause."""
+        self._forget()
+        if await self._gone():
+            raise SandboxGone(f"sandbox daemon at {self._address}: the sandbox is gone") from exc
+        if time.monotonic() - started > self.patience:
+            raise DaemonUnreachable(f"sandbox daemon at {self._address} unreachable for {self.patience:.0f} s") from exc
+        await asyncio.sleep(min(_BACKOFF[0] * (2 ** min(tries, 5)), _BACKOFF[1]))
+
+    async def _call(self, call: Callable[[pb_grpc.SandboxDaemonStub], Awaitable[T]], *, retry: bool = True) -> T:
+        """``call`` on the daemon, tried again while it is unreachable.
+
+        Raises:
+            PermissionError: a path outside the sandbox's roots.
+            ValueError: a request the daemon refused as malformed (``..`` in a path, say).
+            grpc.aio.AioRpcError: any other refusal (the caller maps it).
+        """
+        started, tries = time.monotonic(), 0
+        while True:
+            try:
+                return await call(await self._stub())
+            except _NoAddress as exc:
+                await self._unreachable(started, tries, exc)
+                tries += 1
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+                    raise PermissionError(exc.details()) from None
+                if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                    raise ValueError(exc.details()) from None
+                if exc.code() not in _RETRY or not retry:
+                    raise
+                await self._unreachable(started, tries, exc)
+                tries += 1
+
+    async def wait_serving(self, timeout: float) -> None:
+        """Wait until the daemon's health says SERVING.
+
+        Raises:
+            DaemonUnreachable: not within ``timeout`` seconds.
+            SandboxGone: the provider says the sandbox is gone.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                await self._stub()
+                assert self._channel is not None
+                got = await health_pb2_grpc.HealthStub(self._channel).Check(
+                    health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=max(0.1, min(2.0, deadline - time.monotonic())))
+                if got.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except (grpc.aio.AioRpcError, _NoAddress):
+                self._forget()
+            if await self._gone():
+                raise SandboxGone(f"sandbox daemon at {self._address}: the sandbox is gone")
+            if time.monotonic() > deadline:
+                raise DaemonUnreachable(f"sandbox daemon at {self._address} not serving within {timeout:.0f} s")
+            await asyncio.sleep(0.02)
+
+    # --- files ------------------------------------------------------------------------------
+
+    async def follow(self, path: str, offset: int) -> AsyncIterator[bytes]:
+        """Yield the file's bytes from ``offset`` as they are written (never ends by itself);
+        a restarted daemon is followed on from the offset reached.
+
+        Raises:
+            FileNotFoundError: the file does not exist or was deleted (``SandboxGone``: the
+                sandbox is gone).
+            DaemonUnreachable: the daemon stayed unreachable for ``patience`` seconds.
+        """
+        pos = offset
+        started, tries = time.monotonic(), 0
+        while True:
+            try:
+                stub = await self._stub()
+            except _NoAddress as exc:
+                await self._unreachable(started, tries, exc)
+                tries += 1
+                continue
+            stream = stub.ReadFile(pb.ReadFileRequest(path=path, offset=pos, follow=True))
+            try:
+                async for chunk in stream:
+                    if chunk.offset != pos:  # never: the daemon answers from where it was asked
+                        raise OSError(f"{path}: the daemon sent offset {chunk.offset}, expected {pos}")
+                    pos += len(chunk.data)
+                    started, tries = time.monotonic(), 0
+                    yield chunk.data
+                # A follow never ends by itself: an end is the daemon going away.
+                await self._unreachable(started, tries, EOFError(path))
+                tries += 1
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.NOT_FOUND:
+                    raise FileNotFoundError(path) from None
+                if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+                    raise PermissionError(exc.details()) from None
+                if exc.code() not in (*_RETRY, grpc.StatusCode.CANCELLED):  # CANCELLED: a daemon stopping
+                    raise OSError(f"following {path} failed: {exc.code().name}: {exc.details()}") from None
+                await self._unreachable(started, tries, exc)
+                tries += 1
+            finally:
+                stream.cancel()
+
+    async def read_file(self, path: str, offset: int = 0, limit: int | None = None) -> bytes:
+        """Bytes of a file from ``offset`` (at most ``limit``).
+
+        Raises:
+            FileNotFoundError: the file does not exist.
+        """
+        async def call(stub: pb_grpc.SandboxDaemonStub) -> bytes:
+            out = bytearray()
+            async for chunk in stub.ReadFile(pb.ReadFileRequest(path=path, offset=offset, limit=limit or 0),
+                                             timeout=_CALL_TIMEOUT):
+                out += chunk.data
+            return bytes(out)
+
+        if limit == 0:
+            return b""
+        try:
+            return await self._call(call)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                raise FileNotFoundError(path) from None
+            raise OSError(f"reading {path} failed: {exc.code().name}: {exc.details()}") from None
+
+    async def file_size(self, path: str) -> int | None:
+        """Size in bytes, ``None`` when the file does not exist (or the sandbox is gone)."""
+        try:
+            got = await self._call(lambda s: s.FileSize(pb.FileSizeRequest(path=path), timeout=_CALL_TIMEOUT))
+        except SandboxGone:
+            return None
+        return got.size if got.exists else None
+
+    async def copy_in(self, path: str, content: bytes, mode: int = 0o644) -> None:
+        """Write ``content`` to ``path`` whole."""
+        try:
+            await self._call(lambda s: s.CopyIn(pb.CopyInRequest(path=path, content=content, mode=mode),
+                                                timeout=_CALL_TIMEOUT))
+        except grpc.aio.AioRpcError as exc:
+            raise OSError(f"writing {path} failed: {exc.code().name}: {exc.details()}") from None
+
+    # --- processes --------------------------------------------------------------------------
+
+    async def launch(self, argv: Sequence[str], *, nonce: str, journal_path: str, stderr_path: str,
+                     stdin: bytes | None = None, env: Mapping[str, str] | None = None,
+                     secrets: Mapping[str, str] | None = None, interactive: bool = False,
+                     home: str = "", workdir: str = "") -> tuple[int, str]:
+        """Start ``argv`` under the wrapper (as ``Provider.launch``): ``(pgid, inbox or "")``.
+
+        Not retried once sent (a second launch would start a second agent); it waits for an
+        unreachable daemon to come up first.
+
+        Raises:
+            SandboxBuildFailed: ``launch``: the daemon refused or failed (detail redacted).
+        """
+        req = pb.LaunchRequest(argv=list(argv), nonce=nonce, has_stdin=stdin is not None, stdin=stdin or b"",
+                               env=dict(env or {}), secrets=dict(secrets or {}), interactive=interactive,
+                               journal_path=journal_path, stderr_path=stderr_path, home=home, workdir=workdir)
+        try:
+            await self.wait_serving(self.patience)
+            got = await self._call(lambda s: s.Launch(req, timeout=_CALL_TIMEOUT), retry=False)
+        except grpc.aio.AioRpcError as exc:
+            raise SandboxBuildFailed("launch", redact(f"{exc.code().name}: {exc.details()}", secrets)) from None
+        except (DaemonUnreachable, SandboxGone, PermissionError, ValueError) as exc:
+            raise SandboxBuildFailed("launch", redact(str(exc), secrets)) from None
+        return int(got.pgid), got.inbox
+
+    async def send_input(self, inbox: str, line: bytes) -> None:
+        """Append ``line`` to the inbox (retried: the relay passes each input id once)."""
+        try:
+            await self._call(lambda s: s.SendInput(pb.SendInputRequest(inbox=inbox, line=line), timeout=_CALL_TIMEOUT))
+        except grpc.aio.AioRpcError as exc:
+            raise OSError(f"input not delivered: {exc.code().name}: {exc.details()}") from None
+
+    async def kill(self, pgid: int | None, signal: int) -> bool:
+        """Signal the process group (``None``: the one the daemon recorded); ``False`` when
+        nothing was signalled or the sandbox is gone."""
+        try:
+            got = await self._call(lambda s: s.Kill(pb.KillRequest(pgid=pgid or 0, signal=signal), timeout=_CALL_TIMEOUT))
+        except SandboxGone:
+            return False
+        return bool(got.signalled)
+
+    async def status(self, pgid: int | None = None) -> pb.StatusResponse:
+        """The daemon's status (processes alive, its start time and pid)."""
+        return await self._call(lambda s: s.Status(pb.StatusRequest(pgid=pgid or 0), timeout=_CALL_TIMEOUT))
+
+    async def processes_alive(self, pgid: int | None) -> bool:
+        """Whether any of the agent's processes runs (``False`` when the sandbox is gone)."""
+        try:
+            return bool((await self.status(pgid)).processes_alive)
+        except SandboxGone:
+            return False
+
+    # --- trees ------------------------------------------------------------------------------
+
+    async def export_tree(self, workdir: str = "", home: str = "") -> bytes:
+        """The tar of ``workdir`` (``work/``) and ``home`` (``home/``), as ``Provider.export_tree``."""
+        async def call(stub: pb_grpc.SandboxDaemonStub) -> bytes:
+            buf = io.BytesIO()
+            async for chunk in stub.ExportTree(pb.ExportTreeRequest(workdir=workdir, home=home), timeout=300):
+                buf.write(chunk.data)
+            return buf.getvalue()
+
+        return await self._call(call)
+
+    async def import_tree(self, tar: bytes, *, workdir: str = "", home: str = "", replace: bool = False) -> None:
+        """Extract an exported tar (as ``Provider.import_tree``).
+
+        Raises:
+            SandboxBuildFailed: ``import``: a bad member (nothing written).
+        """
+        def chunks() -> list[pb.TreeChunk]:
+            out = [pb.TreeChunk(data=tar[i:i + _TREE_CHUNK]) for i in range(0, max(len(tar), 1), _TREE_CHUNK)]
+            out[0].replace, out[0].workdir, out[0].home = replace, workdir, home
+            return out
+
+        try:
+            await self._call(lambda s: s.ImportTree(iter(chunks()), timeout=300))
+        except ValueError as exc:
+            raise SandboxBuildFailed("import", str(exc)) from None
+        except grpc.aio.AioRpcError as exc:
+            raise OSError(f"import failed: {exc.code().name}: {exc.details()}") from None
+
+
+__all__ = ["DaemonClient", "DaemonUnreachable", "SandboxGone"]
+
+
