@@ -73,7 +73,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("BATON_K8S_CPU", "", "kubernetes provider: CPU request and limit of a sandbox pod (e.g. `1`, `500m`; empty = none)"),
     Setting("BATON_K8S_MEMORY", "", "kubernetes provider: memory request and limit of a sandbox pod (e.g. `2Gi`; empty = none)"),
     Setting("BATON_K8S_DISK", "", "kubernetes provider: size limit of a sandbox pod's emptyDir (workspace, journal; e.g. `10Gi`; empty = none)"),
-    Setting("BATON_K8S_TOKEN_SECRET", "baton-internal/BATON_INTERNAL_TOKEN", "kubernetes provider: `secret/key` holding the internal token a sandbox daemon demands of hosts (empty = none: tests only)"),
     Setting("BATON_K8S_SERVICE_ACCOUNT", "baton-sandbox", "kubernetes provider: ServiceAccount of the sandbox pods (no API token is mounted; empty = the namespace's default)"),
     Setting("BATON_K8S_GRACE", "5", "kubernetes provider: a sandbox pod's termination grace period (s)"),
     Setting("BATON_K8S_READY_TIMEOUT", "120", "kubernetes provider: seconds a sandbox may take from its create to its daemon answering (scheduling, image pull); past it the run fails with SandboxBuildFailed and the pod is deleted"),

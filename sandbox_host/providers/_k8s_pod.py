@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import shlex
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -52,8 +51,6 @@ class PodSettings:
         cpu: CPU request and limit (``""`` = none), e.g. ``"500m"``.
         memory: memory request and limit (``""`` = none), e.g. ``"1Gi"``.
         disk: the sandbox ``emptyDir``'s size limit (``""`` = none), e.g. ``"4Gi"``.
-        token_secret: ``name/key`` of the Secret holding the internal token the daemon
-            demands (``""`` = the daemon runs without one: tests only).
         service_account: the pods' ServiceAccount (``""`` = the namespace's default; no API
             token is mounted either way).
         grace: ``terminationGracePeriodSeconds``.
@@ -64,7 +61,6 @@ class PodSettings:
     cpu: str = ""
     memory: str = ""
     disk: str = ""
-    token_secret: str = ""
     service_account: str = ""
     grace: int = 5
     extra_labels: Mapping[str, str] = field(default_factory=dict)
@@ -93,28 +89,34 @@ def labels(run_id: str, key: str, extra: Mapping[str, str] | None = None) -> dic
 
 def daemon_command(port: int) -> list[str]:
     """The container's command: the daemon on ``$(POD_IP):port``, restarted should it end."""
-    daemon = (f"python -m sandbox_host.daemon --listen \"$POD_IP:{port}\" --root {shlex.quote(ROOT)}")
+    daemon = f'python -m sandbox_host.daemon --listen "$POD_IP:{port}" --root "$SANDBOX_ROOT"'
     return ["sh", "-c", _SUPERVISOR.format(daemon=daemon), "baton-sandbox"]
 
 
 def pod_manifest(name: str, *, key: str, run_id: str, token: str, env: Mapping[str, str],
-                 settings: PodSettings, resources: Mapping[str, str] | None = None) -> dict[str, Any]:
+                 settings: PodSettings, resources: Mapping[str, str] | None = None,
+                 daemon_token: str = "") -> dict[str, Any]:
     """The sandbox pod (a plain ``dict`` of the v1 Pod API).
 
-    ``resources`` (``cpu``, ``memory``, ``disk``: the spec's) override the settings' where set.
-
-    ``env`` is the plain environment (never secrets: a pod's spec is readable by whoever may
-    read pods; secrets go to the agent through the daemon's launch only). The internal token
-    comes from a Secret by reference.
+    Args:
+        name: the pod's name (:func:`pod_name`).
+        key: the sandbox key; run_id: its run (labels and annotations).
+        token: the create's token (an annotation: finds this very pod again).
+        env: the plain environment (never secrets: a pod's spec is readable by whoever may
+            read pods; secrets reach the agent through the daemon's launch only).
+        settings: what every pod gets.
+        resources: ``cpu``, ``memory``, ``disk`` (the spec's), over the settings' where set.
+        daemon_token: the daemon's token (``BATON_INTERNAL_TOKEN`` of the pod): this sandbox's
+            own (:func:`sandbox_host.daemon.sandbox_token`), which opens this daemon and
+            nothing else, never the cluster's; ``""`` = none.
     """
     container_env: list[dict[str, Any]] = [
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "SANDBOX_ROOT", "value": ROOT},
         *({"name": k, "value": v} for k, v in sorted(env.items())),
     ]
-    if settings.token_secret:
-        secret, _, skey = settings.token_secret.partition("/")
-        container_env.append({"name": "BATON_INTERNAL_TOKEN",
-                              "valueFrom": {"secretKeyRef": {"name": secret, "key": skey or "BATON_INTERNAL_TOKEN"}}})
+    if daemon_token:
+        container_env.append({"name": "BATON_INTERNAL_TOKEN", "value": daemon_token})
     wanted = {"cpu": settings.cpu, "memory": settings.memory, "disk": settings.disk,
               **{k: v for k, v in (resources or {}).items() if v}}
     limits: dict[str, dict[str, str]] = {}
@@ -164,7 +166,8 @@ def sandbox_manifest(pod: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": f"{group}/{version}",
         "kind": "Sandbox",
-        "metadata": {"name": meta["name"], "labels": dict(meta["labels"]), "annotations": dict(meta["annotations"])},
+        "metadata": {"name": meta["name"], "labels": dict(meta["labels"]), "annotations": dict(meta["annotations"]),
+                     **({"namespace": meta["namespace"]} if meta.get("namespace") else {})},
         "spec": {"podTemplate": {"metadata": {"labels": dict(meta["labels"]),
                                               "annotations": dict(meta["annotations"])},
                                  "spec": pod["spec"]},

@@ -9,7 +9,7 @@ annotations (the values) name the run and the sandbox key, so any host finds a r
 (:meth:`KubernetesProvider.destroy_leftovers`). The handle keeps the pod's name and the
 daemon's address: any host that reaches the pod network re-opens the sandbox, and everything
 inside it (journal, launch, kill, files, trees) goes through the daemon
-(:class:`~sandbox_host.providers.daemon_client.DaemonIO`).
+(:class:`~sandbox_host.providers._daemon_client.DaemonClient`, with the sandbox's own token).
 
 Creating waits, within ``BATON_K8S_READY_TIMEOUT``, for the pod to run and the daemon to
 answer its health check; a refused create (RBAC, quota, admission), an image that cannot be
@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import io
 import os
+import posixpath
 import secrets as _secrets
 import shutil
 import tarfile
@@ -38,11 +39,14 @@ from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.core_v1 import Pod
 
-from baton import config
+from baton import config, internal_auth
+from baton import tls as _tls
 from baton.errors import SandboxBuildFailed, SandboxReclaimFailed
+from sandbox_host.daemon import sandbox_token
 from sandbox_host.providers import _k8s_pod as kp
 from sandbox_host.providers import _workspace as _ws
-from sandbox_host.providers._base import Provider, SandboxHandle, SandboxSpec
+from sandbox_host.providers._base import Provider, SandboxHandle, SandboxSpec, check_input
+from sandbox_host.providers._daemon_client import DaemonClient, DaemonUnreachable, SandboxGone
 from sandbox_host.providers._redact import redact
 
 JOURNAL = "baton/journal.ndjson"
@@ -66,7 +70,10 @@ class KubernetesProvider(Provider):
             ``BATON_K8S_READY_TIMEOUT``).
         agent_sandbox: ``"auto"`` (a Sandbox where the CRD is served, else a bare pod),
             ``"off"``, ``"on"`` (default ``BATON_K8S_AGENT_SANDBOX``).
-        io: the daemon client for the sandbox's insides (default: a new one).
+        cluster_token: the cluster's internal token each sandbox's daemon token is derived
+            from (:func:`sandbox_host.daemon.sandbox_token`; default ``BATON_INTERNAL_TOKEN``).
+        patience: seconds a call waits for an unreachable daemon that may come back (a
+            restart inside its pod) before it fails.
     """
 
     name = "kubernetes"
@@ -75,7 +82,8 @@ class KubernetesProvider(Provider):
 
     def __init__(self, client: AsyncClient | None = None, *, namespace: str | None = None,
                  settings: kp.PodSettings | None = None, ready_timeout: float | None = None,
-                 agent_sandbox: str | None = None, io: Provider | None = None) -> None:
+                 agent_sandbox: str | None = None, cluster_token: str | None = None,
+                 patience: float = 30.0) -> None:
         self._owns_client = client is None
         if client is None:
             path = config.get("BATON_K8S_KUBECONFIG")
@@ -86,19 +94,17 @@ class KubernetesProvider(Provider):
         self.settings = settings or settings_from_env()
         self.ready_timeout = ready_timeout if ready_timeout is not None else config.get_float("BATON_K8S_READY_TIMEOUT")
         self.agent_sandbox = agent_sandbox or config.get("BATON_K8S_AGENT_SANDBOX")
-        self._io_given = io
+        self._cluster_token = internal_auth.token_from_env() if cluster_token is None else cluster_token
+        self.patience = patience
+        self._daemons: dict[tuple[str, str], DaemonClient] = {}
         self._crd: bool | None = None
 
-    @property
-    def _io(self) -> Provider:
-        if self._io_given is None:
-            from sandbox_host.providers.daemon_client import DaemonIO
-
-            self._io_given = DaemonIO()
-        return self._io_given
-
     async def close(self) -> None:
-        """Close the API client when this provider created it (idempotent)."""
+        """Close the daemon clients, and the API client when this provider created it
+        (idempotent)."""
+        daemons, self._daemons = list(self._daemons.values()), {}
+        for d in daemons:
+            await d.close()
         if self._owns_client:
             self._owns_client = False
             await self._client.close()
@@ -144,17 +150,23 @@ class KubernetesProvider(Provider):
         name = kp.pod_name(key, _secrets.token_hex(3))
         token = _secrets.token_hex(8)
         pod = kp.pod_manifest(name, key=key, run_id=run_id, token=token, env=spec.env, settings=self.settings,
-                              resources=spec.resources)
+                              resources=spec.resources, daemon_token=sandbox_token(self._cluster_token, key))
         crd = False
         try:
             crd = await self._uses_crd()
             created = await self._create(pod, crd)
+            deadline = time.monotonic() + self.ready_timeout
             ip = await self._wait_running(name, created, spec)
             home = HOME if spec.thread_dir is not None else None
             handle = SandboxHandle(
                 provider=self.name, key=key, journal_path=JOURNAL, stderr_path=STDERR, workdir=WORKDIR,
                 data={"namespace": self.namespace, "pod": name, "sandbox_resource": crd,
                       "daemon": f"{ip}:{self.settings.port}", "pgid": None, **({"home": home} if home else {})})
+            try:
+                await self._daemon(handle).wait_serving(max(0.1, deadline - time.monotonic()))
+            except (DaemonUnreachable, SandboxGone) as exc:
+                raise SandboxBuildFailed("daemon", f"pod {name} runs but its daemon at {handle.data['daemon']} did "
+                                                   f"not answer within {self.ready_timeout:g}s: {exc}") from None
             await self._fill(handle, spec)
             return handle
         except BaseException as exc:
@@ -168,20 +180,17 @@ class KubernetesProvider(Provider):
 
     async def _create(self, pod: dict[str, Any], crd: bool) -> str:
         """Send the create; returns the resource version to watch the pod from."""
-        if crd:
-            created = await self._client.create(SandboxResource.from_dict(kp.sandbox_manifest(pod)),  # type: ignore[attr-defined]
-                                                namespace=self.namespace)
-        else:
-            created = await self._client.create(Pod.from_dict(pod), namespace=self.namespace)
-        return str(created.metadata.resourceVersion or "")  # type: ignore[union-attr]
+        pod = {**pod, "metadata": {**pod["metadata"], "namespace": self.namespace}}
+        obj: Any = SandboxResource.from_dict(kp.sandbox_manifest(pod)) if crd else Pod.from_dict(pod)
+        created = await self._client.create(obj)
+        return str(created.metadata.resourceVersion or "")
 
     async def _wait_running(self, name: str, rv: str, spec: SandboxSpec) -> str:
-        """Watch the pod until it runs and its daemon serves; its IP.
+        """Watch the pod until it runs; its IP.
 
         Raises:
             SandboxBuildFailed: see :meth:`create`.
         """
-        deadline = time.monotonic() + self.ready_timeout
         state = kp.PodState("waiting", reason="not created yet")
         try:
             async with asyncio.timeout(self.ready_timeout):
@@ -194,16 +203,7 @@ class KubernetesProvider(Provider):
             raise SandboxBuildFailed(step, redact(f"pod {name}: {state.reason}", spec.secrets))
         if state.kind == "gone":
             raise SandboxBuildFailed("pod", f"pod {name} was deleted while it started")
-        address = f"{state.ip}:{self.settings.port}"
-        last = ""
-        while True:
-            last = await _health(address)
-            if not last:
-                return state.ip
-            if time.monotonic() > deadline:
-                raise SandboxBuildFailed("daemon", f"pod {name} runs but its daemon at {address} did not answer "
-                                                   f"within {self.ready_timeout:g}s: {last}")
-            await asyncio.sleep(0.2)
+        return state.ip
 
     async def _watch_pod(self, name: str, rv: str) -> kp.PodState:
         """Until the pod runs, fails or goes (the caller bounds the wait)."""
@@ -225,24 +225,24 @@ class KubernetesProvider(Provider):
         return kp.PodState("gone", reason="the watch ended")
 
     async def _fill(self, handle: SandboxHandle, spec: SandboxSpec) -> None:
-        """The workspace (built on the host, copied in as a tree) and the setup commands."""
+        """The working directory (the workspace built on the host, copied in as one tree),
+        the agent's home for a thread, then the setup commands."""
         steps = _ws.BuildSteps()
         async with _ws.build_budget(spec.build_timeout, steps):
-            if spec.workspace is not None:
-                tmp = await asyncio.to_thread(tempfile.mkdtemp, prefix="baton-clone-")
-                try:
-                    src = spec.workspace
-                    if _ws.is_git_workspace(spec):
-                        src = os.path.join(tmp, "repo")
-                        await _ws.build_tree(spec, src)
-                    elif not os.path.isdir(src):  # noqa: ASYNC240 -- one stat
-                        raise SandboxBuildFailed("workspace", redact(f"not a directory: {src}", spec.secrets))
-                    else:
-                        await _ws.check_size(src, spec)
-                    tar = await asyncio.to_thread(_tar_of, src)
-                    await self._io.import_tree(handle, tar)
-                finally:
-                    await asyncio.shield(asyncio.to_thread(shutil.rmtree, tmp, True))
+            tmp = await asyncio.to_thread(tempfile.mkdtemp, prefix="baton-clone-")
+            try:
+                src = spec.workspace
+                if src is not None and _ws.is_git_workspace(spec):
+                    src = os.path.join(tmp, "repo")
+                    await _ws.build_tree(spec, src)
+                elif src is not None and not os.path.isdir(src):  # noqa: ASYNC240 -- one stat
+                    raise SandboxBuildFailed("workspace", redact(f"not a directory: {src}", spec.secrets))
+                elif src is not None:
+                    await _ws.check_size(src, spec)
+                tar = await asyncio.to_thread(_tar_of, src, handle.data.get("home") is not None)
+                await self.import_tree(handle, tar)
+            finally:
+                await asyncio.shield(asyncio.to_thread(shutil.rmtree, tmp, True))
             if spec.setup:
                 raise SandboxBuildFailed("setup[0]", "the kubernetes provider runs no setup commands: "
                                                      "bake them into the sandbox image")
@@ -312,6 +312,7 @@ class KubernetesProvider(Provider):
                 still there after the grace period and a margin.
         """
         name, crd = str(handle.data["pod"]), bool(handle.data.get("sandbox_resource"))
+        await self._forget(handle)
         try:
             existed = await self._delete(name, crd)
             await self._gone(name, self._confirm_budget())
@@ -333,16 +334,16 @@ class KubernetesProvider(Provider):
         """
         found: list[tuple[str, bool]] = []
         try:
-            selector = {kp.LABEL_RUN: kp.label_hash(run_id)}
+            selector: dict[str, Any] = {kp.LABEL_RUN: kp.label_hash(run_id)}
             kinds: list[tuple[Any, bool]] = [(Pod, False)]
             if await self._uses_crd():
                 kinds.insert(0, (SandboxResource, True))
             for res, crd in kinds:
                 async for obj in self._client.list(res, namespace=self.namespace, labels=selector):
-                    ann = obj.metadata.annotations or {}  # type: ignore[union-attr]
+                    ann = obj.metadata.annotations or {}
                     if ann.get(kp.ANN_RUN) != run_id or (keep_key is not None and ann.get(kp.ANN_KEY) == keep_key):
                         continue
-                    name = str(obj.metadata.name)  # type: ignore[union-attr]
+                    name = str(obj.metadata.name)
                     if (name, True) not in found:
                         found.append((name, crd))
             for name, crd in found:
@@ -363,38 +364,111 @@ class KubernetesProvider(Provider):
 
     # --- inside the sandbox: the daemon ---------------------------------------------------
 
+    def _daemon(self, handle: SandboxHandle) -> DaemonClient:
+        """The daemon client of the handle's pod (one per pod, kept until it is destroyed).
+
+        The daemon keeps its pod's address across its own restarts; ``gone`` is the pod not
+        running any more (deleted, or its container ended: the agent went with it).
+        """
+        ident = (self._ns(handle), str(handle.data["pod"]))
+        client = self._daemons.get(ident)
+        if client is None:
+            address = str(handle.data["daemon"])
+
+            async def resolve() -> str:
+                return address
+
+            async def gone() -> bool:
+                try:
+                    return not await self.exists(handle)
+                except SandboxReclaimFailed:
+                    return False  # the API is unreachable: say nothing about the pod
+
+            client = DaemonClient(resolve, token=sandbox_token(self._cluster_token, handle.key), tls=_tls.PLAINTEXT,
+                                  gone=gone, patience=self.patience)
+            self._daemons[ident] = client
+        return client
+
+    async def _forget(self, handle: SandboxHandle) -> None:
+        client = self._daemons.pop((self._ns(handle), str(handle.data["pod"])), None)
+        if client is not None:
+            await client.close()
+
     async def copy_in(self, handle: SandboxHandle, path: str, content: bytes, mode: int = 0o644) -> None:
-        await self._io.copy_in(handle, path, content, mode)
+        """Write ``content`` to ``path`` (relative: to the working directory).
+
+        Raises:
+            SandboxReclaimFailed: the pod is gone.
+        """
+        try:
+            await self._daemon(handle).copy_in(posixpath.join(handle.workdir, path), content, mode)
+        except SandboxGone as exc:
+            raise SandboxReclaimFailed(handle.key, str(exc)) from exc
 
     async def launch(self, handle: SandboxHandle, argv: Sequence[str], *, nonce: str, stdin: bytes | None = None,
                      env: Mapping[str, str] | None = None, secrets: Mapping[str, str] | None = None,
                      interactive: bool = False) -> Mapping[str, Any]:
-        return await self._io.launch(handle, argv, nonce=nonce, stdin=stdin, env=env, secrets=secrets,
-                                     interactive=interactive)
+        """Start ``argv`` under the wrapper through the daemon; ``{"pgid"}`` (and ``"inbox"``).
+
+        Raises:
+            SandboxBuildFailed: ``launch`` (the daemon refused, failed or stayed unreachable).
+        """
+        pgid, inbox = await self._daemon(handle).launch(
+            argv, nonce=nonce, journal_path=handle.journal_path, stderr_path=handle.stderr_path, stdin=stdin,
+            env=env, secrets=secrets, interactive=interactive, home=str(handle.data.get("home") or ""),
+            workdir=handle.workdir)
+        return {"pgid": pgid, "inbox": inbox} if inbox else {"pgid": pgid}
 
     async def send_input(self, handle: SandboxHandle, input_id: str, payload: bytes) -> None:
-        await self._io.send_input(handle, input_id, payload)
+        """Append the input's line to the inbox (``ValueError``: see ``check_input``;
+        ``SandboxReclaimFailed``: the pod is gone)."""
+        line = check_input(handle, input_id, payload)
+        try:
+            await self._daemon(handle).send_input(handle.inbox_path, line)
+        except SandboxGone as exc:
+            raise SandboxReclaimFailed(handle.key, str(exc)) from exc
 
     def follow(self, handle: SandboxHandle, path: str, offset: int) -> AsyncIterator[bytes]:
-        return self._io.follow(handle, path, offset)
+        """The file's bytes from ``offset`` as written, across restarts of the daemon.
+
+        Raises:
+            FileNotFoundError: the file was deleted, or the pod is gone (``SandboxGone``).
+            DaemonUnreachable: the daemon stayed unreachable for ``patience`` seconds.
+        """
+        return self._daemon(handle).follow(path, offset)
 
     async def read_file(self, handle: SandboxHandle, path: str, offset: int = 0, limit: int | None = None) -> bytes:
-        return await self._io.read_file(handle, path, offset, limit)
+        """Bytes of a file from ``offset``; ``FileNotFoundError`` when it or the pod is gone."""
+        return await self._daemon(handle).read_file(path, offset, limit)
 
     async def file_size(self, handle: SandboxHandle, path: str) -> int | None:
-        return await self._io.file_size(handle, path)
+        """Size in bytes; ``None`` when the file or the pod does not exist."""
+        return await self._daemon(handle).file_size(path)
 
     async def kill(self, handle: SandboxHandle, signal: int) -> bool:
-        return await self._io.kill(handle, signal)
+        """Signal the agent's process group; ``False`` when nothing was (or the pod is gone)."""
+        pgid = handle.data.get("pgid")
+        return await self._daemon(handle).kill(int(pgid) if pgid else None, signal)
 
     async def processes_alive(self, handle: SandboxHandle) -> bool:
-        return await self._io.processes_alive(handle)
+        """Whether the agent's processes run (``False`` once the pod is gone)."""
+        pgid = handle.data.get("pgid")
+        return await self._daemon(handle).processes_alive(int(pgid) if pgid else None)
 
     async def export_tree(self, handle: SandboxHandle) -> bytes:
-        return await self._io.export_tree(handle)
+        """Tar of ``work/`` and ``home/``; ``SandboxReclaimFailed`` when the pod is gone."""
+        try:
+            return await self._daemon(handle).export_tree(handle.workdir, str(handle.data.get("home") or ""))
+        except SandboxGone as exc:
+            raise SandboxReclaimFailed(handle.key, str(exc)) from exc
 
     async def import_tree(self, handle: SandboxHandle, tar: bytes, *, replace: bool = False) -> None:
-        await self._io.import_tree(handle, tar, replace=replace)
+        """Extract an exported tar (``SandboxBuildFailed("import")`` for a bad member)."""
+        try:
+            await self._daemon(handle).import_tree(tar, workdir=handle.workdir,
+                                                   home=str(handle.data.get("home") or ""), replace=replace)
+        except SandboxGone as exc:
+            raise SandboxReclaimFailed(handle.key, str(exc)) from exc
 
 
 def settings_from_env(env: Mapping[str, str] | None = None) -> kp.PodSettings:
@@ -405,34 +479,27 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> kp.PodSettings:
         cpu=config.get("BATON_K8S_CPU", env),
         memory=config.get("BATON_K8S_MEMORY", env),
         disk=config.get("BATON_K8S_DISK", env),
-        token_secret=config.get("BATON_K8S_TOKEN_SECRET", env),
         service_account=config.get("BATON_K8S_SERVICE_ACCOUNT", env),
         grace=int(config.get_float("BATON_K8S_GRACE", env)),
     )
 
 
-async def _health(address: str) -> str:
-    """``""`` when the daemon at ``address`` reports SERVING, else why not."""
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    import grpc
-    from baton import internal_auth
-
-    ch = internal_auth.channel(address)
-    try:
-        resp = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2.0)
-    except grpc.aio.AioRpcError as exc:
-        return f"{exc.code().name}: {exc.details()}"
-    finally:
-        await ch.close()
-    return "" if resp.status == health_pb2.HealthCheckResponse.SERVING else health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
-
-
-def _tar_of(src: str) -> bytes:
-    """An uncompressed tar of directory ``src`` as members ``work/…`` (:meth:`Provider.import_tree`)."""
+def _tar_of(src: str | None, home: bool) -> bytes:
+    """An uncompressed tar as :meth:`Provider.import_tree` takes it: directory ``src`` as
+    ``work/…`` (an empty ``work/`` without one) and, for a thread, ``home/.codex/``."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        tar.add(src, arcname="work", recursive=True)
+        def add_dir(name: str) -> None:
+            info = tarfile.TarInfo(name)
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, int(time.time())
+            tar.addfile(info)
+        if src is None:
+            add_dir("work")
+        else:
+            tar.add(src, arcname="work", recursive=True)
+        if home:
+            add_dir("home")
+            add_dir("home/.codex")
     return buf.getvalue()
 
 

@@ -36,9 +36,9 @@ def _shipped() -> list[tuple[str, dict[str, Any]]]:
 
 def _sandbox_pod() -> dict[str, Any]:
     settings = kp.PodSettings(image="registry.example.com/baton:1.2.3", cpu="1", memory="2Gi", disk="10Gi",
-                              token_secret="baton-internal/BATON_INTERNAL_TOKEN", service_account="baton-sandbox")
+                              service_account="baton-sandbox")
     return kp.pod_manifest(kp.pod_name("run-1#2", "abc123"), key="run-1#2", run_id="run-1", token="0123456789abcdef",
-                           env={"BATON_RUN_ID": "run-1"}, settings=settings)
+                           env={"BATON_RUN_ID": "run-1"}, settings=settings, daemon_token="0" * 64)
 
 
 @pytest.mark.parametrize("version", VERSIONS)

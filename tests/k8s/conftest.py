@@ -37,7 +37,7 @@ async def kube_crd(tmp_path: pathlib.Path) -> AsyncIterator[StandinCluster]:
 
 
 def settings(image: str = IMAGE, **kw: Any) -> kp.PodSettings:
-    return kp.PodSettings(image=image, token_secret="baton-internal/BATON_INTERNAL_TOKEN", grace=5, **kw)
+    return kp.PodSettings(image=image, grace=5, **kw)
 
 
 def make_provider(c: StandinCluster, image: str = IMAGE, ready_timeout: float = 60.0,

@@ -6,7 +6,7 @@ import re
 from sandbox_host.providers import _k8s_pod as kp
 
 SETTINGS = kp.PodSettings(image="baton:test", port=7300, cpu="500m", memory="1Gi", disk="2Gi",
-                          token_secret="baton-internal/BATON_INTERNAL_TOKEN", service_account="baton-sandbox")
+                          service_account="baton-sandbox")
 
 
 def test_pod_names_are_dns_labels_for_any_key() -> None:
@@ -27,7 +27,8 @@ def test_labels_are_hashes_and_annotations_the_values() -> None:
 
 
 def test_the_manifest_runs_the_daemon_with_resources_and_no_secret_inline() -> None:
-    pod = kp.pod_manifest("p", key="k", run_id="r", token="t", env={"BATON_RUN_ID": "r"}, settings=SETTINGS)
+    pod = kp.pod_manifest("p", key="k", run_id="r", token="t", env={"BATON_RUN_ID": "r"}, settings=SETTINGS,
+                          daemon_token="per-sandbox")
     spec = pod["spec"]
     c = spec["containers"][0]
     assert spec["restartPolicy"] == "Never" and spec["automountServiceAccountToken"] is False
@@ -36,8 +37,7 @@ def test_the_manifest_runs_the_daemon_with_resources_and_no_secret_inline() -> N
     assert c["resources"] == {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"cpu": "500m", "memory": "1Gi"}}
     assert spec["volumes"] == [{"name": "sandbox", "emptyDir": {"sizeLimit": "2Gi"}}]
     token = next(e for e in c["env"] if e["name"] == "BATON_INTERNAL_TOKEN")
-    assert token == {"name": "BATON_INTERNAL_TOKEN", "valueFrom": {"secretKeyRef": {
-        "name": "baton-internal", "key": "BATON_INTERNAL_TOKEN"}}}
+    assert token == {"name": "BATON_INTERNAL_TOKEN", "value": "per-sandbox"}
     assert {"name": "BATON_RUN_ID", "value": "r"} in c["env"]
 
 

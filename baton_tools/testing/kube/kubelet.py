@@ -153,7 +153,7 @@ class Kubelet:
             if behaviour == "hang":
                 argv = ["sleep", "infinity"]
             rt.dir.mkdir(parents=True, exist_ok=True)
-            log = open(rt.dir / f"{cname}.log", "ab")  # noqa: SIM115 - the child holds it
+            log = open(rt.dir / f"{cname}.log", "ab")  # noqa: SIM115, ASYNC230 - the child holds it; a local file
             try:
                 if rt.cgroup is not None:
                     argv = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(rt.cgroup), *argv]
