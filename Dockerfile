@@ -52,9 +52,12 @@ RUN /opt/baton/venv/bin/pip install -q ${OFFLINE:+--no-index} --find-links /whee
 
 # ---- sandbox: what the docker provider starts agents in --------------------------------
 # The base's python3 (the replay agent), sh and coreutils; root inside the sandbox, as the
-# provider's execs need to create /workspace and /baton. A real agent (claude, codex) needs an
-# image with its CLI instead: set BATON_DOCKER_IMAGE.
+# provider's execs need to create /workspace and /baton; /opt/baton-daemon: a Python with the
+# sandbox daemon's dependencies (the provider copies the daemon's own source in and runs it as
+# the container's main process). A real agent (claude, codex) needs an image with its CLI
+# too: set BATON_DOCKER_IMAGE to one built FROM this target.
 FROM ${BASE} AS sandbox
+COPY --from=build /opt/baton/venv /opt/baton-daemon
 CMD ["sleep", "infinity"]
 
 # ---- runtime --------------------------------------------------------------------------

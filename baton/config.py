@@ -66,6 +66,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("BATON_SANDBOX_DIR", "/tmp/baton-sandboxes", "where local sandboxes are created"),
     Setting("BATON_PROVIDER", "local", "default sandbox provider: local | docker | kubernetes"),
     Setting("BATON_DOCKER_IMAGE", "baton-sandbox:latest", "image for docker sandboxes"),
+    Setting("BATON_DOCKER_NETWORK", "", "network of docker sandboxes, which the hosts must reach (their daemons, port "
+            "7300); empty: the engine's default bridge"),
     Setting("BATON_K8S_KUBECONFIG", "", "kubernetes provider: kubeconfig file of the API the hosts create sandbox pods through (empty = the pod's ServiceAccount in a cluster, else KUBECONFIG or ~/.kube/config)"),
     Setting("BATON_K8S_NAMESPACE", "", "kubernetes provider: namespace of the sandbox pods (empty = the kubeconfig's, in a cluster the host's own)"),
     Setting("BATON_K8S_IMAGE", "baton:latest", "kubernetes provider: the sandbox pods' image; it runs the sandbox daemon (`python -m sandbox_host.daemon`: baton installed) and the agents' CLIs"),

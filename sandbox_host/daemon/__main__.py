@@ -28,7 +28,8 @@ from sandbox_host.daemon._procs import recorded_pgid, signal_group
 from sandbox_host.daemon._service import Activity, SandboxDaemonService, add_to_server
 
 log = logging.getLogger("baton.sandbox_daemon")
-_GRPC_OPTIONS = [("grpc.enable_http_proxy", 0), ("grpc.max_receive_message_length", 64 << 20)]
+_GRPC_OPTIONS = [("grpc.enable_http_proxy", 0), ("grpc.max_receive_message_length", 64 << 20),
+                 ("grpc.http2.max_frame_size", (1 << 24) - 1)]
 #: Seconds between checks that the state directory still exists.
 _GONE_CHECK = 1.0
 

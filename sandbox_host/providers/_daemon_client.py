@@ -27,7 +27,7 @@ from sandbox_host.providers._redact import redact
 
 T = TypeVar("T")
 _OPTIONS = [("grpc.enable_http_proxy", 0), ("grpc.max_receive_message_length", 64 << 20),
-            ("grpc.max_send_message_length", 64 << 20)]
+            ("grpc.max_send_message_length", 64 << 20), ("grpc.http2.max_frame_size", (1 << 24) - 1)]
 #: Seconds one unary call may take (a launch waits for its process group; an export reads a tree).
 _CALL_TIMEOUT = 30.0
 _TREE_CHUNK = 1 << 20
@@ -191,6 +191,14 @@ class DaemonClient:
                 # A follow never ends by itself: an end is the daemon going away.
                 await self._unreachable(started, tries, EOFError(path))
                 tries += 1
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise  # this follow was cancelled
+                # The channel was closed under the stream (the sandbox is being destroyed).
+                if await self._gone():
+                    raise SandboxGone(f"{path}: the sandbox is gone") from None
+                raise OSError(f"following {path}: the client was closed") from None
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.NOT_FOUND:
                     raise FileNotFoundError(path) from None

@@ -2,7 +2,8 @@
 
 A sandbox is a container of the sandbox image (default ``BATON_DOCKER_IMAGE``) whose PID 1
 is ``docker-init`` (so orphaned agents are reaped and a finished agent is really gone)
-running ``sleep infinity``; it carries the labels ``baton.sandbox_key`` and
+running the sandbox daemon (:mod:`sandbox_host.daemon`, on port 7300 of the container's
+address; started again whenever it ends); it carries the labels ``baton.sandbox_key`` and
 ``baton.run_id``. Inside it:
 
 - ``/workspace``: the agent's working directory (a local directory copied in with
@@ -12,42 +13,47 @@ running ``sleep infinity``; it carries the labels ``baton.sandbox_key`` and
 - ``<journal_dir>/<file stem of the key>.ndjson`` and ``.err``: journal and stderr
   (:func:`sandbox_host.journal.journal_path`, default dir ``/tmp/baton-runs``).
 
-Everything else happens through ``exec``: setup commands, the detached launch of the
-shared wrapper (:mod:`sandbox_host._wrapper`) under ``setsid``, following a file with
-``tail -c +N -f``, reading with ``tail -c +N``, signalling the agent's process group with
-``kill -SIG -PGID``. The handle holds the container id and the process group, so any host
-that reaches the same engine re-opens the sandbox with a fresh ``DockerProvider``.
+The image provides ``/opt/baton-daemon/bin/python`` with the daemon's dependencies
+(scripts/docker_setup.sh); the daemon's source is copied in from this host before the
+container starts (:mod:`sandbox_host.daemon._bundle`), so it is this host's code. Every read,
+follow, copy, launch, input and signal of a run goes through the daemon, over the
+container's address (``data["daemon"]``), authenticated with the sandbox's own token
+(:func:`sandbox_host.daemon.sandbox_token`), in plaintext: the cluster's TLS certificates
+are not copied into sandboxes. The engine is used to create, build (setup commands run with
+``exec``), export, import and remove containers. The handle holds the container id, the
+daemon's address and the process group, so any host that reaches the same engine and the
+containers' network re-opens the sandbox with a fresh ``DockerProvider``.
 
-Secrets go only into the environment of the execs that need them (setup commands and the
-agent), never into the container's config (``docker inspect`` shows that), and are
-redacted from every error this module raises.
+Secrets go only into the environment of the execs and the launch that need them (setup
+commands and the agent), never into the container's config (``docker inspect`` shows that),
+and are redacted from every error this module raises.
 
-The SDK is blocking: every call runs in a thread (``asyncio.to_thread``); each follow
-stream has its own reader thread so long-lived streams never starve the default executor.
+The SDK is blocking: every call runs in a thread (``asyncio.to_thread``).
 """
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import dataclasses
 import os
 import posixpath
 import shutil
 import tempfile
-import time
 from typing import Any, AsyncIterator, Mapping, Sequence
 
 import docker
 import docker.errors
+from docker.utils import kwargs_from_env
 import requests.exceptions
 
-from baton import config
+from baton import config, internal_auth
 from baton.errors import SandboxBuildFailed, SandboxReclaimFailed
 from sandbox_host import journal as _journal
-from sandbox_host._wrapper import wrapper_argv, wrapper_script
+from sandbox_host.daemon import DEFAULT_PORT, sandbox_token
+from sandbox_host.daemon._bundle import source_tar
 from sandbox_host.providers._base import Provider, SandboxHandle, SandboxSpec, check_input
 from sandbox_host.providers import _tree
 from sandbox_host.providers import _workspace as _ws
-from sandbox_host.providers._docker_stream import ExecStream, open_exec_stream
+from sandbox_host.providers._daemon_client import DaemonClient, DaemonUnreachable, SandboxGone
 from sandbox_host.providers._redact import redact
 
 #: Bytes of a failing step's stderr kept in ``SandboxBuildFailed.detail``.
@@ -60,27 +66,21 @@ JOURNAL_DIR = "/tmp/baton-runs"
 LABEL_KEY = "baton.sandbox_key"
 LABEL_RUN = "baton.run_id"
 LABEL_TOKEN = "baton.create_token"
-#: Exit code our helper scripts use for "the file does not exist".
-_ENOENT = 3
-# Launch: `setsid` (not forking, as a background job of a non-interactive sh is no group
-# leader) makes the wrapper a session and group leader with pid == pgid; sh prints it and
-# exits, and the wrapper lives on in the container (reparented to docker-init).
-_LAUNCHER = 'setsid "$@" </dev/null >/dev/null 2>&1 & echo $!'
-# Follow: print our pid first (so the stream can be stopped from another exec), then tail
-# the file; a watcher loop ends the exec with _ENOENT when the file is deleted, which
-# `tail -f` (following the open inode) would never notice. GNU tail does not trust inotify
-# on overlayfs and polls instead, once a second by default: `-s 0.05` keeps latency low.
-_FOLLOWER = (
-    'echo $$; [ -e "$2" ] || exit 3; '
-    'tail -s 0.05 -c +"$1" -f -- "$2" & t=$!; '
-    "trap 'kill $t 2>/dev/null; exit 0' TERM; "
-    'while [ -e "$2" ] && kill -0 $t 2>/dev/null; do sleep 0.2; done; '
-    'kill $t 2>/dev/null; [ -e "$2" ] || exit 3'
+#: The image's Python with the daemon's dependencies (scripts/docker_setup.sh), and where
+#: the daemon's source is copied in (:mod:`sandbox_host.daemon._bundle`).
+DAEMON_PYTHON = "/opt/baton-daemon/bin/python"
+DAEMON_SRC = "/opt/baton-daemon/src"
+#: Seconds a new container's daemon may take to serve.
+DAEMON_START_TIMEOUT = 60.0
+# The container's main process (under docker-init): the sandbox daemon, started again
+# whenever it ends (its agents live on, in sessions of their own). The token comes as an
+# argument, not in the container's environment that setup commands and agents inherit.
+_DAEMON_LOOP = (
+    'while :; do BATON_INTERNAL_TOKEN="$1" PYTHONPATH=' + DAEMON_SRC + ' BATON_SANDBOX_DAEMON_OWN_ENV=PYTHONPATH '
+    + DAEMON_PYTHON + ' -m sandbox_host.daemon --listen 0.0.0.0:"$2" --workdir ' + WORKDIR + ' --state ' + META_DIR
+    + ' --root ' + WORKDIR + ' --root ' + META_DIR + ' --root "$3" --root ' + HOME
+    + ' --idle-check 0.05 >>/var/log/baton-daemon.log 2>&1; sleep 0.2; done'
 )
-_READER = '[ -e "$1" ] || exit 3; if [ -n "$3" ]; then tail -c +"$2" -- "$1" | head -c "$3"; else tail -c +"$2" -- "$1"; fi'
-_SIZE = '[ -e "$1" ] || exit 3; stat -c %s -- "$1"'
-# Pause before restarting a follow exec that ended at once without output (no busy loop).
-_FOLLOW_RESTART_BACKOFF = 0.1
 
 
 class DockerProvider(Provider):
@@ -91,7 +91,8 @@ class DockerProvider(Provider):
             from the environment (``DOCKER_HOST`` …), closed by :meth:`close`.
         image: default image when the spec names none (default ``BATON_DOCKER_IMAGE``).
         journal_dir: journal directory inside containers.
-        network_mode: the containers' network (``None`` = the engine's default bridge).
+        network_mode: the containers' network (``None`` = ``BATON_DOCKER_NETWORK``, else the
+            engine's default bridge); the host must reach the containers' addresses on it.
 
     May block briefly while constructing the default client (it asks the engine for its
     API version).
@@ -104,11 +105,54 @@ class DockerProvider(Provider):
     def __init__(self, client: docker.DockerClient | None = None, *, image: str | None = None,
                  journal_dir: str = JOURNAL_DIR, network_mode: str | None = None) -> None:
         self._owns_client = client is None
-        self._client = client if client is not None else docker.from_env()
+        self._client = client if client is not None else client_from_env()
         self._api = self._client.api
         self.image = image or config.get("BATON_DOCKER_IMAGE")
         self.journal_dir = journal_dir
-        self.network_mode = network_mode
+        self.network_mode = network_mode or config.get("BATON_DOCKER_NETWORK") or None
+        self._token = internal_auth.token_from_env()
+        self._clients: dict[str, DaemonClient] = {}
+        self._bundle: bytes | None = None
+
+    def _daemon(self, handle: SandboxHandle) -> DaemonClient:
+        """The container's daemon client (plaintext: the cluster's certificates stay out of
+        sandboxes; the sandbox's own token authenticates)."""
+        cid = self._cid(handle)
+        c = self._clients.get(cid)
+        if c is None:
+            async def resolve() -> str:
+                return await self._address(handle)
+
+            async def gone() -> bool:
+                return not await self.exists(handle)
+
+            c = self._clients[cid] = DaemonClient(resolve, token=sandbox_token(self._token, handle.key), gone=gone)
+        return c
+
+    async def _address(self, handle: SandboxHandle) -> str:
+        """``ip:port`` of the container's daemon (the handle's, else asked of the engine).
+
+        Raises:
+            SandboxGone: the container is gone or has no address.
+        """
+        known = handle.data.get("daemon")
+        if known:
+            return str(known)
+        try:
+            info = await asyncio.to_thread(self._api.inspect_container, self._cid(handle))
+        except docker.errors.NotFound as exc:
+            raise SandboxGone(f"container {self._cid(handle)[:12]} is gone") from exc
+        ip = _container_ip(info)
+        if not ip:
+            raise SandboxGone(f"container {self._cid(handle)[:12]} has no address")
+        return f"{ip}:{DEFAULT_PORT}"
+
+    async def aclose(self) -> None:
+        """Close the daemons' channels and the SDK client when this provider created it."""
+        clients, self._clients = list(self._clients.values()), {}
+        for c in clients:
+            await c.close()
+        self.close()
 
     def close(self) -> None:
         """Close the SDK client when this provider created it (idempotent)."""
@@ -120,7 +164,7 @@ class DockerProvider(Provider):
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self.close()
+        await self.aclose()
 
     # --- exec helpers ---------------------------------------------------------------------
 
@@ -159,8 +203,26 @@ class DockerProvider(Provider):
     def _cid(handle: SandboxHandle) -> str:
         return str(handle.data["container_id"])
 
-    def _put_file_sync(self, container_id: str, path: str, content: bytes, mode: int) -> None:
-        _tree.put_file(self._api, container_id, path, content, mode)
+    async def _with_daemon(self, handle: SandboxHandle) -> SandboxHandle:
+        """The handle with its daemon's address, once that daemon serves.
+
+        Raises:
+            SandboxBuildFailed: ``daemon``: it did not serve within
+                :data:`DAEMON_START_TIMEOUT` (the tail of its log), or the container is gone.
+        """
+        address = await self._address(handle)
+        handle = dataclasses.replace(handle, data={**handle.data, "daemon": address})
+        try:
+            await self._daemon(handle).wait_serving(DAEMON_START_TIMEOUT)
+        except (DaemonUnreachable, SandboxGone) as exc:
+            code, out, _ = await self._exec(self._cid(handle), ["sh", "-c", "tail -c 600 /var/log/baton-daemon.log"])
+            raise SandboxBuildFailed("daemon", f"{exc}: {_tail(out) or '(no log)'}") from None
+        return handle
+
+    async def _forget(self, container_id: str) -> None:
+        c = self._clients.pop(container_id, None)
+        if c is not None:
+            await c.close()
 
     # --- building -------------------------------------------------------------------------
 
@@ -183,7 +245,10 @@ class DockerProvider(Provider):
         labels = {LABEL_KEY: key, LABEL_RUN: spec.env.get("BATON_RUN_ID", key), LABEL_TOKEN: token}
         # A cancelled await does not stop the thread: it may still create and start the
         # container after the cancel. So the removal waits for the thread to end first.
-        starting = asyncio.ensure_future(asyncio.to_thread(self._start_container, image, labels, dict(spec.env)))
+        if self._bundle is None:
+            self._bundle = await asyncio.to_thread(source_tar, DAEMON_SRC)
+        starting = asyncio.ensure_future(asyncio.to_thread(self._start_container, image, labels, dict(spec.env),
+                                                           sandbox_token(self._token, key)))
         try:
             container_id = await asyncio.shield(starting)
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
@@ -208,6 +273,7 @@ class DockerProvider(Provider):
                             f" && mkdir -m 700 -p {META_DIR}"])
             if code != 0:
                 raise SandboxBuildFailed("container", redact(f"exit {code}: {_tail(err)}", spec.secrets))
+            handle = await self._with_daemon(handle)
             async with _ws.build_budget(spec.build_timeout, steps):
                 await self._workspace(container_id, spec)
                 for i, cmd in enumerate(spec.setup):
@@ -217,19 +283,20 @@ class DockerProvider(Provider):
                         raise SandboxBuildFailed(f"setup[{i}]",
                                                  redact(f"exit {code}: {_tail(err)}", _ws.redactions(spec.secrets)))
         except BaseException as exc:
+            await asyncio.shield(self._forget(container_id))
             await asyncio.shield(self._remove_quietly(container_id))
             if isinstance(exc, (docker.errors.DockerException, requests.exceptions.RequestException)):
                 raise SandboxBuildFailed("container", redact(_explain(exc), spec.secrets)) from exc
             raise
         return handle
 
-    def _start_container(self, image: str, labels: Mapping[str, str], env: Mapping[str, str]) -> str:
+    def _start_container(self, image: str, labels: Mapping[str, str], env: Mapping[str, str], token: str) -> str:
         # The low-level API, not ``containers.run``: that one tries to pull a missing image,
         # and sandbox images are built locally (no registry is assumed reachable).
         host_config = self._api.create_host_config(init=True, network_mode=self.network_mode)
         created = self._api.create_container(
             image,
-            ["sleep", "infinity"],
+            ["sh", "-c", _DAEMON_LOOP, "baton-daemon", token, str(DEFAULT_PORT), self.journal_dir],
             detach=True,
             labels=dict(labels),
             environment=dict(env),
@@ -238,6 +305,8 @@ class DockerProvider(Provider):
         )
         container_id = str(created["Id"])
         try:
+            assert self._bundle is not None
+            self._api.put_archive(container_id, "/", self._bundle)  # the daemon's source, before it starts
             self._api.start(container_id)
         except BaseException:
             self._api.remove_container(container_id, force=True, v=True)
@@ -296,8 +365,8 @@ class DockerProvider(Provider):
         """
         target = posixpath.join(handle.workdir, path)
         try:
-            await asyncio.to_thread(self._put_file_sync, self._cid(handle), target, content, mode)
-        except docker.errors.NotFound as exc:
+            await self._daemon(handle).copy_in(target, content, mode)
+        except FileNotFoundError as exc:  # SandboxGone
             raise SandboxReclaimFailed(handle.key, "container not found") from exc
 
     # --- running --------------------------------------------------------------------------
@@ -313,199 +382,69 @@ class DockerProvider(Provider):
         secrets: Mapping[str, str] | None = None,
         interactive: bool = False,
     ) -> Mapping[str, Any]:
-        """Start ``argv`` under the wrapper, detached, in a new session; returns ``{"pgid"}``
-        (and ``"inbox"``, its path in the container, when ``interactive``).
+        """Start ``argv`` under the wrapper, detached, in a new session, through the
+        container's daemon; returns ``{"pgid", "daemon"}`` (and ``"inbox"``, its path in the
+        container, when ``interactive``).
 
         The journal is created (empty) before the agent starts, so an attach preflight sees
-        it at once. ``env`` and ``secrets`` become the environment of this exec only.
-        Returns once the process group exists; does not wait for the agent.
+        it at once. ``env`` and ``secrets`` reach the agent's environment only (on top of
+        the container's). Returns once the process group exists; does not wait for the agent.
 
         Raises:
-            SandboxBuildFailed: ``step="launch"`` when the container is gone or the launcher
-                misbehaves (detail redacted).
+            SandboxBuildFailed: ``step="launch"`` when the container is gone or the daemon
+                refuses (detail redacted).
         """
-        cid = self._cid(handle)
-        tag = os.urandom(8).hex()
-        wrapper = f"{META_DIR}/wrapper.sh"
-        nonce_file = f"{META_DIR}/nonce-{tag}"
-        stdin_file = f"{META_DIR}/stdin-{tag}" if stdin is not None else None
-        inbox = f"{META_DIR}/inbox-{tag}" if interactive else ""
-        cmd = wrapper_argv(wrapper, handle.journal_path, handle.stderr_path, nonce_file, stdin_file, argv, inbox)
-        try:
-            await asyncio.to_thread(self._put_file_sync, cid, wrapper, wrapper_script().encode(), 0o755)
-            await asyncio.to_thread(self._put_file_sync, cid, nonce_file, nonce.encode(), 0o600)
-            if stdin_file is not None:
-                await asyncio.to_thread(self._put_file_sync, cid, stdin_file, stdin or b"", 0o600)
-            if inbox:
-                await asyncio.to_thread(self._put_file_sync, cid, inbox, b"", 0o600)
-            code, _, err = await self._exec(
-                cid, ["sh", "-c", ': >>"$1"; : >>"$2"', "sh", handle.journal_path, handle.stderr_path]
-            )
-            if code != 0:
-                raise SandboxBuildFailed("launch", redact(f"journal not writable: {_tail(err)}", secrets))
-            code, out, err = await self._exec(
-                cid,
-                ["sh", "-c", _LAUNCHER, "baton-launch", *cmd],
-                env={"LANG": "C.UTF-8", **_home_env(handle.data.get("home")), **(env or {}), **(secrets or {})},
-                workdir=handle.workdir,
-            )
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-            raise SandboxBuildFailed("launch", redact(_explain(exc), secrets)) from exc
-        try:
-            pgid = int(out.strip())
-        except ValueError:
-            raise SandboxBuildFailed(
-                "launch", redact(f"launcher exit {code} printed {out[-200:]!r}: {_tail(err)}", secrets)
-            ) from None
-        return {"pgid": pgid, "inbox": inbox} if inbox else {"pgid": pgid}
+        pgid, inbox = await self._daemon(handle).launch(
+            argv, nonce=nonce, stdin=stdin, env=env, secrets=secrets, interactive=interactive,
+            journal_path=handle.journal_path, stderr_path=handle.stderr_path,
+            home=str(handle.data.get("home") or ""), workdir=handle.workdir)
+        out: dict[str, Any] = {"pgid": pgid, "daemon": await self._address(handle)}
+        if inbox:
+            out["inbox"] = inbox
+        return out
 
     async def send_input(self, handle: SandboxHandle, input_id: str, payload: bytes) -> None:
-        """Append the input's line to the inbox: an exec whose argv carries the line (never a
-        shell string with it inside). Raises ``ValueError`` (``check_input``), ``SandboxReclaimFailed``."""
-        line = check_input(handle, input_id, payload).decode("utf-8", "surrogateescape")
+        """Append the input's line to the inbox (one write, by the daemon). Raises
+        ``ValueError`` (``check_input``), ``SandboxReclaimFailed`` (not delivered)."""
+        line = check_input(handle, input_id, payload)
         try:
-            code, _, err = await self._exec(self._cid(handle), ["sh", "-c", '[ -e "$2" ] || exit 3; printf "%s" "$1" >>"$2"', "sh", line,
-                                                                handle.inbox_path])
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-            raise SandboxReclaimFailed(handle.key, _explain(exc)) from exc
-        if code != 0:
-            raise SandboxReclaimFailed(handle.key, f"inbox append failed: {_tail(err)}")
+            await self._daemon(handle).send_input(handle.inbox_path, line)
+        except OSError as exc:
+            raise SandboxReclaimFailed(handle.key, str(exc)) from exc
 
     async def follow(self, handle: SandboxHandle, path: str, offset: int) -> AsyncIterator[bytes]:
-        """Yield the file's bytes from ``offset`` as written, via an exec'd ``tail -c +N -f``.
-
-        The SDK reads exec streams without a timeout, so silence costs nothing; should the
-        stream end anyway while the file still exists (engine connection dropped), the exec
-        is restarted from the current position. Closing this generator stops the exec
-        inside the container too.
+        """Yield the file's bytes from ``offset`` as written, from the container's daemon
+        (a restarted daemon is followed on from the offset reached).
 
         Raises:
             FileNotFoundError: the file does not exist, was deleted, or the container is
                 gone.
         """
-        cid = self._cid(handle)
-        pos = offset
-        # One thread per follow: a blocking read may wait for hours, and must not hold a
-        # worker of the shared default executor.
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="baton-docker-follow")
-        loop = asyncio.get_running_loop()
-        try:
-            while True:
-                started = time.monotonic()
-                got = 0
-                try:
-                    ex = await asyncio.to_thread(
-                        self._api.exec_create, cid, ["sh", "-c", _FOLLOWER, "sh", str(pos + 1), path],
-                        stdout=True, stderr=False,
-                    )
-                except docker.errors.NotFound as exc:
-                    raise FileNotFoundError(f"{path}: container {cid[:12]} is gone") from exc
-                except docker.errors.APIError as exc:  # e.g. container not running
-                    raise FileNotFoundError(f"{path}: {_explain(exc)}") from exc
-                try:
-                    stream = await asyncio.to_thread(open_exec_stream, self._api, ex["Id"])
-                except docker.errors.APIError as exc:  # removed between create and start
-                    raise FileNotFoundError(f"{path}: {_explain(exc)}") from exc
-                tail_pid: int | None = None
-                head = b""
-                failure: bytes | None = None
-                try:
-                    while True:
-                        data: bytes | None = await loop.run_in_executor(pool, stream.read)
-                        if data is None:
-                            break
-                        if tail_pid is None:
-                            head += data
-                            nl = head.find(b"\n")
-                            if nl < 0:
-                                continue
-                            try:
-                                tail_pid = int(head[:nl])
-                            except ValueError:
-                                # The engine reports an exec that could not start (e.g. the
-                                # container stopped meanwhile) inside the stream itself.
-                                failure = head[:200]
-                                break
-                            data, head = head[nl + 1 :], b""
-                            if not data:
-                                continue
-                        got += len(data)
-                        pos += len(data)
-                        yield data
-                finally:
-                    await asyncio.shield(self._stop_follow(cid, stream, tail_pid, pool))
-                if failure is not None:
-                    if await self.exists(handle):
-                        raise OSError(f"following {path} failed: {failure.decode('utf-8', 'replace').strip()}")
-                    raise FileNotFoundError(f"{path}: container {cid[:12]} is gone")
-                try:
-                    info = await asyncio.to_thread(self._api.exec_inspect, ex["Id"])
-                except docker.errors.NotFound as exc:
-                    raise FileNotFoundError(f"{path}: container {cid[:12]} is gone") from exc
-                if info.get("ExitCode") == _ENOENT:
-                    raise FileNotFoundError(path)
-                if got == 0 and time.monotonic() - started < 1.0:
-                    await asyncio.sleep(_FOLLOW_RESTART_BACKOFF)
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
-
-    async def _stop_follow(
-        self, cid: str, stream: ExecStream, pid: int | None, pool: concurrent.futures.ThreadPoolExecutor
-    ) -> None:
-        """Stop a follow exec: inside the container, then the stream, then the response."""
-        if pid is not None:
-            # The tail would otherwise live until the container is destroyed.
-            try:
-                await self._exec(cid, ["sh", "-c", 'kill -TERM "$1"', "sh", str(pid)])  # no /bin/kill in minbase
-            except (docker.errors.DockerException, requests.exceptions.RequestException):
-                pass  # the container is gone, and the tail with it
-        # Shutting the connection down unblocks the reader thread if it still waits.
-        await asyncio.to_thread(stream.shutdown)
-        # Queued behind the pending read on the follow's one thread, so the response is
-        # closed only after the reader has let go of it.
-        await asyncio.get_running_loop().run_in_executor(pool, stream.close)
+        async for data in self._daemon(handle).follow(path, offset):
+            yield data
 
     async def read_file(self, handle: SandboxHandle, path: str, offset: int = 0, limit: int | None = None) -> bytes:
-        """Bytes of a file from ``offset`` (at most ``limit``), via an exec'd ``tail -c +N``.
+        """Bytes of a file from ``offset`` (at most ``limit``), from the container's daemon.
 
         Raises:
             FileNotFoundError: the file or the container does not exist.
         """
-        argv = ["sh", "-c", _READER, "sh", path, str(offset + 1), "" if limit is None else str(limit)]
-        try:
-            code, out, err = await self._exec(self._cid(handle), argv)
-        except docker.errors.NotFound as exc:
-            raise FileNotFoundError(f"{path}: container is gone") from exc
-        except docker.errors.APIError as exc:
-            raise FileNotFoundError(f"{path}: {_explain(exc)}") from exc
-        if code == _ENOENT:
-            raise FileNotFoundError(path)
-        if code != 0:
-            raise OSError(f"reading {path} failed with exit {code}: {_tail(err)}")
-        return out
+        return await self._daemon(handle).read_file(path, offset, limit)
 
     async def file_size(self, handle: SandboxHandle, path: str) -> int | None:
         """Size in bytes; ``None`` when the file (or the container) does not exist."""
-        try:
-            code, out, _ = await self._exec(self._cid(handle), ["sh", "-c", _SIZE, "sh", path])
-        except docker.errors.APIError:
-            return None
-        return int(out) if code == 0 else None
+        return await self._daemon(handle).file_size(path)
 
     async def kill(self, handle: SandboxHandle, signal: int) -> bool:
-        """``kill -SIG -PGID`` inside the container; ``False`` when nothing was signalled."""
+        """Signal the agent's process group (the daemon's ``kill``); ``False`` when nothing
+        was signalled or the container is gone."""
         pgid = handle.data.get("pgid")
-        if not pgid:
-            return False
-        try:
-            code, _, _ = await self._exec(self._cid(handle), ["sh", "-c", f"kill -{int(signal)} -{int(pgid)}"])
-        except docker.errors.APIError:
-            return False
-        return code == 0
+        return await self._daemon(handle).kill(int(pgid) if pgid else None, signal)
 
     async def processes_alive(self, handle: SandboxHandle) -> bool:
         """Whether the agent's process group has a member (docker-init reaps zombies)."""
-        return await self.kill(handle, 0)
+        pgid = handle.data.get("pgid")
+        return await self._daemon(handle).processes_alive(int(pgid) if pgid else None)
 
     async def exists(self, handle: SandboxHandle) -> bool:
         """Whether the container exists and runs (a stopped one can no longer be exec'd)."""
@@ -524,6 +463,7 @@ class DockerProvider(Provider):
         Raises:
             SandboxReclaimFailed: the engine refused or could not be reached.
         """
+        await self._forget(self._cid(handle))
         try:
             await asyncio.to_thread(self._api.remove_container, self._cid(handle), force=True, v=True)
         except docker.errors.NotFound:
@@ -578,6 +518,44 @@ class DockerProvider(Provider):
         """Ids of the containers labelled with sandbox ``key`` (running or not)."""
         found = await asyncio.to_thread(self._api.containers, all=True, filters={"label": f"{LABEL_KEY}={key}"})
         return [str(c["Id"]) for c in found]
+
+
+#: The API version a client starts with, before it asks the engine for its own (what the
+#: provider needs: ``init`` in a host config came with 1.25).
+_MIN_API = "1.25"
+
+
+def client_from_env() -> docker.DockerClient:
+    """``docker.from_env()`` (``DOCKER_HOST``, ``DOCKER_TLS_VERIFY``, ``DOCKER_CERT_PATH``), made
+    so that a TLS engine's ``DOCKER_CERT_PATH/ca.pem`` is the CA it is checked against.
+
+    requests lets ``REQUESTS_CA_BUNDLE`` / ``CURL_CA_BUNDLE`` override a session's CA (the
+    environment wins over ``session.verify``): set on a host, they would make the engine's
+    certificate fail to verify, already at the SDK's first call (asking the engine for its
+    API version). So the session ignores the environment (no HTTP proxy to the engine
+    either), and the version is asked for after that.
+
+    Raises:
+        docker.errors.DockerException: the engine cannot be reached or refuses.
+    """
+    client = docker.DockerClient(**kwargs_from_env(), version=_MIN_API)
+    client.api.trust_env = False
+    try:
+        # What version="auto" does, once the session no longer reads the environment.
+        client.api._version = str(client.api.version(api_version=False)["ApiVersion"])  # type: ignore[attr-defined]
+    except BaseException:
+        client.close()
+        raise
+    return client
+
+
+def _container_ip(info: Mapping[str, Any]) -> str:
+    """The container's address on its (first) network, ``""`` when it has none."""
+    settings = info.get("NetworkSettings") or {}
+    for net in (settings.get("Networks") or {}).values():
+        if net and net.get("IPAddress"):
+            return str(net["IPAddress"])
+    return str(settings.get("IPAddress") or "")
 
 
 def _home_env(home: str | None) -> dict[str, str]:

@@ -6,16 +6,18 @@ prompt). The journal and its stderr file live in ``<journal_dir>`` named after t
 (:func:`sandbox_host.journal.journal_path`). The agent runs under the launch wrapper in its
 own session (``setsid``) whose parent exits at once, so the agent is nobody's child: it
 survives the host process (even SIGKILL) and any host on the machine can follow, signal or
-destroy it from the handle (``data = {"dir", "pgid"}``).
+destroy it from the handle (``data = {"dir", "pgid", "daemon"}``).
 
-This module is the adapter: all process and file I/O of local sandboxes lives here.
+Every read, follow, copy, launch, input and signal goes through the sandbox's daemon
+(:mod:`sandbox_host.daemon`, started on demand and detached like the agent:
+:mod:`._local_daemon`), as for every provider; this module builds and destroys sandboxes
+(the workspace, setup commands, thread directories and their snapshots, on this machine).
 """
 from __future__ import annotations
 
 import asyncio
 import os
 import pathlib
-import secrets as _secrets
 import shutil
 import signal as _signal
 from typing import Any, AsyncIterator, Mapping, Sequence
@@ -23,9 +25,10 @@ from typing import Any, AsyncIterator, Mapping, Sequence
 from baton.errors import SandboxBuildFailed
 from baton.ids import file_stem
 from sandbox_host import journal as _journal
-from sandbox_host._wrapper import wrapper_argv, wrapper_script
+from sandbox_host.daemon import _procs
 from sandbox_host.providers._base import Provider, SandboxHandle, SandboxSpec, check_input, run_host_command
-from sandbox_host.providers._inotify import FileWatcher
+from sandbox_host.providers._daemon_client import DaemonClient
+from sandbox_host.providers._local_daemon import LocalDaemons
 from sandbox_host.providers import _tree
 from sandbox_host.providers import _workspace as _ws
 from sandbox_host.providers._redact import redact
@@ -39,48 +42,17 @@ _READ_CHUNK = 1 << 20
 # (/proc, files); docs/overview.md says so, and the docker provider is the isolated one.
 _INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "LOGNAME", "SHELL", "TZ")
 _PROXY_ENV = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "grpc_proxy")
-# Launch: `setsid` (not forking, as it is not a group leader in a non-interactive sh) makes
-# the child a session and group leader with pid == pgid; that child records its pid in the
-# sandbox (`.baton/pgid`, first argument) and only then becomes the wrapper, while the
-# launching sh prints the pid and exits. The record is what lets any host kill an agent whose
-# launch never reached the sandbox registry (the launching host died, or the store was down,
-# right after the launch). It is written by the group leader itself, after `setsid`: written
-# by the launching sh right after the fork, it could name a process not yet leading its
-# group, which a successor's SIGKILL of the group would miss while the agent went on. And when the sandbox was removed
-# meanwhile, the record cannot be written and no agent starts (`&&`).
-_LAUNCHER = ('f=$1; shift; setsid sh -c \'echo $$ >"$0" && exec "$@"\' "$f" "$@" '
-             '</dev/null >/dev/null 2>&1 & echo $!')
-_PGID_FILE = "pgid"
-
-
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """``(state, pgrp)`` of a process from ``/proc``, ``None`` when it does not exist."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    # comm may contain spaces and parentheses: fields restart after the last ")".
-    fields = raw[raw.rfind(b")") + 2 :].split()
-    return fields[0].decode(), int(fields[2])
+_PGID_FILE = _procs.PGID_FILE
 
 
 def group_alive(pgid: int) -> bool:
-    """Whether any non-zombie process is in process group ``pgid``.
+    """Whether any non-zombie process is in process group ``pgid`` (see
+    :func:`sandbox_host.daemon._procs.group_alive`)."""
+    return _procs.group_alive(pgid)
 
-    ``killpg(pgid, 0)`` is not enough: detached agents are reparented to PID 1, which may
-    not reap them (it does not in our CI container), and a zombie still "exists" for kill.
-    """
-    st = _proc_stat(pgid)
-    if st is not None and st[0] != "Z" and st[1] == pgid:
-        return True
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        st = _proc_stat(int(name))
-        if st is not None and st[1] == pgid and st[0] != "Z":
-            return True
-    return False
+
+def _signal_group(pgid: int | None, signal: int) -> bool:
+    return _procs.signal_group(pgid, signal)
 
 
 class LocalProvider(Provider):
@@ -96,7 +68,7 @@ class LocalProvider(Provider):
     name = "local"
     killable_processes = True
     can_follow = True
-    cheap_file_size = True  # one stat of a local file
+    cheap_file_size = True  # one call to a daemon on loopback (a stat there)
 
     def __init__(
         self,
@@ -110,7 +82,8 @@ class LocalProvider(Provider):
         self.base_dir = base_dir or config.get("BATON_SANDBOX_DIR")
         self.journal_dir = journal_dir or config.get("BATON_JOURNAL_DIR")
         self.idle_check = idle_check
-        self._watcher = FileWatcher()  # one inotify instance for every follow (see _inotify)
+        # Every file and process of a sandbox is reached through its daemon.
+        self._daemons = LocalDaemons(self._env(None, None), idle_check=idle_check)
 
     # --- building -------------------------------------------------------------------------
 
@@ -240,21 +213,15 @@ class LocalProvider(Provider):
         if path is not None:
             await asyncio.to_thread(pathlib.Path(path).write_text, digest + "\n", encoding="ascii")
 
+    # --- I/O through the sandbox's daemon ---------------------------------------------------
+
+    def _client(self, handle: SandboxHandle) -> DaemonClient:
+        return self._daemons.client(handle)
+
     async def copy_in(self, handle: SandboxHandle, path: str, content: bytes, mode: int = 0o644) -> None:
-        """Write ``content`` to ``path`` (absolute, or relative to the workspace)."""
-        target = os.path.join(handle.workdir, path)
-
-        def write() -> None:
-            os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-            tmp = f"{target}.tmp-{_secrets.token_hex(4)}"
-            with open(tmp, "wb") as f:
-                f.write(content)
-            os.chmod(tmp, mode)
-            os.replace(tmp, target)
-
-        await asyncio.to_thread(write)
-
-    # --- running --------------------------------------------------------------------------
+        """Write ``content`` to ``path`` (relative to the workspace, or absolute inside the
+        sandbox) through the daemon."""
+        await self._client(handle).copy_in(path, content, mode)
 
     async def launch(
         self,
@@ -267,136 +234,51 @@ class LocalProvider(Provider):
         secrets: Mapping[str, str] | None = None,
         interactive: bool = False,
     ) -> Mapping[str, Any]:
-        """Start ``argv`` under the wrapper in a new session; returns ``{"pgid": int}`` (and
-        ``"inbox"``: its path, when ``interactive``).
+        """Start ``argv`` under the wrapper in a new session, through the sandbox's daemon;
+        returns ``{"pgid", "daemon"}`` (and ``"inbox"``: its path, when ``interactive``).
 
         The journal is created (empty) before the agent starts, so an attach preflight
         sees it at once. Returns once the process group exists; does not wait for the
         agent.
+
+        Raises:
+            SandboxBuildFailed: ``launch`` (the daemon refused, or did not start; redacted).
         """
-        meta = os.path.join(handle.data["dir"], ".baton")
-        wrapper = os.path.join(meta, "wrapper.sh")
-        nonce_file = os.path.join(meta, f"nonce-{_secrets.token_hex(8)}")
-        stdin_file = os.path.join(meta, "stdin") if stdin is not None else None
-        inbox = os.path.join(meta, "inbox") if interactive else ""
-
-        def prepare() -> None:
-            with open(wrapper, "w") as f:
-                f.write(wrapper_script())
-            fd = os.open(nonce_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(nonce)
-            if stdin_file is not None:
-                with open(stdin_file, "wb") as f:
-                    f.write(stdin or b"")
-            if inbox:
-                with open(inbox, "wb"):
-                    pass  # empty: the relay follows it from its first line
-            os.makedirs(os.path.dirname(handle.journal_path), exist_ok=True)
-            open(handle.journal_path, "ab").close()
-            open(handle.stderr_path, "ab").close()
-
-        await asyncio.to_thread(prepare)
-        cmd = wrapper_argv(wrapper, handle.journal_path, handle.stderr_path, nonce_file, stdin_file, argv, inbox)
-        proc = await asyncio.create_subprocess_exec(
-            "sh", "-c", _LAUNCHER, "baton-launch", os.path.join(meta, _PGID_FILE), *cmd,
-            cwd=handle.workdir,
-            env=self._env(env, secrets, handle.data.get("home")),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
-        out, _ = await proc.communicate()
+        client = self._client(handle)
         try:
-            pgid = int(out.strip())
-        except ValueError:
-            raise SandboxBuildFailed("launch", redact(f"launcher printed {out[-200:]!r}", secrets)) from None
-        # The sh printed the pid right after fork; wait until the wrapper has deleted the
-        # nonce file (so it is a group leader with its TERM trap installed) or ended, so
-        # kill/processes_alive act on the group at once. (One small /proc read per poll:
-        # inline, negligible, unlike the full /proc scan of group_alive.)
-        for _ in range(5000):
-            st = _proc_stat(pgid)
-            if st is None or st[0] == "Z" or (st[1] == pgid and not os.path.exists(nonce_file)):  # noqa: ASYNC240 -- one stat, see above
-                break
-            await asyncio.sleep(0.001)
-        return {"pgid": pgid, "inbox": inbox} if inbox else {"pgid": pgid}
+            pgid, inbox = await client.launch(
+                argv, nonce=nonce, stdin=stdin, env=env, secrets=secrets, interactive=interactive,
+                journal_path=handle.journal_path, stderr_path=handle.stderr_path,
+                home=str(handle.data.get("home") or ""), workdir=handle.workdir)
+        except OSError as exc:
+            raise SandboxBuildFailed("launch", redact(str(exc), secrets)) from None
+        out: dict[str, Any] = {"pgid": pgid, "daemon": await self._daemons.resolve(handle)}
+        if inbox:
+            out["inbox"] = inbox
+        return out
 
     async def send_input(self, handle: SandboxHandle, input_id: str, payload: bytes) -> None:
-        """Append the input's line to the inbox (one ``O_APPEND`` write). Raises ``ValueError``
-        (see :func:`sandbox_host.providers._base.check_input`), ``OSError``."""
+        """Append the input's line to the inbox (one ``O_APPEND`` write, by the daemon).
+        Raises ``ValueError`` (see :func:`sandbox_host.providers._base.check_input`), ``OSError``."""
         line = check_input(handle, input_id, payload)
-
-        def append() -> None:
-            fd = os.open(handle.inbox_path, os.O_WRONLY | os.O_APPEND)
-            try:
-                os.write(fd, line)  # one write of at most ~65 KiB to a regular file: not split
-            finally:
-                os.close(fd)
-
-        await asyncio.to_thread(append)
+        await self._client(handle).send_input(handle.inbox_path, line)
 
     async def follow(self, handle: SandboxHandle, path: str, offset: int) -> AsyncIterator[bytes]:
-        """Yield the file's bytes from ``offset`` as they are written (inotify wake-ups).
+        """Yield the file's bytes from ``offset`` as they are written (the daemon's inotify
+        wake-ups); a restarted daemon is followed on from the offset reached.
 
         Raises:
             FileNotFoundError: the file does not exist, or was deleted (after everything
-                written to it was yielded).
+                written to it was yielded), or the sandbox is gone.
         """
-        # Reads run in a worker thread: a catch-up over a long journal reads megabytes. The
-        # read is shielded and awaited before the file is closed, so a cancelled follow
-        # never closes the file under a read still running in its thread. open and fstat
-        # stay inline (metadata only, negligible).
-        loop = asyncio.get_running_loop()
-        f = open(path, "rb")  # noqa: ASYNC230 -- metadata only, see above
-        watch = self._watcher.watch(path)
-        reading: asyncio.Future[bytes] | None = None
-
-        async def read(n: int) -> bytes:
-            nonlocal reading
-            reading = loop.run_in_executor(None, f.read, n)
-            data = await asyncio.shield(reading)
-            reading = None
-            return data
-
-        try:
-            f.seek(offset)
-            while True:
-                data = await read(_READ_CHUNK)
-                if data:
-                    yield data
-                    continue
-                if watch is not None:
-                    await watch.wait(self.idle_check)
-                else:
-                    await asyncio.sleep(min(self.idle_check, 0.02))
-                if os.fstat(f.fileno()).st_nlink == 0:
-                    rest = await read(-1)
-                    if rest:
-                        yield rest
-                    raise FileNotFoundError(path)
-        finally:
-            if watch is not None:
-                watch.close()
-            if reading is not None:
-                await asyncio.wait({reading})
-                if not reading.cancelled():
-                    reading.exception()  # retrieved: the follow is ending anyway
-            f.close()
+        async for data in self._client(handle).follow(path, offset):
+            yield data
 
     async def read_file(self, handle: SandboxHandle, path: str, offset: int = 0, limit: int | None = None) -> bytes:
-        def read() -> bytes:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                return f.read(-1 if limit is None else limit)
-
-        return await asyncio.to_thread(read)
+        return await self._client(handle).read_file(path, offset, limit)
 
     async def file_size(self, handle: SandboxHandle, path: str) -> int | None:
-        try:
-            return os.stat(path).st_size
-        except FileNotFoundError:
-            return None
+        return await self._client(handle).file_size(path)
 
     @staticmethod
     def _pgid(handle: SandboxHandle) -> int | None:
@@ -415,34 +297,33 @@ class LocalProvider(Provider):
             return None
 
     async def kill(self, handle: SandboxHandle, signal: int) -> bool:
-        # The liveness check scans /proc (one read per process on the machine): in a thread.
-        return await asyncio.to_thread(self._kill_sync, handle, signal)
-
-    def _kill_sync(self, handle: SandboxHandle, signal: int) -> bool:
-        pgid = self._pgid(handle)
-        if not pgid or not group_alive(pgid):
+        """Signal the agent's process group through the daemon (the group the launch
+        recorded when the handle does not know it)."""
+        if not os.path.isdir(handle.data["dir"]):  # noqa: ASYNC240 -- one stat
             return False
-        try:
-            os.killpg(pgid, signal)
-        except (ProcessLookupError, PermissionError):
-            return False
-        return True
+        return await self._client(handle).kill(self._pgid(handle), signal)
 
     async def processes_alive(self, handle: SandboxHandle) -> bool:
-        return await asyncio.to_thread(self._alive_sync, handle)
-
-    def _alive_sync(self, handle: SandboxHandle) -> bool:
-        pgid = self._pgid(handle)
-        if not pgid:
+        if not os.path.isdir(handle.data["dir"]):  # noqa: ASYNC240 -- one stat
             return False
-        return group_alive(pgid)
+        return await self._client(handle).processes_alive(self._pgid(handle))
+
+    async def close(self) -> None:
+        """Close the channels to the sandboxes' daemons (they, and the agents, run on)."""
+        await self._daemons.close()
 
     async def exists(self, handle: SandboxHandle) -> bool:
         return os.path.isdir(handle.data["dir"])  # noqa: ASYNC240 -- one stat of a local dir: negligible
 
     async def destroy(self, handle: SandboxHandle) -> bool:
-        """SIGKILL the process group, remove the directory, the journal and its stderr."""
-        killed = await self.kill(handle, _signal.SIGKILL)
+        """SIGKILL the process group, stop the daemon, remove the directory, the journal and
+        its stderr.
+
+        The agent is killed here, not through the daemon: destroying must work with the
+        daemon dead too (this is the machine it runs on).
+        """
+        killed = await asyncio.to_thread(_signal_group, self._pgid(handle), _signal.SIGKILL)
+        await self._daemons.stop(handle)
         removed = False
         root = handle.data["dir"]
         if os.path.isdir(root):  # noqa: ASYNC240 -- one stat; the slow rmtree runs in a thread

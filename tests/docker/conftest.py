@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import json
 import os
-from typing import TYPE_CHECKING, AsyncIterator, Iterator, Mapping
+from typing import AsyncIterator, Mapping, TYPE_CHECKING
 
 import pytest
 
@@ -35,13 +35,13 @@ DOCKER_MARKS = [pytest.mark.docker, pytest.mark.requires(DOCKER_ENABLED, reason=
 
 
 @pytest.fixture
-def docker_provider() -> Iterator["DockerProvider"]:
-    """A provider with its own SDK client (closed at the end)."""
+async def docker_provider() -> AsyncIterator["DockerProvider"]:
+    """A provider with its own SDK client and daemon channels (closed at the end)."""
     from sandbox_host.providers.docker import DockerProvider
 
     provider = DockerProvider()
     yield provider
-    provider.close()
+    await provider.aclose()
 
 
 @pytest.fixture

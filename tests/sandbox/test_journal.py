@@ -161,6 +161,7 @@ class _StatlessProvider(LocalProvider):
 
 
 @pytest.mark.servers  # the local follow's inotify finds libc with ldconfig: a process
+@pytest.mark.servers  # the sandbox's daemon is a process
 @pytest.mark.parametrize("stat", [True, False], ids=["stat", "reads-only"])
 async def test_the_lag_is_sampled_once_per_read(tmp_path: pathlib.Path, stat: bool) -> None:
     """The follower reports the journal's lag at each read, not per line: bytes written and
@@ -174,16 +175,21 @@ async def test_the_lag_is_sampled_once_per_read(tmp_path: pathlib.Path, stat: bo
     path = tmp_path / "j.ndjson"
     path.write_bytes(line * 5 + exit_sentinel(0, nonce))
     size = path.stat().st_size
-    handle = SandboxHandle("local", "lag", str(path), str(tmp_path / "j.err"), str(tmp_path))  # no process
+    (tmp_path / "sbx" / ".baton").mkdir(parents=True)  # the sandbox's daemon keeps its state here
+    handle = SandboxHandle("local", "lag", str(path), str(tmp_path / "j.err"), str(tmp_path),
+                           {"dir": str(tmp_path / "sbx")})  # no agent process
+    assert await provider.file_size(handle, str(path)) == size  # the daemon is up: the follow answers at once
     lags: list[int] = []
     async with asyncio.timeout(20):
         async with contextlib.aclosing(follow_journal(provider, handle, str(path), nonce=nonce,
-                                                      poll_interval=0.05, on_lag=lags.append)) as items:
+                                                      poll_interval=1.0, on_lag=lags.append)) as items:
             got = [it async for it in items]
+    await provider.destroy(handle)
     assert [type(i) for i in got] == [JournalLine] * 5 + [JournalExit]
     assert lags == [size if stat else 1 << 20, size - 2 * len(line)]
 
 
+@pytest.mark.servers  # the sandbox's daemon is a process
 async def test_follow_missing_journal_is_deleted(local_provider: LocalProvider, sandboxes: list) -> None:
     from sandbox_host.providers import SandboxSpec
 

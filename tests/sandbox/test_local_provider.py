@@ -120,7 +120,7 @@ async def test_launch_hides_nonce_and_passes_secrets_as_env(local_provider: Loca
     assert "PLAIN=1" in out and "the prompt" in out
     assert nonce not in out
     lines = out.split("\n")
-    assert "wrapper.sh" in lines and "stdin" in lines  # the `ls -a ../.baton` listing
+    assert "wrapper.sh" in lines and any(n.startswith("stdin-") for n in lines)  # the `ls -a ../.baton` listing
     assert not [ln for ln in lines if ln.startswith("nonce-")]  # deleted before the agent started
     assert pathlib.Path(h.stderr_path).read_text() == "err\n"
 

@@ -1,0 +1,232 @@
+"""The daemon of each local sandbox: started on demand, found again by any host on the machine.
+
+A local sandbox's daemon (:mod:`sandbox_host.daemon`) runs detached like its agent (its own
+session, nobody's child: it survives the host, even a SIGKILL), listens on a free loopback
+port and keeps its files in the sandbox's ``.baton/``:
+
+- ``daemon.lock``: locked (``flock``) by the live daemon for its whole life, so "is it
+  running" is one non-blocking lock attempt, whichever host asks;
+- ``daemon.addr``: ``127.0.0.1:<port> <pid>``, written once it serves;
+- ``daemon.spawn``: locked by the host starting one, so two hosts never start two;
+- ``daemon.log``: its stderr.
+
+Whoever finds no live daemon starts one (:meth:`LocalDaemons.resolve`): a daemon that was
+killed is replaced at the next call, on a new port, and its agent is untouched. A daemon
+with no call and no live agent for ``idle_exit`` seconds stops by itself (the next call
+starts another), so a sandbox nobody destroys leaves no daemon behind for long.
+"""
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import signal
+import sys
+import time
+from typing import Mapping
+
+from baton import internal_auth
+from baton import tls as _tls
+from sandbox_host.daemon import sandbox_token
+from sandbox_host.daemon._procs import OWN_ENV
+from sandbox_host.providers._base import SandboxHandle
+from sandbox_host.providers._daemon_client import DaemonClient, SandboxGone
+
+ADDR_FILE, LOCK_FILE, SPAWN_FILE, LOG_FILE = "daemon.addr", "daemon.lock", "daemon.spawn", "daemon.log"
+#: Seconds a started daemon may take to serve.
+START_TIMEOUT = 30.0
+_SPAWN = 'log=$1; shift; setsid "$@" </dev/null >>"$log" 2>&1 &'
+
+
+def meta_dir(handle: SandboxHandle) -> str:
+    """The sandbox's ``.baton`` directory (the daemon's state)."""
+    return os.path.join(str(handle.data["dir"]), ".baton")
+
+
+def daemon_running(meta: str) -> bool:
+    """Whether a daemon holds the sandbox's ``daemon.lock`` (one non-blocking attempt)."""
+    try:
+        fd = os.open(os.path.join(meta, LOCK_FILE), os.O_RDWR)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _running_and_addr(meta: str) -> tuple[bool, str, int]:
+    """``(running, address, pid)`` from the lock and ``daemon.addr`` (``""``/0 when none)."""
+    running = daemon_running(meta)
+    try:
+        with open(os.path.join(meta, ADDR_FILE)) as f:
+            parts = f.read().split()
+    except (FileNotFoundError, NotADirectoryError):
+        return running, "", 0
+    if len(parts) != 2 or not parts[1].isdigit():
+        return running, "", 0
+    return running, parts[0], int(parts[1])
+
+
+class LocalDaemons:
+    """Starts, finds and stops the daemons of one machine's local sandboxes.
+
+    Args:
+        env: the environment a daemon starts with (the agent's inherited variables; the
+            daemon's credentials are added here).
+        idle_check: seconds a daemon's follow waits for an inotify wake-up before it looks.
+        idle_exit: seconds without a call and without a live agent after which a daemon stops.
+        token: the cluster's internal token (``None``: ``BATON_INTERNAL_TOKEN``); each
+            daemon gets its sandbox's token derived from it.
+        tls: the internal TLS (``None``: ``BATON_TLS_*``): a daemon serves it with the
+            host's certificate, and hosts dial it so.
+    """
+
+    def __init__(self, env: Mapping[str, str], *, idle_check: float = 0.25, idle_exit: float = 60.0,
+                 token: str | None = None, tls: _tls.GrpcTls | None = None) -> None:
+        self._env = dict(env)
+        self.idle_check = idle_check
+        self.idle_exit = idle_exit
+        self._token = internal_auth.token_from_env() if token is None else token
+        self._tls = _tls.from_env() if tls is None else tls
+        self._clients: dict[str, DaemonClient] = {}
+        self._starting: dict[str, asyncio.Lock] = {}
+
+    def client(self, handle: SandboxHandle) -> DaemonClient:
+        """The sandbox's client (one per sandbox directory, kept until :meth:`forget`)."""
+        meta = meta_dir(handle)
+        c = self._clients.get(meta)
+        if c is None:
+            async def resolve() -> str:
+                return await self.resolve(handle)
+
+            async def gone() -> bool:
+                return not os.path.isdir(meta)  # noqa: ASYNC240 -- one stat
+
+            c = self._clients[meta] = DaemonClient(resolve, token=sandbox_token(self._token, handle.key),
+                                                   tls=self._tls, gone=gone)
+        return c
+
+    async def resolve(self, handle: SandboxHandle) -> str:
+        """The address of the sandbox's live daemon, starting one when none runs.
+
+        Raises:
+            SandboxGone: the sandbox's directory is gone.
+            OSError: the daemon did not come up within :data:`START_TIMEOUT` (its log's tail).
+        """
+        meta = meta_dir(handle)
+        running, addr, _ = await asyncio.to_thread(_running_and_addr, meta)
+        if running and addr:
+            return addr
+        lock = self._starting.setdefault(meta, asyncio.Lock())
+        async with lock:
+            if not os.path.isdir(meta):  # noqa: ASYNC240 -- one stat
+                raise SandboxGone(f"sandbox {handle.key}: its directory is gone")
+            fd = os.open(os.path.join(meta, SPAWN_FILE), os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                await _flock(fd, START_TIMEOUT)
+                running, addr, _ = await asyncio.to_thread(_running_and_addr, meta)
+                if running and addr:
+                    return addr
+                if not running:
+                    await self._spawn(handle, meta)
+                return await self._wait_addr(meta)
+            finally:
+                os.close(fd)  # releases the spawn lock
+
+    def _argv(self, handle: SandboxHandle, meta: str) -> list[str]:
+        roots = [handle.workdir, str(handle.data["dir"]), handle.journal_path, handle.stderr_path]
+        if handle.data.get("home"):
+            roots.append(str(handle.data["home"]))
+        argv = [sys.executable, "-m", "sandbox_host.daemon", "--listen", "127.0.0.1:0",
+                "--workdir", handle.workdir, "--state", meta,
+                "--addr-file", os.path.join(meta, ADDR_FILE), "--lock-file", os.path.join(meta, LOCK_FILE),
+                "--idle-exit", str(self.idle_exit), "--idle-check", str(self.idle_check)]
+        for r in roots:
+            argv += ["--root", r]
+        return argv
+
+    def _daemon_env(self, key: str) -> dict[str, str]:
+        env = dict(self._env)
+        token = sandbox_token(self._token, key)
+        if token:
+            env[internal_auth.ENV] = token
+        env.update({k: v for k, v in os.environ.items() if k.startswith("BATON_TLS_")})
+        if os.environ.get("PYTHONPATH"):
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+            env[OWN_ENV] = "PYTHONPATH"
+        return env
+
+    async def _spawn(self, handle: SandboxHandle, meta: str) -> None:
+        try:
+            os.unlink(os.path.join(meta, ADDR_FILE))
+        except FileNotFoundError:
+            pass
+        proc = await asyncio.create_subprocess_exec(
+            "sh", "-c", _SPAWN, "baton-daemon", os.path.join(meta, LOG_FILE), *self._argv(handle, meta),
+            cwd=meta, env=self._daemon_env(handle.key), stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        await proc.wait()
+
+    async def _wait_addr(self, meta: str) -> str:
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            running, addr, _ = await asyncio.to_thread(_running_and_addr, meta)
+            if running and addr:
+                return addr
+            if time.monotonic() > deadline:
+                raise OSError(f"the sandbox daemon did not start within {START_TIMEOUT:.0f} s: {_log_tail(meta)}")
+            await asyncio.sleep(0.01)
+
+    async def stop(self, handle: SandboxHandle) -> bool:
+        """Stop the sandbox's daemon (SIGTERM, when one holds the lock); ``True`` when signalled."""
+        meta = meta_dir(handle)
+        await self.forget(handle)
+        running, _, pid = await asyncio.to_thread(_running_and_addr, meta)
+        if not (running and pid):
+            return False
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return False
+        return True
+
+    async def forget(self, handle: SandboxHandle) -> None:
+        """Close the sandbox's client."""
+        c = self._clients.pop(meta_dir(handle), None)
+        if c is not None:
+            await c.close()
+
+    async def close(self) -> None:
+        """Close every client (the daemons run on)."""
+        clients, self._clients = list(self._clients.values()), {}
+        for c in clients:
+            await c.close()
+
+
+async def _flock(fd: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise OSError("another host is starting this sandbox's daemon and did not finish") from None
+            await asyncio.sleep(0.01)
+
+
+def _log_tail(meta: str) -> str:
+    try:
+        with open(os.path.join(meta, LOG_FILE), "rb") as f:
+            return f.read()[-500:].decode("utf-8", "replace").strip() or "(no output)"
+    except OSError:
+        return "(no log)"
+
+
+__all__ = ["LocalDaemons", "daemon_running", "meta_dir"]
