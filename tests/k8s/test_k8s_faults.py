@@ -137,7 +137,7 @@ async def test_a_restarted_daemon_is_read_on_from_where_it_was(kube: StandinClus
     async with c.fault("every sandbox daemon SIGKILL (restarted in its pod)"):
         for r in runs:
             pod = _pod_of(kube, r.run_id)["metadata"]["name"]
-            assert kube.kubelet.kill("default", pod, match="sandbox_host.daemon") >= 1
+            assert kube.kubelet.kill("default", pod, match="python -m sandbox_host.daemon") == 1
     await c.finish(runs)
     await c.check(runs)
     await no_pods_left(kube, c)

@@ -311,7 +311,7 @@ class Kubelet:
                     cmd = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
                 except OSError:
                     continue
-                if match not in cmd:
+                if not cmd.startswith(match):
                     continue
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
@@ -334,7 +334,7 @@ class Kubelet:
         raise KeyError(f"{namespace}/{name}")
 
     def kill(self, namespace: str, name: str, match: str | None = None, sig: int = signal.SIGKILL) -> int:
-        """Signal the pod's processes (those whose command line holds ``match``, if given);
+        """Signal the pod's processes (those whose command line starts with ``match``, if given);
         how many were signalled. Killing them all is a pod whose container died."""
         return self._signal(self.pod(namespace, name), sig, match)
 
