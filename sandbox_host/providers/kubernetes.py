@@ -206,23 +206,24 @@ class KubernetesProvider(Provider):
         return state.ip
 
     async def _watch_pod(self, name: str, rv: str) -> kp.PodState:
-        """Until the pod runs, fails or goes (the caller bounds the wait)."""
-        try:
-            current = await self._client.get(Pod, name, namespace=self.namespace)
-            state = kp.pod_state(current.to_dict())
-            rv = str(current.metadata.resourceVersion or rv)  # type: ignore[union-attr]
-        except ApiError as exc:
-            if exc.status.code != 404:
-                raise
-            state = kp.PodState("waiting", reason="the controller has not made the pod yet")
-        if state.kind != "waiting":
-            return state
-        async for op, obj in self._client.watch(Pod, namespace=self.namespace, fields={"metadata.name": name},
-                                                resource_version=rv or None):
-            state = kp.pod_state(None if op == "DELETED" else obj.to_dict())
+        """Until the pod runs, fails or goes (the caller bounds the wait). Each watch asks the
+        server to end within 5 s (under the client's read timeout), then the pod is read again."""
+        while True:
+            try:
+                current = await self._client.get(Pod, name, namespace=self.namespace)
+                state = kp.pod_state(current.to_dict())
+                rv = str(current.metadata.resourceVersion or rv)  # type: ignore[union-attr]
+            except ApiError as exc:
+                if exc.status.code != 404:
+                    raise
+                state = kp.PodState("waiting", reason="the controller has not made the pod yet")
             if state.kind != "waiting":
                 return state
-        return kp.PodState("gone", reason="the watch ended")
+            async for op, obj in self._client.watch(Pod, namespace=self.namespace, fields={"metadata.name": name},
+                                                    resource_version=rv or None, server_timeout=5):
+                state = kp.pod_state(None if op == "DELETED" else obj.to_dict())
+                if state.kind != "waiting":
+                    return state
 
     async def _fill(self, handle: SandboxHandle, spec: SandboxSpec) -> None:
         """The working directory (the workspace built on the host, copied in as one tree),
@@ -265,20 +266,19 @@ class KubernetesProvider(Provider):
         return existed
 
     async def _gone(self, name: str, timeout: float) -> None:  # noqa: ASYNC109 - a deadline for the confirmation
-        """Until the API no longer has pod ``name``; ``TimeoutError`` after ``timeout`` s."""
+        """Until the API no longer has pod ``name``; ``TimeoutError`` after ``timeout`` s.
+
+        Polled (a few reads a second) rather than watched: a deletion takes the grace period
+        at most, and a watch's silence would meet the client's read timeout."""
         async with asyncio.timeout(timeout):
             while True:
                 try:
-                    pod = await self._client.get(Pod, name, namespace=self.namespace)
+                    await self._client.get(Pod, name, namespace=self.namespace)
                 except ApiError as exc:
                     if exc.status.code == 404:
                         return
                     raise
-                rv = str(pod.metadata.resourceVersion or "")  # type: ignore[union-attr]
-                async for op, _ in self._client.watch(Pod, namespace=self.namespace, fields={"metadata.name": name},
-                                                      resource_version=rv, server_timeout=10):
-                    if op == "DELETED":
-                        return
+                await asyncio.sleep(0.2)
 
     def _confirm_budget(self) -> float:
         return self.settings.grace + 30.0

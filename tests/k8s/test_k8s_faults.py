@@ -98,7 +98,7 @@ async def test_host_sigkill_then_takeover_then_cancel(kube: StandinCluster, k8s_
 async def test_a_paused_host_wakes_after_its_successors_finished(kube: StandinCluster, k8s_cluster: Factory) -> None:
     c = await k8s_cluster(hosts=1)
     runs = await c.start_runs(3, SHORT, seconds=10, detached=1)
-    await c.add_host()
+    await c.add_host(**_host_env(kube))
     zombie = c.hosts[0]
     async with c.fault(f"host {zombie.host_id} SIGSTOP until its runs ended elsewhere, SIGCONT"):
         zombie.sigstop()

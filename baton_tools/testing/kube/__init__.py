@@ -51,7 +51,8 @@ class StandinCluster:
     async def start(self) -> "StandinCluster":
         self.root.mkdir(parents=True, exist_ok=True)
         app = make_app(self.store, self.token, [Route("/_standin/kill/{ns}/{name}", self._kill, methods=["POST"])])
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off",
+                                timeout_graceful_shutdown=2)  # open watches must not hold the close
         self._server = uvicorn.Server(config)
         self._tasks = [asyncio.create_task(self._server.serve(), name="standin-kube-api"),
                        asyncio.create_task(self.kubelet.run(), name="standin-kubelet")]
