@@ -184,9 +184,9 @@ class LocalDaemons:
             await asyncio.sleep(0.01)
 
     async def stop(self, handle: SandboxHandle) -> bool:
-        """Stop the sandbox's daemon (SIGTERM, when one holds the lock); ``True`` when signalled."""
+        """Stop the sandbox's daemon (SIGTERM, when one holds the lock); ``True`` when signalled.
+        Its client stays (:meth:`forget` closes it, once the sandbox is removed)."""
         meta = meta_dir(handle)
-        await self.forget(handle)
         running, _, pid = await asyncio.to_thread(_running_and_addr, meta)
         if not (running and pid):
             return False

@@ -463,13 +463,15 @@ class DockerProvider(Provider):
         Raises:
             SandboxReclaimFailed: the engine refused or could not be reached.
         """
-        await self._forget(self._cid(handle))
         try:
             await asyncio.to_thread(self._api.remove_container, self._cid(handle), force=True, v=True)
         except docker.errors.NotFound:
             return False
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise SandboxReclaimFailed(handle.key, _explain(exc)) from exc
+        finally:
+            # After the removal: a follow cut off by the closed channel then finds the sandbox gone.
+            await self._forget(self._cid(handle))
         return True
 
     async def destroy_leftovers(self, run_id: str, keep_key: str | None) -> int:

@@ -329,6 +329,8 @@ class LocalProvider(Provider):
         if os.path.isdir(root):  # noqa: ASYNC240 -- one stat; the slow rmtree runs in a thread
             await asyncio.to_thread(shutil.rmtree, root, True)
             removed = True
+        # After the removal: a follow cut off by the closed channel then finds the sandbox gone.
+        await self._daemons.forget(handle)
         for p in (handle.journal_path, handle.stderr_path):
             try:
                 os.unlink(p)

@@ -124,6 +124,10 @@ async def test_journal_that_appears_late_is_waited_for(cluster: Cluster) -> None
 async def _register_bare_sandbox_with_key(cluster: Cluster, run_id: str, key: str) -> tuple[str, pathlib.Path]:
     journal = cluster.tmp / "journals" / f"{key}.ndjson"
     journal.parent.mkdir(parents=True, exist_ok=True)
+    # The sandbox's directory, as the local provider's create leaves it (its daemon keeps its
+    # state in .baton/); the agent is "launched" by the test writing the journal.
+    (cluster.tmp / "sandboxes" / key / ".baton").mkdir(parents=True)
+    (cluster.tmp / "sandboxes" / key / "workspace").mkdir()
     handle = {"provider": "local", "key": key, "journal_path": str(journal), "stderr_path": f"{journal}.err",
               "workdir": str(cluster.tmp / "sandboxes" / key / "workspace"),
               "data": {"dir": str(cluster.tmp / "sandboxes" / key), "pgid": None, "launched": True},
