@@ -312,10 +312,12 @@ class KubernetesProvider(Provider):
                 still there after the grace period and a margin.
         """
         name, crd = str(handle.data["pod"]), bool(handle.data.get("sandbox_resource"))
-        await self._forget(handle)
         try:
             existed = await self._delete(name, crd)
             await self._gone(name, self._confirm_budget())
+            # Closed once the pod is gone: a follow cut off by the deletion ends as "sandbox
+            # gone", not as a closed client.
+            await self._forget(handle)
         except ApiError as exc:
             raise SandboxReclaimFailed(handle.key, kp.refusal_detail(exc.status.code or 0, exc.status.reason or "",
                                                                      exc.status.message or "")) from exc
