@@ -34,7 +34,7 @@ RUN python3 -m venv /opt/baton/venv
 COPY pyproject.toml requirements.lock ./
 COPY scripts/image_requirements.py ./scripts/
 COPY wheelhouse/ /wheelhouse/
-RUN python3 scripts/image_requirements.py server,docker,cli > /tmp/requirements.txt \
+RUN python3 scripts/image_requirements.py server,docker,kubernetes,cli > /tmp/requirements.txt \
  && /opt/baton/venv/bin/pip install -q ${OFFLINE:+--no-index} --find-links /wheelhouse \
       --constraint requirements.lock --requirement /tmp/requirements.txt
 COPY README.md dist_split.py ./

@@ -461,8 +461,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             validate_id(sb.sandbox_key, "sandbox.sandbox_key")
             if sb.run_id:
                 validate_id(sb.run_id, "sandbox.run_id")
-            if sb.provider not in ("local", "docker"):
-                raise errors.InvalidArgument("sandbox.provider", "must be 'local' or 'docker'")
+            if sb.provider not in ("local", "docker", "kubernetes"):
+                raise errors.InvalidArgument("sandbox.provider", "must be 'local', 'docker' or 'kubernetes'")
             await self.store.put_sandbox(sb, timeout=self._budget(context))
             return pb.PutSandboxResponse()
         return await self._call(context, go())

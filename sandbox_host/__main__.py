@@ -176,8 +176,8 @@ class Host:
         addrs = [a for a in config.get("BATON_COORDINATOR").split(",") if a]
         nats_urls = [u for u in config.get("BATON_NATS_URL").split(",") if u]
         providers: dict[str, Any] = {"local": provider_for("local")}
-        if self.settings.provider == "docker":
-            providers["docker"] = provider_for("docker")
+        if self.settings.provider in ("docker", "kubernetes"):
+            providers[self.settings.provider] = provider_for(self.settings.provider)
         cfg = LogConfig.from_env()
         from baton.metrics import start_listener
         from sandbox_host.metrics import HostMetrics

@@ -4,7 +4,7 @@
 #
 #   1. scripts/docker_setup.sh: a Docker engine and the base image, a debootstrap'ed Debian
 #      bookworm with python3 and python3-venv imported as $BATON_BASE_IMAGE.
-#   2. The wheelhouse: every wheel of baton-runs[server,docker,cli] at the versions of
+#   2. The wheelhouse: every wheel of baton-runs[server,docker,kubernetes,cli] at the versions of
 #      requirements.lock, plus the build backend (setuptools), built on this machine with its
 #      own pip configuration. Cached under $BATON_DOCKER_CACHE by a hash of pyproject.toml and
 #      requirements.lock, then copied (same bytes, same mtimes) into wheelhouse/, so an
@@ -48,7 +48,7 @@ if [ ! -f "$house/.complete" ]; then
     say "building the wheelhouse $house"
     rm -rf "$house" && mkdir -p "$house"
     reqs=$(mktemp)
-    "$PYTHON" scripts/image_requirements.py server,docker,cli >"$reqs"
+    "$PYTHON" scripts/image_requirements.py server,docker,kubernetes,cli >"$reqs"
     # Not -q: building the wheelhouse takes minutes the first time; pip names each package.
     "$PYTHON" -m pip wheel --progress-bar off --disable-pip-version-check --constraint requirements.lock \
         --requirement "$reqs" --wheel-dir "$house" || die "pip wheel"

@@ -1,6 +1,6 @@
 """Print the requirements of ``baton-runs[EXTRAS]`` from pyproject.toml, one a line (stdlib only).
 
-Usage: python3 scripts/image_requirements.py server,docker,cli
+Usage: python3 scripts/image_requirements.py server,docker,kubernetes,cli
 
 The Dockerfile installs these (with requirements.lock as constraints) in a layer of their own,
 before the source is copied, so a source change does not reinstall the dependencies;

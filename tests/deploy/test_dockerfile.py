@@ -123,7 +123,7 @@ def test_image_installs_the_service_extras_at_the_locked_versions_without_binari
     runs = [a for op, a in instructions() if op == "RUN"]
     deps = next(r for r in runs if "scripts/image_requirements.py" in r)
     assert "--constraint requirements.lock" in deps
-    assert "image_requirements.py server,docker,cli " in deps
+    assert "image_requirements.py server,docker,kubernetes,cli " in deps
     # Offline builds (OFFLINE=1) reach no index: the wheelhouse alone.
     for r in runs:
         if "pip install" in r:

@@ -34,9 +34,12 @@ MODELS: dict[tuple[str, str], type] = {
     ("policy/v1", "PodDisruptionBudget"): client.V1PodDisruptionBudget,
     ("networking.k8s.io/v1", "NetworkPolicy"): client.V1NetworkPolicy,
     ("autoscaling/v2", "HorizontalPodAutoscaler"): client.V2HorizontalPodAutoscaler,
+    ("v1", "ServiceAccount"): client.V1ServiceAccount,
+    ("rbac.authorization.k8s.io/v1", "Role"): client.V1Role,
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): client.V1RoleBinding,
 }
 # Environment variables that are not baton settings but are meant to be there.
-FOREIGN_ENV = {"POD_NAME", "POD_IP", "DOCKER_HOST", "ANTHROPIC_API_KEY", "OPENAI_API_KEY"}
+FOREIGN_ENV = {"POD_NAME", "POD_IP", "ANTHROPIC_API_KEY", "OPENAI_API_KEY"}
 
 
 def by_kind(docs: list[tuple[pathlib.Path, dict[str, Any]]], kind: str) -> dict[str, dict[str, Any]]:

@@ -100,7 +100,7 @@ def test_hosts_and_coordinators_have_headless_services(k8s_docs: Docs) -> None:
         assert svcs[name]["spec"]["ports"][0]["appProtocol"] == "grpc"
 
 
-def _admits(policy: dict[str, Any], port: str, peer_labels: dict[str, str] | None) -> bool:
+def _admits(policy: dict[str, Any], port: str | int, peer_labels: dict[str, str] | None) -> bool:
     """Whether ``policy`` admits traffic to the named ``port`` from a pod with ``peer_labels``
     in the same namespace (``None``: a client outside the cluster's pods)."""
     for rule in policy["spec"].get("ingress", []):
@@ -121,7 +121,21 @@ def _admits(policy: dict[str, Any], port: str, peer_labels: dict[str, str] | Non
 def test_network_policies_admit_what_the_services_dial_and_nothing_else(k8s_docs: Docs) -> None:
     policies = {p["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"]: p
                 for p in by_kind(k8s_docs, "NetworkPolicy").values()}
-    assert set(policies) == set(DEPLOYMENTS)
+    assert set(policies) == {*DEPLOYMENTS, "baton-sandbox"}
+    # Sandbox pods run agents' code: only hosts reach their daemon, and they are not
+    # "baton's pods" to the other policies (the provider's labels, sandbox_host/providers/_k8s_pod.py).
+    from sandbox_host.providers import _k8s_pod as kp
+
+    sandbox_pod = kp.labels("run", "key")
+    host_pod = {"app.kubernetes.io/part-of": "baton", "app.kubernetes.io/name": "baton-sandbox-host"}
+    sb = policies.pop("baton-sandbox")
+    assert sb["spec"]["policyTypes"] == ["Ingress"]
+    assert _admits(sb, 7300, host_pod)
+    for who in ({"app.kubernetes.io/part-of": "baton", "app.kubernetes.io/name": "baton-gateway"},
+                sandbox_pod, {"app": "something-else"}, None):
+        assert not _admits(sb, 7300, who), who
+    for name in ("baton-coordinator", "baton-sandbox-host"):
+        assert not _admits(policies[name], "grpc", sandbox_pod), name
     baton_pod = {"app.kubernetes.io/part-of": "baton", "app.kubernetes.io/name": "baton-gateway"}
     stranger = {"app": "something-else"}
     for name in ("baton-coordinator", "baton-sandbox-host"):
