@@ -73,6 +73,9 @@ class RunHistory:
     status: str | None = None
     #: A cancel the gateway acknowledged (202) while the run had not ended.
     cancel_acked: bool = False
+    #: Seconds from the schedule's start: the start POST, and the end (or the check).
+    started: float = 0.0
+    ended: float = 0.0
 
 
 @dataclass
