@@ -135,6 +135,18 @@ class NemesisCluster(FaultCluster):
         return self
 
     async def _host(self, h: int) -> HostProcess:
+        """Start host ``h``; tried three times (on a loaded machine a first dial of a
+        coordinator that has just started can time out before the host serves)."""
+        for attempt in range(3):
+            try:
+                return await self._host_once(h)
+            except RuntimeError as exc:
+                self.trouble.append(f"host-{h}: start failed: {str(exc)[:300]}")
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _host_once(self, h: int) -> HostProcess:
         from baton_tools.testing.cluster import start_host
 
         name = f"host-{h}"

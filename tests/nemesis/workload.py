@@ -21,7 +21,8 @@ import httpx
 
 from baton.fingerprint import fingerprint
 from baton_tools.reference import reference_chunks, speed_for
-from tests.faults.harness import CODEX, CORPUS, LONG, SHORT, TERMINAL, FaultRun, _format_of, agent_processes
+from tests.faults.harness import CODEX, CORPUS, LONG, SHORT, TERMINAL, FaultRun, _format_of, agent_processes, \
+    eventually
 from tests.faults.readers import Reader
 from tests.nemesis.checker import History, ReaderHistory, Record, RunHistory
 from tests.nemesis.cluster import NemesisCluster
@@ -109,9 +110,8 @@ class Workload:
                     if not (run.detached and rd is reader):
                         with contextlib.suppress(AssertionError):
                             await rd.wait()
-                while (await self.c.view(run.run_id)).get("status") not in TERMINAL:
-                    await asyncio.sleep(0.5)
-        except TimeoutError:
+                await eventually(lambda: _terminal(self.c, run.run_id), RUN_WAIT, interval=0.5)
+        except (TimeoutError, AssertionError):
             self.errors.append(f"{run.run_id}: not ended within {RUN_WAIT}s at t={self.now():.0f}s")
             return False
         w.ended = self.now()
@@ -132,9 +132,8 @@ class Workload:
     async def _cancel(self, w: WorkRun, reader: Reader, after_chunks: int) -> None:
         """``POST /api/chat/cancel`` once the live reader got ``after_chunks`` (or a few
         seconds passed), retried through 5xx and dropped connections for a minute."""
-        deadline = time.monotonic() + 5.0
-        while len(reader.got.items) < after_chunks and time.monotonic() < deadline and not reader.got.ended:
-            await asyncio.sleep(0.1)
+        with contextlib.suppress(TimeoutError):
+            await eventually(lambda: len(reader.got.items) >= after_chunks or reader.got.ended, 5.0)
         deadline = time.monotonic() + 60.0
         while time.monotonic() < deadline:
             if reader.got.ended and not w.run.detached:
@@ -155,6 +154,10 @@ class Workload:
             await asyncio.sleep(0.5)
 
 
+async def _terminal(c: NemesisCluster, run_id: str) -> bool:
+    return (await c.view(run_id)).get("status") in TERMINAL
+
+
 def _task_error(reader: Reader) -> str:
     t = reader.task
     if t is None or not t.done() or t.cancelled():
@@ -173,14 +176,13 @@ async def finish(wl: Workload, timeout: float = 300.0) -> None:  # noqa: ASYNC10
                 if not (w.run.detached and rd is w.readers[0]):
                     with contextlib.suppress(AssertionError):
                         await rd.wait()
-            while (await c.view(w.run.run_id)).get("status") not in TERMINAL:
-                await asyncio.sleep(0.5)
+            await eventually(lambda: _terminal(c, w.run.run_id), timeout, interval=0.5)
             if w.ended is None:
                 w.ended = wl.now()
     try:
         async with asyncio.timeout(timeout):
             await ended()
-    except TimeoutError:
+    except (TimeoutError, AssertionError):
         wl.errors.append(f"not every run ended within {timeout}s of the heal")
 
 
