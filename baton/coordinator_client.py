@@ -308,7 +308,12 @@ class CoordinatorClient:
                 return await getattr(self._stub(replica), method)(request, timeout=deadline.left())
             except grpc.aio.AioRpcError as err:
                 exc = from_rpc_error(err)
-                if err.code() == grpc.StatusCode.UNAVAILABLE:
+                if err.code() == grpc.StatusCode.CANCELLED and exc is err:
+                    # The replica ended the call (a coordinator shutting down cancels the
+                    # calls in flight; our own cancellation raises CancelledError instead):
+                    # as unreachable as UNAVAILABLE, and a BatonError for the caller.
+                    exc = StoreUnavailable(f"CANCELLED by coordinator {self.addresses[replica]}: {err.details()}")
+                if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
                     self._rotate(replica)
                     i += 1
                     if idempotent and i < len(self.addresses):
