@@ -30,7 +30,12 @@ PROPERTIES = (
     "thread_order",           # never an earlier turn's transcript over a later one's
     "cancel_honoured",        # an acknowledged cancel ends the run cancelled
     "no_leak",                # no sandbox, agent process or claim left
+    "no_unhandled_error",     # no service let an exception escape (UNHANDLED in its log)
 )
+
+#: Log lines of a service that mean an exception escaped its handling: an HTTP response
+#: ended by an exception, a background task that failed, a task's error never retrieved.
+UNHANDLED = ("Exception in ASGI application", "background task", "Task exception was never retrieved")
 
 
 @dataclass
@@ -88,6 +93,8 @@ class History:
     sandboxes_left: list[str] = field(default_factory=list)
     agents_left: list[str] = field(default_factory=list)
     claims_left: list[str] = field(default_factory=list)
+    #: ``<log file>: <line>`` of every :data:`UNHANDLED` line in the services' logs.
+    unhandled: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,7 +108,8 @@ class History:
             r["readers"] = [ReaderHistory([tuple(i) for i in x["items"]], x["live"], x["ended"]) for x in r["readers"]]
             r["fresh"] = [tuple(i) for i in r["fresh"]]
             runs.append(RunHistory(**r))
-        return cls(runs, data["transcripts"], data["sandboxes_left"], data["agents_left"], data["claims_left"])
+        return cls(runs, data["transcripts"], data["sandboxes_left"], data["agents_left"], data["claims_left"],
+                   data.get("unhandled", []))
 
 
 @dataclass(frozen=True)
@@ -237,12 +245,19 @@ def check_threads(history: History) -> list[Violation]:
 
 
 def check_leaks(history: History) -> list[Violation]:
-    """Nothing left behind: sandboxes, agent processes, claims."""
+    """Nothing left behind (sandboxes, agent processes, claims), no exception escaped."""
     out = []
     for what, left in (("sandbox", history.sandboxes_left), ("agent process", history.agents_left),
                        ("claim", history.claims_left)):
         out += [Violation("no_leak", x, f"{what} left behind") for x in left]
+    out += [Violation("no_unhandled_error", "-", line[:300]) for line in history.unhandled]
     return out
+
+
+def unhandled_lines(name: str, text: str) -> list[str]:
+    """The :data:`UNHANDLED` lines of one service log, each prefixed with ``name``."""
+    return [f"{name}: {line}" for line in text.splitlines()
+            if " ERROR " in line and any(u in line for u in UNHANDLED)]
 
 
 def tally(violations: Iterable[Violation]) -> dict[str, int]:

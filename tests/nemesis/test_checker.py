@@ -6,7 +6,8 @@ import copy
 
 import pytest
 
-from tests.nemesis.checker import History, ReaderHistory, Record, RunHistory, Violation, check, tally
+from tests.nemesis.checker import History, ReaderHistory, Record, RunHistory, Violation, check, tally, \
+    unhandled_lines
 
 pytestmark = pytest.mark.unit
 
@@ -151,9 +152,21 @@ def test_leaks() -> None:
     assert tally(vs)["no_leak"] == 3
 
 
+def test_an_exception_that_escaped_a_service() -> None:
+    log = ("2026-12-04 09:07:59,282 ERROR baton.aio: gateway: background task unregister-reader:r1 failed\n"
+           "2026-12-04 09:07:59,295 ERROR uvicorn.error: Exception in ASGI application [run_id=r1]\n"
+           "2026-12-04 09:07:59,300 WARNING gateway.queue: queue sweep failed\n"
+           "2026-12-04 09:07:59,301 ERROR sandbox_host.driver: run r1: driver failed\n")
+    h = _clean()
+    h.unhandled = unhandled_lines("gateway.log", log)
+    assert len(h.unhandled) == 2 and h.unhandled[0].startswith("gateway.log: ")
+    assert _props(h) == {"no_unhandled_error"}
+
+
 def test_a_history_survives_json() -> None:
     h = History([_run("r1", turn=0, transcript=T1), _run("r2", turn=1, transcript=T2)], {"t1": T2})
     h.runs[0].readers.append(ReaderHistory([("1", "s")], live=False))
+    h.unhandled = ["gateway.log: x"]
     back = History.from_json(copy.deepcopy(h.to_json()))
     assert back == h
     assert str(Violation("no_leak", "r", "x")) == "[no_leak] r: x"

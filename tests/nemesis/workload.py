@@ -24,7 +24,7 @@ from baton_tools.reference import reference_chunks, speed_for
 from tests.faults.harness import CODEX, CORPUS, LONG, SHORT, TERMINAL, FaultRun, _format_of, agent_processes, \
     eventually
 from tests.faults.readers import Reader
-from tests.nemesis.checker import History, ReaderHistory, Record, RunHistory
+from tests.nemesis.checker import History, ReaderHistory, Record, RunHistory, unhandled_lines
 from tests.nemesis.cluster import NemesisCluster
 
 JOURNALS = (LONG, LONG, SHORT, CODEX)
@@ -229,4 +229,6 @@ async def collect(wl: Workload, leak_wait: float = 60.0) -> History:
             break
         await asyncio.sleep(1.0)
     h.sandboxes_left, h.agents_left, h.claims_left = sandboxes, agents, claims
+    for log in sorted((c.tmp / "logs").glob("*.log")):
+        h.unhandled += unhandled_lines(log.name, log.read_text(errors="replace"))
     return h
