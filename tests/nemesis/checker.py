@@ -16,6 +16,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 TERMINAL = frozenset({"completed", "failed", "cancelled", "interrupted", "aborted"})
+#: The reaper ends a run still starting after this many seconds (``coordinator/reaper.py``
+#: ``START_GRACE``): ``aborted``, no agent launched, even while its client retries.
+START_GRACE = 60.0
 CANCELLED = frozenset({"cancelled", "aborted"})
 
 PROPERTIES = (
@@ -78,6 +81,10 @@ class RunHistory:
     status: str | None = None
     #: A cancel the gateway acknowledged (202) while the run had not ended.
     cancel_acked: bool = False
+    #: A cancel was sent (maybe never answered: the run may end cancelled or not).
+    cancel_sent: bool = False
+    #: Seconds from the start POST to the first chunk (``None``: none came).
+    start_wait: float | None = None
     #: Seconds from the schedule's start: the start POST, and the end (or the check).
     started: float = 0.0
     ended: float = 0.0
@@ -190,7 +197,7 @@ def check_replay(run: RunHistory) -> list[Violation]:
     cancelled); a fresh read gets exactly the stored chunks."""
     out = []
     journal = [r.fingerprint for r in _chunks(run) if r.origin == "journal"]
-    if run.status in CANCELLED and run.cancel_acked:
+    if run.status in CANCELLED and (run.cancel_acked or run.cancel_sent or _abandoned(run)):
         if journal != run.reference[:len(journal)]:
             out.append(Violation("replay_equal", run.run_id, "the stored journal chunks of a cancelled run are not "
                                                              "a prefix of the uninterrupted replay"))
@@ -214,9 +221,17 @@ def check_end(run: RunHistory) -> list[Violation]:
         if run.status not in CANCELLED:
             return [Violation("cancel_honoured", run.run_id, f"cancel acknowledged, status {run.status}")]
         return []
+    if run.status in CANCELLED and (run.cancel_sent or _abandoned(run)):
+        return []  # a cancel with no answer, or a start the reaper ended as abandoned
     if run.status != run.expected_status:
         return [Violation("run_ends", run.run_id, f"status {run.status}, want {run.expected_status}")]
     return []
+
+
+def _abandoned(run: RunHistory) -> bool:
+    """Its start took longer than :data:`START_GRACE` (or never got a chunk), so the
+    reaper may have ended it ``aborted`` as an abandoned start (docs/design.md)."""
+    return run.status == "aborted" and (run.start_wait is None or run.start_wait >= START_GRACE)
 
 
 def check_threads(history: History) -> list[Violation]:
@@ -228,7 +243,7 @@ def check_threads(history: History) -> list[Violation]:
     for tid, runs in by_thread.items():
         runs.sort(key=lambda r: r.turn)
         last = runs[-1]
-        if last.cancel_acked:
+        if last.cancel_acked or (last.status in CANCELLED and (last.cancel_sent or _abandoned(last))):
             continue  # a cancelled turn saves what it had: not the replay's transcript
         saved = history.transcripts.get(tid)
         if saved == last.expected_transcript:

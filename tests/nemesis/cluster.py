@@ -292,6 +292,11 @@ class NemesisCluster(FaultCluster):
                 await asyncio.sleep(f.duration)
             finally:
                 filler.unlink(missing_ok=True)
+            # nats-server disables JetStream on a node after a write error on its store
+            # ("JetStream out of resources, will be DISABLED") until it restarts: the
+            # operator's part of the heal, room made and the node restarted.
+            await self._stop(f.target)
+            await self._start(f.target)
         else:
             raise ValueError(f"unknown fault kind {f.kind}")
 

@@ -144,6 +144,24 @@ def test_a_cancelled_run_keeps_a_prefix_of_the_replay() -> None:
     assert _props(h) == {"replay_equal"}
 
 
+def test_a_cancel_sent_without_an_answer_may_end_either_way() -> None:
+    h = _clean()
+    h.runs[0].cancel_sent = True
+    assert check(h) == []
+    h.runs[0].status, h.runs[0].reference = "aborted", ["a", "b", "c"]
+    assert check(h) == []
+
+
+def test_a_start_past_the_grace_may_be_aborted_but_not_a_quick_one() -> None:
+    h = _clean()
+    r = h.runs[0]
+    r.status, r.reference, r.start_wait = "aborted", ["a", "b", "c"], 75.0
+    h.transcripts["t1"] = None
+    assert check(h) == []
+    r.start_wait = 2.0
+    assert _props(h) == {"replay_equal", "run_ends", "transcript"}
+
+
 def test_leaks() -> None:
     h = _clean()
     h.sandboxes_left, h.agents_left, h.claims_left = ["r1"], ["123 r1"], ["r1"]

@@ -42,6 +42,8 @@ class WorkRun:
     started: float
     readers: list[Reader] = field(default_factory=list)
     cancel_acked: bool = False
+    cancel_sent: bool = False
+    first_chunk: float | None = None
     ended: float | None = None
 
 
@@ -98,6 +100,7 @@ class Workload:
         cancel_at = rng.randint(3, 40) if rng.random() < 0.15 else None
         if not await self._first_chunk(reader):
             return False
+        w.first_chunk = self.now()
         if join:  # a second tab on the same run, from the start of its log
             w.readers.append(Reader(self.c.http, self.c.url, run).start(post=False))
         if run.detached:
@@ -140,6 +143,7 @@ class Workload:
                 return  # it ended first: nothing to cancel
             if (await self.c.view(w.run.run_id)).get("status") in TERMINAL:
                 return
+            w.cancel_sent = True
             try:
                 resp = await self.c.http.post(f"{self.c.url}/api/chat/cancel", json={"runId": w.run.run_id}, timeout=10)
             except httpx.TransportError:
@@ -211,7 +215,8 @@ async def collect(wl: Workload, leak_wait: float = 60.0) -> History:
         h.runs.append(RunHistory(
             r.run_id, r.thread_id, w.turn, [fingerprint(ch) for ch in r.reference], r.expected_status, r.transcript,
             [Record(x.offset, x.kind, x.epoch, x.origin, x.fingerprint, x.msg_id) for x in stored], readers, fresh,
-            (await c.view(r.run_id)).get("status"), w.cancel_acked, round(w.started, 1),
+            (await c.view(r.run_id)).get("status"), w.cancel_acked, w.cancel_sent,
+            None if w.first_chunk is None else round(w.first_chunk - w.started, 1), round(w.started, 1),
             round(w.ended if w.ended is not None else wl.now(), 1)))
     for tid in sorted({w.run.thread_id for w in wl.runs}):
         try:
