@@ -506,7 +506,12 @@ class CoordinatorClient:
         a thread and channel of its own (:mod:`baton.keepalive`), so a busy event loop
         cannot starve it.
         """
-        r = await self._unary("OpenSession", pb.OpenSessionRequest(ttl_seconds=ttl, owner=owner), timeout)
+        # Tried on every replica (idempotent enough): a host or gateway starting while the
+        # first replica is down must reach the others. A retry after an answer lost on its
+        # way back grants a second lease that nobody keeps alive: it holds nothing and
+        # expires after ``ttl``.
+        r = await self._unary("OpenSession", pb.OpenSessionRequest(ttl_seconds=ttl, owner=owner), timeout,
+                              idempotent=True)
         s = Session(self, r.session_id, r.ttl_seconds, owner, probe_address, own_thread)
         self._sessions.add(s)
         return s

@@ -1,4 +1,6 @@
-"""A coordinator that ends a call as CANCELLED (the nemesis saw it when a coordinator was
+"""The coordinator client across replicas: two bugs the nemesis found.
+
+A coordinator that ends a call as CANCELLED (the nemesis saw it when a coordinator was
 restarted: its shutdown ends streams and steps down before the gRPC server stops, and the
 calls then in flight came back CANCELLED): the client raises ``StoreUnavailable``, a
 ``BatonError`` its callers handle, never the raw ``AioRpcError``. Before, the gateway's
@@ -17,6 +19,7 @@ import pytest
 
 from baton.coordinator_client import CoordinatorClient
 from baton.errors import BatonError, StoreUnavailable
+from baton_tools.testing.cluster import InProcessCoordinator
 from baton_tools.testing.servers import free_port
 
 pytestmark = pytest.mark.timeout(30)
@@ -47,3 +50,14 @@ async def test_a_call_the_coordinator_ends_cancelled_is_store_unavailable() -> N
     finally:
         await client.close()
         await server.stop(grace=None)
+
+
+async def test_a_session_opens_through_the_second_replica_when_the_first_is_down(
+        coord: InProcessCoordinator) -> None:
+    """Found by the nemesis: a host restarted while the coordinator replica it dials first
+    did not answer could not start at all (``OpenSession`` was tried on one replica; every
+    new process starts on the first), though the other replica served."""
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens: UNAVAILABLE at once
+    async with CoordinatorClient(f"{dead},{coord.address}", token="") as client:
+        session = await client.open_session(ttl=5, owner="host-x", timeout=20)
+        assert session.id and not session.lost.is_set()
