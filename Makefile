@@ -94,7 +94,7 @@ SEED ?=
 NEMESIS_MINUTES ?= 10
 test-nemesis: venv
 	BATON_NEMESIS=1 NEMESIS_SEED=$(SEED) NEMESIS_MINUTES=$(NEMESIS_MINUTES) \
-	  $(PY) -m pytest tests/nemesis/test_nemesis.py -p no:cacheprovider -p no:randomly -s $(PYTEST_ARGS)
+	  $(PY) -m pytest tests/nemesis -p no:cacheprovider -p no:randomly -s $(PYTEST_ARGS)
 
 # The fuzz suite (tests/fuzz) alone, with FUZZ_SCALE times the inputs `make test` sends it
 # (HTTP API, /ds, gRPC; FUZZ_SEED picks other inputs). Prints the inputs tried per surface
