@@ -34,7 +34,7 @@ import subprocess
 import time
 import urllib.request
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from baton_tools.testing.cluster import CoordinatorProcess, GatewayProcess, HostProcess, start_coordinator, \
     start_gateway
@@ -120,10 +120,12 @@ class NemesisCluster(FaultCluster):
         for i in range(topo.coordinators):
             name = f"coordinator-{i}"
             etcd = ",".join(self.proxies[f"{name}->etcd-{e}"].endpoint for e in range(topo.etcd))
-            c = await start_coordinator(etcd, f"/{self.tag}/", log_dir=logs, detached_run_ttl=3600, reaper_interval=5,
-                                        session_ttl=SESSION_TTL, election_ttl=2, BATON_INTERNAL_TOKEN=token,
-                                        BATON_COORDINATOR_ID=f"{name}-{self.tag[:4]}", **self._clock(name))
-            self.coordinators.append(c)  # type: ignore[arg-type]
+            settings = {"detached_run_ttl": 3600, "reaper_interval": 5, "session_ttl": SESSION_TTL, "election_ttl": 2,
+                        "BATON_INTERNAL_TOKEN": token, "BATON_COORDINATOR_ID": f"{name}-{self.tag[:4]}",
+                        **self._clock(name)}
+            c = await self._first_start(name, lambda: start_coordinator(etcd, f"/{self.tag}/", log_dir=logs,
+                                                                        **settings))
+            self.coordinators.append(c)
         self.coordinator = self.coordinators[0]
         for link in topo.links:
             if "->coordinator-" in link:
@@ -135,14 +137,17 @@ class NemesisCluster(FaultCluster):
         return self
 
     async def _host(self, h: int) -> HostProcess:
-        """Start host ``h``; tried three times (on a loaded machine a first dial of a
-        coordinator that has just started can time out before the host serves)."""
-        for attempt in range(3):
+        return await self._first_start(f"host-{h}", lambda: self._host_once(h))
+
+    async def _first_start(self, name: str, start: Callable[[], Awaitable[Any]]) -> Any:
+        """``start()`` tried five times: on a loaded machine a process's first dial of
+        one that has just started can time out before it serves (not a fault yet)."""
+        for attempt in range(5):
             try:
-                return await self._host_once(h)
+                return await start()
             except RuntimeError as exc:
-                self.trouble.append(f"host-{h}: start failed: {str(exc)[:300]}")
-                if attempt == 2:
+                self.trouble.append(f"{name}: first start failed: {str(exc)[:300]}")
+                if attempt == 4:
                     raise
         raise AssertionError("unreachable")
 
