@@ -31,6 +31,7 @@ import os
 import pathlib
 import signal
 import subprocess
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -76,6 +77,30 @@ class _Nats(NatsCluster):
                       for n in self.nodes]
 
 
+class _ProxyLoop:
+    """The links' proxies on an event loop of their own thread: the test's loop (readers,
+    translations, checks, asyncio's debug mode) must not slow the cluster's own traffic on a
+    loaded machine (it did: gRPC connects through the proxies timed out)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="nemesis-proxies", daemon=True)
+        self.thread.start()
+
+    async def call(self, coro: Any) -> Any:
+        """Run ``coro`` on the proxies' loop; its result."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+
+    def hold(self, proxy: TcpProxy, *ways: str) -> None:
+        self.loop.call_soon_threadsafe(proxy.hold, *ways)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
 class NemesisCluster(FaultCluster):
     """The whole cluster of the module docstring. :meth:`inject` applies one fault and
     returns once it healed; :meth:`heal_all` ends every fault (the calm tail)."""
@@ -85,6 +110,7 @@ class NemesisCluster(FaultCluster):
         self.topology = topology
         self.coordinators: list[CoordinatorProcess] = []
         self.proxies: dict[str, TcpProxy] = {}
+        self.px = _ProxyLoop()
         self.clock_files: dict[str, pathlib.Path] = {}
         self.mounts: list[pathlib.Path] = []
         #: Errors of the nemesis itself (a restart that failed and was retried).
@@ -107,7 +133,7 @@ class NemesisCluster(FaultCluster):
         await asyncio.gather(asyncio.to_thread(self.etcd.start), asyncio.to_thread(self.nats.start))
         for link in topo.links:  # the engines' links first: a coordinator's port is known once it runs
             if "->coordinator-" not in link:
-                self.proxies[link] = await TcpProxy(self._port_of(link.split("->")[1])).start()
+                self.proxies[link] = await self.px.call(TcpProxy(self._port_of(link.split("->")[1])).start())
         logs = self.tmp / "logs"
         token = f"nemesis-token-{self.tag}"
         self.env = {
@@ -129,7 +155,7 @@ class NemesisCluster(FaultCluster):
         self.coordinator = self.coordinators[0]
         for link in topo.links:
             if "->coordinator-" in link:
-                self.proxies[link] = await TcpProxy(self._port_of(link.split("->")[1])).start()
+                self.proxies[link] = await self.px.call(TcpProxy(self._port_of(link.split("->")[1])).start())
         hosts = [self._host(h) for h in range(topo.hosts)]
         self.hosts = list(await asyncio.gather(*hosts))
         self.gateway = await start_gateway(self._dial("gateway", "coordinator"), self._nats_url("gateway"),
@@ -197,7 +223,8 @@ class NemesisCluster(FaultCluster):
             await c.stop(timeout=5)
         await super().close()
         for p in self.proxies.values():
-            await p.close()
+            await self.px.call(p.close())
+        self.px.stop()
         for m in self.mounts:
             subprocess.run(["umount", "-l", str(m)], check=False)
 
@@ -271,11 +298,11 @@ class NemesisCluster(FaultCluster):
             await self._start(f.target)
         elif f.kind == "partition":
             proxy = self.proxies[f.target]
-            proxy.hold(*{"both": ("up", "down"), "up": ("up",), "down": ("down",)}[f.direction])
+            self.px.hold(proxy, *{"both": ("up", "down"), "up": ("up",), "down": ("down",)}[f.direction])
             try:
                 await asyncio.sleep(f.duration)
             finally:
-                proxy.hold()
+                self.px.hold(proxy)
         elif f.kind == "latency":
             proxy = self.proxies[f.target]
             proxy.latency = f.param
@@ -284,7 +311,7 @@ class NemesisCluster(FaultCluster):
             finally:
                 proxy.latency = 0.0
         elif f.kind == "reset":
-            await self.proxies[f.target].blip(f.duration)
+            await self.px.call(self.proxies[f.target].blip(f.duration))
         elif f.kind == "skew":
             self.set_clock(f.target, f.param)
             await asyncio.sleep(f.duration)
@@ -315,7 +342,7 @@ class NemesisCluster(FaultCluster):
         for name in self.topology.processes:
             self._signal(name, signal.SIGCONT)
         for p in self.proxies.values():
-            p.hold()
+            self.px.hold(p)
             p.latency = 0.0
             p.down = False
         for name in self.clock_files:
