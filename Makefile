@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 NODE_STAMP := tests/node/node_modules/.installed-stamp
 
-.PHONY: ts-client venv lock protos protos-check check test test-unit test-faults test-fuzz test-deploy image lint typecheck demo bench bench-compare node-deps clean
+.PHONY: ts-client venv lock protos protos-check check test test-unit test-faults test-nemesis test-fuzz test-deploy image lint typecheck demo bench bench-compare node-deps clean
 
 # Exact versions from requirements.lock: the code overrides private internals of nats-py,
 # uvicorn and the docker SDK, so an unpinned upgrade can break it silently.
@@ -85,6 +85,16 @@ check: lint typecheck
 FAULTS ?= all
 test-faults: venv
 	BATON_FAULTS=$(FAULTS) $(PY) -m pytest tests/faults -p no:cacheprovider $(PYTEST_ARGS)
+
+# The nemesis (tests/nemesis): a random schedule of faults drawn from SEED (default: a new
+# one, printed) over NEMESIS_MINUTES while runs go on, then the checker over the whole
+# history. Writes bench/results/nemesis.json; a failure's history, shrunk schedule and logs
+# go to bench/results/nemesis-failures/ (docs/development.md "The nemesis").
+SEED ?=
+NEMESIS_MINUTES ?= 10
+test-nemesis: venv
+	BATON_NEMESIS=1 NEMESIS_SEED=$(SEED) NEMESIS_MINUTES=$(NEMESIS_MINUTES) \
+	  $(PY) -m pytest tests/nemesis -p no:cacheprovider -p no:randomly -s $(PYTEST_ARGS)
 
 # The fuzz suite (tests/fuzz) alone, with FUZZ_SCALE times the inputs `make test` sends it
 # (HTTP API, /ds, gRPC; FUZZ_SEED picks other inputs). Prints the inputs tried per surface

@@ -11,8 +11,9 @@ coordinator replica (the lease lives in etcd, so it survives a coordinator resta
 succeeded for a whole TTL; work that needs the session stops then (etcd
 ``concurrency/session.go``).
 
-It is longer than 600 lines because the :class:`Session` (the lease and its keep-alive on
-the loop) sits beside the client whose channels and replicas it uses.
+It runs over 600 lines: one short method per RPC of the service, all behind one replica and
+retry policy (``_unary``) that a split would scatter, and the :class:`Session` (the lease and
+its keep-alive on the loop) beside the client whose channels and replicas it uses.
 """
 from __future__ import annotations
 
@@ -335,7 +336,9 @@ class CoordinatorClient:
                 return await getattr(self._stub(replica), method)(request, timeout=deadline.left())
             except grpc.aio.AioRpcError as err:
                 exc = from_rpc_error(err)
-                if err.code() == grpc.StatusCode.UNAVAILABLE:
+                if err.code() == grpc.StatusCode.CANCELLED and exc is err:  # the replica ended it (shutdown)
+                    exc = StoreUnavailable(f"CANCELLED by coordinator {self.addresses[replica]}: {err.details()}")
+                if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
                     self._rotate(replica)
                     i += 1
                     if idempotent and i < len(self.addresses):
@@ -528,7 +531,10 @@ class CoordinatorClient:
         a thread and channel of its own (:mod:`baton.keepalive`), so a busy event loop
         cannot starve it.
         """
-        r = await self._unary("OpenSession", pb.OpenSessionRequest(ttl_seconds=ttl, owner=owner), timeout)
+        # Every replica is tried (a process starting while the first is down); a lease granted
+        # twice (an answer lost) is kept alive by nobody and expires after ``ttl``.
+        r = await self._unary("OpenSession", pb.OpenSessionRequest(ttl_seconds=ttl, owner=owner), timeout,
+                              idempotent=True)
         s = Session(self, r.session_id, r.ttl_seconds, owner, probe_address, own_thread)
         self._sessions.add(s)
         return s

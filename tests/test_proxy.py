@@ -49,3 +49,50 @@ async def test_blip_resets_open_connections_refuses_new_ones_then_forwards() -> 
         await proxy.close()
         server.close()
         await server.wait_closed()
+
+
+@pytest.mark.timeout(20)
+async def test_hold_keeps_one_direction_s_bytes_until_released_in_order() -> None:
+    """A one-way partition: ``hold("down")`` lets the request reach the server and keeps its
+    answer; ``hold()`` lets it through, in order, on the same connection."""
+    got: list[bytes] = []
+    arrived = asyncio.Event()
+
+    async def record_and_echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while data := await r.read(1024):
+            got.append(data)
+            arrived.set()
+            w.write(data)
+            await w.drain()
+        w.close()
+
+    server = await asyncio.start_server(record_and_echo, "127.0.0.1", 0)
+    proxy = await TcpProxy(server.sockets[0].getsockname()[1]).start()
+    try:
+        r, w = await asyncio.open_connection("127.0.0.1", proxy.port)
+        proxy.hold("down")
+        w.write(b"ping")
+        await w.drain()
+        async with asyncio.timeout(5):
+            await arrived.wait()  # the request went up
+        assert got == [b"ping"]
+        answer = asyncio.create_task(r.readexactly(4))
+        await asyncio.sleep(0.3)
+        assert not answer.done()  # its answer is held
+        proxy.hold()
+        async with asyncio.timeout(5):
+            assert await answer == b"ping"
+        arrived.clear()
+        proxy.hold("up")
+        w.write(b"pong")
+        await w.drain()
+        await asyncio.sleep(0.3)
+        assert got == [b"ping"]  # held on its way up
+        proxy.hold()
+        async with asyncio.timeout(5):
+            await arrived.wait()
+            assert await r.readexactly(4) == b"pong"
+        w.close()
+    finally:
+        await proxy.close()
+        server.close()

@@ -23,6 +23,9 @@ class TcpProxy:
         down: refuse to forward new connections.
         latency: seconds each chunk of bytes is held before it is passed on, either way
             (a slow link or a peer slow to answer; order is kept).
+        flowing: ``{"up": Event, "down": Event}``: while one is clear, the bytes of that
+            direction (``up``: client → target) are held, not passed on, and the link
+            stays open (a partition, one-way when only one is clear; :meth:`hold`).
         connections: connections accepted so far.
     """
 
@@ -33,6 +36,9 @@ class TcpProxy:
         self.down = False
         self.latency = 0.0
         self.connections = 0
+        self.flowing = {"up": asyncio.Event(), "down": asyncio.Event()}
+        for e in self.flowing.values():
+            e.set()
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -68,7 +74,7 @@ class TcpProxy:
             return
         self._writers |= {w, uw}
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, way: str) -> None:
             loop = asyncio.get_running_loop()
             # Chunks held by ``latency``, each due at its arrival + the latency then; a
             # chunk never overtakes one held before it (when the latency drops, say).
@@ -79,6 +85,7 @@ class TcpProxy:
                     due, data = item
                     if (wait := due - loop.time()) > 0:
                         await asyncio.sleep(wait)
+                    await self.flowing[way].wait()
                     dst.write(data)
                     await dst.drain()
 
@@ -102,7 +109,7 @@ class TcpProxy:
                 else:
                     dst.close()
 
-        pipes = [asyncio.create_task(pipe(r, uw)), asyncio.create_task(pipe(ur, w))]
+        pipes = [asyncio.create_task(pipe(r, uw, "up")), asyncio.create_task(pipe(ur, w, "down"))]
         try:
             await asyncio.wait(pipes)
         finally:
@@ -125,9 +132,19 @@ class TcpProxy:
         finally:
             self.down = False
 
+    def hold(self, *ways: str) -> None:
+        """Hold the bytes of ``ways`` (``up``, ``down``; none: let every direction flow
+        again, the held bytes first, in order)."""
+        for way, event in self.flowing.items():
+            if way in ways:
+                event.clear()
+            else:
+                event.set()
+
     async def close(self) -> None:
         """Stop listening and abort every connection; returns once every handler ended."""
         self.down = True
+        self.hold()
         self.cut()
         if self._server is not None:
             self._server.close()

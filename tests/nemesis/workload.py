@@ -1,0 +1,239 @@
+"""The nemesis's workload and the history it records.
+
+``slots`` coroutines run side by side until the schedule's end, each a user at a chat page:
+a thread of up to three turns (each turn's input is the last turn's transcript plus a new
+message), each turn a replay-agent run started with ``POST /api/chat``. Drawn per run from
+the workload seed: the journal and length; a reader that stays (reconnecting with
+``Last-Event-ID`` through every fault) or one that leaves after the first chunk (a detached
+run); a second tab that joins mid-run; a cancel. Drains are the schedule's ``restart`` of a
+host. Then :func:`collect` reads back what the checker needs (:class:`History`).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from baton.fingerprint import fingerprint
+from baton_tools.reference import reference_chunks, speed_for
+from tests.faults.harness import CODEX, CORPUS, LONG, SHORT, TERMINAL, FaultRun, _format_of, agent_processes, \
+    eventually
+from tests.faults.readers import Reader
+from tests.nemesis.checker import History, ReaderHistory, Record, RunHistory, unhandled_lines
+from tests.nemesis.cluster import NemesisCluster
+
+JOURNALS = (LONG, LONG, SHORT, CODEX)
+#: Longest wait for one run's end inside a slot; past it the slot moves on (the end check
+#: at the close of the schedule still waits for it).
+RUN_WAIT = 180.0
+
+
+@dataclass
+class WorkRun:
+    """One run as the workload drove it."""
+
+    run: FaultRun
+    turn: int
+    started: float
+    readers: list[Reader] = field(default_factory=list)
+    cancel_acked: bool = False
+    cancel_sent: bool = False
+    first_chunk: float | None = None
+    ended: float | None = None
+
+
+class Workload:
+    """Runs :meth:`slot` coroutines until ``until`` (seconds from ``t0``)."""
+
+    def __init__(self, cluster: NemesisCluster, seed: int, t0: float) -> None:
+        self.c = cluster
+        self.rng = random.Random(seed * 7919 + 1)
+        self.t0 = t0
+        self.runs: list[WorkRun] = []
+        self.errors: list[str] = []
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    async def run(self, slots: int, until: float) -> None:
+        """``slots`` users until ``until``; returns once every slot stopped starting runs."""
+        await asyncio.gather(*(self.slot(i, until) for i in range(slots)))
+
+    async def slot(self, i: int, until: float) -> None:
+        rng = random.Random(self.rng.random())
+        thread, turn, history = "", 0, []
+        while self.now() < until:
+            if not thread or turn >= 3:
+                thread, turn, history = f"n{self.c.tag}-s{i}-{len(self.runs)}", 0, []
+            w = await self.start(rng, thread, turn, history)
+            ok = await self.drive(rng, w)
+            if ok and not w.cancel_acked:
+                history, turn = w.run.transcript, turn + 1
+            else:
+                thread = ""
+            await asyncio.sleep(rng.uniform(0.0, 2.0))  # a user's pause between turns
+
+    async def start(self, rng: random.Random, thread: str, turn: int, history: list[dict[str, Any]]) -> WorkRun:
+        journal = rng.choice(JOURNALS)
+        seconds = rng.uniform(6.0, 20.0)
+        run_id = f"{thread}-r{turn}"
+        messages = [*history, {"id": f"{run_id}-user", "role": "user", "content": f"turn {turn}: replay {journal}"}]
+        run = FaultRun(run_id, thread, journal, speed_for(CORPUS / journal, seconds), messages,
+                       reference_chunks(CORPUS / journal, _format_of(journal), run_id, thread),
+                       detached=rng.random() < 0.25)
+        self.c.runs.append(run)
+        w = WorkRun(run, turn, self.now())
+        run.reader = Reader(self.c.http, self.c.url, run).start()
+        w.readers.append(run.reader)
+        self.runs.append(w)
+        return w
+
+    async def drive(self, rng: random.Random, w: WorkRun) -> bool:
+        """Play one run's user; true when it ended with its replay's status in time."""
+        run, reader = w.run, w.readers[0]
+        join = rng.random() < 0.3
+        cancel_at = rng.randint(3, 40) if rng.random() < 0.15 else None
+        if not await self._first_chunk(reader):
+            return False
+        w.first_chunk = self.now()
+        if join:  # a second tab on the same run, from the start of its log
+            w.readers.append(Reader(self.c.http, self.c.url, run).start(post=False))
+        if run.detached:
+            await reader.stop()
+        if cancel_at is not None:
+            await self._cancel(w, reader, cancel_at)
+        try:
+            async with asyncio.timeout(RUN_WAIT):
+                for rd in w.readers:
+                    if not (run.detached and rd is reader):
+                        with contextlib.suppress(AssertionError):
+                            await rd.wait()
+                await eventually(lambda: _terminal(self.c, run.run_id), RUN_WAIT, interval=0.5)
+        except (TimeoutError, AssertionError):
+            self.errors.append(f"{run.run_id}: not ended within {RUN_WAIT}s at t={self.now():.0f}s")
+            return False
+        w.ended = self.now()
+        return (await self.c.view(run.run_id)).get("status") == run.expected_status
+
+    async def _first_chunk(self, reader: Reader) -> bool:
+        assert reader.task is not None
+        got = asyncio.create_task(reader.first_chunk.wait())
+        try:
+            await asyncio.wait({got, reader.task}, timeout=RUN_WAIT, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            got.cancel()
+        if not reader.first_chunk.is_set():
+            self.errors.append(f"{reader.run.run_id}: no first chunk ({_task_error(reader)})")
+            return False
+        return True
+
+    async def _cancel(self, w: WorkRun, reader: Reader, after_chunks: int) -> None:
+        """``POST /api/chat/cancel`` once the live reader got ``after_chunks`` (or a few
+        seconds passed), retried through 5xx and dropped connections for a minute."""
+        with contextlib.suppress(TimeoutError):
+            await eventually(lambda: len(reader.got.items) >= after_chunks or reader.got.ended, 5.0)
+        deadline = time.monotonic() + 60.0
+        while time.monotonic() < deadline:
+            if reader.got.ended and not w.run.detached:
+                return  # it ended first: nothing to cancel
+            if (await self.c.view(w.run.run_id)).get("status") in TERMINAL:
+                return
+            w.cancel_sent = True
+            try:
+                resp = await self.c.http.post(f"{self.c.url}/api/chat/cancel", json={"runId": w.run.run_id}, timeout=10)
+            except httpx.TransportError:
+                await asyncio.sleep(0.5)
+                continue
+            if resp.status_code == 202:
+                w.cancel_acked = True
+                return
+            if resp.status_code < 500:
+                self.errors.append(f"{w.run.run_id}: cancel refused {resp.status_code} {resp.text[:200]}")
+                return
+            await asyncio.sleep(0.5)
+
+
+async def _terminal(c: NemesisCluster, run_id: str) -> bool:
+    return (await c.view(run_id)).get("status") in TERMINAL
+
+
+def _task_error(reader: Reader) -> str:
+    t = reader.task
+    if t is None or not t.done() or t.cancelled():
+        return "still waiting"
+    return repr(t.exception())
+
+
+async def finish(wl: Workload, timeout: float = 300.0) -> None:  # noqa: ASYNC109 - a polling budget
+    """After the schedule (every fault healed): until every live reader got its end and
+    every run is terminal, or ``timeout``."""
+    c = wl.c
+
+    async def ended() -> None:
+        for w in wl.runs:
+            for rd in w.readers:
+                if not (w.run.detached and rd is w.readers[0]):
+                    with contextlib.suppress(AssertionError):
+                        await rd.wait()
+            await eventually(lambda: _terminal(c, w.run.run_id), timeout, interval=0.5)
+            if w.ended is None:
+                w.ended = wl.now()
+    try:
+        async with asyncio.timeout(timeout):
+            await ended()
+    except (TimeoutError, AssertionError):
+        wl.errors.append(f"not every run ended within {timeout}s of the heal")
+
+
+async def collect(wl: Workload, leak_wait: float = 60.0) -> History:
+    """Read back everything the checker needs (see :mod:`tests.nemesis.checker`)."""
+    c = wl.c
+    h = History()
+    for w in wl.runs:
+        r = w.run
+        for rd in w.readers:
+            if not rd.got.ended:
+                await rd.stop()
+        try:
+            stored = (await c.stored_log(r.run_id)).records
+        except Exception as exc:  # noqa: BLE001 - an unreadable log is a violation of its own
+            wl.errors.append(f"{r.run_id}: stored log unreadable: {exc!r}")
+            stored = []
+        try:
+            fresh = [(o, fingerprint(ch)) for o, ch in await c.fresh_read(r.run_id, timeout=30)]
+        except (AssertionError, TimeoutError, httpx.HTTPError) as exc:
+            wl.errors.append(f"{r.run_id}: fresh read failed: {exc!r}")
+            fresh = []
+        readers = [ReaderHistory([(o, fingerprint(ch)) for o, ch, _ in rd.got.items if o is not None],
+                                 live=not (r.detached and i == 0), ended=rd.got.ended)
+                   for i, rd in enumerate(w.readers)]
+        h.runs.append(RunHistory(
+            r.run_id, r.thread_id, w.turn, [fingerprint(ch) for ch in r.reference], r.expected_status, r.transcript,
+            [Record(x.offset, x.kind, x.epoch, x.origin, x.fingerprint, x.msg_id) for x in stored], readers, fresh,
+            (await c.view(r.run_id)).get("status"), w.cancel_acked, w.cancel_sent,
+            None if w.first_chunk is None else round(w.first_chunk - w.started, 1), round(w.started, 1),
+            round(w.ended if w.ended is not None else wl.now(), 1)))
+    for tid in sorted({w.run.thread_id for w in wl.runs}):
+        try:
+            resp = await c.http.get(f"{c.url}/api/threads/{tid}/messages", timeout=10)
+            h.transcripts[tid] = resp.json()["messages"] if resp.status_code == 200 else None
+        except httpx.HTTPError:
+            h.transcripts[tid] = None
+    ids = {w.run.run_id for w in wl.runs}
+    deadline = time.monotonic() + leak_wait
+    while True:
+        sandboxes = sorted(p.name for p in c.sandbox_dir.iterdir()) if c.sandbox_dir.exists() else []
+        agents = [f"{pid} {rid}" for pid, rid in agent_processes(ids)]
+        claims = await asyncio.to_thread(c.claims_left)
+        if not (sandboxes or agents or claims) or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(1.0)
+    h.sandboxes_left, h.agents_left, h.claims_left = sandboxes, agents, claims
+    for log in sorted((c.tmp / "logs").glob("*.log")):
+        h.unhandled += unhandled_lines(log.name, log.read_text(errors="replace"))
+    return h
