@@ -9,13 +9,16 @@ do the same (tests/coordinator/test_thread_order.py, with injected clocks).
 """
 from __future__ import annotations
 
+import asyncio
 import pathlib
+import time
 from typing import Any
 
 import pytest
 
 from baton.client import GatewayClient
 from baton.coordinator_client import CoordinatorClient
+from baton.errors import StoreUnavailable
 from tests.faults.conftest import ClusterFactory
 from tests.faults.harness import CORPUS, SHORT, eventually
 
@@ -25,9 +28,20 @@ LIBFAKETIME = pathlib.Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 
 
 async def _turn(gw: GatewayClient, run_id: str, thread_id: str, messages: list[dict[str, Any]]) -> None:
+    """Start the turn and read its log to the end. A start refused 503 (the gateway's link to
+    the restarted coordinator not yet back) is sent again, as a client does: a POST with the
+    same run id starts the run at most once."""
     agent = {"kind": "replay", "journal": SHORT, "speed": 50.0}
-    async for _ in gw.start(run_id, thread_id, messages, agent=agent):
-        pass  # to the log's end
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            async for _ in gw.start(run_id, thread_id, messages, agent=agent):
+                pass  # to the log's end
+            return
+        except StoreUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)  # a retry's pause, not a wait for a condition
 
 
 @pytest.mark.timeout(240)

@@ -123,12 +123,12 @@ async def _watch(store: Store, res: str, ns: str, labels: str | None, fields: st
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:
             return
-        async with store.changed:
-            if store.rv == rv:
-                try:
-                    await asyncio.wait_for(store.changed.wait(), timeout=min(left or 30.0, 30.0))
-                except TimeoutError:
-                    pass
+        changed = store.changed()
+        if store.rv == rv:
+            try:
+                await asyncio.wait_for(changed.wait(), timeout=min(left or 30.0, 30.0))
+            except TimeoutError:
+                pass
 
 
 def _line(type_: str, obj: Any) -> bytes:

@@ -4,7 +4,7 @@ A **stand-in**, not a kubelet: it runs each pod's one container command as a loc
 group on this machine, so tests get the behaviour the ``kubernetes`` provider relies on without
 a cluster. What it does, per pod the stand-in API stores:
 
-- binds it to its node, gives it its own address from the loopback range (``127.77.x.y``: a
+- binds it to its node, gives it its own address from the loopback range (``127.64.0.0/10``, drawn at random: a
   daemon listening on ``$(POD_IP):port`` has its own address on one machine) and reports
   ``Pending``;
 - looks the image up in :attr:`Kubelet.images`: ``"run"`` runs the pod's command, ``"hang"``
@@ -34,9 +34,11 @@ import contextlib
 import hashlib
 import os
 import pathlib
+import random
 import re
 import shutil
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -69,6 +71,32 @@ class PodRuntime:
     deleting: bool = False
 
 
+def _free_loopback_ip(taken: set[str]) -> str:
+    """A loopback address of ``127.64.0.0/10``, drawn at random, where the sandbox daemon's
+    port is free now. Stand-in clusters of concurrent tests (several pytest workers) share
+    this machine's loopback: addresses counted per kubelet gave two pods of two clusters
+    the same one, and a host then reached the other cluster's daemon.
+
+    Raises:
+        RuntimeError: no free address in 100 draws.
+    """
+    from sandbox_host.daemon import DEFAULT_PORT
+
+    rnd = random.SystemRandom()
+    for _ in range(100):
+        n = rnd.randrange(1 << 22)
+        ip = f"127.{64 + (n >> 16)}.{(n >> 8) & 255}.{n & 255}"
+        if n & 255 in (0, 255) or ip in taken:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind((ip, DEFAULT_PORT))
+            except OSError:
+                continue
+        return ip
+    raise RuntimeError("no free loopback address for a stand-in pod")
+
+
 @dataclass
 class Kubelet:
     """Runs the pods of ``store`` on this machine (see the module docstring).
@@ -85,7 +113,6 @@ class Kubelet:
     #: False: new pods are left unscheduled (Pending, no node: as when no node fits them).
     schedule: bool = True
     pods: dict[str, PodRuntime] = field(default_factory=dict)
-    _next_ip: int = 0
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def run(self) -> None:
@@ -98,9 +125,9 @@ class Kubelet:
                     self._on_pod(e.type, e.obj)
                 elif e.resource == "sandboxes.agents.x-k8s.io" and e.type == "ADDED":
                     self._spawn(self._sandbox_pod(e.namespace, e.obj))
-            async with self.store.changed:
-                if self.store.rv == rv:
-                    await self.store.changed.wait()
+            changed = self.store.changed()
+            if self.store.rv == rv:
+                await changed.wait()
 
     def _spawn(self, coro: Any) -> None:
         t = asyncio.ensure_future(coro)
@@ -130,8 +157,7 @@ class Kubelet:
     async def _start(self, pod: Obj) -> None:
         meta, spec = pod["metadata"], pod["spec"]
         ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
-        self._next_ip += 1
-        ip = f"127.77.{self._next_ip // 250}.{self._next_ip % 250 + 1}"
+        ip = _free_loopback_ip({rt.ip for rt in self.pods.values()})
         rt = PodRuntime(ns, name, uid, ip, self.root / uid, self._make_cgroup(uid))
         self.pods[uid] = rt
         container = spec["containers"][0]

@@ -76,12 +76,16 @@ class Store:
     #: Kinds this API serves beyond the core ones (``"sandboxes.agents.x-k8s.io"``: the CRD
     #: is installed).
     extra_resources: set[str] = field(default_factory=set)
-    _changed: asyncio.Condition | None = None
+    _changed: asyncio.Event | None = None
 
-    @property
-    def changed(self) -> asyncio.Condition:
+    def changed(self) -> asyncio.Event:
+        """An event set at the next write (then replaced by a fresh one). Take it, check
+        ``rv``, then wait on it: a write in between has set it already. An event, not a
+        Condition: a ``wait_for`` timeout cancelling ``Condition.wait`` while it re-acquires
+        the lock leaves the lock released under ``async with`` (Python 3.11), whose exit
+        then raises."""
         if self._changed is None:
-            self._changed = asyncio.Condition()
+            self._changed = asyncio.Event()
         return self._changed
 
     # --- refusals -------------------------------------------------------------------------
@@ -122,8 +126,9 @@ class Store:
     async def _emit(self, type_: str, resource: str, namespace: str, obj: Obj) -> None:
         self.history.append(Event(self.rv, type_, resource, namespace, copy.deepcopy(obj)))
         del self.history[:-HISTORY]
-        async with self.changed:
-            self.changed.notify_all()
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
 
     def _next_rv(self, obj: Obj) -> None:
         self.rv += 1
