@@ -364,10 +364,12 @@ async def test_a_long_thread_opens_with_its_newest_runs_and_loads_older_ones_on_
 
     node = need_browser()
     thread, total = unique("long-"), 25
+    # Recent start times: records stamped in 1970 are what the coordinator's retention removes.
+    t0 = time.time() - 60
     for i in range(total):
         run_id = f"{thread}-r{i:02d}"
         await cc.create_or_resume_run(runs_pb2.RunRecord(run_id=run_id, thread_id=thread, tenant="tenant-a",
-                                                         started_at=1_000_000.0 + i))
+                                                         started_at=t0 + i))
         mid = f"{run_id}-m"
         await write_run(dlog, run_id, [
             {"type": "RUN_STARTED", "threadId": thread, "runId": run_id},
@@ -377,7 +379,7 @@ async def test_a_long_thread_opens_with_its_newest_runs_and_loads_older_ones_on_
             {"type": "TEXT_MESSAGE_END", "messageId": mid},
             {"type": "RUN_FINISHED", "threadId": thread, "runId": run_id}])
         await cc.update_run(run_id, runs_pb2.RunRecord(status=runs_pb2.RUN_STATUS_COMPLETED,
-                                                       finished_at=1_000_000.5 + i), ["status", "finished_at"])
+                                                       finished_at=t0 + i + 0.5), ["status", "finished_at"])
     result = await run_page_script(node, "page_long_thread.mjs", page_gateway, timeout=180,
                                    env={"BATON_THREAD": thread, "BATON_RUNS": str(total)})
     assert result["pages"] == [10, 20, 25]

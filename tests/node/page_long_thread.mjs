@@ -39,6 +39,8 @@ await main(async (browser) => {
     results.anchorTop = [anchor, moved]
   }
   const all = await sections(page)
+  // A run's section goes in at once, its messages once its log was read (one run after another).
+  await page.waitForFunction((n) => document.querySelectorAll('section.run .msg.assistant').length >= n, all.length)
   const allTexts = await texts(page)
   check(all.length === total, 'not every run loaded on scroll', { seen })
   check(JSON.stringify(allTexts) === JSON.stringify(Array.from({ length: total }, (_, i) => `answer ${i}`)),

@@ -283,11 +283,20 @@ export class BatonRunsClient {
     return r.runId || null;
   }
 
-  /** The thread's saved transcript: AG-UI messages, and its revision. */
-  async getTranscript(threadId: string): Promise<{ threadId: string; revision: number; messages: unknown[] }> {
+  /**
+   * The thread's saved transcript: AG-UI messages, and its revision. With `pageSize` (1..1000)
+   * only the newest messages of it, oldest of the page first; `pageToken` (a page's
+   * `nextPageToken`) asks for the page just older; `nextPageToken` is "" when none is left.
+   */
+  async getTranscript(threadId: string, opts: { pageSize?: number; pageToken?: string } = {}): Promise<{
+    threadId: string; revision: number; messages: unknown[]; nextPageToken: string; totalMessages: number; firstIndex: number;
+  }> {
     const r = await this.unary<object, Transcript>(
-      "getTranscript", { threadId });
-    return { threadId: r.threadId, revision: r.revision, messages: r.messagesJson ? JSON.parse(r.messagesJson) : [] };
+      "getTranscript", { threadId, pageSize: opts.pageSize ?? 0, pageToken: opts.pageToken ?? "" });
+    return {
+      threadId: r.threadId, revision: r.revision, messages: r.messagesJson ? JSON.parse(r.messagesJson) : [],
+      nextPageToken: r.nextPageToken, totalMessages: r.totalMessages, firstIndex: r.firstIndex,
+    };
   }
 
   /** A new thread starting where `runId` of `threadId` left its workspace and agent session. */
