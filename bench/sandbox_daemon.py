@@ -33,6 +33,7 @@ import tempfile
 import time
 from typing import Any, AsyncIterator
 
+from baton.malloc_tuning import retain_freed_memory
 from sandbox_host.daemon import sandbox_token
 from sandbox_host.daemon._files import follow_file
 from sandbox_host.providers._daemon_client import DaemonClient
@@ -192,4 +193,5 @@ def _print(r: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     args = [int(a) for a in sys.argv[1:3]]
+    retain_freed_memory()  # as the sandbox host's process does (sandbox_host/__main__.py)
     asyncio.run(main(*args))

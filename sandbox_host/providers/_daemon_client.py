@@ -185,9 +185,10 @@ class DaemonClient:
                 async for chunk in stream:
                     if chunk.offset != pos:  # never: the daemon answers from where it was asked
                         raise OSError(f"{path}: the daemon sent offset {chunk.offset}, expected {pos}")
-                    pos += len(chunk.data)
+                    data = chunk.data  # each access copies the bytes out of the message
+                    pos += len(data)
                     started, tries = time.monotonic(), 0
-                    yield chunk.data
+                    yield data
                 # A follow never ends by itself: an end is the daemon going away.
                 await self._unreachable(started, tries, EOFError(path))
                 tries += 1
