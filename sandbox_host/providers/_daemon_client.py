@@ -118,11 +118,22 @@ class DaemonClient:
             PermissionError: a path outside the sandbox's roots.
             ValueError: a request the daemon refused as malformed (``..`` in a path, say).
             grpc.aio.AioRpcError: any other refusal (the caller maps it).
+            SandboxGone: the client was closed under the call and the sandbox is gone (it
+                was being destroyed).
+            OSError: the client was closed under the call otherwise.
         """
         started, tries = time.monotonic(), 0
         while True:
             try:
                 return await call(await self._stub())
+            except asyncio.CancelledError:
+                # As in follow: the channel closed under a call in flight, not this task cancelled.
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise
+                if await self._gone():
+                    raise SandboxGone(f"sandbox daemon at {self._address}: the sandbox is gone") from None
+                raise OSError(f"sandbox daemon at {self._address}: the client was closed") from None
             except _NoAddress as exc:
                 await self._unreachable(started, tries, exc)
                 tries += 1
