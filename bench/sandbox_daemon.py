@@ -8,7 +8,10 @@ alternated round by round so that load drifts hit both alike:
 takeover's catch-up does: (local) ``open`` + ``read`` in 1 MiB pieces in a worker thread
 (the local provider's read before the daemon); (daemon) the client's follow
 (:meth:`sandbox_host.providers._daemon_client.DaemonClient.follow`) until the last byte.
-MB/s, median of ``ROUNDS``. Target: daemon ≥ 0.5 × local.
+MB/s, median of ``ROUNDS``. Target: daemon ≥ 0.5 × local. A third side, the **floor**
+(:mod:`bench._grpc_floor`), is the same number of 1 MiB messages through a bare Python gRPC
+stream between two processes (no protobuf, no file): what any gRPC daemon in Python can reach.
+The three sides run in an order rotated round by round.
 
 **Follow latency**: a writer appends one line (``write`` + ``flush``) every 2–6 ms; a follower
 waits on it: (local) the inotify follow the local provider used in-process
@@ -33,6 +36,10 @@ import tempfile
 import time
 from typing import Any, AsyncIterator
 
+import grpc
+
+from baton.malloc_tuning import retain_freed_memory
+from bench import _grpc_floor
 from sandbox_host.daemon import sandbox_token
 from sandbox_host.daemon._files import follow_file
 from sandbox_host.providers._daemon_client import DaemonClient
@@ -122,7 +129,12 @@ async def main(mib: int = MIB, rounds: int = ROUNDS) -> dict[str, Any]:
                 "--addr-file", str(addr_file)]
         # Started once, before any measurement.
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # noqa: ASYNC220
+        floor_proc = subprocess.Popen([sys.executable, "-m", "bench._grpc_floor"], env=env,  # noqa: ASYNC220
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         try:
+            assert floor_proc.stdout is not None
+            floor_port = int(await asyncio.to_thread(floor_proc.stdout.readline))
+            floor = grpc.aio.insecure_channel(f"127.0.0.1:{floor_port}", options=_grpc_floor.CLIENT_OPTIONS)
             deadline = time.monotonic() + 30
             while not addr_file.exists():
                 if proc.poll() is not None or time.monotonic() > deadline:
@@ -137,18 +149,23 @@ async def main(mib: int = MIB, rounds: int = ROUNDS) -> dict[str, Any]:
             try:
                 journal = root / "journal.ndjson"
                 size = await asyncio.to_thread(_journal, journal, mib)
-                local_mbs, daemon_mbs = [], []
+                floor_mib = -(-size // (1 << 20))
+                mbs: dict[str, list[float]] = {"local": [], "daemon": [], "floor": []}
                 await _read_daemon(client, journal, size)  # warm: the channel, the page cache
+                await _grpc_floor.read(floor, floor_mib)
+                ways = ["local", "daemon", "floor"]
                 for r in range(rounds):
-                    for way in (("local", "daemon") if r % 2 == 0 else ("daemon", "local")):
+                    for way in ways[r % 3:] + ways[:r % 3]:  # the order rotated round by round
                         t0 = time.perf_counter()
                         if way == "local":
                             n = await asyncio.to_thread(_read_local, journal)
-                        else:
+                        elif way == "daemon":
                             n = await _read_daemon(client, journal, size)
+                        else:
+                            n = await _grpc_floor.read(floor, floor_mib)
                         dt = time.perf_counter() - t0
-                        assert n == size, (way, n, size)
-                        (local_mbs if way == "local" else daemon_mbs).append(size / dt / 1e6)
+                        assert n == (size if way != "floor" else floor_mib << 20), (way, n, size)
+                        mbs[way].append(n / dt / 1e6)
                 watcher = FileWatcher()
                 lat_local: list[float] = []
                 lat_daemon: list[float] = []
@@ -162,16 +179,20 @@ async def main(mib: int = MIB, rounds: int = ROUNDS) -> dict[str, Any]:
                             await _latencies(follow, path, LINES // 2))
             finally:
                 await client.close()
+                await floor.close(None)
         finally:
-            proc.terminate()
-            proc.wait(10)
-    local, daemon = statistics.median(local_mbs), statistics.median(daemon_mbs)
+            for p in (proc, floor_proc):
+                p.terminate()
+                p.wait(10)
+    local, daemon, floor_mbs = (statistics.median(mbs[w]) for w in ("local", "daemon", "floor"))
     fl, fd = _stats(lat_local), _stats(lat_daemon)
     r: dict[str, Any] = {
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}",
         "journal_mib": mib, "rounds": rounds,
-        "throughput_mb_s": {"local": local, "daemon": daemon, "ratio": daemon / local,
-                            "target_ratio": TARGET_THROUGHPUT_RATIO, "local_all": local_mbs, "daemon_all": daemon_mbs},
+        "throughput_mb_s": {"local": local, "daemon": daemon, "ratio": daemon / local, "floor": floor_mbs,
+                            "floor_ratio": floor_mbs / local, "daemon_over_floor": daemon / floor_mbs,
+                            "target_ratio": TARGET_THROUGHPUT_RATIO, "local_all": mbs["local"],
+                            "daemon_all": mbs["daemon"], "floor_all": mbs["floor"]},
         "follow_latency_s": {"local": fl, "daemon": fd, "target_p50": TARGET_FOLLOW_P50},
     }
     r["met"] = r["throughput_mb_s"]["ratio"] >= TARGET_THROUGHPUT_RATIO and fd["p50"] <= TARGET_FOLLOW_P50
@@ -184,6 +205,8 @@ def _print(r: dict[str, Any]) -> None:
     t, f = r["throughput_mb_s"], r["follow_latency_s"]
     print(f"{'figure':34} {'local':>10} {'daemon':>10} {'daemon/local':>13} {'target':>10}")
     print(f"{'journal read, MB/s (median)':34} {t['local']:10.0f} {t['daemon']:10.0f} {t['ratio']:13.2f} {'>= 0.5x':>10}")
+    print(f"{'  floor: bare gRPC stream, MB/s':34} {'':10} {t['floor']:10.0f} {t['floor_ratio']:13.2f} "
+          f"{'':10}  (daemon/floor {t['daemon_over_floor']:.2f})")
     for q in ("p50", "p99"):
         print(f"{'follow latency ' + q + ', ms':34} {f['local'][q] * 1000:10.2f} {f['daemon'][q] * 1000:10.2f} "
               f"{f['daemon'][q] / max(f['local'][q], 1e-9):13.2f} {('<= 5 ms' if q == 'p50' else ''):>10}")
@@ -192,4 +215,5 @@ def _print(r: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     args = [int(a) for a in sys.argv[1:3]]
+    retain_freed_memory()  # as the sandbox host's process does (sandbox_host/__main__.py)
     asyncio.run(main(*args))

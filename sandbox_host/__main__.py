@@ -24,6 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from baton import config, credentials, internal_auth, telemetry, tls
+from baton.malloc_tuning import retain_freed_memory
 from baton.grpc_decode import DecodeCheck
 from baton.aio import watch_loop_lag
 from baton.errors import BatonError
@@ -377,6 +378,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError as exc:
         credentials.refuse("sandbox host", exc)
     tracing = telemetry.configure_tracing("sandbox-host")
+    retain_freed_memory()  # journals stream from the daemons in 1 MiB messages: reuse their buffers
     try:
         asyncio.run(_main())
     finally:

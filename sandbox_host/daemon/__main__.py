@@ -23,6 +23,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from baton import internal_auth, tls
+from baton.malloc_tuning import retain_freed_memory
 from sandbox_host.daemon import SERVICE_NAME
 from sandbox_host.daemon._procs import recorded_pgid, signal_group
 from sandbox_host.daemon._service import Activity, SandboxDaemonService, add_to_server
@@ -118,6 +119,7 @@ async def _main(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     args = parse_args(argv)
+    retain_freed_memory()  # file reads stream in 1 MiB messages: reuse their buffers
     if args.lock_file:
         _hold_lock(args.lock_file)
     try:

@@ -18,7 +18,8 @@ import sandbox_host
 #: The modules ``python -m sandbox_host.daemon`` imports from this repository (package,
 #: relative path); tests/sandbox/test_daemon_bundle.py checks the list is closed under imports.
 MODULES: tuple[tuple[str, str], ...] = (
-    ("baton", "__init__.py"), ("baton", "errors.py"), ("baton", "internal_auth.py"), ("baton", "runs.py"),
+    ("baton", "__init__.py"), ("baton", "errors.py"), ("baton", "internal_auth.py"), ("baton", "malloc_tuning.py"),
+    ("baton", "runs.py"),
     ("baton", "tls.py"), ("baton", "trace_context.py"),
     ("baton", "v1/__init__.py"), ("baton", "v1/runs_pb2.py"), ("baton", "v1/sandbox_daemon_pb2.py"),
     ("baton", "v1/sandbox_daemon_pb2_grpc.py"),

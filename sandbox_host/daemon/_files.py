@@ -36,9 +36,16 @@ async def follow_file(path: str, offset: int, watcher: FileWatcher, idle_check: 
     reading: asyncio.Future[bytes] | None = None
     left = limit if limit > 0 and not follow else -1
 
-    async def read(n: int) -> bytes:
+    def start(n: int) -> None:
         nonlocal reading
         reading = loop.run_in_executor(None, f.read, n)
+
+    async def read(n: int) -> bytes:
+        # The read already started (read ahead below) or a new one.
+        nonlocal reading
+        if reading is None:
+            start(n)
+        assert reading is not None
         data = await asyncio.shield(reading)
         reading = None
         return data
@@ -46,10 +53,15 @@ async def follow_file(path: str, offset: int, watcher: FileWatcher, idle_check: 
     try:
         f.seek(offset)
         while True:
-            data = await read(CHUNK if left < 0 else min(CHUNK, left))
+            want = CHUNK if left < 0 else min(CHUNK, left)
+            data = await read(want)
             if data:
                 if left > 0:
                     left -= len(data)
+                if len(data) == want and left != 0:
+                    # A full chunk: more is likely there. The next read runs in its thread
+                    # while this chunk is sent (a catch-up overlaps disk and network).
+                    start(CHUNK if left < 0 else min(CHUNK, left))
                 yield data
                 if left == 0:
                     return

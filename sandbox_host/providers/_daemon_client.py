@@ -118,11 +118,22 @@ class DaemonClient:
             PermissionError: a path outside the sandbox's roots.
             ValueError: a request the daemon refused as malformed (``..`` in a path, say).
             grpc.aio.AioRpcError: any other refusal (the caller maps it).
+            SandboxGone: the client was closed under the call and the sandbox is gone (it
+                was being destroyed).
+            OSError: the client was closed under the call otherwise.
         """
         started, tries = time.monotonic(), 0
         while True:
             try:
                 return await call(await self._stub())
+            except asyncio.CancelledError:
+                # As in follow: the channel closed under a call in flight, not this task cancelled.
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise
+                if await self._gone():
+                    raise SandboxGone(f"sandbox daemon at {self._address}: the sandbox is gone") from None
+                raise OSError(f"sandbox daemon at {self._address}: the client was closed") from None
             except _NoAddress as exc:
                 await self._unreachable(started, tries, exc)
                 tries += 1
@@ -185,9 +196,10 @@ class DaemonClient:
                 async for chunk in stream:
                     if chunk.offset != pos:  # never: the daemon answers from where it was asked
                         raise OSError(f"{path}: the daemon sent offset {chunk.offset}, expected {pos}")
-                    pos += len(chunk.data)
+                    data = chunk.data  # each access copies the bytes out of the message
+                    pos += len(data)
                     started, tries = time.monotonic(), 0
-                    yield chunk.data
+                    yield data
                 # A follow never ends by itself: an end is the daemon going away.
                 await self._unreachable(started, tries, EOFError(path))
                 tries += 1
