@@ -38,11 +38,11 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from baton.errors import (
     BatonError, JournalAttachUnavailable, JournalReplayDiverged, JournalReplayThreadIdMismatch, LogAlreadyClosed,
-    LogStorageFull, LogUnavailable, RunClaimLost, SandboxError, StoreUnavailable,
+    LogStorageFull, LogUnavailable, RunClaimLost, SandboxError, StoreUnavailable, UnknownRun,
 )
 from baton.v1 import runs_pb2
 from sandbox_host import machine as M
-from sandbox_host._tasks import cancel_and_wait
+from sandbox_host._tasks import cancel_and_wait, retry_unavailable
 from sandbox_host.claim_log import ClaimLog, Mode, RunStats
 from sandbox_host.finishing import Finisher
 from sandbox_host.pipeline import Batch, Replay
@@ -438,7 +438,34 @@ class RunDriver:
         end = batch.terminal
         if end is None:
             return None
-        return self.machine.on(M.StoredTerminal(end.chunk) if end.tag == "stored" else M.AgentTerminal(end.chunk))
+        if end.tag == "stored":
+            return self.machine.on(M.StoredTerminal(end.chunk))
+        rec = await self._record_after_end()
+        if rec is None:
+            return self.machine.on(M.ClaimLost("record-gone"))
+        return self.machine.on(M.agent_end(end.chunk, cancel_requested=rec.cancel_requested,
+                                           cancel_reason=rec.cancel_reason))
+
+    async def _record_after_end(self) -> runs_pb2.RunRecord | None:
+        """The run record, read after the agent's terminal chunk was stored (a linearizable
+        read): a cancel acknowledged before that store is seen here even when its
+        ``WatchRun`` event or fast path is late or lost (docs/design.md §5.5).
+
+        Raises:
+            StoreUnavailable: not readable within ``finish_budget`` (the run is handed over:
+                a successor's claim reads the record after the store as well).
+
+        Returns:
+            The record, or ``None`` when it is gone (the run stops, as for a lost claim).
+        """
+        try:
+            view = await retry_unavailable(lambda: self.deps.cc.get_run(self.run_id),
+                                           deadline=time.monotonic() + self.deps.settings.finish_budget,
+                                           session=self.deps.session, what=f"run {self.run_id}: the record at its end",
+                                           errors=(StoreUnavailable,))
+        except UnknownRun:
+            return None
+        return view.record
 
     async def _refine(self, exc: JournalReplayDiverged, replay: Replay) -> JournalReplayDiverged:
         """Tell a thread-id-only mismatch from any other divergence (reads one stored body)."""
