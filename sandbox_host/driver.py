@@ -59,6 +59,10 @@ log = logging.getLogger("baton.sandbox_host.driver")
 
 __all__ = ["Mode", "RunDriver", "RunStats"]
 
+#: Seconds a driver tries to read its run's record after the agent's terminal chunk was
+#: stored, to see a cancel that landed first (docs/design.md §5.5).
+END_CHECK_BUDGET = 5.0
+
 
 @dataclass(frozen=True)
 class _BodyEnd:
@@ -451,20 +455,26 @@ class RunDriver:
         read): a cancel acknowledged before that store is seen here even when its
         ``WatchRun`` event or fast path is late or lost (docs/design.md §5.5).
 
-        Raises:
-            StoreUnavailable: not readable within ``finish_budget`` (the run is handed over:
-                a successor's claim reads the record after the store as well).
-
         Returns:
-            The record, or ``None`` when it is gone (the run stops, as for a lost claim).
+            The record; ``None`` when it is gone (the run stops, as for a lost claim). A
+            store not readable within :data:`END_CHECK_BUDGET` gives a record with no
+            cancel flag: the run keeps the agent's outcome rather than hold its readers'
+            end through a store outage (only a cancel whose flag landed just before the
+            outage and whose fast path and ``WatchRun`` were both lost can lose then).
         """
+        budget = min(END_CHECK_BUDGET, self.deps.settings.finish_budget)
         try:
-            view = await retry_unavailable(lambda: self.deps.cc.get_run(self.run_id),
-                                           deadline=time.monotonic() + self.deps.settings.finish_budget,
-                                           session=self.deps.session, what=f"run {self.run_id}: the record at its end",
-                                           errors=(StoreUnavailable,))
+            async with asyncio.timeout(budget):
+                view = await retry_unavailable(lambda: self.deps.cc.get_run(self.run_id, timeout=budget),
+                                               deadline=time.monotonic() + budget, session=self.deps.session,
+                                               what=f"run {self.run_id}: the record at its end",
+                                               errors=(StoreUnavailable,))
         except UnknownRun:
             return None
+        except (StoreUnavailable, TimeoutError) as exc:
+            log.warning("run %s: the record was not readable at the run's end (%r); keeping the agent's outcome",
+                        self.run_id, exc)
+            return runs_pb2.RunRecord(run_id=self.run_id)
         return view.record
 
     async def _refine(self, exc: JournalReplayDiverged, replay: Replay) -> JournalReplayDiverged:
