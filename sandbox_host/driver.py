@@ -38,11 +38,11 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from baton.errors import (
     BatonError, JournalAttachUnavailable, JournalReplayDiverged, JournalReplayThreadIdMismatch, LogAlreadyClosed,
-    LogStorageFull, LogUnavailable, RunClaimLost, SandboxError, StoreUnavailable,
+    LogStorageFull, LogUnavailable, RunClaimLost, SandboxError, StoreUnavailable, UnknownRun,
 )
 from baton.v1 import runs_pb2
 from sandbox_host import machine as M
-from sandbox_host._tasks import cancel_and_wait
+from sandbox_host._tasks import cancel_and_wait, retry_unavailable
 from sandbox_host.claim_log import ClaimLog, Mode, RunStats
 from sandbox_host.finishing import Finisher
 from sandbox_host.pipeline import Batch, Replay
@@ -58,6 +58,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("baton.sandbox_host.driver")
 
 __all__ = ["Mode", "RunDriver", "RunStats"]
+
+#: Seconds a driver tries to read its run's record after the agent's terminal chunk was
+#: stored, to see a cancel that landed first (docs/design.md §5.5).
+END_CHECK_BUDGET = 5.0
 
 
 @dataclass(frozen=True)
@@ -438,7 +442,40 @@ class RunDriver:
         end = batch.terminal
         if end is None:
             return None
-        return self.machine.on(M.StoredTerminal(end.chunk) if end.tag == "stored" else M.AgentTerminal(end.chunk))
+        if end.tag == "stored":
+            return self.machine.on(M.StoredTerminal(end.chunk))
+        rec = await self._record_after_end()
+        if rec is None:
+            return self.machine.on(M.ClaimLost("record-gone"))
+        return self.machine.on(M.agent_end(end.chunk, cancel_requested=rec.cancel_requested,
+                                           cancel_reason=rec.cancel_reason))
+
+    async def _record_after_end(self) -> runs_pb2.RunRecord | None:
+        """The run record, read after the agent's terminal chunk was stored (a linearizable
+        read): a cancel acknowledged before that store is seen here even when its
+        ``WatchRun`` event or fast path is late or lost (docs/design.md §5.5).
+
+        Returns:
+            The record; ``None`` when it is gone (the run stops, as for a lost claim). A
+            store not readable within :data:`END_CHECK_BUDGET` gives a record with no
+            cancel flag: the run keeps the agent's outcome rather than hold its readers'
+            end through a store outage (only a cancel whose flag landed just before the
+            outage and whose fast path and ``WatchRun`` were both lost can lose then).
+        """
+        budget = min(END_CHECK_BUDGET, self.deps.settings.finish_budget)
+        try:
+            async with asyncio.timeout(budget):
+                view = await retry_unavailable(lambda: self.deps.cc.get_run(self.run_id, timeout=budget),
+                                               deadline=time.monotonic() + budget, session=self.deps.session,
+                                               what=f"run {self.run_id}: the record at its end",
+                                               errors=(StoreUnavailable,))
+        except UnknownRun:
+            return None
+        except (StoreUnavailable, TimeoutError) as exc:
+            log.warning("run %s: the record was not readable at the run's end (%r); keeping the agent's outcome",
+                        self.run_id, exc)
+            return runs_pb2.RunRecord(run_id=self.run_id)
+        return view.record
 
     async def _refine(self, exc: JournalReplayDiverged, replay: Replay) -> JournalReplayDiverged:
         """Tell a thread-id-only mismatch from any other divergence (reads one stored body)."""

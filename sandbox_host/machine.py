@@ -232,6 +232,27 @@ def divergence_message(index: int) -> str:
     return f"journal replay diverged at index {index}"
 
 
+def agent_end(chunk: Chunk, *, cancel_requested: bool, cancel_reason: str = "") -> Event:
+    """The event an agent's terminal chunk leads to, once it is stored (docs/design.md §5.5).
+
+    The driver reads the record after the chunk is stored and before it decides, so a
+    cancel whose flag landed before the run's end was stored is carried out even when
+    neither ``WatchRun`` nor the fast path brought it in time; a flag that lands after
+    the read came after the terminal chunk was stored, and the run keeps that outcome.
+
+    Args:
+        chunk: the translator's terminal chunk (``RUN_FINISHED`` or ``RUN_ERROR``), stored.
+        cancel_requested: the record's ``cancel_requested`` as read after the chunk was stored.
+        cancel_reason: the record's ``cancel_reason`` (``user`` when empty).
+
+    Returns:
+        :class:`CancelRequested` when the flag was set, else :class:`AgentTerminal`.
+    """
+    if cancel_requested:
+        return CancelRequested(reason=cancel_reason or "user", path="watch")
+    return AgentTerminal(chunk)
+
+
 def decide(event: Event, *, keep_sandbox: bool = False, terminal_emitted: bool = False) -> Decision:
     """The decision for one event (docs/design.md §5.5).
 

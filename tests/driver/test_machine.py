@@ -5,7 +5,7 @@ import pytest
 
 from sandbox_host.machine import (
     AgentTerminal, CancelRequested, ClaimLost, Detached, Diverged, Drain, Failed, Phase,
-    RunMachine, SessionLost, StoredClose, StoredTerminal, decide,
+    RunMachine, SessionLost, StoredClose, StoredTerminal, agent_end, decide,
 )
 
 FINISHED = {"type": "RUN_FINISHED", "threadId": "t", "runId": "r"}
@@ -115,3 +115,32 @@ def test_machine_drain_stops() -> None:
     m = RunMachine()
     m.on(Drain())
     assert m.phase is Phase.STOPPED
+
+
+def test_a_cancel_flag_read_after_the_stored_end_wins_over_it() -> None:
+    """The flag landed before the agent's terminal chunk was stored but reached the driver
+    by neither WatchRun nor the fast path: the record read after the store carries it out
+    (aborted, nothing appended after the stored terminal, the log closed aborted)."""
+    m = RunMachine()
+    m.advance(Phase.FENCED)
+    m.advance(Phase.PREPARING)
+    m.advance(Phase.STREAMING)
+    m.saw_chunk(FINISHED)  # appended: the end is stored
+    d = m.on(agent_end(FINISHED, cancel_requested=True, cancel_reason="user"))
+    assert (d.status, d.close, d.append, d.error) == ("aborted", "aborted", (), ("run cancelled (user)", "cancelled"))
+    assert m.phase is Phase.CANCELLING
+    assert m.on(CancelRequested(path="fast")).stop is False  # the late fast path changes nothing
+
+
+def test_no_cancel_flag_after_the_stored_end_keeps_the_agents_outcome() -> None:
+    """A flag that lands after the read came after the terminal chunk was stored: the run
+    keeps the agent's outcome, and a cancel seen later is ignored."""
+    assert agent_end(FINISHED, cancel_requested=False) == AgentTerminal(FINISHED)
+    assert agent_end(ERROR, cancel_requested=True) == CancelRequested(reason="user", path="watch")
+    m = RunMachine()
+    m.advance(Phase.FENCED)
+    m.advance(Phase.PREPARING)
+    m.advance(Phase.STREAMING)
+    d = m.on(agent_end(FINISHED, cancel_requested=False))
+    assert (d.status, d.close) == ("completed", "completed")
+    assert m.on(CancelRequested(path="watch")) == decide(Detached(cancel_on_disconnect=False))

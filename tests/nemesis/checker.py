@@ -31,7 +31,7 @@ PROPERTIES = (
     "run_ends",               # every run ends, with the status its replay says
     "transcript",             # a thread's saved transcript equals its last turn's
     "thread_order",           # never an earlier turn's transcript over a later one's
-    "cancel_honoured",        # an acknowledged cancel ends the run cancelled
+    "cancel_honoured",        # an acknowledged cancel ends the run cancelled (unless its end was stored first)
     "no_leak",                # no sandbox, agent process or claim left
     "no_unhandled_error",     # no service let an exception escape (UNHANDLED in its log)
 )
@@ -88,6 +88,13 @@ class RunHistory:
     #: Seconds from the schedule's start: the start POST, and the end (or the check).
     started: float = 0.0
     ended: float = 0.0
+    #: Seconds from the schedule's start when the cancel's 202 arrived (``None``: no 202).
+    cancel_acked_at: float | None = None
+    #: The stored log as read right after the 202 (so after the cancel flag landed): how
+    #: many journal chunks it held, and whether it held the run's end (the agent's terminal
+    #: chunk or the close). ``None``: not read (no 202, or the read failed).
+    ack_journal: int | None = None
+    ack_log_ended: bool | None = None
 
 
 @dataclass
@@ -218,14 +225,32 @@ def check_end(run: RunHistory) -> list[Violation]:
     if run.status not in TERMINAL:
         return [Violation("run_ends", run.run_id, f"status {run.status} at the end")]
     if run.cancel_acked:
-        if run.status not in CANCELLED:
-            return [Violation("cancel_honoured", run.run_id, f"cancel acknowledged, status {run.status}")]
-        return []
+        return check_cancel(run)
     if run.status in CANCELLED and (run.cancel_sent or _abandoned(run)):
         return []  # a cancel with no answer, or a start the reaper ended as abandoned
     if run.status != run.expected_status:
         return [Violation("run_ends", run.run_id, f"status {run.status}, want {run.expected_status}")]
     return []
+
+
+def check_cancel(run: RunHistory) -> list[Violation]:
+    """An acknowledged cancel ends the run cancelled, unless the run's end was stored first
+    (docs/api.md, cancel): the 202 comes after the cancel flag landed, so a log read after
+    the 202 that does not yet hold the agent's terminal chunk nor the close proves the end
+    was stored after the flag, and the run must end cancelled. A log that already held its
+    end when read may have stored it before the flag (a cancel that lost a fair race with
+    the run's end), and the run keeps that outcome. Not read: cancelled is required."""
+    if run.status in CANCELLED:
+        return []
+    if run.ack_log_ended:
+        return []  # the end was stored before the read after the 202: the race is fair
+    if run.ack_log_ended is None:
+        return [Violation("cancel_honoured", run.run_id,
+                          f"cancel acknowledged, status {run.status} (the log at the 202 was not read)")]
+    at = "" if run.cancel_acked_at is None else f" at t={run.cancel_acked_at}s"
+    return [Violation("cancel_honoured", run.run_id,
+                      f"cancel acknowledged{at} while the log was open with {run.ack_journal} of "
+                      f"{len(run.reference)} agent chunks stored; the run went on to end {run.status}")]
 
 
 def _abandoned(run: RunHistory) -> bool:

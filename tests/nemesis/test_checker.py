@@ -130,9 +130,40 @@ def test_an_earlier_turn_saved_over_a_later_one() -> None:
 def test_an_acknowledged_cancel_that_completed() -> None:
     h = _clean()
     h.runs[0].cancel_acked = True
-    assert _props(h) == {"cancel_honoured"}
+    assert _props(h) == {"cancel_honoured"}  # the log at the 202 was not read: cancelled is required
     h.runs[0].status = "cancelled"
     assert check(h) == []
+
+
+def test_a_cancel_acknowledged_after_the_end_was_stored_keeps_the_outcome() -> None:
+    """The log read right after the 202 already held the run's end (its terminal chunk, or
+    the close): the flag may have landed after it, a fair race the run's end won."""
+    h = _clean()
+    r = h.runs[0]
+    r.cancel_acked, r.cancel_acked_at, r.ack_journal, r.ack_log_ended = True, 12.5, 2, True
+    assert check(h) == []
+
+
+def test_a_cancel_ignored_while_the_agent_kept_producing_output() -> None:
+    """The log read right after the 202 was open and held 1 of the 2 agent chunks: the end
+    was stored after the flag landed, so a completed run ignored the cancel."""
+    h = _clean()
+    r = h.runs[0]
+    r.cancel_acked, r.cancel_acked_at, r.ack_journal, r.ack_log_ended = True, 12.5, 1, False
+    (v,) = check(h)
+    assert v.prop == "cancel_honoured" and "1 of 2 agent chunks" in v.detail and "completed" in v.detail
+    r.status = "aborted"
+    r.reference = ["a", "b", "c"]  # a cancelled run stores a prefix of its replay
+    assert check(h) == []
+
+
+def test_the_ack_fields_survive_a_saved_history() -> None:
+    h = _clean()
+    r = h.runs[0]
+    r.cancel_acked, r.cancel_acked_at, r.ack_journal, r.ack_log_ended = True, 3.0, 1, False
+    back = History.from_json(copy.deepcopy(h.to_json()))
+    assert back.runs[0].ack_log_ended is False and back.runs[0].ack_journal == 1
+    assert _props(back) == {"cancel_honoured"}
 
 
 def test_a_cancelled_run_keeps_a_prefix_of_the_replay() -> None:

@@ -28,6 +28,8 @@ from tests.nemesis.checker import History, ReaderHistory, Record, RunHistory, un
 from tests.nemesis.cluster import NemesisCluster
 
 JOURNALS = (LONG, LONG, SHORT, CODEX)
+#: The AG-UI chunk types that end a run (the agent's terminal chunk).
+TERMINAL_CHUNKS = ("RUN_FINISHED", "RUN_ERROR")
 #: Longest wait for one run's end inside a slot; past it the slot moves on (the end check
 #: at the close of the schedule still waits for it).
 RUN_WAIT = 180.0
@@ -45,6 +47,11 @@ class WorkRun:
     cancel_sent: bool = False
     first_chunk: float | None = None
     ended: float | None = None
+    #: When the cancel's 202 arrived, and the stored log read right after it (see
+    #: :class:`~tests.nemesis.checker.RunHistory`).
+    cancel_acked_at: float | None = None
+    ack_journal: int | None = None
+    ack_log_ended: bool | None = None
 
 
 class Workload:
@@ -150,12 +157,35 @@ class Workload:
                 await asyncio.sleep(0.5)
                 continue
             if resp.status_code == 202:
-                w.cancel_acked = True
+                w.cancel_acked, w.cancel_acked_at = True, self.now()
+                await self._log_at_ack(w)
                 return
             if resp.status_code < 500:
                 self.errors.append(f"{w.run.run_id}: cancel refused {resp.status_code} {resp.text[:200]}")
                 return
             await asyncio.sleep(0.5)
+
+
+    async def _log_at_ack(self, w: WorkRun) -> None:
+        """Read the stored log right after a cancel's 202 (so after its flag landed):
+        whether it already held the run's end, which then may have been stored first.
+
+        Retried for a minute through the faults (a later read only admits more); a log
+        never read leaves the fields ``None`` and the checker wants the run cancelled."""
+        ends = {fingerprint(ch) for ch in w.run.reference if ch.get("type") in TERMINAL_CHUNKS}
+        deadline = time.monotonic() + 60.0
+        while time.monotonic() < deadline:
+            try:
+                async with asyncio.timeout(10):
+                    stored = (await self.c.stored_log(w.run.run_id)).records
+            except Exception:  # noqa: BLE001 - NATS under the nemesis: read again
+                await asyncio.sleep(0.5)
+                continue
+            journal = [x.fingerprint for x in stored if x.kind == "chunk" and x.origin == "journal"]
+            w.ack_journal = len(journal)
+            w.ack_log_ended = any(x.kind == "close" for x in stored) or any(fp in ends for fp in journal)
+            return
+        self.errors.append(f"{w.run.run_id}: the stored log was not readable after the cancel's 202")
 
 
 async def _terminal(c: NemesisCluster, run_id: str) -> bool:
@@ -217,7 +247,8 @@ async def collect(wl: Workload, leak_wait: float = 60.0) -> History:
             [Record(x.offset, x.kind, x.epoch, x.origin, x.fingerprint, x.msg_id) for x in stored], readers, fresh,
             (await c.view(r.run_id)).get("status"), w.cancel_acked, w.cancel_sent,
             None if w.first_chunk is None else round(w.first_chunk - w.started, 1), round(w.started, 1),
-            round(w.ended if w.ended is not None else wl.now(), 1)))
+            round(w.ended if w.ended is not None else wl.now(), 1),
+            None if w.cancel_acked_at is None else round(w.cancel_acked_at, 1), w.ack_journal, w.ack_log_ended))
     for tid in sorted({w.run.thread_id for w in wl.runs}):
         try:
             resp = await c.http.get(f"{c.url}/api/threads/{tid}/messages", timeout=10)
