@@ -155,6 +155,7 @@ class DaemonClient:
             SandboxGone: the provider says the sandbox is gone.
         """
         deadline = time.monotonic() + timeout
+        why = ""
         while True:
             try:
                 await self._stub()
@@ -163,12 +164,16 @@ class DaemonClient:
                     health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=max(0.1, min(2.0, deadline - time.monotonic())))
                 if got.status == health_pb2.HealthCheckResponse.SERVING:
                     return
-            except (grpc.aio.AioRpcError, _NoAddress):
+                why = f"health {got.status}"
+            except (grpc.aio.AioRpcError, _NoAddress) as exc:
+                why = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
                 self._forget()
             if await self._gone():
                 raise SandboxGone(f"sandbox daemon at {self._address}: the sandbox is gone")
             if time.monotonic() > deadline:
-                raise DaemonUnreachable(f"sandbox daemon at {self._address} not serving within {timeout:.0f} s")
+                # The last reason (no address: the provider's own, e.g. the daemon's log tail).
+                raise DaemonUnreachable(f"sandbox daemon at {self._address} not serving within {timeout:.0f} s"
+                                        + (f": {why[:500]}" if why else ""))
             await asyncio.sleep(0.02)
 
     # --- files ------------------------------------------------------------------------------
