@@ -107,7 +107,8 @@ async def _latencies(follow: AsyncIterator[bytes], path: pathlib.Path, lines: in
             f.flush()
             sent.append(time.perf_counter())
             await asyncio.sleep(random.uniform(0.002, 0.006))
-    await asyncio.wait_for(task, 30)
+    async with asyncio.timeout(30):
+        await task
     await follow.aclose()  # type: ignore[attr-defined]
     return [g - s for s, g in zip(sent, got)]
 
@@ -186,7 +187,7 @@ async def main(mib: int = MIB, rounds: int = ROUNDS) -> dict[str, Any]:
                 p.wait(10)
     local, daemon, floor_mbs = (statistics.median(mbs[w]) for w in ("local", "daemon", "floor"))
     fl, fd = _stats(lat_local), _stats(lat_daemon)
-    r: dict[str, Any] = {
+    out: dict[str, Any] = {
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}",
         "journal_mib": mib, "rounds": rounds,
         "throughput_mb_s": {"local": local, "daemon": daemon, "ratio": daemon / local, "floor": floor_mbs,
@@ -195,10 +196,10 @@ async def main(mib: int = MIB, rounds: int = ROUNDS) -> dict[str, Any]:
                             "daemon_all": mbs["daemon"], "floor_all": mbs["floor"]},
         "follow_latency_s": {"local": fl, "daemon": fd, "target_p50": TARGET_FOLLOW_P50},
     }
-    r["met"] = r["throughput_mb_s"]["ratio"] >= TARGET_THROUGHPUT_RATIO and fd["p50"] <= TARGET_FOLLOW_P50
-    _print(r)
-    RESULTS.write_text(json.dumps(r, indent=2, sort_keys=True) + "\n")
-    return r
+    out["met"] = out["throughput_mb_s"]["ratio"] >= TARGET_THROUGHPUT_RATIO and fd["p50"] <= TARGET_FOLLOW_P50
+    _print(out)
+    RESULTS.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
+    return out
 
 
 def _print(r: dict[str, Any]) -> None:

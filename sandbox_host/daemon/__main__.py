@@ -83,7 +83,8 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     try:
         while not stop.is_set():
             try:
-                await asyncio.wait_for(stop.wait(), _GONE_CHECK)
+                async with asyncio.timeout(_GONE_CHECK):
+                    await stop.wait()
             except TimeoutError:
                 if not os.path.isdir(service.state_dir):  # noqa: ASYNC240 -- one stat a second
                     log.info("state directory %s is gone: stopping", service.state_dir)

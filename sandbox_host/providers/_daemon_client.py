@@ -18,6 +18,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from baton import internal_auth
+from baton.retry import Attempts, Deadline
 from baton import tls as _tls
 from baton.errors import SandboxBuildFailed
 from baton.v1 import sandbox_daemon_pb2 as pb
@@ -102,14 +103,20 @@ class DaemonClient:
         for ch in channels:
             await ch.close(None)
 
-    async def _unreachable(self, started: float, tries: int, exc: BaseException) -> None:
+    def _attempts(self) -> Attempts:
+        """A fresh budget of ``patience`` seconds for reaching the daemon (the project's
+        retry schedule: pauses from 0.02 s doubling to 0.5 s)."""
+        return Attempts(Deadline.after(self.patience), first_pause=_BACKOFF[0], max_pause=_BACKOFF[1])
+
+    async def _unreachable(self, attempts: Attempts, exc: BaseException) -> None:
         """After an unreachable try: raise when gone or out of patience, else pause."""
         self._forget()
         if await self._gone():
             raise SandboxGone(f"sandbox daemon at {self._address}: the sandbox is gone") from exc
-        if time.monotonic() - started > self.patience:
+        pause = attempts.next_pause()
+        if pause is None:
             raise DaemonUnreachable(f"sandbox daemon at {self._address} unreachable for {self.patience:.0f} s") from exc
-        await asyncio.sleep(min(_BACKOFF[0] * (2 ** min(tries, 5)), _BACKOFF[1]))
+        await attempts.sleep(pause)
 
     async def _call(self, call: Callable[[pb_grpc.SandboxDaemonStub], Awaitable[T]], *, retry: bool = True) -> T:
         """``call`` on the daemon, tried again while it is unreachable.
@@ -122,7 +129,7 @@ class DaemonClient:
                 was being destroyed).
             OSError: the client was closed under the call otherwise.
         """
-        started, tries = time.monotonic(), 0
+        attempts = self._attempts()
         while True:
             try:
                 return await call(await self._stub())
@@ -135,8 +142,7 @@ class DaemonClient:
                     raise SandboxGone(f"sandbox daemon at {self._address}: the sandbox is gone") from None
                 raise OSError(f"sandbox daemon at {self._address}: the client was closed") from None
             except _NoAddress as exc:
-                await self._unreachable(started, tries, exc)
-                tries += 1
+                await self._unreachable(attempts, exc)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
                     raise PermissionError(exc.details()) from None
@@ -144,8 +150,7 @@ class DaemonClient:
                     raise ValueError(exc.details()) from None
                 if exc.code() not in _RETRY or not retry:
                     raise
-                await self._unreachable(started, tries, exc)
-                tries += 1
+                await self._unreachable(attempts, exc)
 
     async def wait_serving(self, timeout: float) -> None:
         """Wait until the daemon's health says SERVING.
@@ -188,13 +193,12 @@ class DaemonClient:
             DaemonUnreachable: the daemon stayed unreachable for ``patience`` seconds.
         """
         pos = offset
-        started, tries = time.monotonic(), 0
+        attempts = self._attempts()
         while True:
             try:
                 stub = await self._stub()
             except _NoAddress as exc:
-                await self._unreachable(started, tries, exc)
-                tries += 1
+                await self._unreachable(attempts, exc)
                 continue
             stream = stub.ReadFile(pb.ReadFileRequest(path=path, offset=pos, follow=True))
             try:
@@ -203,11 +207,10 @@ class DaemonClient:
                         raise OSError(f"{path}: the daemon sent offset {chunk.offset}, expected {pos}")
                     data = chunk.data  # each access copies the bytes out of the message
                     pos += len(data)
-                    started, tries = time.monotonic(), 0
+                    attempts = self._attempts()
                     yield data
                 # A follow never ends by itself: an end is the daemon going away.
-                await self._unreachable(started, tries, EOFError(path))
-                tries += 1
+                await self._unreachable(attempts, EOFError(path))
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if task is None or task.cancelling():
@@ -223,8 +226,7 @@ class DaemonClient:
                     raise PermissionError(exc.details()) from None
                 if exc.code() not in (*_RETRY, grpc.StatusCode.CANCELLED):  # CANCELLED: a daemon stopping
                     raise OSError(f"following {path} failed: {exc.code().name}: {exc.details()}") from None
-                await self._unreachable(started, tries, exc)
-                tries += 1
+                await self._unreachable(attempts, exc)
             finally:
                 stream.cancel()
 

@@ -9,9 +9,7 @@ do the same (tests/coordinator/test_thread_order.py, with injected clocks).
 """
 from __future__ import annotations
 
-import asyncio
 import pathlib
-import time
 from typing import Any
 
 import pytest
@@ -19,6 +17,7 @@ import pytest
 from baton.client import GatewayClient
 from baton.coordinator_client import CoordinatorClient
 from baton.errors import StoreUnavailable
+from baton.retry import Deadline, retry
 from tests.faults.conftest import ClusterFactory
 from tests.faults.harness import CORPUS, SHORT, eventually
 
@@ -32,16 +31,12 @@ async def _turn(gw: GatewayClient, run_id: str, thread_id: str, messages: list[d
     the restarted coordinator not yet back) is sent again, as a client does: a POST with the
     same run id starts the run at most once."""
     agent = {"kind": "replay", "journal": SHORT, "speed": 50.0}
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            async for _ in gw.start(run_id, thread_id, messages, agent=agent):
-                pass  # to the log's end
-            return
-        except StoreUnavailable:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.5)  # a retry's pause, not a wait for a condition
+
+    async def to_end() -> None:
+        async for _ in gw.start(run_id, thread_id, messages, agent=agent):
+            pass  # to the log's end
+
+    await retry(to_end, deadline=Deadline.after(60), retry_on=(StoreUnavailable,), first_pause=0.1, max_pause=1.0)
 
 
 @pytest.mark.timeout(240)

@@ -32,11 +32,11 @@ import pathlib
 import signal
 import subprocess
 import threading
-import time
 import urllib.request
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
+from baton.retry import Deadline, retry
 from baton_tools.testing.cluster import CoordinatorProcess, GatewayProcess, HostProcess, start_coordinator, \
     start_gateway
 from baton_tools.testing.proxy import TcpProxy
@@ -246,19 +246,18 @@ class NemesisCluster(FaultCluster):
         """Start process ``name`` again (same ports, data, id); retried for a minute (a
         restart can race a port still held, or a quorum not back yet)."""
         p = self._proc(name)
-        deadline = time.monotonic() + 60
-        while True:
+
+        async def start() -> None:
             try:
                 if isinstance(p, (CoordinatorProcess, HostProcess, GatewayProcess)):
                     await p.start()
                 else:
                     await asyncio.to_thread(p.start)
-                return
             except Exception as exc:  # noqa: BLE001 - the nemesis's own trouble, kept and retried
                 self.trouble.append(f"{name}: start failed: {str(exc)[:300]}")
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(1.0)
+                raise
+
+        await retry(start, deadline=Deadline.after(60), retry_on=(Exception,), first_pause=0.5, max_pause=2.0)
 
     async def _kill(self, name: str) -> None:
         p = self._proc(name)

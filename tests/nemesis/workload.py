@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from baton.retry import Attempts, Deadline
 from baton.fingerprint import fingerprint
 from baton_tools.reference import reference_chunks, speed_for
 from tests.faults.harness import CODEX, CORPUS, LONG, SHORT, TERMINAL, FaultRun, _format_of, agent_processes, \
@@ -144,8 +145,7 @@ class Workload:
         seconds passed), retried through 5xx and dropped connections for a minute."""
         with contextlib.suppress(TimeoutError):
             await eventually(lambda: len(reader.got.items) >= after_chunks or reader.got.ended, 5.0)
-        deadline = time.monotonic() + 60.0
-        while time.monotonic() < deadline:
+        async for _ in Attempts(Deadline.after(60.0), first_pause=0.5, max_pause=0.5):
             if reader.got.ended and not w.run.detached:
                 return  # it ended first: nothing to cancel
             if (await self.c.view(w.run.run_id)).get("status") in TERMINAL:
@@ -154,7 +154,6 @@ class Workload:
             try:
                 resp = await self.c.http.post(f"{self.c.url}/api/chat/cancel", json={"runId": w.run.run_id}, timeout=10)
             except httpx.TransportError:
-                await asyncio.sleep(0.5)
                 continue
             if resp.status_code == 202:
                 w.cancel_acked, w.cancel_acked_at = True, self.now()
@@ -163,7 +162,6 @@ class Workload:
             if resp.status_code < 500:
                 self.errors.append(f"{w.run.run_id}: cancel refused {resp.status_code} {resp.text[:200]}")
                 return
-            await asyncio.sleep(0.5)
 
 
     async def _log_at_ack(self, w: WorkRun) -> None:
@@ -173,13 +171,11 @@ class Workload:
         Retried for a minute through the faults (a later read only admits more); a log
         never read leaves the fields ``None`` and the checker wants the run cancelled."""
         ends = {fingerprint(ch) for ch in w.run.reference if ch.get("type") in TERMINAL_CHUNKS}
-        deadline = time.monotonic() + 60.0
-        while time.monotonic() < deadline:
+        async for _ in Attempts(Deadline.after(60.0), first_pause=0.5, max_pause=0.5):
             try:
                 async with asyncio.timeout(10):
                     stored = (await self.c.stored_log(w.run.run_id)).records
             except Exception:  # noqa: BLE001 - NATS under the nemesis: read again
-                await asyncio.sleep(0.5)
                 continue
             journal = [x.fingerprint for x in stored if x.kind == "chunk" and x.origin == "journal"]
             w.ack_journal = len(journal)

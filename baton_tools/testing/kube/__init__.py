@@ -9,7 +9,6 @@ loopback address. deploy/k8s/README.md says how to try the provider on a real cl
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import pathlib
 import secrets
 import signal
@@ -56,10 +55,11 @@ class StandinCluster:
         self._server = uvicorn.Server(config)
         self._tasks = [asyncio.create_task(self._server.serve(), name="standin-kube-api"),
                        asyncio.create_task(self.kubelet.run(), name="standin-kubelet")]
-        while not self._server.started:
-            if self._tasks[0].done():
-                self._tasks[0].result()
-            await asyncio.sleep(0.01)
+        async with asyncio.timeout(30):  # the API's port bound, or its server's failure
+            while not self._server.started:
+                if self._tasks[0].done():
+                    self._tasks[0].result()
+                await asyncio.sleep(0.01)
         self.kubeconfig.write_text(
             "apiVersion: v1\nkind: Config\n"
             f"clusters:\n- name: standin\n  cluster:\n    server: {self.url}\n"
@@ -74,9 +74,15 @@ class StandinCluster:
             self._server.should_exit = True
         for t in self._tasks[1:]:
             t.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        # The kubelet's own cancellation comes back as its outcome (a BaseException); a
+        # cancellation of this close propagates.
+        outcomes = await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.kubelet.close()
+        # A server or kubelet that failed while the test ran is the test's failure too (the
+        # pods it should have run would only have looked stuck).
+        for t, outcome in zip(self._tasks, outcomes):
+            if isinstance(outcome, Exception):
+                raise RuntimeError(f"stand-in {t.get_name()} failed") from outcome
 
     async def __aenter__(self) -> "StandinCluster":
         return await self.start()

@@ -15,6 +15,7 @@ the ``kubernetes`` provider uses, nothing more. Served:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from typing import Any, AsyncIterator
@@ -125,10 +126,9 @@ async def _watch(store: Store, res: str, ns: str, labels: str | None, fields: st
             return
         changed = store.changed()
         if store.rv == rv:
-            try:
-                await asyncio.wait_for(changed.wait(), timeout=min(left or 30.0, 30.0))
-            except TimeoutError:
-                pass
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(left or 30.0, 30.0)):
+                    await changed.wait()
 
 
 def _line(type_: str, obj: Any) -> bytes:
