@@ -273,6 +273,22 @@ class UIStreamFolder:
                 self.messages = [m for m in self.messages if m.get("id") != last.get("id")]
 
 
+def _continue_text(f: UIStreamFolder, mid: str, role: str) -> bool:
+    """A text message that starts again on a message the folder holds: a new state when it
+    has none (``True``), else, after tool calls, the text so far is emitted and a new text
+    segment begins (``False``)."""
+    st = f._states.get(mid)
+    if st is None:
+        f._new_state(mid, role)
+        return True
+    if st.tools_since_text:
+        if st.segment != st.emitted:
+            f._emit_text(mid)
+        st.segment = st.emitted = ""
+        st.tools_since_text = False
+    return False
+
+
 def _text_start(f: UIStreamFolder, c: Chunk) -> None:
     mid = c.get("messageId")
     if not isinstance(mid, str):
@@ -293,26 +309,12 @@ def _text_start(f: UIStreamFolder, c: Chunk) -> None:
             for call_id, owner in f._call_msg.items():
                 if owner == pending:
                     f._call_msg[call_id] = mid
-        st = f._states.get(mid)
-        if st is None:
-            f._new_state(mid, str(role))
+        if _continue_text(f, mid, str(role)):
             f._active[mid] = None
-        elif st.tools_since_text:
-            if st.segment != st.emitted:
-                f._emit_text(mid)
-            st.segment = st.emitted = ""
-            st.tools_since_text = False
         return
     if f._msg(mid) is not None:
         f._active[mid] = None
-        st = f._states.get(mid)
-        if st is None:
-            f._new_state(mid, str(role))
-        elif st.tools_since_text:
-            if st.segment != st.emitted:
-                f._emit_text(mid)
-            st.segment = st.emitted = ""
-            st.tools_since_text = False
+        _continue_text(f, mid, str(role))
         return
     f.messages.append({"id": mid, "role": role, "parts": []})
     f._new_state(mid, str(role))
