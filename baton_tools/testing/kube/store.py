@@ -77,6 +77,9 @@ class Store:
     #: Kinds this API serves beyond the core ones (``"sandboxes.agents.x-k8s.io"``: the CRD
     #: is installed).
     extra_resources: set[str] = field(default_factory=set)
+    #: RBAC: resource → the verbs the caller may use (``None`` = everything). A verb not
+    #: granted gets the API's 403, as for a ServiceAccount whose Role lacks it.
+    allowed: dict[str, set[str]] | None = None
     _changed: asyncio.Event | None = None
 
     def changed(self) -> asyncio.Event:
@@ -92,7 +95,11 @@ class Store:
     # --- refusals -------------------------------------------------------------------------
 
     def check(self, verb: str, resource: str) -> None:
-        """Raise the first matching :class:`Refusal` (consuming one of its ``times``)."""
+        """Raise a 403 for a verb :attr:`allowed` does not grant, else the first matching
+        :class:`Refusal` (consuming one of its ``times``)."""
+        if self.allowed is not None and verb not in self.allowed.get(resource, set()):
+            raise ApiStatusError(403, "Forbidden", f'{resource} is forbidden: User "system:serviceaccount:baton:'
+                                                   f'baton-sandbox-host" cannot {verb} resource "{resource}"')
         for r in self.refusals:
             if r.verb in (verb, "*") and r.resource in (resource, "*"):
                 if r.times is not None:
