@@ -20,12 +20,16 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import io
 import os
+import tarfile
+import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from baton import config
 from baton import tls as _tls
+from sandbox_host.providers._base import SandboxHandle
 
 CA_CERT, CA_KEY, CERT_TTL = "BATON_SANDBOX_CA_CERT", "BATON_SANDBOX_CA_KEY", "BATON_SANDBOX_CERT_TTL"
 #: The domain of every sandbox daemon's certificate name (never resolved: only compared).
@@ -109,6 +113,51 @@ class SandboxCa:
                                    serialization.NoEncryption()))
 
 
+def tls_for(handle: SandboxHandle, ca: SandboxCa | None) -> _tls.GrpcTls:
+    """How a host dials the handle's daemon: TLS against ``ca`` when the sandbox was created
+    with one (``handle.data["daemon_tls"]``), else plaintext. Never plaintext to a daemon
+    that serves TLS.
+
+    Raises:
+        DaemonUnreachable: the daemon serves TLS and this host has no sandbox CA.
+    """
+    from sandbox_host.providers._daemon_client import DaemonUnreachable
+
+    if not handle.data.get("daemon_tls"):
+        return _tls.PLAINTEXT
+    if ca is None:
+        raise DaemonUnreachable(f"the daemon of sandbox {handle.key} serves TLS, but this host has no {CA_CERT}: "
+                                "give every host the same sandbox CA")
+    return ca.client_tls(handle.key)
+
+
+def files_tar(directory: str, server: ServerCert) -> bytes:
+    """An uncompressed tar of ``<directory>/tls.crt`` (0444) and ``tls.key`` (0400), root's,
+    for ``put_archive`` at ``/``."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data, mode in (("tls.crt", server.cert, 0o444), ("tls.key", server.key, 0o400)):
+            info = tarfile.TarInfo(f"{directory.strip('/')}/{name}")
+            info.size, info.mode, info.mtime = len(data), mode, int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def write_files(directory: str, server: ServerCert) -> tuple[str, str]:
+    """Write ``daemon-tls.crt`` and ``daemon-tls.key`` (0600) into ``directory`` (blocking);
+    their paths. Replaces earlier ones whole (written aside, then renamed)."""
+    paths = []
+    for name, data in (("daemon-tls.crt", server.cert), ("daemon-tls.key", server.key)):
+        path = os.path.join(directory, name)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        paths.append(path)
+    return paths[0], paths[1]
+
+
 def from_env(env: Mapping[str, str] | None = None) -> SandboxCa | None:
     """The sandbox CA from ``BATON_SANDBOX_CA_CERT``/``_KEY``; ``None`` when neither is set.
 
@@ -139,4 +188,5 @@ def from_env(env: Mapping[str, str] | None = None) -> SandboxCa | None:
     return SandboxCa(cert, key, ttl)
 
 
-__all__ = ["CA_CERT", "CA_KEY", "CERT_TTL", "SandboxCa", "ServerCert", "client_tls", "from_env", "server_name"]
+__all__ = ["CA_CERT", "CA_KEY", "CERT_TTL", "SandboxCa", "ServerCert", "client_tls", "files_tar", "from_env",
+           "server_name", "tls_for", "write_files"]

@@ -49,7 +49,6 @@ from lightkube.resources.core_v1 import Pod, Secret
 from lightkube.types import PatchType
 
 from baton import config, internal_auth
-from baton import tls as _tls
 from baton.errors import SandboxBuildFailed, SandboxReclaimFailed
 from sandbox_host.daemon import sandbox_token
 from sandbox_host.providers import _k8s_pod as kp
@@ -179,7 +178,7 @@ class KubernetesProvider(Provider):
                                           daemon_token=daemon_token, cert=server.cert if server else b"",
                                           cert_key=server.key if server else b"")
                 body["metadata"]["namespace"] = self.namespace
-                await self._client.create(Secret.from_dict(body))
+                await self._client.create(Secret.from_dict(body))  # type: ignore[call-overload]
             created, owner = await self._create(pod, crd)
             if secret:
                 await self._own(secret, owner)
@@ -411,10 +410,11 @@ class KubernetesProvider(Provider):
             for name, _ in found:
                 await self._gone(name, self._confirm_budget())
             # Secrets whose pod is gone or never came (a host that died between the two creates).
-            async for obj in self._client.list(Secret, namespace=self.namespace, labels=selector):
-                ann = obj.metadata.annotations or {}
-                if ann.get(kp.ANN_RUN) == run_id and (keep_key is None or ann.get(kp.ANN_KEY) != keep_key):
-                    await self._delete_secret(str(obj.metadata.name))
+            async for sec in self._client.list(Secret, namespace=self.namespace, labels=selector):
+                meta = sec.metadata
+                ann = (meta.annotations if meta else None) or {}
+                if meta and ann.get(kp.ANN_RUN) == run_id and (keep_key is None or ann.get(kp.ANN_KEY) != keep_key):
+                    await self._delete_secret(str(meta.name))
         except ApiError as exc:
             raise SandboxReclaimFailed(run_id, kp.refusal_detail(exc.status.code or 0, exc.status.reason or "",
                                                                  exc.status.message or "")) from exc
@@ -450,22 +450,9 @@ class KubernetesProvider(Provider):
                     return False  # the API is unreachable: say nothing about the pod
 
             client = DaemonClient(resolve, token=sandbox_token(self._cluster_token, handle.key),
-                                  tls=self._daemon_tls(handle), gone=gone, patience=self.patience)
+                                  tls=_sandbox_tls.tls_for(handle, self._ca), gone=gone, patience=self.patience)
             self._daemons[ident] = client
         return client
-
-    def _daemon_tls(self, handle: SandboxHandle) -> _tls.GrpcTls:
-        """TLS against the sandbox CA when the pod's daemon serves it (the handle says so).
-
-        Raises:
-            DaemonUnreachable: it does, and this host has no sandbox CA to check it with.
-        """
-        if not handle.data.get("daemon_tls"):
-            return _tls.PLAINTEXT
-        if self._ca is None:
-            raise DaemonUnreachable(f"the daemon of pod {handle.data['pod']} serves TLS, but this host has no "
-                                    f"{_sandbox_tls.CA_CERT}: give every host the same sandbox CA")
-        return self._ca.client_tls(handle.key)
 
     async def _forget(self, handle: SandboxHandle) -> None:
         client = self._daemons.pop((self._ns(handle), str(handle.data["pod"])), None)

@@ -49,7 +49,8 @@ async def run_to_end(p: Any, h: SandboxHandle) -> bytes:
         data: bytes = await p.read_file(h, h.journal_path)
         assert b'"__exit":0' in data, data
         return data
-    return await assert_eventually(ended, timeout=30)
+    got: bytes = await assert_eventually(ended, timeout=30)
+    return got
 
 
 async def test_the_token_is_in_a_secret_the_pod_owns_never_in_the_pod(kube: StandinCluster) -> None:
