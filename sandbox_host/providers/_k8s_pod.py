@@ -158,7 +158,9 @@ def pod_manifest(name: str, *, key: str, run_id: str, token: str, env: Mapping[s
             "workingDir": ROOT,
             "env": container_env,
             "ports": [{"name": "daemon", "containerPort": settings.port, "protocol": "TCP"}],
-            "readinessProbe": {"grpc": {"port": settings.port}, "periodSeconds": 2},
+            # kubelet's gRPC probe cannot speak TLS: a daemon serving it is probed by a connect.
+            "readinessProbe": {**({"tcpSocket": {"port": settings.port}} if secret and with_tls
+                                  else {"grpc": {"port": settings.port}}), "periodSeconds": 2},
             "resources": limits,
             "volumeMounts": mounts,
             "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},

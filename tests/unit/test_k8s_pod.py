@@ -51,6 +51,7 @@ def test_the_daemon_tls_comes_from_the_secret_as_mounted_files() -> None:
     assert {"name": "daemon-tls", "mountPath": kp.TLS_DIR, "readOnly": True} in c["volumeMounts"]
     (vol,) = [v for v in pod["spec"]["volumes"] if v["name"] == "daemon-tls"]
     assert vol["secret"]["secretName"] == "p" and vol["secret"]["defaultMode"] == 0o440
+    assert c["readinessProbe"] == {"tcpSocket": {"port": 7300}, "periodSeconds": 2}  # kubelet's gRPC probe has no TLS
 
 
 def test_the_secret_holds_the_credentials_and_is_found_by_run() -> None:
