@@ -134,6 +134,8 @@ async def test_a_run_over_tls_end_to_end(kube: StandinCluster, tmp_path: pathlib
         # Another host takes the sandbox over from its handle, over TLS against the same CA.
         journal = await run_to_end(second, h)
         assert json.loads(journal.splitlines()[0]) == {"k": "k3y"}
+        daemon_log = (rt.dir / f"{kp.CONTAINER}.log").read_text()
+        assert "PRIVATE KEY" not in daemon_log and sandbox_token(TOKEN, "run-t") not in daemon_log
         assert await second.destroy(h) is True
         assert kube.pods() == [] and sandbox_secrets(kube) == []
     assert "PRIVATE KEY" not in caplog.text
