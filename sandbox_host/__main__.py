@@ -32,6 +32,7 @@ from baton.v1 import coordinator_pb2
 from sandbox_host.deps import HostDeps, HostSettings, warm_up
 from sandbox_host.manager import RunManager
 from sandbox_host.service import SandboxHostService, add_to_server
+from sandbox_host.providers import _sandbox_tls
 
 log = logging.getLogger("baton.sandbox_host")
 SERVICE_NAME = "baton.v1.SandboxHost"
@@ -375,6 +376,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         HostSettings.from_env()  # the tenants' credentials (BATON_TENANT_SECRETS_DIR) read and checked
         credentials.check_files(nats=True)  # BATON_TLS_*, BATON_NATS_*: a bad file names its variable
+        _sandbox_tls.from_env()  # BATON_SANDBOX_CA_*: the same
     except ValueError as exc:
         credentials.refuse("sandbox host", exc)
     tracing = telemetry.configure_tracing("sandbox-host")

@@ -54,6 +54,25 @@ async def _never_gone() -> bool:
     return False
 
 
+#: Words of a gRPC error whose TLS handshake failed: permanent (another CA, another
+#: sandbox's certificate, a daemon without TLS), so not worth waiting out.
+_HANDSHAKE_FAILED = ("handshake failed", "certificate_verify_failed", "peer name", "wrong_version_number")
+
+
+def tls_refusal(exc: BaseException, address: str) -> DaemonUnreachable | None:
+    """The clear error for a call whose TLS handshake with the daemon failed, else ``None``.
+    The handshake's own words are kept (they hold no key material)."""
+    if not isinstance(exc, grpc.aio.AioRpcError) or exc.code() != grpc.StatusCode.UNAVAILABLE:
+        return None
+    details = exc.details() or ""
+    at = [details.lower().find(w) for w in _HANDSHAKE_FAILED if w in details.lower()]
+    if not at:
+        return None
+    why = details[min(at):]
+    return DaemonUnreachable(f"sandbox daemon at {address}: its TLS certificate was refused (not signed by the "
+                             f"sandbox CA BATON_SANDBOX_CA_CERT, not this sandbox's, or no TLS): {why.strip()[:300]}")
+
+
 class DaemonClient:
     """The I/O of one sandbox through its daemon.
 
@@ -111,6 +130,9 @@ class DaemonClient:
     async def _unreachable(self, attempts: Attempts, exc: BaseException) -> None:
         """After an unreachable try: raise when gone or out of patience, else pause."""
         self._forget()
+        refused = tls_refusal(exc, self._address)
+        if refused is not None:
+            raise refused from None
         if await self._gone():
             raise SandboxGone(f"sandbox daemon at {self._address}: the sandbox is gone") from exc
         pause = attempts.next_pause()
@@ -156,7 +178,8 @@ class DaemonClient:
         """Wait until the daemon's health says SERVING.
 
         Raises:
-            DaemonUnreachable: not within ``timeout`` seconds.
+            DaemonUnreachable: not within ``timeout`` seconds, or at once when the TLS handshake
+                fails (:func:`tls_refusal`).
             SandboxGone: the provider says the sandbox is gone.
         """
         deadline = time.monotonic() + timeout
@@ -173,6 +196,9 @@ class DaemonClient:
             except (grpc.aio.AioRpcError, _NoAddress) as exc:
                 why = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
                 self._forget()
+                refused = tls_refusal(exc, self._address)
+                if refused is not None:
+                    raise refused from None
             if await self._gone():
                 raise SandboxGone(f"sandbox daemon at {self._address}: the sandbox is gone")
             if time.monotonic() > deadline:

@@ -6,6 +6,7 @@ pods it watches to :func:`pod_state`.
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import re
 from dataclasses import dataclass, field
@@ -27,6 +28,10 @@ LABEL_KEY = "baton/sandbox"
 ANN_RUN = "baton/run-id"
 ANN_KEY = "baton/sandbox-key"
 ANN_TOKEN = "baton/create-token"
+#: The sandbox Secret's keys: the daemon's token, its TLS certificate (chain) and key; and
+#: where the pod mounts the latter two.
+SECRET_TOKEN, SECRET_CERT, SECRET_KEY = "token", "tls.crt", "tls.key"
+TLS_DIR = "/var/run/baton-sandbox-tls"
 #: agent-sandbox's API (kubernetes-sigs/agent-sandbox): group, version, plural.
 AGENT_SANDBOX = ("agents.x-k8s.io", "v1alpha1", "sandboxes")
 #: Container waiting reasons after which the pod will not start by itself.
@@ -95,7 +100,7 @@ def daemon_command(port: int) -> list[str]:
 
 def pod_manifest(name: str, *, key: str, run_id: str, token: str, env: Mapping[str, str],
                  settings: PodSettings, resources: Mapping[str, str] | None = None,
-                 daemon_token: str = "") -> dict[str, Any]:
+                 secret: str = "", with_token: bool = False, with_tls: bool = False) -> dict[str, Any]:
     """The sandbox pod (a plain ``dict`` of the v1 Pod API).
 
     Args:
@@ -106,17 +111,30 @@ def pod_manifest(name: str, *, key: str, run_id: str, token: str, env: Mapping[s
             read pods; secrets reach the agent through the daemon's launch only).
         settings: what every pod gets.
         resources: ``cpu``, ``memory``, ``disk`` (the spec's), over the settings' where set.
-        daemon_token: the daemon's token (``BATON_INTERNAL_TOKEN`` of the pod): this sandbox's
-            own (:func:`sandbox_host.daemon.sandbox_token`), which opens this daemon and
-            nothing else, never the cluster's; ``""`` = none.
+        secret: the sandbox's Secret (:func:`secret_manifest`), ``""`` = none. The pod
+            names it, never its values: whoever may read pods sees no credential.
+        with_token: the daemon's ``BATON_INTERNAL_TOKEN`` comes from the Secret's ``token``
+            (``secretKeyRef``).
+        with_tls: the daemon serves TLS with the Secret's ``tls.crt``/``tls.key``, mounted
+            read-only at :data:`TLS_DIR`.
     """
     container_env: list[dict[str, Any]] = [
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "SANDBOX_ROOT", "value": ROOT},
         *({"name": k, "value": v} for k, v in sorted(env.items())),
     ]
-    if daemon_token:
-        container_env.append({"name": "BATON_INTERNAL_TOKEN", "value": daemon_token})
+    if secret and with_token:
+        container_env.append({"name": "BATON_INTERNAL_TOKEN",
+                              "valueFrom": {"secretKeyRef": {"name": secret, "key": SECRET_TOKEN}}})
+    mounts: list[dict[str, Any]] = [{"name": "sandbox", "mountPath": ROOT}]
+    volumes: list[dict[str, Any]] = []
+    if secret and with_tls:
+        container_env += [{"name": "BATON_TLS_CERT", "value": f"{TLS_DIR}/{SECRET_CERT}"},
+                          {"name": "BATON_TLS_KEY", "value": f"{TLS_DIR}/{SECRET_KEY}"}]
+        mounts.append({"name": "daemon-tls", "mountPath": TLS_DIR, "readOnly": True})
+        volumes.append({"name": "daemon-tls", "secret": {
+            "secretName": secret, "defaultMode": 0o440,
+            "items": [{"key": SECRET_CERT, "path": SECRET_CERT}, {"key": SECRET_KEY, "path": SECRET_KEY}]}})
     wanted = {"cpu": settings.cpu, "memory": settings.memory, "disk": settings.disk,
               **{k: v for k, v in (resources or {}).items() if v}}
     limits: dict[str, dict[str, str]] = {}
@@ -140,12 +158,14 @@ def pod_manifest(name: str, *, key: str, run_id: str, token: str, env: Mapping[s
             "workingDir": ROOT,
             "env": container_env,
             "ports": [{"name": "daemon", "containerPort": settings.port, "protocol": "TCP"}],
-            "readinessProbe": {"grpc": {"port": settings.port}, "periodSeconds": 2},
+            # kubelet's gRPC probe cannot speak TLS: a daemon serving it is probed by a connect.
+            "readinessProbe": {**({"tcpSocket": {"port": settings.port}} if secret and with_tls
+                                  else {"grpc": {"port": settings.port}}), "periodSeconds": 2},
             "resources": limits,
-            "volumeMounts": [{"name": "sandbox", "mountPath": ROOT}],
+            "volumeMounts": mounts,
             "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
         }],
-        "volumes": [{"name": "sandbox", "emptyDir": empty_dir}],
+        "volumes": [{"name": "sandbox", "emptyDir": empty_dir}, *volumes],
     }
     if settings.service_account:
         spec["serviceAccountName"] = settings.service_account
@@ -156,6 +176,34 @@ def pod_manifest(name: str, *, key: str, run_id: str, token: str, env: Mapping[s
                      "annotations": {ANN_RUN: run_id, ANN_KEY: key, ANN_TOKEN: token}},
         "spec": spec,
     }
+
+
+def secret_manifest(name: str, *, key: str, run_id: str, token: str, settings: PodSettings,
+                    daemon_token: str = "", cert: bytes = b"", cert_key: bytes = b"") -> dict[str, Any]:
+    """The sandbox's Secret: what its daemon needs and its pod must not show (a ``dict`` of
+    the v1 Secret API), labelled and annotated as the pod (the reaper finds it by run).
+
+    Args:
+        name: the Secret's name (the pod's: one Secret per pod).
+        key, run_id, token: as :func:`pod_manifest`'s.
+        daemon_token: the daemon's token (:func:`sandbox_host.daemon.sandbox_token`: this
+            sandbox's own, never the cluster's), under ``token``; ``""`` = none.
+        cert, cert_key: the daemon's TLS certificate (chain) and key (PEM), under ``tls.crt``
+            and ``tls.key``; empty = none.
+    """
+    data = {k: base64.b64encode(v).decode() for k, v in
+            ((SECRET_TOKEN, daemon_token.encode()), (SECRET_CERT, cert), (SECRET_KEY, cert_key)) if v}
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "immutable": True,
+            "metadata": {"name": name, "labels": labels(run_id, key, settings.extra_labels),
+                         "annotations": {ANN_RUN: run_id, ANN_KEY: key, ANN_TOKEN: token}},
+            "data": data}
+
+
+def owner_reference(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """An ``ownerReferences`` entry naming ``obj`` (the API's JSON of a created object): the
+    garbage collector deletes the owned object once its owner is gone."""
+    return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": obj["metadata"]["name"],
+            "uid": obj["metadata"]["uid"]}
 
 
 def sandbox_manifest(pod: Mapping[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,9 @@ port and keeps its files in the sandbox's ``.baton/``:
   running" is one non-blocking lock attempt, whichever host asks;
 - ``daemon.addr``: ``127.0.0.1:<port> <pid>``, written once it serves;
 - ``daemon.spawn``: locked by the host starting one, so two hosts never start two;
-- ``daemon.log``: its stderr.
+- ``daemon.log``: its stderr;
+- ``daemon-tls.crt``/``daemon-tls.key`` (0600), with a sandbox CA (``BATON_SANDBOX_CA_*``):
+  the certificate the host starting the daemon minted for it (afresh at each start).
 
 Whoever finds no live daemon starts one (:meth:`LocalDaemons.resolve`): a daemon that was
 killed is replaced at the next call, on a new port, and its agent is untouched. A daemon
@@ -29,6 +31,7 @@ from baton import internal_auth
 from baton import tls as _tls
 from sandbox_host.daemon import sandbox_token
 from sandbox_host.daemon._procs import OWN_ENV
+from sandbox_host.providers import _sandbox_tls
 from sandbox_host.providers._base import SandboxHandle
 from sandbox_host.providers._daemon_client import DaemonClient, SandboxGone
 
@@ -84,11 +87,16 @@ class LocalDaemons:
         token: the cluster's internal token (``None``: ``BATON_INTERNAL_TOKEN``); each
             daemon gets its sandbox's token derived from it.
         tls: the internal TLS (``None``: ``BATON_TLS_*``): a daemon serves it with the
-            host's certificate, and hosts dial it so.
+            host's certificate, and hosts dial it so; unless there is a sandbox CA.
+        sandbox_ca: the sandbox CA (default ``BATON_SANDBOX_CA_*``): then whoever starts a
+            daemon mints it a fresh certificate (``.baton/daemon-tls.*``), and hosts check
+            it against the CA and the sandbox's name instead.
     """
 
     def __init__(self, env: Mapping[str, str], *, idle_check: float = 0.25, idle_exit: float = 60.0,
-                 token: str | None = None, tls: _tls.GrpcTls | None = None) -> None:
+                 token: str | None = None, tls: _tls.GrpcTls | None = None,
+                 sandbox_ca: _sandbox_tls.SandboxCa | None | str = "env") -> None:
+        self._ca = _sandbox_tls.from_env() if isinstance(sandbox_ca, str) else sandbox_ca
         self._env = dict(env)
         self.idle_check = idle_check
         self.idle_exit = idle_exit
@@ -108,8 +116,9 @@ class LocalDaemons:
             async def gone() -> bool:
                 return not os.path.isdir(meta)  # noqa: ASYNC240 -- one stat
 
+            tls = self._ca.client_tls(handle.key) if self._ca is not None else self._tls
             c = self._clients[meta] = DaemonClient(resolve, token=sandbox_token(self._token, handle.key),
-                                                   tls=self._tls, gone=gone)
+                                                   tls=tls, gone=gone)
         return c
 
     async def resolve(self, handle: SandboxHandle) -> str:
@@ -151,12 +160,16 @@ class LocalDaemons:
             argv += ["--root", r]
         return argv
 
-    def _daemon_env(self, key: str) -> dict[str, str]:
+    def _daemon_env(self, key: str, tls_files: tuple[str, str] | None = None) -> dict[str, str]:
         env = dict(self._env)
         token = sandbox_token(self._token, key)
         if token:
             env[internal_auth.ENV] = token
-        env.update({k: v for k, v in os.environ.items() if k.startswith("BATON_TLS_")})
+        if tls_files is not None:  # its own certificate, not the host's
+            env = {k: v for k, v in env.items() if not k.startswith("BATON_TLS_")}
+            env[_tls.CERT], env[_tls.KEY] = tls_files
+        else:
+            env.update({k: v for k, v in os.environ.items() if k.startswith("BATON_TLS_")})
         if os.environ.get("PYTHONPATH"):
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
             env[OWN_ENV] = "PYTHONPATH"
@@ -167,9 +180,13 @@ class LocalDaemons:
             os.unlink(os.path.join(meta, ADDR_FILE))
         except FileNotFoundError:
             pass
+        tls_files = None
+        if self._ca is not None:  # minted at every start: a restarted daemon never serves an expired one
+            server = await asyncio.to_thread(self._ca.mint, handle.key)
+            tls_files = await asyncio.to_thread(_sandbox_tls.write_files, meta, server)
         proc = await asyncio.create_subprocess_exec(
             "sh", "-c", _SPAWN, "baton-daemon", os.path.join(meta, LOG_FILE), *self._argv(handle, meta),
-            cwd=meta, env=self._daemon_env(handle.key), stdin=asyncio.subprocess.DEVNULL,
+            cwd=meta, env=self._daemon_env(handle.key, tls_files), stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
         await proc.wait()
 

@@ -18,8 +18,10 @@ The image provides ``/opt/baton-daemon/bin/python`` with the daemon's dependenci
 container starts (:mod:`sandbox_host.daemon._bundle`), so it is this host's code. Every read,
 follow, copy, launch, input and signal of a run goes through the daemon, over the
 container's address (``data["daemon"]``), authenticated with the sandbox's own token
-(:func:`sandbox_host.daemon.sandbox_token`), in plaintext: the cluster's TLS certificates
-are not copied into sandboxes. The engine is used to create, build (setup commands run with
+(:func:`sandbox_host.daemon.sandbox_token`), in plaintext, or with a sandbox CA
+(``BATON_SANDBOX_CA_*``) over TLS with a certificate minted for the container and checked
+against that CA (:mod:`sandbox_host.providers._sandbox_tls`); the cluster's own TLS
+certificates are never copied into sandboxes. The engine is used to create, build (setup commands run with
 ``exec``), export, import and remove containers. The handle holds the container id, the
 daemon's address and the process group, so any host that reaches the same engine and the
 containers' network re-opens the sandbox with a fresh ``DockerProvider``.
@@ -53,6 +55,7 @@ from sandbox_host.daemon._bundle import source_tar
 from sandbox_host.providers._base import Provider, SandboxHandle, SandboxSpec, check_input
 from sandbox_host.providers import _tree
 from sandbox_host.providers import _workspace as _ws
+from sandbox_host.providers import _sandbox_tls
 from sandbox_host.providers._daemon_client import DaemonClient, DaemonUnreachable, SandboxGone
 from sandbox_host.providers._redact import redact
 
@@ -70,13 +73,17 @@ LABEL_TOKEN = "baton.create_token"
 #: the daemon's source is copied in (:mod:`sandbox_host.daemon._bundle`).
 DAEMON_PYTHON = "/opt/baton-daemon/bin/python"
 DAEMON_SRC = "/opt/baton-daemon/src"
+#: Where the daemon's TLS certificate and key are put (root's, 0400) with a sandbox CA.
+TLS_DIR = "/etc/baton-sandbox-tls"
 #: Seconds a new container's daemon may take to serve.
 DAEMON_START_TIMEOUT = 60.0
 # The container's main process (under docker-init): the sandbox daemon, started again
 # whenever it ends (its agents live on, in sessions of their own). The token comes as an
-# argument, not in the container's environment that setup commands and agents inherit.
+# argument, not in the container's environment that setup commands and agents inherit; a
+# fourth argument (non-empty) makes it serve TLS with the files of TLS_DIR.
 _DAEMON_LOOP = (
-    'while :; do BATON_INTERNAL_TOKEN="$1" PYTHONPATH=' + DAEMON_SRC + ' BATON_SANDBOX_DAEMON_OWN_ENV=PYTHONPATH '
+    'while :; do BATON_INTERNAL_TOKEN="$1" BATON_TLS_CERT="${4:+' + TLS_DIR + '/tls.crt}" '
+    'BATON_TLS_KEY="${4:+' + TLS_DIR + '/tls.key}" PYTHONPATH=' + DAEMON_SRC + ' BATON_SANDBOX_DAEMON_OWN_ENV=PYTHONPATH '
     + DAEMON_PYTHON + ' -m sandbox_host.daemon --listen 0.0.0.0:"$2" --workdir ' + WORKDIR + ' --state ' + META_DIR
     + ' --root ' + WORKDIR + ' --root ' + META_DIR + ' --root "$3" --root ' + HOME
     + ' --idle-check 0.05 >>/var/log/baton-daemon.log 2>&1; sleep 0.2; done'
@@ -93,6 +100,8 @@ class DockerProvider(Provider):
         journal_dir: journal directory inside containers.
         network_mode: the containers' network (``None`` = ``BATON_DOCKER_NETWORK``, else the
             engine's default bridge); the host must reach the containers' addresses on it.
+        sandbox_ca: the sandbox CA (default ``BATON_SANDBOX_CA_*``): each container's daemon
+            serves TLS with a certificate minted at create, checked against it.
 
     May block briefly while constructing the default client (it asks the engine for its
     API version).
@@ -103,7 +112,9 @@ class DockerProvider(Provider):
     can_follow = True
 
     def __init__(self, client: docker.DockerClient | None = None, *, image: str | None = None,
-                 journal_dir: str = JOURNAL_DIR, network_mode: str | None = None) -> None:
+                 journal_dir: str = JOURNAL_DIR, network_mode: str | None = None,
+                 sandbox_ca: _sandbox_tls.SandboxCa | None | str = "env") -> None:
+        self._ca = _sandbox_tls.from_env() if isinstance(sandbox_ca, str) else sandbox_ca
         self._owns_client = client is None
         self._client = client if client is not None else client_from_env()
         self._api = self._client.api
@@ -126,7 +137,8 @@ class DockerProvider(Provider):
             async def gone() -> bool:
                 return not await self.exists(handle)
 
-            c = self._clients[cid] = DaemonClient(resolve, token=sandbox_token(self._token, handle.key), gone=gone)
+            c = self._clients[cid] = DaemonClient(resolve, token=sandbox_token(self._token, handle.key), gone=gone,
+                                                  tls=_sandbox_tls.tls_for(handle, self._ca))
         return c
 
     async def _address(self, handle: SandboxHandle) -> str:
@@ -247,8 +259,9 @@ class DockerProvider(Provider):
         # container after the cancel. So the removal waits for the thread to end first.
         if self._bundle is None:
             self._bundle = await asyncio.to_thread(source_tar, DAEMON_SRC)
+        server = await asyncio.to_thread(self._ca.mint, key) if self._ca is not None else None
         starting = asyncio.ensure_future(asyncio.to_thread(self._start_container, image, labels, dict(spec.env),
-                                                           sandbox_token(self._token, key)))
+                                                           sandbox_token(self._token, key), server))
         try:
             container_id = await asyncio.shield(starting)
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
@@ -263,7 +276,8 @@ class DockerProvider(Provider):
             journal_path=_journal.journal_path(self.journal_dir, key),
             stderr_path=_journal.stderr_path(self.journal_dir, key),
             workdir=WORKDIR,
-            data={"container_id": container_id, "pgid": None, **({"home": home} if home else {})},
+            data={"container_id": container_id, "pgid": None, **({"home": home} if home else {}),
+                  **({"daemon_tls": True} if server else {})},
         )
         env = _ws.setup_env({**_home_env(home), **spec.env, **spec.secrets})
         steps = _ws.BuildSteps()
@@ -290,13 +304,15 @@ class DockerProvider(Provider):
             raise
         return handle
 
-    def _start_container(self, image: str, labels: Mapping[str, str], env: Mapping[str, str], token: str) -> str:
+    def _start_container(self, image: str, labels: Mapping[str, str], env: Mapping[str, str], token: str,
+                         server: _sandbox_tls.ServerCert | None = None) -> str:
         # The low-level API, not ``containers.run``: that one tries to pull a missing image,
         # and sandbox images are built locally (no registry is assumed reachable).
         host_config = self._api.create_host_config(init=True, network_mode=self.network_mode)
         created = self._api.create_container(
             image,
-            ["sh", "-c", _DAEMON_LOOP, "baton-daemon", token, str(DEFAULT_PORT), self.journal_dir],
+            ["sh", "-c", _DAEMON_LOOP, "baton-daemon", token, str(DEFAULT_PORT), self.journal_dir,
+             "1" if server else ""],
             detach=True,
             labels=dict(labels),
             environment=dict(env),
@@ -307,6 +323,8 @@ class DockerProvider(Provider):
         try:
             assert self._bundle is not None
             self._api.put_archive(container_id, "/", self._bundle)  # the daemon's source, before it starts
+            if server is not None:
+                self._api.put_archive(container_id, "/", _sandbox_tls.files_tar(TLS_DIR, server))
             self._api.start(container_id)
         except BaseException:
             self._api.remove_container(container_id, force=True, v=True)

@@ -14,8 +14,15 @@ inside it (journal, launch, kill, files, trees) goes through the daemon
 Creating waits, within ``BATON_K8S_READY_TIMEOUT``, for the pod to run and the daemon to
 answer its health check; a refused create (RBAC, quota, admission), an image that cannot be
 pulled, a pod that ends, or the deadline all raise :class:`SandboxBuildFailed` and leave
-nothing behind (the pod is deleted and its deletion confirmed). Destroying deletes the pod
-(or its Sandbox) and waits until the API no longer has it.
+nothing behind (the pod is deleted and its deletion confirmed, its Secret deleted). Destroying
+deletes the pod (or its Sandbox) and waits until the API no longer has it.
+
+The daemon's credentials are in a Secret per sandbox (the pod's name), never in the pod's
+spec: its token (``secretKeyRef``) and, with a sandbox CA (``BATON_SANDBOX_CA_*``,
+:mod:`sandbox_host.providers._sandbox_tls`), the TLS certificate and key minted for it (a
+mounted ``secret`` volume). The Secret is created first, then the pod, then the pod (or its
+Sandbox) is made its owner, so that it goes with the pod whoever deletes that; a failed
+create, :meth:`KubernetesProvider.destroy` and the reaper delete it too.
 
 The client is lightkube (``AsyncClient`` over httpx; docs/deploy.md "Kubernetes" says why).
 """
@@ -30,6 +37,7 @@ import secrets as _secrets
 import shutil
 import tarfile
 import tempfile
+import logging
 import time
 from typing import Any, AsyncIterator, Mapping, Sequence
 
@@ -37,13 +45,14 @@ import httpx2
 from lightkube import AsyncClient, KubeConfig
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import Pod, Secret
+from lightkube.types import PatchType
 
 from baton import config, internal_auth
-from baton import tls as _tls
 from baton.errors import SandboxBuildFailed, SandboxReclaimFailed
 from sandbox_host.daemon import sandbox_token
 from sandbox_host.providers import _k8s_pod as kp
+from sandbox_host.providers import _sandbox_tls
 from sandbox_host.providers import _workspace as _ws
 from sandbox_host.providers._base import Provider, SandboxHandle, SandboxSpec, check_input
 from sandbox_host.providers._daemon_client import DaemonClient, DaemonUnreachable, SandboxGone
@@ -56,6 +65,7 @@ HOME = "home"
 
 SandboxResource = create_namespaced_resource(*kp.AGENT_SANDBOX[:2], "Sandbox", kp.AGENT_SANDBOX[2])
 _TRANSPORT_ERRORS = (httpx2.TransportError, OSError)
+log = logging.getLogger("baton.sandbox_host.kubernetes")
 
 
 class KubernetesProvider(Provider):
@@ -74,6 +84,9 @@ class KubernetesProvider(Provider):
             from (:func:`sandbox_host.daemon.sandbox_token`; default ``BATON_INTERNAL_TOKEN``).
         patience: seconds a call waits for an unreachable daemon that may come back (a
             restart inside its pod) before it fails.
+        sandbox_ca: the sandbox CA: each daemon serves TLS with a certificate minted here,
+            and is checked against it (default: ``BATON_SANDBOX_CA_*``; ``None`` there =
+            plaintext, :mod:`sandbox_host.providers._sandbox_tls`).
     """
 
     name = "kubernetes"
@@ -83,7 +96,8 @@ class KubernetesProvider(Provider):
     def __init__(self, client: AsyncClient | None = None, *, namespace: str | None = None,
                  settings: kp.PodSettings | None = None, ready_timeout: float | None = None,
                  agent_sandbox: str | None = None, cluster_token: str | None = None,
-                 patience: float = 30.0) -> None:
+                 patience: float = 30.0, sandbox_ca: _sandbox_tls.SandboxCa | None | str = "env") -> None:
+        self._ca = _sandbox_tls.from_env() if isinstance(sandbox_ca, str) else sandbox_ca
         self._owns_client = client is None
         if client is None:
             path = config.get("BATON_K8S_KUBECONFIG")
@@ -149,19 +163,33 @@ class KubernetesProvider(Provider):
         run_id = spec.env.get("BATON_RUN_ID", key)
         name = kp.pod_name(key, _secrets.token_hex(3))
         token = _secrets.token_hex(8)
+        daemon_token = sandbox_token(self._cluster_token, key)
+        # The daemon's credentials go in a Secret of the pod's name, never in the pod's spec.
+        server = await asyncio.to_thread(self._ca.mint, key) if self._ca is not None else None
+        secret = name if daemon_token or server else ""
         pod = kp.pod_manifest(name, key=key, run_id=run_id, token=token, env=spec.env, settings=self.settings,
-                              resources=spec.resources, daemon_token=sandbox_token(self._cluster_token, key))
+                              resources=spec.resources, secret=secret, with_token=bool(daemon_token),
+                              with_tls=server is not None)
         crd = False
         try:
             crd = await self._uses_crd()
-            created = await self._create(pod, crd)
+            if secret:
+                body = kp.secret_manifest(secret, key=key, run_id=run_id, token=token, settings=self.settings,
+                                          daemon_token=daemon_token, cert=server.cert if server else b"",
+                                          cert_key=server.key if server else b"")
+                body["metadata"]["namespace"] = self.namespace
+                await self._client.create(Secret.from_dict(body))  # type: ignore[call-overload]
+            created, owner = await self._create(pod, crd)
+            if secret:
+                await self._own(secret, owner)
             deadline = time.monotonic() + self.ready_timeout
             ip = await self._wait_running(name, created, spec)
             home = HOME if spec.thread_dir is not None else None
             handle = SandboxHandle(
                 provider=self.name, key=key, journal_path=JOURNAL, stderr_path=STDERR, workdir=WORKDIR,
                 data={"namespace": self.namespace, "pod": name, "sandbox_resource": crd,
-                      "daemon": f"{ip}:{self.settings.port}", "pgid": None, **({"home": home} if home else {})})
+                      "daemon": f"{ip}:{self.settings.port}", "pgid": None, **({"home": home} if home else {}),
+                      **({"secret": secret} if secret else {}), **({"daemon_tls": True} if server else {})})
             try:
                 await self._daemon(handle).wait_serving(max(0.1, deadline - time.monotonic()))
             except (DaemonUnreachable, SandboxGone) as exc:
@@ -170,7 +198,7 @@ class KubernetesProvider(Provider):
             await self._fill(handle, spec)
             return handle
         except BaseException as exc:
-            await asyncio.shield(self._delete_quietly(name, crd))
+            await asyncio.shield(self._delete_quietly(name, crd, secret))
             if isinstance(exc, ApiError):
                 raise SandboxBuildFailed("pod", redact(kp.refusal_detail(exc.status.code or 0, exc.status.reason or "",
                                                                           exc.status.message or ""), spec.secrets)) from exc
@@ -178,12 +206,27 @@ class KubernetesProvider(Provider):
                 raise SandboxBuildFailed("pod", redact(f"the Kubernetes API is unreachable: {exc!r}", spec.secrets)) from exc
             raise
 
-    async def _create(self, pod: dict[str, Any], crd: bool) -> str:
-        """Send the create; returns the resource version to watch the pod from."""
+    async def _create(self, pod: dict[str, Any], crd: bool) -> tuple[str, dict[str, Any]]:
+        """Send the create; returns the resource version to watch the pod from and the
+        owner reference of what was created (the pod, or its Sandbox)."""
         pod = {**pod, "metadata": {**pod["metadata"], "namespace": self.namespace}}
         obj: Any = SandboxResource.from_dict(kp.sandbox_manifest(pod)) if crd else Pod.from_dict(pod)
         created = await self._client.create(obj)
-        return str(created.metadata.resourceVersion or "")
+        kind, api = ("Sandbox", f"{kp.AGENT_SANDBOX[0]}/{kp.AGENT_SANDBOX[1]}") if crd else ("Pod", "v1")
+        owner = kp.owner_reference({"apiVersion": api, "kind": kind, "metadata": {
+            "name": pod["metadata"]["name"], "uid": created.metadata.uid}})
+        return str(created.metadata.resourceVersion or ""), owner
+
+    async def _own(self, secret: str, owner: dict[str, Any]) -> None:
+        """Make the pod (or Sandbox) own its Secret, so that the garbage collector deletes it
+        with the pod whoever deletes that. A refusal is logged, not fatal: :meth:`destroy`
+        and the reaper delete the Secret themselves."""
+        try:
+            await self._client.patch(Secret, secret, {"metadata": {"ownerReferences": [owner]}},
+                                     namespace=self.namespace, patch_type=PatchType.MERGE)
+        except ApiError as exc:
+            log.warning("secret %s: its owner reference was refused (%s %s); it is deleted with its sandbox "
+                        "by baton only", secret, exc.status.code, exc.status.reason)
 
     async def _wait_running(self, name: str, rv: str, spec: SandboxSpec) -> str:
         """Watch the pod until it runs; its IP.
@@ -283,12 +326,24 @@ class KubernetesProvider(Provider):
     def _confirm_budget(self) -> float:
         return self.settings.grace + 30.0
 
-    async def _delete_quietly(self, name: str, crd: bool) -> None:
-        """Undo a create: delete and confirm, within the confirm budget, errors swallowed
-        (the reaper's :meth:`destroy_leftovers` finds what this could not remove)."""
+    async def _delete_quietly(self, name: str, crd: bool, secret: str = "") -> None:
+        """Undo a create: delete and confirm, within the confirm budget, and delete the
+        Secret, errors swallowed (the reaper's :meth:`destroy_leftovers` finds what this
+        could not remove)."""
         with contextlib.suppress(ApiError, TimeoutError, *_TRANSPORT_ERRORS):
             await self._delete(name, crd)
             await self._gone(name, self._confirm_budget())
+        if secret:
+            with contextlib.suppress(ApiError, *_TRANSPORT_ERRORS):
+                await self._delete_secret(secret)
+
+    async def _delete_secret(self, name: str) -> None:
+        """Delete Secret ``name`` (gone already is fine)."""
+        try:
+            await self._client.delete(Secret, name, namespace=self.namespace)
+        except ApiError as exc:
+            if exc.status.code != 404:
+                raise
 
     async def exists(self, handle: SandboxHandle) -> bool:
         """Whether the pod exists, runs and is not being deleted."""
@@ -315,6 +370,8 @@ class KubernetesProvider(Provider):
         try:
             existed = await self._delete(name, crd)
             await self._gone(name, self._confirm_budget())
+            if handle.data.get("secret"):  # its owner took it already, unless the patch was refused
+                await self._delete_secret(str(handle.data["secret"]))
             # Closed once the pod is gone: a follow cut off by the deletion ends as "sandbox
             # gone", not as a closed client.
             await self._forget(handle)
@@ -352,6 +409,12 @@ class KubernetesProvider(Provider):
                 await self._delete(name, crd)
             for name, _ in found:
                 await self._gone(name, self._confirm_budget())
+            # Secrets whose pod is gone or never came (a host that died between the two creates).
+            async for sec in self._client.list(Secret, namespace=self.namespace, labels=selector):
+                meta = sec.metadata
+                ann = (meta.annotations if meta else None) or {}
+                if meta and ann.get(kp.ANN_RUN) == run_id and (keep_key is None or ann.get(kp.ANN_KEY) != keep_key):
+                    await self._delete_secret(str(meta.name))
         except ApiError as exc:
             raise SandboxReclaimFailed(run_id, kp.refusal_detail(exc.status.code or 0, exc.status.reason or "",
                                                                  exc.status.message or "")) from exc
@@ -386,8 +449,8 @@ class KubernetesProvider(Provider):
                 except SandboxReclaimFailed:
                     return False  # the API is unreachable: say nothing about the pod
 
-            client = DaemonClient(resolve, token=sandbox_token(self._cluster_token, handle.key), tls=_tls.PLAINTEXT,
-                                  gone=gone, patience=self.patience)
+            client = DaemonClient(resolve, token=sandbox_token(self._cluster_token, handle.key),
+                                  tls=_sandbox_tls.tls_for(handle, self._ca), gone=gone, patience=self.patience)
             self._daemons[ident] = client
         return client
 

@@ -200,7 +200,7 @@ def with_components(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, 
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
         "resources": ["k8s"], "components": ["k8s/components/monitoring", "k8s/components/autoscaling",
-                                                "k8s/components/tls"],
+                                                "k8s/components/tls", "k8s/components/sandbox-tls"],
         "images": [{"name": "baton", "newName": "registry.example.com/team/baton", "newTag": "1.2.3"}]}))
     out = subprocess.run([exe, "kustomize", str(overlay)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -258,6 +258,25 @@ def test_the_tls_component_gives_every_pod_its_certificate(with_components: list
         port = named_port(c, "grpc")
         for probe in probes:
             assert "grpc" not in probe and probe["exec"]["command"] == ["baton", "health", "grpc", f"127.0.0.1:{port}"]
+
+
+def test_the_sandbox_tls_component_gives_the_hosts_the_sandbox_ca(with_components: list[dict[str, Any]]) -> None:
+    """TLS to the sandbox daemons: the CA's Secret mounted on the hosts alone, where the
+    settings point; no other Deployment sees the CA's key."""
+    for d in with_components:
+        if d["kind"] != "Deployment":
+            continue
+        c, spec = container(d), d["spec"]["template"]["spec"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        if d["metadata"]["name"] != "baton-sandbox-host":
+            assert "BATON_SANDBOX_CA_KEY" not in env
+            assert all(v.get("secret", {}).get("secretName") != "baton-sandbox-ca" for v in spec["volumes"])
+            continue
+        (mount,) = [m for m in c["volumeMounts"] if m["name"] == "baton-sandbox-ca"]
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "baton-sandbox-ca"]
+        assert volume["secret"]["secretName"] == "baton-sandbox-ca" and mount["readOnly"]
+        assert env["BATON_SANDBOX_CA_CERT"] == f"{mount['mountPath']}/tls.crt"
+        assert env["BATON_SANDBOX_CA_KEY"] == f"{mount['mountPath']}/tls.key"
 
 
 def named_port(c: dict[str, Any], name: str) -> int:

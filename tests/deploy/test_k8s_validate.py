@@ -1,7 +1,7 @@
 """Every Kubernetes object baton ships or makes validates, with ``kubernetes-validate``, against
 the OpenAPI schemas of three Kubernetes versions (strict: unknown fields are errors): the files
 of deploy/k8s, the kustomization rendered alone and with every component, and the sandbox pod
-the kubernetes provider creates."""
+and Secret the kubernetes provider creates."""
 from __future__ import annotations
 
 import pathlib
@@ -37,8 +37,21 @@ def _shipped() -> list[tuple[str, dict[str, Any]]]:
 def _sandbox_pod() -> dict[str, Any]:
     settings = kp.PodSettings(image="registry.example.com/baton:1.2.3", cpu="1", memory="2Gi", disk="10Gi",
                               service_account="baton-sandbox")
-    return kp.pod_manifest(kp.pod_name("run-1#2", "abc123"), key="run-1#2", run_id="run-1", token="0123456789abcdef",
-                           env={"BATON_RUN_ID": "run-1"}, settings=settings, daemon_token="0" * 64)
+    name = kp.pod_name("run-1#2", "abc123")
+    return kp.pod_manifest(name, key="run-1#2", run_id="run-1", token="0123456789abcdef",
+                           env={"BATON_RUN_ID": "run-1"}, settings=settings, secret=name, with_token=True,
+                           with_tls=True)
+
+
+def _sandbox_secret() -> dict[str, Any]:
+    settings = kp.PodSettings(image="registry.example.com/baton:1.2.3")
+    secret = kp.secret_manifest(kp.pod_name("run-1#2", "abc123"), key="run-1#2", run_id="run-1",
+                                token="0123456789abcdef", settings=settings, daemon_token="0" * 64,
+                                cert=b"-----BEGIN CERTIFICATE-----\n", cert_key=b"-----BEGIN PRIVATE KEY-----\n")
+    secret["metadata"]["ownerReferences"] = [kp.owner_reference({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": secret["metadata"]["name"],
+                                                        "uid": "6f1c1e9a-0000-4000-8000-000000000001"}})]
+    return secret
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -54,8 +67,9 @@ def test_every_shipped_manifest_validates(version: str) -> None:
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_the_providers_sandbox_pod_validates(version: str) -> None:
+def test_the_providers_sandbox_pod_and_secret_validate(version: str) -> None:
     kubernetes_validate.validate(_sandbox_pod(), version, strict=True)
+    kubernetes_validate.validate(_sandbox_secret(), version, strict=True)
 
 
 def test_the_check_refuses_a_misspelled_field() -> None:

@@ -7,6 +7,7 @@ from typing import Any, AsyncIterator
 
 import pytest
 import pytest_asyncio
+import yaml
 from lightkube import AsyncClient, KubeConfig
 
 from baton_tools.testing.kube import StandinCluster
@@ -21,9 +22,23 @@ HANG = "baton:hang"
 TOKEN = "k8s-test-internal-token"
 
 
+def shipped_role() -> dict[str, set[str]]:
+    """deploy/k8s/rbac.yaml's Role of the hosts as the stand-in's :attr:`Store.allowed`: every
+    test runs with the verbs the shipped Role grants, and no more."""
+    path = pathlib.Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "rbac.yaml"
+    (role,) = [d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == "Role"]
+    allowed: dict[str, set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for res in rule["resources"]:
+                allowed.setdefault(f"{res}.{group}" if group else res, set()).update(rule["verbs"])
+    return allowed
+
+
 @pytest_asyncio.fixture
 async def kube(tmp_path: pathlib.Path) -> AsyncIterator[StandinCluster]:
     async with StandinCluster(tmp_path / "kube", {IMAGE: "run", HANG: "hang"}) as c:
+        c.store.allowed = shipped_role()
         await c.put_secret("default", "baton-internal", {"BATON_INTERNAL_TOKEN": TOKEN})
         yield c
 
@@ -32,6 +47,7 @@ async def kube(tmp_path: pathlib.Path) -> AsyncIterator[StandinCluster]:
 async def kube_crd(tmp_path: pathlib.Path) -> AsyncIterator[StandinCluster]:
     """The stand-in with the agent-sandbox CRD installed (its controller makes the pods)."""
     async with StandinCluster(tmp_path / "kube", {IMAGE: "run", HANG: "hang"}, agent_sandbox=True) as c:
+        c.store.allowed = shipped_role()
         await c.put_secret("default", "baton-internal", {"BATON_INTERNAL_TOKEN": TOKEN})
         yield c
 

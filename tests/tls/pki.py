@@ -52,6 +52,9 @@ class CA:
             .sign(self._key, hashes.SHA256()))
         self.cert = str(directory / f"{name}-ca.pem")
         pathlib.Path(self.cert).write_bytes(self._cert.public_bytes(serialization.Encoding.PEM))
+        #: The CA's own key (PEM): for settings that sign with the CA (BATON_SANDBOX_CA_KEY).
+        self.key = str(directory / f"{name}-ca-key.pem")
+        _write_key(self._key, pathlib.Path(self.key))
 
     def leaf(self, cn: str, names: tuple[str, ...] = ("localhost",),
              ips: tuple[str, ...] = ("127.0.0.1",)) -> Leaf:

@@ -15,10 +15,12 @@ pytestmark = pytest.mark.servers
 @pytest.mark.parametrize("service, var", [
     ("coordinator", "BATON_TLS_CERT"), ("sandbox host", "BATON_TLS_CERT"), ("coordinator", "BATON_ETCD_CA"),
     ("gateway", "BATON_NATS_CA"), ("gateway", "BATON_GATEWAY_TLS_CERT"), ("sandbox host", "BATON_NATS_CREDS"),
+    ("sandbox host", "BATON_SANDBOX_CA_CERT"),
 ])
 def test_a_missing_file_names_its_variable(service: str, var: str, tmp_path: pathlib.Path) -> None:
     leaf = CA(tmp_path, "c").leaf("node")
-    key_var = {"BATON_TLS_CERT": "BATON_TLS_KEY", "BATON_GATEWAY_TLS_CERT": "BATON_GATEWAY_TLS_KEY"}.get(var)
+    key_var = {"BATON_TLS_CERT": "BATON_TLS_KEY", "BATON_GATEWAY_TLS_CERT": "BATON_GATEWAY_TLS_KEY",
+               "BATON_SANDBOX_CA_CERT": "BATON_SANDBOX_CA_KEY"}.get(var)
     env = _env(**{var: str(tmp_path / "missing.pem"), **({key_var: leaf.key} if key_var else {})})
     err = _refused(service, env)
     assert f"{var}: cannot read {tmp_path / 'missing.pem'}" in err

@@ -28,7 +28,7 @@ def test_labels_are_hashes_and_annotations_the_values() -> None:
 
 def test_the_manifest_runs_the_daemon_with_resources_and_no_secret_inline() -> None:
     pod = kp.pod_manifest("p", key="k", run_id="r", token="t", env={"BATON_RUN_ID": "r"}, settings=SETTINGS,
-                          daemon_token="per-sandbox")
+                          secret="p", with_token=True)
     spec = pod["spec"]
     c = spec["containers"][0]
     assert spec["restartPolicy"] == "Never" and spec["automountServiceAccountToken"] is False
@@ -37,8 +37,32 @@ def test_the_manifest_runs_the_daemon_with_resources_and_no_secret_inline() -> N
     assert c["resources"] == {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"cpu": "500m", "memory": "1Gi"}}
     assert spec["volumes"] == [{"name": "sandbox", "emptyDir": {"sizeLimit": "2Gi"}}]
     token = next(e for e in c["env"] if e["name"] == "BATON_INTERNAL_TOKEN")
-    assert token == {"name": "BATON_INTERNAL_TOKEN", "value": "per-sandbox"}
+    assert token == {"name": "BATON_INTERNAL_TOKEN", "valueFrom": {"secretKeyRef": {"name": "p", "key": "token"}}}
     assert {"name": "BATON_RUN_ID", "value": "r"} in c["env"]
+    assert not any(e["name"].startswith("BATON_TLS_") for e in c["env"])
+
+
+def test_the_daemon_tls_comes_from_the_secret_as_mounted_files() -> None:
+    pod = kp.pod_manifest("p", key="k", run_id="r", token="t", env={}, settings=SETTINGS, secret="p", with_tls=True)
+    c = pod["spec"]["containers"][0]
+    assert not any(e["name"] == "BATON_INTERNAL_TOKEN" for e in c["env"])
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["BATON_TLS_CERT"] == f"{kp.TLS_DIR}/tls.crt" and env["BATON_TLS_KEY"] == f"{kp.TLS_DIR}/tls.key"
+    assert {"name": "daemon-tls", "mountPath": kp.TLS_DIR, "readOnly": True} in c["volumeMounts"]
+    (vol,) = [v for v in pod["spec"]["volumes"] if v["name"] == "daemon-tls"]
+    assert vol["secret"]["secretName"] == "p" and vol["secret"]["defaultMode"] == 0o440
+    assert c["readinessProbe"] == {"tcpSocket": {"port": 7300}, "periodSeconds": 2}  # kubelet's gRPC probe has no TLS
+
+
+def test_the_secret_holds_the_credentials_and_is_found_by_run() -> None:
+    sec = kp.secret_manifest("p", key="run#2", run_id="run", token="t", settings=SETTINGS, daemon_token="tok",
+                             cert=b"CERT", cert_key=b"KEY")
+    assert sec["kind"] == "Secret" and sec["immutable"] is True
+    assert sec["data"] == {"token": "dG9r", "tls.crt": "Q0VSVA==", "tls.key": "S0VZ"}
+    assert sec["metadata"]["labels"] == kp.labels("run", "run#2")
+    assert sec["metadata"]["annotations"] == {kp.ANN_RUN: "run", kp.ANN_KEY: "run#2", kp.ANN_TOKEN: "t"}
+    assert kp.secret_manifest("p", key="k", run_id="r", token="t", settings=SETTINGS, daemon_token="x")["data"] == {
+        "token": "eA=="}
 
 
 def test_resources_from_the_spec_override_the_settings() -> None:

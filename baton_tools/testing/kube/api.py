@@ -7,7 +7,8 @@ the ``kubernetes`` provider uses, nothing more. Served:
   ``/apis/agents.x-k8s.io/v1alpha1/namespaces/{ns}/sandboxes`` (only while the agent-sandbox
   CRD is "installed": :attr:`Store.extra_resources`): create (POST), list (GET with
   ``labelSelector``, ``fieldSelector``), watch (``watch=true`` with ``resourceVersion``,
-  ``timeoutSeconds``: one JSON event per line), get and delete by name;
+  ``timeoutSeconds``: one JSON event per line), get, delete and merge-patch
+  (``application/merge-patch+json``) by name;
 - ``/version``;
 - a bearer token when one is configured (401 otherwise);
 - ``/_standin/refusals``: POST a :class:`Refusal` as JSON, DELETE clears them all.
@@ -92,6 +93,11 @@ async def item(req: Request) -> Response:
         if req.method == "DELETE":
             store.check("delete", res)
             return JSONResponse(await store.delete(res, ns, name))
+        if req.method == "PATCH":
+            store.check("patch", res)
+            if req.headers.get("content-type", "").split(";")[0].strip() != "application/merge-patch+json":
+                raise ApiStatusError(415, "UnsupportedMediaType", "the stand-in takes merge patches only")
+            return JSONResponse(await store.patch(res, ns, name, await req.json()))
         store.check("get", res)
         return JSONResponse(store.get(res, ns, name))
     except ApiStatusError as exc:
@@ -154,9 +160,9 @@ def make_app(store: Store, token: str | None = None, extra_routes: list[Route] |
     routes = [
         Route("/version", version),
         Route("/api/v1/namespaces/{ns}/{plural}", collection, methods=["GET", "POST"]),
-        Route("/api/v1/namespaces/{ns}/{plural}/{name}", item, methods=["GET", "DELETE"]),
+        Route("/api/v1/namespaces/{ns}/{plural}/{name}", item, methods=["GET", "DELETE", "PATCH"]),
         Route("/apis/{group}/{version}/namespaces/{ns}/{plural}", collection, methods=["GET", "POST"]),
-        Route("/apis/{group}/{version}/namespaces/{ns}/{plural}/{name}", item, methods=["GET", "DELETE"]),
+        Route("/apis/{group}/{version}/namespaces/{ns}/{plural}/{name}", item, methods=["GET", "DELETE", "PATCH"]),
         Route("/_standin/refusals", refusals, methods=["POST", "DELETE"]),
         *(extra_routes or []),
     ]

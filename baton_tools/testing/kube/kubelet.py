@@ -12,8 +12,9 @@ a cluster. What it does, per pod the stand-in API stores:
   ``Pending`` with the container waiting in ``ErrImagePull``;
 - resolves the environment (``value``, ``fieldRef`` ``status.podIP`` / ``metadata.*``,
   ``secretKeyRef``), expands ``$(VAR)`` in command and args, gives each ``emptyDir`` volume a
-  directory and maps its mount path to it in args, env and ``workingDir`` (a process here
-  has no mount namespace of its own);
+  directory and each ``secret`` volume one holding its items as files (``defaultMode``), and
+  maps their mount paths to them in args, env and ``workingDir`` (a process here has no mount
+  namespace of its own; ``readOnly`` is not enforced);
 - starts the command in a ``pids`` cgroup of its own when the machine allows one (so every
   descendant is found, ``setsid`` or not), else finds the pod's processes by an environment
   marker; reports ``Running`` with ``podIP`` and ``Ready`` (probes are not run);
@@ -253,9 +254,12 @@ class Kubelet:
         mounts: list[tuple[str, str]] = []
         volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
         for m in c.get("volumeMounts") or []:
-            if "emptyDir" in volumes.get(m["name"], {}):
+            vol = volumes.get(m["name"], {})
+            if "emptyDir" in vol or "secret" in vol:
                 host = rt.dir / "volumes" / m["name"]
                 host.mkdir(parents=True, exist_ok=True)
+                if "secret" in vol:
+                    self._project_secret(rt.namespace, vol["secret"], host)
                 mounts.append((m["mountPath"].rstrip("/"), str(host)))
         mounts.sort(key=lambda m: -len(m[0]))
 
@@ -294,16 +298,39 @@ class Kubelet:
         return {"status.podIP": rt.ip, "metadata.name": rt.name, "metadata.namespace": rt.namespace,
                 "metadata.uid": rt.uid, "spec.nodeName": NODE}.get(path, "")
 
-    def _secret(self, namespace: str, ref: Obj) -> str:
+    def _secret_bytes(self, namespace: str, name: str, key: str) -> bytes:
         try:
-            secret = self.store.get("secrets", namespace, ref["name"])
+            secret = self.store.get("secrets", namespace, name)
         except ApiStatusError:
-            raise LookupError(f'secret "{ref["name"]}" not found') from None
-        if ref["key"] in (secret.get("stringData") or {}):
-            return str(secret["stringData"][ref["key"]])
-        if ref["key"] in (secret.get("data") or {}):
-            return base64.b64decode(secret["data"][ref["key"]]).decode()
-        raise LookupError(f'couldn\'t find key {ref["key"]} in Secret {namespace}/{ref["name"]}')
+            raise LookupError(f'secret "{name}" not found') from None
+        if key in (secret.get("stringData") or {}):
+            return str(secret["stringData"][key]).encode()
+        if key in (secret.get("data") or {}):
+            return base64.b64decode(secret["data"][key])
+        raise LookupError(f"couldn't find key {key} in Secret {namespace}/{name}")
+
+    def _secret(self, namespace: str, ref: Obj) -> str:
+        return self._secret_bytes(namespace, ref["name"], ref["key"]).decode()
+
+    def _project_secret(self, namespace: str, src: Obj, into: pathlib.Path) -> None:
+        """A ``secret`` volume: each item (or every key) as a file of ``defaultMode``.
+
+        Raises:
+            LookupError: the Secret or an item's key is missing.
+        """
+        name = src["secretName"]
+        items = src.get("items")
+        if items is None:
+            try:
+                secret = self.store.get("secrets", namespace, name)
+            except ApiStatusError:
+                raise LookupError(f'secret "{name}" not found') from None
+            items = [{"key": k, "path": k} for k in {**(secret.get("data") or {}), **(secret.get("stringData") or {})}]
+        for item in items:
+            path = into / item["path"]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(self._secret_bytes(namespace, name, item["key"]))
+            path.chmod(int(item.get("mode", src.get("defaultMode", 0o644))) & 0o777 | 0o400)
 
     # --- processes ------------------------------------------------------------------------
 

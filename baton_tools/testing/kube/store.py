@@ -11,6 +11,7 @@ A **stand-in**, not Kubernetes: nothing here ran against a real API server. It k
   processes and calls :meth:`Store.remove` (as the real kubelet confirms a deletion);
 - removing an object removes the objects whose ``ownerReferences`` name its uid (the
   garbage collector's background deletion);
+- a JSON merge patch (``ownerReferences`` added to an object, say);
 - :class:`Refusal` makes a verb fail with a ``Status`` (403 RBAC, 403 quota, 422, 409 …).
 """
 from __future__ import annotations
@@ -76,6 +77,9 @@ class Store:
     #: Kinds this API serves beyond the core ones (``"sandboxes.agents.x-k8s.io"``: the CRD
     #: is installed).
     extra_resources: set[str] = field(default_factory=set)
+    #: RBAC: resource → the verbs the caller may use (``None`` = everything). A verb not
+    #: granted gets the API's 403, as for a ServiceAccount whose Role lacks it.
+    allowed: dict[str, set[str]] | None = None
     _changed: asyncio.Event | None = None
 
     def changed(self) -> asyncio.Event:
@@ -91,7 +95,11 @@ class Store:
     # --- refusals -------------------------------------------------------------------------
 
     def check(self, verb: str, resource: str) -> None:
-        """Raise the first matching :class:`Refusal` (consuming one of its ``times``)."""
+        """Raise a 403 for a verb :attr:`allowed` does not grant, else the first matching
+        :class:`Refusal` (consuming one of its ``times``)."""
+        if self.allowed is not None and verb not in self.allowed.get(resource, set()):
+            raise ApiStatusError(403, "Forbidden", f'{resource} is forbidden: User "system:serviceaccount:baton:'
+                                                   f'baton-sandbox-host" cannot {verb} resource "{resource}"')
         for r in self.refusals:
             if r.verb in (verb, "*") and r.resource in (resource, "*"):
                 if r.times is not None:
@@ -165,6 +173,23 @@ class Store:
         await self._emit("MODIFIED", resource, namespace, obj)
         return copy.deepcopy(obj)
 
+    async def patch(self, resource: str, namespace: str, name: str, patch: Obj) -> Obj:
+        """Apply a JSON merge patch (RFC 7386: ``application/merge-patch+json``); ``uid``,
+        ``name`` and ``namespace`` stay. A ``data`` change of an ``immutable`` object is
+        refused (422), as the API refuses it for Secrets."""
+        obj = self.objects.get((resource, namespace, name))
+        if obj is None:
+            raise ApiStatusError(404, "NotFound", f'{resource} "{name}" not found')
+        if obj.get("immutable") and any(k in patch for k in ("data", "stringData")):
+            raise ApiStatusError(422, "Invalid", f'{resource} "{name}" is invalid: data: field is immutable')
+        keep = {k: obj["metadata"][k] for k in ("uid", "name", "namespace") if k in obj["metadata"]}
+        merged = _merge(obj, patch)
+        merged["metadata"].update(keep)
+        self.objects[(resource, namespace, name)] = merged
+        self._next_rv(merged)
+        await self._emit("MODIFIED", resource, namespace, merged)
+        return copy.deepcopy(merged)
+
     async def delete(self, resource: str, namespace: str, name: str) -> Obj:
         """Delete: graceful (``deletionTimestamp`` set) for a pod on a node, else at once."""
         obj = self.objects.get((resource, namespace, name))
@@ -190,6 +215,19 @@ class Store:
             if ns == namespace and any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or []):
                 await self.delete(res, ns, n)
         return copy.deepcopy(obj)
+
+
+def _merge(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch: objects merge key by key, ``null`` removes, the rest replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = _merge(out.get(k), v)
+    return out
 
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
