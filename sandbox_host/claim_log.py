@@ -354,6 +354,27 @@ class ClaimLog:
         the saved transcript below what an earlier host saved)."""
         return self.replay is not None and self.replay.caught_up
 
+    async def see_stored_end(self) -> None:
+        """Show the machine the last chunk stored before this claim's fence, so that it knows
+        whether the log already ends in a terminal event (``RUN_FINISHED``/``RUN_ERROR``).
+
+        A successor that decides before its replay reached the stored end (a cancel carried
+        by its claim, a failure before streaming) must not append after that end (AG-UI:
+        nothing follows a terminal event). Chunks this claim appended were shown already.
+
+        Raises:
+            LogUnavailable: JetStream did not answer.
+        """
+        if self.machine.terminal_emitted or self.fence_seq is None:
+            return
+        stored = await self.deps.log.stored_headers(self.run_id, before=self.fence_seq)
+        last = next((r for r in reversed(stored) if r.kind == "chunk"), None)
+        if last is None:
+            return
+        body = await self.deps.read_chunk(self.run_id, last.offset)
+        if isinstance(body, dict):
+            self.machine.saw_chunk(body)
+
     async def prepare_transcript(self, sbx: "Sandbox | None") -> None:
         """Make the builder hold what the log holds before the sandbox goes or the transcript
         is saved: rebuild it from the journal (``sbx``) when the replay did not catch up,

@@ -260,6 +260,13 @@ class Finisher:
 
     async def _append(self) -> Outcome:
         chunks = list(self.d.append)
+        if chunks:
+            # Decided before the replay showed the stored end (a successor's cancel or
+            # failure): a log that already ends in a terminal event gets nothing after it.
+            await self._retry(self.log.see_stored_end, "reading the stored end")
+            if self.log.machine.terminal_emitted:
+                log.info("run %s: its log already holds its end; nothing appended after it", self.run_id)
+                return "done"
         if chunks and chunks[0].get("name") == RUN_CANCELLED:
             chunks[0] = M.cancelled_chunk(reason=chunks[0]["value"]["reason"], process_gone=self._process_gone,
                                           sandbox_destroyed=self._destroyed)
