@@ -82,6 +82,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("BATON_K8S_AGENT_SANDBOX", "auto", "kubernetes provider: `auto` = a kubernetes-sigs/agent-sandbox `Sandbox` per sandbox where its CRD is served (else a bare pod), `on`, `off`"),
     Setting("BATON_CANCEL_GRACE", "5", "seconds between SIGTERM and SIGKILL on cancel"),
     Setting("BATON_DETACHED_RUN_TTL", "3600", "seconds a run may stay detached before the reaper cancels it"),
+    Setting("BATON_DETACHED_RUN_TTL_MAX", "86400", "gateways: the longest detached TTL (seconds) a client may ask for a run (a join's `keepTtl`, `POST /api/runs/{runId}/keep`, gRPC `KeepRun`); a longer request is clamped to it and the answer says what was granted"),
     Setting("BATON_REAPER_INTERVAL", "60", "seconds between reaper sweeps (leader only)"),
     Setting("BATON_RECORD_CACHE_SIZE", "10000", "runs whose record the coordinator remembers, so a claim or update is one etcd transaction (0 disables; writes still compare in etcd)"),
     Setting("BATON_RECORD_RETENTION", "", "seconds a terminal run record (with its thread-membership and sandbox entries) is kept after the run ended; empty = BATON_LOG_MAX_AGE, 0 = forever (leader only)"),
