@@ -62,7 +62,7 @@ START_GRACE = 60.0
 
 
 async def _cancel_if_still_detached(store: RunStore, listed: RunRecord, timeout: float, *,
-                                    ttl: float, now: float) -> str | None:
+                                    ttl: float, now: float | None) -> str | None:
     """Set ``cancel_requested`` (reason ``reaped``) only while the run is detached as listed
     and expired at ``now`` (``ttl`` and the record's ``kept_until`` as written).
 
@@ -122,6 +122,8 @@ class ReaperSweep:
         self.default_ttl = default_ttl
         self.clock = clock
         self._lock = asyncio.Lock()
+        #: (ttl, now) of the sweep under way (``now`` None outside one: no keep-alive check).
+        self._swept: tuple[float, float | None] = (default_ttl, None)
 
     async def __call__(self, ttl: float, now: float) -> dict[str, int]:
         return await self.sweep(ttl, now)
@@ -132,13 +134,15 @@ class ReaperSweep:
         now = now if now > 0 else self.clock()
         counts = {k: 0 for k in OUTCOMES}
         async with self._lock:
+            self._swept = (ttl, now)
             store, cfg = self.ctx.store, self.ctx.config
             detached = await store.list_reclaimable(now, 0.0, 0, timeout=cfg.etcd_timeout)
             pool = HostPool()
             try:
                 for rec in detached:
                     try:
-                        outcome = await self._reap_one(pool, rec, ttl=ttl, now=now)
+                        expired = keep.expired(rec.detached_since, ttl, kept_until_of(rec), now)
+                        outcome = await self._reap_one(pool, rec, expired=expired)
                     except (StoreUnavailable, grpc.aio.AioRpcError) as exc:
                         log.warning("reaper: run %s: %s", rec.run_id, exc)
                         outcome = "failed"
@@ -162,10 +166,12 @@ class ReaperSweep:
         log.info("reaper sweep: %s", counts)
         return counts
 
-    async def _reap_one(self, pool: HostPool, listed: RunRecord, *, ttl: float, now: float) -> str:
+    async def _reap_one(self, pool: HostPool, listed: RunRecord, *, expired: bool) -> str:
+        """One listed run's outcome. ``expired``: as listed (TTL and ``kept_until``); during
+        a sweep the cancel checks ``kept_until`` again as the record is when written."""
         store, cfg = self.ctx.store, self.ctx.config
-        kept = kept_until_of(listed)
-        if keep.expired(listed.detached_since, ttl, kept, now):
+        ttl, now = self._swept
+        if expired:
             stop = await _cancel_if_still_detached(store, listed, cfg.etcd_timeout, ttl=ttl, now=now)
             if stop is not None:
                 return stop
@@ -182,7 +188,8 @@ class ReaperSweep:
             return "not-claimed"
         if claim is not None or cur.starting:
             # Detached past the default TTL, held by a client's keep-alive: say so.
-            return "kept" if keep.expired(listed.detached_since, ttl, None, now) else "producing"
+            held = now is not None and keep.expired(listed.detached_since, ttl, None, now)
+            return "kept" if held else "producing"
         res = await attach_somewhere(self.ctx, pool, listed.run_id, "drive", patience=self.patience)
         if res == "no-host":
             return "reclaim-failed"
