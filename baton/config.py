@@ -93,6 +93,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("BATON_LOG_MAX_AGE", "2592000", "delivery-log retention in seconds (30 days); coordinators: how long a run id whose record retention deleted stays retired"),
     Setting("BATON_SNAPSHOT_CHUNKS", "5000", "hosts: a run's log gets a snapshot (the messages so far, for a join from a snapshot) once this many chunks were appended since the last one (and at least as many bytes as the last snapshot weighs), at the next point where no message is open (0 = never by count)"),
     Setting("BATON_SNAPSHOT_BYTES", "1048576", "hosts: as BATON_SNAPSHOT_CHUNKS, once this many bytes of chunk JSON were appended (1 MiB; 0 = never by size); whichever comes first"),
+    Setting("BATON_LOG_COMPACT_AFTER", "0", "coordinators (leader only, at the reaper's pace): seconds after a run ended before its delivery log is compacted to its final snapshot and its end (a later join from the start gets `CUSTOM stream.compacted`, then the snapshot); a log whose final snapshot does not cover its last chunk is left whole; 0 = never. The leader connects to NATS (BATON_NATS_*) for it"),
     Setting("BATON_LOG_REPLICAS", "1", "JetStream replicas for the stream and bucket"),
     Setting("BATON_WORKSPACE_OBJECTS", "baton-workspaces", "JetStream Object Store bucket holding workspace snapshots (manifests and packs)"),
     Setting("BATON_WORKSPACE_HEADS", "baton-sessions", "JetStream KV bucket holding each thread's head: its workspace snapshot and agent session"),
