@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import socket
 from dataclasses import dataclass, field, fields, replace
@@ -29,6 +30,9 @@ class CoordinatorConfig:
         record_retention: seconds a terminal record is kept after its run ended (0: forever).
         log_max_age: the delivery log's retention in seconds (``BATON_LOG_MAX_AGE``; 0:
             unlimited): how long a run id whose record retention deleted stays retired.
+        log_compact_after: seconds after a run ended before the leader compacts its log
+            (``BATON_LOG_COMPACT_AFTER``; 0: never; coordinator/compaction.py).
+        nats_url: NATS server URL(s) (``BATON_NATS_URL``), for compaction only.
         etcd_page_size: keys per etcd range response (every range read is paged).
         internal_token: the cluster's internal token every caller must send
             (:mod:`baton.internal_auth`); empty: no check.
@@ -54,6 +58,8 @@ class CoordinatorConfig:
     record_cache_size: int = 10_000
     record_retention: float = 30 * 24 * 3600.0
     log_max_age: float = 30 * 24 * 3600.0
+    log_compact_after: float = 0.0
+    nats_url: str = "nats://127.0.0.1:4222"
     etcd_page_size: int = 500
     internal_token: str = field(default="", repr=False)
     fast_failover: bool = True
@@ -90,6 +96,8 @@ class CoordinatorConfig:
             record_retention=f("BATON_RECORD_RETENTION") if g("BATON_RECORD_RETENTION").strip()
             else f("BATON_LOG_MAX_AGE"),
             log_max_age=f("BATON_LOG_MAX_AGE"),
+            log_compact_after=_seconds(f("BATON_LOG_COMPACT_AFTER"), "BATON_LOG_COMPACT_AFTER"),
+            nats_url=g("BATON_NATS_URL"),
             etcd_page_size=_count(f("BATON_ETCD_PAGE_SIZE"), "BATON_ETCD_PAGE_SIZE") or 1,
             internal_token=g("BATON_INTERNAL_TOKEN"),
             fast_failover=_flag(g("BATON_FAST_FAILOVER"), "BATON_FAST_FAILOVER"),
@@ -114,6 +122,12 @@ def _flag(value: str, name: str) -> bool:
     if v in ("0", "false", "no", "off", ""):
         return False
     raise ValueError(f"{name} must be 1 or 0, got {value!r}")
+
+
+def _seconds(value: float, name: str) -> float:
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a number of seconds >= 0, got {value:g}")
+    return value
 
 
 def _count(value: float, name: str) -> int:

@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import grpc
 
-from baton import errors
+from baton import errors, keep
 from baton.grpc_errors import abort
 from baton.ids import validate_id, validate_input_id
 from baton.runs import MAX_INPUT_TEXT
@@ -26,6 +26,7 @@ from baton.v1.runs_pb2 import Claim, RunRecord, RunStatus
 from coordinator import _etcd as E
 from coordinator import _intents
 from coordinator._records import check_enums, check_paths
+from coordinator.rules import kept_until_of
 from coordinator._store import PURPOSES, RunStore, UpdateOutcome
 from coordinator._etcd import LeaseNotFound
 from coordinator._liveness import FastFailover, StreamKeeper
@@ -162,7 +163,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             if claim is not None:
                 resp.claim.CopyFrom(claim)
             if rec.status == RunStatus.RUN_STATUS_RUNNING and rec.HasField("detached_since"):
-                resp.reap_at = rec.detached_since + self.detached_run_ttl
+                resp.reap_at = keep.reap_deadline(rec.detached_since, self.detached_run_ttl, kept_until_of(rec))
             return resp
         return await self._call(context, go())
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from coordinator._config import CoordinatorConfig
 from coordinator._election import LeaderTask
@@ -41,10 +41,11 @@ def _reaper_sweep(ctx: WiringContext) -> "ReaperSweep":
 
 def build_leader_tasks(ctx: WiringContext) -> list[LeaderTask]:
     """Leader-only tasks beyond the built-in presence sweeper (failover scheduler, index
-    backfill, reaper loop, record retention)."""
+    backfill, reaper loop, record retention, log compaction)."""
     from coordinator._indexes import backfill
     from coordinator.failover import failover_scheduler
     from coordinator.reaper import reaper_loop
+    from coordinator.compaction import compaction_loop
     from coordinator.retention import retention_loop
 
     tasks: list[LeaderTask] = [functools.partial(failover_scheduler, metrics=ctx.metrics), backfill]
@@ -54,7 +55,18 @@ def build_leader_tasks(ctx: WiringContext) -> list[LeaderTask]:
         if ctx.config.record_retention > 0:
             tasks.append(retention_loop(ctx.config.record_retention, ctx.config.reaper_interval,
                                         ctx.config.log_max_age))
+        # Log compaction too (it needs NATS: only configured leaders connect).
+        if ctx.config.log_compact_after > 0:
+            tasks.append(compaction_loop(ctx.config.log_compact_after, ctx.config.reaper_interval,
+                                         functools.partial(_connect_log, ctx.config)))
     return tasks
+
+
+async def _connect_log(config: CoordinatorConfig) -> Any:
+    """The compaction task's delivery log (``BATON_NATS_*``, ``BATON_RUNS_STREAM``...)."""
+    from baton.log import DeliveryLog, LogConfig
+
+    return await DeliveryLog.connect(config.nats_url, LogConfig.from_env())
 
 
 def build_reaper(ctx: WiringContext) -> Reaper:

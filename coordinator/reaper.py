@@ -3,7 +3,8 @@
 One sweep lists every detached running run (by the reclaimable index, no scan of all runs)
 and decides each:
 
-* **expired** (detached for at least ``ttl``, inclusive as in the reference reaper): the
+* **expired** (detached for at least ``ttl``, inclusive as in the reference reaper, and
+  past any ``kept_until`` a client asked for): the
   cancel is requested *only if the run is still detached as listed* (one etcd compare on
   the record's revision), so a reader that came back between listing and claim wins.
   A live driver sees the cancel via ``WatchRun`` (and the fast path ``CancelRun`` on its
@@ -14,6 +15,9 @@ and decides each:
   appends the rest and finishes, so its transcript is saved.
 * **producing**: not expired and a live host drives it: left untouched. A run still
   ``starting`` (its input not durable) is never handed to a host to drive either.
+* **kept**: detached past ``ttl`` but a client asked to keep it longer (``kept_until`` on
+  its record, :mod:`baton.keep`): treated as not expired. Also when that keep-alive landed
+  between listing and cancel (checked in the cancel's compare).
 * **not-claimed**: a reader came back (``detached_since`` cleared or moved) before the
   reaper acted: left untouched.
 * **unknown**: the run vanished or became terminal between listing and acting.
@@ -36,6 +40,7 @@ from typing import Awaitable, Callable
 
 import grpc
 
+from baton import keep
 from baton.errors import StoreUnavailable
 from baton.v1 import runs_pb2, sandbox_host_pb2
 from baton.v1.runs_pb2 import RunRecord
@@ -43,28 +48,30 @@ from baton.v1.runs_pb2 import RunRecord
 from coordinator import _etcd as E
 from coordinator._election import LeaderContext
 from coordinator._store import RunStore
-from coordinator.rules import REAPED, Plan, Snapshot, reap_cancel
+from coordinator.rules import REAPED, Plan, Snapshot, kept_until_of, reap_cancel
 from coordinator.failover import HostPool, attach_somewhere
 
 log = logging.getLogger(__name__)
 
 OUTCOMES = ("expired", "finalized", "producing", "unknown", "not-claimed", "reclaim-failed", "failed",
-            "start-abandoned")
+            "start-abandoned", "kept")
 START_ABANDONED = "start-abandoned"
 #: Seconds a run may stay ``starting`` before the reaper ends it (a client retrying a
 #: failed POST has this long to start it).
 START_GRACE = 60.0
 
 
-async def _cancel_if_still_detached(store: RunStore, listed: RunRecord, timeout: float) -> str | None:
-    """Set ``cancel_requested`` (reason ``reaped``) only while the run is detached as listed.
+async def _cancel_if_still_detached(store: RunStore, listed: RunRecord, timeout: float, *,
+                                    ttl: float, now: float | None) -> str | None:
+    """Set ``cancel_requested`` (reason ``reaped``) only while the run is detached as listed
+    and expired at ``now`` (``ttl`` and the record's ``kept_until`` as written).
 
     Returns:
         ``None`` when the cancel was requested, else the outcome that stops the reap
-        (``unknown`` or ``not-claimed``).
+        (``unknown``, ``not-claimed`` or ``kept``).
     """
     def decide(snap: Snapshot) -> Plan[str | None]:
-        return reap_cancel(snap, listed_detached_since=listed.detached_since)
+        return reap_cancel(snap, listed_detached_since=listed.detached_since, ttl=ttl, now=now)
 
     return await store.mutate(listed.run_id, decide, timeout=timeout)
 
@@ -115,6 +122,8 @@ class ReaperSweep:
         self.default_ttl = default_ttl
         self.clock = clock
         self._lock = asyncio.Lock()
+        #: (ttl, now) of the sweep under way (``now`` None outside one: no keep-alive check).
+        self._swept: tuple[float, float | None] = (default_ttl, None)
 
     async def __call__(self, ttl: float, now: float) -> dict[str, int]:
         return await self.sweep(ttl, now)
@@ -125,13 +134,15 @@ class ReaperSweep:
         now = now if now > 0 else self.clock()
         counts = {k: 0 for k in OUTCOMES}
         async with self._lock:
+            self._swept = (ttl, now)
             store, cfg = self.ctx.store, self.ctx.config
             detached = await store.list_reclaimable(now, 0.0, 0, timeout=cfg.etcd_timeout)
             pool = HostPool()
             try:
                 for rec in detached:
                     try:
-                        outcome = await self._reap_one(pool, rec, expired=rec.detached_since <= now - ttl)
+                        expired = keep.expired(rec.detached_since, ttl, kept_until_of(rec), now)
+                        outcome = await self._reap_one(pool, rec, expired=expired)
                     except (StoreUnavailable, grpc.aio.AioRpcError) as exc:
                         log.warning("reaper: run %s: %s", rec.run_id, exc)
                         outcome = "failed"
@@ -156,9 +167,12 @@ class ReaperSweep:
         return counts
 
     async def _reap_one(self, pool: HostPool, listed: RunRecord, *, expired: bool) -> str:
+        """One listed run's outcome. ``expired``: as listed (TTL and ``kept_until``); during
+        a sweep the cancel checks ``kept_until`` again as the record is when written."""
         store, cfg = self.ctx.store, self.ctx.config
+        ttl, now = self._swept
         if expired:
-            stop = await _cancel_if_still_detached(store, listed, cfg.etcd_timeout)
+            stop = await _cancel_if_still_detached(store, listed, cfg.etcd_timeout, ttl=ttl, now=now)
             if stop is not None:
                 return stop
             _, claim = await store.get_run(listed.run_id, timeout=cfg.etcd_timeout)
@@ -173,7 +187,9 @@ class ReaperSweep:
         if not cur.HasField("detached_since"):
             return "not-claimed"
         if claim is not None or cur.starting:
-            return "producing"
+            # Detached past the default TTL, held by a client's keep-alive: say so.
+            held = now is not None and keep.expired(listed.detached_since, ttl, None, now)
+            return "kept" if held else "producing"
         res = await attach_somewhere(self.ctx, pool, listed.run_id, "drive", patience=self.patience)
         if res == "no-host":
             return "reclaim-failed"

@@ -24,6 +24,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Callable, Generic, Sequence, TypeVar
 
+from baton import keep
 from baton.errors import RunClaimLost, RunClaimNotAcquired, ThreadBusy, UnknownRun
 from baton.runs import MAX_RECORD_BYTES, MAX_RUN_INPUTS
 from baton.v1.coordinator_pb2 import PutRunInputRequest, PutRunInputResponse, SandboxInstance
@@ -213,19 +214,34 @@ def request_cancel(snap: Snapshot, *, reason: str) -> Plan[RunRecord]:
     return Plan(new, new=new)
 
 
-def reap_cancel(snap: Snapshot, *, listed_detached_since: float) -> Plan[str | None]:
-    """The reaper's cancel (reason :data:`REAPED`), only while the run is detached as listed.
+def kept_until_of(rec: RunRecord) -> float | None:
+    """The record's ``kept_until`` (a client's keep-alive), or ``None`` when none was asked."""
+    return rec.kept_until if rec.HasField("kept_until") else None
+
+
+def reap_cancel(snap: Snapshot, *, listed_detached_since: float, ttl: float = 0.0,
+                now: float | None = None) -> Plan[str | None]:
+    """The reaper's cancel (reason :data:`REAPED`), only while the run is detached as listed
+    and no client's keep-alive (``kept_until``) holds it past ``now``.
+
+    Args:
+        ttl: the default detached TTL (seconds); with ``now``, checked against the record as
+            it is when written, so a keep-alive landing after the listing wins.
+        now: the sweep's time (Unix seconds); ``None``: no keep-alive check.
 
     Returns:
         A plan whose result is ``None`` when the cancel is (or already was) requested, else
-        the outcome that stops the reap: ``unknown`` (gone or not running) or
-        ``not-claimed`` (a reader came back, and maybe left again later).
+        the outcome that stops the reap: ``unknown`` (gone or not running),
+        ``not-claimed`` (a reader came back, and maybe left again later) or ``kept`` (a
+        client asked to keep it longer).
     """
     cur = snap.record
     if cur is None or cur.status != RunStatus.RUN_STATUS_RUNNING:
         return Plan("unknown", write=False)
     if not cur.HasField("detached_since") or cur.detached_since != listed_detached_since:
         return Plan("not-claimed", write=False)
+    if now is not None and not keep.expired(cur.detached_since, ttl, kept_until_of(cur), now):
+        return Plan("kept", write=False)
     if cur.cancel_requested and cur.cancel_reason == REAPED:
         return Plan(None, write=False)
     new = _copy(cur)

@@ -30,7 +30,8 @@ from gateway import _grpc_wire
 from gateway._auth import one_authorization, tenant_of_header
 from gateway._errors import StartFailed, grpc_status, mapping_for
 from gateway._paging import check_cursor, check_limit, window
-from gateway._grpc_input import cancel_request_of, join_request_of, list_runs_request_of, start_request_of
+from gateway._grpc_input import (cancel_request_of, join_request_of, keep_request_of, list_runs_request_of,
+                                 start_request_of)
 from gateway._reader import RunRead, stream_log
 from gateway._service import (MAX_JSON_DEPTH, JoinRequest, RunService, approval_answer, awaiting_approval, fork_request,
                              steer_request)
@@ -59,6 +60,8 @@ def run_info(record: runs_pb2.RunRecord, claim: Any | None = None, reap_at: floa
             setattr(info, name, getattr(record, name))
     if reap_at is not None:
         info.reap_at = reap_at
+    if record.HasField("kept_until"):
+        info.kept_until = record.kept_until
     if record.HasField("error") and (record.error.message or record.error.code):
         info.error.CopyFrom(record.error)
     return info
@@ -151,6 +154,13 @@ class RunsService:
         t = self._tenant(context)
         view = await self._svc.run_view(t, validate_id(request.run_id, "runId"))
         return run_info(view.record, view.claim, view.reap_at)
+
+    async def KeepRun(self, request: pb.RunKeepRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.RunKeepResponse:
+        t = self._tenant(context)
+        kept = await self._svc.keep(t, keep_request_of(request))
+        return pb.RunKeepResponse(run_id=kept.run_id, requested_seconds=kept.requested, granted_seconds=kept.granted,
+                                  kept_until=kept.kept_until,
+                                  run=run_info(kept.view.record, kept.view.claim, kept.view.reap_at))
 
     async def FindActiveRun(self, request: pb.ActiveRunRequest, context: grpc.aio.ServicerContext[Any, Any]
                             ) -> pb.ActiveRunResponse:
@@ -282,6 +292,7 @@ def generic_handler(service: RunsService) -> grpc.GenericRpcHandler[Any, Any]:
         "SteerRun": (pb.RunSteerRequest, pb.RunSteerResponse),
         "ListQueuedRuns": (pb.QueueListRequest, pb.QueueListResponse),
         "CancelQueuedRun": (pb.QueueCancelRequest, pb.QueueCancelResponse),
+        "KeepRun": (pb.RunKeepRequest, pb.RunKeepResponse),
     }
     auth, metrics = service._tenant, service._svc.state.metrics
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {

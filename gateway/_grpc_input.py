@@ -9,8 +9,10 @@ from typing import Any
 
 from baton import errors as e, strict_json
 from baton.ids import validate_id
+from baton.keep import check_keep_ttl
 from baton.v1 import runs_pb2, runs_service_pb2 as pb
 from gateway._errors import BodyTooLarge
+from gateway._service._keep import KeepRequest
 from gateway._service import (MAX_JSON_DEPTH, CancelRequest, JoinRequest, ListRunsRequest, StartLimits, StartRequest,
                               cancel_request, check_offset, json_depth, start_request)
 
@@ -90,7 +92,8 @@ def join_request_of(request: pb.RunJoinRequest) -> JoinRequest:
 
     Raises:
         InvalidArgument: a bad run id; no position, or ``from_start``/``only_new`` false
-            (field ``position``). InvalidOffset: a malformed ``after_offset``.
+            (field ``position``); a negative or non-finite ``keep_ttl_seconds``.
+            InvalidOffset: a malformed ``after_offset``.
     """
     run_id = validate_id(request.run_id, "runId")
     position = request.WhichOneof("position")
@@ -106,7 +109,17 @@ def join_request_of(request: pb.RunJoinRequest) -> JoinRequest:
         raise e.InvalidArgument("position", "is required: from_start=true reads from the start, only_new=true "
                                             "only what comes next, from_snapshot=true the latest snapshot then the rest, "
                                             "after_offset the rest after a chunk you hold")
-    return JoinRequest(run_id, after)
+    keep_ttl = check_keep_ttl(request.keep_ttl_seconds, "keep_ttl_seconds", allow_zero=True)
+    return JoinRequest(run_id, after, keep_ttl)
+
+
+def keep_request_of(request: pb.RunKeepRequest) -> KeepRequest:
+    """``RunKeepRequest`` → a keep-alive.
+
+    Raises:
+        InvalidArgument: a bad run id, or ``ttl_seconds`` not a finite number > 0.
+    """
+    return KeepRequest(validate_id(request.run_id, "runId"), check_keep_ttl(request.ttl_seconds, "ttl_seconds"))
 
 
 def cancel_request_of(request: pb.RunCancelRequest, default_timeout: float) -> CancelRequest:

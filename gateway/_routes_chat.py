@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 
 from baton import errors as e
 from baton.ids import validate_id
+from baton.keep import check_keep_ttl
 from baton.telemetry import bind_fields, remote_parent
 from gateway._http_input import cancel_request_of, check_chat_start, only_fields, read_json_object
 from gateway._reader import stream_log
@@ -55,13 +56,16 @@ async def start_chat(request: Request) -> Response | StreamResponse:
 
 #: ``?snapshot=1``: serve a from-start join (``offset=-1``) from the latest snapshot.
 SNAPSHOT_PARAM = "snapshot"
+#: ``?keepTtl=<seconds>``: keep the run that long should it be detached (clamped; docs/api.md).
+KEEP_PARAM = "keepTtl"
 
 
 async def join_chat(request: Request) -> Response | StreamResponse:
     """``GET /api/chat?runId&offset`` (or ``Last-Event-ID``): the log strictly after the offset.
 
     ``offset=snapshot`` (or ``offset=-1&snapshot=1``) joins from the run's latest snapshot:
-    its events, then every chunk after the offset it covers (docs/api.md).
+    its events, then every chunk after the offset it covers (docs/api.md). ``keepTtl``
+    (seconds) also keeps the run that long should it be detached (a keep-alive).
 
     Without ``runId`` but with ``threadId`` it answers the TanStack hydration probe
     ``{messages, activeRun}``.
@@ -85,8 +89,9 @@ async def join_chat(request: Request) -> Response | StreamResponse:
         # The app's connection URL opts a from-start join in to the snapshot (TanStack's
         # joinRun always asks for offset=-1 and keeps the URL's other parameters).
         after = "snapshot"
+    keep_ttl = check_keep_ttl(q[KEEP_PARAM], KEEP_PARAM) if KEEP_PARAM in q else 0.0
     framing = choose_framing(request.headers.get("accept"), q.get(FORMAT_PARAM))
-    read = await service.join(t, JoinRequest(run_id, after))
+    read = await service.join(t, JoinRequest(run_id, after, keep_ttl))
     if (framing == "sse" and request.headers.get("last-event-id") is not None
             and await service.closed_after(run_id, after)):
         # A reconnect to a log that closed with nothing after the offset: 204 is how the

@@ -69,6 +69,24 @@ async def steer_run(request: Request) -> Response:
     return JSONResponse({"runId": req.run_id, "inputId": stored.id}, status_code=202)
 
 
+async def keep_run(request: Request) -> Response:
+    """``POST /api/runs/{runId}/keep`` ``{"ttlSeconds": number}`` → 200 ``{"runId",
+    "requestedSeconds", "grantedSeconds", "keptUntil"}``: keep the run at least that long
+    from now should it be detached (clamped to ``BATON_DETACHED_RUN_TTL_MAX``; 409
+    ``RUN_ENDED``; another tenant's run 404 ``UNKNOWN_RUN``)."""
+    from baton.keep import check_keep_ttl
+    from gateway._http_input import only_fields, read_json_object
+    from gateway._service._keep import KeepRequest, kept_json
+
+    body = await read_json_object(request, state_of(request).settings.max_body_bytes)
+    only_fields(body, "ttlSeconds")
+    run_id = validate_id(request.path_params["run_id"], "runId")
+    if "ttlSeconds" not in body:
+        raise e.InvalidArgument("ttlSeconds", "is required: the seconds to keep the run while detached")
+    req = KeepRequest(run_id, check_keep_ttl(body["ttlSeconds"], "ttlSeconds"))
+    return JSONResponse(kept_json(await service_of(request).keep(tenant(request), req)))
+
+
 async def thread_messages(request: Request) -> Response:
     """``GET /api/threads/{threadId}/messages``: the saved transcript (AG-UI messages);
     ``?limit`` pages it newest first, ``?before=<nextCursor>`` reads the next older page."""

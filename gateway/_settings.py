@@ -1,6 +1,7 @@
 """Gateway settings, read once from ``BATON_*`` variables (docs/design.md §9) at the composition root."""
 from __future__ import annotations
 
+import math
 import os
 import pathlib
 import socket
@@ -66,6 +67,8 @@ class GatewaySettings:
         max_body_bytes: largest accepted request body, bytes.
         max_messages: most messages accepted in one ``POST /api/chat``.
         cancel_wait: default seconds ``POST /api/chat/cancel?wait=true`` waits.
+        detached_ttl_max: the longest detached TTL a client may ask for (seconds,
+            ``BATON_DETACHED_RUN_TTL_MAX``; :mod:`baton.keep`).
         reader_queue: chunks buffered per reader before backpressure reaches the log read.
         grpc_listen: ``host:port`` of the gRPC ``baton.v1.Runs`` API (port 0: any free
             port); empty serves no gRPC.
@@ -106,6 +109,7 @@ class GatewaySettings:
     max_body_bytes: int = 1 << 20
     max_messages: int = 500
     cancel_wait: float = 30.0
+    detached_ttl_max: float = 86400.0
     reader_queue: int = 256
     grpc_listen: str = ""
     metrics_listen: str = ""
@@ -156,6 +160,7 @@ class GatewaySettings:
             internal_tls=tls.from_env(env),
             public_tls=public_tls(env),
             workers=_workers(env),
+            detached_ttl_max=_positive("BATON_DETACHED_RUN_TTL_MAX", env),
         )
 
     @property
@@ -193,6 +198,18 @@ def _admission_limits(env: Mapping[str, str]) -> Any:
 
     return AdmissionLimits(per_tenant=int(read("BATON_START_PER_TENANT")), per_host=int(read("BATON_START_PER_HOST")),
                            queue=int(read("BATON_START_QUEUE")), wait=read("BATON_START_WAIT"))
+
+
+def _positive(env_name: str, env: Mapping[str, str]) -> float:
+    """A setting that must be a finite number of seconds > 0.
+
+    Raises:
+        ValueError: naming the variable otherwise.
+    """
+    v = config.get_float(env_name, env)
+    if not math.isfinite(v) or v <= 0:
+        raise ValueError(f"{env_name} must be a number of seconds > 0, not {v:g}")
+    return v
 
 
 def _workers(env: Mapping[str, str]) -> int:

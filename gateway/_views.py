@@ -74,6 +74,8 @@ def record_json(record: runs_pb2.RunRecord, claim: Any | None = None, reap_at: f
         "claimed": claim is not None,
         "detachedSince": _opt(record, "detached_since"),
         "reapAt": reap_at,
+        # A client asked to keep it this long while detached (docs/api.md, "Keeping a run").
+        "keptUntil": _opt(record, "kept_until"),
         "cancelRequested": record.cancel_requested,
         "agent": record.agent.kind or None,
         # The thread's workspace as the run was started in it (names only, never secrets).

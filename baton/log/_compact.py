@@ -31,8 +31,21 @@ def is_compacted(first: RawRecord | None) -> bool:
             and first.headers.get(H.EXPECTED_LAST_SUBJECT_SEQ) != "0")
 
 
+#: What :func:`compact_outcome` found: compacted now, compacted before, not closed yet (or
+#: empty), closed too recently, or closed but its end not covered by a final snapshot (left
+#: whole: a join from the start reads it all, as before).
+OUTCOMES = ("compacted", "already", "open", "young", "uncovered")
+
+
 async def compact(nc: NATS, cfg: LogConfig, run_id: str, *, now: float, older_than: float,
                   timeout: float = 5.0) -> bool:
+    """:func:`compact_outcome`, as a boolean: True when the log is compacted (now or before)."""
+    out = await compact_outcome(nc, cfg, run_id, now=now, older_than=older_than, timeout=timeout)
+    return out in ("compacted", "already")
+
+
+async def compact_outcome(nc: NATS, cfg: LogConfig, run_id: str, *, now: float, older_than: float,
+                          timeout: float = 5.0) -> str:
     """Drop the run's chunks and earlier snapshots when its log closed more than
     ``older_than`` seconds before ``now`` and its final snapshot covers its last chunk.
 
@@ -40,9 +53,12 @@ async def compact(nc: NATS, cfg: LogConfig, run_id: str, *, now: float, older_th
         now: the current time (Unix seconds), injected.
         older_than: how long ago the close record must have been stored (seconds).
 
+    Idempotent: a compacted log is found so (``already``) and left as it is. A reader in the
+    middle of the log when its chunks go gets an ``OffsetExpired`` (a gap), never a silent
+    jump to the end (:class:`baton.log._reader.LogReader`).
+
     Returns:
-        True when the log is compacted (now or before); False when it is not closed, too
-        young, or its end is not covered by a snapshot.
+        One of :data:`OUTCOMES`.
 
     Raises:
         LogUnavailable: JetStream did not answer.
@@ -51,22 +67,24 @@ async def compact(nc: NATS, cfg: LogConfig, run_id: str, *, now: float, older_th
     js = nc.jetstream()
     try:
         close = await last_on_subject(nc, cfg.stream, subject, timeout=timeout)
-        if close is None or close.headers.get(H.KIND) != "close" or now - close.stored_at < older_than:
-            return False
+        if close is None or close.headers.get(H.KIND) != "close":
+            return "open"
+        if now - close.stored_at < older_than:
+            return "young"
         first = await first_on_subject(nc, cfg.stream, subject, timeout=timeout)
         if is_compacted(first):
-            return True
+            return "already"
         final = await latest_final(nc, cfg, run_id, timeout=timeout)
         if final is None:
-            return False
+            return "uncovered"
         offset = int(final.headers.get(H.SNAP_OFFSET, "0") or 0)
         after = await first_on_subject(nc, cfg.stream, subject, start=offset + 1, timeout=timeout)
         if after is None or after.seq != close.seq:
-            return False  # chunks (or a fence) after the snapshot: it does not cover the end
+            return "uncovered"  # chunks (or a fence) after the snapshot: it does not cover the end
         keep_from = int(final.headers.get(H.SNAP_FIRST, str(final.seq)))
         await js.purge_stream(cfg.stream, subject=snapshot_subject(cfg, run_id), seq=keep_from)
         await js.purge_stream(cfg.stream, subject=subject, seq=close.seq)
     except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
         raise LogUnavailable(run_id, f"compacting the log failed: {type(exc).__name__}") from exc
     log.info("log of run %s compacted to its final snapshot (offset %d) and its close", run_id, offset)
-    return True
+    return "compacted"

@@ -246,6 +246,12 @@ class DeliveryLog:
 
         return await compact(self.nc, self.cfg, run_id, now=now, older_than=older_than)
 
+    async def compact_outcome(self, run_id: str, *, now: float, older_than: float) -> str:
+        """See :func:`baton.log._compact.compact_outcome` (what compaction did, or why not)."""
+        from baton.log._compact import compact_outcome
+
+        return await compact_outcome(self.nc, self.cfg, run_id, now=now, older_than=older_than)
+
     async def last_record(self, run_id: str) -> H.StoredRecord | None:
         """Headers of the run's last record (e.g. to see if the log is closed), or None.
 

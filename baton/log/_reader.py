@@ -161,10 +161,19 @@ class LogReader(AsyncIterator[Item]):
             self._nc, self._cfg.stream, self._subject, self._start_seq,
             idle_heartbeat=self._hb, batch=self._pending_msgs,
         )
+        # The stream sequence of the last record this read saw: a later record whose
+        # predecessor on the subject (its expected-last-sequence header) is newer than that
+        # means records between were removed under this read (a compaction purged them): a
+        # gap, never a silent jump to the end. Where a read starts is open()'s to check.
+        seen: int | None = None
         async with consumer:
             try:
                 while True:
                     rec = await consumer.next()
+                    prev = rec.headers.get(H.EXPECTED_LAST_SUBJECT_SEQ)
+                    if seen is not None and prev is not None and prev.isdigit() and int(prev) > seen:
+                        raise OffsetExpired(self.run_id, self._last_offset or self.after, str(rec.seq))
+                    seen = rec.seq
                     kind = rec.headers.get(H.KIND, "chunk")
                     if kind == "chunk":
                         offset = str(rec.seq)

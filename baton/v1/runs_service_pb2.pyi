@@ -135,6 +135,7 @@ class RunJoinRequest(_message.Message):
     FROM_START_FIELD_NUMBER: _builtins.int
     ONLY_NEW_FIELD_NUMBER: _builtins.int
     FROM_SNAPSHOT_FIELD_NUMBER: _builtins.int
+    KEEP_TTL_SECONDS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     after_offset: _builtins.str
     """Strictly after this offset (the `offset` of the last chunk you hold)."""
@@ -145,6 +146,11 @@ class RunJoinRequest(_message.Message):
     """The run's latest snapshot (chunks without an offset, the last one carrying the
     offset it covers), then every chunk after it; from the start when it has none yet.
     """
+    keep_ttl_seconds: _builtins.float
+    """> 0: keep the run at least this many seconds from now should it become detached
+    (as KeepRun; clamped to the operator's maximum). 0: no change. Negative, or not
+    finite: INVALID_ARGUMENT (field `keep_ttl_seconds`).
+    """
     def __init__(
         self,
         *,
@@ -153,16 +159,42 @@ class RunJoinRequest(_message.Message):
         from_start: _builtins.bool = ...,
         only_new: _builtins.bool = ...,
         from_snapshot: _builtins.bool = ...,
+        keep_ttl_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["after_offset", b"after_offset", "from_snapshot", b"from_snapshot", "from_start", b"from_start", "only_new", b"only_new", "position", b"position"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_offset", b"after_offset", "from_snapshot", b"from_snapshot", "from_start", b"from_start", "only_new", b"only_new", "position", b"position", "run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_offset", b"after_offset", "from_snapshot", b"from_snapshot", "from_start", b"from_start", "keep_ttl_seconds", b"keep_ttl_seconds", "only_new", b"only_new", "position", b"position", "run_id", b"run_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_position: _TypeAlias = _typing.Literal["after_offset", "from_start", "only_new", "from_snapshot"]  # noqa: Y015
     _WhichOneofArgType_position: _TypeAlias = _typing.Literal["position", b"position"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_position) -> _WhichOneofReturnType_position | None: ...
 
 Global___RunJoinRequest: _TypeAlias = RunJoinRequest  # noqa: Y015
+
+@_typing.final
+class RunKeepRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    TTL_SECONDS_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    ttl_seconds: _builtins.float
+    """Seconds from now the run may stay detached before the reaper cancels it (> 0, finite;
+    else INVALID_ARGUMENT, field `ttl_seconds`); above the maximum it is clamped.
+    """
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        ttl_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunKeepRequest: _TypeAlias = RunKeepRequest  # noqa: Y015
 
 @_typing.final
 class RunEvent(_message.Message):
@@ -412,6 +444,7 @@ class RunInfo(_message.Message):
     AGENT_FIELD_NUMBER: _builtins.int
     AWAITING_APPROVAL_FIELD_NUMBER: _builtins.int
     INPUTS_FIELD_NUMBER: _builtins.int
+    KEPT_UNTIL_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     thread_id: _builtins.str
     status: _runs_pb2.RunStatus.ValueType
@@ -426,6 +459,8 @@ class RunInfo(_message.Message):
     agent: _builtins.str
     awaiting_approval: _builtins.bool
     """An approval the agent asked for is waiting for an answer (docs/hitl.md)."""
+    kept_until: _builtins.float
+    """Unix seconds the run is kept until while detached (a client's keep-alive), if asked."""
     @_builtins.property
     def error(self) -> _runs_pb2.RunError: ...
     @_builtins.property
@@ -450,15 +485,18 @@ class RunInfo(_message.Message):
         agent: _builtins.str = ...,
         awaiting_approval: _builtins.bool = ...,
         inputs: _abc.Iterable[_runs_pb2.RunInput] | None = ...,
+        kept_until: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since", "_finished_at", b"_finished_at", "_reap_at", b"_reap_at", "_started_at", b"_started_at", "detached_since", b"detached_since", "error", b"error", "finished_at", b"finished_at", "reap_at", b"reap_at", "started_at", b"started_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since", "_finished_at", b"_finished_at", "_kept_until", b"_kept_until", "_reap_at", b"_reap_at", "_started_at", b"_started_at", "detached_since", b"detached_since", "error", b"error", "finished_at", b"finished_at", "kept_until", b"kept_until", "reap_at", b"reap_at", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since", "_finished_at", b"_finished_at", "_reap_at", b"_reap_at", "_started_at", b"_started_at", "agent", b"agent", "awaiting_approval", b"awaiting_approval", "cancel_requested", b"cancel_requested", "claimed", b"claimed", "detached_since", b"detached_since", "driver_host", b"driver_host", "epoch", b"epoch", "error", b"error", "finished_at", b"finished_at", "inputs", b"inputs", "reap_at", b"reap_at", "run_id", b"run_id", "started_at", b"started_at", "status", b"status", "thread_id", b"thread_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since", "_finished_at", b"_finished_at", "_kept_until", b"_kept_until", "_reap_at", b"_reap_at", "_started_at", b"_started_at", "agent", b"agent", "awaiting_approval", b"awaiting_approval", "cancel_requested", b"cancel_requested", "claimed", b"claimed", "detached_since", b"detached_since", "driver_host", b"driver_host", "epoch", b"epoch", "error", b"error", "finished_at", b"finished_at", "inputs", b"inputs", "kept_until", b"kept_until", "reap_at", b"reap_at", "run_id", b"run_id", "started_at", b"started_at", "status", b"status", "thread_id", b"thread_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__detached_since: _TypeAlias = _typing.Literal["detached_since"]  # noqa: Y015
     _WhichOneofArgType__detached_since: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since"]  # noqa: Y015
     _WhichOneofReturnType__finished_at: _TypeAlias = _typing.Literal["finished_at"]  # noqa: Y015
     _WhichOneofArgType__finished_at: _TypeAlias = _typing.Literal["_finished_at", b"_finished_at"]  # noqa: Y015
+    _WhichOneofReturnType__kept_until: _TypeAlias = _typing.Literal["kept_until"]  # noqa: Y015
+    _WhichOneofArgType__kept_until: _TypeAlias = _typing.Literal["_kept_until", b"_kept_until"]  # noqa: Y015
     _WhichOneofReturnType__reap_at: _TypeAlias = _typing.Literal["reap_at"]  # noqa: Y015
     _WhichOneofArgType__reap_at: _TypeAlias = _typing.Literal["_reap_at", b"_reap_at"]  # noqa: Y015
     _WhichOneofReturnType__started_at: _TypeAlias = _typing.Literal["started_at"]  # noqa: Y015
@@ -468,11 +506,47 @@ class RunInfo(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__finished_at) -> _WhichOneofReturnType__finished_at | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__kept_until) -> _WhichOneofReturnType__kept_until | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__reap_at) -> _WhichOneofReturnType__reap_at | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__started_at) -> _WhichOneofReturnType__started_at | None: ...
 
 Global___RunInfo: _TypeAlias = RunInfo  # noqa: Y015
+
+@_typing.final
+class RunKeepResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    REQUESTED_SECONDS_FIELD_NUMBER: _builtins.int
+    GRANTED_SECONDS_FIELD_NUMBER: _builtins.int
+    KEPT_UNTIL_FIELD_NUMBER: _builtins.int
+    RUN_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    requested_seconds: _builtins.float
+    granted_seconds: _builtins.float
+    """What was granted: the request, clamped to the operator's maximum."""
+    kept_until: _builtins.float
+    """Unix seconds: the run is not reaped before this while detached."""
+    @_builtins.property
+    def run(self) -> Global___RunInfo: ...
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        requested_seconds: _builtins.float = ...,
+        granted_seconds: _builtins.float = ...,
+        kept_until: _builtins.float = ...,
+        run: Global___RunInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["granted_seconds", b"granted_seconds", "kept_until", b"kept_until", "requested_seconds", b"requested_seconds", "run", b"run", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunKeepResponse: _TypeAlias = RunKeepResponse  # noqa: Y015
 
 @_typing.final
 class ActiveRunRequest(_message.Message):

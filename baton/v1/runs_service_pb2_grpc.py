@@ -104,6 +104,11 @@ class RunsStub:
                 request_serializer=baton_dot_v1_dot_runs__service__pb2.QueueCancelRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_runs__service__pb2.QueueCancelResponse.FromString,
                 _registered_method=True)
+        self.KeepRun = channel.unary_unary(
+                '/baton.v1.Runs/KeepRun',
+                request_serializer=baton_dot_v1_dot_runs__service__pb2.RunKeepRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_runs__service__pb2.RunKeepResponse.FromString,
+                _registered_method=True)
 
 
 class RunsServicer:
@@ -209,6 +214,15 @@ class RunsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def KeepRun(self, request, context):
+        """Keep a running run at least ttl_seconds from now should it be (or become) detached
+        (clamped to BATON_DETACHED_RUN_TTL_MAX; the answer says what was granted). Another
+        tenant's or an unknown run: NOT_FOUND; an ended run: FAILED_PRECONDITION (RUN_ENDED).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -281,6 +295,11 @@ def add_RunsServicer_to_server(servicer, server):
                     servicer.CancelQueuedRun,
                     request_deserializer=baton_dot_v1_dot_runs__service__pb2.QueueCancelRequest.FromString,
                     response_serializer=baton_dot_v1_dot_runs__service__pb2.QueueCancelResponse.SerializeToString,
+            ),
+            'KeepRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.KeepRun,
+                    request_deserializer=baton_dot_v1_dot_runs__service__pb2.RunKeepRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_runs__service__pb2.RunKeepResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -661,6 +680,33 @@ class Runs:
             '/baton.v1.Runs/CancelQueuedRun',
             baton_dot_v1_dot_runs__service__pb2.QueueCancelRequest.SerializeToString,
             baton_dot_v1_dot_runs__service__pb2.QueueCancelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KeepRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.Runs/KeepRun',
+            baton_dot_v1_dot_runs__service__pb2.RunKeepRequest.SerializeToString,
+            baton_dot_v1_dot_runs__service__pb2.RunKeepResponse.FromString,
             options,
             channel_credentials,
             insecure,

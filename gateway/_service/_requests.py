@@ -89,10 +89,13 @@ class StartRequest:
 
 @dataclass(frozen=True)
 class JoinRequest:
-    """A join of a run's log strictly after ``after`` (``-1``, ``now`` or a stream sequence)."""
+    """A join of a run's log strictly after ``after`` (``-1``, ``now`` or a stream sequence);
+    ``keep_ttl`` > 0: also keep the run that many seconds should it be detached (as a
+    keep-alive, :mod:`gateway._service._keep`)."""
 
     run_id: str
     after: str = "-1"
+    keep_ttl: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from baton.runs import TERMINAL_PB
 from baton.v1 import runs_pb2
 from gateway._reader import RunRead
 from gateway._snapshots import log_compacted
-from gateway._service import _cancel, _hydration, _inputs, _queue, _start, _threads, _views
+from gateway._service import _cancel, _hydration, _inputs, _keep, _queue, _start, _threads, _views
 from gateway._service._cancel import CancelOutcome
 from gateway._service._requests import (CancelRequest, JoinRequest, ListRunsRequest, StartLimits, StartRequest,
                                         agent_list)
@@ -140,6 +140,11 @@ class RunService:
         st = self.state
         view = await _views.join_view_for(st, tenant, req.run_id)
         st.takeovers.consider(req.run_id, view.record if view else None, view.claim if view else None)
+        if req.keep_ttl > 0 and view is not None and view.record.status not in TERMINAL_PB:
+            try:
+                await _keep.keep_run(st, tenant, _keep.KeepRequest(req.run_id, req.keep_ttl))
+            except e.RunEnded:
+                pass  # it ended meanwhile: nothing to keep, the join serves its end
         gone = view is not None and await self._log_gone(view.record)
         after, snapshot = req.after, None
         if after == "-1" and not gone and await log_compacted(st.log, req.run_id):
@@ -218,6 +223,10 @@ class RunService:
     async def steer(self, tenant: str, req: _inputs.SteerRequest) -> runs_pb2.RunInput:
         """See :func:`gateway._service._inputs.steer`."""
         return await _inputs.steer(self.state, tenant, req)
+
+    async def keep(self, tenant: str, req: _keep.KeepRequest) -> _keep.Kept:
+        """See :func:`gateway._service._keep.keep_run`."""
+        return await _keep.keep_run(self.state, tenant, req)
 
     async def run_view(self, tenant: str, run_id: str) -> Any:
         """The run's settled ``RunView`` (its end as its closed log tells it).

@@ -61,7 +61,7 @@ def routes(idst: S.Gen[str]) -> list[Route]:
                 "agent": {"kind": "replay", "journal": "claude-stream-json/hello.jsonl", "speed": 0}}
     return [
         Route("POST", "/api/chat", ("runId", "format", "threadId"), chat, valid_chat),
-        Route("GET", "/api/chat", ("runId", "offset", "threadId", "format")),
+        Route("GET", "/api/chat", ("runId", "offset", "threadId", "format", "keepTtl")),
         Route("GET", "/api/chat/active", ("threadId",)),
         Route("POST", "/api/chat/cancel", ("wait",), {"runId": idst, "threadId": idst, "wait": S.booleans,
                                                      "timeoutSeconds": S.floats()}, lambda r: {"runId": idst(r)}),
@@ -70,6 +70,7 @@ def routes(idst: S.Gen[str]) -> list[Route]:
             lambda r: {"approved": S.booleans(r), "message": "ok", "updatedInput": {"command": "ls"}}),
         Route("POST", "/api/runs/{run}/messages", (), {"content": S.one_of(S.hostile_text, S.long_text), "id": idst},
               lambda r: {"content": S.hostile_text(r) or "x", "id": f"m{r.randint(0, 99)}"}),
+        Route("POST", "/api/runs/{run}/keep", (), {"ttlSeconds": S.floats()}, lambda r: {"ttlSeconds": 60}),
         Route("GET", "/api/runs/{run}"),
         Route("GET", "/api/threads/{thread}/messages"),
         Route("DELETE", "/api/threads/{thread}/queue/{run}"),

@@ -106,3 +106,8 @@ async def test_ts_client(host: Any, grpc_gateway: Any, http: httpx.AsyncClient, 
     assert (bad_token["code"], bad_token["reason"], bad_token["metadata"]["field"]) == \
         ("INVALID_ARGUMENT", "INVALID_ARGUMENT", "page_token")
     assert (no_target["code"], no_target["reason"]) == ("INVALID_ARGUMENT", "INVALID_ARGUMENT")
+    # Keeping a run while detached: clamped to the gateway's maximum; an ended run, a bad value.
+    assert result["kept"] == {"granted": grpc_gateway.state.settings.detached_ttl_max, "requested": 1e9,
+                              "untilOnRun": True}
+    assert (errors["keepEnded"]["code"], errors["keepEnded"]["reason"]) == ("FAILED_PRECONDITION", "RUN_ENDED")
+    assert (errors["keepBad"]["code"], errors["keepBad"]["metadata"]["field"]) == ("INVALID_ARGUMENT", "ttl_seconds")

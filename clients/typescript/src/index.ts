@@ -8,6 +8,7 @@
 //   }
 //   for await (const chunk of runs.joinRun(runId, { afterOffset: "42" })) { ... }
 //   await runs.cancelRun({ runId, wait: true });
+//   await runs.keepRun(runId, 4 * 3600);   // keep it 4 h should nobody read it (clamped by the gateway)
 //
 // Every chunk is yielded exactly once, in order: when a stream breaks (UNAVAILABLE: the
 // connection was lost, the gateway restarted, its log read failed) the stream joins again
@@ -17,7 +18,7 @@ import * as grpc from "@grpc/grpc-js";
 
 import {
   ActiveRunResponse, AgentListResponse, LogChunk, RunCancelRequest, RunCancelResponse, RunEvent, RunInfo,
-  RunJoinRequest, RunListResponse, RunStartRequest, RunsClient as RunsStub, ThreadDeleteResponse, ThreadForkResponse,
+  RunJoinRequest, RunKeepResponse, RunListResponse, RunStartRequest, RunsClient as RunsStub, ThreadDeleteResponse, ThreadForkResponse,
   Transcript,
 } from "./gen/baton/v1/runs_service";
 import { ErrorInfo } from "./gen/google/rpc/error_details";
@@ -151,15 +152,17 @@ export class RunStream implements AsyncIterable<Chunk> {
   private call: grpc.ClientReadableStream<RunEvent> | undefined;
 
   constructor(private readonly client: BatonRunsClient, readonly runId: string,
-              private readonly start: RunStartRequest | undefined, private readonly position: Position) {}
+              private readonly start: RunStartRequest | undefined, private readonly position: Position,
+              private readonly keepTtlSeconds = 0) {}
 
   private open(): grpc.ClientReadableStream<RunEvent> {
     const { stub, metadata } = this.client.internals();
+    const keepTtlSeconds = this.keepTtlSeconds;
     if (this.lastOffset !== undefined) {
-      return stub.joinRun({ runId: this.runId, afterOffset: this.lastOffset }, metadata);
+      return stub.joinRun({ runId: this.runId, afterOffset: this.lastOffset, keepTtlSeconds } as RunJoinRequest, metadata);
     }
     if (this.start) return stub.startRun(this.start, metadata); // a retry with the same run id joins
-    return stub.joinRun({ runId: this.runId, ...this.position } as RunJoinRequest, metadata);
+    return stub.joinRun({ runId: this.runId, ...this.position, keepTtlSeconds } as RunJoinRequest, metadata);
   }
 
   /** Stop reading (the iteration ends with a CANCELLED error if it was waiting). */
@@ -250,9 +253,24 @@ export class BatonRunsClient {
     return new RunStream(this, opts.runId, req, { fromStart: true });
   }
 
-  /** The run's log from `position` (default: from the start) until it closes. */
-  joinRun(runId: string, position: Position = { fromStart: true }): RunStream {
-    return new RunStream(this, runId, undefined, position);
+  /**
+   * The run's log from `position` (default: from the start) until it closes. `keepTtlSeconds`
+   * (> 0): each join (and rejoin) also keeps the run that long should it become detached, as
+   * `keepRun` does.
+   */
+  joinRun(runId: string, position: Position = { fromStart: true }, opts: { keepTtlSeconds?: number } = {}): RunStream {
+    return new RunStream(this, runId, undefined, position, opts.keepTtlSeconds ?? 0);
+  }
+
+  /**
+   * Keep the run at least `ttlSeconds` from now should it be (or become) detached, instead of the
+   * reaper's default TTL. The gateway clamps it to its maximum (BATON_DETACHED_RUN_TTL_MAX):
+   * `grantedSeconds` and `keptUntil` (Unix seconds) say what it granted. INVALID_ARGUMENT for a
+   * value that is not finite and > 0; NOT_FOUND (UNKNOWN_RUN) for another tenant's run;
+   * FAILED_PRECONDITION (RUN_ENDED) for an ended one.
+   */
+  keepRun(runId: string, ttlSeconds: number): Promise<RunKeepResponse> {
+    return this.unary("keepRun", { runId, ttlSeconds });
   }
 
   private unary<Req, Res>(method: string, req: Req, timeoutMs: number | undefined = this.timeoutMs): Promise<Res> {

@@ -79,6 +79,9 @@ try {
   const s2 = runs.startRun({ runId: run2, threadId: thread2, messages,
                              agent: { kind: "replay", journal, speed: 1, delay: 0.3 } });
   const c2 = await collect(s2, 2);
+  const kept = await runs.keepRun(run2, 1e9); // above the gateway's maximum: clamped
+  result.kept = { granted: kept.grantedSeconds, requested: kept.requestedSeconds,
+                  untilOnRun: kept.run.keptUntil === kept.keptUntil };
   const cancelled = await runs.cancelRun({ runId: run2, wait: true, timeoutSeconds: 60 });
   result.cancel = { requested: cancelled.cancelRequested, status: RunStatus[cancelled.run.status] };
   const rest = runs.joinRun(run2, { afterOffset: c2[c2.length - 1][0] });
@@ -92,6 +95,8 @@ try {
     badOffset: await errorOf(() => collect(runs.joinRun(runId, { afterOffset: "not-an-offset" }))),
     badPageToken: await errorOf(async () => { for await (const _ of runs.listRuns({ pageToken: "nope" })) break; }),
     cancelNothing: await errorOf(() => runs.cancelRun({})),
+    keepEnded: await errorOf(() => runs.keepRun(runId, 600)),
+    keepBad: await errorOf(() => runs.keepRun(runId, -1)),
   };
   result.ok = true;
 } catch (err) {

@@ -70,6 +70,8 @@ function recordInfo (rec) {
   if (rec.finishedAt && rec.startedAt) parts.push(`took ${duration(rec.finishedAt - rec.startedAt)}`)
   // A finished run keeps the stamp of its last reader leaving; only a live run is "detached".
   if (rec.detachedSince && rec.status === 'running') parts.push(`detached since ${clock(rec.detachedSince)}`)
+  // A client asked to keep it while detached (POST /api/runs/{runId}/keep, a join's keepTtl).
+  if (rec.keptUntil && rec.status === 'running') parts.push(`kept until ${clock(rec.keptUntil)}`)
   if (rec.reapAt && rec.status === 'running') parts.push(`reaper acts ${relative(rec.reapAt)} (${clock(rec.reapAt)})`)
   return parts.join(' · ')
 }
