@@ -11,6 +11,7 @@ from baton import errors as e, strict_json
 from baton.ids import validate_id
 from baton.v1 import runs_pb2, runs_service_pb2 as pb
 from gateway._errors import BodyTooLarge
+from gateway._paging import check_limit
 from gateway._service import (MAX_JSON_DEPTH, CancelRequest, JoinRequest, ListRunsRequest, StartLimits, StartRequest,
                               cancel_request, check_offset, json_depth, start_request)
 
@@ -102,6 +103,7 @@ def join_request_of(request: pb.RunJoinRequest) -> JoinRequest:
         after = "-1"
     elif position == "from_snapshot" and request.from_snapshot:
         after = "snapshot"
+        return JoinRequest(run_id, after, check_limit(request.snapshot_messages, "snapshot_messages"))
     else:
         raise e.InvalidArgument("position", "is required: from_start=true reads from the start, only_new=true "
                                             "only what comes next, from_snapshot=true the latest snapshot then the rest, "

@@ -7,11 +7,21 @@ one copy, not a hundred, and the decoded messages are dropped at once. The frame
 written in slices (:data:`SLICE` bytes), so a reader whose client stopped reading holds at
 most a slice and the socket's buffer of the snapshot, however long the run: what a reader
 costs the gateway does not grow with the run.
+
+A join may ask for only the newest ``N`` messages (``messages=N``, :meth:`ServedSnapshot.window`):
+the ``MESSAGES_SNAPSHOT`` line is cut by the message ends its head records (never parsed),
+and a ``CUSTOM snapshot.window`` event before it says how many older messages were left out
+and the cursor that pages them (:meth:`ServedSnapshot.page`, ``GET /api/runs/{id}/messages``).
+Messages are only ever appended to a run's transcript and every one but the last is final
+once a later message exists, so a cursor's older messages are the same in every later
+snapshot of the run: a page is read from the latest one.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -23,9 +33,11 @@ from baton.errors import LogUnavailable
 from baton.log._api import first_on_subject
 from baton.log._compact import is_compacted
 from baton.log._snapshots import body_of, latest_final
-from baton.runs import STREAM_COMPACTED
-from baton.log.snapshot import event_lines
+from baton.errors import InvalidArgument
+from baton.runs import SNAPSHOT_WINDOW, STREAM_COMPACTED
+from baton.log.snapshot import MESSAGES_HEAD, MESSAGES_TAIL, head_and_lines, messages_line
 from gateway import _grpc_wire
+from gateway._paging import check_cursor, cursor_of
 from gateway._sse import Framing, dumps
 
 log = logging.getLogger("gateway.snapshots")
@@ -43,16 +55,86 @@ class ServedSnapshot:
     Attributes:
         offset: the stream sequence of the last chunk it covers (the resume id of its last event).
         events: each event's JSON bytes, in order.
+        input_count: how many of its messages are the run's input (the first ones).
+        msg_line: the index in ``events`` of the ``MESSAGES_SNAPSHOT`` line (-1: none).
+        msg_ends: where each message ends in that line (byte index, exclusive; ``None``:
+            unknown, the snapshot is then only served whole).
     """
 
     offset: int
     events: tuple[bytes, ...]
+    input_count: int = 0
+    msg_line: int = -1
+    msg_ends: tuple[int, ...] | None = None
 
     def compacted(self) -> "ServedSnapshot":
         """The same, after a ``CUSTOM stream.compacted {snapshotOffset}`` event (no id): what a
         join from the start of a compacted log gets (docs/api.md)."""
         marker = dumps({"type": "CUSTOM", "name": STREAM_COMPACTED, "value": {"snapshotOffset": str(self.offset)}})
-        return ServedSnapshot(self.offset, (marker, *self.events))
+        return dataclasses.replace(self, events=(marker, *self.events),
+                                   msg_line=self.msg_line + 1 if self.msg_line >= 0 else -1)
+
+    @property
+    def total(self) -> int:
+        """How many messages its ``MESSAGES_SNAPSHOT`` holds (0 when they are not indexed)."""
+        return len(self.msg_ends or ())
+
+    def messages(self, lo: int, hi: int) -> list[bytes]:
+        """The JSON bytes of messages ``lo`` up to ``hi`` (exclusive), sliced, never parsed."""
+        ends, line = self.msg_ends or (), self.events[self.msg_line] if self.msg_line >= 0 else b""
+        out = []
+        for i in range(max(lo, 0), min(hi, len(ends))):
+            start = len(MESSAGES_HEAD) if i == 0 else ends[i - 1] + 1  # past the comma
+            out.append(line[start:ends[i]])
+        return out
+
+    def _id_at(self, position: int) -> str:
+        msg = json.loads(self.messages(position, position + 1)[0])
+        return str(msg.get("id", "")) if isinstance(msg, dict) else ""
+
+    def _cursor(self, position: int) -> str:
+        return cursor_of(position, self._id_at(position)) if position > 0 else ""
+
+    def window(self, newest: int) -> "ServedSnapshot":
+        """The same with only the newest ``newest`` messages in its ``MESSAGES_SNAPSHOT``, after a
+        ``CUSTOM snapshot.window`` event (no id): ``{messagesOmitted, cursor, totalMessages,
+        inputMessages, snapshotOffset}``; ``cursor`` (``null`` when nothing was left out) pages
+        the older ones (:meth:`page`). A snapshot whose messages are not indexed is served
+        whole, with ``messagesOmitted`` 0: never a silent gap."""
+        total = self.total
+        first = max(0, total - newest) if self.msg_ends is not None else 0
+        event = dumps({"type": "CUSTOM", "name": SNAPSHOT_WINDOW, "value": {
+            "messagesOmitted": first, "cursor": self._cursor(first) or None, "totalMessages": total,
+            "inputMessages": self.input_count, "snapshotOffset": str(self.offset)}})
+        if self.msg_line < 0:
+            return dataclasses.replace(self, events=(event, *self.events))
+        events = list(self.events)
+        if first:
+            events[self.msg_line] = MESSAGES_HEAD + b",".join(self.messages(first, total)) + MESSAGES_TAIL
+        events.insert(self.msg_line, event)
+        # The window has no index of its own: it is served, never paged or cut again.
+        return ServedSnapshot(self.offset, tuple(events), self.input_count)
+
+    def page(self, limit: int, before: str | None) -> tuple[list[bytes], int, str]:
+        """A page of its messages, newest first (as gateway._paging.window): ``(each message's
+        JSON bytes, the page's first position, the cursor of the next older page or "")``.
+
+        Args:
+            limit: messages at most (0: every one before the cursor).
+            before: a cursor of :meth:`window` or of an earlier page (``None``: the newest page).
+
+        Raises:
+            InvalidArgument: ``before`` is not a cursor of this run's messages (field ``before``).
+        """
+        end = self.total
+        parsed = check_cursor(before)
+        if parsed is not None:
+            position, mid = parsed
+            if not 0 < position < end or self._id_at(position) != mid:
+                raise InvalidArgument("before", "is not a cursor of this run's messages")
+            end = position
+        start = max(0, end - limit) if limit else 0
+        return self.messages(start, end), start, self._cursor(start)
 
     @property
     def size(self) -> int:
@@ -111,11 +193,10 @@ class SnapshotCache:
         if body is None:
             return None
         try:
-            offset, lines = event_lines(body)  # served as stored: never parsed here
+            served = served_of(body)  # served as stored: only the head is parsed
         except ValueError as exc:
             log.warning("snapshot of run %s at %d is unreadable (%s): joined from the start", run_id, final.seq, exc)
             return None
-        served = ServedSnapshot(offset, tuple(lines))
         if served.size <= self._max:
             self._kept[key] = served
             self._bytes += served.size
@@ -123,6 +204,24 @@ class SnapshotCache:
                 _, old = self._kept.popitem(last=False)
                 self._bytes -= old.size
         return served
+
+
+def served_of(body: bytes) -> ServedSnapshot:
+    """A snapshot record's body as readers get it (baton.log.snapshot.encode's format): its
+    head parsed, its event lines as they are. A head without message ends (a snapshot written
+    before they were recorded) gets them from one parse of its ``MESSAGES_SNAPSHOT`` line.
+
+    Raises:
+        ValueError: not a snapshot body of a known version.
+    """
+    head, lines = head_and_lines(body)
+    at = next((i for i, ln in enumerate(lines) if ln.startswith(MESSAGES_HEAD) and ln.endswith(MESSAGES_TAIL)), -1)
+    ends = head.get("msgEnds")
+    if at >= 0 and not (isinstance(ends, list) and (not ends or ends[-1] + len(MESSAGES_TAIL) == len(lines[at]))):
+        again, found = messages_line(list(json.loads(lines[at]).get("messages") or []))
+        ends = found if again == lines[at] else None  # another writer's bytes: served whole only
+    return ServedSnapshot(int(head["offset"]), tuple(lines), int(head.get("inputCount", 0)), at,
+                          tuple(ends) if at >= 0 and ends is not None else None)
 
 
 async def log_compacted(delivery_log: Any, run_id: str) -> bool:

@@ -89,10 +89,13 @@ class StartRequest:
 
 @dataclass(frozen=True)
 class JoinRequest:
-    """A join of a run's log strictly after ``after`` (``-1``, ``now`` or a stream sequence)."""
+    """A join of a run's log strictly after ``after`` (``-1``, ``now``, ``snapshot`` or a stream
+    sequence); ``messages``: a join from the snapshot gets only its newest that many messages
+    (0: all; ignored by other joins, so a reconnect that keeps it resumes as usual)."""
 
     run_id: str
     after: str = "-1"
+    messages: int = 0
 
 
 @dataclass(frozen=True)
