@@ -5,9 +5,10 @@ One run of 200,000 chunks is written with the real log writer (default snapshot 
 against a real coordinator and etcd). It is joined over SSE with ``offset=-1`` (every chunk),
 with ``offset=snapshot`` (the latest snapshot, then the chunks after it) and with
 ``offset=snapshot&messages=200`` (the snapshot's newest 200 messages after a
-``snapshot.window`` event; the page loads older ones on scroll), side by side. The third side
-is served by a gateway of its own, so its first join finds no snapshot in the gateway's cache
-(``window`` cold; ``window_warm`` is a second join through the same gateway):
+``snapshot.window`` event; the page loads older ones on scroll), and with ``messages=50`` (what
+the chat page asks for), side by side. The windowed sides are served by a gateway of their
+own, whose cache never held the snapshot: it reads only the snapshot's first part and the
+parts holding the newest messages (gateway/_snapshots.py ``read_window``):
 
 - **first render**: from the request until the client can draw something: the first complete
   message (``TEXT_MESSAGE_END``, ``TOOL_CALL_RESULT``…) of a join from the start, the whole
@@ -42,7 +43,8 @@ GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "tests" / "sandbox" / "go
 CHUNKS = 200_000
 SHORT = 20_000
 STALLED_READERS = 20
-NEWEST = 200  # messages a windowed join asks for (the page's first screenfuls)
+NEWEST = 200  # messages a windowed join asks for ("replay the last 200 first, then page older")
+PAGE_NEWEST = 50  # what the chat page asks for (gateway/static/js/snapshot.js)
 _ID_KEYS = ("messageId", "toolCallId", "parentMessageId", "entityId")
 _COMPLETE = (b'"type":"TEXT_MESSAGE_END"', b'"type":"TOOL_CALL_RESULT"', b'"type":"REASONING_MESSAGE_END"')
 _CONTENT_KEYS = ("delta", "content")
@@ -261,12 +263,11 @@ async def main() -> dict[str, Any]:
                                           threads_bucket=cfg.bucket)
                 try:
                     port2 = int(gw2.url.rsplit(":", 1)[1])
-                    path = f"/api/chat?runId=bench-{name}&offset=snapshot&messages={NEWEST}"
-                    entry["join_window"] = await join(port2, path)
-                    entry["join_window_warm"] = await join(port2, path)
                     assert gw2.pid is not None
-                    entry["rss_kb_per_reader_window"] = await stalled_rss(gw2.pid, port2, path, STALLED_READERS)
-                    entry["rss_kb_per_reader_window_warm"] = entry["rss_kb_per_reader_window"]
+                    for side, n in (("window", NEWEST), ("window50", PAGE_NEWEST)):
+                        path = f"/api/chat?runId=bench-{name}&offset=snapshot&messages={n}"
+                        entry[f"join_{side}"] = await join(port2, path)
+                        entry[f"rss_kb_per_reader_{side}"] = await stalled_rss(gw2.pid, port2, path, STALLED_READERS)
                 finally:
                     await gw2.stop()
                 results[name] = entry
@@ -293,9 +294,10 @@ async def main() -> dict[str, Any]:
     }
     summary.update({
         "bytes_ratio_window": round(long["join_start"]["bytes"] / long["join_window"]["bytes"], 1),
-        "first_render_ms_window_cold": long["join_window"]["first_render_ms"],
-        "first_render_ms_window_warm": long["join_window_warm"]["first_render_ms"],
+        "first_render_ms_window": long["join_window"]["first_render_ms"],
         "caught_up_ms_window": long["join_window"]["caught_up_ms"],
+        "bytes_ratio_window50": round(long["join_start"]["bytes"] / long["join_window50"]["bytes"], 1),
+        "first_render_ms_window50": long["join_window50"]["first_render_ms"],
         "rss_kb_per_reader_window_long_vs_short": [long["rss_kb_per_reader_window"],
                                                    results["short"]["rss_kb_per_reader_window"]],
     })
@@ -304,7 +306,9 @@ async def main() -> dict[str, Any]:
     summary["targets"] = {"bytes_ge_20x_whole_snapshot": summary["bytes_ratio"] >= 20,
                           "first_render_le_300ms_whole_snapshot": summary["first_render_ms_snapshot"] <= 300,
                           "bytes_ge_20x_window": summary["bytes_ratio_window"] >= 20,
-                          "first_render_le_300ms_window_cold": summary["first_render_ms_window_cold"] <= 300}
+                          "first_render_le_300ms_window": summary["first_render_ms_window"] <= 300,
+                          "bytes_ge_20x_window50": summary["bytes_ratio_window50"] >= 20,
+                          "first_render_le_300ms_window50": summary["first_render_ms_window50"] <= 300}
     out = {"bench": "long_run", "results": results, "summary": summary}
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(out, indent=2) + "\n")
@@ -315,7 +319,7 @@ async def main() -> dict[str, Any]:
 def _print_table(out: dict[str, Any]) -> None:
     print(f"{'run':<6} {'join':<11} {'first render ms':>16} {'caught up ms':>13} {'bytes':>12} {'RSS KB/reader':>14}")
     for name, r in out["results"].items():
-        for mode in ("start", "snapshot", "window", "window_warm"):
+        for mode in ("start", "snapshot", "window", "window50"):
             j = r[f"join_{mode}"]
             print(f"{name:<6} {mode:<11} {j['first_render_ms']:>16} {j['caught_up_ms']:>13} {j['bytes']:>12} "
                   f"{r[f'rss_kb_per_reader_{mode}']:>14}")

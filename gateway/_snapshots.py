@@ -32,10 +32,10 @@ import nats.js.errors
 from baton.errors import LogUnavailable
 from baton.log._api import first_on_subject
 from baton.log._compact import is_compacted
-from baton.log._snapshots import body_of, latest_final
+from baton.log._snapshots import body_of, latest_final, part_at, part_seqs
 from baton.errors import InvalidArgument
 from baton.runs import SNAPSHOT_WINDOW, STREAM_COMPACTED
-from baton.log.snapshot import MESSAGES_HEAD, MESSAGES_TAIL, head_and_lines, messages_line
+from baton.log.snapshot import MESSAGES_HEAD, MESSAGES_TAIL, head_and_lines, messages_line, parse_head
 from gateway import _grpc_wire
 from gateway._paging import check_cursor, cursor_of
 from gateway._sse import Framing, dumps
@@ -46,6 +46,8 @@ log = logging.getLogger("gateway.snapshots")
 SLICE = 64 * 1024
 #: Bytes of snapshot events a gateway keeps for the next reader.
 CACHE_BYTES = 64 << 20
+#: Windows of the newest messages a gateway keeps (each about as large as the messages asked for).
+WINDOWS = 16
 
 
 @dataclass(frozen=True)
@@ -103,9 +105,7 @@ class ServedSnapshot:
         whole, with ``messagesOmitted`` 0: never a silent gap."""
         total = self.total
         first = max(0, total - newest) if self.msg_ends is not None else 0
-        event = dumps({"type": "CUSTOM", "name": SNAPSHOT_WINDOW, "value": {
-            "messagesOmitted": first, "cursor": self._cursor(first) or None, "totalMessages": total,
-            "inputMessages": self.input_count, "snapshotOffset": str(self.offset)}})
+        event = window_event(first, self._cursor(first), total, self.input_count, self.offset)
         if self.msg_line < 0:
             return dataclasses.replace(self, events=(event, *self.events))
         events = list(self.events)
@@ -173,7 +173,43 @@ class SnapshotCache:
     def __init__(self, max_bytes: int = CACHE_BYTES) -> None:
         self._max = max_bytes
         self._kept: collections.OrderedDict[tuple[str, int], ServedSnapshot] = collections.OrderedDict()
+        self._windows: collections.OrderedDict[tuple[str, int, int], ServedSnapshot] = collections.OrderedDict()
+        self._reading: dict[tuple[str, int, int], asyncio.Lock] = {}
         self._bytes = 0
+
+    async def newest(self, delivery_log: Any, run_id: str, newest: int) -> ServedSnapshot | None:
+        """The run's latest complete snapshot with only its newest ``newest`` messages (after
+        its ``snapshot.window`` event), or ``None`` when it has none: from the cache when it
+        holds the snapshot, else reading only the parts the window needs (:func:`read_window`).
+
+        Raises:
+            LogUnavailable: JetStream did not answer.
+        """
+        final = await latest_final(delivery_log.nc, delivery_log.cfg, run_id)
+        if final is None:
+            return None
+        hit = self._kept.get((run_id, final.seq))
+        if hit is None:
+            key = (run_id, final.seq, newest)
+            # Readers of one run joining at once share one read and one window.
+            async with self._reading.setdefault(key, asyncio.Lock()):
+                cut = self._windows.get(key)
+                if cut is None:
+                    try:
+                        cut = await read_window(delivery_log, run_id, final, newest)
+                    except (ValueError, KeyError, IndexError) as exc:
+                        log.warning("snapshot of run %s at %d: its newest messages are unreadable (%s): read whole",
+                                    run_id, final.seq, exc)
+                    if cut is not None:
+                        self._windows[key] = cut
+                        while len(self._windows) > WINDOWS:
+                            self._windows.popitem(last=False)
+            self._reading.pop(key, None)
+            if cut is not None:
+                self._windows.move_to_end(key)
+                return cut
+        whole = await self.latest(delivery_log, run_id)
+        return None if whole is None else whole.window(newest)
 
     async def latest(self, delivery_log: Any, run_id: str) -> ServedSnapshot | None:
         """The run's latest complete snapshot, or ``None`` when it has none (or it is unreadable).
@@ -204,6 +240,74 @@ class SnapshotCache:
                 _, old = self._kept.popitem(last=False)
                 self._bytes -= old.size
         return served
+
+
+def window_event(first: int, cursor: str, total: int, input_count: int, offset: int) -> bytes:
+    """``CUSTOM snapshot.window``: what a join from the newest messages left out (docs/api.md)."""
+    return dumps({"type": "CUSTOM", "name": SNAPSHOT_WINDOW, "value": {
+        "messagesOmitted": first, "cursor": cursor or None, "totalMessages": total,
+        "inputMessages": input_count, "snapshotOffset": str(offset)}})
+
+
+async def read_window(delivery_log: Any, run_id: str, final: Any, newest: int) -> ServedSnapshot | None:
+    """The newest ``newest`` messages of the snapshot whose last part is ``final``, reading only
+    its first part (the head: where each message ends) and the parts from the window's first
+    message on, never the whole record (:meth:`ServedSnapshot.window`'s events).
+
+    Returns ``None`` when the record does not say where its parts are or its head is not in its
+    first part (the caller reads it whole), or a part is gone.
+
+    Raises:
+        LogUnavailable: JetStream did not answer.
+    """
+    nc, cfg = delivery_log.nc, delivery_log.cfg
+    seqs = part_seqs(final)
+    if seqs is None or len(seqs) < 2:
+        return None
+    data0 = await part_at(nc, cfg, run_id, seqs[0], final)
+    if data0 is None:
+        return None
+    size = len(data0)  # every part but the last holds exactly this many bytes (baton.log.snapshot.split)
+    head_raw, sep, _ = data0.partition(b"\n")
+    if not sep:
+        return None
+    try:
+        head = parse_head(head_raw)
+    except ValueError:
+        return None
+    ends = head.get("msgEnds")
+    if not isinstance(ends, list) or not all(isinstance(x, int) for x in ends):
+        return None
+    before: list[bytes] = []  # the events before MESSAGES_SNAPSHOT (RUN_STARTED)
+    at = len(head_raw) + 1
+    while not data0.startswith(MESSAGES_HEAD, at):
+        nl = data0.find(b"\n", at)
+        if nl < 0:
+            return None
+        before.append(data0[at:nl])
+        at = nl + 1
+    total = len(ends)
+    first = max(0, total - newest)
+    start = at + (ends[first - 1] + 1 if first else len(MESSAGES_HEAD))  # body offset of the window
+    k = start // size
+    parts = []
+    for i in range(k, len(seqs)):
+        part = data0 if i == 0 else final.data if i == len(seqs) - 1 else await part_at(nc, cfg, run_id, seqs[i], final)
+        if part is None:
+            return None
+        parts.append(part)
+    tail, base = b"".join(parts), k * size
+    stop = at + (ends[-1] if ends else len(MESSAGES_HEAD))  # body offset past the last message
+    after = tail[stop - base + len(MESSAGES_TAIL) + 1:]
+    msgs = tail[start - base:stop - base]
+    cursor = ""
+    if first:
+        one = json.loads(tail[start - base:at + ends[first] - base])
+        cursor = cursor_of(first, str(one.get("id", "")) if isinstance(one, dict) else "")
+    offset, input_count = int(head["offset"]), int(head.get("inputCount", 0))
+    events = [*before, window_event(first, cursor, total, input_count, offset),
+              MESSAGES_HEAD + msgs + MESSAGES_TAIL, *(after.split(b"\n") if after else [])]
+    return ServedSnapshot(offset, tuple(events), input_count)
 
 
 def served_of(body: bytes) -> ServedSnapshot:

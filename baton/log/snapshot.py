@@ -292,6 +292,15 @@ def head_and_lines(data: bytes) -> tuple[dict[str, Any], list[bytes]]:
     return _head(head_raw), rest.split(b"\n") if rest else []
 
 
+def parse_head(raw: bytes) -> dict[str, Any]:
+    """A body's head line, checked (:func:`encode`).
+
+    Raises:
+        ValueError: not a snapshot head of this version.
+    """
+    return _head(raw)
+
+
 def _head(raw: bytes) -> dict[str, Any]:
     try:
         head = json.loads(raw)

@@ -150,11 +150,14 @@ class RunService:
         elif after == "snapshot":
             # The latest snapshot, then every chunk strictly after the offset it covers; a run
             # without one yet is read from the start (docs/api.md "Joining from a snapshot").
-            snapshot = None if gone else await st.snapshots.latest(st.log, req.run_id)  # LogUnavailable
-            after = "-1" if snapshot is None else str(snapshot.offset)
-            if snapshot is not None and req.messages:
+            if gone:
+                snapshot = None
+            elif req.messages:
                 # Its newest messages only, after a snapshot.window event naming what was left out.
-                snapshot = snapshot.window(req.messages)
+                snapshot = await st.snapshots.newest(st.log, req.run_id, req.messages)  # LogUnavailable
+            else:
+                snapshot = await st.snapshots.latest(st.log, req.run_id)  # LogUnavailable
+            after = "-1" if snapshot is None else str(snapshot.offset)
         return RunRead(st, req.run_id, after, gone=gone, snapshot=snapshot)
 
     async def run_messages(self, tenant: str, run_id: str, limit: int, before: str | None) -> dict[str, Any]:

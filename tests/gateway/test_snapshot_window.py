@@ -134,3 +134,22 @@ async def test_a_window_as_large_as_the_snapshot_leaves_nothing_out_and_bad_page
                                                  "snapshotOffset": None, "messages": []}
     r = await http.get(f"{gateway.url}/api/runs/{unique('nope')}/messages")
     assert r.status_code == 404 and r.json()["reason"] == "UNKNOWN_RUN"
+
+
+@pytest.mark.parametrize("newest", [1, 3, 7, 40, 1000])
+async def test_the_newest_messages_are_read_from_only_the_parts_they_are_in(sdlog: DeliveryLog, newest: int) -> None:
+    """A cold window reads the snapshot's first part and its last ones (the parts' sequences are
+    on its last part), and gives the same events as the whole snapshot cut in memory."""
+    from baton.log._snapshots import body_of, latest_final, part_seqs
+    from gateway._snapshots import read_window, served_of
+
+    run_id, thread_id = unique("run"), unique("th")
+    await write_run(sdlog, run_id, turns(run_id, thread_id, 12))
+    final = await latest_final(sdlog.nc, sdlog.cfg, run_id)
+    assert final is not None
+    seqs = part_seqs(final)
+    assert seqs is not None and len(seqs) > 5  # parts of 700 bytes
+    body = await body_of(sdlog.nc, sdlog.cfg, run_id, final)
+    assert body is not None
+    cut = await read_window(sdlog, run_id, final, newest)
+    assert cut is not None and cut.events == served_of(body).window(newest).events
