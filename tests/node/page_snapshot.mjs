@@ -6,7 +6,7 @@
 // Env: BATON_GATEWAY_URL, BATON_API_KEY, BATON_THREAD, BATON_RUN (a running run of the thread
 // whose log already has a snapshot of more messages than a join asks for).
 // Prints one JSON line {ok, window, firstShown, items, fromStart, ...}.
-import { check, main, newContext, newPage, noProblems, open, results, waitState } from './page_lib.mjs'
+import { ask, check, main, newContext, newPage, noProblems, open, results, waitState } from './page_lib.mjs'
 
 const thread = process.env.BATON_THREAD
 const runId = process.env.BATON_RUN
@@ -21,14 +21,11 @@ const items = (page) => page.evaluate(() => [...document.querySelectorAll('secti
 await main(async (browser) => {
   const context = await newContext(browser, { width: 1000, height: 700 })
   const page = await newPage(context)
-  const asked = []
-  page.on('request', (r) => { if (r.url().includes('/api/')) asked.push(r.url().replace(/^https?:\/\/[^/]+/, '')) })
   await open(page, `/?thread=${encodeURIComponent(thread)}`)
   try {
     await page.waitForFunction(() => window.__baton.live?.view?.window && document.querySelector('section.run .msg.assistant'), null, { timeout: 60000 })
   } catch (err) {
     results.problems = page.problems
-    results.asked = asked
     results.live = await page.evaluate(() => [window.__baton.live?.runId, window.__baton.live?.view?.lastOffset, document.querySelectorAll('.msg').length])
     throw err
   }
@@ -36,7 +33,7 @@ await main(async (browser) => {
   const first = await items(page)
   results.firstShown = first.filter(([k]) => k === 'assistant').length
   check(results.window.messagesOmitted > 0, 'the join left nothing out', { window: results.window })
-  check(first[0][0] !== 'user' && !first.some(([k, t]) => k === 'assistant' && t === 'Step 0: looking at file 0.'),
+  check(first[0][0] !== 'user' && !first.some(([k, t]) => k === 'assistant' && t.startsWith('Reading file 0.')),
     'the oldest messages are shown before any scroll', { first: first.slice(0, 3) })
   check(await page.isVisible('.older-messages button'), 'no marker for the earlier messages')
   await page.screenshot({ path: `${process.env.BATON_ARTIFACTS}/snapshot-join-newest.png` })
@@ -58,7 +55,9 @@ await main(async (browser) => {
   // Each page went in above what the reader saw: the anchor moved down by what went in, never up.
   check(rounds.every(([, , was, now]) => now >= was), 'the reader lost their place', { rounds })
 
-  await waitState(page, 'completed', 200000)
+  // The run goes on and ends: the page follows it from after the snapshot.
+  await ask({ finish: true })
+  await waitState(page, 'completed', 120000)
   results.items = await items(page)
   const rendered = await page.evaluate(() => window.__baton.rendered())
   check(new Set(rendered).size === rendered.length, 'a chunk was rendered twice', { rendered })
