@@ -48,7 +48,6 @@ async def run_messages(request: Request) -> Response:
     run_id = validate_id(request.path_params["run_id"], "runId")
     q = request.query_params
     limit = check_limit(q.get("limit"))
-    check_cursor(q.get("before"))
     page = await service_of(request).run_messages(tenant(request), run_id, limit, q.get("before"))
     head = json.dumps({"runId": run_id, "total": page["total"], "firstIndex": page["first_index"],
                        "nextCursor": page["cursor"] or None,

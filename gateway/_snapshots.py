@@ -30,7 +30,8 @@ import nats.errors
 import nats.js.errors
 
 from baton.errors import LogUnavailable
-from baton.log._api import first_on_subject
+from baton.log import _headers as H
+from baton.log._api import first_on_subject, record_at
 from baton.log._compact import is_compacted
 from baton.log._snapshots import body_of, latest_final, part_at, part_seqs
 from baton.errors import InvalidArgument
@@ -68,6 +69,7 @@ class ServedSnapshot:
     input_count: int = 0
     msg_line: int = -1
     msg_ends: tuple[int, ...] | None = None
+    record: int = 0  #: the stream sequence of its record's last part (its cursors name it)
 
     def compacted(self) -> "ServedSnapshot":
         """The same, after a ``CUSTOM stream.compacted {snapshotOffset}`` event (no id): what a
@@ -95,7 +97,7 @@ class ServedSnapshot:
         return str(msg.get("id", "")) if isinstance(msg, dict) else ""
 
     def _cursor(self, position: int) -> str:
-        return cursor_of(position, self._id_at(position)) if position > 0 else ""
+        return snapshot_cursor(position, self._id_at(position), self.record) if position > 0 else ""
 
     def window(self, newest: int) -> "ServedSnapshot":
         """The same with only the newest ``newest`` messages in its ``MESSAGES_SNAPSHOT``, after a
@@ -113,7 +115,7 @@ class ServedSnapshot:
             events[self.msg_line] = MESSAGES_HEAD + b",".join(self.messages(first, total)) + MESSAGES_TAIL
         events.insert(self.msg_line, event)
         # The window has no index of its own: it is served, never paged or cut again.
-        return ServedSnapshot(self.offset, tuple(events), self.input_count)
+        return ServedSnapshot(self.offset, tuple(events), self.input_count, record=self.record)
 
     def page(self, limit: int, before: str | None) -> tuple[list[bytes], int, str]:
         """A page of its messages, newest first (as gateway._paging.window): ``(each message's
@@ -127,9 +129,9 @@ class ServedSnapshot:
             InvalidArgument: ``before`` is not a cursor of this run's messages (field ``before``).
         """
         end = self.total
-        parsed = check_cursor(before)
+        parsed = parse_snapshot_cursor(before)
         if parsed is not None:
-            position, mid = parsed
+            position, mid, _ = parsed
             if not 0 < position < end or self._id_at(position) != mid:
                 raise InvalidArgument("before", "is not a cursor of this run's messages")
             end = position
@@ -211,6 +213,43 @@ class SnapshotCache:
         whole = await self.latest(delivery_log, run_id)
         return None if whole is None else whole.window(newest)
 
+    async def at(self, delivery_log: Any, run_id: str, record: int) -> ServedSnapshot | None:
+        """The run's snapshot whose last part is at stream sequence ``record`` (a cursor's), or
+        ``None`` when it is gone (retention, compaction) or is not one of this run's.
+
+        Raises:
+            LogUnavailable: JetStream did not answer.
+        """
+        hit = self._kept.get((run_id, record))
+        if hit is not None:
+            self._kept.move_to_end((run_id, record))
+            return hit
+        nc, cfg = delivery_log.nc, delivery_log.cfg
+        try:
+            final = await record_at(nc, cfg.stream, record)
+        except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
+            raise LogUnavailable(run_id, f"reading the snapshot failed: {type(exc).__name__}") from exc
+        if final is None or not final.headers.get(H.MSG_ID, "").startswith(f"{run_id}/snap/"):
+            return None
+        i, _, n = final.headers.get(H.SNAP_PART, "").partition("/")
+        body = await body_of(nc, cfg, run_id, final) if n and i == n else None
+        if body is None:
+            return None
+        try:
+            served = served_of(body, final.seq)
+        except ValueError:
+            return None
+        self._keep((run_id, record), served)
+        return served
+
+    def _keep(self, key: tuple[str, int], served: ServedSnapshot) -> None:
+        if served.size <= self._max and key not in self._kept:
+            self._kept[key] = served
+            self._bytes += served.size
+            while self._bytes > self._max:
+                _, old = self._kept.popitem(last=False)
+                self._bytes -= old.size
+
     async def latest(self, delivery_log: Any, run_id: str) -> ServedSnapshot | None:
         """The run's latest complete snapshot, or ``None`` when it has none (or it is unreadable).
 
@@ -229,16 +268,11 @@ class SnapshotCache:
         if body is None:
             return None
         try:
-            served = served_of(body)  # served as stored: only the head is parsed
+            served = served_of(body, final.seq)  # served as stored: only the head is parsed
         except ValueError as exc:
             log.warning("snapshot of run %s at %d is unreadable (%s): joined from the start", run_id, final.seq, exc)
             return None
-        if served.size <= self._max:
-            self._kept[key] = served
-            self._bytes += served.size
-            while self._bytes > self._max:
-                _, old = self._kept.popitem(last=False)
-                self._bytes -= old.size
+        self._keep(key, served)
         return served
 
 
@@ -303,14 +337,36 @@ async def read_window(delivery_log: Any, run_id: str, final: Any, newest: int) -
     cursor = ""
     if first:
         one = json.loads(tail[start - base:at + ends[first] - base])
-        cursor = cursor_of(first, str(one.get("id", "")) if isinstance(one, dict) else "")
+        cursor = snapshot_cursor(first, str(one.get("id", "")) if isinstance(one, dict) else "", final.seq)
     offset, input_count = int(head["offset"]), int(head.get("inputCount", 0))
     events = [*before, window_event(first, cursor, total, input_count, offset),
               MESSAGES_HEAD + msgs + MESSAGES_TAIL, *(after.split(b"\n") if after else [])]
-    return ServedSnapshot(offset, tuple(events), input_count)
+    return ServedSnapshot(offset, tuple(events), input_count, record=final.seq)
 
 
-def served_of(body: bytes) -> ServedSnapshot:
+def snapshot_cursor(position: int, message_id: str, record: int) -> str:
+    """The cursor of the page whose oldest message is at ``position`` of the snapshot whose last
+    part is at stream sequence ``record``: a page is read from the snapshot its cursor came
+    from (a later one may hold a tool result inserted before that position)."""
+    return cursor_of(position, f"{record}:{message_id}")
+
+
+def parse_snapshot_cursor(before: str | None) -> tuple[int, str, int] | None:
+    """``(position, message id, record)`` of a :func:`snapshot_cursor`, ``None`` for none.
+
+    Raises:
+        InvalidArgument: not a cursor this API made (field ``before``).
+    """
+    parsed = check_cursor(before)
+    if parsed is None:
+        return None
+    record, sep, mid = parsed[1].partition(":")
+    if not sep or not record.isdigit():
+        raise InvalidArgument("before", "is not a cursor this API returned")
+    return parsed[0], mid, int(record)
+
+
+def served_of(body: bytes, record: int = 0) -> ServedSnapshot:
     """A snapshot record's body as readers get it (baton.log.snapshot.encode's format): its
     head parsed, its event lines as they are. A head without message ends (a snapshot written
     before they were recorded) gets them from one parse of its ``MESSAGES_SNAPSHOT`` line.
@@ -325,7 +381,7 @@ def served_of(body: bytes) -> ServedSnapshot:
         again, found = messages_line(list(json.loads(lines[at]).get("messages") or []))
         ends = found if again == lines[at] else None  # another writer's bytes: served whole only
     return ServedSnapshot(int(head["offset"]), tuple(lines), int(head.get("inputCount", 0)), at,
-                          tuple(ends) if at >= 0 and ends is not None else None)
+                          tuple(ends) if at >= 0 and ends is not None else None, record)
 
 
 async def log_compacted(delivery_log: Any, run_id: str) -> bool:

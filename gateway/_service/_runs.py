@@ -16,7 +16,7 @@ from baton.ids import page_position, page_token, thread_run_position
 from baton.runs import TERMINAL_PB
 from baton.v1 import runs_pb2
 from gateway._reader import RunRead
-from gateway._snapshots import log_compacted
+from gateway._snapshots import log_compacted, parse_snapshot_cursor
 from gateway._service import _cancel, _hydration, _inputs, _queue, _start, _threads, _views
 from gateway._service._cancel import CancelOutcome
 from gateway._service._requests import (CancelRequest, JoinRequest, ListRunsRequest, StartLimits, StartRequest,
@@ -171,8 +171,12 @@ class RunService:
                 cursor of this run's messages. LogUnavailable.
         """
         st = self.state
+        parsed = parse_snapshot_cursor(before)  # InvalidArgument before anything is read
         await _views.join_view_for(st, tenant, run_id, wait=0)  # the tenant check of a join
-        served = await st.snapshots.latest(st.log, run_id)
+        # A cursor names the snapshot it came from (a later one may have placed a tool result
+        # before its position); when that one is gone, the latest, checked by the message id.
+        served = None if parsed is None else await st.snapshots.at(st.log, run_id, parsed[2])
+        served = served or await st.snapshots.latest(st.log, run_id)
         if served is None or served.msg_ends is None:
             if before:
                 raise e.InvalidArgument("before", "is not a cursor of this run's messages")

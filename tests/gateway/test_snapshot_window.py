@@ -152,4 +152,44 @@ async def test_the_newest_messages_are_read_from_only_the_parts_they_are_in(sdlo
     body = await body_of(sdlog.nc, sdlog.cfg, run_id, final)
     assert body is not None
     cut = await read_window(sdlog, run_id, final, newest)
-    assert cut is not None and cut.events == served_of(body).window(newest).events
+    assert cut is not None and cut.events == served_of(body, final.seq).window(newest).events
+
+
+async def test_a_cursor_pages_the_snapshot_it_came_from_when_a_later_one_inserted_before_it(
+        gateway: Gateway, http: httpx.AsyncClient, sdlog: DeliveryLog) -> None:
+    """A tool result that arrives late is placed right after its call's message, before the
+    cursor's position in later snapshots: the pages still come from the cursor's snapshot, so
+    they put together exactly the messages the window left out."""
+    run_id, thread_id = unique("run"), unique("th")
+    chunks: list[dict[str, Any]] = [
+        {"type": "RUN_STARTED", "threadId": thread_id, "runId": run_id},
+        {"type": "TEXT_MESSAGE_START", "messageId": "m", "role": "assistant"},
+        {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m", "delta": "Starting a long task."},
+        {"type": "TEXT_MESSAGE_END", "messageId": "m"},
+        {"type": "TOOL_CALL_START", "toolCallId": "task", "toolCallName": "Task", "parentMessageId": "m"},
+        {"type": "TOOL_CALL_ARGS", "toolCallId": "task", "delta": "{}"},
+        {"type": "TOOL_CALL_END", "toolCallId": "task"}]
+    for i in range(12):
+        chunks += [{"type": "TEXT_MESSAGE_START", "messageId": f"n{i}", "role": "assistant"},
+                   {"type": "TEXT_MESSAGE_CONTENT", "messageId": f"n{i}", "delta": f"meanwhile {i} " * 20},
+                   {"type": "TEXT_MESSAGE_END", "messageId": f"n{i}"}]
+    w, _ = await write_run(sdlog, run_id, chunks, close=False)
+    found = await latest_snapshot(sdlog.nc, sdlog.cfg, run_id)
+    assert found is not None and len(found[0].messages) > 6
+    snap = found[0]
+    async with asyncio.timeout(30):
+        got = await read_stream(http, "GET", f"{gateway.url}/api/chat", stop_after=3,
+                                params={"runId": run_id, "offset": "snapshot", "messages": "3"})
+    cursor = got.events[1][1]["value"]["cursor"]
+    # The task's result comes now: later snapshots hold it right after "m", before the cursor.
+    await w.append([{"type": "TOOL_CALL_RESULT", "toolCallId": "task", "messageId": "task-r", "content": "done"}])
+    await w.close("completed")
+    final = await latest_snapshot(sdlog.nc, sdlog.cfg, run_id)
+    assert final is not None and final[0].messages[1]["id"] == "task-r"
+    older: list[dict[str, Any]] = []
+    while cursor:
+        r = await http.get(f"{gateway.url}/api/runs/{run_id}/messages", params={"before": cursor, "limit": 2})
+        assert r.status_code == 200, r.text
+        older = r.json()["messages"] + older
+        cursor = r.json()["nextCursor"]
+    assert older + got.events[2][1]["messages"] == snap.messages
