@@ -40,6 +40,9 @@ STREAM_GAP: Final = "stream.gap"
 #: A reader's notice that the run's log was compacted to its final snapshot: a join from the
 #: start gets this (``value.snapshotOffset``), then the snapshot, then the end.
 STREAM_COMPACTED: Final = "stream.compacted"
+#: A join from a snapshot's newest messages (``messages=N``): before its ``MESSAGES_SNAPSHOT``,
+#: how many older messages were left out and the cursor that pages them (docs/api.md).
+SNAPSHOT_WINDOW: Final = "snapshot.window"
 
 
 def status_name(status: int) -> str:

@@ -13,6 +13,7 @@ from baton.keep import check_keep_ttl
 from baton.v1 import runs_pb2, runs_service_pb2 as pb
 from gateway._errors import BodyTooLarge
 from gateway._service._keep import KeepRequest
+from gateway._paging import check_limit
 from gateway._service import (MAX_JSON_DEPTH, CancelRequest, JoinRequest, ListRunsRequest, StartLimits, StartRequest,
                               cancel_request, check_offset, json_depth, start_request)
 
@@ -92,7 +93,8 @@ def join_request_of(request: pb.RunJoinRequest) -> JoinRequest:
 
     Raises:
         InvalidArgument: a bad run id; no position, or ``from_start``/``only_new`` false
-            (field ``position``); a negative or non-finite ``keep_ttl_seconds``.
+            (field ``position``); a negative or non-finite ``keep_ttl_seconds``; a
+            ``snapshot_messages`` out of range.
             InvalidOffset: a malformed ``after_offset``.
     """
     run_id = validate_id(request.run_id, "runId")
@@ -110,7 +112,8 @@ def join_request_of(request: pb.RunJoinRequest) -> JoinRequest:
                                             "only what comes next, from_snapshot=true the latest snapshot then the rest, "
                                             "after_offset the rest after a chunk you hold")
     keep_ttl = check_keep_ttl(request.keep_ttl_seconds, "keep_ttl_seconds", allow_zero=True)
-    return JoinRequest(run_id, after, keep_ttl)
+    messages = check_limit(request.snapshot_messages, "snapshot_messages") if after == "snapshot" else 0
+    return JoinRequest(run_id, after, keep_ttl=keep_ttl, messages=messages)
 
 
 def keep_request_of(request: pb.RunKeepRequest) -> KeepRequest:

@@ -58,14 +58,18 @@ async def start_chat(request: Request) -> Response | StreamResponse:
 SNAPSHOT_PARAM = "snapshot"
 #: ``?keepTtl=<seconds>``: keep the run that long should it be detached (clamped; docs/api.md).
 KEEP_PARAM = "keepTtl"
+#: ``?messages=N``: a join from the snapshot gets only the snapshot's newest N messages.
+MESSAGES_PARAM = "messages"
 
 
 async def join_chat(request: Request) -> Response | StreamResponse:
     """``GET /api/chat?runId&offset`` (or ``Last-Event-ID``): the log strictly after the offset.
 
     ``offset=snapshot`` (or ``offset=-1&snapshot=1``) joins from the run's latest snapshot:
-    its events, then every chunk after the offset it covers (docs/api.md). ``keepTtl``
-    (seconds) also keeps the run that long should it be detached (a keep-alive).
+    its events, then every chunk after the offset it covers (docs/api.md); with
+    ``messages=N`` the snapshot holds only its newest N messages, after a ``CUSTOM
+    snapshot.window`` event naming what was left out. ``keepTtl`` (seconds) also keeps
+    the run that long should it be detached (a keep-alive).
 
     Without ``runId`` but with ``threadId`` it answers the TanStack hydration probe
     ``{messages, activeRun}``.
@@ -90,8 +94,10 @@ async def join_chat(request: Request) -> Response | StreamResponse:
         # joinRun always asks for offset=-1 and keeps the URL's other parameters).
         after = "snapshot"
     keep_ttl = check_keep_ttl(q[KEEP_PARAM], KEEP_PARAM) if KEEP_PARAM in q else 0.0
+    # ``messages=N``: a join from the snapshot gets its newest N messages (docs/api.md).
+    newest = check_limit(q.get(MESSAGES_PARAM), MESSAGES_PARAM)
     framing = choose_framing(request.headers.get("accept"), q.get(FORMAT_PARAM))
-    read = await service.join(t, JoinRequest(run_id, after, keep_ttl))
+    read = await service.join(t, JoinRequest(run_id, after, keep_ttl=keep_ttl, messages=newest))
     if (framing == "sse" and request.headers.get("last-event-id") is not None
             and await service.closed_after(run_id, after)):
         # A reconnect to a log that closed with nothing after the offset: 204 is how the

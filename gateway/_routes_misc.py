@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import pathlib
 import uuid
@@ -37,6 +38,23 @@ async def get_run(request: Request) -> Response:
             raise
         return JSONResponse(queued_view(queued))
     return JSONResponse(record_json(view.record, view.claim, view.reap_at))
+
+
+async def run_messages(request: Request) -> Response:
+    """``GET /api/runs/{runId}/messages?limit&before`` → ``{runId, messages, total, firstIndex,
+    nextCursor, snapshotOffset}``: the newest ``limit`` messages of the run's latest snapshot
+    before the cursor (a ``snapshot.window`` event's, or a page's ``nextCursor``), oldest of
+    the page first; the messages are sliced from the stored snapshot, never parsed."""
+    run_id = validate_id(request.path_params["run_id"], "runId")
+    q = request.query_params
+    limit = check_limit(q.get("limit"))
+    page = await service_of(request).run_messages(tenant(request), run_id, limit, q.get("before"))
+    head = json.dumps({"runId": run_id, "total": page["total"], "firstIndex": page["first_index"],
+                       "nextCursor": page["cursor"] or None,
+                       "snapshotOffset": None if page["snapshot_offset"] is None else str(page["snapshot_offset"])},
+                      separators=(",", ":")).encode()
+    body = head[:-1] + b',"messages":[' + b",".join(page["messages"]) + b"]}"
+    return Response(body, media_type="application/json")
 
 
 async def answer_approval(request: Request) -> Response:

@@ -7,11 +7,21 @@ one copy, not a hundred, and the decoded messages are dropped at once. The frame
 written in slices (:data:`SLICE` bytes), so a reader whose client stopped reading holds at
 most a slice and the socket's buffer of the snapshot, however long the run: what a reader
 costs the gateway does not grow with the run.
+
+A join may ask for only the newest ``N`` messages (``messages=N``, :meth:`ServedSnapshot.window`):
+the ``MESSAGES_SNAPSHOT`` line is cut by the message ends its head records (never parsed),
+and a ``CUSTOM snapshot.window`` event before it says how many older messages were left out
+and the cursor that pages them (:meth:`ServedSnapshot.page`, ``GET /api/runs/{id}/messages``).
+Messages are only ever appended to a run's transcript and every one but the last is final
+once a later message exists, so a cursor's older messages are the same in every later
+snapshot of the run: a page is read from the latest one.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -20,12 +30,15 @@ import nats.errors
 import nats.js.errors
 
 from baton.errors import LogUnavailable
-from baton.log._api import first_on_subject
+from baton.log import _headers as H
+from baton.log._api import first_on_subject, record_at
 from baton.log._compact import is_compacted
-from baton.log._snapshots import body_of, latest_final
-from baton.runs import STREAM_COMPACTED
-from baton.log.snapshot import event_lines
+from baton.log._snapshots import body_of, latest_final, part_at, part_seqs
+from baton.errors import InvalidArgument
+from baton.runs import SNAPSHOT_WINDOW, STREAM_COMPACTED
+from baton.log.snapshot import MESSAGES_HEAD, MESSAGES_TAIL, head_and_lines, messages_line, parse_head
 from gateway import _grpc_wire
+from gateway._paging import check_cursor, cursor_of
 from gateway._sse import Framing, dumps
 
 log = logging.getLogger("gateway.snapshots")
@@ -34,6 +47,8 @@ log = logging.getLogger("gateway.snapshots")
 SLICE = 64 * 1024
 #: Bytes of snapshot events a gateway keeps for the next reader.
 CACHE_BYTES = 64 << 20
+#: Windows of the newest messages a gateway keeps (each about as large as the messages asked for).
+WINDOWS = 16
 
 
 @dataclass(frozen=True)
@@ -43,16 +58,85 @@ class ServedSnapshot:
     Attributes:
         offset: the stream sequence of the last chunk it covers (the resume id of its last event).
         events: each event's JSON bytes, in order.
+        input_count: how many of its messages are the run's input (the first ones).
+        msg_line: the index in ``events`` of the ``MESSAGES_SNAPSHOT`` line (-1: none).
+        msg_ends: where each message ends in that line (byte index, exclusive; ``None``:
+            unknown, the snapshot is then only served whole).
     """
 
     offset: int
     events: tuple[bytes, ...]
+    input_count: int = 0
+    msg_line: int = -1
+    msg_ends: tuple[int, ...] | None = None
+    record: int = 0  #: the stream sequence of its record's last part (its cursors name it)
 
     def compacted(self) -> "ServedSnapshot":
         """The same, after a ``CUSTOM stream.compacted {snapshotOffset}`` event (no id): what a
         join from the start of a compacted log gets (docs/api.md)."""
         marker = dumps({"type": "CUSTOM", "name": STREAM_COMPACTED, "value": {"snapshotOffset": str(self.offset)}})
-        return ServedSnapshot(self.offset, (marker, *self.events))
+        return dataclasses.replace(self, events=(marker, *self.events),
+                                   msg_line=self.msg_line + 1 if self.msg_line >= 0 else -1)
+
+    @property
+    def total(self) -> int:
+        """How many messages its ``MESSAGES_SNAPSHOT`` holds (0 when they are not indexed)."""
+        return len(self.msg_ends or ())
+
+    def messages(self, lo: int, hi: int) -> list[bytes]:
+        """The JSON bytes of messages ``lo`` up to ``hi`` (exclusive), sliced, never parsed."""
+        ends, line = self.msg_ends or (), self.events[self.msg_line] if self.msg_line >= 0 else b""
+        out = []
+        for i in range(max(lo, 0), min(hi, len(ends))):
+            start = len(MESSAGES_HEAD) if i == 0 else ends[i - 1] + 1  # past the comma
+            out.append(line[start:ends[i]])
+        return out
+
+    def _id_at(self, position: int) -> str:
+        msg = json.loads(self.messages(position, position + 1)[0])
+        return str(msg.get("id", "")) if isinstance(msg, dict) else ""
+
+    def _cursor(self, position: int) -> str:
+        return snapshot_cursor(position, self._id_at(position), self.record) if position > 0 else ""
+
+    def window(self, newest: int) -> "ServedSnapshot":
+        """The same with only the newest ``newest`` messages in its ``MESSAGES_SNAPSHOT``, after a
+        ``CUSTOM snapshot.window`` event (no id): ``{messagesOmitted, cursor, totalMessages,
+        inputMessages, snapshotOffset}``; ``cursor`` (``null`` when nothing was left out) pages
+        the older ones (:meth:`page`). A snapshot whose messages are not indexed is served
+        whole, with ``messagesOmitted`` 0: never a silent gap."""
+        total = self.total
+        first = max(0, total - newest) if self.msg_ends is not None else 0
+        event = window_event(first, self._cursor(first), total, self.input_count, self.offset)
+        if self.msg_line < 0:
+            return dataclasses.replace(self, events=(event, *self.events))
+        events = list(self.events)
+        if first:
+            events[self.msg_line] = MESSAGES_HEAD + b",".join(self.messages(first, total)) + MESSAGES_TAIL
+        events.insert(self.msg_line, event)
+        # The window has no index of its own: it is served, never paged or cut again.
+        return ServedSnapshot(self.offset, tuple(events), self.input_count, record=self.record)
+
+    def page(self, limit: int, before: str | None) -> tuple[list[bytes], int, str]:
+        """A page of its messages, newest first (as gateway._paging.window): ``(each message's
+        JSON bytes, the page's first position, the cursor of the next older page or "")``.
+
+        Args:
+            limit: messages at most (0: every one before the cursor).
+            before: a cursor of :meth:`window` or of an earlier page (``None``: the newest page).
+
+        Raises:
+            InvalidArgument: ``before`` is not a cursor of this run's messages (field ``before``).
+        """
+        end = self.total
+        parsed = parse_snapshot_cursor(before)
+        if parsed is not None:
+            position, mid, _ = parsed
+            if not 0 < position < end or self._id_at(position) != mid:
+                raise InvalidArgument("before", "is not a cursor of this run's messages")
+            end = position
+        start = max(0, end - limit) if limit else 0
+        return self.messages(start, end), start, self._cursor(start)
 
     @property
     def size(self) -> int:
@@ -91,7 +175,80 @@ class SnapshotCache:
     def __init__(self, max_bytes: int = CACHE_BYTES) -> None:
         self._max = max_bytes
         self._kept: collections.OrderedDict[tuple[str, int], ServedSnapshot] = collections.OrderedDict()
+        self._windows: collections.OrderedDict[tuple[str, int, int], ServedSnapshot] = collections.OrderedDict()
+        self._reading: dict[tuple[str, int, int], asyncio.Lock] = {}
         self._bytes = 0
+
+    async def newest(self, delivery_log: Any, run_id: str, newest: int) -> ServedSnapshot | None:
+        """The run's latest complete snapshot with only its newest ``newest`` messages (after
+        its ``snapshot.window`` event), or ``None`` when it has none: from the cache when it
+        holds the snapshot, else reading only the parts the window needs (:func:`read_window`).
+
+        Raises:
+            LogUnavailable: JetStream did not answer.
+        """
+        final = await latest_final(delivery_log.nc, delivery_log.cfg, run_id)
+        if final is None:
+            return None
+        hit = self._kept.get((run_id, final.seq))
+        if hit is None:
+            key = (run_id, final.seq, newest)
+            # Readers of one run joining at once share one read and one window.
+            async with self._reading.setdefault(key, asyncio.Lock()):
+                cut = self._windows.get(key)
+                if cut is None:
+                    try:
+                        cut = await read_window(delivery_log, run_id, final, newest)
+                    except (ValueError, KeyError, IndexError) as exc:
+                        log.warning("snapshot of run %s at %d: its newest messages are unreadable (%s): read whole",
+                                    run_id, final.seq, exc)
+                    if cut is not None:
+                        self._windows[key] = cut
+                        while len(self._windows) > WINDOWS:
+                            self._windows.popitem(last=False)
+            self._reading.pop(key, None)
+            if cut is not None:
+                self._windows.move_to_end(key)
+                return cut
+        whole = await self.latest(delivery_log, run_id)
+        return None if whole is None else whole.window(newest)
+
+    async def at(self, delivery_log: Any, run_id: str, record: int) -> ServedSnapshot | None:
+        """The run's snapshot whose last part is at stream sequence ``record`` (a cursor's), or
+        ``None`` when it is gone (retention, compaction) or is not one of this run's.
+
+        Raises:
+            LogUnavailable: JetStream did not answer.
+        """
+        hit = self._kept.get((run_id, record))
+        if hit is not None:
+            self._kept.move_to_end((run_id, record))
+            return hit
+        nc, cfg = delivery_log.nc, delivery_log.cfg
+        try:
+            final = await record_at(nc, cfg.stream, record)
+        except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
+            raise LogUnavailable(run_id, f"reading the snapshot failed: {type(exc).__name__}") from exc
+        if final is None or not final.headers.get(H.MSG_ID, "").startswith(f"{run_id}/snap/"):
+            return None
+        i, _, n = final.headers.get(H.SNAP_PART, "").partition("/")
+        body = await body_of(nc, cfg, run_id, final) if n and i == n else None
+        if body is None:
+            return None
+        try:
+            served = served_of(body, final.seq)
+        except ValueError:
+            return None
+        self._keep((run_id, record), served)
+        return served
+
+    def _keep(self, key: tuple[str, int], served: ServedSnapshot) -> None:
+        if served.size <= self._max and key not in self._kept:
+            self._kept[key] = served
+            self._bytes += served.size
+            while self._bytes > self._max:
+                _, old = self._kept.popitem(last=False)
+                self._bytes -= old.size
 
     async def latest(self, delivery_log: Any, run_id: str) -> ServedSnapshot | None:
         """The run's latest complete snapshot, or ``None`` when it has none (or it is unreadable).
@@ -111,18 +268,120 @@ class SnapshotCache:
         if body is None:
             return None
         try:
-            offset, lines = event_lines(body)  # served as stored: never parsed here
+            served = served_of(body, final.seq)  # served as stored: only the head is parsed
         except ValueError as exc:
             log.warning("snapshot of run %s at %d is unreadable (%s): joined from the start", run_id, final.seq, exc)
             return None
-        served = ServedSnapshot(offset, tuple(lines))
-        if served.size <= self._max:
-            self._kept[key] = served
-            self._bytes += served.size
-            while self._bytes > self._max:
-                _, old = self._kept.popitem(last=False)
-                self._bytes -= old.size
+        self._keep(key, served)
         return served
+
+
+def window_event(first: int, cursor: str, total: int, input_count: int, offset: int) -> bytes:
+    """``CUSTOM snapshot.window``: what a join from the newest messages left out (docs/api.md)."""
+    return dumps({"type": "CUSTOM", "name": SNAPSHOT_WINDOW, "value": {
+        "messagesOmitted": first, "cursor": cursor or None, "totalMessages": total,
+        "inputMessages": input_count, "snapshotOffset": str(offset)}})
+
+
+async def read_window(delivery_log: Any, run_id: str, final: Any, newest: int) -> ServedSnapshot | None:
+    """The newest ``newest`` messages of the snapshot whose last part is ``final``, reading only
+    its first part (the head: where each message ends) and the parts from the window's first
+    message on, never the whole record (:meth:`ServedSnapshot.window`'s events).
+
+    Returns ``None`` when the record does not say where its parts are or its head is not in its
+    first part (the caller reads it whole), or a part is gone.
+
+    Raises:
+        LogUnavailable: JetStream did not answer.
+    """
+    nc, cfg = delivery_log.nc, delivery_log.cfg
+    seqs = part_seqs(final)
+    if seqs is None or len(seqs) < 2:
+        return None
+    data0 = await part_at(nc, cfg, run_id, seqs[0], final)
+    if data0 is None:
+        return None
+    size = len(data0)  # every part but the last holds exactly this many bytes (baton.log.snapshot.split)
+    head_raw, sep, _ = data0.partition(b"\n")
+    if not sep:
+        return None
+    try:
+        head = parse_head(head_raw)
+    except ValueError:
+        return None
+    ends = head.get("msgEnds")
+    if not isinstance(ends, list) or not all(isinstance(x, int) for x in ends):
+        return None
+    before: list[bytes] = []  # the events before MESSAGES_SNAPSHOT (RUN_STARTED)
+    at = len(head_raw) + 1
+    while not data0.startswith(MESSAGES_HEAD, at):
+        nl = data0.find(b"\n", at)
+        if nl < 0:
+            return None
+        before.append(data0[at:nl])
+        at = nl + 1
+    total = len(ends)
+    first = max(0, total - newest)
+    start = at + (ends[first - 1] + 1 if first else len(MESSAGES_HEAD))  # body offset of the window
+    k = start // size
+    parts = []
+    for i in range(k, len(seqs)):
+        part = data0 if i == 0 else final.data if i == len(seqs) - 1 else await part_at(nc, cfg, run_id, seqs[i], final)
+        if part is None:
+            return None
+        parts.append(part)
+    tail, base = b"".join(parts), k * size
+    stop = at + (ends[-1] if ends else len(MESSAGES_HEAD))  # body offset past the last message
+    after = tail[stop - base + len(MESSAGES_TAIL) + 1:]
+    msgs = tail[start - base:stop - base]
+    cursor = ""
+    if first:
+        one = json.loads(tail[start - base:at + ends[first] - base])
+        cursor = snapshot_cursor(first, str(one.get("id", "")) if isinstance(one, dict) else "", final.seq)
+    offset, input_count = int(head["offset"]), int(head.get("inputCount", 0))
+    events = [*before, window_event(first, cursor, total, input_count, offset),
+              MESSAGES_HEAD + msgs + MESSAGES_TAIL, *(after.split(b"\n") if after else [])]
+    return ServedSnapshot(offset, tuple(events), input_count, record=final.seq)
+
+
+def snapshot_cursor(position: int, message_id: str, record: int) -> str:
+    """The cursor of the page whose oldest message is at ``position`` of the snapshot whose last
+    part is at stream sequence ``record``: a page is read from the snapshot its cursor came
+    from (a later one may hold a tool result inserted before that position)."""
+    return cursor_of(position, f"{record}:{message_id}")
+
+
+def parse_snapshot_cursor(before: str | None) -> tuple[int, str, int] | None:
+    """``(position, message id, record)`` of a :func:`snapshot_cursor`, ``None`` for none.
+
+    Raises:
+        InvalidArgument: not a cursor this API made (field ``before``).
+    """
+    parsed = check_cursor(before)
+    if parsed is None:
+        return None
+    record, sep, mid = parsed[1].partition(":")
+    if not sep or not record.isdigit():
+        raise InvalidArgument("before", "is not a cursor this API returned")
+    return parsed[0], mid, int(record)
+
+
+def served_of(body: bytes, record: int = 0) -> ServedSnapshot:
+    """A snapshot record's body as readers get it (baton.log.snapshot.encode's format): its
+    head parsed, its event lines as they are. A head without message ends (a snapshot written
+    before they were recorded) gets them from one parse of its ``MESSAGES_SNAPSHOT`` line.
+
+    Raises:
+        ValueError: not a snapshot body of a known version.
+    """
+    head, lines = head_and_lines(body)
+    at = next((i for i, ln in enumerate(lines) if ln.startswith(MESSAGES_HEAD) and ln.endswith(MESSAGES_TAIL)), -1)
+    ends = head.get("msgEnds")
+    if at >= 0 and not (isinstance(ends, list) and (not ends or ends[-1] + len(MESSAGES_TAIL) == len(lines[at]))):
+        again, found = messages_line(list(json.loads(lines[at]).get("messages") or []))
+        ends = found if again == lines[at] else None  # another writer's bytes: served whole only
+    return ServedSnapshot(int(head["offset"]), tuple(lines), int(head.get("inputCount", 0)), at,
+                          tuple(ends) if at >= 0 and ends is not None else None, record)
 
 
 async def log_compacted(delivery_log: Any, run_id: str) -> bool:

@@ -150,6 +150,7 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
         Route("/api/runs/{run_id:path}/approvals/{approvalId}", misc.answer_approval, methods=["POST"]),
         Route("/api/runs/{run_id:path}/messages", misc.steer_run, methods=["POST"]),
         Route("/api/runs/{run_id:path}/keep", misc.keep_run, methods=["POST"]),
+        Route("/api/runs/{run_id:path}/messages", misc.run_messages, methods=["GET"]),
         Route("/api/runs/{run_id:path}", misc.get_run, methods=["GET"]),
         Route("/api/threads/{thread_id:path}/messages", misc.thread_messages, methods=["GET"]),
         # run_id:path: a run id may hold "/", and a DELETE under /queue/ must never fall

@@ -24,6 +24,8 @@ SNAP_OFFSET = "Baton-Snap-Offset"
 SNAP_PART = "Baton-Snap-Part"
 SNAP_PREV = "Baton-Snap-Prev"
 SNAP_FIRST = "Baton-Snap-First"
+#: On a snapshot's last part: the stream sequences of its other parts, in order (comma-separated).
+SNAP_SEQS = "Baton-Snap-Seqs"
 MSG_ID = "Nats-Msg-Id"
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 #: The subject the expected-last-sequence compare is made on (nats-server 2.11+): a snapshot

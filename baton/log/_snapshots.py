@@ -85,6 +85,37 @@ async def body_of(nc: NATS, cfg: LogConfig, run_id: str, final: RawRecord, *, ti
     return b"".join(parts)
 
 
+def part_seqs(final: RawRecord) -> list[int] | None:
+    """The stream sequences of every part of the snapshot whose last part is ``final``, in order
+    (``None``: not recorded, a snapshot stored before they were, or one of one part)."""
+    raw = final.headers.get(H.SNAP_SEQS, "")
+    try:
+        seqs = [int(s) for s in raw.split(",")] if raw else []
+    except ValueError:
+        return None
+    n = int(final.headers.get(H.SNAP_PART, "0/0").partition("/")[2] or 0)
+    return seqs + [final.seq] if seqs and len(seqs) == n - 1 else None
+
+
+async def part_at(nc: NATS, cfg: LogConfig, run_id: str, seq: int, final: RawRecord, *,
+                  timeout: float = 5.0) -> bytes | None:
+    """The bytes of the part at ``seq`` of the snapshot whose last part is ``final`` (``None``:
+    gone, e.g. expired under the reader, or not a part of it).
+
+    Raises:
+        LogUnavailable: JetStream did not answer.
+    """
+    try:
+        rec = await record_at(nc, cfg.stream, seq, timeout=timeout)
+    except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
+        raise LogUnavailable(run_id, f"reading the snapshot failed: {type(exc).__name__}") from exc
+    if rec is None or rec.headers.get(H.KIND) != "snapshot" \
+            or rec.headers.get(H.SNAP_OFFSET) != final.headers.get(H.SNAP_OFFSET) \
+            or rec.headers.get(H.MSG_ID, "").rpartition("/")[0] != final.headers.get(H.MSG_ID, "").rpartition("/")[0]:
+        return None
+    return rec.data
+
+
 async def latest(nc: NATS, cfg: LogConfig, run_id: str, *, timeout: float = 5.0) -> tuple[Snapshot, int] | None:
     """The run's latest complete snapshot and the sequence of its last part, or ``None``.
 
@@ -119,6 +150,7 @@ async def store(nc: NATS, cfg: LogConfig, run_id: str, epoch: int, snap: Snapsho
     parts = split(snap.body or encode(snap), part_bytes)
     first = 0
     seq = 0
+    seqs: list[str] = []
     for i, body in enumerate(parts, 1):
         headers = {
             H.KIND: "snapshot", H.EPOCH: str(epoch), H.SNAP_OFFSET: str(snap.offset),
@@ -128,6 +160,8 @@ async def store(nc: NATS, cfg: LogConfig, run_id: str, epoch: int, snap: Snapsho
         }
         if i == len(parts) and first:
             headers[H.SNAP_FIRST] = str(first)
+            # Where every part is: a reader of the newest messages reads only the parts it needs.
+            headers[H.SNAP_SEQS] = ",".join(seqs)
         try:
             reply = await nc.request(subject, body, timeout=timeout, headers=headers)
         except (nats.errors.Error, asyncio.TimeoutError) as exc:
@@ -140,6 +174,7 @@ async def store(nc: NATS, cfg: LogConfig, run_id: str, epoch: int, snap: Snapsho
             raise LogUnavailable(run_id, f"snapshot part refused: {err.get('description', '')}")
         seq = int(resp["seq"])
         first = first or seq
+        seqs.append(str(seq))
     return seq
 
 

@@ -227,12 +227,48 @@ def _dumps(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode("utf-8")
 
 
+#: How :func:`encode` writes a ``MESSAGES_SNAPSHOT`` line around its messages (compact,
+#: key-sorted: ``messages`` sorts before ``type``).
+MESSAGES_HEAD = b'{"messages":['
+MESSAGES_TAIL = b'],"type":"MESSAGES_SNAPSHOT"}'
+
+
+def messages_line(messages: list[Any]) -> tuple[bytes, list[int]]:
+    """A ``MESSAGES_SNAPSHOT`` event's line, and where each message ends in it (byte index,
+    exclusive): the same bytes as ``_dumps`` of the event, since compact JSON of a list is its
+    items' JSON joined by commas."""
+    line = bytearray(MESSAGES_HEAD)
+    ends: list[int] = []
+    for i, m in enumerate(messages):
+        if i:
+            line += b","
+        line += _dumps(m)
+        ends.append(len(line))
+    line += MESSAGES_TAIL
+    return bytes(line), ends
+
+
 def encode(snap: Snapshot) -> bytes:
     """The record body: a head line, then one line per event; compact, key-sorted UTF-8 JSON
     (equal snapshots, equal bytes). Compact JSON never holds a raw newline, so a reader that
-    only serves the events splits lines and never parses them (:func:`event_lines`)."""
-    head = {"v": VERSION, "offset": snap.offset, "chunks": snap.chunks, "inputCount": snap.input_count}
-    return b"\n".join([_dumps(head)] + [_dumps(ev) for ev in snap.events])
+    only serves the events splits lines and never parses them (:func:`event_lines`).
+
+    The head's ``msgEnds`` says where each message of the ``MESSAGES_SNAPSHOT`` line ends (byte
+    index in that line), so a reader serves the newest messages, or an older page of them, by
+    slicing the line, never parsing it (gateway/_snapshots.py). A head without it (written
+    before it existed) is read as well: the reader then parses the line once.
+    """
+    head: dict[str, Any] = {"v": VERSION, "offset": snap.offset, "chunks": snap.chunks,
+                            "inputCount": snap.input_count}
+    lines: list[bytes] = []
+    for ev in snap.events:
+        if ev.get("type") == "MESSAGES_SNAPSHOT" and set(ev) == {"type", "messages"} and "msgEnds" not in head:
+            line, ends = messages_line(list(ev.get("messages") or []))
+            head["msgEnds"] = ends
+            lines.append(line)
+        else:
+            lines.append(_dumps(ev))
+    return b"\n".join([_dumps(head)] + lines)
 
 
 def event_lines(data: bytes) -> tuple[int, list[bytes]]:
@@ -241,9 +277,28 @@ def event_lines(data: bytes) -> tuple[int, list[bytes]]:
     Raises:
         ValueError: not a snapshot body of this version.
     """
+    head, lines = head_and_lines(data)
+    return int(head["offset"]), lines
+
+
+def head_and_lines(data: bytes) -> tuple[dict[str, Any], list[bytes]]:
+    """``(head, each event's JSON bytes)`` of a body, parsing only its head line (the head's
+    ``offset``, ``chunks``, ``inputCount`` and, when written, ``msgEnds``: :func:`encode`).
+
+    Raises:
+        ValueError: not a snapshot body of this version.
+    """
     head_raw, _, rest = data.partition(b"\n")
-    head = _head(head_raw)
-    return int(head["offset"]), rest.split(b"\n") if rest else []
+    return _head(head_raw), rest.split(b"\n") if rest else []
+
+
+def parse_head(raw: bytes) -> dict[str, Any]:
+    """A body's head line, checked (:func:`encode`).
+
+    Raises:
+        ValueError: not a snapshot head of this version.
+    """
+    return _head(raw)
 
 
 def _head(raw: bytes) -> dict[str, Any]:

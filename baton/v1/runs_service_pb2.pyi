@@ -136,6 +136,7 @@ class RunJoinRequest(_message.Message):
     ONLY_NEW_FIELD_NUMBER: _builtins.int
     FROM_SNAPSHOT_FIELD_NUMBER: _builtins.int
     KEEP_TTL_SECONDS_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_MESSAGES_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     after_offset: _builtins.str
     """Strictly after this offset (the `offset` of the last chunk you hold)."""
@@ -151,6 +152,12 @@ class RunJoinRequest(_message.Message):
     (as KeepRun; clamped to the operator's maximum). 0: no change. Negative, or not
     finite: INVALID_ARGUMENT (field `keep_ttl_seconds`).
     """
+    snapshot_messages: _builtins.int
+    """With from_snapshot: the snapshot holds only its newest this many messages (1..1000), after
+    a CUSTOM `snapshot.window` chunk (no offset) naming how many older ones were left out and
+    the cursor that pages them (GET /api/runs/{id}/messages). 0: the whole snapshot. Ignored by
+    the other positions.
+    """
     def __init__(
         self,
         *,
@@ -160,10 +167,11 @@ class RunJoinRequest(_message.Message):
         only_new: _builtins.bool = ...,
         from_snapshot: _builtins.bool = ...,
         keep_ttl_seconds: _builtins.float = ...,
+        snapshot_messages: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["after_offset", b"after_offset", "from_snapshot", b"from_snapshot", "from_start", b"from_start", "only_new", b"only_new", "position", b"position"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_offset", b"after_offset", "from_snapshot", b"from_snapshot", "from_start", b"from_start", "keep_ttl_seconds", b"keep_ttl_seconds", "only_new", b"only_new", "position", b"position", "run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_offset", b"after_offset", "from_snapshot", b"from_snapshot", "from_start", b"from_start", "keep_ttl_seconds", b"keep_ttl_seconds", "only_new", b"only_new", "position", b"position", "run_id", b"run_id", "snapshot_messages", b"snapshot_messages"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_position: _TypeAlias = _typing.Literal["after_offset", "from_start", "only_new", "from_snapshot"]  # noqa: Y015
     _WhichOneofArgType_position: _TypeAlias = _typing.Literal["position", b"position"]  # noqa: Y015

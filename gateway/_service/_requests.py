@@ -89,13 +89,16 @@ class StartRequest:
 
 @dataclass(frozen=True)
 class JoinRequest:
-    """A join of a run's log strictly after ``after`` (``-1``, ``now`` or a stream sequence);
-    ``keep_ttl`` > 0: also keep the run that many seconds should it be detached (as a
-    keep-alive, :mod:`gateway._service._keep`)."""
+    """A join of a run's log strictly after ``after`` (``-1``, ``now``, ``snapshot`` or a stream
+    sequence). ``keep_ttl`` > 0: also keep the run that many seconds should it be detached
+    (as a keep-alive, :mod:`gateway._service._keep`). ``messages``: a join from the snapshot
+    gets only its newest that many messages (0: all; ignored by other joins, so a reconnect
+    that keeps it resumes as usual)."""
 
     run_id: str
     after: str = "-1"
     keep_ttl: float = 0.0
+    messages: int = 0
 
 
 @dataclass(frozen=True)

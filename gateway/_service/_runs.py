@@ -16,7 +16,7 @@ from baton.ids import page_position, page_token, thread_run_position
 from baton.runs import TERMINAL_PB
 from baton.v1 import runs_pb2
 from gateway._reader import RunRead
-from gateway._snapshots import log_compacted
+from gateway._snapshots import log_compacted, parse_snapshot_cursor
 from gateway._service import _cancel, _hydration, _inputs, _keep, _queue, _start, _threads, _views
 from gateway._service._cancel import CancelOutcome
 from gateway._service._requests import (CancelRequest, JoinRequest, ListRunsRequest, StartLimits, StartRequest,
@@ -155,9 +155,41 @@ class RunService:
         elif after == "snapshot":
             # The latest snapshot, then every chunk strictly after the offset it covers; a run
             # without one yet is read from the start (docs/api.md "Joining from a snapshot").
-            snapshot = None if gone else await st.snapshots.latest(st.log, req.run_id)  # LogUnavailable
+            if gone:
+                snapshot = None
+            elif req.messages:
+                # Its newest messages only, after a snapshot.window event naming what was left out.
+                snapshot = await st.snapshots.newest(st.log, req.run_id, req.messages)  # LogUnavailable
+            else:
+                snapshot = await st.snapshots.latest(st.log, req.run_id)  # LogUnavailable
             after = "-1" if snapshot is None else str(snapshot.offset)
         return RunRead(st, req.run_id, after, gone=gone, snapshot=snapshot)
+
+    async def run_messages(self, tenant: str, run_id: str, limit: int, before: str | None) -> dict[str, Any]:
+        """A page of the messages of the run's latest snapshot, newest first (the older messages
+        a ``snapshot.window`` join left out): ``{messages: [JSON bytes], total, first_index,
+        cursor, snapshot_offset}`` (``snapshot_offset`` ``None``: the run has no snapshot yet,
+        and no messages are answered).
+
+        Raises:
+            UnknownRun: no such run (or another tenant's). InvalidArgument: ``before`` is not a
+                cursor of this run's messages. LogUnavailable.
+        """
+        st = self.state
+        parsed = parse_snapshot_cursor(before)  # InvalidArgument before anything is read
+        await _views.join_view_for(st, tenant, run_id, wait=0)  # the tenant check of a join
+        # A cursor names the snapshot it came from (a later one may have placed a tool result
+        # before its position); when that one is gone, the latest, checked by the message id.
+        served = None if parsed is None else await st.snapshots.at(st.log, run_id, parsed[2])
+        served = served or await st.snapshots.latest(st.log, run_id)
+        if served is None or served.msg_ends is None:
+            if before:
+                raise e.InvalidArgument("before", "is not a cursor of this run's messages")
+            return {"messages": [], "total": 0, "first_index": 0, "cursor": "",
+                    "snapshot_offset": None if served is None else served.offset}
+        msgs, start, cursor = served.page(limit, before)
+        return {"messages": msgs, "total": served.total, "first_index": start, "cursor": cursor,
+                "snapshot_offset": served.offset}
 
     def read(self, run_id: str, after: str, *, until: int | None = None, presence: bool = True) -> RunRead:
         """A read of a run the caller was already shown (see :meth:`read_view`)."""

@@ -38,3 +38,26 @@ async def test_join_from_snapshot_over_grpc(grpc_gateway: Any, runs: pbg.RunsStu
     assert [o for o, _ in got.chunks] == [""] * (len(events) - 1) + [rest[-1]]
     assert [json.loads(j) for _, j in got.chunks] == list(events)
     assert k < len(offsets)
+
+
+async def test_join_from_the_snapshots_newest_messages_over_grpc(grpc_gateway: Any, runs: pbg.RunsStub,
+                                                                 dlog: DeliveryLog, log_cfg: LogConfig) -> None:
+    """``snapshot_messages``: the newest N messages after a ``snapshot.window`` chunk (no offset),
+    as over HTTP with ``messages=N``."""
+    sdlog = DeliveryLog(dlog.nc, dataclasses.replace(log_cfg, snapshot_chunks=10, snapshot_bytes=1500))
+    run_id, thread_id = unique("run"), unique("th")
+    await write_run(sdlog, run_id, turns(run_id, thread_id, 6))
+    final = await latest_snapshot(sdlog.nc, sdlog.cfg, run_id)
+    assert final is not None
+    msgs = final[0].messages
+    got = await read_events(runs.JoinRun(pb.RunJoinRequest(run_id=run_id, from_snapshot=True, snapshot_messages=3)))
+    assert got.error is None and got.end == "completed"
+    events = [json.loads(j) for _, j in got.chunks]
+    assert [o for o, _ in got.chunks][:-1] == [""] * (len(events) - 1)
+    assert [ev["type"] for ev in events][:3] == ["RUN_STARTED", "CUSTOM", "MESSAGES_SNAPSHOT"]
+    window = events[1]["value"]
+    assert events[1]["name"] == "snapshot.window" and window["messagesOmitted"] == len(msgs) - 3 and window["cursor"]
+    assert events[2]["messages"] == msgs[-3:]
+    bad = await read_events(runs.JoinRun(pb.RunJoinRequest(run_id=run_id, from_snapshot=True,
+                                                           snapshot_messages=5000)))
+    assert bad.error is not None

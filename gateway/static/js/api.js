@@ -121,9 +121,13 @@ export async function steerRun (runId, content) {
   return resp.json()
 }
 
-/** Join a run's log strictly after `offset` ('-1': from the start); resolves to the SSE response. */
-export async function joinRun (runId, offset, signal) {
-  return check(await fetch(`/api/chat?runId=${enc(runId)}&offset=${enc(offset)}`, {
+/**
+ * Join a run's log strictly after `offset` ('-1': from the start; 'snapshot': from its latest
+ * snapshot, with `messages` only its newest that many messages); resolves to the SSE response.
+ */
+export async function joinRun (runId, offset, signal, messages = 0) {
+  const newest = offset === 'snapshot' && messages ? `&messages=${messages}` : ''
+  return check(await fetch(`/api/chat?runId=${enc(runId)}&offset=${enc(offset)}${newest}`, {
     headers: headers({ Accept: 'text/event-stream' }), signal
   }))
 }

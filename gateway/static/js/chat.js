@@ -4,13 +4,15 @@
 // conversation. Opening a thread reads its newest runs' logs from the start (the user's
 // prompt comes from the run's `run.accepted` chunk, so every tab shows it), older runs as
 // the reader scrolls up to them, and follows the live one; a dropped stream rejoins strictly after the last offset rendered, so
-// nothing is shown twice. The run's record (GET /api/runs/{id}) is polled while it is
+// nothing is shown twice. A live run opened afresh is joined from its snapshot's newest
+// messages, its older ones loaded as the reader scrolls up (snapshot.js). The run's record (GET /api/runs/{id}) is polled while it is
 // live: it gives the state, the driving host and epoch, detach and reap times; a higher
 // epoch places a takeover marker where the new claim's fence landed in the log.
 
 import { $, el, announce, clock, duration, everyVisible, relative, bindApiKey, trackHeaderHeight, whenVisible } from './dom.js'
 import { ApiError, cancelQueued, cancelRun, enc, getJSON, joinRun, queueRun, readSSE, startRun, steerRun } from './api.js'
 import { RunView, errorSentence, renderedOffsets } from './transcript.js'
+import { MESSAGES_PER_PAGE } from './snapshot.js'
 import {
   SESSION_KINDS, bindWorkspaceField, clearWorkspaceError, forgetFork, forkListItem, isNewThread, offerFork,
   pendingForks, renderForkHistory, showWorkspaceError, showWorkspaceField, threadInfo, workspaceToSend
@@ -152,7 +154,11 @@ async function follow (view, runId, first = null) {
   try {
     while (!controller.signal.aborted) {
       try {
-        response = response ?? await joinRun(runId, view.lastOffset, controller.signal)
+        // A run joined afresh (a reload, a new tab) starts from its snapshot's newest
+        // messages; older ones load on scroll (snapshot.js). A rejoin reads on after its offset.
+        response = response ?? (view.lastOffset === '-1'
+          ? await joinRun(runId, 'snapshot', controller.signal, MESSAGES_PER_PAGE)
+          : await joinRun(runId, view.lastOffset, controller.signal))
         showState(live.record ? recordState(live.record) : 'running')
         const it = readSSE(response)
         response = null

@@ -12,6 +12,7 @@
 import { ApiError, answerApproval } from './api.js'
 import { announce, el, duration } from './dom.js'
 import { renderMarkdown } from './markdown.js'
+import { beginWindow, drawMessages } from './snapshot.js'
 
 // section.run → its RunView: a view goes with its section, and nothing else holds it.
 const VIEWS = new WeakMap()
@@ -141,7 +142,16 @@ export class RunView {
 
   // The element a chunk's output goes into: its subagent's box, or the run body.
   scope (chunk) {
-    return (chunk.subagentRunId && this.subagents.get(chunk.subagentRunId)) || this.body
+    return (chunk.subagentRunId && this.subagents.get(chunk.subagentRunId)) || this.into || this.body
+  }
+
+  /** Start over, empty (a join from the snapshot that was cut inside it and is read again). */
+  reset () {
+    this.body.replaceChildren()
+    for (const m of [this.messages, this.reasoning, this.tools, this.subagents, this.approvals]) m.clear()
+    this.byOffset = []
+    this.dirty.clear()
+    this.window = null
   }
 
   append (parent, node) {
@@ -222,6 +232,9 @@ export class RunView {
         break
       case 'TEXT_MESSAGE_END':
         this.announceMessage(c.messageId)
+        break
+      case 'MESSAGES_SNAPSHOT': // a join from the snapshot (snapshot.js)
+        drawMessages(this, c.messages ?? [], this.window?.messagesOmitted ?? 0)
         break
       case 'ACTIVITY_SNAPSHOT':
         if (c.activityType === 'approval') this.approval(c.content ?? {}, c)
@@ -478,7 +491,11 @@ export class RunView {
   custom (c) {
     const v = c.value ?? {}
     switch (c.name) {
+      case 'snapshot.window':
+        beginWindow(this, v)
+        break
       case 'run.accepted': {
+        if (this.window) break // the snapshot's messages showed the prompt
         const prompt = promptOf(v.messages)
         if (prompt) {
           const box = el('div', 'msg user')
