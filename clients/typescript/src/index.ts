@@ -85,7 +85,7 @@ export class Chunk {
 }
 
 /** Where a join starts: strictly after an offset, from the start, or only new chunks. */
-export type Position = { afterOffset: string } | { fromStart: true } | { onlyNew: true };
+export type Position = { afterOffset: string } | { fromStart: true } | { onlyNew: true } | { fromSnapshot: true };
 
 /** `{ kind, ...options }`, e.g. `{ kind: "replay", journal: "claude-stream-json/hello.jsonl" }`. */
 export type Agent = { kind: string } & Record<string, unknown>;
@@ -153,16 +153,19 @@ export class RunStream implements AsyncIterable<Chunk> {
 
   constructor(private readonly client: BatonRunsClient, readonly runId: string,
               private readonly start: RunStartRequest | undefined, private readonly position: Position,
-              private readonly keepTtlSeconds = 0) {}
+              private readonly keepTtlSeconds = 0, private readonly snapshotMessages = 0) {}
 
   private open(): grpc.ClientReadableStream<RunEvent> {
     const { stub, metadata } = this.client.internals();
     const keepTtlSeconds = this.keepTtlSeconds;
     if (this.lastOffset !== undefined) {
-      return stub.joinRun({ runId: this.runId, afterOffset: this.lastOffset, keepTtlSeconds } as RunJoinRequest, metadata);
+      // A rejoin after a chunk it holds: a plain resume (the snapshot window was the first join's).
+      return stub.joinRun({ runId: this.runId, afterOffset: this.lastOffset, keepTtlSeconds, snapshotMessages: 0 } as RunJoinRequest,
+                          metadata);
     }
     if (this.start) return stub.startRun(this.start, metadata); // a retry with the same run id joins
-    return stub.joinRun({ runId: this.runId, ...this.position, keepTtlSeconds } as RunJoinRequest, metadata);
+    return stub.joinRun({ runId: this.runId, ...this.position, keepTtlSeconds, snapshotMessages: this.snapshotMessages } as RunJoinRequest,
+                        metadata);
   }
 
   /** Stop reading (the iteration ends with a CANCELLED error if it was waiting). */
@@ -256,10 +259,13 @@ export class BatonRunsClient {
   /**
    * The run's log from `position` (default: from the start) until it closes. `keepTtlSeconds`
    * (> 0): each join (and rejoin) also keeps the run that long should it become detached, as
-   * `keepRun` does.
+   * `keepRun` does. `snapshotMessages` (1..1000, with `{ fromSnapshot: true }`): the snapshot
+   * holds only its newest that many messages, after a `snapshot.window` chunk naming what was
+   * left out (docs/api.md).
    */
-  joinRun(runId: string, position: Position = { fromStart: true }, opts: { keepTtlSeconds?: number } = {}): RunStream {
-    return new RunStream(this, runId, undefined, position, opts.keepTtlSeconds ?? 0);
+  joinRun(runId: string, position: Position = { fromStart: true },
+          opts: { keepTtlSeconds?: number; snapshotMessages?: number } = {}): RunStream {
+    return new RunStream(this, runId, undefined, position, opts.keepTtlSeconds ?? 0, opts.snapshotMessages ?? 0);
   }
 
   /**
