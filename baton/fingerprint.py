@@ -63,9 +63,14 @@ def spec_view(chunk: Mapping[str, Any]) -> dict[str, Any]:
     return {k: chunk[k] for k in (*_ALWAYS, *fields) if k in chunk}
 
 
+# Built once: ``json.dumps`` with options builds a new encoder per call, and every append
+# fingerprints its chunk. Same output as ``json.dumps(value, sort_keys=True, ...)``.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
+
+
 def canonical_json(value: Any) -> bytes:
     """Canonical JSON: sorted keys, no whitespace, UTF-8 (no ``\\u`` escaping)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return _CANONICAL(value).encode("utf-8")
 
 
 def fingerprint(chunk: Mapping[str, Any]) -> str:
@@ -80,4 +85,4 @@ def fingerprint(chunk: Mapping[str, Any]) -> str:
     Raises:
         TypeError: when the chunk holds values JSON cannot encode.
     """
-    return hashlib.sha256(canonical_json(spec_view(chunk))).hexdigest()
+    return hashlib.sha256(_CANONICAL(spec_view(chunk)).encode("utf-8")).hexdigest()

@@ -35,7 +35,6 @@ from baton.log._headers import StoredRecord
 from baton.log import _snapshots
 from baton.log.snapshot import Snapshot, SnapshotState
 from baton.log.fence import Op, Verdict, describe, judge
-from baton.retry import Deadline
 from baton.runs import CLOSE_STATUSES
 
 log = logging.getLogger(__name__)
@@ -45,6 +44,10 @@ _MAX_ERROR_CHARS = 2000
 #: Longest pause between two tries of one publish (s): a new stream leader is found
 #: within this of its election.
 _MAX_PAUSE = 0.2
+#: A chunk's stored JSON, built once: ``json.dumps`` with options builds an encoder per call.
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+#: Headers a publish adds to its record's own, so not part of what the record is.
+_PUBLISH_HEADERS = (H.MSG_ID, H.EXPECTED_LAST_SUBJECT_SEQ)
 
 
 class _CompareFailed(Exception):
@@ -124,8 +127,8 @@ class LogWriter:
         self._head: int | None = None
         self._fenced_over: int | None = None
         self._n = 0
-        # The record whose publish went unacknowledged: (expected head, payload, headers
-        # without the message id, its number). A retry of the same record at the same
+        # The record whose publish went unacknowledged: (expected head, payload, headers as
+        # published, its number). A retry of the same record at the same
         # head reuses the number, so JetStream's de-duplication and the head check both
         # recognise it if an earlier attempt did land.
         self._unacked: tuple[int, bytes, dict[str, str], int] | None = None
@@ -200,23 +203,28 @@ class LogWriter:
                 reads but acknowledged none of ``max_attempts`` publishes (a full disk).
             LogUnavailable: JetStream did not answer after ``max_attempts`` tries.
         """
-        identity = dict(headers)
-        if self._unacked is not None and self._unacked[:3] == (expected, payload, identity):
-            n = self._unacked[3]
+        unacked = self._unacked
+        if unacked is not None and unacked[0] == expected and unacked[1] == payload and {
+            k: v for k, v in unacked[2].items() if k not in _PUBLISH_HEADERS
+        } == headers:
+            n = unacked[3]
         else:
             self._n += 1
             n = self._n
         msg_id = f"{self.run_id}/{self.epoch}/{n}"
         headers[H.MSG_ID] = msg_id
         headers[H.EXPECTED_LAST_SUBJECT_SEQ] = str(expected)
-        self._unacked = (expected, payload, identity, n)
+        # Kept, not copied (the common case never compares): nothing changes ``headers`` after this.
+        self._unacked = (expected, payload, headers, n)
         seq = await self._publish_attempts(payload, headers, msg_id, expected)
         self._unacked = None
         return seq
 
     async def _publish_attempts(self, payload: bytes, headers: dict[str, str], msg_id: str, expected: int) -> int:
-        deadline = Deadline.after(self._timeout * self._max_attempts)
+        # Plain floats, not a Deadline: this runs once per record and the first try's timeout
+        # is the whole ``publish_timeout`` (the budget is ``max_attempts`` of them).
         began = time.monotonic()
+        deadline_at = began + self._timeout * self._max_attempts
         attempt = 0
         reads_answered = False
         while True:
@@ -225,8 +233,9 @@ class LogWriter:
             try:
                 # A plain request instead of ``js.publish``: same wire exchange, without
                 # building a PubAck per record (the append path is CPU-bound in Python).
-                reply = await self._nc.request(self._subject, payload, timeout=max(deadline.cap(self._timeout), 0.05),
-                                               headers=headers)
+                timeout = (self._timeout if attempt == 1
+                           else max(min(self._timeout, deadline_at - time.monotonic()), 0.05))
+                reply = await self._nc.request(self._subject, payload, timeout=timeout, headers=headers)
             except (nats.errors.NoRespondersError, nats.errors.TimeoutError,
                     nats.errors.ConnectionClosedError, asyncio.TimeoutError) as exc:
                 err_exc: BaseException = exc
@@ -280,7 +289,7 @@ class LogWriter:
             if tail is not None and tail.headers.get(H.MSG_ID) == msg_id:
                 return tail.seq
             pause = min(0.05 * 2**attempt, _MAX_PAUSE)
-            if deadline.left() <= pause:
+            if deadline_at - time.monotonic() <= pause:
                 if reads_answered and not undecided:
                     # Reads answer, stores do not: what nats-server does after a write hit
                     # ENOSPC (the stream stores again only after a restart with free space),
@@ -360,7 +369,7 @@ class LogWriter:
             offsets: list[str] = []
             epoch = str(self.epoch)
             for chunk in chunks:
-                payload = json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+                payload = _ENCODE(chunk).encode("utf-8")
                 headers = {H.KIND: "chunk", H.EPOCH: epoch, H.ORIGIN: origin, H.FINGERPRINT: fingerprint(chunk)}
                 expected = self._head
                 try:
