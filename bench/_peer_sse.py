@@ -53,6 +53,7 @@ class SseReader:
         self.opened = 0.0
         self.nbytes = 0
         self.got_head = asyncio.Event()
+        self.head_at = 0.0
         self.seen: set[int] = set()
         self.duplicates = 0
 
@@ -66,6 +67,7 @@ class SseReader:
         self.opened = time.time()
         async with self.http.stream(self.method, self.url, json=self.json_body,
                                     headers={"Accept": "text/event-stream", **self.headers}) as resp:
+            self.head_at = time.time()
             self.status = resp.status_code
             self.head = dict(resp.headers)
             self.nbytes += len(f"HTTP/1.1 {resp.status_code} {resp.reason_phrase}\r\n") + sum(
