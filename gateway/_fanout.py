@@ -44,7 +44,8 @@ class RunHub:
         closed: the log ended with its close record.
         close_position: the close record's stream sequence once ``closed``.
         position: the stream sequence of the last record read, whatever its kind (a fence
-            after the newest chunk counts), 0 before the first.
+            after the newest chunk counts); before the first, the offset the tail opened at
+            (0: the run's start).
         failed: the read failed (readers end; clients reconnect with Last-Event-ID).
     """
 
@@ -67,7 +68,7 @@ class RunHub:
         self.closed = False
         self.close_status: str | None = None
         self.close_position = 0
-        self.position = 0
+        self.position = after  # the log is known up to the reader's offset
         self.failed: BaseException | None = None
         self.readers = 0
         self._changed = asyncio.Event()
