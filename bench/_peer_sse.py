@@ -13,6 +13,7 @@ import re
 import time
 from typing import Any, Callable
 
+_BOUNDARY = re.compile(rb"\r?\n\r?\n")
 _INDEX = re.compile(rb'"delta":\s*"([0-9]{8})(?: ([0-9.]+))?')
 
 #: Which SSE events a side counts: ``(event name, data) -> bool``.
@@ -33,7 +34,8 @@ class SseReader:
     """One SSE connection; see the module docstring.
 
     Attributes:
-        arrivals: ``[(index, sse id, arrival s since the epoch, sent s or None, bytes so far)]``
+        arrivals: ``[(index, sse id, arrival s since the epoch, sent s or None, bytes up to
+            the end of this event (head included))]``
             for every counted event, in arrival order.
         head: the response's status and headers once they came (``None`` before).
         opened: when the request was sent (s since the epoch).
@@ -52,6 +54,8 @@ class SseReader:
         self.status = 0
         self.opened = 0.0
         self.nbytes = 0
+        self.head_bytes = 0  # the response's status line and headers
+        self.body_done = 0  # body bytes up to the end of the last whole event
         self.got_head = asyncio.Event()
         self.head_at = 0.0
         self.seen: set[int] = set()
@@ -76,18 +80,20 @@ class SseReader:
             if resp.status_code >= 400:
                 await resp.aread()
                 raise RuntimeError(f"{self.method} {self.url}: {resp.status_code} {resp.text[:300]}")
+            self.head_bytes = self.nbytes
             buf = b""
             async for data in resp.aiter_raw():
                 now = time.time()
                 self.nbytes += len(data)
-                buf += data.replace(b"\r\n", b"\n")
-                cut = buf.rfind(b"\n\n")
-                if cut < 0:
-                    continue
-                done, buf = buf[:cut], buf[cut + 2:]
-                for raw in done.split(b"\n\n"):
-                    if self._event(raw, now):
+                buf += data
+                pos = 0
+                for m in _BOUNDARY.finditer(buf):
+                    raw = buf[pos:m.start()]
+                    self.body_done += m.end() - pos
+                    pos = m.end()
+                    if self._event(raw.replace(b"\r\n", b"\n"), now):
                         return
+                buf = buf[pos:]
 
     def _event(self, raw: bytes, now: float) -> bool:
         """Record one SSE event; True when the reader is done."""
@@ -107,7 +113,7 @@ class SseReader:
         if index in self.seen:
             self.duplicates += 1
         self.seen.add(index)
-        self.arrivals.append((index, ident, now, sent, self.nbytes))
+        self.arrivals.append((index, ident, now, sent, self.head_bytes + self.body_done))
         if self.stop_after is not None and len(self.arrivals) >= self.stop_after:
             return True
         return len(self.seen) >= self.want

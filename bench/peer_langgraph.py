@@ -49,6 +49,7 @@ import json
 import os
 import pathlib
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -387,6 +388,10 @@ async def main() -> dict[str, Any]:
     from baton_tools.testing.cluster import start_coordinator, start_gateway, start_host
     from baton_tools.testing.servers import EtcdServer, NatsServer
 
+    # SIGTERM cancels the bench, so every process it started is stopped on the way out.
+    me = asyncio.current_task()
+    assert me is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, me.cancel)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench-peer-lg-"))
     journals = tmp / "journals"
     journals.mkdir()

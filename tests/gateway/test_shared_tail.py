@@ -10,7 +10,7 @@ import pytest
 
 from baton.v1 import runs_pb2
 from gateway._fanout import Hubs
-from gateway._reader import Chunks, End, RunRead
+from gateway._reader import CaughtUp, Chunks, End, RunRead
 from tests.conftest import assert_eventually, unique
 from tests.gateway.conftest import Gateway, run_chunks, write_run
 
@@ -130,3 +130,21 @@ async def test_a_resumed_reader_with_no_tail_opens_one_at_its_offset(gateway: Ga
                 if step is not None:
                     got += _values(step)
             assert got == want and step.status == "completed"
+
+
+async def test_a_catch_up_read_at_the_tail_with_no_tail_open_ends_at_once(gateway: Gateway, cc: Any, dlog: Any) -> None:
+    """A bounded read (``until``) from the log's last offset, the first reader of the run
+    here: its tail opens at that offset and knows the log up to it, so the read is caught up
+    at once instead of waiting for a record that may never come."""
+    state = gateway.state
+    run, _chunks, _w = await _open_run(cc, dlog, ["a"])
+    offsets: list[int] = []
+    async with RunRead(state, run, "-1") as first:
+        while len(offsets) < 2:
+            step = await first.next(10)
+            assert isinstance(step, Chunks)
+            offsets += [o for o, _ in step.items()]
+    assert run not in state.hubs._hubs
+    async with RunRead(state, run, str(offsets[-1]), until=offsets[-1]) as read:
+        step = await read.next(10)
+        assert isinstance(step, CaughtUp) and step.position == offsets[-1]
