@@ -44,12 +44,17 @@ class RunHub:
         closed: the log ended with its close record.
         close_position: the close record's stream sequence once ``closed``.
         position: the stream sequence of the last record read, whatever its kind (a fence
-            after the newest chunk counts), 0 before the first.
+            after the newest chunk counts); before the first, the offset the tail opened at
+            (0: the run's start).
         failed: the read failed (readers end; clients reconnect with Last-Event-ID).
     """
 
-    def __init__(self, run_id: str, delivery_log: Any, max_frames: int = MAX_FRAMES) -> None:
+    def __init__(self, run_id: str, delivery_log: Any, max_frames: int = MAX_FRAMES, after: int = 0) -> None:
         self.run_id = run_id
+        # A tail opened for a reader that resumes at ``after`` reads from there, not from the
+        # run's start (a reconnect must not wait for the whole log to be read again): the
+        # records up to ``after`` count as dropped, so an older reader reads on its own.
+        self._after = after
         self._log = delivery_log
         self._max = max_frames
         self.seqs: list[int] = []
@@ -59,11 +64,11 @@ class RunHub:
         # first needs them, aligned with ``seqs`` from ``base`` (may be shorter).
         self._grpc: list[bytes] = []
         self.base = 0
-        self.dropped_through = 0
+        self.dropped_through = after
         self.closed = False
         self.close_status: str | None = None
         self.close_position = 0
-        self.position = 0
+        self.position = after  # the log is known up to the reader's offset
         self.failed: BaseException | None = None
         self.readers = 0
         self._changed = asyncio.Event()
@@ -73,7 +78,7 @@ class RunHub:
         self._task = asyncio.get_running_loop().create_task(self._tail(), name=f"hub:{self.run_id}")
 
     async def _tail(self) -> None:
-        reader = self._log.read(self.run_id, after="-1")
+        reader = self._log.read(self.run_id, after=str(self._after) if self._after > 0 else "-1")
         reader.on_marker = self._marker
         try:
             async for offset, chunk in reader:
@@ -183,10 +188,12 @@ class Hubs:
         self._max = max_frames
         self._hubs: dict[str, RunHub] = {}
 
-    def acquire(self, run_id: str) -> RunHub:
+    def acquire(self, run_id: str, after: int = 0) -> RunHub:
+        """The run's shared tail, one more reader on it; a new tail reads the log strictly
+        after ``after`` (a stream sequence; 0: from the start)."""
         hub = self._hubs.get(run_id)
         if hub is None:
-            hub = self._hubs[run_id] = RunHub(run_id, self._log, self._max)
+            hub = self._hubs[run_id] = RunHub(run_id, self._log, self._max, after)
             hub.start()
         hub.readers += 1
         return hub

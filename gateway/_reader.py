@@ -265,7 +265,7 @@ class RunRead:
                 # its start, and a long run's snapshot join must not wait for (or hold) all of it.
                 self._start_own(self.after)
             else:
-                self._hub = self.state.hubs.acquire(self.run_id)
+                self._hub = self.state.hubs.acquire(self.run_id, self._last)
         return self._first
 
     def _start_own(self, after: str) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from baton.v1 import runs_pb2
 from gateway._fanout import Hubs
-from gateway._reader import Chunks, End, RunRead
+from gateway._reader import CaughtUp, Chunks, End, RunRead
 from tests.conftest import assert_eventually, unique
 from tests.gateway.conftest import Gateway, run_chunks, write_run
 
@@ -97,3 +97,54 @@ async def test_a_reader_behind_the_kept_window_reads_the_dropped_chunks_on_its_o
                 break
             got += _values(step)
         assert got == chunks and step.status == "completed"
+
+
+async def test_a_resumed_reader_with_no_tail_opens_one_at_its_offset(gateway: Gateway, cc: Any, dlog: Any) -> None:
+    """A reconnect (``Last-Event-ID``) to a run nobody reads here opens the run's tail at its
+    offset, not at the run's start (it must not wait for the whole log to be read again);
+    a reader from the start that comes while that tail lives still gets every chunk, once."""
+    state = gateway.state
+    run, chunks, w = await _open_run(cc, dlog, ["a", "b", "c", "d"])
+    await w.append(chunks[2:4], origin="journal")
+    offsets: list[int] = []
+    async with RunRead(state, run, "-1") as first:
+        while len(offsets) < 4:
+            step = await first.next(10)
+            assert isinstance(step, Chunks)
+            offsets += [o for o, _ in step.items()]
+    assert run not in state.hubs._hubs  # the first reader left: no tail for the run
+    cut = offsets[1]
+    async with RunRead(state, run, str(cut)) as resumed, RunRead(state, run, "-1") as fresh:
+        assert await resumed.open() is None
+        hub = state.hubs._hubs[run]
+        await assert_eventually(lambda: len(hub.seqs) >= 2, timeout=10)
+        assert hub.seqs[0] > cut  # the tail began after the resumed reader's offset
+        await w.append(chunks[4:], origin="journal")
+        await w.close("completed")
+        for read, want in ((resumed, chunks[2:]), (fresh, chunks)):
+            got: list[dict[str, Any]] = []
+            while True:
+                step = await read.next(10)
+                if isinstance(step, End):
+                    break
+                if step is not None:
+                    got += _values(step)
+            assert got == want and step.status == "completed"
+
+
+async def test_a_catch_up_read_at_the_tail_with_no_tail_open_ends_at_once(gateway: Gateway, cc: Any, dlog: Any) -> None:
+    """A bounded read (``until``) from the log's last offset, the first reader of the run
+    here: its tail opens at that offset and knows the log up to it, so the read is caught up
+    at once instead of waiting for a record that may never come."""
+    state = gateway.state
+    run, _chunks, _w = await _open_run(cc, dlog, ["a"])
+    offsets: list[int] = []
+    async with RunRead(state, run, "-1") as first:
+        while len(offsets) < 2:
+            step = await first.next(10)
+            assert isinstance(step, Chunks)
+            offsets += [o for o, _ in step.items()]
+    assert run not in state.hubs._hubs
+    async with RunRead(state, run, str(offsets[-1]), until=offsets[-1]) as read:
+        step = await read.next(10)
+        assert isinstance(step, CaughtUp) and step.position == offsets[-1]
