@@ -26,6 +26,7 @@ PROPERTIES = (
     "log_fence",              # no record of a lower epoch after a higher fence
     "log_unique_ids",         # no duplicate message id
     "log_one_close",          # exactly one close, and it is last
+    "answer_once",            # every approval answer is delivered to the agent exactly once
     "replay_equal",           # the stored journal chunks equal the uninterrupted replay's
     "fresh_read",             # a fresh read gets exactly the stored chunks
     "run_ends",               # every run ends, with the status its replay says
@@ -95,6 +96,11 @@ class RunHistory:
     #: chunk or the close). ``None``: not read (no 202, or the read failed).
     ack_journal: int | None = None
     ack_log_ended: bool | None = None
+    #: Approval ids whose answer the gateway accepted (200), in the order sent.
+    answers: list[str] = field(default_factory=list)
+    #: Approval ids of the stored log's ``approval:<id>:answer`` activities (each one is an
+    #: answer delivered to the agent: docs/hitl.md), in log order.
+    answer_deliveries: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -144,6 +150,7 @@ def check(history: History) -> list[Violation]:
         out += check_readers(run)
         out += check_replay(run)
         out += check_end(run)
+        out += check_answers(run)
     out += check_threads(history)
     out += check_leaks(history)
     return out
@@ -231,6 +238,22 @@ def check_end(run: RunHistory) -> list[Violation]:
     if run.status != run.expected_status:
         return [Violation("run_ends", run.run_id, f"status {run.status}, want {run.expected_status}")]
     return []
+
+
+def check_answers(run: RunHistory) -> list[Violation]:
+    """Every accepted answer is delivered to the agent exactly once: never twice, never one
+    nobody gave, and (for a run that ended ``completed``, so its agent read on) never lost."""
+    out = []
+    for approval_id in sorted(set(run.answer_deliveries)):
+        n = run.answer_deliveries.count(approval_id)
+        if n > 1:
+            out.append(Violation("answer_once", run.run_id, f"answer to {approval_id} delivered {n} times"))
+        if approval_id not in run.answers:
+            out.append(Violation("answer_once", run.run_id, f"answer to {approval_id} delivered, none accepted"))
+    if run.status == "completed":
+        out += [Violation("answer_once", run.run_id, f"accepted answer to {a} never delivered")
+                for a in run.answers if a not in run.answer_deliveries]
+    return out
 
 
 def check_cancel(run: RunHistory) -> list[Violation]:

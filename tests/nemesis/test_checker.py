@@ -219,3 +219,16 @@ def test_a_history_survives_json() -> None:
     back = History.from_json(copy.deepcopy(h.to_json()))
     assert back == h
     assert str(Violation("no_leak", "r", "x")) == "[no_leak] r: x"
+
+
+def test_an_answer_delivered_twice_lost_or_unasked() -> None:
+    ok = _clean()
+    ok.runs[0].answers, ok.runs[0].answer_deliveries = ["ap1"], ["ap1"]
+    assert check(ok) == []
+    for answers, deliveries in ((["ap1"], ["ap1", "ap1"]), (["ap1"], []), ([], ["ap1"])):
+        h = _clean()
+        h.runs[0].answers, h.runs[0].answer_deliveries = answers, deliveries
+        assert _props(h) == {"answer_once"}
+    h = _clean()  # a run cancelled before its agent read the answer: not lost
+    h.runs[0].answers, h.runs[0].status, h.runs[0].cancel_sent = ["ap1"], "aborted", True
+    assert "answer_once" not in _props(h)
