@@ -12,7 +12,7 @@ later, the view lacks a record, so it is marked behind and its readers woken; it
 catches it up from its last sequence (``_catchup.py``) instead of folding the whole stream
 again. Deleting a stream writes a ``delete`` record and purges the subject down to it.
 
-Over 600 lines: the cache, the per-path locks and the fold, write and read paths share one
+It runs over 600 lines: the cache, the per-path locks and the fold, write and read paths share one
 state; what stands apart is in ``_catchup.py``, ``_folds.py``, ``_publish.py`` and ``_quota.py``.
 
 This is separate from the runs' delivery log (``BATON_RUNS``): a client of this protocol can
