@@ -71,6 +71,10 @@ class StreamState:
     refs: int = 0
     soft_deleted: bool = False
     js_last: int = 0
+    # The highest expected-last sequence of another gateway's write heard of (its record
+    # follows that sequence): while it is >= ``js_last`` the view lacks a record that is
+    # stored or about to be, and is caught up before it is served (``_store.py``).
+    heard_prev: int = 0
     # Made when a reader first waits, not on every append: most appends have none.
     _changed: asyncio.Event | None = field(default=None, repr=False, compare=False)
 

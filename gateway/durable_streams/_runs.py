@@ -11,6 +11,14 @@ service's (:class:`gateway._reader.RunRead`), served from the run's shared tail 
 HTTP and gRPC reader of the run, with a presence key while a live read (SSE, long-poll)
 waits, and a GET looks at the run for a takeover as a join does. A catch-up read is bounded
 by the log's tail at request time, whatever that record's kind.
+
+Joining from a snapshot (docs/api.md "Joining from a snapshot"): ``offset=snapshot`` reads
+the run's latest snapshot's events, then the chunks after the offset it covers, as one
+stream; ``Stream-Next-Offset`` (and an SSE control event's offset) is a real log offset, so
+the client reads on from it exactly once. A run without a snapshot yet is read from the
+start. A read from the start (``offset=-1`` or none) of a compacted log gets the
+``CUSTOM stream.compacted`` event, then the final snapshot, then what follows: never a
+silent gap.
 """
 from __future__ import annotations
 
@@ -22,11 +30,13 @@ from starlette.responses import Response, StreamingResponse
 
 from baton import errors as e
 from baton.ids import validate_id
-from gateway._reader import CaughtUp, Chunks, End, Failed, Gap, RunRead
+from gateway._reader import CaughtUp, Chunks, End, Failed, Gap, RunRead, SnapshotStep
+from gateway._snapshots import ServedSnapshot, log_compacted
 from gateway.durable_streams import _protocol as P
 from gateway.durable_streams._routes import DSSettings, text
 
 CONTENT_TYPE = "application/json"
+SNAPSHOT = "snapshot"  # the read offset of a join from the latest snapshot
 
 
 def to_ds(seq: int) -> str:
@@ -100,7 +110,7 @@ class RunLogs:
         offset = q.get("offset")
         live = q.get("live")
         cursor = q.get("cursor")
-        if offset is not None and (offset == "" or not P.valid_read_offset(offset)):
+        if offset is not None and offset != SNAPSHOT and (offset == "" or not P.valid_read_offset(offset)):
             raise P.ProtocolError(400, "Invalid offset format")
         if len(q.getlist("offset")) > 1:
             raise P.ProtocolError(400, "Multiple offset parameters not allowed")
@@ -108,15 +118,22 @@ class RunLogs:
             raise P.ProtocolError(400, "Invalid live mode")
         if live is not None and offset is None:
             raise P.ProtocolError(400, "Live modes require an offset")
-        after = from_ds(offset or "-1")
+        after = "-1" if offset == SNAPSHOT else from_ds(offset or "-1")
         if after == "now":
             after = str(tail_seq) if tail_seq else "-1"
+        snap = await self._snapshot(run_id, offset or "-1")
+        if snap is not None:
+            after = str(snap.offset)
         start_seq = int(after) if after != "-1" else 0
         if live == "sse":
-            read = await _opened(self._runs.read(run_id, after))
+            read = self._runs.read(run_id, after)
+            read.snapshot = snap  # its own read from the snapshot's offset, not the shared tail
+            read = await _opened(read)
             return StreamingResponse(self._sse(read, start_seq, tail_seq, cursor),
                                      headers={"content-type": "text/event-stream", "cache-control": "no-cache"})
         items, end, closed = await self._catch_up(run_id, after, start_seq, tail_seq, closed)
+        if snap is not None:
+            items[:0] = snap.events
         if not items and live == "long-poll":
             if not closed:
                 items, end, closed = await self._long_poll(run_id, after, start_seq)
@@ -135,6 +152,22 @@ class RunLogs:
         if request.headers.get("if-none-match") == tag:
             return Response(b"", status_code=304, headers={"etag": tag})
         return Response(_json_array(items), status_code=200, headers=headers)
+
+    async def _snapshot(self, run_id: str, offset: str) -> ServedSnapshot | None:
+        """What a read from ``offset`` starts with: the latest snapshot for ``snapshot``, the
+        final one after the ``stream.compacted`` event for the start of a compacted log, else
+        nothing.
+
+        Raises:
+            LogUnavailable: JetStream did not answer.
+        """
+        state = self._runs.state
+        if offset == SNAPSHOT:
+            return await state.snapshots.latest(self._log, run_id)  # type: ignore[no-any-return]
+        if offset == "-1" and await log_compacted(self._log, run_id):
+            served = await state.snapshots.latest(self._log, run_id)
+            return served.compacted() if served is not None else None
+        return None
 
     async def _catch_up(self, run_id: str, after: str, start_seq: int, tail_seq: int,
                         closed: bool) -> tuple[list[bytes], int, bool]:
@@ -187,6 +220,14 @@ class RunLogs:
                 if step is None:
                     yield P.control_event(to_ds(current), cursor=P.response_cursor(cursor), up_to_date=True,
                                           closed=False)
+                    continue
+                if isinstance(step, SnapshotStep):
+                    snap = step.snapshot
+                    current = max(current, snap.offset)
+                    payload = b"[" + b",".join(snap.events) + b"]"
+                    yield P.sse_event("data", payload.decode()) + P.control_event(
+                        to_ds(current), cursor=P.response_cursor(cursor), up_to_date=current >= tail_seq,
+                        closed=False)
                     continue
                 if isinstance(step, Chunks):
                     items = step.items()

@@ -6,8 +6,14 @@ each write with ``Nats-Expected-Last-Subject-Sequence`` = the last record it fol
 write from a stale view (another gateway wrote since) is refused by JetStream, the view is
 reloaded and the request re-decided: writes to one stream are linearised by JetStream
 itself, whichever gateway takes them. Every gateway also listens (core NATS) on the
-streams' subjects and drops its view of a stream another gateway wrote, waking its readers,
-which reload. Deleting a stream writes a ``delete`` record and purges the subject down to it.
+streams' subjects for other gateways' writes. Such a write names the sequence it follows
+(its ``Nats-Expected-Last-Subject-Sequence``): when that is the view's last record or
+later, the view lacks a record, so it is marked behind and its readers woken; its next use
+catches it up from its last sequence (``_catchup.py``) instead of folding the whole stream
+again. Deleting a stream writes a ``delete`` record and purges the subject down to it.
+
+It runs over 600 lines: the cache, the per-path locks and the fold, write and read paths share one
+state; what stands apart is in ``_catchup.py``, ``_folds.py``, ``_publish.py`` and ``_quota.py``.
 
 This is separate from the runs' delivery log (``BATON_RUNS``): a client of this protocol can
 never write a run's log (see ``_runs.py``).
@@ -43,6 +49,7 @@ from gateway.durable_streams import _model as M
 from gateway.durable_streams import _protocol as P
 from gateway.durable_streams._folds import FoldRaces
 from gateway.durable_streams._model import Message, StreamState, Verdict
+from gateway.durable_streams._catchup import CatchUps, expected_last
 from gateway.durable_streams._publish import Publisher
 from gateway.durable_streams._quota import Ledger, QuotaLimits, tenant_of
 
@@ -101,6 +108,7 @@ class StreamStore:
         self._cache: collections.OrderedDict[str, StreamState] = collections.OrderedDict()
         self._key_to_path: dict[str, str] = {}
         self._races = FoldRaces()  # folds that another gateway's write raced
+        self._catch_ups = CatchUps(nc, self.cfg.stream)  # of views behind other gateways' writes
         self._locks: dict[str, asyncio.Lock] = {}
         self._lock_users: dict[str, int] = {}
         self._gw = uuid.uuid4().hex
@@ -137,6 +145,7 @@ class StreamStore:
             self._sub = None
         await self._pub.stop()
         await self._ledger.stop()
+        self._catch_ups.cancel()
         for st in self._cache.values():
             st.notify()
         self._cache.clear()
@@ -153,8 +162,15 @@ class StreamStore:
         key = msg.subject.rsplit(".", 1)[-1]
         self._races.saw(key)
         path = self._key_to_path.get(key)
-        if path is not None:
+        st = self._cache.get(path) if path is not None else None
+        prev = expected_last(msg)
+        if path is not None and (st is None or prev is None):
             self._forget(path)
+        elif st is not None and prev is not None and prev >= st.js_last:
+            # The view lacks a record (this one, or one stored after prev that refused it);
+            # below js_last, it has that record folded already.
+            st.heard_prev = max(st.heard_prev, prev)
+            st.notify()  # its readers look again, which catches the view up
 
     def _forget(self, path: str) -> None:
         """Drop a stream's view (its readers wake and reload it from JetStream)."""
@@ -201,7 +217,13 @@ class StreamStore:
         st = self._cache.get(path)
         if st is not None:
             self._cache.move_to_end(path)
-            return st, st.js_last
+            if st.heard_prev < st.js_last:
+                return st, st.js_last
+            if not await self._catch_ups.run(path, self.subject(path), st, self._cache.get):
+                self._forget(path)
+            st = self._cache.get(path)
+            if st is not None:  # else dropped meanwhile: folded again below
+                return st, st.js_last
         # A fold raced by another gateway's write may lack it (_folds.py): folded again; after
         # a few, returned uncached and already "changed", so its reader reads again at once.
         key = _key(path)
@@ -280,6 +302,8 @@ class StreamStore:
                      data: bytes = b"") -> StreamState | None:
         """Publish one record fenced on ``last`` and fold it into the cached view."""
         seq = await self._publish(path, last, meta, data)
+        if st is not None and st.js_last >= seq:
+            return st  # a catch-up folded it from JetStream while the ack was on its way
         new = M.apply(st, seq, meta, data)
         if new is None:
             self._cache.pop(path, None)
