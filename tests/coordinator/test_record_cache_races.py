@@ -947,14 +947,14 @@ async def test_reaper_cancel_from_a_stale_replica_respects_a_returned_reader(
     assert listed is not None
     g, _ = await oracle.open_session(30, "gw", timeout=T)
     await y.register_reader(rec.run_id, g, "r", timeout=T)           # a reader came back on Y
-    assert await _cancel_if_still_detached(x, listed, T) == "not-claimed"
+    assert await _cancel_if_still_detached(x, listed, T, ttl=0.0, now=None) == "not-claimed"
     fresh, _ = await oracle.get_run(rec.run_id, timeout=T)
     assert fresh is not None and not fresh.cancel_requested and not fresh.HasField("detached_since")
     # Detached again (a new stamp) on Y: the listing X holds is outdated, still not cancelled.
     await y.unregister_reader(rec.run_id, "r", timeout=T)
-    assert await _cancel_if_still_detached(x, listed, T) == "not-claimed"
+    assert await _cancel_if_still_detached(x, listed, T, ttl=0.0, now=None) == "not-claimed"
     relisted = (await oracle.get_run(rec.run_id, timeout=T))[0]
     assert relisted is not None
-    assert await _cancel_if_still_detached(x, relisted, T) is None
+    assert await _cancel_if_still_detached(x, relisted, T, ttl=0.0, now=None) is None
     fresh, _ = await oracle.get_run(rec.run_id, timeout=T)
     assert fresh is not None and fresh.cancel_requested and fresh.cancel_reason == "reaped"
