@@ -75,7 +75,7 @@ async def wait_serving(address: str, timeout: float = 30.0, alive: Any = None, t
             except grpc.aio.AioRpcError:
                 pass
             if time.monotonic() > deadline:
-                raise TimeoutError(f"coordinator at {address} not serving within {timeout}s")
+                raise TimeoutError(f"server at {address} not serving within {timeout}s")
             await asyncio.sleep(0.05)
 
 
@@ -97,7 +97,7 @@ class CoordinatorProcess:
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         return self.proc
 
-    async def start(self, timeout: float = 30.0) -> None:
+    async def start(self, timeout: float = 60.0) -> None:
         """Start (or restart) on the same port; returns once it reports SERVING."""
         if self.proc is not None and self.proc.poll() is None:
             return
@@ -315,7 +315,7 @@ class HostProcess(_ServiceProcess):
         self.address = f"127.0.0.1:{port}"
         self.host_id = host_id
 
-    async def start(self, timeout: float = 30.0) -> None:
+    async def start(self, timeout: float = 60.0) -> None:
         """Start (or restart, same port and id); returns once it reports SERVING."""
         if self.alive:
             return
