@@ -347,6 +347,28 @@ class DaemonClient:
         except SandboxGone:
             return False
 
+    async def exec(self, argv: Sequence[str], *, timeout: float, workdir: str = "",  # noqa: ASYNC109 -- the command's bound, sent to the daemon
+                   env: Mapping[str, str] | None = None, secrets: Mapping[str, str] | None = None,
+                   home: str = "", output_limit: int = 0) -> pb.ExecResponse:
+        """Run ``argv`` to its end in the sandbox (``Exec``): its exit code and output's tail.
+
+        Not retried once sent (a setup command may not be idempotent); it waits for an
+        unreachable daemon to come up first. Cancelling the call kills the command.
+
+        Raises:
+            SandboxBuildFailed: ``exec``: the command did not start, the daemon refused, or it
+                stayed unreachable (detail redacted).
+        """
+        req = pb.ExecRequest(argv=list(argv), workdir=workdir, env=dict(env or {}), secrets=dict(secrets or {}),
+                             home=home, timeout_seconds=timeout, output_limit=output_limit)
+        try:
+            await self.wait_serving(self.patience)
+            return await self._call(lambda s: s.Exec(req, timeout=timeout + _CALL_TIMEOUT), retry=False)
+        except grpc.aio.AioRpcError as exc:
+            raise SandboxBuildFailed("exec", redact(f"{exc.code().name}: {exc.details()}", secrets)) from None
+        except (DaemonUnreachable, SandboxGone, PermissionError, ValueError) as exc:
+            raise SandboxBuildFailed("exec", redact(str(exc), secrets)) from None
+
     # --- trees ------------------------------------------------------------------------------
 
     async def export_tree(self, workdir: str = "", home: str = "") -> bytes:

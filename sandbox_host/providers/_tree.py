@@ -5,9 +5,11 @@
 stable order (directories walked sorted), so the same tree gives the same members.
 ``import_tree`` extracts such a tar, refusing it whole before anything is written when a
 member is absolute, climbs out (``..``), or lies outside ``work`` and ``home``; links may
-not point out of their root either (``tarfile``'s ``data`` filter, for local sandboxes).
+not point out of their root either (``tarfile``'s ``data`` filter).
 
-Blocking functions: providers call them in a worker thread.
+Every provider's trees are made and extracted by the sandbox's daemon (``ExportTree``,
+``ImportTree``: :mod:`sandbox_host.daemon`), with these functions, inside the sandbox.
+Blocking functions: called in a worker thread.
 """
 from __future__ import annotations
 
@@ -15,9 +17,8 @@ import io
 import os
 import posixpath
 import tarfile
-import tempfile
 import time
-from typing import IO, Any, Iterable, Iterator
+from typing import Iterable
 
 from baton.errors import SandboxBuildFailed
 
@@ -100,23 +101,6 @@ def import_local(data: bytes, workdir: str, home: str | None) -> None:
                 raise SandboxBuildFailed("import", f"member {m.name[:200]!r} refused: {exc}") from exc
 
 
-def retar(sources: Iterable[tuple[Iterator[bytes], str, str]], out: IO[bytes]) -> None:
-    """Write one tar to ``out`` from several tar streams, renaming their top directory.
-
-    Args:
-        sources: ``(chunks of a tar, the top name in it, the name it gets)``; e.g. the
-            engine's archive of ``/workspace`` (members ``workspace/…``) as ``work``.
-        out: a binary file to write to.
-    """
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as dst:
-        for chunks, old, new in sources:
-            with tarfile.open(fileobj=_ChunkReader(chunks), mode="r|") as src:
-                for m in src:
-                    _rename_member(m, _rename(m.name, old, new),
-                                   _rename(m.linkname, old, new) if m.islnk() else None)
-                    dst.addfile(m, src.extractfile(m) if m.isfile() else None)
-
-
 def renamed_for_put(data: bytes, names: dict[str, str]) -> bytes:
     """A checked exported tar with ``work``/``home`` renamed (``{"work": "workspace"}``).
 
@@ -139,49 +123,24 @@ def renamed_for_put(data: bytes, names: dict[str, str]) -> bytes:
     return out.getvalue()
 
 
-def export_docker(api: Any, container_id: str, workdir: str, home: str | None) -> bytes:
-    """The tar of a container's ``workdir`` and ``home`` (``get_archive``, Docker SDK ``api``)."""
-    sources = [(api.get_archive(container_id, workdir)[0], posixpath.basename(workdir), "work")]
-    if home:
-        sources.append((api.get_archive(container_id, home)[0], posixpath.basename(home), "home"))
-    buf = io.BytesIO()
-    retar(sources, buf)
-    return buf.getvalue()
-
-
-def import_docker(api: Any, container_id: str, data: bytes, workdir: str, home: str | None) -> None:
-    """Extract an exported tar into a container's ``workdir`` and ``home`` (``put_archive``).
-
-    Raises:
-        SandboxBuildFailed: ``import`` for a bad member (nothing extracted).
-    """
-    names = {"work": workdir.lstrip("/")}
-    if home:
-        names["home"] = home.lstrip("/")
-    api.put_archive(container_id, "/", renamed_for_put(data, names))
-
-
-def put_file(api: Any, container_id: str, path: str, content: bytes, mode: int) -> None:
-    """Write one file into a container (``put_archive`` of a one-member tar at ``/``)."""
+def workspace_tar(src: str | None, home: bool) -> bytes:
+    """A new sandbox's tree as :func:`import_local` takes it: the host directory ``src`` (a
+    workspace built on the host) as ``work/…`` (an empty ``work/`` without one) and, for a
+    thread, ``home/.codex/``. Blocking (reads the tree): call it in a thread."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        info = tarfile.TarInfo(path.lstrip("/"))
-        info.size = len(content)
-        info.mode = mode
-        info.mtime = int(time.time())
-        tar.addfile(info, io.BytesIO(content))
-    # Extracted at "/", the engine creates missing parent directories itself.
-    api.put_archive(container_id, "/", buf.getvalue())
-
-
-def put_dir(api: Any, container_id: str, src: str, dest: str) -> None:
-    """Copy the host directory ``src`` to ``dest`` in a container."""
-    # Spooled to disk beyond 64 MiB so a large workspace does not sit in memory twice.
-    with tempfile.SpooledTemporaryFile(max_size=64 << 20) as buf:
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            tar.add(src, arcname=dest.lstrip("/"))
-        buf.seek(0)
-        api.put_archive(container_id, "/", buf.read())
+        def add_dir(name: str) -> None:
+            info = tarfile.TarInfo(name)
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, int(time.time())
+            tar.addfile(info)
+        if src is None:
+            add_dir("work")
+        else:
+            tar.add(src, arcname="work", recursive=True)
+        if home:
+            add_dir("home")
+            add_dir("home/.codex")
+    return buf.getvalue()
 
 
 def _rename_member(m: tarfile.TarInfo, name: str, linkname: str | None) -> None:
@@ -197,33 +156,4 @@ def _rename_member(m: tarfile.TarInfo, name: str, linkname: str | None) -> None:
         m.linkname = linkname
 
 
-def _rename(name: str, old: str, new: str) -> str:
-    parts = name.split("/", 1)
-    if parts[0] != old:
-        raise SandboxBuildFailed("export", f"unexpected member {name[:200]!r} in the archive of {old}")
-    return new if len(parts) == 1 or not parts[1] else f"{new}/{parts[1]}"
-
-
-class _ChunkReader(io.RawIOBase):
-    """A readable file over an iterator of byte chunks (the engine's archive stream)."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks = chunks
-        self._buf = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b: "bytearray | memoryview") -> int:  # type: ignore[override]
-        while not self._buf:
-            try:
-                self._buf = next(self._chunks)
-            except StopIteration:
-                return 0
-        n = min(len(b), len(self._buf))
-        b[:n] = self._buf[:n]
-        self._buf = self._buf[n:]
-        return n
-
-
-__all__ = ["ROOTS", "check", "export_docker", "export_local", "import_docker", "import_local", "put_dir", "put_file", "renamed_for_put", "retar", "split"]
+__all__ = ["ROOTS", "check", "export_local", "import_local", "renamed_for_put", "split", "workspace_tar"]
