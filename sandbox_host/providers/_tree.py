@@ -5,7 +5,8 @@
 stable order (directories walked sorted), so the same tree gives the same members.
 ``import_tree`` extracts such a tar, refusing it whole before anything is written when a
 member is absolute, climbs out (``..``), or lies outside ``work`` and ``home``; links may
-not point out of their root either (``tarfile``'s ``data`` filter).
+not point out of their root either (``tarfile``'s ``data`` filter, or the same checks where
+the sandbox's Python lacks it).
 
 Every provider's trees are made and extracted by the sandbox's daemon (``ExportTree``,
 ``ImportTree``: :mod:`sandbox_host.daemon`), with these functions, inside the sandbox.
@@ -13,9 +14,11 @@ Blocking functions: called in a worker thread.
 """
 from __future__ import annotations
 
+import copy
 import io
 import os
 import posixpath
+import stat
 import tarfile
 import time
 from typing import Iterable
@@ -74,12 +77,25 @@ def export_local(workdir: str, home: str | None, exclude: str | None = None) -> 
     return buf.getvalue()
 
 
-def import_local(data: bytes, workdir: str, home: str | None) -> None:
+#: Whether this Python has tarfile's extraction filters (3.12, and 3.11.4 onwards): a sandbox
+#: image's may not (Debian bookworm's 3.11.2), and then :func:`_checked` does their work.
+HAS_FILTERS = hasattr(tarfile, "data_filter")
+
+
+def import_local(data: bytes, workdir: str, home: str | None, *, filters: bool = HAS_FILTERS) -> None:
     """Extract an exported tar into ``workdir`` and ``home`` (created when missing).
+
+    Args:
+        data: the tar.
+        workdir: where ``work/`` goes.
+        home: where ``home/`` goes (``None``: the tar may have none).
+        filters: use tarfile's ``data`` filter (else :func:`_checked`: the same refusals,
+            for a Python without it).
 
     Raises:
         SandboxBuildFailed: ``import``: a bad member (nothing written), ``home/`` members
-            for a sandbox without a home, or a member the ``data`` filter refuses.
+            for a sandbox without a home, or a member the ``data`` filter refuses (a link,
+            or a path through a link, out of its root).
     """
     dest = {"work": workdir, "home": home}
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
@@ -92,13 +108,59 @@ def import_local(data: bytes, workdir: str, home: str | None) -> None:
             os.makedirs(target, exist_ok=True)
             if not rest:
                 continue
+            linkname = split(m.linkname)[1] if m.islnk() else None
+            if not filters:
+                checked = _checked(m, rest, linkname, target)
+                if HAS_FILTERS:  # a test of the fallback on a Python with filters
+                    tar.extract(checked, path=target, set_attrs=True, filter="fully_trusted")
+                else:
+                    tar.extract(checked, path=target, set_attrs=True)
+                continue
             renamed = m.replace(name=rest, deep=False)
-            if m.islnk():
-                renamed = renamed.replace(linkname=split(m.linkname)[1], deep=False)
+            if linkname is not None:
+                renamed = renamed.replace(linkname=linkname, deep=False)
             try:
                 tar.extract(renamed, path=target, set_attrs=True, filter="data")
             except tarfile.FilterError as exc:
                 raise SandboxBuildFailed("import", f"member {m.name[:200]!r} refused: {exc}") from exc
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _checked(m: tarfile.TarInfo, rest: str, linkname: str | None, target: str) -> tarfile.TarInfo:
+    """A copy of member ``m`` renamed to ``rest`` (a hard link's target to ``linkname``) for
+    extraction under ``target``, with what tarfile's ``data`` filter does (Python docs,
+    "Extraction filters"): refused when its path resolves (through links already extracted)
+    out of ``target``, or when it is a symbolic link to an absolute path or out of
+    ``target``; high mode bits and group/other write cleared, owner read/write set on files;
+    the owner is the extracting user's.
+
+    Raises:
+        SandboxBuildFailed: ``import``, refused.
+    """
+    root = os.path.realpath(target)
+    path = os.path.join(root, rest)
+    if not _inside(os.path.realpath(os.path.dirname(path)), root) or (
+            not m.issym() and not _inside(os.path.realpath(path), root)):
+        raise SandboxBuildFailed("import", f"member {m.name[:200]!r} refused: its path leads out of the tree")
+    if m.issym() and (m.linkname.startswith("/") or not _inside(
+            os.path.normpath(os.path.join(os.path.realpath(os.path.dirname(path)), m.linkname)), root)):
+        raise SandboxBuildFailed("import", f"member {m.name[:200]!r} refused: it links out of the tree")
+    if linkname is not None and not _inside(os.path.realpath(os.path.join(root, linkname)), root):
+        raise SandboxBuildFailed("import", f"member {m.name[:200]!r} refused: it links out of the tree")
+    c = copy.copy(m)
+    c.name = rest
+    if linkname is not None:
+        c.linkname = linkname
+    c.mode = m.mode & 0o755
+    if m.isreg() or m.islnk():
+        c.mode |= stat.S_IRUSR | stat.S_IWUSR
+        if not c.mode & stat.S_IXUSR:
+            c.mode &= ~(stat.S_IXGRP | stat.S_IXOTH)
+    c.uid, c.gid, c.uname, c.gname = os.getuid(), os.getgid(), "", ""
+    return c
 
 
 def renamed_for_put(data: bytes, names: dict[str, str]) -> bytes:

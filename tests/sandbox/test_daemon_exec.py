@@ -49,8 +49,8 @@ async def test_a_command_runs_in_the_workspace_with_the_agents_environment(
 
 async def test_the_output_kept_is_its_tail_and_secrets_never_show(client: DaemonClient) -> None:
     secret = "tok-0123456789abcdef-SECRET"
-    # 300 KB of output; the secret twice, once right where the tail begins.
-    script = f'head -c 300000 /dev/zero | tr "\\0" x; echo; echo "$API_KEY"; printf "%s" "$API_KEY"; echo " end"'
+    # 300 KB of output, then the secret twice.
+    script = 'head -c 300000 /dev/zero | tr "\\0" x; echo; echo "$API_KEY"; printf "%s" "$API_KEY"; echo " end"'
     got = await client.exec(["sh", "-c", script], timeout=60, secrets={"API_KEY": secret}, output_limit=1000)
     assert got.exit_code == 0 and got.output_bytes == 300001 + 2 * (len(secret) + 1) + 4
     assert len(got.output) <= 1000 and secret.encode() not in got.output
