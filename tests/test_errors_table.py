@@ -22,6 +22,7 @@ SAMPLES: list[tuple[e.BatonError, grpc.StatusCode]] = [
     (e.SandboxReclaimFailed("sb", "gone"), grpc.StatusCode.UNAVAILABLE),
     (e.OffsetExpired("r1", "3", "10"), grpc.StatusCode.OUT_OF_RANGE),
     (e.HostAtCapacity("host-a", 2), grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (e.ProviderUnreachable("r1", "kubernetes", "no kubeconfig"), grpc.StatusCode.UNAVAILABLE),
     (e.LogUnavailable("r1", "reading the log head failed"), grpc.StatusCode.UNAVAILABLE),
     (e.LogStorageFull("r1", "insufficient resources", 10023), grpc.StatusCode.UNAVAILABLE),
     (e.LogStorageFull("r1", "publish unanswered while reads answer"), grpc.StatusCode.UNAVAILABLE),

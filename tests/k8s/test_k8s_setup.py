@@ -5,6 +5,7 @@ secret) and the pod is deleted. On the stand-in cluster (tests/k8s/conftest.py).
 from __future__ import annotations
 
 import pathlib
+from typing import Any
 
 import pytest
 
@@ -18,8 +19,8 @@ pytestmark = [pytest.mark.servers, pytest.mark.timeout(180)]
 SECRET = "k8s-setup-SECRET-7f3a9c"
 
 
-def spec(tmp: pathlib.Path | None, setup: tuple[str, ...], **kw: object) -> SandboxSpec:
-    return SandboxSpec(provider="kubernetes", env={"BATON_RUN_ID": "run-s", "MODE": "built"},  # type: ignore[arg-type]
+def spec(tmp: pathlib.Path | None, setup: tuple[str, ...], **kw: Any) -> SandboxSpec:
+    return SandboxSpec(provider="kubernetes", env={"BATON_RUN_ID": "run-s", "MODE": "built"},
                        secrets={"API_KEY": SECRET}, setup=setup,
                        workspace=str(tmp) if tmp else None, workspace_is_git=False, **kw)
 
