@@ -6,8 +6,8 @@ running the sandbox daemon (:mod:`sandbox_host.daemon`, on port 7300 of the cont
 address; started again whenever it ends); it carries the labels ``baton.sandbox_key`` and
 ``baton.run_id``. Inside it:
 
-- ``/workspace``: the agent's working directory (a local directory copied in with
-  ``put_archive``, or a git repository cloned **on the host** at ``git_ref`` and copied in,
+- ``/workspace``: the agent's working directory (a local directory, or a git repository
+  cloned **on the host** at ``git_ref``, sent in as one tree through the container's daemon,
   so the image needs no git and no credentials of the host reach it);
 - ``/baton``: the launch wrapper, the one-shot nonce file and the prompt (mode 0700);
 - ``<journal_dir>/<file stem of the key>.ndjson`` and ``.err``: journal and stderr
@@ -21,13 +21,15 @@ container's address (``data["daemon"]``), authenticated with the sandbox's own t
 (:func:`sandbox_host.daemon.sandbox_token`), in plaintext, or with a sandbox CA
 (``BATON_SANDBOX_CA_*``) over TLS with a certificate minted for the container and checked
 against that CA (:mod:`sandbox_host.providers._sandbox_tls`); the cluster's own TLS
-certificates are never copied into sandboxes. The engine is used to create, build (setup commands run with
-``exec``), export, import and remove containers. The handle holds the container id, the
-daemon's address and the process group, so any host that reaches the same engine and the
-containers' network re-opens the sandbox with a fresh ``DockerProvider``.
+certificates are never copied into sandboxes. The setup commands (the daemon's ``Exec``) and
+the tree exports and imports go through the daemon too. The engine is used to create and
+remove containers (and to make their first directories before the daemon serves). The handle
+holds the container id, the daemon's address and the process group, so any host that reaches
+the same engine and the containers' network re-opens the sandbox with a fresh
+``DockerProvider``.
 
-Secrets go only into the environment of the execs and the launch that need them (setup
-commands and the agent), never into the container's config (``docker inspect`` shows that),
+Secrets go only into the environment of the setup commands and the agent's launch (both
+through the daemon), never into the container's config (``docker inspect`` shows that),
 and are redacted from every error this module raises.
 
 The SDK is blocking: every call runs in a thread (``asyncio.to_thread``).

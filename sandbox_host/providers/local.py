@@ -8,10 +8,12 @@ own session (``setsid``) whose parent exits at once, so the agent is nobody's ch
 survives the host process (even SIGKILL) and any host on the machine can follow, signal or
 destroy it from the handle (``data = {"dir", "pgid", "daemon"}``).
 
-Every read, follow, copy, launch, input and signal goes through the sandbox's daemon
-(:mod:`sandbox_host.daemon`, started on demand and detached like the agent:
-:mod:`._local_daemon`), as for every provider; this module builds and destroys sandboxes
-(the workspace, setup commands, thread directories and their snapshots, on this machine).
+Every read, follow, copy, launch, input, signal, setup command and tree export or import
+goes through the sandbox's daemon (:mod:`sandbox_host.daemon`, started on demand and detached
+like the agent: :mod:`._local_daemon`), as for every provider; this module creates and
+destroys sandboxes on this machine: their directories, the workspace built in place (a clone
+or a copy), thread directories, their snapshot markers (the machine's note beside a thread's
+``work/`` and ``home/``, not in the sandbox) and the sweep of idle ones.
 """
 from __future__ import annotations
 
