@@ -104,6 +104,7 @@ EVERY: dict[type[e.BatonError], e.BatonError] = {
     e.SandboxReclaimFailed: e.SandboxReclaimFailed("sb", "gone"),
     e.HostDraining: e.HostDraining("host is draining"),
     e.HostAtCapacity: e.HostAtCapacity("host-a", 2),
+    e.ProviderUnreachable: e.ProviderUnreachable("r1", "kubernetes", "no kubeconfig"),
     e.LogAlreadyClosed: e.LogAlreadyClosed("r1", "completed", 1, 9),
     e.LogUnavailable: e.LogUnavailable("r1", "no answer"),
     e.LogStorageFull: e.LogStorageFull("r1", "insufficient resources", 10023),
