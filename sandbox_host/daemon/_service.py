@@ -199,7 +199,12 @@ class SandboxDaemonService(pb_grpc.SandboxDaemonServicer):
         except PathRefused as exc:
             await _refuse(context, exc)
         inside = os.path.commonpath([workdir, self.state_dir]) == workdir
-        data = await asyncio.to_thread(_tree.export_local, workdir, home, self.state_dir if inside else None)
+        try:
+            data = await asyncio.to_thread(_tree.export_local, workdir, home, self.state_dir if inside else None)
+        except FileNotFoundError:  # the agent removed its working directory, say
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"{(request.workdir or workdir)[:200]}: no such directory")
+        except OSError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"the tree cannot be read: {exc}"[:500])
         for i in range(0, len(data), CHUNK):
             yield pb.TreeChunk(data=data[i:i + CHUNK])
 

@@ -372,14 +372,25 @@ class DaemonClient:
     # --- trees ------------------------------------------------------------------------------
 
     async def export_tree(self, workdir: str = "", home: str = "") -> bytes:
-        """The tar of ``workdir`` (``work/``) and ``home`` (``home/``), as ``Provider.export_tree``."""
+        """The tar of ``workdir`` (``work/``) and ``home`` (``home/``), as ``Provider.export_tree``.
+
+        Raises:
+            FileNotFoundError: the working directory does not exist (``SandboxGone``: nor
+                does the sandbox).
+            OSError: the tree cannot be read, or the daemon failed.
+        """
         async def call(stub: pb_grpc.SandboxDaemonStub) -> bytes:
             buf = io.BytesIO()
             async for chunk in stub.ExportTree(pb.ExportTreeRequest(workdir=workdir, home=home), timeout=300):
                 buf.write(chunk.data)
             return buf.getvalue()
 
-        return await self._call(call)
+        try:
+            return await self._call(call)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                raise FileNotFoundError(exc.details()) from None
+            raise OSError(f"export failed: {exc.code().name}: {exc.details()}") from None
 
     async def import_tree(self, tar: bytes, *, workdir: str = "", home: str = "", replace: bool = False) -> None:
         """Extract an exported tar (as ``Provider.import_tree``).
