@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from baton.workspaces import WorkspaceStore
 
 log = logging.getLogger("baton.sandbox_host")
+#: Seconds before a provider that could not be built is tried again.
+PROVIDER_RETRY = 10.0
 
 #: Environment variables a host hands to the agents that need them (``required_secrets`` of
 #: the agent kinds in :mod:`sandbox_host.agents`).
@@ -164,6 +166,8 @@ class HostDeps:
         self.workspaces = workspaces
         self._provider_factory = provider_factory
         self._building = asyncio.Lock()
+        #: Providers that could not be built: name → (monotonic time to try again, why).
+        self._unbuildable: dict[str, tuple[float, str]] = {}
 
     # --- agents and translators ---------------------------------------------------------
 
@@ -192,8 +196,9 @@ class HostDeps:
         another provider is taken over with that provider, not this host's own).
 
         Raises:
-            ProviderUnreachable: it cannot be built here (no kubeconfig, no engine…); the
-                detail is the provider's error, cut to 300 characters.
+            ProviderUnreachable: it cannot be built here (no kubeconfig, no engine…), or
+                could not :data:`PROVIDER_RETRY` seconds ago; the detail is the provider's
+                error, cut to 300 characters.
         """
         found = self.providers.get(name)
         if found is not None:
@@ -203,10 +208,17 @@ class HostDeps:
             if found is None:
                 from sandbox_host.providers import provider_for
 
+                # A build that failed is not tried again for a while: one may take the SDK's
+                # whole timeout (an engine that does not answer), and every ask would wait.
+                again, why = self._unbuildable.get(name, (0.0, ""))
+                if time.monotonic() < again:
+                    raise ProviderUnreachable(run_id, name, why)
                 try:
                     found = await asyncio.to_thread(self._provider_factory or provider_for, name)
                 except Exception as exc:  # noqa: BLE001 -- any failure to build it means "cannot reach it"
-                    raise ProviderUnreachable(run_id, name, f"{type(exc).__name__}: {exc}"[:300]) from exc
+                    why = f"{type(exc).__name__}: {exc}"[:300]
+                    self._unbuildable[name] = (time.monotonic() + PROVIDER_RETRY, why)
+                    raise ProviderUnreachable(run_id, name, why) from exc
                 log.info("sandbox provider %r built for the runs whose sandbox is on it", name)
                 self.providers[name] = found
         return found
