@@ -359,6 +359,24 @@ class SandboxReclaimFailed(SandboxError):
         super().__init__(f"sandbox {sandbox_key!r} could not be reclaimed: {detail}")
 
 
+class ProviderUnreachable(SandboxError):
+    """This host cannot reach the sandbox provider a run's sandbox is on (it cannot build a
+    client with that provider's settings: no kubeconfig, no Docker engine…), so it refused to
+    take the run over; another host may take it.
+
+    Attributes:
+        run_id: the run.
+        provider: the provider its sandbox handle names.
+        detail: why this host cannot reach it (no secret: the provider's own error, cut).
+    """
+
+    def __init__(self, run_id: str, provider: str, detail: str) -> None:
+        self.run_id = run_id
+        self.provider = provider
+        self.detail = detail
+        super().__init__(f"run {run_id!r}: this host cannot reach its sandbox provider {provider!r}: {detail}")
+
+
 class HostDraining(BatonError):
     """The host is draining and takes no new runs."""
 

@@ -120,6 +120,9 @@ TABLE: tuple[Mapping, ...] = (
     Mapping(e.SandboxReclaimFailed, grpc.StatusCode.UNAVAILABLE, 503, "SANDBOX_RECLAIM_FAILED",
             lambda x: {"sandbox_key": x.sandbox_key, "detail": x.detail},  # type: ignore[attr-defined]
             lambda m: e.SandboxReclaimFailed(m.get("sandbox_key", ""), m.get("detail", ""))),
+    Mapping(e.ProviderUnreachable, grpc.StatusCode.UNAVAILABLE, 503, "PROVIDER_UNREACHABLE",
+            lambda x: {"run_id": x.run_id, "provider": x.provider, "detail": x.detail},  # type: ignore[attr-defined]
+            lambda m: e.ProviderUnreachable(m.get("run_id", ""), m.get("provider", ""), m.get("detail", ""))),
     Mapping(e.HostDraining, grpc.StatusCode.UNAVAILABLE, 503, "HOST_DRAINING",
             _none, lambda m: e.HostDraining("host is draining")),
     Mapping(e.HostAtCapacity, grpc.StatusCode.RESOURCE_EXHAUSTED, 503, "HOST_AT_CAPACITY",

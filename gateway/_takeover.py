@@ -118,7 +118,8 @@ class TakeoverTrigger:
                 req = sandbox_host_pb2.AttachRunRequest(run_id=run_id, purpose=purpose)
                 return await self._hosts.call(h.address, "AttachRun", req)
 
-            host, resp = await try_hosts(self._hosts, hosts, attempt)
+            # A host that cannot reach the run's sandbox provider refuses it: the next one may.
+            host, resp = await try_hosts(self._hosts, hosts, attempt, next_on=(e.ProviderUnreachable,))
             log.info("run %s taken over by %s at epoch %s (%s)", run_id, host.host_id, resp.epoch, purpose)
         except e.RunClaimNotAcquired as exc:
             # Someone else (another gateway, the coordinator's failover) got there first,

@@ -6,14 +6,16 @@ host's identity, clients and settings, built once by the composition root
 """
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from baton import config, credentials
-from baton.errors import InvalidArgument
+from baton.errors import InvalidArgument, ProviderUnreachable
 from baton.v1 import coordinator_pb2, runs_pb2
 from baton.coordinator_client import CoordinatorClient, Session
 from baton.log import DeliveryLog, TranscriptStore
@@ -24,6 +26,10 @@ from sandbox_host.run_workspace import WorkspaceSettings
 
 if TYPE_CHECKING:
     from baton.workspaces import WorkspaceStore
+
+log = logging.getLogger("baton.sandbox_host")
+#: Seconds before a provider that could not be built is tried again.
+PROVIDER_RETRY = 10.0
 
 #: Environment variables a host hands to the agents that need them (``required_secrets`` of
 #: the agent kinds in :mod:`sandbox_host.agents`).
@@ -139,11 +145,15 @@ class HostDeps:
         settings: driver settings.
         workspaces: the thread workspace store (``None``: runs keep no workspace or agent
             session across a thread's turns).
+        provider_factory: builds a provider this host was not started with, by name, with
+            that provider's own settings (default :func:`sandbox_host.providers.provider_for`:
+            ``BATON_K8S_*``, ``DOCKER_HOST``…); blocking, called in a thread.
     """
 
     def __init__(self, *, host_id: str, cc: CoordinatorClient, session: Session, log: DeliveryLog,
                  transcripts: TranscriptStore, providers: Mapping[str, Provider], settings: HostSettings,
-                 workspaces: "WorkspaceStore | None" = None, metrics: HostMetrics | None = None) -> None:
+                 workspaces: "WorkspaceStore | None" = None, metrics: HostMetrics | None = None,
+                 provider_factory: Callable[[str], Provider] | None = None) -> None:
         self.host_id = host_id
         #: The host's Prometheus metrics (sandbox_host/metrics.py).
         self.metrics = metrics if metrics is not None else HostMetrics()
@@ -154,6 +164,10 @@ class HostDeps:
         self.providers = dict(providers)
         self.settings = settings
         self.workspaces = workspaces
+        self._provider_factory = provider_factory
+        self._building = asyncio.Lock()
+        #: Providers that could not be built: name → (monotonic time to try again, why).
+        self._unbuildable: dict[str, tuple[float, str]] = {}
 
     # --- agents and translators ---------------------------------------------------------
 
@@ -176,18 +190,55 @@ class HostDeps:
         fmt = journal_format_for(record.agent.kind or config.get("BATON_DEFAULT_AGENT"), self.agent_options(record))
         return translator_for(fmt, run_id=run_id, thread_id=record.thread_id)
 
-    def provider_for_run(self, record: runs_pb2.RunRecord) -> Any:
-        name = self.settings.provider
-        if name not in self.providers:
-            raise InvalidArgument("provider", f"this host has no {name!r} provider")
-        return self.providers[name]
+    async def provider_named(self, name: str, run_id: str = "") -> Provider:
+        """This host's provider ``name``: one it was started with, else one built now with
+        that provider's own settings and kept (a run whose sandbox another host built on
+        another provider is taken over with that provider, not this host's own).
 
-    def sandbox_spec(self, record: runs_pb2.RunRecord) -> Any:
+        Raises:
+            ProviderUnreachable: it cannot be built here (no kubeconfig, no engine…), or
+                could not :data:`PROVIDER_RETRY` seconds ago; the detail is the provider's
+                error, cut to 300 characters.
+        """
+        found = self.providers.get(name)
+        if found is not None:
+            return found
+        async with self._building:
+            found = self.providers.get(name)
+            if found is None:
+                from sandbox_host.providers import provider_for
+
+                # A build that failed is not tried again for a while: one may take the SDK's
+                # whole timeout (an engine that does not answer), and every ask would wait.
+                again, why = self._unbuildable.get(name, (0.0, ""))
+                if time.monotonic() < again:
+                    raise ProviderUnreachable(run_id, name, why)
+                try:
+                    found = await asyncio.to_thread(self._provider_factory or provider_for, name)
+                except Exception as exc:  # noqa: BLE001 -- any failure to build it means "cannot reach it"
+                    why = f"{type(exc).__name__}: {exc}"[:300]
+                    self._unbuildable[name] = (time.monotonic() + PROVIDER_RETRY, why)
+                    raise ProviderUnreachable(run_id, name, why) from exc
+                log.info("sandbox provider %r built for the runs whose sandbox is on it", name)
+                self.providers[name] = found
+        return found
+
+    async def provider_for_run(self, record: runs_pb2.RunRecord, name: str | None = None) -> Provider:
+        """The provider a run's new sandbox is built with: ``name`` (the provider of the
+        run's earlier sandbox, so that a successor that builds anew keeps the run's
+        provider), else this host's own (``BATON_PROVIDER``).
+
+        Raises:
+            ProviderUnreachable: see :meth:`provider_named`.
+        """
+        return await self.provider_named(name or self.settings.provider, record.run_id)
+
+    def sandbox_spec(self, record: runs_pb2.RunRecord, provider: str | None = None) -> Any:
         from sandbox_host.providers import SandboxSpec
 
         # The run id labels every sandbox of the run (also `<run_id>#<epoch>` ones a successor
         # builds), so leftovers of a host that died mid-build can be found and removed.
-        return SandboxSpec(provider=self.settings.provider, env={"BATON_RUN_ID": record.run_id},
+        return SandboxSpec(provider=provider or self.settings.provider, env={"BATON_RUN_ID": record.run_id},
                            **run_workspace.spec_fields(record, self.settings.workspace))
 
     def check_workspace(self, req: Any) -> str:
@@ -272,15 +323,19 @@ class HostDeps:
             journal_path=h.journal_path, created_at=time.time()))
 
     async def find_sandbox(self, key: str) -> Sandbox | None:
+        """The registered sandbox ``key`` with its provider (``None``: not registered).
+
+        Raises:
+            ProviderUnreachable: its provider cannot be built on this host.
+            StoreUnavailable: the registry did not answer.
+        """
         from sandbox_host.providers import SandboxHandle
 
         inst = await self.cc.get_sandbox(key)
         if inst is None or not inst.handle_json:
             return None
         raw = json.loads(inst.handle_json)
-        provider = self.providers.get(raw.get("provider") or inst.provider)
-        if provider is None:
-            return None
+        provider = await self.provider_named(raw.get("provider") or inst.provider, inst.run_id)
         handle = SandboxHandle(provider=raw["provider"], key=raw["key"], journal_path=raw["journal_path"],
                                stderr_path=raw["stderr_path"], workdir=raw["workdir"], data=raw.get("data") or {})
         return Sandbox(provider, handle, raw.get("nonce", ""))

@@ -57,6 +57,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("baton.sandbox_host.driver")
 
+
+async def _given(found: "Sandbox | None") -> "Sandbox | None":
+    """The registry entry the attach read already (the lookup's task, without a second read)."""
+    return found
+
+
 __all__ = ["Mode", "RunDriver", "RunStats"]
 
 #: Seconds a driver tries to read its run's record after the agent's terminal chunk was
@@ -101,8 +107,11 @@ class RunDriver:
         fence_seq: int | None = None,
         cancel_reason: str | None = None,
         opened: list[Any] | None = None,
+        sandbox_read: "tuple[Sandbox | None] | None" = None,
     ) -> None:
         self.deps = deps
+        #: The registry's entry of ``record.sandbox_key`` as the attach read it (``None``: not read).
+        self._sandbox_read = sandbox_read
         self.record = record
         self.run_id = record.run_id
         self.epoch = epoch
@@ -304,7 +313,9 @@ class RunDriver:
         # the sense that matters. A cancelled or closed run never uses it.
         lookup: asyncio.Task[Sandbox | None] | None = None
         if self.mode == "attach" and self.record.sandbox_key and not self.record.cancel_requested:
-            lookup = asyncio.create_task(self.deps.find_sandbox(self.record.sandbox_key),
+            read = self._sandbox_read
+            lookup = asyncio.create_task(_given(read[0]) if read is not None
+                                         else self.deps.find_sandbox(self.record.sandbox_key),
                                          name=f"sandbox-lookup:{self.run_id}")
         try:
             return await self._steps(lookup)

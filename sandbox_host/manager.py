@@ -477,6 +477,8 @@ class RunManager:
             RunClaimNotAcquired: a live claim holds the run (``held``; this host's own
                 included) etc.
             SessionLost: the host's session was lost before the driver could start.
+            ProviderUnreachable: the run's sandbox is on a provider this host cannot reach
+                (its claim released: another host may take the run).
         """
         if self.draining:
             raise HostDraining("host is draining")
@@ -509,6 +511,7 @@ class RunManager:
         deps = self.deps
         session = deps.session
         asked_ns = run_trace.now_ns()
+        await self.claims.refuse_unreachable(run_id)
         # No read of the record first: the claim itself refuses an unknown, ended or (for
         # drive) still starting run, inside its write. (Read first, then claimed, cost one
         # more coordinator and etcd round trip per takeover.) Nor is a driver of the run on
@@ -542,6 +545,7 @@ class RunManager:
             # drivers were told to stop before this one existed. Failover hands the run
             # to a host with a session (the claim's deletion reports it).
             raise SessionLost(session.id)
+        sandbox_read = await self.claims.sandbox_of(record, session, epoch)  # ProviderUnreachable: released
         await self.claims.supersede(run_id, epoch)
         if session.lost.is_set():
             raise SessionLost(session.id)
@@ -551,7 +555,7 @@ class RunManager:
         # No await from the check above to here: a session lost from now on reaches this
         # driver through session_lost().
         self._spawn(RunDriver(deps, record, epoch, mode, deps.log.writer(run_id, epoch),
-                              cancel_reason=record.cancel_reason or None))
+                              cancel_reason=record.cancel_reason or None, sandbox_read=sandbox_read))
         return epoch, record
 
     def cancel(self, run_id: str, reason: str = "user") -> bool:

@@ -12,7 +12,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
 
-from baton.errors import BatonError, StoreUnavailable
+from baton.errors import BatonError, ProviderUnreachable, StoreUnavailable
 from baton.retry import Deadline
 from baton.runs import record_status
 from baton.v1 import runs_pb2
@@ -22,6 +22,7 @@ from sandbox_host._tasks import retry_unavailable
 if TYPE_CHECKING:
     from sandbox_host.deps import HostDeps
     from sandbox_host.driver import RunDriver
+    from sandbox_host.providers import Sandbox
 
 log = logging.getLogger("baton.sandbox_host.manager")
 
@@ -29,6 +30,8 @@ log = logging.getLogger("baton.sandbox_host.manager")
 #: joins it as it is (:meth:`ClaimUpkeep.once_started`): a live start finishes within
 #: seconds, and a dead one's claim lapses within the session TTL.
 HOLDER_WAIT = 30.0
+#: Runs remembered as refused for a provider this host cannot reach (the oldest forgotten first).
+MAX_UNREACHABLE = 4096
 
 
 class ClaimUpkeep:
@@ -47,6 +50,49 @@ class ClaimUpkeep:
         self._tasks = tasks
         #: Runs whose claim a start of this host holds (not yet driven: never released here).
         self.start_claims: set[str] = set()
+        #: Runs this host refused because it cannot reach their sandbox's provider → that
+        #: provider: asked again, they are refused before any claim while it still cannot.
+        self.unreachable: dict[str, str] = {}
+
+    async def refuse_unreachable(self, run_id: str) -> None:
+        """Refuse at once (no claim, no epoch spent) a run this host refused already for a
+        provider it still cannot build.
+
+        Raises:
+            ProviderUnreachable: so.
+        """
+        name = self.unreachable.get(run_id)
+        if name is not None:
+            await self.deps.provider_named(name, run_id)
+            self.unreachable.pop(run_id, None)  # reachable now: take it as any other
+
+    async def sandbox_of(self, record: runs_pb2.RunRecord, session: Any, epoch: int) -> "tuple[Sandbox | None] | None":
+        """The run's registered sandbox, read as soon as a takeover's claim landed: a host that
+        cannot reach its provider lets the run go at once, for a host that can, rather than
+        driving it with the wrong provider or failing it.
+
+        Returns:
+            ``(the sandbox or None,)`` for the driver; ``None`` when the registry did not
+            answer (the driver reads it again, as it always did).
+
+        Raises:
+            ProviderUnreachable: the sandbox's provider cannot be built here; the claim was
+                released first.
+        """
+        if not record.sandbox_key:
+            return None
+        try:
+            return (await self.deps.find_sandbox(record.sandbox_key),)
+        except ProviderUnreachable as exc:
+            log.warning("run %s: refused, this host cannot reach its sandbox provider %r: %s", record.run_id,
+                        exc.provider, exc.detail)
+            await asyncio.shield(self.release(record.run_id, session, epoch))
+            if len(self.unreachable) >= MAX_UNREACHABLE:
+                self.unreachable.pop(next(iter(self.unreachable)))
+            self.unreachable[record.run_id] = exc.provider
+            raise ProviderUnreachable(record.run_id, exc.provider, exc.detail) from None
+        except BatonError:
+            return None
 
     async def once_started(self, run_id: str, deadline: Deadline) -> runs_pb2.RunRecord | None:
         """Follow a run whose claim another start holds (``WatchRun``).

@@ -108,6 +108,8 @@ class RunSandboxes:
                 log.info("run %s: sandbox %s was never marked launched; destroying it", self.run_id,
                          found.handle.key)
                 await self.reclaim(found)
+            if found is not None:  # the run's own provider, not this host's
+                return await self._build_and_launch(input_messages, found.handle.provider)
         return await self._build_and_launch(input_messages)
 
     async def find(self) -> Sandbox | None:
@@ -120,13 +122,13 @@ class RunSandboxes:
             self.current = await self.deps.find_sandbox(self.record.sandbox_key)
         return self.current
 
-    async def _build_and_launch(self, input_messages: list[dict[str, Any]]) -> Sandbox:
+    async def _build_and_launch(self, input_messages: list[dict[str, Any]], provider_name: str | None = None) -> Sandbox:
         deps = self.deps
         # A successor that rebuilds gets its own key (and so its own journal): the first
         # host's sandbox, if any, is never reused.
         key = self.run_id if self.mode == "fresh" else f"{self.run_id}#{self.epoch}"
-        provider = deps.provider_for_run(self.record)
-        spec = deps.sandbox_spec(self.record)
+        provider = await deps.provider_for_run(self.record, provider_name)
+        spec = deps.sandbox_spec(self.record, provider.name)
         handle = await provider.create(key, spec)
         from sandbox_host.journal import new_nonce
 

@@ -477,3 +477,121 @@ class ImportTreeResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ImportTreeResponse: _TypeAlias = ImportTreeResponse  # noqa: Y015
+
+@_typing.final
+class ExecRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class EnvEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class SecretsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ARGV_FIELD_NUMBER: _builtins.int
+    WORKDIR_FIELD_NUMBER: _builtins.int
+    ENV_FIELD_NUMBER: _builtins.int
+    SECRETS_FIELD_NUMBER: _builtins.int
+    HOME_FIELD_NUMBER: _builtins.int
+    TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    OUTPUT_LIMIT_FIELD_NUMBER: _builtins.int
+    workdir: _builtins.str
+    """empty = the daemon's working directory"""
+    home: _builtins.str
+    """HOME and CODEX_HOME=<home>/.codex; empty = the daemon's"""
+    timeout_seconds: _builtins.float
+    """0 = the daemon's maximum (one hour)"""
+    output_limit: _builtins.int
+    """bytes of output kept, its tail (0 = 64 KiB; at most 1 MiB)"""
+    @_builtins.property
+    def argv(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def secrets(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Like env, but never logged, echoed or kept: redacted from the output and every error."""
+
+    def __init__(
+        self,
+        *,
+        argv: _abc.Iterable[_builtins.str] | None = ...,
+        workdir: _builtins.str = ...,
+        env: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        secrets: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        home: _builtins.str = ...,
+        timeout_seconds: _builtins.float = ...,
+        output_limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "env", b"env", "home", b"home", "output_limit", b"output_limit", "secrets", b"secrets", "timeout_seconds", b"timeout_seconds", "workdir", b"workdir"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExecRequest: _TypeAlias = ExecRequest  # noqa: Y015
+
+@_typing.final
+class ExecResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXIT_CODE_FIELD_NUMBER: _builtins.int
+    TIMED_OUT_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    OUTPUT_BYTES_FIELD_NUMBER: _builtins.int
+    exit_code: _builtins.int
+    """-N: ended by signal N"""
+    timed_out: _builtins.bool
+    """killed at timeout_seconds"""
+    output: _builtins.bytes
+    """the output's last output_limit bytes"""
+    output_bytes: _builtins.int
+    """bytes it wrote in all"""
+    def __init__(
+        self,
+        *,
+        exit_code: _builtins.int = ...,
+        timed_out: _builtins.bool = ...,
+        output: _builtins.bytes = ...,
+        output_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exit_code", b"exit_code", "output", b"output", "output_bytes", b"output_bytes", "timed_out", b"timed_out"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExecResponse: _TypeAlias = ExecResponse  # noqa: Y015

@@ -79,6 +79,11 @@ class SandboxDaemonStub:
                 request_serializer=baton_dot_v1_dot_sandbox__daemon__pb2.TreeChunk.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_sandbox__daemon__pb2.ImportTreeResponse.FromString,
                 _registered_method=True)
+        self.Exec = channel.unary_unary(
+                '/baton.v1.SandboxDaemon/Exec',
+                request_serializer=baton_dot_v1_dot_sandbox__daemon__pb2.ExecRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_sandbox__daemon__pb2.ExecResponse.FromString,
+                _registered_method=True)
 
 
 class SandboxDaemonServicer:
@@ -154,6 +159,18 @@ class SandboxDaemonServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Exec(self, request, context):
+        """Runs a command to its end (a workspace's setup command): `argv` in `workdir`, with the
+        agent's environment (as Launch: the daemon's own less its credentials, then `home`,
+        `env`, `secrets`), no stdin, in a process group of its own that is killed whole
+        (SIGKILL) at `timeout_seconds` or when the call is cancelled. Answers with the exit code
+        and the tail of its output (stdout and stderr together, secrets redacted). A command
+        that cannot start: FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxDaemonServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -201,6 +218,11 @@ def add_SandboxDaemonServicer_to_server(servicer, server):
                     servicer.ImportTree,
                     request_deserializer=baton_dot_v1_dot_sandbox__daemon__pb2.TreeChunk.FromString,
                     response_serializer=baton_dot_v1_dot_sandbox__daemon__pb2.ImportTreeResponse.SerializeToString,
+            ),
+            'Exec': grpc.unary_unary_rpc_method_handler(
+                    servicer.Exec,
+                    request_deserializer=baton_dot_v1_dot_sandbox__daemon__pb2.ExecRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_sandbox__daemon__pb2.ExecResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -446,6 +468,33 @@ class SandboxDaemon:
             '/baton.v1.SandboxDaemon/ImportTree',
             baton_dot_v1_dot_sandbox__daemon__pb2.TreeChunk.SerializeToString,
             baton_dot_v1_dot_sandbox__daemon__pb2.ImportTreeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Exec(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.SandboxDaemon/Exec',
+            baton_dot_v1_dot_sandbox__daemon__pb2.ExecRequest.SerializeToString,
+            baton_dot_v1_dot_sandbox__daemon__pb2.ExecResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,8 +1,8 @@
 """The gRPC service ``baton.v1.SandboxDaemon``: a sandbox's files and processes, from inside.
 
 Errors are mapped here, once: a path refused is ``INVALID_ARGUMENT`` (malformed) or
-``PERMISSION_DENIED`` (outside the roots), a missing file ``NOT_FOUND``, a launch that failed
-``FAILED_PRECONDITION``. Messages never hold the launch's secrets.
+``PERMISSION_DENIED`` (outside the roots), a missing file ``NOT_FOUND``, a launch or a command
+that could not start ``FAILED_PRECONDITION``. Messages never hold the launch's secrets.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import grpc
 from baton.errors import SandboxBuildFailed
 from baton.v1 import sandbox_daemon_pb2 as pb
 from baton.v1 import sandbox_daemon_pb2_grpc as pb_grpc
-from sandbox_host.daemon import _procs
+from sandbox_host.daemon import _exec, _procs
 from sandbox_host.daemon._files import CHUNK, follow_file, write_whole
 from sandbox_host.daemon.paths import PathRefused, confine, normalize_roots
 from sandbox_host.providers import _tree
@@ -162,6 +162,34 @@ class SandboxDaemonService(pb_grpc.SandboxDaemonServicer):
         return pb.StatusResponse(processes_alive=alive, pgid=pgid or 0, started_at=self.started_at,
                                  daemon_pid=os.getpid())
 
+    async def Exec(self, request: pb.ExecRequest, context: Ctx) -> pb.ExecResponse:
+        secrets: Mapping[str, str] = dict(request.secrets)
+        if not request.argv:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "argv must not be empty")
+        if request.timeout_seconds < 0 or request.output_limit < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "timeout_seconds and output_limit must not be negative")
+        try:
+            workdir = self._path(request.workdir) if request.workdir else self.workdir
+            home = self._path(request.home) if request.home else ""
+        except PathRefused as exc:
+            await _refuse(context, exc)
+        limit = min(request.output_limit or _exec.DEFAULT_LIMIT, _exec.MAX_LIMIT)
+        env = _procs.agent_env(os.environ, _procs.LaunchSpec(
+            argv=(), nonce="", journal_path="", stderr_path="", workdir=workdir, env=dict(request.env),
+            secrets=secrets, home=home))
+        try:
+            # A secret cut by the tail's start would survive its redaction: a margin is kept.
+            margin = max((len(v) for v in secrets.values()), default=0)
+            got = await _exec.run(list(request.argv), cwd=workdir, env=env,
+                                  timeout=min(request.timeout_seconds or _exec.MAX_TIMEOUT, _exec.MAX_TIMEOUT),
+                                  limit=limit + margin)
+        except OSError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                redact(f"{request.argv[0][:200]!r} did not start: {exc}", secrets))
+        text = _exec.redacted_tail(got.output, secrets, cut=got.output_bytes > len(got.output), limit=limit)
+        return pb.ExecResponse(exit_code=got.exit_code, timed_out=got.timed_out, output=text,
+                               output_bytes=got.output_bytes)
+
     def _tree_dirs(self, workdir: str, home: str) -> tuple[str, str | None]:
         return (self._path(workdir) if workdir else self.workdir), (self._path(home) if home else None)
 
@@ -171,7 +199,12 @@ class SandboxDaemonService(pb_grpc.SandboxDaemonServicer):
         except PathRefused as exc:
             await _refuse(context, exc)
         inside = os.path.commonpath([workdir, self.state_dir]) == workdir
-        data = await asyncio.to_thread(_tree.export_local, workdir, home, self.state_dir if inside else None)
+        try:
+            data = await asyncio.to_thread(_tree.export_local, workdir, home, self.state_dir if inside else None)
+        except FileNotFoundError:  # the agent removed its working directory, say
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"{(request.workdir or workdir)[:200]}: no such directory")
+        except OSError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"the tree cannot be read: {exc}"[:500])
         for i in range(0, len(data), CHUNK):
             yield pb.TreeChunk(data=data[i:i + CHUNK])
 
@@ -196,7 +229,7 @@ class SandboxDaemonService(pb_grpc.SandboxDaemonServicer):
                 await asyncio.to_thread(_empty, workdir, home, self.state_dir)
             await asyncio.to_thread(_tree.import_local, data, workdir, home)
         except SandboxBuildFailed as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.detail)
         return pb.ImportTreeResponse()
 
 

@@ -347,17 +347,50 @@ class DaemonClient:
         except SandboxGone:
             return False
 
+    async def exec(self, argv: Sequence[str], *, timeout: float, workdir: str = "",  # noqa: ASYNC109 -- the command's bound, sent to the daemon
+                   env: Mapping[str, str] | None = None, secrets: Mapping[str, str] | None = None,
+                   home: str = "", output_limit: int = 0) -> pb.ExecResponse:
+        """Run ``argv`` to its end in the sandbox (``Exec``): its exit code and output's tail.
+
+        Not retried once sent (a setup command may not be idempotent); it waits for an
+        unreachable daemon to come up first. Cancelling the call kills the command.
+
+        Raises:
+            SandboxBuildFailed: ``exec``: the command did not start, the daemon refused, or it
+                stayed unreachable (detail redacted).
+        """
+        req = pb.ExecRequest(argv=list(argv), workdir=workdir, env=dict(env or {}), secrets=dict(secrets or {}),
+                             home=home, timeout_seconds=timeout, output_limit=output_limit)
+        try:
+            await self.wait_serving(self.patience)
+            return await self._call(lambda s: s.Exec(req, timeout=timeout + _CALL_TIMEOUT), retry=False)
+        except grpc.aio.AioRpcError as exc:
+            raise SandboxBuildFailed("exec", redact(f"{exc.code().name}: {exc.details()}", secrets)) from None
+        except (DaemonUnreachable, SandboxGone, PermissionError, ValueError) as exc:
+            raise SandboxBuildFailed("exec", redact(str(exc), secrets)) from None
+
     # --- trees ------------------------------------------------------------------------------
 
     async def export_tree(self, workdir: str = "", home: str = "") -> bytes:
-        """The tar of ``workdir`` (``work/``) and ``home`` (``home/``), as ``Provider.export_tree``."""
+        """The tar of ``workdir`` (``work/``) and ``home`` (``home/``), as ``Provider.export_tree``.
+
+        Raises:
+            FileNotFoundError: the working directory does not exist (``SandboxGone``: nor
+                does the sandbox).
+            OSError: the tree cannot be read, or the daemon failed.
+        """
         async def call(stub: pb_grpc.SandboxDaemonStub) -> bytes:
             buf = io.BytesIO()
             async for chunk in stub.ExportTree(pb.ExportTreeRequest(workdir=workdir, home=home), timeout=300):
                 buf.write(chunk.data)
             return buf.getvalue()
 
-        return await self._call(call)
+        try:
+            return await self._call(call)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                raise FileNotFoundError(exc.details()) from None
+            raise OSError(f"export failed: {exc.code().name}: {exc.details()}") from None
 
     async def import_tree(self, tar: bytes, *, workdir: str = "", home: str = "", replace: bool = False) -> None:
         """Extract an exported tar (as ``Provider.import_tree``).

@@ -5,19 +5,23 @@
 stable order (directories walked sorted), so the same tree gives the same members.
 ``import_tree`` extracts such a tar, refusing it whole before anything is written when a
 member is absolute, climbs out (``..``), or lies outside ``work`` and ``home``; links may
-not point out of their root either (``tarfile``'s ``data`` filter, for local sandboxes).
+not point out of their root either (``tarfile``'s ``data`` filter, or the same checks where
+the sandbox's Python lacks it).
 
-Blocking functions: providers call them in a worker thread.
+Every provider's trees are made and extracted by the sandbox's daemon (``ExportTree``,
+``ImportTree``: :mod:`sandbox_host.daemon`), with these functions, inside the sandbox.
+Blocking functions: called in a worker thread.
 """
 from __future__ import annotations
 
+import copy
 import io
 import os
 import posixpath
+import stat
 import tarfile
-import tempfile
 import time
-from typing import IO, Any, Iterable, Iterator
+from typing import Iterable
 
 from baton.errors import SandboxBuildFailed
 
@@ -73,12 +77,25 @@ def export_local(workdir: str, home: str | None, exclude: str | None = None) -> 
     return buf.getvalue()
 
 
-def import_local(data: bytes, workdir: str, home: str | None) -> None:
+#: Whether this Python has tarfile's extraction filters (3.12, and 3.11.4 onwards): a sandbox
+#: image's may not (Debian bookworm's 3.11.2), and then :func:`_checked` does their work.
+HAS_FILTERS = hasattr(tarfile, "data_filter")
+
+
+def import_local(data: bytes, workdir: str, home: str | None, *, filters: bool = HAS_FILTERS) -> None:
     """Extract an exported tar into ``workdir`` and ``home`` (created when missing).
+
+    Args:
+        data: the tar.
+        workdir: where ``work/`` goes.
+        home: where ``home/`` goes (``None``: the tar may have none).
+        filters: use tarfile's ``data`` filter (else :func:`_checked`: the same refusals,
+            for a Python without it).
 
     Raises:
         SandboxBuildFailed: ``import``: a bad member (nothing written), ``home/`` members
-            for a sandbox without a home, or a member the ``data`` filter refuses.
+            for a sandbox without a home, or a member the ``data`` filter refuses (a link,
+            or a path through a link, out of its root).
     """
     dest = {"work": workdir, "home": home}
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
@@ -91,30 +108,59 @@ def import_local(data: bytes, workdir: str, home: str | None) -> None:
             os.makedirs(target, exist_ok=True)
             if not rest:
                 continue
+            linkname = split(m.linkname)[1] if m.islnk() else None
+            if not filters:
+                checked = _checked(m, rest, linkname, target)
+                if HAS_FILTERS:  # a test of the fallback on a Python with filters
+                    tar.extract(checked, path=target, set_attrs=True, filter="fully_trusted")
+                else:
+                    tar.extract(checked, path=target, set_attrs=True)
+                continue
             renamed = m.replace(name=rest, deep=False)
-            if m.islnk():
-                renamed = renamed.replace(linkname=split(m.linkname)[1], deep=False)
+            if linkname is not None:
+                renamed = renamed.replace(linkname=linkname, deep=False)
             try:
                 tar.extract(renamed, path=target, set_attrs=True, filter="data")
             except tarfile.FilterError as exc:
                 raise SandboxBuildFailed("import", f"member {m.name[:200]!r} refused: {exc}") from exc
 
 
-def retar(sources: Iterable[tuple[Iterator[bytes], str, str]], out: IO[bytes]) -> None:
-    """Write one tar to ``out`` from several tar streams, renaming their top directory.
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
 
-    Args:
-        sources: ``(chunks of a tar, the top name in it, the name it gets)``; e.g. the
-            engine's archive of ``/workspace`` (members ``workspace/…``) as ``work``.
-        out: a binary file to write to.
+
+def _checked(m: tarfile.TarInfo, rest: str, linkname: str | None, target: str) -> tarfile.TarInfo:
+    """A copy of member ``m`` renamed to ``rest`` (a hard link's target to ``linkname``) for
+    extraction under ``target``, with what tarfile's ``data`` filter does (Python docs,
+    "Extraction filters"): refused when its path resolves (through links already extracted)
+    out of ``target``, or when it is a symbolic link to an absolute path or out of
+    ``target``; high mode bits and group/other write cleared, owner read/write set on files;
+    the owner is the extracting user's.
+
+    Raises:
+        SandboxBuildFailed: ``import``, refused.
     """
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as dst:
-        for chunks, old, new in sources:
-            with tarfile.open(fileobj=_ChunkReader(chunks), mode="r|") as src:
-                for m in src:
-                    _rename_member(m, _rename(m.name, old, new),
-                                   _rename(m.linkname, old, new) if m.islnk() else None)
-                    dst.addfile(m, src.extractfile(m) if m.isfile() else None)
+    root = os.path.realpath(target)
+    path = os.path.join(root, rest)
+    if not _inside(os.path.realpath(os.path.dirname(path)), root) or (
+            not m.issym() and not _inside(os.path.realpath(path), root)):
+        raise SandboxBuildFailed("import", f"member {m.name[:200]!r} refused: its path leads out of the tree")
+    if m.issym() and (m.linkname.startswith("/") or not _inside(
+            os.path.normpath(os.path.join(os.path.realpath(os.path.dirname(path)), m.linkname)), root)):
+        raise SandboxBuildFailed("import", f"member {m.name[:200]!r} refused: it links out of the tree")
+    if linkname is not None and not _inside(os.path.realpath(os.path.join(root, linkname)), root):
+        raise SandboxBuildFailed("import", f"member {m.name[:200]!r} refused: it links out of the tree")
+    c = copy.copy(m)
+    c.name = rest
+    if linkname is not None:
+        c.linkname = linkname
+    c.mode = m.mode & 0o755
+    if m.isreg() or m.islnk():
+        c.mode |= stat.S_IRUSR | stat.S_IWUSR
+        if not c.mode & stat.S_IXUSR:
+            c.mode &= ~(stat.S_IXGRP | stat.S_IXOTH)
+    c.uid, c.gid, c.uname, c.gname = os.getuid(), os.getgid(), "", ""
+    return c
 
 
 def renamed_for_put(data: bytes, names: dict[str, str]) -> bytes:
@@ -139,49 +185,24 @@ def renamed_for_put(data: bytes, names: dict[str, str]) -> bytes:
     return out.getvalue()
 
 
-def export_docker(api: Any, container_id: str, workdir: str, home: str | None) -> bytes:
-    """The tar of a container's ``workdir`` and ``home`` (``get_archive``, Docker SDK ``api``)."""
-    sources = [(api.get_archive(container_id, workdir)[0], posixpath.basename(workdir), "work")]
-    if home:
-        sources.append((api.get_archive(container_id, home)[0], posixpath.basename(home), "home"))
-    buf = io.BytesIO()
-    retar(sources, buf)
-    return buf.getvalue()
-
-
-def import_docker(api: Any, container_id: str, data: bytes, workdir: str, home: str | None) -> None:
-    """Extract an exported tar into a container's ``workdir`` and ``home`` (``put_archive``).
-
-    Raises:
-        SandboxBuildFailed: ``import`` for a bad member (nothing extracted).
-    """
-    names = {"work": workdir.lstrip("/")}
-    if home:
-        names["home"] = home.lstrip("/")
-    api.put_archive(container_id, "/", renamed_for_put(data, names))
-
-
-def put_file(api: Any, container_id: str, path: str, content: bytes, mode: int) -> None:
-    """Write one file into a container (``put_archive`` of a one-member tar at ``/``)."""
+def workspace_tar(src: str | None, home: bool) -> bytes:
+    """A new sandbox's tree as :func:`import_local` takes it: the host directory ``src`` (a
+    workspace built on the host) as ``work/…`` (an empty ``work/`` without one) and, for a
+    thread, ``home/.codex/``. Blocking (reads the tree): call it in a thread."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        info = tarfile.TarInfo(path.lstrip("/"))
-        info.size = len(content)
-        info.mode = mode
-        info.mtime = int(time.time())
-        tar.addfile(info, io.BytesIO(content))
-    # Extracted at "/", the engine creates missing parent directories itself.
-    api.put_archive(container_id, "/", buf.getvalue())
-
-
-def put_dir(api: Any, container_id: str, src: str, dest: str) -> None:
-    """Copy the host directory ``src`` to ``dest`` in a container."""
-    # Spooled to disk beyond 64 MiB so a large workspace does not sit in memory twice.
-    with tempfile.SpooledTemporaryFile(max_size=64 << 20) as buf:
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            tar.add(src, arcname=dest.lstrip("/"))
-        buf.seek(0)
-        api.put_archive(container_id, "/", buf.read())
+        def add_dir(name: str) -> None:
+            info = tarfile.TarInfo(name)
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, int(time.time())
+            tar.addfile(info)
+        if src is None:
+            add_dir("work")
+        else:
+            tar.add(src, arcname="work", recursive=True)
+        if home:
+            add_dir("home")
+            add_dir("home/.codex")
+    return buf.getvalue()
 
 
 def _rename_member(m: tarfile.TarInfo, name: str, linkname: str | None) -> None:
@@ -197,33 +218,4 @@ def _rename_member(m: tarfile.TarInfo, name: str, linkname: str | None) -> None:
         m.linkname = linkname
 
 
-def _rename(name: str, old: str, new: str) -> str:
-    parts = name.split("/", 1)
-    if parts[0] != old:
-        raise SandboxBuildFailed("export", f"unexpected member {name[:200]!r} in the archive of {old}")
-    return new if len(parts) == 1 or not parts[1] else f"{new}/{parts[1]}"
-
-
-class _ChunkReader(io.RawIOBase):
-    """A readable file over an iterator of byte chunks (the engine's archive stream)."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks = chunks
-        self._buf = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b: "bytearray | memoryview") -> int:  # type: ignore[override]
-        while not self._buf:
-            try:
-                self._buf = next(self._chunks)
-            except StopIteration:
-                return 0
-        n = min(len(b), len(self._buf))
-        b[:n] = self._buf[:n]
-        self._buf = self._buf[n:]
-        return n
-
-
-__all__ = ["ROOTS", "check", "export_docker", "export_local", "import_docker", "import_local", "put_dir", "put_file", "renamed_for_put", "retar", "split"]
+__all__ = ["ROOTS", "check", "export_local", "import_local", "renamed_for_put", "split", "workspace_tar"]

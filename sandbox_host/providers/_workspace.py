@@ -1,8 +1,9 @@
 """Building a sandbox's workspace on the host: git clone/checkout, copy, limits, budget.
 
-Shared by the local provider (which builds in place) and the docker provider (which builds
-in a temporary directory and copies the result in), so both refuse, name and redact the
-same failures.
+Shared by the local provider (which builds in place, on its own machine) and the docker and
+kubernetes providers (which build in a temporary directory and send the result through the
+sandbox's daemon: :func:`fill`), so all refuse, name and redact the same failures; every
+provider runs the setup commands through the sandbox's daemon (:func:`run_setup`).
 
 Credentials: a git workspace's credential reaches git through the environment only, as the
 secrets :data:`GIT_USERNAME_ENV` and :data:`GIT_TOKEN_ENV` of the spec; git gets them as an
@@ -26,19 +27,24 @@ import os
 import re
 import shutil
 import tempfile
-from typing import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, AsyncIterator, Mapping
 from urllib.parse import urlsplit
 
 from baton.errors import SandboxBuildFailed
 from sandbox_host.providers._base import SandboxSpec, run_host_command
 from sandbox_host.providers._redact import redact
 
+if TYPE_CHECKING:
+    from sandbox_host.providers._daemon_client import DaemonClient
+
 #: Secret names a git credential is passed under (host → provider, never to the agent).
 GIT_USERNAME_ENV = "BATON_GIT_USERNAME"
 GIT_TOKEN_ENV = "BATON_GIT_TOKEN"
 CREDENTIAL_ENV = (GIT_USERNAME_ENV, GIT_TOKEN_ENV)
-#: Bytes of a failing step's stderr kept in ``SandboxBuildFailed.detail``.
+#: Bytes of a failing step's stderr (a setup command's output) kept in ``SandboxBuildFailed.detail``.
 STDERR_TAIL = 2000
+#: Seconds a setup command may run when the build has no budget (the daemon's own maximum).
+SETUP_TIMEOUT = 3600.0
 _SHA = re.compile(r"^[0-9a-fA-F]{7,64}$")
 _ALLOWED_PROTOCOLS = "https:http:ssh:git:file"
 
@@ -215,9 +221,71 @@ async def clone(url: str, ref: str | None, dest: str, secrets: Mapping[str, str]
         await asyncio.shield(asyncio.to_thread(shutil.rmtree, home, True))
 
 
+async def fill(client: "DaemonClient", spec: SandboxSpec, *, workdir: str, home: str = "") -> None:
+    """Fill a new sandbox's working directory (and a thread's agent home) through its daemon:
+    the workspace is built on the host (cloned in a temporary directory, so no git and no
+    credential need be in the sandbox; or a directory checked), then sent as one tree
+    (``ImportTree``).
+
+    Raises:
+        SandboxBuildFailed: ``workspace`` (see :func:`build_tree`; ``not a directory: …``,
+            ``copy failed: …``), redacted.
+    """
+    from sandbox_host.providers import _tree
+
+    tmp = await asyncio.to_thread(tempfile.mkdtemp, prefix="baton-clone-")
+    try:
+        src = spec.workspace
+        if src is not None and is_git_workspace(spec):
+            src = os.path.join(tmp, "repo")
+            await build_tree(spec, src)
+        elif src is not None and not os.path.isdir(src):  # noqa: ASYNC240 -- one stat
+            raise SandboxBuildFailed("workspace", redact(f"not a directory: {src}", redactions(spec.secrets)))
+        elif src is not None:
+            await check_size(src, spec)
+        try:
+            tar = await asyncio.to_thread(_tree.workspace_tar, src, bool(home))
+            await client.import_tree(tar, workdir=workdir, home=home)
+        except SandboxBuildFailed as exc:
+            raise SandboxBuildFailed("workspace", redact(f"copy failed: {exc.detail}", redactions(spec.secrets))) from None
+        except OSError as exc:
+            raise SandboxBuildFailed("workspace", redact(f"copy failed: {exc}", redactions(spec.secrets))) from exc
+    finally:
+        await asyncio.shield(asyncio.to_thread(shutil.rmtree, tmp, True))
+
+
+async def run_setup(client: "DaemonClient", spec: SandboxSpec, steps: BuildSteps, *, workdir: str,
+                    home: str = "") -> None:
+    """Run ``spec.setup`` in order, each as ``sh -c``, through the sandbox's daemon (``Exec``):
+    in ``workdir``, with the agent's environment (``home``'s ``HOME``/``CODEX_HOME``,
+    ``spec.env`` and ``spec.secrets``, less the git credential: :func:`setup_env`). The same
+    for every provider. Call it inside :func:`build_budget`: a budget that runs out cancels
+    the call, and the daemon kills the command's process group.
+
+    Raises:
+        SandboxBuildFailed: ``setup[i]`` for the first command that did not exit 0 (``exit N:
+            <its output's tail>``, ``killed by signal N: …``) or could not be run; the
+            detail is redacted (the secrets and the git credential's encodings).
+    """
+    hide = redactions(spec.secrets)
+    env, secrets = setup_env(spec.env), setup_env(spec.secrets)
+    for i, cmd in enumerate(spec.setup):
+        steps.current = f"setup[{i}]"
+        try:
+            got = await client.exec(["sh", "-c", cmd], timeout=spec.build_timeout or SETUP_TIMEOUT, workdir=workdir,
+                                    env=env, secrets=secrets, home=home, output_limit=STDERR_TAIL)
+        except SandboxBuildFailed as exc:
+            raise SandboxBuildFailed(f"setup[{i}]", redact(exc.detail, hide)) from None
+        if got.exit_code != 0 or got.timed_out:
+            tail = _tail(got.output)
+            how = (f"timed out after {spec.build_timeout or SETUP_TIMEOUT:g}s" if got.timed_out
+                   else f"killed by signal {-got.exit_code}" if got.exit_code < 0 else f"exit {got.exit_code}")
+            raise SandboxBuildFailed(f"setup[{i}]", redact(f"{how}: {tail}" if tail else how, hide))
+
+
 def _tail(err: bytes) -> str:
     return err[-STDERR_TAIL:].decode("utf-8", "replace").strip()
 
 
 __all__ = ["BuildSteps", "CREDENTIAL_ENV", "GIT_TOKEN_ENV", "GIT_USERNAME_ENV", "build_budget", "build_tree",
-           "check_size", "clone", "git_env", "is_git_workspace", "redactions", "setup_env", "tree_size"]
+           "check_size", "fill", "run_setup", "clone", "git_env", "is_git_workspace", "redactions", "setup_env", "tree_size"]

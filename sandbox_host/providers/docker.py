@@ -6,8 +6,8 @@ running the sandbox daemon (:mod:`sandbox_host.daemon`, on port 7300 of the cont
 address; started again whenever it ends); it carries the labels ``baton.sandbox_key`` and
 ``baton.run_id``. Inside it:
 
-- ``/workspace``: the agent's working directory (a local directory copied in with
-  ``put_archive``, or a git repository cloned **on the host** at ``git_ref`` and copied in,
+- ``/workspace``: the agent's working directory (a local directory, or a git repository
+  cloned **on the host** at ``git_ref``, sent in as one tree through the container's daemon,
   so the image needs no git and no credentials of the host reach it);
 - ``/baton``: the launch wrapper, the one-shot nonce file and the prompt (mode 0700);
 - ``<journal_dir>/<file stem of the key>.ndjson`` and ``.err``: journal and stderr
@@ -21,13 +21,15 @@ container's address (``data["daemon"]``), authenticated with the sandbox's own t
 (:func:`sandbox_host.daemon.sandbox_token`), in plaintext, or with a sandbox CA
 (``BATON_SANDBOX_CA_*``) over TLS with a certificate minted for the container and checked
 against that CA (:mod:`sandbox_host.providers._sandbox_tls`); the cluster's own TLS
-certificates are never copied into sandboxes. The engine is used to create, build (setup commands run with
-``exec``), export, import and remove containers. The handle holds the container id, the
-daemon's address and the process group, so any host that reaches the same engine and the
-containers' network re-opens the sandbox with a fresh ``DockerProvider``.
+certificates are never copied into sandboxes. The setup commands (the daemon's ``Exec``) and
+the tree exports and imports go through the daemon too. The engine is used to create and
+remove containers (and to make their first directories before the daemon serves). The handle
+holds the container id, the daemon's address and the process group, so any host that reaches
+the same engine and the containers' network re-opens the sandbox with a fresh
+``DockerProvider``.
 
-Secrets go only into the environment of the execs and the launch that need them (setup
-commands and the agent), never into the container's config (``docker inspect`` shows that),
+Secrets go only into the environment of the setup commands and the agent's launch (both
+through the daemon), never into the container's config (``docker inspect`` shows that),
 and are redacted from every error this module raises.
 
 The SDK is blocking: every call runs in a thread (``asyncio.to_thread``).
@@ -38,8 +40,6 @@ import asyncio
 import dataclasses
 import os
 import posixpath
-import shutil
-import tempfile
 from typing import Any, AsyncIterator, Mapping, Sequence
 
 import docker
@@ -53,7 +53,6 @@ from sandbox_host import journal as _journal
 from sandbox_host.daemon import DEFAULT_PORT, sandbox_token
 from sandbox_host.daemon._bundle import source_tar
 from sandbox_host.providers._base import Provider, SandboxHandle, SandboxSpec, check_input
-from sandbox_host.providers import _tree
 from sandbox_host.providers import _workspace as _ws
 from sandbox_host.providers import _sandbox_tls
 from sandbox_host.providers._daemon_client import DaemonClient, DaemonUnreachable, SandboxGone
@@ -279,7 +278,6 @@ class DockerProvider(Provider):
             data={"container_id": container_id, "pgid": None, **({"home": home} if home else {}),
                   **({"daemon_tls": True} if server else {})},
         )
-        env = _ws.setup_env({**_home_env(home), **spec.env, **spec.secrets})
         steps = _ws.BuildSteps()
         try:
             code, _, err = await self._exec(container_id, [
@@ -289,13 +287,11 @@ class DockerProvider(Provider):
                 raise SandboxBuildFailed("container", redact(f"exit {code}: {_tail(err)}", spec.secrets))
             handle = await self._with_daemon(handle)
             async with _ws.build_budget(spec.build_timeout, steps):
-                await self._workspace(container_id, spec)
-                for i, cmd in enumerate(spec.setup):
-                    steps.current = f"setup[{i}]"
-                    code, _, err = await self._exec(container_id, ["sh", "-c", cmd], env=env, workdir=WORKDIR)
-                    if code != 0:
-                        raise SandboxBuildFailed(f"setup[{i}]",
-                                                 redact(f"exit {code}: {_tail(err)}", _ws.redactions(spec.secrets)))
+                # Built on the host, then sent and set up through the container's daemon, as
+                # for every provider.
+                if spec.workspace is not None:
+                    await _ws.fill(self._daemon(handle), spec, workdir=WORKDIR, home=home or "")
+                await _ws.run_setup(self._daemon(handle), spec, steps, workdir=WORKDIR, home=home or "")
         except BaseException as exc:
             await asyncio.shield(self._forget(container_id))
             await asyncio.shield(self._remove_quietly(container_id))
@@ -351,29 +347,6 @@ class DockerProvider(Provider):
                 await self._remove_quietly(str(c["Id"]))
         except (docker.errors.DockerException, requests.exceptions.RequestException):
             pass  # the engine is unreachable: nothing more can be done from here
-
-    async def _workspace(self, container_id: str, spec: SandboxSpec) -> None:
-        src = spec.workspace
-        if src is None:
-            return
-        tmp = await asyncio.to_thread(tempfile.mkdtemp, prefix="baton-clone-")
-        try:
-            if _ws.is_git_workspace(spec):
-                src = os.path.join(tmp, "repo")
-                await _ws.build_tree(spec, src)  # cloned on the host: no git, no credential in the image
-            elif not os.path.isdir(src):  # noqa: ASYNC240 -- one stat; the copy itself runs in a thread
-                raise SandboxBuildFailed("workspace", redact(f"not a directory: {src}", spec.secrets))
-            else:
-                await _ws.check_size(src, spec)
-            try:
-                await asyncio.to_thread(self._put_dir_sync, container_id, src)
-            except (OSError, docker.errors.APIError) as exc:
-                raise SandboxBuildFailed("workspace", redact(f"copy failed: {exc}", spec.secrets)) from exc
-        finally:
-            await asyncio.shield(asyncio.to_thread(shutil.rmtree, tmp, True))
-
-    def _put_dir_sync(self, container_id: str, src: str) -> None:
-        _tree.put_dir(self._api, container_id, src, WORKDIR)
 
     async def copy_in(self, handle: SandboxHandle, path: str, content: bytes, mode: int = 0o644) -> None:
         """Write ``content`` to ``path`` (absolute, or relative to the workspace).
@@ -516,20 +489,21 @@ class DockerProvider(Provider):
         return removed
 
     async def export_tree(self, handle: SandboxHandle) -> bytes:
-        """Tar of ``work/`` and ``home/`` (see :mod:`._tree`); ``SandboxReclaimFailed`` when gone."""
+        """Tar of ``work/`` and ``home/`` (see :mod:`._tree`), made by the container's daemon;
+        ``SandboxReclaimFailed`` when the container is gone."""
         try:
-            return await asyncio.to_thread(_tree.export_docker, self._api, self._cid(handle), handle.workdir,
-                                           handle.data.get("home"))
-        except docker.errors.NotFound as exc:
+            return await self._daemon(handle).export_tree(handle.workdir, str(handle.data.get("home") or ""))
+        except SandboxGone as exc:
             raise SandboxReclaimFailed(handle.key, "container not found") from exc
 
     async def import_tree(self, handle: SandboxHandle, tar: bytes, *, replace: bool = False) -> None:
-        """Extract an exported tar (see :mod:`._tree`); ``SandboxReclaimFailed`` when gone.
-        A container starts with an empty working directory: ``replace`` has nothing to empty."""
+        """Extract an exported tar through the container's daemon (see :mod:`._tree`);
+        ``SandboxBuildFailed("import")`` for a bad member (nothing written),
+        ``SandboxReclaimFailed`` when the container is gone."""
         try:
-            await asyncio.to_thread(_tree.import_docker, self._api, self._cid(handle), tar, handle.workdir,
-                                    handle.data.get("home"))
-        except docker.errors.NotFound as exc:
+            await self._daemon(handle).import_tree(tar, workdir=handle.workdir,
+                                                   home=str(handle.data.get("home") or ""), replace=replace)
+        except SandboxGone as exc:
             raise SandboxReclaimFailed(handle.key, "container not found") from exc
 
     # --- discovery ------------------------------------------------------------------------
@@ -576,10 +550,6 @@ def _container_ip(info: Mapping[str, Any]) -> str:
         if net and net.get("IPAddress"):
             return str(net["IPAddress"])
     return str(settings.get("IPAddress") or "")
-
-
-def _home_env(home: str | None) -> dict[str, str]:
-    return {"HOME": home, "CODEX_HOME": f"{home}/.codex"} if home else {}
 
 
 def _explain(exc: BaseException) -> str:

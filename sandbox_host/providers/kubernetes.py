@@ -30,13 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
-import os
 import posixpath
 import secrets as _secrets
-import shutil
-import tarfile
-import tempfile
 import logging
 import time
 from typing import Any, AsyncIterator, Mapping, Sequence
@@ -270,26 +265,12 @@ class KubernetesProvider(Provider):
 
     async def _fill(self, handle: SandboxHandle, spec: SandboxSpec) -> None:
         """The working directory (the workspace built on the host, copied in as one tree),
-        the agent's home for a thread, then the setup commands."""
+        the agent's home for a thread, then the setup commands (both through the daemon)."""
         steps = _ws.BuildSteps()
+        home = str(handle.data.get("home") or "")
         async with _ws.build_budget(spec.build_timeout, steps):
-            tmp = await asyncio.to_thread(tempfile.mkdtemp, prefix="baton-clone-")
-            try:
-                src = spec.workspace
-                if src is not None and _ws.is_git_workspace(spec):
-                    src = os.path.join(tmp, "repo")
-                    await _ws.build_tree(spec, src)
-                elif src is not None and not os.path.isdir(src):  # noqa: ASYNC240 -- one stat
-                    raise SandboxBuildFailed("workspace", redact(f"not a directory: {src}", spec.secrets))
-                elif src is not None:
-                    await _ws.check_size(src, spec)
-                tar = await asyncio.to_thread(_tar_of, src, handle.data.get("home") is not None)
-                await self.import_tree(handle, tar)
-            finally:
-                await asyncio.shield(asyncio.to_thread(shutil.rmtree, tmp, True))
-            if spec.setup:
-                raise SandboxBuildFailed("setup[0]", "the kubernetes provider runs no setup commands: "
-                                                     "bake them into the sandbox image")
+            await _ws.fill(self._daemon(handle), spec, workdir=handle.workdir, home=home)
+            await _ws.run_setup(self._daemon(handle), spec, steps, workdir=handle.workdir, home=home)
 
     # --- the pod's life -------------------------------------------------------------------
 
@@ -547,25 +528,6 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> kp.PodSettings:
         service_account=config.get("BATON_K8S_SERVICE_ACCOUNT", env),
         grace=int(config.get_float("BATON_K8S_GRACE", env)),
     )
-
-
-def _tar_of(src: str | None, home: bool) -> bytes:
-    """An uncompressed tar as :meth:`Provider.import_tree` takes it: directory ``src`` as
-    ``work/…`` (an empty ``work/`` without one) and, for a thread, ``home/.codex/``."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        def add_dir(name: str) -> None:
-            info = tarfile.TarInfo(name)
-            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, int(time.time())
-            tar.addfile(info)
-        if src is None:
-            add_dir("work")
-        else:
-            tar.add(src, arcname="work", recursive=True)
-        if home:
-            add_dir("home")
-            add_dir("home/.codex")
-    return buf.getvalue()
 
 
 __all__ = ["KubernetesProvider", "settings_from_env"]

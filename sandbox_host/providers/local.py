@@ -8,10 +8,12 @@ own session (``setsid``) whose parent exits at once, so the agent is nobody's ch
 survives the host process (even SIGKILL) and any host on the machine can follow, signal or
 destroy it from the handle (``data = {"dir", "pgid", "daemon"}``).
 
-Every read, follow, copy, launch, input and signal goes through the sandbox's daemon
-(:mod:`sandbox_host.daemon`, started on demand and detached like the agent:
-:mod:`._local_daemon`), as for every provider; this module builds and destroys sandboxes
-(the workspace, setup commands, thread directories and their snapshots, on this machine).
+Every read, follow, copy, launch, input, signal, setup command and tree export or import
+goes through the sandbox's daemon (:mod:`sandbox_host.daemon`, started on demand and detached
+like the agent: :mod:`._local_daemon`), as for every provider; this module creates and
+destroys sandboxes on this machine: their directories, the workspace built in place (a clone
+or a copy), thread directories, their snapshot markers (the machine's note beside a thread's
+``work/`` and ``home/``, not in the sandbox) and the sweep of idle ones.
 """
 from __future__ import annotations
 
@@ -26,15 +28,12 @@ from baton.errors import SandboxBuildFailed
 from baton.ids import file_stem
 from sandbox_host import journal as _journal
 from sandbox_host.daemon import _procs
-from sandbox_host.providers._base import Provider, SandboxHandle, SandboxSpec, check_input, run_host_command
+from sandbox_host.providers._base import Provider, SandboxHandle, SandboxSpec, check_input
 from sandbox_host.providers._daemon_client import DaemonClient
-from sandbox_host.providers._local_daemon import LocalDaemons
-from sandbox_host.providers import _tree
+from sandbox_host.providers._local_daemon import START_TIMEOUT, LocalDaemons
 from sandbox_host.providers import _workspace as _ws
 from sandbox_host.providers._redact import redact
 
-#: Bytes of a failing step's stderr kept in ``SandboxBuildFailed.detail``.
-STDERR_TAIL = 2000
 _READ_CHUNK = 1 << 20
 # Host variables the agent's environment inherits; everything else (the host's own
 # credentials included) stays out of its environment. Sandbox env and secrets are added on
@@ -97,7 +96,8 @@ class LocalProvider(Provider):
         Raises:
             SandboxBuildFailed: ``step`` is ``"create"`` (the sandbox already exists),
                 ``"workspace"`` (copy or git clone/checkout failed, over the size limit, or
-                out of time) or ``"setup[i]"`` (the i-th setup command exited non-zero or
+                out of time), ``"daemon"`` (the sandbox's daemon the setup commands run
+                through did not start) or ``"setup[i]"`` (the i-th setup command exited non-zero or
                 ran out of time); ``detail`` is the redacted reason.
         """
         base = spec.base_dir or self.base_dir
@@ -123,27 +123,36 @@ class LocalProvider(Provider):
         if spec.thread_dir is not None and spec.rebuild_thread_dir:
             await self.remove_thread_dir(spec.thread_dir)
         fresh = not os.path.isdir(workdir)  # noqa: ASYNC240 -- one stat
-        env = _ws.setup_env(self._env(spec.env, spec.secrets, home))
         steps = _ws.BuildSteps()
         try:
             if home is not None:
                 os.makedirs(os.path.join(home, ".codex"), exist_ok=True)
             if fresh:
+                if spec.setup:
+                    # The daemon the setup runs through starts outside the build's budget
+                    # (as a container's does): the budget is the build's own.
+                    try:
+                        await self._client(handle).wait_serving(START_TIMEOUT)
+                    except OSError as exc:
+                        raise SandboxBuildFailed("daemon", str(exc)) from None
                 async with _ws.build_budget(spec.build_timeout, steps):
                     await self._workspace(spec, workdir)
-                    for i, cmd in enumerate(spec.setup):
-                        steps.current = f"setup[{i}]"
-                        code, err = await run_host_command(["sh", "-c", cmd], workdir, env)
-                        if code != 0:
-                            raise SandboxBuildFailed(
-                                f"setup[{i}]", redact(f"exit {code}: {_tail(err)}", _ws.redactions(spec.secrets)))
+                    if spec.setup:  # through the sandbox's daemon, as for every provider
+                        await _ws.run_setup(self._client(handle), spec, steps, workdir=workdir, home=home or "")
         except BaseException:
-            await asyncio.shield(asyncio.to_thread(shutil.rmtree, root, True))
-            if fresh and spec.thread_dir is not None:
-                # A half-built thread workspace would be taken as built by the next turn.
-                await asyncio.shield(asyncio.to_thread(shutil.rmtree, workdir, True))
+            await asyncio.shield(self._undo_create(handle, workdir if fresh and spec.thread_dir is not None else None))
             raise
         return handle
+
+    async def _undo_create(self, handle: SandboxHandle, thread_workdir: str | None) -> None:
+        """Remove what a failed create made: its daemon, its directory and, for a thread whose
+        working directory it was building, that (a half-built one would be taken as built by
+        the next turn)."""
+        await self._daemons.stop(handle)
+        await asyncio.to_thread(shutil.rmtree, str(handle.data["dir"]), True)
+        await self._daemons.forget(handle)
+        if thread_workdir is not None:
+            await asyncio.to_thread(shutil.rmtree, thread_workdir, True)
 
     def thread_paths(self, thread_dir: str, base: str | None = None) -> tuple[str, str]:
         """``(working directory, agent home)`` of a thread: ``<base>/threads/<stem>/work|home``."""
@@ -181,16 +190,23 @@ class LocalProvider(Provider):
         return out
 
     async def export_tree(self, handle: SandboxHandle) -> bytes:
-        """Tar of ``work/`` (the working directory) and ``home/`` (see :mod:`._tree`)."""
-        return await asyncio.to_thread(_tree.export_local, handle.workdir, handle.data.get("home"))
+        """Tar of ``work/`` (the working directory) and ``home/`` (see :mod:`._tree`), made by
+        the sandbox's daemon (``ExportTree``)."""
+        return await self._client(handle).export_tree(handle.workdir, str(handle.data.get("home") or ""))
 
     async def import_tree(self, handle: SandboxHandle, tar: bytes, *, replace: bool = False) -> None:
-        """Extract an exported tar into the working directory and home (see :mod:`._tree`);
-        with ``replace`` both are emptied first (and the thread directory's marker dropped)."""
-        home = handle.data.get("home")
+        """Extract an exported tar into the working directory and home through the sandbox's
+        daemon (``ImportTree``, see :mod:`._tree`); with ``replace`` both are emptied first,
+        and the thread directory's snapshot marker (this machine's note beside them, not in
+        the sandbox) is dropped before.
+
+        Raises:
+            SandboxBuildFailed: ``import`` for a bad member (nothing written).
+        """
         if replace:
-            await asyncio.to_thread(_empty_tree, handle.workdir, home)
-        await asyncio.to_thread(_tree.import_local, tar, handle.workdir, home)
+            await asyncio.to_thread(_drop_marker, handle)
+        await self._client(handle).import_tree(tar, workdir=handle.workdir, home=str(handle.data.get("home") or ""),
+                                               replace=replace)
 
     async def remove_idle_thread_dirs(self, marked_before: float) -> int:
         """Remove ``<base>/threads/*`` whose ``.baton-snapshot`` marker is older than
@@ -340,10 +356,6 @@ class LocalProvider(Provider):
         return killed or removed
 
 
-def _tail(err: bytes) -> str:
-    return err[-STDERR_TAIL:].decode("utf-8", "replace").strip()
-
-
 def _marker_path(handle: SandboxHandle) -> str | None:
     # A thread sandbox's home is <top>/home beside its working directory <top>/work.
     home = handle.data.get("home")
@@ -352,14 +364,10 @@ def _marker_path(handle: SandboxHandle) -> str | None:
     return os.path.join(os.path.dirname(handle.workdir), ".baton-snapshot")
 
 
-def _empty_tree(workdir: str, home: str | None) -> None:
-    marker = _marker_path(SandboxHandle("local", "", "", "", workdir, {"home": home}))
+def _drop_marker(handle: SandboxHandle) -> None:
+    marker = _marker_path(handle)
     if marker is not None and os.path.exists(marker):
         os.unlink(marker)
-    for top in (workdir, home):
-        if top and os.path.isdir(top):
-            shutil.rmtree(top)
-            os.makedirs(top)
 
 
 def _remove_idle(top: str, marked_before: float) -> int:

@@ -1,8 +1,11 @@
 """Workspaces in docker sandboxes (real engine, real git on the host): a ref checked out into
-``/workspace``, failures named by their step, a credential that stays on the host, the
-thread's agent home, and the tree export/import round trip."""
+``/workspace``, failures named by their step (a setup command's through the container's
+daemon, with its output's tail and no secret), a credential that stays on the host, the
+thread's agent home, and the tree export/import round trip through the daemon (the same
+tree the engine's own archive holds: the same snapshot)."""
 from __future__ import annotations
 
+import hashlib
 import io
 import pathlib
 import tarfile
@@ -55,6 +58,55 @@ async def test_a_failed_build_names_its_step(docker_provider: DockerProvider, re
         await docker_provider.create(key, spec)
     assert failed.value.step == step and failed.value.detail.startswith(words)
     assert await docker_provider.find(key) == []  # the container went with the failure
+
+
+async def test_a_failing_setup_command_shows_its_output_tail_without_secrets(docker_provider: DockerProvider) -> None:
+    key, secret = unique("ws-"), "docker-setup-SECRET-91ab"
+    spec = SandboxSpec(provider="docker", secrets={"API_KEY": secret},
+                       setup=('echo "key=$API_KEY in $PWD"; echo "npm: not found" >&2; exit 127',))
+    with pytest.raises(SandboxBuildFailed) as failed:
+        await docker_provider.create(key, spec)
+    assert failed.value.step == "setup[0]"
+    assert failed.value.detail == "exit 127: key=[REDACTED] in /workspace\nnpm: not found"
+    assert secret not in str(failed.value)
+    assert await docker_provider.find(key) == []
+
+
+def _entries(tar: bytes, rename: dict[str, str] | None = None) -> dict[str, tuple[object, ...]]:
+    """What a workspace snapshot keeps of each member (baton/workspaces/_packing.py: kind,
+    mode, mtime, size, content digest, link target), by name (``rename``: top names)."""
+    out: dict[str, tuple[object, ...]] = {}
+    with tarfile.open(fileobj=io.BytesIO(tar), mode="r:") as t:
+        for m in t:
+            f = t.extractfile(m) if m.isfile() else None
+            out[_renamed(m.name, rename)] = (
+                m.type, m.mode & 0o7777, int(m.mtime), m.size if m.isfile() else 0,
+                hashlib.sha256(f.read()).hexdigest() if f is not None else "",
+                _renamed(m.linkname, rename) if m.islnk() else m.linkname)
+    return out
+
+
+def _renamed(name: str, rename: dict[str, str] | None) -> str:
+    top, _, rest = name.partition("/")
+    return (rename or {}).get(top, top) + (f"/{rest}" if rest else "")
+
+
+async def test_an_export_through_the_daemon_is_the_tree_the_engine_archives(
+        docker_provider: DockerProvider, containers: list[SandboxHandle], repo: Repo) -> None:
+    h = await docker_provider.create(unique("ws-"), SandboxSpec(
+        provider="docker", workspace=str(repo.bare), workspace_is_git=True, thread_dir="t",
+        setup=("chmod 0750 src && chmod 0600 README.md && ln -s README.md link && mkdir -p deep/er "
+               "&& echo x > deep/er/f && ln deep/er/f hard && mkdir -p /home/agent/.claude "
+               "&& echo '{}' > /home/agent/.claude/s.json",)))
+    containers.append(h)
+    via_daemon = _entries(await docker_provider.export_tree(h))
+    api, cid = docker_provider._api, h.data["container_id"]
+    engine: dict[str, tuple[object, ...]] = {}
+    for path, top in (("/workspace", "work"), ("/home/agent", "home")):
+        stream, _ = api.get_archive(cid, path)
+        engine.update(_entries(b"".join(stream), {path.rsplit("/", 1)[1]: top}))
+    assert via_daemon == engine
+    assert via_daemon["work/src"][1] == 0o750 and via_daemon["work/link"][5] == "README.md"
 
 
 async def test_a_credential_clones_on_the_host_and_never_enters_the_container(

@@ -1,5 +1,5 @@
-"""A sandbox tree's tar renamed between the exported form (``work/``, ``home/``) and a
-container's paths keeps long names: a PAX ``path`` header read with a member must not be
+"""A sandbox tree's tar renamed from the exported form (``work/``, ``home/``) to other top
+names (the daemon's check of an import) keeps long names: a PAX ``path`` header read with a member must not be
 written over its new name (a Codex rollout's path is longer than a tar header's 100 bytes)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from sandbox_host.providers._tree import renamed_for_put, retar
+from sandbox_host.providers._tree import renamed_for_put
 
 pytestmark = pytest.mark.unit
 
@@ -49,11 +49,3 @@ def test_renamed_for_put_keeps_long_names_and_links() -> None:
     got = _read(renamed_for_put(data, {"work": "workspace", "home": "home/agent"}))
     assert got == {"home/agent": (None, ""), f"home/agent{ROLLOUT}": (b"rollout", ""), "workspace": (None, ""),
                    f"workspace{LONG_DIR}": (b"x", ""), "workspace/link": (None, f"workspace{LONG_DIR}")}
-
-
-def test_retar_keeps_long_names_and_links() -> None:
-    engine = _tar([("agent", None, None), (f"agent{ROLLOUT}", b"rollout", None), ("agent/l", None, f"agent{ROLLOUT}")])
-    out = io.BytesIO()
-    retar([(iter([engine]), "agent", "home")], out)
-    assert _read(out.getvalue()) == {"home": (None, ""), f"home{ROLLOUT}": (b"rollout", ""),
-                                     "home/l": (None, f"home{ROLLOUT}")}
