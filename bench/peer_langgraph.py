@@ -53,6 +53,8 @@ import signal
 import statistics
 import subprocess
 import sys
+
+import httpx
 import tempfile
 import time
 import uuid
@@ -177,7 +179,7 @@ async def start_peer(tmp: pathlib.Path, http: Any) -> tuple[subprocess.Popen[byt
         try:
             if (await http.get(f"{url}/ok")).status_code == 200:
                 return proc, url
-        except Exception:  # noqa: BLE001 - not up yet
+        except httpx.TransportError:  # not listening yet
             pass
         if time.monotonic() > deadline:
             proc.kill()

@@ -14,22 +14,17 @@ Real etcd, NATS and coordinator; the first host is played by the test's own writ
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any, AsyncIterator
 
 import pytest
 
-from baton.v1 import runs_pb2
 from sandbox_host.deps import HostDeps, HostSettings
 from sandbox_host.driver import RunDriver
-from sandbox_host.machine import accepted_chunk
-from tests.conftest import unique
-from tests.driver.conftest import CORPUS, Cluster, make_cluster
+from tests.driver.conftest import Cluster, make_cluster
+from tests.driver.test_finalize_inputs import _orphan
 
 pytestmark = pytest.mark.timeout(120)
 
-USER = [{"id": "u1", "role": "user", "content": "replay it"}]
-JOURNAL = "claude-stream-json/hello.jsonl"
 
 
 @pytest.fixture
@@ -41,32 +36,19 @@ async def hostless(etcd: Any, nats: Any, tmp_path: Any) -> AsyncIterator[Cluster
         await c.close()
 
 
-async def _ended_but_not_closed(c: Cluster) -> tuple[str, str, dict[str, Any]]:
-    """A run whose first host stored the agent's end and died before closing the log."""
-    run_id, thread_id = unique("run-"), unique("thr-")
-    opts = {"journal": str(CORPUS / JOURNAL), "speed": 1.0, "delay": 0.0}
-    rec, _ = await c.cc.create_or_resume_run(runs_pb2.RunRecord(
-        run_id=run_id, thread_id=thread_id, status=runs_pb2.RUN_STATUS_RUNNING,
-        agent=runs_pb2.AgentSpec(kind="replay", options_json=json.dumps(opts))))
-    first = await c.cc.open_session(ttl=2, owner="first-host")
-    epoch, rec = await c.cc.claim_run(run_id, first, "first-host", purpose="drive")
-    w = c.log.writer(run_id, epoch)
-    await w.fence()
-    await w.append([{"type": "RUN_STARTED", "threadId": thread_id, "runId": run_id}], origin="journal")
-    await w.append([accepted_chunk(rec.run_id, rec.thread_id, rec.agent.kind, USER)], origin="host")
-    await w.append([{"type": "TEXT_MESSAGE_START", "messageId": "a1", "role": "assistant"},
-                    {"type": "TEXT_MESSAGE_CONTENT", "messageId": "a1", "delta": "done"},
-                    {"type": "TEXT_MESSAGE_END", "messageId": "a1"}], origin="journal")
-    end = {"type": "RUN_FINISHED", "threadId": thread_id, "runId": run_id}
-    await w.append([end], origin="journal")
-    await first.close()  # died before its close record
-    return run_id, thread_id, end
+def _answer_and_end(run_id: str, thread_id: str) -> list[dict[str, Any]]:
+    """What the first host stored after the opening: the agent's answer and its end."""
+    return [{"type": "TEXT_MESSAGE_START", "messageId": "a1", "role": "assistant"},
+            {"type": "TEXT_MESSAGE_CONTENT", "messageId": "a1", "delta": "done"},
+            {"type": "TEXT_MESSAGE_END", "messageId": "a1"},
+            {"type": "RUN_FINISHED", "threadId": thread_id, "runId": run_id}]
 
 
 @pytest.mark.parametrize("mode", ["attach", "finalize"])
 async def test_a_cancel_after_the_stored_end_appends_nothing_after_it(hostless: Cluster, mode: str) -> None:
     c = hostless
-    run_id, _thread_id, end = await _ended_but_not_closed(c)
+    run_id, thread_id = await _orphan(c, tail=_answer_and_end)  # died before its close record
+    end = _answer_and_end(run_id, thread_id)[-1]
     await c.cc.request_run_cancel(run_id, reason="user")
     session = await c.cc.open_session(ttl=5, owner="successor")
     try:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import pytest
 
@@ -54,8 +54,9 @@ async def hostless(etcd: Any, nats: Any, tmp_path: Any) -> AsyncIterator[Cluster
         await c.close()
 
 
-async def _orphan(c: Cluster) -> tuple[str, str]:
-    """A run whose first host claimed it, wrote its opening and died before it had a sandbox."""
+async def _orphan(c: Cluster, tail: Callable[[str, str], list[dict[str, Any]]] | None = None) -> tuple[str, str]:
+    """A run whose first host claimed it, wrote its opening (then ``tail(run_id, thread_id)``,
+    journal chunks) and died before it had a sandbox or closed the log."""
     run_id, thread_id = unique("run-"), unique("thr-")
     opts = {"journal": str(CORPUS / LONG), "speed": 1.0, "delay": 0.0}
     rec, _ = await c.cc.create_or_resume_run(runs_pb2.RunRecord(
@@ -67,6 +68,8 @@ async def _orphan(c: Cluster) -> tuple[str, str]:
     await w.fence()
     await w.append([{"type": "RUN_STARTED", "threadId": thread_id, "runId": run_id}], origin="journal")
     await w.append([accepted_chunk(rec.run_id, rec.thread_id, rec.agent.kind, USER)], origin="host")
+    if tail is not None:
+        await w.append(tail(run_id, thread_id), origin="journal")
     await first.close()
     return run_id, thread_id
 
