@@ -279,7 +279,7 @@ def put_input(snap: Snapshot, *, keys: Keys, op: int, given: RunInput, tenant: s
       - ``ANSWER`` (a user's, scoped by ``tenant``): the approval ``given.id`` gets
         ``decision`` / ``message`` / ``answered_by`` / ``answered_at`` /
         ``updated_input_json`` from ``given`` and becomes ``answered``: the first answer
-        wins, a later one is ``CONFLICT`` with the stored one.
+        wins, a later one is ``CONFLICT`` with the stored one (also once the run ended).
       - ``EXPIRE`` (the claim holder's): a pending approval whose ``expires_at <= now``
         becomes a denial by ``expired`` (fail closed); one not yet due is ``OK`` unchanged.
       - ``STEER`` (a user's): the message ``given`` is appended as ``pending``; its id
@@ -311,6 +311,10 @@ def put_input(snap: Snapshot, *, keys: Keys, op: int, given: RunInput, tenant: s
     at = _find_input(cur, given.id, "message" if op == _Op.STEER else "approval")
     if op == _Op.ANSWER and at < 0:
         return Plan((_Out.NOT_FOUND, cur, None), write=False)
+    if op == _Op.ANSWER and cur.inputs[at].state == "answered":
+        # The stored answer, even once the run ended: a client's retry of an answer that
+        # landed learns what was decided, not only that the run is over.
+        return Plan((_Out.CONFLICT, cur, cur.inputs[at]), write=False)
     if is_terminal(cur.status):
         return Plan((_Out.ENDED, cur, None), write=False)
     new = _copy(cur)

@@ -80,6 +80,14 @@ def test_first_answer_wins_and_a_second_gets_the_first() -> None:
     assert again.result[0] == Out.CONFLICT and not again.write and again.result[2] == first
 
 
+def test_a_second_answer_after_the_run_ended_still_gets_the_first() -> None:
+    rec = rules.put_input(snap(asked(ask())), keys=K, op=Op.ANSWER, given=answer("allow")).result[1]
+    assert rec is not None
+    rec.status = COMPLETED
+    plan = rules.put_input(snap(rec), keys=K, op=Op.ANSWER, given=answer("deny"))
+    assert plan.result[0] == Out.CONFLICT and not plan.write and plan.result[2] == rec.inputs[0]
+
+
 def test_allow_keeps_updated_input_deny_drops_it() -> None:
     given = answer("allow", updated_input_json='{"command":"ls -la"}')
     rec = rules.put_input(snap(asked(ask())), keys=K, op=Op.ANSWER, given=given).result[1]
