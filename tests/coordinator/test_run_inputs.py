@@ -17,7 +17,8 @@ from tests.conftest import unique
 
 async def _asked(cc: CoordinatorClient) -> tuple[RunRecord, object, int]:
     rec, _ = await cc.create_or_resume_run(RunRecord(run_id=unique("run-"), thread_id=unique("th-"), tenant="acme"))
-    session = await cc.open_session(2.0, owner="host-a")
+    # A TTL a starved keep-alive cannot lapse on a machine at many times its cores (2 s did).
+    session = await cc.open_session(15.0, owner="host-a")
     epoch, _ = await cc.claim_run(rec.run_id, session, "host-a")
     outcome, after, _ = await cc.put_run_input(
         rec.run_id, Op.REQUEST, RunInput(id="req-1", tool_call_id="toolu_1", tool_name="Bash",
