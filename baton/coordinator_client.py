@@ -85,6 +85,17 @@ class WatchEvent:
     claim: Claim | None
 
 
+def _never_sent(err: grpc.aio.AioRpcError) -> bool:
+    """Whether ``err`` failed the call before its request left (no connection was made).
+
+    gRPC reports a channel that could not connect to any address as ``UNAVAILABLE`` with
+    "failed to connect to all addresses" (grpc core's pick_first/round_robin wording); a
+    call that reached a server and lost it says otherwise ("Socket closed", "Connection
+    reset"), and is not retried by this test.
+    """
+    return err.code() == grpc.StatusCode.UNAVAILABLE and "failed to connect to all addresses" in (err.details() or "")
+
+
 def _sid(session: "Session | int") -> int:
     return session.id if isinstance(session, Session) else int(session)
 
@@ -325,7 +336,10 @@ class CoordinatorClient:
         # gets what the last one left.
         # An idempotent call tries every replica once, then goes on trying them (with a
         # growing pause) while its budget lasts, so a coordinator restart or a replica that
-        # is still starting costs a pause, not an error. Other calls get one try.
+        # is still starting costs a pause, not an error. Other calls get one try, unless
+        # the channel never connected ("failed to connect to all addresses": the request was
+        # never sent, so asking again cannot apply it twice). A starved machine's TCP
+        # handshake can time out once while the replica is up.
         deadline = Deadline.after(timeout or self.timeout)
         first = self._current
         pause = 0.05
@@ -341,9 +355,10 @@ class CoordinatorClient:
                 if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
                     self._rotate(replica)
                     i += 1
-                    if idempotent and i < len(self.addresses):
+                    again = idempotent or _never_sent(err)
+                    if again and i < len(self.addresses):
                         continue
-                    if idempotent and deadline.left() > pause:
+                    if again and deadline.left() > pause:
                         await asyncio.sleep(pause)
                         pause = min(pause * 2, 0.5)
                         continue

@@ -12,6 +12,7 @@ status: the shutdown's timing cannot be hit on purpose, the status it produced c
 """
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import grpc
@@ -19,8 +20,10 @@ import pytest
 
 from baton.coordinator_client import CoordinatorClient
 from baton.errors import BatonError, StoreUnavailable
+from baton.v1.runs_pb2 import RunRecord, RunStatus
 from baton_tools.testing.cluster import InProcessCoordinator
 from baton_tools.testing.servers import free_port
+from tests.conftest import assert_eventually, unique
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -61,3 +64,25 @@ async def test_a_session_opens_through_the_second_replica_when_the_first_is_down
     async with CoordinatorClient(f"{dead},{coord.address}", token="") as client:
         session = await client.open_session(ttl=5, owner="host-x", timeout=20)
         assert session.id and not session.lost.is_set()
+
+
+async def test_a_call_that_could_not_connect_is_sent_once_the_replica_serves(
+        coord: InProcessCoordinator) -> None:
+    """Seen on a machine at ten times its cores: a TCP handshake to a serving coordinator
+    timed out once and a one-try call (``CreateOrResumeRun``) failed with it. A call whose
+    channel never connected was never sent, so the client asks again within its budget."""
+    await coord.stop()  # the replica is down when the call is made
+    async with CoordinatorClient(coord.address, token="") as client:
+        call = asyncio.ensure_future(client.create_or_resume_run(
+            RunRecord(run_id=unique("run-"), thread_id=unique("th-")), timeout=30))
+
+        async def connect_failed() -> bool:
+            channels = client._channels  # its state shows the failed connect
+            assert channels and channels[0].get_state() == grpc.ChannelConnectivity.TRANSIENT_FAILURE
+            assert not call.done(), call.exception()
+            return True
+
+        await assert_eventually(connect_failed, 20)
+        await coord.start()
+        record, created = await call
+        assert created and record.status == RunStatus.RUN_STATUS_RUNNING
