@@ -16,7 +16,7 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal, TypeVar
 
-from baton.errors import BatonError, SandboxReclaimFailed, StoreUnavailable
+from baton.errors import BatonError, ProviderUnreachable, SandboxReclaimFailed, StoreUnavailable
 from baton.runs import record_status
 from baton.v1 import runs_pb2
 from sandbox_host._tasks import cancel_and_wait, retry_unavailable
@@ -137,10 +137,13 @@ class RunSandboxes:
         try:
             # Registered before launch, so whoever takes over finds (and can destroy) it.
             await self._store(lambda: deps.register_sandbox(self.record, sbx, launched=False, epoch=self.epoch))
+            # The provider with the key (a record from before ``sandbox_provider``, or one a
+            # successor rebuilt on: the record names the provider its sandbox is on).
             await self._store(lambda: deps.cc.update_run(
-                self.run_id, runs_pb2.RunRecord(sandbox_key=key), paths=["sandbox_key"],
-                epoch=self.epoch, session_id=deps.session.id))
+                self.run_id, runs_pb2.RunRecord(sandbox_key=key, sandbox_provider=provider.name),
+                paths=["sandbox_key", "sandbox_provider"], epoch=self.epoch, session_id=deps.session.id))
             self.record.sandbox_key = key
+            self.record.sandbox_provider = provider.name
             await self._launch(sbx, input_messages)
         except BaseException:
             lost = getattr(self._session, "lost", None)
@@ -326,8 +329,15 @@ class RunSandboxes:
         return True
 
     async def destroy_leftovers(self, keep: str | None) -> None:
-        """Remove every other sandbox of this run (a host that died mid-build left it)."""
+        """Remove every other sandbox of this run (a host that died mid-build left it), on the
+        provider of the run's sandbox, else the one its record names."""
         sbx = self.current
-        provider = sbx.provider if sbx is not None else self.deps.providers.get(self.deps.settings.provider)
-        if provider is not None:
-            await provider.destroy_leftovers(self.run_id, keep)
+        if sbx is not None:
+            provider = sbx.provider
+        else:
+            try:
+                provider = await self.deps.provider_named(self.deps.run_provider(self.record), self.run_id)
+            except ProviderUnreachable as exc:
+                log.warning("run %s: leftover sandboxes not looked for: %s", self.run_id, exc)
+                return
+        await provider.destroy_leftovers(self.run_id, keep)

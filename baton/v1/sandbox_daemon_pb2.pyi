@@ -220,7 +220,9 @@ class LaunchRequest(_message.Message):
     journal_path: _builtins.str
     stderr_path: _builtins.str
     home: _builtins.str
-    """The agent's home (HOME, CODEX_HOME=<home>/.codex); empty = the daemon's HOME."""
+    """The agent's home (HOME, CODEX_HOME=<home>/.codex), absolute or relative to the daemon's
+    working directory (made absolute, inside the roots); empty = the daemon's HOME.
+    """
     workdir: _builtins.str
     """The agent's working directory; empty = the daemon's."""
     @_builtins.property

@@ -121,12 +121,16 @@ class SandboxDaemonService(pb_grpc.SandboxDaemonServicer):
         try:
             journal, stderr = self._path(request.journal_path), self._path(request.stderr_path)
             workdir = self._path(request.workdir) if request.workdir else self.workdir
+            # Absolute, as for Exec: a handle's home is relative to the sandbox's root (the
+            # kubernetes provider's is "home"), and HOME=home would be taken from the agent's
+            # working directory by every program that reads it.
+            home = self._path(request.home) if request.home else ""
         except PathRefused as exc:
             await _refuse(context, exc)
         spec = _procs.LaunchSpec(
             argv=list(request.argv), nonce=request.nonce, journal_path=journal, stderr_path=stderr,
             workdir=workdir, stdin=request.stdin if request.has_stdin else None, env=dict(request.env),
-            secrets=secrets, interactive=request.interactive, home=request.home)
+            secrets=secrets, interactive=request.interactive, home=home)
         try:
             pgid, inbox = await _procs.launch(self.state_dir, spec)
         except (_procs.LaunchFailed, OSError) as exc:
