@@ -226,6 +226,33 @@ class RunSandboxes:
                                        session=self.deps.session, what=f"run {self.run_id}: store",
                                        errors=(StoreUnavailable,))
 
+    async def keep_certificate(self) -> None:
+        """Renew the run's sandbox daemon's TLS certificate before it expires, for as long as
+        this claim drives the run (a side task of the driver; cancelled with it). Ends at once
+        on a provider whose daemons serve no certificate minted for them.
+
+        Raises:
+            OSError, ValueError: never (logged, tried again at the next look).
+        """
+        every = 1.0  # while the sandbox is being found or built
+        while True:
+            sbx = self.current
+            if sbx is not None:
+                check = sbx.provider.cert_check_every()
+                if check is None:
+                    return
+                every = check
+                try:
+                    renewed = await sbx.provider.renew_tls(sbx.handle)
+                except (OSError, ValueError) as exc:
+                    log.warning("run %s: sandbox %s: TLS certificate not renewed: %s", self.run_id, sbx.handle.key,
+                                exc)
+                else:
+                    if renewed is not None:
+                        log.info("run %s: sandbox %s: TLS certificate renewed, valid until %s", self.run_id,
+                                 sbx.handle.key, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(renewed)))
+            await asyncio.sleep(every)
+
     # --- stop and remove --------------------------------------------------------------
 
     async def abandon(self, sbx: Sandbox) -> None:

@@ -21,6 +21,7 @@ from baton.errors import SandboxBuildFailed
 from baton.v1 import sandbox_daemon_pb2 as pb
 from baton.v1 import sandbox_daemon_pb2_grpc as pb_grpc
 from sandbox_host.daemon import _exec, _procs
+from sandbox_host.daemon._certs import CertRefused, ServedCert
 from sandbox_host.daemon._files import CHUNK, follow_file, write_whole
 from sandbox_host.daemon.paths import PathRefused, confine, normalize_roots
 from sandbox_host.providers import _tree
@@ -61,6 +62,8 @@ class SandboxDaemonService(pb_grpc.SandboxDaemonServicer):
         self.last_call = time.monotonic()
         self.following = 0
         self._watcher = FileWatcher()
+        #: The certificate served, when the daemon serves TLS (set by its server).
+        self.certs: ServedCert | None = None
 
     def idle_for(self) -> float:
         """Seconds since the last call, 0 while a follow is open."""
@@ -164,7 +167,18 @@ class SandboxDaemonService(pb_grpc.SandboxDaemonServicer):
         pgid = self._pgid(request.pgid)
         alive = await asyncio.to_thread(_procs.signal_group, pgid, 0)
         return pb.StatusResponse(processes_alive=alive, pgid=pgid or 0, started_at=self.started_at,
-                                 daemon_pid=os.getpid())
+                                 daemon_pid=os.getpid(), cert_not_after=self.certs.not_after if self.certs else 0.0)
+
+    async def RenewCertificate(self, request: pb.RenewCertificateRequest,
+                               context: Ctx) -> pb.RenewCertificateResponse:
+        if self.certs is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this daemon serves no TLS")
+        try:
+            not_after = await asyncio.to_thread(self.certs.renew, request.cert, request.key)
+        except CertRefused as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"certificate refused: {exc}")
+        log.info("TLS certificate renewed: valid until %s", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(not_after)))
+        return pb.RenewCertificateResponse(not_after=not_after)
 
     async def Exec(self, request: pb.ExecRequest, context: Ctx) -> pb.ExecResponse:
         secrets: Mapping[str, str] = dict(request.secrets)

@@ -340,6 +340,18 @@ class DaemonClient:
         """The daemon's status (processes alive, its start time and pid)."""
         return await self._call(lambda s: s.Status(pb.StatusRequest(pgid=pgid or 0), timeout=_CALL_TIMEOUT))
 
+    async def renew_certificate(self, cert: bytes, key: bytes) -> float:
+        """Have the daemon serve ``cert`` with ``key`` from its next handshake on
+        (``RenewCertificate``); its expiry (Unix seconds). Idempotent: tried again while the
+        daemon is unreachable.
+
+        Raises:
+            ValueError: the daemon refused the certificate (the reason, no key material).
+        """
+        got = await self._call(lambda s: s.RenewCertificate(pb.RenewCertificateRequest(cert=cert, key=key),
+                                                            timeout=_CALL_TIMEOUT))
+        return float(got.not_after)
+
     async def processes_alive(self, pgid: int | None) -> bool:
         """Whether any of the agent's processes runs (``False`` when the sandbox is gone)."""
         try:

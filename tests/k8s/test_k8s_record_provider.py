@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 
 from baton.coordinator_client import CoordinatorClient
+from baton_tools.testing.cluster import HostProcess
 from baton_tools.testing.kube import StandinCluster
 from sandbox_host.providers import _k8s_pod as kp
-from tests.faults.harness import FaultCluster, FaultRun, HostProcess, eventually
+from tests.faults.harness import FaultCluster, FaultRun, eventually
 from tests.k8s.conftest import HANG
 from tests.k8s.test_k8s_faults import Factory, _host_env, k8s_cluster, no_pods_left  # noqa: F401 -- the fixture
 
