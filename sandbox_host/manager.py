@@ -399,9 +399,8 @@ class RunManager:
             opened, messages = await self._open_log(record, writer, fence_seq, messages, fresh_record=created)
             clock.mark("accepted")
             # The input is durable: from here on anyone may take the run over. The same write
-            # names the provider its sandbox goes on (none exists yet: a run still starting
-            # never had one), so a successor of a host that dies before registering the
-            # sandbox builds on that provider, not its own.
+            # names the provider of its sandbox (none exists yet), so a successor of a host that
+            # dies before registering the sandbox builds on that provider, not its own.
             _, cleared = await self.deps.cc.update_run(
                 run_id, runs_pb2.RunRecord(starting=False, sandbox_provider=self.deps.settings.provider),
                 ["starting", "sandbox_provider"], epoch=writer.epoch, session_id=session)
