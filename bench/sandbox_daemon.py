@@ -11,7 +11,10 @@ takeover's catch-up does: (local) ``open`` + ``read`` in 1 MiB pieces in a worke
 MB/s, median of ``ROUNDS``. Target: daemon ≥ 0.5 × local. A third side, the **floor**
 (:mod:`bench._grpc_floor`), is the same number of 1 MiB messages through a bare Python gRPC
 stream between two processes (no protobuf, no file): what any gRPC daemon in Python can reach.
-The three sides run in an order rotated round by round.
+The three sides run in an order rotated round by round. The daemon's chunks are 1 MiB, read
+ahead in a worker thread while the previous one is sent, and written and read without a
+protobuf message (:mod:`sandbox_host.daemon._wire`: one copy each way instead of two; the
+same bytes on the wire), uncompressed.
 
 **Follow latency**: a writer appends one line (``write`` + ``flush``) every 2–6 ms; a follower
 waits on it: (local) the inotify follow the local provider used in-process

@@ -226,12 +226,20 @@ class HostDeps:
     async def provider_for_run(self, record: runs_pb2.RunRecord, name: str | None = None) -> Provider:
         """The provider a run's new sandbox is built with: ``name`` (the provider of the
         run's earlier sandbox, so that a successor that builds anew keeps the run's
-        provider), else this host's own (``BATON_PROVIDER``).
+        provider), else the one the record names (``RunRecord.sandbox_provider``: the run's
+        sandbox may exist unregistered, its host having died between creating and
+        registering it), else this host's own (``BATON_PROVIDER``; a record from before
+        the field).
 
         Raises:
             ProviderUnreachable: see :meth:`provider_named`.
         """
-        return await self.provider_named(name or self.settings.provider, record.run_id)
+        return await self.provider_named(self.run_provider(record, name), record.run_id)
+
+    def run_provider(self, record: runs_pb2.RunRecord, name: str | None = None) -> str:
+        """The name of the provider a run's sandbox is on or will be built on: ``name``,
+        else ``record.sandbox_provider``, else this host's ``BATON_PROVIDER``."""
+        return name or record.sandbox_provider or self.settings.provider
 
     def sandbox_spec(self, record: runs_pb2.RunRecord, provider: str | None = None) -> Any:
         from sandbox_host.providers import SandboxSpec

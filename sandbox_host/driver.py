@@ -189,7 +189,9 @@ class RunDriver:
         """The body, the record's watch and the snapshots in one task group, until a decision."""
         async with asyncio.TaskGroup() as tg:
             side = {tg.create_task(self._quietly(self._watch, "watch"), name=f"watch:{self.run_id}"),
-                    tg.create_task(self._quietly(self.claim_log.snapshots, "snapshots"), name=f"snap:{self.run_id}")}
+                    tg.create_task(self._quietly(self.claim_log.snapshots, "snapshots"), name=f"snap:{self.run_id}"),
+                    tg.create_task(self._quietly(self.sandboxes.keep_certificate, "certificate renewal"),
+                                   name=f"cert:{self.run_id}")}
             body = tg.create_task(self._body(), name=f"body:{self.run_id}")
             try:
                 try:

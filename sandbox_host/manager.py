@@ -398,9 +398,12 @@ class RunManager:
             clock.mark("fence")
             opened, messages = await self._open_log(record, writer, fence_seq, messages, fresh_record=created)
             clock.mark("accepted")
-            # The input is durable: from here on anyone may take the run over.
-            _, cleared = await self.deps.cc.update_run(run_id, runs_pb2.RunRecord(starting=False), ["starting"],
-                                                       epoch=writer.epoch, session_id=session)
+            # The input is durable: from here on anyone may take the run over. The same write
+            # names the provider of its sandbox (none exists yet), so a successor of a host that
+            # dies before registering the sandbox builds on that provider, not its own.
+            _, cleared = await self.deps.cc.update_run(
+                run_id, runs_pb2.RunRecord(starting=False, sandbox_provider=self.deps.settings.provider),
+                ["starting", "sandbox_provider"], epoch=writer.epoch, session_id=session)
             clock.mark("clear")
         except BaseException:
             await asyncio.shield(self.claims.release(run_id, session, writer.epoch))
@@ -545,7 +548,8 @@ class RunManager:
             # drivers were told to stop before this one existed. Failover hands the run
             # to a host with a session (the claim's deletion reports it).
             raise SessionLost(session.id)
-        sandbox_read = await self.claims.sandbox_of(record, session, epoch)  # ProviderUnreachable: released
+        sandbox_read = await self.claims.sandbox_of(  # ProviderUnreachable: released
+            record, session, epoch, builds=purpose == "drive" and not record.cancel_requested)
         await self.claims.supersede(run_id, epoch)
         if session.lost.is_set():
             raise SessionLost(session.id)

@@ -66,23 +66,31 @@ class ClaimUpkeep:
             await self.deps.provider_named(name, run_id)
             self.unreachable.pop(run_id, None)  # reachable now: take it as any other
 
-    async def sandbox_of(self, record: runs_pb2.RunRecord, session: Any, epoch: int) -> "tuple[Sandbox | None] | None":
+    async def sandbox_of(self, record: runs_pb2.RunRecord, session: Any, epoch: int, *,
+                         builds: bool = True) -> "tuple[Sandbox | None] | None":
         """The run's registered sandbox, read as soon as a takeover's claim landed: a host that
         cannot reach its provider lets the run go at once, for a host that can, rather than
-        driving it with the wrong provider or failing it.
+        driving it with the wrong provider or failing it. With no registered sandbox, the
+        provider the record names (``RunRecord.sandbox_provider``) is the one a driver
+        builds on, and must be reachable likewise.
+
+        Args:
+            builds: the claim drives the run (a driver may build a sandbox); a finalizing
+                one builds nothing.
 
         Returns:
-            ``(the sandbox or None,)`` for the driver; ``None`` when the registry did not
-            answer (the driver reads it again, as it always did).
+            ``(the sandbox or None,)`` for the driver; ``None`` when the record names no
+            sandbox or the registry did not answer (the driver reads it again, as it always did).
 
         Raises:
             ProviderUnreachable: the sandbox's provider cannot be built here; the claim was
                 released first.
         """
-        if not record.sandbox_key:
-            return None
         try:
-            return (await self.deps.find_sandbox(record.sandbox_key),)
+            found = await self.deps.find_sandbox(record.sandbox_key) if record.sandbox_key else None
+            if found is None and builds and record.sandbox_provider:
+                await self.deps.provider_named(record.sandbox_provider, record.run_id)
+            return (found,) if record.sandbox_key else None
         except ProviderUnreachable as exc:
             log.warning("run %s: refused, this host cannot reach its sandbox provider %r: %s", record.run_id,
                         exc.provider, exc.detail)

@@ -16,7 +16,7 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal, TypeVar
 
-from baton.errors import BatonError, SandboxReclaimFailed, StoreUnavailable
+from baton.errors import BatonError, ProviderUnreachable, SandboxReclaimFailed, StoreUnavailable
 from baton.runs import record_status
 from baton.v1 import runs_pb2
 from sandbox_host._tasks import cancel_and_wait, retry_unavailable
@@ -137,10 +137,13 @@ class RunSandboxes:
         try:
             # Registered before launch, so whoever takes over finds (and can destroy) it.
             await self._store(lambda: deps.register_sandbox(self.record, sbx, launched=False, epoch=self.epoch))
+            # The provider with the key (a record from before ``sandbox_provider``, or one a
+            # successor rebuilt on: the record names the provider its sandbox is on).
             await self._store(lambda: deps.cc.update_run(
-                self.run_id, runs_pb2.RunRecord(sandbox_key=key), paths=["sandbox_key"],
-                epoch=self.epoch, session_id=deps.session.id))
+                self.run_id, runs_pb2.RunRecord(sandbox_key=key, sandbox_provider=provider.name),
+                paths=["sandbox_key", "sandbox_provider"], epoch=self.epoch, session_id=deps.session.id))
             self.record.sandbox_key = key
+            self.record.sandbox_provider = provider.name
             await self._launch(sbx, input_messages)
         except BaseException:
             lost = getattr(self._session, "lost", None)
@@ -222,6 +225,33 @@ class RunSandboxes:
         return await retry_unavailable(write, deadline=time.monotonic() + self.deps.settings.store_retry,
                                        session=self.deps.session, what=f"run {self.run_id}: store",
                                        errors=(StoreUnavailable,))
+
+    async def keep_certificate(self) -> None:
+        """Renew the run's sandbox daemon's TLS certificate before it expires, for as long as
+        this claim drives the run (a side task of the driver; cancelled with it). Ends at once
+        on a provider whose daemons serve no certificate minted for them.
+
+        Raises:
+            OSError, ValueError: never (logged, tried again at the next look).
+        """
+        every = 1.0  # while the sandbox is being found or built
+        while True:
+            sbx = self.current
+            if sbx is not None:
+                check = sbx.provider.cert_check_every()
+                if check is None:
+                    return
+                every = check
+                try:
+                    renewed = await sbx.provider.renew_tls(sbx.handle)
+                except (OSError, ValueError) as exc:
+                    log.warning("run %s: sandbox %s: TLS certificate not renewed: %s", self.run_id, sbx.handle.key,
+                                exc)
+                else:
+                    if renewed is not None:
+                        log.info("run %s: sandbox %s: TLS certificate renewed, valid until %s", self.run_id,
+                                 sbx.handle.key, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(renewed)))
+            await asyncio.sleep(every)
 
     # --- stop and remove --------------------------------------------------------------
 
@@ -326,8 +356,15 @@ class RunSandboxes:
         return True
 
     async def destroy_leftovers(self, keep: str | None) -> None:
-        """Remove every other sandbox of this run (a host that died mid-build left it)."""
+        """Remove every other sandbox of this run (a host that died mid-build left it), on the
+        provider of the run's sandbox, else the one its record names."""
         sbx = self.current
-        provider = sbx.provider if sbx is not None else self.deps.providers.get(self.deps.settings.provider)
-        if provider is not None:
-            await provider.destroy_leftovers(self.run_id, keep)
+        if sbx is not None:
+            provider = sbx.provider
+        else:
+            try:
+                provider = await self.deps.provider_named(self.deps.run_provider(self.record), self.run_id)
+            except ProviderUnreachable as exc:
+                log.warning("run %s: leftover sandboxes not looked for: %s", self.run_id, exc)
+                return
+        await provider.destroy_leftovers(self.run_id, keep)

@@ -158,6 +158,7 @@ class RunRecord(_message.Message):
     LAST_TAKEOVER_FIELD_NUMBER: _builtins.int
     THREAD_SEQ_FIELD_NUMBER: _builtins.int
     KEPT_UNTIL_FIELD_NUMBER: _builtins.int
+    SANDBOX_PROVIDER_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     thread_id: _builtins.str
     status: Global___RunStatus.ValueType
@@ -230,6 +231,15 @@ class RunRecord(_message.Message):
     clamped to the operator's maximum): the reaper leaves it detached at least until this
     Unix time, even past BATON_DETACHED_RUN_TTL (docs/design.md §7). Absent: the default TTL.
     """
+    sandbox_provider: _builtins.str
+    """The sandbox provider the run's sandbox is built on ("local" | "docker" | "kubernetes"):
+    set by the start that makes the run's input durable (the host's BATON_PROVIDER), before
+    any sandbox exists, and by a successor that builds a new one. A successor that finds no
+    registry entry for the run (its host died between creating the sandbox and registering
+    it) builds on this provider, or refuses the run with PROVIDER_UNREACHABLE; everything
+    else needed to reach a registered sandbox (pod, namespace, daemon address) is in its
+    registry entry. Empty on a record from before the field: the successor's own provider.
+    """
     @_builtins.property
     def error(self) -> Global___RunError: ...
     @_builtins.property
@@ -279,10 +289,11 @@ class RunRecord(_message.Message):
         last_takeover: Global___Takeover | None = ...,
         thread_seq: _builtins.int = ...,
         kept_until: _builtins.float | None = ...,
+        sandbox_provider: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since", "_finished_at", b"_finished_at", "_kept_until", b"_kept_until", "_started_at", b"_started_at", "agent", b"agent", "detached_since", b"detached_since", "error", b"error", "finished_at", b"finished_at", "kept_until", b"kept_until", "last_takeover", b"last_takeover", "started_at", b"started_at", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since", "_finished_at", b"_finished_at", "_kept_until", b"_kept_until", "_started_at", b"_started_at", "agent", b"agent", "cancel_on_disconnect", b"cancel_on_disconnect", "cancel_reason", b"cancel_reason", "cancel_requested", b"cancel_requested", "detach_on_disconnect", b"detach_on_disconnect", "detached_since", b"detached_since", "driver_epoch", b"driver_epoch", "driver_host", b"driver_host", "error", b"error", "finished_at", b"finished_at", "inputs", b"inputs", "keep_sandbox", b"keep_sandbox", "kept_until", b"kept_until", "last_takeover", b"last_takeover", "parent_run_id", b"parent_run_id", "revision", b"revision", "run_id", b"run_id", "sandbox_key", b"sandbox_key", "started_at", b"started_at", "starting", b"starting", "status", b"status", "tenant", b"tenant", "thread_id", b"thread_id", "thread_seq", b"thread_seq", "trace_parent", b"trace_parent", "turn_json", b"turn_json", "usage", b"usage", "workspace_json", b"workspace_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since", "_finished_at", b"_finished_at", "_kept_until", b"_kept_until", "_started_at", b"_started_at", "agent", b"agent", "cancel_on_disconnect", b"cancel_on_disconnect", "cancel_reason", b"cancel_reason", "cancel_requested", b"cancel_requested", "detach_on_disconnect", b"detach_on_disconnect", "detached_since", b"detached_since", "driver_epoch", b"driver_epoch", "driver_host", b"driver_host", "error", b"error", "finished_at", b"finished_at", "inputs", b"inputs", "keep_sandbox", b"keep_sandbox", "kept_until", b"kept_until", "last_takeover", b"last_takeover", "parent_run_id", b"parent_run_id", "revision", b"revision", "run_id", b"run_id", "sandbox_key", b"sandbox_key", "sandbox_provider", b"sandbox_provider", "started_at", b"started_at", "starting", b"starting", "status", b"status", "tenant", b"tenant", "thread_id", b"thread_id", "thread_seq", b"thread_seq", "trace_parent", b"trace_parent", "turn_json", b"turn_json", "usage", b"usage", "workspace_json", b"workspace_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__detached_since: _TypeAlias = _typing.Literal["detached_since"]  # noqa: Y015
     _WhichOneofArgType__detached_since: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since"]  # noqa: Y015

@@ -220,7 +220,9 @@ class LaunchRequest(_message.Message):
     journal_path: _builtins.str
     stderr_path: _builtins.str
     home: _builtins.str
-    """The agent's home (HOME, CODEX_HOME=<home>/.codex); empty = the daemon's HOME."""
+    """The agent's home (HOME, CODEX_HOME=<home>/.codex), absolute or relative to the daemon's
+    working directory (made absolute, inside the roots); empty = the daemon's HOME.
+    """
     workdir: _builtins.str
     """The agent's working directory; empty = the daemon's."""
     @_builtins.property
@@ -386,12 +388,15 @@ class StatusResponse(_message.Message):
     PGID_FIELD_NUMBER: _builtins.int
     STARTED_AT_FIELD_NUMBER: _builtins.int
     DAEMON_PID_FIELD_NUMBER: _builtins.int
+    CERT_NOT_AFTER_FIELD_NUMBER: _builtins.int
     processes_alive: _builtins.bool
     pgid: _builtins.int
     """the group asked about (0: none launched)"""
     started_at: _builtins.float
     """when this daemon started (Unix seconds)"""
     daemon_pid: _builtins.int
+    cert_not_after: _builtins.float
+    """when the certificate it serves expires (Unix seconds; 0: no TLS)"""
     def __init__(
         self,
         *,
@@ -399,14 +404,59 @@ class StatusResponse(_message.Message):
         pgid: _builtins.int = ...,
         started_at: _builtins.float = ...,
         daemon_pid: _builtins.int = ...,
+        cert_not_after: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["daemon_pid", b"daemon_pid", "pgid", b"pgid", "processes_alive", b"processes_alive", "started_at", b"started_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cert_not_after", b"cert_not_after", "daemon_pid", b"daemon_pid", "pgid", b"pgid", "processes_alive", b"processes_alive", "started_at", b"started_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StatusResponse: _TypeAlias = StatusResponse  # noqa: Y015
+
+@_typing.final
+class RenewCertificateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CERT_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    cert: _builtins.bytes
+    """the certificate chain (PEM), leaf first"""
+    key: _builtins.bytes
+    """its private key (PEM); never logged or echoed"""
+    def __init__(
+        self,
+        *,
+        cert: _builtins.bytes = ...,
+        key: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cert", b"cert", "key", b"key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenewCertificateRequest: _TypeAlias = RenewCertificateRequest  # noqa: Y015
+
+@_typing.final
+class RenewCertificateResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NOT_AFTER_FIELD_NUMBER: _builtins.int
+    not_after: _builtins.float
+    """when the certificate now served expires (Unix seconds)"""
+    def __init__(
+        self,
+        *,
+        not_after: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["not_after", b"not_after"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenewCertificateResponse: _TypeAlias = RenewCertificateResponse  # noqa: Y015
 
 @_typing.final
 class ExportTreeRequest(_message.Message):

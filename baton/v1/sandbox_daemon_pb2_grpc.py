@@ -84,6 +84,11 @@ class SandboxDaemonStub:
                 request_serializer=baton_dot_v1_dot_sandbox__daemon__pb2.ExecRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_sandbox__daemon__pb2.ExecResponse.FromString,
                 _registered_method=True)
+        self.RenewCertificate = channel.unary_unary(
+                '/baton.v1.SandboxDaemon/RenewCertificate',
+                request_serializer=baton_dot_v1_dot_sandbox__daemon__pb2.RenewCertificateRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_sandbox__daemon__pb2.RenewCertificateResponse.FromString,
+                _registered_method=True)
 
 
 class SandboxDaemonServicer:
@@ -171,6 +176,18 @@ class SandboxDaemonServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RenewCertificate(self, request, context):
+        """Replaces the TLS certificate the daemon serves (a daemon serving TLS only, else
+        FAILED_PRECONDITION) before the one it serves expires: new connections are handshaken
+        with it at once, open ones (a journal follow) go on; kept in the daemon's state
+        directory, so a restarted daemon serves it too. A certificate that is not PEM, whose key
+        is not its own, that names another server than the one served, or that has expired:
+        INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxDaemonServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -223,6 +240,11 @@ def add_SandboxDaemonServicer_to_server(servicer, server):
                     servicer.Exec,
                     request_deserializer=baton_dot_v1_dot_sandbox__daemon__pb2.ExecRequest.FromString,
                     response_serializer=baton_dot_v1_dot_sandbox__daemon__pb2.ExecResponse.SerializeToString,
+            ),
+            'RenewCertificate': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewCertificate,
+                    request_deserializer=baton_dot_v1_dot_sandbox__daemon__pb2.RenewCertificateRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_sandbox__daemon__pb2.RenewCertificateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -495,6 +517,33 @@ class SandboxDaemon:
             '/baton.v1.SandboxDaemon/Exec',
             baton_dot_v1_dot_sandbox__daemon__pb2.ExecRequest.SerializeToString,
             baton_dot_v1_dot_sandbox__daemon__pb2.ExecResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewCertificate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.SandboxDaemon/RenewCertificate',
+            baton_dot_v1_dot_sandbox__daemon__pb2.RenewCertificateRequest.SerializeToString,
+            baton_dot_v1_dot_sandbox__daemon__pb2.RenewCertificateResponse.FromString,
             options,
             channel_credentials,
             insecure,

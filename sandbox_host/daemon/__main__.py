@@ -25,6 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from baton import internal_auth, tls
 from baton.malloc_tuning import retain_freed_memory
 from sandbox_host.daemon import SERVICE_NAME
+from sandbox_host.daemon._certs import CertRefused, ServedCert
 from sandbox_host.daemon._procs import recorded_pgid, signal_group
 from sandbox_host.daemon._service import Activity, SandboxDaemonService, add_to_server
 
@@ -57,7 +58,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     """Serve until ``stop`` is set or the state directory disappears.
 
     Raises:
-        RuntimeError: the address cannot be bound.
+        RuntimeError: the address cannot be bound, or the certificate is unusable.
         baton.tls.TlsConfigError: a ``BATON_TLS_*`` file is unusable.
     """
     service = SandboxDaemonService(args.root, args.workdir, args.state, args.idle_check)
@@ -67,7 +68,17 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     add_to_server(service, server)
     health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc_health stubs lack .aio
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = tls.add_port(server, args.listen, tls.from_env())
+    served = tls.from_env()
+    if served.enabled:
+        # Renewable in place (RenewCertificate): a certificate minted with a short
+        # BATON_SANDBOX_CERT_TTL is replaced before it expires, with no restart.
+        try:
+            service.certs = ServedCert(served, service.state_dir)
+        except CertRefused as exc:
+            raise RuntimeError(f"{tls.CERT}: {exc}") from None
+        port = server.add_secure_port(args.listen, service.certs.credentials())
+    else:
+        port = server.add_insecure_port(args.listen)
     if port == 0:
         raise RuntimeError(f"cannot listen on {args.listen}")
     await server.start()

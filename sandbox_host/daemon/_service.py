@@ -21,7 +21,9 @@ from baton.errors import SandboxBuildFailed
 from baton.v1 import sandbox_daemon_pb2 as pb
 from baton.v1 import sandbox_daemon_pb2_grpc as pb_grpc
 from sandbox_host.daemon import _exec, _procs
+from sandbox_host.daemon._certs import CertRefused, ServedCert
 from sandbox_host.daemon._files import CHUNK, follow_file, write_whole
+from sandbox_host.daemon._wire import Chunk, encode_chunk
 from sandbox_host.daemon.paths import PathRefused, confine, normalize_roots
 from sandbox_host.providers import _tree
 from sandbox_host.providers._inotify import FileWatcher
@@ -61,6 +63,8 @@ class SandboxDaemonService(pb_grpc.SandboxDaemonServicer):
         self.last_call = time.monotonic()
         self.following = 0
         self._watcher = FileWatcher()
+        #: The certificate served, when the daemon serves TLS (set by its server).
+        self.certs: ServedCert | None = None
 
     def idle_for(self) -> float:
         """Seconds since the last call, 0 while a follow is open."""
@@ -74,7 +78,7 @@ class SandboxDaemonService(pb_grpc.SandboxDaemonServicer):
             confine(real, tuple(os.path.realpath(r) for r in self.roots), self.workdir)
         return full
 
-    async def ReadFile(self, request: pb.ReadFileRequest, context: Ctx) -> AsyncIterator[pb.FileChunk]:
+    async def ReadFile(self, request: pb.ReadFileRequest, context: Ctx) -> AsyncIterator[Chunk]:
         try:
             path = self._path(request.path)
         except PathRefused as exc:
@@ -86,7 +90,7 @@ class SandboxDaemonService(pb_grpc.SandboxDaemonServicer):
         try:
             async for data in follow_file(path, pos, self._watcher, self.idle_check,
                                           follow=request.follow, limit=request.limit):
-                yield pb.FileChunk(data=data, offset=pos)
+                yield Chunk(data, pos)  # encoded by _wire.encode_chunk: no message, one copy
                 pos += len(data)
         except FileNotFoundError:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"{request.path[:200]}: no such file")
@@ -121,12 +125,16 @@ class SandboxDaemonService(pb_grpc.SandboxDaemonServicer):
         try:
             journal, stderr = self._path(request.journal_path), self._path(request.stderr_path)
             workdir = self._path(request.workdir) if request.workdir else self.workdir
+            # Absolute, as for Exec: a handle's home is relative to the sandbox's root (the
+            # kubernetes provider's is "home"), and HOME=home would be taken from the agent's
+            # working directory by every program that reads it.
+            home = self._path(request.home) if request.home else ""
         except PathRefused as exc:
             await _refuse(context, exc)
         spec = _procs.LaunchSpec(
             argv=list(request.argv), nonce=request.nonce, journal_path=journal, stderr_path=stderr,
             workdir=workdir, stdin=request.stdin if request.has_stdin else None, env=dict(request.env),
-            secrets=secrets, interactive=request.interactive, home=request.home)
+            secrets=secrets, interactive=request.interactive, home=home)
         try:
             pgid, inbox = await _procs.launch(self.state_dir, spec)
         except (_procs.LaunchFailed, OSError) as exc:
@@ -160,7 +168,18 @@ class SandboxDaemonService(pb_grpc.SandboxDaemonServicer):
         pgid = self._pgid(request.pgid)
         alive = await asyncio.to_thread(_procs.signal_group, pgid, 0)
         return pb.StatusResponse(processes_alive=alive, pgid=pgid or 0, started_at=self.started_at,
-                                 daemon_pid=os.getpid())
+                                 daemon_pid=os.getpid(), cert_not_after=self.certs.not_after if self.certs else 0.0)
+
+    async def RenewCertificate(self, request: pb.RenewCertificateRequest,
+                               context: Ctx) -> pb.RenewCertificateResponse:
+        if self.certs is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this daemon serves no TLS")
+        try:
+            not_after = await asyncio.to_thread(self.certs.renew, request.cert, request.key)
+        except CertRefused as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"certificate refused: {exc}")
+        log.info("TLS certificate renewed: valid until %s", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(not_after)))
+        return pb.RenewCertificateResponse(not_after=not_after)
 
     async def Exec(self, request: pb.ExecRequest, context: Ctx) -> pb.ExecResponse:
         secrets: Mapping[str, str] = dict(request.secrets)
@@ -263,5 +282,16 @@ class Activity(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]  # generic
 
 
 def add_to_server(service: SandboxDaemonService, server: grpc.aio.Server) -> None:
-    """Register the servicer on a ``grpc.aio`` server."""
-    pb_grpc.add_SandboxDaemonServicer_to_server(service, server)
+    """Register the servicer on a ``grpc.aio`` server: every method of the service as its
+    generated registration does, but ``ReadFile``'s chunks encoded by
+    :func:`sandbox_host.daemon._wire.encode_chunk` (the same bytes on the wire)."""
+    desc = pb.DESCRIPTOR.services_by_name["SandboxDaemon"]
+    kinds = {(False, False): grpc.unary_unary_rpc_method_handler, (False, True): grpc.unary_stream_rpc_method_handler,
+             (True, False): grpc.stream_unary_rpc_method_handler, (True, True): grpc.stream_stream_rpc_method_handler}
+    handlers = {}
+    for m in desc.methods:
+        request, response = getattr(pb, m.input_type.name), getattr(pb, m.output_type.name)
+        handlers[m.name] = kinds[(m.client_streaming, m.server_streaming)](
+            getattr(service, m.name), request_deserializer=request.FromString,
+            response_serializer=encode_chunk if m.name == "ReadFile" else response.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(desc.full_name, handlers),))

@@ -189,6 +189,23 @@ class Provider(abc.ABC):
     async def exists(self, handle: SandboxHandle) -> bool:
         """Whether the sandbox still exists."""
 
+    def cert_check_every(self) -> float | None:
+        """Seconds between looks at whether a sandbox daemon's TLS certificate is due for
+        renewal (:meth:`renew_tls`); ``None``: this provider's daemons serve no certificate
+        minted for them (no sandbox CA), nothing to renew."""
+        return None
+
+    async def renew_tls(self, handle: SandboxHandle) -> float | None:
+        """Renew the sandbox daemon's TLS certificate when less than a third of its TTL is
+        left (:func:`sandbox_host.providers._sandbox_tls.renew_if_due`), in place: no restart,
+        open follows go on. The new expiry (Unix seconds), ``None`` when none was due.
+
+        Raises:
+            OSError: the daemon could not be reached.
+            ValueError: the daemon refused the certificate.
+        """
+        return None
+
     @abc.abstractmethod
     async def destroy(self, handle: SandboxHandle) -> bool:
         """Kill everything and remove the sandbox; ``True`` when something was destroyed."""

@@ -24,6 +24,7 @@ from baton.errors import SandboxBuildFailed
 from baton.v1 import sandbox_daemon_pb2 as pb
 from baton.v1 import sandbox_daemon_pb2_grpc as pb_grpc
 from sandbox_host.daemon import SERVICE_NAME
+from sandbox_host.daemon._wire import decode_chunk
 from sandbox_host.providers._redact import redact
 
 T = TypeVar("T")
@@ -35,6 +36,16 @@ _TREE_CHUNK = 1 << 20
 # Pauses between tries while the daemon is unreachable: from 20 ms up to 0.5 s.
 _BACKOFF = (0.02, 0.5)
 _RETRY = (grpc.StatusCode.UNAVAILABLE,)
+
+
+def _stub_of(channel: grpc.aio.Channel) -> pb_grpc.SandboxDaemonStub:
+    """The generated stub, but ``ReadFile``'s chunks decoded by
+    :func:`sandbox_host.daemon._wire.decode_chunk` (one copy of the bytes, not two)."""
+    stub = pb_grpc.SandboxDaemonStub(channel)
+    stub.ReadFile = channel.unary_stream(  # yields Chunk (data, offset), as FileChunk's fields
+        "/baton.v1.SandboxDaemon/ReadFile", request_serializer=pb.ReadFileRequest.SerializeToString,
+        response_deserializer=decode_chunk)
+    return stub
 
 
 class DaemonUnreachable(OSError):
@@ -107,7 +118,7 @@ class DaemonClient:
             except OSError as exc:  # e.g. a restarting daemon has not written its address yet
                 raise _NoAddress(str(exc)) from exc
             self._channel = internal_auth.channel(self._address, _OPTIONS, token=self._token, tls=self._tls)
-        return pb_grpc.SandboxDaemonStub(self._channel)
+        return _stub_of(self._channel)
 
     def _forget(self) -> None:
         # Closed at close(): a stream still reading on the old channel ends on its own error.
@@ -231,7 +242,7 @@ class DaemonClient:
                 async for chunk in stream:
                     if chunk.offset != pos:  # never: the daemon answers from where it was asked
                         raise OSError(f"{path}: the daemon sent offset {chunk.offset}, expected {pos}")
-                    data = chunk.data  # each access copies the bytes out of the message
+                    data = chunk.data
                     pos += len(data)
                     attempts = self._attempts()
                     yield data
@@ -339,6 +350,18 @@ class DaemonClient:
     async def status(self, pgid: int | None = None) -> pb.StatusResponse:
         """The daemon's status (processes alive, its start time and pid)."""
         return await self._call(lambda s: s.Status(pb.StatusRequest(pgid=pgid or 0), timeout=_CALL_TIMEOUT))
+
+    async def renew_certificate(self, cert: bytes, key: bytes) -> float:
+        """Have the daemon serve ``cert`` with ``key`` from its next handshake on
+        (``RenewCertificate``); its expiry (Unix seconds). Idempotent: tried again while the
+        daemon is unreachable.
+
+        Raises:
+            ValueError: the daemon refused the certificate (the reason, no key material).
+        """
+        got = await self._call(lambda s: s.RenewCertificate(pb.RenewCertificateRequest(cert=cert, key=key),
+                                                            timeout=_CALL_TIMEOUT))
+        return float(got.not_after)
 
     async def processes_alive(self, pgid: int | None) -> bool:
         """Whether any of the agent's processes runs (``False`` when the sandbox is gone)."""

@@ -105,6 +105,11 @@ class LocalDaemons:
         self._clients: dict[str, DaemonClient] = {}
         self._starting: dict[str, asyncio.Lock] = {}
 
+    @property
+    def sandbox_ca(self) -> _sandbox_tls.SandboxCa | None:
+        """The sandbox CA whose certificates the daemons serve (``None``: none)."""
+        return self._ca
+
     def client(self, handle: SandboxHandle) -> DaemonClient:
         """The sandbox's client (one per sandbox directory, kept until :meth:`forget`)."""
         meta = meta_dir(handle)

@@ -25,11 +25,14 @@ import os
 import tarfile
 import time
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from baton import config
 from baton import tls as _tls
 from sandbox_host.providers._base import SandboxHandle
+
+if TYPE_CHECKING:
+    from sandbox_host.providers._daemon_client import DaemonClient
 
 CA_CERT, CA_KEY, CERT_TTL = "BATON_SANDBOX_CA_CERT", "BATON_SANDBOX_CA_KEY", "BATON_SANDBOX_CERT_TTL"
 #: The domain of every sandbox daemon's certificate name (never resolved: only compared).
@@ -131,6 +134,43 @@ def tls_for(handle: SandboxHandle, ca: SandboxCa | None) -> _tls.GrpcTls:
     return ca.client_tls(handle.key)
 
 
+#: A certificate is renewed once less than this share of its TTL is left.
+RENEW_LEFT = 1 / 3
+
+
+def renewal_due(not_after: float, now: float, ttl: float) -> bool:
+    """Whether a daemon's certificate expiring at ``not_after`` (Unix seconds; 0: the daemon
+    serves no TLS) is renewed at ``now``: less than :data:`RENEW_LEFT` of ``ttl`` is left (pure)."""
+    return not_after > 0 and not_after - now <= ttl * RENEW_LEFT
+
+
+def check_every(ttl: float) -> float:
+    """Seconds between looks at whether a sandbox's certificate is due: a sixth of the TTL
+    (so a renewal is tried about twice before the last third runs out), within 0.5 s–5 min (pure)."""
+    return max(0.5, min(ttl / 6, 300.0))
+
+
+async def renew_if_due(client: "DaemonClient", ca: SandboxCa, key: str) -> float | None:
+    """Renew sandbox ``key``'s daemon certificate through ``client`` when it is due
+    (:func:`renewal_due`): a new one minted by ``ca``, served from the daemon's next handshake
+    on, open connections untouched.
+
+    Returns:
+        The new certificate's expiry (Unix seconds), or ``None`` when none was due.
+
+    Raises:
+        OSError: the daemon could not be reached (``DaemonUnreachable``, ``SandboxGone``).
+        ValueError: the daemon refused the certificate.
+    """
+    import asyncio
+
+    status = await client.status()
+    if not renewal_due(status.cert_not_after, time.time(), ca.ttl):
+        return None
+    server = await asyncio.to_thread(ca.mint, key)
+    return await client.renew_certificate(server.cert, server.key)
+
+
 def files_tar(directory: str, server: ServerCert) -> bytes:
     """An uncompressed tar of ``<directory>/tls.crt`` (0444) and ``tls.key`` (0400), root's,
     for ``put_archive`` at ``/``."""
@@ -188,5 +228,5 @@ def from_env(env: Mapping[str, str] | None = None) -> SandboxCa | None:
     return SandboxCa(cert, key, ttl)
 
 
-__all__ = ["CA_CERT", "CA_KEY", "CERT_TTL", "SandboxCa", "ServerCert", "client_tls", "files_tar", "from_env",
-           "server_name", "tls_for", "write_files"]
+__all__ = ["CA_CERT", "CA_KEY", "CERT_TTL", "RENEW_LEFT", "SandboxCa", "ServerCert", "check_every", "client_tls",
+           "files_tar", "from_env", "renew_if_due", "renewal_due", "server_name", "tls_for", "write_files"]

@@ -432,6 +432,16 @@ class DockerProvider(Provider):
         pgid = handle.data.get("pgid")
         return await self._daemon(handle).kill(int(pgid) if pgid else None, signal)
 
+    def cert_check_every(self) -> float | None:
+        """See :meth:`Provider.cert_check_every` (with a sandbox CA: a sixth of its TTL)."""
+        return _sandbox_tls.check_every(self._ca.ttl) if self._ca is not None else None
+
+    async def renew_tls(self, handle: SandboxHandle) -> float | None:
+        """See :meth:`Provider.renew_tls` (a certificate minted by the sandbox CA, through the daemon)."""
+        if self._ca is None or not handle.data.get("daemon_tls"):
+            return None
+        return await _sandbox_tls.renew_if_due(self._daemon(handle), self._ca, handle.key)
+
     async def processes_alive(self, handle: SandboxHandle) -> bool:
         """Whether the agent's process group has a member (docker-init reaps zombies)."""
         pgid = handle.data.get("pgid")

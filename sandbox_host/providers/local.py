@@ -31,6 +31,7 @@ from sandbox_host.daemon import _procs
 from sandbox_host.providers._base import Provider, SandboxHandle, SandboxSpec, check_input
 from sandbox_host.providers._daemon_client import DaemonClient
 from sandbox_host.providers._local_daemon import START_TIMEOUT, LocalDaemons
+from sandbox_host.providers import _sandbox_tls
 from sandbox_host.providers import _workspace as _ws
 from sandbox_host.providers._redact import redact
 
@@ -318,6 +319,18 @@ class LocalProvider(Provider):
         if not os.path.isdir(handle.data["dir"]):  # noqa: ASYNC240 -- one stat
             return False
         return await self._client(handle).kill(self._pgid(handle), signal)
+
+    def cert_check_every(self) -> float | None:
+        """See :meth:`Provider.cert_check_every` (with a sandbox CA: a sixth of its TTL)."""
+        ca = self._daemons.sandbox_ca
+        return _sandbox_tls.check_every(ca.ttl) if ca is not None else None
+
+    async def renew_tls(self, handle: SandboxHandle) -> float | None:
+        """See :meth:`Provider.renew_tls` (a certificate minted by the sandbox CA, through the daemon)."""
+        ca = self._daemons.sandbox_ca
+        if ca is None:
+            return None
+        return await _sandbox_tls.renew_if_due(self._client(handle), ca, handle.key)
 
     async def processes_alive(self, handle: SandboxHandle) -> bool:
         if not os.path.isdir(handle.data["dir"]):  # noqa: ASYNC240 -- one stat

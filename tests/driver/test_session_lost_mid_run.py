@@ -77,10 +77,12 @@ class _Coordinator:
         return getattr(self._cc, name)
 
     async def update_run(self, run_id: str, record: runs_pb2.RunRecord, paths: Any, **kw: Any) -> Any:
-        if self.slow_store and list(paths) == ["starting"]:
+        # The start's clear of ``starting`` (it names the sandbox's provider in the same write).
+        clear = "starting" in paths
+        if self.slow_store and clear:
             raise StoreUnavailable("UpdateRun: deadline exceeded")
         out = await self._cc.update_run(run_id, record, paths, **kw)
-        if self.hold_clear and list(paths) == ["starting"]:
+        if self.hold_clear and clear:
             self.cleared.set()
             await self.go.wait()
         return out

@@ -105,3 +105,31 @@ async def test_with_the_agent_sandbox_crd_a_sandbox_resource_makes_the_pod(kube_
         await p.create("run-s2", spec("run-s2"))
         assert await p.destroy_leftovers("run-s2", None) == 1
         assert kube_crd.pods() == [] and kube_crd.store.list("sandboxes.agents.x-k8s.io", "default") == []
+
+
+async def test_a_threads_agent_gets_an_absolute_home_in_the_pod(kube: StandinCluster, tmp_path: object) -> None:
+    """A thread's sandbox has an agent home (``home/`` beside ``work/``): the agent's HOME is
+    that directory's absolute path in the pod, not ``home`` taken from its working directory,
+    so what it keeps there (its session store) is in the tree's ``home/``."""
+    import io
+    import tarfile
+
+    async with make_provider(kube) as p:
+        h = await p.create("run-h", spec("run-h", thread_dir="thread-h"))
+        assert h.data["home"]
+        script = ('echo "{\\"home\\": \\"$HOME\\", \\"codex\\": \\"$CODEX_HOME\\"}"; '
+                  'mkdir -p "$HOME/.claude" && echo kept > "$HOME/.claude/session"')
+        launched = await p.launch(h, ["sh", "-c", script], nonce="0a0b0d")
+        h = SandboxHandle(**{**h.__dict__, "data": {**h.data, **launched}})
+
+        async def ended() -> bytes:
+            data = await p.read_file(h, h.journal_path)
+            assert b'"__exit":0' in data, data
+            return data
+        got = json.loads((await assert_eventually(ended, timeout=30)).decode().splitlines()[0])
+        assert got["home"].startswith("/") and got["home"].endswith("/home"), got
+        assert got["codex"] == got["home"] + "/.codex"
+        with tarfile.open(fileobj=io.BytesIO(await p.export_tree(h))) as tar:
+            names = set(tar.getnames())
+        assert "home/.claude/session" in names and "work/home/.claude/session" not in names, names
+        assert await p.destroy(h)
