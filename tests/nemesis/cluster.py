@@ -115,6 +115,10 @@ class NemesisCluster(FaultCluster):
         self.mounts: list[pathlib.Path] = []
         #: Errors of the nemesis itself (a restart that failed and was retried).
         self.trouble: list[str] = []
+        #: A replay directory beside the corpus: the journals whose agent asks for approval
+        #: (:func:`tests.nemesis.approvals.approval_journal`).
+        self.replay_extra = tmp / "approvals"
+        self.replay_extra.mkdir(parents=True, exist_ok=True)
 
     # --- start and stop ---------------------------------------------------------------------
 
@@ -139,7 +143,7 @@ class NemesisCluster(FaultCluster):
         self.env = {
             "BATON_INTERNAL_TOKEN": token, "BATON_RUNS_STREAM": f"RUNS_{self.tag}",
             "BATON_SUBJECT_PREFIX": f"baton.{self.tag}", "BATON_THREADS_BUCKET": f"threads-{self.tag}",
-            "BATON_REPLAY_DIRS": str(CORPUS), "BATON_SESSION_TTL": str(SESSION_TTL), "BATON_LOG_LEVEL": "INFO",
+            "BATON_REPLAY_DIRS": f"{CORPUS}:{self.replay_extra}", "BATON_SESSION_TTL": str(SESSION_TTL), "BATON_LOG_LEVEL": "INFO",
             "BATON_LOG_REPLICAS": "3",
         }
         await self._jetstream_ready()

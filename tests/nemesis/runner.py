@@ -100,12 +100,27 @@ def figures(outcome: Outcome) -> dict[str, Any]:
     return out
 
 
+def approval_figures(outcome: Outcome) -> dict[str, int]:
+    """The approvals of the session: runs that asked, questions asked, answers accepted and
+    delivered, second answers sent (and refused), questions a cancel left open (and late
+    answers to them refused), ``answer_once`` violations."""
+    runs = [r for r in outcome.history.runs if r.asked or r.answers]
+    return {"runs": len(runs), "asked": sum(len(r.asked) for r in runs),
+            "answered": sum(len(r.answers) for r in runs),
+            "delivered": sum(len(r.answer_deliveries) for r in runs),
+            "duplicates_sent": sum(len(r.duplicate_answers) for r in runs),
+            "duplicates_refused": sum(1 for r in runs for _, st, _ in r.duplicate_answers if st == 409),
+            "left_open_at_cancel": sum(len(r.unanswered) for r in runs),
+            "late_refused": sum(1 for r in runs for _, st, why in r.late_answers if (st, why) == (409, "RUN_ENDED")),
+            "violations": sum(1 for v in outcome.violations if v.prop == "answer_once")}
+
+
 def write_results(outcome: Outcome, path: pathlib.Path = RESULTS) -> dict[str, Any]:
     """bench/results/nemesis.json: the session's figures and the table's rows."""
     data = {"bench": "nemesis", "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
             "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seed": outcome.schedule.seed,
             "minutes": outcome.schedule.minutes, "seconds": round(outcome.seconds), "by_kind": figures(outcome),
-            "by_property": tally(outcome.violations), "nemesis_errors": outcome.errors[:50]}
+            "by_property": tally(outcome.violations), "approvals": approval_figures(outcome), "nemesis_errors": outcome.errors[:50]}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")
     return data
@@ -116,6 +131,8 @@ def table(data: dict[str, Any]) -> str:
              f"{'fault kind':<12} {'faults':>6} {'runs':>5} {'chunks':>7} {'reads':>7} {'violations':>10}"]
     for kind, r in data["by_kind"].items():
         lines.append(f"{kind:<12} {r['faults']:>6} {r['runs']:>5} {r['chunks']:>7} {r['reads']:>7} {r['violations']:>10}")
+    if "approvals" in data:
+        lines.append("approvals: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in data["approvals"].items()))
     return "\n".join(lines)
 
 
