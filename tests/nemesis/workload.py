@@ -23,6 +23,7 @@ import httpx
 
 from baton.retry import Attempts, Deadline
 from baton.fingerprint import fingerprint
+from baton.log import DeliveryLog, LogConfig
 from baton_tools.reference import reference_chunks, speed_for
 from tests.faults.harness import CODEX, CORPUS, LONG, SHORT, TERMINAL, FaultRun, _format_of, agent_processes, \
     eventually
@@ -38,6 +39,8 @@ TERMINAL_CHUNKS = ("RUN_FINISHED", "RUN_ERROR")
 #: agent asks for approval; the share of asks allowed (the rest are denied).
 APPROVAL_SHARE = 0.4
 ALLOW_SHARE = 0.7
+#: Runs read back at once at the check.
+COLLECT_CONCURRENCY = 8
 #: Longest wait for one run's end inside a slot; past it the slot moves on (the end check
 #: at the close of the schedule still waits for it).
 RUN_WAIT = 180.0
@@ -270,45 +273,58 @@ async def finish(wl: Workload, timeout: float = 300.0) -> None:  # noqa: ASYNC10
         wl.errors.append(f"not every run ended within {timeout}s of the heal")
 
 
+async def _collect_run(wl: Workload, dlog: DeliveryLog, w: WorkRun) -> RunHistory:
+    """One run's :class:`RunHistory`: its stored log, a fresh read, its view."""
+    c, r = wl.c, w.run
+    try:
+        async with asyncio.timeout(60):
+            stored = await dlog.stored_headers(r.run_id)
+    except Exception as exc:  # noqa: BLE001 - an unreadable log is a violation of its own
+        wl.errors.append(f"{r.run_id}: stored log unreadable: {exc!r}")
+        stored = []
+    try:
+        fresh_chunks = await c.fresh_read(r.run_id, timeout=30)
+    except (AssertionError, TimeoutError, httpx.HTTPError) as exc:
+        wl.errors.append(f"{r.run_id}: fresh read failed: {exc!r}")
+        fresh_chunks = []
+    fresh = [(o, fingerprint(ch)) for o, ch in fresh_chunks]
+    readers = [ReaderHistory([(o, fingerprint(ch)) for o, ch, _ in rd.got.items if o is not None],
+                             live=not (r.detached and i == 0), ended=rd.got.ended)
+               for i, rd in enumerate(w.readers)]
+    view = await c.view(r.run_id)
+    run = RunHistory(
+        r.run_id, r.thread_id, w.turn, [fingerprint(ch) for ch in r.reference], r.expected_status, r.transcript,
+        [Record(x.offset, x.kind, x.epoch, x.origin, x.fingerprint, x.msg_id) for x in stored], readers, fresh,
+        view.get("status"), w.cancel_acked, w.cancel_sent,
+        None if w.first_chunk is None else round(w.first_chunk - w.started, 1), round(w.started, 1),
+        round(w.ended if w.ended is not None else wl.now(), 1),
+        None if w.cancel_acked_at is None else round(w.cancel_acked_at, 1), w.ack_journal, w.ack_log_ended)
+    if w.decisions or asked(ch for _, ch in fresh_chunks):
+        a = w.answers or Answers()
+        run.answers, run.duplicate_answers = list(a.accepted), list(a.duplicates)
+        run.unanswered, run.late_answers = list(a.unanswered), list(a.late)
+        run.asked = asked(ch for _, ch in fresh_chunks)
+        run.answer_deliveries = deliveries(ch for _, ch in fresh_chunks)
+        run.awaiting_at_end = view.get("awaitingApproval") if view else None
+    return run
+
+
 async def collect(wl: Workload, leak_wait: float = 60.0) -> History:
     """Read back everything the checker needs (see :mod:`tests.nemesis.checker`)."""
     c = wl.c
     h = History()
     for w in wl.runs:
-        r = w.run
         for rd in w.readers:
             if not rd.got.ended:
                 await rd.stop()
-        try:
-            stored = (await c.stored_log(r.run_id)).records
-        except Exception as exc:  # noqa: BLE001 - an unreadable log is a violation of its own
-            wl.errors.append(f"{r.run_id}: stored log unreadable: {exc!r}")
-            stored = []
-        try:
-            fresh_chunks = await c.fresh_read(r.run_id, timeout=30)
-        except (AssertionError, TimeoutError, httpx.HTTPError) as exc:
-            wl.errors.append(f"{r.run_id}: fresh read failed: {exc!r}")
-            fresh_chunks = []
-        fresh = [(o, fingerprint(ch)) for o, ch in fresh_chunks]
-        readers = [ReaderHistory([(o, fingerprint(ch)) for o, ch, _ in rd.got.items if o is not None],
-                                 live=not (r.detached and i == 0), ended=rd.got.ended)
-                   for i, rd in enumerate(w.readers)]
-        view = await c.view(r.run_id)
-        h.runs.append(RunHistory(
-            r.run_id, r.thread_id, w.turn, [fingerprint(ch) for ch in r.reference], r.expected_status, r.transcript,
-            [Record(x.offset, x.kind, x.epoch, x.origin, x.fingerprint, x.msg_id) for x in stored], readers, fresh,
-            view.get("status"), w.cancel_acked, w.cancel_sent,
-            None if w.first_chunk is None else round(w.first_chunk - w.started, 1), round(w.started, 1),
-            round(w.ended if w.ended is not None else wl.now(), 1),
-            None if w.cancel_acked_at is None else round(w.cancel_acked_at, 1), w.ack_journal, w.ack_log_ended))
-        if w.decisions or asked(ch for _, ch in fresh_chunks):
-            a = w.answers or Answers()
-            run = h.runs[-1]
-            run.answers, run.duplicate_answers = list(a.accepted), list(a.duplicates)
-            run.unanswered, run.late_answers = list(a.unanswered), list(a.late)
-            run.asked = asked(ch for _, ch in fresh_chunks)
-            run.answer_deliveries = deliveries(ch for _, ch in fresh_chunks)
-            run.awaiting_at_end = view.get("awaitingApproval") if view else None
+    # Runs are read side by side (the check of a 10-minute schedule reads ~250 runs; one by
+    # one it took minutes), their order kept; one log connection for every stored log.
+    gate = asyncio.Semaphore(COLLECT_CONCURRENCY)
+    async with await DeliveryLog.connect(c.nats.url.split(","), LogConfig.from_env(c.env)) as dlog:
+        async def one(w: WorkRun) -> RunHistory:
+            async with gate:
+                return await _collect_run(wl, dlog, w)
+        h.runs = list(await asyncio.gather(*(one(w) for w in wl.runs)))
     for tid in sorted({w.run.thread_id for w in wl.runs}):
         try:
             resp = await c.http.get(f"{c.url}/api/threads/{tid}/messages", timeout=10)
