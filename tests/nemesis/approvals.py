@@ -204,13 +204,17 @@ class Answerer:
         terminal: whether the run has ended (polled).
         cancel_done: set once the workload's cancel of this run was acknowledged or given
             up (at once when none is drawn); ``cancel_acked``: which.
+        join: opens a new tab on the run (mode ``reload``): returns what it got so far (a
+            callable).
+        opened: set when a question :attr:`Plan.skip` leaves open was asked (the workload
+            cancels then).
     """
 
     def __init__(self, http: Any, url: str, run_id: str, plan: Plan, *, chunks: Any, terminal: Any,
-                 cancel_done: Any, cancel_acked: Any, join: Any) -> None:
+                 cancel_done: Any, cancel_acked: Any, join: Any, opened: Any) -> None:
         self.http, self.url, self.run_id, self.plan = http, url, run_id, plan
         self.chunks, self.terminal, self.cancel_done, self.cancel_acked = chunks, terminal, cancel_done, cancel_acked
-        self.join = join
+        self.join, self.opened = join, opened
         self.out = Answers()
 
     async def run(self) -> Answers:
@@ -223,6 +227,7 @@ class Answerer:
             if not await self._until_asked(aid, reload_chunks):
                 return self.out  # the run ended first (a cancel, its end)
             if i in self.plan.skip:
+                self.opened.set()  # the workload's cancel goes now
                 await self.cancel_done.wait()
                 if self.cancel_acked():
                     self.out.unanswered.append(aid)

@@ -147,24 +147,28 @@ class NemesisCluster(FaultCluster):
             "BATON_LOG_REPLICAS": "3",
         }
         await self._jetstream_ready()
-        for i in range(topo.coordinators):
-            name = f"coordinator-{i}"
-            etcd = ",".join(self.proxies[f"{name}->etcd-{e}"].endpoint for e in range(topo.etcd))
-            settings = {"detached_run_ttl": 3600, "reaper_interval": 5, "session_ttl": SESSION_TTL, "election_ttl": 2,
-                        "BATON_INTERNAL_TOKEN": token, "BATON_COORDINATOR_ID": f"{name}-{self.tag[:4]}",
-                        **self._clock(name)}
-            c = await self._first_start(name, lambda: start_coordinator(etcd, f"/{self.tag}/", log_dir=logs,
-                                                                        **settings))
-            self.coordinators.append(c)
+        # The coordinators side by side, then the hosts and the gateway side by side (none
+        # waits for another of its kind to serve; the gateway needs no host): a cluster's
+        # start is paid three times per `make test-nemesis`.
+        self.coordinators = list(await asyncio.gather(*(self._coordinator(i, token) for i in range(topo.coordinators))))
         self.coordinator = self.coordinators[0]
         for link in topo.links:
             if "->coordinator-" in link:
                 self.proxies[link] = await self.px.call(TcpProxy(self._port_of(link.split("->")[1])).start())
-        hosts = [self._host(h) for h in range(topo.hosts)]
-        self.hosts = list(await asyncio.gather(*hosts))
-        self.gateway = await start_gateway(self._dial("gateway", "coordinator"), self._nats_url("gateway"),
-                                           log_dir=logs, **{**self.env, "BATON_SSE_KEEPALIVE": "1"})
+        gateway = start_gateway(self._dial("gateway", "coordinator"), self._nats_url("gateway"),
+                                log_dir=logs, **{**self.env, "BATON_SSE_KEEPALIVE": "1"})
+        *hosts, self.gateway = await asyncio.gather(*(self._host(h) for h in range(topo.hosts)), gateway)
+        self.hosts = list(hosts)
         return self
+
+    async def _coordinator(self, i: int, token: str) -> CoordinatorProcess:
+        name = f"coordinator-{i}"
+        etcd = ",".join(self.proxies[f"{name}->etcd-{e}"].endpoint for e in range(self.topology.etcd))
+        settings = {"detached_run_ttl": 3600, "reaper_interval": 5, "session_ttl": SESSION_TTL, "election_ttl": 2,
+                    "BATON_INTERNAL_TOKEN": token, "BATON_COORDINATOR_ID": f"{name}-{self.tag[:4]}",
+                    **self._clock(name)}
+        return await self._first_start(name, lambda: start_coordinator(etcd, f"/{self.tag}/", log_dir=self.tmp / "logs",
+                                                                       **settings))
 
     async def _host(self, h: int) -> HostProcess:
         return await self._first_start(f"host-{h}", lambda: self._host_once(h))

@@ -37,7 +37,8 @@ class Outcome:
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
     #: Seconds spent in each phase: ``start`` (the cluster), ``schedule``, ``heal`` (and
-    #: every run's end), ``collect`` (the history read back), ``check``.
+    #: every run's end), ``collect`` (the history read back; ``leak_wait`` of it waited for
+    #: the last sandboxes, agents and claims to go), ``check``.
     phases: dict[str, float] = field(default_factory=dict)
 
 
@@ -81,6 +82,7 @@ async def play(tmp: pathlib.Path, schedule: Schedule, topology: Topology, *, slo
         t = lap("heal", t)
         history = await collect(wl)
         t = lap("collect", t)
+        phases["leak_wait"] = wl.leak_wait  # (part of collect)
         violations = check(history)
         lap("check", t)
         return Outcome(schedule, history, violations, errors + wl.errors + c.trouble,

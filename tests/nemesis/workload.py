@@ -69,6 +69,8 @@ class WorkRun:
     decisions: str = ""
     answers: Answers | None = None
     cancel_done: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Set when a question the plan leaves open for the cancel was asked.
+    question_open: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class Workload:
@@ -80,6 +82,8 @@ class Workload:
         self.t0 = t0
         self.runs: list[WorkRun] = []
         self.errors: list[str] = []
+        #: Seconds :func:`collect` waited for the last sandboxes, agents and claims to go.
+        self.leak_wait = 0.0
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -134,9 +138,18 @@ class Workload:
             w.readers.append(Reader(self.c.http, self.c.url, run).start(post=False))
         if run.detached:
             await reader.stop()
-        answerer = asyncio.create_task(self._answer(rng, w, cancel_at is not None)) if w.decisions else None
+        plan = None
+        if w.decisions:
+            plan = Plan(w.decisions, rng.choice((0.0, 0.5, 2.0)), rng.choice(MODES), rng.random() < 0.3,
+                        frozenset({len(w.decisions) - 1}) if cancel_at is not None and rng.random() < 0.5
+                        else frozenset())
+        answerer = asyncio.create_task(self._answer(w, plan)) if plan is not None else None
         try:
             if cancel_at is not None:
+                if plan is not None and plan.skip:  # the cancel comes while that question is open
+                    with contextlib.suppress(TimeoutError, AssertionError):
+                        await eventually(lambda: w.question_open.is_set() or _terminal(self.c, run.run_id),
+                                         RUN_WAIT, interval=0.5)
                 await self._cancel(w, reader, cancel_at)
             w.cancel_done.set()
             try:
@@ -159,13 +172,11 @@ class Workload:
         w.ended = self.now()
         return (await self.c.view(run.run_id)).get("status") == run.expected_status
 
-    async def _answer(self, rng: random.Random, w: WorkRun, cancel: bool) -> None:
+    async def _answer(self, w: WorkRun, plan: Plan) -> None:
         """The run's user answering its questions (:class:`~tests.nemesis.approvals.Answerer`):
         from the reading tab, a reloaded one or the run's view; at once or after a pause;
         sometimes each answer twice; with a cancel drawn, sometimes the last question left
         open for the cancel to close."""
-        plan = Plan(w.decisions, rng.choice((0.0, 0.5, 2.0)), rng.choice(MODES), rng.random() < 0.3,
-                    frozenset({len(w.decisions) - 1}) if cancel and rng.random() < 0.5 else frozenset())
         run = w.run
 
         def chunks() -> list[dict[str, Any]]:
@@ -178,7 +189,7 @@ class Workload:
 
         answerer = Answerer(self.c.http, self.c.url, run.run_id, plan, chunks=chunks,
                             terminal=lambda: _terminal(self.c, run.run_id), cancel_done=w.cancel_done,
-                            cancel_acked=lambda: w.cancel_acked, join=join)
+                            cancel_acked=lambda: w.cancel_acked, join=join, opened=w.question_open)
         w.answers = answerer.out
         try:
             await answerer.run()
@@ -332,7 +343,8 @@ async def collect(wl: Workload, leak_wait: float = 60.0) -> History:
         except httpx.HTTPError:
             h.transcripts[tid] = None
     ids = {w.run.run_id for w in wl.runs}
-    deadline = time.monotonic() + leak_wait
+    read_at = time.monotonic()
+    deadline = read_at + leak_wait
     while True:
         sandboxes = sorted(p.name for p in c.sandbox_dir.iterdir()) if c.sandbox_dir.exists() else []
         agents = [f"{pid} {rid}" for pid, rid in agent_processes(ids)]
@@ -341,6 +353,7 @@ async def collect(wl: Workload, leak_wait: float = 60.0) -> History:
             break
         await asyncio.sleep(1.0)
     h.sandboxes_left, h.agents_left, h.claims_left = sandboxes, agents, claims
+    wl.leak_wait = round(time.monotonic() - read_at, 1)
     for log in sorted((c.tmp / "logs").glob("*.log")):
         h.unhandled += unhandled_lines(log.name, log.read_text(errors="replace"))
     return h
