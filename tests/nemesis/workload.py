@@ -156,8 +156,7 @@ class Workload:
                 async with asyncio.timeout(RUN_WAIT):
                     for rd in w.readers:
                         if not (run.detached and rd is reader):
-                            with contextlib.suppress(AssertionError):
-                                await rd.wait()
+                            await _reader_done(rd)
                     await eventually(lambda: _terminal(self.c, run.run_id), RUN_WAIT, interval=0.5)
                     if answerer is not None:
                         await answerer
@@ -252,6 +251,17 @@ class Workload:
         self.errors.append(f"{w.run.run_id}: the stored log was not readable after the cancel's 202")
 
 
+async def _reader_done(rd: Reader) -> None:
+    """Until ``rd``'s task ended, however it ended. Never ``await`` the task itself: a
+    timeout around that await (a slot's :data:`RUN_WAIT`) cancels the reader too, and a
+    later wait for it then raises ``CancelledError`` out of the heal."""
+    if rd.task is None:
+        return
+    await asyncio.wait({rd.task})
+    if not rd.task.cancelled():
+        rd.task.exception()  # retrieved: a reader refused with a 4xx is checked by what it got
+
+
 async def _terminal(c: NemesisCluster, run_id: str) -> bool:
     return (await c.view(run_id)).get("status") in TERMINAL
 
@@ -272,8 +282,7 @@ async def finish(wl: Workload, timeout: float = 300.0) -> None:  # noqa: ASYNC10
         for w in wl.runs:
             for rd in w.readers:
                 if not (w.run.detached and rd is w.readers[0]):
-                    with contextlib.suppress(AssertionError):
-                        await rd.wait()
+                    await _reader_done(rd)
             await eventually(lambda: _terminal(c, w.run.run_id), timeout, interval=0.5)
             if w.ended is None:
                 w.ended = wl.now()
