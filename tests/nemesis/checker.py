@@ -26,7 +26,7 @@ PROPERTIES = (
     "log_fence",              # no record of a lower epoch after a higher fence
     "log_unique_ids",         # no duplicate message id
     "log_one_close",          # exactly one close, and it is last
-    "answer_once",            # every approval answer is delivered to the agent exactly once
+    "answer_once",            # every approval answer is delivered to the agent exactly once; one answer wins
     "replay_equal",           # the stored journal chunks equal the uninterrupted replay's
     "fresh_read",             # a fresh read gets exactly the stored chunks
     "run_ends",               # every run ends, with the status its replay says
@@ -96,11 +96,24 @@ class RunHistory:
     #: chunk or the close). ``None``: not read (no 202, or the read failed).
     ack_journal: int | None = None
     ack_log_ended: bool | None = None
-    #: Approval ids whose answer the gateway accepted (200), in the order sent.
+    #: Approval ids whose answer the gateway accepted (a 200, or the 409 of a retry that
+    #: carries this same answer), in the order sent.
     answers: list[str] = field(default_factory=list)
-    #: Approval ids of the stored log's ``approval:<id>:answer`` activities (each one is an
-    #: answer delivered to the agent: docs/hitl.md), in log order.
+    #: The approval id of every answer that reached the agent, in log order: each
+    #: ``approval:<id>:answer`` activity and each ``CUSTOM approval.redelivered`` of the
+    #: stored log (one chunk per ``baton_input`` line the relay wrote into the journal as
+    #: it passed an answer to the agent: docs/hitl.md).
     answer_deliveries: list[str] = field(default_factory=list)
+    #: Approval ids the stored log asked (``CUSTOM approval-requested``), in order.
+    asked: list[str] = field(default_factory=list)
+    #: ``(approval id, status, reason)`` of each answer sent a second time on purpose.
+    duplicate_answers: list[tuple[str, int, str]] = field(default_factory=list)
+    #: Questions left unanswered because the run's cancel was acknowledged first, and the
+    #: ``(approval id, status, reason)`` of an answer to one sent after the run ended.
+    unanswered: list[str] = field(default_factory=list)
+    late_answers: list[tuple[str, int, str]] = field(default_factory=list)
+    #: ``GET /api/runs/{id}``'s ``awaitingApproval`` at the check (``None``: not read).
+    awaiting_at_end: bool | None = None
 
 
 @dataclass
@@ -127,6 +140,8 @@ class History:
             r["stored"] = [Record(**x) for x in r["stored"]]
             r["readers"] = [ReaderHistory([tuple(i) for i in x["items"]], x["live"], x["ended"]) for x in r["readers"]]
             r["fresh"] = [tuple(i) for i in r["fresh"]]
+            for name in ("duplicate_answers", "late_answers"):
+                r[name] = [tuple(i) for i in r.get(name, [])]
             runs.append(RunHistory(**r))
         return cls(runs, data["transcripts"], data["sandboxes_left"], data["agents_left"], data["claims_left"],
                    data.get("unhandled", []))
@@ -241,8 +256,11 @@ def check_end(run: RunHistory) -> list[Violation]:
 
 
 def check_answers(run: RunHistory) -> list[Violation]:
-    """Every accepted answer is delivered to the agent exactly once: never twice, never one
-    nobody gave, and (for a run that ended ``completed``, so its agent read on) never lost."""
+    """Every answer is delivered to the agent exactly once: never twice, never one nobody
+    gave (nor one to a question left open at a cancel), and (for a run that ended
+    ``completed``, so its agent read on) every question asked was answered and delivered; a
+    second answer is refused (``409``), never taken; an ended run waits for no answer, and
+    an answer to a question its cancel left open is refused ``409 RUN_ENDED``."""
     out = []
     for approval_id in sorted(set(run.answer_deliveries)):
         n = run.answer_deliveries.count(approval_id)
@@ -253,6 +271,15 @@ def check_answers(run: RunHistory) -> list[Violation]:
     if run.status == "completed":
         out += [Violation("answer_once", run.run_id, f"accepted answer to {a} never delivered")
                 for a in run.answers if a not in run.answer_deliveries]
+        out += [Violation("answer_once", run.run_id, f"question {a} asked, the run completed without its answer")
+                for a in run.asked if a not in run.answer_deliveries]
+    out += [Violation("answer_once", run.run_id, f"a second answer to {a} got {status} {reason}: want 409")
+            for a, status, reason in run.duplicate_answers if status != 409]
+    out += [Violation("answer_once", run.run_id, f"an answer to {a} after the run ended got {status} {reason}: "
+                                                 f"want 409 RUN_ENDED")
+            for a, status, reason in run.late_answers if (status, reason) != (409, "RUN_ENDED")]
+    if run.status in TERMINAL and run.awaiting_at_end:
+        out.append(Violation("answer_once", run.run_id, f"ended {run.status} and still awaiting an approval"))
     return out
 
 

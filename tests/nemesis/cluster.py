@@ -115,6 +115,10 @@ class NemesisCluster(FaultCluster):
         self.mounts: list[pathlib.Path] = []
         #: Errors of the nemesis itself (a restart that failed and was retried).
         self.trouble: list[str] = []
+        #: A replay directory beside the corpus: the journals whose agent asks for approval
+        #: (:func:`tests.nemesis.approvals.approval_journal`).
+        self.replay_extra = tmp / "approvals"
+        self.replay_extra.mkdir(parents=True, exist_ok=True)
 
     # --- start and stop ---------------------------------------------------------------------
 
@@ -139,28 +143,31 @@ class NemesisCluster(FaultCluster):
         self.env = {
             "BATON_INTERNAL_TOKEN": token, "BATON_RUNS_STREAM": f"RUNS_{self.tag}",
             "BATON_SUBJECT_PREFIX": f"baton.{self.tag}", "BATON_THREADS_BUCKET": f"threads-{self.tag}",
-            "BATON_REPLAY_DIRS": str(CORPUS), "BATON_SESSION_TTL": str(SESSION_TTL), "BATON_LOG_LEVEL": "INFO",
+            "BATON_REPLAY_DIRS": f"{CORPUS}:{self.replay_extra}", "BATON_SESSION_TTL": str(SESSION_TTL), "BATON_LOG_LEVEL": "INFO",
             "BATON_LOG_REPLICAS": "3",
         }
         await self._jetstream_ready()
-        for i in range(topo.coordinators):
-            name = f"coordinator-{i}"
-            etcd = ",".join(self.proxies[f"{name}->etcd-{e}"].endpoint for e in range(topo.etcd))
-            settings = {"detached_run_ttl": 3600, "reaper_interval": 5, "session_ttl": SESSION_TTL, "election_ttl": 2,
-                        "BATON_INTERNAL_TOKEN": token, "BATON_COORDINATOR_ID": f"{name}-{self.tag[:4]}",
-                        **self._clock(name)}
-            c = await self._first_start(name, lambda: start_coordinator(etcd, f"/{self.tag}/", log_dir=logs,
-                                                                        **settings))
-            self.coordinators.append(c)
+        # The coordinators side by side (neither waits for the other to serve): a cluster's
+        # start is paid three times per `make test-nemesis`. The gateway after the hosts: on
+        # a loaded machine its start beside theirs timed out on NATS.
+        self.coordinators = list(await asyncio.gather(*(self._coordinator(i, token) for i in range(topo.coordinators))))
         self.coordinator = self.coordinators[0]
         for link in topo.links:
             if "->coordinator-" in link:
                 self.proxies[link] = await self.px.call(TcpProxy(self._port_of(link.split("->")[1])).start())
-        hosts = [self._host(h) for h in range(topo.hosts)]
-        self.hosts = list(await asyncio.gather(*hosts))
+        self.hosts = list(await asyncio.gather(*(self._host(h) for h in range(topo.hosts))))
         self.gateway = await start_gateway(self._dial("gateway", "coordinator"), self._nats_url("gateway"),
                                            log_dir=logs, **{**self.env, "BATON_SSE_KEEPALIVE": "1"})
         return self
+
+    async def _coordinator(self, i: int, token: str) -> CoordinatorProcess:
+        name = f"coordinator-{i}"
+        etcd = ",".join(self.proxies[f"{name}->etcd-{e}"].endpoint for e in range(self.topology.etcd))
+        settings = {"detached_run_ttl": 3600, "reaper_interval": 5, "session_ttl": SESSION_TTL, "election_ttl": 2,
+                    "BATON_INTERNAL_TOKEN": token, "BATON_COORDINATOR_ID": f"{name}-{self.tag[:4]}",
+                    **self._clock(name)}
+        return await self._first_start(name, lambda: start_coordinator(etcd, f"/{self.tag}/", log_dir=self.tmp / "logs",
+                                                                       **settings))
 
     async def _host(self, h: int) -> HostProcess:
         return await self._first_start(f"host-{h}", lambda: self._host_once(h))

@@ -36,6 +36,10 @@ class Outcome:
     violations: list[Violation]
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    #: Seconds spent in each phase: ``start`` (the cluster), ``schedule``, ``heal`` (and
+    #: every run's end), ``collect`` (the history read back; ``leak_wait`` of it waited for
+    #: the last sandboxes, agents and claims to go), ``check``.
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 async def play(tmp: pathlib.Path, schedule: Schedule, topology: Topology, *, slots: int,
@@ -49,9 +53,15 @@ async def play(tmp: pathlib.Path, schedule: Schedule, topology: Topology, *, slo
     length = schedule.minutes * 60.0 if length is None else length
     c = NemesisCluster(tmp, f"nemesis-{schedule.seed}", topology)
     t_start = time.monotonic()
+    phases: dict[str, float] = {}
+
+    def lap(name: str, since: float) -> float:
+        now = time.monotonic()
+        phases[name] = round(now - since, 1)
+        return now
     try:
         await c.start_all()
-        t0 = time.monotonic()
+        t0 = lap("start", t_start)
         wl = Workload(c, schedule.seed, t0)
         errors: list[str] = []
 
@@ -66,11 +76,17 @@ async def play(tmp: pathlib.Path, schedule: Schedule, topology: Topology, *, slo
         # The workload stops starting runs 20 s before the end: the last ones end in calm.
         await wl.run(slots, max(10.0, length - 20.0))
         await asyncio.gather(*faults)
+        t = lap("schedule", t0)
         await c.heal_all()
         await finish(wl)
+        t = lap("heal", t)
         history = await collect(wl)
-        return Outcome(schedule, history, check(history), errors + wl.errors + c.trouble,
-                       time.monotonic() - t_start)
+        t = lap("collect", t)
+        phases["leak_wait"] = wl.leak_wait  # (part of collect)
+        violations = check(history)
+        lap("check", t)
+        return Outcome(schedule, history, violations, errors + wl.errors + c.trouble,
+                       time.monotonic() - t_start, phases)
     finally:
         await c.close()
 
@@ -100,22 +116,41 @@ def figures(outcome: Outcome) -> dict[str, Any]:
     return out
 
 
+def approval_figures(outcome: Outcome) -> dict[str, int]:
+    """The approvals of the session: runs that asked, questions asked, answers accepted and
+    delivered, second answers sent (and refused), questions a cancel left open (and late
+    answers to them refused), ``answer_once`` violations."""
+    runs = [r for r in outcome.history.runs if r.asked or r.answers]
+    return {"runs": len(runs), "asked": sum(len(r.asked) for r in runs),
+            "answered": sum(len(r.answers) for r in runs),
+            "delivered": sum(len(r.answer_deliveries) for r in runs),
+            "duplicates_sent": sum(len(r.duplicate_answers) for r in runs),
+            "duplicates_refused": sum(1 for r in runs for _, st, _ in r.duplicate_answers if st == 409),
+            "left_open_at_cancel": sum(len(r.unanswered) for r in runs),
+            "late_refused": sum(1 for r in runs for _, st, why in r.late_answers if (st, why) == (409, "RUN_ENDED")),
+            "violations": sum(1 for v in outcome.violations if v.prop == "answer_once")}
+
+
 def write_results(outcome: Outcome, path: pathlib.Path = RESULTS) -> dict[str, Any]:
     """bench/results/nemesis.json: the session's figures and the table's rows."""
     data = {"bench": "nemesis", "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
             "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seed": outcome.schedule.seed,
-            "minutes": outcome.schedule.minutes, "seconds": round(outcome.seconds), "by_kind": figures(outcome),
-            "by_property": tally(outcome.violations), "nemesis_errors": outcome.errors[:50]}
+            "minutes": outcome.schedule.minutes, "seconds": round(outcome.seconds), "phases": outcome.phases,
+            "by_kind": figures(outcome),
+            "by_property": tally(outcome.violations), "approvals": approval_figures(outcome), "nemesis_errors": outcome.errors[:50]}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")
     return data
 
 
 def table(data: dict[str, Any]) -> str:
-    lines = [f"nemesis seed {data['seed']}, {data['minutes']} min ({data['seconds']}s in all)",
+    phases = ", ".join(f"{k} {v}s" for k, v in data.get("phases", {}).items())
+    lines = [f"nemesis seed {data['seed']}, {data['minutes']} min ({data['seconds']}s in all: {phases})",
              f"{'fault kind':<12} {'faults':>6} {'runs':>5} {'chunks':>7} {'reads':>7} {'violations':>10}"]
     for kind, r in data["by_kind"].items():
         lines.append(f"{kind:<12} {r['faults']:>6} {r['runs']:>5} {r['chunks']:>7} {r['reads']:>7} {r['violations']:>10}")
+    if "approvals" in data:
+        lines.append("approvals: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in data["approvals"].items()))
     return "\n".join(lines)
 
 

@@ -232,3 +232,62 @@ def test_an_answer_delivered_twice_lost_or_unasked() -> None:
     h = _clean()  # a run cancelled before its agent read the answer: not lost
     h.runs[0].answers, h.runs[0].status, h.runs[0].cancel_sent = ["ap1"], "aborted", True
     assert "answer_once" not in _props(h)
+
+
+def _asked(h: History) -> RunHistory:
+    """``h``'s run, which asked ``ap1`` and ``ap2``, both answered and delivered once."""
+    r = h.runs[0]
+    r.asked, r.answers, r.answer_deliveries, r.awaiting_at_end = ["ap1", "ap2"], ["ap1", "ap2"], ["ap1", "ap2"], False
+    return r
+
+
+def test_approvals_answered_once_hold() -> None:
+    h = _clean()
+    _asked(h).duplicate_answers = [("ap1", 409, "APPROVAL_ALREADY_ANSWERED")]
+    assert check(h) == []
+
+
+def test_a_double_delivery_fails() -> None:
+    """The relay passing one answer twice: the log holds its activity and a redelivery."""
+    h = _clean()
+    _asked(h).answer_deliveries = ["ap1", "ap2", "ap1"]
+    [v] = check(h)
+    assert v.prop == "answer_once" and "ap1 delivered 2 times" in v.detail
+
+
+def test_a_second_answer_taken_fails() -> None:
+    h = _clean()
+    _asked(h).duplicate_answers = [("ap2", 200, "")]
+    assert _props(h) == {"answer_once"}
+
+
+def test_a_question_asked_and_never_answered_in_a_completed_run_fails() -> None:
+    h = _clean()
+    r = _asked(h)
+    r.answers, r.answer_deliveries = ["ap1"], ["ap1"]
+    assert [v.detail for v in check(h)] == ["question ap2 asked, the run completed without its answer"]
+
+
+def test_a_question_left_open_by_a_cancel_is_closed() -> None:
+    h = _clean()
+    r = _asked(h)
+    r.status, r.cancel_acked, r.ack_log_ended = "cancelled", True, False
+    r.answers, r.answer_deliveries, r.unanswered = ["ap1"], ["ap1"], ["ap2"]
+    r.late_answers = [("ap2", 409, "RUN_ENDED")]
+    h.runs[0].stored = r.stored[:2] + r.stored[3:]  # cancelled after its first agent chunk
+    r.fresh = r.readers[0].items = [("1", "s"), ("2", "a")]
+    assert check(h) == []
+    for late in ([("ap2", 200, "")], [("ap2", 409, "APPROVAL_ALREADY_ANSWERED")]):
+        r.late_answers = late
+        assert _props(h) == {"answer_once"}
+    r.late_answers, r.awaiting_at_end = [("ap2", 409, "RUN_ENDED")], True
+    assert _props(h) == {"answer_once"}
+    r.awaiting_at_end, r.answer_deliveries = False, ["ap1", "ap2"]  # the open one reached the agent
+    assert _props(h) == {"answer_once"}
+
+
+def test_approval_fields_survive_json() -> None:
+    h = _clean()
+    r = _asked(h)
+    r.duplicate_answers, r.late_answers, r.unanswered = [("ap1", 409, "X")], [("ap2", 409, "RUN_ENDED")], ["ap2"]
+    assert History.from_json(copy.deepcopy(h.to_json())) == h

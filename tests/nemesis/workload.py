@@ -5,8 +5,10 @@ a thread of up to three turns (each turn's input is the last turn's transcript p
 message), each turn a replay-agent run started with ``POST /api/chat``. Drawn per run from
 the workload seed: the journal and length; a reader that stays (reconnecting with
 ``Last-Event-ID`` through every fault) or one that leaves after the first chunk (a detached
-run); a second tab that joins mid-run; a cancel. Drains are the schedule's ``restart`` of a
-host. Then :func:`collect` reads back what the checker needs (:class:`History`).
+run); a second tab that joins mid-run; a cancel; for a share of the Claude runs, questions
+the agent asks and the user answers (:mod:`tests.nemesis.approvals`). Drains are the
+schedule's ``restart`` of a host. Then :func:`collect` reads back what the checker needs
+(:class:`History`).
 """
 from __future__ import annotations
 
@@ -21,16 +23,24 @@ import httpx
 
 from baton.retry import Attempts, Deadline
 from baton.fingerprint import fingerprint
+from baton.log import DeliveryLog, LogConfig
 from baton_tools.reference import reference_chunks, speed_for
 from tests.faults.harness import CODEX, CORPUS, LONG, SHORT, TERMINAL, FaultRun, _format_of, agent_processes, \
     eventually
 from tests.faults.readers import Reader
+from tests.nemesis.approvals import ASKS, MODES, Answerer, Answers, Plan, approval_journal, asked, deliveries
 from tests.nemesis.checker import History, ReaderHistory, Record, RunHistory, unhandled_lines
 from tests.nemesis.cluster import NemesisCluster
 
 JOURNALS = (LONG, LONG, SHORT, CODEX)
 #: The AG-UI chunk types that end a run (the agent's terminal chunk).
 TERMINAL_CHUNKS = ("RUN_FINISHED", "RUN_ERROR")
+#: The share of the runs of a journal with asks (:data:`~tests.nemesis.approvals.ASKS`) whose
+#: agent asks for approval; the share of asks allowed (the rest are denied).
+APPROVAL_SHARE = 0.4
+ALLOW_SHARE = 0.7
+#: Runs read back at once at the check.
+COLLECT_CONCURRENCY = 8
 #: Longest wait for one run's end inside a slot; past it the slot moves on (the end check
 #: at the close of the schedule still waits for it).
 RUN_WAIT = 180.0
@@ -53,6 +63,14 @@ class WorkRun:
     cancel_acked_at: float | None = None
     ack_journal: int | None = None
     ack_log_ended: bool | None = None
+    #: The answers of an approval run (one letter per ask, see
+    #: :func:`~tests.nemesis.approvals.approval_journal`), ``""`` for a run that asks nothing;
+    #: what its answerer did; set once its cancel was acknowledged or given up.
+    decisions: str = ""
+    answers: Answers | None = None
+    cancel_done: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Set when a question the plan leaves open for the cancel was asked.
+    question_open: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class Workload:
@@ -64,6 +82,8 @@ class Workload:
         self.t0 = t0
         self.runs: list[WorkRun] = []
         self.errors: list[str] = []
+        #: Seconds :func:`collect` waited for the last sandboxes, agents and claims to go.
+        self.leak_wait = 0.0
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -89,13 +109,18 @@ class Workload:
     async def start(self, rng: random.Random, thread: str, turn: int, history: list[dict[str, Any]]) -> WorkRun:
         journal = rng.choice(JOURNALS)
         seconds = rng.uniform(6.0, 20.0)
+        decisions = ""
+        if journal in ASKS and rng.random() < APPROVAL_SHARE:
+            decisions = "".join("a" if rng.random() < ALLOW_SHARE else "d" for _ in ASKS[journal])
+            journal = approval_journal(CORPUS, self.c.replay_extra, journal, decisions)
+        path = (self.c.replay_extra if decisions else CORPUS) / journal
         run_id = f"{thread}-r{turn}"
         messages = [*history, {"id": f"{run_id}-user", "role": "user", "content": f"turn {turn}: replay {journal}"}]
-        run = FaultRun(run_id, thread, journal, speed_for(CORPUS / journal, seconds), messages,
-                       reference_chunks(CORPUS / journal, _format_of(journal), run_id, thread),
+        run = FaultRun(run_id, thread, journal, speed_for(path, seconds), messages,
+                       reference_chunks(path, _format_of(journal), run_id, thread),
                        detached=rng.random() < 0.25)
         self.c.runs.append(run)
-        w = WorkRun(run, turn, self.now())
+        w = WorkRun(run, turn, self.now(), decisions=decisions)
         run.reader = Reader(self.c.http, self.c.url, run).start()
         w.readers.append(run.reader)
         self.runs.append(w)
@@ -113,20 +138,62 @@ class Workload:
             w.readers.append(Reader(self.c.http, self.c.url, run).start(post=False))
         if run.detached:
             await reader.stop()
-        if cancel_at is not None:
-            await self._cancel(w, reader, cancel_at)
+        plan = None
+        if w.decisions:
+            plan = Plan(w.decisions, rng.choice((0.0, 0.5, 2.0)), rng.choice(MODES), rng.random() < 0.3,
+                        frozenset({len(w.decisions) - 1}) if cancel_at is not None and rng.random() < 0.5
+                        else frozenset())
+        answerer = asyncio.create_task(self._answer(w, plan)) if plan is not None else None
         try:
-            async with asyncio.timeout(RUN_WAIT):
-                for rd in w.readers:
-                    if not (run.detached and rd is reader):
-                        with contextlib.suppress(AssertionError):
-                            await rd.wait()
-                await eventually(lambda: _terminal(self.c, run.run_id), RUN_WAIT, interval=0.5)
-        except (TimeoutError, AssertionError):
-            self.errors.append(f"{run.run_id}: not ended within {RUN_WAIT}s at t={self.now():.0f}s")
-            return False
+            if cancel_at is not None:
+                if plan is not None and plan.skip:  # the cancel comes while that question is open
+                    with contextlib.suppress(TimeoutError, AssertionError):
+                        await eventually(lambda: w.question_open.is_set() or _terminal(self.c, run.run_id),
+                                         RUN_WAIT, interval=0.5)
+                await self._cancel(w, reader, cancel_at)
+            w.cancel_done.set()
+            try:
+                async with asyncio.timeout(RUN_WAIT):
+                    for rd in w.readers:
+                        if not (run.detached and rd is reader):
+                            await _reader_done(rd)
+                    await eventually(lambda: _terminal(self.c, run.run_id), RUN_WAIT, interval=0.5)
+                    if answerer is not None:
+                        await answerer
+            except (TimeoutError, AssertionError):
+                self.errors.append(f"{run.run_id}: not ended within {RUN_WAIT}s at t={self.now():.0f}s")
+                return False
+        finally:
+            if answerer is not None and not answerer.done():
+                answerer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await answerer
         w.ended = self.now()
         return (await self.c.view(run.run_id)).get("status") == run.expected_status
+
+    async def _answer(self, w: WorkRun, plan: Plan) -> None:
+        """The run's user answering its questions (:class:`~tests.nemesis.approvals.Answerer`):
+        from the reading tab, a reloaded one or the run's view; at once or after a pause;
+        sometimes each answer twice; with a cancel drawn, sometimes the last question left
+        open for the cancel to close."""
+        run = w.run
+
+        def chunks() -> list[dict[str, Any]]:
+            return [ch for rd in w.readers for _, ch, _ in rd.got.items]
+
+        def join() -> Any:
+            tab = Reader(self.c.http, self.c.url, run).start(post=False)
+            w.readers.append(tab)
+            return lambda: [ch for _, ch, _ in tab.got.items]
+
+        answerer = Answerer(self.c.http, self.c.url, run.run_id, plan, chunks=chunks,
+                            terminal=lambda: _terminal(self.c, run.run_id), cancel_done=w.cancel_done,
+                            cancel_acked=lambda: w.cancel_acked, join=join, opened=w.question_open)
+        w.answers = answerer.out
+        try:
+            await answerer.run()
+        finally:
+            self.errors += w.answers.errors
 
     async def _first_chunk(self, reader: Reader) -> bool:
         assert reader.task is not None
@@ -184,6 +251,17 @@ class Workload:
         self.errors.append(f"{w.run.run_id}: the stored log was not readable after the cancel's 202")
 
 
+async def _reader_done(rd: Reader) -> None:
+    """Until ``rd``'s task ended, however it ended. Never ``await`` the task itself: a
+    timeout around that await (a slot's :data:`RUN_WAIT`) cancels the reader too, and a
+    later wait for it then raises ``CancelledError`` out of the heal."""
+    if rd.task is None:
+        return
+    await asyncio.wait({rd.task})
+    if not rd.task.cancelled():
+        rd.task.exception()  # retrieved: a reader refused with a 4xx is checked by what it got
+
+
 async def _terminal(c: NemesisCluster, run_id: str) -> bool:
     return (await c.view(run_id)).get("status") in TERMINAL
 
@@ -204,8 +282,7 @@ async def finish(wl: Workload, timeout: float = 300.0) -> None:  # noqa: ASYNC10
         for w in wl.runs:
             for rd in w.readers:
                 if not (w.run.detached and rd is w.readers[0]):
-                    with contextlib.suppress(AssertionError):
-                        await rd.wait()
+                    await _reader_done(rd)
             await eventually(lambda: _terminal(c, w.run.run_id), timeout, interval=0.5)
             if w.ended is None:
                 w.ended = wl.now()
@@ -216,35 +293,58 @@ async def finish(wl: Workload, timeout: float = 300.0) -> None:  # noqa: ASYNC10
         wl.errors.append(f"not every run ended within {timeout}s of the heal")
 
 
+async def _collect_run(wl: Workload, dlog: DeliveryLog, w: WorkRun) -> RunHistory:
+    """One run's :class:`RunHistory`: its stored log, a fresh read, its view."""
+    c, r = wl.c, w.run
+    try:
+        async with asyncio.timeout(60):
+            stored = await dlog.stored_headers(r.run_id)
+    except Exception as exc:  # noqa: BLE001 - an unreadable log is a violation of its own
+        wl.errors.append(f"{r.run_id}: stored log unreadable: {exc!r}")
+        stored = []
+    try:
+        fresh_chunks = await c.fresh_read(r.run_id, timeout=30)
+    except (AssertionError, TimeoutError, httpx.HTTPError) as exc:
+        wl.errors.append(f"{r.run_id}: fresh read failed: {exc!r}")
+        fresh_chunks = []
+    fresh = [(o, fingerprint(ch)) for o, ch in fresh_chunks]
+    readers = [ReaderHistory([(o, fingerprint(ch)) for o, ch, _ in rd.got.items if o is not None],
+                             live=not (r.detached and i == 0), ended=rd.got.ended)
+               for i, rd in enumerate(w.readers)]
+    view = await c.view(r.run_id)
+    run = RunHistory(
+        r.run_id, r.thread_id, w.turn, [fingerprint(ch) for ch in r.reference], r.expected_status, r.transcript,
+        [Record(x.offset, x.kind, x.epoch, x.origin, x.fingerprint, x.msg_id) for x in stored], readers, fresh,
+        view.get("status"), w.cancel_acked, w.cancel_sent,
+        None if w.first_chunk is None else round(w.first_chunk - w.started, 1), round(w.started, 1),
+        round(w.ended if w.ended is not None else wl.now(), 1),
+        None if w.cancel_acked_at is None else round(w.cancel_acked_at, 1), w.ack_journal, w.ack_log_ended)
+    if w.decisions or asked(ch for _, ch in fresh_chunks):
+        a = w.answers or Answers()
+        run.answers, run.duplicate_answers = list(a.accepted), list(a.duplicates)
+        run.unanswered, run.late_answers = list(a.unanswered), list(a.late)
+        run.asked = asked(ch for _, ch in fresh_chunks)
+        run.answer_deliveries = deliveries(ch for _, ch in fresh_chunks)
+        run.awaiting_at_end = view.get("awaitingApproval") if view else None
+    return run
+
+
 async def collect(wl: Workload, leak_wait: float = 60.0) -> History:
     """Read back everything the checker needs (see :mod:`tests.nemesis.checker`)."""
     c = wl.c
     h = History()
     for w in wl.runs:
-        r = w.run
         for rd in w.readers:
             if not rd.got.ended:
                 await rd.stop()
-        try:
-            stored = (await c.stored_log(r.run_id)).records
-        except Exception as exc:  # noqa: BLE001 - an unreadable log is a violation of its own
-            wl.errors.append(f"{r.run_id}: stored log unreadable: {exc!r}")
-            stored = []
-        try:
-            fresh = [(o, fingerprint(ch)) for o, ch in await c.fresh_read(r.run_id, timeout=30)]
-        except (AssertionError, TimeoutError, httpx.HTTPError) as exc:
-            wl.errors.append(f"{r.run_id}: fresh read failed: {exc!r}")
-            fresh = []
-        readers = [ReaderHistory([(o, fingerprint(ch)) for o, ch, _ in rd.got.items if o is not None],
-                                 live=not (r.detached and i == 0), ended=rd.got.ended)
-                   for i, rd in enumerate(w.readers)]
-        h.runs.append(RunHistory(
-            r.run_id, r.thread_id, w.turn, [fingerprint(ch) for ch in r.reference], r.expected_status, r.transcript,
-            [Record(x.offset, x.kind, x.epoch, x.origin, x.fingerprint, x.msg_id) for x in stored], readers, fresh,
-            (await c.view(r.run_id)).get("status"), w.cancel_acked, w.cancel_sent,
-            None if w.first_chunk is None else round(w.first_chunk - w.started, 1), round(w.started, 1),
-            round(w.ended if w.ended is not None else wl.now(), 1),
-            None if w.cancel_acked_at is None else round(w.cancel_acked_at, 1), w.ack_journal, w.ack_log_ended))
+    # Runs are read side by side (the check of a 10-minute schedule reads ~250 runs; one by
+    # one it took minutes), their order kept; one log connection for every stored log.
+    gate = asyncio.Semaphore(COLLECT_CONCURRENCY)
+    async with await DeliveryLog.connect(c.nats.url.split(","), LogConfig.from_env(c.env)) as dlog:
+        async def one(w: WorkRun) -> RunHistory:
+            async with gate:
+                return await _collect_run(wl, dlog, w)
+        h.runs = list(await asyncio.gather(*(one(w) for w in wl.runs)))
     for tid in sorted({w.run.thread_id for w in wl.runs}):
         try:
             resp = await c.http.get(f"{c.url}/api/threads/{tid}/messages", timeout=10)
@@ -252,7 +352,8 @@ async def collect(wl: Workload, leak_wait: float = 60.0) -> History:
         except httpx.HTTPError:
             h.transcripts[tid] = None
     ids = {w.run.run_id for w in wl.runs}
-    deadline = time.monotonic() + leak_wait
+    read_at = time.monotonic()
+    deadline = read_at + leak_wait
     while True:
         sandboxes = sorted(p.name for p in c.sandbox_dir.iterdir()) if c.sandbox_dir.exists() else []
         agents = [f"{pid} {rid}" for pid, rid in agent_processes(ids)]
@@ -261,6 +362,7 @@ async def collect(wl: Workload, leak_wait: float = 60.0) -> History:
             break
         await asyncio.sleep(1.0)
     h.sandboxes_left, h.agents_left, h.claims_left = sandboxes, agents, claims
+    wl.leak_wait = round(time.monotonic() - read_at, 1)
     for log in sorted((c.tmp / "logs").glob("*.log")):
         h.unhandled += unhandled_lines(log.name, log.read_text(errors="replace"))
     return h
