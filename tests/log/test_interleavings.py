@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, AsyncIterator
 
+import pytest
 import pytest_asyncio
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -77,6 +78,9 @@ async def drive(w: LogWriter, tag: str, steps: Plan, fence_first: bool,
     return False
 
 
+# 1,000 examples of a few JetStream round trips each: 85 s at a load of 10 on two cores,
+# so the default 120 s left no margin.
+@pytest.mark.timeout(300)
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(p1=plan, p2=plan, fence_delay=st.integers(0, 6))
 async def test_two_writers_never_break_the_fence(
