@@ -25,6 +25,8 @@ from tests.log.conftest import chunk, unique_cfg
 pytestmark = pytest.mark.servers
 
 N = 150
+# How long the race test keeps trying to see each side of a race it needs (seconds).
+RACE_SECONDS = 60.0
 
 
 @pytest.fixture
@@ -157,7 +159,7 @@ async def test_a_frozen_server_is_left_for_another_and_appends_go_on(cluster: Na
         gc.collect()
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(240)
 async def test_an_old_writer_racing_its_successors_fence_is_told_it_lost(cluster: NatsCluster) -> None:
     """On R3 a compare that meets another record for the subject still in flight at the leader
     is refused with 10164 (``JSStreamWrongLastSequenceConstantErr``), not 10071. An old
@@ -167,30 +169,41 @@ async def test_an_old_writer_racing_its_successors_fence_is_told_it_lost(cluster
     log = await DeliveryLog.connect(cluster.url, unique_cfg(replicas=3))
     try:
         await log.provision()
-        # The refusal exists on this server: two compares on one head, sent together.
-        subject = log.cfg.subject("probe")
+        # The refusal exists on this server: two compares on one head, sent together. Whether
+        # they meet at the leader is timing, so series go on (a new subject each time the head
+        # moved past the series) until one was refused with 10164, within a deadline rather
+        # than a fixed count: a loaded machine needs more tries.
         codes: set[int] = set()
-        for i in range(40):
-            answers = await asyncio.gather(*(_raw_publish(log, subject, f"probe/{i}/{k}", 0 if i == 0 else i, b"{}")
-                                             for k in range(2)))
-            codes |= {a["error"]["err_code"] for a in answers if "error" in a}
-            if 10164 in codes:
-                break
-            if all("error" in a for a in answers):
-                break  # the head moved past i: nothing more to learn from this series
+        deadline = asyncio.get_running_loop().time() + RACE_SECONDS
+        series = 0
+        while 10164 not in codes and asyncio.get_running_loop().time() < deadline:
+            subject = log.cfg.subject(f"probe{series}")
+            for i in range(40):
+                answers = await asyncio.gather(*(_raw_publish(log, subject, f"probe/{series}/{i}/{k}",
+                                                              0 if i == 0 else i, b"{}") for k in range(2)))
+                codes |= {a["error"]["err_code"] for a in answers if "error" in a}
+                if 10164 in codes or all("error" in a for a in answers):
+                    break  # seen, or the head moved past i: nothing more to learn from this series
+            series += 1
         outcomes: dict[str, int] = {}
 
         async def late(lead: float, op: Awaitable[Any]) -> Any:
             await asyncio.sleep(lead)  # a head start for the other side: the race's offset, not a wait
             return await op
 
-        for i in range(48):
-            run_id = f"race-{i}"
+        # At least 48 races at 12 head starts; more (within the deadline) until the old writer
+        # lost one: which side wins each race is timing, and under load the old one may win
+        # every one of the first 48.
+        i = 0
+        deadline = asyncio.get_running_loop().time() + RACE_SECONDS
+        while i < 48 or (not outcomes.get("lost") and asyncio.get_running_loop().time() < deadline):
+            run_id, lead = f"race-{i}", (i % 12) * 0.0005
+            i += 1
             old = log.writer(run_id, 1)
             await old.fence()
             await old.append([chunk(0)])
             new = log.writer(run_id, 2)
-            appended, fenced = await asyncio.gather(late((i % 12) * 0.0005, old.append([chunk(1)])), new.fence(),
+            appended, fenced = await asyncio.gather(late(lead, old.append([chunk(1)])), new.fence(),
                                                     return_exceptions=True)
             assert isinstance(fenced, int), fenced
             if isinstance(appended, BaseException):
