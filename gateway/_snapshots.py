@@ -11,7 +11,9 @@ costs the gateway does not grow with the run.
 A join may ask for only the newest ``N`` messages (``messages=N``, :meth:`ServedSnapshot.window`):
 the ``MESSAGES_SNAPSHOT`` line is cut by the message ends its head records (never parsed),
 and a ``CUSTOM snapshot.window`` event before it says how many older messages were left out
-and the cursor that pages them (:meth:`ServedSnapshot.page`, ``GET /api/runs/{id}/messages``).
+and the cursor that pages them. Of the kept chunks (``CUSTOM``, ``SUBAGENT_*``…) the window
+serves those that came with its messages, and of the older ones the state they leave
+(gateway/_kept.py), so its size follows the messages asked for, not the run's length (:meth:`ServedSnapshot.page`, ``GET /api/runs/{id}/messages``).
 Messages are only ever appended to a run's transcript and every one but the last is final
 once a later message exists, so a cursor's older messages are the same in every later
 snapshot of the run: a page is read from the latest one.
@@ -38,6 +40,7 @@ from baton.errors import InvalidArgument
 from baton.runs import SNAPSHOT_WINDOW, STREAM_COMPACTED
 from baton.log.snapshot import MESSAGES_HEAD, MESSAGES_TAIL, head_and_lines, messages_line, parse_head
 from gateway import _grpc_wire
+from gateway._kept import KeptIndex, fold, index_of
 from gateway._paging import check_cursor, cursor_of
 from gateway._sse import Framing, dumps
 
@@ -70,13 +73,15 @@ class ServedSnapshot:
     msg_line: int = -1
     msg_ends: tuple[int, ...] | None = None
     record: int = 0  #: the stream sequence of its record's last part (its cursors name it)
+    kept: KeptIndex | None = None  #: where its kept chunks are and what they are (``None``: unknown)
 
     def compacted(self) -> "ServedSnapshot":
         """The same, after a ``CUSTOM stream.compacted {snapshotOffset}`` event (no id): what a
         join from the start of a compacted log gets (docs/api.md)."""
         marker = dumps({"type": "CUSTOM", "name": STREAM_COMPACTED, "value": {"snapshotOffset": str(self.offset)}})
+        kept = dataclasses.replace(self.kept, line=self.kept.line + 1) if self.kept is not None else None
         return dataclasses.replace(self, events=(marker, *self.events),
-                                   msg_line=self.msg_line + 1 if self.msg_line >= 0 else -1)
+                                   msg_line=self.msg_line + 1 if self.msg_line >= 0 else -1, kept=kept)
 
     @property
     def total(self) -> int:
@@ -107,10 +112,12 @@ class ServedSnapshot:
         whole, with ``messagesOmitted`` 0: never a silent gap."""
         total = self.total
         first = max(0, total - newest) if self.msg_ends is not None else 0
-        event = window_event(first, self._cursor(first), total, self.input_count, self.offset)
         if self.msg_line < 0:
+            event = window_event(first, self._cursor(first), total, self.input_count, self.offset)
             return dataclasses.replace(self, events=(event, *self.events))
-        events = list(self.events)
+        after, omitted = fold(list(self.events[self.msg_line + 1:]), self.kept, self.msg_line + 1, first)
+        event = window_event(first, self._cursor(first), total, self.input_count, self.offset, omitted)
+        events = list(self.events[:self.msg_line + 1]) + after
         if first:
             events[self.msg_line] = MESSAGES_HEAD + b",".join(self.messages(first, total)) + MESSAGES_TAIL
         events.insert(self.msg_line, event)
@@ -276,11 +283,13 @@ class SnapshotCache:
         return served
 
 
-def window_event(first: int, cursor: str, total: int, input_count: int, offset: int) -> bytes:
-    """``CUSTOM snapshot.window``: what a join from the newest messages left out (docs/api.md)."""
+def window_event(first: int, cursor: str, total: int, input_count: int, offset: int, events_omitted: int = 0) -> bytes:
+    """``CUSTOM snapshot.window``: what a join from the newest messages left out (docs/api.md):
+    ``events_omitted`` kept chunks older than the window whose state a later one carries
+    (gateway/_kept.py)."""
     return dumps({"type": "CUSTOM", "name": SNAPSHOT_WINDOW, "value": {
         "messagesOmitted": first, "cursor": cursor or None, "totalMessages": total,
-        "inputMessages": input_count, "snapshotOffset": str(offset)}})
+        "inputMessages": input_count, "snapshotOffset": str(offset), "eventsOmitted": events_omitted}})
 
 
 async def read_window(delivery_log: Any, run_id: str, final: Any, newest: int) -> ServedSnapshot | None:
@@ -339,8 +348,9 @@ async def read_window(delivery_log: Any, run_id: str, final: Any, newest: int) -
         one = json.loads(tail[start - base:at + ends[first] - base])
         cursor = snapshot_cursor(first, str(one.get("id", "")) if isinstance(one, dict) else "", final.seq)
     offset, input_count = int(head["offset"]), int(head.get("inputCount", 0))
-    events = [*before, window_event(first, cursor, total, input_count, offset),
-              MESSAGES_HEAD + msgs + MESSAGES_TAIL, *(after.split(b"\n") if after else [])]
+    rest, omitted = fold(after.split(b"\n") if after else [], index_of(head), len(before) + 1, first)
+    events = [*before, window_event(first, cursor, total, input_count, offset, omitted),
+              MESSAGES_HEAD + msgs + MESSAGES_TAIL, *rest]
     return ServedSnapshot(offset, tuple(events), input_count, record=final.seq)
 
 
@@ -381,7 +391,7 @@ def served_of(body: bytes, record: int = 0) -> ServedSnapshot:
         again, found = messages_line(list(json.loads(lines[at]).get("messages") or []))
         ends = found if again == lines[at] else None  # another writer's bytes: served whole only
     return ServedSnapshot(int(head["offset"]), tuple(lines), int(head.get("inputCount", 0)), at,
-                          tuple(ends) if at >= 0 and ends is not None else None, record)
+                          tuple(ends) if at >= 0 and ends is not None else None, record, index_of(head))
 
 
 async def log_compacted(delivery_log: Any, run_id: str) -> bool:
