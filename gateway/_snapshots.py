@@ -333,13 +333,16 @@ async def read_window(delivery_log: Any, run_id: str, final: Any, newest: int) -
     first = max(0, total - newest)
     start = at + (ends[first - 1] + 1 if first else len(MESSAGES_HEAD))  # body offset of the window
     k = start // size
-    parts = []
-    for i in range(k, len(seqs)):
-        part = data0 if i == 0 else final.data if i == len(seqs) - 1 else await part_at(nc, cfg, run_id, seqs[i], final)
-        if part is None:
-            return None
-        parts.append(part)
-    tail, base = b"".join(parts), k * size
+    # The middle parts are asked for at once: one round trip's wait, not one per part.
+    middle = [seqs[i] for i in range(max(k, 1), len(seqs) - 1)]
+    got = await asyncio.gather(*(part_at(nc, cfg, run_id, seq, final) for seq in middle), return_exceptions=True)
+    for result in got:  # every read ended (none left running); the first failure is the answer
+        if isinstance(result, BaseException):
+            raise result
+    parts = ([data0] if k == 0 else []) + [r for r in got if not isinstance(r, BaseException)] + [final.data]
+    if any(part is None for part in parts):
+        return None
+    tail, base = b"".join(p for p in parts if p is not None), k * size
     stop = at + (ends[-1] if ends else len(MESSAGES_HEAD))  # body offset past the last message
     after = tail[stop - base + len(MESSAGES_TAIL) + 1:]
     msgs = tail[start - base:stop - base]
