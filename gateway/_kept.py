@@ -50,6 +50,17 @@ class KeptIndex:
     line: int
     at: tuple[int, ...]
     kind: tuple[str, ...]
+    start: int = -1  #: bytes from the first event line's start to the first kept chunk's (-1: unknown)
+    lens: tuple[int, ...] = ()  #: each kept chunk's line length in bytes (empty: unknown)
+
+    def spans(self) -> list[tuple[int, int]]:
+        """Each kept chunk's ``(start, end)`` in bytes from the first event line's start (the
+        lines are one after another, a newline between two)."""
+        out, at = [], self.start
+        for n in self.lens:
+            out.append((at, at + n))
+            at += n + 1
+        return out
 
 
 def index_of(head: Mapping[str, Any]) -> KeptIndex | None:
@@ -62,6 +73,10 @@ def index_of(head: Mapping[str, Any]) -> KeptIndex | None:
         return None
     if not all(isinstance(k, int) and 0 <= k < len(kinds) for k in kind) or not all(isinstance(k, str) for k in kinds):
         return None
+    start, lens = head.get("keptFrom"), head.get("keptLens")
+    if isinstance(start, int) and isinstance(lens, list) and len(lens) == len(at) \
+            and all(isinstance(n, int) and n >= 0 for n in lens):
+        return KeptIndex(line, tuple(at), tuple(kinds[k] for k in kind), start, tuple(lens))
     return KeptIndex(line, tuple(at), tuple(kinds[k] for k in kind))
 
 

@@ -40,7 +40,7 @@ from baton.errors import InvalidArgument
 from baton.runs import SNAPSHOT_WINDOW, STREAM_COMPACTED
 from baton.log.snapshot import MESSAGES_HEAD, MESSAGES_TAIL, head_and_lines, messages_line, parse_head
 from gateway import _grpc_wire
-from gateway._kept import KeptIndex, fold, index_of
+from gateway._kept import KeptIndex, fold, index_of, served
 from gateway._paging import check_cursor, cursor_of
 from gateway._sse import Framing, dumps
 
@@ -294,11 +294,13 @@ def window_event(first: int, cursor: str, total: int, input_count: int, offset: 
 
 async def read_window(delivery_log: Any, run_id: str, final: Any, newest: int) -> ServedSnapshot | None:
     """The newest ``newest`` messages of the snapshot whose last part is ``final``, reading only
-    its first part (the head: where each message ends) and the parts from the window's first
-    message on, never the whole record (:meth:`ServedSnapshot.window`'s events).
+    its first part(s) (the head: where each message and kept chunk is), the parts from the
+    window's first message to the kept chunks, the parts of the kept chunks the window serves
+    (gateway/_kept.py) and those after them, never the whole record
+    (:meth:`ServedSnapshot.window`'s events).
 
-    Returns ``None`` when the record does not say where its parts are or its head is not in its
-    first part (the caller reads it whole), or a part is gone.
+    Returns ``None`` when the record does not say where its parts are (the caller reads it
+    whole), or a part is gone.
 
     Raises:
         LogUnavailable: JetStream did not answer.
@@ -307,11 +309,31 @@ async def read_window(delivery_log: Any, run_id: str, final: Any, newest: int) -
     seqs = part_seqs(final)
     if seqs is None or len(seqs) < 2:
         return None
-    data0 = await part_at(nc, cfg, run_id, seqs[0], final)
-    if data0 is None:
+    got: dict[int, bytes] = {len(seqs) - 1: final.data}
+
+    async def fetch(wanted: set[int]) -> bool:
+        need = sorted(i for i in wanted if i not in got)
+        # Asked for at once: one round trip's wait, not one per part.
+        res = await asyncio.gather(*(part_at(nc, cfg, run_id, seqs[i], final) for i in need), return_exceptions=True)
+        for r in res:  # every read ended (none left running); the first failure is the answer
+            if isinstance(r, BaseException):
+                raise r
+        for i, r in zip(need, res):
+            if not isinstance(r, bytes):
+                return False
+            got[i] = r
+        return True
+
+    if not await fetch({0}):
         return None
-    size = len(data0)  # every part but the last holds exactly this many bytes (baton.log.snapshot.split)
-    head_raw, sep, _ = data0.partition(b"\n")
+    size = len(got[0])  # every part but the last holds exactly this many bytes (baton.log.snapshot.split)
+    end = size * (len(seqs) - 1) + len(final.data)  # the body's length
+    buf = got[0]
+    while b"\n" not in buf and len(buf) < end:  # a head larger than a part: the parts after it
+        if not await fetch({len(buf) // size}):
+            return None
+        buf += got[len(buf) // size]
+    head_raw, sep, _ = buf.partition(b"\n")
     if not sep:
         return None
     try:
@@ -322,36 +344,50 @@ async def read_window(delivery_log: Any, run_id: str, final: Any, newest: int) -
     if not isinstance(ends, list) or not all(isinstance(x, int) for x in ends):
         return None
     before: list[bytes] = []  # the events before MESSAGES_SNAPSHOT (RUN_STARTED)
-    at = len(head_raw) + 1
-    while not data0.startswith(MESSAGES_HEAD, at):
-        nl = data0.find(b"\n", at)
+    events_at = at = len(head_raw) + 1
+    while not buf.startswith(MESSAGES_HEAD, at):
+        nl = buf.find(b"\n", at)
         if nl < 0:
             return None
-        before.append(data0[at:nl])
+        before.append(buf[at:nl])
         at = nl + 1
     total = len(ends)
     first = max(0, total - newest)
     start = at + (ends[first - 1] + 1 if first else len(MESSAGES_HEAD))  # body offset of the window
-    k = start // size
-    # The middle parts are asked for at once: one round trip's wait, not one per part.
-    middle = [seqs[i] for i in range(max(k, 1), len(seqs) - 1)]
-    got = await asyncio.gather(*(part_at(nc, cfg, run_id, seq, final) for seq in middle), return_exceptions=True)
-    for result in got:  # every read ended (none left running); the first failure is the answer
-        if isinstance(result, BaseException):
-            raise result
-    parts = ([data0] if k == 0 else []) + [r for r in got if not isinstance(r, BaseException)] + [final.data]
-    if any(part is None for part in parts):
-        return None
-    tail, base = b"".join(p for p in parts if p is not None), k * size
     stop = at + (ends[-1] if ends else len(MESSAGES_HEAD))  # body offset past the last message
-    after = tail[stop - base + len(MESSAGES_TAIL) + 1:]
-    msgs = tail[start - base:stop - base]
+    rest_at = stop + len(MESSAGES_TAIL) + 1  # the lines after MESSAGES_SNAPSHOT
+    index = index_of(head)
+    located = index is not None and index.start >= 0 and index.line == len(before) + 1
+    # Byte ranges to read: the window's messages to the kept chunks (the state between), the
+    # kept chunks served, and the lines after them (the end); without an index, all of it.
+    spans = [(events_at + a, events_at + b) for a, b in index.spans()] if located and index else []
+    keep = served(index, first) if located and index else []
+    if spans and spans[-1][1] <= end and spans[0][0] >= rest_at:
+        ranges = [(start, spans[0][0]), *(sp for sp, k in zip(spans, keep) if k), (spans[-1][1] + 1, end)]
+    else:
+        spans, ranges = [], [(start, end)]
+    if not await fetch({i for lo, hi in ranges if hi > lo for i in range(lo // size, (hi - 1) // size + 1)}):
+        return None
+
+    def cut(lo: int, hi: int) -> bytes:
+        return b"".join(got[i][max(lo - i * size, 0):hi - i * size] for i in range(lo // size, (hi - 1) // size + 1)) \
+            if hi > lo else b""
+
+    msgs = cut(start, stop)
     cursor = ""
     if first:
-        one = json.loads(tail[start - base:at + ends[first] - base])
+        one = json.loads(cut(start, at + ends[first]))
         cursor = snapshot_cursor(first, str(one.get("id", "")) if isinstance(one, dict) else "", final.seq)
+    if spans:
+        between = cut(rest_at, spans[0][0] - 1)
+        served_kept = [cut(lo, hi) for (lo, hi), k in zip(spans, keep) if k]
+        last = cut(spans[-1][1] + 1, end)
+        rest = [*(between.split(b"\n") if between else []), *served_kept, *(last.split(b"\n") if last else [])]
+        omitted = len(keep) - len(served_kept)
+    else:
+        after = cut(rest_at, end)
+        rest, omitted = fold(after.split(b"\n") if after else [], index, len(before) + 1, first)
     offset, input_count = int(head["offset"]), int(head.get("inputCount", 0))
-    rest, omitted = fold(after.split(b"\n") if after else [], index_of(head), len(before) + 1, first)
     events = [*before, window_event(first, cursor, total, input_count, offset, omitted),
               MESSAGES_HEAD + msgs + MESSAGES_TAIL, *rest]
     return ServedSnapshot(offset, tuple(events), input_count, record=final.seq)

@@ -267,9 +267,12 @@ def encode(snap: Snapshot) -> bytes:
     (equal snapshots, equal bytes). Compact JSON never holds a raw newline, so a reader that
     only serves the events splits lines and never parses them (:func:`event_lines`).
 
-    The head's ``keptLine``, ``keptAt``, ``keptKind`` and ``keptKinds`` (written when the kept
-    chunks' positions are known) say where the kept chunks' lines begin, each one's position
-    (:attr:`Snapshot.kept_at`) and its kind (an index into ``keptKinds``: :func:`kept_kind`).
+    The head's ``keptLine``, ``keptAt``, ``keptKind``, ``keptKinds``, ``keptFrom`` and
+    ``keptLens`` (written when the kept chunks' positions are known) say which event line is the
+    first kept chunk, each one's position (:attr:`Snapshot.kept_at`), its kind (an index into
+    ``keptKinds``: :func:`kept_kind`), where the first one begins (bytes from the first event
+    line's start) and each one's length in bytes: a reader reads only the parts that hold the
+    kept chunks it serves.
 
     The head's ``msgEnds`` says where each message of the ``MESSAGES_SNAPSHOT`` line ends (byte
     index in that line), so a reader serves the newest messages, or an older page of them, by
@@ -295,7 +298,9 @@ def encode(snap: Snapshot) -> bytes:
     at = snap.kept_at
     contiguous = kept_lines == list(range(kept_lines[0], kept_lines[0] + len(kept_lines))) if kept_lines else False
     if at is not None and contiguous and len(at) == len(kept_lines):
-        head.update(keptLine=kept_lines[0], keptAt=list(at), keptKind=kind_of, keptKinds=list(kinds))
+        head.update(keptLine=kept_lines[0], keptAt=list(at), keptKind=kind_of, keptKinds=list(kinds),
+                    keptFrom=sum(len(ln) + 1 for ln in lines[:kept_lines[0]]),
+                    keptLens=[len(lines[i]) for i in kept_lines])
     return b"\n".join([_dumps(head)] + lines)
 
 
