@@ -87,6 +87,11 @@ class TranscriptBuilder:
         """How many chunks were fed."""
         return self._fed
 
+    @property
+    def count(self) -> int:
+        """How many messages the transcript holds now (input and produced; no copy)."""
+        return len(self._input or []) + len(self._out)
+
     def feed_all(self, chunks: Iterable[Chunk]) -> None:
         """Feed several chunks in order."""
         for c in chunks:

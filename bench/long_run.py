@@ -14,7 +14,9 @@ parts holding the newest messages (gateway/_snapshots.py ``read_window``):
   message (``TEXT_MESSAGE_END``, ``TOOL_CALL_RESULT``…) of a join from the start, the whole
   ``MESSAGES_SNAPSHOT`` event of a snapshot join, delivered and parsed (``json.loads``);
 - **caught up**: until the client holds the run's whole state (the ``: end`` of the closed log);
-- **bytes** received in all;
+- **bytes** received in all (a window serves the kept chunks that came with its messages and of
+  the older ones only the state they leave: gateway/_kept.py);
+- the machine's 1-minute load average when each join began (a shared machine's times vary);
 - **gateway RSS per reader**: the RSS growth with 20 readers that stopped reading (their
   sockets full), for the 200,000-chunk run and a 20,000-chunk run of the same content: what a
   reader costs the gateway, and whether that grows with the run.
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import pathlib
 import tempfile
 import time
@@ -147,6 +150,7 @@ class _Body:
 
 async def join(port: int, path: str) -> dict[str, Any]:
     """One SSE join read to its end: first render, caught up (s), bytes (as received)."""
+    load = os.getloadavg()[0]  # the machine's 1-minute load average, reported beside the times
     began = time.perf_counter()
     r, w = await asyncio.open_connection("127.0.0.1", port, limit=1 << 24)
     w.write(f"GET {path} HTTP/1.1\r\nHost: bench\r\nAccept: text/event-stream\r\n\r\n".encode())
@@ -183,7 +187,7 @@ async def join(port: int, path: str) -> dict[str, Any]:
     finally:
         w.close()
     return {"first_render_ms": round((first or 0) * 1000, 1), "caught_up_ms": round((time.perf_counter() - began) * 1000, 1),
-            "bytes": total}
+            "bytes": total, "load_avg_1m": round(load, 2)}
 
 
 async def stalled_rss(pid: int, port: int, path: str, n: int) -> float:
@@ -295,6 +299,7 @@ async def main() -> dict[str, Any]:
     summary.update({
         "bytes_ratio_window": round(long["join_start"]["bytes"] / long["join_window"]["bytes"], 1),
         "first_render_ms_window": long["join_window"]["first_render_ms"],
+        "load_avg_1m_window": long["join_window"]["load_avg_1m"],
         "caught_up_ms_window": long["join_window"]["caught_up_ms"],
         "bytes_ratio_window50": round(long["join_start"]["bytes"] / long["join_window50"]["bytes"], 1),
         "first_render_ms_window50": long["join_window50"]["first_render_ms"],

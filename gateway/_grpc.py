@@ -162,6 +162,17 @@ class RunsService:
                                   kept_until=kept.kept_until,
                                   run=run_info(kept.view.record, kept.view.claim, kept.view.reap_at))
 
+    async def GetMessages(self, request: pb.RunMessagesRequest, context: grpc.aio.ServicerContext[Any, Any]
+                          ) -> pb.RunMessagesPage:
+        t = self._tenant(context)
+        run_id = validate_id(request.run_id, "runId")
+        limit = check_limit(request.limit, "limit")
+        page = await self._svc.run_messages(t, run_id, limit, request.before or None)
+        offset = page["snapshot_offset"]
+        return pb.RunMessagesPage(run_id=run_id, messages_json=(b"[" + b",".join(page["messages"]) + b"]").decode(),
+                                  total=page["total"], first_index=page["first_index"], next_cursor=page["cursor"],
+                                  snapshot_offset="" if offset is None else str(offset))
+
     async def FindActiveRun(self, request: pb.ActiveRunRequest, context: grpc.aio.ServicerContext[Any, Any]
                             ) -> pb.ActiveRunResponse:
         t = self._tenant(context)
@@ -293,6 +304,7 @@ def generic_handler(service: RunsService) -> grpc.GenericRpcHandler[Any, Any]:
         "ListQueuedRuns": (pb.QueueListRequest, pb.QueueListResponse),
         "CancelQueuedRun": (pb.QueueCancelRequest, pb.QueueCancelResponse),
         "KeepRun": (pb.RunKeepRequest, pb.RunKeepResponse),
+        "GetMessages": (pb.RunMessagesRequest, pb.RunMessagesPage),
     }
     auth, metrics = service._tenant, service._svc.state.metrics
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {

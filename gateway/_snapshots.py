@@ -11,7 +11,9 @@ costs the gateway does not grow with the run.
 A join may ask for only the newest ``N`` messages (``messages=N``, :meth:`ServedSnapshot.window`):
 the ``MESSAGES_SNAPSHOT`` line is cut by the message ends its head records (never parsed),
 and a ``CUSTOM snapshot.window`` event before it says how many older messages were left out
-and the cursor that pages them (:meth:`ServedSnapshot.page`, ``GET /api/runs/{id}/messages``).
+and the cursor that pages them. Of the kept chunks (``CUSTOM``, ``SUBAGENT_*``…) the window
+serves those that came with its messages, and of the older ones the state they leave
+(gateway/_kept.py), so its size follows the messages asked for, not the run's length (:meth:`ServedSnapshot.page`, ``GET /api/runs/{id}/messages``).
 Messages are only ever appended to a run's transcript and every one but the last is final
 once a later message exists, so a cursor's older messages are the same in every later
 snapshot of the run: a page is read from the latest one.
@@ -38,6 +40,7 @@ from baton.errors import InvalidArgument
 from baton.runs import SNAPSHOT_WINDOW, STREAM_COMPACTED
 from baton.log.snapshot import MESSAGES_HEAD, MESSAGES_TAIL, head_and_lines, messages_line, parse_head
 from gateway import _grpc_wire
+from gateway._kept import KeptIndex, fold, index_of, served
 from gateway._paging import check_cursor, cursor_of
 from gateway._sse import Framing, dumps
 
@@ -70,13 +73,15 @@ class ServedSnapshot:
     msg_line: int = -1
     msg_ends: tuple[int, ...] | None = None
     record: int = 0  #: the stream sequence of its record's last part (its cursors name it)
+    kept: KeptIndex | None = None  #: where its kept chunks are and what they are (``None``: unknown)
 
     def compacted(self) -> "ServedSnapshot":
         """The same, after a ``CUSTOM stream.compacted {snapshotOffset}`` event (no id): what a
         join from the start of a compacted log gets (docs/api.md)."""
         marker = dumps({"type": "CUSTOM", "name": STREAM_COMPACTED, "value": {"snapshotOffset": str(self.offset)}})
+        kept = dataclasses.replace(self.kept, line=self.kept.line + 1) if self.kept is not None else None
         return dataclasses.replace(self, events=(marker, *self.events),
-                                   msg_line=self.msg_line + 1 if self.msg_line >= 0 else -1)
+                                   msg_line=self.msg_line + 1 if self.msg_line >= 0 else -1, kept=kept)
 
     @property
     def total(self) -> int:
@@ -107,10 +112,12 @@ class ServedSnapshot:
         whole, with ``messagesOmitted`` 0: never a silent gap."""
         total = self.total
         first = max(0, total - newest) if self.msg_ends is not None else 0
-        event = window_event(first, self._cursor(first), total, self.input_count, self.offset)
         if self.msg_line < 0:
+            event = window_event(first, self._cursor(first), total, self.input_count, self.offset)
             return dataclasses.replace(self, events=(event, *self.events))
-        events = list(self.events)
+        after, omitted = fold(list(self.events[self.msg_line + 1:]), self.kept, self.msg_line + 1, first)
+        event = window_event(first, self._cursor(first), total, self.input_count, self.offset, omitted)
+        events = list(self.events[:self.msg_line + 1]) + after
         if first:
             events[self.msg_line] = MESSAGES_HEAD + b",".join(self.messages(first, total)) + MESSAGES_TAIL
         events.insert(self.msg_line, event)
@@ -276,20 +283,24 @@ class SnapshotCache:
         return served
 
 
-def window_event(first: int, cursor: str, total: int, input_count: int, offset: int) -> bytes:
-    """``CUSTOM snapshot.window``: what a join from the newest messages left out (docs/api.md)."""
+def window_event(first: int, cursor: str, total: int, input_count: int, offset: int, events_omitted: int = 0) -> bytes:
+    """``CUSTOM snapshot.window``: what a join from the newest messages left out (docs/api.md):
+    ``events_omitted`` kept chunks older than the window whose state a later one carries
+    (gateway/_kept.py)."""
     return dumps({"type": "CUSTOM", "name": SNAPSHOT_WINDOW, "value": {
         "messagesOmitted": first, "cursor": cursor or None, "totalMessages": total,
-        "inputMessages": input_count, "snapshotOffset": str(offset)}})
+        "inputMessages": input_count, "snapshotOffset": str(offset), "eventsOmitted": events_omitted}})
 
 
 async def read_window(delivery_log: Any, run_id: str, final: Any, newest: int) -> ServedSnapshot | None:
     """The newest ``newest`` messages of the snapshot whose last part is ``final``, reading only
-    its first part (the head: where each message ends) and the parts from the window's first
-    message on, never the whole record (:meth:`ServedSnapshot.window`'s events).
+    its first part(s) (the head: where each message and kept chunk is), the parts from the
+    window's first message to the kept chunks, the parts of the kept chunks the window serves
+    (gateway/_kept.py) and those after them, never the whole record
+    (:meth:`ServedSnapshot.window`'s events).
 
-    Returns ``None`` when the record does not say where its parts are or its head is not in its
-    first part (the caller reads it whole), or a part is gone.
+    Returns ``None`` when the record does not say where its parts are (the caller reads it
+    whole), or a part is gone.
 
     Raises:
         LogUnavailable: JetStream did not answer.
@@ -298,11 +309,31 @@ async def read_window(delivery_log: Any, run_id: str, final: Any, newest: int) -
     seqs = part_seqs(final)
     if seqs is None or len(seqs) < 2:
         return None
-    data0 = await part_at(nc, cfg, run_id, seqs[0], final)
-    if data0 is None:
+    got: dict[int, bytes] = {len(seqs) - 1: final.data}
+
+    async def fetch(wanted: set[int]) -> bool:
+        need = sorted(i for i in wanted if i not in got)
+        # Asked for at once: one round trip's wait, not one per part.
+        res = await asyncio.gather(*(part_at(nc, cfg, run_id, seqs[i], final) for i in need), return_exceptions=True)
+        for r in res:  # every read ended (none left running); the first failure is the answer
+            if isinstance(r, BaseException):
+                raise r
+        for i, r in zip(need, res):
+            if not isinstance(r, bytes):
+                return False
+            got[i] = r
+        return True
+
+    if not await fetch({0}):
         return None
-    size = len(data0)  # every part but the last holds exactly this many bytes (baton.log.snapshot.split)
-    head_raw, sep, _ = data0.partition(b"\n")
+    size = len(got[0])  # every part but the last holds exactly this many bytes (baton.log.snapshot.split)
+    end = size * (len(seqs) - 1) + len(final.data)  # the body's length
+    buf = got[0]
+    while b"\n" not in buf and len(buf) < end:  # a head larger than a part: the parts after it
+        if not await fetch({len(buf) // size}):
+            return None
+        buf += got[len(buf) // size]
+    head_raw, sep, _ = buf.partition(b"\n")
     if not sep:
         return None
     try:
@@ -313,34 +344,52 @@ async def read_window(delivery_log: Any, run_id: str, final: Any, newest: int) -
     if not isinstance(ends, list) or not all(isinstance(x, int) for x in ends):
         return None
     before: list[bytes] = []  # the events before MESSAGES_SNAPSHOT (RUN_STARTED)
-    at = len(head_raw) + 1
-    while not data0.startswith(MESSAGES_HEAD, at):
-        nl = data0.find(b"\n", at)
+    events_at = at = len(head_raw) + 1
+    while not buf.startswith(MESSAGES_HEAD, at):
+        nl = buf.find(b"\n", at)
         if nl < 0:
             return None
-        before.append(data0[at:nl])
+        before.append(buf[at:nl])
         at = nl + 1
     total = len(ends)
     first = max(0, total - newest)
     start = at + (ends[first - 1] + 1 if first else len(MESSAGES_HEAD))  # body offset of the window
-    k = start // size
-    parts = []
-    for i in range(k, len(seqs)):
-        part = data0 if i == 0 else final.data if i == len(seqs) - 1 else await part_at(nc, cfg, run_id, seqs[i], final)
-        if part is None:
-            return None
-        parts.append(part)
-    tail, base = b"".join(parts), k * size
     stop = at + (ends[-1] if ends else len(MESSAGES_HEAD))  # body offset past the last message
-    after = tail[stop - base + len(MESSAGES_TAIL) + 1:]
-    msgs = tail[start - base:stop - base]
+    rest_at = stop + len(MESSAGES_TAIL) + 1  # the lines after MESSAGES_SNAPSHOT
+    index = index_of(head)
+    located = index is not None and index.start >= 0 and index.line == len(before) + 1
+    # Byte ranges to read: the window's messages to the kept chunks (the state between), the
+    # kept chunks served, and the lines after them (the end); without an index, all of it.
+    spans = [(events_at + a, events_at + b) for a, b in index.spans()] if located and index else []
+    keep = served(index, first) if located and index else []
+    if spans and spans[-1][1] <= end and spans[0][0] >= rest_at:
+        ranges = [(start, spans[0][0]), *(sp for sp, k in zip(spans, keep) if k), (spans[-1][1] + 1, end)]
+    else:
+        spans, ranges = [], [(start, end)]
+    if not await fetch({i for lo, hi in ranges if hi > lo for i in range(lo // size, (hi - 1) // size + 1)}):
+        return None
+
+    def cut(lo: int, hi: int) -> bytes:
+        return b"".join(got[i][max(lo - i * size, 0):hi - i * size] for i in range(lo // size, (hi - 1) // size + 1)) \
+            if hi > lo else b""
+
+    msgs = cut(start, stop)
     cursor = ""
     if first:
-        one = json.loads(tail[start - base:at + ends[first] - base])
+        one = json.loads(cut(start, at + ends[first]))
         cursor = snapshot_cursor(first, str(one.get("id", "")) if isinstance(one, dict) else "", final.seq)
+    if spans:
+        between = cut(rest_at, spans[0][0] - 1)
+        served_kept = [cut(lo, hi) for (lo, hi), k in zip(spans, keep) if k]
+        last = cut(spans[-1][1] + 1, end)
+        rest = [*(between.split(b"\n") if between else []), *served_kept, *(last.split(b"\n") if last else [])]
+        omitted = len(keep) - len(served_kept)
+    else:
+        after = cut(rest_at, end)
+        rest, omitted = fold(after.split(b"\n") if after else [], index, len(before) + 1, first)
     offset, input_count = int(head["offset"]), int(head.get("inputCount", 0))
-    events = [*before, window_event(first, cursor, total, input_count, offset),
-              MESSAGES_HEAD + msgs + MESSAGES_TAIL, *(after.split(b"\n") if after else [])]
+    events = [*before, window_event(first, cursor, total, input_count, offset, omitted),
+              MESSAGES_HEAD + msgs + MESSAGES_TAIL, *rest]
     return ServedSnapshot(offset, tuple(events), input_count, record=final.seq)
 
 
@@ -381,7 +430,7 @@ def served_of(body: bytes, record: int = 0) -> ServedSnapshot:
         again, found = messages_line(list(json.loads(lines[at]).get("messages") or []))
         ends = found if again == lines[at] else None  # another writer's bytes: served whole only
     return ServedSnapshot(int(head["offset"]), tuple(lines), int(head.get("inputCount", 0)), at,
-                          tuple(ends) if at >= 0 and ends is not None else None, record)
+                          tuple(ends) if at >= 0 and ends is not None else None, record, index_of(head))
 
 
 async def log_compacted(delivery_log: Any, run_id: str) -> bool:

@@ -11,6 +11,7 @@ cannot store a part, exactly as it cannot store a chunk.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 
@@ -128,7 +129,7 @@ async def latest(nc: NATS, cfg: LogConfig, run_id: str, *, timeout: float = 5.0)
         return None
     try:
         snap = decode(body)
-        return Snapshot(snap.offset, snap.chunks, snap.events, snap.input_count, body), final.seq
+        return dataclasses.replace(snap, body=body), final.seq
     except (ValueError, KeyError) as exc:
         log.warning("snapshot of run %s at %d is unreadable (%s): ignored", run_id, final.seq, exc)
         return None

@@ -14,6 +14,11 @@ from the start would have left it. Its events, in order:
   is never lossy: what a client could learn from the chunks it stands for, it learns from it;
 * the terminal chunk (``RUN_FINISHED`` / ``RUN_ERROR``) once the log holds one.
 
+Each kept chunk's position is recorded with it: how many messages the transcript held when it
+came (``keptAt`` in the record's head, with each one's kind). A reader that serves only the
+newest messages (gateway/_snapshots.py) serves the kept chunks that came with them whole, and
+of the older ones only the state they leave (gateway/_kept.py), never parsing them.
+
 Only the structure of closed spans is left out (``*_START``/``*_END`` of messages, tool
 calls, reasoning and steps, and their deltas): the messages hold all they carried.
 
@@ -94,6 +99,9 @@ class Snapshot:
     events: tuple[Chunk, ...]
     input_count: int
     body: bytes = field(default=b"", compare=False, repr=False)  #: :func:`encode`'s result, when known
+    #: for each kept chunk (:data:`KEPT`, in order), how many messages the transcript held when
+    #: it came (``None``: unknown, a snapshot written before positions were recorded).
+    kept_at: tuple[int, ...] | None = field(default=None, compare=False)
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -118,6 +126,7 @@ class SnapshotState:
         self._terminal: Chunk | None = None
         self._state: list[Chunk] = []
         self._kept: list[Chunk] = []
+        self._kept_at: list[int] | None = []
         self._open: set[tuple[str, str]] = set()
         self._last_type = ""
         self._chunks = 0          # chunks covered so far
@@ -142,6 +151,8 @@ class SnapshotState:
                 st._state.append(copy.deepcopy(ev))
             elif t in KEPT:
                 st._kept.append(copy.deepcopy(ev))
+        known = not st._kept or (snap.kept_at is not None and len(snap.kept_at) == len(st._kept))
+        st._kept_at = list(snap.kept_at or ()) if known else None  # unknown stays unknown
         st._chunks, st._offset = snap.chunks, snap.offset
         st._last_size = len(snap.body or encode(snap))
         return st
@@ -180,6 +191,8 @@ class SnapshotState:
             self._state.append(copy.deepcopy(c))
         elif t in KEPT:
             self._kept.append(copy.deepcopy(c))
+            if self._kept_at is not None:
+                self._kept_at.append(self._builder.count)
         if t in _OPEN:
             k = _OPEN[t]
             self._open.add((k, str(c.get(_KEY[k], "")) if _KEY[k] else ""))
@@ -217,10 +230,11 @@ class SnapshotState:
             events.append(copy.deepcopy(self._terminal))
         self._since_chunks = 0
         self._since_bytes = 0
-        snap = Snapshot(self._offset, self._chunks, tuple(events), len(input_msgs))
+        kept_at = tuple(self._kept_at) if self._kept_at is not None else None
+        snap = Snapshot(self._offset, self._chunks, tuple(events), len(input_msgs), kept_at=kept_at)
         body = encode(snap)
         self._last_size = len(body)
-        return Snapshot(snap.offset, snap.chunks, snap.events, snap.input_count, body)
+        return Snapshot(snap.offset, snap.chunks, snap.events, snap.input_count, body, kept_at)
 
 
 def _dumps(value: Any) -> bytes:
@@ -253,6 +267,13 @@ def encode(snap: Snapshot) -> bytes:
     (equal snapshots, equal bytes). Compact JSON never holds a raw newline, so a reader that
     only serves the events splits lines and never parses them (:func:`event_lines`).
 
+    The head's ``keptLine``, ``keptAt``, ``keptKind``, ``keptKinds``, ``keptFrom`` and
+    ``keptLens`` (written when the kept chunks' positions are known) say which event line is the
+    first kept chunk, each one's position (:attr:`Snapshot.kept_at`), its kind (an index into
+    ``keptKinds``: :func:`kept_kind`), where the first one begins (bytes from the first event
+    line's start) and each one's length in bytes: a reader reads only the parts that hold the
+    kept chunks it serves.
+
     The head's ``msgEnds`` says where each message of the ``MESSAGES_SNAPSHOT`` line ends (byte
     index in that line), so a reader serves the newest messages, or an older page of them, by
     slicing the line, never parsing it (gateway/_snapshots.py). A head without it (written
@@ -261,14 +282,40 @@ def encode(snap: Snapshot) -> bytes:
     head: dict[str, Any] = {"v": VERSION, "offset": snap.offset, "chunks": snap.chunks,
                             "inputCount": snap.input_count}
     lines: list[bytes] = []
+    kept_lines: list[int] = []
+    kinds: dict[str, int] = {}
+    kind_of: list[int] = []
     for ev in snap.events:
         if ev.get("type") == "MESSAGES_SNAPSHOT" and set(ev) == {"type", "messages"} and "msgEnds" not in head:
             line, ends = messages_line(list(ev.get("messages") or []))
             head["msgEnds"] = ends
             lines.append(line)
         else:
+            if ev.get("type") in KEPT:
+                kept_lines.append(len(lines))
+                kind_of.append(kinds.setdefault(kept_kind(ev), len(kinds)))
             lines.append(_dumps(ev))
+    at = snap.kept_at
+    contiguous = kept_lines == list(range(kept_lines[0], kept_lines[0] + len(kept_lines))) if kept_lines else False
+    if at is not None and contiguous and len(at) == len(kept_lines):
+        head.update(keptLine=kept_lines[0], keptAt=list(at), keptKind=kind_of, keptKinds=list(kinds),
+                    keptFrom=sum(len(ln) + 1 for ln in lines[:kept_lines[0]]),
+                    keptLens=[len(lines[i]) for i in kept_lines])
     return b"\n".join([_dumps(head)] + lines)
+
+
+def kept_kind(chunk: Mapping[str, Any]) -> str:
+    """What a reader folding kept chunks needs to know of one without parsing it: ``CUSTOM:<name>``,
+    ``SUBAGENT_STARTED:<subagentRunId>``, ``SUBAGENT_END:<subagentRunId>`` (finished or failed),
+    else its type."""
+    t = str(chunk.get("type") or "")
+    if t == "CUSTOM":
+        return f"CUSTOM:{chunk.get('name', '')}"
+    if t == "SUBAGENT_STARTED":
+        return f"SUBAGENT_STARTED:{chunk.get('subagentRunId', '')}"
+    if t in ("SUBAGENT_FINISHED", "SUBAGENT_ERROR"):
+        return f"SUBAGENT_END:{chunk.get('subagentRunId', '')}"
+    return t
 
 
 def event_lines(data: bytes) -> tuple[int, list[bytes]]:
@@ -325,7 +372,12 @@ def decode(data: bytes) -> Snapshot:
         raise ValueError(f"snapshot event is not JSON: {exc}") from None
     if not all(isinstance(ev, dict) for ev in events):
         raise ValueError("snapshot event is not an object")
-    return Snapshot(int(head["offset"]), int(head.get("chunks", 0)), tuple(events), int(head.get("inputCount", 0)))
+    at = head.get("keptAt")
+    kept_at = tuple(int(x) for x in at) if isinstance(at, list) else None
+    if kept_at is None and not any(ev.get("type") in KEPT for ev in events):
+        kept_at = ()  # nothing kept: no position is unknown
+    return Snapshot(int(head["offset"]), int(head.get("chunks", 0)), tuple(events), int(head.get("inputCount", 0)),
+                    kept_at=kept_at)
 
 
 def split(body: bytes, part_bytes: int) -> list[bytes]:

@@ -557,6 +557,72 @@ class RunKeepResponse(_message.Message):
 Global___RunKeepResponse: _TypeAlias = RunKeepResponse  # noqa: Y015
 
 @_typing.final
+class RunMessagesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    BEFORE_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    limit: _builtins.int
+    """At most this many messages, the newest before `before` (1..1000); 0 = every one before it."""
+    before: _builtins.str
+    """A snapshot.window chunk's cursor, or a RunMessagesPage.next_cursor; empty = the newest page."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        limit: _builtins.int = ...,
+        before: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["before", b"before", "limit", b"limit", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunMessagesRequest: _TypeAlias = RunMessagesRequest  # noqa: Y015
+
+@_typing.final
+class RunMessagesPage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    MESSAGES_JSON_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    FIRST_INDEX_FIELD_NUMBER: _builtins.int
+    NEXT_CURSOR_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_OFFSET_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    messages_json: _builtins.str
+    """AG-UI messages as a JSON array, oldest of the page first (sliced from the stored snapshot)."""
+    total: _builtins.int
+    """How many messages the snapshot holds."""
+    first_index: _builtins.int
+    """Position (from the run's first message, 0-based) of this page's first message."""
+    next_cursor: _builtins.str
+    """The next older page's cursor; empty when none is left."""
+    snapshot_offset: _builtins.str
+    """The offset the snapshot covers; empty when the run has no snapshot yet (no messages)."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        messages_json: _builtins.str = ...,
+        total: _builtins.int = ...,
+        first_index: _builtins.int = ...,
+        next_cursor: _builtins.str = ...,
+        snapshot_offset: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_index", b"first_index", "messages_json", b"messages_json", "next_cursor", b"next_cursor", "run_id", b"run_id", "snapshot_offset", b"snapshot_offset", "total", b"total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunMessagesPage: _TypeAlias = RunMessagesPage  # noqa: Y015
+
+@_typing.final
 class ActiveRunRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -109,6 +109,11 @@ class RunsStub:
                 request_serializer=baton_dot_v1_dot_runs__service__pb2.RunKeepRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_runs__service__pb2.RunKeepResponse.FromString,
                 _registered_method=True)
+        self.GetMessages = channel.unary_unary(
+                '/baton.v1.Runs/GetMessages',
+                request_serializer=baton_dot_v1_dot_runs__service__pb2.RunMessagesRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_runs__service__pb2.RunMessagesPage.FromString,
+                _registered_method=True)
 
 
 class RunsServicer:
@@ -223,6 +228,15 @@ class RunsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetMessages(self, request, context):
+        """A page of a run's messages from its latest snapshot, newest first: the gRPC peer of
+        GET /api/runs/{runId}/messages (the older messages a JoinRun with snapshot_messages left
+        out; its snapshot.window chunk's cursor is the first before). Tenant-checked as a join.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -300,6 +314,11 @@ def add_RunsServicer_to_server(servicer, server):
                     servicer.KeepRun,
                     request_deserializer=baton_dot_v1_dot_runs__service__pb2.RunKeepRequest.FromString,
                     response_serializer=baton_dot_v1_dot_runs__service__pb2.RunKeepResponse.SerializeToString,
+            ),
+            'GetMessages': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetMessages,
+                    request_deserializer=baton_dot_v1_dot_runs__service__pb2.RunMessagesRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_runs__service__pb2.RunMessagesPage.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -707,6 +726,33 @@ class Runs:
             '/baton.v1.Runs/KeepRun',
             baton_dot_v1_dot_runs__service__pb2.RunKeepRequest.SerializeToString,
             baton_dot_v1_dot_runs__service__pb2.RunKeepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetMessages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.Runs/GetMessages',
+            baton_dot_v1_dot_runs__service__pb2.RunMessagesRequest.SerializeToString,
+            baton_dot_v1_dot_runs__service__pb2.RunMessagesPage.FromString,
             options,
             channel_credentials,
             insecure,

@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from baton.log import DeliveryLog, LogConfig, latest_snapshot
-from baton.log.snapshot import Snapshot, encode
+from baton.log.snapshot import KEPT, Snapshot, encode, kept_kind
+from gateway._kept import KeptIndex, served
 from tests.conftest import unique
 from tests.gateway.conftest import Gateway, read_stream, write_run
 from tests.gateway.test_snapshot_join import turns
@@ -30,18 +31,43 @@ def sdlog(dlog: DeliveryLog, log_cfg: LogConfig) -> DeliveryLog:
                                                     snapshot_part_bytes=700))
 
 
+def noisy_turns(run_id: str, thread_id: str, n: int) -> list[dict[str, Any]]:
+    """:func:`turns` with an agent's notices before each turn (init, per-turn usage, result, a
+    subagent over two turns, a name the fold does not know), as a long Claude run has them."""
+    plain = turns(run_id, thread_id, n)
+    out, per = plain[:2], 8
+    for i in range(n):
+        out += [{"type": "CUSTOM", "name": "claude.init", "value": {"model": f"model-{i}"}},
+                {"type": "CUSTOM", "name": "turn.usage", "value": {"turn": i, "inputTokens": 10 * i}}]
+        if i == 2:
+            out.append({"type": "SUBAGENT_STARTED", "subagentRunId": f"sa-{run_id}", "name": "Explore"})
+        if i == 4:
+            out.append({"type": "SUBAGENT_FINISHED", "subagentRunId": f"sa-{run_id}"})
+        if i == 1:
+            out.append({"type": "CUSTOM", "name": "some.future.notice", "value": {"i": i}})
+        out += plain[2 + per * i:2 + per * (i + 1)]
+        out.append({"type": "CUSTOM", "name": "claude.result", "value": {"num_turns": i + 1}})
+    return out + plain[2 + per * n:]
+
+
 def window_of(snap: Snapshot, newest: int) -> list[tuple[str | None, dict[str, Any]]]:
     """What a join with ``messages=newest`` must send for ``snap`` (before the chunks after it)."""
     msgs = snap.messages
     first = max(0, len(msgs) - newest)
+    # Of the kept chunks, those the fold serves (gateway/_kept.py, checked by its unit tests).
+    kept = [ev for ev in snap.events if ev["type"] in KEPT]
+    assert snap.kept_at is not None and len(snap.kept_at) == len(kept)
+    flags = served(KeptIndex(0, snap.kept_at, tuple(kept_kind(ev) for ev in kept)), first) if first else [True] * len(kept)
+    dropped = [id(ev) for ev, ok in zip(kept, flags) if not ok]
     events: list[dict[str, Any]] = []
     for ev in snap.events:
         if ev["type"] == "MESSAGES_SNAPSHOT":
             events.append({"type": "CUSTOM", "name": "snapshot.window", "value": {
                 "messagesOmitted": first, "cursor": None, "totalMessages": len(msgs),
-                "inputMessages": snap.input_count, "snapshotOffset": str(snap.offset)}})
+                "inputMessages": snap.input_count, "snapshotOffset": str(snap.offset),
+                "eventsOmitted": len(dropped)}})
             events.append({"type": "MESSAGES_SNAPSHOT", "messages": msgs[first:]})
-        else:
+        elif id(ev) not in dropped:
             events.append(ev)
     return [(None, ev) for ev in events[:-1]] + [(str(snap.offset), events[-1])]
 
@@ -49,20 +75,21 @@ def window_of(snap: Snapshot, newest: int) -> list[tuple[str | None, dict[str, A
 async def test_a_join_from_the_newest_messages_says_what_it_left_out_and_the_pages_give_the_rest(
         gateway: Gateway, http: httpx.AsyncClient, sdlog: DeliveryLog) -> None:
     run_id, thread_id = unique("run"), unique("th")
-    chunks = turns(run_id, thread_id, 12)
-    w, offsets = await write_run(sdlog, run_id, chunks[:-4], close=False)
+    chunks = noisy_turns(run_id, thread_id, 12)
+    w, offsets = await write_run(sdlog, run_id, chunks[:-5], close=False)
     found = await latest_snapshot(sdlog.nc, sdlog.cfg, run_id)
     assert found is not None
     snap = found[0]
     assert b'"msgEnds"' in encode(snap).split(b"\n", 1)[0]  # the head says where each message ends
     k = offsets.index(str(snap.offset)) + 1
     url = f"{gateway.url}/api/chat"
-    want = window_of(snap, 5) + list(zip(offsets[k:], chunks[k:-4]))
+    want = window_of(snap, 5) + list(zip(offsets[k:], chunks[k:-5]))
     async with asyncio.timeout(30):
         got = await read_stream(http, "GET", url, stop_after=len(want),
                                 params={"runId": run_id, "offset": "snapshot", "messages": "5"})
     window = got.events[1][1]["value"]
     assert window["messagesOmitted"] == len(snap.messages) - 5 > 0 and window["cursor"]
+    assert window["eventsOmitted"] > 0  # the older turns' notices: their state, not each one
     want[1][1]["value"]["cursor"] = window["cursor"]
     assert got.events == want
     # The same through ?offset=-1&snapshot=1&messages=5 (TanStack's joinRun keeps the URL's parameters).
@@ -72,13 +99,14 @@ async def test_a_join_from_the_newest_messages_says_what_it_left_out_and_the_pag
     assert opted.events == want
     # A reconnect keeps messages=5 in its URL: with Last-Event-ID it is a plain resume.
     async with asyncio.timeout(30):
-        resumed = await read_stream(http, "GET", url, stop_after=2, params={"runId": run_id, "messages": "5"},
+        resumed = await read_stream(http, "GET", url, stop_after=len(offsets) - k,
+                                    params={"runId": run_id, "messages": "5"},
                                     headers={"Last-Event-ID": str(snap.offset)})
-    assert resumed.events == list(zip(offsets[k:k + 2], chunks[k:k + 2]))
+    assert 0 < len(offsets) - k and resumed.events == list(zip(offsets[k:], chunks[k:-5]))
 
     # Older messages, page by page from the cursor, until none is left: the whole snapshot.
     # The run goes on meanwhile (a later snapshot): a cursor's older messages do not change.
-    await w.append(chunks[-4:])
+    await w.append(chunks[-5:])
     await w.close("completed")
     older: list[dict[str, Any]] = []
     cursor, pages = window["cursor"], 0
@@ -144,7 +172,7 @@ async def test_the_newest_messages_are_read_from_only_the_parts_they_are_in(sdlo
     from gateway._snapshots import read_window, served_of
 
     run_id, thread_id = unique("run"), unique("th")
-    await write_run(sdlog, run_id, turns(run_id, thread_id, 12))
+    await write_run(sdlog, run_id, noisy_turns(run_id, thread_id, 12))
     final = await latest_final(sdlog.nc, sdlog.cfg, run_id)
     assert final is not None
     seqs = part_seqs(final)

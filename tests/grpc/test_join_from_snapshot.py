@@ -61,3 +61,38 @@ async def test_join_from_the_snapshots_newest_messages_over_grpc(grpc_gateway: A
     bad = await read_events(runs.JoinRun(pb.RunJoinRequest(run_id=run_id, from_snapshot=True,
                                                            snapshot_messages=5000)))
     assert bad.error is not None
+
+
+async def test_the_messages_a_window_left_out_are_paged_over_grpc(grpc_gateway: Any, runs: pbg.RunsStub,
+                                                                 dlog: DeliveryLog, log_cfg: LogConfig) -> None:
+    """``GetMessages``: from the ``snapshot.window`` chunk's cursor, page by page, the older
+    messages, every one once and in order, as ``GET /api/runs/{id}/messages`` gives them."""
+    import grpc
+
+    sdlog = DeliveryLog(dlog.nc, dataclasses.replace(log_cfg, snapshot_chunks=10, snapshot_bytes=1500))
+    run_id, thread_id = unique("run"), unique("th")
+    await write_run(sdlog, run_id, turns(run_id, thread_id, 6))
+    final = await latest_snapshot(sdlog.nc, sdlog.cfg, run_id)
+    assert final is not None
+    msgs = final[0].messages
+    got = await read_events(runs.JoinRun(pb.RunJoinRequest(run_id=run_id, from_snapshot=True, snapshot_messages=3)))
+    cursor = json.loads(got.chunks[1][1])["value"]["cursor"]
+    older: list[Any] = []
+    while cursor:
+        page = await runs.GetMessages(pb.RunMessagesRequest(run_id=run_id, limit=2, before=cursor))
+        assert page.run_id == run_id and page.total == len(msgs) and page.snapshot_offset == str(final[0].offset)
+        assert page.first_index == len(msgs) - 3 - len(older) - len(json.loads(page.messages_json))
+        older = json.loads(page.messages_json) + older
+        cursor = page.next_cursor
+    assert older + msgs[-3:] == msgs
+    newest = await runs.GetMessages(pb.RunMessagesRequest(run_id=run_id, limit=2))
+    assert json.loads(newest.messages_json) == msgs[-2:] and newest.next_cursor
+    # Bad input: INVALID_ARGUMENT naming the field; an unknown run: NOT_FOUND.
+    for req, field in ((pb.RunMessagesRequest(run_id=run_id, before="nope"), "before"),
+                       (pb.RunMessagesRequest(run_id=run_id, limit=1001), "limit")):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await runs.GetMessages(req)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in (err.value.details() or "")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await runs.GetMessages(pb.RunMessagesRequest(run_id=unique("nope")))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from baton.log import latest_snapshot
 from baton_tools.testing.cluster import start_host
 from tests.conftest import REPO, unique
 from tests.gateway.conftest import SLOW_TEXT, host_settings
@@ -111,3 +112,9 @@ async def test_ts_client(host: Any, grpc_gateway: Any, http: httpx.AsyncClient, 
                               "untilOnRun": True}
     assert (errors["keepEnded"]["code"], errors["keepEnded"]["reason"]) == ("FAILED_PRECONDITION", "RUN_ENDED")
     assert (errors["keepBad"]["code"], errors["keepBad"]["metadata"]["field"]) == ("INVALID_ARGUMENT", "ttl_seconds")
+    # The run's messages, paged from its final snapshot: every one once, in order.
+    final = await latest_snapshot(dlog.nc, dlog.cfg, run)
+    assert final is not None and result["messagesOffset"] == str(final[0].offset)
+    assert result["messages"] == final[0].messages and result["messagesTotal"] == len(final[0].messages) > 2
+    bad_cursor = errors["messagesBadCursor"]
+    assert (bad_cursor["code"], bad_cursor["metadata"]["field"]) == ("INVALID_ARGUMENT", "before")

@@ -18,8 +18,8 @@ import * as grpc from "@grpc/grpc-js";
 
 import {
   ActiveRunResponse, AgentListResponse, LogChunk, RunCancelRequest, RunCancelResponse, RunEvent, RunInfo,
-  RunJoinRequest, RunKeepResponse, RunListResponse, RunStartRequest, RunsClient as RunsStub, ThreadDeleteResponse, ThreadForkResponse,
-  Transcript,
+  RunJoinRequest, RunKeepResponse, RunListResponse, RunMessagesPage, RunStartRequest, RunsClient as RunsStub, ThreadDeleteResponse,
+  ThreadForkResponse, Transcript,
 } from "./gen/baton/v1/runs_service";
 import { ErrorInfo } from "./gen/google/rpc/error_details";
 import { Status } from "./gen/google/rpc/status";
@@ -320,6 +320,25 @@ export class BatonRunsClient {
     return {
       threadId: r.threadId, revision: r.revision, messages: r.messagesJson ? JSON.parse(r.messagesJson) : [],
       nextPageToken: r.nextPageToken, totalMessages: r.totalMessages, firstIndex: r.firstIndex,
+    };
+  }
+
+  /**
+   * A page of the run's messages from its latest snapshot, newest first (oldest of the page
+   * first): the older messages a `joinRun(..., { snapshotMessages })` left out. `before`: the
+   * `snapshot.window` chunk's `cursor` or a page's `nextCursor` (none: the newest page);
+   * `limit` 1..1000 (0: every one before it). `nextCursor` is "" when none is left;
+   * `snapshotOffset` "" when the run has no snapshot yet (no messages). INVALID_ARGUMENT for a
+   * cursor that is not one of this run's; NOT_FOUND (UNKNOWN_RUN) for another tenant's run.
+   */
+  async getMessages(runId: string, opts: { limit?: number; before?: string } = {}): Promise<{
+    runId: string; messages: unknown[]; total: number; firstIndex: number; nextCursor: string; snapshotOffset: string;
+  }> {
+    const r = await this.unary<object, RunMessagesPage>(
+      "getMessages", { runId, limit: opts.limit ?? 0, before: opts.before ?? "" });
+    return {
+      runId: r.runId, messages: r.messagesJson ? JSON.parse(r.messagesJson) : [], total: r.total,
+      firstIndex: r.firstIndex, nextCursor: r.nextCursor, snapshotOffset: r.snapshotOffset,
     };
   }
 

@@ -71,6 +71,16 @@ try {
   result.run = { status: RunStatus[info.status], driverHost: info.driverHost, epoch: info.epoch };
   result.active = await runs.findActiveRun(threadId);
   result.transcript = (await runs.getTranscript(threadId)).messages;
+  // The run's messages page by page from its final snapshot, newest first (GetMessages).
+  let page = await runs.getMessages(runId, { limit: 2 });
+  const paged = [...page.messages];
+  result.messagesTotal = page.total;
+  result.messagesOffset = page.snapshotOffset;
+  while (page.nextCursor) {
+    page = await runs.getMessages(runId, { limit: 2, before: page.nextCursor });
+    paged.unshift(...page.messages);
+  }
+  result.messages = paged;
   result.listed = [];
   for await (const r of runs.listRuns({ threadId, pageSize: 1 })) result.listed.push(r.runId);
   result.agents = (await runs.listAgents()).agents.map((a) => a.kind);
@@ -97,6 +107,7 @@ try {
     cancelNothing: await errorOf(() => runs.cancelRun({})),
     keepEnded: await errorOf(() => runs.keepRun(runId, 600)),
     keepBad: await errorOf(() => runs.keepRun(runId, -1)),
+    messagesBadCursor: await errorOf(() => runs.getMessages(runId, { before: "nope" })),
   };
   result.ok = true;
 } catch (err) {

@@ -110,9 +110,15 @@ export function beginWindow (view, value) {
     try {
       const page = await getJSON(`/api/runs/${enc(view.runId)}/messages?limit=${MESSAGES_PER_PAGE}&before=${enc(cursor)}`)
       const holder = el('div', 'older-page')
+      // Scrolled by what the page grew above the reader, not the holder's height: a tool card the
+      // window drew for its result moves up into the holder with its call, adding no height.
+      // Measured on the run's last element, which never moves into the holder (rounded up: a
+      // fraction of a pixel too far keeps what the reader saw in view, never above it).
+      const last = view.body.lastElementChild
+      const was = last.getBoundingClientRect().top
       box.after(holder)
       drawMessages(view, page.messages, page.firstIndex, holder)
-      window.scrollBy(0, holder.offsetHeight)
+      window.scrollBy(0, Math.ceil(last.getBoundingClientRect().top - was))
       left = page.firstIndex
       cursor = page.nextCursor
     } catch (err) {
@@ -121,7 +127,14 @@ export function beginWindow (view, value) {
     loading = false
     button.disabled = false
     if (cursor) label()
-    else { observer.disconnect(); box.remove() }
+    else {
+      // The marker goes: what is below it moves up by its height, so the page scrolls up as much
+      // (the reader keeps their place).
+      observer.disconnect()
+      const h = box.offsetHeight
+      box.remove()
+      window.scrollBy(0, -h)
+    }
   }
   button.addEventListener('click', load)
   // Watched after the snapshot's messages are drawn (the marker is in view until then).
