@@ -61,9 +61,16 @@ protos-check: venv
 # two, two cores stayed about half idle (1.1 cores busy on average), with three 1.4, and the
 # suite took 8.3 instead of 11 minutes. TEST_WORKERS=0 runs in one process. A worker that
 # crashes is not restarted: its test fails and the run ends, where a restart could hang xdist.
+# asyncio's debug mode (pyproject.toml turns it on for a bare `pytest`) records a stack for
+# every callback and task: measured here, tests/gateway/test_approvals.py took 230 s with it
+# and 129 s without (47 s and 31 s of CPU). `make test` runs without it; the fault suite
+# (`make test-faults`, CI's slow cases) and `ASYNCIO_DEBUG=true make test` keep its checks
+# (non-threadsafe loop calls, never-awaited coroutines' origins).
+ASYNCIO_DEBUG ?= false
 TEST_WORKERS ?= 3
 test: venv node-deps ts-client check
-	$(PY) -m pytest -n $(TEST_WORKERS) --max-worker-restart=0 --dist loadscope --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --max-worker-restart=0 --dist loadscope --durations=15 \
+	  -o asyncio_debug=$(ASYNCIO_DEBUG) $(PYTEST_ARGS)
 
 # The server-free core (pure logic, no etcd/NATS/Docker/node): seconds.
 test-unit: venv
