@@ -21,7 +21,7 @@ from baton import errors as e
 from baton.ids import run_position
 from baton.runs import TERMINAL_PB
 from baton.v1 import runs_pb2
-from gateway._service import _cancel, _views
+from gateway._service import _cancel, _start, _views
 from gateway._state import GatewayState
 from gateway._ui_messages import to_ui_messages
 from gateway._ui_stream import prompt_messages, thread_messages
@@ -89,6 +89,11 @@ async def thread_ui(st: GatewayState, tenant: str, thread_id: str) -> tuple[list
     """
     await _views.thread_visible_for(st, tenant, thread_id, must_exist=False)
     active = await _cancel.visible_active(st, tenant, thread_id)
+    if active is not None and await _start.run_finishing(st, active.run_id):
+        # Its log is closed and its record turned terminal: a client that read to the end
+        # and at once reloads must get the finished run's answer, not only its prompt (the
+        # host writes the terminal status one write after the close).
+        active = await _cancel.visible_active(st, tenant, thread_id)
     scope = tenant if st.settings.auth_enabled else None
     recs = await st.coordinator.list_runs(thread_id=thread_id, limit=0, tenant=scope)
     finished = sorted((r for r in recs if r.status in TERMINAL_PB and (active is None or r.run_id != active.run_id)),

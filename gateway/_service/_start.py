@@ -136,7 +136,7 @@ async def _start_run(st: GatewayState, req: StartRequest, tenant_id: str) -> run
 async def start_host_request(st: GatewayState, host_req: sandbox_host_pb2.StartRunRequest) -> runs_pb2.RunRecord:
     """``StartRun`` of ``host_req`` on a live host (the next one on a host's trouble), once
     this gateway's admission control gives it a slot (gateway/_admission.py); a thread whose
-    previous run is finishing is waited for (:func:`_finishing`).
+    previous run is finishing is waited for (:func:`run_finishing`).
 
     Raises:
         TooManyStarts: no start slot (nothing was created).
@@ -188,7 +188,7 @@ async def _start_admitted(st: GatewayState, host_req: sandbox_host_pb2.StartRunR
         try:
             host, resp = await try_hosts(st.hosts, hosts, start, next_on=next_on)
         except e.ThreadBusy as busy:
-            if not await _finishing(st, busy.active_run_id):
+            if not await run_finishing(st, busy.active_run_id):
                 raise
             host, resp = await try_hosts(st.hosts, hosts, start, next_on=next_on)
     except e.ThreadBusy:
@@ -231,7 +231,7 @@ async def start_on(st: GatewayState, host: coordinator_pb2.HostInfo, req: sandbo
                      host.host_id, req.run_id, RPC_TIMEOUT)
 
 
-async def _finishing(st: GatewayState, run_id: str) -> bool:
+async def run_finishing(st: GatewayState, run_id: str) -> bool:
     """Whether ``run_id`` ended: its log is closed and its record turned terminal in time.
 
     A host closes a run's log before it writes the terminal status (a successor finalizes a
