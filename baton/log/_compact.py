@@ -8,6 +8,8 @@ by a snapshot (an old log, or one whose final snapshot was never stored) is left
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import asyncio
 import logging
 
@@ -27,8 +29,12 @@ log = logging.getLogger(__name__)
 def is_compacted(first: RawRecord | None) -> bool:
     """Whether a log whose first stored record is ``first`` was compacted: it begins with its
     close record, which was not the log's first record (not published on an empty subject)."""
-    return (first is not None and first.headers.get(H.KIND) == "close"
-            and first.headers.get(H.EXPECTED_LAST_SUBJECT_SEQ) != "0")
+    return first is not None and begins_compacted(first.headers)
+
+
+def begins_compacted(headers: Mapping[str, str]) -> bool:
+    """:func:`is_compacted` from the first stored record's headers."""
+    return headers.get(H.KIND) == "close" and headers.get(H.EXPECTED_LAST_SUBJECT_SEQ) != "0"
 
 
 #: What :func:`compact_outcome` found: compacted now, compacted before, not closed yet (or

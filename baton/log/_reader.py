@@ -13,7 +13,7 @@ from nats.aio.client import Client as NATS
 from baton.errors import InvalidOffset, LogUnavailable, OffsetExpired
 from baton.log import _headers as H
 from baton.log._api import first_on_subject, last_on_subject
-from baton.log._compact import is_compacted
+from baton.log._compact import begins_compacted, is_compacted
 from baton.log._config import LogConfig
 from baton.log._consumer import OrderedConsumer
 from baton.log._snapshots import latest_final
@@ -173,6 +173,13 @@ class LogReader(AsyncIterator[Item]):
                     prev = rec.headers.get(H.EXPECTED_LAST_SUBJECT_SEQ)
                     if seen is not None and prev is not None and prev.isdigit() and int(prev) > seen:
                         raise OffsetExpired(self.run_id, self._last_offset or self.after, str(rec.seq))
+                    if seen is None and self._parsed == "-1" and begins_compacted(rec.headers):
+                        # A read from the start that meets a compacted log (its first record
+                        # a close not published on an empty subject): the purge came between
+                        # the caller's "is it compacted" check and this read. A gap, never
+                        # a silent jump to the close. (A log trimmed by a per-subject limit
+                        # still reads from what is kept.)
+                        raise OffsetExpired(self.run_id, self.after, str(rec.seq))
                     seen = rec.seq
                     kind = rec.headers.get(H.KIND, "chunk")
                     if kind == "chunk":

@@ -30,6 +30,9 @@ from starlette.responses import Response, StreamingResponse
 
 from baton import errors as e
 from baton.ids import validate_id
+from baton.keep import check_keep_ttl
+from baton.runs import TERMINAL_PB
+from gateway._service import _keep
 from gateway._reader import CaughtUp, Chunks, End, Failed, Gap, RunRead, SnapshotStep
 from gateway._snapshots import ServedSnapshot, log_compacted
 from gateway.durable_streams import _protocol as P
@@ -37,6 +40,7 @@ from gateway.durable_streams._routes import DSSettings, text
 
 CONTENT_TYPE = "application/json"
 SNAPSHOT = "snapshot"  # the read offset of a join from the latest snapshot
+KEEP_PARAM = "keepTtl"  # a read's keep-alive, as on /api/chat's join
 
 
 def to_ds(seq: int) -> str:
@@ -89,11 +93,21 @@ class RunLogs:
         """Dispatch a request for one run's log."""
         run_id = validate_id(raw_id, "runId")
         method = request.method.upper()
+        # ``keepTtl`` (seconds) on a GET keeps the run that long should it be detached, as on
+        # a join of /api/chat (docs/api.md "Keeping a detached run"); checked before anything.
+        keep_ttl = 0.0
+        if method == "GET" and KEEP_PARAM in request.query_params:
+            keep_ttl = check_keep_ttl(request.query_params[KEEP_PARAM], KEEP_PARAM)
         # 404 for unknown or other tenants' runs; a read looks at the run for a takeover.
-        await self._runs.read_view(tenant, run_id, reading=method == "GET")
+        view = await self._runs.read_view(tenant, run_id, reading=method == "GET")
         if method in ("PUT", "POST", "DELETE"):
             return text(405, "A run's log is read-only: only the run's fenced writer appends to it",
                         {"allow": "GET, HEAD, OPTIONS"})
+        if keep_ttl > 0 and view.record.status not in TERMINAL_PB:
+            try:
+                await _keep.keep_run(self._runs.state, tenant, _keep.KeepRequest(run_id, keep_ttl))
+            except e.RunEnded:
+                pass  # it ended meanwhile: nothing to keep, the read serves its end
         tail = await self._log.last_record(run_id)
         tail_seq = tail.offset if tail is not None else 0
         closed = tail is not None and tail.kind == "close"

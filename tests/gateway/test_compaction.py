@@ -102,6 +102,19 @@ async def test_a_log_younger_than_the_age_is_left_and_looked_at_again(store: Run
     assert (await sweep.sweep(time.time() + 3600))["compacted"] == 1  # the same sweep looks again
 
 
+async def test_a_read_from_the_start_of_a_compacted_log_is_a_gap_not_just_the_close(
+        store: RunStore, sdlog: DeliveryLog) -> None:
+    # The instant between a join's "is it compacted" check and its read: the read itself
+    # starts after the purge. Before, it yielded nothing and ended at the close (a silent gap).
+    run_id, _, offsets = await _finished_run(store, sdlog, time.time() - 10)
+    assert await sdlog.compact(run_id, now=time.time() + 7200, older_than=3600)
+    with pytest.raises(OffsetExpired) as info:
+        async with sdlog.read(run_id, "-1") as r:
+            got = [o async for o, _ in r]
+            assert not got
+    assert int(info.value.earliest_offset) > int(offsets[-1])
+
+
 async def test_a_reader_in_the_middle_gets_a_gap_or_everything_never_a_silent_end(
         store: RunStore, sdlog: DeliveryLog) -> None:
     run_id, thread_id = unique("run"), unique("th")

@@ -155,3 +155,24 @@ async def test_an_ended_run_cannot_be_kept(make_gateway: Any, cc: CoordinatorCli
     async with httpx.AsyncClient(trust_env=False, timeout=30) as http:
         r = await http.post(f"{gw.url}/api/runs/{rec.run_id}/keep", json={"ttlSeconds": 600}, headers=ALPHA)
         assert r.status_code == 409 and r.json()["reason"] == "RUN_ENDED", r.text
+
+
+async def test_a_ds_read_with_keep_ttl_keeps_the_run_and_a_bad_one_is_refused(
+        make_gateway: Any, cc: CoordinatorClient) -> None:
+    gw: Gateway = await make_gateway(api_keys=KEYS)
+    rec = await _detached_run(cc)
+    url = f"{gw.url}/ds/runs/{rec.run_id}"
+    async with httpx.AsyncClient(trust_env=False, timeout=30) as http:
+        for q in ("0", "-5", "nan", "inf", "soon", ""):
+            r = await http.get(url, params={"offset": "-1", "keepTtl": q}, headers=ALPHA)
+            assert r.status_code == 400 and "keepTtl" in r.text, (q, r.status_code, r.text)
+        assert not (await cc.get_run(rec.run_id)).record.HasField("kept_until")  # nothing granted
+        # Another tenant's run is unknown, and nothing is kept for it.
+        r = await http.get(url, params={"offset": "-1", "keepTtl": "600"}, headers=BETA)
+        assert r.status_code == 404, r.text
+        assert not (await cc.get_run(rec.run_id)).record.HasField("kept_until")
+        before = time.time()
+        r = await http.get(url, params={"offset": "-1", "keepTtl": "7200"}, headers=ALPHA)
+        assert r.status_code == 200, r.text
+    kept = (await cc.get_run(rec.run_id)).record.kept_until
+    assert before + 7200 <= kept <= time.time() + 7200

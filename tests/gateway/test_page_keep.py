@@ -1,4 +1,5 @@
-"""The chat page shows until when a client asked to keep its run (tests/node/page_keep.mjs)."""
+"""The chat page and the operator view show until when a client asked to keep its run
+(tests/node/page_keep.mjs)."""
 from __future__ import annotations
 
 import time
@@ -41,8 +42,9 @@ async def test_the_page_says_until_when_a_kept_run_is_kept(make_gateway: Gateway
             assert r.status_code == 200, r.text
             kept_until = r.json()["keptUntil"]
         result = await run_page_script(node, "page_keep.mjs", gw, timeout=180,
-                                       env={"BATON_THREAD": thread, "BATON_KEPT_UNTIL": repr(kept_until)})
-        assert "kept until" in result["info"]
+                                       env={"BATON_THREAD": thread, "BATON_RUN": run,
+                                            "BATON_KEPT_UNTIL": repr(kept_until)})
+        assert "kept until" in result["info"] and "kept until" in result["opsRow"][6]
         await writer.close("aborted", finished_at=time.time())
         await cc.update_run(run, runs_pb2.RunRecord(status=runs_pb2.RUN_STATUS_ABORTED, finished_at=time.time()),
                             ["status", "finished_at"], epoch=epoch, session_id=session)

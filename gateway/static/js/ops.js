@@ -15,6 +15,15 @@ function stateOf (r) {
   return r.status
 }
 
+// When the reaper acts on a detached run, and a client's keep (keptUntil: it holds off the
+// reaper until then should the run be detached, read or not now).
+function reaperCell (r) {
+  const parts = []
+  if (r.reapAt) parts.push(`${clock(r.reapAt)} (${relative(r.reapAt)})`)
+  if (r.keptUntil) parts.push(`kept until ${clock(r.keptUntil)}`)
+  return parts.length ? parts.join(' · ') : '—'
+}
+
 function runLink (runId) {
   const a = el('a', 'run-link', runId)
   a.href = `/ops?run=${enc(runId)}`
@@ -126,7 +135,7 @@ async function refresh () {
       runLink(r.runId), threadLink(r.threadId), r.hostDead ? hostLost() : badge(stateOf(r)),
       r.hostDead ? `${r.driverHost} (dead)` : r.driverHost ?? '—', String(r.epoch),
       r.detachedSince ? `${clock(r.detachedSince)} (${relative(r.detachedSince)})` : '—',
-      r.reapAt ? `${clock(r.reapAt)} (${relative(r.reapAt)})` : '—'
+      reaperCell(r)
     ]
   })), 'No live run.')
   fillTable('takeovers', o.takeovers.map((r) => {
