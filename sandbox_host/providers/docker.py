@@ -55,6 +55,7 @@ from sandbox_host.daemon._bundle import source_tar
 from sandbox_host.providers._base import Provider, SandboxHandle, SandboxSpec, check_input
 from sandbox_host.providers import _workspace as _ws
 from sandbox_host.providers import _sandbox_tls
+from sandbox_host.providers._daemon_backed import DaemonBacked
 from sandbox_host.providers._daemon_client import DaemonClient, DaemonUnreachable, SandboxGone
 from sandbox_host.providers._redact import redact
 
@@ -89,7 +90,7 @@ _DAEMON_LOOP = (
 )
 
 
-class DockerProvider(Provider):
+class DockerProvider(DaemonBacked, Provider):
     """Sandboxes as Docker containers, one per run.
 
     Args:
@@ -421,31 +422,6 @@ class DockerProvider(Provider):
             FileNotFoundError: the file or the container does not exist.
         """
         return await self._daemon(handle).read_file(path, offset, limit)
-
-    async def file_size(self, handle: SandboxHandle, path: str) -> int | None:
-        """Size in bytes; ``None`` when the file (or the container) does not exist."""
-        return await self._daemon(handle).file_size(path)
-
-    async def kill(self, handle: SandboxHandle, signal: int) -> bool:
-        """Signal the agent's process group (the daemon's ``kill``); ``False`` when nothing
-        was signalled or the container is gone."""
-        pgid = handle.data.get("pgid")
-        return await self._daemon(handle).kill(int(pgid) if pgid else None, signal)
-
-    def cert_check_every(self) -> float | None:
-        """See :meth:`Provider.cert_check_every` (with a sandbox CA: a sixth of its TTL)."""
-        return _sandbox_tls.check_every(self._ca.ttl) if self._ca is not None else None
-
-    async def renew_tls(self, handle: SandboxHandle) -> float | None:
-        """See :meth:`Provider.renew_tls` (a certificate minted by the sandbox CA, through the daemon)."""
-        if self._ca is None or not handle.data.get("daemon_tls"):
-            return None
-        return await _sandbox_tls.renew_if_due(self._daemon(handle), self._ca, handle.key)
-
-    async def processes_alive(self, handle: SandboxHandle) -> bool:
-        """Whether the agent's process group has a member (docker-init reaps zombies)."""
-        pgid = handle.data.get("pgid")
-        return await self._daemon(handle).processes_alive(int(pgid) if pgid else None)
 
     async def exists(self, handle: SandboxHandle) -> bool:
         """Whether the container exists and runs (a stopped one can no longer be exec'd)."""

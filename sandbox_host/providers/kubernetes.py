@@ -48,6 +48,7 @@ from baton.errors import SandboxBuildFailed, SandboxReclaimFailed
 from sandbox_host.daemon import sandbox_token
 from sandbox_host.providers import _k8s_pod as kp
 from sandbox_host.providers import _sandbox_tls
+from sandbox_host.providers._daemon_backed import DaemonBacked
 from sandbox_host.providers import _workspace as _ws
 from sandbox_host.providers._base import Provider, SandboxHandle, SandboxSpec, check_input
 from sandbox_host.providers._daemon_client import DaemonClient, DaemonUnreachable, SandboxGone
@@ -63,7 +64,7 @@ _TRANSPORT_ERRORS = (httpx2.TransportError, OSError)
 log = logging.getLogger("baton.sandbox_host.kubernetes")
 
 
-class KubernetesProvider(Provider):
+class KubernetesProvider(DaemonBacked, Provider):
     """Sandboxes as pods (see the module docstring).
 
     Args:
@@ -486,30 +487,6 @@ class KubernetesProvider(Provider):
     async def read_file(self, handle: SandboxHandle, path: str, offset: int = 0, limit: int | None = None) -> bytes:
         """Bytes of a file from ``offset``; ``FileNotFoundError`` when it or the pod is gone."""
         return await self._daemon(handle).read_file(path, offset, limit)
-
-    async def file_size(self, handle: SandboxHandle, path: str) -> int | None:
-        """Size in bytes; ``None`` when the file or the pod does not exist."""
-        return await self._daemon(handle).file_size(path)
-
-    async def kill(self, handle: SandboxHandle, signal: int) -> bool:
-        """Signal the agent's process group; ``False`` when nothing was (or the pod is gone)."""
-        pgid = handle.data.get("pgid")
-        return await self._daemon(handle).kill(int(pgid) if pgid else None, signal)
-
-    def cert_check_every(self) -> float | None:
-        """See :meth:`Provider.cert_check_every` (with a sandbox CA: a sixth of its TTL)."""
-        return _sandbox_tls.check_every(self._ca.ttl) if self._ca is not None else None
-
-    async def renew_tls(self, handle: SandboxHandle) -> float | None:
-        """See :meth:`Provider.renew_tls` (a certificate minted by the sandbox CA, through the daemon)."""
-        if self._ca is None or not handle.data.get("daemon_tls"):
-            return None
-        return await _sandbox_tls.renew_if_due(self._daemon(handle), self._ca, handle.key)
-
-    async def processes_alive(self, handle: SandboxHandle) -> bool:
-        """Whether the agent's processes run (``False`` once the pod is gone)."""
-        pgid = handle.data.get("pgid")
-        return await self._daemon(handle).processes_alive(int(pgid) if pgid else None)
 
     async def export_tree(self, handle: SandboxHandle) -> bytes:
         """Tar of ``work/`` and ``home/``; ``SandboxReclaimFailed`` when the pod is gone."""
