@@ -40,17 +40,25 @@ async def test_join_from_snapshot_over_grpc(grpc_gateway: Any, runs: pbg.RunsStu
     assert k < len(offsets)
 
 
-async def test_join_from_the_snapshots_newest_messages_over_grpc(grpc_gateway: Any, runs: pbg.RunsStub,
-                                                                 dlog: DeliveryLog, log_cfg: LogConfig) -> None:
-    """``snapshot_messages``: the newest N messages after a ``snapshot.window`` chunk (no offset),
-    as over HTTP with ``messages=N``."""
+async def _joined_to_newest_three(runs: pbg.RunsStub, dlog: DeliveryLog,
+                                  log_cfg: LogConfig) -> tuple[str, Any, Any]:
+    """A finished 6-turn run with snapshots, joined over gRPC from its newest 3 messages:
+    ``(run id, its final snapshot, what the join read)``."""
     sdlog = DeliveryLog(dlog.nc, dataclasses.replace(log_cfg, snapshot_chunks=10, snapshot_bytes=1500))
     run_id, thread_id = unique("run"), unique("th")
     await write_run(sdlog, run_id, turns(run_id, thread_id, 6))
     final = await latest_snapshot(sdlog.nc, sdlog.cfg, run_id)
     assert final is not None
-    msgs = final[0].messages
     got = await read_events(runs.JoinRun(pb.RunJoinRequest(run_id=run_id, from_snapshot=True, snapshot_messages=3)))
+    return run_id, final[0], got
+
+
+async def test_join_from_the_snapshots_newest_messages_over_grpc(grpc_gateway: Any, runs: pbg.RunsStub,
+                                                                 dlog: DeliveryLog, log_cfg: LogConfig) -> None:
+    """``snapshot_messages``: the newest N messages after a ``snapshot.window`` chunk (no offset),
+    as over HTTP with ``messages=N``."""
+    run_id, final, got = await _joined_to_newest_three(runs, dlog, log_cfg)
+    msgs = final.messages
     assert got.error is None and got.end == "completed"
     events = [json.loads(j) for _, j in got.chunks]
     assert [o for o, _ in got.chunks][:-1] == [""] * (len(events) - 1)
@@ -69,18 +77,13 @@ async def test_the_messages_a_window_left_out_are_paged_over_grpc(grpc_gateway: 
     messages, every one once and in order, as ``GET /api/runs/{id}/messages`` gives them."""
     import grpc
 
-    sdlog = DeliveryLog(dlog.nc, dataclasses.replace(log_cfg, snapshot_chunks=10, snapshot_bytes=1500))
-    run_id, thread_id = unique("run"), unique("th")
-    await write_run(sdlog, run_id, turns(run_id, thread_id, 6))
-    final = await latest_snapshot(sdlog.nc, sdlog.cfg, run_id)
-    assert final is not None
-    msgs = final[0].messages
-    got = await read_events(runs.JoinRun(pb.RunJoinRequest(run_id=run_id, from_snapshot=True, snapshot_messages=3)))
+    run_id, final, got = await _joined_to_newest_three(runs, dlog, log_cfg)
+    msgs = final.messages
     cursor = json.loads(got.chunks[1][1])["value"]["cursor"]
     older: list[Any] = []
     while cursor:
         page = await runs.GetMessages(pb.RunMessagesRequest(run_id=run_id, limit=2, before=cursor))
-        assert page.run_id == run_id and page.total == len(msgs) and page.snapshot_offset == str(final[0].offset)
+        assert page.run_id == run_id and page.total == len(msgs) and page.snapshot_offset == str(final.offset)
         assert page.first_index == len(msgs) - 3 - len(older) - len(json.loads(page.messages_json))
         older = json.loads(page.messages_json) + older
         cursor = page.next_cursor
