@@ -51,6 +51,11 @@ ASKED = "approval-requested"
 ANSWER_ACTIVITY = "approval_answer"
 REDELIVERED = "approval.redelivered"
 
+#: How long an answering user looks for a question (s): a slot's wait for its run.
+ASK_WAIT = 180.0
+#: Between two looks (s).
+POLL_EVERY = 0.5
+
 
 def request_id(i: int) -> str:
     """The request id (and so the approval id: it is a valid input id) of ask ``i``."""
@@ -241,9 +246,10 @@ class Answerer:
 
     async def _until_asked(self, aid: str, reload_chunks: Any) -> bool:
         """Poll until ``aid`` was asked (seen where :attr:`Plan.mode` says); false if the
-        run ended first."""
+        run ended first or :data:`ASK_WAIT` passed (as long as a slot waits for its run)."""
         polls = 0
-        while True:
+        deadline = Deadline.after(ASK_WAIT)
+        while not deadline.expired:
             if self.plan.mode == "view" or (self.plan.mode == "reader" and polls % 4 == 3):
                 if aid in await self._pending():
                     return True  # (a reader that left early sees no question: the view does)
@@ -253,7 +259,8 @@ class Answerer:
             if polls % 4 == 3 and await self.terminal():
                 return False
             polls += 1
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(POLL_EVERY)
+        return False
 
     async def _pending(self) -> list[str]:
         try:
