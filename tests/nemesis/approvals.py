@@ -34,6 +34,7 @@ from typing import Any, Iterable
 import httpx
 
 from baton.retry import Attempts, Deadline
+from sandbox_host.translate._inputs import ANSWER_ACTIVITY, APPROVAL_REDELIVERED, APPROVAL_REQUESTED
 from tests.faults.harness import eventually
 
 #: A question's tool call per journal (of ``tests.faults.harness``'s): the ``tool_use`` ids
@@ -45,11 +46,6 @@ ASKS = {
 }
 #: The message a denial carries (the replay agent writes it as the call's error result).
 DENIAL = "nemesis: not this one"
-#: The ``type`` / ``name`` of the log's chunks that say an approval was asked or an answer
-#: reached the agent (``sandbox_host/translate/_inputs.py``).
-ASKED = "approval-requested"
-ANSWER_ACTIVITY = "approval_answer"
-REDELIVERED = "approval.redelivered"
 
 #: How long an answering user looks for a question (s): a slot's wait for its run.
 ASK_WAIT = 180.0
@@ -155,7 +151,7 @@ class Plan:
 def asked(chunks: Iterable[dict[str, Any]]) -> list[str]:
     """The approval ids asked in ``chunks`` (``CUSTOM approval-requested``), in order."""
     return [c["value"]["approval"]["id"] for c in chunks
-            if c.get("type") == "CUSTOM" and c.get("name") == ASKED and isinstance(c.get("value"), dict)]
+            if c.get("type") == "CUSTOM" and c.get("name") == APPROVAL_REQUESTED and isinstance(c.get("value"), dict)]
 
 
 def deliveries(chunks: Iterable[dict[str, Any]]) -> list[str]:
@@ -166,7 +162,7 @@ def deliveries(chunks: Iterable[dict[str, Any]]) -> list[str]:
     for c in chunks:
         if c.get("type") == "ACTIVITY_SNAPSHOT" and c.get("activityType") == ANSWER_ACTIVITY:
             out.append(str((c.get("content") or {}).get("approvalId")))
-        elif c.get("type") == "CUSTOM" and c.get("name") == REDELIVERED:
+        elif c.get("type") == "CUSTOM" and c.get("name") == APPROVAL_REDELIVERED:
             out.append(str((c.get("value") or {}).get("approvalId")))
     return out
 
