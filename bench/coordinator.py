@@ -4,8 +4,9 @@ Claims/s and record updates/s at 1 and 20 concurrent callers through the coordin
 (a real ``python -m coordinator`` subprocess, gRPC), side by side with raw ``aetcd``
 transactions doing the same claim and update (read the record and claim, then one
 transaction comparing the record's mod revision and, for a claim, the claim key's absence).
-Targets: coordinator >= 0.5 x the raw etcd rate; p99 claim latency <= 10 ms at 20
-callers.
+Targets: coordinator >= 0.9 x the raw etcd rate with one caller, >= 0.8 x at 20 callers,
+>= 0.6 x with a cold cache (the floor these stand against: ``floor-txn`` below); p99 claim
+latency <= 10 ms at 20 callers.
 
 Paths:
   * ``raw-etcd``: the baseline above (a client that holds no state must read first).
@@ -326,6 +327,13 @@ async def _run(server: EtcdServer, tmp: pathlib.Path) -> dict[str, Any]:
         "min_ratio_vs_raw": min(r["ratio_vs_raw"] for r in rows if r["path"] == "coordinator"),
         "min_ratio_vs_raw_cold": min(r["ratio_vs_raw"] for r in rows if r["path"] == "coord-cold"),
         "ratio_target": 0.5,
+        # The targets per cell (issue "the coordinator's hot path"): >= 0.9 x raw etcd with
+        # one caller, >= 0.8 x at 20, >= 0.6 x with a cold cache.
+        "ratio_at_1": min(r["ratio_vs_raw"] for r in rows if r["path"] == "coordinator" and r["concurrency"] == 1),
+        "ratio_at_1_target": 0.9,
+        "ratio_at_20": min(r["ratio_vs_raw"] for r in rows if r["path"] == "coordinator" and r["concurrency"] == 20),
+        "ratio_at_20_target": 0.8,
+        "ratio_cold_target": 0.6,
         "p99_claim_ms_at_20": coord20["p99_ms"],
         "p99_claim_ms_at_20_raw": raw20["p99_ms"],
         "p99_target_ms": 10.0,
@@ -334,6 +342,8 @@ async def _run(server: EtcdServer, tmp: pathlib.Path) -> dict[str, Any]:
     print(f"min coordinator/raw ratio {t['min_ratio_vs_raw']:.2f} (target >= 0.5; cold cache "
           f"{t['min_ratio_vs_raw_cold']:.2f}); p99 claim at 20 callers {t['p99_claim_ms_at_20']:.2f} ms "
           f"(target <= 10 ms; raw etcd {t['p99_claim_ms_at_20_raw']:.2f} ms)")
+    print(f"coordinator/raw: 1 caller {t['ratio_at_1']:.2f} (target >= 0.9), 20 callers {t['ratio_at_20']:.2f} "
+          f"(target >= 0.8), cold cache {t['min_ratio_vs_raw_cold']:.2f} (target >= 0.6)")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2))
     return result
