@@ -18,6 +18,8 @@ from baton.errors import InvalidArgument
 
 MAX_ID_BYTES = 256
 _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+#: A value of unreserved characters only: :func:`encode_token` returns it as it is.
+_ALL_UNRESERVED = re.compile(r"[A-Za-z0-9_-]*")
 _DECODE = re.compile(r"%([0-9A-F]{2})")
 # File names are limited to 255 bytes; long encodings are shortened with a digest.
 _MAX_FILE_STEM = 180
@@ -86,6 +88,8 @@ def input_id_for(raw: str) -> str:
 
 def encode_token(value: str) -> str:
     """Injective, subject- and shell-safe encoding of an id (``%XX`` escapes)."""
+    if _ALL_UNRESERVED.fullmatch(value):  # the usual id: nothing to escape (a hot path)
+        return value
     out: list[str] = []
     for b in value.encode("utf-8", "surrogatepass"):
         out.append(chr(b) if b in _UNRESERVED else f"%{b:02X}")

@@ -25,6 +25,7 @@ import grpc
 from aetcd import rpc
 
 from baton.errors import StoreRefused, StoreUnavailable
+from coordinator import _batching
 from coordinator._etcd_auth import EtcdSecurity
 
 # Reconnect quickly after an etcd restart: gRPC's default backoff grows to 120 s.
@@ -154,6 +155,28 @@ def get(key: bytes, range_end: bytes = b"", limit: int = 0, count_only: bool = F
 
 
 @dataclass(frozen=True)
+class _Waiting:
+    """A batched transaction waiting for its batch (``deadline`` in loop time)."""
+
+    req: rpc.TxnRequest
+    footprint: _batching.Footprint | None
+    size: int
+    deadline: float
+    future: asyncio.Future["TxnResult"]
+
+
+def _set(fut: asyncio.Future["TxnResult"], result: "TxnResult | None" = None, *,
+         exc: BaseException | None = None) -> None:
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        assert result is not None
+        fut.set_result(result)
+
+
+@dataclass(frozen=True)
 class TxnResult:
     succeeded: bool
     revision: int
@@ -197,24 +220,129 @@ class Etcd:
         self._watch = rpc.WatchStub(self._channel)
         # Read-only transactions that outlived their caller's timeout, still running.
         self._unanswered: set[asyncio.Future[Any]] = set()
+        # Batched transactions (txn(batch=True)): those waiting, whether one is on its way,
+        # and the task sending the batches (alive while some wait).
+        self._waiting: list[_Waiting] = []
+        self._sending = False
+        self._flusher: asyncio.Task[None] | None = None
 
     async def close(self) -> None:
+        if self._flusher is not None:
+            self._flusher.cancel()
+            await asyncio.gather(self._flusher, return_exceptions=True)
+        for w in self._waiting:
+            if not w.future.done():
+                w.future.set_exception(StoreUnavailable("etcd connection closed"))
+        self._waiting.clear()
         await self._channel.close(None)  # grace=None, the default (grpc-stubs makes it positional)
         if self._unanswered:  # ended by the close
             await asyncio.wait(self._unanswered)
 
     async def txn(self, compare: Sequence[Cmp], success: Sequence[Op],
-                  failure: Sequence[Op] = (), *, timeout: float) -> TxnResult:
-        """One etcd transaction (``If compare Then success Else failure``)."""
-        req = rpc.TxnRequest(compare=list(compare), success=list(success), failure=list(failure))
-        if all(o.HasField("request_range") for o in (*req.success, *req.failure)):
+                  failure: Sequence[Op] = (), *, timeout: float, batch: bool = False) -> TxnResult:
+        """One etcd transaction (``If compare Then success Else failure``).
+
+        With ``batch``, a transaction that arrives while another batched one is on its way
+        waits for it and then goes with the others that waited, as one etcd transaction of
+        nested ones (:mod:`coordinator._batching`): every compare is still etcd's, per
+        transaction. Alone (nothing on its way) it goes at once, as without ``batch``.
+        """
+        req = rpc.TxnRequest(compare=compare, success=success, failure=failure)
+        if batch:
+            return await self._batched(req, timeout)
+        return await self._one(req, timeout)
+
+    async def _one(self, req: rpc.TxnRequest, timeout: float) -> TxnResult:
+        if _batching.read_only(req):
             return await self._read_only_txn(req, timeout)
-        lease = next((o.request_put.lease for o in success if o.HasField("request_put")), 0)
+        lease = next((o.request_put.lease for o in req.success if o.HasField("request_put")), 0)
         try:
             resp = await self._kv.Txn(req, timeout=max(timeout, 0.001))
         except grpc.aio.AioRpcError as exc:
             raise _translate(exc, lease) from exc
-        return TxnResult(resp.succeeded, resp.header.revision, list(resp.responses))
+        return TxnResult(resp.succeeded, resp.header.revision, resp.responses)
+
+    async def _batched(self, req: rpc.TxnRequest, timeout: float) -> TxnResult:
+        if not self._sending and not self._waiting:
+            self._sending = True
+            try:
+                return await self._one(req, timeout)
+            finally:
+                self._sending = False
+                if self._waiting:
+                    self._start_flusher()
+        loop = asyncio.get_running_loop()
+        w = _Waiting(req, _batching.footprint(req), req.ByteSize(), loop.time() + timeout, loop.create_future())
+        self._waiting.append(w)
+        if not self._sending:
+            self._start_flusher()
+        try:
+            async with asyncio.timeout(max(timeout, 0.001)):
+                return await asyncio.shield(w.future)
+        except BaseException as exc:
+            if w in self._waiting:  # not sent: it never will be
+                self._waiting.remove(w)
+            # The batch's answer comes later or never; nobody reads it.
+            w.future.add_done_callback(lambda f: f.cancelled() or f.exception())
+            if isinstance(exc, TimeoutError):
+                raise StoreUnavailable(f"etcd deadline_exceeded: no answer within {timeout:g}s") from None
+            raise
+
+    def _start_flusher(self) -> None:
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush(), name="etcd-batches")
+
+    async def _flush(self) -> None:
+        """Send the waiting transactions, a batch at a time, until none waits."""
+        while self._waiting and not self._sending:
+            q = self._waiting
+            chosen = _batching.take_batch([w.footprint for w in q], [w.size for w in q])
+            picked = set(chosen)
+            self._waiting = [w for i, w in enumerate(q) if i not in picked]
+            self._sending = True
+            try:
+                await self._send([q[i] for i in chosen])
+            finally:
+                self._sending = False
+
+    async def _send(self, batch: list["_Waiting"]) -> None:
+        """One etcd call for ``batch``; every waiter gets its own result or error."""
+        loop = asyncio.get_running_loop()
+        if len(batch) == 1:
+            await self._settle(batch[0], batch[0].deadline - loop.time())
+            return
+        reqs = [w.req for w in batch]
+        combined = _batching.combine(reqs)
+        timeout = max(max(w.deadline for w in batch) - loop.time(), 0.001)
+        try:
+            if all(_batching.read_only(r) for r in reqs):
+                result = await self._read_only_txn(combined, timeout)
+            else:
+                try:
+                    resp = await self._kv.Txn(combined, timeout=timeout)
+                except grpc.aio.AioRpcError as exc:
+                    raise _translate(exc) from exc
+                result = TxnResult(resp.succeeded, resp.header.revision, resp.responses)
+            parts = _batching.split(result.responses, len(batch))
+        except StoreUnavailable as exc:
+            for w in batch:
+                _set(w.future, exc=exc)
+            return
+        except (LeaseNotFound, StoreRefused, ValueError):
+            # One of them named a lease etcd does not know, or etcd refused the whole: each
+            # alone, for its own answer.
+            await asyncio.gather(*(self._settle(w, w.deadline - loop.time()) for w in batch))
+            return
+        for w, (ok, responses) in zip(batch, parts):
+            _set(w.future, TxnResult(ok, result.revision, responses))
+
+    async def _settle(self, w: "_Waiting", timeout: float) -> None:
+        try:
+            result = await self._one(w.req, timeout)
+        except Exception as exc:  # noqa: BLE001 -- handed to its waiter
+            _set(w.future, exc=exc)
+        else:
+            _set(w.future, result)
 
     async def _read_only_txn(self, req: rpc.TxnRequest, timeout: float) -> TxnResult:
         """A transaction without writes, never cancelled by its caller's timeout.
@@ -238,7 +366,7 @@ class Etcd:
             raise StoreUnavailable(f"etcd deadline_exceeded: no answer within {timeout:g}s") from None
         except grpc.aio.AioRpcError as exc:
             raise _translate(exc) from exc
-        return TxnResult(resp.succeeded, resp.header.revision, list(resp.responses))
+        return TxnResult(resp.succeeded, resp.header.revision, resp.responses)
 
     async def range(self, key: bytes, range_end: bytes = b"", *, timeout: float, limit: int = 0,
                     keys_only: bool = False, sort_by_create: bool = False,

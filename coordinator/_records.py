@@ -28,9 +28,14 @@ def is_terminal(status: int) -> bool:
     return status in TERMINAL
 
 
+#: Looked up once: an enum attribute of a protobuf module is a slow lookup, and the indexes
+#: ask this several times per write.
+_RUNNING = RunStatus.RUN_STATUS_RUNNING
+
+
 def is_active(rec: RunRecord | None) -> bool:
     """A run counts as its thread's active run while it is ``running``."""
-    return rec is not None and rec.status == RunStatus.RUN_STATUS_RUNNING
+    return rec is not None and rec.status == _RUNNING
 
 
 def is_reclaimable(rec: RunRecord | None) -> bool:

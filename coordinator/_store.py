@@ -131,7 +131,7 @@ class RunStore:
         data was wiped) and reads again.
         """
         while True:
-            r = await self.etcd.txn([], self._reads(run_id), timeout=b.left())
+            r = await self.etcd.txn([], self._reads(run_id), timeout=b.left(), batch=True)
             snap = self._observed(run_id, r, 0)
             if snap.incarnation:
                 return snap
@@ -264,8 +264,10 @@ class RunStore:
             icmps, iops = await self._index_ops(snap, new, b)
             all_cmps += icmps
             all_ops = [E.put(run_key, value), *iops, *ops]
+        # Batched with other runs' writes on their way at the same time (each keeps its own
+        # compares: coordinator._batching).
         return await self.etcd.txn(all_cmps, all_ops, [*self._reads(snap.run_id), *failure],
-                                   timeout=b.left())
+                                   timeout=b.left(), batch=True)
 
     async def get_run(self, run_id: str, *, timeout: float) -> tuple[RunRecord | None, Claim | None]:
         """The record and the live claim (either may be ``None``)."""

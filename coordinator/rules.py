@@ -459,8 +459,11 @@ def index_changes(keys: Keys, old: RunRecord, new: RunRecord,
                  keys.live(new.run_id) if is_live(new) else None, new.run_id)
     ops += _move(keys.ended(ended_at(old), old.run_id) if is_ended(old) else None,
                  keys.ended(ended_at(new), new.run_id) if is_ended(new) else None, new.run_id)
-    for old_l, new_l in zip(listing_entries(keys, old), listing_entries(keys, new)):
-        ops += _move(old_l, new_l, new.run_id)  # only when started_at was rewritten
+    # The listing entries are keyed by (tenant, started_at, run id) alone: only a rewrite of
+    # started_at moves them (tenant and run id are not writable), so most writes skip them.
+    if (old.started_at, old.tenant, old.run_id) != (new.started_at, new.tenant, new.run_id):
+        for old_l, new_l in zip(listing_entries(keys, old), listing_entries(keys, new)):
+            ops += _move(old_l, new_l, new.run_id)
     return cmps, ops
 
 
