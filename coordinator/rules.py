@@ -1,5 +1,5 @@
-"""The control-plane rules, pure (docs/design.md §3): claim, update, cancel, inputs, presence,
-detach.
+"""The control-plane rules, pure (docs/design.md §3): claim, update, cancel, inputs,
+presence, detach.
 
 Every write of one run record goes through :meth:`coordinator._store.RunStore.mutate`
 ``(run_id, decide)``; ``decide`` is one of the functions here bound to its arguments. It
@@ -15,7 +15,7 @@ cached snapshot freely: a claim held by a session that has since died, say, read
 ``held`` from the cache, and ``mutate`` reads again before answering.
 
 Liveness of a claim is etcd's: a claim key lives under its session's lease, so a dead
-session's claim is simply absent from a fresh snapshot.
+session's claim is absent from a fresh snapshot.
 """
 from __future__ import annotations
 
@@ -459,8 +459,7 @@ def index_changes(keys: Keys, old: RunRecord, new: RunRecord,
                  keys.live(new.run_id) if is_live(new) else None, new.run_id)
     ops += _move(keys.ended(ended_at(old), old.run_id) if is_ended(old) else None,
                  keys.ended(ended_at(new), new.run_id) if is_ended(new) else None, new.run_id)
-    # The listing entries are keyed by (tenant, started_at, run id) alone: only a rewrite of
-    # started_at moves them (tenant and run id are not writable), so most writes skip them.
+    # Listing keys are (tenant, started_at, run id), and only started_at is writable.
     if (old.started_at, old.tenant, old.run_id) != (new.started_at, new.tenant, new.run_id):
         for old_l, new_l in zip(listing_entries(keys, old), listing_entries(keys, new)):
             ops += _move(old_l, new_l, new.run_id)
@@ -593,11 +592,7 @@ def expire(keys: Keys, run_id: str, rec_kv: E.KV | None, index_key: bytes, sandb
     ops = [E.delete(run_key), E.delete(index_key), E.delete(keys.thread_run(rec.thread_id, run_id)),
            *(E.delete(key) for key in listing_entries(keys, rec)),
            E.put(keys.retired(run_id), rec.thread_id.encode(), retired_lease)]
-    if sandbox_kv is not None and _sandbox_run(sandbox_kv) == run_id:
+    if sandbox_kv is not None and SandboxInstance.FromString(sandbox_kv.value).run_id == run_id:
         cmps.append(E.cmp_mod(sandbox_kv.key, sandbox_kv.mod_revision))
         ops.append(E.delete(sandbox_kv.key))
     return cmps, ops
-
-
-def _sandbox_run(kv: E.KV) -> str:
-    return SandboxInstance.FromString(kv.value).run_id
