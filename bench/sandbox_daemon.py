@@ -1,20 +1,33 @@
-"""Journal reads through the sandbox daemon, side by side with a local file read.
+"""Journal reads through the sandbox daemon, side by side with a local file read and with
+the floors any network path in Python has here.
 
 A real daemon (``python -m sandbox_host.daemon``, a subprocess on loopback, with an internal
-token as in every deployment) serves a temp directory. Measured in this process, the two ways
-alternated round by round so that load drifts hit both alike:
+token as in every deployment) serves a temp directory. Measured in this process, the ways
+alternated round by round so that load drifts hit all alike:
 
 **Throughput**: a journal of ``MIB`` MiB (NDJSON lines) read from byte 0 to its end, as a
 takeover's catch-up does: (local) ``open`` + ``read`` in 1 MiB pieces in a worker thread
-(the local provider's read before the daemon); (daemon) the client's follow
-(:meth:`sandbox_host.providers._daemon_client.DaemonClient.follow`) until the last byte.
-MB/s, median of ``ROUNDS``. Target: daemon ≥ 0.5 × local. A third side, the **floor**
-(:mod:`bench._grpc_floor`), is the same number of 1 MiB messages through a bare Python gRPC
-stream between two processes (no protobuf, no file): what any gRPC daemon in Python can reach.
-The three sides run in an order rotated round by round. The daemon's chunks are 1 MiB, read
-ahead in a worker thread while the previous one is sent, and written and read without a
-protobuf message (:mod:`sandbox_host.daemon._wire`: one copy each way instead of two; the
-same bytes on the wire), uncompressed.
+(the local provider's read before the daemon: a ``memcpy`` out of the page cache); (daemon)
+the client's follow (:meth:`sandbox_host.providers._daemon_client.DaemonClient.follow`) until
+the last byte. MB/s, median of ``ROUNDS``. Target: daemon ≥ 0.5 × local. Two floors beside
+them, each a second process on loopback: the **socket floor** (:mod:`bench._socket_floor`),
+the same bytes by ``socket.sendfile`` received with ``recv_into`` one reused buffer and copied
+out per piece (what any network path in Python reaches at best: no framing, no HTTP/2, no
+event loop); the **gRPC floor** (:mod:`bench._grpc_floor`), the same number of 1 MiB messages
+through a bare Python gRPC stream (no protobuf, no file: what any gRPC daemon in Python can
+reach). The four sides run in an order rotated round by round. The daemon's chunks are
+1 MiB, read ahead in a worker thread while the previous one is sent, and written and read
+without a protobuf message (:mod:`sandbox_host.daemon._wire`: one copy each way instead of
+two; the same bytes on the wire), uncompressed.
+
+**Catch-up as the host consumes it** (:mod:`bench._catchup`): a real Claude Code journal
+(the corpus's, repeated to ``CATCHUP_MIB`` MiB) read from byte 0 through what a successor host
+runs on it: :func:`sandbox_host.journal.follow_journal` into a
+:class:`sandbox_host.pipeline.Replay` (the ``claude-stream-json`` translator, aligned against a
+stored prefix of every chunk). (local) the in-process follow
+(:func:`sandbox_host.daemon._files.follow_file`); (daemon) the client's follow. MB/s and
+journal lines/s, median of ``CATCHUP_ROUNDS``, alternated: whether the daemon is ever what a
+catch-up waits on.
 
 **Follow latency**: a writer appends one line (``write`` + ``flush``) every 2–6 ms; a follower
 waits on it: (local) the inotify follow the local provider used in-process
@@ -22,7 +35,8 @@ waits on it: (local) the inotify follow the local provider used in-process
 client's follow through the daemon. From the append to the line's arrival, p50 / p99 over
 ``LINES`` lines. Target: daemon p50 ≤ 5 ms.
 
-Writes ``bench/results/sandbox_daemon.json``. ``python -m bench.sandbox_daemon [MiB] [rounds]``.
+Writes ``bench/results/sandbox_daemon.json``.
+``python -m bench.sandbox_daemon [MiB] [rounds] [catch-up MiB] [catch-up rounds]``.
 """
 from __future__ import annotations
 
