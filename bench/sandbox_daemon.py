@@ -65,10 +65,10 @@ from sandbox_host.providers._inotify import FileWatcher
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "sandbox_daemon.json"
 MIB = 64
-ROUNDS = 5
+ROUNDS = 12
 LINES = 300
 CATCHUP_MIB = 32
-CATCHUP_ROUNDS = 3
+CATCHUP_ROUNDS = 6
 SIDES = ["local", "daemon", "grpc_floor", "socket_floor"]
 TARGET_THROUGHPUT_RATIO = 0.5
 TARGET_FOLLOW_P50 = 0.005
@@ -276,6 +276,13 @@ async def main(mib: int = MIB, rounds: int = ROUNDS, catchup_mib: int = CATCHUP_
                             "daemon_over_grpc_floor": daemon / med["grpc_floor"],
                             "daemon_over_socket_floor": daemon / med["socket_floor"],
                             **{f"{way}_all": v for way, v in mbs.items()}},
+        # Each round's sides ran one after the other (a fraction of a second apart): the
+        # median of the per-round quotients is less exposed to load swings than the
+        # quotient of the medians.
+        "per_round_ratio_median": {f"{a}/{b}": statistics.median(x / y for x, y in zip(mbs[a], mbs[b]))
+                                   for a, b in (("daemon", "local"), ("socket_floor", "local"),
+                                                ("grpc_floor", "local"), ("daemon", "socket_floor"),
+                                                ("daemon", "grpc_floor"), ("grpc_floor", "socket_floor"))},
         "catchup": catchup,
         "follow_latency_s": {"local": fl, "daemon": fd, "target_p50": TARGET_FOLLOW_P50},
     }
@@ -293,6 +300,7 @@ def _print(r: dict[str, Any]) -> None:
     for way, what in (("socket_floor", "socket floor: sendfile + recv_into"), ("grpc_floor", "gRPC floor: bare stream")):
         print(f"{'  ' + what + ', MB/s':40} {'':10} {t[way]:10.0f} {t[way + '_ratio']:13.2f} "
               f"{'':10}  (daemon/it {t['daemon_over_' + way]:.2f})")
+    print("per-round quotients, median: " + ", ".join(f"{k} {v:.2f}" for k, v in r["per_round_ratio_median"].items()))
     print(f"{'catch-up as the host consumes it, MB/s':40} {c['mb_s']['local']:10.1f} {c['mb_s']['daemon']:10.1f} "
           f"{c['ratio']:13.2f}")
     print(f"{'  the same, journal lines/s':40} {c['lines_s']['local']:10.0f} {c['lines_s']['daemon']:10.0f} "
