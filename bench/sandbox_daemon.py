@@ -211,6 +211,9 @@ async def _catchup(client: DaemonClient, root: pathlib.Path, mib: int, rounds: i
 
 async def main(mib: int = MIB, rounds: int = ROUNDS, catchup_mib: int = CATCHUP_MIB,
                catchup_rounds: int = CATCHUP_ROUNDS) -> dict[str, Any]:
+    # This process stands for the sandbox host, which does the same at its start
+    # (sandbox_host/__main__.py); here, whichever way the bench is started.
+    retain_freed_memory()
     with tempfile.TemporaryDirectory(prefix="baton-bench-daemon-") as tmp:
         root = pathlib.Path(tmp)
         addr_file = root / "addr"
@@ -313,5 +316,4 @@ def _print(r: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     args = [int(a) for a in sys.argv[1:5]]
-    retain_freed_memory()  # as the sandbox host's process does (sandbox_host/__main__.py)
     asyncio.run(main(*args))
