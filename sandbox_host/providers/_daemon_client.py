@@ -227,14 +227,19 @@ class DaemonClient:
         Raises:
             FileNotFoundError: the file does not exist or was deleted (``SandboxGone``: the
                 sandbox is gone).
-            DaemonUnreachable: the daemon stayed unreachable for ``patience`` seconds.
+            DaemonUnreachable: the daemon stayed unreachable for ``patience`` seconds (counted
+                from the first failed try after the last chunk, not from the last chunk: a
+                follow silent for longer than that still waits out a restart).
         """
         pos = offset
-        attempts = self._attempts()
+        # Made at the first failure after progress (not per chunk: a catch-up gets hundreds
+        # a second, and a budget started at the last chunk would be spent by a quiet agent).
+        attempts: Attempts | None = None
         while True:
             try:
                 stub = await self._stub()
             except _NoAddress as exc:
+                attempts = attempts or self._attempts()
                 await self._unreachable(attempts, exc)
                 continue
             stream = stub.ReadFile(pb.ReadFileRequest(path=path, offset=pos, follow=True))
@@ -244,9 +249,10 @@ class DaemonClient:
                         raise OSError(f"{path}: the daemon sent offset {chunk.offset}, expected {pos}")
                     data = chunk.data
                     pos += len(data)
-                    attempts = self._attempts()
+                    attempts = None
                     yield data
                 # A follow never ends by itself: an end is the daemon going away.
+                attempts = attempts or self._attempts()
                 await self._unreachable(attempts, EOFError(path))
             except asyncio.CancelledError:
                 task = asyncio.current_task()
@@ -263,6 +269,7 @@ class DaemonClient:
                     raise PermissionError(exc.details()) from None
                 if exc.code() not in (*_RETRY, grpc.StatusCode.CANCELLED):  # CANCELLED: a daemon stopping
                     raise OSError(f"following {path} failed: {exc.code().name}: {exc.details()}") from None
+                attempts = attempts or self._attempts()
                 await self._unreachable(attempts, exc)
             finally:
                 stream.cancel()

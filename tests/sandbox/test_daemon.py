@@ -186,3 +186,37 @@ async def test_restart_under_follow_loses_and_repeats_nothing(daemon: DaemonProc
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+async def test_a_follow_quiet_for_longer_than_the_patience_still_waits_out_a_restart(
+        daemon: DaemonProcess, tmp_path: pathlib.Path) -> None:
+    # The patience is counted from the first failed try, not from the last chunk: an agent
+    # that thinks for minutes is not a daemon that stopped answering.
+    patience = 10.0
+    client = daemon.client()
+    client.patience = patience
+    path = tmp_path / "journals" / "quiet.ndjson"
+    path.write_bytes(b"first\n")
+    got = bytearray()
+
+    async def follow() -> None:
+        async for data in client.follow(str(path), 0):
+            got.extend(data)
+
+    task = asyncio.create_task(follow())
+    try:
+        await assert_eventually(lambda: bytes(got) == b"first\n", timeout=20)
+        # Not a wait for an event: the follow must stay quiet for longer than its patience.
+        await asyncio.sleep(patience + 0.5)
+        await asyncio.to_thread(daemon.kill, signal.SIGKILL)
+        await asyncio.to_thread(daemon.start)
+        with path.open("ab") as f:
+            f.write(b"second\n")
+        await assert_eventually(lambda: bytes(got) == b"first\nsecond\n" or task.done(), timeout=30)
+        assert not task.done(), task.exception()
+        assert bytes(got) == b"first\nsecond\n"
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await client.close()
