@@ -86,7 +86,9 @@ class Cluster:
     async def wait_status(self, run_id: str, status: str, timeout: float = 30.0) -> runs_pb2.RunRecord:
         async def check() -> runs_pb2.RunRecord:
             rec = await self.record(run_id)
-            assert status_of(rec) == status, f"status {status_of(rec)}, want {status}"
+            assert status_of(rec) == status, (f"status {status_of(rec)}, want {status} (error "
+                                              f"{rec.error.code or '-'}: {rec.error.message or '-'}, "
+                                              f"epoch {rec.driver_epoch} on {rec.driver_host or '-'})")
             return rec
 
         return await assert_eventually(check, timeout=timeout, interval=0.05)
