@@ -246,14 +246,27 @@ class RunRead:
         if self.gone:
             self._first = Gap("-1")
             return self._first
-        if self._presence is not None:
-            await self._presence.ensure()
         self.state.metrics.readers.inc()
         if self.after == "now":
+            if self._presence is not None:
+                await self._presence.ensure()
             self._start_own("now")
             return None
         try:
-            await check_offset_kept(self.state.log, self.run_id, self.after)
+            # The presence RPC (coordinator, then etcd) and the offset check (JetStream) do
+            # not depend on each other: made side by side, a join or a Last-Event-ID resume
+            # waits for the slower of the two, not both. Both are done before any chunk is
+            # read, as before; ensure() never raises.
+            # Both are waited for, a failed check too, so aclose() never misses a presence
+            # key registered after it looked.
+            if self._presence is not None:
+                _, checked = await asyncio.gather(self._presence.ensure(),
+                                                  check_offset_kept(self.state.log, self.run_id, self.after),
+                                                  return_exceptions=True)
+                if isinstance(checked, BaseException):
+                    raise checked
+            else:
+                await check_offset_kept(self.state.log, self.run_id, self.after)
         except e.OffsetExpired as exc:
             self._first = Gap(exc.earliest_offset)
         except e.BatonError as exc:
