@@ -232,6 +232,10 @@ class RunRead:
         self._hub: RunHub | None = None
         self._pump_task: asyncio.Task[None] | None = None
         self._queue: asyncio.Queue[Any] | None = None
+        #: The log's last record as the offset check found it (``None``: empty), once
+        #: ``log_tail_read`` (a decimal offset, checked by :meth:`open`).
+        self.log_tail: Any = None
+        self.log_tail_read = False
 
     async def open(self) -> Step | None:
         """Register presence and check the offset (idempotent).
@@ -253,37 +257,42 @@ class RunRead:
             self._start_own("now")
             return None
         try:
-            # The presence RPC (coordinator, then etcd) and the offset check (JetStream) do
-            # not depend on each other: made side by side, a join or a Last-Event-ID resume
-            # waits for the slower of the two, not both. Both are done before any chunk is
-            # read, as before; ensure() never raises.
-            # Both are waited for, a failed check too, so aclose() never misses a presence
-            # key registered after it looked.
+            # The presence RPC (coordinator, then etcd) and the offset check, then the read's
+            # start (JetStream), do not depend on each other: made side by side, a join or a
+            # Last-Event-ID resume waits for the slower of the two, not both. The read's
+            # consumer may fetch while the RPC is under way; no chunk reaches the client
+            # before both are done. ensure() never raises; both are waited for, a failed
+            # check too, so aclose() never misses a presence key registered after it looked.
             if self._presence is not None:
-                _, checked = await asyncio.gather(self._presence.ensure(),
-                                                  check_offset_kept(self.state.log, self.run_id, self.after),
+                _, checked = await asyncio.gather(self._presence.ensure(), self._check_and_read(),
                                                   return_exceptions=True)
                 if isinstance(checked, BaseException):
                     raise checked
             else:
-                await check_offset_kept(self.state.log, self.run_id, self.after)
+                await self._check_and_read()
         except e.OffsetExpired as exc:
             self._first = Gap(exc.earliest_offset)
         except e.BatonError as exc:
             log.warning("reader of run %s cannot start: %s", self.run_id, exc)
             self._first = Failed(exc)
-        else:
-            if self.snapshot is not None:
-                # From the snapshot's offset on its own read: the shared tail reads a run from
-                # its start, and a long run's snapshot join must not wait for (or hold) all of it.
-                self._start_own(self.after)
-            else:
-                self._hub = self.state.hubs.acquire(self.run_id, self._last)
         return self._first
 
-    def _start_own(self, after: str) -> None:
+    async def _check_and_read(self) -> None:
+        """Check the offset, then start the read from the check's opened log read: the run's
+        shared tail, or for a snapshot join a read of its own (from the snapshot's offset: the
+        shared tail reads a run from its start, and a long run's snapshot join must not wait
+        for, or hold, all of it). Raises what the check raises."""
+        opened = await check_offset_kept(self.state.log, self.run_id, self.after)
+        if opened is not None:
+            self.log_tail, self.log_tail_read = opened.tail, True
+        if self.snapshot is not None:
+            self._start_own(self.after, opened)
+        else:
+            self._hub = self.state.hubs.acquire(self.run_id, self._last, opened)
+
+    def _start_own(self, after: str, opened: Any = None) -> None:
         st = self.state
-        source = st.log.read(self.run_id, after=after)
+        source = opened if opened is not None else st.log.read(self.run_id, after=after)
         if self.until is not None:
             source.until = self.until
         self._queue = asyncio.Queue(maxsize=st.settings.reader_queue)
