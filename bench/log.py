@@ -7,7 +7,9 @@ Side by side on one nats-server (file storage), with identical chunk payloads:
   ``js.publish`` of the same chunks, sequential, each waiting for its ack;
 - append throughput, 50 concurrent runs (aggregate) vs raw ``js.publish`` from 50 tasks;
 - append -> reader latency p50/p99 at 1 and 10 concurrent runs: a ``DeliveryLog.read``
-  tail per run vs a raw nats-py ordered push consumer per subject.
+  tail per run vs a raw nats-py ordered push consumer per subject, fed by raw appends with
+  the same headers and compare as the append baseline (``raw_bare``: bare publishes, the
+  older baseline, kept for reference).
 
 The raw side does what a plain nats-py user appending the same chunks with the same fence
 does: it JSON-encodes each chunk inside the timed loop (baton's writer gets dicts too) and
@@ -15,7 +17,8 @@ publishes with headers of the same names and sizes as baton's records (``Nats-Ms
 ``Nats-Expected-Last-Subject-Sequence`` on the sequence its previous ack returned, and the
 four ``Baton-*`` headers with a fixed 64-character fingerprint), so both sides send the same
 bytes and JetStream checks the same compare. ``raw_bare`` is the older, looser baseline
-(payloads encoded before the clock starts, no headers), kept in the results for reference.
+(appends: payloads encoded before the clock starts, no headers; latency: no headers, no
+compare), kept in the results for reference.
 
 The machine is shared, so every figure is the median of :data:`ROUNDS` rounds, and the side
 that goes first alternates from round to round.
@@ -44,7 +47,7 @@ ONE_RUN_CHUNKS = 3000
 MANY_RUNS = 50
 MANY_RUN_CHUNKS = 100
 LATENCY_CHUNKS = 150
-ROUNDS = 3
+ROUNDS = 5
 LATENCY_GAP_S = 0.004  # pacing of latency probes (an agent streams tokens, not a firehose)
 
 
@@ -140,7 +143,13 @@ async def baton_latency(log: DeliveryLog, runs: int, tag: str) -> list[float]:
     return lat
 
 
-async def raw_latency(nc: NATS, prefix: str, runs: int, tag: str) -> list[float]:
+async def raw_latency(nc: NATS, prefix: str, runs: int, tag: str, *, fenced: bool = True) -> list[float]:
+    """Raw nats-py appends read back by an ordered push consumer per subject.
+
+    ``fenced``: each append carries baton's header set and compare, as :func:`raw_publish`
+    does (the baseline the target is measured against); without it, bare publishes (the
+    older, looser baseline, kept as ``raw_bare``).
+    """
     js = nc.jetstream()
     lat: list[float] = []
 
@@ -156,8 +165,16 @@ async def raw_latency(nc: NATS, prefix: str, runs: int, tag: str) -> list[float]
 
         sub = await js.subscribe(subject, cb=cb, ordered_consumer=True)
         try:
+            last = 0
             for i in range(LATENCY_CHUNKS):
-                await js.publish(subject, encode(payload(i, time.perf_counter())))
+                body = encode(payload(i, time.perf_counter()))
+                if fenced:
+                    headers = {"Baton-Kind": "chunk", "Baton-Epoch": "1", "Baton-Origin": "journal",
+                               "Baton-Fp": "f" * 64, "Nats-Msg-Id": f"{tag}-{r}/1/{i + 1}",
+                               "Nats-Expected-Last-Subject-Sequence": str(last)}
+                    last = (await js.publish(subject, body, headers=headers)).seq
+                else:
+                    await js.publish(subject, body)
                 await asyncio.sleep(LATENCY_GAP_S)
             async with asyncio.timeout(30):
                 await done.wait()
@@ -202,19 +219,25 @@ async def main() -> dict[str, Any]:
                 r["ratio"] = r["baton_chunks_per_s"] / r["raw_chunks_per_s"]
                 r["ratio_vs_raw_bare"] = r["baton_chunks_per_s"] / r["raw_bare_chunks_per_s"]
             for runs in (1, 10):
-                per: dict[str, list[list[float]]] = {"baton": [], "raw": []}
+                per: dict[str, list[list[float]]] = {"baton": [], "raw": [], "raw_bare": []}
                 for rnd in range(ROUNDS):
-                    for name in (["baton", "raw"] if rnd % 2 == 0 else ["raw", "baton"]):
+                    names = ["baton", "raw", "raw_bare"]
+                    for name in names[rnd % 3:] + names[: rnd % 3]:  # rotate who goes first
                         tag = f"lat{runs}-{rnd}"
-                        per[name].append(await (baton_latency(log, runs, tag) if name == "baton"
-                                                else raw_latency(nc, raw_prefix, runs, tag)))
+                        if name == "baton":
+                            per[name].append(await baton_latency(log, runs, tag))
+                        else:
+                            per[name].append(await raw_latency(nc, raw_prefix, runs, f"{tag}{name}",
+                                                               fenced=name == "raw"))
                 lat_r: dict[str, Any] = {"samples": sum(len(v) for v in per["baton"])}
                 for name, rounds_ in per.items():
                     lat_r[f"{name}_p50"] = statistics.median(1000 * statistics.median(v) for v in rounds_)
                     lat_r[f"{name}_p99"] = statistics.median(1000 * pct(v, 99) for v in rounds_)
+                    lat_r[f"{name}_p99_rounds"] = [1000 * pct(v, 99) for v in rounds_]
                 results[f"latency_{runs}_runs_ms"] = lat_r
                 r = results[f"latency_{runs}_runs_ms"]
                 r["p99_ratio"] = r["baton_p99"] / r["raw_p99"]
+                r["p99_ratio_vs_raw_bare"] = r["baton_p99"] / r["raw_bare_p99"]
             # Alignment read: headers of every record of a long run, once.
             w = log.writer("align", 1)
             await w.fence()
@@ -242,9 +265,10 @@ async def main() -> dict[str, Any]:
               f" {r['raw_bare_chunks_per_s']:10.0f} {r['ratio_vs_raw_bare']:7.2f}")
     for runs in (1, 10):
         r = results[f"latency_{runs}_runs_ms"]
-        print(f"{f'append->reader p50 @{runs} runs (ms)':34} {r['baton_p50']:12.2f} {r['raw_p50']:12.2f}")
+        print(f"{f'append->reader p50 @{runs} runs (ms)':34} {r['baton_p50']:12.2f} {r['raw_p50']:12.2f}"
+              f" {'':7} {r['raw_bare_p50']:10.2f}")
         print(f"{f'append->reader p99 @{runs} runs (ms)':34} {r['baton_p99']:12.2f} {r['raw_p99']:12.2f}"
-              f" {r['p99_ratio']:7.2f}")
+              f" {r['p99_ratio']:7.2f} {r['raw_bare_p99']:10.2f} {r['p99_ratio_vs_raw_bare']:7.2f}")
     s = results["stored_headers"]
     print(f"{'stored_headers (records/s)':34} {s['records_per_s']:12.0f}   ({s['records']} in {s['seconds']:.2f} s)")
     print("targets:", ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in targets.items()))

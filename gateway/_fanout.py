@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import json
 import logging
 from typing import Any
 
@@ -49,8 +50,12 @@ class RunHub:
         failed: the read failed (readers end; clients reconnect with Last-Event-ID).
     """
 
-    def __init__(self, run_id: str, delivery_log: Any, max_frames: int = MAX_FRAMES, after: int = 0) -> None:
+    def __init__(self, run_id: str, delivery_log: Any, max_frames: int = MAX_FRAMES, after: int = 0,
+                 opened: Any = None) -> None:
         self.run_id = run_id
+        # A log read strictly after ``after`` that was opened already (check_offset_kept):
+        # the tail starts from it instead of looking the offset up again.
+        self._opened = opened
         # A tail opened for a reader that resumes at ``after`` reads from there, not from the
         # run's start (a reconnect must not wait for the whole log to be read again): the
         # records up to ``after`` count as dropped, so an older reader reads on its own.
@@ -78,14 +83,20 @@ class RunHub:
         self._task = asyncio.get_running_loop().create_task(self._tail(), name=f"hub:{self.run_id}")
 
     async def _tail(self) -> None:
-        reader = self._log.read(self.run_id, after=str(self._after) if self._after > 0 else "-1")
+        reader, self._opened = self._opened, None
+        if reader is None:
+            reader = self._log.read(self.run_id, after=str(self._after) if self._after > 0 else "-1")
         reader.on_marker = self._marker
+        # Each chunk's stored bytes as they are: the writer encoded them as every framing
+        # carries a chunk (gateway._sse.dumps), so decoding and encoding again would give
+        # the same bytes. Bytes with a line break (not the writer's) go through the codec.
+        reader.raw = True
         try:
-            async for offset, chunk in reader:
+            async for offset, data in reader:
                 self.position = seq = int(offset)
                 self.seqs.append(seq)
                 self.offsets.append(offset)
-                self.payloads.append(dumps(chunk))
+                self.payloads.append(data if b"\n" not in data and b"\r" not in data else dumps(json.loads(data)))
                 if len(self.seqs) > self._max:
                     drop = len(self.seqs) - self._max
                     self.dropped_through = self.seqs[drop - 1]
@@ -188,12 +199,14 @@ class Hubs:
         self._max = max_frames
         self._hubs: dict[str, RunHub] = {}
 
-    def acquire(self, run_id: str, after: int = 0) -> RunHub:
+    def acquire(self, run_id: str, after: int = 0, opened: Any = None) -> RunHub:
         """The run's shared tail, one more reader on it; a new tail reads the log strictly
-        after ``after`` (a stream sequence; 0: from the start)."""
+        after ``after`` (a stream sequence; 0: from the start), from ``opened`` when given
+        (a log read strictly after ``after``, opened but not iterated: it holds no consumer
+        yet, so when the run has a tail already it is simply dropped)."""
         hub = self._hubs.get(run_id)
         if hub is None:
-            hub = self._hubs[run_id] = RunHub(run_id, self._log, self._max, after)
+            hub = self._hubs[run_id] = RunHub(run_id, self._log, self._max, after, opened)
             hub.start()
         hub.readers += 1
         return hub
@@ -214,14 +227,21 @@ class Hubs:
             await h.aclose()
 
 
-async def check_offset_kept(delivery_log: Any, run_id: str, after: str) -> None:
-    """Raise ``OffsetExpired`` when ``after`` is older than what retention kept (no consumer
-    is created: ``open()`` only resolves the start position)."""
+async def check_offset_kept(delivery_log: Any, run_id: str, after: str) -> Any:
+    """Raise ``OffsetExpired`` when ``after`` is older than what retention kept.
+
+    Returns:
+        For a decimal offset, the opened log read (its start resolved, no consumer created
+        yet, so dropping it leaks nothing): :meth:`Hubs.acquire` starts a new tail from it,
+        so a resume looks its offset up once, not here and again in the tail. ``None`` for
+        ``-1`` and ``now`` (nothing to check).
+    """
     if after in ("-1", "now"):
-        return
+        return None
     reader = delivery_log.read(run_id, after=after)
     try:
         await reader.open()
-    finally:
+    except BaseException:
         await reader.aclose()
-
+        raise
+    return reader

@@ -133,9 +133,25 @@ class Presence:
         self.run_id = run_id
         self.reader_id = f"{state.settings.gateway_id}/{uuid.uuid4().hex}"
         self.session: Any | None = None
+        self._pending: asyncio.Task[None] | None = None  # a registration under way (start)
+
+    def start(self) -> None:
+        """Begin registering in the background, on a task the app owns: a reader's first
+        chunk does not wait for the RPC (a coordinator call, then an etcd write).
+        :meth:`remove` waits for it, so no key is ever left behind a closed reader."""
+        session = self._state.session
+        if session is None or session.lost.is_set():
+            return
+        self._pending = self._state.spawn(self._register(), name=f"register-reader:{self.run_id}")
 
     async def ensure(self) -> None:
-        """Register under the current session when not registered under it yet (never raises)."""
+        """Register under the current session when not registered under it yet (never raises);
+        returns at once while a registration :meth:`start` began is under way."""
+        if self._pending is not None and not self._pending.done():
+            return
+        await self._register()
+
+    async def _register(self) -> None:
         session = self._state.session
         if session is None or session is self.session or session.lost.is_set():
             return
@@ -150,16 +166,24 @@ class Presence:
         """Unregister, shielded and time-bounded: it must happen even when the reader is cancelled.
 
         The unregister runs as a task owned by the app state, so when the reader is
-        cancelled it finishes on its own and the app still awaits it (at shutdown).
+        cancelled it finishes on its own and the app still awaits it (at shutdown). It
+        first waits for a registration still under way (bounded by its own timeout).
         """
-        if self.session is None:
+        pending, self._pending = self._pending, None
+        if pending is not None and pending.done():
+            pending = None
+        if self.session is None and pending is None:
             return
-        self.session = None
-        task = self._state.spawn(self._unregister(), name=f"unregister-reader:{self.run_id}")
+        task = self._state.spawn(self._unregister(pending), name=f"unregister-reader:{self.run_id}")
         if task is not None:  # None: shutting down; closing the session removes the key
             await asyncio.shield(task)
 
-    async def _unregister(self) -> None:
+    async def _unregister(self, pending: asyncio.Task[None] | None) -> None:
+        if pending is not None:
+            await asyncio.wait([pending])  # cancelled at shutdown: then the session's close removes the key
+        if self.session is None:
+            return
+        self.session = None
         try:
             async with asyncio.timeout(PRESENCE_TIMEOUT):
                 await self._state.coordinator.unregister_reader(self.run_id, self.reader_id)
@@ -232,9 +256,14 @@ class RunRead:
         self._hub: RunHub | None = None
         self._pump_task: asyncio.Task[None] | None = None
         self._queue: asyncio.Queue[Any] | None = None
+        #: The log's last record as the offset check found it (``None``: empty), once
+        #: ``log_tail_read`` (a decimal offset, checked by :meth:`open`).
+        self.log_tail: Any = None
+        self.log_tail_read = False
 
     async def open(self) -> Step | None:
-        """Register presence and check the offset (idempotent).
+        """Begin the presence registration (in the background) and check the offset; start
+        the read (idempotent).
 
         Returns:
             The read's only step when it ends before any chunk: :class:`Gap` (expired offset,
@@ -246,31 +275,39 @@ class RunRead:
         if self.gone:
             self._first = Gap("-1")
             return self._first
-        if self._presence is not None:
-            await self._presence.ensure()
         self.state.metrics.readers.inc()
+        if self._presence is not None:
+            # Registered in the background: the presence RPC (coordinator, then etcd) is not
+            # on the way to the first chunk; aclose() waits for it before removing the key.
+            self._presence.start()
         if self.after == "now":
             self._start_own("now")
             return None
         try:
-            await check_offset_kept(self.state.log, self.run_id, self.after)
+            await self._check_and_read()
         except e.OffsetExpired as exc:
             self._first = Gap(exc.earliest_offset)
         except e.BatonError as exc:
             log.warning("reader of run %s cannot start: %s", self.run_id, exc)
             self._first = Failed(exc)
-        else:
-            if self.snapshot is not None:
-                # From the snapshot's offset on its own read: the shared tail reads a run from
-                # its start, and a long run's snapshot join must not wait for (or hold) all of it.
-                self._start_own(self.after)
-            else:
-                self._hub = self.state.hubs.acquire(self.run_id, self._last)
         return self._first
 
-    def _start_own(self, after: str) -> None:
+    async def _check_and_read(self) -> None:
+        """Check the offset, then start the read from the check's opened log read: the run's
+        shared tail, or for a snapshot join a read of its own (from the snapshot's offset: the
+        shared tail reads a run from its start, and a long run's snapshot join must not wait
+        for, or hold, all of it). Raises what the check raises."""
+        opened = await check_offset_kept(self.state.log, self.run_id, self.after)
+        if opened is not None:
+            self.log_tail, self.log_tail_read = opened.tail, True
+        if self.snapshot is not None:
+            self._start_own(self.after, opened)
+        else:
+            self._hub = self.state.hubs.acquire(self.run_id, self._last, opened)
+
+    def _start_own(self, after: str, opened: Any = None) -> None:
         st = self.state
-        source = st.log.read(self.run_id, after=after)
+        source = opened if opened is not None else st.log.read(self.run_id, after=after)
         if self.until is not None:
             source.until = self.until
         self._queue = asyncio.Queue(maxsize=st.settings.reader_queue)

@@ -98,12 +98,21 @@ async def join_chat(request: Request) -> Response | StreamResponse:
     newest = check_limit(q.get(MESSAGES_PARAM), MESSAGES_PARAM)
     framing = choose_framing(request.headers.get("accept"), q.get(FORMAT_PARAM))
     read = await service.join(t, JoinRequest(run_id, after, keep_ttl=keep_ttl, messages=newest))
-    if (framing == "sse" and request.headers.get("last-event-id") is not None
-            and await service.closed_after(run_id, after)):
-        # A reconnect to a log that closed with nothing after the offset: 204 is how the
-        # SSE spec lets a server stop an EventSource from reconnecting for ever.
-        await read.aclose()
-        return Response(status_code=204, headers={"X-Run-Id": run_id})
+    if framing == "sse" and request.headers.get("last-event-id") is not None:
+        # Opened here, not by the stream's first step: its offset check reads the log's tail,
+        # which then tells whether the log closed (no second look at it).
+        try:
+            first = await read.open()
+            closed = await service.closed_after(run_id, after, tail_read=first is None and read.log_tail_read,
+                                                tail=read.log_tail)
+        except BaseException:
+            await read.aclose()
+            raise
+        if closed:
+            # A reconnect to a log that closed with nothing after the offset: 204 is how the
+            # SSE spec lets a server stop an EventSource from reconnecting for ever.
+            await read.aclose()
+            return Response(status_code=204, headers={"X-Run-Id": run_id})
     return StreamResponse(stream_log(read, framing), framing, headers={"X-Run-Id": run_id},
                           closer=state_of(request).streams)
 

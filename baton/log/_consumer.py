@@ -6,8 +6,9 @@ pull request of at most ``batch`` records outstanding, so memory per reader is b
 ``batch`` messages whatever the producer does (push consumers with flow control overran
 small client buffers in practice). Every delivery carries its stream and consumer
 sequence in the reply subject; a consumer-sequence gap, a ``409`` (consumer deleted), or
-silence longer than three idle heartbeats (server restart) makes it recreate the consumer
-from the last delivered stream sequence + 1: no gap, no duplicate.
+silence for three idle-heartbeat intervals (server restart; a watchdog looks once an
+interval) makes it recreate the consumer from the last delivered stream sequence + 1: no
+gap, no duplicate.
 
 nats-py's own ordered consumer recreates in fire-and-forget tasks that give up on the
 first error (e.g. while the server restarts), so this one is ours.
@@ -15,13 +16,12 @@ first error (e.g. while the server restarts), so this one is ours.
 from __future__ import annotations
 
 import asyncio
-import collections
-import functools
 import contextlib
 import json
 import logging
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import nats.errors
 import nats.js.errors
@@ -39,6 +39,26 @@ _STATUS = "Status"
 #: JetStream's advisory subject (then ``.<stream>``) when a stream's new leader is elected.
 _LEADER_ELECTED = "$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED"
 _DESCRIPTION = "Description"
+
+
+#: Put in a subscription's queue by the watchdog: nothing was heard for three heartbeats.
+_SILENCE = cast(Msg, object())
+
+
+def pending_queue(sub: Subscription) -> asyncio.Queue[Msg]:
+    """The queue nats-py's read loop puts a callback-less subscription's messages in.
+
+    A private attribute of nats-py (``Subscription._pending_queue``): its public ways of
+    taking from it (``next_msg``, ``messages``) start a task per message.
+    tests/log/test_consumer.py fails when nats-py renames it or stops filling it.
+
+    Raises:
+        RuntimeError: this nats-py has no such queue.
+    """
+    queue = getattr(sub, "_pending_queue", None)
+    if not isinstance(queue, asyncio.Queue):
+        raise RuntimeError("nats-py changed: a subscription has no _pending_queue")
+    return queue
 
 
 @dataclass(frozen=True)
@@ -102,14 +122,15 @@ class OrderedConsumer:
         self._batch = batch
         self._timeout = request_timeout
         self._sub: Subscription | None = None
-        # Which subscription is current: each one's callback carries the number it was made
-        # with, so a dropped subscription's leftovers are told apart without nats-py's
-        # private subscription id (a JetStream delivery keeps its stored subject).
-        self._generation = 0
-        # Deliveries handed over by the subscription callback; at most one pull batch
-        # (plus a few status messages) is ever in here.
-        self._inbox: collections.deque[Msg] = collections.deque()
-        self._arrived = asyncio.Event()
+        # The current subscription's own queue, which nats-py's read loop fills: at most one
+        # pull batch (plus a few status messages) is ever in it. A dropped subscription's
+        # leftovers go with its queue.
+        self._queue: asyncio.Queue[Msg] | None = None
+        # The silence watchdog (see _watch): one timer per heartbeat interval, not one
+        # timeout per message.
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._heard = 0  # the subscription's deliveries at the last tick
+        self._quiet = 0  # ticks in a row without a delivery
         self._consumer: str | None = None
         self._cseq = 0
         self._credit = 0  # records the outstanding pull request may still bring
@@ -118,7 +139,7 @@ class OrderedConsumer:
     @property
     def buffered(self) -> int:
         """Records delivered to this client and not yet taken (at most one pull batch)."""
-        return len(self._inbox)
+        return self._queue.qsize() if self._queue is not None else 0
 
     async def __aenter__(self) -> "OrderedConsumer":
         await self._create()
@@ -135,7 +156,10 @@ class OrderedConsumer:
         sub, self._sub = self._sub, None
         consumer, self._consumer = self._consumer, None
         self._credit = 0
-        self._inbox.clear()
+        self._queue = None
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         if sub is not None:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
@@ -214,12 +238,16 @@ class OrderedConsumer:
 
     async def _create_once(self, timeout: float | None = None) -> None:
         await self._drop()
-        # Room for one full batch plus status messages: the client never drops.
-        self._generation += 1
-        self._sub = await self._nc.subscribe(
-            self._nc.new_inbox(), cb=functools.partial(self._on_msg, self._generation),
-            pending_msgs_limit=self._batch + 64, pending_bytes_limit=0,
+        # Room for one full batch plus status messages (and the watchdog's mark): the client
+        # never drops. No callback: nats-py would run it on a task of its own, one more task
+        # switch per record before the reader has it; the reader takes records from the
+        # subscription's queue itself (_receive).
+        sub = self._sub = await self._nc.subscribe(
+            self._nc.new_inbox(), pending_msgs_limit=self._batch + 64, pending_bytes_limit=0,
         )
+        self._queue = pending_queue(sub)
+        self._heard, self._quiet = sub.delivered, 0
+        self._watchdog = asyncio.get_running_loop().call_later(self._hb, self._watch, sub)
         cfg = api.ConsumerConfig(
             deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
             opt_start_seq=self._next_seq,
@@ -249,21 +277,39 @@ class OrderedConsumer:
         )
         self._credit = self._batch
 
-    async def _on_msg(self, generation: int, msg: Msg) -> None:
-        # A callback plus a deque costs a fraction of ``next_msg`` (which starts a task
-        # per call); stored_headers reads 100k records per takeover.
-        if self._sub is not None and generation == self._generation:  # not a dropped sub's leftover
-            self._inbox.append(msg)
-            self._arrived.set()
+    def _watch(self, sub: Subscription) -> None:
+        """Once per heartbeat interval: after three intervals without a delivery (no record,
+        no heartbeat) while nothing waits to be taken, wake the reader with the silence mark.
+
+        A pull is outstanding whenever the queue is empty (next_raw asks again as soon as
+        the last credited record is taken), and the server sends a heartbeat every interval
+        while one waits: three missed ones mean the server or the consumer is gone.
+        """
+        if sub is not self._sub or self._queue is None:
+            return  # dropped (its timer was cancelled; a tick already due may still run)
+        heard = sub.delivered
+        if heard != self._heard:
+            self._heard, self._quiet = heard, 0
+        else:
+            self._quiet += 1
+            if self._quiet >= 3 and self._queue.empty():
+                self._quiet = 0
+                self._queue.put_nowait(_SILENCE)
+        self._watchdog = asyncio.get_running_loop().call_later(self._hb, self._watch, sub)
 
     async def _receive(self) -> Msg:
-        if not self._inbox:
-            self._arrived.clear()
-            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
-            # that races a message, leaving a cancelled reader running.
-            async with asyncio.timeout(self._hb * 3):
-                await self._arrived.wait()
-        return self._inbox.popleft()
+        """The next delivery from the subscription's queue.
+
+        Raises:
+            TimeoutError: the watchdog heard nothing for three heartbeat intervals.
+        """
+        queue = self._queue
+        assert queue is not None
+        msg = await queue.get()
+        queue.task_done()  # as nats-py's own readers do (a drain waits for it)
+        if msg is _SILENCE:
+            raise TimeoutError
+        return msg
 
     async def _reset(self, why: str) -> None:
         log.debug("resetting ordered consumer on %s at %d: %s", self._stream, self._next_seq, why)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from typing import Any, AsyncGenerator, AsyncIterator, Callable
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, TypeVar
 
 import nats.errors
 import nats.js.errors
@@ -12,7 +12,7 @@ from nats.aio.client import Client as NATS
 
 from baton.errors import InvalidOffset, LogUnavailable, OffsetExpired
 from baton.log import _headers as H
-from baton.log._api import first_on_subject, last_on_subject
+from baton.log._api import RawRecord, first_on_subject, last_on_subject
 from baton.log._compact import begins_compacted, is_compacted
 from baton.log._config import LogConfig
 from baton.log._consumer import OrderedConsumer
@@ -37,6 +37,20 @@ def parse_offset(after: str) -> str | int:
     if isinstance(after, str) and _DECIMAL.fullmatch(after):
         return int(after)
     raise InvalidOffset(str(after))
+
+
+A = TypeVar("A")
+B = TypeVar("B")
+
+
+async def _both(a: Awaitable[A], b: Awaitable[B]) -> tuple[A, B]:
+    """Await two reads side by side; both end before this returns, and the first failure is
+    raised (neither is left running, nor its error unread)."""
+    ra, rb = await asyncio.gather(a, b, return_exceptions=True)
+    for r in (ra, rb):
+        if isinstance(r, BaseException):
+            raise r
+    return ra, rb  # type: ignore[return-value]
 
 
 def _is_origin(headers: dict[str, str] | None) -> bool:
@@ -78,13 +92,19 @@ class LogReader(AsyncIterator[Item]):
         self._pending_msgs = pending_msgs
         self._start_seq: int | None = None
         self._ended = False
-        self._gen: AsyncGenerator[Item, None] | None = None
+        self._gen: AsyncGenerator[tuple[str, Any], None] | None = None
         self.close_record: H.StoredRecord | None = None
         self.consumer_resets = 0
         self._last_offset: str | None = None
         # Stop after the record at this stream sequence, whatever its kind (a catch-up read
         # up to a known tail that may be a fence record); ``None``: tail on.
         self.until: int | None = None
+        #: The log's last record as :meth:`open` found it (``None``: an empty log, or not
+        #: opened yet).
+        self.tail: H.StoredRecord | None = None
+        #: Yield each chunk as its stored JSON bytes (what the writer encoded: compact,
+        #: UTF-8, no ASCII escaping), not decoded; set before the first iteration.
+        self.raw = False
         #: Called with the stream sequence of every record read that is not yielded (a fence
         #: or the close), so a reader that serves positions (the gateway's shared tail) knows
         #: how far the log was read, whatever the last record's kind.
@@ -110,30 +130,32 @@ class LogReader(AsyncIterator[Item]):
         if self._start_seq is not None or self._ended:
             return
         stream = self._cfg.stream
+        tail: RawRecord | None = None
         try:
-            tail = await last_on_subject(self._nc, stream, self._subject)
-            if self._parsed == "-1":
-                start = 1
-            elif self._parsed == "now":
-                start = tail.seq + 1 if tail else 1
+            n = self._parsed if isinstance(self._parsed, int) else 0
+            if n < 1:
+                tail = await last_on_subject(self._nc, stream, self._subject)
+                start = tail.seq + 1 if tail is not None and self._parsed == "now" else 1
             else:
-                n = int(self._parsed)
                 start = n + 1
-                if n >= 1:
-                    first = await first_on_subject(self._nc, stream, self._subject)
-                    # Offsets are stream-wide sequences: an offset before the run's first
-                    # record is a gap only when records of *this run* are gone. The run's
-                    # first record is the only one appended on an empty subject (expected
-                    # head 0); while it is kept, nothing of the run was lost and the offset
-                    # reads from the start. An empty log lost nothing either (the run has
-                    # not written yet); a run whose whole log expired is the gateway's to
-                    # tell by its terminal record (docs/design.md §6).
-                    if first is not None and first.seq > n:
-                        if not _is_origin(first.headers) and not await self._covered(first, n):
-                            raise OffsetExpired(self.run_id, self.after, str(first.seq))
-                        start = first.seq
+                # The tail and the run's first record, side by side: neither depends on the
+                # other, and a resume waits for one round trip, not two.
+                tail, first = await _both(last_on_subject(self._nc, stream, self._subject),
+                                          first_on_subject(self._nc, stream, self._subject))
+                # Offsets are stream-wide sequences: an offset before the run's first
+                # record is a gap only when records of *this run* are gone. The run's
+                # first record is the only one appended on an empty subject (expected
+                # head 0); while it is kept, nothing of the run was lost and the offset
+                # reads from the start. An empty log lost nothing either (the run has
+                # not written yet); a run whose whole log expired is the gateway's to
+                # tell by its terminal record (docs/design.md §6).
+                if first is not None and first.seq > n:
+                    if not _is_origin(first.headers) and not await self._covered(first, n):
+                        raise OffsetExpired(self.run_id, self.after, str(first.seq))
+                    start = first.seq
         except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
             raise LogUnavailable(self.run_id, f"reading the log failed: {type(exc).__name__}") from exc
+        self.tail = H.parse_record(tail.seq, tail.headers) if tail is not None else None
         if self._stop_at_close and tail is not None and tail.headers.get(H.KIND) == "close" and tail.seq < start:
             # The log closed at or before the offset: nothing more will ever come.
             self.close_record = H.parse_record(tail.seq, tail.headers)
@@ -150,7 +172,7 @@ class LogReader(AsyncIterator[Item]):
         final = await latest_final(self._nc, self._cfg, self.run_id)
         return final is not None and int(final.headers.get(H.SNAP_OFFSET, "0") or 0) <= n
 
-    async def _iterate(self) -> AsyncGenerator[Item, None]:
+    async def _iterate(self) -> AsyncGenerator[tuple[str, Any], None]:
         await self.open()
         if self._ended:
             return
@@ -168,32 +190,33 @@ class LogReader(AsyncIterator[Item]):
         seen: int | None = None
         async with consumer:
             try:
+                raw, until, on_marker = self.raw, self.until, self.on_marker
                 while True:
-                    rec = await consumer.next()
-                    prev = rec.headers.get(H.EXPECTED_LAST_SUBJECT_SEQ)
+                    seq, _, headers, data = await consumer.next_raw()
+                    prev = headers.get(H.EXPECTED_LAST_SUBJECT_SEQ)
                     if seen is not None and prev is not None and prev.isdigit() and int(prev) > seen:
-                        raise OffsetExpired(self.run_id, self._last_offset or self.after, str(rec.seq))
-                    if seen is None and self._parsed == "-1" and begins_compacted(rec.headers):
+                        raise OffsetExpired(self.run_id, self._last_offset or self.after, str(seq))
+                    if seen is None and self._parsed == "-1" and begins_compacted(headers):
                         # A read from the start that meets a compacted log (its first record
                         # a close not published on an empty subject): the purge came between
                         # the caller's "is it compacted" check and this read. A gap, never
                         # a silent jump to the close. (A log trimmed by a per-subject limit
                         # still reads from what is kept.)
-                        raise OffsetExpired(self.run_id, self.after, str(rec.seq))
-                    seen = rec.seq
-                    kind = rec.headers.get(H.KIND, "chunk")
+                        raise OffsetExpired(self.run_id, self.after, str(seq))
+                    seen = seq
+                    kind = headers.get(H.KIND, "chunk")
                     if kind == "chunk":
-                        offset = str(rec.seq)
+                        offset = str(seq)
                         self._last_offset = offset
-                        yield offset, json.loads(rec.data)
+                        yield offset, (data if raw else json.loads(data))
                     else:
                         if kind == "close":
-                            self.close_record = H.parse_record(rec.seq, rec.headers)
-                        if self.on_marker is not None:
-                            self.on_marker(rec.seq)
+                            self.close_record = H.parse_record(seq, headers)
+                        if on_marker is not None:
+                            on_marker(seq)
                         if kind == "close" and self._stop_at_close:
                             return
-                    if self.until is not None and rec.seq >= self.until:
+                    if until is not None and seq >= until:
                         return
             finally:
                 self.consumer_resets = consumer.resets

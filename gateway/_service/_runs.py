@@ -206,8 +206,13 @@ class RunService:
             self.state.takeovers.consider(run_id, view.record, view.claim)
         return view
 
-    async def closed_after(self, run_id: str, after: str) -> bool:
+    async def closed_after(self, run_id: str, after: str, *, tail_read: bool = False, tail: Any = None) -> bool:
         """Whether the run's log is closed with no chunk after ``after`` (a decimal offset).
+
+        Args:
+            tail_read: ``tail`` is the log's last record as just read (a reader's offset
+                check, :attr:`RunRead.log_tail`): it is not read again.
+            tail: that record (``None``: the log is empty).
 
         Raises:
             LogUnavailable: JetStream did not answer.
@@ -215,9 +220,12 @@ class RunService:
         st = self.state
         if after in ("-1", "now", "snapshot"):
             return False
-        tail = await st.log.last_record(run_id)
+        if not tail_read:
+            tail = await st.log.last_record(run_id)
         if tail is None or tail.kind != "close":
             return False
+        if tail.offset <= int(after):
+            return True  # closed at or before the offset: nothing can come after it
         reader = st.log.read(run_id, after=after)
         try:
             async with asyncio.timeout(_cancel.CONFIRMATION_READ_TIMEOUT):

@@ -148,3 +148,39 @@ async def test_a_catch_up_read_at_the_tail_with_no_tail_open_ends_at_once(gatewa
     async with RunRead(state, run, str(offsets[-1]), until=offsets[-1]) as read:
         step = await read.next(10)
         assert isinstance(step, CaughtUp) and step.position == offsets[-1]
+
+
+async def test_a_reader_gets_chunks_while_its_presence_registers_and_leaves_no_key_behind(
+        gateway: Gateway, cc: Any, dlog: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The presence RPC is not on the way to a reader's first chunk (a resume waits for the
+    log, not for an etcd write); a reader closed while its registration is still under way
+    waits for it, then removes the key it made."""
+    state = gateway.state
+    run, chunks, _w = await _open_run(cc, dlog, ["a", "b"])
+    real_register, real_unregister = state.coordinator.register_reader, state.coordinator.unregister_reader
+    release, calls = asyncio.Event(), []
+
+    async def register_reader(run_id: str, session: Any, reader_id: str) -> Any:
+        await release.wait()
+        calls.append("register")
+        return await real_register(run_id, session, reader_id)
+
+    async def unregister_reader(run_id: str, reader_id: str) -> Any:
+        calls.append("unregister")
+        return await real_unregister(run_id, reader_id)
+
+    monkeypatch.setattr(state.coordinator, "register_reader", register_reader)
+    monkeypatch.setattr(state.coordinator, "unregister_reader", unregister_reader)
+    read = RunRead(state, run, "-1")
+    try:
+        got = _values(await read.next(10))
+        while len(got) < 2:
+            got += _values(await read.next(10))
+        assert got == chunks[:2] and calls == []  # served while the registration waits
+    finally:
+        closing = asyncio.create_task(read.aclose())
+        await asyncio.sleep(0)  # (one turn: the close is under way, not a wait for time)
+        assert not closing.done()  # it waits for the registration under way
+        release.set()
+        await asyncio.wait_for(closing, 10)
+    assert calls == ["register", "unregister"]

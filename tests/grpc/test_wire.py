@@ -33,16 +33,19 @@ def test_end_gap_and_keepalive() -> None:
 
 
 class _Source:
-    """The log-read surface the hub uses (async iteration, ``aclose``, ``close_status``)."""
+    """The log-read surface the hub uses (async iteration of stored chunk bytes, ``raw``,
+    ``aclose``, ``close_status``)."""
 
-    def __init__(self, items: list[tuple[str, dict[str, object]]], gate: asyncio.Event) -> None:
+    def __init__(self, items: list[tuple[str, bytes]], gate: asyncio.Event) -> None:
         self._items, self._gate = items, gate
         self.close_status = "completed"
+        self.raw = False  # the hub asks for the stored bytes
 
     def __aiter__(self) -> "_Source":
         return self
 
-    async def __anext__(self) -> tuple[str, dict[str, object]]:
+    async def __anext__(self) -> tuple[str, bytes]:
+        assert self.raw
         if not self._items:
             raise StopAsyncIteration
         if len(self._items) == 5:
@@ -59,7 +62,7 @@ async def test_hub_grpc_frames_stay_aligned_when_old_frames_are_dropped() -> Non
     from gateway._fanout import RunHub
 
     gate = asyncio.Event()
-    items = [(str(10 + i), {"type": "X", "i": i}) for i in range(12)]
+    items = [(str(10 + i), b'{"type":"X","i":%d}' % i) for i in range(12)]
 
     class Log:
         def read(self, run_id: str, after: str) -> _Source:
@@ -79,4 +82,26 @@ async def test_hub_grpc_frames_stay_aligned_when_old_frames_are_dropped() -> Non
     ev = pb.RunEvent.FromString(data)
     assert [c.offset for c in ev.chunks] == ["18", "19", "20", "21"] and (n, nxt) == (4, 12)
     assert [c.json for c in ev.chunks] == hub.payloads
+    await hub.aclose()
+
+
+async def test_hub_frames_stored_bytes_as_they_are_and_re_encodes_only_a_line_break() -> None:
+    from gateway._fanout import RunHub
+
+    gate = asyncio.Event()
+    gate.set()
+    stored = b'{"type":"TEXT_MESSAGE_CONTENT","delta":"h\\u00e9 \xc3\xa9 \\n"}'  # as the writer left it
+    items = [("5", stored), ("6", b'{\n  "type": "X"\n}')]  # the second one no writer of baton's makes
+
+    class Log:
+        def read(self, run_id: str, after: str) -> _Source:
+            return _Source(list(items), gate)
+
+    hub = RunHub("r", Log())
+    hub.start()
+    while not hub.closed:
+        await hub.changed(1.0)
+    assert hub.payloads == [stored, b'{"type":"X"}']
+    data, n, _ = hub.frames(hub.base, "sse")
+    assert data == b"id: 5\ndata: " + stored + b"\n\nid: 6\ndata: {\"type\":\"X\"}\n\n" and n == 2
     await hub.aclose()

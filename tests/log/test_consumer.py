@@ -39,3 +39,34 @@ async def test_headers_only_delivers_no_bodies(dlog: DeliveryLog) -> None:
         await c.next()
         rec = await c.next()
     assert rec.data == b"" and rec.headers["Baton-Kind"] == "chunk" and rec.pending == 0
+
+
+async def test_records_come_from_the_subscriptions_own_queue(dlog: DeliveryLog) -> None:
+    # The consumer takes records from nats-py's queue of a callback-less subscription (a
+    # private attribute: this fails when nats-py renames it or stops filling it).
+    run_id = unique("run")
+    w = dlog.writer(run_id, 1)
+    await w.fence()
+    offsets = await w.append([chunk(0), chunk(1)])
+    async with OrderedConsumer(dlog.nc, dlog.cfg.stream, dlog.cfg.subject(run_id), int(offsets[0])) as c:
+        assert c._sub is not None and c._sub._cb is None  # no task of nats-py's between us and the read loop
+        assert [(await c.next_raw())[0] for _ in offsets] == [int(o) for o in offsets]
+
+
+async def test_silence_recreates_the_consumer_with_no_gap(dlog: DeliveryLog) -> None:
+    # The consumer is deleted behind the reader's back and its heartbeats stop reaching the
+    # subscription: the watchdog wakes the reader, which starts over where it was.
+    run_id = unique("run")
+    w = dlog.writer(run_id, 1)
+    await w.fence()
+    first = await w.append([chunk(0)])
+    async with OrderedConsumer(dlog.nc, dlog.cfg.stream, dlog.cfg.subject(run_id), int(first[0]),
+                               idle_heartbeat=0.2) as c:
+        assert (await c.next_raw())[0] == int(first[0])
+        assert c._sub is not None
+        await c._sub.unsubscribe()  # nothing reaches the queue any more: silence
+        later = await w.append([chunk(1), chunk(2)])
+        async with asyncio.timeout(30):
+            got = [(await c.next_raw())[0] for _ in later]
+        assert got == [int(o) for o in later]
+        assert c.resets >= 1

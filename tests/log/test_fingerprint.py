@@ -70,3 +70,20 @@ def test_fingerprint_is_a_function_of_the_spec_view(value: object, ts1: int, ts2
     a = {"type": "CUSTOM", "name": "n", "value": value, "timestamp": ts1}
     b = {"timestamp": ts2, "value": value, "name": "n", "type": "CUSTOM"}
     assert fingerprint(a) == fingerprint(b)
+
+
+_TRICKY = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40) | st.sampled_from(
+    ["", "é ü 中文 🙂", 'quote " back \\ slash', "\n\t\r\x00\x1f\x7f", "\u2028\u2029", "</script>"])
+
+
+@given(delta=_TRICKY, mid=_TRICKY, extra=st.sampled_from([None, "sub-1", 3, {"a": 1}]))
+def test_the_string_fields_fast_path_gives_the_definitions_bytes(delta: str, mid: str, extra: object) -> None:
+    from baton.fingerprint import SPEC_FIELDS, slow_fingerprint
+
+    for kind in SPEC_FIELDS:
+        chunk: dict[str, object] = {"type": kind, "messageId": mid, "delta": delta, "name": mid, "timestamp": 5,
+                                    "toolCallId": delta, "role": "assistant"}
+        if extra is not None:
+            chunk["subagentRunId"] = extra
+        assert fingerprint(chunk) == slow_fingerprint(chunk), (kind, chunk)
+    assert fingerprint({"type": "NOT_A_TYPE", "delta": delta}) == slow_fingerprint({"type": "NOT_A_TYPE", "delta": delta})
