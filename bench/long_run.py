@@ -238,6 +238,37 @@ async def write(log: Any, run_id: str, chunks: list[dict[str, Any]]) -> None:
         await w.close("completed")
 
 
+NODE_DIR = pathlib.Path(__file__).resolve().parents[1] / "tests" / "node"
+
+
+async def page_rounds(url: str, run_id: str, newest: int, rounds: int) -> dict[str, Any] | None:
+    """First render on the chat page in Chromium (tests/node/page_first_render.mjs: the page's
+    own RunView draws the window), ``rounds`` joins each in a fresh page; ``None`` without
+    node, playwright-core or /usr/bin/chromium."""
+    import shutil
+
+    node = shutil.which("node")
+    if node is None or not (NODE_DIR / "node_modules" / "playwright-core").exists() \
+            or not pathlib.Path("/usr/bin/chromium").exists():
+        return None
+    env = {**os.environ, "BATON_GATEWAY_URL": url, "BATON_RUN": run_id, "BATON_MESSAGES": str(newest),
+           "BATON_ROUNDS": str(rounds)}
+    proc = await asyncio.create_subprocess_exec(node, "page_first_render.mjs", cwd=NODE_DIR, env=env,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 600)
+    lines = [ln for ln in out.decode().splitlines() if ln.startswith("{")]
+    got = json.loads(lines[-1]) if lines else {"ok": False, "error": err.decode()[-2000:]}
+    if not got.get("ok"):
+        print(f"page rounds failed: {got.get('error')}")
+        return None
+    rs = [r for r in got["rounds"] if r]
+    first = [round(r["firstRenderMs"], 1) for r in rs]
+    return {"first_render_ms": first, "p50_ms": _median(first), "max_ms": max(first),
+            "delivered_ms": [round(r["deliveredMs"], 1) for r in rs],
+            "parse_ms": [round(r["parseMs"], 1) for r in rs], "draw_ms": [round(r["drawMs"], 1) for r in rs],
+            "messages_drawn": rs[0]["messages"] if rs else 0}
+
+
 def _median(xs: list[float]) -> float:
     ys = sorted(xs)
     return round(ys[len(ys) // 2] if len(ys) % 2 else (ys[len(ys) // 2 - 1] + ys[len(ys) // 2]) / 2, 1)
@@ -270,6 +301,15 @@ async def render_rounds(coord: Any, nats_url: str, cfg: Any, tmp: pathlib.Path, 
         out[side] = {"cold_ms": cold, "warm_ms": warm, "cold_p50_ms": _median(cold), "cold_max_ms": max(cold),
                      "warm_p50_ms": _median(warm), "warm_max_ms": max(warm),
                      "load_avg_1m": [min(loads), max(loads)]}
+        if side == "window50":  # what the chat page asks for, drawn by the page itself
+            gw = await start_gateway(coord.address, nats_url, log_dir=tmp / "gw-page", log_level="WARNING",
+                                     runs_stream=cfg.stream, subject_prefix=cfg.subject_prefix,
+                                     threads_bucket=cfg.bucket)
+            try:
+                out["page"] = await page_rounds(gw.url, run_id, n, rounds)
+            finally:
+                await gw.stop()
+            print(f"page      {out['page']}")
         print(f"{side:<9} cold p50 {out[side]['cold_p50_ms']:>8} max {out[side]['cold_max_ms']:>8}   "
               f"warm p50 {out[side]['warm_p50_ms']:>8} max {out[side]['warm_max_ms']:>8}   load {out[side]['load_avg_1m']}")
     return out
