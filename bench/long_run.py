@@ -241,15 +241,23 @@ async def write(log: Any, run_id: str, chunks: list[dict[str, Any]]) -> None:
 NODE_DIR = pathlib.Path(__file__).resolve().parents[1] / "tests" / "node"
 
 
-async def page_rounds(url: str, run_id: str, newest: int, rounds: int) -> dict[str, Any] | None:
-    """First render on the chat page in Chromium (tests/node/page_first_render.mjs: the page's
-    own RunView draws the window), ``rounds`` joins each in a fresh page; ``None`` without
-    node, playwright-core or /usr/bin/chromium."""
+def _browser_node() -> str | None:
+    """``node`` when it, playwright-core and /usr/bin/chromium are all here (never downloaded)."""
     import shutil
 
     node = shutil.which("node")
     if node is None or not (NODE_DIR / "node_modules" / "playwright-core").exists() \
             or not pathlib.Path("/usr/bin/chromium").exists():
+        return None
+    return node
+
+
+async def page_rounds(url: str, run_id: str, newest: int, rounds: int) -> dict[str, Any] | None:
+    """First render on the chat page in Chromium (tests/node/page_first_render.mjs: the page's
+    own RunView draws the window), ``rounds`` joins each in a fresh page; ``None`` without
+    node, playwright-core or /usr/bin/chromium."""
+    node = _browser_node()
+    if node is None:
         return None
     env = {**os.environ, "BATON_GATEWAY_URL": url, "BATON_RUN": run_id, "BATON_MESSAGES": str(newest),
            "BATON_ROUNDS": str(rounds)}
