@@ -80,6 +80,9 @@ class TranscriptBuilder:
         self._out: list[Message] = []
         self._by_id: dict[str, Message] = {}
         self._tool_calls: dict[str, dict[str, Any]] = {}
+        # The message each tool call was added to (found again from the end for its result,
+        # not by a scan from the start: a long run holds tens of thousands of messages).
+        self._call_owner: dict[str, Message] = {}
         self._fed = 0
 
     @property
@@ -146,7 +149,9 @@ class TranscriptBuilder:
                 call = {"id": tcid, "type": "function",
                         "function": {"name": chunk.get("toolCallName", ""), "arguments": ""}}
                 self._tool_calls[tcid] = call
-                self._owner(chunk.get("parentMessageId"), tcid, chunk).setdefault("toolCalls", []).append(call)
+                owner = self._owner(chunk.get("parentMessageId"), tcid, chunk)
+                owner.setdefault("toolCalls", []).append(call)
+                self._call_owner[tcid] = owner
             if t == "TOOL_CALL_CHUNK" and isinstance(chunk.get("delta"), str):
                 call["function"]["arguments"] += chunk["delta"]
             _merge_metadata(call, chunk)
@@ -168,8 +173,7 @@ class TranscriptBuilder:
             if chunk.get("subagentRunId"):
                 msg["subagentRunId"] = chunk["subagentRunId"]
             _merge_metadata(msg, chunk)
-            at = next((i for i, m in enumerate(self._out) if m.get("role") == "assistant"
-                       and any(c.get("id") == tcid for c in m.get("toolCalls", []))), None)
+            at = self._call_at(tcid)
             if at is None:
                 self._out.append(msg)
             else:
@@ -207,6 +211,21 @@ class TranscriptBuilder:
             self._by_id[mid] = msg
             _merge_metadata(msg, chunk)
             return
+
+    def _call_at(self, tcid: str) -> int | None:
+        """Where in the produced messages the first assistant message holding tool call ``tcid``
+        is (``None``: none). A call is added to one message only (its first start), so the
+        message it was added to is that one while it is still there; it is looked for from the
+        end, where a result's call usually is. Otherwise (replaced, or a resumed builder's
+        call) the rule's own scan from the start answers."""
+        owner = self._call_owner.get(tcid)
+        if owner is not None:
+            out = self._out
+            for i in range(len(out) - 1, -1, -1):
+                if out[i] is owner:
+                    return i
+        return next((i for i, m in enumerate(self._out) if m.get("role") == "assistant"
+                     and any(c.get("id") == tcid for c in m.get("toolCalls", []))), None)
 
     def _owner(self, parent: Any, tcid: str, chunk: Chunk) -> Message:
         """The assistant message a new tool call joins (the AG-UI client's rule)."""

@@ -28,8 +28,18 @@ chunks. A snapshot must hold every character of text, reasoning, tool arguments 
 results (it is never lossy), so the byte ratio is bounded by what the chunks carry beyond
 their content: per-chunk JSON (type, ids) and SSE framing. ``content_share`` reports that.
 
+First render of the windowed joins is also measured in rounds (``BENCH_LONG_ROUNDS``, 5): each
+round a fresh gateway (its cache cold: what a reload after a gateway restart, or the first
+reader of a run, gets) joins once (**cold**), then again (**warm**: the next reader); the table
+gives the median and the maximum. ``BENCH_LONG_RENDER=1`` measures only those rounds on the
+200,000-chunk run (no join from the start, no RSS, no short run): a few minutes, to iterate on.
+
+The run is written by the product's writer with its publishes pipelined (bench/_pipelined.py:
+the same records, checked by the server's expected-sequence compare, without waiting a round
+trip per chunk: over 20 minutes of the bench's time before).
+
 Targets (issue): ≥ 20× fewer bytes, first render ≤ 300 ms, memory per reader independent of
-the run's length. Writes ``bench/results/long_run.json``.
+the run's length. Writes ``bench/results/long_run.json`` (not in the render-only mode).
 """
 from __future__ import annotations
 
@@ -48,6 +58,8 @@ SHORT = 20_000
 STALLED_READERS = 20
 NEWEST = 200  # messages a windowed join asks for ("replay the last 200 first, then page older")
 PAGE_NEWEST = 50  # what the chat page asks for (gateway/static/js/snapshot.js)
+ROUNDS = int(os.environ.get("BENCH_LONG_ROUNDS", "5") or 5)
+RENDER_ONLY = os.environ.get("BENCH_LONG_RENDER", "") not in ("", "0")
 _ID_KEYS = ("messageId", "toolCallId", "parentMessageId", "entityId")
 _COMPLETE = (b'"type":"TEXT_MESSAGE_END"', b'"type":"TOOL_CALL_RESULT"', b'"type":"REASONING_MESSAGE_END"')
 _CONTENT_KEYS = ("delta", "content")
@@ -213,11 +225,102 @@ async def stalled_rss(pid: int, port: int, path: str, n: int) -> float:
 
 
 async def write(log: Any, run_id: str, chunks: list[dict[str, Any]]) -> None:
-    w = log.writer(run_id, 1)
-    await w.fence()
-    for i in range(0, len(chunks), 1000):
-        await w.append(chunks[i:i + 1000])
-    await w.close("completed")
+    """The run written by the product's writer, its publishes pipelined (bench/_pipelined.py:
+    the same records, without a round trip's wait each)."""
+    from baton.log import LogWriter
+    from bench._pipelined import PipelinedNats
+
+    async with PipelinedNats(log.nc, log.cfg.subject(run_id)) as nc:
+        w = LogWriter(nc, log.js, log.cfg, run_id, 1)  # type: ignore[arg-type]
+        await w.fence()
+        for i in range(0, len(chunks), 1000):
+            await w.append(chunks[i:i + 1000])
+        await w.close("completed")
+
+
+NODE_DIR = pathlib.Path(__file__).resolve().parents[1] / "tests" / "node"
+
+
+def _browser_node() -> str | None:
+    """``node`` when it, playwright-core and /usr/bin/chromium are all here (never downloaded)."""
+    import shutil
+
+    node = shutil.which("node")
+    if node is None or not (NODE_DIR / "node_modules" / "playwright-core").exists() \
+            or not pathlib.Path("/usr/bin/chromium").exists():
+        return None
+    return node
+
+
+async def page_rounds(url: str, run_id: str, newest: int, rounds: int) -> dict[str, Any] | None:
+    """First render on the chat page in Chromium (tests/node/page_first_render.mjs: the page's
+    own RunView draws the window), ``rounds`` joins each in a fresh page; ``None`` without
+    node, playwright-core or /usr/bin/chromium."""
+    node = _browser_node()
+    if node is None:
+        return None
+    env = {**os.environ, "BATON_GATEWAY_URL": url, "BATON_RUN": run_id, "BATON_MESSAGES": str(newest),
+           "BATON_ROUNDS": str(rounds)}
+    proc = await asyncio.create_subprocess_exec(node, "page_first_render.mjs", cwd=NODE_DIR, env=env,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 600)
+    lines = [ln for ln in out.decode().splitlines() if ln.startswith("{")]
+    got = json.loads(lines[-1]) if lines else {"ok": False, "error": err.decode()[-2000:]}
+    if not got.get("ok"):
+        print(f"page rounds failed: {got.get('error')}")
+        return None
+    rs = [r for r in got["rounds"] if r]
+    first = [round(r["firstRenderMs"], 1) for r in rs]
+    return {"first_render_ms": first, "p50_ms": _median(first), "max_ms": max(first),
+            "delivered_ms": [round(r["deliveredMs"], 1) for r in rs],
+            "parse_ms": [round(r["parseMs"], 1) for r in rs], "draw_ms": [round(r["drawMs"], 1) for r in rs],
+            "messages_drawn": rs[0]["messages"] if rs else 0}
+
+
+def _median(xs: list[float]) -> float:
+    ys = sorted(xs)
+    return round(ys[len(ys) // 2] if len(ys) % 2 else (ys[len(ys) // 2 - 1] + ys[len(ys) // 2]) / 2, 1)
+
+
+async def render_rounds(coord: Any, nats_url: str, cfg: Any, tmp: pathlib.Path, run_id: str,
+                        rounds: int) -> dict[str, Any]:
+    """First render of the windowed joins, ``rounds`` times each through a fresh gateway (cold),
+    then once more through the same one (warm): ``{side: {cold: [ms], warm: [ms], p50/max…}}``."""
+    from baton_tools.testing.cluster import start_gateway
+
+    out: dict[str, Any] = {}
+    for side, n in (("window50", PAGE_NEWEST), ("window", NEWEST)):
+        cold: list[float] = []
+        warm: list[float] = []
+        loads: list[float] = []
+        for r in range(rounds):
+            gw = await start_gateway(coord.address, nats_url, log_dir=tmp / f"gw-r{side}{r}", log_level="WARNING",
+                                     runs_stream=cfg.stream, subject_prefix=cfg.subject_prefix,
+                                     threads_bucket=cfg.bucket)
+            try:
+                port = int(gw.url.rsplit(":", 1)[1])
+                path = f"/api/chat?runId={run_id}&offset=snapshot&messages={n}"
+                first = await join(port, path)
+                cold.append(first["first_render_ms"])
+                loads.append(first["load_avg_1m"])
+                warm.append((await join(port, path))["first_render_ms"])
+            finally:
+                await gw.stop()
+        out[side] = {"cold_ms": cold, "warm_ms": warm, "cold_p50_ms": _median(cold), "cold_max_ms": max(cold),
+                     "warm_p50_ms": _median(warm), "warm_max_ms": max(warm),
+                     "load_avg_1m": [min(loads), max(loads)]}
+        if side == "window50":  # what the chat page asks for, drawn by the page itself
+            gw = await start_gateway(coord.address, nats_url, log_dir=tmp / "gw-page", log_level="WARNING",
+                                     runs_stream=cfg.stream, subject_prefix=cfg.subject_prefix,
+                                     threads_bucket=cfg.bucket)
+            try:
+                out["page"] = await page_rounds(gw.url, run_id, n, rounds)
+            finally:
+                await gw.stop()
+            print(f"page      {out['page']}")
+        print(f"{side:<9} cold p50 {out[side]['cold_p50_ms']:>8} max {out[side]['cold_max_ms']:>8}   "
+              f"warm p50 {out[side]['warm_p50_ms']:>8} max {out[side]['warm_max_ms']:>8}   load {out[side]['load_avg_1m']}")
+    return out
 
 
 async def main() -> dict[str, Any]:
@@ -242,6 +345,12 @@ async def main() -> dict[str, Any]:
         port = int(gw.url.rsplit(":", 1)[1])
         async with DeliveryLog(await nats_py.connect(servers=[nats.url]), cfg, owns_connection=True) as log:
             await log.provision()
+            if RENDER_ONLY:
+                t0 = time.perf_counter()
+                await write(log, "bench-long", workload("bench-long", CHUNKS))
+                print(f"written in {time.perf_counter() - t0:.1f}s")
+                rounds = await render_rounds(coord, nats.url, cfg, tmp, "bench-long", ROUNDS)
+                return {"bench": "long_run", "render_rounds": rounds}
             for name, n in (("long", CHUNKS), ("short", SHORT)):
                 chunks = workload(f"bench-{name}", n)
                 t0 = time.perf_counter()
@@ -274,6 +383,8 @@ async def main() -> dict[str, Any]:
                         entry[f"rss_kb_per_reader_{side}"] = await stalled_rss(gw2.pid, port2, path, STALLED_READERS)
                 finally:
                     await gw2.stop()
+                if name == "long":
+                    entry["render_rounds"] = await render_rounds(coord, nats.url, cfg, tmp, f"bench-{name}", ROUNDS)
                 results[name] = entry
     finally:
         if gw is not None:

@@ -25,7 +25,10 @@ record's head (baton.log.snapshot.encode), so nothing is parsed to fold them.
 """
 from __future__ import annotations
 
+import operator
+from bisect import bisect_left
 from dataclasses import dataclass
+from itertools import accumulate, compress, islice
 from typing import Any, Mapping
 
 #: CUSTOM names whose latest value is what a reader needs (a later one replaces an earlier one).
@@ -62,6 +65,17 @@ class KeptIndex:
             at += n + 1
         return out
 
+    def starts(self) -> list[int]:
+        """Where each kept chunk starts, in bytes from the first event line's start, and past
+        the last one where its line's newline ends (``len(lens) + 1`` numbers, summed in C: a
+        long run's snapshot keeps tens of thousands)."""
+        return list(accumulate(map((1).__add__, self.lens), initial=self.start))
+
+
+def _ints(xs: list[Any]) -> bool:
+    # One pass in C over tens of thousands of numbers (a long run's head), not a Python loop.
+    return set(map(type, xs)) <= {int}
+
 
 def index_of(head: Mapping[str, Any]) -> KeptIndex | None:
     """The kept chunks' index of a snapshot head, ``None`` when it has none or it is malformed
@@ -69,15 +83,17 @@ def index_of(head: Mapping[str, Any]) -> KeptIndex | None:
     line, at, kind, kinds = head.get("keptLine"), head.get("keptAt"), head.get("keptKind"), head.get("keptKinds")
     if not (isinstance(line, int) and isinstance(at, list) and isinstance(kind, list) and isinstance(kinds, list)):
         return None
-    if len(at) != len(kind) or not all(isinstance(x, int) for x in at):
+    if len(at) != len(kind) or not _ints(at):
         return None
-    if not all(isinstance(k, int) and 0 <= k < len(kinds) for k in kind) or not all(isinstance(k, str) for k in kinds):
+    if not _ints(kind) or (kind and not 0 <= min(kind) <= max(kind) < len(kinds)) \
+            or not all(isinstance(k, str) for k in kinds):
         return None
+    names = tuple(map(kinds.__getitem__, kind))
     start, lens = head.get("keptFrom"), head.get("keptLens")
-    if isinstance(start, int) and isinstance(lens, list) and len(lens) == len(at) \
-            and all(isinstance(n, int) and n >= 0 for n in lens):
-        return KeptIndex(line, tuple(at), tuple(kinds[k] for k in kind), start, tuple(lens))
-    return KeptIndex(line, tuple(at), tuple(kinds[k] for k in kind))
+    if isinstance(start, int) and isinstance(lens, list) and len(lens) == len(at) and _ints(lens) \
+            and (not lens or min(lens) >= 0):
+        return KeptIndex(line, tuple(at), names, start, tuple(lens))
+    return KeptIndex(line, tuple(at), names)
 
 
 def served(index: KeptIndex, first: int) -> list[bool]:
@@ -108,6 +124,37 @@ def served(index: KeptIndex, first: int) -> list[bool]:
         else:
             out.append(True)
     return out
+
+
+def served_indices(index: KeptIndex, first: int) -> list[int]:
+    """The kept chunks :func:`served` serves, by index in order: the same answer without a Python
+    step per kept chunk when the positions only grow (they do: a transcript's message count
+    never shrinks), so a window of a run that kept tens of thousands costs what its kinds do.
+    Positions out of order are answered by :func:`served` itself."""
+    at, kind = index.at, index.kind
+    n = len(at)
+    if first <= 0 or not n:
+        return list(range(n))
+    if not all(map(operator.le, at, islice(at, 1, None))):
+        return list(compress(range(n), served(index, first)))
+    k = bisect_left(at, first)  # the older ones are the first k
+    older = kind[:k]
+    present = set(older)
+    ended = {kd.partition(":")[2] for kd in present if kd.startswith("SUBAGENT_END:")}
+    whole: set[str] = set()
+    singles: list[int] = []
+    for kd in present:
+        family, _, name = kd.partition(":")
+        if family == "CUSTOM" and name in LATEST:
+            last = n - 1 - kind[::-1].index(kd)
+            if last < k:  # the run's last of that name is older than the window: it alone
+                singles.append(last)
+        elif (family == "CUSTOM" and name in MOMENT) or family == "SUBAGENT_END":
+            continue
+        elif family != "SUBAGENT_STARTED" or name not in ended:
+            whole.add(kd)
+    picked = list(compress(range(k), map(whole.__contains__, older))) if whole else []
+    return sorted(picked + singles) + list(range(k, n))
 
 
 def fold(lines: list[bytes], index: KeptIndex | None, offset: int, first: int) -> tuple[list[bytes], int]:

@@ -40,7 +40,7 @@ from baton.errors import InvalidArgument
 from baton.runs import SNAPSHOT_WINDOW, STREAM_COMPACTED
 from baton.log.snapshot import MESSAGES_HEAD, MESSAGES_TAIL, head_and_lines, messages_line, parse_head
 from gateway import _grpc_wire
-from gateway._kept import KeptIndex, fold, index_of, served
+from gateway._kept import KeptIndex, fold, index_of, served_indices
 from gateway._paging import check_cursor, cursor_of
 from gateway._sse import Framing, dumps
 
@@ -341,7 +341,13 @@ async def read_window(delivery_log: Any, run_id: str, final: Any, newest: int) -
     except ValueError:
         return None
     ends = head.get("msgEnds")
-    if not isinstance(ends, list) or not all(isinstance(x, int) for x in ends):
+    if not isinstance(ends, list):
+        return None
+    total = len(ends)
+    first = max(0, total - newest)
+    # Only the ends this window uses are read, so only they are checked (a long run's head
+    # holds tens of thousands: a Python step each was most of a cold window's time).
+    if not all(type(ends[i]) is int for i in (first - 1, first, total - 1) if 0 <= i < total):
         return None
     before: list[bytes] = []  # the events before MESSAGES_SNAPSHOT (RUN_STARTED)
     events_at = at = len(head_raw) + 1
@@ -351,8 +357,6 @@ async def read_window(delivery_log: Any, run_id: str, final: Any, newest: int) -
             return None
         before.append(buf[at:nl])
         at = nl + 1
-    total = len(ends)
-    first = max(0, total - newest)
     start = at + (ends[first - 1] + 1 if first else len(MESSAGES_HEAD))  # body offset of the window
     stop = at + (ends[-1] if ends else len(MESSAGES_HEAD))  # body offset past the last message
     rest_at = stop + len(MESSAGES_TAIL) + 1  # the lines after MESSAGES_SNAPSHOT
@@ -360,12 +364,20 @@ async def read_window(delivery_log: Any, run_id: str, final: Any, newest: int) -
     located = index is not None and index.start >= 0 and index.line == len(before) + 1
     # Byte ranges to read: the window's messages to the kept chunks (the state between), the
     # kept chunks served, and the lines after them (the end); without an index, all of it.
-    spans = [(events_at + a, events_at + b) for a, b in index.spans()] if located and index else []
-    keep = served(index, first) if located and index else []
-    if spans and spans[-1][1] <= end and spans[0][0] >= rest_at:
-        ranges = [(start, spans[0][0]), *(sp for sp, k in zip(spans, keep) if k), (spans[-1][1] + 1, end)]
+    # Only the served chunks' spans are built: of the older ones, few are served.
+    starts = index.starts() if located and index and index.lens else []
+    kept_lo = events_at + starts[0] if starts else 0  # the first kept chunk's start
+    kept_hi = events_at + starts[-1] - 1 if starts else 0  # the last one's end
+    serve: list[tuple[int, int]] = []
+    omitted = 0
+    if starts and kept_hi <= end and kept_lo >= rest_at:
+        assert index is not None
+        picked = served_indices(index, first)
+        serve = [(events_at + starts[i], events_at + starts[i] + index.lens[i]) for i in picked]
+        omitted = len(index.lens) - len(picked)
+        ranges = [(start, kept_lo), *serve, (kept_hi + 1, end)]
     else:
-        spans, ranges = [], [(start, end)]
+        starts, ranges = [], [(start, end)]
     if not await fetch({i for lo, hi in ranges if hi > lo for i in range(lo // size, (hi - 1) // size + 1)}):
         return None
 
@@ -378,12 +390,11 @@ async def read_window(delivery_log: Any, run_id: str, final: Any, newest: int) -
     if first:
         one = json.loads(cut(start, at + ends[first]))
         cursor = snapshot_cursor(first, str(one.get("id", "")) if isinstance(one, dict) else "", final.seq)
-    if spans:
-        between = cut(rest_at, spans[0][0] - 1)
-        served_kept = [cut(lo, hi) for (lo, hi), k in zip(spans, keep) if k]
-        last = cut(spans[-1][1] + 1, end)
-        rest = [*(between.split(b"\n") if between else []), *served_kept, *(last.split(b"\n") if last else [])]
-        omitted = len(keep) - len(served_kept)
+    if starts:
+        between = cut(rest_at, kept_lo - 1)
+        last = cut(kept_hi + 1, end)
+        rest = [*(between.split(b"\n") if between else []), *(cut(lo, hi) for lo, hi in serve),
+                *(last.split(b"\n") if last else [])]
     else:
         after = cut(rest_at, end)
         rest, omitted = fold(after.split(b"\n") if after else [], index, len(before) + 1, first)

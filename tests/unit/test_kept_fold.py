@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from baton.log.snapshot import KEPT, SnapshotPolicy, SnapshotState, decode, encode, kept_kind, replay
-from gateway._kept import LATEST, KeptIndex, served
+from hypothesis import given, settings, strategies as st
+
+from gateway._kept import LATEST, MOMENT, KeptIndex, index_of, served, served_indices
 from gateway._snapshots import served_of
 
 pytestmark = pytest.mark.unit
@@ -35,6 +37,33 @@ def test_older_kept_chunks_leave_their_state_and_newer_ones_are_served_whole() -
                                  True, True, True]
     # No window (first 0): every one.
     assert served(index, 0) == [True] * 14
+
+
+_KINDS = [f"CUSTOM:{n}" for n in sorted(LATEST | MOMENT)] + [
+    "CUSTOM:approval-requested", "RAW", "ACTIVITY_DELTA", "CUSTOM:some.new.name",
+    "SUBAGENT_STARTED:a", "SUBAGENT_END:a", "SUBAGENT_STARTED:b", "SUBAGENT_END:b"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(_KINDS), st.integers(0, 30)), max_size=60), st.integers(0, 32),
+       st.booleans())
+def test_the_fast_answer_is_the_rule_itself(kinds_at: list[tuple[str, int]], first: int, ordered: bool) -> None:
+    # Positions in log order only grow; out of order (never written) the rule itself answers.
+    if ordered:
+        kinds_at = [(k, a) for k, (_, a) in zip((k for k, _ in kinds_at), sorted(kinds_at, key=lambda x: x[1]))]
+    index = _index(kinds_at)
+    assert served_indices(index, first) == [i for i, keep in enumerate(served(index, first)) if keep]
+
+
+def test_a_malformed_head_has_no_index() -> None:
+    good = {"keptLine": 2, "keptAt": [0, 1], "keptKind": [0, 1], "keptKinds": ["RAW", "CUSTOM:x"],
+            "keptFrom": 10, "keptLens": [3, 4]}
+    index = index_of(good)
+    assert index is not None and index.starts() == [10, 14, 19] and index.kind == ("RAW", "CUSTOM:x")
+    for key, bad in (("keptAt", [0, "1"]), ("keptKind", [0, 2]), ("keptKind", [-1, 0]), ("keptKinds", ["RAW", 1]),
+                     ("keptAt", [0])):
+        assert index_of({**good, key: bad}) is None, (key, bad)
+    assert index_of({**good, "keptLens": [3, -1]}) == KeptIndex(2, (0, 1), ("RAW", "CUSTOM:x"))
 
 
 def _golden_log(repeat: int) -> list[tuple[int, dict[str, Any], int]]:
