@@ -1,13 +1,15 @@
 // The chat page: threads, the conversation of one thread, its live run.
 //
 // The URL names the thread (`/?thread=<id>`), so a reload or a second tab opens the same
-// conversation. Opening a thread reads its newest runs' logs from the start (the user's
-// prompt comes from the run's `run.accepted` chunk, so every tab shows it), older runs as
-// the reader scrolls up to them, and follows the live one; a dropped stream rejoins strictly after the last offset rendered, so
-// nothing is shown twice. A live run opened afresh is joined from its snapshot's newest
-// messages, its older ones loaded as the reader scrolls up (snapshot.js). The run's record (GET /api/runs/{id}) is polled while it is
-// live: it gives the state, the driving host and epoch, detach and reap times; a higher
-// epoch places a takeover marker where the new claim's fence landed in the log.
+// conversation. Opening a thread reads its newest runs' logs (the user's prompt comes from
+// the run's `run.accepted` chunk, so every tab shows it), older runs as the reader scrolls up
+// to them, and follows the live one; a dropped stream rejoins strictly after the last offset
+// rendered, so nothing is shown twice. A live run opened afresh is joined from its
+// snapshot's newest messages (from the start while it has no snapshot), and so is a closed
+// run with more messages than a page, their older ones loaded as the reader scrolls up
+// (snapshot.js). The run's record (GET /api/runs/{id}) is
+// polled while it is live: it gives the state, the driving host and epoch, detach and reap
+// times; a higher epoch places a takeover marker where the new claim's fence landed in the log.
 
 import { $, el, announce, clock, duration, everyVisible, relative, bindApiKey, trackHeaderHeight, whenVisible } from './dom.js'
 import { ApiError, cancelQueued, cancelRun, enc, getJSON, joinRun, queueRun, readSSE, startRun, steerRun } from './api.js'
@@ -114,10 +116,40 @@ async function markTakeovers (view, rec) {
 
 // --- reading and following runs -------------------------------------------------------------
 
-/** Read a run whose log is closed, from the start to its end. */
+/**
+ * The events a closed run is drawn from: its final snapshot's newest `MESSAGES_PER_PAGE`
+ * messages and what follows it when the run has more messages than that (a long run: the
+ * older ones load as the reader scrolls up, snapshot.js), else its whole log from the start
+ * (a short run is drawn chunk by chunk, its takeover markers where their fences landed).
+ * The snapshot join's events before its `snapshot.window` carry no id, so a stream whose
+ * first event has one is a plain join and is read as it is.
+ */
+async function closedEvents (runId, signal) {
+  const join = new AbortController()
+  const stop = () => join.abort()
+  signal?.addEventListener('abort', stop, { once: true })
+  const it = readSSE(await joinRun(runId, 'snapshot', join.signal, MESSAGES_PER_PAGE))
+  const head = []
+  for (;;) {
+    const { value, done } = await it.next()
+    if (done) break
+    head.push(value)
+    if (value.offset != null) break
+    const c = value.chunk
+    if (c?.type === 'CUSTOM' && c.name === 'snapshot.window') {
+      if (c.value?.messagesOmitted > 0) break
+      join.abort()
+      await it.return(true).catch(() => {})
+      signal?.removeEventListener('abort', stop)
+      return readSSE(await joinRun(runId, '-1', signal))
+    }
+  }
+  return (async function * () { yield * head; return yield * it })()
+}
+
+/** Read a run whose log is closed, to its end (`closedEvents`). */
 async function readClosed (view, rec, signal) {
-  const resp = await joinRun(view.runId, '-1', signal)
-  const it = readSSE(resp)
+  const it = await closedEvents(view.runId, signal)
   view.backlog = true
   for (;;) {
     const { value, done } = await it.next()

@@ -1,6 +1,7 @@
 // A run joined from its snapshot's newest messages (docs/api.md "Joining from a snapshot").
 //
-// The page joins a live run with `offset=snapshot&messages=N`: a `CUSTOM snapshot.window`
+// The page joins a run it opens (live, or closed with more than N messages) with
+// `offset=snapshot&messages=N`: a `CUSTOM snapshot.window`
 // event says how many older messages were left out and the cursor that pages them, then
 // `MESSAGES_SNAPSHOT` holds the newest N messages, then every chunk after the snapshot
 // follows as usual. The messages are drawn with the run view's own parts (text, tool cards,
