@@ -246,8 +246,6 @@ class OrderedConsumer:
             self._nc.new_inbox(), pending_msgs_limit=self._batch + 64, pending_bytes_limit=0,
         )
         self._queue = pending_queue(sub)
-        self._heard, self._quiet = sub.delivered, 0
-        self._watchdog = asyncio.get_running_loop().call_later(self._hb, self._watch, sub)
         cfg = api.ConsumerConfig(
             deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
             opt_start_seq=self._next_seq,
@@ -262,6 +260,11 @@ class OrderedConsumer:
         self._consumer = info.name
         self._cseq = 0
         await self._pull()
+        # Watched from the first pull on: heartbeats only come once the consumer exists and a
+        # pull waits, so a create slower than three intervals must not read as silence (it
+        # would reset the new consumer, and a loaded server's next create likewise).
+        self._heard, self._quiet = sub.delivered, 0
+        self._watchdog = asyncio.get_running_loop().call_later(self._hb, self._watch, sub)
 
     async def _pull(self) -> None:
         assert self._sub is not None and self._consumer is not None

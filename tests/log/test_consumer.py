@@ -70,3 +70,25 @@ async def test_silence_recreates_the_consumer_with_no_gap(dlog: DeliveryLog) -> 
             got = [(await c.next_raw())[0] for _ in later]
         assert got == [int(o) for o in later]
         assert c.resets >= 1
+
+
+async def test_a_consumer_slower_to_create_than_three_heartbeats_is_not_silence(dlog: DeliveryLog) -> None:
+    # The watchdog starts once the consumer exists and its first pull waits: a create that a
+    # loaded server answers after several heartbeat intervals must not read as silence (that
+    # reset deleted the new consumer and created another, as slowly, again and again).
+    run_id = unique("run")
+    w = dlog.writer(run_id, 1)
+    await w.fence()
+    offsets = await w.append([chunk(0), chunk(1)])
+    c = OrderedConsumer(dlog.nc, dlog.cfg.stream, dlog.cfg.subject(run_id), int(offsets[0]), idle_heartbeat=0.05)
+    add = c._jsm.add_consumer
+
+    async def slow_add(*args: object, **kwargs: object) -> object:
+        await asyncio.sleep(0.5)  # ten heartbeat intervals before the server's answer is used
+        return await add(*args, **kwargs)  # type: ignore[arg-type]
+    c._jsm.add_consumer = slow_add  # type: ignore[method-assign]
+    async with c:
+        async with asyncio.timeout(30):
+            got = [(await c.next_raw())[0] for _ in offsets]
+        assert got == [int(o) for o in offsets]
+        assert c.resets == 0
