@@ -17,6 +17,10 @@ import hmac
 #: The port a daemon listens on inside a container or pod.
 DEFAULT_PORT = 7300
 SERVICE_NAME = "baton.v1.SandboxDaemon"
+#: Initial metadata key a daemon sends as soon as it takes a follow (``ReadFile`` with
+#: ``follow``): a client whose follow then fails knows it had reached the daemon, so the
+#: failure starts a fresh patience instead of spending what an earlier outage left.
+FOLLOWING = "baton-following"
 
 
 def sandbox_token(cluster_token: str, key: str) -> str:
@@ -27,4 +31,4 @@ def sandbox_token(cluster_token: str, key: str) -> str:
     return hmac.new(cluster_token.encode(), b"baton-sandbox-daemon:" + key.encode(), hashlib.sha256).hexdigest()
 
 
-__all__ = ["DEFAULT_PORT", "SERVICE_NAME", "sandbox_token"]
+__all__ = ["DEFAULT_PORT", "FOLLOWING", "SERVICE_NAME", "sandbox_token"]

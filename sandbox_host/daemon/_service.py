@@ -20,7 +20,7 @@ import grpc
 from baton.errors import SandboxBuildFailed
 from baton.v1 import sandbox_daemon_pb2 as pb
 from baton.v1 import sandbox_daemon_pb2_grpc as pb_grpc
-from sandbox_host.daemon import _exec, _procs
+from sandbox_host.daemon import FOLLOWING, _exec, _procs
 from sandbox_host.daemon._certs import CertRefused, ServedCert
 from sandbox_host.daemon._files import CHUNK, follow_file, write_whole
 from sandbox_host.daemon._wire import Chunk, encode_chunk
@@ -86,6 +86,8 @@ class SandboxDaemonService(pb_grpc.SandboxDaemonServicer):
         if request.offset < 0 or request.limit < 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "offset and limit must not be negative")
         pos = request.offset
+        if request.follow:
+            await context.send_initial_metadata(((FOLLOWING, "1"),))
         self.following += request.follow
         try:
             async for data in follow_file(path, pos, self._watcher, self.idle_check,

@@ -23,7 +23,7 @@ from baton import tls as _tls
 from baton.errors import SandboxBuildFailed
 from baton.v1 import sandbox_daemon_pb2 as pb
 from baton.v1 import sandbox_daemon_pb2_grpc as pb_grpc
-from sandbox_host.daemon import SERVICE_NAME
+from sandbox_host.daemon import FOLLOWING, SERVICE_NAME
 from sandbox_host.daemon._wire import decode_chunk
 from sandbox_host.providers._redact import redact
 
@@ -82,6 +82,16 @@ def tls_refusal(exc: BaseException, address: str) -> DaemonUnreachable | None:
     why = details[min(at):]
     return DaemonUnreachable(f"sandbox daemon at {address}: its TLS certificate was refused (not signed by the "
                              f"sandbox CA BATON_SANDBOX_CA_CERT, not this sandbox's, or no TLS): {why.strip()[:300]}")
+
+
+async def _reached(stream: grpc.aio.UnaryStreamCall[pb.ReadFileRequest, pb.FileChunk]) -> bool:
+    """Whether the daemon took the ended follow ``stream`` (its initial metadata says ``FOLLOWING``)."""
+    try:
+        async with asyncio.timeout(1.0):  # the call has ended: its metadata is there or never comes
+            md = await stream.initial_metadata()
+    except (TimeoutError, grpc.aio.AioRpcError, grpc.aio.UsageError):
+        return False
+    return any(key == FOLLOWING for key, _ in (md or ()))
 
 
 class DaemonClient:
@@ -228,19 +238,27 @@ class DaemonClient:
             FileNotFoundError: the file does not exist or was deleted (``SandboxGone``: the
                 sandbox is gone).
             DaemonUnreachable: the daemon stayed unreachable for ``patience`` seconds (counted
-                from the first failed try after the last chunk, not from the last chunk: a
-                follow silent for longer than that still waits out a restart).
+                from the first failed try after the follow last had the daemon, by a chunk or
+                by its answer to the follow (``FOLLOWING``), not from the last chunk: a follow
+                silent for longer than that still waits out a restart, and another later).
         """
         pos = offset
         # Made at the first failure after progress (not per chunk: a catch-up gets hundreds
         # a second, and a budget started at the last chunk would be spent by a quiet agent).
         attempts: Attempts | None = None
+
+        async def budget(stream: grpc.aio.UnaryStreamCall[pb.ReadFileRequest, pb.FileChunk] | None) -> Attempts:
+            # A follow the daemon had taken (its initial metadata came; the call has ended, so
+            # this answers at once) reached it: what an earlier outage left is not spent on this one.
+            nonlocal attempts
+            if attempts is None or (stream is not None and await _reached(stream)):
+                attempts = self._attempts()
+            return attempts
         while True:
             try:
                 stub = await self._stub()
             except _NoAddress as exc:
-                attempts = attempts or self._attempts()
-                await self._unreachable(attempts, exc)
+                await self._unreachable(await budget(None), exc)
                 continue
             stream = stub.ReadFile(pb.ReadFileRequest(path=path, offset=pos, follow=True))
             try:
@@ -252,8 +270,7 @@ class DaemonClient:
                     attempts = None
                     yield data
                 # A follow never ends by itself: an end is the daemon going away.
-                attempts = attempts or self._attempts()
-                await self._unreachable(attempts, EOFError(path))
+                await self._unreachable(await budget(stream), EOFError(path))
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if task is None or task.cancelling():
@@ -269,8 +286,7 @@ class DaemonClient:
                     raise PermissionError(exc.details()) from None
                 if exc.code() not in (*_RETRY, grpc.StatusCode.CANCELLED):  # CANCELLED: a daemon stopping
                     raise OSError(f"following {path} failed: {exc.code().name}: {exc.details()}") from None
-                attempts = attempts or self._attempts()
-                await self._unreachable(attempts, exc)
+                await self._unreachable(await budget(stream), exc)
             finally:
                 stream.cancel()
 

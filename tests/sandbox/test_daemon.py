@@ -190,8 +190,10 @@ async def test_restart_under_follow_loses_and_repeats_nothing(daemon: DaemonProc
 
 async def test_a_follow_quiet_for_longer_than_the_patience_still_waits_out_a_restart(
         daemon: DaemonProcess, tmp_path: pathlib.Path) -> None:
-    # The patience is counted from the first failed try, not from the last chunk: an agent
-    # that thinks for minutes is not a daemon that stopped answering.
+    # The patience is counted from the first failed try after the follow last had the daemon,
+    # not from the last chunk: an agent that thinks for minutes is not a daemon that stopped
+    # answering. The daemon restarts twice, a quiet while apart, with no chunk in between: the
+    # follow it took again after the first restart starts a fresh patience for the second.
     patience = 10.0
     client = daemon.client()
     client.patience = patience
@@ -206,6 +208,8 @@ async def test_a_follow_quiet_for_longer_than_the_patience_still_waits_out_a_res
     task = asyncio.create_task(follow())
     try:
         await assert_eventually(lambda: bytes(got) == b"first\n", timeout=20)
+        await asyncio.to_thread(daemon.kill, signal.SIGKILL)
+        await asyncio.to_thread(daemon.start)
         # Not a wait for an event: the follow must stay quiet for longer than its patience.
         await asyncio.sleep(patience + 0.5)
         await asyncio.to_thread(daemon.kill, signal.SIGKILL)
