@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import ipaddress
+import logging
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Sequence, TypeAlias
 
@@ -27,6 +28,8 @@ from aetcd import rpc
 from baton.errors import StoreRefused, StoreUnavailable
 from coordinator import _batching
 from coordinator._etcd_auth import EtcdSecurity
+
+log = logging.getLogger(__name__)
 
 # Reconnect quickly after an etcd restart: gRPC's default backoff grows to 120 s.
 _CHANNEL_OPTIONS = (
@@ -154,7 +157,7 @@ def get(key: bytes, range_end: bytes = b"", limit: int = 0, count_only: bool = F
                                              count_only=count_only, keys_only=keys_only))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _Waiting:
     """A batched transaction waiting for its batch (``deadline`` in loop time)."""
 
@@ -299,9 +302,19 @@ class Etcd:
             chosen = _batching.take_batch([w.footprint for w in q], [w.size for w in q])
             picked = set(chosen)
             self._waiting = [w for i, w in enumerate(q) if i not in picked]
+            batch = [q[i] for i in chosen]
             self._sending = True
             try:
-                await self._send([q[i] for i in chosen])
+                await self._send(batch)
+            except asyncio.CancelledError:
+                # close(): the batch on its way has no answer coming.
+                for w in batch:
+                    _set(w.future, exc=StoreUnavailable("etcd connection closed"))
+                raise
+            except Exception as exc:  # noqa: BLE001 -- a failure _send did not expect: its waiters get it
+                log.exception("etcd batch of %d transactions failed", len(batch))
+                for w in batch:
+                    _set(w.future, exc=exc)
             finally:
                 self._sending = False
 
@@ -324,14 +337,34 @@ class Etcd:
                     raise _translate(exc) from exc
                 result = TxnResult(resp.succeeded, resp.header.revision, resp.responses)
             parts = _batching.split(result.responses, len(batch))
+        except LeaseNotFound:
+            # One of them named a lease etcd does not know: etcd checks that before it applies
+            # anything, so each goes again alone, for its own answer.
+            await asyncio.gather(*(self._settle(w, w.deadline - loop.time()) for w in batch))
+            return
+        except StoreRefused as exc:
+            if exc.code == "INVALID_ARGUMENT" or all(_batching.read_only(r) for r in reqs):
+                # Refused as a request (too large, too many operations for this etcd's limits),
+                # or a batch of reads only (its answer over gRPC's 4 MiB receive limit, say):
+                # nothing was applied, so each goes again alone.
+                await asyncio.gather(*(self._settle(w, w.deadline - loop.time()) for w in batch))
+                return
+            # A refusal of writes may come after the batch was applied (an answer over the
+            # receive limit; a write batch's answer is bounded by its request's MAX_BATCH_BYTES,
+            # the records its failed compares read back being those it writes): each caller
+            # gets it as it would for its own transaction, never sent again.
+            for w in batch:
+                _set(w.future, exc=exc)
+            return
         except StoreUnavailable as exc:
             for w in batch:
                 _set(w.future, exc=exc)
             return
-        except (LeaseNotFound, StoreRefused, ValueError):
-            # One of them named a lease etcd does not know, or etcd refused the whole: each
-            # alone, for its own answer.
-            await asyncio.gather(*(self._settle(w, w.deadline - loop.time()) for w in batch))
+        except ValueError as exc:
+            # etcd applied the batch and answered something else than its parts: never sent
+            # again (a write would be applied twice); the outcome is unknown, as a timeout's.
+            for w in batch:
+                _set(w.future, exc=StoreUnavailable(f"etcd answered a batch unreadably: {exc}"))
             return
         for w, (ok, responses) in zip(batch, parts):
             _set(w.future, TxnResult(ok, result.revision, responses))

@@ -154,3 +154,39 @@ async def test_cold_reads_are_batched_and_answer_each_run(etcd: EtcdServer) -> N
     finally:
         await writer.etcd.close()
         await cold.etcd.close()
+
+
+async def test_closing_the_client_answers_a_batch_on_its_way_at_once(etcd: EtcdServer) -> None:
+    # close() while a batch waits for etcd: each caller in it hears "closed" then, not when its
+    # own timeout (a minute here) runs out.
+    from coordinator import _etcd as E
+    client = Etcd([etcd.endpoint])
+    real = client._kv
+    sent: list[int] = []
+
+    class _HeldKV(_CountingKV):
+        def Txn(self, *a: Any, **kw: Any) -> Any:  # noqa: N802 -- the stub's name
+            sent.append(len(a[0].success))
+            if len(sent) == 1:
+                async def slow() -> Any:  # the first goes alone, answered late: the rest batch up
+                    await asyncio.sleep(0.5)
+                    return await real.Txn(*a, **kw)
+                return slow()
+            return asyncio.get_running_loop().create_future()  # the batch: no answer comes
+    client._kv = _HeldKV(real)
+    prefix = f"/{unique('bt')}/".encode()
+    calls = [asyncio.create_task(client.txn([], [E.put(prefix + b"%d" % i, b"v")], timeout=60.0, batch=True))
+             for i in range(5)]
+    try:
+        async with asyncio.timeout(20):
+            while len(sent) < 2:
+                await asyncio.sleep(0.01)
+        assert sent[1] == 4  # the other four went as one batch, now on its way
+        async with asyncio.timeout(10):
+            await client.close()
+            done = await asyncio.gather(*calls, return_exceptions=True)
+    finally:
+        for c in calls:
+            c.cancel()
+    assert not isinstance(done[0], BaseException)  # the first was answered
+    assert all(isinstance(d, errors.StoreUnavailable) and "closed" in str(d) for d in done[1:]), done
