@@ -128,6 +128,7 @@ async function closedEvents (runId, signal) {
   const join = new AbortController()
   const stop = () => join.abort()
   signal?.addEventListener('abort', stop, { once: true })
+  if (signal?.aborted) join.abort()
   const it = readSSE(await joinRun(runId, 'snapshot', join.signal, MESSAGES_PER_PAGE))
   const head = []
   for (;;) {
