@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import logging
 import os
 import signal
 import sys
@@ -35,9 +36,15 @@ from sandbox_host.providers import _sandbox_tls
 from sandbox_host.providers._base import SandboxHandle
 from sandbox_host.providers._daemon_client import DaemonClient, SandboxGone
 
+log = logging.getLogger(__name__)
+
 ADDR_FILE, LOCK_FILE, SPAWN_FILE, LOG_FILE = "daemon.addr", "daemon.lock", "daemon.spawn", "daemon.log"
 #: Seconds a started daemon may take to serve.
 START_TIMEOUT = 30.0
+#: Seconds a waited-for daemon may be seen not running (its lock free) before it is started
+#: again. A start made too soon (the one before still starting) costs nothing: of two
+#: daemons only the one that takes the lock serves, the other exits at once.
+RESPAWN_AFTER = 3.0
 _SPAWN = 'log=$1; shift; setsid "$@" </dev/null >>"$log" 2>&1 &'
 
 
@@ -149,7 +156,7 @@ class LocalDaemons:
                     return addr
                 if not running:
                     await self._spawn(handle, meta)
-                return await self._wait_addr(meta)
+                return await self._wait_addr(handle, meta)
             finally:
                 os.close(fd)  # releases the spawn lock
 
@@ -180,11 +187,15 @@ class LocalDaemons:
             env[OWN_ENV] = "PYTHONPATH"
         return env
 
-    async def _spawn(self, handle: SandboxHandle, meta: str) -> None:
-        try:
-            os.unlink(os.path.join(meta, ADDR_FILE))
-        except FileNotFoundError:
-            pass
+    async def _spawn(self, handle: SandboxHandle, meta: str, *, fresh: bool = True) -> None:
+        """Start the sandbox's daemon (detached). ``fresh``: remove the last one's address
+        first (not on a start again while waiting: a daemon started just before may have
+        written its own meanwhile)."""
+        if fresh:
+            try:
+                os.unlink(os.path.join(meta, ADDR_FILE))
+            except FileNotFoundError:
+                pass
         tls_files = None
         if self._ca is not None:  # minted at every start: a restarted daemon never serves an expired one
             server = await asyncio.to_thread(self._ca.mint, handle.key)
@@ -195,14 +206,29 @@ class LocalDaemons:
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
         await proc.wait()
 
-    async def _wait_addr(self, meta: str) -> str:
-        deadline = time.monotonic() + START_TIMEOUT
+    async def _wait_addr(self, handle: SandboxHandle, meta: str) -> str:
+        """Wait (holding the spawn lock) for a live daemon's address. A daemon found not running
+        for :data:`RESPAWN_AFTER` seconds is started again: one that was stopping when the wait
+        began (the run before, ending on another host, stopped it: it held its lock, so none
+        was started) or one that died at its start. Until :data:`START_TIMEOUT`."""
+        began = time.monotonic()
+        deadline = began + START_TIMEOUT
+        down_since: float | None = None
         while True:
             running, addr, _ = await asyncio.to_thread(_running_and_addr, meta)
             if running and addr:
                 return addr
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise OSError(f"the sandbox daemon did not start within {START_TIMEOUT:.0f} s: {_log_tail(meta)}")
+            if running:
+                down_since = None
+            elif down_since is None:
+                down_since = now
+            elif now - down_since >= RESPAWN_AFTER:
+                log.info("sandbox daemon of %s not running: starting it again", handle.key)
+                await self._spawn(handle, meta, fresh=False)
+                down_since = None
             await asyncio.sleep(0.01)
 
     async def stop(self, handle: SandboxHandle) -> bool:

@@ -1,0 +1,43 @@
+"""A local sandbox's daemon found stopping when the next run of its thread starts (the run
+before ended on another host, which stopped it): the host waiting for its address starts it
+again, instead of waiting for one that is gone."""
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import pathlib
+
+import pytest
+
+from sandbox_host.journal import new_nonce
+from sandbox_host.providers import SandboxSpec
+from sandbox_host.providers._local_daemon import ADDR_FILE, LOCK_FILE, daemon_running, meta_dir
+from sandbox_host.providers.local import LocalProvider
+from tests.conftest import assert_eventually
+from tests.sandbox.conftest import with_data
+
+pytestmark = [pytest.mark.servers, pytest.mark.timeout(120)]
+
+
+async def test_a_daemon_stopping_as_the_next_run_starts_is_started_again(tmp_path: pathlib.Path) -> None:
+    host = LocalProvider(str(tmp_path / "sandboxes"), str(tmp_path / "journals"), idle_check=0.05)
+    h = await host.create("restart-run", SandboxSpec())
+    meta = pathlib.Path(meta_dir(h))
+    try:
+        await host._daemons.stop(h)  # whatever create started
+        await assert_eventually(lambda: not daemon_running(str(meta)), timeout=30)
+        # The daemon of the run before, on its way out: its lock still held, its address gone.
+        (meta / ADDR_FILE).unlink(missing_ok=True)
+        fd = os.open(meta / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        asyncio.get_running_loop().call_later(1.0, os.close, fd)  # ... and gone a second later
+        launched = await host.launch(h, ["sh", "-c", "echo after-restart"], nonce=new_nonce())
+        h = with_data(h, launched)
+
+        async def ran() -> bool:
+            return b"after-restart" in await host.read_file(h, h.journal_path)
+        await assert_eventually(ran, timeout=30)
+    finally:
+        await host.destroy(h)
+        await host.close()
