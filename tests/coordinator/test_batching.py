@@ -16,7 +16,7 @@ from baton_tools.testing.servers import EtcdServer
 from baton.v1.runs_pb2 import RunRecord
 from coordinator._etcd import Etcd
 from coordinator._store import RunStore, UpdateOutcome
-from tests.conftest import unique
+from tests.conftest import assert_eventually, unique
 
 T = 10.0  # seconds, every store call's budget
 N = 30  # runs at once
@@ -178,9 +178,7 @@ async def test_closing_the_client_answers_a_batch_on_its_way_at_once(etcd: EtcdS
     calls = [asyncio.create_task(client.txn([], [E.put(prefix + b"%d" % i, b"v")], timeout=60.0, batch=True))
              for i in range(5)]
     try:
-        async with asyncio.timeout(20):
-            while len(sent) < 2:
-                await asyncio.sleep(0.01)
+        await assert_eventually(lambda: len(sent) >= 2, timeout=20)
         assert sent[1] == 4  # the other four went as one batch, now on its way
         async with asyncio.timeout(10):
             await client.close()
