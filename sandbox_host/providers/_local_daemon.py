@@ -40,7 +40,10 @@ log = logging.getLogger(__name__)
 
 ADDR_FILE, LOCK_FILE, SPAWN_FILE, LOG_FILE = "daemon.addr", "daemon.lock", "daemon.spawn", "daemon.log"
 #: Seconds a started daemon may take to serve.
-START_TIMEOUT = 30.0
+#: Seconds a local daemon has to come up (its address written), as a container's daemon
+#: has (docker.DAEMON_START_TIMEOUT). With 30 s, a run failed once on a machine at load ~20
+#: (the nemesis beside the fault suite) whose daemon had written nothing by then.
+START_TIMEOUT = 60.0
 #: Seconds a waited-for daemon may be seen not running (its lock free) before it is started
 #: again. A start made too soon (the one before still starting) costs nothing: of two
 #: daemons only the one that takes the lock serves, the other exits at once.
