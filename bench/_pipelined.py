@@ -86,7 +86,8 @@ class PipelinedNats:
             self._drained.clear()
             await self._nc.flush()
             if self._pending:
-                await asyncio.wait_for(self._drained.wait(), 60)
+                async with asyncio.timeout(60):
+                    await self._drained.wait()
         if self._error is not None:
             raise RuntimeError(f"the pipelined build diverged: {self._error}")
 
@@ -102,7 +103,8 @@ class PipelinedNats:
             return reply
         while len(self._pending) >= WINDOW:
             self._drained.clear()
-            await asyncio.wait_for(self._drained.wait(), 60)
+            async with asyncio.timeout(60):
+                await self._drained.wait()
         self._seq += 1
         self._pending[self._seq] = subject
         await self._nc.publish(subject, payload, reply=f"{self._inbox}.{self._seq}", headers=headers)

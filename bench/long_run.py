@@ -266,9 +266,10 @@ async def page_rounds(url: str, run_id: str, newest: int, rounds: int) -> dict[s
            "BATON_ROUNDS": str(rounds)}
     proc = await asyncio.create_subprocess_exec(node, "page_first_render.mjs", cwd=NODE_DIR, env=env,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(proc.communicate(), 600)
+    async with asyncio.timeout(600):
+        out, err = await proc.communicate()
     lines = [ln for ln in out.decode().splitlines() if ln.startswith("{")]
-    got = json.loads(lines[-1]) if lines else {"ok": False, "error": err.decode()[-2000:]}
+    got: dict[str, Any] = json.loads(lines[-1]) if lines else {"ok": False, "error": err.decode()[-2000:]}
     if not got.get("ok"):
         print(f"page rounds failed: {got.get('error')}")
         return None
