@@ -168,8 +168,8 @@ async def test_closing_the_client_answers_a_batch_on_its_way_at_once(etcd: EtcdS
         def Txn(self, *a: Any, **kw: Any) -> Any:  # noqa: N802 -- the stub's name
             sent.append(len(a[0].success))
             if len(sent) == 1:
-                async def slow() -> Any:  # the first goes alone, answered late: the rest batch up
-                    await asyncio.sleep(0.5)
+                async def slow() -> Any:  # the first goes alone, answered once the rest wait behind it
+                    await assert_eventually(lambda: len(client._waiting) == 4, timeout=20)
                     return await real.Txn(*a, **kw)
                 return slow()
             return asyncio.get_running_loop().create_future()  # the batch: no answer comes
