@@ -61,16 +61,20 @@ async def test_files(client: DaemonClient, tmp_path: pathlib.Path) -> None:
         await client.read_file("out")
 
 
-async def test_follow_sees_appends_then_deletion(client: DaemonClient, tmp_path: pathlib.Path) -> None:
-    path = tmp_path / "journals" / "j.ndjson"
-    path.write_bytes(b"a\n")
+def _follow_into(client: DaemonClient, path: pathlib.Path, offset: int) -> tuple[asyncio.Task[None], bytearray]:
+    """A task following ``path`` from ``offset`` through ``client``, and the bytes it got so far."""
     got = bytearray()
 
     async def follow() -> None:
-        async for data in client.follow(str(path), 1):
+        async for data in client.follow(str(path), offset):
             got.extend(data)
+    return asyncio.create_task(follow()), got
 
-    task = asyncio.create_task(follow())
+
+async def test_follow_sees_appends_then_deletion(client: DaemonClient, tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "journals" / "j.ndjson"
+    path.write_bytes(b"a\n")
+    task, got = _follow_into(client, path, 1)
     with path.open("ab") as f:
         for i in range(50):
             f.write(b"line %d\n" % i)
@@ -199,13 +203,7 @@ async def test_a_follow_quiet_for_longer_than_the_patience_still_waits_out_a_res
     client.patience = patience
     path = tmp_path / "journals" / "quiet.ndjson"
     path.write_bytes(b"first\n")
-    got = bytearray()
-
-    async def follow() -> None:
-        async for data in client.follow(str(path), 0):
-            got.extend(data)
-
-    task = asyncio.create_task(follow())
+    task, got = _follow_into(client, path, 0)
     try:
         await assert_eventually(lambda: bytes(got) == b"first\n", timeout=20)
         await asyncio.to_thread(daemon.kill, signal.SIGKILL)
