@@ -497,7 +497,7 @@ class CoordinatorClient:
         return None if r.intent else r.record
 
     async def put_run_input(self, run_id: str, op: pb.PutRunInputRequest.Op.ValueType, input: RunInput, *, tenant: str = "",
-                            session_id: int = 0, epoch: int = 0, now: float = 0.0,
+                            session_id: int = 0, epoch: int = 0, now: float = 0.0, known_inputs: int = 0,
                             timeout: float | None = None) -> tuple[int, RunRecord, RunInput | None]:
         """One input op on a live run (docs/hitl.md): ``op`` is a ``PutRunInputRequest.Op``.
 
@@ -510,7 +510,7 @@ class CoordinatorClient:
         """
         r = await self._unary("PutRunInput", pb.PutRunInputRequest(
             run_id=run_id, op=op, input=input, tenant=tenant, session_id=session_id, epoch=epoch,
-            now=now), timeout)
+            now=now, known_inputs=known_inputs), timeout)
         existing: RunInput | None = r.existing if r.HasField("existing") else None
         record: RunRecord = r.record
         return r.outcome, record, existing

@@ -64,13 +64,20 @@ def check_run_input(request: pb.PutRunInputRequest) -> None:
 
     Raises:
         InvalidArgument: unknown op; an input id that is not an id; an answer whose decision
-            is not allow/deny; REQUEST/EXPIRE without a session and epoch; a text field over
+            is not allow/deny; REQUEST/EXPIRE/CLOSE without a session and epoch; a negative
+            ``known_inputs``; a text field over
             :data:`MAX_INPUT_TEXT` bytes.
     """
     op, given = request.op, request.input
     if op not in (pb.PutRunInputRequest.REQUEST, pb.PutRunInputRequest.ANSWER,
-                  pb.PutRunInputRequest.EXPIRE, pb.PutRunInputRequest.STEER):
-        raise errors.InvalidArgument("op", "must be REQUEST, ANSWER, EXPIRE or STEER")
+                  pb.PutRunInputRequest.EXPIRE, pb.PutRunInputRequest.STEER, pb.PutRunInputRequest.CLOSE):
+        raise errors.InvalidArgument("op", "must be REQUEST, ANSWER, EXPIRE, STEER or CLOSE")
+    if op == pb.PutRunInputRequest.CLOSE:
+        if not (request.session_id and request.epoch):
+            raise errors.InvalidArgument("session_id", "CLOSE needs the claim's session and epoch")
+        if request.known_inputs < 0:
+            raise errors.InvalidArgument("known_inputs", "must be >= 0")
+        return
     validate_input_id(given.id, "input.id")
     if op == pb.PutRunInputRequest.ANSWER and given.decision not in ("allow", "deny"):
         raise errors.InvalidArgument("input.decision", "must be allow or deny")
@@ -250,7 +257,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             outcome, rec, existing = await self.store.put_run_input(
                 request.run_id, request.op, request.input, tenant=request.tenant,
                 session_id=request.session_id, epoch=request.epoch, now=request.now,
-                timeout=self._budget(context))
+                known_inputs=request.known_inputs, timeout=self._budget(context))
             return pb.PutRunInputResponse(outcome=outcome, record=rec, existing=existing)  # type: ignore[arg-type]
         return await self._call(context, go())
 

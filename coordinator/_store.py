@@ -36,7 +36,7 @@ from baton.v1.coordinator_pb2 import EnqueueRunResponse, HostInfo, QueuedRun, Sa
 from baton.v1.runs_pb2 import Claim, RunInput, RunRecord, RunStatus
 
 from coordinator import _etcd as E
-from coordinator import _intents, _listing, _thread_seq, rules, takeovers
+from coordinator import _intents, _listing, _thread_seq, input_rules, rules, takeovers
 from coordinator._cache import RecordCache
 from coordinator._keys import Keys, prefix_end
 from coordinator._records import is_active, is_reclaimable, is_starting
@@ -500,15 +500,16 @@ class RunStore:
 
     async def put_run_input(self, run_id: str, op: int, given: RunInput, *, tenant: str = "",
                             session_id: int = 0, epoch: int = 0, now: float = 0.0,
-                            timeout: float) -> rules.InputResult:
-        """One input op (:func:`coordinator.rules.put_input`): one compare-and-set of the record.
+                            known_inputs: int = 0, timeout: float) -> input_rules.InputResult:
+        """One input op (:func:`coordinator.input_rules.put_input`): one compare-and-set of the record.
 
         Returns:
             (outcome, record after the op or as found, the stored input on ``CONFLICT``).
         """
-        def decide(snap: Snapshot) -> Plan[rules.InputResult]:
-            return rules.put_input(snap, keys=self.keys, op=op, given=given, tenant=tenant,
-                                   session_id=session_id, epoch=epoch, now=now)
+        def decide(snap: Snapshot) -> Plan[input_rules.InputResult]:
+            return input_rules.put_input(snap, keys=self.keys, op=op, given=given, tenant=tenant,
+                                         session_id=session_id, epoch=epoch, now=now,
+                                         known_inputs=known_inputs)
 
         out = await self.mutate(run_id, decide, timeout=timeout)
         assert out is not None

@@ -163,5 +163,17 @@ async def _act(deps: "HostDeps", record: runs_pb2.RunRecord, epoch: int, sbx: "S
                 desk.on_record(rec.inputs)
             log.info("run %s: approval %s expired (denied)", run_id, action.approval_id)
         elif isinstance(action, CloseInput):
+            # The record's input closes first, compared with the inputs this desk has seen:
+            # a message steered meanwhile is refused the close and delivered (the watch
+            # brings it here again), and one steered after it is refused RUN_ENDED, never
+            # stored where no process reads it.
+            outcome, rec, _ = await deps.cc.put_run_input(
+                run_id, cpb.PutRunInputRequest.CLOSE, runs_pb2.RunInput(), session_id=deps.session.id,
+                epoch=epoch, known_inputs=len(desk.record))
+            _check(outcome, run_id, epoch)
+            if outcome == cpb.PutRunInputResponse.CONFLICT:
+                desk.on_record(rec.inputs)
+                log.info("run %s: a message came as the turn ended; it is delivered before the input closes", run_id)
+                return await _act(deps, record, epoch, sbx, desk)  # once per input the record gained
             await sbx.provider.send_input(sbx.handle, EOF_ID, b"{}")
             desk.sent_input(EOF_ID)

@@ -454,6 +454,8 @@ class PutRunInputRequest(_message.Message):
         """the host's deadline passed: a pending approval becomes a denial"""
         STEER: PutRunInputRequest._Op.ValueType  # 4
         """a user's message into the running turn (idempotent by id)"""
+        CLOSE: PutRunInputRequest._Op.ValueType  # 5
+        """the claim holder's: the turn is over and every input it saw is"""
 
     class Op(_Op, metaclass=_OpEnumTypeWrapper): ...
     OP_UNSPECIFIED: PutRunInputRequest.Op.ValueType  # 0
@@ -465,6 +467,8 @@ class PutRunInputRequest(_message.Message):
     """the host's deadline passed: a pending approval becomes a denial"""
     STEER: PutRunInputRequest.Op.ValueType  # 4
     """a user's message into the running turn (idempotent by id)"""
+    CLOSE: PutRunInputRequest.Op.ValueType  # 5
+    """the claim holder's: the turn is over and every input it saw is"""
 
     RUN_ID_FIELD_NUMBER: _builtins.int
     OP_FIELD_NUMBER: _builtins.int
@@ -473,16 +477,19 @@ class PutRunInputRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
     NOW_FIELD_NUMBER: _builtins.int
+    KNOWN_INPUTS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     op: Global___PutRunInputRequest.Op.ValueType
     tenant: _builtins.str
     """ANSWER / STEER: the caller's tenant ("" = no tenancy check)"""
     session_id: _builtins.int
-    """REQUEST / EXPIRE: the claim holder's session"""
+    """REQUEST / EXPIRE / CLOSE: the claim holder's session"""
     epoch: _builtins.int
-    """REQUEST / EXPIRE: the claim's epoch"""
+    """REQUEST / EXPIRE / CLOSE: the claim's epoch"""
     now: _builtins.float
     """EXPIRE: the host's clock (Unix seconds)"""
+    known_inputs: _builtins.int
+    """CLOSE: how many inputs the caller has seen on the record"""
     @_builtins.property
     def input(self) -> _runs_pb2.RunInput: ...
     def __init__(
@@ -495,10 +502,11 @@ class PutRunInputRequest(_message.Message):
         session_id: _builtins.int = ...,
         epoch: _builtins.int = ...,
         now: _builtins.float = ...,
+        known_inputs: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "input", b"input", "now", b"now", "op", b"op", "run_id", b"run_id", "session_id", b"session_id", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "input", b"input", "known_inputs", b"known_inputs", "now", b"now", "op", b"op", "run_id", b"run_id", "session_id", b"session_id", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -520,11 +528,13 @@ class PutRunInputResponse(_message.Message):
         NOT_FOUND: PutRunInputResponse._Outcome.ValueType  # 2
         """no such run (for this tenant) or no such approval"""
         CONFLICT: PutRunInputResponse._Outcome.ValueType  # 3
-        """the approval was answered already: `existing` is the first answer"""
+        """the approval was answered already: `existing` is the first answer;"""
         ENDED: PutRunInputResponse._Outcome.ValueType  # 4
-        """the run has ended"""
+        """CLOSE: the record holds inputs the caller has not seen (`record`)
+        the run has ended
+        """
         FENCED: PutRunInputResponse._Outcome.ValueType  # 5
-        """REQUEST / EXPIRE: the caller does not hold the claim"""
+        """REQUEST / EXPIRE / CLOSE: the caller does not hold the claim"""
         TOO_MANY: PutRunInputResponse._Outcome.ValueType  # 6
         """STEER: the run has too many inputs"""
 
@@ -535,11 +545,13 @@ class PutRunInputResponse(_message.Message):
     NOT_FOUND: PutRunInputResponse.Outcome.ValueType  # 2
     """no such run (for this tenant) or no such approval"""
     CONFLICT: PutRunInputResponse.Outcome.ValueType  # 3
-    """the approval was answered already: `existing` is the first answer"""
+    """the approval was answered already: `existing` is the first answer;"""
     ENDED: PutRunInputResponse.Outcome.ValueType  # 4
-    """the run has ended"""
+    """CLOSE: the record holds inputs the caller has not seen (`record`)
+    the run has ended
+    """
     FENCED: PutRunInputResponse.Outcome.ValueType  # 5
-    """REQUEST / EXPIRE: the caller does not hold the claim"""
+    """REQUEST / EXPIRE / CLOSE: the caller does not hold the claim"""
     TOO_MANY: PutRunInputResponse.Outcome.ValueType  # 6
     """STEER: the run has too many inputs"""
 

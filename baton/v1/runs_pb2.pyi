@@ -159,6 +159,7 @@ class RunRecord(_message.Message):
     THREAD_SEQ_FIELD_NUMBER: _builtins.int
     KEPT_UNTIL_FIELD_NUMBER: _builtins.int
     SANDBOX_PROVIDER_FIELD_NUMBER: _builtins.int
+    INPUTS_CLOSED_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     thread_id: _builtins.str
     status: Global___RunStatus.ValueType
@@ -240,6 +241,12 @@ class RunRecord(_message.Message):
     else needed to reach a registered sandbox (pod, namespace, daemon address) is in its
     registry entry. Empty on a record from before the field: the successor's own provider.
     """
+    inputs_closed: _builtins.bool
+    """The driving host closed the agent's input (docs/hitl.md): its turn was over with nothing
+    left to deliver, so it takes no more steered messages (a steer is refused RUN_ENDED
+    instead of being stored where nobody would deliver it). Set by the claim holder's CLOSE
+    in the same compare as the inputs it had seen.
+    """
     @_builtins.property
     def error(self) -> Global___RunError: ...
     @_builtins.property
@@ -290,10 +297,11 @@ class RunRecord(_message.Message):
         thread_seq: _builtins.int = ...,
         kept_until: _builtins.float | None = ...,
         sandbox_provider: _builtins.str = ...,
+        inputs_closed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since", "_finished_at", b"_finished_at", "_kept_until", b"_kept_until", "_started_at", b"_started_at", "agent", b"agent", "detached_since", b"detached_since", "error", b"error", "finished_at", b"finished_at", "kept_until", b"kept_until", "last_takeover", b"last_takeover", "started_at", b"started_at", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since", "_finished_at", b"_finished_at", "_kept_until", b"_kept_until", "_started_at", b"_started_at", "agent", b"agent", "cancel_on_disconnect", b"cancel_on_disconnect", "cancel_reason", b"cancel_reason", "cancel_requested", b"cancel_requested", "detach_on_disconnect", b"detach_on_disconnect", "detached_since", b"detached_since", "driver_epoch", b"driver_epoch", "driver_host", b"driver_host", "error", b"error", "finished_at", b"finished_at", "inputs", b"inputs", "keep_sandbox", b"keep_sandbox", "kept_until", b"kept_until", "last_takeover", b"last_takeover", "parent_run_id", b"parent_run_id", "revision", b"revision", "run_id", b"run_id", "sandbox_key", b"sandbox_key", "sandbox_provider", b"sandbox_provider", "started_at", b"started_at", "starting", b"starting", "status", b"status", "tenant", b"tenant", "thread_id", b"thread_id", "thread_seq", b"thread_seq", "trace_parent", b"trace_parent", "turn_json", b"turn_json", "usage", b"usage", "workspace_json", b"workspace_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since", "_finished_at", b"_finished_at", "_kept_until", b"_kept_until", "_started_at", b"_started_at", "agent", b"agent", "cancel_on_disconnect", b"cancel_on_disconnect", "cancel_reason", b"cancel_reason", "cancel_requested", b"cancel_requested", "detach_on_disconnect", b"detach_on_disconnect", "detached_since", b"detached_since", "driver_epoch", b"driver_epoch", "driver_host", b"driver_host", "error", b"error", "finished_at", b"finished_at", "inputs", b"inputs", "inputs_closed", b"inputs_closed", "keep_sandbox", b"keep_sandbox", "kept_until", b"kept_until", "last_takeover", b"last_takeover", "parent_run_id", b"parent_run_id", "revision", b"revision", "run_id", b"run_id", "sandbox_key", b"sandbox_key", "sandbox_provider", b"sandbox_provider", "started_at", b"started_at", "starting", b"starting", "status", b"status", "tenant", b"tenant", "thread_id", b"thread_id", "thread_seq", b"thread_seq", "trace_parent", b"trace_parent", "turn_json", b"turn_json", "usage", b"usage", "workspace_json", b"workspace_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__detached_since: _TypeAlias = _typing.Literal["detached_since"]  # noqa: Y015
     _WhichOneofArgType__detached_since: _TypeAlias = _typing.Literal["_detached_since", b"_detached_since"]  # noqa: Y015

@@ -79,3 +79,59 @@ async def test_bad_requests_are_refused_clearly(cc: CoordinatorClient) -> None:
                                            tenant="globex")
     assert outcome == Out.NOT_FOUND
     await session.close()  # type: ignore[attr-defined]
+
+
+class _Inbox:
+    """Where the host's input actions land (the provider's ``send_input``), in order."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    async def send_input(self, handle: object, input_id: str, payload: bytes) -> None:
+        self.sent.append(input_id)
+
+
+async def test_a_message_steered_as_the_turn_ends_is_delivered_and_one_after_the_close_is_refused(
+        cc: CoordinatorClient) -> None:
+    """The host closes the agent's input (claude-code's stdin) only through a fenced CLOSE
+    compared with the inputs it has seen: a message that came after it looked is delivered
+    first, and a message after the close is refused ``ENDED`` (a 409 to its user), never
+    stored where no process reads it."""
+    from types import SimpleNamespace
+
+    from sandbox_host.run_inputs import EOF_ID, TURN_RESULT, InputDesk
+    from sandbox_host.run_inputs_io import _act
+
+    rec, _ = await cc.create_or_resume_run(RunRecord(run_id=unique("run-"), thread_id=unique("th-"), tenant="acme"))
+    session = await cc.open_session(15.0, owner="host-a")
+    epoch, _ = await cc.claim_run(rec.run_id, session, "host-a")
+    desk = InputDesk(approval_timeout=60.0, closes_input=True)
+    desk.on_record([])
+    desk.saw([{"type": "CUSTOM", "name": TURN_RESULT, "value": {}}])  # the turn's result: over
+    # The user's message lands after the host last looked at the record.
+    outcome, _, _ = await cc.put_run_input(rec.run_id, Op.STEER, RunInput(id="m1", message="one more thing"),
+                                           tenant="acme")
+    assert outcome == Out.OK
+    inbox = _Inbox()
+    deps, sbx = SimpleNamespace(cc=cc, session=session), SimpleNamespace(provider=inbox, handle=None)
+    await _act(deps, rec, epoch, sbx, desk)  # type: ignore[arg-type]
+    assert inbox.sent == ["m1"]  # delivered, the input still open
+    assert not (await cc.get_run(rec.run_id)).record.inputs_closed
+    # The agent took it (the journal shows it) and its turn ended again: now the input closes.
+    desk.saw([{"type": "TEXT_MESSAGE_START", "role": "user", "messageId": "input:m1"},
+              {"type": "CUSTOM", "name": TURN_RESULT, "value": {}}])
+    await _act(deps, rec, epoch, sbx, desk)  # type: ignore[arg-type]
+    assert inbox.sent == ["m1", EOF_ID]
+    assert (await cc.get_run(rec.run_id)).record.inputs_closed
+    outcome, _, _ = await cc.put_run_input(rec.run_id, Op.STEER, RunInput(id="m2", message="too late"), tenant="acme")
+    assert outcome == Out.ENDED
+    outcome, _, _ = await cc.put_run_input(rec.run_id, Op.STEER, RunInput(id="m1", message="one more thing"),
+                                           tenant="acme")
+    assert outcome == Out.OK  # a retry of the delivered one: still its 202
+    # Another session's close is fenced.
+    other = await cc.open_session(15.0, owner="host-b")
+    outcome, _, _ = await cc.put_run_input(rec.run_id, Op.CLOSE, RunInput(), session_id=other.id, epoch=epoch,
+                                           known_inputs=1)
+    assert outcome == Out.FENCED
+    await other.close()
+    await session.close()  # type: ignore[attr-defined]
