@@ -29,6 +29,12 @@ from gateway._state import GatewayState
 log = logging.getLogger("gateway.reader")
 
 PRESENCE_TIMEOUT = 3.0  # seconds a presence RPC may take before the reader goes on without it
+#: Chunks of the shared tail one step takes at most (one write, its drain awaited before the
+#: next): what a reader whose client stopped reading holds, as its own log read holds at most
+#: one pull batch (``baton.log`` consumers' 256). Without it a reader joining a run the hub
+#: keeps whole wrote all of it at once into its transport's buffer (a 20,000-chunk run:
+#: 4 MB for every stalled reader; bench/_stalled_slope.py).
+STEP_FRAMES = 256
 
 
 # --- the steps of a read ----------------------------------------------------------------
@@ -357,7 +363,7 @@ class RunRead:
             if self._last < hub.dropped_through:
                 return False  # frames after our last chunk were dropped: nothing may be skipped
             idx = hub.index_after(self._last)
-            stop = hub.end if self.until is None else hub.index_after(self.until)
+            stop = min(hub.end if self.until is None else hub.index_after(self.until), idx + STEP_FRAMES)
             if idx < stop:
                 self._last = hub.seqs[stop - 1 - hub.base]
                 self._told = hub.position if stop == hub.end else self._last
