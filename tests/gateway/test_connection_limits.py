@@ -13,12 +13,24 @@ import urllib.parse
 from typing import Any
 
 import httpx
+import pytest
 
 from gateway._connection import ConnectionLimits
 from tests.conftest import assert_eventually, unique
 from tests.gateway.conftest import Gateway
 
 STEP = 0.05  # seconds a dripping client waits for the server's answer before its next byte
+
+
+@pytest.fixture
+async def http() -> Any:
+    """The well-behaved client, one connection per request: these gateways close a
+    keep-alive connection idle for their 0.5 s head budget, and a pooled connection reused
+    just as the server closes it fails the request (the race every keep-alive client has
+    with a server's idle timeout; on a loaded machine it was hit)."""
+    async with httpx.AsyncClient(trust_env=False, timeout=10,
+                                 limits=httpx.Limits(max_keepalive_connections=0)) as client:
+        yield client
 
 
 async def connect(gw: Gateway) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
