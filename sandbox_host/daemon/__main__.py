@@ -6,13 +6,15 @@ sandbox's own token, :func:`sandbox_host.daemon.sandbox_token`) and serving TLS 
 internal TLS settings (``BATON_TLS_*``, :mod:`baton.tls`). Once ready it writes
 ``host:port pid`` to ``--addr-file`` (when given) and prints ``sandbox daemon listening on
 <port>``. SIGTERM/SIGINT stop it (exit 0); so does the removal of its state directory (the
-sandbox was destroyed). The agents it launched are in sessions of their own: they outlive it.
+sandbox was destroyed). SIGUSR1 writes every thread's stack to stderr. The agents it
+launched are in sessions of their own: they outlive it.
 """
 from __future__ import annotations
 
 import argparse
-import fcntl
 import asyncio
+import faulthandler
+import fcntl
 import logging
 import os
 import signal
@@ -111,12 +113,15 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
 
 
 def _hold_lock(path: str) -> int:
-    """Lock ``path`` for the process's life; the descriptor (kept open). Exits 3 when held."""
+    """Lock ``path`` for the process's life; the descriptor (kept open). Exits 3, saying so on
+    stderr, when another process holds it."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
+        print(f"sandbox daemon {os.getpid()}: another daemon holds {path}: exiting", file=sys.stderr, flush=True)
         sys.exit(3)
+    log.info("sandbox daemon %d holds its lock; starting", os.getpid())
     return fd
 
 
@@ -130,6 +135,9 @@ async def _main(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # Every thread's stack to stderr (the sandbox's daemon.log) on SIGUSR1: what a host that
+    # waited in vain for this daemon's address asks for before it gives up.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     args = parse_args(argv)
     retain_freed_memory()  # file reads stream in 1 MiB messages: reuse their buffers
     if args.lock_file:

@@ -223,7 +223,11 @@ class LocalDaemons:
                 return addr
             now = time.monotonic()
             if now > deadline:
-                raise OSError(f"the sandbox daemon did not start within {START_TIMEOUT:.0f} s: {_log_tail(meta)}")
+                tail = await _stacks_of_holder(meta) if running else _log_tail(meta)
+                log.warning("sandbox daemon of %s did not start within %.0f s (%s); its log ends: %s",
+                            handle.key, START_TIMEOUT, "running" if running else "not running", tail)
+                raise OSError(f"the sandbox daemon did not start within {START_TIMEOUT:.0f} s "
+                              f"({'running' if running else 'not running'}): {tail[-500:]}")
             if running:
                 down_since = None
             elif down_since is None:
@@ -272,12 +276,66 @@ async def _flock(fd: int, timeout: float) -> None:
             await asyncio.sleep(0.01)
 
 
-def _log_tail(meta: str) -> str:
+def _log_tail(meta: str, size: int = 500) -> str:
     try:
         with open(os.path.join(meta, LOG_FILE), "rb") as f:
-            return f.read()[-500:].decode("utf-8", "replace").strip() or "(no output)"
+            return f.read()[-size:].decode("utf-8", "replace").strip() or "(no output)"
     except OSError:
         return "(no log)"
 
 
-__all__ = ["LocalDaemons", "daemon_running", "meta_dir"]
+#: Seconds a hung daemon is given to write its stacks into its log once asked.
+STACKS_WAIT = 2.0
+
+
+def _lock_holder(path: str) -> int | None:
+    """The pid holding ``flock`` on ``path`` (Linux ``/proc/locks``), when it is a sandbox
+    daemon (its command line says so); else ``None``."""
+    try:
+        st = os.stat(path)
+        with open("/proc/locks") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == want and parts[4].isdigit():
+            pid = int(parts[4])
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as c:
+                    if b"sandbox_host.daemon" in c.read():
+                        return pid
+            except OSError:
+                return None
+    return None
+
+
+async def _stacks_of_holder(meta: str) -> str:
+    """The log tail of a daemon that holds its lock but never wrote its address, after asking
+    it (``SIGUSR1``: :mod:`faulthandler`) for every thread's stack: where it hangs. The plain
+    tail when the holder is not a sandbox daemon (never signalled) or is gone."""
+    return await asyncio.to_thread(_ask_for_stacks, meta)
+
+
+def _log_size(meta: str) -> int:
+    try:
+        return os.path.getsize(os.path.join(meta, LOG_FILE))
+    except OSError:
+        return -1
+
+
+def _ask_for_stacks(meta: str) -> str:
+    pid = _lock_holder(os.path.join(meta, LOCK_FILE))
+    size = _log_size(meta)
+    if pid is None or size < 0:
+        return _log_tail(meta)
+    try:
+        os.kill(pid, signal.SIGUSR1)
+    except (ProcessLookupError, PermissionError):
+        return _log_tail(meta)
+    until = time.monotonic() + STACKS_WAIT
+    while time.monotonic() < until and _log_size(meta) <= size:
+        time.sleep(0.05)  # a worker thread's wait (asyncio.to_thread)
+    time.sleep(0.2)  # the dump is written in a few writes
+    return f"pid {pid}: " + _log_tail(meta, 4000)

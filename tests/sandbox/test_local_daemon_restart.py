@@ -41,3 +41,49 @@ async def test_a_daemon_stopping_as_the_next_run_starts_is_started_again(tmp_pat
     finally:
         await host.destroy(h)
         await host.close()
+
+
+_HUNG = """
+import fcntl, faulthandler, os, signal, sys, time  # stands in for: python -m sandbox_host.daemon
+faulthandler.register(signal.SIGUSR1, all_threads=True)
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+def hung_in_startup():
+    while True:
+        time.sleep(0.05)
+hung_in_startup()
+"""
+
+
+async def test_a_daemon_that_holds_its_lock_and_never_serves_is_named_with_its_stacks(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host that waits in vain for a live daemon's address asks it for its stacks
+    (``SIGUSR1``) before it gives up, so the error and the host's log say where it hangs."""
+    import subprocess
+    import sys
+
+    from baton.errors import SandboxBuildFailed
+    from sandbox_host.providers import _local_daemon
+
+    host = LocalProvider(str(tmp_path / "sandboxes"), str(tmp_path / "journals"), idle_check=0.05)
+    h = await host.create("hung-run", SandboxSpec())
+    meta = pathlib.Path(meta_dir(h))
+    hung = None
+    try:
+        await host._daemons.stop(h)
+        await assert_eventually(lambda: not daemon_running(str(meta)), timeout=30)
+        (meta / ADDR_FILE).unlink(missing_ok=True)
+        with open(meta / "daemon.log", "ab") as log_file:
+            hung = subprocess.Popen([sys.executable, "-c", _HUNG, str(meta / LOCK_FILE)],
+                                    stdout=log_file, stderr=log_file)
+        await assert_eventually(lambda: daemon_running(str(meta)), timeout=30)
+        monkeypatch.setattr(_local_daemon, "START_TIMEOUT", 2.0)
+        with pytest.raises(SandboxBuildFailed) as caught:  # the daemon unreachable, with why
+            await host.launch(h, ["sh", "-c", "echo never"], nonce=new_nonce())
+        assert "(running)" in str(caught.value) and "hung_in_startup" in str(caught.value)
+    finally:
+        if hung is not None:
+            hung.kill()
+            hung.wait()
+        await host.destroy(h)
+        await host.close()
