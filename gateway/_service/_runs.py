@@ -15,7 +15,7 @@ from baton import errors as e
 from baton.ids import page_position, page_token, thread_run_position
 from baton.runs import TERMINAL_PB
 from baton.v1 import runs_pb2
-from gateway._reader import RunRead
+from gateway._reader import OffsetCheck, RunRead
 from gateway._snapshots import log_compacted, parse_snapshot_cursor
 from gateway._service import _cancel, _hydration, _inputs, _keep, _queue, _start, _threads, _views
 from gateway._service._cancel import CancelOutcome
@@ -138,14 +138,28 @@ class RunService:
             UnknownRun: no such run (or another tenant's). StoreUnavailable, LogUnavailable.
         """
         st = self.state
-        view = await _views.join_view_for(st, tenant, req.run_id)
-        st.takeovers.consider(req.run_id, view.record if view else None, view.claim if view else None)
-        if req.keep_ttl > 0 and view is not None and view.record.status not in TERMINAL_PB:
-            try:
-                await _keep.keep_run(st, tenant, _keep.KeepRequest(req.run_id, req.keep_ttl))
-            except e.RunEnded:
-                pass  # it ended meanwhile: nothing to keep, the join serves its end
-        gone = view is not None and await self._log_gone(view.record)
+        # A resume's offset check (the log's tail and the run's first record) begins beside
+        # the run's lookup (a coordinator RPC): neither needs the other. Its answer reaches
+        # the caller only through the read, once the lookup showed the run to this tenant;
+        # a lookup that fails drops it; one that has to wait for the run drops it too (stale
+        # by then), and the read checks again when it opens.
+        check = OffsetCheck(st, req.run_id, req.after) if req.after.isascii() and req.after.isdigit() else None
+        try:
+            view = await _views.join_view_for(st, tenant, req.run_id,
+                                              waiting=check.discard if check is not None else None)
+            st.takeovers.consider(req.run_id, view.record if view else None, view.claim if view else None)
+            if req.keep_ttl > 0 and view is not None and view.record.status not in TERMINAL_PB:
+                try:
+                    await _keep.keep_run(st, tenant, _keep.KeepRequest(req.run_id, req.keep_ttl))
+                except e.RunEnded:
+                    pass  # it ended meanwhile: nothing to keep, the join serves its end
+            gone = view is not None and await self._log_gone(view.record)
+        except BaseException:
+            if check is not None:
+                await check.discard()
+            raise
+        if check is not None:  # a decimal offset: no snapshot, no compaction question
+            return RunRead(st, req.run_id, req.after, gone=gone, check=check)
         after, snapshot = req.after, None
         if after == "-1" and not gone and await log_compacted(st.log, req.run_id):
             # Its chunks are gone, its final snapshot stands for them: say so, then serve it.
