@@ -237,7 +237,15 @@ class OffsetCheck:
     def __init__(self, state: GatewayState, run_id: str, after: str) -> None:
         self._log, self._run_id, self._after = state.log, run_id, after
         self._task: asyncio.Task[Any] | None = asyncio.get_running_loop().create_task(
-            check_offset_kept(state.log, run_id, after), name=f"offset-check:{run_id}")
+            self._check(state), name=f"offset-check:{run_id}")
+
+    async def _check(self, state: GatewayState) -> Any:
+        opened = await check_offset_kept(self._log, self._run_id, self._after)
+        if opened is not None and not state.hubs.serving(self._run_id):
+            # The read will become the run's new shared tail: its consumer is made (and its
+            # first pull sent) while the lookup is still under way, not after the response head.
+            opened.prepare()
+        return opened
 
     async def take(self) -> Any:
         """The check's opened log read (as :func:`check_offset_kept` returns it); raises what
@@ -355,8 +363,12 @@ class RunRead:
             self.log_tail, self.log_tail_read = opened.tail, True
         if self.snapshot is not None:
             self._start_own(self.after, opened)
-        else:
-            self._hub = self.state.hubs.acquire(self.run_id, self._last, opened)
+            return
+        hubs = self.state.hubs
+        served = hubs.serving(self.run_id)
+        self._hub = hubs.acquire(self.run_id, self._last, None if served else opened)
+        if served and opened is not None:
+            await opened.aclose()  # the run's tail serves this reader: the read is not needed
 
     async def _drop_check(self) -> None:
         check, self._check = self._check, None
