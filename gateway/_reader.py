@@ -240,12 +240,26 @@ class OffsetCheck:
             self._check(state), name=f"offset-check:{run_id}")
 
     async def _check(self, state: GatewayState) -> Any:
-        opened = await check_offset_kept(self._log, self._run_id, self._after)
-        if opened is not None and not state.hubs.serving(self._run_id):
-            # The read will become the run's new shared tail: its consumer is made (and its
-            # first pull sent) while the lookup is still under way, not after the response head.
-            opened.prepare()
-        return opened
+        # A read that will become the run's new shared tail has its consumer made (and its
+        # first pull sent) beside the check's reads and the lookup, not after the response
+        # head. With a tail here already the read will not be iterated: no consumer.
+        return await check_offset_kept(self._log, self._run_id, self._after,
+                                       prepare=not state.hubs.serving(self._run_id))
+
+    async def log_has_records(self) -> bool:
+        """Whether the check found the run's log with records in it (an expired offset says so
+        too); ``False`` when it did not answer or was dropped. Leaves the answer to :meth:`take`."""
+        task = self._task
+        if task is None:
+            return False
+        await asyncio.wait([task])
+        if task.cancelled():
+            return False
+        exc = task.exception()
+        if exc is not None:
+            return isinstance(exc, e.OffsetExpired)
+        opened = task.result()
+        return opened is not None and (opened.tail is not None or opened.close_record is not None)
 
     async def take(self) -> Any:
         """The check's opened log read (as :func:`check_offset_kept` returns it); raises what
