@@ -8,9 +8,11 @@ from typing import Any
 
 import httpx
 
+from baton.coordinator_client import CoordinatorClient
 from baton.log import DeliveryLog
 from tests.conftest import assert_eventually, unique
-from tests.gateway.conftest import Gateway, read_stream, run_chunks, wait_for_metric, write_run
+from tests.gateway.conftest import Gateway, metric, read_stream, run_chunks, wait_for_metric, write_run
+from tests.gateway.test_routes import metrics_text, new_record
 
 JOINS_WAITING = "baton_gateway_joins_waiting_for_run"
 
@@ -65,3 +67,21 @@ async def test_a_resume_whose_client_leaves_during_the_lookup_leaves_no_check(
     await asyncio.gather(join, return_exceptions=True)
     await wait_for_metric(http, gateway.url, JOINS_WAITING, 0)
     assert not offset_checks(run_id)
+
+
+async def test_a_resume_without_auth_is_served_and_still_looks_at_the_run_for_a_takeover(
+        gateway: Gateway, http: httpx.AsyncClient, cc: CoordinatorClient, dlog: DeliveryLog) -> None:
+    """Without auth a resume of a log with records does not wait for the run's record; the
+    record is still read beside it, and a running run nobody holds is taken over as before."""
+    orphan = await new_record(cc)
+    chunks = run_chunks(orphan.run_id, orphan.thread_id, ["a", "b"])
+    _, offsets = await write_run(dlog, orphan.run_id, chunks)
+    async with asyncio.timeout(15):
+        got = await read_stream(http, "GET", f"{gateway.url}/api/chat", params={"runId": orphan.run_id},
+                                headers={"Last-Event-ID": offsets[1]})
+    assert got.status == 200 and got.events == list(zip(offsets[2:], chunks[2:])) and got.ended
+
+    async def looked() -> bool:
+        return metric(await metrics_text(http, gateway), "baton_gateway_takeover_decisions_total",
+                      decision="takeover") == 1
+    await assert_eventually(looked, timeout=15)
