@@ -234,11 +234,8 @@ class Hubs:
             await h.aclose()
 
 
-async def check_offset_kept(delivery_log: Any, run_id: str, after: str, *, prepare: bool = False) -> Any:
+async def check_offset_kept(delivery_log: Any, run_id: str, after: str) -> Any:
     """Raise ``OffsetExpired`` when ``after`` is older than what retention kept.
-
-    Args:
-        prepare: make the read's consumer meanwhile (``LogReader.open(prepare=True)``).
 
     Returns:
         For a decimal offset, the opened log read (its start resolved, no consumer created
@@ -251,7 +248,7 @@ async def check_offset_kept(delivery_log: Any, run_id: str, after: str, *, prepa
         return None
     reader = delivery_log.read(run_id, after=after)
     try:
-        await reader.open(prepare=prepare)
+        await reader.open()
     except BaseException:
         await reader.aclose()
         raise

@@ -240,11 +240,14 @@ class OffsetCheck:
             self._check(state), name=f"offset-check:{run_id}")
 
     async def _check(self, state: GatewayState) -> Any:
-        # A read that will become the run's new shared tail has its consumer made (and its
-        # first pull sent) beside the check's reads and the lookup, not after the response
-        # head. With a tail here already the read will not be iterated: no consumer.
-        return await check_offset_kept(self._log, self._run_id, self._after,
-                                       prepare=not state.hubs.serving(self._run_id))
+        opened = await check_offset_kept(self._log, self._run_id, self._after)
+        if opened is not None and not state.hubs.serving(self._run_id):
+            # The read will become the run's new shared tail: its consumer is made (and its
+            # first pull sent) while the lookup or the response head is under way. Not
+            # beside the check's reads: a consumer create slows the stream's direct gets
+            # (measured: the check took 3-9 ms instead of 1-1.5).
+            opened.prepare()
+        return opened
 
     async def log_has_records(self) -> bool:
         """Whether the check found the run's log with records in it (an expired offset says so

@@ -112,7 +112,6 @@ class LogReader(AsyncIterator[Item]):
         # The consumer :meth:`prepare` began creating (its first pull sent once made); the
         # first iteration takes it, :meth:`aclose` removes it when none did.
         self._preparing: asyncio.Task[OrderedConsumer | None] | None = None
-        self._prepared_at = 0  # the stream sequence that consumer starts at
 
     @property
     def close_status(self) -> str | None:
@@ -124,14 +123,8 @@ class LogReader(AsyncIterator[Item]):
         """Offset of the last chunk yielded (``None`` before the first)."""
         return self._last_offset
 
-    async def open(self, *, prepare: bool = False) -> None:
+    async def open(self) -> None:
         """Resolve the start position; idempotent.
-
-        Args:
-            prepare: also make the read's consumer ahead of its first iteration
-                (:meth:`prepare`); for a decimal offset its create begins beside the offset
-                check's reads, at the sequence after the offset, and is dropped when the
-                check ends the read or starts it elsewhere.
 
         Raises:
             OffsetExpired: the offset is older than the run's earliest stored record.
@@ -139,13 +132,6 @@ class LogReader(AsyncIterator[Item]):
         """
         if self._start_seq is not None or self._ended:
             return
-        try:
-            await self._open(prepare)
-        except BaseException:
-            await self._drop_prepared()
-            raise
-
-    async def _open(self, prepare: bool) -> None:
         stream = self._cfg.stream
         tail: RawRecord | None = None
         try:
@@ -155,8 +141,6 @@ class LogReader(AsyncIterator[Item]):
                 start = tail.seq + 1 if tail is not None and self._parsed == "now" else 1
             else:
                 start = n + 1
-                if prepare:
-                    self._begin_prepare(start)
                 # The tail and the run's first record, side by side: neither depends on the
                 # other, and a resume waits for one round trip, not two.
                 tail, first = await _both(last_on_subject(self._nc, stream, self._subject),
@@ -179,13 +163,8 @@ class LogReader(AsyncIterator[Item]):
             # The log closed at or before the offset: nothing more will ever come.
             self.close_record = H.parse_record(tail.seq, tail.headers)
             self._ended = True
-            await self._drop_prepared()
             return
         self._start_seq = start
-        if self._preparing is not None and self._prepared_at != start:
-            await self._drop_prepared()  # begun after the offset; the read starts at the run's first record
-        if prepare:
-            self.prepare()
 
     def prepare(self) -> None:
         """Begin creating the read's consumer (and sending its first pull) in the background,
@@ -196,13 +175,8 @@ class LogReader(AsyncIterator[Item]):
         Idempotent; nothing for a read that ended at its open. :meth:`aclose` removes the
         consumer when no iteration took it.
         """
-        if self._start_seq is not None and not self._ended and self._gen is None:
-            self._begin_prepare(self._start_seq)
-
-    def _begin_prepare(self, start_seq: int) -> None:
-        if self._preparing is None:
-            self._prepared_at = start_seq
-            self._preparing = asyncio.get_running_loop().create_task(self._prepare(start_seq),
+        if self._preparing is None and self._start_seq is not None and not self._ended and self._gen is None:
+            self._preparing = asyncio.get_running_loop().create_task(self._prepare(self._start_seq),
                                                                      name=f"log-read-prepare:{self.run_id}")
 
     def _consumer(self, start_seq: int) -> OrderedConsumer:

@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-from nats.aio.client import Client as NATS
-
-from baton.errors import OffsetExpired
 from baton.log import DeliveryLog
 from tests.conftest import assert_eventually, unique
-from tests.log.conftest import chunk, unique_cfg
+from tests.log.conftest import chunk
 
 
 async def consumers(dlog: DeliveryLog) -> int:
@@ -72,55 +68,6 @@ async def test_prepare_makes_nothing_for_a_read_that_ended_at_its_open(dlog: Del
         assert [item async for item in reader] == []
     assert reader.close_status == "completed"
     assert await consumers(dlog) == 0
-
-
-async def test_open_with_prepare_from_an_offset_before_the_runs_first_record_reads_it_all(
-        dlog: DeliveryLog) -> None:
-    """The consumer begun after the offset, beside the check, is dropped when the read starts
-    at the run's first record instead (offsets are stream-wide: 1 predates a new run)."""
-    for _ in range(2):  # records of other runs before this run's first (sequence 3 at least)
-        await dlog.writer(unique("other"), 1).fence()
-    run_id = unique("run")
-    w = dlog.writer(run_id, 1)
-    await w.fence()
-    offsets = await w.append([chunk(i) for i in range(5)])
-    await w.close("completed")
-    reader = dlog.read(run_id, "1")
-    await reader.open(prepare=True)
-    assert int(offsets[0]) > 3 and reader._prepared_at == int(offsets[0]) - 1  # the fence, not 2
-    async with asyncio.timeout(15):
-        async with reader:
-            got = [item async for item in reader]
-    assert got == list(zip(offsets, [chunk(i) for i in range(5)]))
-    await assert_eventually(lambda: _none(dlog), timeout=10)
-
-
-async def test_open_with_prepare_of_an_expired_offset_raises_the_gap_and_leaves_no_consumer(nc: NATS) -> None:
-    log = DeliveryLog(nc, unique_cfg(max_msgs_per_subject=5))
-    await log.provision()
-    try:
-        run_id = unique("run")
-        w = log.writer(run_id, 1)
-        await w.fence()
-        offsets = await w.append([chunk(i) for i in range(10)])
-        reader = log.read(run_id, offsets[2])
-        with pytest.raises(OffsetExpired) as err:
-            await reader.open(prepare=True)
-        assert err.value.earliest_offset == offsets[5]
-        await reader.aclose()
-        await assert_eventually(lambda: _none(log), timeout=10)
-        # A log closed at the offset: the read ends at its open, and its consumer goes too.
-        await w.close("completed")
-        tail = await log.last_record(run_id)
-        assert tail is not None
-        ended = log.read(run_id, str(tail.offset))
-        await ended.open(prepare=True)
-        assert ended.close_status == "completed"
-        await ended.aclose()
-        await assert_eventually(lambda: _none(log), timeout=10)
-    finally:
-        await nc.jetstream().delete_stream(log.cfg.stream)
-        await nc.jetstream().delete_key_value(log.cfg.bucket)
 
 
 async def _none(dlog: DeliveryLog) -> bool:
