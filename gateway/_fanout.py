@@ -189,6 +189,9 @@ class RunHub:
     async def aclose(self) -> None:
         if self._task is not None:
             await stop_read(self._task)
+        opened, self._opened = self._opened, None
+        if opened is not None:  # the tail was stopped before it began: close the read it was given
+            await opened.aclose()
 
 
 class Hubs:
@@ -202,14 +205,18 @@ class Hubs:
     def acquire(self, run_id: str, after: int = 0, opened: Any = None) -> RunHub:
         """The run's shared tail, one more reader on it; a new tail reads the log strictly
         after ``after`` (a stream sequence; 0: from the start), from ``opened`` when given
-        (a log read strictly after ``after``, opened but not iterated: it holds no consumer
-        yet, so when the run has a tail already it is simply dropped)."""
+        (a log read strictly after ``after``, opened but not iterated; the caller closes it
+        when the run has a tail already: :meth:`serving`)."""
         hub = self._hubs.get(run_id)
         if hub is None:
             hub = self._hubs[run_id] = RunHub(run_id, self._log, self._max, after, opened)
             hub.start()
         hub.readers += 1
         return hub
+
+    def serving(self, run_id: str) -> bool:
+        """Whether the run has a shared tail here (a new reader of it joins that tail)."""
+        return run_id in self._hubs
 
     def readers_per_run(self) -> list[int]:
         """Readers of each run with readers (a copy: safe to call from the scrape's thread)."""
@@ -232,9 +239,10 @@ async def check_offset_kept(delivery_log: Any, run_id: str, after: str) -> Any:
 
     Returns:
         For a decimal offset, the opened log read (its start resolved, no consumer created
-        yet, so dropping it leaks nothing): :meth:`Hubs.acquire` starts a new tail from it,
-        so a resume looks its offset up once, not here and again in the tail. ``None`` for
-        ``-1`` and ``now`` (nothing to check).
+        yet; one not used is closed, as :meth:`LogReader.prepare` may have begun its
+        consumer): :meth:`Hubs.acquire` starts a new tail from it, so a resume looks its
+        offset up once, not here and again in the tail. ``None`` for ``-1`` and ``now``
+        (nothing to check).
     """
     if after in ("-1", "now"):
         return None

@@ -142,7 +142,8 @@ class OrderedConsumer:
         return self._queue.qsize() if self._queue is not None else 0
 
     async def __aenter__(self) -> "OrderedConsumer":
-        await self._create()
+        if self._sub is None:  # not created yet (LogReader.prepare may have created it)
+            await self._create()
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -109,6 +109,9 @@ class LogReader(AsyncIterator[Item]):
         #: or the close), so a reader that serves positions (the gateway's shared tail) knows
         #: how far the log was read, whatever the last record's kind.
         self.on_marker: Callable[[int], None] | None = None
+        # The consumer :meth:`prepare` began creating (its first pull sent once made); the
+        # first iteration takes it, :meth:`aclose` removes it when none did.
+        self._preparing: asyncio.Task[OrderedConsumer | None] | None = None
 
     @property
     def close_status(self) -> str | None:
@@ -163,6 +166,48 @@ class LogReader(AsyncIterator[Item]):
             return
         self._start_seq = start
 
+    def prepare(self) -> None:
+        """Begin creating the read's consumer (and sending its first pull) in the background,
+        after :meth:`open` and before the first iteration, which then takes it: a caller with
+        other work before it iterates (a lookup, an HTTP response head) overlaps it with that.
+
+        Reads nothing it would not read anyway: the consumer starts where :meth:`open` said.
+        Idempotent; nothing for a read that ended at its open. :meth:`aclose` removes the
+        consumer when no iteration took it.
+        """
+        if self._preparing is None and self._start_seq is not None and not self._ended and self._gen is None:
+            self._preparing = asyncio.get_running_loop().create_task(self._prepare(self._start_seq),
+                                                                     name=f"log-read-prepare:{self.run_id}")
+
+    def _consumer(self, start_seq: int) -> OrderedConsumer:
+        return OrderedConsumer(self._nc, self._cfg.stream, self._subject, start_seq,
+                               idle_heartbeat=self._hb, batch=self._pending_msgs)
+
+    async def _prepare(self, start_seq: int) -> OrderedConsumer | None:
+        consumer = self._consumer(start_seq)
+        try:
+            await consumer.__aenter__()
+        except BaseException:
+            await consumer.stop()
+            raise
+        return consumer
+
+    async def _take_prepared(self) -> OrderedConsumer | None:
+        """The consumer :meth:`prepare` made (``None``: none was begun)."""
+        task, self._preparing = self._preparing, None
+        return await task if task is not None else None
+
+    async def _drop_prepared(self) -> None:
+        task, self._preparing = self._preparing, None
+        if task is None:
+            return
+        task.cancel()
+        await asyncio.wait([task])
+        if not task.cancelled() and task.exception() is None:
+            consumer = task.result()
+            if consumer is not None:
+                await consumer.stop()
+
     async def _covered(self, first: Any, n: int) -> bool:
         """Whether nothing of the run after offset ``n`` is gone although its first stored
         record comes later: its log was compacted (baton/log/_compact.py) to a final snapshot
@@ -178,11 +223,9 @@ class LogReader(AsyncIterator[Item]):
             return
         assert self._start_seq is not None
         if self.until is not None and self.until < self._start_seq:
+            await self._drop_prepared()
             return
-        consumer = OrderedConsumer(
-            self._nc, self._cfg.stream, self._subject, self._start_seq,
-            idle_heartbeat=self._hb, batch=self._pending_msgs,
-        )
+        consumer = await self._take_prepared() or self._consumer(self._start_seq)
         # The stream sequence of the last record this read saw: a later record whose
         # predecessor on the subject (its expected-last-sequence header) is newer than that
         # means records between were removed under this read (a compaction purged them): a
@@ -231,8 +274,11 @@ class LogReader(AsyncIterator[Item]):
 
     async def aclose(self) -> None:
         """Stop reading and remove the consumer."""
-        if self._gen is not None:
-            await self._gen.aclose()
+        try:
+            if self._gen is not None:
+                await self._gen.aclose()
+        finally:
+            await self._drop_prepared()  # prepared, never iterated
 
     async def __aenter__(self) -> "LogReader":
         return self

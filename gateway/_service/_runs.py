@@ -15,7 +15,7 @@ from baton import errors as e
 from baton.ids import page_position, page_token, thread_run_position
 from baton.runs import TERMINAL_PB
 from baton.v1 import runs_pb2
-from gateway._reader import RunRead
+from gateway._reader import OffsetCheck, RunRead
 from gateway._snapshots import log_compacted, parse_snapshot_cursor
 from gateway._service import _cancel, _hydration, _inputs, _keep, _queue, _start, _threads, _views
 from gateway._service._cancel import CancelOutcome
@@ -29,6 +29,12 @@ log = logging.getLogger("gateway.service")
 def _position(record: runs_pb2.RunRecord) -> bytes:
     """Where a run sits among its thread's runs: its number, not its clock (baton/thread_order.py)."""
     return thread_run_position(record.thread_seq, record.started_at, record.run_id)
+
+
+def _drop(task: "asyncio.Task[Any]") -> None:
+    """Cancel a lookup whose answer is not wanted; its outcome, whatever it is, goes unread."""
+    task.cancel()
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
 class RunService:
@@ -138,14 +144,32 @@ class RunService:
             UnknownRun: no such run (or another tenant's). StoreUnavailable, LogUnavailable.
         """
         st = self.state
-        view = await _views.join_view_for(st, tenant, req.run_id)
-        st.takeovers.consider(req.run_id, view.record if view else None, view.claim if view else None)
-        if req.keep_ttl > 0 and view is not None and view.record.status not in TERMINAL_PB:
-            try:
-                await _keep.keep_run(st, tenant, _keep.KeepRequest(req.run_id, req.keep_ttl))
-            except e.RunEnded:
-                pass  # it ended meanwhile: nothing to keep, the join serves its end
-        gone = view is not None and await self._log_gone(view.record)
+        # A resume's offset check (the log's tail and the run's first record) begins beside
+        # the run's lookup (a coordinator RPC): neither needs the other. Its answer reaches
+        # the caller only through the read, once the lookup showed the run to this tenant;
+        # a lookup that fails drops it; one that has to wait for the run drops it too (stale
+        # by then), and the read checks again when it opens.
+        check = OffsetCheck(st, req.run_id, req.after) if req.after.isascii() and req.after.isdigit() else None
+        if check is not None and not st.settings.auth_enabled and req.keep_ttl <= 0:
+            read = await self._resume_without_auth(req.run_id, req.after, check)
+            if read is not None:
+                return read
+        try:
+            view = await _views.join_view_for(st, tenant, req.run_id,
+                                              waiting=check.discard if check is not None else None)
+            st.takeovers.consider(req.run_id, view.record if view else None, view.claim if view else None)
+            if req.keep_ttl > 0 and view is not None and view.record.status not in TERMINAL_PB:
+                try:
+                    await _keep.keep_run(st, tenant, _keep.KeepRequest(req.run_id, req.keep_ttl))
+                except e.RunEnded:
+                    pass  # it ended meanwhile: nothing to keep, the join serves its end
+            gone = view is not None and await self._log_gone(view.record)
+        except BaseException:
+            if check is not None:
+                await check.discard()
+            raise
+        if check is not None:  # a decimal offset: no snapshot, no compaction question
+            return RunRead(st, req.run_id, req.after, gone=gone, check=check)
         after, snapshot = req.after, None
         if after == "-1" and not gone and await log_compacted(st.log, req.run_id):
             # Its chunks are gone, its final snapshot stands for them: say so, then serve it.
@@ -236,6 +260,38 @@ class RunService:
         finally:
             await reader.aclose()
         return True
+
+    async def _resume_without_auth(self, run_id: str, after: str, check: OffsetCheck) -> RunRead | None:
+        """A resume on a gateway without auth, when the run's log has records: served without
+        waiting for the run's record (``None``: it has none, take the usual way).
+
+        Without auth the record decides nothing such a read needs: a run with a log exists
+        (:func:`_views.join_view_for` serves a log without a record), and a log with records
+        is not gone. The record is still looked up, beside the read, for the takeover look
+        (:meth:`TakeoverTrigger.consider`, which never blocks a read either way).
+        """
+        st = self.state
+        lookup = asyncio.get_running_loop().create_task(_views.maybe_view_for(st, "", run_id),
+                                                        name=f"join-lookup:{run_id}")
+        try:
+            has_records = await check.log_has_records()
+        except BaseException:
+            _drop(lookup)
+            raise
+        if not has_records:
+            _drop(lookup)
+            return None
+        if st.spawn(self._consider_takeover(run_id, lookup), name=f"join-takeover-look:{run_id}") is None:
+            _drop(lookup)
+        return RunRead(st, run_id, after, check=check)
+
+    async def _consider_takeover(self, run_id: str, lookup: "asyncio.Task[Any]") -> None:
+        try:
+            view = await lookup
+        except e.BatonError as exc:
+            log.warning("run %s: its record was not read for the takeover look: %s", run_id, exc)
+            return
+        self.state.takeovers.consider(run_id, view.record if view else None, view.claim if view else None)
 
     async def _log_gone(self, record: runs_pb2.RunRecord) -> bool:
         """Whether a terminal run's whole log is gone (expired): readers then get a gap, not a wait.

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from baton import errors as e
 from baton.runs import STATUS_TO_PB, TERMINAL_PB
@@ -105,12 +105,17 @@ async def maybe_view_for(st: GatewayState, tenant_id: str, run_id: str) -> Any |
 JOIN_RECORD_WAIT = 3.0
 
 
-async def join_view_for(st: GatewayState, tenant_id: str, run_id: str, wait: float = JOIN_RECORD_WAIT) -> Any | None:
+async def join_view_for(st: GatewayState, tenant_id: str, run_id: str, wait: float = JOIN_RECORD_WAIT, *,
+                        waiting: Callable[[], Awaitable[None]] | None = None) -> Any | None:
     """The run's ``RunView`` for a join, waiting up to ``wait`` seconds for the run to exist.
 
     A run exists when it has a record or a delivery log (the log is what readers read; it
     outlives a record that was removed). Without auth a run with a log but no record is
     served as such (``None``); with auth a run must have a record of the caller's tenant.
+
+    Args:
+        waiting: awaited once the run was not found at once, before the wait (what was
+            looked up beside the first lookup is stale by the end of it).
 
     Raises:
         UnknownRun: neither a record nor a log after ``wait`` seconds (or another tenant's run).
@@ -120,6 +125,8 @@ async def join_view_for(st: GatewayState, tenant_id: str, run_id: str, wait: flo
     found, view = await _run_exists(st, tenant_id, run_id)
     if found:
         return view
+    if waiting is not None:
+        await waiting()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
     # Counted once the run was not found at once (``baton_gateway_joins_waiting_for_run``):
