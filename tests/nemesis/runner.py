@@ -169,12 +169,33 @@ def save_failure(outcome: Outcome, shrunk: Schedule | None = None) -> pathlib.Pa
     return path
 
 
+#: What of a failing session's directory is kept: the process logs, the sandboxes left on
+#: disk (each local sandbox daemon's ``.baton/daemon.log``, address and spawn files) and the
+#: journals with their stderr files. A sandbox a host destroyed is gone already; what is
+#: kept is what was still there when the failure was seen.
+KEPT = ("logs", "sandboxes", "journals")
+
+
 def keep_logs(tmp: pathlib.Path, seed: int) -> pathlib.Path | None:
-    """Copy the failing session's process logs beside its history."""
-    logs = tmp / "logs"
-    if not logs.exists():
+    """Copy the failing session's process logs, sandbox directories (with their daemons'
+    logs) and journals beside its history, before pytest's temporary directory is dropped.
+
+    Args:
+        tmp: the session's directory (the cluster's ``tmp``).
+        seed: the schedule's seed (names the copy).
+
+    Returns:
+        ``bench/results/nemesis-failures/seed-<seed>-logs/`` holding ``logs/``,
+        ``sandboxes/`` and ``journals/`` (those that existed), or None if none did.
+    """
+    kept = [tmp / name for name in KEPT if (tmp / name).exists()]
+    if not kept:
         return None
     dest = FAILURES / f"seed-{seed}-logs"
     shutil.rmtree(dest, ignore_errors=True)
-    shutil.copytree(logs, dest)
+    for src in kept:
+        try:  # sockets and files removed mid-copy are skipped; the rest is copied
+            shutil.copytree(src, dest / src.name, symlinks=True, ignore_dangling_symlinks=True)
+        except shutil.Error as e:
+            (dest / f"{src.name}.copy-errors.txt").write_text("\n".join(map(str, e.args[0])) + "\n")
     return dest
