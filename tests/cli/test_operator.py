@@ -16,6 +16,7 @@ import os
 import pathlib
 import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, AsyncIterator
@@ -45,6 +46,7 @@ class Scenario:
     drained_runs: tuple[str, ...] = ()
     live_runs: tuple[str, ...] = ()  # every run on the live host (it is full)
     drain_out: str = ""
+    drain_seconds: float = 0.0  # how long `baton drain` took, from the outside
     dead_runs: tuple[str, ...] = ()
 
     def cli(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
@@ -107,7 +109,9 @@ async def _dead_host_scenario(tmp_path: pathlib.Path) -> AsyncIterator[Scenario]
         drained = max(("host-1", "host-2"), key=lambda h: sum(v == h for v in on.values()))
         s.live = "host-2" if drained == "host-1" else "host-1"
         s.drained_runs = tuple(r for r, h in on.items() if h == drained)
+        began = time.monotonic()
         drain = s.cli("drain", drained)
+        s.drain_seconds = time.monotonic() - began
         assert drain.returncode == 0, drain.stderr
         s.drain_out = drain.stdout
         for r in first:
@@ -153,9 +157,12 @@ async def test_hosts_drain_undrain_and_a_dead_host_until_its_runs_move(scenario:
     # The drain counted the runs another host holds now, whoever placed them.
     assert s.drain_out.strip() == f"handed over {len(s.drained_runs)} run(s)", s.drain_out
     for r in s.drained_runs:
-        t = await assert_eventually(lambda r=r: s.run(r)["takeover"], timeout=10)
+        t = await assert_eventually(lambda r=r: s.run(r)["takeover"], timeout=30)
         assert (t["cause"], t["fromHost"], t["toHost"]) == ("drain", s.dead, s.live), t
-        assert t["stall"] is not None and 0 <= t["stall"] < 10, t
+        # The stall (release to new claim) lies within the drain, which returns once another
+        # host holds the run: bounded by what the command took, not by a fixed figure (a
+        # handover at load 20 on two cores takes longer than on a quiet machine).
+        assert t["stall"] is not None and 0 <= t["stall"] <= s.drain_seconds, (t, s.drain_seconds)
 
     # The SIGKILLed host: dead, with the two runs it left, until they move.
     async def listed_dead() -> list[dict[str, Any]]:

@@ -91,9 +91,12 @@ async def test_coordinator_restart_keeps_sessions_and_claims(etcd: EtcdServer, t
     try:
         async with CoordinatorClient(cp.address) as cc:
             rec, _ = await cc.create_or_resume_run(RunRecord(run_id="r1", thread_id="t1"))
-            # The TTL must outlast the restart (a new Python process, serving again): 5 s did
-            # not on a loaded two-core machine, and the lease then rightly expired.
-            s = await cc.open_session(10.0, owner="host-a")
+            # The TTL must outlast the restart (a graceful stop, then a new Python process
+            # serving again): with one replica nothing refreshes the lease meanwhile, so etcd
+            # rightly expires it when the restart takes longer. The client retries every
+            # 0.1 s and reconnects within 1 s of the port answering (its reconnect backoff
+            # is capped); the restart itself took 10 s and more on two cores at load 10-20.
+            s = await cc.open_session(30.0, owner="host-a")
             epoch, _ = await cc.claim_run("r1", s, "host-a")
             await cp.restart()
             assert cp.proc is not None

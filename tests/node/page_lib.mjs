@@ -69,10 +69,14 @@ export async function launch () {
 /**
  * A page that records console errors, page errors, dialogs and failed requests (any
  * answer >= 400 except the ones a test expects), with the API key already stored.
+ * `polled`: path prefixes of reads the page asks again after a 503 (the operator view's
+ * `/api/ops/`): a loaded gateway may answer one so, and the page shows the data once the
+ * read succeeds, which the test checks. Those 503s go to `page.retried`, not the problems.
  */
-export async function newPage (context, { expectStatus = [] } = {}) {
+export async function newPage (context, { expectStatus = [], polled = [] } = {}) {
   const page = await context.newPage()
   page.problems = []
+  page.retried = []
   page.on('pageerror', (e) => page.problems.push(`pageerror: ${e}`))
   // Chromium logs every answer >= 400 as a console error; those are judged by status below.
   page.on('console', (m) => {
@@ -80,7 +84,12 @@ export async function newPage (context, { expectStatus = [] } = {}) {
   })
   page.on('dialog', async (d) => { page.problems.push(`dialog: ${d.message()}`); await d.dismiss() })
   page.on('response', (r) => {
-    if (r.status() >= 400 && !expectStatus.includes(r.status())) page.problems.push(`HTTP ${r.status()} ${r.url()}`)
+    if (r.status() < 400 || expectStatus.includes(r.status())) return
+    const again = r.status() === 503 && r.request().method() === 'GET' &&
+      polled.some((prefix) => new URL(r.url()).pathname.startsWith(prefix))
+    const what = `HTTP ${r.status()} ${r.url()}`
+    if (again) page.retried.push(what)
+    else page.problems.push(what)
   })
   return page
 }

@@ -13,7 +13,7 @@ const rows = (page, table) => page.evaluate((id) => [...document.querySelectorAl
 
 await main(async (browser) => {
   const context = await newContext(browser)
-  const ops = await newPage(context)
+  const ops = await newPage(context, { polled: ['/api/ops/'] })
   await open(ops, '/ops')
   // The page refreshes every few seconds: wait for the dead host and both causes.
   await ops.waitForFunction(({ host, run }) => {

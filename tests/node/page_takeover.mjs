@@ -53,7 +53,7 @@ await main(async (browser) => {
 
   // --- the operator view ------------------------------------------------------------------
   const { runId: idleRun, threadId: idleThread } = JSON.parse(await ask({ detach: true })) // its client gone
-  const ops = await newPage(context)
+  const ops = await newPage(context, { polled: ['/api/ops/'] })
   await open(ops, `/ops?run=${encodeURIComponent(runId)}`)
   const liveRow = (id) => ops.evaluate((run) => [...document.querySelectorAll('#live tbody tr')]
     .map((tr) => [...tr.children].map((td) => td.textContent)).find((cells) => cells[0] === run) ?? null, id)
@@ -102,7 +102,7 @@ await main(async (browser) => {
   check(view.spark, 'no chunk rate drawn', view)
   await shot(ops, 'ops', { fullPage: true })
   const phoneCtx = await newContext(browser, { width: 390, height: 844 })
-  const phone = await newPage(phoneCtx)
+  const phone = await newPage(phoneCtx, { polled: ['/api/ops/'] })
   await open(phone, `/ops?run=${encodeURIComponent(runId)}`)
   await phone.waitForFunction(() => document.querySelectorAll('#timeline .epoch-seg').length === 2)
   await shot(phone, 'ops-phone', { fullPage: true })
@@ -110,6 +110,7 @@ await main(async (browser) => {
   const overflow = await phone.evaluate(() => document.documentElement.scrollWidth - window.innerWidth)
   check(overflow <= 0, 'the operator view scrolls sideways on a phone', { overflow })
   await phoneCtx.close()
+  results.ops.retried = [...ops.retried, ...phone.retried]  // 503s the page asked again (shown, not judged)
   noProblems(ops, 'operator page')
   noProblems(phone, 'operator page on a phone')
 })

@@ -207,16 +207,26 @@ function takenFrom (t, epoch) {
   return ` from ${t.fromHost ?? '?'}${cause}${t.stall !== null ? `; stalled ${duration(t.stall)}` : ''}`
 }
 
+// The run whose timeline is shown: a retry for another run, asked before, gives up.
+let timelineRun = null
+
 async function showTimeline (runId) {
+  timelineRun = runId
   $('timeline-run').value = runId
   const box = $('timeline')
   let tl
   try {
     tl = await getJSON(`/api/ops/timeline?runId=${enc(runId)}`)
   } catch (err) {
-    box.replaceChildren(el('p', 'note error', `No timeline: ${err.message}`))
+    if (timelineRun !== runId) return
+    // 503: the log or the coordinator did not answer in time (a loaded gateway): asked
+    // again, as the overview is at its next refresh. Any other error stays on the page.
+    const again = err.status === 503
+    box.replaceChildren(el('p', 'note error', `No timeline: ${err.message}${again ? '; trying again' : ''}`))
+    if (again) setTimeout(() => { if (timelineRun === runId) showTimeline(runId) }, REFRESH_MS)
     return
   }
+  if (timelineRun !== runId) return
   const r = tl.run
   const head = el('p', 'timeline-head')
   head.append(badge(stateOf(r)), ` ${r.runId} · thread `, threadLink(r.threadId),
