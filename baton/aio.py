@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Coroutine, Iterable, TypeVar
+from typing import Any, Awaitable, Callable, Coroutine, Iterable, TypeVar
 
 log = logging.getLogger("baton.aio")
 
@@ -120,6 +120,17 @@ class TaskOwner:
         """Refuse new tasks, cancel the running ones and wait for them (idempotent)."""
         self._closed = True
         await cancel_and_join(set(self._tasks), patience=patience)
+
+
+async def drop_task(task: "asyncio.Task[T | None]", close: Callable[[T], Awaitable[Any]]) -> None:
+    """Drop a task that makes a resource: cancel it and wait for it (:func:`cancel_and_join`);
+    a resource it made anyway (it finished before the cancel landed) is closed with ``close``.
+    Never raises what the task raised."""
+    await cancel_and_join(task)
+    if not task.cancelled() and task.exception() is None:
+        made = task.result()
+        if made is not None:
+            await close(made)
 
 
 async def watch_loop_lag(name: str, *, every: float = 0.25, warn_after: float = 1.0) -> None:

@@ -10,34 +10,13 @@ import json
 import os
 import pathlib
 import tempfile
-import time
 from typing import Any
 
-from bench.long_run import rss_kb, workload, write
+from bench.long_run import open_stalled, settled_rss, workload, write
 
 LENGTHS = [int(x) for x in os.environ.get("BENCH_SLOPE_LENGTHS", "20000,100000,200000").split(",")]
 STEPS = (20, 40, 60)
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "stalled_slope.json"
-
-
-async def _settled(pid: int) -> int:
-    last, stable, deadline = -1, 0, time.monotonic() + 30
-    while stable < 5 and time.monotonic() < deadline:
-        await asyncio.sleep(0.2)
-        now = rss_kb(pid)
-        stable = stable + 1 if abs(now - last) < 64 else 0
-        last = now
-    return last
-
-
-async def _open(port: int, path: str, n: int) -> list[Any]:
-    conns = []
-    for _ in range(n):
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        w.write(f"GET {path} HTTP/1.1\r\nHost: bench\r\nAccept: text/event-stream\r\n\r\n".encode())
-        await w.drain()
-        conns.append((r, w))
-    return conns
 
 
 async def slope(coord: Any, nats_url: str, cfg: Any, tmp: pathlib.Path, run_id: str) -> dict[str, Any]:
@@ -55,12 +34,12 @@ async def slope(coord: Any, nats_url: str, cfg: Any, tmp: pathlib.Path, run_id: 
         assert gw.pid is not None
         port = int(gw.url.rsplit(":", 1)[1])
         path = f"/api/chat?runId={run_id}&offset=-1"
-        base = await _settled(gw.pid)
+        base = await settled_rss(gw.pid)
         conns: list[Any] = []
         rss = []
         for step in STEPS:
-            conns += await _open(port, path, step - len(conns))
-            rss.append(await _settled(gw.pid))
+            conns += await open_stalled(port, path, step - len(conns))
+            rss.append(await settled_rss(gw.pid))
         for _, w in conns:
             w.close()
     finally:

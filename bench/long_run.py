@@ -205,23 +205,34 @@ async def join(port: int, path: str) -> dict[str, Any]:
             "bytes": total, "load_avg_1m": round(load, 2)}
 
 
-async def stalled_rss(pid: int, port: int, path: str, n: int) -> float:
-    """RSS growth per reader (KB) with ``n`` readers that sent their join and read nothing."""
-    before = rss_kb(pid)
-    conns = []
-    for _ in range(n):
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        w.write(f"GET {path} HTTP/1.1\r\nHost: bench\r\nAccept: text/event-stream\r\n\r\n".encode())
-        await w.drain()
-        conns.append((r, w))
-    # Settle: until the gateway's RSS stops moving (its readers blocked on full sockets).
+async def settled_rss(pid: int) -> int:
+    """``pid``'s RSS in KB once it stops moving (5 samples 0.2 s apart within 64 KB; 30 s at most)."""
     last, stable, deadline = -1, 0, time.monotonic() + 30
     while stable < 5 and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
         now = rss_kb(pid)
         stable = stable + 1 if abs(now - last) < 64 else 0
         last = now
-    grown = (last - before) / n
+    return last
+
+
+async def open_stalled(port: int, path: str, n: int) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """``n`` SSE readers of ``path`` that sent their join and read nothing (close the writers)."""
+    conns = []
+    for _ in range(n):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(f"GET {path} HTTP/1.1\r\nHost: bench\r\nAccept: text/event-stream\r\n\r\n".encode())
+        await w.drain()
+        conns.append((r, w))
+    return conns
+
+
+async def stalled_rss(pid: int, port: int, path: str, n: int) -> float:
+    """RSS growth per reader (KB) with ``n`` readers that sent their join and read nothing."""
+    before = rss_kb(pid)
+    conns = await open_stalled(port, path, n)
+    # Settle: until the gateway's RSS stops moving (its readers blocked on full sockets).
+    grown = (await settled_rss(pid) - before) / n
     for _, w in conns:
         w.close()
     return round(grown, 1)

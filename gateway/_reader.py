@@ -19,6 +19,7 @@ from typing import Any, AsyncGenerator, Awaitable, Callable, Sequence
 from ag_ui.core import CustomEvent, EventType
 
 from baton import errors as e
+from baton.aio import drop_task
 from baton.runs import STREAM_GAP
 from gateway._errors import mapping_for
 from gateway._fanout import RunHub, check_offset_kept, stop_read
@@ -275,12 +276,8 @@ class OffsetCheck:
     async def discard(self) -> None:
         """Drop the check (idempotent; never raises): cancel it, or close the read it opened."""
         task, self._task = self._task, None
-        if task is None:
-            return
-        task.cancel()
-        await asyncio.wait([task])
-        if not task.cancelled() and task.exception() is None and task.result() is not None:
-            await task.result().aclose()
+        if task is not None:
+            await drop_task(task, lambda opened: opened.aclose())
 
 
 class RunRead:

@@ -6,6 +6,7 @@ import asyncio
 import pytest
 
 from baton_tools.testing.proxy import TcpProxy
+from tests.conftest import assert_throughout
 
 
 async def _echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
@@ -77,8 +78,10 @@ async def test_hold_keeps_one_direction_s_bytes_until_released_in_order() -> Non
             await arrived.wait()  # the request went up
         assert got == [b"ping"]
         answer = asyncio.create_task(r.readexactly(4))
-        await asyncio.sleep(0.3)
-        assert not answer.done()  # its answer is held
+
+        def answer_held() -> None:
+            assert not answer.done()
+        await assert_throughout(answer_held, 0.3, interval=0.05)  # its answer is held
         proxy.hold()
         async with asyncio.timeout(5):
             assert await answer == b"ping"
@@ -86,8 +89,10 @@ async def test_hold_keeps_one_direction_s_bytes_until_released_in_order() -> Non
         proxy.hold("up")
         w.write(b"pong")
         await w.drain()
-        await asyncio.sleep(0.3)
-        assert got == [b"ping"]  # held on its way up
+
+        def pong_held() -> None:
+            assert got == [b"ping"]
+        await assert_throughout(pong_held, 0.3, interval=0.05)  # held on its way up
         proxy.hold()
         async with asyncio.timeout(5):
             await arrived.wait()

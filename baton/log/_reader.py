@@ -10,6 +10,7 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
 
+from baton.aio import drop_task
 from baton.errors import InvalidOffset, LogUnavailable, OffsetExpired
 from baton.log import _headers as H
 from baton.log._api import RawRecord, first_on_subject, last_on_subject
@@ -199,14 +200,8 @@ class LogReader(AsyncIterator[Item]):
 
     async def _drop_prepared(self) -> None:
         task, self._preparing = self._preparing, None
-        if task is None:
-            return
-        task.cancel()
-        await asyncio.wait([task])
-        if not task.cancelled() and task.exception() is None:
-            consumer = task.result()
-            if consumer is not None:
-                await consumer.stop()
+        if task is not None:
+            await drop_task(task, lambda consumer: consumer.stop())
 
     async def _covered(self, first: Any, n: int) -> bool:
         """Whether nothing of the run after offset ``n`` is gone although its first stored

@@ -330,9 +330,30 @@ class DockerProvider(DaemonBacked, Provider):
 
     async def _remove_quietly(self, container_id: str) -> None:
         try:
-            await asyncio.to_thread(self._api.remove_container, container_id, force=True, v=True)
+            await self._remove(container_id)
         except docker.errors.NotFound:
             pass
+
+    async def _remove(self, container_id: str) -> bool:
+        """Force-remove a container and its volumes.
+
+        Returns:
+            True once removed, False when another removal of it is already under way (the
+            engine answers 409 "removal ... already in progress": a run's final sweep and a
+            failed build may remove the same container at once).
+
+        Raises:
+            docker.errors.NotFound: no such container.
+            docker.errors.DockerException, requests.exceptions.RequestException: the engine
+                refused otherwise or could not be reached.
+        """
+        try:
+            await asyncio.to_thread(self._api.remove_container, container_id, force=True, v=True)
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409 and "already in progress" in str(exc.explanation or ""):
+                return False
+            raise
+        return True
 
     async def _undo_start(self, starting: asyncio.Future[str], token: str) -> None:
         """Once the start's thread has ended (however), remove the container it built."""
@@ -435,13 +456,14 @@ class DockerProvider(DaemonBacked, Provider):
         """Remove the container by force (its processes, journal and workspace with it).
 
         Returns:
-            ``True`` when a container was removed, ``False`` when it was already gone.
+            ``True`` when a container was removed, ``False`` when it was already gone or
+            another removal of it is under way (the caller checks :meth:`exists`).
 
         Raises:
             SandboxReclaimFailed: the engine refused or could not be reached.
         """
         try:
-            await asyncio.to_thread(self._api.remove_container, self._cid(handle), force=True, v=True)
+            return await self._remove(self._cid(handle))
         except docker.errors.NotFound:
             return False
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
@@ -449,7 +471,6 @@ class DockerProvider(DaemonBacked, Provider):
         finally:
             # After the removal: a follow cut off by the closed channel then finds the sandbox gone.
             await self._forget(self._cid(handle))
-        return True
 
     async def destroy_leftovers(self, run_id: str, keep_key: str | None) -> int:
         """Remove the containers labelled ``baton.run_id = run_id`` except sandbox ``keep_key``.
@@ -466,8 +487,7 @@ class DockerProvider(DaemonBacked, Provider):
                 if keep_key is not None and (c.get("Labels") or {}).get(LABEL_KEY) == keep_key:
                     continue
                 try:
-                    await asyncio.to_thread(self._api.remove_container, c["Id"], force=True, v=True)
-                    removed += 1
+                    removed += await self._remove(str(c["Id"]))
                 except docker.errors.NotFound:
                     pass
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:

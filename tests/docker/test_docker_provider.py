@@ -201,6 +201,22 @@ async def test_destroy_is_the_end_of_a_running_agent(docker_provider: DockerProv
     assert await docker_provider.kill(handle, signal.SIGKILL) is False
 
 
+async def test_removals_that_race_each_other_all_succeed(docker_provider: DockerProvider, containers) -> None:
+    """A run's final sweep and a failed build may remove one container at once: the engine
+    answers the later ones 409 "removal already in progress" or 404, and neither is an error."""
+    run_id = unique("dk-race-")
+    handle = await docker_provider.create(f"{run_id}#1", SandboxSpec(provider="docker", env={"BATON_RUN_ID": run_id}))
+    containers.append(handle)
+    done = await asyncio.gather(docker_provider.destroy(handle), docker_provider.destroy(handle),
+                                docker_provider.destroy_leftovers(run_id, None), docker_provider.destroy(handle))
+    assert sum(1 for d in done if d) >= 1  # one of them removed it; the others found it gone or going
+    await assert_eventually(lambda: _gone(docker_provider, handle), timeout=15)
+
+
+async def _gone(provider: DockerProvider, handle) -> bool:
+    return not await provider.exists(handle)
+
+
 async def _follow(provider, handle, nonce):
     from sandbox_host.journal import follow_journal
 

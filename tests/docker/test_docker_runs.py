@@ -11,6 +11,7 @@ from typing import Any, AsyncIterator
 
 import pytest
 
+from baton.v1 import sandbox_host_pb2
 from sandbox_host.providers.docker import DockerProvider
 from sandbox_host.translate import translate_bytes
 from tests.conftest import assert_eventually
@@ -87,14 +88,17 @@ async def test_a_finished_run_leaves_no_container_of_a_host_that_died_mid_build(
     knows; once the run is final, every container labelled with its run id is removed."""
     from sandbox_host.providers import SandboxSpec
 
-    started = await dcluster.start_run(dcluster.hosts[0], JOURNAL)
+    host = dcluster.hosts[0]
+    # Paced to outlast the leftover's build (about two minutes): the run ends when cancelled.
+    started = await dcluster.start_run(host, JOURNAL, delay=1.0)
     run_id = started.record.run_id
     provider = DockerProvider()
     try:
         # What the dead host left: a container of this run under a key nobody registered.
         leftover = await provider.create(f"{run_id}#dead", SandboxSpec(provider="docker", env={"BATON_RUN_ID": run_id}))
         assert await provider.exists(leftover)
-        await dcluster.wait_status(run_id, "completed")
+        await dcluster.stub(host).CancelRun(sandbox_host_pb2.CancelRunRequest(run_id=run_id, reason="user"), timeout=5)
+        await dcluster.wait_status(run_id, "aborted")
 
         async def all_gone() -> bool:
             found = await asyncio.to_thread(provider._api.containers, all=True,

@@ -3,6 +3,7 @@ same records, each once; and a prepared read that is closed unread leaves no con
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from baton.log import DeliveryLog
 from tests.conftest import assert_eventually, unique
@@ -13,11 +14,16 @@ async def consumers(dlog: DeliveryLog) -> int:
     return len(await dlog.js.consumers_info(dlog.cfg.stream))
 
 
-async def test_a_prepared_read_of_a_live_log_yields_every_later_chunk_once_in_order(dlog: DeliveryLog) -> None:
+async def written(dlog: DeliveryLog, n: int) -> tuple[str, Any, list[str]]:
+    """A fresh run's writer, fenced, with ``n`` chunks appended: (run id, writer, offsets)."""
     run_id = unique("run")
     w = dlog.writer(run_id, 1)
     await w.fence()
-    first = await w.append([chunk(i) for i in range(10)])
+    return run_id, w, await w.append([chunk(i) for i in range(n)])
+
+
+async def test_a_prepared_read_of_a_live_log_yields_every_later_chunk_once_in_order(dlog: DeliveryLog) -> None:
+    run_id, w, first = await written(dlog, 10)
     reader = dlog.read(run_id, first[4])
     await reader.open()
     reader.prepare()
@@ -35,10 +41,7 @@ async def test_a_prepared_read_of_a_live_log_yields_every_later_chunk_once_in_or
 
 
 async def test_a_prepared_read_closed_unread_removes_its_consumer(dlog: DeliveryLog) -> None:
-    run_id = unique("run")
-    w = dlog.writer(run_id, 1)
-    await w.fence()
-    offsets = await w.append([chunk(i) for i in range(3)])
+    run_id, _, offsets = await written(dlog, 3)
     reader = dlog.read(run_id, offsets[0])
     await reader.open()
     reader.prepare()
@@ -54,10 +57,7 @@ async def test_a_prepared_read_closed_unread_removes_its_consumer(dlog: Delivery
 
 
 async def test_prepare_makes_nothing_for_a_read_that_ended_at_its_open(dlog: DeliveryLog) -> None:
-    run_id = unique("run")
-    w = dlog.writer(run_id, 1)
-    await w.fence()
-    await w.append([chunk(0)])
+    run_id, w, _ = await written(dlog, 1)
     await w.close("completed")
     tail = await dlog.last_record(run_id)
     assert tail is not None and tail.kind == "close"
