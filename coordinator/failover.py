@@ -137,8 +137,8 @@ class Placer:
         fut: asyncio.Future[tuple[list[HostInfo], dict[str, int]]] = asyncio.get_running_loop().create_future()
         self._read = (t0, fut)
         try:
-            hosts = await self.ctx.list_hosts()
-            loads = await host_loads(self.ctx)
+            # Two etcd reads, side by side: a hand-over's pick waits for the slower only.
+            hosts, loads = await asyncio.gather(self.ctx.list_hosts(), host_loads(self.ctx))
         except BaseException as exc:
             self._release(t0)
             # Joiners retry as after any store failure; this pick's own cancel stays its own.

@@ -422,6 +422,7 @@ class RunDriver:
             async with contextlib.aclosing(items) as journal, contextlib.aclosing(replay.batches(journal)) as batches:
                 try:
                     async for batch in batches:
+                        self.stats.marks.setdefault("journal", time.monotonic() - self.stats.began)
                         decision = await self._take(batch)
                         if decision is not None and not batch.final:
                             return decision
@@ -451,6 +452,9 @@ class RunDriver:
                 await run_inputs_io.register(self.deps, self.record, self.epoch, self.inputs, ask)
             self._inputs_wake.set()
         if new:
+            marks = self.stats.marks
+            if "aligned" not in marks:  # the replay passed the stored prefix
+                marks["aligned"] = time.monotonic() - self.stats.began
             await self.claim_log.append(new)
         end = batch.terminal
         if end is None:

@@ -364,8 +364,15 @@ class LogWriter:
                 raise RuntimeError("append before fence")
             if self._closed:
                 raise RuntimeError("append after close")
-            if self._snap is None and self._cfg.snapshot_policy.enabled:
-                await self._prime_snapshots()
+            # A successor's first append learns the snapshot state of what was stored before
+            # it (reads of the stored log) only after its chunks landed: a reader's first
+            # chunk after a takeover does not wait for those reads.
+            priming = self._snap is None and self._cfg.snapshot_policy.enabled
+            if priming and self._fenced_over == 0:
+                self._snap = SnapshotState(self._cfg.snapshot_policy)  # began the log: no reads
+                priming = False
+            before = self._head
+            landed: list[tuple[int, Mapping[str, Any], int]] = []
             offsets: list[str] = []
             epoch = str(self.epoch)
             for chunk in chunks:
@@ -385,8 +392,12 @@ class LogWriter:
                         self.run_id, expected, tail.offset if tail else 0, landed=tuple(offsets)
                     ) from None
                 offsets.append(str(self._head))
-                if self._snap is not None and self._snap.feed(self._head, chunk, len(payload)):
+                if priming:
+                    landed.append((self._head, chunk, len(payload)))
+                elif self._snap is not None and self._snap.feed(self._head, chunk, len(payload)):
                     await self._store_snapshot(self._snap.take())
+            if priming:
+                await self._prime_then_feed(before, landed)
             return offsets
 
     async def resync(self) -> int:
@@ -486,13 +497,32 @@ class LogWriter:
 
     # --- snapshots (caller holds the lock) ----------------------------------------------
 
-    async def _prime_snapshots(self) -> None:
+    async def _prime_then_feed(self, before: int, landed: list[tuple[int, Mapping[str, Any], int]]) -> None:
+        """Prime the snapshot state over the log up to ``before`` (the head before a batch),
+        then feed it the batch's ``landed`` chunks ``(sequence, chunk, bytes)``.
+
+        A prime that fails leaves the state unprimed: the next append primes again, over a
+        head that includes this batch (read back from the log), so no chunk is fed twice or
+        skipped. The batch stays appended either way.
+        """
+        try:
+            await self._prime_snapshots(over=before)
+        except LogUnavailable as exc:
+            log.warning("run %s: snapshot state not primed (%s); the next append tries again", self.run_id, exc)
+            self._snap = None
+            return
+        for seq, chunk, size in landed:
+            if self._snap is not None and self._snap.feed(seq, chunk, size):
+                await self._store_snapshot(self._snap.take())
+
+    async def _prime_snapshots(self, over: int | None = None) -> None:
         """Learn the snapshot state of the stored log: the latest stored snapshot, then the
-        chunks after it up to this writer's fence. A due snapshot its predecessor did not
-        store (it stopped first) is stored now: the same bytes it would have stored.
+        chunks after it up to ``over`` (default: the head, this writer's fence or what a
+        resync adopted). A due snapshot its predecessor did not store (it stopped first) is
+        stored now: the same bytes it would have stored.
 
         Raises:
-            LogUnavailable: JetStream did not answer (the append that primes fails with it).
+            LogUnavailable: JetStream did not answer.
         """
         policy = self._cfg.snapshot_policy
         if self._fenced_over == 0:
@@ -504,7 +534,7 @@ class LogWriter:
         state = SnapshotState(policy) if found is None else SnapshotState.restore(policy, found[0])
         self._snap_seq = 0 if found is None else found[1]
         due: Snapshot | None = None
-        over = self._head or 0  # the fence (or the head a resync adopted): everything stored
+        over = (self._head or 0) if over is None else over
         if over > state.offset:
             for seq, body in await _snapshots.chunks_between(self._nc, self._cfg, self.run_id, state.offset, over,
                                                              timeout=self._timeout):

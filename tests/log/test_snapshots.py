@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from baton.errors import RunClaimLost
+from baton.errors import LogUnavailable, RunClaimLost
 from baton.log import DeliveryLog, LogConfig, latest_snapshot, snapshot_subject
 from baton.log import _snapshots
 from baton.log.snapshot import Snapshot, decode, encode, replay
@@ -152,3 +152,43 @@ async def test_a_successor_between_two_snapshots_writes_the_same_snapshots(
         assert [encode(s) for s in got] == [encode(s) for s in [before[-1]] + want[len(before):]]
     # Same content as the undisturbed run's (the offsets differ by the fence record).
     assert [(s.chunks, s.events) for s in got] == [(s.chunks, s.events) for s in calm_snaps[-len(got):]]
+
+
+async def test_a_successor_s_first_chunks_land_before_it_reads_the_stored_log(
+        nc: Any, slog: DeliveryLog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A successor learns the snapshot state of what its predecessor stored (reads of the
+    log) only once its first batch landed: a reader's first chunk after a takeover does not
+    wait for them. A read that fails then loses nothing: the batch stays, the next append
+    reads again, and the snapshots are those of an undisturbed run."""
+    chunks = run_chunks(10)
+    run_id = unique("run")
+    w1 = slog.writer(run_id, 1)
+    await w1.fence()
+    cut = 45
+    await w1.append(chunks[:cut])
+
+    heads_at_read: list[int] = []
+    failures = [True]  # the first read fails, as a JetStream that did not answer
+    real_latest = _snapshots.latest
+
+    async def observed_latest(*args: Any, **kwargs: Any) -> Any:
+        heads_at_read.append(sum(1 for h in await slog.stored_headers(run_id) if h.kind == "chunk"))
+        if failures and failures.pop():
+            raise LogUnavailable(run_id, "reading the snapshot failed: TimeoutError")
+        return await real_latest(*args, **kwargs)
+
+    monkeypatch.setattr(_snapshots, "latest", observed_latest)
+    w2 = slog.writer(run_id, 2)
+    await w2.fence()
+    first = await w2.append(chunks[cut:cut + 3])
+    assert len(first) == 3  # landed though the read after it failed
+    assert heads_at_read == [cut + 3]  # read only after the batch was stored
+    await w2.append(chunks[cut + 3:])
+    assert heads_at_read == [cut + 3, len(chunks)]
+    await w2.close("completed")
+
+    log = await stored(slog, run_id)
+    assert [c for _, c, _ in log] == chunks
+    got = await stored_snapshots(nc, slog.cfg, run_id)
+    want = replay(log, slog.cfg.snapshot_policy, closed=True)
+    assert [encode(s) for s in got] == [encode(s) for s in want]
