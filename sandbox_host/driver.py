@@ -452,9 +452,7 @@ class RunDriver:
                 await run_inputs_io.register(self.deps, self.record, self.epoch, self.inputs, ask)
             self._inputs_wake.set()
         if new:
-            marks = self.stats.marks
-            if "aligned" not in marks:  # the replay passed the stored prefix
-                marks["aligned"] = time.monotonic() - self.stats.began
+            self.stats.marks.setdefault("aligned", time.monotonic() - self.stats.began)  # past the stored prefix
             await self.claim_log.append(new)
         end = batch.terminal
         if end is None:

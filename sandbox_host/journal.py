@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import secrets
@@ -32,6 +33,8 @@ from baton.errors import JournalAttachUnavailable, JournalError
 from baton.ids import file_stem
 from baton.runs import TERMINAL
 from sandbox_host.providers._base import Provider, SandboxHandle
+
+log = logging.getLogger(__name__)
 
 JOURNAL_SUFFIX = ".ndjson"
 STDERR_SUFFIX = ".err"
@@ -452,7 +455,7 @@ async def preflight_attach(
     if st in TERMINAL:
         raise JournalAttachUnavailable(run_id, "terminal-run")
     deadline = clock() + attach_wait
-    seen_file = False
+    seen_file = waited = False
     while True:
         size = await journal_size()
         if size is not None:
@@ -461,4 +464,7 @@ async def preflight_attach(
                 return size
         if clock() >= deadline:
             raise JournalAttachUnavailable(run_id, "journal-stalled" if seen_file else "journal-timeout")
+        if size is None and not waited:
+            log.info("run %s: waiting up to %.1fs for the journal", run_id, attach_wait)
+        waited = True
         await asyncio.sleep(poll_interval)

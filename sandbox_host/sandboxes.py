@@ -92,20 +92,10 @@ class RunSandboxes:
                     async def status() -> str | None:
                         return record_status(self.record)
 
-                    def read_size() -> Awaitable[int | None]:
-                        return found.provider.file_size(found.handle, found.handle.journal_path)
-
-                    # One read of the journal's size serves the log line and the preflight's
-                    # first check (a takeover's step: a round trip to the sandbox's daemon).
-                    first: list[int | None] = [await read_size()]
-                    if first[0] is None:
-                        log.info("run %s: waiting up to %.1fs for the journal", self.run_id, deps.settings.attach_wait)
-
-                    async def journal_size() -> int | None:
-                        return first.pop() if first else await read_size()
-
-                    await preflight_attach(self.run_id, status=status, journal_size=journal_size,
-                                           attach_wait=deps.settings.attach_wait)
+                    await preflight_attach(
+                        self.run_id, status=status,
+                        journal_size=lambda: found.provider.file_size(found.handle, found.handle.journal_path),
+                        attach_wait=deps.settings.attach_wait)
                     return found
                 # Registered but never marked launched: the previous host may still have
                 # started its agent (it died, or the store failed, between the launch and

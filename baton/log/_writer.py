@@ -367,10 +367,9 @@ class LogWriter:
             # A successor's first append learns the snapshot state of what was stored before
             # it (reads of the stored log) only after its chunks landed: a reader's first
             # chunk after a takeover does not wait for those reads.
+            if self._snap is None and self._cfg.snapshot_policy.enabled and self._fenced_over == 0:
+                await self._prime_snapshots()  # this writer began the log: no reads
             priming = self._snap is None and self._cfg.snapshot_policy.enabled
-            if priming and self._fenced_over == 0:
-                self._snap = SnapshotState(self._cfg.snapshot_policy)  # began the log: no reads
-                priming = False
             before = self._head
             landed: list[tuple[int, Mapping[str, Any], int]] = []
             offsets: list[str] = []

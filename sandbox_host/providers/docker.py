@@ -295,7 +295,7 @@ class DockerProvider(DaemonBacked, Provider):
                 await _ws.run_setup(self._daemon(handle), spec, steps, workdir=WORKDIR, home=home or "")
         except BaseException as exc:
             await asyncio.shield(self._forget(container_id))
-            await asyncio.shield(self._remove_quietly(container_id))
+            await asyncio.shield(self._remove(container_id))
             if isinstance(exc, (docker.errors.DockerException, requests.exceptions.RequestException)):
                 raise SandboxBuildFailed("container", redact(_explain(exc), spec.secrets)) from exc
             raise
@@ -328,27 +328,22 @@ class DockerProvider(DaemonBacked, Provider):
             raise
         return container_id
 
-    async def _remove_quietly(self, container_id: str) -> None:
-        try:
-            await self._remove(container_id)
-        except docker.errors.NotFound:
-            pass
-
     async def _remove(self, container_id: str) -> bool:
         """Force-remove a container and its volumes.
 
         Returns:
-            True once removed, False when another removal of it is already under way (the
-            engine answers 409 "removal ... already in progress": a run's final sweep and a
-            failed build may remove the same container at once).
+            True once removed; False when it is gone already (404) or another removal of it
+            is under way (the engine answers 409 "removal ... already in progress": a run's
+            final sweep and a failed build may remove the same container at once).
 
         Raises:
-            docker.errors.NotFound: no such container.
             docker.errors.DockerException, requests.exceptions.RequestException: the engine
                 refused otherwise or could not be reached.
         """
         try:
             await asyncio.to_thread(self._api.remove_container, container_id, force=True, v=True)
+        except docker.errors.NotFound:
+            return False
         except docker.errors.APIError as exc:
             if exc.status_code == 409 and "already in progress" in str(exc.explanation or ""):
                 return False
@@ -366,7 +361,7 @@ class DockerProvider(DaemonBacked, Provider):
         try:
             found = await asyncio.to_thread(self._api.containers, all=True, filters={"label": f"{label}={value}"})
             for c in found:
-                await self._remove_quietly(str(c["Id"]))
+                await self._remove(str(c["Id"]))
         except (docker.errors.DockerException, requests.exceptions.RequestException):
             pass  # the engine is unreachable: nothing more can be done from here
 
@@ -464,8 +459,6 @@ class DockerProvider(DaemonBacked, Provider):
         """
         try:
             return await self._remove(self._cid(handle))
-        except docker.errors.NotFound:
-            return False
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise SandboxReclaimFailed(handle.key, _explain(exc)) from exc
         finally:
@@ -486,10 +479,7 @@ class DockerProvider(DaemonBacked, Provider):
             for c in found:
                 if keep_key is not None and (c.get("Labels") or {}).get(LABEL_KEY) == keep_key:
                     continue
-                try:
-                    removed += await self._remove(str(c["Id"]))
-                except docker.errors.NotFound:
-                    pass
+                removed += await self._remove(str(c["Id"]))
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise SandboxReclaimFailed(run_id, _explain(exc)) from exc
         return removed
