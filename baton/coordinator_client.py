@@ -578,6 +578,29 @@ class CoordinatorClient:
             require_started=require_started), timeout)
         return r.epoch, r.record
 
+    async def claim_run_with_sandbox(self, run_id: str, session: "Session | int", host_id: str,
+                                     purpose: str = "drive", *, timeout: float | None = None,
+                                     require_started: bool = False
+                                     ) -> tuple[int, RunRecord, "tuple[SandboxInstance | None] | None"]:
+        """:meth:`claim_run`, answered with the registry entry of the record's ``sandbox_key``
+        read once the claim landed (a takeover's claim, whose driver needs it next).
+
+        Returns:
+            ``(epoch, record, (entry or None,))``; the last is ``None`` when the record names
+            no sandbox or the entry was not read (the caller reads it itself).
+
+        Raises:
+            As :meth:`claim_run`.
+        """
+        if isinstance(session, Session) and session.lost.is_set():
+            raise SessionLost(session.id)
+        r = await self._unary("ClaimRun", pb.ClaimRunRequest(
+            run_id=run_id, session_id=_sid(session), host_id=host_id, purpose=purpose,
+            require_started=require_started, with_sandbox=True), timeout)
+        if not r.sandbox_read:
+            return r.epoch, r.record, None
+        return r.epoch, r.record, (r.sandbox if r.HasField("sandbox") else None,)
+
     async def release_claim(self, run_id: str, session: "Session | int", epoch: int, *,
                             timeout: float | None = None) -> bool:
         """Release the claim if ``session`` holds it at ``epoch``; ``False`` otherwise."""

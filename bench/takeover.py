@@ -296,11 +296,87 @@ async def _successor_delays(side: Side, run_ids: list[str], arrivals: dict[str, 
     return out
 
 
+def _cpu_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine since boot (``/proc/stat``, its ``cpu`` line)."""
+    with open("/proc/stat") as f:
+        vals = [int(x) for x in f.readline().split()[1:]]
+    idle = vals[3] + vals[4]  # idle + iowait
+    return sum(vals) - idle, sum(vals)
+
+
+_CPU_GROUPS = (("sandbox_host.daemon", "sandbox daemons"), ("sandbox_host", "hosts"), ("coordinator", "coordinators"),
+               ("nats-server", "nats-server"), ("etcd", "etcd"), ("replay_agent", "agents"), ("wrapper.sh", "agents"),
+               ("tail", "agents"))
+
+
+def _cpu_by_process() -> dict[int, tuple[str, int]]:
+    """Every process's (group, user + system jiffies), the groups named by :data:`_CPU_GROUPS`
+    (this bench process: its readers and clients)."""
+    out: dict[int, tuple[str, int]] = {}
+    me = os.getpid()
+    for d in pathlib.Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            argv = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        group = "bench (readers)" if int(d.name) == me else next(
+            (g for needle, g in _CPU_GROUPS if needle in argv), "other")
+        out[int(d.name)] = (group, int(fields[11]) + int(fields[12]))
+    return out
+
+
+class _CpuSampler:
+    """The machine's CPU use over a window, from ``/proc/stat`` sampled every ``period`` s."""
+
+    def __init__(self, period: float = 0.01, split_after: float = 0.15) -> None:
+        self.samples: list[tuple[float, int, int]] = [(time.monotonic(), *_cpu_jiffies())]
+        self._task = asyncio.create_task(self._run(period))
+        #: CPU ms per process group in the first ``split_after`` s (a process born in it counts whole).
+        self.by_group: dict[str, float] = {}
+        self._split = asyncio.create_task(self._split_run(split_after))
+
+    async def _split_run(self, after: float) -> None:
+        # In a thread: the readers' loop stamps the arrivals meanwhile.
+        first = await asyncio.to_thread(_cpu_by_process)
+        await asyncio.sleep(after)
+        tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
+        for pid, (group, j) in (await asyncio.to_thread(_cpu_by_process)).items():
+            if pid not in first:  # born in the window: the victim's restart, a takeover's agent
+                group = f"{group}, started in the window"
+            used = j - first[pid][1] if pid in first else j
+            self.by_group[group] = self.by_group.get(group, 0.0) + used * tick_ms
+
+    async def _run(self, period: float) -> None:
+        while True:
+            self.samples.append((time.monotonic(), *_cpu_jiffies()))
+            await asyncio.sleep(period)
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, self._split, return_exceptions=True)
+
+    def busy(self, t0: float, t1: float) -> float | None:
+        """Fraction of all cores busy from ``t0`` to ``t1`` (monotonic seconds), ``None``
+        when the samples do not span the window."""
+        before = [x for x in self.samples if x[0] <= t0]
+        after = [x for x in self.samples if x[0] >= t1]
+        if not before or not after:
+            return None
+        (_, b0, a0), (_, b1, a1) = before[-1], after[0]
+        return (b1 - b0) / (a1 - a0) if a1 > a0 else None
+
+
 class Killer:
     """(e) on one side, one kill at a time: SIGKILL a host driving ``runs`` runs.
 
     The hosts take turns; a killed host restarts in the background while the next kill
-    runs (at most one restarting, so the victim always has a live successor)."""
+    runs (at most one restarting, so the victim always has a live successor).
+    ``cpu_busy`` gets, per kill, the machine's CPU use from the SIGKILL to the last run's
+    next chunk (1.0: every core busy the whole stall)."""
 
     def __init__(self, side: Side, runs: int = RUNS_PER_KILL, delay: float = DELAY) -> None:
         self.side, self.runs, self.delay = side, runs, delay
@@ -309,6 +385,8 @@ class Killer:
         self.moved_again: list[int] = []  # one per run taken over twice or more
         self._restarts: list[asyncio.Task[None]] = []
         self._n = 0
+        self.cpu_busy: list[float] = []
+        self.cpu_ms: list[dict[str, float]] = []  # per kill: CPU ms per process group, first 150 ms
 
     async def once(self) -> None:
         side = self.side
@@ -317,13 +395,23 @@ class Killer:
         victim = side.hosts[self._n % len(side.hosts)]
         self._n += 1
         run_ids, arrivals, readers = await _drive(side, victim, self.runs, self.delay)
+        sampler = _CpuSampler()
         t0 = time.monotonic()
         self.kill_times.append(time.time())
         victim.kill_now()
         self._restarts.append(asyncio.create_task(victim.start()))
-        got = await _successor_delays(side, run_ids, arrivals, readers, t0, self.moved_again)
+        try:
+            got = await _successor_delays(side, run_ids, arrivals, readers, t0, self.moved_again)
+        finally:
+            await sampler.stop()
+        busy = sampler.busy(t0, t0 + max(got)) if got else None
+        if busy is not None:
+            self.cpu_busy.append(busy)
+        if sampler.by_group:
+            self.cpu_ms.append(sampler.by_group)
         print(f"  {side.name} kill {self._n}: p50 {statistics.median(got) * 1000 if got else 0:.0f} ms, "
-              f"max {max(got, default=0) * 1000:.0f} ms over {len(got)} runs", flush=True)
+              f"max {max(got, default=0) * 1000:.0f} ms over {len(got)} runs, "
+              f"CPU busy {busy if busy is not None else float('nan'):.0%}", flush=True)
         self.delays += got
 
     async def finish(self) -> None:
@@ -463,6 +551,9 @@ async def fast_failover(etcd: Any, nats: Any, tmp: pathlib.Path, *, quick: bool 
         e: dict[str, Any] = {name: _pct(k.delays) for name, k in killers.items()}
         for name, k in killers.items():
             e[name]["runs_moved_again"] = len(k.moved_again)
+            e[name]["cpu_busy_in_stall_p50"] = statistics.median(k.cpu_busy) if k.cpu_busy else None
+            groups = sorted({g for d in k.cpu_ms for g in d})
+            e[name]["cpu_ms_first_150ms_p50"] = {g: statistics.median(d.get(g, 0.0) for d in k.cpu_ms) for g in groups}
         print(f"(e) {e}", flush=True)
         split = split_fast(fast, killers["fast"].kill_times)
         split_cold = split_fast(cold, killers[cold.name].kill_times)

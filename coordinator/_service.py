@@ -390,7 +390,18 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 raise
             finally:
                 self.metrics.claim_seconds.labels(purpose, outcome).observe(time.monotonic() - t0)
-            return pb.ClaimRunResponse(epoch=epoch, record=rec)
+            answer = pb.ClaimRunResponse(epoch=epoch, record=rec)
+            if request.with_sandbox and rec.sandbox_key:
+                # The claim landed: its answer must not be lost to this read. A failed read
+                # answers without the entry, and the host reads it itself.
+                try:
+                    sb = await self.store.get_sandbox(rec.sandbox_key, timeout=self._budget(context))
+                except errors.StoreUnavailable:
+                    return answer
+                answer.sandbox_read = True
+                if sb is not None:
+                    answer.sandbox.CopyFrom(sb)
+            return answer
         return await self._call(context, go())
 
     async def ReleaseClaim(self, request: pb.ReleaseClaimRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.ReleaseClaimResponse:

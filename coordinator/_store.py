@@ -271,9 +271,20 @@ class RunStore:
 
     async def get_run(self, run_id: str, *, timeout: float) -> tuple[RunRecord | None, Claim | None]:
         """The record and the live claim (either may be ``None``)."""
-        r = await self.etcd.txn([], self._reads(run_id), timeout=timeout)
+        rec, claim, _ = await self.get_run_with(run_id, (), timeout=timeout)
+        return rec, claim
+
+    async def get_run_with(self, run_id: str, extra: Sequence[E.Op], *,
+                           timeout: float) -> tuple[RunRecord | None, Claim | None, list[Sequence[E.KV]]]:
+        """:meth:`get_run` and ``extra`` reads in the same transaction (one round trip).
+
+        Returns:
+            (record, claim, the key-values each of ``extra`` answered, in its order).
+        """
+        reads = self._reads(run_id)
+        r = await self.etcd.txn([], [*reads, *extra], timeout=timeout)
         snap = self._observed(run_id, r, 0)
-        return snap.record, _claim(snap.claim_kv)
+        return snap.record, _claim(snap.claim_kv), [r.kvs(len(reads) + i) for i in range(len(extra))]
 
     async def _get_many(self, run_ids: Sequence[str], b: _Budget) -> list[RunRecord]:
         out: list[RunRecord] = []

@@ -26,7 +26,7 @@ import itertools
 import logging
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import grpc
 
@@ -57,6 +57,8 @@ HANDOVER_PATIENCE = 30.0
 NO_HOST_PAUSE = 1.0
 #: Hand-overs of one leader in flight at once (the orphans of a dead host come together).
 MAX_PARALLEL_HANDOVERS = 64
+#: Seconds a takeover's note on the run record waits for the run's hand-over to end first.
+NOTE_WAIT = 2.0
 #: Departed hosts' registry entries the leader remembers (to judge their claims' loss).
 MAX_GONE_HOSTS = 1000
 
@@ -276,7 +278,12 @@ async def classify_loss(ctx: LeaderContext, lost: Claim) -> str:
     """
     store = ctx.store
     r = await store.etcd.txn([], takeovers.loss_reads(store.keys, lost), timeout=ctx.config.etcd_timeout)
-    session_kv, host_kv, end_kv = (r.kvs(i)[0] if r.kvs(i) else None for i in range(3))
+    return _classified(lost, [r.kvs(i) for i in range(3)])
+
+
+def _classified(lost: Claim, read: Sequence[Sequence[Any]]) -> str:
+    """:func:`takeovers.classify` of what :func:`takeovers.loss_reads` answered (key-values per read)."""
+    session_kv, host_kv, end_kv = (kvs[0] if kvs else None for kvs in read)
     return takeovers.classify(lost, session_alive=session_kv is not None,
                               host=HostInfo.FromString(host_kv.value) if host_kv is not None else None,
                               session_end=end_kv.value if end_kv is not None else b"")
@@ -296,17 +303,19 @@ async def hand_over_if_orphaned(ctx: LeaderContext, pool: HostPool, run_id: str,
     Returns:
         ``"skipped"`` or the outcome of :func:`attach_somewhere`.
     """
-    rec, claim = await ctx.store.get_run(run_id, timeout=ctx.config.etcd_timeout)
+    # A loss's cause is read with the record (one round trip), used only for an orphan. The
+    # run record's note of the same loss may say ``crash`` where this says ``session-lost``:
+    # it also probes a host whose lease ran out (record_loss), which a hand-over does not wait for.
+    lost = Claim(session_id=loss.session_id, host_id=loss.host_id) if loss is not None and loss.session_id else None
+    rec, claim, read = await ctx.store.get_run_with(
+        run_id, takeovers.loss_reads(ctx.store.keys, lost) if lost is not None else (),
+        timeout=ctx.config.etcd_timeout)
     if not orphaned(rec, claim):
         return "skipped"
     assert rec is not None
     purpose = "finalize" if rec.cancel_requested else "drive"
-    if loss is not None and loss.session_id:
-        # Read only for an orphan, never per run end. The run record's note of the same loss
-        # may say ``crash`` where this says ``session-lost``: it also probes a host whose
-        # lease ran out (record_loss), which a hand-over does not wait for.
-        cause = await classify_loss(ctx, Claim(session_id=loss.session_id, host_id=loss.host_id))
-        loss = replace(loss, cause=cause)  # type: ignore[arg-type]  # takeovers' words, LossCause's
+    if loss is not None and lost is not None:
+        loss = replace(loss, cause=_classified(lost, read))  # type: ignore[arg-type]  # takeovers' words, LossCause's
     if loss is not None and metrics is not None:
         metrics.orphans.labels(loss.cause).inc()
     with telemetry.log_fields(run_id=run_id, thread_id=rec.thread_id, epoch=rec.driver_epoch):
@@ -389,7 +398,13 @@ async def failover_scheduler(ctx: LeaderContext, metrics: CoordinatorMetrics | N
     # Hosts whose registry entry went (their session ended), newest last, for record_loss.
     gone_hosts: dict[str, HostInfo] = {}
 
-    async def note(lost: Claim, at: float) -> None:
+    async def note(lost: Claim, at: float, after: asyncio.Task[str] | None) -> None:
+        if after is not None:
+            # The hand-over first: the note and the successor's claim both write the run's
+            # record, and a note landing between the claim's read and write made the claim
+            # write again, on the takeover's way. The record takes either order
+            # (takeovers.after_loss); a hand-over that keeps failing does not hold it long.
+            await asyncio.wait([after], timeout=NOTE_WAIT)
         async with note_slots:
             try:
                 await record_loss(ctx, lost, at, gone_hosts)
@@ -464,10 +479,11 @@ async def failover_scheduler(ctx: LeaderContext, metrics: CoordinatorMetrics | N
                             sid = int(key[len(keys.all_sessions):], 16)
                             side_task(count_end(sid), f"session-end:{sid:x}")
                         elif key.startswith(keys.claims):
-                            spawn(keys.run_id_of_claim(key), loss_of(prev or None, at=now))
+                            run_id = keys.run_id_of_claim(key)
+                            spawn(run_id, loss_of(prev or None, at=now))
                             if prev:
                                 lost = Claim.FromString(prev)
-                                side_task(note(lost, now), f"takeover-note:{lost.run_id}")
+                                side_task(note(lost, now, pending.get(run_id)), f"takeover-note:{lost.run_id}")
             except StoreUnavailable as exc:
                 log.warning("failover watch: %s; watching again", exc)
                 await asyncio.sleep(0.2)

@@ -337,9 +337,16 @@ class HostDeps:
             ProviderUnreachable: its provider cannot be built on this host.
             StoreUnavailable: the registry did not answer.
         """
+        return await self.sandbox_from(await self.cc.get_sandbox(key))
+
+    async def sandbox_from(self, inst: coordinator_pb2.SandboxInstance | None) -> Sandbox | None:
+        """A registry entry as a driver holds it, with its provider (``None``: not registered).
+
+        Raises:
+            ProviderUnreachable: its provider cannot be built on this host.
+        """
         from sandbox_host.providers import SandboxHandle
 
-        inst = await self.cc.get_sandbox(key)
         if inst is None or not inst.handle_json:
             return None
         raw = json.loads(inst.handle_json)

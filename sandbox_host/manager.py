@@ -524,11 +524,11 @@ class RunManager:
         # and never offered it again (two runs of the 200-run bench never ended).
         try:
             try:
-                epoch, record = await deps.cc.claim_run(run_id, session, deps.host_id, purpose=purpose,
-                                                        require_started=purpose == "drive")
+                epoch, record, entry = await deps.cc.claim_run_with_sandbox(
+                    run_id, session, deps.host_id, purpose=purpose, require_started=purpose == "drive")
             except RunClaimNotAcquired as refused:
                 if refused.reason == "cancel_requested" and purpose == "drive":
-                    epoch, record = await deps.cc.claim_run(run_id, session, deps.host_id, purpose="finalize")
+                    epoch, record, entry = await deps.cc.claim_run_with_sandbox(run_id, session, deps.host_id, "finalize")
                     purpose = "finalize"
                 elif refused.reason == "unknown":
                     raise JournalAttachUnavailable(run_id, "unknown-run") from None
@@ -549,7 +549,7 @@ class RunManager:
             # to a host with a session (the claim's deletion reports it).
             raise SessionLost(session.id)
         sandbox_read = await self.claims.sandbox_of(  # ProviderUnreachable: released
-            record, session, epoch, builds=purpose == "drive" and not record.cancel_requested)
+            record, session, epoch, builds=purpose == "drive" and not record.cancel_requested, entry=entry)
         await self.claims.supersede(run_id, epoch)
         if session.lost.is_set():
             raise SessionLost(session.id)

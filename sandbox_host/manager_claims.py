@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
 from baton.errors import BatonError, ProviderUnreachable, StoreUnavailable
 from baton.retry import Deadline
 from baton.runs import record_status
-from baton.v1 import runs_pb2
+from baton.v1 import coordinator_pb2, runs_pb2
 from sandbox_host import machine as M
 from sandbox_host._tasks import retry_unavailable
 
@@ -67,7 +67,9 @@ class ClaimUpkeep:
             self.unreachable.pop(run_id, None)  # reachable now: take it as any other
 
     async def sandbox_of(self, record: runs_pb2.RunRecord, session: Any, epoch: int, *,
-                         builds: bool = True) -> "tuple[Sandbox | None] | None":
+                         builds: bool = True,
+                         entry: "tuple[coordinator_pb2.SandboxInstance | None] | None" = None,
+                         ) -> "tuple[Sandbox | None] | None":
         """The run's registered sandbox, read as soon as a takeover's claim landed: a host that
         cannot reach its provider lets the run go at once, for a host that can, rather than
         driving it with the wrong provider or failing it. With no registered sandbox, the
@@ -77,6 +79,8 @@ class ClaimUpkeep:
         Args:
             builds: the claim drives the run (a driver may build a sandbox); a finalizing
                 one builds nothing.
+            entry: the registry's entry as the claim's answer carried it, ``(entry or None,)``;
+                read here when ``None``.
 
         Returns:
             ``(the sandbox or None,)`` for the driver; ``None`` when the record names no
@@ -87,7 +91,12 @@ class ClaimUpkeep:
                 released first.
         """
         try:
-            found = await self.deps.find_sandbox(record.sandbox_key) if record.sandbox_key else None
+            if not record.sandbox_key:
+                found = None
+            elif entry is not None:
+                found = await self.deps.sandbox_from(entry[0])
+            else:
+                found = await self.deps.find_sandbox(record.sandbox_key)
             if found is None and builds and record.sandbox_provider:
                 await self.deps.provider_named(record.sandbox_provider, record.run_id)
             return (found,) if record.sandbox_key else None

@@ -943,6 +943,7 @@ class ClaimRunRequest(_message.Message):
     HOST_ID_FIELD_NUMBER: _builtins.int
     PURPOSE_FIELD_NUMBER: _builtins.int
     REQUIRE_STARTED_FIELD_NUMBER: _builtins.int
+    WITH_SANDBOX_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     session_id: _builtins.int
     host_id: _builtins.str
@@ -952,6 +953,10 @@ class ClaimRunRequest(_message.Message):
     """Refuse (reason "starting") a run whose StartRun has not made its input durable yet,
     inside the claim's write: an AttachRun's claim (only a StartRun drives such a run).
     """
+    with_sandbox: _builtins.bool
+    """Also answer the registry entry of the claimed record's sandbox_key, read once the claim
+    landed: a takeover's claim, whose driver needs it next (one round trip less).
+    """
     def __init__(
         self,
         *,
@@ -960,10 +965,11 @@ class ClaimRunRequest(_message.Message):
         host_id: _builtins.str = ...,
         purpose: _builtins.str = ...,
         require_started: _builtins.bool = ...,
+        with_sandbox: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["host_id", b"host_id", "purpose", b"purpose", "require_started", b"require_started", "run_id", b"run_id", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host_id", b"host_id", "purpose", b"purpose", "require_started", b"require_started", "run_id", b"run_id", "session_id", b"session_id", "with_sandbox", b"with_sandbox"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -975,18 +981,28 @@ class ClaimRunResponse(_message.Message):
 
     EPOCH_FIELD_NUMBER: _builtins.int
     RECORD_FIELD_NUMBER: _builtins.int
+    SANDBOX_READ_FIELD_NUMBER: _builtins.int
+    SANDBOX_FIELD_NUMBER: _builtins.int
     epoch: _builtins.int
+    sandbox_read: _builtins.bool
+    """with_sandbox: whether the entry was read (false: no sandbox_key, or the read failed;
+    the caller reads it itself), and the entry (absent when not registered).
+    """
     @_builtins.property
     def record(self) -> _runs_pb2.RunRecord: ...
+    @_builtins.property
+    def sandbox(self) -> Global___SandboxInstance: ...
     def __init__(
         self,
         *,
         epoch: _builtins.int = ...,
         record: _runs_pb2.RunRecord | None = ...,
+        sandbox_read: _builtins.bool = ...,
+        sandbox: Global___SandboxInstance | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["record", b"record"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["record", b"record", "sandbox", b"sandbox"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "record", b"record"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "record", b"record", "sandbox", b"sandbox", "sandbox_read", b"sandbox_read"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -39,6 +39,32 @@ async def test_claim_raises_epoch_and_shows_in_get_run(cc: CoordinatorClient) ->
     assert (await cc.get_run(rec.run_id)).claim is not None
 
 
+async def test_a_claim_with_sandbox_answers_the_registered_entry(cc: CoordinatorClient) -> None:
+    """A takeover's claim carries the registry entry of the record's sandbox, read once the
+    claim landed: the entry as registered, none for an unregistered key, and no read (so the
+    host reads it itself) for a record that names no sandbox. A refusal is a refusal."""
+    from baton.coordinator_client import SandboxInstance
+
+    s = await cc.open_session(2.0, owner="host-a")
+    bare = await _new(cc)
+    epoch, out, entry = await cc.claim_run_with_sandbox(bare.run_id, s, "host-a")
+    assert (epoch, out.driver_host, entry) == (1, "host-a", None)
+
+    named = await _new(cc)
+    await cc.update_run(named.run_id, RunRecord(sandbox_key=named.run_id), ["sandbox_key"])
+    epoch, out, entry = await cc.claim_run_with_sandbox(named.run_id, s, "host-a")
+    assert (epoch, out.sandbox_key, entry) == (1, named.run_id, (None,))   # not registered
+    assert await cc.release_claim(named.run_id, s, epoch)
+    sb = SandboxInstance(sandbox_key=named.run_id, provider="local", handle_json='{"key": "k"}',
+                         run_id=named.run_id, journal_path="/j/journal.ndjson", created_at=12.5)
+    await cc.put_sandbox(sb)
+    epoch, out, entry = await cc.claim_run_with_sandbox(named.run_id, s, "host-b")
+    assert epoch == 2 and out.driver_host == "host-b" and entry == (sb,)
+    with pytest.raises(errors.RunClaimNotAcquired) as ei:
+        await cc.claim_run_with_sandbox(named.run_id, s, "host-c")
+    assert ei.value.reason == "held"
+
+
 async def test_claim_refusal_reasons(cc: CoordinatorClient) -> None:
     s = await cc.open_session(2.0)
     with pytest.raises(errors.RunClaimNotAcquired) as ei:

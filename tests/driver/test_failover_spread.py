@@ -61,5 +61,16 @@ async def test_orphans_of_a_dead_host_spread_over_the_hosts_with_room(cluster: C
     assert max(per_host.values()) <= math.ceil(N / 2) + displaced, (per_host, refused, handed_again)
     if not displaced:
         assert set(per_host) == {b.host_id, c.host_id}, per_host
+
+    async def noted() -> bool:
+        # The leader notes each loss on the record after the run's hand-over (both write it):
+        # who lost it, who took it, why (the SIGKILLed host's keep-alive broke: crash), when.
+        for r in run_ids:
+            t = (await cluster.record(r)).last_takeover
+            assert (t.from_epoch, t.from_host, t.cause) == (1, a.host_id, "crash"), (r, t)
+            assert t.to_host in {b.host_id, c.host_id} and t.lost_at > 0 and t.claimed_at > 0, (r, t)
+        return True
+
+    await assert_eventually(noted, timeout=30, interval=0.1)
     for r in run_ids:
         await cluster.wait_status(r, "completed", timeout=120)
