@@ -112,8 +112,11 @@ async def _run_to_end(http: httpx.AsyncClient, gw: Gateway, headers: dict[str, s
             pass
 
     async def terminal() -> bool:
+        # The run's view is settled by its closed log; the listings read the record, whose
+        # terminal status is the host's next write (docs/design.md: the one-write window).
         r = await http.get(f"{gw.url}/api/runs/{run}", headers=headers)
-        return bool(r.json()["status"] == "completed")
+        listed = (await http.get(f"{gw.url}/api/threads/{thread}/runs", headers=headers)).json()["runs"]
+        return bool(r.json()["status"] == "completed" and [x["status"] for x in listed] == ["completed"] * len(listed))
     await assert_eventually(terminal, timeout=10)
     return run
 
