@@ -571,12 +571,16 @@ class CoordinatorClient:
                 (``require_started`` only) | ``held`` | ``cancel_requested``.
             SessionLost: the session's lease is gone.
         """
+        r = await self._claim(run_id, session, host_id, purpose, timeout, require_started, with_sandbox=False)
+        return r.epoch, r.record
+
+    async def _claim(self, run_id: str, session: "Session | int", host_id: str, purpose: str,
+                     timeout: float | None, require_started: bool, *, with_sandbox: bool) -> pb.ClaimRunResponse:
         if isinstance(session, Session) and session.lost.is_set():
             raise SessionLost(session.id)
-        r = await self._unary("ClaimRun", pb.ClaimRunRequest(
+        return await self._unary("ClaimRun", pb.ClaimRunRequest(  # type: ignore[no-any-return]
             run_id=run_id, session_id=_sid(session), host_id=host_id, purpose=purpose,
-            require_started=require_started), timeout)
-        return r.epoch, r.record
+            require_started=require_started, with_sandbox=with_sandbox), timeout)
 
     async def claim_run_with_sandbox(self, run_id: str, session: "Session | int", host_id: str,
                                      purpose: str = "drive", *, timeout: float | None = None,
@@ -592,11 +596,7 @@ class CoordinatorClient:
         Raises:
             As :meth:`claim_run`.
         """
-        if isinstance(session, Session) and session.lost.is_set():
-            raise SessionLost(session.id)
-        r = await self._unary("ClaimRun", pb.ClaimRunRequest(
-            run_id=run_id, session_id=_sid(session), host_id=host_id, purpose=purpose,
-            require_started=require_started, with_sandbox=True), timeout)
+        r = await self._claim(run_id, session, host_id, purpose, timeout, require_started, with_sandbox=True)
         if not r.sandbox_read:
             return r.epoch, r.record, None
         return r.epoch, r.record, (r.sandbox if r.HasField("sandbox") else None,)

@@ -46,6 +46,7 @@ from typing import Any, Awaitable, Callable
 import aetcd
 
 from baton.coordinator_client import CoordinatorClient
+from bench._cpu import cpu_seconds
 from baton_tools.testing.cluster import start_coordinator
 from baton_tools.testing.servers import EtcdServer
 from baton.v1.runs_pb2 import Claim, RunRecord, RunStatus
@@ -68,16 +69,12 @@ async def _seed_runs(etcd: aetcd.Client, keys: Keys, run_ids: list[str]) -> None
         await etcd.transaction(compare=[], success=ops, failure=[])
 
 
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
 def _cpu(pid: int | None) -> float:
     """CPU seconds (user + system) process ``pid`` has used; this process's for ``None``."""
     if pid is None:
         t = os.times()
         return t.user + t.system
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
+    return cpu_seconds(pid)
 
 
 async def _measure(op: Callable[[str], Awaitable[None]], run_ids: list[str], concurrency: int,

@@ -59,6 +59,8 @@ import tempfile
 import time
 from typing import Any
 
+from bench._cpu import processes
+
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "durable_streams.json"
 NODE_DIR = pathlib.Path(__file__).resolve().parent.parent / "tests" / "node"
@@ -95,15 +97,7 @@ def measure(base: str, pids: dict[str, int]) -> dict[str, Any]:
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds a process and its live children (a gateway's workers) have
     used so far (``/proc/<pid>/stat``)."""
-    total = 0.0
-    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # ended meanwhile
-            continue
-        if stat.parent.name == str(pid) or fields[1] == str(pid):
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+    return sum(cpu for p, parent, cpu, _argv in processes() if pid in (p, parent))
 
 
 def variants() -> dict[str, dict[str, str]]:

@@ -35,6 +35,8 @@ import tempfile
 import time
 from typing import Any
 
+from bench._cpu import cpu_seconds
+
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "observability.json"
 REPO = pathlib.Path(__file__).resolve().parents[1]
 APPEND_ROUNDS = 6
@@ -151,11 +153,11 @@ async def _fanout(mode: str, coord: Any, nats_url: str, endpoint: str, tmp: path
         target = GatewayTarget(gw, dlog, http)
         target.name = f"gateway-{mode}"
         assert gw.pid is not None
-        c0 = cpu_s(gw.pid)
+        c0 = cpu_seconds(gw.pid)
         one = await scenario(target, [f"fan-{mode}-{rnd}-one"], FANOUT_READERS, paced=True)
-        c1 = cpu_s(gw.pid)
+        c1 = cpu_seconds(gw.pid)
         many = await scenario(target, [f"fan-{mode}-{rnd}-many-{i}" for i in range(FANOUT_RUNS)], 1, paced=False)
-        c2 = cpu_s(gw.pid)
+        c2 = cpu_seconds(gw.pid)
     finally:
         await gw.stop()
     from bench.gateway import BURST_CHUNKS, MANY_RUNS_CHUNKS, PACED_CHUNKS
@@ -167,12 +169,6 @@ async def _fanout(mode: str, coord: Any, nats_url: str, endpoint: str, tmp: path
             "one_run_cpu_us_per_chunk": 1e6 * (c1 - c0) / one_chunks,
             "many_runs_chunks_per_s": many["delivered_chunks_per_s"], "many_runs_burst_p99_ms": many["burst_p99_ms"],
             "many_runs_cpu_us_per_chunk": 1e6 * (c2 - c1) / many_chunks}
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (every thread)."""
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _order(rnd: int) -> tuple[str, str]:

@@ -61,6 +61,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench._cpu import machine_jiffies, processes
+
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "takeover.json"
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CORPUS = REPO / "corpus"  # the repository's own recorded journals
@@ -296,44 +298,24 @@ async def _successor_delays(side: Side, run_ids: list[str], arrivals: dict[str, 
     return out
 
 
-def _cpu_jiffies() -> tuple[int, int]:
-    """(busy, total) jiffies of the whole machine since boot (``/proc/stat``, its ``cpu`` line)."""
-    with open("/proc/stat") as f:
-        vals = [int(x) for x in f.readline().split()[1:]]
-    idle = vals[3] + vals[4]  # idle + iowait
-    return sum(vals) - idle, sum(vals)
-
-
 _CPU_GROUPS = (("sandbox_host.daemon", "sandbox daemons"), ("sandbox_host", "hosts"), ("coordinator", "coordinators"),
                ("nats-server", "nats-server"), ("etcd", "etcd"), ("replay_agent", "agents"), ("wrapper.sh", "agents"),
                ("tail", "agents"))
 
 
-def _cpu_by_process() -> dict[int, tuple[str, int]]:
-    """Every process's (group, user + system jiffies), the groups named by :data:`_CPU_GROUPS`
+def _cpu_by_process() -> dict[int, tuple[str, float]]:
+    """Every process's (group, CPU seconds so far), the groups named by :data:`_CPU_GROUPS`
     (this bench process: its readers and clients)."""
-    out: dict[int, tuple[str, int]] = {}
     me = os.getpid()
-    for d in pathlib.Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-            argv = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        group = "bench (readers)" if int(d.name) == me else next(
-            (g for needle, g in _CPU_GROUPS if needle in argv), "other")
-        out[int(d.name)] = (group, int(fields[11]) + int(fields[12]))
-    return out
+    return {pid: ("bench (readers)" if pid == me else next((g for needle, g in _CPU_GROUPS if needle in argv), "other"),
+                  cpu) for pid, _parent, cpu, argv in processes()}
 
 
 class _CpuSampler:
     """The machine's CPU use over a window, from ``/proc/stat`` sampled every ``period`` s."""
 
     def __init__(self, period: float = 0.01, split_after: float = 0.15) -> None:
-        self.samples: list[tuple[float, int, int]] = [(time.monotonic(), *_cpu_jiffies())]
+        self.samples: list[tuple[float, int, int]] = [(time.monotonic(), *machine_jiffies())]
         self._task = asyncio.create_task(self._run(period))
         #: CPU ms per process group in the first ``split_after`` s (a process born in it counts whole).
         self.by_group: dict[str, float] = {}
@@ -343,16 +325,15 @@ class _CpuSampler:
         # In a thread: the readers' loop stamps the arrivals meanwhile.
         first = await asyncio.to_thread(_cpu_by_process)
         await asyncio.sleep(after)
-        tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
-        for pid, (group, j) in (await asyncio.to_thread(_cpu_by_process)).items():
+        for pid, (group, cpu) in (await asyncio.to_thread(_cpu_by_process)).items():
             if pid not in first:  # born in the window: the victim's restart, a takeover's agent
                 group = f"{group}, started in the window"
-            used = j - first[pid][1] if pid in first else j
-            self.by_group[group] = self.by_group.get(group, 0.0) + used * tick_ms
+            used = cpu - first[pid][1] if pid in first else cpu
+            self.by_group[group] = self.by_group.get(group, 0.0) + used * 1000
 
     async def _run(self, period: float) -> None:
         while True:
-            self.samples.append((time.monotonic(), *_cpu_jiffies()))
+            self.samples.append((time.monotonic(), *machine_jiffies()))
             await asyncio.sleep(period)
 
     async def stop(self) -> None:

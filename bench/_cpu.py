@@ -1,0 +1,48 @@
+"""CPU use read from ``/proc`` (Linux), shared by the benches.
+
+A process's ``/proc/<pid>/stat`` fields after its ``(comm)``: index 1 is the parent pid,
+11 and 12 are user and system time in clock ticks (``proc(5)``).
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+from typing import Iterator
+
+TICK = os.sysconf("SC_CLK_TCK")  # clock ticks per second
+
+
+def _fields(stat: str) -> list[str]:
+    return stat.rsplit(")", 1)[1].split()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` has used so far (every thread).
+
+    Raises:
+        OSError: no such process.
+    """
+    f = _fields(pathlib.Path(f"/proc/{pid}/stat").read_text())
+    return (int(f[11]) + int(f[12])) / TICK
+
+
+def processes() -> Iterator[tuple[int, int, float, str]]:
+    """Every live process as ``(pid, parent pid, CPU seconds so far, command line)``; one
+    that ends while read is left out."""
+    for d in pathlib.Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            f = _fields((d / "stat").read_text())
+            argv = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        yield int(d.name), int(f[1]), (int(f[11]) + int(f[12])) / TICK, argv
+
+
+def machine_jiffies() -> tuple[int, int]:
+    """(busy, total) clock ticks of all cores since boot (``/proc/stat``'s ``cpu`` line;
+    idle and iowait are not busy)."""
+    with open("/proc/stat") as fh:
+        vals = [int(x) for x in fh.readline().split()[1:]]
+    return sum(vals) - vals[3] - vals[4], sum(vals)
