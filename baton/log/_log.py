@@ -22,6 +22,7 @@ from baton.log._config import LogConfig
 from baton.log._consumer import OrderedConsumer
 from baton.log._nats_auth import connect_options
 from baton.log._reader import LogReader, parse_offset
+from baton.log._replies import Replies
 from baton.log._transcripts import TranscriptStore
 from baton.log._writer import LogWriter, WriteObserver
 
@@ -84,6 +85,8 @@ class DeliveryLog:
         self.cfg = cfg or LogConfig.from_env()
         self.js = nc.jetstream()
         self._owns = owns_connection
+        #: Every writer's publishes wait for their acks on one reply subscription.
+        self._replies = Replies(nc)
         #: Told about every write of this log's writers (a host sets its metrics here).
         self.observer: WriteObserver | None = None
         # nats-py parses every message's headers in Python; its parser dominated the
@@ -132,7 +135,9 @@ class DeliveryLog:
         return cls(nc, cfg, owns_connection=True)
 
     async def close(self) -> None:
-        """Close the NATS connection if this log opened it."""
+        """Stop taking publish acks (a writer's publish still waiting gives up), and close
+        the NATS connection if this log opened it."""
+        await self._replies.close()
         if self._owns and not self.nc.is_closed:
             await self.nc.close()
 
@@ -222,7 +227,7 @@ class DeliveryLog:
     def writer(self, run_id: str, epoch: int, *, publish_timeout: float = 2.0) -> LogWriter:
         """A writer for ``run_id`` under the claim of ``epoch``; call ``fence()`` first."""
         return LogWriter(self.nc, self.js, self.cfg, run_id, epoch, publish_timeout=publish_timeout,
-                         observer=self.observer)
+                         observer=self.observer, replies=self._replies)
 
     def read(
         self, run_id: str, after: str = "-1", *, stop_at_close: bool = True, idle_heartbeat: float = 1.0

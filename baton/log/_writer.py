@@ -32,6 +32,7 @@ from baton.log._api import (
 )
 from baton.log._config import LogConfig
 from baton.log._headers import StoredRecord
+from baton.log._replies import Replies
 from baton.log import _snapshots
 from baton.log.snapshot import Snapshot, SnapshotState
 from baton.log.fence import Op, Verdict, describe, judge
@@ -96,6 +97,8 @@ class LogWriter:
     :data:`_MAX_PAUSE` between tries. The pause is short because the common gap is a stream
     leader election (R3): until a new leader serves, nats-server answers "no responders" at
     once, and the first try after the election should follow it closely (docs/deploy.md).
+    Each publish waits for its ack through ``replies`` (the log's one reply subscription,
+    which :meth:`DeliveryLog.writer` passes), else through ``nc.request``.
 
     Attributes:
         run_id: the run.
@@ -113,12 +116,16 @@ class LogWriter:
         publish_timeout: float = 2.0,
         max_attempts: int = 5,
         observer: WriteObserver | None = None,
+        replies: Replies | None = None,
     ) -> None:
         if epoch < 1:
             raise ValueError("epoch must be >= 1")
         self.run_id = run_id
         self.epoch = epoch
         self._nc = nc
+        # Publishes wait for their ack through the log's shared reply subscription
+        # (baton.log._replies), else through nc.request.
+        self._request = replies.request if replies is not None else nc.request
         self._js = js
         self._cfg = cfg
         self._subject = cfg.subject(run_id)
@@ -235,7 +242,7 @@ class LogWriter:
                 # building a PubAck per record (the append path is CPU-bound in Python).
                 timeout = (self._timeout if attempt == 1
                            else max(min(self._timeout, deadline_at - time.monotonic()), 0.05))
-                reply = await self._nc.request(self._subject, payload, timeout=timeout, headers=headers)
+                reply = await self._request(self._subject, payload, timeout=timeout, headers=headers)
             except (nats.errors.NoRespondersError, nats.errors.TimeoutError,
                     nats.errors.ConnectionClosedError, asyncio.TimeoutError) as exc:
                 err_exc: BaseException = exc
