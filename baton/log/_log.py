@@ -85,8 +85,9 @@ class DeliveryLog:
         self.cfg = cfg or LogConfig.from_env()
         self.js = nc.jetstream()
         self._owns = owns_connection
-        #: Every writer's publishes wait for their acks on one reply subscription.
-        self._replies = Replies(nc)
+        #: Every writer's publishes wait for their acks on the connection's one reply
+        #: subscription.
+        self._replies = Replies.of(nc)
         #: Told about every write of this log's writers (a host sets its metrics here).
         self.observer: WriteObserver | None = None
         # nats-py parses every message's headers in Python; its parser dominated the
@@ -132,12 +133,15 @@ class DeliveryLog:
         events.nc = nc
         if events.down:  # the first connect needed retries (no reconnected callback for it)
             await events.reconnected()
-        return cls(nc, cfg, owns_connection=True)
+        log = cls(nc, cfg, owns_connection=True)
+        await log._replies.start()
+        return log
 
     async def close(self) -> None:
-        """Stop taking publish acks (a writer's publish still waiting gives up), and close
-        the NATS connection if this log opened it."""
-        await self._replies.close()
+        """Close the NATS connection if this log opened it (a writer's publish still
+        waiting for its ack gives up)."""
+        if self._owns:
+            await self._replies.close()
         if self._owns and not self.nc.is_closed:
             await self.nc.close()
 
@@ -163,7 +167,8 @@ class DeliveryLog:
         )
 
     async def provision(self) -> None:
-        """Create (or update to the configured limits) the runs stream and the bucket.
+        """Create (or update to the configured limits) the runs stream and the bucket, and
+        subscribe to publish acks (else the first append does).
 
         Idempotent: safe to run from every service at start.
 
@@ -179,6 +184,7 @@ class DeliveryLog:
                     raise
                 await self.js.update_stream(cfg)
             await TranscriptStore(self.nc, self.cfg).provision()
+            await self._replies.start()
         except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
             raise LogUnavailable(self.cfg.stream, f"provisioning failed: {exc}") from exc
 
