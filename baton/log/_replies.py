@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import heapq
 import itertools
-import weakref
 
 import nats.errors
 from nats.aio.client import Client as NATS
@@ -54,14 +53,14 @@ class Replies:
         nc: a connected NATS client (not closed here).
     """
 
-    _shared: "weakref.WeakKeyDictionary[NATS, Replies]" = weakref.WeakKeyDictionary()
-
     @classmethod
     def of(cls, nc: NATS) -> "Replies":
-        """The instance shared by every user of ``nc``."""
-        replies = cls._shared.get(nc)
+        """The instance shared by every user of ``nc`` (kept on the client, so it goes with
+        it)."""
+        replies: Replies | None = getattr(nc, "_baton_replies", None)
         if replies is None:
-            replies = cls._shared[nc] = cls(nc)
+            replies = cls(nc)
+            setattr(nc, "_baton_replies", replies)
         return replies
 
     def __init__(self, nc: NATS) -> None:
@@ -75,6 +74,7 @@ class Replies:
         # cleared when the sweeper ends (nothing waits then).
         self._deadlines: list[tuple[float, str]] = []
         self._sweeper: asyncio.Task[None] | None = None
+        self._closed = False
 
     async def start(self) -> None:
         """Subscribe now (else the first request does)."""
@@ -82,6 +82,8 @@ class Replies:
 
     async def _subscribe(self) -> str:
         async with self._starting:
+            if self._closed:
+                raise nats.errors.ConnectionClosedError
             if self._prefix is None:
                 prefix = self._nc.new_inbox() + "."
                 self._sub = await self._nc.subscribe(prefix + "*", cb=self._on_reply)
@@ -108,7 +110,8 @@ class Replies:
             nats.errors.NoRespondersError: nobody subscribes to ``subject`` (the server's
                 503 status reply; for JetStream: no stream, or no leader, takes it).
             nats.errors.TimeoutError: no reply within ``timeout`` (or :meth:`close` came first).
-            nats.errors.ConnectionClosedError: the connection is closed.
+            nats.errors.ConnectionClosedError: the connection is closed, or :meth:`close`
+                was called.
             nats.errors.MaxPayloadError: the message is larger than the server takes.
         """
         prefix = self._prefix or await self._subscribe()
@@ -118,7 +121,13 @@ class Replies:
         self._waiting[token] = fut
         try:
             await self._nc.publish(subject, payload, reply=prefix + token, headers=headers)
-            heapq.heappush(self._deadlines, (loop.time() + timeout, token))
+            deadlines = self._deadlines
+            heapq.heappush(deadlines, (loop.time() + timeout, token))
+            if len(deadlines) > 2 * len(self._waiting) + 1024:
+                # Answered requests' entries wait for their deadline to be dropped: while
+                # requests keep coming, drop them now and then (rate × timeout otherwise).
+                deadlines[:] = [d for d in deadlines if d[1] in self._waiting]
+                heapq.heapify(deadlines)
             if self._sweeper is None:
                 self._sweeper = loop.create_task(self._sweep(), name="nats-reply-timeouts")
             msg = await fut
@@ -141,17 +150,24 @@ class Replies:
                     if fut is not None:
                         _expire(fut)
         finally:
-            deadlines.clear()
-            self._sweeper = None
+            if self._sweeper is asyncio.current_task():  # else close() took it away
+                deadlines.clear()
+                self._sweeper = None
 
     async def close(self) -> None:
-        """Unsubscribe, and fail every request still waiting (``nats.errors.TimeoutError``)."""
+        """Unsubscribe, and fail every request still waiting (``nats.errors.TimeoutError``);
+        a request after this raises ``nats.errors.ConnectionClosedError``."""
+        self._closed = True
+        sweeper, self._sweeper = self._sweeper, None
         if self._sub is not None:
-            with contextlib.suppress(nats.errors.Error):
-                await self._sub.unsubscribe()
-            self._sub = None
+            sub, self._sub = self._sub, None
             self._prefix = None
-        for fut in self._waiting.values():
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+        if sweeper is not None:
+            await cancel_and_join(sweeper)
+        self._deadlines.clear()
+        # After the sweeper ended: a request made while it was being stopped found it still
+        # there and would wait with nobody to time it out.
+        for fut in list(self._waiting.values()):
             _expire(fut)
-        if self._sweeper is not None:
-            await cancel_and_join(self._sweeper)

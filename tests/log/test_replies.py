@@ -97,6 +97,26 @@ async def test_close_fails_a_request_still_waiting(nats: NatsServer) -> None:
         with pytest.raises(nats_errors.TimeoutError):
             await waiting
         assert loop.time() - began < 5  # at the close, not at its 60 s timeout
+
+        with pytest.raises(nats_errors.ConnectionClosedError):  # closed is closed
+            await replies.request(mute, b"after", timeout=5)
+
+        # A request made while a close is under way ends at once too, not at its timeout,
+        # and leaves no subscription behind.
+        other = Replies(conn.nc)
+        first = asyncio.ensure_future(other.request(mute, b"1", timeout=60))
+        assert (await sub.next_msg(timeout=5)).data == b"1"
+        subscriptions = len(conn.nc._subs)
+        began = loop.time()
+        closing = asyncio.ensure_future(other.close())
+        late = asyncio.ensure_future(other.request(mute, b"2", timeout=60))
+        await closing
+        with pytest.raises(nats_errors.TimeoutError):
+            await first
+        with pytest.raises((nats_errors.TimeoutError, nats_errors.ConnectionClosedError)):
+            await late
+        assert loop.time() - began < 5
+        assert len(conn.nc._subs) == subscriptions - 1
     finally:
         await replies.close()
         await conn.close()
