@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import os
 import pathlib
-from typing import Iterator
+import time
+from typing import Callable, Iterator
 
 TICK = os.sysconf("SC_CLK_TCK")  # clock ticks per second
 
@@ -46,3 +47,41 @@ def machine_jiffies() -> tuple[int, int]:
     with open("/proc/stat") as fh:
         vals = [int(x) for x in fh.readline().split()[1:]]
     return sum(vals) - vals[3] - vals[4], sum(vals)
+
+
+class CpuWindow:
+    """The cores each process group used over a window: CPU seconds / wall seconds.
+
+    Args:
+        groups: group name → a callable giving its live pids (read at :meth:`start` and
+            :meth:`stop`; a pid gone by then counts nothing).
+    """
+
+    def __init__(self, groups: dict[str, Callable[[], list[int]]]) -> None:
+        self._groups = groups
+        self._t0 = 0.0
+        self._jiffies = (0, 0)
+        self._cpu: dict[str, float] = {}
+
+    def _read(self) -> dict[str, float]:
+        out = {}
+        for name, pids in self._groups.items():
+            total = 0.0
+            for pid in pids():
+                try:
+                    total += cpu_seconds(pid)
+                except OSError:
+                    continue
+            out[name] = total
+        return out
+
+    def start(self) -> None:
+        self._cpu, self._jiffies, self._t0 = self._read(), machine_jiffies(), time.monotonic()
+
+    def stop(self) -> dict[str, float]:
+        """``{group: cores used}`` plus ``machine_busy`` (0–1 of all cores) since :meth:`start`."""
+        wall = max(time.monotonic() - self._t0, 1e-9)
+        cpu, (busy, total) = self._read(), machine_jiffies()
+        out = {name: round((cpu[name] - self._cpu.get(name, 0.0)) / wall, 2) for name in cpu}
+        out["machine_busy"] = round((busy - self._jiffies[0]) / max(total - self._jiffies[1], 1), 2)
+        return out

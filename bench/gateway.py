@@ -6,7 +6,7 @@ Scenarios:
 - 200 runs × 1 reader each: burst throughput and latency.
 
 Both servers are ``uvicorn`` subprocesses (the real ``python -m gateway`` against a real
-coordinator, etcd and nats-server; the minimal one is ``python -m bench.gateway --minimal``);
+coordinator, etcd and nats-server; the minimal one is ``python -m bench._minimal_sse``);
 the readers are raw asyncio sockets in this process, so both sides pay the same client
 cost. Chunks are appended with the real log writer (gateway) or POSTed to the minimal
 endpoint, each carrying its send time. Targets: p99 ≤ 50 ms with 1,000 readers, ≤ 100 KB
@@ -46,7 +46,7 @@ import tempfile
 import time
 from typing import Any, Awaitable, Callable
 
-from bench._cpu import cpu_seconds, machine_jiffies
+from bench._cpu import CpuWindow
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "gateway.json"
 READERS_ONE_RUN = 1000
@@ -58,58 +58,6 @@ MANY_RUNS_CHUNKS = 20
 MANY_RUNS_ROUNDS = int(os.environ.get("BENCH_GW_ROUNDS", "3"))
 _EVENT = re.compile(rb"data: ([^\n]*)\n\n")
 _SENT = re.compile(rb'"t":([0-9.]+)')
-
-
-# --- the minimal endpoint (a subprocess) -------------------------------------------------
-
-
-def minimal_app() -> Any:
-    """One in-memory hub per run id: a publish is framed once and put on every reader's queue."""
-    import itertools
-
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse, Response, StreamingResponse
-    from starlette.routing import Route
-
-    hubs: dict[str, set[asyncio.Queue[bytes]]] = {}
-    seq = itertools.count(1)
-
-    async def sse(request: Request) -> Response:
-        run = request.query_params["runId"]
-        q: asyncio.Queue[bytes] = asyncio.Queue()
-        hubs.setdefault(run, set()).add(q)
-
-        async def body() -> Any:
-            try:
-                while True:
-                    try:
-                        async with asyncio.timeout(15):
-                            item = await q.get()
-                    except TimeoutError:
-                        yield b": keep-alive\n\n"
-                        continue
-                    yield item
-            finally:
-                hubs[run].discard(q)
-
-        return StreamingResponse(body(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-    async def publish(request: Request) -> Response:
-        # One chunk JSON per line (a batch, like one log append of several chunks).
-        run = request.query_params["runId"]
-        for line in (await request.body()).split(b"\n"):
-            frame = b"id: %d\ndata: %s\n\n" % (next(seq), line)
-            for q in hubs.get(run, ()):
-                q.put_nowait(frame)
-        return Response(status_code=204)
-
-    async def readers(request: Request) -> Response:
-        return JSONResponse({"readers": sum(len(s) for s in hubs.values())})
-
-    return Starlette(routes=[Route("/sse", sse), Route("/publish", publish, methods=["POST"]),
-                             Route("/readers", readers)])
 
 
 # --- measurement helpers -----------------------------------------------------------------
@@ -244,44 +192,6 @@ class Target:
     async def done(self) -> None:
         """The scenario is over (its writers may go)."""
         return None
-
-
-class CpuWindow:
-    """The cores each process group used over a window: CPU seconds / wall seconds.
-
-    Args:
-        groups: group name → a callable giving its live pids (read at :meth:`start` and
-            :meth:`stop`; a pid gone by then counts nothing).
-    """
-
-    def __init__(self, groups: dict[str, Callable[[], list[int]]]) -> None:
-        self._groups = groups
-        self._t0 = 0.0
-        self._jiffies = (0, 0)
-        self._cpu: dict[str, float] = {}
-
-    def _read(self) -> dict[str, float]:
-        out = {}
-        for name, pids in self._groups.items():
-            total = 0.0
-            for pid in pids():
-                try:
-                    total += cpu_seconds(pid)
-                except OSError:
-                    continue
-            out[name] = total
-        return out
-
-    def start(self) -> None:
-        self._cpu, self._jiffies, self._t0 = self._read(), machine_jiffies(), time.monotonic()
-
-    def stop(self) -> dict[str, float]:
-        """``{group: cores used}`` plus ``machine_busy`` (0–1 of all cores) since :meth:`start`."""
-        wall = max(time.monotonic() - self._t0, 1e-9)
-        cpu, (busy, total) = self._read(), machine_jiffies()
-        out = {name: round((cpu[name] - self._cpu.get(name, 0.0)) / wall, 2) for name in cpu}
-        out["machine_busy"] = round((busy - self._jiffies[0]) / max(total - self._jiffies[1], 1), 2)
-        return out
 
 
 #: Process groups measured through each burst (set by :func:`main`): the bench process
@@ -503,7 +413,7 @@ async def main() -> dict[str, Any]:
     # Setup, before anything is timed (the servers above start synchronously as well).
     env["PYTHONPATH"] = str(pathlib.Path(__file__).resolve().parents[1])  # noqa: ASYNC240
     minimal = subprocess.Popen(  # noqa: ASYNC220
-        [sys.executable, "-m", "bench.gateway", "--minimal", str(port)], env=env,
+        [sys.executable, "-m", "bench._minimal_sse", str(port)], env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     results: dict[str, Any] = {}
     try:
@@ -654,10 +564,4 @@ def _print_table(out: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--minimal":
-        import uvicorn
-
-        uvicorn.run(minimal_app(), host="127.0.0.1", port=int(sys.argv[2]), log_level="warning",
-                    access_log=False)
-    else:
-        asyncio.run(main())
+    asyncio.run(main())
