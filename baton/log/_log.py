@@ -142,8 +142,8 @@ class DeliveryLog:
         waiting for its ack gives up)."""
         if self._owns:
             await self._replies.close()
-        if self._owns and not self.nc.is_closed:
-            await self.nc.close()
+            if not self.nc.is_closed:
+                await self.nc.close()
 
     async def __aenter__(self) -> "DeliveryLog":
         return self

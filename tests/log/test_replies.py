@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any, AsyncIterator
 
 from nats import errors as nats_errors
 import pytest
@@ -17,106 +18,98 @@ from baton_tools.testing.servers import NatsServer
 from tests.conftest import unique
 
 
-async def test_concurrent_publishes_each_get_their_own_ack(nats: NatsServer) -> None:
-    conn = await DeliveryLog.connect(nats.url)
-    replies = Replies(conn.nc)
-    try:
-        name = unique("REPLIES").replace("-", "_")
-        await conn.js.add_stream(api.StreamConfig(name=name, subjects=[f"{name}.*"]))
-        msgs = await asyncio.gather(*(replies.request(f"{name}.s{i}", b"x%d" % i, timeout=5) for i in range(20)))
-        acks = [json.loads(m.data) for m in msgs]
-        assert sorted(a["seq"] for a in acks) == list(range(1, 21))
-        for i, ack in enumerate(acks):  # each ack is the one of its own message
-            stored = await conn.js.get_msg(name, ack["seq"])
-            assert (stored.subject, stored.data) == (f"{name}.s{i}", b"x%d" % i)
-    finally:
-        await replies.close()
-        await conn.close()
+@pytest.fixture
+async def conn(nats: NatsServer) -> AsyncIterator[DeliveryLog]:
+    log = await DeliveryLog.connect(nats.url)
+    yield log
+    await log.close()
 
 
-async def test_replies_in_another_order_reach_their_own_requests(nats: NatsServer) -> None:
-    conn = await DeliveryLog.connect(nats.url)
-    replies = Replies(conn.nc)
-    try:
-        subject = unique("backwards")
-        sub = await conn.nc.subscribe(subject)
-        await conn.nc.flush()
-        asked = [asyncio.ensure_future(replies.request(subject, b"q%d" % i, timeout=10)) for i in range(5)]
-        got = [await sub.next_msg(timeout=5) for _ in range(5)]
-        for msg in reversed(got):  # answered last first
-            await msg.respond(b"re:" + msg.data)
-        assert [(await a).data for a in asked] == [b"re:q%d" % i for i in range(5)]
-    finally:
-        await replies.close()
-        await conn.close()
+@pytest.fixture
+async def replies(conn: DeliveryLog) -> AsyncIterator[Replies]:
+    r = Replies(conn.nc)
+    yield r
+    await r.close()
 
 
-async def test_silence_is_a_timeout_and_nobody_listening_is_no_responders(nats: NatsServer) -> None:
-    conn = await DeliveryLog.connect(nats.url)
-    replies = Replies(conn.nc)
-    try:
-        mute = unique("mute")
-        sub = await conn.nc.subscribe(mute)  # takes the request, never answers
-        await conn.nc.flush()
-        loop = asyncio.get_running_loop()
-        began = loop.time()
-        with pytest.raises(nats_errors.TimeoutError):
-            await replies.request(mute, b"?", timeout=0.3)
-        assert 0.3 <= loop.time() - began < 3
-        assert (await sub.next_msg(timeout=1)).data == b"?"
-        with pytest.raises(nats_errors.NoRespondersError):
-            await replies.request(unique("nobody"), b"?", timeout=5)
-
-        # An answer after a timeout is dropped; the next request still gets its own.
-        echo = unique("echo")
-
-        async def answer(msg: Msg) -> None:
-            await msg.respond(b"re:" + msg.data)
-
-        await conn.nc.subscribe(echo, cb=answer)
-        await conn.nc.flush()
-        assert (await replies.request(echo, b"one", timeout=5)).data == b"re:one"
-    finally:
-        await replies.close()
-        await conn.close()
+async def _listener(conn: DeliveryLog, prefix: str) -> tuple[str, Any]:
+    """A subject and a subscription that takes its requests and never answers."""
+    subject = unique(prefix)
+    sub = await conn.nc.subscribe(subject)
+    await conn.nc.flush()
+    return subject, sub
 
 
-async def test_close_fails_a_request_still_waiting(nats: NatsServer) -> None:
-    conn = await DeliveryLog.connect(nats.url)
-    replies = Replies(conn.nc)
-    try:
-        mute = unique("mute")
-        sub = await conn.nc.subscribe(mute)
-        await conn.nc.flush()
-        waiting = asyncio.ensure_future(replies.request(mute, b"?", timeout=60))
-        assert (await sub.next_msg(timeout=5)).data == b"?"  # sent: it waits for its reply
-        assert not waiting.done()
-        loop = asyncio.get_running_loop()
-        began = loop.time()
-        await replies.close()
-        with pytest.raises(nats_errors.TimeoutError):
-            await waiting
-        assert loop.time() - began < 5  # at the close, not at its 60 s timeout
+async def test_concurrent_publishes_each_get_their_own_ack(conn: DeliveryLog, replies: Replies) -> None:
+    name = unique("REPLIES").replace("-", "_")
+    await conn.js.add_stream(api.StreamConfig(name=name, subjects=[f"{name}.*"]))
+    msgs = await asyncio.gather(*(replies.request(f"{name}.s{i}", b"x%d" % i, timeout=5) for i in range(20)))
+    acks = [json.loads(m.data) for m in msgs]
+    assert sorted(a["seq"] for a in acks) == list(range(1, 21))
+    for i, ack in enumerate(acks):  # each ack is the one of its own message
+        stored = await conn.js.get_msg(name, ack["seq"])
+        assert (stored.subject, stored.data) == (f"{name}.s{i}", b"x%d" % i)
 
-        with pytest.raises(nats_errors.ConnectionClosedError):  # closed is closed
-            await replies.request(mute, b"after", timeout=5)
 
-        # A request made while a close is under way ends at once too, not at its timeout,
-        # and leaves no subscription behind.
-        other = Replies(conn.nc)
-        first = asyncio.ensure_future(other.request(mute, b"1", timeout=60))
-        assert (await sub.next_msg(timeout=5)).data == b"1"
-        subscriptions = len(conn.nc._subs)
-        began = loop.time()
-        closing = asyncio.ensure_future(other.close())
-        late = asyncio.ensure_future(other.request(mute, b"2", timeout=60))
-        await closing
-        with pytest.raises(nats_errors.TimeoutError):
-            await first
-        with pytest.raises((nats_errors.TimeoutError, nats_errors.ConnectionClosedError)):
-            await late
-        assert loop.time() - began < 5
-        assert len(conn.nc._subs) == subscriptions - 1
-    finally:
-        await replies.close()
-        await conn.close()
+async def test_replies_in_another_order_reach_their_own_requests(conn: DeliveryLog, replies: Replies) -> None:
+    subject, sub = await _listener(conn, "backwards")
+    asked = [asyncio.ensure_future(replies.request(subject, b"q%d" % i, timeout=10)) for i in range(5)]
+    got = [await sub.next_msg(timeout=5) for _ in range(5)]
+    for msg in reversed(got):  # answered last first
+        await msg.respond(b"re:" + msg.data)
+    assert [(await a).data for a in asked] == [b"re:q%d" % i for i in range(5)]
+
+
+async def test_silence_is_a_timeout_and_nobody_listening_is_no_responders(conn: DeliveryLog, replies: Replies) -> None:
+    mute, sub = await _listener(conn, "mute")
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    with pytest.raises(nats_errors.TimeoutError):
+        await replies.request(mute, b"?", timeout=0.3)
+    assert 0.3 <= loop.time() - began < 3
+    assert (await sub.next_msg(timeout=1)).data == b"?"
+    with pytest.raises(nats_errors.NoRespondersError):
+        await replies.request(unique("nobody"), b"?", timeout=5)
+
+    # An answer after a timeout is dropped; the next request still gets its own.
+    echo = unique("echo")
+
+    async def answer(msg: Msg) -> None:
+        await msg.respond(b"re:" + msg.data)
+
+    await conn.nc.subscribe(echo, cb=answer)
+    await conn.nc.flush()
+    assert (await replies.request(echo, b"one", timeout=5)).data == b"re:one"
+
+
+async def test_close_fails_a_request_still_waiting(conn: DeliveryLog, replies: Replies) -> None:
+    mute, sub = await _listener(conn, "mute")
+    waiting = asyncio.ensure_future(replies.request(mute, b"?", timeout=60))
+    assert (await sub.next_msg(timeout=5)).data == b"?"  # sent: it waits for its reply
+    assert not waiting.done()
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await replies.close()
+    with pytest.raises(nats_errors.TimeoutError):
+        await waiting
+    assert loop.time() - began < 5  # at the close, not at its 60 s timeout
+
+    with pytest.raises(nats_errors.ConnectionClosedError):  # closed is closed
+        await replies.request(mute, b"after", timeout=5)
+
+    # A request made while a close is under way ends at once too, not at its timeout,
+    # and leaves no subscription behind.
+    other = Replies(conn.nc)
+    first = asyncio.ensure_future(other.request(mute, b"1", timeout=60))
+    assert (await sub.next_msg(timeout=5)).data == b"1"
+    subscriptions = len(conn.nc._subs)
+    began = loop.time()
+    closing = asyncio.ensure_future(other.close())
+    late = asyncio.ensure_future(other.request(mute, b"2", timeout=60))
+    await closing
+    with pytest.raises(nats_errors.TimeoutError):
+        await first
+    with pytest.raises((nats_errors.TimeoutError, nats_errors.ConnectionClosedError)):
+        await late
+    assert loop.time() - began < 5
+    assert len(conn.nc._subs) == subscriptions - 1
