@@ -60,6 +60,7 @@ from bench import _catchup as _catchup_mod
 from bench import _grpc_floor, _socket_floor
 from sandbox_host.daemon import sandbox_token
 from sandbox_host.daemon._files import follow_file
+from sandbox_host.daemon._wire import Chunk
 from sandbox_host.providers._daemon_client import DaemonClient
 from sandbox_host.providers._inotify import FileWatcher
 
@@ -95,13 +96,22 @@ async def _read_daemon(client: DaemonClient, path: pathlib.Path, size: int) -> i
     n = 0
     stream = client.follow(str(path), 0)
     try:
-        async for data in stream:
-            n += len(data)
+        async for chunk in stream:
+            n += len(chunk.data)
             if n >= size:
                 break
     finally:
         await stream.aclose()  # type: ignore[attr-defined]
     return n
+
+
+async def _data_of(chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
+    """The bytes of a daemon follow's chunks (as the local follow yields them)."""
+    try:
+        async for chunk in chunks:
+            yield chunk.data
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]
 
 
 async def _latencies(follow: AsyncIterator[bytes], path: pathlib.Path, lines: int) -> list[float]:
@@ -188,7 +198,7 @@ async def _catchup(client: DaemonClient, root: pathlib.Path, mib: int, rounds: i
         return follow_file(str(path), offset, watcher, 0.25)
 
     def daemon(offset: int) -> AsyncIterator[bytes]:
-        return client.follow(str(path), offset)
+        return _data_of(client.follow(str(path), offset))
 
     first = await _catchup_mod.replay(local, nonce, [])  # what the predecessor appended
     stored = _catchup_mod.stored_prefix(first)
@@ -256,7 +266,7 @@ async def main(mib: int = MIB, rounds: int = ROUNDS, catchup_mib: int = CATCHUP_
                         path = root / f"follow-{way}-{r}.ndjson"
                         path.write_bytes(b"")
                         follow = (follow_file(str(path), 0, watcher, 0.25) if way == "local"
-                                  else client.follow(str(path), 0))
+                                  else _data_of(client.follow(str(path), 0)))
                         (lat_local if way == "local" else lat_daemon).extend(
                             await _latencies(follow, path, LINES // 2))
             finally:

@@ -19,7 +19,15 @@ import sys
 import time
 from typing import Any, Sequence
 
-import grpc
+# Before grpc is imported: its fork handlers off. The host forks only to exec (sandbox daemons,
+# set-up commands; on uvloop through libuv's fork, which runs pthread_atfork handlers, where
+# asyncio's subprocesses do not), and gRPC's handlers then wait for, or log about, its
+# threads at every spawn ("Other threads are currently calling into gRPC, skipping fork()
+# handlers" on stderr, in the middle of JSON logs). gRPC's documented setting for
+# fork-then-exec (grpc/grpc doc/fork_support.md).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+
+import grpc  # noqa: E402
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -369,6 +377,7 @@ async def _main() -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     try:
         telemetry.configure_logging("sandbox_host", static={"host": _host_id()})
+        loop = config.event_loop()
     except ValueError as exc:
         sys.exit(str(exc))
     credentials.exit_if_unsafe("sandbox host", listens={"BATON_HOST_LISTEN": config.get("BATON_HOST_LISTEN")},
@@ -382,7 +391,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     tracing = telemetry.configure_tracing("sandbox-host")
     retain_freed_memory()  # journals stream from the daemons in 1 MiB messages: reuse their buffers
     try:
-        asyncio.run(_main())
+        if loop == "uvloop":
+            import uvloop
+
+            uvloop.run(_main())
+        else:
+            asyncio.run(_main())
     finally:
         if tracing is not None:
             tracing.shutdown()  # the spans still batched

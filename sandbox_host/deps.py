@@ -121,8 +121,10 @@ def warm_up() -> None:
     of a dead peer. Blocking here, before :meth:`CoordinatorClient.open_session`,
     delays only the host's readiness.
     """
+    import concurrent.futures
     import baton.fingerprint  # noqa: F401  (imported for its side effect: loaded once)
     import baton.transcript  # noqa: F401
+    import sandbox_host.agent_resume  # noqa: F401
     import sandbox_host.agents  # noqa: F401
     import sandbox_host.align  # noqa: F401
     import sandbox_host.journal  # noqa: F401
@@ -130,6 +132,7 @@ def warm_up() -> None:
     from sandbox_host.providers._inotify import libc
 
     libc()  # finding it runs ``ldconfig -p``: not on the loop at the first follow
+    concurrent.futures.ThreadPoolExecutor  # noqa: B018  (a lazy import: the loop's first to_thread ran it)
 
 
 class HostDeps:

@@ -32,7 +32,7 @@ from typing import AsyncGenerator, AsyncIterator, Awaitable, Callable, Union
 from baton.errors import JournalAttachUnavailable, JournalError
 from baton.ids import file_stem
 from baton.runs import TERMINAL
-from sandbox_host.providers._base import Provider, SandboxHandle
+from sandbox_host.providers._base import Chunk, Provider, SandboxHandle
 
 log = logging.getLogger(__name__)
 
@@ -254,11 +254,11 @@ def journal_items(data: bytes, nonce: str) -> list[JournalItem]:
     return out
 
 
-async def _next_chunk(stream: AsyncIterator[bytes]) -> bytes:
+async def _next_chunk(stream: AsyncIterator[Chunk]) -> Chunk:
     return await stream.__anext__()
 
 
-async def _discard(fut: "asyncio.Future[bytes]") -> None:
+async def _discard(fut: "asyncio.Future[Chunk]") -> None:
     """Cancel our own pending read and wait for it to settle.
 
     ``asyncio.wait`` does not raise the future's outcome, so only a cancellation of the
@@ -303,10 +303,10 @@ async def follow_journal(
         on_lag: called once per read that returned bytes (never per line) with the journal's
             lag: bytes written but not yet consumed (the journal's size minus the end of the
             last complete line yielded; a generator runs only when its consumer asks for
-            more, so everything yielded before was consumed). The size is the provider's
-            :meth:`~Provider.file_size` where that is cheap (``cheap_file_size``), else the
-            end of the read: exact when the read went to the end of the file, a lower bound
-            while a long follow catches up.
+            more, so everything yielded before was consumed). The size is the one the
+            follow's chunk tells (the sandbox daemon's, just after its read), else the end of
+            the read: exact when the read went to the end of the file, a lower bound while a
+            long follow catches up.
 
     Yields:
         ``JournalLine`` | ``JournalExit`` | ``JournalTruncated`` | ``JournalResume``, in file
@@ -318,16 +318,14 @@ async def follow_journal(
     """
     splitter = LineSplitter(offset)
     pos = offset  # next byte to read
-    stat = on_lag is not None and provider.cheap_file_size
 
-    async def items(data: bytes, *, to_eof: bool) -> list[JournalItem]:
-        """The items ``data`` (read at ``pos``) completes; ``to_eof``: the read went to the
-        end of the file (a ``read_file``), so no size is asked for."""
+    def items(data: bytes, size: int = 0) -> list[JournalItem]:
+        """The items ``data`` (read at ``pos``) completes; ``size``: the file's size told
+        with it (0: not told; a read to the end of the file is its end)."""
         nonlocal pos
         pos += len(data)
         if on_lag is not None:
-            size = await provider.file_size(handle, path) if stat and not to_eof else None
-            on_lag(max(pos, size or 0) - splitter.consumed)
+            on_lag(max(pos, size) - splitter.consumed)
         out: list[JournalItem] = []
         for line in splitter.feed(data):
             out.extend(_classify(line, nonce))
@@ -347,7 +345,7 @@ async def follow_journal(
         while True:
             data = await drain()
             if data:
-                for it in await items(data, to_eof=True):
+                for it in items(data):
                     yield it
                     if isinstance(it, JournalExit):
                         return
@@ -358,7 +356,7 @@ async def follow_journal(
                     for it in at_eof():
                         yield it
                     return
-                for it in await items(data, to_eof=True):
+                for it in items(data):
                     yield it
                     if isinstance(it, JournalExit):
                         return
@@ -366,7 +364,7 @@ async def follow_journal(
             await asyncio.sleep(poll_interval)
 
     stream = provider.follow(handle, path, offset)
-    pending: asyncio.Future[bytes] | None = None
+    pending: asyncio.Future[Chunk] | None = None
     try:
         while True:
             if pending is None:
@@ -375,16 +373,16 @@ async def follow_journal(
             if done:
                 fut, pending = pending, None
                 try:
-                    data = fut.result()
+                    data, _, size = fut.result()
                 except StopAsyncIteration:
-                    data = b""
+                    data, size = b"", 0
                     stream_ended = True
                 except FileNotFoundError:
                     raise JournalDeleted(path, pos) from None
                 else:
                     stream_ended = False
                 if data:
-                    for item in await items(data, to_eof=False):
+                    for item in items(data, size):
                         yield item
                         if isinstance(item, JournalExit):
                             return
@@ -402,7 +400,7 @@ async def follow_journal(
                 data = await drain()
                 if not data:
                     break
-                for item in await items(data, to_eof=True):
+                for item in items(data):
                     yield item
                     if isinstance(item, JournalExit):
                         return

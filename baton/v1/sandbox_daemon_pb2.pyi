@@ -58,18 +58,22 @@ class FileChunk(_message.Message):
 
     DATA_FIELD_NUMBER: _builtins.int
     OFFSET_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
     data: _builtins.bytes
     offset: _builtins.int
     """where `data` starts in the file"""
+    size: _builtins.int
+    """a follow's: the file's size in bytes just after `data` was read (0: not told)"""
     def __init__(
         self,
         *,
         data: _builtins.bytes = ...,
         offset: _builtins.int = ...,
+        size: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "offset", b"offset"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "offset", b"offset", "size", b"size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

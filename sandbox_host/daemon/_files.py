@@ -14,6 +14,10 @@ from sandbox_host.providers._inotify import FileWatcher
 
 #: Bytes read (and sent) at once; under gRPC's default 4 MiB message limit.
 CHUNK = 1 << 20
+#: A read of at most this many bytes (the file's size then, less the position) runs on the
+#: loop: a copy from the page cache of a few microseconds, where a worker thread's hand-off
+#: costs tens (a followed journal grows by a line or a few at each wake-up).
+INLINE = 64 << 10
 
 
 async def follow_file(path: str, offset: int, watcher: FileWatcher, idle_check: float,
@@ -26,10 +30,10 @@ async def follow_file(path: str, offset: int, watcher: FileWatcher, idle_check: 
             everything written to it was yielded.
         IsADirectoryError: ``path`` is a directory.
     """
-    # Reads run in a worker thread: a catch-up over a long journal reads megabytes. The read
-    # is shielded and awaited before the file is closed, so a cancelled follow never closes
-    # the file under a read still running in its thread. open and fstat stay inline
-    # (metadata only, negligible).
+    # Long reads run in a worker thread: a catch-up over a long journal reads megabytes. Such
+    # a read is shielded and awaited before the file is closed, so a cancelled follow never
+    # closes the file under a read still running in its thread. open, fstat and short reads
+    # (at most INLINE bytes) stay inline.
     loop = asyncio.get_running_loop()
     f = open(path, "rb")  # noqa: ASYNC230 -- metadata only, see above
     watch = watcher.watch(path) if follow else None
@@ -41,9 +45,11 @@ async def follow_file(path: str, offset: int, watcher: FileWatcher, idle_check: 
         reading = loop.run_in_executor(None, f.read, n)
 
     async def read(n: int) -> bytes:
-        # The read already started (read ahead below) or a new one.
+        # The read already started (read ahead below), a short one, or a new long one.
         nonlocal reading
         if reading is None:
+            if os.fstat(f.fileno()).st_size - f.tell() <= INLINE:
+                return f.read(min(n, INLINE))
             start(n)
         assert reading is not None
         data = await asyncio.shield(reading)

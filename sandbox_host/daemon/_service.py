@@ -33,6 +33,15 @@ log = logging.getLogger("baton.sandbox_daemon")
 Ctx = grpc.aio.ServicerContext[Any, Any]
 
 
+def _size_at_least(path: str, end: int) -> int:
+    """The size in bytes of the file at ``path``, at least ``end`` (the end of what was read
+    from it: a file replaced or truncated meanwhile says no less)."""
+    try:
+        return max(os.stat(path).st_size, end)
+    except OSError:
+        return end
+
+
 async def _refuse(context: Ctx, exc: PathRefused) -> NoReturn:
     code = grpc.StatusCode.PERMISSION_DENIED if exc.outside else grpc.StatusCode.INVALID_ARGUMENT
     await context.abort(code, str(exc))
@@ -92,8 +101,10 @@ class SandboxDaemonService(pb_grpc.SandboxDaemonServicer):
         try:
             async for data in follow_file(path, pos, self._watcher, self.idle_check,
                                           follow=request.follow, limit=request.limit):
-                yield Chunk(data, pos)  # encoded by _wire.encode_chunk: no message, one copy
                 pos += len(data)
+                # A follow tells the file's size with each chunk: the host's journal lag
+                # without a FileSize call per read.
+                yield Chunk(data, pos - len(data), _size_at_least(path, pos) if request.follow else 0)
         except FileNotFoundError:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"{request.path[:200]}: no such file")
         except IsADirectoryError:

@@ -4,8 +4,9 @@ message in between (pure).
 A journal catch-up streams megabytes: building a ``FileChunk`` copies its bytes into the
 message and serializing copies them again, and on the host parsing one and reading its
 ``data`` copies twice more. These write and read the same protobuf encoding directly (field 1
-``data``, length-delimited; field 2 ``offset``, a varint), one copy each way; any encoding
-they do not expect (fields reordered or repeated, unknown fields) is read by protobuf itself.
+``data``, length-delimited; field 2 ``offset`` and field 3 ``size``, varints), one copy each
+way; any encoding they do not expect (fields reordered or repeated, unknown fields) is read by
+protobuf itself.
 """
 from __future__ import annotations
 
@@ -15,10 +16,13 @@ from baton.v1 import sandbox_daemon_pb2 as pb
 
 
 class Chunk(NamedTuple):
-    """One ``FileChunk``: ``data`` starts at byte ``offset`` of the file."""
+    """One ``FileChunk``: ``data`` starts at byte ``offset`` of the file; ``size`` is the
+    file's size in bytes just after the daemon read it, on a follow (0: not told, as by a
+    daemon from before the field)."""
 
     data: bytes
     offset: int
+    size: int = 0
 
 
 def _varint(n: int) -> bytes:
@@ -41,9 +45,11 @@ def encode_chunk(chunk: Chunk | pb.FileChunk) -> bytes:
     """
     if isinstance(chunk, pb.FileChunk):
         return chunk.SerializeToString()
-    data, offset = chunk
-    if offset < 0:
-        raise ValueError("a chunk's offset is never negative")
+    data, offset, size = chunk
+    if offset < 0 or size < 0:
+        raise ValueError("a chunk's offset and size are never negative")
+    if size:
+        return b"".join((b"\x0a", _varint(len(data)), data, b"\x10", _varint(offset), b"\x18", _varint(size)))
     return b"".join((b"\x0a", _varint(len(data)), data, b"\x10", _varint(offset)))
 
 
@@ -70,18 +76,21 @@ def decode_chunk(buf: bytes) -> Chunk:
     try:
         data, offset, i = b"", 0, 0
         if buf[:1] == b"\x0a":
-            size, i = _read_varint(buf, 1)
-            if i + size > len(buf):
+            n, i = _read_varint(buf, 1)
+            if i + n > len(buf):
                 raise IndexError("truncated data")
-            data, i = buf[i:i + size], i + size
+            data, i = buf[i:i + n], i + n
         if buf[i:i + 1] == b"\x10":
             offset, i = _read_varint(buf, i + 1)
+        size = 0
+        if buf[i:i + 1] == b"\x18":
+            size, i = _read_varint(buf, i + 1)
         if i == len(buf):
-            return Chunk(data, offset)
+            return Chunk(data, offset, size)
     except IndexError:
         pass
     msg = pb.FileChunk.FromString(buf)
-    return Chunk(msg.data, msg.offset)
+    return Chunk(msg.data, msg.offset, msg.size)
 
 
 __all__ = ["Chunk", "decode_chunk", "encode_chunk"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from sandbox_host.providers._base import Provider, Sandbox, SandboxHandle, SandboxSpec
+from sandbox_host.providers._base import Chunk, Provider, Sandbox, SandboxHandle, SandboxSpec
 from sandbox_host.providers._redact import REDACTED, redact
 
 #: provider name -> "module:Class" (the docker provider registers itself here too).
@@ -38,4 +38,4 @@ def provider_for(name: str, **config: Any) -> Provider:
     return provider
 
 
-__all__ = ["PROVIDERS", "Provider", "REDACTED", "Sandbox", "SandboxHandle", "SandboxSpec", "provider_for", "redact"]
+__all__ = ["PROVIDERS", "Chunk", "Provider", "REDACTED", "Sandbox", "SandboxHandle", "SandboxSpec", "provider_for", "redact"]

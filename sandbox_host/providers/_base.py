@@ -14,6 +14,8 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping, Sequence
 
+from sandbox_host.daemon._wire import Chunk as Chunk  # what a follow yields
+
 
 @dataclass(frozen=True)
 class SandboxSpec:
@@ -119,10 +121,6 @@ class Provider(abc.ABC):
     killable_processes: bool
     #: Can the provider follow a growing file (else callers poll with ``read_file``)?
     can_follow: bool
-    #: Is :meth:`file_size` cheap enough to ask once per read of a followed journal (a local
-    #: stat, not an exec in a container)? The journal lag is sampled with it (else from the
-    #: reads alone: :func:`sandbox_host.journal.follow_journal`).
-    cheap_file_size: bool = False
 
     @abc.abstractmethod
     async def create(self, key: str, spec: SandboxSpec) -> SandboxHandle:
@@ -166,8 +164,10 @@ class Provider(abc.ABC):
         """
 
     @abc.abstractmethod
-    def follow(self, handle: SandboxHandle, path: str, offset: int) -> AsyncIterator[bytes]:
-        """Yield the file's bytes from ``offset`` as they are written (never ends by itself)."""
+    def follow(self, handle: SandboxHandle, path: str, offset: int) -> AsyncIterator[Chunk]:
+        """Yield the file's bytes from ``offset`` as they are written (never ends by itself):
+        each a :class:`Chunk` (``data``, its ``offset``, and the file's ``size`` when it was
+        read, 0 when not told)."""
 
     @abc.abstractmethod
     async def read_file(self, handle: SandboxHandle, path: str, offset: int = 0, limit: int | None = None) -> bytes:

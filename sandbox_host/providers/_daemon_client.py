@@ -24,7 +24,7 @@ from baton.errors import SandboxBuildFailed
 from baton.v1 import sandbox_daemon_pb2 as pb
 from baton.v1 import sandbox_daemon_pb2_grpc as pb_grpc
 from sandbox_host.daemon import FOLLOWING, SERVICE_NAME
-from sandbox_host.daemon._wire import decode_chunk
+from sandbox_host.daemon._wire import Chunk, decode_chunk
 from sandbox_host.providers._redact import redact
 
 T = TypeVar("T")
@@ -116,6 +116,7 @@ class DaemonClient:
         self._gone = gone
         self.patience = patience
         self._channel: grpc.aio.Channel | None = None
+        self._stub_cache: pb_grpc.SandboxDaemonStub | None = None  # the current channel's
         self._address = ""
         self._old: list[grpc.aio.Channel] = []
 
@@ -128,7 +129,10 @@ class DaemonClient:
             except OSError as exc:  # e.g. a restarting daemon has not written its address yet
                 raise _NoAddress(str(exc)) from exc
             self._channel = internal_auth.channel(self._address, _OPTIONS, token=self._token, tls=self._tls)
-        return _stub_of(self._channel)
+            # One stub per channel: a stub builds a multi-callable per method of the service.
+            self._stub_cache = _stub_of(self._channel)
+        assert self._stub_cache is not None
+        return self._stub_cache
 
     def _forget(self) -> None:
         # Closed at close(): a stream still reading on the old channel ends on its own error.
@@ -230,9 +234,11 @@ class DaemonClient:
 
     # --- files ------------------------------------------------------------------------------
 
-    async def follow(self, path: str, offset: int) -> AsyncIterator[bytes]:
-        """Yield the file's bytes from ``offset`` as they are written (never ends by itself);
-        a restarted daemon is followed on from the offset reached.
+    async def follow(self, path: str, offset: int) -> AsyncIterator[Chunk]:
+        """Yield the file's bytes from ``offset`` as they are written (never ends by itself),
+        each :class:`~sandbox_host.daemon._wire.Chunk` with the file's size when it was read
+        (0 from a daemon that does not tell); a restarted daemon is followed on from the
+        offset reached.
 
         Raises:
             FileNotFoundError: the file does not exist or was deleted (``SandboxGone``: the
@@ -265,10 +271,9 @@ class DaemonClient:
                 async for chunk in stream:
                     if chunk.offset != pos:  # never: the daemon answers from where it was asked
                         raise OSError(f"{path}: the daemon sent offset {chunk.offset}, expected {pos}")
-                    data = chunk.data
-                    pos += len(data)
+                    pos += len(chunk.data)
                     attempts = None
-                    yield data
+                    yield chunk
                 # A follow never ends by itself: an end is the daemon going away.
                 await self._unreachable(await budget(stream), EOFError(path))
             except asyncio.CancelledError:

@@ -52,7 +52,7 @@ from baton.errors import SandboxBuildFailed, SandboxReclaimFailed
 from sandbox_host import journal as _journal
 from sandbox_host.daemon import DEFAULT_PORT, sandbox_token
 from sandbox_host.daemon._bundle import source_tar
-from sandbox_host.providers._base import Provider, SandboxHandle, SandboxSpec, check_input
+from sandbox_host.providers._base import Chunk, Provider, SandboxHandle, SandboxSpec, check_input
 from sandbox_host.providers import _workspace as _ws
 from sandbox_host.providers import _sandbox_tls
 from sandbox_host.providers._daemon_backed import DaemonBacked
@@ -420,7 +420,7 @@ class DockerProvider(DaemonBacked, Provider):
         except OSError as exc:
             raise SandboxReclaimFailed(handle.key, str(exc)) from exc
 
-    async def follow(self, handle: SandboxHandle, path: str, offset: int) -> AsyncIterator[bytes]:
+    async def follow(self, handle: SandboxHandle, path: str, offset: int) -> AsyncIterator[Chunk]:
         """Yield the file's bytes from ``offset`` as written, from the container's daemon
         (a restarted daemon is followed on from the offset reached).
 
@@ -428,8 +428,8 @@ class DockerProvider(DaemonBacked, Provider):
             FileNotFoundError: the file does not exist, was deleted, or the container is
                 gone.
         """
-        async for data in self._daemon(handle).follow(path, offset):
-            yield data
+        async for chunk in self._daemon(handle).follow(path, offset):
+            yield chunk
 
     async def read_file(self, handle: SandboxHandle, path: str, offset: int = 0, limit: int | None = None) -> bytes:
         """Bytes of a file from ``offset`` (at most ``limit``), from the container's daemon.

@@ -50,7 +50,7 @@ from sandbox_host.providers import _k8s_pod as kp
 from sandbox_host.providers import _sandbox_tls
 from sandbox_host.providers._daemon_backed import DaemonBacked
 from sandbox_host.providers import _workspace as _ws
-from sandbox_host.providers._base import Provider, SandboxHandle, SandboxSpec, check_input
+from sandbox_host.providers._base import Chunk, Provider, SandboxHandle, SandboxSpec, check_input
 from sandbox_host.providers._daemon_client import DaemonClient, DaemonUnreachable, SandboxGone
 from sandbox_host.providers._redact import redact
 
@@ -475,7 +475,7 @@ class KubernetesProvider(DaemonBacked, Provider):
         except SandboxGone as exc:
             raise SandboxReclaimFailed(handle.key, str(exc)) from exc
 
-    def follow(self, handle: SandboxHandle, path: str, offset: int) -> AsyncIterator[bytes]:
+    def follow(self, handle: SandboxHandle, path: str, offset: int) -> AsyncIterator[Chunk]:
         """The file's bytes from ``offset`` as written, across restarts of the daemon.
 
         Raises:

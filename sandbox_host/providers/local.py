@@ -28,7 +28,7 @@ from baton.errors import SandboxBuildFailed
 from baton.ids import file_stem
 from sandbox_host import journal as _journal
 from sandbox_host.daemon import _procs
-from sandbox_host.providers._base import Provider, SandboxHandle, SandboxSpec, check_input
+from sandbox_host.providers._base import Chunk, Provider, SandboxHandle, SandboxSpec, check_input
 from sandbox_host.providers._daemon_client import DaemonClient
 from sandbox_host.providers._local_daemon import START_TIMEOUT, LocalDaemons
 from sandbox_host.providers import _sandbox_tls
@@ -68,7 +68,6 @@ class LocalProvider(Provider):
     name = "local"
     killable_processes = True
     can_follow = True
-    cheap_file_size = True  # one call to a daemon on loopback (a stat there)
 
     def __init__(
         self,
@@ -280,7 +279,7 @@ class LocalProvider(Provider):
         line = check_input(handle, input_id, payload)
         await self._client(handle).send_input(handle.inbox_path, line)
 
-    async def follow(self, handle: SandboxHandle, path: str, offset: int) -> AsyncIterator[bytes]:
+    async def follow(self, handle: SandboxHandle, path: str, offset: int) -> AsyncIterator[Chunk]:
         """Yield the file's bytes from ``offset`` as they are written (the daemon's inotify
         wake-ups); a restarted daemon is followed on from the offset reached.
 
@@ -288,8 +287,8 @@ class LocalProvider(Provider):
             FileNotFoundError: the file does not exist, or was deleted (after everything
                 written to it was yielded), or the sandbox is gone.
         """
-        async for data in self._client(handle).follow(path, offset):
-            yield data
+        async for chunk in self._client(handle).follow(path, offset):
+            yield chunk
 
     async def read_file(self, handle: SandboxHandle, path: str, offset: int = 0, limit: int | None = None) -> bytes:
         return await self._client(handle).read_file(path, offset, limit)

@@ -57,8 +57,8 @@ async def test_any_host_reopens_a_sandbox_from_its_handle_and_follows_it(kube: S
         await first.close()  # the first host is gone; the handle is what the registry kept
         h = SandboxHandle(**{**h.__dict__, "data": {**h.data, **launched}})
         got = b""
-        async for data in second.follow(h, h.journal_path, 0):
-            got += data
+        async for chunk in second.follow(h, h.journal_path, 0):
+            got += chunk.data
             if b"__exit" in got:
                 break
         assert got.startswith(b"line1\nline2\nline3\n")

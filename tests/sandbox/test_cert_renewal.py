@@ -46,8 +46,8 @@ async def test_a_follow_outlives_the_certificate_it_was_opened_with(tmp_path: pa
         assert old_expiry > time.time()
 
         async def follow() -> None:
-            async for data in host.follow(h, h.journal_path, 0):
-                got.extend(data)
+            async for chunk in host.follow(h, h.journal_path, 0):
+                got.extend(chunk.data)
         follow_task = asyncio.create_task(follow())
         await assert_eventually(lambda: got.count(b"\n") > 5, timeout=30)
         channel = client._channel

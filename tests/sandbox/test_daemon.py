@@ -66,8 +66,8 @@ def _follow_into(client: DaemonClient, path: pathlib.Path, offset: int) -> tuple
     got = bytearray()
 
     async def follow() -> None:
-        async for data in client.follow(str(path), offset):
-            got.extend(data)
+        async for chunk in client.follow(str(path), offset):
+            got.extend(chunk.data)
     return asyncio.create_task(follow()), got
 
 
@@ -173,8 +173,8 @@ async def test_restart_under_follow_loses_and_repeats_nothing(daemon: DaemonProc
     got = bytearray()
 
     async def follow() -> None:
-        async for data in client.follow(str(path), 0):
-            got.extend(data)
+        async for chunk in client.follow(str(path), 0):
+            got.extend(chunk.data)
 
     task = asyncio.create_task(follow())
     lines = [b"%05d\n" % i for i in range(3000)]

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import os
 import pathlib
+from typing import AsyncIterator
 
 import pytest
 
@@ -28,7 +29,7 @@ from sandbox_host.journal import (
     preflight_attach,
     stderr_path,
 )
-from sandbox_host.providers import SandboxHandle
+from sandbox_host.providers import Chunk, SandboxHandle
 from sandbox_host.providers.local import LocalProvider
 from tests.conftest import assert_eventually
 from tests.sandbox.conftest import follow_all, with_data
@@ -154,22 +155,24 @@ async def test_follow_journal_deleted_mid_follow(local_provider: LocalProvider, 
     assert ei.value.path == h.journal_path and ei.value.offset >= 0
 
 
-class _StatlessProvider(LocalProvider):
-    """The local provider as one whose ``file_size`` is dear (an exec in a container)."""
+class _UntoldSizeProvider(LocalProvider):
+    """The local provider as if its sandbox's daemon predated the size in a follow's chunks."""
 
-    cheap_file_size = False
+    async def follow(self, handle: SandboxHandle, path: str, offset: int) -> AsyncIterator[Chunk]:
+        async for chunk in super().follow(handle, path, offset):
+            yield chunk._replace(size=0)
 
 
-@pytest.mark.servers  # the local follow's inotify finds libc with ldconfig: a process
 @pytest.mark.servers  # the sandbox's daemon is a process
-@pytest.mark.parametrize("stat", [True, False], ids=["stat", "reads-only"])
-async def test_the_lag_is_sampled_once_per_read(tmp_path: pathlib.Path, stat: bool) -> None:
+@pytest.mark.parametrize("told", [True, False], ids=["size-told", "reads-only"])
+async def test_the_lag_is_sampled_once_per_read(tmp_path: pathlib.Path, told: bool) -> None:
     """The follower reports the journal's lag at each read, not per line: bytes written and
     not yet consumed. Followed from byte 0 (a takeover's replay) the first read's sample is
-    the whole journal (its size, from a stat), or the 1 MiB read (a lower bound, without
-    one); the second is what is left past the two lines the first read completed."""
-    provider = (LocalProvider if stat else _StatlessProvider)(str(tmp_path / "s"), str(tmp_path / "j"),
-                                                             idle_check=0.05)
+    the whole journal (its size, told by the daemon with the chunk), or the 1 MiB read (a
+    lower bound, from a daemon that does not tell it); the second is what is left past the
+    two lines the first read completed. No ``FileSize`` call is made per read."""
+    provider = (LocalProvider if told else _UntoldSizeProvider)(str(tmp_path / "s"), str(tmp_path / "j"),
+                                                                idle_check=0.05)
     nonce = new_nonce()
     line = b'{"x":"' + b"y" * 399_992 + b'"}\n'  # 400_001 bytes: two complete lines per MiB read
     path = tmp_path / "j.ndjson"
@@ -179,6 +182,13 @@ async def test_the_lag_is_sampled_once_per_read(tmp_path: pathlib.Path, stat: bo
     handle = SandboxHandle("local", "lag", str(path), str(tmp_path / "j.err"), str(tmp_path),
                            {"dir": str(tmp_path / "sbx")})  # no agent process
     assert await provider.file_size(handle, str(path)) == size  # the daemon is up: the follow answers at once
+    sized: list[str] = []
+    stat = provider.file_size
+
+    async def counted(h: SandboxHandle, p: str) -> int | None:
+        sized.append(p)
+        return await stat(h, p)
+    provider.file_size = counted  # type: ignore[method-assign]
     lags: list[int] = []
     async with asyncio.timeout(20):
         async with contextlib.aclosing(follow_journal(provider, handle, str(path), nonce=nonce,
@@ -186,7 +196,8 @@ async def test_the_lag_is_sampled_once_per_read(tmp_path: pathlib.Path, stat: bo
             got = [it async for it in items]
     await provider.destroy(handle)
     assert [type(i) for i in got] == [JournalLine] * 5 + [JournalExit]
-    assert lags == [size if stat else 1 << 20, size - 2 * len(line)]
+    assert sized == []
+    assert lags == [size if told else 1 << 20, size - 2 * len(line)]
 
 
 @pytest.mark.servers  # the sandbox's daemon is a process
