@@ -117,7 +117,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("BATON_TENANT_SECRETS_DIR", "", "hosts: directory of per-tenant agent credentials, one file per credential: <dir>/<tenant>/ANTHROPIC_API_KEY (any of ANTHROPIC_API_KEY, CLAUDE_CODE_OAUTH_TOKEN, OPENAI_API_KEY, CODEX_API_KEY); a tenant's runs use its own over the host's environment; read at start-up; empty = none"),
     Setting("BATON_LOG_LEVEL", "INFO", "log level"),
     Setting("BATON_LOG_FORMAT", "text", "services' log lines: json (one object per line with ts, level, logger, msg, service and, when known, run_id, thread_id, epoch, host, trace_id; the image sets it) or text"),
-    Setting("BATON_EVENT_LOOP", "uvloop", "event loop of the coordinator, gateway and sandbox host processes: uvloop (coordinator: about 10% more calls per CPU second; gateway: about 10% less CPU per Durable Streams append; sandbox host: about 8% less CPU per streamed chunk) or asyncio"),
+    Setting("BATON_EVENT_LOOP", "uvloop", "event loop of the coordinator, gateway and sandbox host processes: uvloop (coordinator: about 10% more calls per CPU second; gateway: about 10% less CPU per Durable Streams append; sandbox host: 2–8% less CPU per streamed chunk) or asyncio"),
     Setting("BATON_COORDINATOR_ID", "", "coordinator replica id in the leader election (default: hostname-pid)"),
     Setting("BATON_ETCD_TIMEOUT", "5", "seconds one coordinator RPC may spend on etcd when the caller sets no deadline"),
     Setting("BATON_ELECTION_TTL", "2", "seconds of a coordinator replica's leader-election lease"),

@@ -4,8 +4,8 @@ Each side is one cluster (a coordinator and one sandbox host, sharing one etcd a
 nats-server with the other sides) driving ``RUNS`` runs of the replay agent at once (a
 recorded Claude Code journal, ``DELAY`` s a line, each run with a reader). From the moment
 every run streams (each reader saw its first chunks: the daemons' and agents' start-up left
-out) to the end of the last run, the CPU seconds every host, sandbox daemon and coordinator
-process used, divided by the chunks the readers got: µs per chunk, per process group.
+out) to the end of the last run, the CPU seconds the side's host, its sandbox daemons and its
+coordinator used, divided by the chunks the readers got: µs per chunk, per process group.
 
 Sides, their rounds interleaved (a load drift hits every side alike):
 
@@ -39,23 +39,26 @@ RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "host_cpu.json"
 REPO = pathlib.Path(__file__).resolve().parent.parent
 RUNS = 10
 DELAY = 0.01  # seconds per journal line
-GROUPS = (("sandbox_host.daemon", "daemons"), ("sandbox_host", "hosts"), ("coordinator", "coordinators"))
-
-
-def _snapshot() -> dict[int, tuple[str, float]]:
-    """pid → (group, CPU seconds so far) of every host, daemon and coordinator process."""
-    out = {}
+def _snapshot(side: Any) -> dict[int, tuple[str, float]]:
+    """pid → (group, CPU seconds so far) of the side's host, coordinator and sandbox daemons
+    (a daemon is the side's when its command line names the side's directory: the other
+    sides' idle daemons, which poll until they exit, are not counted)."""
+    host, coordinator = side.hosts[0].pid, getattr(side.coordinator.proc, "pid", None)
+    out: dict[int, tuple[str, float]] = {}
     for pid, _parent, cpu, argv in processes():
-        group = next((g for needle, g in GROUPS if needle in argv), None)
-        if group is not None:
-            out[pid] = (group, cpu)
+        if pid == host:
+            out[pid] = ("hosts", cpu)
+        elif pid == coordinator:
+            out[pid] = ("coordinators", cpu)
+        elif "sandbox_host.daemon" in argv and str(side.tmp) in argv:
+            out[pid] = ("daemons", cpu)
     return out
 
 
 def _used(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
     """CPU seconds per group between two snapshots (a process born between them counts
-    whole; one that ended between them is left out: an idle daemon's exit)."""
-    out = {g: 0.0 for _, g in GROUPS}
+    whole; one that ended between them is left out)."""
+    out = {"hosts": 0.0, "daemons": 0.0, "coordinators": 0.0}
     for pid, (group, cpu) in after.items():
         out[group] += cpu - (before[pid][1] if pid in before else 0.0)
     return out
@@ -65,10 +68,10 @@ async def _round(side: Any) -> dict[str, float]:
     from bench.takeover import _drive
 
     run_ids, arrivals, readers = await _drive(side, side.hosts[0], RUNS, DELAY)
-    t0, before, seen = time.monotonic(), _snapshot(), sum(len(a) for a in arrivals.values())
+    t0, before, seen = time.monotonic(), _snapshot(side), sum(len(a) for a in arrivals.values())
     async with asyncio.timeout(300):
         await asyncio.gather(*readers)
-    used = _used(before, _snapshot())
+    used = _used(before, _snapshot(side))
     chunks = sum(len(a) for a in arrivals.values()) - seen
     out = {g: s * 1e6 / chunks for g, s in used.items()}
     out["host_and_daemons"] = out["hosts"] + out["daemons"]
