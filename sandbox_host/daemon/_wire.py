@@ -25,6 +25,9 @@ class Chunk(NamedTuple):
     size: int = 0
 
 
+_INT64_LIMIT = 1 << 63
+
+
 def _varint(n: int) -> bytes:
     out = bytearray()
     while True:
@@ -85,7 +88,9 @@ def decode_chunk(buf: bytes) -> Chunk:
         size = 0
         if buf[i:i + 1] == b"\x18":
             size, i = _read_varint(buf, i + 1)
-        if i == len(buf):
+        # int64 fields: a value from 2**63 up is negative (or over-long) on the wire, for
+        # protobuf's own reading below.
+        if i == len(buf) and offset < _INT64_LIMIT and size < _INT64_LIMIT:
             return Chunk(data, offset, size)
     except IndexError:
         pass

@@ -27,6 +27,20 @@ def test_a_daemon_that_does_not_tell_the_size() -> None:
     assert decode_chunk(b"\x0a\x02hi\x10\x05") == Chunk(b"hi", 5, 0)
 
 
+@pytest.mark.parametrize("wire", [
+    b"\x10\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01",  # offset -1
+    b"\x0a\x01x\x10\x80\x80\x80\x80\x80\x80\x80\x80\x80\x01",  # offset -2**63
+    b"\x0a\x01x\x10\x00\x18\xfb\xff\xff\xff\xff\xff\xff\xff\xff\x01",  # size -5
+    b"\x10\xff\xff\xff\xff\xff\xff\xff\xff\xff\x7f",  # an over-long varint: protobuf keeps 64 bits
+])
+def test_negative_and_over_long_values_read_as_protobuf_reads_them(wire: bytes) -> None:
+    """int64 on the wire: what no daemon of ours sends (encode_chunk refuses negatives), read
+    as protobuf reads it, not as a huge unsigned number."""
+    msg = pb.FileChunk.FromString(wire)
+    assert decode_chunk(wire) == (msg.data, msg.offset, msg.size)
+    assert msg.offset < 0 or msg.size < 0
+
+
 def test_other_layouts_are_read_by_protobuf() -> None:
     reordered = b"\x10\x05" + b"\x0a\x02hi"  # offset first
     assert decode_chunk(reordered) == (b"hi", 5, 0)
