@@ -34,12 +34,15 @@ import time
 from typing import Any
 
 from bench._cpu import processes
+from bench.takeover import Side, _drive
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "host_cpu.json"
 REPO = pathlib.Path(__file__).resolve().parent.parent
 RUNS = 10
 DELAY = 0.01  # seconds per journal line
-def _snapshot(side: Any) -> dict[int, tuple[str, float]]:
+
+
+def _snapshot(side: Side) -> dict[int, tuple[str, float]]:
     """pid → (group, CPU seconds so far) of the side's host, coordinator and sandbox daemons
     (a daemon is the side's when its command line names the side's directory: the other
     sides' idle daemons, which poll until they exit, are not counted)."""
@@ -64,9 +67,7 @@ def _used(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, floa
     return out
 
 
-async def _round(side: Any) -> dict[str, float]:
-    from bench.takeover import _drive
-
+async def _round(side: Side) -> dict[str, float]:
     run_ids, arrivals, readers = await _drive(side, side.hosts[0], RUNS, DELAY)
     t0, before, seen = time.monotonic(), _snapshot(side), sum(len(a) for a in arrivals.values())
     async with asyncio.timeout(300):
@@ -83,7 +84,6 @@ async def main() -> dict[str, Any]:
     sys.path.insert(0, str(REPO))
     os.environ.pop("http_proxy", None)
     os.environ.pop("https_proxy", None)
-    from bench.takeover import Side
     from baton_tools.testing.servers import EtcdServer, NatsServer
 
     rounds = int(os.environ.get("BENCH_HOST_CPU_ROUNDS", "4"))
