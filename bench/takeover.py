@@ -43,7 +43,9 @@ Fast failover: three more clusters of three hosts each, measured side by side
 (a few minutes), written to ``takeover_fast_quick.json``. With ``BATON_BENCH_BEFORE=<dir>``
 (a checkout of another revision, e.g. ``git archive main | tar -x -C <dir>``) a ``before``
 side runs that revision's coordinator and hosts in place of ``cold``: before/after under
-the same load.
+the same load. With ``BATON_BENCH_RESTART=alternate`` every other kill of (e) restarts the
+victim only after the stall (as Kubernetes restarts a crashed container), and (e) is also
+given per kind of kill (``by_restart``); by default the victim restarts at the kill.
 
 Writes ``bench/results/takeover.json``.
 """
@@ -357,11 +359,22 @@ class Killer:
     The hosts take turns; a killed host restarts in the background while the next kill
     runs (at most one restarting, so the victim always has a live successor).
     ``cpu_busy`` gets, per kill, the machine's CPU use from the SIGKILL to the last run's
-    next chunk (1.0: every core busy the whole stall)."""
+    next chunk (1.0: every core busy the whole stall).
+
+    When the victim's replacement starts (``BATON_BENCH_RESTART``):
+    - ``kill`` (default): at the SIGKILL, as a supervisor restarting at once would. Its
+      start-up (imports and warm-up, ~0.7 s of one core) runs through the stall, on the
+      cores the successors need;
+    - ``alternate``: every other kill of a side restarts the victim only once the stall is
+      over and waits for it to be up before the next kill, as Kubernetes restarts a crashed
+      container (kubelet notices the exit at its next relist, every 1 s, then starts it).
+      ``by_restart`` keeps both kinds of kill's delays apart: one run, both answers."""
 
     def __init__(self, side: Side, runs: int = RUNS_PER_KILL, delay: float = DELAY) -> None:
         self.side, self.runs, self.delay = side, runs, delay
         self.delays: list[float] = []
+        self.alternate = os.environ.get("BATON_BENCH_RESTART", "kill") == "alternate"
+        self.by_restart: dict[str, list[float]] = {"at_kill": [], "after_stall": []}
         self.kill_times: list[float] = []  # wall clock of each SIGKILL (to split by the logs)
         self.moved_again: list[int] = []  # one per run taken over twice or more
         self._restarts: list[asyncio.Task[None]] = []
@@ -379,12 +392,17 @@ class Killer:
         sampler = _CpuSampler()
         t0 = time.monotonic()
         self.kill_times.append(time.time())
+        later = self.alternate and self._n % 2 == 0
         victim.kill_now()
-        self._restarts.append(asyncio.create_task(victim.start()))
+        if not later:
+            self._restarts.append(asyncio.create_task(victim.start()))
         try:
             got = await _successor_delays(side, run_ids, arrivals, readers, t0, self.moved_again)
         finally:
             await sampler.stop()
+            if later:
+                await victim.start()
+        self.by_restart["after_stall" if later else "at_kill"] += got
         busy = sampler.busy(t0, t0 + max(got)) if got else None
         if busy is not None:
             self.cpu_busy.append(busy)
@@ -535,6 +553,8 @@ async def fast_failover(etcd: Any, nats: Any, tmp: pathlib.Path, *, quick: bool 
             e[name]["cpu_busy_in_stall_p50"] = statistics.median(k.cpu_busy) if k.cpu_busy else None
             groups = sorted({g for d in k.cpu_ms for g in d})
             e[name]["cpu_ms_first_150ms_p50"] = {g: statistics.median(d.get(g, 0.0) for d in k.cpu_ms) for g in groups}
+            if k.alternate:
+                e[name]["by_restart"] = {when: _pct(xs) for when, xs in k.by_restart.items()}
         print(f"(e) {e}", flush=True)
         split = split_fast(fast, killers["fast"].kill_times)
         split_cold = split_fast(cold, killers[cold.name].kill_times)
@@ -678,6 +698,9 @@ def _print_fast(r: dict[str, Any]) -> None:
         x = e.get(side, {})
         print(f"{'(e) SIGKILL -> next chunk, ' + side:46} {ms(x.get('p50'))} {ms(x.get('p99'))} {ms(x.get('max'))} "
               f"{x.get('n', 0):>5}  moved again: {x.get('runs_moved_again', '-')}")
+        for when, y in x.get("by_restart", {}).items():
+            print(f"{'  replacement started ' + when.replace('_', ' '):46} {ms(y.get('p50'))} {ms(y.get('p99'))} "
+                  f"{ms(y.get('max'))} {y.get('n', 0):>5}")
     for side in ("fast", "before", "cold"):
         for k, x in e.get(f"{side}_split", {}).items():
             print(f"{'  ' + side + ': ' + k:46} {ms(x.get('p50'))} {ms(x.get('p99'))} {ms(x.get('max'))} {x.get('n', 0):>5}")

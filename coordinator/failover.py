@@ -59,6 +59,10 @@ NO_HOST_PAUSE = 1.0
 MAX_PARALLEL_HANDOVERS = 64
 #: Seconds a takeover's note on the run record waits for the run's hand-over to end first.
 NOTE_WAIT = 2.0
+#: Seconds a takeover's note then waits between its read and its write: the successor replays
+#: and appends meanwhile, and on a busy machine the notes of a dead host's runs (reads, a
+#: connect and a write each) took CPU from those first appends (bench/results/README.md, "Takeover").
+NOTE_DEFER = 0.5
 #: Departed hosts' registry entries the leader remembers (to judge their claims' loss).
 MAX_GONE_HOSTS = 1000
 
@@ -228,7 +232,7 @@ async def attach_somewhere(ctx: LeaderContext, pool: HostPool, run_id: str, purp
 
 
 async def record_loss(ctx: LeaderContext, lost: Claim, at: float,
-                      gone_hosts: Mapping[str, HostInfo] | None = None) -> str | None:
+                      gone_hosts: Mapping[str, HostInfo] | None = None, *, pause: float = 0.0) -> str | None:
     """Note why ``lost`` went on its run's record (``last_takeover``; coordinator/takeovers.py).
 
     A session that ran out with no note (``session-lost``) whose host's registry entry went
@@ -241,6 +245,8 @@ async def record_loss(ctx: LeaderContext, lost: Claim, at: float,
         lost: the claim whose key was just deleted (the watch's previous value).
         at: when the deletion was seen (Unix seconds).
         gone_hosts: registry entries of hosts whose entry vanished, by host id.
+        pause: seconds between the read (the cause is what etcd held just after the
+            deletion, so it is read at once) and the connect and the write.
 
     Returns:
         The cause written, or ``None`` when the loss is no takeover (the run ended, is
@@ -250,10 +256,14 @@ async def record_loss(ctx: LeaderContext, lost: Claim, at: float,
         StoreUnavailable: etcd did not answer within the configured timeout.
     """
     store, t = ctx.store, ctx.config.etcd_timeout
-    rec, _ = await store.get_run(lost.run_id, timeout=t)
-    if takeovers.after_loss(rec, lost, "", at) is None:  # most deletions: a run that ended
+    # The record and the loss's cause in one read (one round trip; the cause's keys are
+    # read for nothing when the run ended, which most deletions are).
+    rec, _, read = await store.get_run_with(lost.run_id, takeovers.loss_reads(store.keys, lost), timeout=t)
+    if takeovers.after_loss(rec, lost, "", at) is None:
         return None
-    cause = await classify_loss(ctx, lost)
+    cause = _classified(lost, read)
+    if pause > 0:
+        await asyncio.sleep(pause)
     host = (gone_hosts or {}).get(lost.host_id)
     if (cause == takeovers.SESSION_LOST and host is not None and host.session_id == lost.session_id
             and host.address and await probe(host.address) is Verdict.GONE):
@@ -267,18 +277,6 @@ async def record_loss(ctx: LeaderContext, lost: Claim, at: float,
     if written:
         log.info("takeover of run %s from %s (epoch %d): %s", lost.run_id, lost.host_id, lost.epoch, cause)
     return written
-
-
-async def classify_loss(ctx: LeaderContext, lost: Claim) -> str:
-    """Why ``lost`` went (:func:`coordinator.takeovers.classify`), from one read of its
-    session, its host's entry and the session's end note.
-
-    Raises:
-        StoreUnavailable: etcd did not answer within the configured timeout.
-    """
-    store = ctx.store
-    r = await store.etcd.txn([], takeovers.loss_reads(store.keys, lost), timeout=ctx.config.etcd_timeout)
-    return _classified(lost, [r.kvs(i) for i in range(3)])
 
 
 def _classified(lost: Claim, read: Sequence[Sequence[Any]]) -> str:
@@ -379,7 +377,7 @@ async def failover_scheduler(ctx: LeaderContext, metrics: CoordinatorMetrics | N
 
     The same watch sees sessions end (their keys go with their lease; counted by their
     ``session-ends/`` note) and hosts leave the registry; each vanished claim is noted on
-    its run's record (:func:`record_loss`) and its cause (:func:`classify_loss`) goes with
+    its run's record (:func:`record_loss`) and its cause (:func:`_classified`) goes with
     the hand-over, for the metrics and the host.
     """
     store, keys, cfg = ctx.store, ctx.store.keys, ctx.config
@@ -407,7 +405,9 @@ async def failover_scheduler(ctx: LeaderContext, metrics: CoordinatorMetrics | N
             await asyncio.wait([after], timeout=NOTE_WAIT)
         async with note_slots:
             try:
-                await record_loss(ctx, lost, at, gone_hosts)
+                # The successors' first appends before the note's connect and write: their
+                # CPU is a reader's stall, a note's is not.
+                await record_loss(ctx, lost, at, gone_hosts, pause=NOTE_DEFER if after is not None else 0.0)
             except BatonError as exc:  # a note is for operators: the hand-over goes on without it
                 log.warning("takeover of run %s not noted: %s", lost.run_id, exc)
 

@@ -293,11 +293,18 @@ class ClaimLog:
 
     async def stored_before_fence(self) -> tuple[list[Any], dict[int, bytes]]:
         """What the log held before this claim's fence (headers), and the bodies of its
-        host-origin chunks when they came along (the run input among them)."""
+        host-origin chunks when they came along (the run input among them).
+
+        When every chunk's body came along, the writer gets them for its snapshot prime
+        (:meth:`LogWriter.take_stored_chunks`), which then reads nothing again."""
         over = self.writer.fenced_over
         if over is None:  # not this writer's fence (cannot happen after the body's fence)
             return await self.deps.log.stored_headers(self.run_id, before=self.fence_seq), {}
-        return await self.deps.stored_before_fence(self.run_id, over)
+        records, bodies = await self.deps.stored_before_fence(self.run_id, over)
+        chunks = [r for r in records if r.kind == "chunk"]
+        if all(r.offset in bodies for r in chunks):
+            self.writer.take_stored_chunks([(r.offset, bodies[r.offset]) for r in chunks])
+        return records, {r.offset: bodies[r.offset] for r in chunks if r.origin == "host" and r.offset in bodies}
 
     async def load_input(self, stored: list[Any], bodies: dict[int, bytes] | None = None) -> None:
         """Read the run input (``run.accepted``) among ``stored``: sets the builder's input,

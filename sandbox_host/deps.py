@@ -362,7 +362,7 @@ class HostDeps:
 
     async def stored_before_fence(self, run_id: str, fenced_over: int) -> tuple[list[Any], dict[int, bytes]]:
         """What a successor reads right after its fence: the headers of every record before
-        it and the bodies of its host-origin chunks (the run input), see
+        it and the bodies of its chunks read directly (the run input among them), see
         :meth:`baton.log.DeliveryLog.stored_before_fence`.
 
         Raises:

@@ -363,7 +363,7 @@ class DeliveryLog:
 
     async def stored_before_fence(self, run_id: str, fenced_over: int, *,
                                   max_bytes: int = DIRECT_READ_BYTES) -> tuple[list[H.StoredRecord], dict[int, bytes]]:
-        """Every record stored before a fence, and the bodies of its host-origin chunks.
+        """Every record stored before a fence, and the bodies of its chunks read directly.
 
         What a successor reads right after its fence (docs/design.md §5.4), in one batched
         direct get for a log of up to about ``max_bytes``: no consumer is created, which
@@ -378,8 +378,9 @@ class DeliveryLog:
             max_bytes: about how much the direct read transfers (headers and bodies).
 
         Returns:
-            (the records' headers in order, ``{offset: body}`` of the ``host``-origin
-            chunks among those read directly: the run input is one of them).
+            (the records' headers in order, ``{offset: body}`` of the chunks among those
+            read directly: every chunk's when the direct read took the whole log, the run
+            input among them; none of those the consumer read).
 
         Raises:
             LogUnavailable: JetStream did not answer.
@@ -395,8 +396,7 @@ class DeliveryLog:
             raw = []
         parse = H.parse_record
         records = [parse(r.seq, r.headers) for r in raw]
-        bodies = {r.seq: r.data for r in raw if r.headers.get(H.KIND, "chunk") == "chunk"
-                  and r.headers.get(H.ORIGIN) == "host"}
+        bodies = {rec.offset: r.data for rec, r in zip(records, raw) if rec.kind == "chunk"}
         last = records[-1].offset if records else 0
         if last < fenced_over:
             try:

@@ -147,6 +147,8 @@ class LogWriter:
         # close; ``_snap_seq`` is the last part of the latest stored snapshot (0: none).
         self._snap: SnapshotState | None = None
         self._snap_seq = 0
+        self._fence_seq: int | None = None
+        self._stored_chunks: list[tuple[int, bytes]] | None = None  # take_stored_chunks'
 
     # --- state ------------------------------------------------------------------------
 
@@ -161,6 +163,15 @@ class LogWriter:
         log was empty), ``None`` before :meth:`fence` landed. The fence compared the head
         against it, so it is exactly the last record stored before the fence."""
         return self._fenced_over
+
+    def take_stored_chunks(self, chunks: list[tuple[int, bytes]]) -> None:
+        """Hand over the chunks stored before this writer's fence, as its takeover read them
+        (:meth:`DeliveryLog.stored_before_fence`): every chunk record up to :attr:`fenced_over`,
+        ``(sequence, body)`` in order, none missing. The snapshot prime folds these instead of
+        reading them again while only the fence followed them. Ignored before the fence,
+        after the prime, and with snapshots off."""
+        if self._fenced_over and self._snap is None and self._cfg.snapshot_policy.enabled:
+            self._stored_chunks = chunks
 
     @property
     def latched(self) -> bool:
@@ -336,6 +347,7 @@ class LogWriter:
                 try:
                     self._head = await self._publish(b"", headers, over)
                     self._fenced_over = over
+                    self._fence_seq = self._head
                     if self._observer is not None:
                         self._observer.fenced(self.run_id)
                     return self._head
@@ -541,9 +553,14 @@ class LogWriter:
         self._snap_seq = 0 if found is None else found[1]
         due: Snapshot | None = None
         over = (self._head or 0) if over is None else over
+        stored, self._stored_chunks = self._stored_chunks, None
         if over > state.offset:
-            for seq, body in await _snapshots.chunks_between(self._nc, self._cfg, self.run_id, state.offset, over,
-                                                             timeout=self._timeout):
+            if stored is not None and over == self._fence_seq:  # the fence's compare: none between
+                between = [(seq, body) for seq, body in stored if seq > state.offset]
+            else:
+                between = await _snapshots.chunks_between(self._nc, self._cfg, self.run_id, state.offset, over,
+                                                          timeout=self._timeout)
+            for seq, body in between:
                 if state.feed(seq, json.loads(body), len(body)):
                     due = state.take()
         self._snap = state

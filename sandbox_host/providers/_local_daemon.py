@@ -144,7 +144,10 @@ class LocalDaemons:
             OSError: the daemon did not come up within :data:`START_TIMEOUT` (its log's tail).
         """
         meta = meta_dir(handle)
-        running, addr, _ = await asyncio.to_thread(_running_and_addr, meta)
+        # Inline, not in a thread: a non-blocking lock test and a read of a few bytes in the
+        # sandbox's own directory cost less than the hand-off (every takeover of a run
+        # resolves its daemon; a burst of them grew the thread pool on the loop).
+        running, addr, _ = _running_and_addr(meta)
         if running and addr:
             return addr
         lock = self._starting.setdefault(meta, asyncio.Lock())

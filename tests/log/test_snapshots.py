@@ -112,12 +112,16 @@ async def test_a_fenced_out_writer_stores_no_snapshot_and_latches(nc: Any, slog:
                                part_bytes=700, timeout=5)
 
 
+@pytest.mark.parametrize("handed", [False, True], ids=["read", "handed"])
 @pytest.mark.parametrize("predecessor_snapshots", [True, False], ids=["stored", "died-before-storing"])
 async def test_a_successor_between_two_snapshots_writes_the_same_snapshots(
-        nc: Any, slog: DeliveryLog, predecessor_snapshots: bool) -> None:
+        nc: Any, slog: DeliveryLog, predecessor_snapshots: bool, handed: bool,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Takeover between two snapshots. ``died-before-storing``: the predecessor stored none of
     its due snapshots (it stopped between a chunk and its snapshot); the successor stores the
-    latest due one when it primes, byte for byte what an undisturbed run stores."""
+    latest due one when it primes, byte for byte what an undisturbed run stores. ``handed``:
+    the successor's takeover read (``stored_before_fence``) hands the writer the stored
+    chunks, and the prime reads none of them again."""
     chunks = run_chunks(10)
     # The undisturbed run.
     calm = unique("calm")
@@ -136,8 +140,21 @@ async def test_a_successor_between_two_snapshots_writes_the_same_snapshots(
     await w1.append(chunks[:cut])
     w2 = slog.writer(run_id, 2)
     await w2.fence()
+    reads: list[tuple[int, int]] = []
+    real_between = _snapshots.chunks_between
+
+    async def observed_between(nc_: Any, cfg: LogConfig, run: str, after: int, up_to: int, **kw: Any) -> Any:
+        reads.append((after, up_to))
+        return await real_between(nc_, cfg, run, after, up_to, **kw)
+
+    monkeypatch.setattr(_snapshots, "chunks_between", observed_between)
+    if handed:
+        assert w2.fenced_over is not None
+        records, bodies = await slog.stored_before_fence(run_id, w2.fenced_over)
+        w2.take_stored_chunks([(r.offset, bodies[r.offset]) for r in records if r.kind == "chunk"])
     await w2.append(chunks[cut:])
     await w2.close("completed")
+    assert (reads == []) if handed else len(reads) == 1
 
     log = await stored(slog, run_id)
     assert [c for _, c, _ in log] == chunks

@@ -52,11 +52,11 @@ async def test_stored_before_fence_reads_what_the_fence_covers(dlog: DeliveryLog
     run_id, other = unique("run"), unique("run")
     w1 = dlog.writer(run_id, 1)
     await w1.fence()
-    await w1.append([chunk(0)], origin="journal")
+    (first,) = await w1.append([chunk(0)], origin="journal")
     accepted = {"type": "CUSTOM", "name": "run.accepted", "value": {"messages": [{"role": "user", "content": "hé"}]}}
     (host,) = await w1.append([accepted], origin="host")
     await dlog.writer(other, 1).fence()  # interleaved: another run's record in between
-    await w1.append([chunk(i) for i in range(1, 40)], origin="journal")
+    rest = await w1.append([chunk(i) for i in range(1, 40)], origin="journal")
     w2 = dlog.writer(run_id, 2)
     assert w2.fenced_over is None
     fence2 = await w2.fence()
@@ -65,12 +65,16 @@ async def test_stored_before_fence_reads_what_the_fence_covers(dlog: DeliveryLog
     expected = await dlog.stored_headers(run_id, before=fence2)
     assert [r.kind for r in expected] == ["fence"] + ["chunk"] * 41 and expected[-1].offset == w2.fenced_over
 
+    want = {int(first): chunk(0), int(host): accepted} | {int(o): chunk(i) for i, o in enumerate(rest, 1)}
     recs, bodies = await dlog.stored_before_fence(run_id, w2.fenced_over)
     assert recs == expected
-    assert {k: json.loads(v) for k, v in bodies.items()} == {int(host): accepted}
-    # One direct read of a few hundred bytes, the rest headers-only: the same records.
+    assert {k: json.loads(v) for k, v in bodies.items()} == want  # every chunk's body
+    # One direct read of a few hundred bytes, the rest headers-only: the same records, and
+    # the bodies of those read directly only.
     recs, bodies = await dlog.stored_before_fence(run_id, w2.fenced_over, max_bytes=300)
-    assert recs == expected and set(bodies) <= {int(host)}
+    assert recs == expected and 0 < len(bodies) < len(want)
+    assert {k: json.loads(v) for k, v in bodies.items()} == {k: v for k, v in want.items() if k in bodies}
+    assert sorted(bodies) == [r.offset for r in recs if r.kind == "chunk"][:len(bodies)]  # a prefix
     # A fence on an empty log covers nothing.
     w = dlog.writer(unique("run"), 1)
     await w.fence()
