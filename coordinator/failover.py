@@ -231,8 +231,25 @@ async def attach_somewhere(ctx: LeaderContext, pool: HostPool, run_id: str, purp
     return "no-host"
 
 
+async def loss_cause(ctx: LeaderContext, lost: Claim, at: float) -> str | None:
+    """Why ``lost`` went (:func:`coordinator.takeovers.classify`), read with its run's record
+    in one transaction, or ``None`` when the loss is no takeover (the run ended, is still
+    starting, or moved on since: most deletions). Read at once: the cause is what etcd holds
+    just after the deletion (a drained host's entry, a session's end note).
+
+    Raises:
+        StoreUnavailable: etcd did not answer within the configured timeout.
+    """
+    store = ctx.store
+    rec, _, read = await store.get_run_with(lost.run_id, takeovers.loss_reads(store.keys, lost),
+                                            timeout=ctx.config.etcd_timeout)
+    if takeovers.after_loss(rec, lost, "", at) is None:
+        return None
+    return _classified(lost, read)
+
+
 async def record_loss(ctx: LeaderContext, lost: Claim, at: float,
-                      gone_hosts: Mapping[str, HostInfo] | None = None, *, pause: float = 0.0) -> str | None:
+                      gone_hosts: Mapping[str, HostInfo] | None = None, *, cause: str | None = None) -> str | None:
     """Note why ``lost`` went on its run's record (``last_takeover``; coordinator/takeovers.py).
 
     A session that ran out with no note (``session-lost``) whose host's registry entry went
@@ -245,8 +262,7 @@ async def record_loss(ctx: LeaderContext, lost: Claim, at: float,
         lost: the claim whose key was just deleted (the watch's previous value).
         at: when the deletion was seen (Unix seconds).
         gone_hosts: registry entries of hosts whose entry vanished, by host id.
-        pause: seconds between the read (the cause is what etcd held just after the
-            deletion, so it is read at once) and the connect and the write.
+        cause: what :func:`loss_cause` read earlier (``None``: read it now).
 
     Returns:
         The cause written, or ``None`` when the loss is no takeover (the run ended, is
@@ -255,25 +271,21 @@ async def record_loss(ctx: LeaderContext, lost: Claim, at: float,
     Raises:
         StoreUnavailable: etcd did not answer within the configured timeout.
     """
-    store, t = ctx.store, ctx.config.etcd_timeout
-    # The record and the loss's cause in one read (one round trip; the cause's keys are
-    # read for nothing when the run ended, which most deletions are).
-    rec, _, read = await store.get_run_with(lost.run_id, takeovers.loss_reads(store.keys, lost), timeout=t)
-    if takeovers.after_loss(rec, lost, "", at) is None:
-        return None
-    cause = _classified(lost, read)
-    if pause > 0:
-        await asyncio.sleep(pause)
+    if cause is None:
+        cause = await loss_cause(ctx, lost, at)
+        if cause is None:
+            return None
     host = (gone_hosts or {}).get(lost.host_id)
     if (cause == takeovers.SESSION_LOST and host is not None and host.session_id == lost.session_id
             and host.address and await probe(host.address) is Verdict.GONE):
         cause = takeovers.CRASH
+    noted = cause
 
     def decide(snap: Snapshot) -> Plan[str | None]:
-        new = takeovers.after_loss(snap.record, lost, cause, at)
-        return Plan(None, write=False) if new is None else Plan(cause, new=new)
+        new = takeovers.after_loss(snap.record, lost, noted, at)
+        return Plan(None, write=False) if new is None else Plan(noted, new=new)
 
-    written = await store.mutate(lost.run_id, decide, timeout=t)
+    written = await ctx.store.mutate(lost.run_id, decide, timeout=ctx.config.etcd_timeout)
     if written:
         log.info("takeover of run %s from %s (epoch %d): %s", lost.run_id, lost.host_id, lost.epoch, cause)
     return written
@@ -377,7 +389,7 @@ async def failover_scheduler(ctx: LeaderContext, metrics: CoordinatorMetrics | N
 
     The same watch sees sessions end (their keys go with their lease; counted by their
     ``session-ends/`` note) and hosts leave the registry; each vanished claim is noted on
-    its run's record (:func:`record_loss`) and its cause (:func:`_classified`) goes with
+    its run's record (:func:`record_loss`) and its cause (:func:`loss_cause`) goes with
     the hand-over, for the metrics and the host.
     """
     store, keys, cfg = ctx.store, ctx.store.keys, ctx.config
@@ -403,13 +415,19 @@ async def failover_scheduler(ctx: LeaderContext, metrics: CoordinatorMetrics | N
             # write again, on the takeover's way. The record takes either order
             # (takeovers.after_loss); a hand-over that keeps failing does not hold it long.
             await asyncio.wait([after], timeout=NOTE_WAIT)
-        async with note_slots:
-            try:
+        try:
+            async with note_slots:
+                cause = await loss_cause(ctx, lost, at)
+            if cause is None:
+                return
+            if after is not None:
                 # The successors' first appends before the note's connect and write: their
-                # CPU is a reader's stall, a note's is not.
-                await record_loss(ctx, lost, at, gone_hosts, pause=NOTE_DEFER if after is not None else 0.0)
-            except BatonError as exc:  # a note is for operators: the hand-over goes on without it
-                log.warning("takeover of run %s not noted: %s", lost.run_id, exc)
+                # CPU is a reader's stall, a note's is not (no slot held meanwhile).
+                await asyncio.sleep(NOTE_DEFER)
+            async with note_slots:
+                await record_loss(ctx, lost, at, gone_hosts, cause=cause)
+        except BatonError as exc:  # a note is for operators: the hand-over goes on without it
+            log.warning("takeover of run %s not noted: %s", lost.run_id, exc)
 
     async def count_end(session_id: int) -> None:
         async with note_slots:
