@@ -42,7 +42,11 @@ async def test_create_launch_journal_destroy(kube: StandinCluster) -> None:
         assert lines[0] == "hi there" and json.loads(lines[1]) == {"env": "run-a k3y"}
         assert json.loads(lines[-1]) == {"__exit": 0, "__nonce": "0a0b0c"}
         assert await p.file_size(h, h.journal_path) == len(journal)
-        assert not await p.processes_alive(h)
+
+        async def exited() -> bool:
+            # The wrapper appends the exit line, then exits: alive for a moment after it.
+            return not await p.processes_alive(h)
+        await assert_eventually(exited, timeout=10)
         assert await p.exists(h)
         assert await p.destroy(h) is True
         assert kube.pods() == [] and not kube.kubelet.pods  # gone from the API and from its node
