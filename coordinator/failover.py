@@ -249,7 +249,7 @@ async def loss_cause(ctx: LeaderContext, lost: Claim, at: float) -> str | None:
 
 
 async def record_loss(ctx: LeaderContext, lost: Claim, at: float,
-                      gone_hosts: Mapping[str, HostInfo] | None = None, *, cause: str | None = None) -> str | None:
+                      gone_hosts: Mapping[str, HostInfo] | None = None, *, cause: str) -> str | None:
     """Note why ``lost`` went on its run's record (``last_takeover``; coordinator/takeovers.py).
 
     A session that ran out with no note (``session-lost``) whose host's registry entry went
@@ -262,7 +262,8 @@ async def record_loss(ctx: LeaderContext, lost: Claim, at: float,
         lost: the claim whose key was just deleted (the watch's previous value).
         at: when the deletion was seen (Unix seconds).
         gone_hosts: registry entries of hosts whose entry vanished, by host id.
-        cause: what :func:`loss_cause` read earlier (``None``: read it now).
+        cause: what :func:`loss_cause` read at the deletion (not ``None``: the loss is a
+            takeover).
 
     Returns:
         The cause written, or ``None`` when the loss is no takeover (the run ended, is
@@ -271,19 +272,14 @@ async def record_loss(ctx: LeaderContext, lost: Claim, at: float,
     Raises:
         StoreUnavailable: etcd did not answer within the configured timeout.
     """
-    if cause is None:
-        cause = await loss_cause(ctx, lost, at)
-        if cause is None:
-            return None
     host = (gone_hosts or {}).get(lost.host_id)
     if (cause == takeovers.SESSION_LOST and host is not None and host.session_id == lost.session_id
             and host.address and await probe(host.address) is Verdict.GONE):
         cause = takeovers.CRASH
-    noted = cause
 
     def decide(snap: Snapshot) -> Plan[str | None]:
-        new = takeovers.after_loss(snap.record, lost, noted, at)
-        return Plan(None, write=False) if new is None else Plan(noted, new=new)
+        new = takeovers.after_loss(snap.record, lost, cause, at)
+        return Plan(None, write=False) if new is None else Plan(cause, new=new)
 
     written = await ctx.store.mutate(lost.run_id, decide, timeout=ctx.config.etcd_timeout)
     if written:
