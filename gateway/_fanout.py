@@ -4,9 +4,12 @@ Without it, each reader would hold its own JetStream consumer and decode every c
 itself: 1,000 readers of one run cost 1,000 copies of each message from NATS. A
 :class:`RunHub` reads the run's log once (from the start), frames each chunk once, and
 readers walk its in-order frame list from their own offset, taking every frame that is
-already there in one write. The hub lives while it has readers; it keeps at most
-``max_frames`` frames (a reader that falls behind the oldest kept frame goes back to a
-reader of its own, so memory stays bounded and nothing is skipped).
+already there in one write. The hub lives while it has readers, and for ``linger`` seconds
+after the last one left: a reader that comes back within it (a page reload, an SSE
+reconnect with ``Last-Event-ID``) is served from memory, with no JetStream consumer made
+for it and none deleted behind the one that left. It keeps at most ``max_frames`` frames (a
+reader that falls behind the oldest kept frame goes back to a reader of its own, so memory
+stays bounded and nothing is skipped).
 """
 from __future__ import annotations
 
@@ -23,6 +26,10 @@ from gateway._sse import Framing, chunk_frame, dumps
 log = logging.getLogger("gateway.fanout")
 
 MAX_FRAMES = 20_000
+
+#: Seconds a run's tail stays after its last reader left (``BATON_TAIL_LINGER``): longer
+#: than a browser's ``EventSource`` waits before it reconnects (about 3 s).
+TAIL_LINGER = 10.0
 
 #: Seconds a reader's cleanup waits for its log read to end before leaving it (logged): a
 #: read that ignores cancellation must not hold up the reader's presence removal.
@@ -195,12 +202,24 @@ class RunHub:
 
 
 class Hubs:
-    """The hubs of one gateway, one per run with readers (owned by the app state)."""
+    """The hubs of one gateway, one per run with readers or lingering (owned by the app state).
 
-    def __init__(self, delivery_log: Any, max_frames: int = MAX_FRAMES) -> None:
+    Args:
+        delivery_log: the ``baton.log.DeliveryLog`` the tails read.
+        max_frames: frames each tail keeps at most.
+        linger: seconds a tail stays after its last reader left (0: it goes at once). A
+            tail whose read failed never lingers: a reader that comes back reads again.
+    """
+
+    def __init__(self, delivery_log: Any, max_frames: int = MAX_FRAMES, linger: float = TAIL_LINGER) -> None:
         self._log = delivery_log
         self._max = max_frames
+        self._linger = linger
         self._hubs: dict[str, RunHub] = {}
+        # The lingering tails' ends, by run id.
+        self._expiry: dict[str, asyncio.TimerHandle] = {}
+        # Lingering tails being closed (their read's consumer deleted).
+        self._closing: set[asyncio.Task[None]] = set()
 
     def acquire(self, run_id: str, after: int = 0, opened: Any = None) -> RunHub:
         """The run's shared tail, one more reader on it; a new tail reads the log strictly
@@ -208,30 +227,60 @@ class Hubs:
         (a log read strictly after ``after``, opened but not iterated; the caller closes it
         when the run has a tail already: :meth:`serving`)."""
         hub = self._hubs.get(run_id)
+        if hub is not None and hub.readers == 0 and hub.failed is not None:
+            self._drop(hub)  # a lingering tail whose read failed since: read again
+            hub = None
         if hub is None:
             hub = self._hubs[run_id] = RunHub(run_id, self._log, self._max, after, opened)
             hub.start()
+        timer = self._expiry.pop(run_id, None)
+        if timer is not None:
+            timer.cancel()  # a reader came back: the tail stays
         hub.readers += 1
         return hub
 
     def serving(self, run_id: str) -> bool:
-        """Whether the run has a shared tail here (a new reader of it joins that tail)."""
+        """Whether the run has a shared tail here, with readers or lingering (a new reader of
+        it joins that tail)."""
         return run_id in self._hubs
 
     def readers_per_run(self) -> list[int]:
         """Readers of each run with readers (a copy: safe to call from the scrape's thread)."""
-        return [h.readers for h in list(self._hubs.values())]
+        return [n for n in (h.readers for h in list(self._hubs.values())) if n]
 
     async def release(self, hub: RunHub) -> None:
+        """One reader less on ``hub``; after the last, the tail lingers (or goes at once
+        when ``linger`` is 0 or its read failed)."""
         hub.readers -= 1
+        if hub.readers > 0 or self._hubs.get(hub.run_id) is not hub:
+            return
+        if self._linger > 0 and hub.failed is None:
+            self._expiry[hub.run_id] = asyncio.get_running_loop().call_later(self._linger, self._expire, hub)
+            return
+        del self._hubs[hub.run_id]
+        await hub.aclose()
+
+    def _expire(self, hub: RunHub) -> None:
+        self._expiry.pop(hub.run_id, None)
         if hub.readers == 0 and self._hubs.get(hub.run_id) is hub:
-            del self._hubs[hub.run_id]
-            await hub.aclose()
+            self._drop(hub)
+
+    def _drop(self, hub: RunHub) -> None:
+        """Forget ``hub`` and close it in the background (its read's consumer is deleted)."""
+        del self._hubs[hub.run_id]
+        task = asyncio.get_running_loop().create_task(hub.aclose(), name=f"hub-close:{hub.run_id}")
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     async def aclose(self) -> None:
+        for timer in self._expiry.values():
+            timer.cancel()
+        self._expiry.clear()
         hubs, self._hubs = list(self._hubs.values()), {}
         for h in hubs:
             await h.aclose()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
 
 
 async def check_offset_kept(delivery_log: Any, run_id: str, after: str) -> Any:

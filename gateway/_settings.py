@@ -70,6 +70,9 @@ class GatewaySettings:
         detached_ttl_max: the longest detached TTL a client may ask for (seconds,
             ``BATON_DETACHED_RUN_TTL_MAX``; :mod:`baton.keep`).
         reader_queue: chunks buffered per reader before backpressure reaches the log read.
+        tail_linger: seconds a run's shared tail stays after its last reader left
+            (``BATON_TAIL_LINGER``; gateway/_fanout.py): a reader back within it resumes
+            from memory. 0: the tail goes with its last reader.
         grpc_listen: ``host:port`` of the gRPC ``baton.v1.Runs`` API (port 0: any free
             port); empty serves no gRPC.
         metrics_listen: ``host:port`` of the Prometheus metrics listener (port 0: any free
@@ -111,6 +114,7 @@ class GatewaySettings:
     cancel_wait: float = 30.0
     detached_ttl_max: float = 86400.0
     reader_queue: int = 256
+    tail_linger: float = 10.0
     grpc_listen: str = ""
     metrics_listen: str = ""
     internal_token: str = field(default="", repr=False)
@@ -161,6 +165,7 @@ class GatewaySettings:
             public_tls=public_tls(env),
             workers=_workers(env),
             detached_ttl_max=_positive("BATON_DETACHED_RUN_TTL_MAX", env),
+            tail_linger=_not_negative("BATON_TAIL_LINGER", env),
         )
 
     @property
@@ -209,6 +214,18 @@ def _positive(env_name: str, env: Mapping[str, str]) -> float:
     v = config.get_float(env_name, env)
     if not math.isfinite(v) or v <= 0:
         raise ValueError(f"{env_name} must be a number of seconds > 0, not {v:g}")
+    return v
+
+
+def _not_negative(env_name: str, env: Mapping[str, str]) -> float:
+    """A setting that must be a finite number of seconds >= 0.
+
+    Raises:
+        ValueError: naming the variable otherwise.
+    """
+    v = config.get_float(env_name, env)
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"{env_name} must be a number of seconds >= 0, not {v:g}")
     return v
 
 

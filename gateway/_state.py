@@ -53,7 +53,7 @@ class GatewayState:
         #: Starts in flight and waiting at this gateway (gateway/_admission.py).
         self.admission = Admission(settings.admission)
         self.takeovers = TakeoverTrigger(self.hosts, metrics)
-        self.hubs = Hubs(delivery_log)
+        self.hubs = Hubs(delivery_log, linger=settings.tail_linger)
         from gateway._snapshots import SnapshotCache
 
         #: The snapshots joins were served from (gateway/_snapshots.py).
