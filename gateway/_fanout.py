@@ -208,7 +208,10 @@ class Hubs:
         delivery_log: the ``baton.log.DeliveryLog`` the tails read.
         max_frames: frames each tail keeps at most.
         linger: seconds a tail stays after its last reader left (0: it goes at once). A
-            tail whose read failed never lingers: a reader that comes back reads again.
+            tail whose read failed never lingers, and one that cannot serve the reader who
+            comes (failed since, or opened after the reader's offset, or dropped frames
+            past it) is replaced: a reader that comes back reads again. After
+            :meth:`aclose` no tail lingers.
     """
 
     def __init__(self, delivery_log: Any, max_frames: int = MAX_FRAMES, linger: float = TAIL_LINGER) -> None:
@@ -220,6 +223,7 @@ class Hubs:
         self._expiry: dict[str, asyncio.TimerHandle] = {}
         # Lingering tails being closed (their read's consumer deleted).
         self._closing: set[asyncio.Task[None]] = set()
+        self._closed = False
 
     def acquire(self, run_id: str, after: int = 0, opened: Any = None) -> RunHub:
         """The run's shared tail, one more reader on it; a new tail reads the log strictly
@@ -227,8 +231,11 @@ class Hubs:
         (a log read strictly after ``after``, opened but not iterated; the caller closes it
         when the run has a tail already: :meth:`serving`)."""
         hub = self._hubs.get(run_id)
-        if hub is not None and hub.readers == 0 and hub.failed is not None:
-            self._drop(hub)  # a lingering tail whose read failed since: read again
+        if hub is not None and hub.readers == 0 and (hub.failed is not None or after < hub.dropped_through):
+            # A lingering tail this reader cannot use (its read failed since; or it began
+            # after the reader's offset, or dropped frames past it): joined, it would send
+            # the reader to a read of its own and linger on. A new tail from its offset.
+            self._drop(hub)
             hub = None
         if hub is None:
             hub = self._hubs[run_id] = RunHub(run_id, self._log, self._max, after, opened)
@@ -251,10 +258,15 @@ class Hubs:
     async def release(self, hub: RunHub) -> None:
         """One reader less on ``hub``; after the last, the tail lingers (or goes at once
         when ``linger`` is 0 or its read failed)."""
+        if hub.readers <= 0:
+            return  # released already
         hub.readers -= 1
         if hub.readers > 0 or self._hubs.get(hub.run_id) is not hub:
             return
-        if self._linger > 0 and hub.failed is None:
+        if self._linger > 0 and hub.failed is None and not self._closed:
+            old = self._expiry.pop(hub.run_id, None)
+            if old is not None:
+                old.cancel()
             self._expiry[hub.run_id] = asyncio.get_running_loop().call_later(self._linger, self._expire, hub)
             return
         del self._hubs[hub.run_id]
@@ -273,6 +285,7 @@ class Hubs:
         task.add_done_callback(self._closing.discard)
 
     async def aclose(self) -> None:
+        self._closed = True
         for timer in self._expiry.values():
             timer.cancel()
         self._expiry.clear()
