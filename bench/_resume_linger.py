@@ -38,9 +38,7 @@ async def main(resumes: int = 16) -> dict[str, Any]:
     etcd, nats = EtcdServer(tmp / "etcd"), NatsServer(tmp / "nats")
     await asyncio.to_thread(etcd.start)
     await asyncio.to_thread(nats.start)
-    env = {"BATON_RUNS_STREAM": "RUNS_PEER", "BATON_SUBJECT_PREFIX": "baton.peer", "BATON_THREADS_BUCKET": "threads-peer",
-           "BATON_REPLAY_DIRS": str(journals), "BATON_JOURNAL_DIR": str(tmp / "sandbox-journals"),
-           "BATON_SANDBOX_DIR": str(tmp / "sandboxes"), "BATON_LOG_LEVEL": "WARNING"}
+    env = peer.baton_env(tmp, journals)
     coord = await start_coordinator(etcd.endpoint, "/peer/", log_dir=tmp / "logs", detached_run_ttl=3600)
     host = await start_host(coord.address, nats.url, log_dir=tmp / "logs", **env)
     gateways = {name: await start_gateway(coord.address, nats.url, log_dir=tmp / "logs", http_connections_per_client=0,

@@ -384,6 +384,14 @@ def summarise(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     return {"medians": med, "totals": totals, "baton_over_langgraph": ratios, "targets": targets}
 
 
+def baton_env(tmp: pathlib.Path, journals: pathlib.Path) -> dict[str, str]:
+    """The baton side's settings: its own stream, subjects and bucket; replay journals from
+    ``journals``; sandboxes under ``tmp``."""
+    return {"BATON_RUNS_STREAM": "RUNS_PEER", "BATON_SUBJECT_PREFIX": "baton.peer", "BATON_THREADS_BUCKET": "threads-peer",
+            "BATON_REPLAY_DIRS": str(journals), "BATON_JOURNAL_DIR": str(tmp / "sandbox-journals"),
+            "BATON_SANDBOX_DIR": str(tmp / "sandboxes"), "BATON_LOG_LEVEL": "WARNING"}
+
+
 async def main() -> dict[str, Any]:
     import httpx
 
@@ -402,9 +410,7 @@ async def main() -> dict[str, Any]:
     etcd, nats = EtcdServer(tmp / "etcd"), NatsServer(tmp / "nats")
     await asyncio.to_thread(etcd.start)
     await asyncio.to_thread(nats.start)
-    env = {"BATON_RUNS_STREAM": "RUNS_PEER", "BATON_SUBJECT_PREFIX": "baton.peer", "BATON_THREADS_BUCKET": "threads-peer",
-           "BATON_REPLAY_DIRS": str(journals), "BATON_JOURNAL_DIR": str(tmp / "sandbox-journals"),
-           "BATON_SANDBOX_DIR": str(tmp / "sandboxes"), "BATON_LOG_LEVEL": "WARNING"}
+    env = baton_env(tmp, journals)
     coord = host = gw = peer = None
     rounds: dict[str, list[dict[str, Any]]] = {"baton": [], "langgraph": []}
     try:

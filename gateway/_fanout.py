@@ -264,9 +264,7 @@ class Hubs:
         if hub.readers > 0 or self._hubs.get(hub.run_id) is not hub:
             return
         if self._linger > 0 and hub.failed is None and not self._closed:
-            old = self._expiry.pop(hub.run_id, None)
-            if old is not None:
-                old.cancel()
+            # No timer is armed for it here: the acquire that made it 1 reader disarmed it.
             self._expiry[hub.run_id] = asyncio.get_running_loop().call_later(self._linger, self._expire, hub)
             return
         del self._hubs[hub.run_id]

@@ -165,7 +165,7 @@ class GatewaySettings:
             public_tls=public_tls(env),
             workers=_workers(env),
             detached_ttl_max=_positive("BATON_DETACHED_RUN_TTL_MAX", env),
-            tail_linger=_not_negative("BATON_TAIL_LINGER", env),
+            tail_linger=_positive("BATON_TAIL_LINGER", env, zero=True),
         )
 
     @property
@@ -205,27 +205,15 @@ def _admission_limits(env: Mapping[str, str]) -> Any:
                            queue=int(read("BATON_START_QUEUE")), wait=read("BATON_START_WAIT"))
 
 
-def _positive(env_name: str, env: Mapping[str, str]) -> float:
-    """A setting that must be a finite number of seconds > 0.
+def _positive(env_name: str, env: Mapping[str, str], *, zero: bool = False) -> float:
+    """A setting that must be a finite number of seconds > 0 (>= 0 with ``zero``).
 
     Raises:
         ValueError: naming the variable otherwise.
     """
     v = config.get_float(env_name, env)
-    if not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{env_name} must be a number of seconds > 0, not {v:g}")
-    return v
-
-
-def _not_negative(env_name: str, env: Mapping[str, str]) -> float:
-    """A setting that must be a finite number of seconds >= 0.
-
-    Raises:
-        ValueError: naming the variable otherwise.
-    """
-    v = config.get_float(env_name, env)
-    if not math.isfinite(v) or v < 0:
-        raise ValueError(f"{env_name} must be a number of seconds >= 0, not {v:g}")
+    if not math.isfinite(v) or v < 0 or (v == 0 and not zero):
+        raise ValueError(f"{env_name} must be a number of seconds {'>=' if zero else '>'} 0, not {v:g}")
     return v
 
 

@@ -30,6 +30,17 @@ def _values(step: Any) -> list[dict[str, Any]]:
     return [json.loads(payload) for _, payload in step.items()]
 
 
+async def _offsets_of_all(state: Any, run: str, n: int) -> list[int]:
+    """The offsets of the run's first ``n`` chunks, read by a reader from the start that then leaves."""
+    offsets: list[int] = []
+    async with RunRead(state, run, "-1") as r:
+        while len(offsets) < n:
+            step = await r.next(10)
+            assert isinstance(step, Chunks)
+            offsets += [o for o, _ in step.items()]
+    return offsets
+
+
 async def test_chunks_stored_while_a_reader_renews_its_presence_wake_it_at_once(
         gateway: Gateway, cc: Any, dlog: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The reader looked at the tail (nothing new), then renewed its presence key (an RPC:
@@ -107,12 +118,7 @@ async def test_a_resumed_reader_with_no_tail_opens_one_at_its_offset(gateway: Ga
     state.hubs = Hubs(state.log, linger=0)  # a tail goes with its last reader
     run, chunks, w = await _open_run(cc, dlog, ["a", "b", "c", "d"])
     await w.append(chunks[2:4], origin="journal")
-    offsets: list[int] = []
-    async with RunRead(state, run, "-1") as first:
-        while len(offsets) < 4:
-            step = await first.next(10)
-            assert isinstance(step, Chunks)
-            offsets += [o for o, _ in step.items()]
+    offsets = await _offsets_of_all(state, run, 4)
     assert run not in state.hubs._hubs  # the first reader left: no tail for the run
     cut = offsets[1]
     async with RunRead(state, run, str(cut)) as resumed, RunRead(state, run, "-1") as fresh:
@@ -140,12 +146,7 @@ async def test_a_catch_up_read_at_the_tail_with_no_tail_open_ends_at_once(gatewa
     state = gateway.state
     state.hubs = Hubs(state.log, linger=0)  # a tail goes with its last reader
     run, _chunks, _w = await _open_run(cc, dlog, ["a"])
-    offsets: list[int] = []
-    async with RunRead(state, run, "-1") as first:
-        while len(offsets) < 2:
-            step = await first.next(10)
-            assert isinstance(step, Chunks)
-            offsets += [o for o, _ in step.items()]
+    offsets = await _offsets_of_all(state, run, 2)
     assert run not in state.hubs._hubs
     async with RunRead(state, run, str(offsets[-1]), until=offsets[-1]) as read:
         step = await read.next(10)
@@ -187,92 +188,3 @@ async def test_a_reader_gets_chunks_while_its_presence_registers_and_leaves_no_k
         await asyncio.wait_for(closing, 10)
     assert calls == ["register", "unregister"]
 
-
-async def _run_consumers(dlog: Any, run: str) -> list[str]:
-    """Names of the JetStream consumers reading ``run``'s log."""
-    subject = dlog.cfg.subject(run)
-    return sorted(c.name for c in await dlog.js.consumers_info(dlog.cfg.stream)
-                  if c.config.filter_subject == subject)
-
-
-async def test_a_reader_back_within_the_linger_resumes_from_the_tail_that_stayed(
-        gateway: Gateway, cc: Any, dlog: Any) -> None:
-    """The last reader left (a reload, a dropped connection): the run's tail stays for the
-    linger, and the reader that comes back with its ``Last-Event-ID`` is served from it,
-    every chunk after its offset once, with no JetStream consumer made for it."""
-    state = gateway.state
-    run, chunks, w = await _open_run(cc, dlog, ["a", "b", "c", "d"])
-    await w.append(chunks[2:4], origin="journal")
-    offsets: list[int] = []
-    async with RunRead(state, run, "-1") as first:
-        while len(offsets) < 4:
-            step = await first.next(10)
-            assert isinstance(step, Chunks)
-            offsets += [o for o, _ in step.items()]
-    hub = state.hubs._hubs[run]  # stayed: nobody reads it now
-    assert hub.readers == 0 and state.hubs.readers_per_run() == []
-    consumers = await _run_consumers(dlog, run)
-    assert len(consumers) == 1  # the tail's own
-    async with RunRead(state, run, str(offsets[1])) as resumed:
-        got = _values(await resumed.next(10))
-        assert got == chunks[2:4]  # at once, from memory
-        assert state.hubs._hubs[run] is hub and state.hubs.readers_per_run() == [1]
-        assert await _run_consumers(dlog, run) == consumers  # no consumer made for it
-        await w.append(chunks[4:], origin="journal")
-        await w.close("completed")
-        while True:
-            step = await resumed.next(10)
-            if isinstance(step, End):
-                break
-            if step is not None:
-                got += _values(step)
-        assert got == chunks[2:] and step.status == "completed"
-
-
-async def test_a_lingering_tail_goes_when_the_linger_ends_and_its_consumer_with_it(
-        gateway: Gateway, cc: Any, dlog: Any) -> None:
-    """Nobody came back: the tail is dropped after the linger, its read's consumer deleted;
-    a reader after that opens a new tail and still gets every chunk."""
-    state = gateway.state
-    state.hubs = Hubs(state.log, linger=0.3)
-    run, chunks, w = await _open_run(cc, dlog, ["a", "b"])
-    async with RunRead(state, run, "-1") as first:
-        got = _values(await first.next(10))
-        while len(got) < 2:
-            got += _values(await first.next(10))
-    assert state.hubs.serving(run)
-    await assert_eventually(lambda: not state.hubs.serving(run), timeout=10)
-    await assert_eventually(lambda: _no_consumers(dlog, run), timeout=10)
-    await w.append(chunks[2:], origin="journal")
-    await w.close("completed")
-    async with RunRead(state, run, "-1") as again:
-        got = []
-        while True:
-            step = await again.next(10)
-            if isinstance(step, End):
-                break
-            if step is not None:
-                got += _values(step)
-    assert got == chunks
-
-
-async def _no_consumers(dlog: Any, run: str) -> bool:
-    return not await _run_consumers(dlog, run)
-
-
-async def test_a_lingering_tail_whose_read_failed_is_not_joined(gateway: Gateway, cc: Any, dlog: Any) -> None:
-    """A tail whose read failed while it lingered would end a reader at once: the next reader
-    gets a new tail that reads the log again."""
-    state = gateway.state
-    run, chunks, _w = await _open_run(cc, dlog, ["a", "b"])
-    async with RunRead(state, run, "-1") as first:
-        got = _values(await first.next(10))
-        while len(got) < 2:
-            got += _values(await first.next(10))
-    stale = state.hubs._hubs[run]
-    stale.failed = RuntimeError("the tail's read failed")  # as RunHub._tail records it
-    async with RunRead(state, run, "-1") as again:
-        got = _values(await again.next(10))
-        while len(got) < 2:
-            got += _values(await again.next(10))
-        assert got == chunks[:2] and state.hubs._hubs[run] is not stale

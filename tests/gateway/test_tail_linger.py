@@ -12,7 +12,7 @@ from gateway._fanout import Hubs
 from gateway._reader import Chunks, End, Gap, RunRead
 from tests.conftest import assert_eventually
 from tests.gateway.conftest import Gateway
-from tests.gateway.test_shared_tail import _open_run, _values
+from tests.gateway.test_shared_tail import _offsets_of_all, _open_run, _values
 
 
 async def _consumers(dlog: Any, run: str) -> list[str]:
@@ -34,16 +34,6 @@ async def _drain(read: RunRead) -> tuple[list[dict[str, Any]], Any]:
         if not isinstance(step, Chunks):
             return got, step
         got += [json.loads(p) for _, p in step.items()]
-
-
-async def _offsets_of_all(state: Any, run: str, n: int) -> list[int]:
-    offsets: list[int] = []
-    async with RunRead(state, run, "-1") as r:
-        while len(offsets) < n:
-            step = await r.next(10)
-            assert isinstance(step, Chunks)
-            offsets += [o for o, _ in step.items()]
-    return offsets
 
 
 async def test_a_second_release_of_a_tail_does_not_keep_it_for_ever(gateway: Gateway, cc: Any, dlog: Any) -> None:
@@ -304,3 +294,59 @@ async def test_a_tail_that_failed_while_lingering_is_replaced(gateway: Gateway, 
     finally:
         await hubs.aclose()
     assert await _no_consumers(dlog, run)
+
+
+async def test_a_reader_back_within_the_linger_resumes_from_the_tail_that_stayed(
+        gateway: Gateway, cc: Any, dlog: Any) -> None:
+    """The last reader left (a reload, a dropped connection): the run's tail stays for the
+    linger, and the reader that comes back with its ``Last-Event-ID`` is served from it,
+    every chunk after its offset once, with no JetStream consumer made for it."""
+    state = gateway.state
+    run, chunks, w = await _open_run(cc, dlog, ["a", "b", "c", "d"])
+    await w.append(chunks[2:4], origin="journal")
+    offsets = await _offsets_of_all(state, run, 4)
+    hub = state.hubs._hubs[run]  # stayed: nobody reads it now
+    assert hub.readers == 0 and state.hubs.readers_per_run() == []
+    consumers = await _consumers(dlog, run)
+    assert len(consumers) == 1  # the tail's own
+    async with RunRead(state, run, str(offsets[1])) as resumed:
+        got = _values(await resumed.next(10))
+        assert got == chunks[2:4]  # at once, from memory
+        assert state.hubs._hubs[run] is hub and state.hubs.readers_per_run() == [1]
+        assert await _consumers(dlog, run) == consumers  # no consumer made for it
+        await w.append(chunks[4:], origin="journal")
+        await w.close("completed")
+        while True:
+            step = await resumed.next(10)
+            if isinstance(step, End):
+                break
+            if step is not None:
+                got += _values(step)
+        assert got == chunks[2:] and step.status == "completed"
+
+
+async def test_a_lingering_tail_goes_when_the_linger_ends_and_its_consumer_with_it(
+        gateway: Gateway, cc: Any, dlog: Any) -> None:
+    """Nobody came back: the tail is dropped after the linger, its read's consumer deleted;
+    a reader after that opens a new tail and still gets every chunk."""
+    state = gateway.state
+    state.hubs = Hubs(state.log, linger=0.3)
+    run, chunks, w = await _open_run(cc, dlog, ["a", "b"])
+    async with RunRead(state, run, "-1") as first:
+        got = _values(await first.next(10))
+        while len(got) < 2:
+            got += _values(await first.next(10))
+    assert state.hubs.serving(run)
+    await assert_eventually(lambda: not state.hubs.serving(run), timeout=10)
+    await assert_eventually(lambda: _no_consumers(dlog, run), timeout=10)
+    await w.append(chunks[2:], origin="journal")
+    await w.close("completed")
+    async with RunRead(state, run, "-1") as again:
+        got = []
+        while True:
+            step = await again.next(10)
+            if isinstance(step, End):
+                break
+            if step is not None:
+                got += _values(step)
+    assert got == chunks
