@@ -24,7 +24,7 @@ import pytest
 
 from baton.log import LogConfig
 from baton.sse import Comment, aiter_sse
-from tests.conftest import assert_eventually, unique
+from tests.conftest import assert_eventually, process_state, unique
 from tests.gateway.conftest import Gateway, host_settings, read_stream
 from tests.sandbox.gitrepos import Repo, make_repo
 from tests.sessions_support import Cluster, driver_of, terminal, texts
@@ -668,13 +668,7 @@ async def kill_agent(run_id: str) -> None:
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
 
-    def dead(pid: int) -> bool:
-        try:
-            state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            return True
-        return state in ("Z", "X")
-    await assert_eventually(lambda: all(dead(p) for p in pids), timeout=30)
+    await assert_eventually(lambda: all(process_state(p) in ("", "Z", "X") for p in pids), timeout=30)
 
 
 def resumed_once(chunks: list[Chunk], approval: str) -> None:

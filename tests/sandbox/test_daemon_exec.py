@@ -13,7 +13,7 @@ import pytest
 from baton.errors import SandboxBuildFailed
 from sandbox_host.daemon import sandbox_token
 from sandbox_host.providers._daemon_client import DaemonClient
-from tests.conftest import assert_eventually
+from tests.conftest import assert_eventually, process_state
 from tests.sandbox.daemon_support import DaemonProcess, running
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.servers]
@@ -106,9 +106,6 @@ async def test_the_sandbox_token_is_required(daemon: DaemonProcess, tmp_path: pa
 
 
 def _dead(pid: int) -> bool:
-    """Gone, or a zombie (nobody reaps it: it runs no more)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
+    """Gone (``""``: its ``/proc`` entry vanished, even between open and read) or a zombie
+    (nobody reaps it: it runs no more)."""
+    return process_state(pid) in ("", "Z", "X")
