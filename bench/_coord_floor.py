@@ -8,7 +8,10 @@ coordinator's event loop (uvloop), server options and request-decoding intercept
   * ``noop``: answers at once (a fixed response): the gRPC hop alone.
   * ``txn``: sends one etcd write transaction per call (put the run's key if it is absent,
     a value of a record's size) and answers: a gRPC hop in front of one etcd round trip,
-    the least a coordinator that keeps no state could do.
+    the least a coordinator could do whose cache knows the run.
+  * ``read-txn``: reads the run's two keys (record and claim, one read transaction), then
+    sends the ``txn`` write: a gRPC hop in front of raw etcd's own read and write, the least
+    a coordinator that keeps no state (or a cold cache) could do.
 """
 from __future__ import annotations
 
@@ -33,17 +36,21 @@ class _Floor(pb_grpc.CoordinatorServicer):
 
     async def _txn(self, run_id: str, op: str) -> None:
         key = f"/bench-floor/{op}/{run_id}".encode()
+        if self.mode == "read-txn":
+            await self.kv.Txn(rpc.TxnRequest(success=[
+                rpc.RequestOp(request_range=rpc.RangeRequest(key=key)),
+                rpc.RequestOp(request_range=rpc.RangeRequest(key=key + b"/claim"))]), timeout=5.0)
         await self.kv.Txn(rpc.TxnRequest(
             compare=[rpc.Compare(key=key, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL, create_revision=0)],
             success=[rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=_VALUE))]), timeout=5.0)
 
     async def ClaimRun(self, request: pb.ClaimRunRequest, context: Any) -> pb.ClaimRunResponse:
-        if self.mode == "txn":
+        if self.mode != "noop":
             await self._txn(request.run_id, "claim")
         return pb.ClaimRunResponse(epoch=1, record=RunRecord(run_id=request.run_id, driver_epoch=1))
 
     async def UpdateRun(self, request: pb.UpdateRunRequest, context: Any) -> pb.UpdateRunResponse:
-        if self.mode == "txn":
+        if self.mode != "noop":
             await self._txn(request.run_id, "update")
         return pb.UpdateRunResponse(outcome=pb.UPDATE_OUTCOME_APPLIED, record=RunRecord(run_id=request.run_id))
 

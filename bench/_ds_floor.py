@@ -1,8 +1,9 @@
 """The floor side of ``bench/durable_streams.py``: the least a Python server on baton's stack
 must do per Durable Streams append, with none of the protocol.
 
-``python -m bench._ds_floor NATS_URL PORT`` serves, under the gateway's own uvicorn setup
-(uvloop, httptools, no access log):
+``python -m bench._ds_floor NATS_URL PORT [WORKERS]`` serves, under the gateway's own uvicorn
+setup (uvloop, httptools, no access log), in ``WORKERS`` processes (default 1) on one port
+(``SO_REUSEPORT``, as the gateway's workers; the kernel spreads connections, not requests):
 - ``PUT /ds/<path>``: 201 and ``Stream-Next-Offset``, nothing stored;
 - ``POST /ds/<path>``: the body published to JetStream (file storage, fenced on the subject's
   last sequence, answered after the ack: what the gateway does) with
@@ -13,11 +14,20 @@ must do per Durable Streams append, with none of the protocol.
 No auth, no headers checked, no producers, no JSON mode, no cache, no record of the stream:
 what it measures is uvicorn + nats-py + JetStream alone. Should this floor already fall short
 of a reference side, no protocol work on top of it can reach that side.
+
+With several workers each process publishes a stream's appends to a subject of its own (its
+fence knows only its own appends) and keeps its own memory of them, so a long-poll read sees
+only what its own process took: the appends are the floor's, its reads are not measured.
 """
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import socket
+import subprocess
 import sys
+import zlib
 from typing import Any
 
 import nats
@@ -68,7 +78,9 @@ class Floor:
                 chunks.append(msg.get("body", b""))
                 more = msg.get("more_body", False)
             assert self.pub is not None
-            subject = PREFIX + str(abs(hash(path)))
+            subject = f"{PREFIX}{os.getpid()}.{zlib.crc32(path.encode())}"
+            self.data.setdefault(path, [])
+            self.changed.setdefault(path, asyncio.Event())
             ack = await self.pub.publish(subject, b"".join(chunks), self.last.get(subject, 0))
             self.last[subject] = ack["seq"]
             self.data[path].append(b"".join(chunks))
@@ -95,8 +107,28 @@ class Floor:
 
 def main() -> None:
     nats_url, port = sys.argv[1], int(sys.argv[2])
-    uvicorn.run(Floor(nats_url), host="127.0.0.1", port=port, log_level="warning", access_log=False,
-                server_header=False, lifespan="on", loop="uvloop", http="httptools")
+    workers = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+    if workers > 1:
+        # Each worker is this module again with one worker on the shared port; the parent
+        # only waits (the bench counts its children's CPU with its own); its SIGTERM stops them.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        procs = [subprocess.Popen([sys.executable, "-m", "bench._ds_floor", nats_url, str(port), "1", "reuse"])
+                 for _ in range(workers)]
+        try:
+            for p in procs:
+                p.wait()
+        finally:
+            for p in procs:
+                p.terminate()
+        return
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if sys.argv[4:] == ["reuse"]:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(("127.0.0.1", port))
+    config = uvicorn.Config(Floor(nats_url), log_level="warning", access_log=False, server_header=False,
+                            lifespan="on", loop="uvloop", http="httptools")
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 if __name__ == "__main__":

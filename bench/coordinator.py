@@ -17,9 +17,10 @@ Paths:
   * ``raw-cas``: reference only, not a target: raw etcd's single transaction with the
     revision already known (what the coordinator sends to etcd on a cache hit), so the
     ratio against it is the cost of the coordinator's gRPC hop itself.
-  * ``floor-noop`` and ``floor-txn``: the floor (``bench/_coord_floor.py``), reference
-    only: the coordinator's gRPC stack answering at once, and answering after one etcd
-    write transaction, with none of its rules, store or cache.
+  * ``floor-noop``, ``floor-txn`` and ``floor-cold``: the floor (``bench/_coord_floor.py``),
+    reference only: the coordinator's gRPC stack answering at once, answering after one etcd
+    write transaction (the floor of ``coordinator``), and after raw etcd's read and write
+    transaction (the floor of ``coord-cold``), with none of its rules, store or cache.
 
 With ``BENCH_COORD_BASE=<checkout>``, ``base`` and ``base-cold`` are the same two paths through
 that checkout's coordinator, in the same run (a before/after side by side).
@@ -207,7 +208,7 @@ async def main() -> dict[str, Any]:
 
 
 BASE = os.environ.get("BENCH_COORD_BASE", "")
-PATHS = ("raw-etcd", "coordinator", "coord-cold", "raw-cas", "floor-noop", "floor-txn",
+PATHS = ("raw-etcd", "coordinator", "coord-cold", "raw-cas", "floor-noop", "floor-txn", "floor-cold",
          *(("base", "base-cold") if BASE else ()))
 
 
@@ -226,7 +227,7 @@ def _start_floor(mode: str, etcd_endpoint: str) -> tuple[subprocess.Popen[bytes]
 async def _run(server: EtcdServer, tmp: pathlib.Path) -> dict[str, Any]:
     host, port = server.endpoint.rsplit(":", 1)
     coord_keys, raw_keys, base_keys = Keys("/bench-coord/"), Keys("/bench-raw/"), Keys("/bench-base/")
-    floors = {mode: _start_floor(mode, server.endpoint) for mode in ("noop", "txn")}
+    floors = {mode: _start_floor(mode, server.endpoint) for mode in ("noop", "txn", "read-txn")}
     cp = await start_coordinator(server.endpoint, coord_keys.prefix, log_dir=tmp)
     bp = await start_coordinator(server.endpoint, base_keys.prefix, log_dir=tmp, repo=BASE) if BASE else cp
     base_proc = getattr(bp, "proc", None)
@@ -236,7 +237,8 @@ async def _run(server: EtcdServer, tmp: pathlib.Path) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     try:
         async with aetcd.Client(host=host, port=int(port)) as etcd, CoordinatorClient(cp.address) as cc, \
-                CoordinatorClient(bp.address) as bc, CoordinatorClient(floors["noop"][1]) as f_noop, CoordinatorClient(floors["txn"][1]) as f_txn:
+                CoordinatorClient(bp.address) as bc, CoordinatorClient(floors["noop"][1]) as f_noop, CoordinatorClient(floors["txn"][1]) as f_txn, \
+                CoordinatorClient(floors["read-txn"][1]) as f_cold:
             session = await cc.open_session(60.0, owner="bench")
             base_session = await bc.open_session(60.0, owner="bench") if BASE else session
             lease = await etcd.lease(3600)  # no keep-alive: outlives the bench
@@ -263,6 +265,7 @@ async def _run(server: EtcdServer, tmp: pathlib.Path) -> dict[str, Any]:
                 "coord-cold": {"client": None, "server": coord_proc.pid, "etcd": etcd_pid},
                 "floor-noop": {"client": None, "server": floors["noop"][0].pid, "etcd": etcd_pid},
                 "floor-txn": {"client": None, "server": floors["txn"][0].pid, "etcd": etcd_pid},
+                "floor-cold": {"client": None, "server": floors["read-txn"][0].pid, "etcd": etcd_pid},
                 "base": {"client": None, "server": base_proc.pid, "etcd": etcd_pid},
                 "base-cold": {"client": None, "server": base_proc.pid, "etcd": etcd_pid}}
 
@@ -273,6 +276,7 @@ async def _run(server: EtcdServer, tmp: pathlib.Path) -> dict[str, Any]:
                 ("coord-cold", "claim"): coord_claim, ("coord-cold", "update"): coord_update,
                 ("floor-noop", "claim"): floor(f_noop, "claim"), ("floor-noop", "update"): floor(f_noop, "update"),
                 ("floor-txn", "claim"): floor(f_txn, "claim"), ("floor-txn", "update"): floor(f_txn, "update"),
+                ("floor-cold", "claim"): floor(f_cold, "claim"), ("floor-cold", "update"): floor(f_cold, "update"),
                 ("base", "claim"): floor(bc, "claim"), ("base", "update"): floor(bc, "update"),
                 ("base-cold", "claim"): floor(bc, "claim"), ("base-cold", "update"): floor(bc, "update")}
             for conc, n in COUNTS.items():

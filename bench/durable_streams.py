@@ -31,8 +31,11 @@ Three servers, whose durability differs (what an answered append has survived):
   JetStream (fenced, answered after the ack) with none of the protocol: the least a Python
   server on baton's stack does per append. baton near the floor says the protocol layer
   costs little; the floor below a reference says no protocol work can reach that side.
+- ``floor_2w``: the same floor in two processes on one port (``SO_REUSEPORT``), as two
+  gateway workers: the most two workers could reach; its appends only (each process
+  remembers only its own appends, so its long-polls are not measured).
 Target: baton's throughput ≥ the reference's; the results give ratios against both
-references (``ratios``; the floor's in ``floor_ratios``). Writes ``bench/results/durable_streams.json``.
+references (``ratios``; the floors' in ``floor_ratios`` and ``floor_2_workers_ratios``). Writes ``bench/results/durable_streams.json``.
 
 Each round measures every side once, the order rotated by one each round (no side always
 first or last), and every figure is the median over rounds. Each round also reports the
@@ -71,18 +74,21 @@ LATENCY_SAMPLES = 100
 ROUNDS = int(os.environ.get("BENCH_DS_ROUNDS", "3"))
 
 
-def measure(base: str, pids: dict[str, int]) -> dict[str, Any]:
+def measure(base: str, pids: dict[str, int], *, reads: bool = True) -> dict[str, Any]:
     """Run the node load generator (``tests/node/ds/bench_client.mjs``) against ``base``.
 
     Args:
         base: the server's Durable Streams URL.
         pids: processes whose CPU time the round costs (name → pid); each is reported as
             ``cpu_ms_per_request.<name>``: CPU milliseconds per HTTP request sent.
+        reads: measure the long-poll read latency too (``False``: appends only, and
+            ``read_latency_ms`` is ``{p50: 0, p99: 0, samples: 0}``).
     """
     node = shutil.which("node")
     assert node is not None
     env = {**os.environ, "ONE_STREAM_APPENDS": str(ONE_STREAM_APPENDS),
-           "MANY_STREAMS_APPENDS": str(MANY_STREAMS_APPENDS), "LATENCY_SAMPLES": str(LATENCY_SAMPLES)}
+           "MANY_STREAMS_APPENDS": str(MANY_STREAMS_APPENDS),
+           "LATENCY_SAMPLES": str(LATENCY_SAMPLES if reads else 0)}
     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
     out = subprocess.run([node, "ds/bench_client.mjs", base], cwd=NODE_DIR, env=env, capture_output=True,
                          timeout=900)
@@ -144,16 +150,20 @@ def start_reference(log: pathlib.Path, data_dir: pathlib.Path | None = None) -> 
 
 
 FLOOR = "floor"
+#: The floor in two worker processes on one port: what two gateway workers could reach at most.
+#: Its appends only: its reads are not measured (see bench/_ds_floor.py).
+FLOOR_2W = "floor_2w"
+FLOORS = {FLOOR: 1, FLOOR_2W: 2}
 
 
-def start_floor(nats_url: str, log: pathlib.Path) -> tuple[subprocess.Popen[bytes], str]:
-    """``bench/_ds_floor.py`` on a free port: (process, URL of its ``/ds``)."""
+def start_floor(nats_url: str, log: pathlib.Path, workers: int = 1) -> tuple[subprocess.Popen[bytes], str]:
+    """``bench/_ds_floor.py`` on a free port, in ``workers`` processes: (process, URL of its ``/ds``)."""
     from baton_tools.testing.servers import free_port, wait_port
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).resolve().parent.parent)}
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "bench._ds_floor", nats_url, str(port)], env=env,
-                                stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([sys.executable, "-m", "bench._ds_floor", nats_url, str(port), str(workers)],
+                                env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_port(port, proc, 30, "the floor server", log)
     except (RuntimeError, TimeoutError) as exc:
@@ -187,13 +197,14 @@ async def main() -> dict[str, Any]:
     nats.start()
     assert nats.proc is not None
     refs: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
-    floor: tuple[subprocess.Popen[bytes], str] | None = None
+    floors: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
     gws: dict[str, GatewayProcess] = {}
     try:
         refs["reference"] = start_reference(tmp / "reference.log")
         # Beside nats-server's JetStream store (tmp/nats/jetstream): the same filesystem.
         refs["reference_file"] = start_reference(tmp / "reference_file.log", tmp / "reference_file")
-        floor = start_floor(nats.url, tmp / "floor.log")
+        for name, workers in FLOORS.items():
+            floors[name] = start_floor(nats.url, tmp / f"{name}.log", workers)
         coord = await start_coordinator(etcd.endpoint, f"/bench-ds-{os.getpid()}", log_dir=tmp)
         try:
             for name, settings in variants().items():
@@ -212,7 +223,7 @@ async def main() -> dict[str, Any]:
                     await gw.start()
             # Interleaved rounds, each figure the median of its rounds: the machine's load
             # drifts over a run and hits every server alike.
-            sides = [*gws, FLOOR, *REFERENCES]
+            sides = [*gws, *FLOORS, *REFERENCES]
             rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
             failures: dict[str, int] = {}
             for i in range(ROUNDS):
@@ -221,12 +232,12 @@ async def main() -> dict[str, Any]:
                         pid = gws[name].pid
                         assert pid is not None
                         url, pids = f"{gws[name].url}/ds", {"gateway": pid, "nats": nats.proc.pid}
-                    elif name == FLOOR:
-                        url, pids = floor[1], {"server": floor[0].pid, "nats": nats.proc.pid}
+                    elif name in floors:
+                        url, pids = floors[name][1], {"server": floors[name][0].pid, "nats": nats.proc.pid}
                     else:
                         url, pids = refs[name][1], {"server": refs[name][0].pid}
                     try:
-                        rounds[name].append(await asyncio.to_thread(measure, url, pids))
+                        rounds[name].append(await asyncio.to_thread(measure, url, pids, reads=name != FLOOR_2W))
                     except RuntimeError as exc:
                         if name in gws:
                             raise
@@ -241,7 +252,7 @@ async def main() -> dict[str, Any]:
                 await gw.stop()
             await coord.stop()
     finally:
-        for proc, _ in [*refs.values(), *([floor] if floor else [])]:
+        for proc, _ in [*refs.values(), *floors.values()]:
             proc.terminate()
             proc.wait(10)
         nats.stop()
@@ -252,10 +263,12 @@ async def main() -> dict[str, Any]:
     out: dict[str, Any] = {**medians, "rounds": ROUNDS, "reference_client_failures": failures}
     if first != "baton":
         out["baton"] = medians[first]
-    ratios = {name: {ref: _ratios(medians[name], medians[ref]) for ref in REFERENCES} for name in [*gws, FLOOR]}
+    ratios = {name: {ref: _ratios(medians[name], medians[ref]) for ref in REFERENCES} for name in [*gws, *FLOORS]}
     default = gws.keys() == DEFAULT_VARIANTS.keys()
     out["ratios"] = ratios["baton"] if list(gws) == ["baton"] or default else {name: ratios[name] for name in gws}
     out["floor_ratios"] = ratios[FLOOR]
+    out["floor_2_workers_ratios"] = {ref: {k: v for k, v in r.items() if k != "read_latency_p50"}
+                                     for ref, r in ratios[FLOOR_2W].items()}
     out["targets_met"] = {
         f"throughput_ge_{ref}": min(r["append_1_stream"], r["append_16_streams"]) >= 1.0
         for ref, r in ratios[first].items()}
@@ -286,7 +299,7 @@ async def main() -> dict[str, Any]:
         f"{medians[n]['cpu_ms_per_request'].get('nats', 0):>{w}.3f}" for n in names))
     if "workers_2_vs_1" in out:
         print("2 workers / 1: " + ", ".join(f"{k} {v:.2f}" for k, v in out["workers_2_vs_1"].items()))
-    for name in [*gws, FLOOR]:
+    for name in [*gws, *FLOORS]:
         for ref, r in ratios[name].items():
             print(f"ratio {name}/{ref}: append 1 stream {r['append_1_stream']:.2f}, "
                   f"16 streams {r['append_16_streams']:.2f}, read p50 {r['read_latency_p50']:.2f}")

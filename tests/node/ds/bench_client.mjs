@@ -42,6 +42,7 @@ async function appendRate(streams, perStream) {
 }
 
 async function readLatency(samples) {
+  if (samples === 0) return { p50: 0, p99: 0, samples: 0 } // not measured (LATENCY_SAMPLES=0)
   let [p, offset] = await create()
   const lat = []
   for (let i = 0; i < samples; i++) {
