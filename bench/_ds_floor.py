@@ -60,6 +60,7 @@ class Floor:
                 if msg["type"] == "lifespan.startup":
                     await self.start()
                     await send({"type": "lifespan.startup.complete"})
+                    print(READY, flush=True)
                 elif msg["type"] == "lifespan.shutdown":
                     await send({"type": "lifespan.shutdown.complete"})
                     return
@@ -105,21 +106,15 @@ class Floor:
         await send({"type": "http.response.body", "body": body})
 
 
+#: The line each worker prints once its app has started (``start_floor`` counts them).
+READY = "floor worker ready"
+
+
 def main() -> None:
     nats_url, port = sys.argv[1], int(sys.argv[2])
     workers = int(sys.argv[3]) if len(sys.argv) > 3 else 1
     if workers > 1:
-        # Each worker is this module again with one worker on the shared port; the parent
-        # only waits (the bench counts its children's CPU with its own); its SIGTERM stops them.
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        procs = [subprocess.Popen([sys.executable, "-m", "bench._ds_floor", nats_url, str(port), "1", "reuse"])
-                 for _ in range(workers)]
-        try:
-            for p in procs:
-                p.wait()
-        finally:
-            for p in procs:
-                p.terminate()
+        _supervise(nats_url, port, workers)
         return
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -129,6 +124,28 @@ def main() -> None:
     config = uvicorn.Config(Floor(nats_url), log_level="warning", access_log=False, server_header=False,
                             lifespan="on", loop="uvloop", http="httptools")
     uvicorn.Server(config).run(sockets=[sock])
+
+
+def _supervise(nats_url: str, port: int, workers: int) -> None:
+    """Run ``workers`` one-worker floors on ``port`` and wait. When any of them exits, or on
+    SIGTERM, the others are terminated and waited for: the floor is all of them or none."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for _ in range(workers):
+            procs.append(subprocess.Popen([sys.executable, "-m", "bench._ds_floor", nats_url, str(port), "1", "reuse"]))
+        pid, status = os.wait()
+        sys.exit(f"floor worker {pid} exited (status {status}): the floor stops")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ process). A gateway's CPU is its process's and its workers'.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import pathlib
@@ -82,7 +83,7 @@ def measure(base: str, pids: dict[str, int], *, reads: bool = True) -> dict[str,
         pids: processes whose CPU time the round costs (name → pid); each is reported as
             ``cpu_ms_per_request.<name>``: CPU milliseconds per HTTP request sent.
         reads: measure the long-poll read latency too (``False``: appends only, and
-            ``read_latency_ms`` is ``{p50: 0, p99: 0, samples: 0}``).
+            ``read_latency_ms`` is ``None``).
     """
     node = shutil.which("node")
     assert node is not None
@@ -95,6 +96,8 @@ def measure(base: str, pids: dict[str, int], *, reads: bool = True) -> dict[str,
     if out.returncode != 0:
         raise RuntimeError(f"bench client against {base} failed: {out.stderr.decode(errors='replace')[-3000:]}")
     result: dict[str, Any] = json.loads(out.stdout.decode().strip().splitlines()[-1])
+    if not reads:
+        result["read_latency_ms"] = None
     result["cpu_ms_per_request"] = {
         name: 1000 * (cpu_seconds(pid) - before[name]) / result["requests"] for name, pid in pids.items()}
     return result
@@ -151,25 +154,60 @@ def start_reference(log: pathlib.Path, data_dir: pathlib.Path | None = None) -> 
 
 FLOOR = "floor"
 #: The floor in two worker processes on one port: what two gateway workers could reach at most.
-#: Its appends only: its reads are not measured (see bench/_ds_floor.py).
+#: Its appends only: its reads are not measured (see bench/_ds_floor.py), and its CPU per
+#: request is per append (the other sides' requests include their long-polls).
 FLOOR_2W = "floor_2w"
+#: The floor sides → their worker processes.
 FLOORS = {FLOOR: 1, FLOOR_2W: 2}
 
 
 def start_floor(nats_url: str, log: pathlib.Path, workers: int = 1) -> tuple[subprocess.Popen[bytes], str]:
-    """``bench/_ds_floor.py`` on a free port, in ``workers`` processes: (process, URL of its ``/ds``)."""
-    from baton_tools.testing.servers import free_port, wait_port
+    """``bench/_ds_floor.py`` on a free port, in ``workers`` processes: (process, URL of its
+    ``/ds``). Returns once every worker has started (each prints ``_ds_floor.READY`` to
+    ``log``); the floor runs in a process group of its own, which :func:`stop_floor` ends.
+
+    Raises:
+        SystemExit: it did not start within 30 s (nothing of it is left running).
+    """
+    from baton_tools.testing.servers import free_port
+
+    from bench._ds_floor import READY
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).resolve().parent.parent)}
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "bench._ds_floor", nats_url, str(port), str(workers)],
-                                env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        wait_port(port, proc, 30, "the floor server", log)
-    except (RuntimeError, TimeoutError) as exc:
-        proc.kill()
-        raise SystemExit(str(exc)) from exc
+                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while log.read_text(errors="replace").count(READY) < workers:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_floor(proc)
+            raise SystemExit(f"the floor server ({workers} workers) did not start: "
+                             f"{log.read_text(errors='replace')[-2000:]}")
+        time.sleep(0.05)
     return proc, f"http://127.0.0.1:{port}/ds"
+
+
+def stop_floor(proc: subprocess.Popen[bytes]) -> None:
+    """End a floor and its workers: SIGTERM to its process group, then SIGKILL to whatever of
+    the group is still there after 10 s."""
+    import signal
+
+    def group_alive() -> bool:
+        proc.poll()  # reap the leader: a zombie would keep the group answering
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while group_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def _check_source(env: dict[str, str], src: str) -> None:
@@ -236,8 +274,9 @@ async def main() -> dict[str, Any]:
                         url, pids = floors[name][1], {"server": floors[name][0].pid, "nats": nats.proc.pid}
                     else:
                         url, pids = refs[name][1], {"server": refs[name][0].pid}
+                    reads = name != FLOOR_2W
                     try:
-                        rounds[name].append(await asyncio.to_thread(measure, url, pids, reads=name != FLOOR_2W))
+                        rounds[name].append(await asyncio.to_thread(measure, url, pids, reads=reads))
                     except RuntimeError as exc:
                         if name in gws:
                             raise
@@ -246,15 +285,17 @@ async def main() -> dict[str, Any]:
                         # and the round run again for it.
                         print(f"{name}: {exc}".splitlines()[0], "...", str(exc).splitlines()[-6:])
                         failures[name] = failures.get(name, 0) + 1
-                        rounds[name].append(await asyncio.to_thread(measure, url, pids))
+                        rounds[name].append(await asyncio.to_thread(measure, url, pids, reads=reads))
         finally:
             for gw in gws.values():
                 await gw.stop()
             await coord.stop()
     finally:
-        for proc, _ in [*refs.values(), *floors.values()]:
+        for proc, _ in refs.values():
             proc.terminate()
             proc.wait(10)
+        for proc, _ in floors.values():
+            stop_floor(proc)
         nats.stop()
         etcd.stop()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -267,8 +308,7 @@ async def main() -> dict[str, Any]:
     default = gws.keys() == DEFAULT_VARIANTS.keys()
     out["ratios"] = ratios["baton"] if list(gws) == ["baton"] or default else {name: ratios[name] for name in gws}
     out["floor_ratios"] = ratios[FLOOR]
-    out["floor_2_workers_ratios"] = {ref: {k: v for k, v in r.items() if k != "read_latency_p50"}
-                                     for ref, r in ratios[FLOOR_2W].items()}
+    out["floor_2_workers_ratios"] = ratios[FLOOR_2W]
     out["targets_met"] = {
         f"throughput_ge_{ref}": min(r["append_1_stream"], r["append_16_streams"]) >= 1.0
         for ref, r in ratios[first].items()}
@@ -291,7 +331,8 @@ async def main() -> dict[str, Any]:
         print(f"{label:<24}" + "".join(f"{medians[n][key]:>{w}.0f}" for n in names))
     for q in ("p50", "p99"):
         print(f"{'read latency ' + q + ' ms':<24}" + "".join(
-            f"{medians[n]['read_latency_ms'][q]:>{w}.2f}" for n in names))
+            f"{'n/a':>{w}}" if medians[n]["read_latency_ms"] is None else f"{medians[n]['read_latency_ms'][q]:>{w}.2f}"
+            for n in names))
     print(f"{'server CPU ms/request':<24}" + "".join(
         f"{medians[n]['cpu_ms_per_request'].get('gateway', medians[n]['cpu_ms_per_request'].get('server', 0)):>{w}.3f}"
         for n in names))
@@ -301,8 +342,9 @@ async def main() -> dict[str, Any]:
         print("2 workers / 1: " + ", ".join(f"{k} {v:.2f}" for k, v in out["workers_2_vs_1"].items()))
     for name in [*gws, *FLOORS]:
         for ref, r in ratios[name].items():
+            read = f", read p50 {r['read_latency_p50']:.2f}" if "read_latency_p50" in r else ""
             print(f"ratio {name}/{ref}: append 1 stream {r['append_1_stream']:.2f}, "
-                  f"16 streams {r['append_16_streams']:.2f}, read p50 {r['read_latency_p50']:.2f}")
+                  f"16 streams {r['append_16_streams']:.2f}{read}")
     if ROUNDS > 1 or os.environ.get("BENCH_DS_SHOW_ROUNDS"):
         for name, rs in rounds.items():
             print(f"rounds {name}: 1 stream " + " ".join(f"{r['append_1_stream_per_s']:.0f}" for r in rs)
@@ -311,18 +353,24 @@ async def main() -> dict[str, Any]:
 
 
 def _ratios(b: dict[str, Any], ref: dict[str, Any]) -> dict[str, float]:
-    return {
+    """``b``'s figures over ``ref``'s; no read ratio when ``b``'s reads were not measured."""
+    out = {
         "append_1_stream": b["append_1_stream_per_s"] / ref["append_1_stream_per_s"],
         "append_16_streams": b["append_16_streams_per_s"] / ref["append_16_streams_per_s"],
-        "read_latency_p50": b["read_latency_ms"]["p50"] / ref["read_latency_ms"]["p50"],
     }
+    if b["read_latency_ms"] is not None:
+        out["read_latency_p50"] = b["read_latency_ms"]["p50"] / ref["read_latency_ms"]["p50"]
+    return out
 
 
 def _median(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Each figure's median over rounds (``read_latency_ms`` field by field)."""
+    """Each figure's median over rounds (``read_latency_ms`` field by field; ``None`` stays
+    ``None``: not measured)."""
     out: dict[str, Any] = {}
     for key, value in results[0].items():
-        if isinstance(value, dict):
+        if value is None:
+            out[key] = None
+        elif isinstance(value, dict):
             out[key] = {k: statistics.median(r[key][k] for r in results) for k in value}
         else:
             out[key] = statistics.median(r[key] for r in results)
