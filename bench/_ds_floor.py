@@ -47,7 +47,9 @@ class Floor:
         self.changed: dict[str, asyncio.Event] = {}
 
     async def start(self) -> None:
-        nc = await nats.connect(self.nats_url)
+        # One retry: a floor that cannot reach NATS fails its start in seconds, not after
+        # nats-py's default 60 attempts 2 s apart (allow_reconnect=False does not cut those).
+        nc = await nats.connect(self.nats_url, max_reconnect_attempts=1)
         js = nc.jetstream()
         await js.add_stream(name=STREAM, subjects=[PREFIX + ">"])
         self.pub = Publisher(nc)
