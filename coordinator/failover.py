@@ -405,18 +405,21 @@ async def failover_scheduler(ctx: LeaderContext, metrics: CoordinatorMetrics | N
     gone_hosts: dict[str, HostInfo] = {}
 
     async def note(lost: Claim, at: float, after: asyncio.Task[str] | None) -> None:
-        if after is not None:
-            # The hand-over first: the note and the successor's claim both write the run's
-            # record, and a note landing between the claim's read and write made the claim
-            # write again, on the takeover's way. The record takes either order
-            # (takeovers.after_loss); a hand-over that keeps failing does not hold it long.
-            await asyncio.wait([after], timeout=NOTE_WAIT)
         try:
+            # The cause at once: what etcd holds just after the deletion. After the hand-over
+            # it may be gone (a drained host undrained as soon as its runs moved reads as
+            # "released").
             async with note_slots:
                 cause = await loss_cause(ctx, lost, at)
             if cause is None:
                 return
             if after is not None:
+                # The hand-over before the write: the note and the successor's claim both
+                # write the run's record, and a note landing between the claim's read and
+                # write made the claim write again, on the takeover's way. The record takes
+                # either order (takeovers.after_loss); a hand-over that keeps failing does
+                # not hold it long.
+                await asyncio.wait([after], timeout=NOTE_WAIT)
                 # The successors' first appends before the note's connect and write: their
                 # CPU is a reader's stall, a note's is not (no slot held meanwhile).
                 await asyncio.sleep(NOTE_DEFER)

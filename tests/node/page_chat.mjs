@@ -163,7 +163,12 @@ await main(async (browser) => {
   const recF = await record(runF)
   check(recF.status === 'aborted', 'the run stopped with Esc is not aborted', recF)
   check(JSON.stringify(cancels) === '["POST"]', 'Esc did not send exactly one cancel', { cancels })
-  check(await pill(page) === 'stopped' && !(await page.isEnabled('#stop')), 'the pill does not say stopped after Esc')
+  // The pill and Stop settle with the final record (read after the log closed), which may
+  // come a moment after the state waitState saw: wait for them, then say what they show.
+  await page.waitForFunction(() => document.getElementById('run-state').textContent === 'stopped' &&
+    document.getElementById('stop').disabled, null, { timeout: 10000 }).catch(() => {})
+  check(await pill(page) === 'stopped' && !(await page.isEnabled('#stop')), 'the pill does not say stopped after Esc',
+    { pill: await pill(page), stop: await page.isEnabled('#stop') })
   check(f.notes.some((t) => t.includes('you pressed Stop')) && f.outcome.startsWith('Stopped'), 'no stopped run after Esc', f)
   check(await page.inputValue('#prompt') === 'a draft', 'Esc lost the draft')
   await page.fill('#prompt', '')
