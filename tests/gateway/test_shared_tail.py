@@ -30,6 +30,20 @@ def _values(step: Any) -> list[dict[str, Any]]:
     return [json.loads(payload) for _, payload in step.items()]
 
 
+async def _read_to_end(read: Any, *, idle: bool = True) -> tuple[list[dict[str, Any]], Any]:
+    """The chunks ``read`` yields up to its first step that is not chunks (``End`` at a close):
+    ``(chunk values, that step)``. ``idle=False``: an idle step (no chunk within 10 s) fails."""
+    got: list[dict[str, Any]] = []
+    while True:
+        step = await read.next(10)
+        if step is None:
+            assert idle, "idle"
+            continue
+        if not isinstance(step, Chunks):
+            return got, step
+        got += _values(step)
+
+
 async def _offsets_of_all(state: Any, run: str, n: int) -> list[int]:
     """The offsets of the run's first ``n`` chunks, read by a reader from the start that then leaves."""
     offsets: list[int] = []
@@ -102,12 +116,9 @@ async def test_a_reader_behind_the_kept_window_reads_the_dropped_chunks_on_its_o
         hub = state.hubs._hubs[run]
         await assert_eventually(lambda: hub.closed, timeout=10)
         assert hub.base > 0  # frames were dropped
-        while True:
-            step = await read.next(10)
-            if isinstance(step, End):
-                break
-            got += _values(step)
-        assert got == chunks and step.status == "completed"
+        rest, step = await _read_to_end(read)
+        got += rest
+        assert got == chunks and isinstance(step, End) and step.status == "completed"
 
 
 async def test_a_resumed_reader_with_no_tail_opens_one_at_its_offset(gateway: Gateway, cc: Any, dlog: Any) -> None:
@@ -129,14 +140,8 @@ async def test_a_resumed_reader_with_no_tail_opens_one_at_its_offset(gateway: Ga
         await w.append(chunks[4:], origin="journal")
         await w.close("completed")
         for read, want in ((resumed, chunks[2:]), (fresh, chunks)):
-            got: list[dict[str, Any]] = []
-            while True:
-                step = await read.next(10)
-                if isinstance(step, End):
-                    break
-                if step is not None:
-                    got += _values(step)
-            assert got == want and step.status == "completed"
+            got, step = await _read_to_end(read)
+            assert got == want and isinstance(step, End) and step.status == "completed"
 
 
 async def test_a_catch_up_read_at_the_tail_with_no_tail_open_ends_at_once(gateway: Gateway, cc: Any, dlog: Any) -> None:

@@ -5,14 +5,13 @@ Real NATS and etcd (a helper's attempts to break it, kept)."""
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 from gateway._fanout import Hubs
-from gateway._reader import Chunks, End, Gap, RunRead
+from gateway._reader import End, Gap, RunRead
 from tests.conftest import assert_eventually
 from tests.gateway.conftest import Gateway
-from tests.gateway.test_shared_tail import _offsets_of_all, _open_run, _values
+from tests.gateway.test_shared_tail import _offsets_of_all, _open_run, _read_to_end, _values
 
 
 async def _consumers(dlog: Any, run: str) -> list[str]:
@@ -23,17 +22,6 @@ async def _consumers(dlog: Any, run: str) -> list[str]:
 
 async def _no_consumers(dlog: Any, run: str) -> bool:
     return await _consumers(dlog, run) == []
-
-
-async def _drain(read: RunRead) -> tuple[list[dict[str, Any]], Any]:
-    got: list[dict[str, Any]] = []
-    while True:
-        step = await read.next(10)
-        if step is None:
-            raise AssertionError("idle")
-        if not isinstance(step, Chunks):
-            return got, step
-        got += [json.loads(p) for _, p in step.items()]
 
 
 async def test_a_second_release_of_a_tail_does_not_keep_it_for_ever(gateway: Gateway, cc: Any, dlog: Any) -> None:
@@ -99,20 +87,20 @@ async def test_joins_of_a_lingering_tail_opened_at_an_offset(gateway: Gateway, c
             assert await r.next(0.3) is None
             await w.append(chunks[4:], origin="journal")
             await w.close("completed")
-            got, end = await _drain(r)
+            got, end = await _read_to_end(r, idle=False)
             assert got == chunks[4:] and isinstance(end, End) and end.status == "completed"
         await assert_eventually(lambda: hubs._hubs[run].closed, timeout=10)
         hub = hubs._hubs[run]
         offs = await _offsets_of_all(state, run, len(chunks))
         for i, after in enumerate(["-1", *map(str, offs)]):
             async with RunRead(state, run, after) as r:
-                got, end = await _drain(r)
+                got, end = await _read_to_end(r, idle=False)
                 assert got == chunks[i:], after
                 assert isinstance(end, End) and end.status == "completed", (after, end)
         # past the close and past the stream's end
         for after in (str(hub.close_position), str(hub.close_position + 1000)):
             async with RunRead(state, run, after) as r:
-                got, end = await _drain(r)
+                got, end = await _read_to_end(r, idle=False)
                 assert got == [] and isinstance(end, End), (after, end)
         assert await _consumers(dlog, run) == []  # the closed tail's read is over
     finally:
@@ -139,7 +127,7 @@ async def test_a_lingering_tail_that_dropped_frames_while_nobody_read(gateway: G
     try:
         for after in ["-1", str(offs[0]), str(offs[1]), str(dropped_through), str(first_kept)]:
             async with RunRead(state, run, after) as r:
-                got, end = await _drain(r)
+                got, end = await _read_to_end(r, idle=False)
                 assert isinstance(end, End) and end.status == "completed"
                 exp = [c for c, o in zip(chunks, all_offs) if o > int(after)]
                 assert got == exp, (after, len(got), len(exp))
@@ -316,13 +304,9 @@ async def test_a_reader_back_within_the_linger_resumes_from_the_tail_that_stayed
         assert await _consumers(dlog, run) == consumers  # no consumer made for it
         await w.append(chunks[4:], origin="journal")
         await w.close("completed")
-        while True:
-            step = await resumed.next(10)
-            if isinstance(step, End):
-                break
-            if step is not None:
-                got += _values(step)
-        assert got == chunks[2:] and step.status == "completed"
+        rest, step = await _read_to_end(resumed)
+        got += rest
+        assert got == chunks[2:] and isinstance(step, End) and step.status == "completed"
 
 
 async def test_a_lingering_tail_goes_when_the_linger_ends_and_its_consumer_with_it(
@@ -342,11 +326,5 @@ async def test_a_lingering_tail_goes_when_the_linger_ends_and_its_consumer_with_
     await w.append(chunks[2:], origin="journal")
     await w.close("completed")
     async with RunRead(state, run, "-1") as again:
-        got = []
-        while True:
-            step = await again.next(10)
-            if isinstance(step, End):
-                break
-            if step is not None:
-                got += _values(step)
-    assert got == chunks
+        got, step = await _read_to_end(again)
+    assert got == chunks and isinstance(step, End)
