@@ -27,6 +27,23 @@ def cpu_seconds(pid: int) -> float:
     return (int(f[11]) + int(f[12])) / TICK
 
 
+def cpu_seconds_exact(pid: int) -> float:
+    """Seconds process ``pid``'s live threads have run on a CPU (the first field of each
+    ``/proc/<pid>/task/<tid>/schedstat``, in ns): to the nanosecond, where
+    :func:`cpu_seconds` counts 10 ms ticks. A thread that ended is not counted.
+
+    Raises:
+        OSError: no such process.
+    """
+    total = 0
+    for task in pathlib.Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except OSError:
+            continue
+    return total / 1e9
+
+
 def processes() -> Iterator[tuple[int, int, float, str]]:
     """Every live process as ``(pid, parent pid, CPU seconds so far, command line)``; one
     that ends while read is left out."""
@@ -85,3 +102,16 @@ class CpuWindow:
         out = {name: round((cpu[name] - self._cpu.get(name, 0.0)) / wall, 2) for name in cpu}
         out["machine_busy"] = round((busy - self._jiffies[0]) / max(total - self._jiffies[1], 1), 2)
         return out
+
+
+def calibration_ms(rounds: int = 5) -> float:
+    """The machine's single-core speed as the fastest of ``rounds`` runs of a fixed
+    pure-Python loop (ms, lower is faster): beside a bench's figures, it tells a slower day
+    of a shared machine from a slower tree."""
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        sum(i * i for i in range(300_000))
+        best = min(best, time.perf_counter() - t0)
+    return round(best * 1000, 2)
+

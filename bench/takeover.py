@@ -45,7 +45,10 @@ Fast failover: three more clusters of three hosts each, measured side by side
 side runs that revision's coordinator and hosts in place of ``cold``: before/after under
 the same load. With ``BATON_BENCH_RESTART=alternate`` every other kill of (e) restarts the
 victim only after the stall (as Kubernetes restarts a crashed container), and (e) is also
-given per kind of kill (``by_restart``); by default the victim restarts at the kill.
+given per kind of kill (``by_restart``); by default the victim restarts at the kill. (e) also
+reports the machine's CPU use in the ``PRE_KILL`` s before each kill
+(``cpu_busy_before_kill_p50``); ``BATON_BENCH_SETTLE=<s>`` waits that long after every reader
+saw its ``FAST_KILL_AT``-th chunk before the kill (the runs' start-up over by then).
 
 Writes ``bench/results/takeover.json``.
 """
@@ -63,7 +66,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench._cpu import machine_jiffies, processes
+from bench._cpu import calibration_ms, machine_jiffies, processes
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "takeover.json"
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -80,6 +83,7 @@ RUNS_PER_KILL = 10
 MANY = 50  # (f)
 BLIPS = 10  # (g)
 QUICK_KILLS_FAST, QUICK_KILLS_TTL, QUICK_BLIPS = 4, 2, 4  # fast --quick
+PRE_KILL = 0.15  # s before a SIGKILL whose CPU use (e) reports beside the stall's
 FAST_KILL_AT = 15  # chunks every reader of (e)-(g) has seen before the fault
 #: Session TTL of the (e)-(g) clusters (s): the product's 2 s loses sessions before any
 #: fault on a 2-core machine shared with other suites (as in tests/faults); the fast path
@@ -316,12 +320,13 @@ def _cpu_by_process() -> dict[int, tuple[str, float]]:
 class _CpuSampler:
     """The machine's CPU use over a window, from ``/proc/stat`` sampled every ``period`` s."""
 
-    def __init__(self, period: float = 0.01, split_after: float = 0.15) -> None:
+    def __init__(self, period: float = 0.01, split_after: float | None = 0.15) -> None:
         self.samples: list[tuple[float, int, int]] = [(time.monotonic(), *machine_jiffies())]
         self._task = asyncio.create_task(self._run(period))
-        #: CPU ms per process group in the first ``split_after`` s (a process born in it counts whole).
+        #: CPU ms per process group in the first ``split_after`` s (a process born in it counts
+        #: whole); none when ``split_after`` is ``None``.
         self.by_group: dict[str, float] = {}
-        self._split = asyncio.create_task(self._split_run(split_after))
+        self._split = asyncio.create_task(self._split_run(split_after) if split_after is not None else asyncio.sleep(0))
 
     async def _split_run(self, after: float) -> None:
         # In a thread: the readers' loop stamps the arrivals meanwhile.
@@ -380,6 +385,10 @@ class Killer:
         self._restarts: list[asyncio.Task[None]] = []
         self._n = 0
         self.cpu_busy: list[float] = []
+        #: per kill, the machine's CPU use in the ``PRE_KILL`` s before the SIGKILL (the
+        #: runs' start and streaming: what the takeover shares the cores with)
+        self.cpu_busy_before: list[float] = []
+        self.settle = float(os.environ.get("BATON_BENCH_SETTLE", "0"))
         self.cpu_ms: list[dict[str, float]] = []  # per kill: CPU ms per process group, first 150 ms
 
     async def once(self) -> None:
@@ -388,9 +397,18 @@ class Killer:
             await self._restarts[-2]
         victim = side.hosts[self._n % len(side.hosts)]
         self._n += 1
-        run_ids, arrivals, readers = await _drive(side, victim, self.runs, self.delay)
+        pre = _CpuSampler(split_after=None)
+        try:
+            run_ids, arrivals, readers = await _drive(side, victim, self.runs, self.delay)
+            if self.settle:
+                await asyncio.sleep(self.settle)
+        finally:
+            await pre.stop()
         sampler = _CpuSampler()
         t0 = time.monotonic()
+        before = pre.busy(t0 - PRE_KILL, pre.samples[-1][0])
+        if before is not None:
+            self.cpu_busy_before.append(before)
         self.kill_times.append(time.time())
         later = self.alternate and self._n % 2 == 0
         victim.kill_now()
@@ -410,7 +428,8 @@ class Killer:
             self.cpu_ms.append(sampler.by_group)
         print(f"  {side.name} kill {self._n}: p50 {statistics.median(got) * 1000 if got else 0:.0f} ms, "
               f"max {max(got, default=0) * 1000:.0f} ms over {len(got)} runs, "
-              f"CPU busy {busy if busy is not None else float('nan'):.0%}", flush=True)
+              f"CPU busy {busy if busy is not None else float('nan'):.0%} "
+              f"({before if before is not None else float('nan'):.0%} before)", flush=True)
         self.delays += got
 
     async def finish(self) -> None:
@@ -551,6 +570,8 @@ async def fast_failover(etcd: Any, nats: Any, tmp: pathlib.Path, *, quick: bool 
         for name, k in killers.items():
             e[name]["runs_moved_again"] = len(k.moved_again)
             e[name]["cpu_busy_in_stall_p50"] = statistics.median(k.cpu_busy) if k.cpu_busy else None
+            e[name]["cpu_busy_before_kill_p50"] = statistics.median(k.cpu_busy_before) if k.cpu_busy_before else None
+            e[name]["settle_s"] = k.settle
             groups = sorted({g for d in k.cpu_ms for g in d})
             e[name]["cpu_ms_first_150ms_p50"] = {g: statistics.median(d.get(g, 0.0) for d in k.cpu_ms) for g in groups}
             if k.alternate:
@@ -595,6 +616,7 @@ async def main_fast(quick: bool = False) -> dict[str, Any]:
         nats.kill()
         etcd.kill()
     r["lease_ttl_s"] = FAST_TTL
+    r["machine_calibration_ms"] = calibration_ms()
     r["targets_met"] = _fast_targets(r)
     _print_fast(r)
     r["machine_load_1m_after"] = os.getloadavg()[0]

@@ -5,8 +5,9 @@ clusters and its killer). One cluster of three hosts (``fast``: the fast path on
 ``FAST_TTL``) and, with ``BATON_BENCH_BEFORE=<dir>`` (a checkout of another revision, e.g.
 ``git archive main | tar -x -C <dir>``), a ``before`` cluster running that revision's
 coordinator and hosts, their kills interleaved so load drifts hit both alike. Each side is
-measured twice: ``unloaded``, then ``loaded`` with ``BURNERS`` busy-loop processes
-(``python -c 'while 1: pass'``) beside the cluster for the whole phase.
+measured ``unloaded``, then with busy-loop processes (``python -c 'while 1: pass'``) beside
+the cluster for a whole phase: ``loaded_1`` with one (a CPU burner, as the target is
+worded), ``loaded`` with ``BURNERS`` (one per core of this machine, the harsher).
 
 Per kill a host driving ``RUNS_PER_KILL`` runs is SIGKILLed; per run, the seconds from the
 SIGKILL to its successor's first chunk at a reader connected the whole time (p50, max).
@@ -28,10 +29,12 @@ import tempfile
 import time
 from typing import Any
 
+from bench._cpu import calibration_ms
 from bench.takeover import FAST_TTL, REPO, RESULTS, Killer, Side, _log_times, _pct
 
 KILLS = int(os.environ.get("BATON_BENCH_KILLS", "6"))
-BURNERS = 2  # busy loops beside the cluster in the loaded phase (the machine has 2 cores)
+BURNERS = 2  # busy loops beside the cluster in the ``loaded`` phase (the machine has 2 cores)
+PHASES = (("unloaded", 0), ("loaded_1", 1), ("loaded", BURNERS))  # (name, busy loops)
 OUT = RESULTS.with_name("takeover_load.json")
 
 
@@ -83,16 +86,15 @@ async def main() -> dict[str, Any]:
         for s in sides:
             await s.start(etcd, nats)
         try:
-            r["unloaded"] = await _phase(sides, killers, KILLS)
-            print(f"(h) unloaded {r['unloaded']}", flush=True)
-            burn = _burners(BURNERS)
-            try:
-                r["loaded"] = await _phase(sides, killers, KILLS)
-            finally:
-                for p in burn:
-                    p.kill()
-                    p.wait()
-            print(f"(h) loaded {r['loaded']}", flush=True)
+            for phase, n in PHASES:
+                burn = _burners(n)
+                try:
+                    r[phase] = await _phase(sides, killers, KILLS)
+                finally:
+                    for p in burn:
+                        p.kill()
+                        p.wait()
+                print(f"(h) {phase} {r[phase]}", flush=True)
         finally:
             for k in killers.values():
                 await k.finish()
@@ -102,6 +104,7 @@ async def main() -> dict[str, Any]:
         nats.kill()
         etcd.kill()
     r["machine_load_1m_after"] = os.getloadavg()[0]
+    r["machine_calibration_ms"] = calibration_ms()
     r["at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     _print(r)
     OUT.parent.mkdir(parents=True, exist_ok=True)
@@ -111,7 +114,7 @@ async def main() -> dict[str, Any]:
 
 def _print(r: dict[str, Any]) -> None:
     print(f"{'side':8} {'phase':9} {'p50 ms':>8} {'max ms':>8} {'runs':>5} {'fast path':>10}")
-    for phase in ("unloaded", "loaded"):
+    for phase, _n in PHASES:
         for name, x in r.get(phase, {}).items():
             if not x.get("n"):
                 print(f"{name:8} {phase:9} {'-':>8} {'-':>8} {0:5d} {x.get('fast_path', 0):4d}/{x.get('kills', 0)}")
