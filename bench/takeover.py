@@ -397,7 +397,7 @@ class Killer:
             await self._restarts[-2]
         victim = side.hosts[self._n % len(side.hosts)]
         self._n += 1
-        pre = _CpuSampler(split_after=None)
+        pre = _CpuSampler(period=0.05, split_after=None)  # light: 20 reads of /proc/stat a second
         try:
             run_ids, arrivals, readers = await _drive(side, victim, self.runs, self.delay)
             if self.settle:

@@ -788,7 +788,10 @@ async def _concurrent_walk(replicas: list[RunStore], oracle: RunStore, seed: int
     for batch in range(batches):
         jobs = [one(rnd.choice(ops), rnd.choice(replicas), rnd.choice(runs)) for _ in range(rnd.randint(2, 8))]
         if chaos and batch in chaos:
-            jobs.insert(rnd.randrange(len(jobs) + 1), chaos[batch]())
+            # Never last: the jobs start in order, so the ops before it are in flight when
+            # the fault lands and at least one op after it meets the fault (a batch whose ops
+            # all finish first would leave the outage unseen).
+            jobs.insert(rnd.randrange(len(jobs)), chaos[batch]())
         await asyncio.gather(*jobs)
         # Quiescent checks.
         for run_id in runs:
@@ -918,8 +921,7 @@ async def test_concurrent_batches_with_etcd_sigkilled_and_restarted(own_etcd: Et
     oracle = RunStore(Etcd([own_etcd.endpoint]), prefix, cache_size=0)
 
     async def crash() -> None:
-        await asyncio.sleep(0.002)
-        own_etcd.kill()
+        own_etcd.kill()  # at the job's first step, before the batch's later ops start
 
         async def up() -> bool:
             return await _retry_unavailable(oracle.get_run("x", timeout=1.0))
