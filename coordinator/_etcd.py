@@ -84,6 +84,11 @@ def _translate(exc: grpc.aio.AioRpcError, lease_id: int = 0) -> Exception:
 #: never cancels one etcd is running (:meth:`Etcd._read_only_txn`); a safety net only.
 _READ_ONLY_DEADLINE = 120.0
 
+#: How long :meth:`Etcd.close` lets read-only transactions still running end (seconds)
+#: before it closes the channel, which cancels them. A read etcd is running answers in
+#: milliseconds; one that is not answered by then is on an etcd that is not running it.
+_CLOSE_GRACE = 3.0
+
 
 def _settled(pending: set[asyncio.Future[Any]]) -> Any:
     """A done callback: forget the call and take its outcome (nobody may await it)."""
@@ -230,6 +235,13 @@ class Etcd:
         self._flusher: asyncio.Task[None] | None = None
 
     async def close(self) -> None:
+        """Close the channel; read-only transactions still running end first.
+
+        Closing a channel cancels every call on it, and etcd <= 3.5.4 panics on a read-only
+        transaction cancelled while it runs (:meth:`_read_only_txn`): so the reads in flight
+        (a caller's that timed out, or one a cancelled task left) get up to
+        :data:`_CLOSE_GRACE` seconds to be answered before the channel closes.
+        """
         if self._flusher is not None:
             self._flusher.cancel()
             await asyncio.gather(self._flusher, return_exceptions=True)
@@ -237,6 +249,11 @@ class Etcd:
             if not w.future.done():
                 w.future.set_exception(StoreUnavailable("etcd connection closed"))
         self._waiting.clear()
+        if self._unanswered:
+            _, late = await asyncio.wait(self._unanswered, timeout=_CLOSE_GRACE)
+            if late:
+                log.warning("closing the etcd channel with %d read-only transactions unanswered "
+                            "after %gs", len(late), _CLOSE_GRACE)
         await self._channel.close(None)  # grace=None, the default (grpc-stubs makes it positional)
         if self._unanswered:  # ended by the close
             await asyncio.wait(self._unanswered)
@@ -387,7 +404,7 @@ class Etcd:
         starting at once on 2 cores) a timed-out read brought it down. So the call goes out
         with a long gRPC deadline (:data:`_READ_ONLY_DEADLINE`), the caller's ``timeout``
         is applied here, and a call that outlives it finishes in the background (etcd's
-        answer is dropped; :meth:`close` ends what is left).
+        answer is dropped; :meth:`close` lets it end first).
         """
         call = asyncio.ensure_future(self._kv.Txn(req, timeout=_READ_ONLY_DEADLINE))
         self._unanswered.add(call)

@@ -12,6 +12,8 @@ Also here, for every test:
   no server (``pytest -m unit``: the pure core in seconds).
 - :func:`no_task_leaks`: a test that leaves asyncio tasks running fails.
 - :func:`no_process_in_unit_tests`: a ``unit`` test that starts a process fails.
+- :func:`shared_servers_survive`: the test during which a shared etcd or nats-server died
+  fails, with the server's log, and the server is started again for the tests after it.
 """
 from __future__ import annotations
 
@@ -286,6 +288,36 @@ def nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
     server.start()
     yield server
     server.kill()
+
+
+def _revive(request: pytest.FixtureRequest, when: str) -> None:
+    """Start again a shared server of this test that has exited; fail naming it, with its log."""
+    for name in ("etcd", "nats"):
+        if name not in request.fixturenames:
+            continue
+        server = request.getfixturevalue(name)
+        if server.proc is None or server.proc.poll() is None:
+            continue
+        code = server.proc.returncode
+        tail = server.log_tail()
+        server.start()
+        pytest.fail(f"the shared {name} exited with {code} {when} (started again for the tests "
+                    f"after this one); the end of its log:\n{tail}", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def shared_servers_survive(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail the test during which a shared etcd or nats-server exited, and start it again.
+
+    Autouse, so its teardown runs after the test's own fixtures' (a coordinator stopped at
+    teardown is still this test's). Without it, one exit fails every later test on the xdist
+    worker with errors that do not name the cause. The etcd of the tests (3.5.1) panics when a
+    client cancels a read-only transaction while etcd runs it, etcd-io/etcd#14110
+    (docs/deploy.md): a client process SIGKILLed in the middle of a read does that.
+    """
+    _revive(request, "before this test")
+    yield
+    _revive(request, "during this test")
 
 
 @pytest.fixture

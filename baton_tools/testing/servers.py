@@ -111,6 +111,10 @@ class _Server:
     def log_path(self) -> pathlib.Path:
         return self.data_dir / f"{self.name}.log"
 
+    def log_tail(self, chars: int = 3000) -> str:
+        """The last ``chars`` characters this server wrote since its last start."""
+        return self.log_path.read_bytes()[self._log_offset:][-chars:].decode(errors="replace")
+
     def start(self) -> None:
         """Start (or restart) on the same port and data directory; returns when listening."""
         if self.proc is not None and self.proc.poll() is None:

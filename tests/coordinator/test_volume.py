@@ -2,6 +2,7 @@
 every etcd error translated, the live/ended indexes and their backfill, retention."""
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from typing import AsyncIterator
@@ -271,3 +272,29 @@ async def test_a_read_only_txn_past_its_timeout_is_unavailable_and_etcd_lives_on
     finally:
         await client.close()
     assert etcd.proc.poll() is None
+
+
+async def test_closing_the_client_with_reads_in_flight_leaves_etcd_running(own_etcd: EtcdServer) -> None:
+    """``close`` lets read-only transactions still running end before it closes the channel.
+
+    Closing a channel cancels its calls, and etcd <= 3.5.4 (the tests' 3.5.1) panics on a
+    read-only transaction cancelled while it runs (etcd-io/etcd#14110). Each round sends 20
+    reads of a 3 MB range and closes the client as soon as the first is answered, so the
+    others are mid-apply; before ``close`` waited for them, etcd died within a few rounds.
+    """
+    etcd = own_etcd
+    p = f"/{unique('close')}/".encode()
+    client = E.Etcd([etcd.endpoint])
+    try:
+        for i in range(0, 3000, 100):
+            await client.txn([], [E.put(p + b"%06d" % j, b"x" * 1000) for j in range(i, i + 100)], timeout=10)
+    finally:
+        await client.close()
+    for _ in range(20):
+        client = E.Etcd([etcd.endpoint])
+        reads = [asyncio.ensure_future(client.txn([], [E.get(p, prefix_end(p))], timeout=30)) for _ in range(20)]
+        await asyncio.wait(reads, return_when=asyncio.FIRST_COMPLETED)
+        await client.close()
+        answers = await asyncio.gather(*reads, return_exceptions=True)
+        assert etcd.proc.poll() is None, etcd.log_path.read_text(errors="replace")[-1500:]
+        assert [len(a.kvs(0)) if isinstance(a, E.TxnResult) else a for a in answers] == [3000] * 20
