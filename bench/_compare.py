@@ -299,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1, help="runs of each bench per side, interleaved")
     parser.add_argument("--noise", type=float, default=0.10, help="a ratio within 1 ± this is 'same'")
     parser.add_argument("--keep", action="store_true", help="keep the base worktree")
+    parser.add_argument("--save", type=pathlib.Path, help="write every run's figures here (JSON) "
+                        "after each bench, so a long compare that stops keeps what it measured")
     args = parser.parse_args(argv)
     where = pathlib.Path(tempfile.mkdtemp(prefix="baton-bench-base-")) / "tree"
     try:
@@ -311,6 +313,11 @@ def main(argv: list[str] | None = None) -> int:
                 pair = [("base", base), ("head", head)]
                 for key, side in pair if (i + n_bench) % 2 == 0 else pair[::-1]:
                     runs[key].setdefault(bench, []).append(side.run(bench))
+                if args.save:
+                    args.save.write_text(json.dumps({"base": args.rev, "runs": runs}, indent=1))
+                print(render(build_rows({bench: median_of(runs["base"][bench])},
+                                        {bench: median_of(runs["head"][bench])}, args.noise),
+                             f"base {args.rev}"), flush=True)
         rows = build_rows({b: median_of(r) for b, r in runs["base"].items()},
                           {b: median_of(r) for b, r in runs["head"].items()}, args.noise)
         print(render(rows, f"base {args.rev}", runs=(runs["base"], runs["head"])))
