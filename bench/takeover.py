@@ -60,13 +60,13 @@ import os
 import pathlib
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from bench._cpu import calibration_ms, machine_jiffies, processes
+from bench._servers import etcd_and_nats
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "takeover.json"
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -601,20 +601,8 @@ def _stats(xs: list[float]) -> dict[str, float]:
 async def main_fast(quick: bool = False) -> dict[str, Any]:
     """Only (e)-(g) (``python -m bench.takeover fast [--quick]``): writes
     ``takeover_fast.json`` (``takeover_fast_quick.json``)."""
-    sys.path.insert(0, str(REPO))
-    os.environ.pop("http_proxy", None)
-    os.environ.pop("https_proxy", None)
-    from baton_tools.testing.servers import EtcdServer, NatsServer
-
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench-takeover-"))
-    etcd, nats = EtcdServer(tmp / "etcd"), NatsServer(tmp / "nats")
-    etcd.start()
-    nats.start()
-    try:
+    with etcd_and_nats("bench-takeover-") as (tmp, etcd, nats):
         r = await fast_failover(etcd, nats, tmp, quick=quick)
-    finally:
-        nats.kill()
-        etcd.kill()
     r["lease_ttl_s"] = FAST_TTL
     r["machine_calibration_ms"] = calibration_ms()
     r["targets_met"] = _fast_targets(r)
@@ -639,33 +627,23 @@ def _fast_targets(r: dict[str, Any]) -> dict[str, bool]:
 
 
 async def main() -> dict[str, Any]:
-    sys.path.insert(0, str(REPO))
-    os.environ.pop("http_proxy", None)
-    os.environ.pop("https_proxy", None)
-    from baton_tools.testing.servers import EtcdServer, NatsServer
-
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench-takeover-"))
-    etcd, nats = EtcdServer(tmp / "etcd"), NatsServer(tmp / "nats")
-    etcd.start()
-    nats.start()
-    ours, base = Side("ours", 0.0, tmp / "ours"), Side("base", 5.0, tmp / "base")
     results: dict[str, Any] = {}
-    try:
-        results["alignment_s"] = alignment_times()
-        await ours.start(etcd, nats)
-        await base.start(etcd, nats)
-        k_ours = [await ours.sample("kill") for _ in range(SAMPLES_OURS)]
-        k_base = [await base.sample("kill") for _ in range(SAMPLES_BASE)]
-        d_ours = [await ours.sample("drain") for _ in range(SAMPLES_OURS)]
-        d_base = [await base.sample("drain") for _ in range(1)]
-        await ours.close()
-        await base.close()
-        results.update(await fast_failover(etcd, nats, tmp))
-    finally:
-        await ours.close()
-        await base.close()
-        nats.kill()
-        etcd.kill()
+    with etcd_and_nats("bench-takeover-") as (tmp, etcd, nats):
+        ours, base = Side("ours", 0.0, tmp / "ours"), Side("base", 5.0, tmp / "base")
+        try:
+            results["alignment_s"] = alignment_times()
+            await ours.start(etcd, nats)
+            await base.start(etcd, nats)
+            k_ours = [await ours.sample("kill") for _ in range(SAMPLES_OURS)]
+            k_base = [await base.sample("kill") for _ in range(SAMPLES_BASE)]
+            d_ours = [await ours.sample("drain") for _ in range(SAMPLES_OURS)]
+            d_base = [await base.sample("drain") for _ in range(1)]
+            await ours.close()
+            await base.close()
+            results.update(await fast_failover(etcd, nats, tmp))
+        finally:
+            await ours.close()
+            await base.close()
     a_o = _stats([s["after_expiry"] for s in k_ours if "after_expiry" in s])
     a_b = _stats([s["after_expiry"] for s in k_base if "after_expiry" in s])
     results.update({

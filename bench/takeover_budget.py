@@ -37,13 +37,12 @@ import os
 import pathlib
 import signal
 import statistics
-import sys
-import tempfile
 import time
 from typing import Any
 
 from bench._cpu import calibration_ms, cpu_seconds_exact, processes
-from bench.takeover import FAST_TTL, REPO, RESULTS, RUNS_PER_KILL, Side, _drive, _successor_delays
+from bench._servers import etcd_and_nats
+from bench.takeover import FAST_TTL, RESULTS, RUNS_PER_KILL, Side, _drive, _successor_delays
 
 OUT = RESULTS.with_name("takeover_budget.json")
 KILLS = int(os.environ.get("BATON_BENCH_KILLS", "8"))
@@ -51,20 +50,17 @@ WINDOW = 0.4  # s: each window (the stall is 0.1-0.3 s; the notes' connects and 
 DRAIN = 0.3  # s after the agents stopped: the host streams what they wrote
 
 
-def _groups(side: Side, servers: dict[str, int]) -> dict[int, str]:
+def _groups(side: Side, servers: dict[str, int], sandboxed: list[tuple[int, str]]) -> dict[int, str]:
     """pid → group of this bench's processes only (other clusters on the machine are left
-    out): the side's hosts, coordinator, sandbox daemons and agents (the processes running
-    in its sandboxes), etcd and nats-server from ``servers`` (group → pid), and this process
-    (its readers)."""
+    out): the side's hosts, coordinator, etcd and nats-server from ``servers`` (group → pid),
+    this process (its readers), and ``sandboxed`` (pid, command line): the processes running
+    in its sandboxes, each a sandbox daemon or one of the agents'."""
     out = {h.pid: "hosts" for h in side.hosts if h.pid is not None}
     out[side.coordinator.proc.pid] = "coordinators"
     out.update({pid: group for group, pid in servers.items()})
     out[os.getpid()] = "bench (readers)"
-    for pid, _parent, _cpu, argv in processes():
-        if pid in out:
-            continue
-        if _cwd_in(pid, side.tmp):
-            out[pid] = "sandbox daemons" if _is_daemon(argv) else "agents"
+    for pid, argv in sandboxed:
+        out.setdefault(pid, "sandbox daemons" if _is_daemon(argv) else "agents")
     return out
 
 
@@ -135,18 +131,19 @@ async def one_kill(side: Side, servers: dict[str, int]) -> dict[str, Any]:
     """
     victim = side.hosts[0]
     run_ids, arrivals, readers = await _drive(side, victim, RUNS_PER_KILL, 0.01)
-    # Every process in the runs' sandboxes but their daemons: each agent, its wrapper shell
-    # and relay.
-    in_sandboxes = [pid for pid, _p, _c, argv in processes() if _cwd_in(pid, side.tmp) and not _is_daemon(argv)]
-    agents = [pid for pid, _p, _c, argv in processes()
-              if pid in in_sandboxes and argv.split(" ", 1)[0].rsplit("/", 1)[-1].startswith("python")
+    # The processes in the runs' sandboxes (one pass over /proc): the daemons, and those to
+    # stop: each agent, its wrapper shell and relay.
+    sandboxed = [(pid, argv) for pid, _p, _c, argv in processes() if _cwd_in(pid, side.tmp)]
+    in_sandboxes = [pid for pid, argv in sandboxed if not _is_daemon(argv)]
+    agents = [pid for pid, argv in sandboxed
+              if not _is_daemon(argv) and argv.split(" ", 1)[0].rsplit("/", 1)[-1].startswith("python")
               and "replay_agent" in argv]
     if len(agents) != RUNS_PER_KILL:
         raise RuntimeError(f"found {len(agents)} python agents for the {RUNS_PER_KILL} runs")
     _signal(in_sandboxes, signal.SIGSTOP)
     try:
         await asyncio.sleep(DRAIN)
-        groups = _groups(side, servers)
+        groups = _groups(side, servers, sandboxed)
         s0 = await asyncio.to_thread(_snapshot, groups)
         await asyncio.sleep(WINDOW)
         s1 = await asyncio.to_thread(_snapshot, groups)
@@ -168,31 +165,21 @@ async def main() -> dict[str, Any]:
     """Run the kills, print the table, write :data:`OUT`; returns what it wrote."""
     if KILLS < 1:
         raise SystemExit("BATON_BENCH_KILLS must be at least 1")
-    sys.path.insert(0, str(REPO))
-    os.environ.pop("http_proxy", None)
-    os.environ.pop("https_proxy", None)
-    from baton_tools.testing.servers import EtcdServer, NatsServer
-
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench-takeover-budget-"))
-    etcd, nats = EtcdServer(tmp / "etcd"), NatsServer(tmp / "nats")
-    etcd.start()
-    nats.start()
-    side = Side("budget", 0.0, tmp / "budget", fast=True, n_hosts=3, ttl=FAST_TTL)
     kills: list[dict[str, Any]] = []
-    try:
-        await side.start(etcd, nats)
-        assert etcd.proc is not None and nats.proc is not None
-        servers = {"etcd": etcd.proc.pid, "nats-server": nats.proc.pid}
-        for i in range(KILLS):
-            k = await one_kill(side, servers)
-            kills.append(k)
-            print(f"  kill {i + 1}: takeover CPU (net of quiet) "
-                  + ", ".join(f"{g} {v:.1f}" for g, v in sorted(k["net_ms"].items(), key=lambda x: -x[1])) + " ms",
-                  flush=True)
-    finally:
-        await side.close()
-        nats.kill()
-        etcd.kill()
+    with etcd_and_nats("bench-takeover-budget-") as (tmp, etcd, nats):
+        side = Side("budget", 0.0, tmp / "budget", fast=True, n_hosts=3, ttl=FAST_TTL)
+        try:
+            await side.start(etcd, nats)
+            assert etcd.proc is not None and nats.proc is not None
+            servers = {"etcd": etcd.proc.pid, "nats-server": nats.proc.pid}
+            for i in range(KILLS):
+                k = await one_kill(side, servers)
+                kills.append(k)
+                print(f"  kill {i + 1}: takeover CPU (net of quiet) "
+                      + ", ".join(f"{g} {v:.1f}" for g, v in sorted(k["net_ms"].items(), key=lambda x: -x[1]))
+                      + " ms", flush=True)
+        finally:
+            await side.close()
     groups = sorted({g for k in kills for g in k["net_ms"]})
     net = {g: round(statistics.median(k["net_ms"].get(g, 0.0) for k in kills), 1) for g in groups}
     quiet = {g: round(statistics.median(k["quiet_ms"].get(g, 0.0) for k in kills), 1) for g in groups}

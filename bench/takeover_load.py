@@ -25,12 +25,12 @@ import os
 import pathlib
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
 from bench._cpu import calibration_ms
-from bench.takeover import FAST_TTL, REPO, RESULTS, Killer, Side, _log_times, _pct
+from bench._servers import etcd_and_nats
+from bench.takeover import FAST_TTL, RESULTS, Killer, Side, _log_times, _pct
 
 KILLS = int(os.environ.get("BATON_BENCH_KILLS", "6"))
 BURNERS = 2  # busy loops beside the cluster in the ``loaded`` phase (the machine has 2 cores)
@@ -65,23 +65,15 @@ def _burners(n: int) -> list[subprocess.Popen[bytes]]:
     return [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(n)]
 
 
-async def main() -> dict[str, Any]:
-    sys.path.insert(0, str(REPO))
-    os.environ.pop("http_proxy", None)
-    os.environ.pop("https_proxy", None)
-    from baton_tools.testing.servers import EtcdServer, NatsServer
-
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench-takeover-load-"))
-    etcd, nats = EtcdServer(tmp / "etcd"), NatsServer(tmp / "nats")
-    etcd.start()
-    nats.start()
+async def _phases(tmp: pathlib.Path, etcd: Any, nats: Any, r: dict[str, Any]) -> None:
+    """Every phase of :data:`PHASES` on the sides (a ``before`` side too when
+    ``BATON_BENCH_BEFORE`` names a checkout), each phase's figures into ``r[phase]``."""
     sides = [Side("fast", 0.0, tmp / "fast", fast=True, n_hosts=3, ttl=FAST_TTL, log_level="INFO")]
     before = os.environ.get("BATON_BENCH_BEFORE")
     if before:
         sides.append(Side("before", 0.0, tmp / "before", fast=True, n_hosts=3, ttl=FAST_TTL, log_level="INFO",
                           repo=pathlib.Path(before)))
     killers = {s.name: Killer(s) for s in sides}
-    r: dict[str, Any] = {"lease_ttl_s": FAST_TTL, "burners": BURNERS, "kills_per_phase": KILLS}
     try:
         for s in sides:
             await s.start(etcd, nats)
@@ -101,8 +93,12 @@ async def main() -> dict[str, Any]:
     finally:
         for s in sides:
             await s.close()
-        nats.kill()
-        etcd.kill()
+
+
+async def main() -> dict[str, Any]:
+    r: dict[str, Any] = {"lease_ttl_s": FAST_TTL, "burners": BURNERS, "kills_per_phase": KILLS}
+    with etcd_and_nats("bench-takeover-load-") as (tmp, etcd, nats):
+        await _phases(tmp, etcd, nats, r)
     r["machine_load_1m_after"] = os.getloadavg()[0]
     r["machine_calibration_ms"] = calibration_ms()
     r["at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

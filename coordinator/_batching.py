@@ -26,8 +26,12 @@ from typing import Sequence
 
 from aetcd import rpc
 
-#: Most transactions in one batch (etcd's ``--max-txn-ops`` default is 128 per level).
+#: Most transactions in one batch (etcd's ``--max-txn-ops``, default 128, bounds the top
+#: level's ops, then each nested transaction's by what is left).
 MAX_BATCH = 64
+#: Most operations etcd takes in one transaction (``--max-txn-ops``, default 128).
+MAX_TXN_OPS = 128
+
 #: Most request bytes in one batch (etcd's ``--max-request-bytes`` default is 1.5 MiB).
 MAX_BATCH_BYTES = 512 * 1024
 
@@ -115,6 +119,57 @@ def combine(reqs: Sequence[rpc.TxnRequest]) -> rpc.TxnRequest:
     """One transaction running each of ``reqs`` as a nested transaction (no compare of its
     own: it always takes its success branch)."""
     return rpc.TxnRequest(success=[rpc.RequestOp(request_txn=r) for r in reqs])
+
+
+def flat_reads(reqs: Sequence[rpc.TxnRequest], max_ops: int = MAX_TXN_OPS) -> list[
+        tuple[rpc.TxnRequest, int]] | None:
+    """The reads of ``reqs`` side by side in as few transactions as hold them, when each is
+    a read without compares (so it always takes its success branch); else ``None``
+    (:func:`combine` them).
+
+    etcd serves a transaction of reads only as a read (at its current revision, after a
+    ReadIndex); one of nested transactions is a write to it, whatever they hold (etcd 3.5's
+    ``isTxnReadonly`` looks at the top level only), so a :func:`combine` of reads would go
+    through raft: a proposal in the WAL that every member applies.
+
+    Returns:
+        (transaction, how many of ``reqs`` it holds) in the order of ``reqs``: each holds at
+        most ``max_ops`` ops (etcd's ``--max-txn-ops``), and one request's reads are never
+        split, so each is read at one revision, as alone. :func:`split_flat` splits an
+        answer.
+    """
+    if not all(not r.compare and read_only(r) for r in reqs):
+        return None
+    out: list[tuple[rpc.TxnRequest, int]] = []
+    ops: list[rpc.RequestOp] = []
+    n = 0
+    for r in reqs:
+        if n and len(ops) + len(r.success) > max_ops:
+            out.append((rpc.TxnRequest(success=ops), n))
+            ops, n = [], 0
+        ops += r.success
+        n += 1
+    out.append((rpc.TxnRequest(success=ops), n))
+    return out
+
+
+def split_flat(responses: Sequence[rpc.ResponseOp], reqs: Sequence[rpc.TxnRequest]) -> list[
+        tuple[bool, Sequence[rpc.ResponseOp]]]:
+    """Each of ``reqs``' (succeeded, responses) from the responses of a :func:`flat_reads`
+    transaction holding them, in the order of ``reqs`` (each took its success branch).
+
+    Raises:
+        ValueError: ``responses`` are not one range response per read of ``reqs``.
+    """
+    counts = [len(r.success) for r in reqs]
+    if len(responses) != sum(counts) or not all(r.HasField("response_range") for r in responses):
+        raise ValueError(f"expected {sum(counts)} range responses, got {len(responses)}")
+    out: list[tuple[bool, Sequence[rpc.ResponseOp]]] = []
+    start = 0
+    for n in counts:
+        out.append((True, responses[start:start + n]))
+        start += n
+    return out
 
 
 def split(responses: Sequence[rpc.ResponseOp], n: int) -> list[tuple[bool, Sequence[rpc.ResponseOp]]]:

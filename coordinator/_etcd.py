@@ -28,6 +28,9 @@ from aetcd import rpc
 from baton.errors import StoreRefused, StoreUnavailable
 from coordinator import _batching
 from coordinator._etcd_auth import EtcdSecurity
+from coordinator._etcd_errors import LeaseNotFound as LeaseNotFound  # re-exported: callers catch E.LeaseNotFound
+from coordinator._etcd_errors import translate as _translate
+from coordinator._etcd_keepalive import KeepAliveStream
 
 log = logging.getLogger(__name__)
 
@@ -46,48 +49,17 @@ Cmp: TypeAlias = rpc.Compare
 KV: TypeAlias = rpc.KeyValue
 
 
-class LeaseNotFound(Exception):
-    """etcd does not know the lease (expired or revoked)."""
-
-    def __init__(self, lease_id: int) -> None:
-        self.lease_id = lease_id
-        super().__init__(f"lease {lease_id:x} not found")
-
-
 #: Keys per range response (:meth:`Etcd.range_pages`). A record is a few KiB at most, so a
 #: page stays far below gRPC's 4 MiB receive limit.
 PAGE_SIZE = 500
-
-#: gRPC codes that mean "etcd did not answer (now)": the caller may retry.
-_TRANSIENT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                        grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN, grpc.StatusCode.ABORTED})
-
-
-def _translate(exc: grpc.aio.AioRpcError, lease_id: int = 0) -> Exception:
-    """The domain error for a failed etcd call (every gRPC status maps to one).
-
-    ``NOT_FOUND`` "lease not found" → :class:`LeaseNotFound`; unreachable, too slow,
-    leader changes → :class:`StoreUnavailable`; everything else (``RESOURCE_EXHAUSTED``
-    for a response over the receive limit or a full quota, ``OUT_OF_RANGE`` for a compacted
-    revision, ``INVALID_ARGUMENT``, ``FAILED_PRECONDITION``, ...) → :class:`StoreRefused`.
-    """
-    code = exc.code()
-    details = exc.details() or ""
-    if code == grpc.StatusCode.NOT_FOUND and "lease not found" in details:
-        return LeaseNotFound(lease_id)
-    if code in _TRANSIENT:
-        return StoreUnavailable(f"etcd {code.name.lower()}: {details}")
-    return StoreRefused(code.name, details)
-
 
 #: gRPC deadline of a read-only transaction (seconds): far past any caller's timeout, so it
 #: never cancels one etcd is running (:meth:`Etcd._read_only_txn`); a safety net only.
 _READ_ONLY_DEADLINE = 120.0
 
 #: How long :meth:`Etcd.close` lets read-only transactions still running end (seconds)
-#: before it closes the channel, which cancels them. A read etcd is running answers in
-#: milliseconds; one that is not answered by then is on an etcd that is not running it.
-_CLOSE_GRACE = 3.0
+#: before it closes the channel, which cancels them (the default of ``close_grace``).
+CLOSE_GRACE = 5.0
 
 
 def _settled(pending: set[asyncio.Future[Any]]) -> Any:
@@ -211,10 +183,12 @@ class Etcd:
     """
 
     def __init__(self, endpoints: Sequence[str], *, page_size: int = PAGE_SIZE,
-                 security: EtcdSecurity | None = None) -> None:
+                 security: EtcdSecurity | None = None, close_grace: float = CLOSE_GRACE) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.page_size = page_size
+        self.close_grace = close_grace
+        self._closing = False
         target = _target(endpoints)
         # An ipv4: list names no one host: the members' certificates are checked against the
         # first endpoint's (docs/deploy.md "TLS").
@@ -235,28 +209,40 @@ class Etcd:
         self._flusher: asyncio.Task[None] | None = None
 
     async def close(self) -> None:
-        """Close the channel; read-only transactions still running end first.
+        """Refuse new calls, then close the channel; read-only transactions still running
+        end first.
 
         Closing a channel cancels every call on it, and etcd <= 3.5.4 panics on a read-only
         transaction cancelled while it runs (:meth:`_read_only_txn`): so the reads in flight
-        (a caller's that timed out, or one a cancelled task left) get up to
-        :data:`_CLOSE_GRACE` seconds to be answered before the channel closes.
+        (a caller's that timed out, or one a cancelled task left) get up to ``close_grace``
+        seconds to be answered before the channel closes. A call made once the close began
+        raises :class:`StoreUnavailable`.
         """
-        if self._flusher is not None:
-            self._flusher.cancel()
-            await asyncio.gather(self._flusher, return_exceptions=True)
-        for w in self._waiting:
-            if not w.future.done():
-                w.future.set_exception(StoreUnavailable("etcd connection closed"))
-        self._waiting.clear()
-        if self._unanswered:
-            _, late = await asyncio.wait(self._unanswered, timeout=_CLOSE_GRACE)
-            if late:
+        self._closing = True
+        loop = asyncio.get_running_loop()
+        try:
+            if self._flusher is not None:
+                self._flusher.cancel()
+                await asyncio.gather(self._flusher, return_exceptions=True)
+            for w in self._waiting:
+                if not w.future.done():
+                    w.future.set_exception(StoreUnavailable("etcd connection closed"))
+            self._waiting.clear()
+            deadline = loop.time() + self.close_grace
+            while self._unanswered and (left := deadline - loop.time()) > 0:
+                await asyncio.wait(set(self._unanswered), timeout=left)
+            if self._unanswered:
                 log.warning("closing the etcd channel with %d read-only transactions unanswered "
-                            "after %gs", len(late), _CLOSE_GRACE)
-        await self._channel.close(None)  # grace=None, the default (grpc-stubs makes it positional)
+                            "after %gs", len(self._unanswered), self.close_grace)
+        finally:
+            await self._channel.close(None)  # grace=None, the default (grpc-stubs makes it positional)
         if self._unanswered:  # ended by the close
-            await asyncio.wait(self._unanswered)
+            await asyncio.wait(set(self._unanswered))
+
+    def _check_open(self) -> None:
+        """Raises StoreUnavailable once :meth:`close` began (a call would meet a closed channel)."""
+        if self._closing:
+            raise StoreUnavailable("etcd connection closed")
 
     async def txn(self, compare: Sequence[Cmp], success: Sequence[Op],
                   failure: Sequence[Op] = (), *, timeout: float, batch: bool = False) -> TxnResult:
@@ -265,8 +251,11 @@ class Etcd:
         With ``batch``, a transaction that arrives while another batched one is on its way
         waits for it and then goes with the others that waited, as one etcd transaction of
         nested ones (:mod:`coordinator._batching`): every compare is still etcd's, per
-        transaction. Alone (nothing on its way) it goes at once, as without ``batch``.
+        transaction. Reads without compares go side by side in one read instead
+        (:func:`~coordinator._batching.flat_reads`). Alone (nothing on its way) it goes at
+        once, as without ``batch``.
         """
+        self._check_open()
         req = rpc.TxnRequest(compare=compare, success=success, failure=failure)
         if batch:
             return await self._batched(req, timeout)
@@ -309,6 +298,8 @@ class Etcd:
             raise
 
     def _start_flusher(self) -> None:
+        if self._closing:  # close() answered the waiting ones
+            return
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.get_running_loop().create_task(self._flush(), name="etcd-batches")
 
@@ -342,18 +333,22 @@ class Etcd:
             await self._settle(batch[0], batch[0].deadline - loop.time())
             return
         reqs = [w.req for w in batch]
-        combined = _batching.combine(reqs)
+        pieces = _batching.flat_reads(reqs)
         timeout = max(max(w.deadline for w in batch) - loop.time(), 0.001)
         try:
-            if all(_batching.read_only(r) for r in reqs):
-                result = await self._read_only_txn(combined, timeout)
+            if pieces is not None:  # reads only: side by side (nested, etcd takes them as a write)
+                parts = await self._flat(pieces, reqs, timeout)
             else:
-                try:
-                    resp = await self._kv.Txn(combined, timeout=timeout)
-                except grpc.aio.AioRpcError as exc:
-                    raise _translate(exc) from exc
-                result = TxnResult(resp.succeeded, resp.header.revision, resp.responses)
-            parts = _batching.split(result.responses, len(batch))
+                combined = _batching.combine(reqs)
+                if all(_batching.read_only(r) for r in reqs):
+                    result = await self._read_only_txn(combined, timeout)
+                else:
+                    try:
+                        resp = await self._kv.Txn(combined, timeout=timeout)
+                    except grpc.aio.AioRpcError as exc:
+                        raise _translate(exc) from exc
+                    result = TxnResult(resp.succeeded, resp.header.revision, resp.responses)
+                parts = [(ok, out, result.revision) for ok, out in _batching.split(result.responses, len(batch))]
         except LeaseNotFound:
             # One of them named a lease etcd does not know: etcd checks that before it applies
             # anything, so each goes again alone, for its own answer.
@@ -383,8 +378,23 @@ class Etcd:
             for w in batch:
                 _set(w.future, exc=StoreUnavailable(f"etcd answered a batch unreadably: {exc}"))
             return
-        for w, (ok, responses) in zip(batch, parts):
-            _set(w.future, TxnResult(ok, result.revision, responses))
+        for w, (ok, responses, revision) in zip(batch, parts):
+            _set(w.future, TxnResult(ok, revision, responses))
+
+    async def _flat(self, pieces: list[tuple[rpc.TxnRequest, int]], reqs: list[rpc.TxnRequest],
+                    timeout: float) -> list[tuple[bool, Sequence[rpc.ResponseOp], int]]:
+        """Send :func:`~coordinator._batching.flat_reads` ``pieces`` at once → each of
+        ``reqs``' (succeeded, responses, revision). Raises the first piece's error."""
+        results = await asyncio.gather(*(self._read_only_txn(t, timeout) for t, _ in pieces),
+                                       return_exceptions=True)
+        out: list[tuple[bool, Sequence[rpc.ResponseOp], int]] = []
+        start = 0
+        for (_, n), r in zip(pieces, results):
+            if isinstance(r, BaseException):
+                raise r
+            out += [(ok, rs, r.revision) for ok, rs in _batching.split_flat(r.responses, reqs[start:start + n])]
+            start += n
+        return out
 
     async def _settle(self, w: "_Waiting", timeout: float) -> None:
         try:
@@ -406,6 +416,7 @@ class Etcd:
         is applied here, and a call that outlives it finishes in the background (etcd's
         answer is dropped; :meth:`close` lets it end first).
         """
+        self._check_open()
         call = asyncio.ensure_future(self._kv.Txn(req, timeout=_READ_ONLY_DEADLINE))
         self._unanswered.add(call)
         call.add_done_callback(_settled(self._unanswered))
@@ -422,6 +433,7 @@ class Etcd:
                     keys_only: bool = False, sort_by_create: bool = False,
                     revision: int = 0) -> tuple[list[KV], int]:
         """Keys in ``[key, range_end)`` (or the one key) → (kvs, header revision)."""
+        self._check_open()
         req = rpc.RangeRequest(key=key, range_end=range_end, limit=limit, keys_only=keys_only,
                                revision=revision)
         if sort_by_create:
@@ -460,6 +472,7 @@ class Etcd:
         size = page_size or self.page_size
         start = key
         while True:
+            self._check_open()
             req = rpc.RangeRequest(key=start, range_end=range_end, limit=size, keys_only=keys_only,
                                    revision=revision)
             try:
@@ -487,6 +500,7 @@ class Etcd:
 
     async def grant(self, ttl: int, *, timeout: float, lease_id: int = 0) -> tuple[int, int]:
         """Grant a lease → (lease id, granted TTL in seconds)."""
+        self._check_open()
         try:
             resp = await self._lease.LeaseGrant(rpc.LeaseGrantRequest(TTL=ttl, ID=lease_id),
                                                 timeout=max(timeout, 0.001))
@@ -498,6 +512,7 @@ class Etcd:
 
     async def revoke(self, lease_id: int, *, timeout: float) -> None:
         """Revoke a lease (its keys go at once). Raises LeaseNotFound when already gone."""
+        self._check_open()
         try:
             await self._lease.LeaseRevoke(rpc.LeaseRevokeRequest(ID=lease_id), timeout=max(timeout, 0.001))
         except grpc.aio.AioRpcError as exc:
@@ -505,6 +520,7 @@ class Etcd:
 
     async def time_to_live(self, lease_id: int, *, timeout: float) -> int:
         """Remaining TTL in seconds; ``-1`` when the lease is gone."""
+        self._check_open()
         try:
             resp = await self._lease.LeaseTimeToLive(rpc.LeaseTimeToLiveRequest(ID=lease_id),
                                                      timeout=max(timeout, 0.001))
@@ -512,7 +528,7 @@ class Etcd:
             raise _translate(exc, lease_id) from exc
         return int(resp.TTL)
 
-    def keepalive_stream(self) -> "KeepAliveStream":
+    def keepalive_stream(self) -> KeepAliveStream:
         return KeepAliveStream(self._lease)
 
     async def watch(self, ranges: Sequence[tuple[bytes, bytes]], *, start_revision: int = 0,
@@ -526,6 +542,7 @@ class Etcd:
             StoreUnavailable: the stream broke or the start revision was compacted (the
                 caller re-reads and watches again).
         """
+        self._check_open()
         call = self._watch.Watch()
         try:
             for key, range_end in ranges:
@@ -548,49 +565,3 @@ class Etcd:
             raise _translate(exc) from exc
         finally:
             call.cancel()
-
-
-class KeepAliveStream:
-    """One etcd LeaseKeepAlive stream, reused for every refresh of one session."""
-
-    def __init__(self, stub: rpc.LeaseStub) -> None:
-        self._stub = stub
-        self._call: grpc.aio.StreamStreamCall[Any, Any] | None = None  # aetcd's messages are untyped
-        self._lock = asyncio.Lock()
-
-    async def refresh(self, lease_id: int, *, timeout: float) -> int:
-        """Refresh ``lease_id`` → remaining TTL in seconds (``<= 0``: the lease is gone).
-
-        Reopens the stream once if it broke (e.g. after an etcd restart).
-        """
-        async with self._lock:
-            for attempt in (0, 1):
-                if self._call is None:
-                    self._call = self._stub.LeaseKeepAlive()
-                call = self._call
-                try:
-                    # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
-                    # cancellation that races the read (CPython gh-86296).
-                    async with asyncio.timeout(timeout):
-                        await call.write(rpc.LeaseKeepAliveRequest(ID=lease_id))
-                        resp: Any = await call.read()  # a LeaseKeepAliveResponse, or EOF
-                    if resp is grpc.aio.EOF:  # type: ignore[attr-defined]  # grpc-stubs lacks grpc.aio.EOF
-                        raise StoreUnavailable("etcd keep-alive stream ended")
-                    return int(resp.TTL)
-                except (grpc.aio.AioRpcError, StoreUnavailable, asyncio.InvalidStateError) as exc:
-                    call.cancel()
-                    self._call = None
-                    if attempt == 1:
-                        if isinstance(exc, grpc.aio.AioRpcError):
-                            raise _translate(exc, lease_id) from exc
-                        raise StoreUnavailable(f"etcd keep-alive: {exc}") from exc
-                except asyncio.TimeoutError as exc:
-                    call.cancel()
-                    self._call = None
-                    raise StoreUnavailable("etcd keep-alive timed out") from exc
-            raise AssertionError("unreachable")
-
-    def close(self) -> None:
-        if self._call is not None:
-            self._call.cancel()
-            self._call = None

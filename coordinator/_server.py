@@ -35,7 +35,8 @@ SERVICE_NAME = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_n
 
 def build_store(config: CoordinatorConfig, clock: Callable[[], float] = time.time) -> RunStore:
     """The etcd connection and store for ``config`` (no I/O until first used)."""
-    etcd = Etcd(config.etcd_endpoints, page_size=config.etcd_page_size, security=config.etcd_security)
+    etcd = Etcd(config.etcd_endpoints, page_size=config.etcd_page_size, security=config.etcd_security,
+                close_grace=config.etcd_timeout)
     return RunStore(etcd, config.prefix, clock, config.record_cache_size)
 
 

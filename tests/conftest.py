@@ -291,18 +291,26 @@ def nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
 
 
 def _revive(request: pytest.FixtureRequest, when: str) -> None:
-    """Start again a shared server of this test that has exited; fail naming it, with its log."""
+    """Start again every shared server of this test that has exited; then fail naming each,
+    with the end of its log."""
+    dead = []
     for name in ("etcd", "nats"):
         if name not in request.fixturenames:
             continue
         server = request.getfixturevalue(name)
         if server.proc is None or server.proc.poll() is None:
             continue
-        code = server.proc.returncode
-        tail = server.log_tail()
-        server.start()
-        pytest.fail(f"the shared {name} exited with {code} {when} (started again for the tests "
-                    f"after this one); the end of its log:\n{tail}", pytrace=False)
+        report = f"the shared {name} exited with {server.proc.returncode} {when}; the end of its log:\n" \
+                 f"{server.log_tail()}"
+        try:
+            server.start()
+        except Exception as exc:  # noqa: BLE001 -- reported with the exit
+            report += f"\nstarting it again failed: {exc!r}"
+        else:
+            report += "\n(started again for the tests after this one)"
+        dead.append(report)
+    if dead:
+        pytest.fail("\n\n".join(dead), pytrace=False)
 
 
 @pytest.fixture(autouse=True)

@@ -105,3 +105,41 @@ def test_combine_and_split_keep_each_transaction_its_own_answer() -> None:
 def test_read_only_means_range_reads_only() -> None:
     assert B.read_only(rpc.TxnRequest(success=[E.get(b"/a")], failure=[E.get(b"/b")]))
     assert not B.read_only(_write("a"))
+
+
+def _reads(run: str) -> rpc.TxnRequest:
+    """A snapshot read as the store sends it: record, claim, incarnation, no compare."""
+    return rpc.TxnRequest(success=[E.get(f"/p/runs/{run}".encode()), E.get(f"/p/claims/{run}".encode()),
+                                   E.get(b"/p/incarnation")])
+
+
+def test_reads_only_go_side_by_side_in_one_read_and_split_back() -> None:
+    """Nested, etcd would take them as a write (raft); flat, they stay one read."""
+    reqs = [_reads("a"), _reads("b")]
+    pieces = B.flat_reads(reqs)
+    assert pieces is not None and len(pieces) == 1 and pieces[0][1] == 2
+    flat = pieces[0][0]
+    assert B.read_only(flat) and not flat.compare
+    assert list(flat.success) == [*reqs[0].success, *reqs[1].success]
+    resp = [rpc.ResponseOp(response_range=rpc.RangeResponse(count=i)) for i in range(6)]
+    assert [(ok, [r.response_range.count for r in out]) for ok, out in B.split_flat(resp, reqs)] == [
+        (True, [0, 1, 2]), (True, [3, 4, 5])]
+    with pytest.raises(ValueError):
+        B.split_flat(resp[:5], reqs)
+    with pytest.raises(ValueError):
+        B.split_flat([*resp[:5], rpc.ResponseOp(response_put=rpc.PutResponse())], reqs)
+
+
+def test_reads_past_etcds_op_limit_go_in_several_reads_none_split() -> None:
+    reqs = [_reads(str(i)) for i in range(64)]  # 192 ops
+    pieces = B.flat_reads(reqs)
+    assert pieces is not None
+    assert [(len(t.success), n) for t, n in pieces] == [(126, 42), (66, 22)]
+    assert [op for t, _ in pieces for op in t.success] == [op for r in reqs for op in r.success]
+    assert [(len(t.success), n) for t, n in B.flat_reads(reqs[:3], max_ops=4) or []] == [(3, 1), (3, 1), (3, 1)]
+
+
+def test_reads_with_compares_or_writes_are_not_flattened() -> None:
+    guarded = rpc.TxnRequest(compare=[E.cmp_absent(b"/p/x")], success=[E.get(b"/p/a")], failure=[E.get(b"/p/b")])
+    assert B.flat_reads([_reads("a"), guarded]) is None  # its branch depends on its compare
+    assert B.flat_reads([_reads("a"), _write("b")]) is None
