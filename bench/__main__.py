@@ -1,4 +1,7 @@
-"""``python -m bench [name ...]``: run the named benchmarks, or every ``bench/*.py``."""
+"""``python -m bench [name ...]``: run the named benchmarks, or every ``bench/*.py``.
+
+A bench that raises is reported (its traceback) and the others still run; the exit status
+is 1 when any failed."""
 from __future__ import annotations
 
 import asyncio
@@ -6,6 +9,7 @@ import importlib
 import inspect
 import pathlib
 import sys
+import traceback
 from typing import Any
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -34,9 +38,17 @@ def cli(argv: list[str]) -> int:
     if unknown:
         print(f"unknown benchmark(s): {', '.join(unknown)}; available: {', '.join(available())}", file=sys.stderr)
         return 2
+    failed = []
     for name in names:
         print(f"== bench {name} ==", flush=True)
-        run(name)
+        try:
+            run(name)
+        except Exception:  # noqa: BLE001 -- one broken bench must not stop the others
+            traceback.print_exc()
+            failed.append(name)
+    if failed:
+        print(f"failed: {', '.join(failed)} (the others ran)", file=sys.stderr)
+        return 1
     return 0
 
 

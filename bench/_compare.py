@@ -46,6 +46,8 @@ Flat = dict[str, float | bool]
 # is a ratio of latencies: lower is better, so "_ms" is checked after "ratio").
 _UP = ("per_s", "_s_", "throughput", "speedup", "ratio", "vs_")
 _DOWN = ("_ms", "ms_", "latency", "seconds", "rss", "cpu", "_kb", "p50", "p99", "max", "stall", "failures")
+# The fields that name a row of a table (a list of objects in a bench's JSON).
+_ROW_NAMES = ("name", "engines", "side", "variant", "phase")
 # A cost whatever follows it ("overhead_vs_bare").
 _COST = ("overhead",)
 
@@ -56,11 +58,17 @@ _COST = ("overhead",)
 def flatten(obj: Any, prefix: str = "") -> Flat:
     """The numeric and boolean leaves of a bench's JSON, keyed by dotted path.
 
-    Lists, strings and nulls are left out (per-round lists, names, settings)."""
+    A list of objects is a table's rows (one per side or engine set): each row's leaves are
+    keyed by its name (its first string field among :data:`_ROW_NAMES`), or by its position.
+    Other lists, strings and nulls are left out (per-round lists, names, settings)."""
     out: Flat = {}
     if isinstance(obj, dict):
         for k, v in obj.items():
             out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    elif isinstance(obj, list) and obj and all(isinstance(v, dict) for v in obj):
+        for i, row in enumerate(obj):
+            name = next((row[k] for k in _ROW_NAMES if isinstance(row.get(k), str)), str(i))
+            out.update(flatten(row, f"{prefix}[{name}]"))
     elif isinstance(obj, bool):
         out[prefix] = obj
     elif isinstance(obj, (int, float)) and prefix:

@@ -182,9 +182,12 @@ async def main() -> dict[str, Any]:
         grpc_port = free_port()
         for proto in ("sse", "grpc"):
             extra = {"gateway_grpc_listen": f"127.0.0.1:{grpc_port}"} if proto == "grpc" else {}
+            # Every reader comes from 127.0.0.1: no per-client connection cap (it would stop
+            # the 1,000 SSE readers at BATON_HTTP_CONNECTIONS_PER_CLIENT).
             gateways[proto] = await start_gateway(coord.address, nats.url, log_dir=tmp, log_level="WARNING",
                                                   runs_stream=cfg.stream, subject_prefix=cfg.subject_prefix,
-                                                  threads_bucket=cfg.bucket, **extra)
+                                                  threads_bucket=cfg.bucket, http_connections_per_client=0,
+                                                  **extra)
         channels = [grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}", options=[("grpc.enable_http_proxy", 0)])
                     for _ in range(GRPC_CHANNELS)]
         stubs = [pbg.RunsStub(ch) for ch in channels]

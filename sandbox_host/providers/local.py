@@ -332,9 +332,25 @@ class LocalProvider(Provider):
         return await _sandbox_tls.renew_if_due(self._client(handle), ca, handle.key)
 
     async def processes_alive(self, handle: SandboxHandle) -> bool:
+        """Whether any of the agent's processes runs, looked up on this machine (as
+        :meth:`destroy` signals them here), not through the daemon.
+
+        A followed journal's idle waits ask this 4 times a second per run
+        (``BATON_JOURNAL_POLL``); through the daemon each was a gRPC call and a worker
+        thread on both sides, which at 200 runs on 2 cores cost more CPU than the runs'
+        streaming (``bench/results/README.md``, "Many runs against the base"). The group's
+        leader is one small ``/proc`` read; only when it is gone is ``/proc`` scanned, in a
+        thread. Same rule as the daemon's (:func:`sandbox_host.daemon._procs.group_alive`).
+        """
         if not os.path.isdir(handle.data["dir"]):  # noqa: ASYNC240 -- one stat
             return False
-        return await self._client(handle).processes_alive(self._pgid(handle))
+        pgid = self._pgid(handle)
+        if not pgid:
+            return False
+        st = _procs.proc_stat(pgid)
+        if st is not None and st[0] != "Z" and st[1] == pgid:
+            return True
+        return await asyncio.to_thread(_procs.group_alive, pgid)
 
     async def close(self) -> None:
         """Close the channels to the sandboxes' daemons (they, and the agents, run on)."""

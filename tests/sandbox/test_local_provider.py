@@ -144,6 +144,33 @@ async def test_kill_group_and_destroy(local_provider: LocalProvider, sandboxes: 
     assert not await local_provider.destroy(h)
 
 
+@pytest.mark.servers  # starts processes: not a unit test
+async def test_liveness_is_looked_up_on_this_machine_without_the_daemon(
+        local_provider: LocalProvider, sandboxes: list) -> None:
+    """``processes_alive`` reads the agent's group here: a member that outlived the group's
+    leader counts, and the sandbox's daemon is neither asked nor started again (it is down)."""
+    from sandbox_host.daemon import _procs
+    from sandbox_host.providers._local_daemon import _running_and_addr, meta_dir
+
+    h = await local_provider.create("alive", SandboxSpec())
+    sandboxes.append(h)
+    h = with_data(h, dict(await local_provider.launch(h, ["sh", "-c", "sleep 60 & sleep 60"], nonce=new_nonce())))
+    sandboxes[-1] = h
+    pgid = int(h.data["pgid"])
+    assert await local_provider._daemons.stop(h)
+
+    def daemon_running() -> bool:
+        return bool(_running_and_addr(meta_dir(h))[0])
+
+    await assert_eventually(lambda: not daemon_running())
+    os.kill(pgid, signal.SIGKILL)  # the group's leader (the wrapper); its sleeps live on
+    await assert_eventually(lambda: (_procs.proc_stat(pgid) or ("Z",))[0] == "Z")
+    assert await local_provider.processes_alive(h)
+    os.killpg(pgid, signal.SIGKILL)
+    await assert_eventually(lambda: _not(local_provider.processes_alive(h)))
+    assert not daemon_running()
+
+
 async def _not(value: "asyncio.Future[bool] | Any") -> bool:
     return not await value
 

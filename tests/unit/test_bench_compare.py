@@ -24,6 +24,14 @@ def test_flatten_keeps_numbers_and_booleans_by_dotted_path() -> None:
     assert not any(k.endswith(("rounds", "name", "bench")) for k in flat)  # lists and strings left out
 
 
+def test_a_list_of_objects_is_a_tables_rows_keyed_by_name() -> None:
+    flat = flatten({"rows": [{"engines": "1-node", "chunks_per_s": 400, "ms": {"p99": 9}},
+                             {"engines": "replicated", "chunks_per_s": 300}, {"chunks_per_s": 1}],
+                    "rounds": [1.0, 2.0]})
+    assert flat == {"rows[1-node].chunks_per_s": 400.0, "rows[1-node].ms.p99": 9.0,
+                    "rows[replicated].chunks_per_s": 300.0, "rows[2].chunks_per_s": 1.0}
+
+
 def test_rows_give_both_values_the_ratio_and_a_verdict() -> None:
     rows = {r.figure: r for r in build_rows({"gateway": flatten(BASE)}, {"gateway": flatten(HEAD)})}
     tput = rows["results.gateway.many.delivered_chunks_per_s"]
@@ -79,3 +87,23 @@ def test_each_round_ratio_shows_a_medians_spread() -> None:
     text = render(rows, "base x", runs=({"b": base}, {"b": head}))
     assert text.splitlines()[0].rstrip().endswith("per round")
     assert text.splitlines()[1].endswith("1.50 / 0.50 / -")
+
+
+def test_a_bench_that_raises_does_not_stop_the_others(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    import bench.__main__ as bench_main
+
+    ran = []
+
+    def run(name: str) -> dict[str, float]:
+        ran.append(name)
+        if name == "b":
+            raise TimeoutError("only 255 of 1000 readers registered")
+        return {}
+
+    monkeypatch.setattr(bench_main, "available", lambda: ["a", "b", "c"])
+    monkeypatch.setattr(bench_main, "run", run)
+    assert bench_main.cli([]) == 1
+    assert ran == ["a", "b", "c"]
+    err = capsys.readouterr().err
+    assert "only 255 of 1000 readers registered" in err and "failed: b (the others ran)" in err
