@@ -30,7 +30,7 @@ from typing import Mapping
 
 from baton import internal_auth
 from baton import tls as _tls
-from sandbox_host.daemon import sandbox_token
+from sandbox_host.daemon import _procs, sandbox_token
 from sandbox_host.daemon._procs import OWN_ENV
 from sandbox_host.providers import _sandbox_tls
 from sandbox_host.providers._base import SandboxHandle
@@ -45,10 +45,21 @@ ADDR_FILE, LOCK_FILE, SPAWN_FILE, LOG_FILE = "daemon.addr", "daemon.lock", "daem
 #: (the nemesis beside the fault suite) whose daemon had written nothing by then.
 START_TIMEOUT = 60.0
 #: Seconds a waited-for daemon may be seen not running (its lock free) before it is started
-#: again. A start made too soon (the one before still starting) costs nothing: of two
-#: daemons only the one that takes the lock serves, the other exits at once.
+#: again, unless the one this wait started is still alive (it is still starting: on a busy
+#: machine a daemon's start takes seconds, and a second start would only cost its start-up
+#: CPU, ~70 ms, then find the lock taken and exit).
 RESPAWN_AFTER = 3.0
-_SPAWN = 'log=$1; shift; setsid "$@" </dev/null >>"$log" 2>&1 &'
+#: Starts the daemon detached (its own session) and prints its pid. A background job of a
+#: non-interactive ``sh`` is no group leader, so ``setsid`` does not fork: ``$!`` is the daemon.
+_SPAWN = 'log=$1; shift; setsid "$@" </dev/null >>"$log" 2>&1 & echo $!'
+
+
+def _starting(pid: int | None) -> bool:
+    """Whether the daemon process ``pid`` (one this host started) is alive, not a zombie."""
+    if pid is None:
+        return False
+    st = _procs.proc_stat(pid)
+    return st is not None and st[0] != "Z"
 
 
 def meta_dir(handle: SandboxHandle) -> str:
@@ -160,9 +171,8 @@ class LocalDaemons:
                 running, addr, _ = await asyncio.to_thread(_running_and_addr, meta)
                 if running and addr:
                     return addr
-                if not running:
-                    await self._spawn(handle, meta)
-                return await self._wait_addr(handle, meta)
+                spawned = None if running else await self._spawn(handle, meta)
+                return await self._wait_addr(handle, meta, spawned)
             finally:
                 os.close(fd)  # releases the spawn lock
 
@@ -193,10 +203,10 @@ class LocalDaemons:
             env[OWN_ENV] = "PYTHONPATH"
         return env
 
-    async def _spawn(self, handle: SandboxHandle, meta: str, *, fresh: bool = True) -> None:
-        """Start the sandbox's daemon (detached). ``fresh``: remove the last one's address
-        first (not on a start again while waiting: a daemon started just before may have
-        written its own meanwhile)."""
+    async def _spawn(self, handle: SandboxHandle, meta: str, *, fresh: bool = True) -> int | None:
+        """Start the sandbox's daemon (detached) → its pid (``None`` when the shell did not
+        tell). ``fresh``: remove the last one's address first (not on a start again while
+        waiting: a daemon started just before may have written its own meanwhile)."""
         if fresh:
             try:
                 os.unlink(os.path.join(meta, ADDR_FILE))
@@ -209,14 +219,19 @@ class LocalDaemons:
         proc = await asyncio.create_subprocess_exec(
             "sh", "-c", _SPAWN, "baton-daemon", os.path.join(meta, LOG_FILE), *self._argv(handle, meta),
             cwd=meta, env=self._daemon_env(handle.key, tls_files), stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
-        await proc.wait()
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+        out, _ = await proc.communicate()
+        try:
+            return int(out.strip())
+        except ValueError:
+            return None
 
-    async def _wait_addr(self, handle: SandboxHandle, meta: str) -> str:
+    async def _wait_addr(self, handle: SandboxHandle, meta: str, spawned: int | None = None) -> str:
         """Wait (holding the spawn lock) for a live daemon's address. A daemon found not running
         for :data:`RESPAWN_AFTER` seconds is started again: one that was stopping when the wait
         began (the run before, ending on another host, stopped it: it held its lock, so none
-        was started) or one that died at its start. Until :data:`START_TIMEOUT`."""
+        was started) or one that died at its start; not while ``spawned`` (the pid of the
+        daemon this wait started) is alive and starting. Until :data:`START_TIMEOUT`."""
         began = time.monotonic()
         deadline = began + START_TIMEOUT
         down_since: float | None = None
@@ -231,13 +246,13 @@ class LocalDaemons:
                             handle.key, START_TIMEOUT, "running" if running else "not running", tail)
                 raise OSError(f"the sandbox daemon did not start within {START_TIMEOUT:.0f} s "
                               f"({'running' if running else 'not running'}): {tail[-500:]}")
-            if running:
+            if running or _starting(spawned):
                 down_since = None
             elif down_since is None:
                 down_since = now
             elif now - down_since >= RESPAWN_AFTER:
                 log.info("sandbox daemon of %s not running: starting it again", handle.key)
-                await self._spawn(handle, meta, fresh=False)
+                spawned = await self._spawn(handle, meta, fresh=False)
                 down_since = None
             await asyncio.sleep(0.01)
 

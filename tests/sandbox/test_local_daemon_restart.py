@@ -88,3 +88,63 @@ async def test_a_daemon_that_holds_its_lock_and_never_serves_is_named_with_its_s
             hung.wait()
         await host.destroy(h)
         await host.close()
+
+
+_SLOW = """
+import fcntl, os, sys, time  # stands in for a daemon on a busy machine: slow to take its lock
+time.sleep(float(sys.argv[3]))
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+with open(sys.argv[2] + ".tmp", "w") as f:
+    f.write("127.0.0.1:1 %d" % os.getpid())
+os.rename(sys.argv[2] + ".tmp", sys.argv[2])
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("alive", [True, False])
+async def test_a_daemon_still_starting_is_not_started_twice(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, alive: bool) -> None:
+    """The daemon a host started, alive but not yet holding its lock past ``RESPAWN_AFTER``
+    (a busy machine), is waited for, not started again (a second one only costs its start-up
+    CPU, then exits at the lock); one that is gone is started again."""
+    import subprocess
+    import sys
+
+    from sandbox_host.providers import _local_daemon
+
+    host = LocalProvider(str(tmp_path / "sandboxes"), str(tmp_path / "journals"), idle_check=0.05)
+    h = await host.create("slow-run", SandboxSpec())
+    meta = pathlib.Path(meta_dir(h))
+    slow = None
+    spawns: list[bool] = []
+
+    async def spawn(handle: object, meta_: str, *, fresh: bool = True) -> int | None:
+        spawns.append(fresh)
+        return None
+
+    try:
+        await host._daemons.stop(h)
+        await assert_eventually(lambda: not daemon_running(str(meta)), timeout=30)
+        (meta / ADDR_FILE).unlink(missing_ok=True)
+        slow = subprocess.Popen([sys.executable, "-c", _SLOW, str(meta / LOCK_FILE), str(meta / ADDR_FILE),
+                                 "1.5" if alive else "600"])
+        if not alive:
+            slow.kill()
+            slow.wait()
+        monkeypatch.setattr(_local_daemon, "RESPAWN_AFTER", 0.3)
+        monkeypatch.setattr(_local_daemon, "START_TIMEOUT", 20.0 if alive else 2.0)
+        monkeypatch.setattr(host._daemons, "_spawn", spawn)
+        if alive:
+            assert await host._daemons._wait_addr(h, str(meta), slow.pid) == "127.0.0.1:1"
+            assert spawns == []
+        else:
+            with pytest.raises(OSError):  # the stand-in _spawn starts nothing
+                await host._daemons._wait_addr(h, str(meta), slow.pid)
+            assert spawns and not any(spawns)  # started again (fresh=False: keep any address)
+    finally:
+        if slow is not None:
+            slow.kill()
+            slow.wait()
+        await host.destroy(h)
+        await host.close()
