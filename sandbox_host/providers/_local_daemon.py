@@ -8,6 +8,8 @@ port and keeps its files in the sandbox's ``.baton/``:
   running" is one non-blocking lock attempt, whichever host asks;
 - ``daemon.addr``: ``127.0.0.1:<port> <pid>``, written once it serves;
 - ``daemon.spawn``: locked by the host starting one, so two hosts never start two;
+- ``daemon.spawned``: the pid of the daemon last started (a start still under way is
+  waited for, not repeated);
 - ``daemon.log``: its stderr;
 - ``daemon-tls.crt``/``daemon-tls.key`` (0600), with a sandbox CA (``BATON_SANDBOX_CA_*``):
   the certificate the host starting the daemon minted for it (afresh at each start).
@@ -49,9 +51,13 @@ START_TIMEOUT = 60.0
 #: machine a daemon's start takes seconds, and a second start would only cost its start-up
 #: CPU, ~70 ms, then find the lock taken and exit).
 RESPAWN_AFTER = 3.0
-#: Starts the daemon detached (its own session) and prints its pid. A background job of a
-#: non-interactive ``sh`` is no group leader, so ``setsid`` does not fork: ``$!`` is the daemon.
-_SPAWN = 'log=$1; shift; setsid "$@" </dev/null >>"$log" 2>&1 & echo $!'
+#: Starts the daemon detached (its own session) and writes its pid to a file (not to a pipe:
+#: under uvloop the daemon inherited the pipe, so reading it to its end waited for the
+#: daemon's exit). A background job of a non-interactive ``sh`` is no group leader, so
+#: ``setsid`` does not fork: ``$!`` is the daemon.
+_SPAWN = 'log=$1; pidfile=$2; shift 2; setsid "$@" </dev/null >>"$log" 2>&1 & echo $! >"$pidfile"'
+#: The file :data:`_SPAWN` writes the daemon's pid to, in the sandbox's ``.baton``.
+SPAWNED_FILE = "daemon.spawned"
 
 
 def _starting(pid: int | None) -> bool:
@@ -217,13 +223,15 @@ class LocalDaemons:
             server = await asyncio.to_thread(self._ca.mint, handle.key)
             tls_files = await asyncio.to_thread(_sandbox_tls.write_files, meta, server)
         proc = await asyncio.create_subprocess_exec(
-            "sh", "-c", _SPAWN, "baton-daemon", os.path.join(meta, LOG_FILE), *self._argv(handle, meta),
+            "sh", "-c", _SPAWN, "baton-daemon", os.path.join(meta, LOG_FILE), os.path.join(meta, SPAWNED_FILE),
+            *self._argv(handle, meta),
             cwd=meta, env=self._daemon_env(handle.key, tls_files), stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
-        out, _ = await proc.communicate()
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        await proc.wait()
         try:
-            return int(out.strip())
-        except ValueError:
+            with open(os.path.join(meta, SPAWNED_FILE)) as f:  # noqa: ASYNC230 -- a few bytes just written
+                return int(f.read().strip())
+        except (OSError, ValueError):
             return None
 
     async def _wait_addr(self, handle: SandboxHandle, meta: str, spawned: int | None = None) -> str:

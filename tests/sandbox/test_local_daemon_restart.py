@@ -148,3 +148,32 @@ async def test_a_daemon_still_starting_is_not_started_twice(
             slow.wait()
         await host.destroy(h)
         await host.close()
+
+
+def test_a_daemon_start_tells_its_pid_and_returns_at_once_under_uvloop(tmp_path: pathlib.Path) -> None:
+    """The hosts run on uvloop: the start returns when its shell has, with the daemon's pid
+    (the one that then serves), while that daemon runs (a pipe the daemon inherited once made
+    the start wait for the daemon's exit, 60 s idle later)."""
+    import uvloop
+
+    from sandbox_host.daemon import _procs
+
+    async def main() -> tuple[int | None, bool, int]:
+        host = LocalProvider(str(tmp_path / "sandboxes"), str(tmp_path / "journals"), idle_check=0.05)
+        h = await host.create("uvloop-run", SandboxSpec())
+        meta = meta_dir(h)
+        try:
+            await host._daemons.stop(h)
+            await assert_eventually(lambda: not daemon_running(meta), timeout=30)
+            pid = await host._daemons._spawn(h, meta)
+            st = _procs.proc_stat(pid) if pid else None
+            alive = st is not None and st[0] != "Z"
+            await host._daemons._wait_addr(h, meta, pid)
+            with open(os.path.join(meta, ADDR_FILE)) as f:
+                return pid, alive, int(f.read().split()[1])
+        finally:
+            await host.destroy(h)
+            await host.close()
+
+    pid, alive_at_return, serving = uvloop.run(main())
+    assert alive_at_return and pid == serving
