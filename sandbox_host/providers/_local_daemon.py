@@ -60,12 +60,20 @@ _SPAWN = 'log=$1; pidfile=$2; shift 2; setsid "$@" </dev/null >>"$log" 2>&1 & ec
 SPAWNED_FILE = "daemon.spawned"
 
 
-def _starting(pid: int | None) -> bool:
-    """Whether the daemon process ``pid`` (one this host started) is alive, not a zombie."""
+def _starting(pid: int | None, meta: str) -> bool:
+    """Whether the daemon process ``pid`` (one this host started for the sandbox whose state
+    is ``meta``) is alive, not a zombie, and still that daemon (its command line names
+    ``meta``: a pid reused by another process is not)."""
     if pid is None:
         return False
     st = _procs.proc_stat(pid)
-    return st is not None and st[0] != "Z"
+    if st is None or st[0] == "Z":
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return meta.encode() in f.read()
+    except OSError:
+        return False
 
 
 def meta_dir(handle: SandboxHandle) -> str:
@@ -254,7 +262,7 @@ class LocalDaemons:
                             handle.key, START_TIMEOUT, "running" if running else "not running", tail)
                 raise OSError(f"the sandbox daemon did not start within {START_TIMEOUT:.0f} s "
                               f"({'running' if running else 'not running'}): {tail[-500:]}")
-            if running or _starting(spawned):
+            if running or _starting(spawned, meta):
                 down_since = None
             elif down_since is None:
                 down_since = now
