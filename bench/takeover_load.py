@@ -26,11 +26,14 @@ import pathlib
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench._cpu import calibration_ms
 from bench._servers import etcd_and_nats
 from bench.takeover import FAST_TTL, RESULTS, Killer, Side, _log_times, _pct
+
+if TYPE_CHECKING:
+    from baton_tools.testing.servers import EtcdServer, NatsServer
 
 KILLS = int(os.environ.get("BATON_BENCH_KILLS", "6"))
 BURNERS = 2  # busy loops beside the cluster in the ``loaded`` phase (the machine has 2 cores)
@@ -65,7 +68,7 @@ def _burners(n: int) -> list[subprocess.Popen[bytes]]:
     return [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(n)]
 
 
-async def _phases(tmp: pathlib.Path, etcd: Any, nats: Any, r: dict[str, Any]) -> None:
+async def _phases(tmp: pathlib.Path, etcd: "EtcdServer", nats: "NatsServer", r: dict[str, Any]) -> None:
     """Every phase of :data:`PHASES` on the sides (a ``before`` side too when
     ``BATON_BENCH_BEFORE`` names a checkout), each phase's figures into ``r[phase]``."""
     sides = [Side("fast", 0.0, tmp / "fast", fast=True, n_hosts=3, ttl=FAST_TTL, log_level="INFO")]

@@ -158,14 +158,20 @@ def proc_stat(pid: int) -> tuple[str, int] | None:
     return fields[0].decode(), int(fields[2])
 
 
+def leader_alive(pgid: int) -> bool:
+    """Whether group ``pgid``'s leader runs (not a zombie, still in its group): one small
+    ``/proc`` read, the common answer of :func:`group_alive`."""
+    st = proc_stat(pgid)
+    return st is not None and st[0] != "Z" and st[1] == pgid
+
+
 def group_alive(pgid: int) -> bool:
     """Whether any non-zombie process is in process group ``pgid``.
 
     ``killpg(pgid, 0)`` is not enough: detached agents are reparented to PID 1, which may
     not reap them, and a zombie still "exists" for kill.
     """
-    st = proc_stat(pgid)
-    if st is not None and st[0] != "Z" and st[1] == pgid:
+    if leader_alive(pgid):
         return True
     for name in os.listdir("/proc"):
         if not name.isdigit():

@@ -347,10 +347,7 @@ class LocalProvider(Provider):
         pgid = self._pgid(handle)
         if not pgid:
             return False
-        st = _procs.proc_stat(pgid)
-        if st is not None and st[0] != "Z" and st[1] == pgid:
-            return True
-        return await asyncio.to_thread(_procs.group_alive, pgid)
+        return _procs.leader_alive(pgid) or await asyncio.to_thread(_procs.group_alive, pgid)
 
     async def close(self) -> None:
         """Close the channels to the sandboxes' daemons (they, and the agents, run on)."""

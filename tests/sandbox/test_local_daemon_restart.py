@@ -4,14 +4,19 @@ again, instead of waiting for one that is gone."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import os
 import pathlib
+import subprocess
+import sys
+import time
+from typing import AsyncIterator, Iterator
 
 import pytest
 
 from sandbox_host.journal import new_nonce
-from sandbox_host.providers import SandboxSpec
+from sandbox_host.providers import SandboxHandle, SandboxSpec, _local_daemon
 from sandbox_host.providers._local_daemon import ADDR_FILE, LOCK_FILE, daemon_running, meta_dir
 from sandbox_host.providers.local import LocalProvider
 from tests.conftest import assert_eventually
@@ -20,27 +25,51 @@ from tests.sandbox.conftest import with_data
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(120)]
 
 
-async def test_a_daemon_stopping_as_the_next_run_starts_is_started_again(tmp_path: pathlib.Path) -> None:
+@pytest.fixture
+async def quiet_sandbox(tmp_path: pathlib.Path) -> AsyncIterator[tuple[LocalProvider, SandboxHandle, pathlib.Path]]:
+    """A local sandbox whose daemon (the one ``create`` started) is stopped and its address
+    gone → (provider, handle, its ``.baton`` directory); destroyed afterwards."""
     host = LocalProvider(str(tmp_path / "sandboxes"), str(tmp_path / "journals"), idle_check=0.05)
-    h = await host.create("restart-run", SandboxSpec())
+    h = await host.create("quiet-run", SandboxSpec())
     meta = pathlib.Path(meta_dir(h))
     try:
-        await host._daemons.stop(h)  # whatever create started
+        await host._daemons.stop(h)
         await assert_eventually(lambda: not daemon_running(str(meta)), timeout=30)
-        # The daemon of the run before, on its way out: its lock still held, its address gone.
         (meta / ADDR_FILE).unlink(missing_ok=True)
-        fd = os.open(meta / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        asyncio.get_running_loop().call_later(1.0, os.close, fd)  # ... and gone a second later
-        launched = await host.launch(h, ["sh", "-c", "echo after-restart"], nonce=new_nonce())
-        h = with_data(h, launched)
-
-        async def ran() -> bool:
-            return b"after-restart" in await host.read_file(h, h.journal_path)
-        await assert_eventually(ran, timeout=30)
+        yield host, h, meta
     finally:
         await host.destroy(h)
         await host.close()
+
+
+@contextlib.contextmanager
+def stand_in(script: str, *args: str, log: pathlib.Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """``python -c script *args`` (a stand-in daemon), killed and reaped on exit."""
+    out = open(log, "ab") if log is not None else subprocess.DEVNULL
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", script, *args], stdout=out, stderr=out)
+    finally:
+        if log is not None:
+            out.close()  # type: ignore[union-attr]
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+async def test_a_daemon_stopping_as_the_next_run_starts_is_started_again(
+        quiet_sandbox: tuple[LocalProvider, SandboxHandle, pathlib.Path]) -> None:
+    host, h, meta = quiet_sandbox
+    # The daemon of the run before, on its way out: its lock still held, its address gone.
+    fd = os.open(meta / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    asyncio.get_running_loop().call_later(1.0, os.close, fd)  # ... and gone a second later
+    h = with_data(h, await host.launch(h, ["sh", "-c", "echo after-restart"], nonce=new_nonce()))
+
+    async def ran() -> bool:
+        return b"after-restart" in await host.read_file(h, h.journal_path)
+    await assert_eventually(ran, timeout=30)
 
 
 _HUNG = """
@@ -56,25 +85,11 @@ hung_in_startup()
 
 
 async def test_a_daemon_that_holds_its_lock_and_never_serves_is_named_with_its_stacks(
-        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        quiet_sandbox: tuple[LocalProvider, SandboxHandle, pathlib.Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """A host that waits in vain for a live daemon's address asks it for its stacks
     (``SIGUSR1``) before it gives up, so the error and the host's log say where it hangs."""
-    import subprocess
-    import sys
-
-    from sandbox_host.providers import _local_daemon
-
-    host = LocalProvider(str(tmp_path / "sandboxes"), str(tmp_path / "journals"), idle_check=0.05)
-    h = await host.create("hung-run", SandboxSpec())
-    meta = pathlib.Path(meta_dir(h))
-    hung = None
-    try:
-        await host._daemons.stop(h)
-        await assert_eventually(lambda: not daemon_running(str(meta)), timeout=30)
-        (meta / ADDR_FILE).unlink(missing_ok=True)
-        with open(meta / "daemon.log", "ab") as log_file:
-            hung = subprocess.Popen([sys.executable, "-c", _HUNG, str(meta / LOCK_FILE)],
-                                    stdout=log_file, stderr=log_file)
+    host, h, meta = quiet_sandbox
+    with stand_in(_HUNG, str(meta / LOCK_FILE), log=meta / "daemon.log"):
         await assert_eventually(lambda: daemon_running(str(meta)), timeout=30)
         monkeypatch.setattr(_local_daemon, "START_TIMEOUT", 2.0)
         # What the host's wait for the daemon's address ends with (a launch wraps it in a
@@ -82,72 +97,63 @@ async def test_a_daemon_that_holds_its_lock_and_never_serves_is_named_with_its_s
         with pytest.raises(OSError) as caught:
             await host._daemons._wait_addr(h, str(meta))
         assert "(running)" in str(caught.value) and "hung_in_startup" in str(caught.value)
-    finally:
-        if hung is not None:
-            hung.kill()
-            hung.wait()
-        await host.destroy(h)
-        await host.close()
 
 
 _SLOW = """
-import fcntl, os, sys, time  # stands in for a daemon on a busy machine: slow to take its lock
-time.sleep(float(sys.argv[3]))
+import fcntl, os, signal, sys, time  # stands in for a daemon on a busy machine: slow to take its lock
+while not os.path.exists(sys.argv[3]):  # until the test lets it go on
+    time.sleep(0.01)
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
 fcntl.flock(fd, fcntl.LOCK_EX)
 with open(sys.argv[2] + ".tmp", "w") as f:
     f.write("127.0.0.1:1 %d" % os.getpid())
 os.rename(sys.argv[2] + ".tmp", sys.argv[2])
-time.sleep(60)
+signal.pause()  # serves until killed
 """
 
 
 @pytest.mark.parametrize("alive", [True, False])
 async def test_a_daemon_still_starting_is_not_started_twice(
-        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, alive: bool) -> None:
+        quiet_sandbox: tuple[LocalProvider, SandboxHandle, pathlib.Path], monkeypatch: pytest.MonkeyPatch,
+        alive: bool) -> None:
     """The daemon a host started, alive but not yet holding its lock past ``RESPAWN_AFTER``
     (a busy machine), is waited for, not started again (a second one only costs its start-up
     CPU, then exits at the lock); one that is gone is started again."""
-    import subprocess
-    import sys
-
-    from sandbox_host.providers import _local_daemon
-
-    host = LocalProvider(str(tmp_path / "sandboxes"), str(tmp_path / "journals"), idle_check=0.05)
-    h = await host.create("slow-run", SandboxSpec())
-    meta = pathlib.Path(meta_dir(h))
-    slow = None
+    host, h, meta = quiet_sandbox
     spawns: list[bool] = []
+    seen_starting: list[float] = []  # when the wait found the stand-in alive and starting
+    starting = _local_daemon._starting
 
     async def spawn(handle: object, meta_: str, *, fresh: bool = True) -> int | None:
         spawns.append(fresh)
         return None
 
-    try:
-        await host._daemons.stop(h)
-        await assert_eventually(lambda: not daemon_running(str(meta)), timeout=30)
-        (meta / ADDR_FILE).unlink(missing_ok=True)
-        slow = subprocess.Popen([sys.executable, "-c", _SLOW, str(meta / LOCK_FILE), str(meta / ADDR_FILE),
-                                 "1.5" if alive else "600"])
+    def watched_starting(pid: int | None, meta_: str) -> bool:
+        alive_now = starting(pid, meta_)
+        if alive_now:
+            seen_starting.append(time.monotonic())
+        return alive_now
+
+    monkeypatch.setattr(_local_daemon, "RESPAWN_AFTER", 0.3)
+    monkeypatch.setattr(_local_daemon, "START_TIMEOUT", 20.0 if alive else 2.0)
+    monkeypatch.setattr(_local_daemon, "_starting", watched_starting)
+    monkeypatch.setattr(host._daemons, "_spawn", spawn)
+    go = meta / "go"
+    with stand_in(_SLOW, str(meta / LOCK_FILE), str(meta / ADDR_FILE), str(go)) as slow:
         if not alive:
             slow.kill()
             slow.wait()
-        monkeypatch.setattr(_local_daemon, "RESPAWN_AFTER", 0.3)
-        monkeypatch.setattr(_local_daemon, "START_TIMEOUT", 20.0 if alive else 2.0)
-        monkeypatch.setattr(host._daemons, "_spawn", spawn)
-        if alive:
-            assert await host._daemons._wait_addr(h, str(meta), slow.pid) == "127.0.0.1:1"
-            assert spawns == []
-        else:
             with pytest.raises(OSError):  # the stand-in _spawn starts nothing
                 await host._daemons._wait_addr(h, str(meta), slow.pid)
             assert spawns and not any(spawns)  # started again (fresh=False: keep any address)
-    finally:
-        if slow is not None:
-            slow.kill()
-            slow.wait()
-        await host.destroy(h)
-        await host.close()
+            return
+        waiting = asyncio.ensure_future(host._daemons._wait_addr(h, str(meta), slow.pid))
+        # Let it go on once the wait has seen it starting for well past RESPAWN_AFTER.
+        await assert_eventually(lambda: seen_starting and seen_starting[-1] - seen_starting[0] > 3 * 0.3,
+                                timeout=30)
+        go.touch()
+        assert await waiting == "127.0.0.1:1"
+        assert spawns == []
 
 
 def test_a_daemon_start_tells_its_pid_and_returns_at_once_under_uvloop(tmp_path: pathlib.Path) -> None:
