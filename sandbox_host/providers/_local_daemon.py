@@ -15,7 +15,11 @@ port and keeps its files in the sandbox's ``.baton/``:
   the certificate the host starting the daemon minted for it (afresh at each start).
 
 Whoever finds no live daemon starts one (:meth:`LocalDaemons.resolve`): a daemon that was
-killed is replaced at the next call, on a new port, and its agent is untouched. A daemon
+killed is replaced at the next call, on a new port, and its agent is untouched. A start asks
+the machine's fork server (:mod:`sandbox_host.daemon.forkserver`: the daemon's code imported
+once, a ``fork`` per daemon, ~100 ms of CPU less per start); where none answers, it starts
+the daemon as a command (``python -m sandbox_host.daemon``) and starts a fork server for the
+next ones. A daemon
 with no call and no live agent for ``idle_exit`` seconds stops by itself (the next call
 starts another), so a sandbox nobody destroys leaves no daemon behind for long.
 """
@@ -23,8 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import json
 import logging
 import os
+import stat
 import signal
 import sys
 import time
@@ -32,7 +38,7 @@ from typing import Mapping
 
 from baton import internal_auth
 from baton import tls as _tls
-from sandbox_host.daemon import _procs, sandbox_token
+from sandbox_host.daemon import _procs, forkserver, sandbox_token
 from sandbox_host.daemon._procs import OWN_ENV
 from sandbox_host.providers import _sandbox_tls
 from sandbox_host.providers._base import SandboxHandle
@@ -58,18 +64,27 @@ RESPAWN_AFTER = 3.0
 _SPAWN = 'log=$1; pidfile=$2; shift 2; setsid "$@" </dev/null >>"$log" 2>&1 & echo $! >"$pidfile"'
 #: The file :data:`_SPAWN` writes the daemon's pid to, in the sandbox's ``.baton``.
 SPAWNED_FILE = "daemon.spawned"
+#: Seconds a fork server has to answer a request for a daemon (else the daemon is started
+#: as a command).
+FORK_TIMEOUT = 10.0
+#: Seconds between two starts of a fork server by one host (one that does not come up is
+#: not started again at every daemon's start).
+FORKSERVER_RESTART = 10.0
 
 
 def _starting(pid: int | None, meta: str) -> bool:
     """Whether the daemon process ``pid`` (one this host started for the sandbox whose state
-    is ``meta``) is alive, not a zombie, and still that daemon (its command line names
-    ``meta``: a pid reused by another process is not)."""
+    is ``meta``) is alive, not a zombie, and still that daemon (its working directory is
+    ``meta``, where both ways of starting it put it, or its command line names ``meta``: a
+    pid reused by another process is not)."""
     if pid is None:
         return False
     st = _procs.proc_stat(pid)
     if st is None or st[0] == "Z":
         return False
     try:
+        if os.readlink(f"/proc/{pid}/cwd") == meta:
+            return True
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return meta.encode() in f.read()
     except OSError:
@@ -126,11 +141,16 @@ class LocalDaemons:
         sandbox_ca: the sandbox CA (default ``BATON_SANDBOX_CA_*``): then whoever starts a
             daemon mints it a fresh certificate (``.baton/daemon-tls.*``), and hosts check
             it against the CA and the sandbox's name instead.
+        forkserver: start daemons through the machine's fork server (``False``: always as
+            a command).
     """
 
     def __init__(self, env: Mapping[str, str], *, idle_check: float = 0.25, idle_exit: float = 60.0,
                  token: str | None = None, tls: _tls.GrpcTls | None = None,
-                 sandbox_ca: _sandbox_tls.SandboxCa | None | str = "env") -> None:
+                 sandbox_ca: _sandbox_tls.SandboxCa | None | str = "env", forkserver: bool = True) -> None:
+        self.forkserver = forkserver
+        self._forkserver_at: tuple[str, str] | None = None  # (directory, socket), once known
+        self._forkserver_next = 0.0  # monotonic time before which none is started again
         self._ca = _sandbox_tls.from_env() if isinstance(sandbox_ca, str) else sandbox_ca
         self._env = dict(env)
         self.idle_check = idle_check
@@ -218,9 +238,10 @@ class LocalDaemons:
         return env
 
     async def _spawn(self, handle: SandboxHandle, meta: str, *, fresh: bool = True) -> int | None:
-        """Start the sandbox's daemon (detached) → its pid (``None`` when the shell did not
-        tell). ``fresh``: remove the last one's address first (not on a start again while
-        waiting: a daemon started just before may have written its own meanwhile)."""
+        """Start the sandbox's daemon (detached) → its pid (``None`` when the start did not
+        tell): forked by the machine's fork server, else as a command. ``fresh``: remove the
+        last one's address first (not on a start again while waiting: a daemon started just
+        before may have written its own meanwhile)."""
         if fresh:
             try:
                 os.unlink(os.path.join(meta, ADDR_FILE))
@@ -230,17 +251,83 @@ class LocalDaemons:
         if self._ca is not None:  # minted at every start: a restarted daemon never serves an expired one
             server = await asyncio.to_thread(self._ca.mint, handle.key)
             tls_files = await asyncio.to_thread(_sandbox_tls.write_files, meta, server)
+        argv, env = self._argv(handle, meta), self._daemon_env(handle.key, tls_files)
+        spawned = os.path.join(meta, SPAWNED_FILE)
+        try:
+            os.unlink(spawned)  # the last start's pid is not this one's
+        except FileNotFoundError:
+            pass
+        pid = await self._fork(argv[3:], env, meta) if self.forkserver else None
+        if pid is not None:
+            with open(spawned, "w") as f:  # noqa: ASYNC230 -- a few bytes
+                f.write(f"{pid}\n")
+            return pid
         proc = await asyncio.create_subprocess_exec(
-            "sh", "-c", _SPAWN, "baton-daemon", os.path.join(meta, LOG_FILE), os.path.join(meta, SPAWNED_FILE),
-            *self._argv(handle, meta),
-            cwd=meta, env=self._daemon_env(handle.key, tls_files), stdin=asyncio.subprocess.DEVNULL,
+            "sh", "-c", _SPAWN, "baton-daemon", os.path.join(meta, LOG_FILE), spawned, *argv,
+            cwd=meta, env=env, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
         await proc.wait()
         try:
-            with open(os.path.join(meta, SPAWNED_FILE)) as f:  # noqa: ASYNC230 -- a few bytes just written
+            with open(spawned) as f:  # noqa: ASYNC230 -- a few bytes just written
                 return int(f.read().strip())
         except (OSError, ValueError):
             return None
+
+    async def _fork(self, args: list[str], env: Mapping[str, str], meta: str) -> int | None:
+        """The pid of the daemon ``args`` (its arguments) the machine's fork server forked,
+        or ``None`` when none answered (then one is started for the next daemons)."""
+        if self._forkserver_at is None:
+            self._forkserver_at = forkserver.address(await asyncio.to_thread(forkserver.code_stamp))
+        top, sock = self._forkserver_at
+        request = {"argv": args, "env": dict(env), "cwd": meta, "log": os.path.join(meta, LOG_FILE)}
+        try:
+            async with asyncio.timeout(FORK_TIMEOUT):
+                reader, writer = await asyncio.open_unix_connection(sock)
+                try:
+                    writer.write(json.dumps(request).encode() + b"\n")
+                    await writer.drain()
+                    answer = json.loads(await reader.readline())
+                finally:
+                    writer.close()
+            if isinstance(answer, dict) and isinstance(answer.get("pid"), int):
+                return int(answer["pid"])
+            log.warning("the fork server at %s refused a daemon: %s", sock, str(answer)[:300])
+            return None
+        except (OSError, TimeoutError, ValueError) as exc:
+            if not isinstance(exc, (FileNotFoundError, ConnectionRefusedError)):
+                log.info("the fork server at %s did not answer (%s)", sock, exc)
+        await self._start_forkserver(top, sock)
+        return None
+
+    async def _start_forkserver(self, top: str, sock: str) -> None:
+        """Start the fork server at ``sock`` (detached, as a daemon is; not waited for), at
+        most once per :data:`FORKSERVER_RESTART` seconds. Not in a directory this user does
+        not own alone (``0700``), which is then left as it is."""
+        now = time.monotonic()
+        if now < self._forkserver_next:
+            return
+        self._forkserver_next = now + FORKSERVER_RESTART
+        try:
+            os.mkdir(top, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            log.warning("no fork server for sandbox daemons: %s", exc)
+            return
+        st = os.lstat(top)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) != 0o700:
+            log.warning("no fork server for sandbox daemons: %s is not a directory of this user's alone", top)
+            return
+        env = dict(self._env)
+        if os.environ.get("PYTHONPATH"):
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        proc = await asyncio.create_subprocess_exec(
+            "sh", "-c", _SPAWN, "baton-forkserver", os.path.join(top, "log"), os.path.join(top, "spawned"),
+            sys.executable, "-m", "sandbox_host.daemon.forkserver", "--socket", sock,
+            "--lock", os.path.join(top, "lock"), "--idle-exit", str(self.idle_exit or 60.0),
+            cwd=top, env=env, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        await proc.wait()
 
     async def _wait_addr(self, handle: SandboxHandle, meta: str, spawned: int | None = None) -> str:
         """Wait (holding the spawn lock) for a live daemon's address. A daemon found not running
