@@ -19,9 +19,16 @@ a ``0700`` directory and serves only its own user (``SO_PEERCRED``), and stops a
 ``--idle-exit`` seconds without a request, or when its socket file is gone or replaced.
 
 Protocol, one request per connection: a JSON line ``{"argv": [...], "env": {...}, "cwd":
-str, "log": str}`` (``argv``: the daemon's arguments, without the program) → a JSON line
-``{"pid": int}`` (the daemon's) or ``{"error": str}``. The daemons it forks are in sessions of
-their own and outlive it.
+str, "log": str, "until": float}`` (``argv``: the daemon's arguments, without the program;
+``until``: the Unix time after which the host no longer waits: the request is then refused,
+not forked) → a JSON line ``{"pid": int}`` (the daemon's) or ``{"error": str}``. The daemons
+it forks are in sessions of their own and outlive it.
+
+What a daemon takes from this server rather than from the host that asked for it: the
+process state a command would inherit (umask, resource limits, cgroup, nice level), as the
+server's starter had them, and ``/proc/<pid>/environ`` (the server's own environment: the
+agents' inherited variables, no credential; the daemon's environment is the request's, in
+its memory).
 """
 from __future__ import annotations
 
@@ -46,19 +53,28 @@ _UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
 
 
 def code_stamp() -> str:
-    """A digest of the code a daemon runs and where: the Python, the location of the
-    ``baton`` and ``sandbox_host`` packages, the modification time and size of each of their
-    ``.py`` files (a walk of a few hundred files: call once per process), and the network
-    namespace (a daemon listens on loopback: a host in another namespace needs one in its
-    own)."""
+    """A digest of the code a daemon runs and where: the Python, the versions of the
+    daemon's third-party packages, the location of the ``baton`` and ``sandbox_host``
+    packages, the modification time and size of each of their ``.py`` files (a walk of a few
+    hundred files: call once per process), and the namespaces (network: a daemon listens on
+    loopback, a host in another namespace needs one in its own; mount, pid, user: its files
+    and pid must mean what they mean to the host)."""
+    from importlib import metadata
+
     import baton
     import sandbox_host
 
     h = hashlib.sha256(sys.executable.encode())
-    try:
-        h.update(os.readlink("/proc/self/ns/net").encode())
-    except OSError:
-        pass
+    for ns in ("net", "mnt", "pid", "user"):
+        try:
+            h.update(os.readlink(f"/proc/self/ns/{ns}").encode())
+        except OSError:
+            pass
+    for dist in ("grpcio", "grpcio-health-checking", "protobuf", "setproctitle"):
+        try:
+            h.update(f"{dist}={metadata.version(dist)}".encode())
+        except metadata.PackageNotFoundError:
+            pass
     for pkg in (baton, sandbox_host):
         top = os.path.dirname(os.path.abspath(pkg.__file__ or ""))
         h.update(top.encode())
@@ -89,15 +105,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def check_request(req: Any) -> tuple[list[str], dict[str, str], str, str]:
-    """``(argv, env, cwd, log)`` of a request.
+def check_request(req: Any, now: float | None = None) -> tuple[list[str], dict[str, str], str, str]:
+    """``(argv, env, cwd, log)`` of a request, checked at Unix time ``now`` (default: now).
 
     Raises:
         ValueError: not the request's shape (an object with ``argv``: a list of strings,
-            ``env``: an object of strings, ``cwd`` and ``log``: absolute paths).
+            ``env``: an object of strings, ``cwd`` and ``log``: absolute paths, ``until``:
+            a number), or past its ``until``.
     """
     if not isinstance(req, dict):
         raise ValueError("the request is not a JSON object")
+    until = req.get("until")
+    if not isinstance(until, (int, float)) or isinstance(until, bool):
+        raise ValueError("until must be a number")
+    if (time.time() if now is None else now) > until:
+        raise ValueError("the request expired before it was read (its host no longer waits)")
     argv, env, cwd, log = req.get("argv"), req.get("env"), req.get("cwd"), req.get("log")
     if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
         raise ValueError("argv must be a list of strings")
@@ -112,8 +134,19 @@ def check_request(req: Any) -> tuple[list[str], dict[str, str], str, str]:
 
 
 def _read_request(conn: socket.socket) -> bytes:
+    """The request's bytes, read within :data:`_READ_TIMEOUT` in all.
+
+    Raises:
+        ValueError: over :data:`MAX_REQUEST` bytes.
+        TimeoutError: not all there in time.
+    """
     buf = b""
+    deadline = time.monotonic() + _READ_TIMEOUT
     while not buf.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request took too long")
+        conn.settimeout(left)
         part = conn.recv(65536)
         if not part:
             break
@@ -174,26 +207,34 @@ def _child(argv: list[str], env: dict[str, str], cwd: str, log: str, keep_out: S
 
 def _answer(conn: socket.socket, listener: socket.socket, lock_fd: int) -> None:
     """Serve one connection: check its peer, read its request, fork the daemon, answer."""
-    conn.settimeout(_READ_TIMEOUT)
     _, uid, _ = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
     if uid != os.getuid():
         conn.sendall(b'{"error": "another user"}\n')
         return
     try:
         argv, env, cwd, log = check_request(json.loads(_read_request(conn)))
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSON's errors are ValueErrors
         conn.sendall(json.dumps({"error": str(exc)[:300]}).encode() + b"\n")
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        conn.sendall(json.dumps({"error": f"fork failed: {exc}"}).encode() + b"\n")
+        return
     if pid == 0:
         _child(argv, env, cwd, log, (listener.fileno(), conn.fileno(), lock_fd))
     conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
 
 
 def serve(args: argparse.Namespace) -> None:
-    """Hold the lock, import the daemon, serve until idle or the socket is gone."""
+    """Hold the lock, import the daemon, serve until idle or the socket is gone or replaced.
+
+    Raises:
+        SystemExit: 3 when another server holds the lock; 0 at SIGTERM.
+        OSError: the socket cannot be bound (a path over 107 bytes, say).
+    """
     lock_fd = os.open(args.lock, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -204,6 +245,9 @@ def serve(args: argparse.Namespace) -> None:
         import setproctitle  # noqa: F401 -- each child names itself with it
     except ImportError:
         pass
+    from sandbox_host.providers import _inotify
+
+    _inotify.libc()  # found once here (``ldconfig -p`` in a subprocess), not in every daemon
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -214,7 +258,7 @@ def serve(args: argparse.Namespace) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(args.socket)
     os.chmod(args.socket, 0o600)
-    listener.listen(128)
+    listener.listen(1024)  # a burst of starts (200 runs at once) queues, not refused
     listener.settimeout(1.0)
     bound = os.stat(args.socket).st_ino
     print(f"fork server {os.getpid()} listening on {args.socket}", flush=True)
@@ -246,11 +290,13 @@ def _accept(listener: socket.socket, args: argparse.Namespace, bound: int, lock_
         with conn:
             try:
                 _answer(conn, listener, lock_fd)
-            except OSError as exc:  # the host went away mid-request: its retry falls back
-                print(f"fork server: a request failed: {exc}", file=sys.stderr, flush=True)
+            except Exception as exc:  # noqa: BLE001 -- one request's failure; the host falls back
+                print(f"fork server: a request failed: {type(exc).__name__}: {str(exc)[:300]}",
+                      file=sys.stderr, flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m sandbox_host.daemon.forkserver``: :func:`serve` with the command line."""
     serve(parse_args(argv))
 
 

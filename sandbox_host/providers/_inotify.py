@@ -113,6 +113,8 @@ class FileWatcher:
                     woken.add(wd)
         except BlockingIOError:
             pass
+        if -1 in woken:  # IN_Q_OVERFLOW: events were lost, so every follow looks
+            woken = set(self._watches)
         for wd in woken:
             for w in self._watches.get(wd, ()):
                 w._fire()

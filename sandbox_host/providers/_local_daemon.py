@@ -30,7 +30,9 @@ import fcntl
 import json
 import logging
 import os
+import socket
 import stat
+import struct
 import signal
 import sys
 import time
@@ -68,8 +70,10 @@ SPAWNED_FILE = "daemon.spawned"
 #: as a command).
 FORK_TIMEOUT = 10.0
 #: Seconds between two starts of a fork server by one host (one that does not come up is
-#: not started again at every daemon's start).
+#: not started again at every daemon's start), and that a host leaves a server alone after
+#: it did not answer in time (a hung server is not waited for at every start).
 FORKSERVER_RESTART = 10.0
+_UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
 
 
 def _starting(pid: int | None, meta: str) -> bool:
@@ -83,12 +87,26 @@ def _starting(pid: int | None, meta: str) -> bool:
     if st is None or st[0] == "Z":
         return False
     try:
-        if os.readlink(f"/proc/{pid}/cwd") == meta:
+        cwd, own = os.stat(f"/proc/{pid}/cwd"), os.stat(meta)
+        if (cwd.st_dev, cwd.st_ino) == (own.st_dev, own.st_ino):
             return True
+    except OSError:
+        pass
+    try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return meta.encode() in f.read()
     except OSError:
         return False
+
+
+def _own_dir(path: str) -> bool:
+    """Whether ``path`` is a directory (not a link) of this user's alone: owned by it, no
+    access for group or others."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
 
 
 def meta_dir(handle: SandboxHandle) -> str:
@@ -151,6 +169,7 @@ class LocalDaemons:
         self.forkserver = forkserver
         self._forkserver_at: tuple[str, str] | None = None  # (directory, socket), once known
         self._forkserver_next = 0.0  # monotonic time before which none is started again
+        self._forkserver_off = 0.0  # monotonic time before which the server is not asked
         self._ca = _sandbox_tls.from_env() if isinstance(sandbox_ca, str) else sandbox_ca
         self._env = dict(env)
         self.idle_check = idle_check
@@ -211,10 +230,11 @@ class LocalDaemons:
                 os.close(fd)  # releases the spawn lock
 
     def _argv(self, handle: SandboxHandle, meta: str) -> list[str]:
+        """The daemon's arguments (after ``python -m sandbox_host.daemon``)."""
         roots = [handle.workdir, str(handle.data["dir"]), handle.journal_path, handle.stderr_path]
         if handle.data.get("home"):
             roots.append(str(handle.data["home"]))
-        argv = [sys.executable, "-m", "sandbox_host.daemon", "--listen", "127.0.0.1:0",
+        argv = ["--listen", "127.0.0.1:0",
                 "--workdir", handle.workdir, "--state", meta,
                 "--addr-file", os.path.join(meta, ADDR_FILE), "--lock-file", os.path.join(meta, LOCK_FILE),
                 "--idle-exit", str(self.idle_exit), "--idle-check", str(self.idle_check)]
@@ -257,13 +277,14 @@ class LocalDaemons:
             os.unlink(spawned)  # the last start's pid is not this one's
         except FileNotFoundError:
             pass
-        pid = await self._fork(argv[3:], env, meta) if self.forkserver else None
+        pid = await self._fork(argv, env, meta) if self.forkserver else None
         if pid is not None:
             with open(spawned, "w") as f:  # noqa: ASYNC230 -- a few bytes
                 f.write(f"{pid}\n")
             return pid
         proc = await asyncio.create_subprocess_exec(
-            "sh", "-c", _SPAWN, "baton-daemon", os.path.join(meta, LOG_FILE), spawned, *argv,
+            "sh", "-c", _SPAWN, "baton-daemon", os.path.join(meta, LOG_FILE), spawned,
+            sys.executable, "-m", "sandbox_host.daemon", *argv,
             cwd=meta, env=env, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
         await proc.wait()
@@ -275,15 +296,30 @@ class LocalDaemons:
 
     async def _fork(self, args: list[str], env: Mapping[str, str], meta: str) -> int | None:
         """The pid of the daemon ``args`` (its arguments) the machine's fork server forked,
-        or ``None`` when none answered (then one is started for the next daemons)."""
+        or ``None`` when none answered (then one is started for the next daemons), when it
+        did not answer in time (then it is not asked for :data:`FORKSERVER_RESTART` s), or
+        when its directory or its process is not this user's alone (never asked: the
+        request holds the sandbox's token)."""
+        if time.monotonic() < self._forkserver_off:
+            return None
         if self._forkserver_at is None:
             self._forkserver_at = forkserver.address(await asyncio.to_thread(forkserver.code_stamp))
         top, sock = self._forkserver_at
-        request = {"argv": args, "env": dict(env), "cwd": meta, "log": os.path.join(meta, LOG_FILE)}
+        if not _own_dir(top):
+            await self._start_forkserver(top, sock)
+            return None
+        request = {"argv": args, "env": dict(env), "cwd": meta, "log": os.path.join(meta, LOG_FILE),
+                   "until": time.time() + FORK_TIMEOUT}
         try:
             async with asyncio.timeout(FORK_TIMEOUT):
                 reader, writer = await asyncio.open_unix_connection(sock)
                 try:
+                    peer = writer.get_extra_info("socket")
+                    _, uid, _ = _UCRED.unpack(peer.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+                    if uid != os.getuid():
+                        log.warning("the fork server at %s is another user's (uid %d): not used", sock, uid)
+                        self._forkserver_off = time.monotonic() + FORKSERVER_RESTART
+                        return None
                     writer.write(json.dumps(request).encode() + b"\n")
                     await writer.drain()
                     answer = json.loads(await reader.readline())
@@ -293,9 +329,12 @@ class LocalDaemons:
                 return int(answer["pid"])
             log.warning("the fork server at %s refused a daemon: %s", sock, str(answer)[:300])
             return None
+        except (FileNotFoundError, ConnectionRefusedError):
+            pass  # none serves there: start one
         except (OSError, TimeoutError, ValueError) as exc:
-            if not isinstance(exc, (FileNotFoundError, ConnectionRefusedError)):
-                log.info("the fork server at %s did not answer (%s)", sock, exc)
+            log.warning("the fork server at %s did not answer (%s): daemons start as commands for %.0f s",
+                        sock, exc, FORKSERVER_RESTART)
+            self._forkserver_off = time.monotonic() + FORKSERVER_RESTART
         await self._start_forkserver(top, sock)
         return None
 
@@ -309,13 +348,13 @@ class LocalDaemons:
         self._forkserver_next = now + FORKSERVER_RESTART
         try:
             os.mkdir(top, 0o700)
+            os.chmod(top, 0o700)  # whatever the umask
         except FileExistsError:
             pass
         except OSError as exc:
             log.warning("no fork server for sandbox daemons: %s", exc)
             return
-        st = os.lstat(top)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) != 0o700:
+        if not _own_dir(top):
             log.warning("no fork server for sandbox daemons: %s is not a directory of this user's alone", top)
             return
         env = dict(self._env)

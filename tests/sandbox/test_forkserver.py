@@ -11,6 +11,8 @@ import shutil
 import signal
 import socket
 import tempfile
+import threading
+import time
 from typing import AsyncIterator, Iterator
 
 import grpc
@@ -18,12 +20,13 @@ import pytest
 
 from baton.v1 import sandbox_daemon_pb2 as pb
 from baton.v1 import sandbox_daemon_pb2_grpc as pb_grpc
-from sandbox_host.daemon import _procs, forkserver
+from sandbox_host.daemon import forkserver
 from sandbox_host.journal import new_nonce
 from sandbox_host.providers import SandboxHandle, SandboxSpec
+from sandbox_host.providers import _local_daemon
 from sandbox_host.providers._local_daemon import ADDR_FILE, meta_dir
 from sandbox_host.providers.local import LocalProvider
-from tests.conftest import assert_eventually
+from tests.conftest import assert_eventually, require
 from tests.sandbox.conftest import with_data
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(120)]
@@ -45,12 +48,8 @@ def server_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[pathlib.Path]:
 
 
 def _server_pid(top: pathlib.Path) -> int | None:
-    try:
-        pid = int((top / "spawned").read_text())
-    except (OSError, ValueError):
-        return None
-    st = _procs.proc_stat(pid)
-    return pid if st is not None and st[0] != "Z" else None
+    """The live fork server's pid: the holder of its lock."""
+    return _local_daemon._lock_holder(str(top / "lock"))
 
 
 def _ppid(pid: int) -> int:
@@ -139,6 +138,98 @@ async def test_no_fork_server_in_a_directory_others_may_write(host: LocalProvide
         await host.destroy(h)
 
 
+def _no_answer_server(sock: pathlib.Path, connections: list[float]) -> socket.socket:
+    """A listener at ``sock`` that takes connections (their times into ``connections``) and
+    never answers: a hung fork server. Closed by the caller."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(sock))
+    listener.listen(16)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # closed: the test is over
+                for c in held:
+                    c.close()
+                return
+            connections.append(time.monotonic())
+            held.append(conn)
+    threading.Thread(target=accept, daemon=True).start()
+    return listener
+
+
+async def test_a_hung_fork_server_delays_one_start_then_is_left_alone(
+        host: LocalProvider, server_dir: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_local_daemon, "FORK_TIMEOUT", 1.0)
+    connections: list[float] = []
+    listener = _no_answer_server(server_dir / "sock", connections)
+    try:
+        first = await host.create("hung-server-first", SandboxSpec())
+        second = await host.create("hung-server-second", SandboxSpec())
+        try:
+            await _ran(host, first, "started-after-the-wait")
+            await _ran(host, second, "started-without-asking")
+        finally:
+            await host.destroy(first)
+            await host.destroy(second)
+        assert len(connections) == 1  # asked once, then left alone for FORKSERVER_RESTART
+    finally:
+        listener.close()
+
+
+def _foreign_listener(sock: pathlib.Path, record: pathlib.Path) -> int:
+    """Fork a child that binds ``sock`` and opens ``record`` as this user, then becomes
+    ``nobody`` and listens (the peer credentials a client sees are the listener's at
+    ``listen``), takes one connection and writes what it sent into ``record`` → its pid."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(str(sock))
+            out = os.open(record, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.setgid(65534)
+            os.setuid(65534)
+            listener.listen(4)
+            listener.settimeout(60)
+            conn, _ = listener.accept()
+            conn.settimeout(5)
+            data = b""
+            try:
+                while part := conn.recv(65536):
+                    data += part
+            except OSError:
+                pass
+            os.write(out, b"connected\n" + data)
+        finally:
+            os._exit(0)
+    return pid
+
+
+async def test_a_socket_another_user_listens_on_gets_no_request(
+        host: LocalProvider, server_dir: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """The request holds the sandbox's token: a listener of another user never sees it."""
+    require(os.geteuid() == 0, "needs root (to listen as another user)")
+    sock, record = server_dir / "sock", tmp_path / "record"
+    pid = _foreign_listener(sock, record)
+    try:
+        await assert_eventually(sock.exists, timeout=30)
+        h = await host.create("foreign-listener-run", SandboxSpec())
+        try:
+            await _ran(host, h, "started-as-a-command")
+        finally:
+            await host.destroy(h)
+        await assert_eventually(lambda: record.exists() and record.read_bytes(), timeout=30)
+        assert record.read_bytes() == b"connected\n"  # it saw who listens, and sent nothing
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(pid, 0)
+
+
 def _ask(sock: pathlib.Path, payload: bytes) -> dict:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(30)
@@ -156,7 +247,8 @@ async def test_bad_requests_get_an_error_and_the_server_serves_on(
     bad = [b"not json\n", b"[1, 2]\n", b'{"argv": "x", "env": {}, "cwd": "/", "log": "/tmp/l"}\n',
            b'{"argv": [], "env": {"A": 1}, "cwd": "/", "log": "/tmp/l"}\n',
            b'{"argv": [], "env": {}, "cwd": "relative", "log": "/tmp/l"}\n',
-           b"\xff\xfe\n", b"{" + b" " * (forkserver.MAX_REQUEST + 10) + b"\n"]
+           b"\xff\xfe\n", b"{" + b" " * (forkserver.MAX_REQUEST + 10) + b"\n", b"[" * 100_000 + b"\n",
+           b'{"argv": [], "env": {}, "cwd": "/", "log": "/tmp/l", "until": 1}\n']
     for payload in bad:
         answer = await asyncio.to_thread(_ask, sock, payload)
         assert set(answer) == {"error"}, (payload[:40], answer)
@@ -165,7 +257,8 @@ async def test_bad_requests_get_an_error_and_the_server_serves_on(
     (root / ".baton").mkdir(parents=True)
     addr = root / "addr"
     request = {"argv": ["--listen", "127.0.0.1:0", "--root", str(root), "--addr-file", str(addr)],
-               "env": {"PATH": os.environ["PATH"]}, "cwd": str(root), "log": str(root / "log")}
+               "env": {"PATH": os.environ["PATH"]}, "cwd": str(root), "log": str(root / "log"),
+               "until": time.time() + 30}
     answer = await asyncio.to_thread(_ask, sock, json.dumps(request).encode() + b"\n")
     try:
         await assert_eventually(addr.exists, timeout=30)

@@ -166,6 +166,7 @@ def test_a_daemon_start_tells_its_pid_and_returns_at_once_under_uvloop(tmp_path:
 
     async def main() -> tuple[int | None, bool, int]:
         host = LocalProvider(str(tmp_path / "sandboxes"), str(tmp_path / "journals"), idle_check=0.05)
+        host._daemons.forkserver = False  # the start as a command (the fallback) is what is tested
         h = await host.create("uvloop-run", SandboxSpec())
         meta = meta_dir(h)
         try:
