@@ -608,7 +608,10 @@ async function loadQueue () {
   return queue
 }
 
-// After a run of the thread ended: the queue's next run starts; follow it here.
+// After a run of the thread ended: the queue's next run starts; follow it here. One that
+// started and ended between two looks (a quarter second apart; a queued run of a warm thread
+// can take less) is no longer queued nor active: it is read from its log, as the runs the
+// thread opened with.
 async function followQueued (threadId) {
   for (let i = 0; i < 40 && state.threadId === threadId && !state.live; i++) {
     const queue = await loadQueue()
@@ -618,9 +621,30 @@ async function followQueued (threadId) {
       await loadQueue()
       return
     }
-    if (!queue.length) return
+    if (!queue.length) {
+      await showUnseenRuns(threadId)
+      return
+    }
     await sleep(250)
   }
+}
+
+// The thread's runs after the newest one shown here (oldest first), shown as they are: each
+// closed one from its log, a live one followed.
+async function showUnseenRuns (threadId) {
+  const seq = state.openSeq
+  let runs
+  try {
+    runs = (await getJSON(`/api/threads/${enc(threadId)}/runs`)).runs
+  } catch {
+    return
+  }
+  if (seq !== state.openSeq || state.threadId !== threadId || state.live) return
+  const shown = new Set([...$('transcript').querySelectorAll('section.run')].map((s) => s.dataset.runId))
+  const last = runs.map((r) => shown.has(r.runId)).lastIndexOf(true)
+  if (last < 0) return
+  const unseen = runs.slice(last + 1)
+  if (unseen.length) await showRuns(unseen, seq, $('transcript'), true)
 }
 
 async function stop (runId = state.live?.runId) {
