@@ -26,9 +26,11 @@ it forks are in sessions of their own and outlive it.
 
 What a daemon takes from this server rather than from the host that asked for it: the
 process state a command would inherit (umask, resource limits, cgroup, nice level), as the
-server's starter had them, and ``/proc/<pid>/environ`` (the server's own environment: the
-agents' inherited variables, no credential; the daemon's environment is the request's, in
-its memory).
+server's starter had them. Its ``/proc/<pid>/cmdline`` is the daemon's command line as far
+as the server's own argv and environment leave room for it (``setproctitle``: ~380 bytes, so
+the last ``--root`` paths may be cut), and ``/proc/<pid>/environ`` holds what of the server's
+environment that left (the agents' inherited variables, no credential); the daemon's
+environment is the request's, in its memory.
 """
 from __future__ import annotations
 

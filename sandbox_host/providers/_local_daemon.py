@@ -74,6 +74,8 @@ FORK_TIMEOUT = 10.0
 #: it did not answer in time (a hung server is not waited for at every start).
 FORKSERVER_RESTART = 10.0
 _UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
+#: The longest path a Unix socket can be bound at (``sun_path`` less its NUL, Linux).
+_SOCKET_PATH_MAX = 107
 
 
 def _starting(pid: int | None, meta: str) -> bool:
@@ -305,6 +307,11 @@ class LocalDaemons:
         if self._forkserver_at is None:
             self._forkserver_at = forkserver.address(await asyncio.to_thread(forkserver.code_stamp))
         top, sock = self._forkserver_at
+        if len(os.fsencode(sock)) > _SOCKET_PATH_MAX:
+            log.warning("no fork server for sandbox daemons: its socket path %s is over %d bytes (a shorter "
+                        "TMPDIR gives one)", sock, _SOCKET_PATH_MAX)
+            self.forkserver = False
+            return None
         if not _own_dir(top):
             await self._start_forkserver(top, sock)
             return None
@@ -333,7 +340,7 @@ class LocalDaemons:
             pass  # none serves there: start one
         except (OSError, TimeoutError, ValueError) as exc:
             log.warning("the fork server at %s did not answer (%s): daemons start as commands for %.0f s",
-                        sock, exc, FORKSERVER_RESTART)
+                        sock, str(exc) or type(exc).__name__, FORKSERVER_RESTART)
             self._forkserver_off = time.monotonic() + FORKSERVER_RESTART
         await self._start_forkserver(top, sock)
         return None

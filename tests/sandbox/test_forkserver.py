@@ -265,3 +265,15 @@ async def test_bad_requests_get_an_error_and_the_server_serves_on(
         assert addr.read_text().split()[1] == str(answer["pid"]) and _server_pid(server_dir) == server
     finally:
         os.kill(answer["pid"], signal.SIGKILL)
+
+
+async def test_a_socket_path_too_long_for_unix_leaves_starts_to_the_command(
+        host: LocalProvider, monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> None:
+    top = tmp_path / ("d" * 120)
+    monkeypatch.setattr(forkserver, "address", lambda stamp: (str(top), str(top / "sock")))
+    h = await host.create("long-socket-path-run", SandboxSpec())
+    try:
+        await _ran(host, h, "started-as-a-command")
+        assert not host._daemons.forkserver and not top.exists()  # no server tried
+    finally:
+        await host.destroy(h)
