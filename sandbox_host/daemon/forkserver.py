@@ -18,7 +18,8 @@ server of its own and the old one goes idle. It holds ``lock`` (``flock``) for i
 a ``0700`` directory and serves only its own user (``SO_PEERCRED``), and stops after
 ``--idle-exit`` seconds without a request, or when its socket file is gone or replaced.
 
-Protocol, one request per connection: a JSON line ``{"argv": [...], "env": {...}, "cwd":
+Protocol, one request per connection (connections are read side by side: a silent client
+delays no other, and is closed after 5 s): a JSON line ``{"argv": [...], "env": {...}, "cwd":
 str, "log": str, "until": float}`` (``argv``: the daemon's arguments, without the program;
 ``until``: the Unix time after which the host no longer waits: the request is then refused,
 not forked) → a JSON line ``{"pid": int}`` (the daemon's) or ``{"error": str}``. The daemons
@@ -27,10 +28,11 @@ it forks are in sessions of their own and outlive it.
 What a daemon takes from this server rather than from the host that asked for it: the
 process state a command would inherit (umask, resource limits, cgroup, nice level), as the
 server's starter had them. Its ``/proc/<pid>/cmdline`` is the daemon's command line as far
-as the server's own argv and environment leave room for it (``setproctitle``: ~380 bytes, so
-the last ``--root`` paths may be cut), and ``/proc/<pid>/environ`` holds what of the server's
-environment that left (the agents' inherited variables, no credential); the daemon's
-environment is the request's, in its memory.
+as the server's own argv and environment leave room for it (``setproctitle``; hosts start
+the server with a 4 KiB variable, ``BATON_FORKSERVER_TITLE_ROOM``, for the room), and
+``/proc/<pid>/environ`` holds what of the server's environment that left (the agents'
+inherited variables, no credential); the daemon's environment is the request's, in its
+memory.
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ import fcntl
 import hashlib
 import json
 import os
+import selectors
 import signal
 import socket
 import struct
@@ -51,6 +54,9 @@ from typing import Any, Sequence
 MAX_REQUEST = 1 << 20
 #: Seconds a connection may take to send its request.
 _READ_TIMEOUT = 5.0
+#: Connections read at once (well under the usual 1,024 open files); more wait in the
+#: listener's backlog.
+MAX_PENDING = 256
 _UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
 
 
@@ -135,34 +141,11 @@ def check_request(req: Any, now: float | None = None) -> tuple[list[str], dict[s
     return argv, env, str(cwd), str(log)
 
 
-def _read_request(conn: socket.socket) -> bytes:
-    """The request's bytes, read within :data:`_READ_TIMEOUT` in all.
-
-    Raises:
-        ValueError: over :data:`MAX_REQUEST` bytes.
-        TimeoutError: not all there in time.
-    """
-    buf = b""
-    deadline = time.monotonic() + _READ_TIMEOUT
-    while not buf.endswith(b"\n"):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("the request took too long")
-        conn.settimeout(left)
-        part = conn.recv(65536)
-        if not part:
-            break
-        buf += part
-        if len(buf) > MAX_REQUEST:
-            raise ValueError(f"the request is over {MAX_REQUEST} bytes")
-    return buf
-
-
 def _child(argv: list[str], env: dict[str, str], cwd: str, log: str, keep_out: Sequence[int]) -> None:
     """In the forked child: become the daemon ``argv`` would start; never returns."""
     code = 1
     try:
-        for fd in keep_out:  # the server's socket, connection and lock are not the daemon's
+        for fd in keep_out:  # the server's sockets, selector and lock are not the daemon's
             os.close(fd)
         os.setsid()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -207,27 +190,156 @@ def _child(argv: list[str], env: dict[str, str], cwd: str, log: str, keep_out: S
             os._exit(code)
 
 
-def _answer(conn: socket.socket, listener: socket.socket, lock_fd: int) -> None:
-    """Serve one connection: check its peer, read its request, fork the daemon, answer."""
-    _, uid, _ = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-    if uid != os.getuid():
-        conn.sendall(b'{"error": "another user"}\n')
-        return
+def peer_uid(sock: socket.socket) -> int:
+    """The user id of the process at the other end of the Unix socket ``sock``
+    (``SO_PEERCRED``: the peer's credentials when it connected or listened)."""
+    _, uid, _ = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    return int(uid)
+
+
+def _send(conn: socket.socket, answer: dict[str, Any]) -> None:
+    """Send one answer line; a peer that hung up (or cannot take 300 bytes at once) is
+    dropped without a word in the log."""
     try:
-        argv, env, cwd, log = check_request(json.loads(_read_request(conn)))
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSON's errors are ValueErrors
-        conn.sendall(json.dumps({"error": str(exc)[:300]}).encode() + b"\n")
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    try:
-        pid = os.fork()
-    except OSError as exc:
-        conn.sendall(json.dumps({"error": f"fork failed: {exc}"}).encode() + b"\n")
-        return
-    if pid == 0:
-        _child(argv, env, cwd, log, (listener.fileno(), conn.fileno(), lock_fd))
-    conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        conn.send(json.dumps(answer).encode() + b"\n")
+    except OSError:
+        pass
+
+
+class _Pending:
+    """A connection whose request is still being read: its bytes so far and the monotonic
+    time by which they must all be there."""
+
+    __slots__ = ("conn", "buf", "deadline")
+
+    def __init__(self, conn: socket.socket, deadline: float) -> None:
+        self.conn, self.buf, self.deadline = conn, b"", deadline
+
+
+class _Server:
+    """The accept-and-read loop: every connection is read as its bytes come (a selector), so
+    a silent or slow client delays no other; a complete request is answered at once (a fork
+    is ~1 ms); one not complete within :data:`_READ_TIMEOUT` s is closed unanswered."""
+
+    def __init__(self, listener: socket.socket, args: argparse.Namespace, bound: int, lock_fd: int) -> None:
+        self.listener, self.args, self.bound, self.lock_fd = listener, args, bound, lock_fd
+        self.sel = selectors.DefaultSelector()
+        self.pending: dict[int, _Pending] = {}
+        self.accepting = False
+        self.last = time.monotonic()
+        self.resume = 0.0  # monotonic time before which no connection is accepted (after EMFILE)
+
+    def run(self) -> None:
+        """Serve until idle for ``--idle-exit`` s (no connection open) or the socket file is
+        gone or replaced."""
+        self.listener.setblocking(False)
+        self._accepting(True)
+        try:
+            while True:
+                for key, _ in self.sel.select(timeout=self._next_timeout()):
+                    if key.fileobj is self.listener:
+                        self._accept()
+                    else:
+                        self._read(self.pending[key.fd])
+                now = time.monotonic()
+                for p in [p for p in self.pending.values() if now >= p.deadline]:
+                    self._close(p)
+                self._accepting(len(self.pending) < MAX_PENDING and now >= self.resume)
+                if self._done(now):
+                    return
+        finally:
+            for p in list(self.pending.values()):
+                self._close(p)
+            self.sel.close()
+
+    def _next_timeout(self) -> float:
+        soonest = min((p.deadline for p in self.pending.values()), default=time.monotonic() + 1.0)
+        return max(0.0, min(1.0, soonest - time.monotonic()))
+
+    def _done(self, now: float) -> bool:
+        try:
+            if os.stat(self.args.socket).st_ino != self.bound:
+                return True
+        except FileNotFoundError:
+            return True
+        return bool(self.args.idle_exit) and not self.pending and now - self.last > self.args.idle_exit
+
+    def _accepting(self, on: bool) -> None:
+        """Watch the listener, or (with :data:`MAX_PENDING` connections being read) leave the
+        next ones in its backlog."""
+        if on != self.accepting:
+            if on:
+                self.sel.register(self.listener, selectors.EVENT_READ)
+            else:
+                self.sel.unregister(self.listener)
+            self.accepting = on
+
+    def _accept(self) -> None:
+        while len(self.pending) < MAX_PENDING:
+            try:
+                conn, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # EMFILE, say: the connection waits in the backlog a while
+                print(f"fork server: accept failed: {exc}", file=sys.stderr, flush=True)
+                self.resume = time.monotonic() + 0.5
+                return
+            self.last = time.monotonic()
+            if peer_uid(conn) != os.getuid():
+                _send(conn, {"error": "another user"})
+                conn.close()
+                continue
+            conn.setblocking(False)
+            p = _Pending(conn, self.last + _READ_TIMEOUT)
+            self.pending[conn.fileno()] = p
+            self.sel.register(conn, selectors.EVENT_READ)
+
+    def _read(self, p: _Pending) -> None:
+        try:
+            part = p.conn.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            part = b""
+        p.buf += part
+        if len(p.buf) > MAX_REQUEST:
+            _send(p.conn, {"error": f"the request is over {MAX_REQUEST} bytes"})
+        elif part and not p.buf.endswith(b"\n"):
+            return  # more to come
+        elif p.buf:
+            try:
+                self._answer(p)
+            except Exception as exc:  # noqa: BLE001 -- one request's failure; its host falls back
+                print(f"fork server: a request failed: {type(exc).__name__}: {str(exc)[:300]}",
+                      file=sys.stderr, flush=True)
+        self._close(p)
+
+    def _answer(self, p: _Pending) -> None:
+        """Check the request in ``p``, fork its daemon, answer its pid (or the error)."""
+        try:
+            argv, env, cwd, log = check_request(json.loads(p.buf))
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSON's errors are ValueErrors
+            _send(p.conn, {"error": str(exc)[:300]})
+            return
+        if not os.path.isdir(cwd):
+            _send(p.conn, {"error": "cwd is not a directory"})
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            _send(p.conn, {"error": f"fork failed: {exc}"})
+            return
+        if pid == 0:
+            fds = [self.listener.fileno(), self.lock_fd, self.sel.fileno(), *self.pending]
+            _child(argv, env, cwd, log, [fd for fd in fds if fd >= 0])
+        _send(p.conn, {"pid": pid})
+
+    def _close(self, p: _Pending) -> None:
+        del self.pending[p.conn.fileno()]
+        self.sel.unregister(p.conn)
+        p.conn.close()
 
 
 def serve(args: argparse.Namespace) -> None:
@@ -261,40 +373,16 @@ def serve(args: argparse.Namespace) -> None:
     listener.bind(args.socket)
     os.chmod(args.socket, 0o600)
     listener.listen(1024)  # a burst of starts (200 runs at once) queues, not refused
-    listener.settimeout(1.0)
     bound = os.stat(args.socket).st_ino
     print(f"fork server {os.getpid()} listening on {args.socket}", flush=True)
     try:
-        _accept(listener, args, bound, lock_fd)
+        _Server(listener, args, bound, lock_fd).run()
     finally:
         try:
             if os.stat(args.socket).st_ino == bound:  # not a successor's
                 os.unlink(args.socket)
         except FileNotFoundError:
             pass
-
-
-def _accept(listener: socket.socket, args: argparse.Namespace, bound: int, lock_fd: int) -> None:
-    last = time.monotonic()
-    while True:
-        try:
-            conn, _ = listener.accept()
-        except TimeoutError:
-            try:
-                if os.stat(args.socket).st_ino != bound:
-                    return
-            except FileNotFoundError:
-                return
-            if args.idle_exit and time.monotonic() - last > args.idle_exit:
-                return
-            continue
-        last = time.monotonic()
-        with conn:
-            try:
-                _answer(conn, listener, lock_fd)
-            except Exception as exc:  # noqa: BLE001 -- one request's failure; the host falls back
-                print(f"fork server: a request failed: {type(exc).__name__}: {str(exc)[:300]}",
-                      file=sys.stderr, flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -30,9 +30,7 @@ import fcntl
 import json
 import logging
 import os
-import socket
 import stat
-import struct
 import signal
 import sys
 import time
@@ -73,7 +71,11 @@ FORK_TIMEOUT = 10.0
 #: not started again at every daemon's start), and that a host leaves a server alone after
 #: it did not answer in time (a hung server is not waited for at every start).
 FORKSERVER_RESTART = 10.0
-_UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
+#: The longest a host leaves alone a fork server that keeps not answering, in seconds.
+FORKSERVER_BACKOFF_MAX = 300.0
+#: An environment variable of this many bytes gives a fork server's forked daemons room for
+#: their command lines (``setproctitle`` writes over the server's argv and environment).
+TITLE_ROOM = 4096
 #: The longest path a Unix socket can be bound at (``sun_path`` less its NUL, Linux).
 _SOCKET_PATH_MAX = 107
 
@@ -172,6 +174,7 @@ class LocalDaemons:
         self._forkserver_at: tuple[str, str] | None = None  # (directory, socket), once known
         self._forkserver_next = 0.0  # monotonic time before which none is started again
         self._forkserver_off = 0.0  # monotonic time before which the server is not asked
+        self._forkserver_misses = 0  # the server's misses (no answer in time) in a row
         self._ca = _sandbox_tls.from_env() if isinstance(sandbox_ca, str) else sandbox_ca
         self._env = dict(env)
         self.idle_check = idle_check
@@ -298,10 +301,39 @@ class LocalDaemons:
 
     async def _fork(self, args: list[str], env: Mapping[str, str], meta: str) -> int | None:
         """The pid of the daemon ``args`` (its arguments) the machine's fork server forked,
-        or ``None`` when none answered (then one is started for the next daemons), when it
-        did not answer in time (then it is not asked for :data:`FORKSERVER_RESTART` s), or
-        when its directory or its process is not this user's alone (never asked: the
-        request holds the sandbox's token)."""
+        or ``None``: when none may be asked (:meth:`_forkserver_socket`), none answered (then
+        one is started for the next daemons), or it did not answer in time (then it is not
+        asked for :data:`FORKSERVER_RESTART` s, doubled at each miss in a row up to
+        :data:`FORKSERVER_BACKOFF_MAX`: a hung server is not waited for at every start)."""
+        sock = await self._forkserver_socket()
+        if sock is None:
+            return None
+        request = {"argv": args, "env": dict(env), "cwd": meta, "log": os.path.join(meta, LOG_FILE),
+                   "until": time.time() + FORK_TIMEOUT}
+        try:
+            answer = await self._ask_forkserver(sock, request)
+        except (FileNotFoundError, ConnectionRefusedError):
+            await self._start_forkserver(*self._forkserver_at or ("", ""))  # none serves there
+            return None
+        except (OSError, TimeoutError, ValueError) as exc:
+            off = min(FORKSERVER_RESTART * 2 ** self._forkserver_misses, FORKSERVER_BACKOFF_MAX)
+            self._forkserver_misses += 1
+            self._forkserver_off = time.monotonic() + off
+            log.warning("the fork server at %s did not answer (%s): daemons start as commands for %.3g s",
+                        sock, str(exc) or type(exc).__name__, off)
+            await self._start_forkserver(*self._forkserver_at or ("", ""))
+            return None
+        self._forkserver_misses = 0
+        if isinstance(answer, dict) and isinstance(answer.get("pid"), int):
+            return int(answer["pid"])
+        log.warning("the fork server at %s refused a daemon: %s", sock, str(answer)[:300])
+        return None
+
+    async def _forkserver_socket(self) -> str | None:
+        """The fork server's socket path, if it may be asked now: not while it is left alone
+        after a miss, not when its path is too long for a Unix socket (then never), and not
+        when its directory is not this user's alone (the request holds the sandbox's token;
+        a server is then started, which refuses such a directory too)."""
         if time.monotonic() < self._forkserver_off:
             return None
         if self._forkserver_at is None:
@@ -315,35 +347,28 @@ class LocalDaemons:
         if not _own_dir(top):
             await self._start_forkserver(top, sock)
             return None
-        request = {"argv": args, "env": dict(env), "cwd": meta, "log": os.path.join(meta, LOG_FILE),
-                   "until": time.time() + FORK_TIMEOUT}
-        try:
-            async with asyncio.timeout(FORK_TIMEOUT):
-                reader, writer = await asyncio.open_unix_connection(sock)
-                try:
-                    peer = writer.get_extra_info("socket")
-                    _, uid, _ = _UCRED.unpack(peer.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-                    if uid != os.getuid():
-                        log.warning("the fork server at %s is another user's (uid %d): not used", sock, uid)
-                        self._forkserver_off = time.monotonic() + FORKSERVER_RESTART
-                        return None
-                    writer.write(json.dumps(request).encode() + b"\n")
-                    await writer.drain()
-                    answer = json.loads(await reader.readline())
-                finally:
-                    writer.close()
-            if isinstance(answer, dict) and isinstance(answer.get("pid"), int):
-                return int(answer["pid"])
-            log.warning("the fork server at %s refused a daemon: %s", sock, str(answer)[:300])
-            return None
-        except (FileNotFoundError, ConnectionRefusedError):
-            pass  # none serves there: start one
-        except (OSError, TimeoutError, ValueError) as exc:
-            log.warning("the fork server at %s did not answer (%s): daemons start as commands for %.0f s",
-                        sock, str(exc) or type(exc).__name__, FORKSERVER_RESTART)
-            self._forkserver_off = time.monotonic() + FORKSERVER_RESTART
-        await self._start_forkserver(top, sock)
-        return None
+        return sock
+
+    async def _ask_forkserver(self, sock: str, request: dict[str, object]) -> object:
+        """Send ``request`` to the fork server listening on ``sock`` → its answer (a JSON
+        value), within :data:`FORK_TIMEOUT` s.
+
+        Raises:
+            PermissionError: the listener is another user's (nothing was sent).
+            FileNotFoundError, ConnectionRefusedError: none listens there.
+            OSError, TimeoutError, ValueError: no answer in time, or not JSON.
+        """
+        async with asyncio.timeout(FORK_TIMEOUT):
+            reader, writer = await asyncio.open_unix_connection(sock)
+            try:
+                uid = forkserver.peer_uid(writer.get_extra_info("socket"))
+                if uid != os.getuid():
+                    raise PermissionError(f"the fork server at {sock} is another user's (uid {uid})")
+                writer.write(json.dumps(request).encode() + b"\n")
+                await writer.drain()
+                return json.loads(await reader.readline())
+            finally:
+                writer.close()
 
     async def _start_forkserver(self, top: str, sock: str) -> None:
         """Start the fork server at ``sock`` (detached, as a daemon is; not waited for), at
@@ -367,6 +392,7 @@ class LocalDaemons:
         env = dict(self._env)
         if os.environ.get("PYTHONPATH"):
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        env["BATON_FORKSERVER_TITLE_ROOM"] = "." * TITLE_ROOM
         proc = await asyncio.create_subprocess_exec(
             "sh", "-c", _SPAWN, "baton-forkserver", os.path.join(top, "log"), os.path.join(top, "spawned"),
             sys.executable, "-m", "sandbox_host.daemon.forkserver", "--socket", sock,

@@ -4,12 +4,15 @@ not safe to use leaves the start to the command, and bad requests get an error."
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
+import logging
 import os
 import pathlib
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -98,7 +101,9 @@ async def test_a_forked_daemon_serves_its_sandbox_under_its_own_command_and_toke
     try:
         pid = _daemon_pid(h)
         cmdline = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
-        assert b"-m sandbox_host.daemon --listen" in cmdline and meta_dir(h).encode() in cmdline
+        command = [sys.executable, "-m", "sandbox_host.daemon", *host._daemons._argv(h, meta_dir(h))]
+        assert len(" ".join(command)) > 380  # more than a title fits without the server's room for it
+        assert cmdline.rstrip(b"\0") == " ".join(command).encode()  # all of it, as ps shows it
         assert os.readlink(f"/proc/{pid}/cwd") == meta_dir(h)
         assert os.getsid(pid) == pid  # a session of its own, as a started command's
         await _ran(host, h, "forked-daemon-ran")
@@ -179,6 +184,59 @@ async def test_a_hung_fork_server_delays_one_start_then_is_left_alone(
         listener.close()
 
 
+async def test_silent_connections_to_the_fork_server_delay_no_start(
+        host: LocalProvider, server_dir: pathlib.Path) -> None:
+    """Clients that connect and say nothing (or half a request) are read beside the others:
+    a host's start is still forked at once, not left to the command after its timeout."""
+    h, server = await _daemon_of_server(host, server_dir, "before-the-silent-ones")
+    await host.destroy(h)
+    silent = []
+    try:
+        for i in range(40):
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.connect(str(server_dir / "sock"))
+            if i % 2:
+                c.sendall(b'{"argv": [')
+            silent.append(c)
+        later = await host.create("beside-the-silent-ones", SandboxSpec())
+        try:
+            await host._daemons.resolve(later)
+            assert _ppid(_daemon_pid(later)) == server  # forked, not started as a command
+            await _ran(host, later, "forked-beside-silent-clients")
+        finally:
+            await host.destroy(later)
+    finally:
+        for c in silent:
+            c.close()
+
+
+async def test_a_fork_server_that_keeps_not_answering_is_left_alone_longer_each_time(
+        host: LocalProvider, server_dir: pathlib.Path, tmp_path: pathlib.Path,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(_local_daemon, "FORK_TIMEOUT", 0.2)
+    monkeypatch.setattr(_local_daemon, "FORKSERVER_RESTART", 0.2)
+    connections: list[float] = []
+    listener = _no_answer_server(server_dir / "sock", connections)
+    # The lock held: the servers the host starts after each miss exit at once, leaving the
+    # hung one in place.
+    lock = os.open(server_dir / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    meta = tmp_path / "meta"
+    meta.mkdir()
+    daemons = host._daemons
+    try:
+        for _ in range(4):
+            await assert_eventually(lambda: time.monotonic() >= daemons._forkserver_off, timeout=30)
+            with caplog.at_level(logging.WARNING, logger=_local_daemon.__name__):
+                assert await daemons._fork(["--help"], {}, str(meta)) is None
+    finally:
+        listener.close()
+        os.close(lock)
+    assert len(connections) == 4
+    offs = [r.getMessage().rsplit(" for ", 1)[1] for r in caplog.records if "did not answer" in r.getMessage()]
+    assert offs == ["0.2 s", "0.4 s", "0.8 s", "1.6 s"]  # doubled at each miss in a row
+
+
 def _foreign_listener(sock: pathlib.Path, record: pathlib.Path) -> int:
     """Fork a child that binds ``sock`` and opens ``record`` as this user, then becomes
     ``nobody`` and listens (the peer credentials a client sees are the listener's at
@@ -247,6 +305,7 @@ async def test_bad_requests_get_an_error_and_the_server_serves_on(
     bad = [b"not json\n", b"[1, 2]\n", b'{"argv": "x", "env": {}, "cwd": "/", "log": "/tmp/l"}\n',
            b'{"argv": [], "env": {"A": 1}, "cwd": "/", "log": "/tmp/l"}\n',
            b'{"argv": [], "env": {}, "cwd": "relative", "log": "/tmp/l"}\n',
+           b'{"argv": [], "env": {}, "cwd": "/nonexistent/dir", "log": "/tmp/l", "until": 1e12}\n',
            b"\xff\xfe\n", b"{" + b" " * (forkserver.MAX_REQUEST + 10) + b"\n", b"[" * 100_000 + b"\n",
            b'{"argv": [], "env": {}, "cwd": "/", "log": "/tmp/l", "until": 1}\n']
     for payload in bad:
