@@ -29,7 +29,9 @@ What a daemon takes from this server rather than from the host that asked for it
 process state a command would inherit (umask, resource limits, cgroup, nice level), as the
 server's starter had them. Its ``/proc/<pid>/cmdline`` is the daemon's command line as far
 as the server's own argv and environment leave room for it (``setproctitle``; hosts start
-the server with a 4 KiB variable, ``BATON_FORKSERVER_TITLE_ROOM``, for the room), and
+the server with a 4 KiB variable, ``BATON_FORKSERVER_TITLE_ROOM``, for the room; Linux shows
+at most a page of a rewritten title, 4 KiB, as one string with spaces between the
+arguments), and
 ``/proc/<pid>/environ`` holds what of the server's environment that left (the agents'
 inherited variables, no credential); the daemon's environment is the request's, in its
 memory.
@@ -54,8 +56,8 @@ from typing import Any, Sequence
 MAX_REQUEST = 1 << 20
 #: Seconds a connection may take to send its request.
 _READ_TIMEOUT = 5.0
-#: Connections read at once (well under the usual 1,024 open files); more wait in the
-#: listener's backlog.
+#: Connections read at once (well under the usual 1,024 open files); the next one closes the
+#: oldest unanswered.
 MAX_PENDING = 256
 _UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
 
@@ -219,15 +221,24 @@ class _Pending:
 class _Server:
     """The accept-and-read loop: every connection is read as its bytes come (a selector), so
     a silent or slow client delays no other; a complete request is answered at once (a fork
-    is ~1 ms); one not complete within :data:`_READ_TIMEOUT` s is closed unanswered."""
+    is ~1 ms); one not complete within :data:`_READ_TIMEOUT` s is closed unanswered, and with
+    :data:`MAX_PENDING` being read the oldest makes room for the next (a flood of silent
+    connections ages out in the order it came, while a request that comes whole is read and
+    answered as it is accepted)."""
 
     def __init__(self, listener: socket.socket, args: argparse.Namespace, bound: int, lock_fd: int) -> None:
         self.listener, self.args, self.bound, self.lock_fd = listener, args, bound, lock_fd
         self.sel = selectors.DefaultSelector()
         self.pending: dict[int, _Pending] = {}
         self.accepting = False
-        self.last = time.monotonic()
+        self.last = time.monotonic()  # the last request answered: the idle exit counts from it
         self.resume = 0.0  # monotonic time before which no connection is accepted (after EMFILE)
+        self.stopping = False  # SIGTERM came
+
+    def stop(self, *_: object) -> None:
+        """SIGTERM's handler: the loop ends at its next turn (within a second). A flag, not an
+        exception: a handler may run inside ``fork``'s hooks, which drop exceptions."""
+        self.stopping = True
 
     def run(self) -> None:
         """Serve until idle for ``--idle-exit`` s (no connection open) or the socket file is
@@ -239,13 +250,13 @@ class _Server:
                 for key, _ in self.sel.select(timeout=self._next_timeout()):
                     if key.fileobj is self.listener:
                         self._accept()
-                    else:
-                        self._read(self.pending[key.fd])
+                    elif (p := self.pending.get(key.fd)) is not None and p.conn is key.fileobj:
+                        self._read(p)  # (not when closed by an accept since the select)
                 now = time.monotonic()
                 for p in [p for p in self.pending.values() if now >= p.deadline]:
                     self._close(p)
-                self._accepting(len(self.pending) < MAX_PENDING and now >= self.resume)
-                if self._done(now):
+                self._accepting(now >= self.resume)
+                if self.stopping or self._done(now):
                     return
         finally:
             for p in list(self.pending.values()):
@@ -253,8 +264,11 @@ class _Server:
             self.sel.close()
 
     def _next_timeout(self) -> float:
-        soonest = min((p.deadline for p in self.pending.values()), default=time.monotonic() + 1.0)
-        return max(0.0, min(1.0, soonest - time.monotonic()))
+        now = time.monotonic()
+        soonest = min((p.deadline for p in self.pending.values()), default=now + 1.0)
+        if not self.accepting:
+            soonest = min(soonest, self.resume)
+        return max(0.0, min(1.0, soonest - now))
 
     def _done(self, now: float) -> bool:
         try:
@@ -265,8 +279,8 @@ class _Server:
         return bool(self.args.idle_exit) and not self.pending and now - self.last > self.args.idle_exit
 
     def _accepting(self, on: bool) -> None:
-        """Watch the listener, or (with :data:`MAX_PENDING` connections being read) leave the
-        next ones in its backlog."""
+        """Watch the listener, or (for a while after ``accept`` failed: out of descriptors)
+        leave the next connections in its backlog."""
         if on != self.accepting:
             if on:
                 self.sel.register(self.listener, selectors.EVENT_READ)
@@ -275,7 +289,9 @@ class _Server:
             self.accepting = on
 
     def _accept(self) -> None:
-        while len(self.pending) < MAX_PENDING:
+        while True:
+            if len(self.pending) >= MAX_PENDING:
+                self._close(min(self.pending.values(), key=lambda p: p.deadline))
             try:
                 conn, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -283,16 +299,17 @@ class _Server:
             except OSError as exc:  # EMFILE, say: the connection waits in the backlog a while
                 print(f"fork server: accept failed: {exc}", file=sys.stderr, flush=True)
                 self.resume = time.monotonic() + 0.5
+                self._accepting(False)
                 return
-            self.last = time.monotonic()
             if peer_uid(conn) != os.getuid():
                 _send(conn, {"error": "another user"})
                 conn.close()
                 continue
             conn.setblocking(False)
-            p = _Pending(conn, self.last + _READ_TIMEOUT)
+            p = _Pending(conn, time.monotonic() + _READ_TIMEOUT)
             self.pending[conn.fileno()] = p
             self.sel.register(conn, selectors.EVENT_READ)
+            self._read(p)  # a request usually comes whole with its connection
 
     def _read(self, p: _Pending) -> None:
         try:
@@ -334,6 +351,7 @@ class _Server:
         if pid == 0:
             fds = [self.listener.fileno(), self.lock_fd, self.sel.fileno(), *self.pending]
             _child(argv, env, cwd, log, [fd for fd in fds if fd >= 0])
+        self.last = time.monotonic()
         _send(p.conn, {"pid": pid})
 
     def _close(self, p: _Pending) -> None:
@@ -346,7 +364,7 @@ def serve(args: argparse.Namespace) -> None:
     """Hold the lock, import the daemon, serve until idle or the socket is gone or replaced.
 
     Raises:
-        SystemExit: 3 when another server holds the lock; 0 at SIGTERM.
+        SystemExit: 3 when another server holds the lock (it returns at SIGTERM).
         OSError: the socket cannot be bound (a path over 107 bytes, say).
     """
     lock_fd = os.open(args.lock, os.O_RDWR | os.O_CREAT, 0o600)
@@ -364,7 +382,6 @@ def serve(args: argparse.Namespace) -> None:
     _inotify.libc()  # found once here (``ldconfig -p`` in a subprocess), not in every daemon
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         os.unlink(args.socket)
     except FileNotFoundError:
@@ -376,7 +393,9 @@ def serve(args: argparse.Namespace) -> None:
     bound = os.stat(args.socket).st_ino
     print(f"fork server {os.getpid()} listening on {args.socket}", flush=True)
     try:
-        _Server(listener, args, bound, lock_fd).run()
+        server = _Server(listener, args, bound, lock_fd)
+        signal.signal(signal.SIGTERM, server.stop)
+        server.run()
     finally:
         try:
             if os.stat(args.socket).st_ino == bound:  # not a successor's

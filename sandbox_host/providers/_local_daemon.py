@@ -73,6 +73,8 @@ FORK_TIMEOUT = 10.0
 FORKSERVER_RESTART = 10.0
 #: The longest a host leaves alone a fork server that keeps not answering, in seconds.
 FORKSERVER_BACKOFF_MAX = 300.0
+#: The uid ``SO_PEERCRED`` gives a socket with no peer ((uid_t) -1).
+_NO_PEER = 0xFFFFFFFF
 #: An environment variable of this many bytes gives a fork server's forked daemons room for
 #: their command lines (``setproctitle`` writes over the server's argv and environment).
 TITLE_ROOM = 4096
@@ -304,7 +306,8 @@ class LocalDaemons:
         or ``None``: when none may be asked (:meth:`_forkserver_socket`), none answered (then
         one is started for the next daemons), or it did not answer in time (then it is not
         asked for :data:`FORKSERVER_RESTART` s, doubled at each miss in a row up to
-        :data:`FORKSERVER_BACKOFF_MAX`: a hung server is not waited for at every start)."""
+        :data:`FORKSERVER_BACKOFF_MAX`: a hung server is not waited for at every start; the
+        starts that were waiting on it together count as one miss)."""
         sock = await self._forkserver_socket()
         if sock is None:
             return None
@@ -312,11 +315,15 @@ class LocalDaemons:
                    "until": time.time() + FORK_TIMEOUT}
         try:
             answer = await self._ask_forkserver(sock, request)
-        except (FileNotFoundError, ConnectionRefusedError):
-            await self._start_forkserver(*self._forkserver_at or ("", ""))  # none serves there
+        except (FileNotFoundError, ConnectionError):
+            # None serves there, or it went away with the request (killed, or stopping):
+            # start one for the next daemons.
+            await self._start_forkserver(*self._forkserver_at or ("", ""))
             return None
         except (OSError, TimeoutError, ValueError) as exc:
-            off = min(FORKSERVER_RESTART * 2 ** self._forkserver_misses, FORKSERVER_BACKOFF_MAX)
+            if time.monotonic() < self._forkserver_off:
+                return None  # a start beside this one saw the same miss and counted it
+            off = min(FORKSERVER_RESTART * 2 ** min(self._forkserver_misses, 5), FORKSERVER_BACKOFF_MAX)
             self._forkserver_misses += 1
             self._forkserver_off = time.monotonic() + off
             log.warning("the fork server at %s did not answer (%s): daemons start as commands for %.3g s",
@@ -354,19 +361,28 @@ class LocalDaemons:
         value), within :data:`FORK_TIMEOUT` s.
 
         Raises:
+            FileNotFoundError, ConnectionError: none listens there (refused), or the
+                connection ended without an answer (the server was killed or stopped).
             PermissionError: the listener is another user's (nothing was sent).
-            FileNotFoundError, ConnectionRefusedError: none listens there.
-            OSError, TimeoutError, ValueError: no answer in time, or not JSON.
+            TimeoutError: no answer in time, or its backlog is full.
+            OSError, ValueError: any other failure; the answer is not JSON.
         """
         async with asyncio.timeout(FORK_TIMEOUT):
             reader, writer = await asyncio.open_unix_connection(sock)
             try:
                 uid = forkserver.peer_uid(writer.get_extra_info("socket"))
+                if uid == _NO_PEER:
+                    # A non-blocking connect the listener's full backlog did not take (EAGAIN)
+                    # looks connected to asyncio, with no peer.
+                    raise TimeoutError(f"the fork server at {sock} has a full backlog")
                 if uid != os.getuid():
                     raise PermissionError(f"the fork server at {sock} is another user's (uid {uid})")
                 writer.write(json.dumps(request).encode() + b"\n")
                 await writer.drain()
-                return json.loads(await reader.readline())
+                line = await reader.readline()
+                if not line:
+                    raise ConnectionResetError(f"the fork server at {sock} closed the connection unanswered")
+                return json.loads(line)
             finally:
                 writer.close()
 

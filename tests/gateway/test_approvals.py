@@ -51,6 +51,7 @@ async def cluster(repo_dir: tuple[pathlib.Path, Repo], coordinator: Any, nats: A
     c = Cluster(root, repo, root / "allowed", coordinator, nats, settings)
     await c.add_host()
     await c.add_host()
+    _HOST_LOG_DIRS[:] = [root / "logs"]
     try:
         yield c
     finally:
@@ -116,8 +117,24 @@ def results_in(chunks: list[Chunk]) -> list[Chunk]:
     return [c for c in chunks if c["type"] == "TOOL_CALL_RESULT"]
 
 
+#: Where this module's cluster's hosts log (set by its fixture): a run that never ends shows
+#: what its hosts said of it.
+_HOST_LOG_DIRS: list[pathlib.Path] = []
+#: Seconds a run's whole log may take to end (every run here ends in seconds; the test's own
+#: timeout is longer, so a hang fails with the run's record and its hosts' lines).
+WHOLE_LOG_TIMEOUT = 150.0
+
+
 async def whole_log(http: httpx.AsyncClient, gw: Gateway, run_id: str) -> list[Chunk]:
-    got = await read_stream(http, "GET", f"{gw.url}/api/chat?runId={run_id}&offset=-1")
+    try:
+        async with asyncio.timeout(WHOLE_LOG_TIMEOUT):
+            got = await read_stream(http, "GET", f"{gw.url}/api/chat?runId={run_id}&offset=-1")
+    except TimeoutError:
+        record = (await http.get(f"{gw.url}/api/runs/{run_id}")).text
+        lines = [f"{p.name}: {line}" for d in _HOST_LOG_DIRS for p in sorted(d.glob("*.log"))
+                 for line in p.read_text(errors="replace").splitlines() if run_id in line]
+        pytest.fail(f"run {run_id} did not end in {WHOLE_LOG_TIMEOUT:.0f} s; its record: {record}\n"
+                    "its hosts' lines:\n" + "\n".join(lines[-60:]))
     assert got.status == 200 and got.ended, got
     return [c for _, c in got.events]
 

@@ -186,13 +186,14 @@ async def test_a_hung_fork_server_delays_one_start_then_is_left_alone(
 
 async def test_silent_connections_to_the_fork_server_delay_no_start(
         host: LocalProvider, server_dir: pathlib.Path) -> None:
-    """Clients that connect and say nothing (or half a request) are read beside the others:
-    a host's start is still forked at once, not left to the command after its timeout."""
+    """Clients that connect and say nothing (or half a request), more of them than the
+    server reads at once, are read beside the others and make room for the next: a host's
+    start is still forked at once, not left to the command after its timeout."""
     h, server = await _daemon_of_server(host, server_dir, "before-the-silent-ones")
     await host.destroy(h)
     silent = []
     try:
-        for i in range(40):
+        for i in range(forkserver.MAX_PENDING + 100):
             c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             c.connect(str(server_dir / "sock"))
             if i % 2:
@@ -235,6 +236,101 @@ async def test_a_fork_server_that_keeps_not_answering_is_left_alone_longer_each_
     assert len(connections) == 4
     offs = [r.getMessage().rsplit(" for ", 1)[1] for r in caplog.records if "did not answer" in r.getMessage()]
     assert offs == ["0.2 s", "0.4 s", "0.8 s", "1.6 s"]  # doubled at each miss in a row
+
+
+async def test_starts_waiting_on_one_hung_server_count_one_miss(
+        host: LocalProvider, server_dir: pathlib.Path, tmp_path: pathlib.Path,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A burst of starts that all wait on the same hung server leaves it alone for the first
+    miss's time, not for as many doublings as there were starts."""
+    monkeypatch.setattr(_local_daemon, "FORK_TIMEOUT", 0.5)
+    connections: list[float] = []
+    listener = _no_answer_server(server_dir / "sock", connections)
+    lock = os.open(server_dir / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # no server of the host's replaces the hung one
+    meta = tmp_path / "meta"
+    meta.mkdir()
+    try:
+        with caplog.at_level(logging.WARNING, logger=_local_daemon.__name__):
+            answers = await asyncio.gather(*[host._daemons._fork(["--help"], {}, str(meta)) for _ in range(30)])
+    finally:
+        listener.close()
+        os.close(lock)
+    assert answers == [None] * 30 and len(connections) == 30
+    misses = [r.getMessage() for r in caplog.records if "did not answer" in r.getMessage()]
+    assert len(misses) == 1 and misses[0].endswith(" for 10 s"), misses
+
+
+async def test_a_server_that_goes_away_with_the_request_is_replaced_not_waited_out(
+        host: LocalProvider, server_dir: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A connection the server ends unanswered (it was killed, or is stopping) is not a hung
+    server: no back-off, and a server is started for the next daemons."""
+    sock = server_dir / "sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(sock))
+    listener.listen(16)
+
+    def close_each() -> None:
+        with listener:
+            conn, _ = listener.accept()
+            conn.close()
+    closer = threading.Thread(target=close_each, daemon=True)
+    closer.start()
+    with caplog.at_level(logging.WARNING, logger=_local_daemon.__name__):
+        first = await host.create("server-went-away", SandboxSpec())
+    try:
+        await _ran(host, first, "started-as-a-command")
+        closer.join(timeout=30)
+        assert not [r for r in caplog.records if "did not answer" in r.getMessage()]
+        # The server the host started replaced the dead one's socket: the next start is forked.
+        await assert_eventually(lambda: _server_pid(server_dir) is not None, timeout=60)
+        server = _server_pid(server_dir)
+        later = await host.create("after-the-replacement", SandboxSpec())
+        try:
+            await host._daemons.resolve(later)
+            assert _ppid(_daemon_pid(later)) == server
+        finally:
+            await host.destroy(later)
+    finally:
+        await host.destroy(first)
+
+
+def _server_command(top: pathlib.Path, idle_exit: float = 60) -> list[str]:
+    return [sys.executable, "-m", "sandbox_host.daemon.forkserver", "--socket", str(top / "sock"),
+            "--lock", str(top / "lock"), "--idle-exit", str(idle_exit)]
+
+
+async def test_sigterm_stops_the_server_in_the_middle_of_a_burst(server_dir: pathlib.Path,
+                                                                 tmp_path: pathlib.Path) -> None:
+    """SIGTERM ends the server while it forks (a handler that raised could run inside fork's
+    hooks, which drop the exception: the server went on until its idle exit)."""
+    proc = await asyncio.create_subprocess_exec(*_server_command(server_dir), stdout=asyncio.subprocess.DEVNULL,
+                                                stderr=asyncio.subprocess.DEVNULL)
+    try:
+        await assert_eventually(lambda: (server_dir / "sock").exists(), timeout=60)
+        request = json.dumps({"argv": ["--help"], "env": {"PATH": os.environ["PATH"]}, "cwd": str(tmp_path),
+                              "log": str(tmp_path / "log"), "until": time.time() + 600}).encode() + b"\n"
+        stop = threading.Event()
+
+        def burst() -> None:
+            while not stop.is_set():
+                try:
+                    _ask(server_dir / "sock", request)
+                except (OSError, ValueError):
+                    return  # it stopped
+        threads = [threading.Thread(target=burst, daemon=True) for _ in range(2)]
+        for t in threads:
+            t.start()
+        await assert_eventually(lambda: (tmp_path / "log").exists(), timeout=30)  # forking
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            assert await proc.wait() == 0
+        assert not (server_dir / "sock").exists()
+    finally:
+        stop.set()
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
 
 
 def _foreign_listener(sock: pathlib.Path, record: pathlib.Path) -> int:
