@@ -333,8 +333,17 @@ class RunService:
         return await _views.settled_view_for(self.state, tenant, run_id)
 
     async def find_active_run(self, tenant: str, thread_id: str) -> runs_pb2.RunRecord | None:
-        """The thread's active run if the caller may see it."""
-        return await _cancel.visible_active(self.state, tenant, thread_id)
+        """The thread's active run if the caller may see it; not one whose log is closed
+        (its record's final status comes a write later: ``get_run`` already shows it ended,
+        :func:`_views.settled_view_for`, and the two answers agree)."""
+        rec = await _cancel.visible_active(self.state, tenant, thread_id)
+        if rec is None:
+            return None
+        try:
+            closed = await self.state.log.close_record(rec.run_id)
+        except e.BatonError:
+            return rec  # a log that does not answer leaves the record as it is
+        return rec if closed is None else None
 
     async def thread_ui(self, tenant: str, thread_id: str) -> tuple[list[dict[str, Any]], runs_pb2.RunRecord | None]:
         """The thread as the live TanStack client showed it: ``(UI messages, active run)``

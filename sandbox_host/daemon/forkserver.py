@@ -43,6 +43,7 @@ import fcntl
 import hashlib
 import json
 import os
+import resource
 import selectors
 import signal
 import socket
@@ -56,9 +57,15 @@ from typing import Any, Sequence
 MAX_REQUEST = 1 << 20
 #: Seconds a connection may take to send its request.
 _READ_TIMEOUT = 5.0
-#: Connections read at once (well under the usual 1,024 open files); the next one closes the
-#: oldest unanswered.
+#: Connections read at once (well under the usual 1,024 open files; half the limit when
+#: it is lower).
 MAX_PENDING = 256
+#: Seconds a new server waits for the lock a stopping one still holds.
+_LOCK_WAIT = 3.0
+#: Seconds a connection read at once must have waited without a whole request before a new
+#: one takes its place (a burst's bytes come within milliseconds of their connects; a flood
+#: of silent connections then drains at ``room`` per quarter second).
+_SILENT = 0.25
 _UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
 
 
@@ -209,22 +216,27 @@ def _send(conn: socket.socket, answer: dict[str, Any]) -> None:
 
 
 class _Pending:
-    """A connection whose request is still being read: its bytes so far and the monotonic
-    time by which they must all be there."""
+    """A connection whose request is still being read: its bytes so far, when it was
+    accepted and the monotonic time by which its bytes must all be there."""
 
-    __slots__ = ("conn", "buf", "deadline")
+    __slots__ = ("conn", "buf", "accepted", "deadline")
 
-    def __init__(self, conn: socket.socket, deadline: float) -> None:
-        self.conn, self.buf, self.deadline = conn, b"", deadline
+    def __init__(self, conn: socket.socket, accepted: float) -> None:
+        self.conn, self.buf, self.accepted, self.deadline = conn, b"", accepted, accepted + _READ_TIMEOUT
 
 
 class _Server:
     """The accept-and-read loop: every connection is read as its bytes come (a selector), so
     a silent or slow client delays no other; a complete request is answered at once (a fork
-    is ~1 ms); one not complete within :data:`_READ_TIMEOUT` s is closed unanswered, and with
-    :data:`MAX_PENDING` being read the oldest makes room for the next (a flood of silent
-    connections ages out in the order it came, while a request that comes whole is read and
-    answered as it is accepted)."""
+    is ~1 ms); one not complete within :data:`_READ_TIMEOUT` s is closed unanswered.
+
+    At most ``room`` connections are read at once (:data:`MAX_PENDING`, less with a low
+    open-file limit). When they are all taken, the oldest makes room for the next once it
+    has waited :data:`_SILENT` s without a whole request (a flood of silent connections
+    ages out in the order it came); until then the next wait in the backlog (a burst of
+    starts, whose bytes come a moment after their connects, is answered in full). Out of
+    descriptors (EMFILE), such an old one is closed too, or accepting pauses half a second.
+    """
 
     def __init__(self, listener: socket.socket, args: argparse.Namespace, bound: int, lock_fd: int) -> None:
         self.listener, self.args, self.bound, self.lock_fd = listener, args, bound, lock_fd
@@ -232,8 +244,11 @@ class _Server:
         self.pending: dict[int, _Pending] = {}
         self.accepting = False
         self.last = time.monotonic()  # the last request answered: the idle exit counts from it
-        self.resume = 0.0  # monotonic time before which no connection is accepted (after EMFILE)
+        self.paused = 0.0  # monotonic time before which no connection is accepted (after EMFILE)
         self.stopping = False  # SIGTERM came
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        self.room = MAX_PENDING if soft == resource.RLIM_INFINITY else max(4, min(MAX_PENDING, soft // 2))
+        self.out_of_fds = False  # told the log once per spell
 
     def stop(self, *_: object) -> None:
         """SIGTERM's handler: the loop ends at its next turn (within a second). A flag, not an
@@ -241,33 +256,46 @@ class _Server:
         self.stopping = True
 
     def run(self) -> None:
-        """Serve until idle for ``--idle-exit`` s (no connection open) or the socket file is
-        gone or replaced."""
+        """Serve until idle for ``--idle-exit`` s (no connection open), SIGTERM, or the socket
+        file is gone or replaced."""
         self.listener.setblocking(False)
-        self._accepting(True)
         try:
-            while True:
-                for key, _ in self.sel.select(timeout=self._next_timeout()):
-                    if key.fileobj is self.listener:
-                        self._accept()
-                    elif (p := self.pending.get(key.fd)) is not None and p.conn is key.fileobj:
-                        self._read(p)  # (not when closed by an accept since the select)
+            while not self.stopping:
                 now = time.monotonic()
                 for p in [p for p in self.pending.values() if now >= p.deadline]:
                     self._close(p)
-                self._accepting(now >= self.resume)
-                if self.stopping or self._done(now):
+                if self._done(now):
                     return
+                self._accepting(self._may_accept(now))
+                for key, _ in self.sel.select(timeout=self._next_timeout()):
+                    if self.stopping:
+                        return
+                    if key.fileobj is self.listener:
+                        self._accept()
+                    elif (reading := self.pending.get(key.fd)) is not None and reading.conn is key.fileobj:
+                        self._read(reading)  # (not when closed by an accept since the select)
         finally:
             for p in list(self.pending.values()):
                 self._close(p)
             self.sel.close()
 
+    def _oldest(self) -> _Pending | None:
+        return min(self.pending.values(), key=lambda p: p.accepted, default=None)
+
+    def _may_accept(self, now: float) -> bool:
+        """Whether a connection may be accepted now: not while paused, and with every place
+        taken only when the oldest has been silent long enough to make room."""
+        if now < self.paused:
+            return False
+        oldest = self._oldest()
+        return len(self.pending) < self.room or (oldest is not None and now - oldest.accepted >= _SILENT)
+
     def _next_timeout(self) -> float:
         now = time.monotonic()
         soonest = min((p.deadline for p in self.pending.values()), default=now + 1.0)
         if not self.accepting:
-            soonest = min(soonest, self.resume)
+            oldest = self._oldest()
+            soonest = min(soonest, max(self.paused, oldest.accepted + _SILENT if oldest else now))
         return max(0.0, min(1.0, soonest - now))
 
     def _done(self, now: float) -> bool:
@@ -279,8 +307,7 @@ class _Server:
         return bool(self.args.idle_exit) and not self.pending and now - self.last > self.args.idle_exit
 
     def _accepting(self, on: bool) -> None:
-        """Watch the listener, or (for a while after ``accept`` failed: out of descriptors)
-        leave the next connections in its backlog."""
+        """Watch the listener, or leave the next connections in its backlog."""
         if on != self.accepting:
             if on:
                 self.sel.register(self.listener, selectors.EVENT_READ)
@@ -289,27 +316,36 @@ class _Server:
             self.accepting = on
 
     def _accept(self) -> None:
-        while True:
-            if len(self.pending) >= MAX_PENDING:
-                self._close(min(self.pending.values(), key=lambda p: p.deadline))
+        while not self.stopping and self._may_accept(time.monotonic()):
             try:
                 conn, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:  # EMFILE, say: the connection waits in the backlog a while
-                print(f"fork server: accept failed: {exc}", file=sys.stderr, flush=True)
-                self.resume = time.monotonic() + 0.5
-                self._accepting(False)
-                return
+            except OSError as exc:  # out of descriptors (EMFILE, ENFILE), say
+                oldest = self._oldest()
+                if oldest is not None and time.monotonic() - oldest.accepted >= _SILENT:
+                    self._close(oldest)
+                    continue
+                if not self.out_of_fds:
+                    print(f"fork server: accept failed: {exc}", file=sys.stderr, flush=True)
+                self.out_of_fds = True
+                self.paused = time.monotonic() + 0.5
+                break
+            self.out_of_fds = False
             if peer_uid(conn) != os.getuid():
                 _send(conn, {"error": "another user"})
                 conn.close()
                 continue
+            if len(self.pending) >= self.room:
+                oldest = self._oldest()
+                assert oldest is not None  # (room >= 4)
+                self._close(oldest)
             conn.setblocking(False)
-            p = _Pending(conn, time.monotonic() + _READ_TIMEOUT)
+            p = _Pending(conn, time.monotonic())
             self.pending[conn.fileno()] = p
             self.sel.register(conn, selectors.EVENT_READ)
             self._read(p)  # a request usually comes whole with its connection
+        self._accepting(self._may_accept(time.monotonic()))
 
     def _read(self, p: _Pending) -> None:
         try:
@@ -368,10 +404,18 @@ def serve(args: argparse.Namespace) -> None:
         OSError: the socket cannot be bound (a path over 107 bytes, say).
     """
     lock_fd = os.open(args.lock, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        sys.exit(3)  # another serves: nothing heavy imported yet
+    # A server that is stopping (SIGTERM, idle, its socket replaced) removes its socket
+    # before its exit frees the lock, and hosts then start the next one: wait out a stopping
+    # holder's last second, then leave (another serves; nothing heavy imported yet).
+    give_up = time.monotonic() + _LOCK_WAIT
+    while True:
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= give_up:
+                sys.exit(3)
+            time.sleep(0.05)
     import sandbox_host.daemon.__main__  # noqa: F401 -- the point: imported once, forked many times
     try:
         import setproctitle  # noqa: F401 -- each child names itself with it

@@ -71,6 +71,10 @@ FORK_TIMEOUT = 10.0
 #: not started again at every daemon's start), and that a host leaves a server alone after
 #: it did not answer in time (a hung server is not waited for at every start).
 FORKSERVER_RESTART = 10.0
+#: Requests one host has open at a fork server at once (a burst of starts queues here: each
+#: sends its bytes right after its connect, where the server reads 256 connections at once
+#: and closes one silent for a quarter second when more come).
+FORK_ASKS = 32
 #: The longest a host leaves alone a fork server that keeps not answering, in seconds.
 FORKSERVER_BACKOFF_MAX = 300.0
 #: The uid ``SO_PEERCRED`` gives a socket with no peer ((uid_t) -1).
@@ -177,6 +181,7 @@ class LocalDaemons:
         self._forkserver_next = 0.0  # monotonic time before which none is started again
         self._forkserver_off = 0.0  # monotonic time before which the server is not asked
         self._forkserver_misses = 0  # the server's misses (no answer in time) in a row
+        self._asking = asyncio.Semaphore(FORK_ASKS)  # this host's requests open at once
         self._ca = _sandbox_tls.from_env() if isinstance(sandbox_ca, str) else sandbox_ca
         self._env = dict(env)
         self.idle_check = idle_check
@@ -311,10 +316,11 @@ class LocalDaemons:
         sock = await self._forkserver_socket()
         if sock is None:
             return None
-        request = {"argv": args, "env": dict(env), "cwd": meta, "log": os.path.join(meta, LOG_FILE),
-                   "until": time.time() + FORK_TIMEOUT}
         try:
-            answer = await self._ask_forkserver(sock, request)
+            async with self._asking:
+                request = {"argv": args, "env": dict(env), "cwd": meta, "log": os.path.join(meta, LOG_FILE),
+                           "until": time.time() + FORK_TIMEOUT}
+                answer = await self._ask_forkserver(sock, request)
         except (FileNotFoundError, ConnectionError):
             # None serves there, or it went away with the request (killed, or stopping):
             # start one for the next daemons.

@@ -348,7 +348,8 @@ async def test_auth_and_tenancy(make_gateway: Any, http: httpx.AsyncClient, cc: 
     a = {"Authorization": "Bearer key-a"}
     b = {"Authorization": "Bearer key-b"}
     rec = await new_record(cc, tenant="tenant-a")
-    await write_run(dlog, rec.run_id, run_chunks(rec.run_id, rec.thread_id, ["secret"]))
+    # Running: its log open (a run whose log closed is no thread's active run).
+    writer, _ = await write_run(dlog, rec.run_id, run_chunks(rec.run_id, rec.thread_id, ["secret"]), close=False)
 
     assert (await http.get(f"{gw.url}/healthz")).status_code == 200
     assert (await http.get(f"{gw.url}/readyz")).status_code == 200
@@ -368,9 +369,10 @@ async def test_auth_and_tenancy(make_gateway: Any, http: httpx.AsyncClient, cc: 
     assert (await http.get(f"{gw.url}/api/threads/{rec.thread_id}/messages", headers=b)).status_code == 404
     r = await http.post(f"{gw.url}/api/chat", json=chat_body(threadId=rec.thread_id), headers=b)
     assert r.status_code == 404
-    # The owner reads it.
+    # The owner sees it, and reads it once it ended.
+    assert (await http.get(f"{gw.url}/api/chat/active", params={"threadId": rec.thread_id},
+                           headers=a)).json() == {"runId": rec.run_id}
+    await writer.close("completed")
     got = await read_stream(http, "GET", f"{gw.url}/api/chat", params={"runId": rec.run_id, "offset": "-1"},
                             headers=a)
     assert got.ended and got.events[2][1]["delta"] == "secret"
-    assert (await http.get(f"{gw.url}/api/chat/active", params={"threadId": rec.thread_id},
-                           headers=a)).json() == {"runId": rec.run_id}

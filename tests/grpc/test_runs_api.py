@@ -344,6 +344,11 @@ async def test_a_run_whose_log_closed_reads_as_ended_before_its_record_does(
         return (runs_pb2.RunStatus.Name(info.status), info.error.code or None,
                 info.finished_at if info.HasField("finished_at") else None)
 
+    async def active() -> str | None:
+        if surface == "http":
+            return (await http.get(f"{grpc_gateway.url}/api/chat/active", params={"threadId": thread_id})).json()["runId"]
+        return (await runs.FindActiveRun(pb.ActiveRunRequest(thread_id=thread_id))).run_id or None
+
     await cc.create_or_resume_run(runs_pb2.RunRecord(run_id=run_id, thread_id=thread_id,
                                                      agent=runs_pb2.AgentSpec(kind="replay")))
     session = await cc.open_session(10.0, owner="a-host")  # claimed: nobody else finalizes it meanwhile
@@ -353,10 +358,12 @@ async def test_a_run_whose_log_closed_reads_as_ended_before_its_record_does(
                             epoch=epoch, session_id=session)
         w, _ = await write_run(dlog, run_id, run_chunks(run_id, thread_id, ["a"])[:2], close=False, epoch=epoch)
         assert (await view())[0] in ("running", "RUN_STATUS_RUNNING")
+        assert await active() == run_id
         assert await w.close("failed", "the agent exited with 3", error_code="AGENT_FAILED", finished_at=1234.5)
         status, code, finished_at = await view()
         assert status in ("failed", "RUN_STATUS_FAILED") and code == "AGENT_FAILED"
         assert finished_at == 1234.5  # the time the host gives its record too
         assert (await cc.get_run(run_id)).record.status == runs_pb2.RUN_STATUS_RUNNING  # the record itself lags
+        assert await active() is None  # and the thread's active run says the same
     finally:
         await session.close()

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import pathlib
+import resource
 import shutil
 import signal
 import socket
@@ -333,6 +334,77 @@ async def test_sigterm_stops_the_server_in_the_middle_of_a_burst(server_dir: pat
             await proc.wait()
 
 
+async def test_a_burst_of_starts_past_what_the_server_reads_at_once_is_forked_in_full(
+        host: LocalProvider, server_dir: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """More starts at once from one host than the server reads at once are all forked: the
+    host keeps FORK_ASKS open (under asyncio every start's connect came before any start's
+    bytes, and a loaded host sent them later than the server waits for a silent one), the
+    server leaves the rest in its backlog."""
+    h, server = await _daemon_of_server(host, server_dir, "before-the-burst")
+    await host.destroy(h)
+    meta = tmp_path / "meta"
+    meta.mkdir()
+    n = forkserver.MAX_PENDING + 60
+    env = {"PATH": os.environ["PATH"]}
+    pids = await asyncio.gather(*[host._daemons._fork(["--help"], env, str(meta)) for _ in range(n)])
+    assert all(isinstance(pid, int) for pid in pids), sum(pid is None for pid in pids)
+    assert len(set(pids)) == n and _server_pid(server_dir) == server
+
+
+async def test_a_new_server_waits_for_the_lock_a_stopping_one_still_holds(server_dir: pathlib.Path) -> None:
+    """Hosts start the next server as soon as the old one's socket is gone, which is before
+    its exit frees the lock: the new one waits that moment out instead of leaving."""
+    lock = os.open(server_dir / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # the stopping server's
+    proc = await asyncio.create_subprocess_exec(*_server_command(server_dir), stdout=asyncio.subprocess.DEVNULL,
+                                                stderr=asyncio.subprocess.DEVNULL)
+    try:
+        await assert_eventually(lambda: _sleeping(proc.pid), timeout=30)  # it waits on the lock
+        os.close(lock)  # the old one's exit
+        await assert_eventually(lambda: (server_dir / "sock").exists(), timeout=30)
+        assert _server_pid(server_dir) == proc.pid and proc.returncode is None
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+
+
+def _sleeping(pid: int) -> bool:
+    return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "S"
+
+
+async def test_with_few_descriptors_silent_connections_make_room_for_a_start(
+        server_dir: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """Under a low open-file limit the server reads fewer connections at once, and the
+    silent ones make room: a start is answered within a host's wait (FORK_TIMEOUT), not
+    after every silent one timed out."""
+    def few_fds() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+    proc = await asyncio.create_subprocess_exec(*_server_command(server_dir), stdout=asyncio.subprocess.DEVNULL,
+                                                stderr=asyncio.subprocess.DEVNULL, preexec_fn=few_fds)
+    silent = []
+    try:
+        await assert_eventually(lambda: (server_dir / "sock").exists(), timeout=60)
+        for _ in range(300):
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.setblocking(False)
+            try:
+                c.connect(str(server_dir / "sock"))
+            except BlockingIOError:
+                pass  # in the backlog
+            silent.append(c)
+        request = {"argv": ["--help"], "env": {"PATH": os.environ["PATH"]}, "cwd": str(tmp_path),
+                   "log": str(tmp_path / "log"), "until": time.time() + _local_daemon.FORK_TIMEOUT}
+        answer = await asyncio.to_thread(_ask, server_dir / "sock", json.dumps(request).encode() + b"\n",
+                                         _local_daemon.FORK_TIMEOUT)
+        assert isinstance(answer.get("pid"), int), answer
+    finally:
+        for c in silent:
+            c.close()
+        proc.kill()
+        await proc.wait()
+
+
 def _foreign_listener(sock: pathlib.Path, record: pathlib.Path) -> int:
     """Fork a child that binds ``sock`` and opens ``record`` as this user, then becomes
     ``nobody`` and listens (the peer credentials a client sees are the listener's at
@@ -384,9 +456,9 @@ async def test_a_socket_another_user_listens_on_gets_no_request(
         os.waitpid(pid, 0)
 
 
-def _ask(sock: pathlib.Path, payload: bytes) -> dict:
+def _ask(sock: pathlib.Path, payload: bytes, timeout: float = 30) -> dict:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(30)
+        s.settimeout(timeout)
         s.connect(str(sock))
         s.sendall(payload)
         s.shutdown(socket.SHUT_WR)
