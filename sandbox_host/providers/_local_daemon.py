@@ -313,18 +313,21 @@ class LocalDaemons:
         asked for :data:`FORKSERVER_RESTART` s, doubled at each miss in a row up to
         :data:`FORKSERVER_BACKOFF_MAX`: a hung server is not waited for at every start; the
         starts that were waiting on it together count as one miss)."""
-        sock = await self._forkserver_socket()
-        if sock is None:
+        where = await self._forkserver_socket()
+        if where is None:
             return None
+        top, sock = where
         try:
             async with self._asking:
+                if time.monotonic() < self._forkserver_off:
+                    return None  # it missed while this start queued: not waited for again
                 request = {"argv": args, "env": dict(env), "cwd": meta, "log": os.path.join(meta, LOG_FILE),
                            "until": time.time() + FORK_TIMEOUT}
                 answer = await self._ask_forkserver(sock, request)
         except (FileNotFoundError, ConnectionError):
             # None serves there, or it went away with the request (killed, or stopping):
             # start one for the next daemons.
-            await self._start_forkserver(*self._forkserver_at or ("", ""))
+            await self._start_forkserver(top, sock)
             return None
         except (OSError, TimeoutError, ValueError) as exc:
             if time.monotonic() < self._forkserver_off:
@@ -334,7 +337,7 @@ class LocalDaemons:
             self._forkserver_off = time.monotonic() + off
             log.warning("the fork server at %s did not answer (%s): daemons start as commands for %.3g s",
                         sock, str(exc) or type(exc).__name__, off)
-            await self._start_forkserver(*self._forkserver_at or ("", ""))
+            await self._start_forkserver(top, sock)
             return None
         self._forkserver_misses = 0
         if isinstance(answer, dict) and isinstance(answer.get("pid"), int):
@@ -342,11 +345,11 @@ class LocalDaemons:
         log.warning("the fork server at %s refused a daemon: %s", sock, str(answer)[:300])
         return None
 
-    async def _forkserver_socket(self) -> str | None:
-        """The fork server's socket path, if it may be asked now: not while it is left alone
-        after a miss, not when its path is too long for a Unix socket (then never), and not
-        when its directory is not this user's alone (the request holds the sandbox's token;
-        a server is then started, which refuses such a directory too)."""
+    async def _forkserver_socket(self) -> tuple[str, str] | None:
+        """The fork server's ``(directory, socket path)``, if it may be asked now: not while
+        it is left alone after a miss, not when its path is too long for a Unix socket (then
+        never), and not when its directory is not this user's alone (the request holds the
+        sandbox's token; a server is then started, which refuses such a directory too)."""
         if time.monotonic() < self._forkserver_off:
             return None
         if self._forkserver_at is None:
@@ -360,7 +363,7 @@ class LocalDaemons:
         if not _own_dir(top):
             await self._start_forkserver(top, sock)
             return None
-        return sock
+        return top, sock
 
     async def _ask_forkserver(self, sock: str, request: dict[str, object]) -> object:
         """Send ``request`` to the fork server listening on ``sock`` → its answer (a JSON
