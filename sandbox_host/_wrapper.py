@@ -87,8 +87,9 @@ if [ -n "$inbox" ]; then
       seen="$seen$id "
       [ "$id" = eof ] && break
       kill -0 "$agent" 2>/dev/null || break
-      # A dead agent not reaped yet (a zombie) still answers kill -0: its state says it.
-      case $(sed 's/.*) //' "/proc/$agent/stat" 2>/dev/null) in Z*|X*) break ;; esac
+      # A dead agent not reaped yet (a zombie) still answers kill -0: its state says it; no
+      # state at all is one reaped since (between kill -0 and this read).
+      case $(sed 's/.*) //' "/proc/$agent/stat" 2>/dev/null) in Z*|X*|'') break ;; esac
       # One write (the agent may be writing its own lines to the journal meanwhile): the line
       # is built first, then printed whole (dash splits a longer format's output at ~8 KiB).
       echoed="{\"type\":\"baton_input\",\"id\":\"$id\",\"input\":$payload}

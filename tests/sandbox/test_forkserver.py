@@ -259,7 +259,9 @@ async def test_starts_waiting_on_one_hung_server_count_one_miss(
     finally:
         listener.close()
         os.close(lock)
-    assert answers == [None] * n and len(connections) == _local_daemon.FORK_ASKS
+    # At most the FORK_ASKS open at once asked (fewer when the first miss came before all
+    # had connected, on a loaded machine); the ten queued behind them never did.
+    assert answers == [None] * n and 0 < len(connections) <= _local_daemon.FORK_ASKS
     misses = [r.getMessage() for r in caplog.records if "did not answer" in r.getMessage()]
     assert len(misses) == 1 and misses[0].endswith(" for 10 s"), misses
 
