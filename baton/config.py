@@ -119,6 +119,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("BATON_LOG_LEVEL", "INFO", "log level"),
     Setting("BATON_LOG_FORMAT", "text", "services' log lines: json (one object per line with ts, level, logger, msg, service and, when known, run_id, thread_id, epoch, host, trace_id; the image sets it) or text"),
     Setting("BATON_EVENT_LOOP", "uvloop", "event loop of the coordinator, gateway and sandbox host processes: uvloop (coordinator: about 10% more calls per CPU second; gateway: about 10% less CPU per Durable Streams append; sandbox host: 2–8% less CPU per streamed chunk) or asyncio"),
+    Setting("BATON_GC_THRESHOLD", "10000,10,10", "coordinator, gateway and sandbox host processes: the cyclic garbage collector's thresholds (gen0,gen1,gen2; Python's are 700,10,10), and what is alive once the service is ready is frozen out of its collections; `default` keeps Python's collector as it is. A gateway serving 1,000 readers paused 100-230 ms in each full collection with Python's (docs/operating.md \"The garbage collector\")"),
     Setting("BATON_COORDINATOR_ID", "", "coordinator replica id in the leader election (default: hostname-pid)"),
     Setting("BATON_ETCD_TIMEOUT", "5", "seconds one coordinator RPC may spend on etcd when the caller sets no deadline"),
     Setting("BATON_ELECTION_TTL", "2", "seconds of a coordinator replica's leader-election lease"),

@@ -13,11 +13,14 @@ are only ever changed on the loop.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
@@ -37,12 +40,30 @@ __all__ = ["BYTE_BUCKETS", "LATENCY_BUCKETS", "MetricsListener", "new_registry",
 
 def new_registry() -> CollectorRegistry:
     """A fresh registry holding the process, platform and GC collectors
-    (``process_*``, ``python_info``, ``python_gc_*``)."""
+    (``process_*``, ``python_info``, ``python_gc_*``) and the collector's settings
+    (``baton_gc_threshold``, ``baton_gc_frozen_objects``: baton.gc_tuning)."""
     registry = CollectorRegistry(auto_describe=True)
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)
+    registry.register(_GCSettings())
     return registry
+
+
+class _GCSettings(Collector):
+    """The garbage collector's thresholds and frozen objects (``BATON_GC_THRESHOLD``), read at
+    each scrape."""
+
+    def collect(self) -> list[Metric]:
+        threshold = GaugeMetricFamily(
+            "baton_gc_threshold", "The cyclic garbage collector's threshold of each generation "
+            "(BATON_GC_THRESHOLD; Python's own: 700, 10, 10)", labels=["generation"])
+        for generation, value in enumerate(gc.get_threshold()):
+            threshold.add_metric([str(generation)], value)
+        frozen = GaugeMetricFamily("baton_gc_frozen_objects", "Objects moved out of the collector's reach "
+                                   "once the service was ready (gc.freeze; 0: BATON_GC_THRESHOLD=default)",
+                                   value=gc.get_freeze_count())
+        return [threshold, frozen]
 
 
 def parse_listen(listen: str, name: str) -> tuple[str, int] | None:

@@ -159,6 +159,7 @@ async def _stored_times(nats_url: str, stream: str, deadline: Deadline) -> dict[
     """Stream sequence → the time JetStream stored it (s since the epoch), every record
     (as many as were read before ``deadline``)."""
     import nats
+    import nats.js.errors
     from nats.js import api
 
     nc = await nats.connect(nats_url.split(","))
@@ -176,6 +177,11 @@ async def _stored_times(nats_url: str, stream: str, deadline: Deadline) -> dict[
                 msgs = await psub.fetch(500, timeout=deadline.cap(10))
             except (nats.errors.TimeoutError, asyncio.TimeoutError):
                 break
+            except nats.js.errors.ServiceUnavailableError:
+                # A 503 for the pull: the R3 stream's consumer is between leaders (seen
+                # right after a replicated side's runs). Ask again within the deadline.
+                await asyncio.sleep(0.2)
+                continue
             for m in msgs:
                 md = m.metadata
                 out[md.sequence.stream] = md.timestamp.timestamp()

@@ -10,7 +10,7 @@ import signal
 import sys
 from typing import Sequence
 
-from baton import config as baton_config, credentials, telemetry
+from baton import config as baton_config, credentials, gc_tuning, telemetry
 from coordinator._config import parse_args
 from coordinator._metrics import CoordinatorMetrics
 from coordinator._server import CoordinatorServer, build_store
@@ -28,6 +28,7 @@ async def _serve(argv: Sequence[str] | None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await server.start()
+    gc_tuning.freeze_startup()  # what start-up built lives as long as the process
     telemetry.announce("coordinator", f"coordinator listening on {server.port}")
     try:
         await stop.wait()
@@ -39,6 +40,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         telemetry.configure_logging("coordinator")
         loop = baton_config.event_loop()
+        gc_tuning.tune_collector()
     except ValueError as exc:
         sys.exit(str(exc))
     try:

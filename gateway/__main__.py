@@ -20,7 +20,7 @@ from typing import Any
 
 import uvicorn
 
-from baton import config, credentials, telemetry
+from baton import config, credentials, gc_tuning, telemetry
 from gateway._connection import uvicorn_options
 from gateway._settings import PUBLIC_CERT, PUBLIC_KEY, GatewaySettings
 from gateway.app import create_app
@@ -159,6 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     worker = _worker_of(args.worker)
     try:
         loop = config.event_loop()
+        gc_tuning.tune_collector()
     except ValueError as exc:
         sys.exit(str(exc))
     level = args.log_level.upper()

@@ -19,7 +19,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from baton import errors as e
+from baton import errors as e, gc_tuning
 from gateway import _routes_chat as chat
 from gateway import _routes_misc as misc
 from gateway import _routes_ops as ops
@@ -128,6 +128,7 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
                                                  reuse_port=settings.workers > 1)
                         await grpc_server.start()
                         state.grpc_port = grpc_server.port
+                    gc_tuning.freeze_startup()  # what start-up built lives as long as the process
                     yield
                 finally:
                     if grpc_server is not None:

@@ -31,7 +31,7 @@ import grpc  # noqa: E402
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from baton import config, credentials, internal_auth, telemetry, tls
+from baton import config, credentials, gc_tuning, internal_auth, telemetry, tls
 from baton.malloc_tuning import retain_freed_memory
 from baton.grpc_decode import DecodeCheck
 from baton.aio import watch_loop_lag
@@ -229,6 +229,7 @@ class Host:
                 await self._register(draining=False)
                 for name in ("", SERVICE_NAME):
                     await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+                gc_tuning.freeze_startup()  # what start-up built lives as long as the process
                 telemetry.announce("baton.sandbox_host", f"sandbox host {self.host_id} listening on {port}")
                 publisher = asyncio.create_task(self._publish_load(min(ttl / 3, 1.0)), name="publish-load")
                 # A late loop shows in the log (a session lost under load is then explained).
@@ -378,6 +379,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         telemetry.configure_logging("sandbox_host", static={"host": _host_id()})
         loop = config.event_loop()
+        gc_tuning.tune_collector()
     except ValueError as exc:
         sys.exit(str(exc))
     credentials.exit_if_unsafe("sandbox host", listens={"BATON_HOST_LISTEN": config.get("BATON_HOST_LISTEN")},

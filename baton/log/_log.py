@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 from typing import Any
 
 import nats
@@ -199,6 +200,12 @@ class DeliveryLog:
         tells a full store: nats-server still answers reads, compare failures and
         duplicates of a stream whose writes hit ENOSPC, and only real stores go unanswered.
 
+        Each probe carries a nonce. When its acknowledgement does not come in time, the last
+        record on the probe subject is read back: the probe there means it was stored and
+        only the answer was late (this process's loop or the server starved of CPU), which
+        is no storage problem; as a writer whose publish went unanswered finds its record
+        by its message id (``LogWriter``).
+
         Args:
             prober: who probes (e.g. the gateway id).
             timeout: seconds to wait for the acknowledgement.
@@ -209,15 +216,19 @@ class DeliveryLog:
         """
         stream = self.cfg.stream
         subject = f"{self.cfg.subject_prefix}._probe.{subject_token(prober)}"
+        nonce = secrets.token_hex(8).encode()
         try:
-            reply = await self.nc.request(subject, b"", timeout=timeout,
+            reply = await self.nc.request(subject, nonce, timeout=timeout,
                                           headers={H.KIND: "probe", "Nats-TTL": _PROBE_TTL})
         except (nats.errors.NoRespondersError, nats.errors.TimeoutError, nats.errors.ConnectionClosedError,
                 asyncio.TimeoutError) as exc:
             try:
-                await last_on_subject(self.nc, stream, subject, timeout=timeout)
+                last = await last_on_subject(self.nc, stream, subject, timeout=timeout)
             except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError):
                 raise LogUnavailable(stream, f"JetStream does not answer: {type(exc).__name__}") from exc
+            if last is not None and last.data == nonce:
+                log.info("storage probe: stored, its acknowledgement later than %.1f s", timeout)
+                return
             raise LogStorageFull(stream, "JetStream answers reads but did not acknowledge a store") from exc
         resp = json.loads(reply.data)
         err = resp.get("error")

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import gc
 import hashlib
 import json
 import os
@@ -262,8 +263,8 @@ class _Server:
         try:
             while not self.stopping:
                 now = time.monotonic()
-                for p in [p for p in self.pending.values() if now >= p.deadline]:
-                    self._close(p)
+                while (oldest := self._oldest()) is not None and now >= oldest.deadline:
+                    self._close(oldest)  # deadlines come in accept order too
                 if self._done(now):
                     return
                 self._accepting(self._may_accept(now))
@@ -280,7 +281,9 @@ class _Server:
             self.sel.close()
 
     def _oldest(self) -> _Pending | None:
-        return min(self.pending.values(), key=lambda p: p.accepted, default=None)
+        """The connection accepted first: ``pending`` is in accept order (a dict keeps the
+        order of insertion, and each connection is inserted as it is accepted)."""
+        return next(iter(self.pending.values()), None)
 
     def _may_accept(self, now: float) -> bool:
         """Whether a connection may be accepted now: not while paused, and with every place
@@ -292,9 +295,9 @@ class _Server:
 
     def _next_timeout(self) -> float:
         now = time.monotonic()
-        soonest = min((p.deadline for p in self.pending.values()), default=now + 1.0)
+        oldest = self._oldest()
+        soonest = oldest.deadline if oldest is not None else now + 1.0
         if not self.accepting:
-            oldest = self._oldest()
             soonest = min(soonest, max(self.paused, oldest.accepted + _SILENT if oldest else now))
         return max(0.0, min(1.0, soonest - now))
 
@@ -424,6 +427,10 @@ def serve(args: argparse.Namespace) -> None:
     from sandbox_host.providers import _inotify
 
     _inotify.libc()  # found once here (``ldconfig -p`` in a subprocess), not in every daemon
+    # What was imported is every child's too: frozen, no collection in a child walks it, so
+    # the children's collections neither write to those pages (a copy of each, per child)
+    # nor spend their time on them (Python's gc.freeze docs: for a fork without exec).
+    gc.freeze()
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     try:

@@ -5,7 +5,8 @@ and an internal token. A run starts, its client leaves, its host is SIGKILLed; t
 host takes it over. Then each service's metrics port (no key) must show what happened:
 claims timed, the session's end and the failover counted by the coordinator; the takeover's
 stall, its fence, the appends and the journal lag of its replay on the successor; the start
-and the requests on the gateway; and the process collector everywhere. The gateway's public
+and the requests on the gateway; and the process collector and the garbage collector's
+settings everywhere. The gateway's public
 ``/metrics`` no longer answers a tenant's key.
 """
 from __future__ import annotations
@@ -152,6 +153,11 @@ async def test_every_service_shows_a_takeover_on_its_metrics_port(
         assert total(g, "baton_gateway_rejected_requests_total", edge="http", reason="UNAUTHENTICATED") == 1
         assert total(g, "baton_runs", status="running") + total(g, "baton_runs", status="completed") >= 1
         assert total(g, "process_cpu_seconds_total") > 0
+
+        # Every service runs with the tuned collector, start-up frozen (baton/gc_tuning.py).
+        for scraped in (c, h, g):
+            assert [total(scraped, "baton_gc_threshold", generation=str(i)) for i in range(3)] == [10_000, 10, 10]
+            assert total(scraped, "baton_gc_frozen_objects") > 10_000  # the modules alone are more
     finally:
         for p in reversed(procs):
             await p.stop()

@@ -1,0 +1,83 @@
+"""BATON_GC_THRESHOLD: the collector every service tunes at start and freezes once ready
+(baton/gc_tuning.py, docs/operating.md "The garbage collector")."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from baton import config, gc_tuning
+
+_PROBE = """
+import gc, json, sys
+from baton import gc_tuning
+try:
+    set_to = gc_tuning.tune_collector()
+except ValueError as exc:
+    print(json.dumps({"error": str(exc), "threshold": gc.get_threshold()}))
+    sys.exit(0)
+import asyncio, gateway.app  # a service's start-up: its modules
+frozen = gc_tuning.freeze_startup()
+print(json.dumps({"set": set_to, "threshold": gc.get_threshold(), "frozen": frozen,
+                  "freeze_count": gc.get_freeze_count()}))
+"""
+
+
+def probe(value: str | None) -> dict[str, object]:
+    env = {k: v for k, v in os.environ.items() if k != "BATON_GC_THRESHOLD"}
+    if value is not None:
+        env["BATON_GC_THRESHOLD"] = value
+    p = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=60, check=True)
+    out: dict[str, object] = json.loads(p.stdout)
+    return out
+
+
+def test_the_setting_takes_three_positive_integers_or_default_and_names_itself_otherwise() -> None:
+    assert gc_tuning.threshold_from("10000,10,10") == (10_000, 10, 10)
+    assert gc_tuning.threshold_from(" 700,10,10 ") == (700, 10, 10)
+    assert gc_tuning.threshold_from("default") is None
+    for bad in ("", "50000", "50000,10", "1,2,3,4", "a,b,c", "0,10,10", "-1,10,10", "1.5,10,10"):
+        with pytest.raises(ValueError, match=f"BATON_GC_THRESHOLD must be three positive integers .* got {bad!r}"):
+            gc_tuning.threshold_from(bad)
+    # The documented default is the module's.
+    assert gc_tuning.threshold_from(config.get("BATON_GC_THRESHOLD", {})) == gc_tuning.THRESHOLD
+
+
+@pytest.mark.servers
+def test_a_process_runs_with_the_default_thresholds_and_freezes_what_start_up_built() -> None:
+    out = probe(None)
+    assert out["set"] == out["threshold"] == [10_000, 10, 10]
+    assert out["frozen"] == out["freeze_count"]
+    assert isinstance(out["frozen"], int) and out["frozen"] > 10_000  # gateway.app's modules alone are more
+
+
+@pytest.mark.servers
+def test_an_operators_thresholds_are_taken_and_default_keeps_pythons_collector_whole() -> None:
+    out = probe("20000,5,20")
+    assert out["threshold"] == [20_000, 5, 20]
+    assert isinstance(out["frozen"], int) and out["frozen"] > 10_000
+    out = probe("default")
+    assert out["set"] is None
+    assert out["threshold"] == [700, 10, 10]
+    assert out["frozen"] == out["freeze_count"] == 0
+
+
+@pytest.mark.servers
+def test_a_malformed_value_changes_nothing() -> None:
+    out = probe("lots")
+    assert out["error"] == "BATON_GC_THRESHOLD must be three positive integers (gen0,gen1,gen2) or 'default', got 'lots'"
+    assert out["threshold"] == [700, 10, 10]
+
+
+@pytest.mark.servers
+@pytest.mark.parametrize("service, listen", [("coordinator", "BATON_COORDINATOR_LISTEN"),
+                                             ("gateway", "BATON_GATEWAY_LISTEN"),
+                                             ("sandbox_host", "BATON_HOST_LISTEN")])
+def test_a_service_refuses_a_malformed_threshold_by_name(service: str, listen: str) -> None:
+    env = {**os.environ, "BATON_GC_THRESHOLD": "700,10", listen: "127.0.0.1:0"}
+    p = subprocess.run([sys.executable, "-m", service], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0
+    assert "BATON_GC_THRESHOLD must be three positive integers (gen0,gen1,gen2) or 'default', got '700,10'" in p.stderr
