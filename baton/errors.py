@@ -5,6 +5,7 @@ every class lives in one table, :mod:`baton.grpc_errors`.
 """
 from __future__ import annotations
 
+import traceback
 from typing import Any, Literal
 
 ClaimRefusal = Literal["unknown", "terminal", "cancel_requested", "held", "starting"]
@@ -573,3 +574,25 @@ class WorkspaceConflict(TranscriptConflict):
         DeliveryLogError.__init__(
             self, f"workspace head of thread {thread_id!r} changed since revision {expected_revision}"
         )
+
+
+def drop_frames(exc: BaseException) -> None:
+    """Clear the local variables of every finished frame ``exc`` and the exceptions it
+    chains (``__cause__``, ``__context__``) passed through; frames still running are left.
+
+    A failed call's exception sits in reference cycles (asyncio's task holds it, its
+    traceback holds the task's frames, a frame holds the task) that only a collection frees,
+    and its frames hold the request: a start whose 768 KB of messages the host refused kept
+    them until then. Called where an error is mapped to its answer (gRPC servers' handlers,
+    the gRPC client's error, the gateway's HTTP error handler), so the cycle that is left
+    holds no request. The traceback itself (file, line, function) stays for logging.
+    """
+    seen: set[int] = set()
+    pending = [exc]
+    while pending:
+        chain = pending.pop()
+        if id(chain) in seen or len(seen) >= 32:
+            continue
+        seen.add(id(chain))
+        traceback.clear_frames(chain.__traceback__)
+        pending += [c for c in (chain.__cause__, chain.__context__) if c is not None]

@@ -14,8 +14,10 @@ Two changes, both stock ``gc`` calls:
 - :func:`tune_collector` raises the youngest generation's threshold (:data:`THRESHOLD`):
   the short-lived objects of a request or a delivered chunk die before a collection comes,
   so far fewer survive into the old generation and start a full collection. Objects in
-  reference cycles are freed later (after 10,000 allocations instead of 700): a few MB
-  more at most.
+  reference cycles are freed later (after 10,000 allocations instead of 700): what a cycle
+  holds waits longer. A failed call's error is such a cycle (asyncio's task, grpcio's call),
+  and its frames held the request: ``baton.errors.drop_frames``, called where errors are mapped,
+  empties them.
 - :func:`freeze_startup`, once a service is ready, moves everything alive then (modules,
   classes, settings, clients: what lives as long as the process) to the permanent
   generation, which no collection walks (``gc.freeze``, Python 3.7+).
@@ -36,12 +38,14 @@ THRESHOLD = (10_000, 10, 10)
 #: The value of ``BATON_GC_THRESHOLD`` that keeps Python's collector as it is.
 DEFAULT = "default"
 VARIABLE = "BATON_GC_THRESHOLD"
+_C_INT_MAX = 2**31 - 1  # gc.set_threshold takes C ints (OverflowError past this)
 # Whether tune_collector set thresholds in this process (the collector is process-wide too).
 _tuned = False
 
 
 def threshold_from(value: str) -> tuple[int, int, int] | None:
-    """The thresholds ``BATON_GC_THRESHOLD`` names: ``"N0,N1,N2"`` (integers ≥ 1), or
+    """The thresholds ``BATON_GC_THRESHOLD`` names: ``"N0,N1,N2"`` (integers from 1 to
+    2**31 - 1, what ``gc.set_threshold`` takes), or
     ``None`` for ``default`` (Python's collector untouched).
 
     Raises:
@@ -55,8 +59,9 @@ def threshold_from(value: str) -> tuple[int, int, int] | None:
         numbers = tuple(int(p) for p in parts)
     except ValueError:
         numbers = ()
-    if len(numbers) != 3 or min(numbers) < 1:
-        raise ValueError(f"{VARIABLE} must be three positive integers (gen0,gen1,gen2) or {DEFAULT!r}, got {value!r}")
+    if len(numbers) != 3 or min(numbers) < 1 or max(numbers) > _C_INT_MAX:
+        raise ValueError(f"{VARIABLE} must be three positive integers (gen0,gen1,gen2) up to {_C_INT_MAX}, "
+                         f"or {DEFAULT!r}, got {value!r}")
     return numbers[0], numbers[1], numbers[2]
 
 

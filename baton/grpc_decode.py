@@ -11,6 +11,10 @@ interceptor list, so a caller without credentials is refused before its bytes ar
 
 Streaming handlers of both styles are kept: an async generator's items are written with
 ``context.write``, a coroutine that writes itself is awaited.
+
+A unary request's handler that fails leaves the frames it passed through without their
+locals (:func:`baton.errors.drop_frames`): grpcio keeps the error in a reference cycle
+until a collection, and the request must not wait there with it.
 """
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ import inspect
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import grpc
+
+from baton.errors import drop_frames
 
 Deserializer = Callable[[bytes], Any]
 
@@ -59,13 +65,27 @@ def decode_in_handler(handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMetho
         uu = h.unary_unary
 
         async def unary_unary(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            return await uu(await _decode(deserialize, raw, context), context)
+            request = await _decode(deserialize, raw, context)
+            del raw
+            try:
+                return await uu(request, context)
+            except BaseException as exc:
+                del request  # this frame stays in the error's traceback: not the request
+                drop_frames(exc)
+                raise
         return grpc.unary_unary_rpc_method_handler(unary_unary, response_serializer=out)
     if h.unary_stream is not None:
         us = h.unary_stream
 
         async def unary_stream(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-            await _stream_out(us(await _decode(deserialize, raw, context), context), context)
+            request = await _decode(deserialize, raw, context)
+            del raw
+            try:
+                await _stream_out(us(request, context), context)
+            except BaseException as exc:
+                del request
+                drop_frames(exc)
+                raise
         return grpc.unary_stream_rpc_method_handler(unary_stream, response_serializer=out)
     if h.stream_unary is not None:
         su = h.stream_unary

@@ -23,6 +23,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from baton import errors as e
+from baton.errors import drop_frames
 
 DOMAIN = "baton.dev"
 
@@ -220,6 +221,9 @@ def from_rpc_error(err: grpc.aio.AioRpcError | grpc.RpcError) -> BaseException:
     ``UNAVAILABLE`` and ``DEADLINE_EXCEEDED`` without baton details become
     :class:`~baton.errors.StoreUnavailable` so callers handle "cannot reach" in one place.
     """
+    # grpcio's failed call sits in a reference cycle (its task, its frames) until a
+    # collection: its frames must not keep the request they sent meanwhile.
+    drop_frames(err)
     status = rpc_status.from_call(err)  # type: ignore[arg-type]
     if status is not None:
         for d in status.details:

@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 
 from baton import errors as e
 from baton import grpc_errors
+from baton.errors import drop_frames
 from gateway import _admission
 
 if TYPE_CHECKING:
@@ -188,6 +189,7 @@ def error_response(exc: e.BatonError) -> Response:
 async def handle_baton_error(request: Request, exc: Exception) -> Response:
     """Starlette exception handler: domain errors become their mapped status."""
     assert isinstance(exc, e.BatonError)
+    drop_frames(exc)  # its frames hold the request's body; the error itself may wait for a collection
     m = mapping_for(exc.cause if isinstance(exc, StartFailed) else exc)
     st = getattr(request.app.state, "gateway", None)
     if st is not None:

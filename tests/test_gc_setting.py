@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from baton import config, gc_tuning
+from baton.errors import drop_frames
 
 _PROBE = """
 import gc, json, sys
@@ -39,7 +40,8 @@ def test_the_setting_takes_three_positive_integers_or_default_and_names_itself_o
     assert gc_tuning.threshold_from("10000,10,10") == (10_000, 10, 10)
     assert gc_tuning.threshold_from(" 700,10,10 ") == (700, 10, 10)
     assert gc_tuning.threshold_from("default") is None
-    for bad in ("", "50000", "50000,10", "1,2,3,4", "a,b,c", "0,10,10", "-1,10,10", "1.5,10,10"):
+    assert gc_tuning.threshold_from(f"{2**31 - 1},1,1") == (2**31 - 1, 1, 1)
+    for bad in ("", "50000", "50000,10", "1,2,3,4", "a,b,c", "0,10,10", "-1,10,10", "1.5,10,10", f"{2**31},10,10"):
         with pytest.raises(ValueError, match=f"BATON_GC_THRESHOLD must be three positive integers .* got {bad!r}"):
             gc_tuning.threshold_from(bad)
     # The documented default is the module's.
@@ -68,7 +70,8 @@ def test_an_operators_thresholds_are_taken_and_default_keeps_pythons_collector_w
 @pytest.mark.servers
 def test_a_malformed_value_changes_nothing() -> None:
     out = probe("lots")
-    assert out["error"] == "BATON_GC_THRESHOLD must be three positive integers (gen0,gen1,gen2) or 'default', got 'lots'"
+    assert out["error"] == ("BATON_GC_THRESHOLD must be three positive integers (gen0,gen1,gen2) up to 2147483647, "
+                            "or 'default', got 'lots'")
     assert out["threshold"] == [700, 10, 10]
 
 
@@ -80,4 +83,46 @@ def test_a_service_refuses_a_malformed_threshold_by_name(service: str, listen: s
     env = {**os.environ, "BATON_GC_THRESHOLD": "700,10", listen: "127.0.0.1:0"}
     p = subprocess.run([sys.executable, "-m", service], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode != 0
-    assert "BATON_GC_THRESHOLD must be three positive integers (gen0,gen1,gen2) or 'default', got '700,10'" in p.stderr
+    assert ("BATON_GC_THRESHOLD must be three positive integers (gen0,gen1,gen2) up to 2147483647, "
+            "or 'default', got '700,10'") in p.stderr
+
+
+class _Body:
+    """A request's body (weakly referenced: the test sees when it is freed)."""
+
+
+def test_drop_frames_frees_what_a_failed_calls_frames_held_without_a_collection() -> None:
+    import gc
+    import weakref
+
+    def handler(body: _Body) -> None:
+        try:
+            raise KeyError("the store said no")
+        except KeyError as exc:
+            raise ValueError("mapped") from exc
+
+    def cycle() -> tuple[BaseException, weakref.ref[_Body]]:
+        body = _Body()
+        ref = weakref.ref(body)
+        try:
+            handler(body)
+        except ValueError as exc:
+            error = exc
+        # What asyncio and grpcio do: something the error's frames reach holds the error.
+        holder = [error]
+        holder.append(holder)
+        return error, ref
+
+    gc.disable()
+    try:
+        error, ref = cycle()
+        assert ref() is not None  # the traceback's finished frames hold the body
+        drop_frames(error)
+        assert ref() is None  # freed at once, no collection needed
+        # The traceback still says where it came from.
+        import traceback
+
+        text = "".join(traceback.format_exception(error))
+        assert "handler" in text and "KeyError: 'the store said no'" in text and "ValueError: mapped" in text
+    finally:
+        gc.enable()
