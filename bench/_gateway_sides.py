@@ -25,7 +25,6 @@ import json
 import os
 import pathlib
 import statistics
-import tempfile
 from typing import Any
 
 from bench import gateway as G
@@ -60,7 +59,7 @@ async def main(sides: list[tuple[str, str, str]], rounds: int, settle: float) ->
 
     from baton.log import DeliveryLog, LogConfig
     from baton_tools.testing.cluster import start_coordinator
-    from baton_tools.testing.servers import EtcdServer, NatsServer
+    from bench._servers import etcd_and_nats
 
     opened = G.open_readers
 
@@ -70,34 +69,29 @@ async def main(sides: list[tuple[str, str, str]], rounds: int, settle: float) ->
         return readers
 
     G.open_readers = open_settled  # type: ignore[assignment]
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix="baton-bench-sides-"))
-    etcd, nats = EtcdServer(tmp / "etcd"), NatsServer(tmp / "nats")
-    etcd.start()
-    nats.start()
     cfg = LogConfig(stream="BENCH_GW", subject_prefix="bench.gw", bucket="bench-gw-threads")
     coord = None
     gateways: dict[str, Any] = {}
     results: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in sides}
-    try:
-        coord = await start_coordinator(etcd.endpoint, "/bench-sides/", log_dir=tmp)
-        for name, tree, threshold in sides:
-            gateways[name] = await _gateway(tree, threshold, coord.address, nats.url, cfg, tmp)
-        async with DeliveryLog(await G._nats(nats.url), cfg, owns_connection=True) as log, \
-                httpx.AsyncClient(trust_env=False, timeout=30) as http:
-            names = list(gateways)
-            for r in range(rounds):
-                for name in names[r % len(names):] + names[:r % len(names)]:
-                    target = G.GatewayTarget(gateways[name], log, http, name)
-                    res = await G.scenario(target, [f"sides-{name}-{r}"], G.READERS_ONE_RUN, paced=True)
-                    results[name].append({f: res[f] for f in FIGURES})
-                    print(name, r, results[name][-1], flush=True)
-    finally:
-        for g in gateways.values():
-            await g.stop()
-        if coord is not None:
-            await coord.stop()
-        nats.stop()
-        etcd.stop()
+    with etcd_and_nats("baton-bench-sides-") as (tmp, etcd, nats):
+        try:
+            coord = await start_coordinator(etcd.endpoint, "/bench-sides/", log_dir=tmp)
+            for name, tree, threshold in sides:
+                gateways[name] = await _gateway(tree, threshold, coord.address, nats.url, cfg, tmp)
+            async with DeliveryLog(await G._nats(nats.url), cfg, owns_connection=True) as log, \
+                    httpx.AsyncClient(trust_env=False, timeout=30) as http:
+                names = list(gateways)
+                for r in range(rounds):
+                    for name in names[r % len(names):] + names[:r % len(names)]:
+                        target = G.GatewayTarget(gateways[name], log, http, name)
+                        res = await G.scenario(target, [f"sides-{name}-{r}"], G.READERS_ONE_RUN, paced=True)
+                        results[name].append({f: res[f] for f in FIGURES})
+                        print(name, r, results[name][-1], flush=True)
+        finally:
+            for g in gateways.values():
+                await g.stop()
+            if coord is not None:
+                await coord.stop()
     summary = {name: {f: statistics.median(x[f] for x in rs) for f in FIGURES} for name, rs in results.items()}
     for name, medians in summary.items():
         print(name, medians, flush=True)
