@@ -33,6 +33,7 @@ from baton import internal_auth
 from baton.errors import InvalidArgument, SessionLost, StoreUnavailable
 from baton.grpc_errors import from_rpc_error
 from baton.retry import Attempts, Deadline
+from baton.runs import MAX_READERS_PER_CALL
 from baton.tls import GrpcTls
 from baton.v1 import coordinator_pb2 as pb
 from baton.v1 import coordinator_pb2_grpc as pb_grpc
@@ -40,6 +41,10 @@ from baton.v1.coordinator_pb2 import HostInfo, SandboxInstance
 from baton.v1.runs_pb2 import Claim, RunInput, RunRecord
 
 log = logging.getLogger(__name__)
+
+#: Seconds presence calls go one per reader after a replica answered UNIMPLEMENTED to a
+#: batched one (:meth:`CoordinatorClient.register_readers`).
+UNBATCHED_RETRY = 60.0
 
 T = TypeVar("T")
 
@@ -314,6 +319,9 @@ class CoordinatorClient:
         self._stubs: list[pb_grpc.CoordinatorStub] = []
         self._current = 0
         self._sessions: set[Session] = set()
+        #: Until when (``time.monotonic()``) presence calls go one per reader: a replica
+        #: answered UNIMPLEMENTED to a batched one (an older release, in a rolling upgrade).
+        self._unbatched_until = 0.0
 
     # --- plumbing -------------------------------------------------------------------
 
@@ -646,6 +654,43 @@ class CoordinatorClient:
         """Remove a reader; the last one leaving detaches the run."""
         await self._unary("UnregisterReader", pb.UnregisterReaderRequest(run_id=run_id, reader_id=reader_id),
                           timeout)
+
+    async def register_readers(self, run_id: str, session: "Session | int", reader_ids: Sequence[str], *,
+                               timeout: float | None = None) -> None:
+        """Register several readers of one run under ``session`` in one call per
+        :data:`~baton.runs.MAX_READERS_PER_CALL` ids; each is a key of its own, as with
+        :meth:`register_reader`. A coordinator without the batched call (an older release,
+        during a rolling upgrade) gets one :meth:`register_reader` per id, and so do all
+        replicas for :data:`UNBATCHED_RETRY` seconds after, before a batched call is tried again."""
+        await self._readers_batched("RegisterReaders", run_id, reader_ids, timeout,
+                                    lambda ids: pb.RegisterReadersRequest(run_id=run_id, session_id=_sid(session),
+                                                                          reader_ids=ids),
+                                    lambda r, t: self.register_reader(run_id, session, r, timeout=t))
+
+    async def unregister_readers(self, run_id: str, reader_ids: Sequence[str], *,
+                                 timeout: float | None = None) -> None:
+        """Remove several readers of one run (see :meth:`register_readers`); the run detaches
+        when none is left."""
+        await self._readers_batched("UnregisterReaders", run_id, reader_ids, timeout,
+                                    lambda ids: pb.UnregisterReadersRequest(run_id=run_id, reader_ids=ids),
+                                    lambda r, t: self.unregister_reader(run_id, r, timeout=t))
+
+    async def _readers_batched(self, method: str, run_id: str, reader_ids: Sequence[str], timeout: float | None,
+                               request: Any, one: Any) -> None:
+        deadline = Deadline.after(timeout or self.timeout)
+        ids = list(dict.fromkeys(reader_ids))
+        for i in range(0, len(ids), MAX_READERS_PER_CALL):
+            part = ids[i:i + MAX_READERS_PER_CALL]
+            if time.monotonic() >= self._unbatched_until:
+                try:
+                    await self._unary(method, request(part), deadline.left())
+                    continue
+                except grpc.aio.AioRpcError as err:
+                    if err.code() != grpc.StatusCode.UNIMPLEMENTED:
+                        raise
+                    log.info("a coordinator has no %s: one call per reader for %.0f s", method, UNBATCHED_RETRY)
+                    self._unbatched_until = time.monotonic() + UNBATCHED_RETRY
+            await asyncio.gather(*(one(r, deadline.left()) for r in part))
 
     # --- sandboxes and hosts ------------------------------------------------------------
 

@@ -68,6 +68,10 @@ MAX_QUEUED_RUNS = 64
 #: Bytes one input may carry in each of its text fields (a steered message, an approval's
 #: reason, its tool input and updated input as JSON), UTF-8.
 MAX_INPUT_TEXT = 64 * 1024
+#: Most readers one batched presence call (``RegisterReaders``, ``UnregisterReaders``) names:
+#: each is one operation of the call's etcd transaction, and etcd refuses more than 128
+#: (its ``--max-txn-ops`` default) with the record's own write beside them.
+MAX_READERS_PER_CALL = 64
 #: Bytes a run record may hold once serialized (``RunRecord.ByteSize()``), its inputs
 #: included: etcd refuses a request over 1.5 MiB (its ``--max-request-bytes`` default) and a
 #: record's transaction carries its indexes too, so an input that would take the record past

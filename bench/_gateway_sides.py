@@ -8,8 +8,12 @@ gateway`` from ``TREE`` (``PYTHONPATH`` = that tree, ``PYTHONSAFEPATH``; this ve
 ``BATON_GC_THRESHOLD`` set when given (empty: the tree's default). Each round runs the
 scenario once per side, the order rotated every round; the readers wait ``--settle``
 seconds after connecting (their presence registrations, begun in the background, are over)
-before the burst. Prints each round and the medians, and writes ``--out`` (JSON: each
-side's rounds).
+before the burst. Besides the scenario's figures, each round gives ``registered_s`` (seconds
+from the first connect until every reader's presence key is in etcd) and the coordinator's
+and etcd's CPU seconds over the scenario and until its readers' keys are removed
+(``coordinator_cpu_s``, ``etcd_cpu_s``; the bench's own poll of etcd, every 10 ms while the
+readers register, is in the latter). Prints each round and the medians, and writes ``--out``
+(JSON: each side's rounds).
 
 Example (the base revision checked out with ``git worktree add /tmp/base 233e61b``)::
 
@@ -25,11 +29,16 @@ import json
 import os
 import pathlib
 import statistics
+import time
 from typing import Any
 
-from bench import gateway as G
+import aetcd
 
-FIGURES = ("delivered_chunks_per_s", "burst_p99_ms", "latency_p50_ms", "latency_p99_ms")
+from bench import gateway as G
+from bench._cpu import cpu_seconds
+
+FIGURES = ("delivered_chunks_per_s", "burst_p99_ms", "latency_p50_ms", "latency_p99_ms", "registered_s",
+           "coordinator_cpu_s", "etcd_cpu_s")
 
 
 async def _gateway(tree: str, gc_threshold: str, coordinator: str, nats_url: str, cfg: Any, tmp: pathlib.Path) -> Any:
@@ -62,10 +71,23 @@ async def main(sides: list[tuple[str, str, str]], rounds: int, settle: float) ->
     from bench._servers import etcd_and_nats
 
     opened = G.open_readers
+    registered: list[float] = []  # this scenario's: seconds from the connects until every reader's key is in etcd
+    etcd_client: Any = None
 
-    async def open_settled(*args: Any, **kwargs: Any) -> list[G.Reader]:
-        readers = await opened(*args, **kwargs)
+    async def reader_keys() -> int:
+        return len(list(await etcd_client.get_prefix(b"/bench-sides/readers/", keys_only=True)))
+
+    async def all_registered(n: int, t0: float) -> None:
+        while await reader_keys() < n:  # noqa: ASYNC110 - a poll of etcd, which has nothing to wait on here
+            await asyncio.sleep(0.01)
+        registered.append(time.monotonic() - t0)
+
+    async def open_settled(n: int, *args: Any, **kwargs: Any) -> list[G.Reader]:
+        t0 = time.monotonic()
+        watch = asyncio.create_task(all_registered(n, t0))
+        readers = await opened(n, *args, **kwargs)
         await asyncio.sleep(settle)
+        await watch
         return readers
 
     G.open_readers = open_settled  # type: ignore[assignment]
@@ -78,13 +100,22 @@ async def main(sides: list[tuple[str, str, str]], rounds: int, settle: float) ->
             coord = await start_coordinator(etcd.endpoint, "/bench-sides/", log_dir=tmp)
             for name, tree, threshold in sides:
                 gateways[name] = await _gateway(tree, threshold, coord.address, nats.url, cfg, tmp)
+            host, _, port = etcd.endpoint.rpartition("//")[2].rpartition(":")
+            etcd_client = aetcd.Client(host=host, port=int(port))
             async with DeliveryLog(await G._nats(nats.url), cfg, owns_connection=True) as log, \
                     httpx.AsyncClient(trust_env=False, timeout=30) as http:
                 names = list(gateways)
                 for r in range(rounds):
                     for name in names[r % len(names):] + names[:r % len(names)]:
                         target = G.GatewayTarget(gateways[name], log, http, name)
+                        registered.clear()
+                        cpu0 = cpu_seconds(coord.proc.pid), cpu_seconds(etcd.proc.pid)
                         res = await G.scenario(target, [f"sides-{name}-{r}"], G.READERS_ONE_RUN, paced=True)
+                        while await reader_keys():  # noqa: ASYNC110 - the readers' keys removed: their calls are over
+                            await asyncio.sleep(0.05)
+                        res["registered_s"] = registered[0]
+                        res["coordinator_cpu_s"] = cpu_seconds(coord.proc.pid) - cpu0[0]
+                        res["etcd_cpu_s"] = cpu_seconds(etcd.proc.pid) - cpu0[1]
                         results[name].append({f: res[f] for f in FIGURES})
                         print(name, r, results[name][-1], flush=True)
         finally:
@@ -92,6 +123,8 @@ async def main(sides: list[tuple[str, str, str]], rounds: int, settle: float) ->
                 await g.stop()
             if coord is not None:
                 await coord.stop()
+            if etcd_client is not None:
+                await etcd_client.close()
     summary = {name: {f: statistics.median(x[f] for x in rs) for f in FIGURES} for name, rs in results.items()}
     for name, medians in summary.items():
         print(name, medians, flush=True)

@@ -11,14 +11,14 @@ import asyncio
 import logging
 import math
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 
 import grpc
 
 from baton import errors, keep
 from baton.grpc_errors import abort
 from baton.ids import validate_id, validate_input_id
-from baton.runs import MAX_INPUT_TEXT
+from baton.runs import MAX_INPUT_TEXT, MAX_READERS_PER_CALL
 from baton.v1 import coordinator_pb2 as pb
 from baton.v1 import coordinator_pb2_grpc as pb_grpc
 from baton.v1.runs_pb2 import Claim, RunRecord, RunStatus
@@ -99,6 +99,21 @@ def _session(value: int, field: str = "session_id") -> int:
     if value <= 0:
         raise errors.InvalidArgument(field, "must be a session id from OpenSession")
     return value
+
+
+def _reader_ids(values: Sequence[str]) -> tuple[str, ...]:
+    """The reader ids of a batched presence call, each checked; a repeated id counts once.
+
+    Raises:
+        InvalidArgument: none, more than :data:`MAX_READERS_PER_CALL` distinct ids, or a bad id
+            (``reader_ids[i]``: the ``i``-th distinct id).
+    """
+    ids = tuple(dict.fromkeys(values))
+    if not 1 <= len(ids) <= MAX_READERS_PER_CALL:
+        raise errors.InvalidArgument("reader_ids", f"must name 1 to {MAX_READERS_PER_CALL} distinct readers")
+    for i, v in enumerate(ids):
+        validate_id(v, f"reader_ids[{i}]")
+    return ids
 
 
 class CoordinatorService(pb_grpc.CoordinatorServicer):
@@ -469,6 +484,23 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             validate_id(request.reader_id, "reader_id")
             await self.store.unregister_reader(request.run_id, request.reader_id,
                                                timeout=self._budget(context))
+            return pb.UnregisterReaderResponse()
+        return await self._call(context, go())
+
+    async def RegisterReaders(self, request: pb.RegisterReadersRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.RegisterReaderResponse:
+        async def go() -> pb.RegisterReaderResponse:
+            validate_id(request.run_id, "run_id")
+            ids = _reader_ids(request.reader_ids)
+            await self.store.register_readers(request.run_id, _session(request.session_id), ids,
+                                              timeout=self._budget(context))
+            return pb.RegisterReaderResponse()
+        return await self._call(context, go())
+
+    async def UnregisterReaders(self, request: pb.UnregisterReadersRequest, context: grpc.aio.ServicerContext[Any, Any]) -> pb.UnregisterReaderResponse:
+        async def go() -> pb.UnregisterReaderResponse:
+            validate_id(request.run_id, "run_id")
+            ids = _reader_ids(request.reader_ids)
+            await self.store.unregister_readers(request.run_id, ids, timeout=self._budget(context))
             return pb.UnregisterReaderResponse()
         return await self._call(context, go())
 

@@ -771,17 +771,23 @@ class RunStore:
 
     async def register_reader(self, run_id: str, session_id: int, reader_id: str, *,
                               timeout: float) -> None:
-        """Add a reader under the session's lease and clear ``detached_since`` (one txn).
+        """:meth:`register_readers` of one reader."""
+        await self.register_readers(run_id, session_id, (reader_id,), timeout=timeout)
 
-        The write compares the record, so a detach stamped meanwhile is seen and cleared.
-        A reader of a run with no record is registered too (the gateway serves such logs).
+    async def register_readers(self, run_id: str, session_id: int, reader_ids: Sequence[str], *,
+                               timeout: float) -> None:
+        """Add readers under the session's lease and clear ``detached_since`` (one txn).
+
+        Each reader is a key of its own, as if registered alone. The write compares the
+        record, so a detach stamped meanwhile is seen and cleared. A reader of a run with no
+        record is registered too (the gateway serves such logs).
 
         Raises:
             SessionLost: the session's lease is gone.
         """
         def decide(snap: Snapshot) -> Plan[None]:
-            return rules.register_reader(snap, keys=self.keys, reader_id=reader_id,
-                                         session_id=session_id)
+            return rules.register_readers(snap, keys=self.keys, reader_ids=reader_ids,
+                                          session_id=session_id)
 
         try:
             await self.mutate(run_id, decide, timeout=timeout)
@@ -790,8 +796,13 @@ class RunStore:
 
     async def unregister_reader(self, run_id: str, reader_id: str, *, timeout: float) -> None:
         """Remove a reader; when it was the last, the run detaches (see :meth:`detach_if_unread`)."""
+        await self.unregister_readers(run_id, (reader_id,), timeout=timeout)
+
+    async def unregister_readers(self, run_id: str, reader_ids: Sequence[str], *, timeout: float) -> None:
+        """Remove readers (one txn); when none is left, the run detaches (see :meth:`detach_if_unread`)."""
         b = _Budget(timeout)
-        await self.etcd.txn([], [E.delete(self.keys.reader(run_id, reader_id))], timeout=b.left())
+        await self.etcd.txn([], [E.delete(self.keys.reader(run_id, r)) for r in dict.fromkeys(reader_ids)],
+                            timeout=b.left())
         await self.detach_if_unread(run_id, timeout=b.left())
 
     async def detach_if_unread(self, run_id: str, *, timeout: float) -> RunRecord | None:

@@ -251,19 +251,25 @@ def reap_cancel(snap: Snapshot, *, listed_detached_since: float, ttl: float = 0.
 
 # --- presence -------------------------------------------------------------------------------
 
-def register_reader(snap: Snapshot, *, keys: Keys, reader_id: str, session_id: int) -> Plan[None]:
-    """Put the reader key under the session's lease and clear ``detached_since``.
+def register_readers(snap: Snapshot, *, keys: Keys, reader_ids: Sequence[str], session_id: int) -> Plan[None]:
+    """Put each reader's key under the session's lease and clear ``detached_since``.
 
     The write compares the record, so a detach stamped meanwhile is seen and cleared. A
-    reader of a run with no record is registered too (the gateway serves such logs).
+    reader of a run with no record is registered too (the gateway serves such logs). A
+    repeated id is put once (etcd refuses a transaction that names a key twice).
     """
-    reader = E.put(keys.reader(snap.run_id, reader_id), b"", session_id)
+    readers = [E.put(keys.reader(snap.run_id, r), b"", session_id) for r in dict.fromkeys(reader_ids)]
     cur = snap.record
     if cur is None or not cur.HasField("detached_since"):
-        return Plan(None, ops=[reader])
+        return Plan(None, ops=readers)
     new = _copy(cur)
     new.ClearField("detached_since")
-    return Plan(None, new=new, ops=[reader])
+    return Plan(None, new=new, ops=readers)
+
+
+def register_reader(snap: Snapshot, *, keys: Keys, reader_id: str, session_id: int) -> Plan[None]:
+    """:func:`register_readers` of one reader."""
+    return register_readers(snap, keys=keys, reader_ids=(reader_id,), session_id=session_id)
 
 
 def detach(snap: Snapshot, *, keys: Keys, now: float) -> Plan[RunRecord | None]:

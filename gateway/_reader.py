@@ -20,16 +20,17 @@ from ag_ui.core import CustomEvent, EventType
 
 from baton import errors as e
 from baton.aio import drop_task
+from baton.retry import Attempts, Deadline
 from baton.runs import STREAM_GAP
 from gateway._errors import mapping_for
 from gateway._fanout import RunHub, check_offset_kept, stop_read
+from gateway._presence_batch import BatcherClosed
 from gateway._snapshots import ServedSnapshot
 from gateway._sse import Framing, chunk_frame, dumps, frame_end, frame_gap, frame_keepalive, frame_notice
 from gateway._state import GatewayState
 
 log = logging.getLogger("gateway.reader")
 
-PRESENCE_TIMEOUT = 3.0  # seconds a presence RPC may take before the reader goes on without it
 #: Chunks of the shared tail one step takes at most (one write, its drain awaited before the
 #: next): what a reader whose client stopped reading holds, as its own log read holds at most
 #: one pull batch (``baton.log`` consumers' 256). Without it a reader joining a run the hub
@@ -133,14 +134,30 @@ async def idle_frame(state: GatewayState, framing: Framing) -> bytes:
 
 
 class Presence:
-    """The presence key of one reader, kept under whatever gateway session is current."""
+    """The presence key of one reader, kept under whatever gateway session is current.
+
+    Its calls go through the gateway's :class:`~gateway._presence_batch.PresenceCalls`, with
+    the other readers of the run that join or leave meanwhile. Its removal waits for the
+    call that carried its registration (the reader may have stopped waiting for it) and is
+    tried again while the coordinator does not answer and the key's session lives: a key
+    left behind would keep the run attached with no reader, never reaped.
+    """
 
     def __init__(self, state: GatewayState, run_id: str) -> None:
         self._state = state
         self.run_id = run_id
         self.reader_id = f"{state.settings.gateway_id}/{uuid.uuid4().hex}"
         self.session: Any | None = None
+        #: The session of the latest registration queued (maybe applied, maybe not): the
+        #: key is removed at the end even when its call failed or timed out, as a call
+        #: given up on may still land.
+        self._sent: Any | None = None
+        #: The outcome of the call carrying the latest registration (``PresenceCalls.register``).
+        self._call: asyncio.Future[None] | None = None
         self._pending: asyncio.Task[None] | None = None  # a registration under way (start)
+        #: :meth:`remove` began: no registration is queued after it (a step of the read still
+        #: under way may call :meth:`ensure`; its key would outlive the reader).
+        self._closed = False
 
     def start(self) -> None:
         """Begin registering in the background, on a task the app owns: a reader's first
@@ -160,26 +177,30 @@ class Presence:
 
     async def _register(self) -> None:
         session = self._state.session
-        if session is None or session is self.session or session.lost.is_set():
+        if self._closed or session is None or session is self.session or session.lost.is_set():
             return
         try:
-            async with asyncio.timeout(PRESENCE_TIMEOUT):
-                await self._state.coordinator.register_reader(self.run_id, session, self.reader_id)
+            # Bounded by the call under way for the run and the one carrying this reader,
+            # each PRESENCE_TIMEOUT.
+            self._call = self._state.presence.register(self.run_id, session.id, self.reader_id)
+            self._sent = session
+            await asyncio.shield(self._call)
             self.session = session
-        except (e.BatonError, TimeoutError) as exc:
+        except (e.BatonError, TimeoutError, BatcherClosed) as exc:
             log.warning("presence of reader %s on run %s not registered: %s", self.reader_id, self.run_id, exc)
 
     async def remove(self) -> None:
-        """Unregister, shielded and time-bounded: it must happen even when the reader is cancelled.
+        """Unregister, shielded: it must happen even when the reader is cancelled.
 
         The unregister runs as a task owned by the app state, so when the reader is
         cancelled it finishes on its own and the app still awaits it (at shutdown). It
-        first waits for a registration still under way (bounded by its own timeout).
+        first waits for a registration still under way and for the call that carried it.
         """
+        self._closed = True
         pending, self._pending = self._pending, None
         if pending is not None and pending.done():
             pending = None
-        if self.session is None and pending is None:
+        if self._sent is None and pending is None:
             return
         task = self._state.spawn(self._unregister(pending), name=f"unregister-reader:{self.run_id}")
         if task is not None:  # None: shutting down; closing the session removes the key
@@ -188,14 +209,24 @@ class Presence:
     async def _unregister(self, pending: asyncio.Task[None] | None) -> None:
         if pending is not None:
             await asyncio.wait([pending])  # cancelled at shutdown: then the session's close removes the key
-        if self.session is None:
+        if self._call is not None and not self._call.done():
+            # The reader stopped waiting for its registration (it was cancelled): a removal
+            # sent before that call lands would delete nothing, and the key would stay.
+            await asyncio.wait([self._call])
+        session, self._sent, self.session = self._sent, None, None
+        if session is None:
             return
-        self.session = None
-        try:
-            async with asyncio.timeout(PRESENCE_TIMEOUT):
-                await self._state.coordinator.unregister_reader(self.run_id, self.reader_id)
-        except (e.BatonError, TimeoutError) as exc:
-            log.warning("presence of reader %s on run %s not removed: %s", self.reader_id, self.run_id, exc)
+        # Tried again while the coordinator does not answer, until the key's session is
+        # lost (the key went with its lease) or the gateway shuts down (this is cancelled).
+        async for _ in Attempts(Deadline.never(), first_pause=0.2, max_pause=2.0, stop=session.lost):
+            try:
+                await self._state.presence.unregister(self.run_id, self.reader_id)
+                return
+            except (e.StoreUnavailable, TimeoutError) as exc:
+                log.warning("presence of reader %s on run %s not removed yet: %s", self.reader_id, self.run_id, exc)
+            except (e.BatonError, BatcherClosed) as exc:
+                log.warning("presence of reader %s on run %s not removed: %s", self.reader_id, self.run_id, exc)
+                return
 
 
 async def _pump(source: Any, queue: asyncio.Queue[Any]) -> None:

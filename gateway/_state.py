@@ -14,6 +14,7 @@ from gateway._hydration_cache import HydrationCache
 from gateway._fanout import Hubs
 from gateway._hosts import HostPool
 from gateway._log_health import LogHealth
+from gateway._presence_batch import PresenceCalls
 from gateway._metrics import Metrics, refresh_runs_by_status
 from gateway._settings import GatewaySettings
 from gateway._sse import StreamCloser
@@ -72,6 +73,8 @@ class GatewayState:
         #: The bound port of the metrics listener (0 when there is none).
         self.metrics_port = 0
         self.tasks = TaskOwner("gateway")
+        #: Readers' presence calls, batched per run (gateway/_presence_batch.py).
+        self.presence = PresenceCalls(coordinator, self.spawn)
         self._session_task: asyncio.Task[None] | None = None
 
     @property

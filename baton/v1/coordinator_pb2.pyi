@@ -1177,6 +1177,59 @@ class UnregisterReaderResponse(_message.Message):
 Global___UnregisterReaderResponse: _TypeAlias = UnregisterReaderResponse  # noqa: Y015
 
 @_typing.final
+class RegisterReadersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    READER_IDS_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    session_id: _builtins.int
+    @_builtins.property
+    def reader_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """1 to 64; a repeated id counts once"""
+
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        session_id: _builtins.int = ...,
+        reader_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reader_ids", b"reader_ids", "run_id", b"run_id", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisterReadersRequest: _TypeAlias = RegisterReadersRequest  # noqa: Y015
+
+@_typing.final
+class UnregisterReadersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    READER_IDS_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    @_builtins.property
+    def reader_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """1 to 64; a repeated id counts once"""
+
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        reader_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reader_ids", b"reader_ids", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnregisterReadersRequest: _TypeAlias = UnregisterReadersRequest  # noqa: Y015
+
+@_typing.final
 class SandboxInstance(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

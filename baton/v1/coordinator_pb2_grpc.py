@@ -129,6 +129,16 @@ class CoordinatorStub:
                 request_serializer=baton_dot_v1_dot_coordinator__pb2.UnregisterReaderRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_coordinator__pb2.UnregisterReaderResponse.FromString,
                 _registered_method=True)
+        self.RegisterReaders = channel.unary_unary(
+                '/baton.v1.Coordinator/RegisterReaders',
+                request_serializer=baton_dot_v1_dot_coordinator__pb2.RegisterReadersRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_coordinator__pb2.RegisterReaderResponse.FromString,
+                _registered_method=True)
+        self.UnregisterReaders = channel.unary_unary(
+                '/baton.v1.Coordinator/UnregisterReaders',
+                request_serializer=baton_dot_v1_dot_coordinator__pb2.UnregisterReadersRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_coordinator__pb2.UnregisterReaderResponse.FromString,
+                _registered_method=True)
         self.PutSandbox = channel.unary_unary(
                 '/baton.v1.Coordinator/PutSandbox',
                 request_serializer=baton_dot_v1_dot_coordinator__pb2.PutSandboxRequest.SerializeToString,
@@ -284,6 +294,20 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterReaders(self, request, context):
+        """Several readers of one run in one write: what a gateway sends when readers join or
+        leave together (at most 64 ids; each is a key of its own, as with the calls above).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnregisterReaders(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def PutSandbox(self, request, context):
         """Sandbox instances (§3.4).
         """
@@ -419,6 +443,16 @@ def add_CoordinatorServicer_to_server(servicer, server):
             'UnregisterReader': grpc.unary_unary_rpc_method_handler(
                     servicer.UnregisterReader,
                     request_deserializer=baton_dot_v1_dot_coordinator__pb2.UnregisterReaderRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_coordinator__pb2.UnregisterReaderResponse.SerializeToString,
+            ),
+            'RegisterReaders': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterReaders,
+                    request_deserializer=baton_dot_v1_dot_coordinator__pb2.RegisterReadersRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_coordinator__pb2.RegisterReaderResponse.SerializeToString,
+            ),
+            'UnregisterReaders': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnregisterReaders,
+                    request_deserializer=baton_dot_v1_dot_coordinator__pb2.UnregisterReadersRequest.FromString,
                     response_serializer=baton_dot_v1_dot_coordinator__pb2.UnregisterReaderResponse.SerializeToString,
             ),
             'PutSandbox': grpc.unary_unary_rpc_method_handler(
@@ -964,6 +998,60 @@ class Coordinator:
             target,
             '/baton.v1.Coordinator/UnregisterReader',
             baton_dot_v1_dot_coordinator__pb2.UnregisterReaderRequest.SerializeToString,
+            baton_dot_v1_dot_coordinator__pb2.UnregisterReaderResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterReaders(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.Coordinator/RegisterReaders',
+            baton_dot_v1_dot_coordinator__pb2.RegisterReadersRequest.SerializeToString,
+            baton_dot_v1_dot_coordinator__pb2.RegisterReaderResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnregisterReaders(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.Coordinator/UnregisterReaders',
+            baton_dot_v1_dot_coordinator__pb2.UnregisterReadersRequest.SerializeToString,
             baton_dot_v1_dot_coordinator__pb2.UnregisterReaderResponse.FromString,
             options,
             channel_credentials,

@@ -64,17 +64,17 @@ async def test_chunks_stored_while_a_reader_renews_its_presence_wake_it_at_once(
     came (a long-poll then answered "up to date" with the chunks there)."""
     state = gateway.state
     run, chunks, w = await _open_run(cc, dlog, ["a", "b"])
-    real = state.coordinator.register_reader
+    real = state.coordinator.register_readers
     armed, entered, release = False, asyncio.Event(), asyncio.Event()
 
-    async def register_reader(run_id: str, session: Any, reader_id: str) -> Any:
+    async def register_readers(run_id: str, session: Any, reader_ids: list[str], **kw: Any) -> Any:
         if not armed:
             raise TimeoutError  # unanswered: the reader registers again when it next waits
         entered.set()
         await release.wait()
-        return await real(run_id, session, reader_id)
+        return await real(run_id, session, reader_ids, **kw)
 
-    monkeypatch.setattr(state.coordinator, "register_reader", register_reader)
+    monkeypatch.setattr(state.coordinator, "register_readers", register_readers)
     async with RunRead(state, run, "-1") as read:
         got = _values(await read.next(10))
         while len(got) < 2:
@@ -165,20 +165,20 @@ async def test_a_reader_gets_chunks_while_its_presence_registers_and_leaves_no_k
     waits for it, then removes the key it made."""
     state = gateway.state
     run, chunks, _w = await _open_run(cc, dlog, ["a", "b"])
-    real_register, real_unregister = state.coordinator.register_reader, state.coordinator.unregister_reader
+    real_register, real_unregister = state.coordinator.register_readers, state.coordinator.unregister_readers
     release, calls = asyncio.Event(), []
 
-    async def register_reader(run_id: str, session: Any, reader_id: str) -> Any:
+    async def register_readers(run_id: str, session: Any, reader_ids: list[str], **kw: Any) -> Any:
         await release.wait()
         calls.append("register")
-        return await real_register(run_id, session, reader_id)
+        return await real_register(run_id, session, reader_ids, **kw)
 
-    async def unregister_reader(run_id: str, reader_id: str) -> Any:
+    async def unregister_readers(run_id: str, reader_ids: list[str], **kw: Any) -> Any:
         calls.append("unregister")
-        return await real_unregister(run_id, reader_id)
+        return await real_unregister(run_id, reader_ids, **kw)
 
-    monkeypatch.setattr(state.coordinator, "register_reader", register_reader)
-    monkeypatch.setattr(state.coordinator, "unregister_reader", unregister_reader)
+    monkeypatch.setattr(state.coordinator, "register_readers", register_readers)
+    monkeypatch.setattr(state.coordinator, "unregister_readers", unregister_readers)
     read = RunRead(state, run, "-1")
     try:
         got = _values(await read.next(10))
