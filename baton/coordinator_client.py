@@ -375,9 +375,15 @@ class CoordinatorClient:
                         await asyncio.sleep(pause)
                         pause = min(pause * 2, 0.5)
                         continue
-                if exc is err:
-                    raise
-                raise exc from err
+                try:
+                    if exc is err:
+                        raise
+                    raise exc from err
+                finally:
+                    # The error's traceback holds this frame: keeping it in a local made a
+                    # cycle that held the caller's frames (a start's whole request, for its
+                    # expected UnknownRun) until a full collection.
+                    del exc
 
     async def close(self) -> None:
         """Close open sessions (revoking their leases) and the channels."""
@@ -637,7 +643,10 @@ class CoordinatorClient:
             except grpc.aio.AioRpcError as err:
                 exc = from_rpc_error(err)
                 if not isinstance(exc, StoreUnavailable):
-                    raise (exc if exc is not err else err) from None
+                    try:
+                        raise (exc if exc is not err else err) from None
+                    finally:
+                        del exc  # (as in _unary: no cycle through this frame)
                 self._rotate(replica)
             finally:
                 call.cancel()

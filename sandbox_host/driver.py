@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -78,6 +79,17 @@ class _BodyEnd:
     error: Exception | None = None
 
 
+def _post_to(done: asyncio.Event, control: "asyncio.Queue[M.Event]", event: M.Event) -> bool:
+    """:meth:`RunDriver.post` on the driver's parts: what its claim log holds (no cycle)."""
+    if done.is_set():
+        return False
+    try:
+        control.put_nowait(event)
+    except asyncio.QueueFull:
+        return False
+    return True
+
+
 class RunDriver:
     """Drives one run under one claim. Created and owned by :class:`RunManager`.
 
@@ -123,11 +135,14 @@ class RunDriver:
             self.machine.advance(M.Phase.FENCED)
         self.stats = RunStats()
         self._control: asyncio.Queue[M.Event] = asyncio.Queue(maxsize=64)
+        self.done = asyncio.Event()
+        # Not the bound ``self.post``: the claim log would refer back to the driver, a cycle
+        # that kept the whole run (its input messages twice) until a full collection.
         self.claim_log = ClaimLog(deps, record, epoch, mode, writer, machine=self.machine, stats=self.stats,
-                                  post=self.post, input_messages=input_messages, fence_seq=fence_seq)
+                                  post=functools.partial(_post_to, self.done, self._control),
+                                  input_messages=input_messages, fence_seq=fence_seq)
         self.sandboxes = RunSandboxes(deps, record, epoch, mode)
         self._release_delay = 0.0
-        self.done = asyncio.Event()
         #: The run's inputs (approvals, steered messages): set once its sandbox has an inbox.
         self.inputs: InputDesk | None = None
         self._inputs_wake = asyncio.Event()
@@ -143,13 +158,7 @@ class RunDriver:
 
     def post(self, event: M.Event) -> bool:
         """Hand a control event to the driver (never blocks; drops when full or done)."""
-        if self.done.is_set():
-            return False
-        try:
-            self._control.put_nowait(event)
-        except asyncio.QueueFull:
-            return False
-        return True
+        return _post_to(self.done, self._control, event)
 
     def on_inputs(self, inputs: Any) -> None:
         """The record's inputs changed (an answer, a steered message, an expiry)."""

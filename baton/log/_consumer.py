@@ -247,6 +247,9 @@ class OrderedConsumer:
             self._nc.new_inbox(), pending_msgs_limit=self._batch + 64, pending_bytes_limit=0,
         )
         self._queue = pending_queue(sub)
+        # nats-py gives a callback-less subscription a message iterator that refers back to
+        # it (a reference cycle, with its queue, until a full collection); it is never used here.
+        sub._message_iterator = None
         cfg = api.ConsumerConfig(
             deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
             opt_start_seq=self._next_seq,
