@@ -98,6 +98,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("BATON_SNAPSHOT_BYTES", "1048576", "hosts: as BATON_SNAPSHOT_CHUNKS, once this many bytes of chunk JSON were appended (1 MiB; 0 = never by size); whichever comes first"),
     Setting("BATON_LOG_COMPACT_AFTER", "0", "coordinators (leader only, at the reaper's pace): seconds after a run ended before its delivery log is compacted to its final snapshot and its end (a later join from the start gets `CUSTOM stream.compacted`, then the snapshot); a log whose final snapshot does not cover its last chunk is left whole; 0 = never. The leader connects to NATS (BATON_NATS_*) for it"),
     Setting("BATON_LOG_REPLICAS", "1", "JetStream replicas for the stream and bucket"),
+    Setting("BATON_LOG_MAX_CONSUMERS", "100000", "the most consumers the runs stream takes at once (its max_consumers; every read of a run's log is one: each gateway's shared tail of a run, lingering tails, readers behind a tail). nats-server 2.15 gives a stream that names none 1,000, and a read past the limit waits until another ends"),
     Setting("BATON_WORKSPACE_OBJECTS", "baton-workspaces", "JetStream Object Store bucket holding workspace snapshots (manifests and packs)"),
     Setting("BATON_WORKSPACE_HEADS", "baton-sessions", "JetStream KV bucket holding each thread's head: its workspace snapshot and agent session"),
     Setting("BATON_WORKSPACE_REPLICAS", "", "JetStream replicas of the two workspace buckets (empty = BATON_LOG_REPLICAS)"),

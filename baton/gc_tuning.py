@@ -28,6 +28,7 @@ nothing).
 from __future__ import annotations
 
 import gc
+import re
 from typing import Mapping
 
 from baton import config
@@ -39,13 +40,14 @@ THRESHOLD = (10_000, 10, 10)
 DEFAULT = "default"
 VARIABLE = "BATON_GC_THRESHOLD"
 _C_INT_MAX = 2**31 - 1  # gc.set_threshold takes C ints (OverflowError past this)
+_DIGITS = re.compile(r"[0-9]{1,10}")
 # Whether tune_collector set thresholds in this process (the collector is process-wide too).
 _tuned = False
 
 
 def threshold_from(value: str) -> tuple[int, int, int] | None:
     """The thresholds ``BATON_GC_THRESHOLD`` names: ``"N0,N1,N2"`` (integers from 1 to
-    2**31 - 1, what ``gc.set_threshold`` takes), or
+    2**31 - 1 in ASCII digits, what ``gc.set_threshold`` takes), or
     ``None`` for ``default`` (Python's collector untouched).
 
     Raises:
@@ -54,14 +56,13 @@ def threshold_from(value: str) -> tuple[int, int, int] | None:
     value = value.strip()
     if value == DEFAULT:
         return None
-    parts = value.split(",")
-    try:
-        numbers = tuple(int(p) for p in parts)
-    except ValueError:
-        numbers = ()
-    if len(numbers) != 3 or min(numbers) < 1 or max(numbers) > _C_INT_MAX:
+    parts = [p.strip() for p in value.split(",")]
+    # ASCII digits only: int() also takes "1_000", "+5" and other scripts' digits.
+    numbers = tuple(int(p) for p in parts if _DIGITS.fullmatch(p))
+    if len(parts) != 3 or len(numbers) != 3 or min(numbers) < 1 or max(numbers) > _C_INT_MAX:
+        shown = value if len(value) <= 40 else value[:40] + "..."
         raise ValueError(f"{VARIABLE} must be three positive integers (gen0,gen1,gen2) up to {_C_INT_MAX}, "
-                         f"or {DEFAULT!r}, got {value!r}")
+                         f"or {DEFAULT!r}, got {shown!r}")
     return numbers[0], numbers[1], numbers[2]
 
 

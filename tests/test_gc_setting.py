@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -41,9 +42,15 @@ def test_the_setting_takes_three_positive_integers_or_default_and_names_itself_o
     assert gc_tuning.threshold_from(" 700,10,10 ") == (700, 10, 10)
     assert gc_tuning.threshold_from("default") is None
     assert gc_tuning.threshold_from(f"{2**31 - 1},1,1") == (2**31 - 1, 1, 1)
-    for bad in ("", "50000", "50000,10", "1,2,3,4", "a,b,c", "0,10,10", "-1,10,10", "1.5,10,10", f"{2**31},10,10"):
-        with pytest.raises(ValueError, match=f"BATON_GC_THRESHOLD must be three positive integers .* got {bad!r}"):
+    assert gc_tuning.threshold_from("700, 10 ,10") == (700, 10, 10)
+    for bad in ("", "50000", "50000,10", "1,2,3,4", "a,b,c", "0,10,10", "-1,10,10", "1.5,10,10", f"{2**31},10,10",
+                "1_000,10,10", "+5,10,10", "\u0661\u0660\u0660\u0660,10,10", "10000,,10"):
+        with pytest.raises(ValueError, match=f"BATON_GC_THRESHOLD must be three positive integers .* got {re.escape(repr(bad))}"):
             gc_tuning.threshold_from(bad)
+    # A value of any length is named by its start only.
+    with pytest.raises(ValueError) as err:
+        gc_tuning.threshold_from("9" * 5000 + ",10,10")
+    assert len(str(err.value)) < 200 and str(err.value).endswith("...'")
     # The documented default is the module's.
     assert gc_tuning.threshold_from(config.get("BATON_GC_THRESHOLD", {})) == gc_tuning.THRESHOLD
 

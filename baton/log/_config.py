@@ -20,6 +20,13 @@ def _count(name: str, env: Mapping[str, str] | None) -> int:
     return value
 
 
+def _positive(name: str, env: Mapping[str, str] | None) -> int:
+    value = _count(name, env)
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return value
+
+
 @dataclass(frozen=True)
 class LogConfig:
     """Where delivery logs and transcripts live in JetStream.
@@ -37,6 +44,10 @@ class LogConfig:
         snapshot_bytes: bytes of chunk JSON after which a snapshot is due (0: never by size).
         snapshot_part_bytes: largest record a snapshot is stored in (under JetStream's
             ``max_payload``, 1 MiB by default); a larger snapshot is stored in parts.
+        max_consumers: the most consumers the runs stream takes at once (its
+            ``max_consumers``). Every read of a run's log is one (a gateway's shared tail of a
+            run, a lingering one, a reader behind it); nats-server 2.15 gives a stream that
+            names no limit 1,000, and a read past it waits until another ends.
     """
 
     stream: str = "BATON_RUNS"
@@ -48,12 +59,13 @@ class LogConfig:
     snapshot_chunks: int = 5000
     snapshot_bytes: int = 1 << 20
     snapshot_part_bytes: int = 512 * 1024
+    max_consumers: int = 100_000
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "LogConfig":
         """Read ``BATON_RUNS_STREAM``, ``BATON_SUBJECT_PREFIX``, ``BATON_THREADS_BUCKET``,
-        ``BATON_LOG_MAX_AGE`` (seconds), ``BATON_LOG_REPLICAS``, ``BATON_SNAPSHOT_CHUNKS`` and
-        ``BATON_SNAPSHOT_BYTES``.
+        ``BATON_LOG_MAX_AGE`` (seconds), ``BATON_LOG_REPLICAS``, ``BATON_SNAPSHOT_CHUNKS``,
+        ``BATON_SNAPSHOT_BYTES`` and ``BATON_LOG_MAX_CONSUMERS``.
 
         Raises:
             ValueError: naming the variable when a number does not parse.
@@ -71,6 +83,7 @@ class LogConfig:
             replicas=replicas,
             snapshot_chunks=_count("BATON_SNAPSHOT_CHUNKS", env),
             snapshot_bytes=_count("BATON_SNAPSHOT_BYTES", env),
+            max_consumers=_positive("BATON_LOG_MAX_CONSUMERS", env),
         )
 
     def subject(self, run_id: str) -> str:

@@ -61,6 +61,21 @@ def pending_queue(sub: Subscription) -> asyncio.Queue[Msg]:
     return queue
 
 
+#: JetStream's error code for a create past the stream's ``max_consumers``.
+ERR_MAX_CONSUMERS = 10026
+_full_warned: dict[str, float] = {}  # stream -> when its full consumers were last logged
+
+
+def _warn_full(stream: str) -> None:
+    """Log, at most every 10 s per stream, that reads wait for a consumer: they retry until
+    another read ends, and without this only their latency would tell."""
+    now = time.monotonic()
+    if now - _full_warned.get(stream, -10.0) >= 10.0:
+        _full_warned[stream] = now
+        log.warning("stream %s has as many consumers as it takes (max_consumers; BATON_LOG_MAX_CONSUMERS): "
+                    "reads wait until others end", stream)
+
+
 @dataclass(frozen=True)
 class Delivered:
     """One delivered record: stream sequence, records still pending after it, headers, body."""
@@ -260,7 +275,12 @@ class OrderedConsumer:
             num_replicas=1,
             inactive_threshold=max(30.0, self._hb * 10),
         )
-        info = await self._jsm.add_consumer(self._stream, config=cfg, timeout=timeout or self._timeout)
+        try:
+            info = await self._jsm.add_consumer(self._stream, config=cfg, timeout=timeout or self._timeout)
+        except nats.js.errors.BadRequestError as exc:
+            if exc.err_code == ERR_MAX_CONSUMERS:
+                _warn_full(self._stream)
+            raise
         self._consumer = info.name
         self._cseq = 0
         await self._pull()

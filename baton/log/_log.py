@@ -165,6 +165,9 @@ class DeliveryLog:
             allow_direct=True,
             max_msgs_per_subject=self.cfg.max_msgs_per_subject,
             allow_msg_ttl=True,  # storage probes expire (probe_storage)
+            # Set, not left to the server: nats-server 2.15 gives a stream with none 1,000
+            # (and takes no "unlimited"), which 200 runs read through 5 gateways' tails reach.
+            max_consumers=self.cfg.max_consumers,
         )
 
     async def provision(self) -> None:
