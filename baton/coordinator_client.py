@@ -23,7 +23,7 @@ import enum
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncGenerator, Sequence, TypeVar
+from typing import Any, AsyncGenerator, Awaitable, Callable, Sequence, TypeVar
 
 import grpc
 from grpc_status import rpc_status
@@ -685,7 +685,8 @@ class CoordinatorClient:
                                     lambda r, t: self.unregister_reader(run_id, r, timeout=t))
 
     async def _readers_batched(self, method: str, run_id: str, reader_ids: Sequence[str], timeout: float | None,
-                               request: Any, one: Any) -> None:
+                               request: Callable[[list[str]], Any],
+                               one: Callable[[str, float], Awaitable[None]]) -> None:
         deadline = Deadline.after(timeout or self.timeout)
         ids = list(dict.fromkeys(reader_ids))
         for i in range(0, len(ids), MAX_READERS_PER_CALL):

@@ -157,6 +157,16 @@ async def cluster(etcd: EtcdServer, nats: NatsServer, tmp_path_factory: pytest.T
         await c.close()
 
 
+@pytest.fixture
+async def hostless(etcd: EtcdServer, nats: NatsServer, tmp_path: pathlib.Path) -> AsyncIterator[Cluster]:
+    """Coordinator, log and transcripts with no host: the test drives its runs itself."""
+    c = await make_cluster(etcd, nats, tmp_path, hosts=0)
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
 def normalize(chunks: list[dict[str, Any]], run_id: str, thread_id: str) -> list[str]:
     """Chunks as canonical JSON with this run's ids replaced (to compare two runs)."""
     out = []

@@ -14,26 +14,17 @@ Real etcd, NATS and coordinator; the first host is played by the test's own writ
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator
+from typing import Any
 
 import pytest
 
 from sandbox_host.deps import HostDeps, HostSettings
 from sandbox_host.driver import RunDriver
-from tests.driver.conftest import Cluster, make_cluster
+from tests.driver.conftest import Cluster
 from tests.driver.test_finalize_inputs import _orphan
 
 pytestmark = pytest.mark.timeout(120)
 
-
-
-@pytest.fixture
-async def hostless(etcd: Any, nats: Any, tmp_path: Any) -> AsyncIterator[Cluster]:
-    c = await make_cluster(etcd, nats, tmp_path, hosts=0)
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 def _answer_and_end(run_id: str, thread_id: str) -> list[dict[str, Any]]:

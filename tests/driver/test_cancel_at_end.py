@@ -18,7 +18,7 @@ import pytest
 from sandbox_host.deps import HostDeps, HostSettings
 from sandbox_host.driver import RunDriver
 from sandbox_host.providers.local import LocalProvider
-from tests.driver.conftest import Cluster, make_cluster
+from tests.driver.conftest import Cluster
 from tests.driver.test_finalize_inputs import _orphan
 
 pytestmark = pytest.mark.timeout(120)
@@ -39,15 +39,6 @@ class _WatchWithoutCancel:
             if ev.record is not None and ev.record.cancel_requested:
                 continue
             yield ev
-
-
-@pytest.fixture
-async def hostless(etcd: Any, nats: Any, tmp_path: Any) -> AsyncIterator[Cluster]:
-    c = await make_cluster(etcd, nats, tmp_path, hosts=0)
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def test_a_cancel_that_never_reaches_the_streaming_driver_still_aborts_the_run(

@@ -17,14 +17,13 @@ import asyncio
 import json
 from typing import Any, AsyncIterator, Callable
 
-import pytest
 
 from baton.v1 import runs_pb2
 from sandbox_host.machine import accepted_chunk
 from sandbox_host.driver import RunDriver
 from sandbox_host.deps import HostDeps, HostSettings
 from tests.conftest import unique
-from tests.driver.conftest import CORPUS, Cluster, make_cluster
+from tests.driver.conftest import CORPUS, Cluster
 
 LONG = "claude-stream-json/partial-messages-parallel-bash-denied.jsonl"
 USER = [{"id": "u1", "role": "user", "content": "replay it"}]
@@ -43,15 +42,6 @@ class _FirstInputReadHangs(HostDeps):
             self.held.set()
             await asyncio.Event().wait()  # ends only by cancellation (the cancel stops the body)
         return await super().stored_before_fence(run_id, fenced_over)
-
-
-@pytest.fixture
-async def hostless(etcd: Any, nats: Any, tmp_path: Any) -> AsyncIterator[Cluster]:
-    c = await make_cluster(etcd, nats, tmp_path, hosts=0)
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def _orphan(c: Cluster, tail: Callable[[str, str], list[dict[str, Any]]] | None = None) -> tuple[str, str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import weakref
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -17,7 +17,7 @@ from sandbox_host.deps import HostDeps, HostSettings
 from sandbox_host.driver import RunDriver
 from sandbox_host.providers.local import LocalProvider
 from tests.conftest import unique
-from tests.driver.conftest import Cluster, make_cluster
+from tests.driver.conftest import Cluster
 from tests.driver.test_finalize_inputs import _orphan
 
 pytestmark = pytest.mark.timeout(120)
@@ -31,15 +31,6 @@ def no_collector() -> Iterator[None]:
         yield
     finally:
         gc.enable()
-
-
-@pytest.fixture
-async def hostless(etcd: Any, nats: Any, tmp_path: Any) -> AsyncIterator[Cluster]:
-    c = await make_cluster(etcd, nats, tmp_path, hosts=0)
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 class Held:

@@ -11,7 +11,7 @@ from coordinator import CoordinatorConfig, LeaderContext, build_store
 from coordinator.failover import HostPool
 from coordinator.reaper import ReaperSweep
 from tests.conftest import assert_eventually, unique
-from tests.driver.conftest import CORPUS, Cluster, make_cluster, status_of
+from tests.driver.conftest import CORPUS, Cluster, status_of
 
 LONG = "claude-stream-json/partial-messages-parallel-bash-denied.jsonl"
 SHORT = "codex-exec-json/zsh-commands-and-file-change.jsonl"
@@ -141,15 +141,6 @@ async def test_run_that_ended_after_listing_is_unknown(cluster: Cluster, sweep: 
         assert await sweep._reap_one(pool, listed[0], expired=True) == "unknown"
     finally:
         await pool.close()
-
-
-@pytest.fixture
-async def hostless(etcd: Any, nats: Any, tmp_path: Any) -> AsyncIterator[Cluster]:
-    c = await make_cluster(etcd, nats, tmp_path, hosts=0)
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def test_expired_run_no_host_can_take_is_reclaim_failed(hostless: Cluster) -> None:
