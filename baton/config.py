@@ -68,6 +68,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("BATON_JOURNAL_POLL", "0.25", "journal poll interval in seconds (providers that cannot follow)"),
     Setting("BATON_JOURNAL_DIR", "/tmp/baton-runs", "where local sandboxes keep journals"),
     Setting("BATON_SANDBOX_DIR", "/tmp/baton-sandboxes", "where local sandboxes are created"),
+    Setting("BATON_LOCAL_JOURNAL_READS", "direct", "local sandboxes: direct = a host reads a sandbox's journal and stderr on the machine (the files are there); daemon = through the sandbox's daemon, as for docker and kubernetes sandboxes (every other file and every process is reached through the daemon either way)"),
     Setting("BATON_PROVIDER", "local", "default sandbox provider: local | docker | kubernetes"),
     Setting("BATON_DOCKER_IMAGE", "baton-sandbox:latest", "image for docker sandboxes"),
     Setting("BATON_DOCKER_NETWORK", "", "network of docker sandboxes, which the hosts must reach (their daemons, port "

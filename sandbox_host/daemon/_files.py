@@ -8,7 +8,9 @@ on; a file deleted (no link left) ends it with ``FileNotFoundError`` after its l
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
+import stat
 from typing import AsyncIterator
 
 from sandbox_host.providers._inotify import FileWatcher
@@ -27,22 +29,59 @@ INLINE = 64 << 10
 WATCHED_RECHECK = 2.0
 
 
+def open_no_link(path: str) -> int:
+    """A read-only descriptor of the regular file at ``path`` itself: not of what a symbolic
+    link there points to (``O_NOFOLLOW``), and never waiting for a writer as a FIFO put there
+    would make a plain ``open`` wait (``O_NONBLOCK``, no effect on a regular file's reads).
+    One ``open`` and one ``fstat``.
+
+    Raises:
+        FileNotFoundError: nothing is at ``path``.
+        PermissionError: ``path`` is a symbolic link, not a regular file, or unreadable.
+        IsADirectoryError: ``path`` is a directory.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise PermissionError(f"{path} is a symbolic link: not read") from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(path)
+        raise PermissionError(f"{path} is not a regular file: not read")
+    return fd
+
+
+def size_at_least(path: str, end: int) -> int:
+    """The size in bytes of the file at ``path``, at least ``end`` (the end of what was read
+    from it: a file replaced or truncated meanwhile says no less)."""
+    try:
+        return max(os.stat(path).st_size, end)
+    except OSError:
+        return end
+
+
 async def follow_file(path: str, offset: int, watcher: FileWatcher, idle_check: float,
-                      *, follow: bool = True, limit: int = 0) -> AsyncIterator[bytes]:
+                      *, follow: bool = True, limit: int = 0, no_link: bool = False) -> AsyncIterator[bytes]:
     """Yield the file's bytes from ``offset``; with ``follow`` as they are written (never ends
-    by itself), else up to its end (or ``limit`` bytes when > 0).
+    by itself), else up to its end (or ``limit`` bytes when > 0). With ``no_link`` a symbolic
+    link at ``path`` is refused (:func:`open_no_link`).
 
     Raises:
         FileNotFoundError: the file does not exist, or (following) was deleted, after
             everything written to it was yielded.
         IsADirectoryError: ``path`` is a directory.
+        PermissionError: ``no_link`` and ``path`` is a symbolic link.
     """
     # Long reads run in a worker thread: a catch-up over a long journal reads megabytes. Such
     # a read is shielded and awaited before the file is closed, so a cancelled follow never
     # closes the file under a read still running in its thread. open, fstat and short reads
     # (at most INLINE bytes) stay inline.
     loop = asyncio.get_running_loop()
-    f = open(path, "rb")  # noqa: ASYNC230 -- metadata only, see above
+    f = open(path, "rb", opener=(lambda p, _flags: open_no_link(p)) if no_link else None)  # noqa: ASYNC230 -- metadata only, see above
     watch = watcher.watch(path) if follow else None
     reading: asyncio.Future[bytes] | None = None
     left = limit if limit > 0 and not follow else -1
@@ -109,4 +148,4 @@ def write_whole(target: str, content: bytes, mode: int) -> None:
     os.replace(tmp, target)
 
 
-__all__ = ["CHUNK", "follow_file", "write_whole"]
+__all__ = ["CHUNK", "follow_file", "open_no_link", "size_at_least", "write_whole"]

@@ -22,7 +22,7 @@ from baton.v1 import sandbox_daemon_pb2 as pb
 from baton.v1 import sandbox_daemon_pb2_grpc as pb_grpc
 from sandbox_host.daemon import FOLLOWING, _exec, _procs
 from sandbox_host.daemon._certs import CertRefused, ServedCert
-from sandbox_host.daemon._files import CHUNK, follow_file, write_whole
+from sandbox_host.daemon._files import CHUNK, follow_file, size_at_least, write_whole
 from sandbox_host.daemon._wire import Chunk, encode_chunk
 from sandbox_host.daemon.paths import PathRefused, confine, normalize_roots
 from sandbox_host.providers import _tree
@@ -31,15 +31,6 @@ from sandbox_host.providers._redact import redact
 
 log = logging.getLogger("baton.sandbox_daemon")
 Ctx = grpc.aio.ServicerContext[Any, Any]
-
-
-def _size_at_least(path: str, end: int) -> int:
-    """The size in bytes of the file at ``path``, at least ``end`` (the end of what was read
-    from it: a file replaced or truncated meanwhile says no less)."""
-    try:
-        return max(os.stat(path).st_size, end)
-    except OSError:
-        return end
 
 
 async def _refuse(context: Ctx, exc: PathRefused) -> NoReturn:
@@ -104,7 +95,7 @@ class SandboxDaemonService(pb_grpc.SandboxDaemonServicer):
                 pos += len(data)
                 # A follow tells the file's size with each chunk: the host's journal lag
                 # without a FileSize call per read.
-                yield Chunk(data, pos - len(data), _size_at_least(path, pos) if request.follow else 0)
+                yield Chunk(data, pos - len(data), size_at_least(path, pos) if request.follow else 0)
         except FileNotFoundError:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"{request.path[:200]}: no such file")
         except IsADirectoryError:

@@ -8,12 +8,17 @@ own session (``setsid``) whose parent exits at once, so the agent is nobody's ch
 survives the host process (even SIGKILL) and any host on the machine can follow, signal or
 destroy it from the handle (``data = {"dir", "pgid", "daemon"}``).
 
-Every read, follow, copy, launch, input, signal, setup command and tree export or import
-goes through the sandbox's daemon (:mod:`sandbox_host.daemon`, started on demand and detached
-like the agent: :mod:`._local_daemon`), as for every provider; this module creates and
-destroys sandboxes on this machine: their directories, the workspace built in place (a clone
-or a copy), thread directories, their snapshot markers (the machine's note beside a thread's
-``work/`` and ``home/``, not in the sandbox) and the sweep of idle ones.
+Every copy, launch, input, signal, setup command and tree export or import goes through the
+sandbox's daemon (:mod:`sandbox_host.daemon`, started on demand and detached like the agent:
+:mod:`._local_daemon`), as for every provider. The journal and its stderr file are read
+where they are, on this machine (``BATON_LOCAL_JOURNAL_READS=direct``, the default): through
+the daemon each written line was an inotify wake-up, a read and a gRPC message in the daemon
+and a gRPC message in the host, which at 200 runs on 2 cores cost a fifth of the machine's CPU
+(``bench/results/README.md``, "Local journals read on the machine"); ``daemon`` reads them
+through the daemon as the other providers do. Every other file is read through the daemon.
+This module creates and destroys sandboxes on this machine: their directories, the workspace
+built in place (a clone or a copy), thread directories, their snapshot markers (the machine's
+note beside a thread's ``work/`` and ``home/``, not in the sandbox) and the sweep of idle ones.
 """
 from __future__ import annotations
 
@@ -22,14 +27,17 @@ import os
 import pathlib
 import shutil
 import signal as _signal
+import stat as _stat
 from typing import Any, AsyncIterator, Mapping, Sequence
 
 from baton.errors import SandboxBuildFailed
 from baton.ids import file_stem
 from sandbox_host import journal as _journal
 from sandbox_host.daemon import _procs
+from sandbox_host.daemon._files import INLINE, follow_file, open_no_link, size_at_least
 from sandbox_host.providers._base import Chunk, Provider, SandboxHandle, SandboxSpec, check_input
 from sandbox_host.providers._daemon_client import DaemonClient
+from sandbox_host.providers._inotify import FileWatcher
 from sandbox_host.providers._local_daemon import START_TIMEOUT, LocalDaemons
 from sandbox_host.providers import _sandbox_tls
 from sandbox_host.providers import _workspace as _ws
@@ -43,6 +51,8 @@ _READ_CHUNK = 1 << 20
 _INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "LOGNAME", "SHELL", "TZ")
 _PROXY_ENV = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "grpc_proxy")
 _PGID_FILE = _procs.PGID_FILE
+#: ``BATON_LOCAL_JOURNAL_READS``: where a host reads a local sandbox's journal and stderr.
+JOURNAL_READS = ("direct", "daemon")
 
 
 def group_alive(pgid: int) -> bool:
@@ -63,6 +73,11 @@ class LocalProvider(Provider):
         journal_dir: where journals live (default ``BATON_JOURNAL_DIR``).
         idle_check: seconds a follow waits for an inotify wake-up before it re-checks the
             file anyway (also the poll interval where inotify is unavailable).
+        journal_reads: ``"direct"`` (the journal and stderr read on this machine) or
+            ``"daemon"`` (through the sandbox's daemon); default ``BATON_LOCAL_JOURNAL_READS``.
+
+    Raises:
+        ValueError: ``journal_reads`` is neither.
     """
 
     name = "local"
@@ -75,13 +90,22 @@ class LocalProvider(Provider):
         journal_dir: str | None = None,
         *,
         idle_check: float = 0.25,
+        journal_reads: str | None = None,
     ) -> None:
         from baton import config
+
+        reads = config.get("BATON_LOCAL_JOURNAL_READS") if journal_reads is None else journal_reads
+        if reads not in JOURNAL_READS:
+            raise ValueError(f"BATON_LOCAL_JOURNAL_READS must be one of {', '.join(JOURNAL_READS)}, "
+                             f"not {reads[:40]!r}")
+        self.journal_reads = reads
+        # One inotify instance for the journals this provider follows on the machine.
+        self._watcher = FileWatcher()
 
         self.base_dir = base_dir or config.get("BATON_SANDBOX_DIR")
         self.journal_dir = journal_dir or config.get("BATON_JOURNAL_DIR")
         self.idle_check = idle_check
-        # Every file and process of a sandbox is reached through its daemon.
+        # Every other file, and every process, of a sandbox is reached through its daemon.
         self._daemons = LocalDaemons(self._env(None, None), idle_check=idle_check)
 
     # --- building -------------------------------------------------------------------------
@@ -279,22 +303,71 @@ class LocalProvider(Provider):
         line = check_input(handle, input_id, payload)
         await self._client(handle).send_input(handle.inbox_path, line)
 
+    def _on_machine(self, handle: SandboxHandle, path: str) -> bool:
+        """Whether ``path`` is read here rather than through the daemon: the sandbox's own
+        journal or stderr file, with ``journal_reads`` ``"direct"``."""
+        return self.journal_reads == "direct" and path in (handle.journal_path, handle.stderr_path)
+
     async def follow(self, handle: SandboxHandle, path: str, offset: int) -> AsyncIterator[Chunk]:
-        """Yield the file's bytes from ``offset`` as they are written (the daemon's inotify
-        wake-ups); a restarted daemon is followed on from the offset reached.
+        """Yield the file's bytes from ``offset`` as they are written, each chunk with the
+        file's size just after its read: the journal and stderr on this machine (this
+        provider's inotify wake-ups), any other file through the daemon (its wake-ups; a
+        restarted daemon is followed on from the offset reached).
 
         Raises:
             FileNotFoundError: the file does not exist, or was deleted (after everything
                 written to it was yielded), or the sandbox is gone.
+            PermissionError: the journal or stderr path is a symbolic link (never followed
+                here; the daemon refuses a link out of the sandbox's roots) or not a regular
+                file (a FIFO there would hold the host's loop in its ``open``).
         """
-        async for chunk in self._client(handle).follow(path, offset):
-            yield chunk
+        if not self._on_machine(handle, path):
+            async for chunk in self._client(handle).follow(path, offset):
+                yield chunk
+            return
+        pos = offset
+        async for data in follow_file(path, offset, self._watcher, self.idle_check, no_link=True):
+            pos += len(data)
+            yield Chunk(data, pos - len(data), size_at_least(path, pos))
 
     async def read_file(self, handle: SandboxHandle, path: str, offset: int = 0, limit: int | None = None) -> bytes:
-        return await self._client(handle).read_file(path, offset, limit)
+        """Bytes of the file from ``offset`` (at most ``limit``): the journal and stderr read
+        here (in a worker thread past 64 KiB), any other file through the daemon.
+
+        Raises:
+            FileNotFoundError: the file does not exist.
+            PermissionError: the journal or stderr path is a symbolic link or not a regular file.
+        """
+        if not self._on_machine(handle, path):
+            return await self._client(handle).read_file(path, offset, limit)
+        if limit == 0:
+            return b""
+        fd = open_no_link(path)
+        try:
+            want = os.fstat(fd).st_size - offset
+            if want <= INLINE or (limit is not None and limit <= INLINE):
+                return _pread_all(fd, offset, limit)  # a page-cache copy of microseconds: no thread hand-off
+            return await asyncio.to_thread(_pread_all, fd, offset, limit)
+        finally:
+            os.close(fd)
 
     async def file_size(self, handle: SandboxHandle, path: str) -> int | None:
-        return await self._client(handle).file_size(path)
+        """Size in bytes, ``None`` when the file does not exist (or the sandbox is gone).
+
+        Raises:
+            PermissionError: the journal or stderr path is a symbolic link or not a regular file.
+        """
+        if not self._on_machine(handle, path):
+            return await self._client(handle).file_size(path)
+        try:
+            st = os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if _stat.S_ISLNK(st.st_mode):
+            raise PermissionError(f"{path} is a symbolic link: not read")
+        if not _stat.S_ISREG(st.st_mode):
+            raise PermissionError(f"{path} is not a regular file: not read")
+        return st.st_size
 
     @staticmethod
     def _pgid(handle: SandboxHandle) -> int | None:
@@ -379,6 +452,23 @@ class LocalProvider(Provider):
             except FileNotFoundError:
                 pass
         return killed or removed
+
+
+def _pread_all(fd: int, offset: int, limit: int | None) -> bytes:
+    """The bytes of ``fd`` from ``offset`` to the end of the file as it is read (at most
+    ``limit``); blocking."""
+    parts: list[bytes] = []
+    pos, left = offset, (-1 if limit is None else limit)
+    while left != 0:
+        n = _READ_CHUNK if left < 0 else min(_READ_CHUNK, left)
+        data = os.pread(fd, n, pos)
+        if not data:
+            break
+        parts.append(data)
+        pos += len(data)
+        if left > 0:
+            left -= len(data)
+    return b"".join(parts)
 
 
 def _marker_path(handle: SandboxHandle) -> str | None:

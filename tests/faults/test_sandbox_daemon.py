@@ -1,10 +1,13 @@
 """Faults at the sandbox daemon (docs/design.md §5.1), compared with the uninterrupted replay
 (``FaultCluster.check``: every reader's chunks, a fresh read, the stored log, the transcript).
 
-- Every sandbox's daemon SIGKILLed mid-run, twice: the next call starts a new one (its agent
-  lives on) and the journal is read on from the offset the host held.
+- Every sandbox's daemon SIGKILLed mid-run, twice, with the journals read through the daemons
+  (``BATON_LOCAL_JOURNAL_READS=daemon``, as a docker or kubernetes sandbox's): the next call
+  starts a new one (its agent lives on) and the journal is read on from the offset the host
+  held.
 - A host SIGKILLed mid-run and its runs taken over by a host with another journal and
-  sandbox directory: it reads the sandboxes' journals through their daemons.
+  sandbox directory: it reads the sandboxes' journals where they are (the handle's paths) and
+  reaches their daemons from the handles.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ def _daemon_pids(c: FaultCluster) -> dict[str, int]:
 
 @pytest.mark.timeout(240)
 async def test_daemons_killed_mid_run_lose_and_repeat_nothing(fault_cluster: ClusterFactory) -> None:
-    c = await fault_cluster(hosts=2)
+    c = await fault_cluster(hosts=2, host_env={"BATON_LOCAL_JOURNAL_READS": "daemon"})
     runs = await c.start_runs(3, seconds=8, detached=1)
     for round_ in (1, 2):
         await c.wait_progress(runs, 25 * round_)
@@ -51,7 +54,7 @@ async def test_daemons_killed_mid_run_lose_and_repeat_nothing(fault_cluster: Clu
 
 
 @pytest.mark.timeout(300)
-async def test_successor_with_other_dirs_reads_journals_through_daemons(fault_cluster: ClusterFactory,
+async def test_successor_with_other_dirs_reads_the_journals_where_they_are(fault_cluster: ClusterFactory,
                                                                        tmp_path: pathlib.Path) -> None:
     c = await fault_cluster(hosts=1)
     # Long enough to be running still once the successor has started.
