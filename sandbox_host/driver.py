@@ -411,6 +411,12 @@ class RunDriver:
 
         async def relaunch(attempt: int) -> bool:
             assert self.inputs is not None  # should_relaunch said yes
+            # The desk waits for the new process's asks from now, not only from its resume
+            # marker: the launch adopts the new inbox at once, and the marker is read only
+            # after it. An answer stored in between was delivered to the new process before
+            # it asked again, and its re-ask then read as a new approval nobody answered
+            # (docs/hitl.md "A resumed agent"; seen under load in tests/gateway/test_approvals.py).
+            self.inputs.restarted()
             await self.sandboxes.relaunch(sbx, self.inputs.agent_session, attempt)
             return True
 

@@ -11,7 +11,7 @@ import asyncio
 import errno
 import os
 import stat
-from typing import AsyncIterator
+from typing import AsyncGenerator
 
 from sandbox_host.providers._inotify import FileWatcher
 
@@ -29,22 +29,29 @@ INLINE = 64 << 10
 WATCHED_RECHECK = 2.0
 
 
-def open_no_link(path: str) -> int:
-    """A read-only descriptor of the regular file at ``path`` itself: not of what a symbolic
-    link there points to (``O_NOFOLLOW``), and never waiting for a writer as a FIFO put there
-    would make a plain ``open`` wait (``O_NONBLOCK``, no effect on a regular file's reads).
-    One ``open`` and one ``fstat``.
+def open_regular(path: str, *, no_link: bool = False) -> int:
+    """A read-only descriptor of the regular file at ``path``, opened without ever waiting:
+    ``O_NONBLOCK``, so a FIFO put there does not hold the ``open`` until a writer comes (nor
+    a file under another process's lease until it breaks), and no effect on a regular file's
+    reads. With ``no_link``, the file at ``path`` itself, never what a symbolic link there
+    points to (``O_NOFOLLOW``). One ``open`` and one ``fstat``.
 
     Raises:
         FileNotFoundError: nothing is at ``path``.
-        PermissionError: ``path`` is a symbolic link, not a regular file, or unreadable.
         IsADirectoryError: ``path`` is a directory.
+        PermissionError: ``path`` is a symbolic link (``no_link``), not a regular file (a
+            FIFO, a socket, a device), under a lease, or unreadable.
     """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_NOFOLLOW if no_link else 0)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, flags)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
+        if exc.errno == errno.ELOOP and no_link:
             raise PermissionError(f"{path} is a symbolic link: not read") from None
+        if exc.errno == errno.ENXIO:  # a socket
+            raise PermissionError(f"{path} is not a regular file: not read") from None
+        if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+            raise PermissionError(f"{path} is leased by another process: not read") from None
         raise
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
@@ -55,34 +62,37 @@ def open_no_link(path: str) -> int:
     return fd
 
 
-def size_at_least(path: str, end: int) -> int:
+def size_at_least(path: str, end: int, *, follow_links: bool = True) -> int:
     """The size in bytes of the file at ``path``, at least ``end`` (the end of what was read
-    from it: a file replaced or truncated meanwhile says no less)."""
+    from it: a file replaced or truncated meanwhile says no less). ``follow_links=False``:
+    a symbolic link put at ``path`` tells its own size, not its target's."""
     try:
-        return max(os.stat(path).st_size, end)
+        return max(os.stat(path, follow_symlinks=follow_links).st_size, end)
     except OSError:
         return end
 
 
 async def follow_file(path: str, offset: int, watcher: FileWatcher, idle_check: float,
-                      *, follow: bool = True, limit: int = 0, no_link: bool = False) -> AsyncIterator[bytes]:
+                      *, follow: bool = True, limit: int = 0, no_link: bool = False) -> AsyncGenerator[bytes, None]:
     """Yield the file's bytes from ``offset``; with ``follow`` as they are written (never ends
-    by itself), else up to its end (or ``limit`` bytes when > 0). With ``no_link`` a symbolic
-    link at ``path`` is refused (:func:`open_no_link`).
+    by itself), else up to its end (or ``limit`` bytes when > 0). Only a regular file is
+    read, and with ``no_link`` not through a symbolic link (:func:`open_regular`). The inotify
+    watch is on the file opened (``/proc/self/fd/<fd>``), not on whatever ``path`` names by
+    the time it is added.
 
     Raises:
         FileNotFoundError: the file does not exist, or (following) was deleted, after
             everything written to it was yielded.
         IsADirectoryError: ``path`` is a directory.
-        PermissionError: ``no_link`` and ``path`` is a symbolic link.
+        PermissionError: see :func:`open_regular`.
     """
     # Long reads run in a worker thread: a catch-up over a long journal reads megabytes. Such
     # a read is shielded and awaited before the file is closed, so a cancelled follow never
     # closes the file under a read still running in its thread. open, fstat and short reads
     # (at most INLINE bytes) stay inline.
     loop = asyncio.get_running_loop()
-    f = open(path, "rb", opener=(lambda p, _flags: open_no_link(p)) if no_link else None)  # noqa: ASYNC230 -- metadata only, see above
-    watch = watcher.watch(path) if follow else None
+    f = open(path, "rb", opener=lambda p, _flags: open_regular(p, no_link=no_link))  # noqa: ASYNC230 -- metadata only, see above
+    watch = watcher.watch(_opened(f.fileno(), path)) if follow else None
     reading: asyncio.Future[bytes] | None = None
     left = limit if limit > 0 and not follow else -1
 
@@ -138,6 +148,13 @@ async def follow_file(path: str, offset: int, watcher: FileWatcher, idle_check: 
         f.close()
 
 
+def _opened(fd: int, path: str) -> str:
+    """A path naming the file descriptor ``fd`` has open (``/proc/self/fd/<fd>``: inotify
+    resolves it to that inode), else ``path`` where ``/proc`` is not mounted."""
+    own = f"/proc/self/fd/{fd}"
+    return own if os.path.exists(own) else path
+
+
 def write_whole(target: str, content: bytes, mode: int) -> None:
     """Write ``target`` whole: a temporary name beside it, then a rename (blocking)."""
     os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
@@ -148,4 +165,4 @@ def write_whole(target: str, content: bytes, mode: int) -> None:
     os.replace(tmp, target)
 
 
-__all__ = ["CHUNK", "follow_file", "open_no_link", "size_at_least", "write_whole"]
+__all__ = ["CHUNK", "follow_file", "open_regular", "size_at_least", "write_whole"]

@@ -100,6 +100,8 @@ class SandboxDaemonService(pb_grpc.SandboxDaemonServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"{request.path[:200]}: no such file")
         except IsADirectoryError:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{request.path[:200]} is a directory")
+        except PermissionError as exc:  # not a regular file (a FIFO would hold the open), unreadable
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc)[:300])
         finally:
             self.following -= request.follow
             self.last_call = time.monotonic()

@@ -13,9 +13,14 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import errno
 import functools
+import logging
 import os
 import struct
+import time
+
+log = logging.getLogger(__name__)
 
 _IN_MODIFY = 0x002
 _IN_ATTRIB = 0x004
@@ -27,6 +32,33 @@ _IN_CLOEXEC = 0o2000000
 _MASK = _IN_MODIFY | _IN_ATTRIB | _IN_CLOSE_WRITE | _IN_MOVE_SELF | _IN_DELETE_SELF
 #: ``struct inotify_event`` without its name: wd, mask, cookie, name length.
 _EVENT = struct.Struct("iIII")
+#: Seconds between two warnings that a follow polls for want of inotify (per process).
+WARN_EVERY = 60.0
+_warned_at: float | None = None
+#: The kernel limit behind a refusal, by errno (inotify(7), "/proc interfaces").
+_LIMITS = {
+    errno.EMFILE: "fs.inotify.max_user_instances (instances per user, 128 by default) or the "
+                  "process's open-file limit",
+    errno.ENOSPC: "fs.inotify.max_user_watches (watches per user)",
+    errno.ENFILE: "the system's open-file limit",
+    errno.ENOMEM: "kernel memory",
+}
+
+
+def _warn_polling(call: str, err: int, path: str | None = None) -> None:
+    """Log, at most every :data:`WARN_EVERY` seconds per process, that a follow polls
+    because ``call`` was refused: each such follow then looks at its file up to 50 times a
+    second (:mod:`sandbox_host.daemon._files`), so a machine past the limit spends its CPU
+    there. Silent refusals once cost 72 of 200 local sandboxes' daemons that (128 instances
+    per user), and a docker host's containers share root's instances alike."""
+    global _warned_at
+    now = time.monotonic()
+    if _warned_at is not None and now - _warned_at < WARN_EVERY:
+        return
+    _warned_at = now
+    limit = _LIMITS.get(err)
+    log.warning("inotify refused (%s: %s)%s; followed files are polled instead%s", call,
+                os.strerror(err), f" for {path[:200]!r}" if path else "", f": raise {limit}" if limit else "")
 
 
 @functools.cache
@@ -88,11 +120,17 @@ class FileWatcher:
         if self._fd is None:
             fd = c.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
             if fd < 0:
+                err = ctypes.get_errno()
+                if err in _LIMITS:
+                    _warn_polling("inotify_init1", err)
                 return None
             self._fd, self._loop = fd, loop
             loop.add_reader(fd, self._on_readable)
         wd = c.inotify_add_watch(self._fd, os.fsencode(path), _MASK)
         if wd < 0:
+            err = ctypes.get_errno()
+            if err in _LIMITS:  # a limit to raise; not a file gone or swapped (its read says so)
+                _warn_polling("inotify_add_watch", err, path)
             self._close_if_idle()
             return None
         # The same file watched twice gets the same wd: both watches wake, and the wd is

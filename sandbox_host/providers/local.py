@@ -23,18 +23,20 @@ note beside a thread's ``work/`` and ``home/``, not in the sandbox) and the swee
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pathlib
 import shutil
 import signal as _signal
 import stat as _stat
+import threading
 from typing import Any, AsyncIterator, Mapping, Sequence
 
 from baton.errors import SandboxBuildFailed
 from baton.ids import file_stem
 from sandbox_host import journal as _journal
 from sandbox_host.daemon import _procs
-from sandbox_host.daemon._files import INLINE, follow_file, open_no_link, size_at_least
+from sandbox_host.daemon._files import INLINE, follow_file, open_regular, size_at_least
 from sandbox_host.providers._base import Chunk, Provider, SandboxHandle, SandboxSpec, check_input
 from sandbox_host.providers._daemon_client import DaemonClient
 from sandbox_host.providers._inotify import FileWatcher
@@ -63,6 +65,20 @@ def group_alive(pgid: int) -> bool:
 
 def _signal_group(pgid: int | None, signal: int) -> bool:
     return _procs.signal_group(pgid, signal)
+
+
+def journal_reads_setting(value: str | None = None) -> str:
+    """``value``, else ``BATON_LOCAL_JOURNAL_READS``, checked: ``"direct"`` or ``"daemon"``.
+
+    Raises:
+        ValueError: anything else (named, cut to 40 characters).
+    """
+    from baton import config
+
+    reads = config.get("BATON_LOCAL_JOURNAL_READS") if value is None else value
+    if reads not in JOURNAL_READS:
+        raise ValueError(f"BATON_LOCAL_JOURNAL_READS must be one of {', '.join(JOURNAL_READS)}, not {reads[:40]!r}")
+    return reads
 
 
 class LocalProvider(Provider):
@@ -94,11 +110,7 @@ class LocalProvider(Provider):
     ) -> None:
         from baton import config
 
-        reads = config.get("BATON_LOCAL_JOURNAL_READS") if journal_reads is None else journal_reads
-        if reads not in JOURNAL_READS:
-            raise ValueError(f"BATON_LOCAL_JOURNAL_READS must be one of {', '.join(JOURNAL_READS)}, "
-                             f"not {reads[:40]!r}")
-        self.journal_reads = reads
+        self.journal_reads = journal_reads_setting(journal_reads)
         # One inotify instance for the journals this provider follows on the machine.
         self._watcher = FileWatcher()
 
@@ -305,7 +317,10 @@ class LocalProvider(Provider):
 
     def _on_machine(self, handle: SandboxHandle, path: str) -> bool:
         """Whether ``path`` is read here rather than through the daemon: the sandbox's own
-        journal or stderr file, with ``journal_reads`` ``"direct"``."""
+        journal or stderr file, with ``journal_reads`` ``"direct"``. (A host finds a local
+        sandbox's daemon in the sandbox's directory, ``.baton/daemon.addr``, listening on
+        loopback: only a host on the sandbox's machine reaches it, where the handle's paths
+        name the very files the daemon would read.)"""
         return self.journal_reads == "direct" and path in (handle.journal_path, handle.stderr_path)
 
     async def follow(self, handle: SandboxHandle, path: str, offset: int) -> AsyncIterator[Chunk]:
@@ -326,9 +341,13 @@ class LocalProvider(Provider):
                 yield chunk
             return
         pos = offset
-        async for data in follow_file(path, offset, self._watcher, self.idle_check, no_link=True):
-            pos += len(data)
-            yield Chunk(data, pos - len(data), size_at_least(path, pos))
+        # Closed with this generator (not left to the loop's clean-up): its descriptor and
+        # watch go at the run's end.
+        async with contextlib.aclosing(follow_file(path, offset, self._watcher, self.idle_check,
+                                                   no_link=True)) as pieces:
+            async for data in pieces:
+                pos += len(data)
+                yield Chunk(data, pos - len(data), size_at_least(path, pos, follow_links=False))
 
     async def read_file(self, handle: SandboxHandle, path: str, offset: int = 0, limit: int | None = None) -> bytes:
         """Bytes of the file from ``offset`` (at most ``limit``): the journal and stderr read
@@ -342,14 +361,24 @@ class LocalProvider(Provider):
             return await self._client(handle).read_file(path, offset, limit)
         if limit == 0:
             return b""
-        fd = open_no_link(path)
+        fd = open_regular(path, no_link=True)
         try:
-            want = os.fstat(fd).st_size - offset
-            if want <= INLINE or (limit is not None and limit <= INLINE):
-                return _pread_all(fd, offset, limit)  # a page-cache copy of microseconds: no thread hand-off
-            return await asyncio.to_thread(_pread_all, fd, offset, limit)
+            seen = os.fstat(fd).st_size - offset
+            if seen <= INLINE or (limit is not None and limit <= INLINE):
+                # A page-cache copy of microseconds, no thread hand-off; never past the size
+                # just seen (a file that grew since is read by the next call).
+                return _pread_all(fd, offset, max(0, min(seen, INLINE if limit is None else limit)))
         finally:
             os.close(fd)
+        # A long read runs in a worker thread that owns its own descriptor (a cancelled read
+        # never leaves the thread reading a closed, perhaps reused, descriptor) and stops at
+        # the next MiB once cancelled.
+        stop = threading.Event()
+        try:
+            return await asyncio.to_thread(_read_whole, path, offset, limit, stop)
+        except asyncio.CancelledError:
+            stop.set()
+            raise
 
     async def file_size(self, handle: SandboxHandle, path: str) -> int | None:
         """Size in bytes, ``None`` when the file does not exist (or the sandbox is gone).
@@ -454,12 +483,22 @@ class LocalProvider(Provider):
         return killed or removed
 
 
-def _pread_all(fd: int, offset: int, limit: int | None) -> bytes:
+def _read_whole(path: str, offset: int, limit: int | None, stop: threading.Event) -> bytes:
+    """:func:`_pread_all` of the regular file at ``path`` (no symbolic link) on a descriptor
+    of its own, closed here; blocking (a worker thread's)."""
+    fd = open_regular(path, no_link=True)
+    try:
+        return _pread_all(fd, offset, limit, stop)
+    finally:
+        os.close(fd)
+
+
+def _pread_all(fd: int, offset: int, limit: int | None, stop: threading.Event | None = None) -> bytes:
     """The bytes of ``fd`` from ``offset`` to the end of the file as it is read (at most
-    ``limit``); blocking."""
+    ``limit``), or what was read when ``stop`` is set; blocking."""
     parts: list[bytes] = []
     pos, left = offset, (-1 if limit is None else limit)
-    while left != 0:
+    while left != 0 and not (stop is not None and stop.is_set()):
         n = _READ_CHUNK if left < 0 else min(_READ_CHUNK, left)
         data = os.pread(fd, n, pos)
         if not data:

@@ -6,8 +6,9 @@
   starts a new one (its agent lives on) and the journal is read on from the offset the host
   held.
 - A host SIGKILLed mid-run and its runs taken over by a host with another journal and
-  sandbox directory: it reads the sandboxes' journals where they are (the handle's paths) and
-  reaches their daemons from the handles.
+  sandbox directory, journals read through the daemons: it reads the sandboxes' journals
+  through their daemons, found from the handles. (With the default, direct reads, every
+  other fault case's successor reads them on the machine.)
 """
 from __future__ import annotations
 
@@ -54,15 +55,16 @@ async def test_daemons_killed_mid_run_lose_and_repeat_nothing(fault_cluster: Clu
 
 
 @pytest.mark.timeout(300)
-async def test_successor_with_other_dirs_reads_the_journals_where_they_are(fault_cluster: ClusterFactory,
+async def test_successor_with_other_dirs_reads_journals_through_daemons(fault_cluster: ClusterFactory,
                                                                        tmp_path: pathlib.Path) -> None:
-    c = await fault_cluster(hosts=1)
+    c = await fault_cluster(hosts=1, host_env={"BATON_LOCAL_JOURNAL_READS": "daemon"})
     # Long enough to be running still once the successor has started.
     runs = await c.start_runs(2, seconds=40, detached=1)
     await c.wait_progress(runs, 20)
     # The successor sees none of the first host's directories by its settings.
     other = tmp_path / "successor"
-    b = await c.add_host(BATON_JOURNAL_DIR=str(other / "journals"), BATON_SANDBOX_DIR=str(other / "sandboxes"))
+    b = await c.add_host(BATON_JOURNAL_DIR=str(other / "journals"), BATON_SANDBOX_DIR=str(other / "sandboxes"),
+                         BATON_LOCAL_JOURNAL_READS="daemon")
     async with c.fault("the only driving host SIGKILLed; its successor has other directories"):
         await c.hosts[0].kill()
 

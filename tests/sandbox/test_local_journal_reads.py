@@ -8,6 +8,7 @@ import contextlib
 import os
 import pathlib
 import signal
+import socket
 
 import pytest
 
@@ -62,8 +63,9 @@ async def test_the_journal_flows_while_the_daemon_is_frozen(local_provider: Loca
 async def test_a_link_where_the_journal_was_is_not_read(local_provider: LocalProvider,
                                                         sandboxes: list[SandboxHandle],
                                                         tmp_path: pathlib.Path) -> None:
-    """An agent that swaps its journal for a link to another file (another run's journal)
-    gets nothing of it into its own: follow, read and size refuse the link."""
+    """An agent that swaps its journal for a symbolic link to another file (another run's
+    journal) gets nothing of it into its own: follow, read and size refuse the link. (A hard
+    link is the file itself: the local provider is no isolation, docs/overview.md.)"""
     h = await local_provider.create("linked", SandboxSpec())
     sandboxes.append(h)
     secret = tmp_path / "other-run.ndjson"
@@ -80,23 +82,58 @@ async def test_a_link_where_the_journal_was_is_not_read(local_provider: LocalPro
         await local_provider.file_size(h, h.journal_path)
 
 
-async def test_a_fifo_where_the_journal_was_is_refused_at_once(local_provider: LocalProvider,
-                                                               sandboxes: list[SandboxHandle]) -> None:
-    """A FIFO with no writer would hold a plain ``open`` (and the host's whole event loop)
-    until one came: refused at once instead."""
-    h = await local_provider.create("fifo", SandboxSpec())
-    sandboxes.append(h)
+@pytest.mark.parametrize("reads", ["direct", "daemon"])
+@pytest.mark.parametrize("kind", ["fifo", "socket"])
+async def test_a_fifo_or_socket_where_the_journal_was_is_refused_at_once(
+        tmp_path: pathlib.Path, reads: str, kind: str) -> None:
+    """A FIFO with no writer would hold a plain ``open`` (the host's event loop, or the
+    daemon's for good) until one came: refused at once instead, on the machine and through
+    the daemon alike; a socket too."""
+    provider = LocalProvider(str(tmp_path / "sandboxes"), str(tmp_path / "journals"), idle_check=0.05,
+                             journal_reads=reads)
+    h = await provider.create(kind, SandboxSpec())
     pathlib.Path(h.journal_path).parent.mkdir(parents=True, exist_ok=True)
-    os.mkfifo(h.journal_path)
-    async with asyncio.timeout(10):
-        with pytest.raises(PermissionError, match="not a regular file"):
-            async with contextlib.aclosing(local_provider.follow(h, h.journal_path, 0)) as chunks:
-                async for _ in chunks:
-                    pass
-        with pytest.raises(PermissionError, match="not a regular file"):
-            await local_provider.read_file(h, h.journal_path)
-        with pytest.raises(PermissionError, match="not a regular file"):
-            await local_provider.file_size(h, h.journal_path)
+    held = None
+    if kind == "fifo":
+        os.mkfifo(h.journal_path)
+    else:
+        held = socket.socket(socket.AF_UNIX)
+        held.bind(h.journal_path)
+    try:
+        async with asyncio.timeout(30):
+            with pytest.raises(PermissionError, match="not a regular file"):
+                async with contextlib.aclosing(provider.follow(h, h.journal_path, 0)) as chunks:
+                    async for _ in chunks:
+                        pass
+            with pytest.raises(PermissionError, match="not a regular file"):
+                await provider.read_file(h, h.journal_path)
+            if reads == "direct":
+                with pytest.raises(PermissionError, match="not a regular file"):
+                    await provider.file_size(h, h.journal_path)
+    finally:
+        if held is not None:
+            held.close()
+        os.unlink(h.journal_path)
+        await provider.destroy(h)
+        await provider.close()
+
+
+async def test_a_closed_follow_lets_go_of_its_file_and_watch_at_once(local_provider: LocalProvider,
+                                                                    sandboxes: list[SandboxHandle]) -> None:
+    """The run's end closes its follow: the journal's descriptor and the inotify watch go
+    then, not at the loop's later clean-up of an unclosed generator."""
+    h = await local_provider.create("closed", SandboxSpec())
+    sandboxes.append(h)
+    path = pathlib.Path(h.journal_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"one\n")
+    before = set(os.listdir("/proc/self/fd"))
+    follow = local_provider.follow(h, h.journal_path, 0)
+    assert (await follow.__anext__()).data == b"one\n"
+    assert local_provider._watcher._watches
+    await follow.aclose()
+    assert not local_provider._watcher._watches
+    assert set(os.listdir("/proc/self/fd")) <= before
 
 
 async def test_a_journal_deleted_under_the_follow_ends_it_after_its_last_bytes(
