@@ -11,7 +11,7 @@ import aetcd
 import nats as nats_client
 import pytest
 
-from baton_tools.testing.servers import EtcdServer, NatsServer, _ephemeral_range, free_port
+from baton_tools.testing.servers import EtcdServer, NatsServer, _ephemeral_range, free_port, port_slice
 from tests.cli.conftest import processes_mentioning
 from tests.conftest import REPO, assert_eventually, unique
 
@@ -94,4 +94,15 @@ def test_free_ports_stay_out_of_the_range_outgoing_connections_take() -> None:
     ports = [free_port() for _ in range(300)]
     assert len(set(ports)) == len(ports)
     assert [p for p in ports if low <= p <= high] == []
-    assert all(10000 <= p <= 65535 for p in ports)
+    assert all(10000 <= p < low for p in ports)
+
+
+def test_each_xdist_worker_draws_from_a_slice_of_its_own() -> None:
+    """Two workers never hand out the same port: their slices do not meet, and together
+    they cover the range below the ephemeral one."""
+    low = _ephemeral_range()[0]
+    slices = [port_slice({"PYTEST_XDIST_WORKER": f"gw{i}", "PYTEST_XDIST_WORKER_COUNT": "3"}) for i in range(3)]
+    assert slices[0][0] == 10000 and all(a[1] < b[0] for a, b in zip(slices, slices[1:]))
+    assert slices[-1][1] < low and low - slices[-1][1] <= 3
+    assert port_slice({}) == (10000, low - 1)
+    assert port_slice({"PYTEST_XDIST_WORKER": "gw1", "PYTEST_XDIST_WORKER_COUNT": "1"}) == (10000, low - 1)

@@ -30,21 +30,41 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
+def port_slice(env: dict[str, str] | os._Environ[str] = os.environ) -> tuple[int, int]:
+    """The ports :func:`free_port` draws from (inclusive): 10000 up to the ephemeral range,
+    and under pytest-xdist (``PYTEST_XDIST_WORKER=gw<i>`` of ``PYTEST_XDIST_WORKER_COUNT``)
+    the worker's own slice of it, which the processes a test starts inherit.
+
+    Workers drawing from one range picked the same port now and then between one's check
+    and its server's bind (a gateway's metrics port, "address already in use", in a
+    ``make test`` of 2,196 tests); slices never meet.
+    """
+    first, last = 10000, _ephemeral_range()[0] - 1
+    worker, count = env.get("PYTEST_XDIST_WORKER", ""), env.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(count) > 1:
+        n = int(count)
+        span = (last - first + 1) // n
+        first += (int(worker[2:]) % n) * span
+        last = first + span - 1
+    return first, last
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now, outside the ephemeral range, not returned before.
 
     A port the kernel picks with ``bind(0)`` comes from the ephemeral range, the same range
     every outgoing connection takes its source port from: between this call and the server's
     own bind, a client connection can take it (CI: etcd failed with "address already in use"
-    on such a port). Ports here are drawn at random below that range (from 10000) and
-    checked by binding; this process never hands out the same one twice, so a server restarted
-    on its port later does not meet another server of the same test there.
+    on such a port). Ports here are drawn at random below that range (from 10000; under
+    pytest-xdist from the worker's slice of it, :func:`port_slice`) and checked by binding;
+    this process never hands out the same one twice, so a server restarted on its port later
+    does not meet another server of the same test there.
     """
-    low, high = _ephemeral_range()
+    low, high = port_slice()
     rng = random.SystemRandom()
     for _ in range(1000):
-        port = rng.randint(10000, 65535)
-        if port in _handed_out or low <= port <= high:
+        port = rng.randint(low, high)
+        if port in _handed_out:
             continue
         with socket.socket() as s:
             try:

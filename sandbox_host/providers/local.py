@@ -13,8 +13,8 @@ sandbox's daemon (:mod:`sandbox_host.daemon`, started on demand and detached lik
 :mod:`._local_daemon`), as for every provider. The journal and its stderr file are read
 where they are, on this machine (``BATON_LOCAL_JOURNAL_READS=direct``, the default): through
 the daemon each written line was an inotify wake-up, a read and a gRPC message in the daemon
-and a gRPC message in the host, which at 200 runs on 2 cores cost a fifth of the machine's CPU
-(``bench/results/README.md``, "Local journals read on the machine"); ``daemon`` reads them
+and a gRPC message in the host, which at 200 runs on 2 cores cost a third of the CPU the runs
+took (``bench/results/README.md``, "Local journals read on the machine"); ``daemon`` reads them
 through the daemon as the other providers do. Every other file is read through the daemon.
 This module creates and destroys sandboxes on this machine: their directories, the workspace
 built in place (a clone or a copy), thread directories, their snapshot markers (the machine's

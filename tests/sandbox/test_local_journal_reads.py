@@ -25,6 +25,20 @@ def _daemon_pid(handle: SandboxHandle) -> int:
     return int((pathlib.Path(handle.data["dir"]) / ".baton" / "daemon.addr").read_text().split()[1])
 
 
+async def _refused(provider: LocalProvider, h: SandboxHandle, why: str, *, sized: bool = True) -> None:
+    """Following, reading and (``sized``) sizing the journal each raise ``PermissionError``
+    saying ``why``."""
+    with pytest.raises(PermissionError, match=why):
+        async with contextlib.aclosing(provider.follow(h, h.journal_path, 0)) as chunks:
+            async for _ in chunks:
+                pass
+    with pytest.raises(PermissionError, match=why):
+        await provider.read_file(h, h.journal_path)
+    if sized:
+        with pytest.raises(PermissionError, match=why):
+            await provider.file_size(h, h.journal_path)
+
+
 def test_an_unknown_way_of_reading_is_refused_by_name(tmp_path: pathlib.Path) -> None:
     with pytest.raises(ValueError, match="BATON_LOCAL_JOURNAL_READS must be one of direct, daemon, not 'nfs'"):
         LocalProvider(str(tmp_path / "s"), str(tmp_path / "j"), journal_reads="nfs")
@@ -72,14 +86,7 @@ async def test_a_link_where_the_journal_was_is_not_read(local_provider: LocalPro
     secret.write_text('{"type":"secret","of":"another tenant"}\n')
     pathlib.Path(h.journal_path).parent.mkdir(parents=True, exist_ok=True)
     os.symlink(secret, h.journal_path)
-    with pytest.raises(PermissionError, match="symbolic link"):
-        async with contextlib.aclosing(local_provider.follow(h, h.journal_path, 0)) as chunks:
-            async for _ in chunks:
-                pass
-    with pytest.raises(PermissionError, match="symbolic link"):
-        await local_provider.read_file(h, h.journal_path)
-    with pytest.raises(PermissionError, match="symbolic link"):
-        await local_provider.file_size(h, h.journal_path)
+    await _refused(local_provider, h, "symbolic link")
 
 
 @pytest.mark.parametrize("reads", ["direct", "daemon"])
@@ -101,15 +108,7 @@ async def test_a_fifo_or_socket_where_the_journal_was_is_refused_at_once(
         held.bind(h.journal_path)
     try:
         async with asyncio.timeout(30):
-            with pytest.raises(PermissionError, match="not a regular file"):
-                async with contextlib.aclosing(provider.follow(h, h.journal_path, 0)) as chunks:
-                    async for _ in chunks:
-                        pass
-            with pytest.raises(PermissionError, match="not a regular file"):
-                await provider.read_file(h, h.journal_path)
-            if reads == "direct":
-                with pytest.raises(PermissionError, match="not a regular file"):
-                    await provider.file_size(h, h.journal_path)
+            await _refused(provider, h, "not a regular file", sized=reads == "direct")
     finally:
         if held is not None:
             held.close()
