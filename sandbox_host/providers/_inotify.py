@@ -49,8 +49,9 @@ def _warn_polling(call: str, err: int, path: str | None = None) -> None:
     """Log, at most every :data:`WARN_EVERY` seconds per process, that a follow polls
     because ``call`` was refused: each such follow then looks at its file up to 50 times a
     second (:mod:`sandbox_host.daemon._files`), so a machine past the limit spends its CPU
-    there. Refused silently, they once left about 70 of 200 local sandboxes' daemons polling
-    so (128 instances per user); a docker host's containers share root's instances alike."""
+    there. Refused silently, 200 local sandboxes' daemons following at once against 128
+    instances per user left some 70 polling so; a docker host's containers share root's
+    instances alike."""
     global _warned_at
     now = time.monotonic()
     if _warned_at is not None and now - _warned_at < WARN_EVERY:
