@@ -29,14 +29,13 @@ import pathlib
 import shutil
 import signal as _signal
 import stat as _stat
-import threading
 from typing import Any, AsyncIterator, Mapping, Sequence
 
 from baton.errors import SandboxBuildFailed
 from baton.ids import file_stem
 from sandbox_host import journal as _journal
 from sandbox_host.daemon import _procs
-from sandbox_host.daemon._files import INLINE, follow_file, open_regular, size_at_least
+from sandbox_host.daemon._files import follow_file, size_at_least
 from sandbox_host.providers._base import Chunk, Provider, SandboxHandle, SandboxSpec, check_input
 from sandbox_host.providers._daemon_client import DaemonClient
 from sandbox_host.providers._inotify import FileWatcher
@@ -45,7 +44,6 @@ from sandbox_host.providers import _sandbox_tls
 from sandbox_host.providers import _workspace as _ws
 from sandbox_host.providers._redact import redact
 
-_READ_CHUNK = 1 << 20
 # Host variables the agent's environment inherits; everything else (the host's own
 # credentials included) stays out of its environment. Sandbox env and secrets are added on
 # top. This is not isolation: the agent runs as the host's user and can read what it can
@@ -361,24 +359,11 @@ class LocalProvider(Provider):
             return await self._client(handle).read_file(path, offset, limit)
         if limit == 0:
             return b""
-        fd = open_regular(path, no_link=True)
-        try:
-            seen = os.fstat(fd).st_size - offset
-            if seen <= INLINE or (limit is not None and limit <= INLINE):
-                # A page-cache copy of microseconds, no thread hand-off; never past the size
-                # just seen (a file that grew since is read by the next call).
-                return _pread_all(fd, offset, max(0, min(seen, INLINE if limit is None else limit)))
-        finally:
-            os.close(fd)
-        # A long read runs in a worker thread that owns its own descriptor (a cancelled read
-        # never leaves the thread reading a closed, perhaps reused, descriptor) and stops at
-        # the next MiB once cancelled.
-        stop = threading.Event()
-        try:
-            return await asyncio.to_thread(_read_whole, path, offset, limit, stop)
-        except asyncio.CancelledError:
-            stop.set()
-            raise
+        # The daemon's own reader, with no follow: short reads inline, long ones in a worker
+        # thread that the file's close waits for (a cancelled read never leaves one reading).
+        async with contextlib.aclosing(follow_file(path, offset, self._watcher, self.idle_check, follow=False,
+                                                   limit=limit or 0, no_link=True)) as pieces:
+            return b"".join([data async for data in pieces])
 
     async def file_size(self, handle: SandboxHandle, path: str) -> int | None:
         """Size in bytes, ``None`` when the file does not exist (or the sandbox is gone).
@@ -481,33 +466,6 @@ class LocalProvider(Provider):
             except FileNotFoundError:
                 pass
         return killed or removed
-
-
-def _read_whole(path: str, offset: int, limit: int | None, stop: threading.Event) -> bytes:
-    """:func:`_pread_all` of the regular file at ``path`` (no symbolic link) on a descriptor
-    of its own, closed here; blocking (a worker thread's)."""
-    fd = open_regular(path, no_link=True)
-    try:
-        return _pread_all(fd, offset, limit, stop)
-    finally:
-        os.close(fd)
-
-
-def _pread_all(fd: int, offset: int, limit: int | None, stop: threading.Event | None = None) -> bytes:
-    """The bytes of ``fd`` from ``offset`` to the end of the file as it is read (at most
-    ``limit``), or what was read when ``stop`` is set; blocking."""
-    parts: list[bytes] = []
-    pos, left = offset, (-1 if limit is None else limit)
-    while left != 0 and not (stop is not None and stop.is_set()):
-        n = _READ_CHUNK if left < 0 else min(_READ_CHUNK, left)
-        data = os.pread(fd, n, pos)
-        if not data:
-            break
-        parts.append(data)
-        pos += len(data)
-        if left > 0:
-            left -= len(data)
-    return b"".join(parts)
 
 
 def _marker_path(handle: SandboxHandle) -> str | None:
