@@ -24,7 +24,7 @@ from baton.retry import Attempts, Deadline
 from baton.runs import STREAM_GAP
 from gateway._errors import mapping_for
 from gateway._fanout import RunHub, check_offset_kept, stop_read
-from gateway._presence_batch import BatcherClosed
+from gateway._presence_batch import PRESENCE_TIMEOUT, BatcherClosed
 from gateway._snapshots import ServedSnapshot
 from gateway._sse import Framing, chunk_frame, dumps, frame_end, frame_gap, frame_keepalive, frame_notice
 from gateway._state import GatewayState
@@ -187,7 +187,10 @@ class Presence:
             await asyncio.shield(self._call)
             self.session = session
         except (e.BatonError, TimeoutError, BatcherClosed) as exc:
-            log.warning("presence of reader %s on run %s not registered: %s", self.reader_id, self.run_id, exc)
+            # A timeout says nothing by itself (its text is empty): named, with its bound.
+            why = (f"no answer within {PRESENCE_TIMEOUT:g} s" if isinstance(exc, TimeoutError)
+                   else str(exc) or type(exc).__name__)
+            log.warning("presence of reader %s on run %s not registered: %s", self.reader_id, self.run_id, why)
 
     async def remove(self) -> None:
         """Unregister, shielded: it must happen even when the reader is cancelled.

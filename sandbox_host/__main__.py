@@ -41,7 +41,7 @@ from sandbox_host.deps import HostDeps, HostSettings, warm_up
 from sandbox_host.manager import RunManager
 from sandbox_host.service import SandboxHostService, add_to_server
 from sandbox_host.providers import _sandbox_tls
-from sandbox_host.providers.local import journal_reads_setting
+from sandbox_host.providers.local import sandbox_io_setting
 
 log = logging.getLogger("baton.sandbox_host")
 SERVICE_NAME = "baton.v1.SandboxHost"
@@ -389,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         HostSettings.from_env()  # the tenants' credentials (BATON_TENANT_SECRETS_DIR) read and checked
         credentials.check_files(nats=True)  # BATON_TLS_*, BATON_NATS_*: a bad file names its variable
         _sandbox_tls.from_env()  # BATON_SANDBOX_CA_*: the same
-        journal_reads_setting()  # BATON_LOCAL_JOURNAL_READS
+        sandbox_io_setting()  # BATON_LOCAL_SANDBOX_IO
     except ValueError as exc:
         credentials.refuse("sandbox host", exc)
     tracing = telemetry.configure_tracing("sandbox-host")

@@ -8,6 +8,7 @@ on; a file deleted (no link left) ends it with ``FileNotFoundError`` after its l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import stat
@@ -29,12 +30,13 @@ INLINE = 64 << 10
 WATCHED_RECHECK = 2.0
 
 
-def open_regular(path: str, *, no_link: bool = False) -> int:
-    """A read-only descriptor of the regular file at ``path``, opened without ever waiting:
-    ``O_NONBLOCK``, so a FIFO put there does not hold the ``open`` until a writer comes (nor
-    a file under another process's lease until it breaks), and no effect on a regular file's
-    reads. With ``no_link``, the file at ``path`` itself, never what a symbolic link there
-    points to (``O_NOFOLLOW``). One ``open`` and one ``fstat``.
+def open_regular(path: str, *, no_link: bool = False, append: bool = False) -> int:
+    """A read-only descriptor of the regular file at ``path`` (``append``: write-only,
+    appending), opened without ever waiting: ``O_NONBLOCK``, so a FIFO put there does not
+    hold the ``open`` until a writer (or reader) comes (nor a file under another process's
+    lease until it breaks), and no effect on a regular file's reads and writes. With
+    ``no_link``, the file at ``path`` itself, never what a symbolic link there points to
+    (``O_NOFOLLOW``). One ``open`` and one ``fstat``.
 
     Raises:
         FileNotFoundError: nothing is at ``path``.
@@ -42,23 +44,24 @@ def open_regular(path: str, *, no_link: bool = False) -> int:
         PermissionError: ``path`` is a symbolic link (``no_link``), not a regular file (a
             FIFO, a socket, a device), under a lease, or unreadable.
     """
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_NOFOLLOW if no_link else 0)
+    access, done = (os.O_WRONLY | os.O_APPEND, "written") if append else (os.O_RDONLY, "read")
+    flags = access | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_NOFOLLOW if no_link else 0)
     try:
         fd = os.open(path, flags)
     except OSError as exc:
         if exc.errno == errno.ELOOP and no_link:
-            raise PermissionError(f"{path} is a symbolic link: not read") from None
-        if exc.errno == errno.ENXIO:  # a socket
-            raise PermissionError(f"{path} is not a regular file: not read") from None
+            raise PermissionError(f"{path} is a symbolic link: not {done}") from None
+        if exc.errno == errno.ENXIO:  # a socket, or a FIFO nobody reads (written)
+            raise PermissionError(f"{path} is not a regular file: not {done}") from None
         if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
-            raise PermissionError(f"{path} is leased by another process: not read") from None
+            raise PermissionError(f"{path} is leased by another process: not {done}") from None
         raise
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
         if stat.S_ISDIR(mode):
             raise IsADirectoryError(path)
-        raise PermissionError(f"{path} is not a regular file: not read")
+        raise PermissionError(f"{path} is not a regular file: not {done}")
     return fd
 
 
@@ -156,13 +159,19 @@ def _opened(fd: int, path: str) -> str:
 
 
 def write_whole(target: str, content: bytes, mode: int) -> None:
-    """Write ``target`` whole: a temporary name beside it, then a rename (blocking)."""
+    """Write ``target`` whole: a temporary name beside it, then a rename (blocking); the
+    temporary file goes when the rename fails (``target`` a directory, say)."""
     os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
     tmp = f"{target}.tmp-{os.urandom(4).hex()}"
-    with open(tmp, "wb") as f:
-        f.write(content)
-    os.chmod(tmp, mode)
-    os.replace(tmp, target)
+    try:
+        with open(tmp, "xb") as f:
+            f.write(content)
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 __all__ = ["CHUNK", "follow_file", "open_regular", "size_at_least", "write_whole"]

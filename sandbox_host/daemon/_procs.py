@@ -12,19 +12,23 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets as _secrets
+import subprocess
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from sandbox_host._wrapper import wrapper_argv, wrapper_script
+from sandbox_host.daemon._files import open_regular
 
 # `setsid` (not forking, as it is not a group leader in a non-interactive sh) makes the child
 # a session and group leader with pid == pgid; that child records its pid (first argument)
 # and only then becomes the wrapper, while the launching sh prints the pid and exits. Written
 # by the group leader itself, after `setsid`, the record never names a process not yet
 # leading its group. When the state directory was removed meanwhile, the record cannot be
-# written and no agent starts (`&&`).
-_LAUNCHER = ('f=$1; shift; setsid sh -c \'echo $$ >"$0" && exec "$@"\' "$f" "$@" '
-             '</dev/null >/dev/null 2>&1 & echo $!')
+# written and no agent starts (`&&`). The launching sh writes the pid to a file of its own
+# (second argument) rather than to a pipe: under uvloop the pipe's other end reached the
+# agent, and reading the pipe to its end waited for the agent's exit.
+_LAUNCHER = ('f=$1; o=$2; shift 2; setsid sh -c \'echo $$ >"$0" && exec "$@"\' "$f" "$@" '
+             '</dev/null >/dev/null 2>&1 & echo $! >"$o"')
 PGID_FILE = "pgid"
 #: The daemon's own settings, never handed to the agent.
 _PRIVATE_PREFIXES = ("BATON_INTERNAL_TOKEN", "BATON_TLS_", "BATON_SANDBOX_DAEMON_")
@@ -76,20 +80,29 @@ def agent_env(base: Mapping[str, str], spec: LaunchSpec) -> dict[str, str]:
     return out
 
 
-async def launch(state_dir: str, spec: LaunchSpec) -> tuple[int, str]:
+async def launch(state_dir: str, spec: LaunchSpec, *, base_env: Mapping[str, str] | None = None) -> tuple[int, str]:
     """Start the agent under the wrapper in a new session: ``(pgid, inbox path or "")``.
 
     The journal and stderr file are created (empty) first, so an attach preflight sees them
     at once. Returns once the group leader has installed its traps (it deleted the nonce
     file) or ended; does not wait for the agent.
 
+    Args:
+        state_dir: where the wrapper, nonce, stdin, inbox and pgid files go.
+        spec: what to start.
+        base_env: the environment the agent's starts from (:func:`agent_env`); default
+            this process's.
+
     Raises:
-        LaunchFailed: the launcher printed no pid.
-        OSError: the state directory or the journal's directory is not writable.
+        LaunchFailed: the launcher wrote no pid.
+        ValueError: an argument or a variable holds NUL, or a variable's name ``=``.
+        OSError: the state directory or the journal's directory is not writable, or the
+            working directory does not exist.
     """
     wrapper = os.path.join(state_dir, "wrapper.sh")
     tag = _secrets.token_hex(8)
     nonce_file = os.path.join(state_dir, f"nonce-{tag}")
+    launched = os.path.join(state_dir, f"launched-{tag}")
     stdin_file = os.path.join(state_dir, f"stdin-{tag}") if spec.stdin is not None else None
     inbox = os.path.join(state_dir, f"inbox-{tag}") if spec.interactive else ""
 
@@ -113,19 +126,28 @@ async def launch(state_dir: str, spec: LaunchSpec) -> tuple[int, str]:
 
     await asyncio.to_thread(prepare)
     cmd = wrapper_argv(wrapper, spec.journal_path, spec.stderr_path, nonce_file, stdin_file, spec.argv, inbox)
-    proc = await asyncio.create_subprocess_exec(
-        "sh", "-c", _LAUNCHER, "baton-launch", os.path.join(state_dir, PGID_FILE), *cmd,
-        cwd=spec.workdir,
-        env=agent_env(os.environ, spec),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    out, _ = await proc.communicate()
+    argv = ["sh", "-c", _LAUNCHER, "baton-launch", os.path.join(state_dir, PGID_FILE), launched, *cmd]
+    env = agent_env(os.environ if base_env is None else base_env, spec)
+
+    def start() -> int:
+        # subprocess, not the event loop's: uvloop (the host's loop) closes no descriptor
+        # in the child (its close_fds is not implemented) and checks no argument for NUL,
+        # so descriptors of the host reached the agent, and a NUL cut an argument short.
+        with subprocess.Popen(argv, cwd=spec.workdir, env=env, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True) as p:
+            return p.wait()  # the launching sh exits at once (its child is detached)
+
+    returncode = await asyncio.to_thread(start)
+    try:
+        with open(launched, "rb") as f:  # noqa: ASYNC230 -- a few bytes just written
+            out = f.read()
+        os.unlink(launched)
+    except FileNotFoundError:
+        out = b""
     try:
         pgid = int(out.strip())
     except ValueError:
-        raise LaunchFailed(f"launcher printed {out[-200:]!r}") from None
+        raise LaunchFailed(f"launcher wrote {out[-200:]!r} (exit {returncode})") from None
     # The sh printed the pid right after fork; wait until the wrapper has deleted the nonce
     # file (so it is a group leader with its TERM trap installed) or ended, so kill and
     # status act on the group at once. (One small /proc read per poll.)
@@ -197,12 +219,15 @@ def signal_group(pgid: int | None, signal: int) -> bool:
 
 
 def append_line(inbox: str, line: bytes) -> None:
-    """Append ``line`` to ``inbox`` in one ``O_APPEND`` write (a regular file: not split).
+    """Append ``line`` to ``inbox`` in one ``O_APPEND`` write (a regular file: not split),
+    never through a symbolic link and never waiting in the ``open`` (a FIFO the agent put
+    there held it, and the thread it ran in, for good).
 
     Raises:
         FileNotFoundError: no such inbox.
+        PermissionError: a symbolic link, or not a regular file, at ``inbox``.
     """
-    fd = os.open(inbox, os.O_WRONLY | os.O_APPEND)
+    fd = open_regular(inbox, no_link=True, append=True)
     try:
         os.write(fd, line)
     finally:

@@ -1,6 +1,7 @@
 """The gRPC service ``baton.v1.SandboxDaemon``: a sandbox's files and processes, from inside.
 
-Errors are mapped here, once: a path refused is ``INVALID_ARGUMENT`` (malformed) or
+What each call does is :class:`sandbox_host.daemon._ops.SandboxOps`'s (a host on a local
+sandbox's machine makes the same calls without the daemon); its errors are mapped here, once: a path refused is ``INVALID_ARGUMENT`` (malformed) or
 ``PERMISSION_DENIED`` (outside the roots), a missing file ``NOT_FOUND``, a launch or a command
 that could not start ``FAILED_PRECONDITION``. Messages never hold the launch's secrets.
 """
@@ -10,8 +11,6 @@ import asyncio
 import io
 import logging
 import os
-import posixpath
-import shutil
 import time
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, NoReturn
 
@@ -20,12 +19,12 @@ import grpc
 from baton.errors import SandboxBuildFailed
 from baton.v1 import sandbox_daemon_pb2 as pb
 from baton.v1 import sandbox_daemon_pb2_grpc as pb_grpc
-from sandbox_host.daemon import FOLLOWING, _exec, _procs
+from sandbox_host.daemon import FOLLOWING, _procs
 from sandbox_host.daemon._certs import CertRefused, ServedCert
-from sandbox_host.daemon._files import CHUNK, follow_file, size_at_least, write_whole
+from sandbox_host.daemon._files import CHUNK, follow_file, size_at_least
+from sandbox_host.daemon._ops import SandboxOps
 from sandbox_host.daemon._wire import Chunk, encode_chunk
-from sandbox_host.daemon.paths import PathRefused, confine, normalize_roots
-from sandbox_host.providers import _tree
+from sandbox_host.daemon.paths import PathRefused
 from sandbox_host.providers._inotify import FileWatcher
 from sandbox_host.providers._redact import redact
 
@@ -53,9 +52,9 @@ class SandboxDaemonService(pb_grpc.SandboxDaemonServicer):
 
     def __init__(self, roots: list[str], workdir: str | None = None, state_dir: str | None = None,
                  idle_check: float = 0.25) -> None:
-        self.roots = normalize_roots(roots)
-        self.workdir = os.path.normpath(workdir) if workdir else self.roots[0]
-        self.state_dir = state_dir or os.path.join(self.roots[0], ".baton")
+        #: The operations this service carries (paths confined, errors Python's own).
+        self.ops = SandboxOps(roots, workdir, state_dir)
+        self.roots, self.workdir, self.state_dir = self.ops.roots, self.ops.workdir, self.ops.state_dir
         self.idle_check = idle_check
         self.started_at = time.time()
         #: When the last call came in (monotonic seconds), and how many follows are open: a
@@ -71,12 +70,7 @@ class SandboxDaemonService(pb_grpc.SandboxDaemonServicer):
         return 0.0 if self.following else time.monotonic() - self.last_call
 
     def _path(self, path: str) -> str:
-        full = confine(path, self.roots, self.workdir)
-        # A link inside a root may point out of it: the resolved path is checked too.
-        real = os.path.realpath(full)
-        if real != full:
-            confine(real, tuple(os.path.realpath(r) for r in self.roots), self.workdir)
-        return full
+        return self.ops.path(path)
 
     async def ReadFile(self, request: pb.ReadFileRequest, context: Ctx) -> AsyncIterator[Chunk]:
         try:
@@ -113,66 +107,49 @@ class SandboxDaemonService(pb_grpc.SandboxDaemonServicer):
             await _refuse(context, exc)
         try:
             return pb.FileSizeResponse(exists=True, size=os.stat(path).st_size)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return pb.FileSizeResponse(exists=False)
 
     async def CopyIn(self, request: pb.CopyInRequest, context: Ctx) -> pb.CopyInResponse:
         try:
-            path = self._path(request.path)
+            await self.ops.copy_in(request.path, request.content, request.mode)
         except PathRefused as exc:
             await _refuse(context, exc)
-        await asyncio.to_thread(write_whole, path, request.content, request.mode or 0o644)
         return pb.CopyInResponse()
 
     async def Launch(self, request: pb.LaunchRequest, context: Ctx) -> pb.LaunchResponse:
         secrets: Mapping[str, str] = dict(request.secrets)
-        if not request.argv:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "argv must not be empty")
         try:
-            journal, stderr = self._path(request.journal_path), self._path(request.stderr_path)
-            workdir = self._path(request.workdir) if request.workdir else self.workdir
-            # Absolute, as for Exec: a handle's home is relative to the sandbox's root (the
-            # kubernetes provider's is "home"), and HOME=home would be taken from the agent's
-            # working directory by every program that reads it.
-            home = self._path(request.home) if request.home else ""
+            pgid, inbox = await self.ops.launch(
+                list(request.argv), nonce=request.nonce, journal_path=request.journal_path,
+                stderr_path=request.stderr_path, stdin=request.stdin if request.has_stdin else None,
+                env=dict(request.env), secrets=secrets, interactive=request.interactive, home=request.home,
+                workdir=request.workdir)
         except PathRefused as exc:
             await _refuse(context, exc)
-        spec = _procs.LaunchSpec(
-            argv=list(request.argv), nonce=request.nonce, journal_path=journal, stderr_path=stderr,
-            workdir=workdir, stdin=request.stdin if request.has_stdin else None, env=dict(request.env),
-            secrets=secrets, interactive=request.interactive, home=home)
-        try:
-            pgid, inbox = await _procs.launch(self.state_dir, spec)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except (_procs.LaunchFailed, OSError) as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, redact(f"launch failed: {exc}", secrets))
         return pb.LaunchResponse(pgid=pgid, inbox=inbox)
 
     async def SendInput(self, request: pb.SendInputRequest, context: Ctx) -> pb.SendInputResponse:
-        inbox = posixpath.normpath(request.inbox)
-        # Inboxes are the daemon's own files: only those in its state directory.
-        if (posixpath.dirname(inbox) != posixpath.normpath(self.state_dir)
-                or not posixpath.basename(inbox).startswith("inbox-")):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{request.inbox[:200]!r} is not an inbox")
-        line = request.line
-        if not line.endswith(b"\n") or b"\n" in line[:-1]:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "an input is one line ending with a newline")
         try:
-            await asyncio.to_thread(_procs.append_line, inbox, line)
+            await self.ops.send_input(request.inbox, request.line)
         except FileNotFoundError:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"{request.inbox[:200]}: no such inbox")
+        except PermissionError as exc:  # a link or a FIFO where the inbox was
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc)[:300])
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return pb.SendInputResponse()
 
-    def _pgid(self, pgid: int) -> int | None:
-        return pgid or _procs.recorded_pgid(self.state_dir)
-
     async def Kill(self, request: pb.KillRequest, context: Ctx) -> pb.KillResponse:
-        pgid = self._pgid(request.pgid)
-        done = await asyncio.to_thread(_procs.signal_group, pgid, request.signal)
-        return pb.KillResponse(signalled=done)
+        return pb.KillResponse(signalled=await self.ops.kill(request.pgid, request.signal))
 
     async def Status(self, request: pb.StatusRequest, context: Ctx) -> pb.StatusResponse:
-        pgid = self._pgid(request.pgid)
-        alive = await asyncio.to_thread(_procs.signal_group, pgid, 0)
+        pgid = self.ops.pgid(request.pgid)
+        alive = await self.ops.kill(pgid, 0)
         return pb.StatusResponse(processes_alive=alive, pgid=pgid or 0, started_at=self.started_at,
                                  daemon_pid=os.getpid(), cert_not_after=self.certs.not_after if self.certs else 0.0)
 
@@ -189,45 +166,28 @@ class SandboxDaemonService(pb_grpc.SandboxDaemonServicer):
 
     async def Exec(self, request: pb.ExecRequest, context: Ctx) -> pb.ExecResponse:
         secrets: Mapping[str, str] = dict(request.secrets)
-        if not request.argv:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "argv must not be empty")
-        if request.timeout_seconds < 0 or request.output_limit < 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "timeout_seconds and output_limit must not be negative")
         try:
-            workdir = self._path(request.workdir) if request.workdir else self.workdir
-            home = self._path(request.home) if request.home else ""
+            got = await self.ops.exec(list(request.argv), timeout=request.timeout_seconds, workdir=request.workdir,
+                                      env=dict(request.env), secrets=secrets, home=request.home,
+                                      output_limit=request.output_limit)
         except PathRefused as exc:
             await _refuse(context, exc)
-        limit = min(request.output_limit or _exec.DEFAULT_LIMIT, _exec.MAX_LIMIT)
-        env = _procs.agent_env(os.environ, _procs.LaunchSpec(
-            argv=(), nonce="", journal_path="", stderr_path="", workdir=workdir, env=dict(request.env),
-            secrets=secrets, home=home))
-        try:
-            # A secret cut by the tail's start would survive its redaction: a margin is kept.
-            margin = max((len(v) for v in secrets.values()), default=0)
-            got = await _exec.run(list(request.argv), cwd=workdir, env=env,
-                                  timeout=min(request.timeout_seconds or _exec.MAX_TIMEOUT, _exec.MAX_TIMEOUT),
-                                  limit=limit + margin)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except OSError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 redact(f"{request.argv[0][:200]!r} did not start: {exc}", secrets))
-        text = _exec.redacted_tail(got.output, secrets, cut=got.output_bytes > len(got.output), limit=limit)
-        return pb.ExecResponse(exit_code=got.exit_code, timed_out=got.timed_out, output=text,
+        return pb.ExecResponse(exit_code=got.exit_code, timed_out=got.timed_out, output=got.output,
                                output_bytes=got.output_bytes)
-
-    def _tree_dirs(self, workdir: str, home: str) -> tuple[str, str | None]:
-        return (self._path(workdir) if workdir else self.workdir), (self._path(home) if home else None)
 
     async def ExportTree(self, request: pb.ExportTreeRequest, context: Ctx) -> AsyncIterator[pb.TreeChunk]:
         try:
-            workdir, home = self._tree_dirs(request.workdir, request.home)
+            data = await self.ops.export_tree(request.workdir, request.home)
         except PathRefused as exc:
             await _refuse(context, exc)
-        inside = os.path.commonpath([workdir, self.state_dir]) == workdir
-        try:
-            data = await asyncio.to_thread(_tree.export_local, workdir, home, self.state_dir if inside else None)
         except FileNotFoundError:  # the agent removed its working directory, say
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"{(request.workdir or workdir)[:200]}: no such directory")
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"{(request.workdir or self.workdir)[:200]}: no such directory")
         except OSError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"the tree cannot be read: {exc}"[:500])
         for i in range(0, len(data), CHUNK):
@@ -243,34 +203,12 @@ class SandboxDaemonService(pb_grpc.SandboxDaemonServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "an empty import")
         assert first is not None
         try:
-            workdir, home = self._tree_dirs(first.workdir, first.home)
+            await self.ops.import_tree(buf.getvalue(), workdir=first.workdir, home=first.home, replace=first.replace)
         except PathRefused as exc:
             await _refuse(context, exc)
-        data = buf.getvalue()
-        try:
-            # Checked whole before anything is emptied or written.
-            await asyncio.to_thread(_tree.renamed_for_put, data, {"work": "w", **({"home": "h"} if home else {})})
-            if first.replace:
-                await asyncio.to_thread(_empty, workdir, home, self.state_dir)
-            await asyncio.to_thread(_tree.import_local, data, workdir, home)
         except SandboxBuildFailed as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.detail)
         return pb.ImportTreeResponse()
-
-
-def _empty(workdir: str, home: str | None, keep: str) -> None:
-    """Empty both directories, keeping ``keep`` (the daemon's state) where it lies in one."""
-    for top in (workdir, home):
-        if not top or not os.path.isdir(top):
-            continue
-        for name in os.listdir(top):
-            path = os.path.join(top, name)
-            if path == keep:
-                continue
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path)
-            else:
-                os.unlink(path)
 
 
 class Activity(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]  # generic only in grpc-stubs, not at runtime

@@ -6,16 +6,26 @@ prompt). The journal and its stderr file live in ``<journal_dir>`` named after t
 (:func:`sandbox_host.journal.journal_path`). The agent runs under the launch wrapper in its
 own session (``setsid``) whose parent exits at once, so the agent is nobody's child: it
 survives the host process (even SIGKILL) and any host on the machine can follow, signal or
-destroy it from the handle (``data = {"dir", "pgid", "daemon"}``).
+destroy it from the handle (``data = {"dir", "pgid"}``, and ``"daemon"`` when reached through it).
 
-Every copy, launch, input, signal, setup command and tree export or import goes through the
-sandbox's daemon (:mod:`sandbox_host.daemon`, started on demand and detached like the agent:
-:mod:`._local_daemon`), as for every provider. The journal and its stderr file are read
-where they are, on this machine (``BATON_LOCAL_JOURNAL_READS=direct``, the default): through
-the daemon each written line was an inotify wake-up, a read and a gRPC message in the daemon
-and a gRPC message in the host, which at 200 runs on 2 cores cost a third of the CPU the runs
-took (``bench/results/README.md``, "Local journals read on the machine"); ``daemon`` reads them
-through the daemon as the other providers do. Every other file is read through the daemon.
+``BATON_LOCAL_SANDBOX_IO`` says how a host reaches a local sandbox's files and processes:
+
+- ``direct`` (the default): the host makes every call itself, on the machine, with the
+  daemon's own operations over the same roots (:mod:`._on_machine`), but for setup commands
+  (below); no daemon runs for a sandbox without any. Only a
+  host on the sandbox's machine can reach a local sandbox's daemon (it listens on loopback and
+  is found in the sandbox's directory), and that host sees the very files and processes the
+  daemon would touch, as the same user. Through the daemon, each journal line was an inotify
+  wake-up, a read and a gRPC message on both sides, each start waited for a daemon process to
+  start, and every sandbox kept a process (``bench/results/README.md``, "Local journals read on
+  the machine" and "A local sandbox without its daemon"). The journal and stderr file are
+  never read through a symbolic link here. A setup command runs through the daemon both
+  ways: it is a child of whoever runs it, and its ``/proc/$PPID/environ`` must not be the
+  host's (the agent is nobody's child either way).
+- ``daemon``: every copy, launch, input, signal, setup command, tree and read goes through the
+  sandbox's daemon (:mod:`sandbox_host.daemon`, started on demand and detached like the agent:
+  :mod:`._local_daemon`), as for the docker and kubernetes providers, whose sandboxes a host
+  reaches only so; the sandbox CA's certificates (``BATON_SANDBOX_CA_*``) are served then.
 This module creates and destroys sandboxes on this machine: their directories, the workspace
 built in place (a clone or a copy), thread directories, their snapshot markers (the machine's
 note beside a thread's ``work/`` and ``home/``, not in the sandbox) and the sweep of idle ones.
@@ -40,6 +50,7 @@ from sandbox_host.providers._base import Chunk, Provider, SandboxHandle, Sandbox
 from sandbox_host.providers._daemon_client import DaemonClient
 from sandbox_host.providers._inotify import FileWatcher
 from sandbox_host.providers._local_daemon import START_TIMEOUT, LocalDaemons
+from sandbox_host.providers._on_machine import OnMachine
 from sandbox_host.providers import _sandbox_tls
 from sandbox_host.providers import _workspace as _ws
 from sandbox_host.providers._redact import redact
@@ -51,8 +62,8 @@ from sandbox_host.providers._redact import redact
 _INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "LOGNAME", "SHELL", "TZ")
 _PROXY_ENV = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "grpc_proxy")
 _PGID_FILE = _procs.PGID_FILE
-#: ``BATON_LOCAL_JOURNAL_READS``: where a host reads a local sandbox's journal and stderr.
-JOURNAL_READS = ("direct", "daemon")
+#: ``BATON_LOCAL_SANDBOX_IO``: how a host reaches a local sandbox (see the module docstring).
+SANDBOX_IO = ("direct", "daemon")
 
 
 def group_alive(pgid: int) -> bool:
@@ -65,18 +76,18 @@ def _signal_group(pgid: int | None, signal: int) -> bool:
     return _procs.signal_group(pgid, signal)
 
 
-def journal_reads_setting(value: str | None = None) -> str:
-    """``value``, else ``BATON_LOCAL_JOURNAL_READS``, checked: ``"direct"`` or ``"daemon"``.
+def sandbox_io_setting(value: str | None = None) -> str:
+    """``value``, else ``BATON_LOCAL_SANDBOX_IO``, checked: ``"direct"`` or ``"daemon"``.
 
     Raises:
         ValueError: anything else (named, cut to 40 characters).
     """
     from baton import config
 
-    reads = config.get("BATON_LOCAL_JOURNAL_READS") if value is None else value
-    if reads not in JOURNAL_READS:
-        raise ValueError(f"BATON_LOCAL_JOURNAL_READS must be one of {', '.join(JOURNAL_READS)}, not {reads[:40]!r}")
-    return reads
+    way = config.get("BATON_LOCAL_SANDBOX_IO") if value is None else value
+    if way not in SANDBOX_IO:
+        raise ValueError(f"BATON_LOCAL_SANDBOX_IO must be one of {', '.join(SANDBOX_IO)}, not {way[:40]!r}")
+    return way
 
 
 class LocalProvider(Provider):
@@ -87,11 +98,11 @@ class LocalProvider(Provider):
         journal_dir: where journals live (default ``BATON_JOURNAL_DIR``).
         idle_check: seconds a follow waits for an inotify wake-up before it re-checks the
             file anyway (also the poll interval where inotify is unavailable).
-        journal_reads: ``"direct"`` (the journal and stderr read on this machine) or
-            ``"daemon"`` (through the sandbox's daemon); default ``BATON_LOCAL_JOURNAL_READS``.
+        sandbox_io: ``"direct"`` (every call made here, on the machine) or ``"daemon"``
+            (through the sandbox's daemon); default ``BATON_LOCAL_SANDBOX_IO``.
 
     Raises:
-        ValueError: ``journal_reads`` is neither.
+        ValueError: ``sandbox_io`` is neither.
     """
 
     name = "local"
@@ -104,19 +115,20 @@ class LocalProvider(Provider):
         journal_dir: str | None = None,
         *,
         idle_check: float = 0.25,
-        journal_reads: str | None = None,
+        sandbox_io: str | None = None,
     ) -> None:
         from baton import config
 
-        self.journal_reads = journal_reads_setting(journal_reads)
+        self.sandbox_io = sandbox_io_setting(sandbox_io)
         # One inotify instance for the journals this provider follows on the machine.
         self._watcher = FileWatcher()
 
         self.base_dir = base_dir or config.get("BATON_SANDBOX_DIR")
         self.journal_dir = journal_dir or config.get("BATON_JOURNAL_DIR")
         self.idle_check = idle_check
-        # Every other file, and every process, of a sandbox is reached through its daemon.
+        # With sandbox_io "daemon", a sandbox's files and processes are reached through its daemon.
         self._daemons = LocalDaemons(self._env(None, None), idle_check=idle_check)
+        self._base_env = self._env(None, None)
 
     # --- building -------------------------------------------------------------------------
 
@@ -163,16 +175,20 @@ class LocalProvider(Provider):
                 os.makedirs(os.path.join(home, ".codex"), exist_ok=True)
             if fresh:
                 if spec.setup:
-                    # The daemon the setup runs through starts outside the build's budget
-                    # (as a container's does): the budget is the build's own.
+                    # Setup commands run through the sandbox's daemon both ways: a command's
+                    # parent is whoever runs it, and /proc/$PPID/environ would be the host's
+                    # (its credentials) where the daemon's holds none of them. The daemon
+                    # starts outside the build's budget (as a container's does): the budget
+                    # is the build's own.
                     try:
-                        await self._client(handle).wait_serving(START_TIMEOUT)
+                        await self._daemons.client(handle).wait_serving(START_TIMEOUT)
                     except OSError as exc:
                         raise SandboxBuildFailed("daemon", str(exc)) from None
                 async with _ws.build_budget(spec.build_timeout, steps):
                     await self._workspace(spec, workdir)
-                    if spec.setup:  # through the sandbox's daemon, as for every provider
-                        await _ws.run_setup(self._client(handle), spec, steps, workdir=workdir, home=home or "")
+                    if spec.setup:
+                        await _ws.run_setup(self._daemons.client(handle), spec, steps, workdir=workdir,
+                                            home=home or "")
         except BaseException:
             await asyncio.shield(self._undo_create(handle, workdir if fresh and spec.thread_dir is not None else None))
             raise
@@ -225,12 +241,12 @@ class LocalProvider(Provider):
 
     async def export_tree(self, handle: SandboxHandle) -> bytes:
         """Tar of ``work/`` (the working directory) and ``home/`` (see :mod:`._tree`), made by
-        the sandbox's daemon (``ExportTree``)."""
+        the daemon's operations (``ExportTree``), here or through the sandbox's daemon."""
         return await self._client(handle).export_tree(handle.workdir, str(handle.data.get("home") or ""))
 
     async def import_tree(self, handle: SandboxHandle, tar: bytes, *, replace: bool = False) -> None:
-        """Extract an exported tar into the working directory and home through the sandbox's
-        daemon (``ImportTree``, see :mod:`._tree`); with ``replace`` both are emptied first,
+        """Extract an exported tar into the working directory and home with the daemon's
+        operations (``ImportTree``, see :mod:`._tree`), here or through the sandbox's daemon; with ``replace`` both are emptied first,
         and the thread directory's snapshot marker (this machine's note beside them, not in
         the sandbox) is dropped before.
 
@@ -263,14 +279,17 @@ class LocalProvider(Provider):
         if path is not None:
             await asyncio.to_thread(pathlib.Path(path).write_text, digest + "\n", encoding="ascii")
 
-    # --- I/O through the sandbox's daemon ---------------------------------------------------
+    # --- I/O: here, or through the sandbox's daemon --------------------------------------------
 
-    def _client(self, handle: SandboxHandle) -> DaemonClient:
+    def _client(self, handle: SandboxHandle) -> DaemonClient | OnMachine:
+        """What the sandbox's calls go through: here (``direct``) or its daemon."""
+        if self.sandbox_io == "direct":
+            return OnMachine(handle, self._base_env, self._watcher, self.idle_check)
         return self._daemons.client(handle)
 
     async def copy_in(self, handle: SandboxHandle, path: str, content: bytes, mode: int = 0o644) -> None:
         """Write ``content`` to ``path`` (relative to the workspace, or absolute inside the
-        sandbox) through the daemon."""
+        sandbox) whole, here or through the daemon."""
         await self._client(handle).copy_in(path, content, mode)
 
     async def launch(
@@ -284,15 +303,17 @@ class LocalProvider(Provider):
         secrets: Mapping[str, str] | None = None,
         interactive: bool = False,
     ) -> Mapping[str, Any]:
-        """Start ``argv`` under the wrapper in a new session, through the sandbox's daemon;
-        returns ``{"pgid", "daemon"}`` (and ``"inbox"``: its path, when ``interactive``).
+        """Start ``argv`` under the wrapper in a new session, here or through the sandbox's
+        daemon; returns ``{"pgid"}`` (and ``"daemon"``, the daemon's address, through it;
+        ``"inbox"``: its path, when ``interactive``).
 
         The journal is created (empty) before the agent starts, so an attach preflight
         sees it at once. Returns once the process group exists; does not wait for the
         agent.
 
         Raises:
-            SandboxBuildFailed: ``launch`` (the daemon refused, or did not start; redacted).
+            SandboxBuildFailed: ``launch`` (the launch failed, or the daemon refused or did not
+                start; redacted).
         """
         client = self._client(handle)
         try:
@@ -302,30 +323,31 @@ class LocalProvider(Provider):
                 home=str(handle.data.get("home") or ""), workdir=handle.workdir)
         except OSError as exc:
             raise SandboxBuildFailed("launch", redact(str(exc), secrets)) from None
-        out: dict[str, Any] = {"pgid": pgid, "daemon": await self._daemons.resolve(handle)}
+        out: dict[str, Any] = {"pgid": pgid}
+        if self.sandbox_io == "daemon":
+            out["daemon"] = await self._daemons.resolve(handle)
         if inbox:
             out["inbox"] = inbox
         return out
 
     async def send_input(self, handle: SandboxHandle, input_id: str, payload: bytes) -> None:
-        """Append the input's line to the inbox (one ``O_APPEND`` write, by the daemon).
+        """Append the input's line to the inbox (one ``O_APPEND`` write, here or by the daemon).
         Raises ``ValueError`` (see :func:`sandbox_host.providers._base.check_input`), ``OSError``."""
         line = check_input(handle, input_id, payload)
         await self._client(handle).send_input(handle.inbox_path, line)
 
     def _on_machine(self, handle: SandboxHandle, path: str) -> bool:
         """Whether ``path`` is read here rather than through the daemon: the sandbox's own
-        journal or stderr file, with ``journal_reads`` ``"direct"``. (A host finds a local
-        sandbox's daemon in the sandbox's directory, ``.baton/daemon.addr``, listening on
-        loopback: only a host on the sandbox's machine reaches it, where the handle's paths
-        name the very files the daemon would read.)"""
-        return self.journal_reads == "direct" and path in (handle.journal_path, handle.stderr_path)
+        journal or stderr file, with ``sandbox_io`` ``"direct"`` (never through a link, unlike
+        other files, which are confined to the sandbox's roots as the daemon confines them)."""
+        return self.sandbox_io == "direct" and path in (handle.journal_path, handle.stderr_path)
 
     async def follow(self, handle: SandboxHandle, path: str, offset: int) -> AsyncIterator[Chunk]:
         """Yield the file's bytes from ``offset`` as they are written, each chunk with the
         file's size just after its read: the journal and stderr on this machine (this
-        provider's inotify wake-ups), any other file through the daemon (its wake-ups; a
-        restarted daemon is followed on from the offset reached).
+        provider's inotify wake-ups), any other file confined to the sandbox's roots, here or
+        through the daemon (its wake-ups; a restarted daemon is followed on from the offset
+        reached).
 
         Raises:
             FileNotFoundError: the file does not exist, or was deleted (after everything
@@ -349,7 +371,8 @@ class LocalProvider(Provider):
 
     async def read_file(self, handle: SandboxHandle, path: str, offset: int = 0, limit: int | None = None) -> bytes:
         """Bytes of the file from ``offset`` (at most ``limit``): the journal and stderr read
-        here (in a worker thread past 64 KiB), any other file through the daemon.
+        here (in a worker thread past 64 KiB), any other file confined to the sandbox's roots,
+        here or through the daemon.
 
         Raises:
             FileNotFoundError: the file does not exist.
@@ -400,23 +423,24 @@ class LocalProvider(Provider):
             return None
 
     async def kill(self, handle: SandboxHandle, signal: int) -> bool:
-        """Signal the agent's process group through the daemon (the group the launch
+        """Signal the agent's process group, here or through the daemon (the group the launch
         recorded when the handle does not know it)."""
         if not os.path.isdir(handle.data["dir"]):  # noqa: ASYNC240 -- one stat
             return False
         return await self._client(handle).kill(self._pgid(handle), signal)
 
     def cert_check_every(self) -> float | None:
-        """See :meth:`Provider.cert_check_every` (with a sandbox CA: a sixth of its TTL)."""
-        ca = self._daemons.sandbox_ca
+        """See :meth:`Provider.cert_check_every` (with a sandbox CA and through daemons: a
+        sixth of its TTL; ``direct`` serves no daemon, so no certificate)."""
+        ca = self._daemons.sandbox_ca if self.sandbox_io == "daemon" else None
         return _sandbox_tls.check_every(ca.ttl) if ca is not None else None
 
     async def renew_tls(self, handle: SandboxHandle) -> float | None:
         """See :meth:`Provider.renew_tls` (a certificate minted by the sandbox CA, through the daemon)."""
-        ca = self._daemons.sandbox_ca
+        ca = self._daemons.sandbox_ca if self.sandbox_io == "daemon" else None
         if ca is None:
             return None
-        return await _sandbox_tls.renew_if_due(self._client(handle), ca, handle.key)
+        return await _sandbox_tls.renew_if_due(self._daemons.client(handle), ca, handle.key)
 
     async def processes_alive(self, handle: SandboxHandle) -> bool:
         """Whether any of the agent's processes runs, looked up on this machine (as

@@ -2,7 +2,7 @@
 (``FaultCluster.check``: every reader's chunks, a fresh read, the stored log, the transcript).
 
 - Every sandbox's daemon SIGKILLed mid-run, twice, with the journals read through the daemons
-  (``BATON_LOCAL_JOURNAL_READS=daemon``, as a docker or kubernetes sandbox's): the next call
+  (``BATON_LOCAL_SANDBOX_IO=daemon``, as a docker or kubernetes sandbox's): the next call
   starts a new one (its agent lives on) and the journal is read on from the offset the host
   held.
 - A host SIGKILLed mid-run and its runs taken over by a host with another journal and
@@ -39,7 +39,7 @@ def _daemon_pids(c: FaultCluster) -> dict[str, int]:
 
 @pytest.mark.timeout(240)
 async def test_daemons_killed_mid_run_lose_and_repeat_nothing(fault_cluster: ClusterFactory) -> None:
-    c = await fault_cluster(hosts=2, host_env={"BATON_LOCAL_JOURNAL_READS": "daemon"})
+    c = await fault_cluster(hosts=2, host_env={"BATON_LOCAL_SANDBOX_IO": "daemon"})
     runs = await c.start_runs(3, seconds=8, detached=1)
     for round_ in (1, 2):
         await c.wait_progress(runs, 25 * round_)
@@ -57,14 +57,14 @@ async def test_daemons_killed_mid_run_lose_and_repeat_nothing(fault_cluster: Clu
 @pytest.mark.timeout(300)
 async def test_successor_with_other_dirs_reads_journals_through_daemons(fault_cluster: ClusterFactory,
                                                                        tmp_path: pathlib.Path) -> None:
-    c = await fault_cluster(hosts=1, host_env={"BATON_LOCAL_JOURNAL_READS": "daemon"})
+    c = await fault_cluster(hosts=1, host_env={"BATON_LOCAL_SANDBOX_IO": "daemon"})
     # Long enough to be running still once the successor has started.
     runs = await c.start_runs(2, seconds=40, detached=1)
     await c.wait_progress(runs, 20)
     # The successor sees none of the first host's directories by its settings.
     other = tmp_path / "successor"
     b = await c.add_host(BATON_JOURNAL_DIR=str(other / "journals"), BATON_SANDBOX_DIR=str(other / "sandboxes"),
-                         BATON_LOCAL_JOURNAL_READS="daemon")
+                         BATON_LOCAL_SANDBOX_IO="daemon")
     async with c.fault("the only driving host SIGKILLed; its successor has other directories"):
         await c.hosts[0].kill()
 

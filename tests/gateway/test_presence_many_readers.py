@@ -111,3 +111,27 @@ async def test_a_removal_the_coordinator_did_not_answer_is_tried_again(
         assert not await _detached(cc, run)
     assert len(tries) == 3
     assert await _detached(cc, run)
+
+
+async def test_a_registration_the_coordinator_did_not_answer_in_time_is_logged_with_its_bound(
+        gateway: Gateway, cc: Any, dlog: Any, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A timeout's own text is empty: the warning says what ran out instead of ending in
+    ``not registered: ``."""
+    state = gateway.state
+    run = await _running_run(cc, dlog)
+    release = asyncio.Event()
+    real_register = state.coordinator.register_readers
+
+    async def register_readers(run_id: str, session: Any, reader_ids: list[str], **kw: Any) -> None:
+        await release.wait()  # past the presence call's bound
+        await real_register(run_id, session, reader_ids, **kw)
+
+    monkeypatch.setattr(state.coordinator, "register_readers", register_readers)
+    presence = Presence(state, run)
+    with caplog.at_level("WARNING", logger="gateway.reader"):
+        await asyncio.wait_for(presence.ensure(), 30)
+    release.set()
+    await asyncio.wait_for(presence.remove(), 30)
+    lines = [r.getMessage() for r in caplog.records if "not registered" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].endswith("not registered: no answer within 3 s"), lines

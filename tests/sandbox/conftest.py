@@ -19,10 +19,13 @@ CODEX_FILES = sorted((CORPUS / "codex-exec-json").glob("*.jsonl"))
 AGUI_FILES = sorted((CORPUS / "ag-ui").glob("*.jsonl"))
 
 
-@pytest.fixture
-def local_provider(tmp_path: pathlib.Path) -> LocalProvider:
-    """A local provider whose sandboxes and journals live under this test's tmp dir."""
-    return LocalProvider(str(tmp_path / "sandboxes"), str(tmp_path / "journals"), idle_check=0.05)
+@pytest.fixture(params=["direct", "daemon"])
+def local_provider(tmp_path: pathlib.Path, request: pytest.FixtureRequest) -> LocalProvider:
+    """A local provider whose sandboxes and journals live under this test's tmp dir, each
+    test run both ways a host reaches a local sandbox (``BATON_LOCAL_SANDBOX_IO``): on the
+    machine, and through the sandbox's daemon as docker and kubernetes sandboxes are."""
+    return LocalProvider(str(tmp_path / "sandboxes"), str(tmp_path / "journals"), idle_check=0.05,
+                         sandbox_io=request.param)
 
 
 @pytest.fixture

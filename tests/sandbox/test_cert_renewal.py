@@ -30,7 +30,7 @@ async def test_a_follow_outlives_the_certificate_it_was_opened_with(tmp_path: pa
     monkeypatch.setenv(_sandbox_tls.CA_CERT, ca.cert)
     monkeypatch.setenv(_sandbox_tls.CA_KEY, ca.key)
     monkeypatch.setenv(_sandbox_tls.CERT_TTL, str(TTL))
-    host = LocalProvider(str(tmp_path / "sandboxes"), str(tmp_path / "journals"), idle_check=0.05, journal_reads="daemon")
+    host = LocalProvider(str(tmp_path / "sandboxes"), str(tmp_path / "journals"), idle_check=0.05, sandbox_io="daemon")
     h = await host.create("renew-run", SandboxSpec())
     got = bytearray()
     follow_task: asyncio.Task[None] | None = None
@@ -68,7 +68,7 @@ async def test_a_follow_outlives_the_certificate_it_was_opened_with(tmp_path: pa
         assert client._channel is channel and not client._old, "the follow reconnected"
 
         # Another host dials anew: the handshake verifies the renewed certificate.
-        other = LocalProvider(str(tmp_path / "sandboxes"), str(tmp_path / "journals"), idle_check=0.05, journal_reads="daemon")
+        other = LocalProvider(str(tmp_path / "sandboxes"), str(tmp_path / "journals"), idle_check=0.05, sandbox_io="daemon")
         try:
             status = await other._client(h).status()
             assert (status.daemon_pid, status.cert_not_after) == (daemon_pid, new_expiry)  # no restart

@@ -67,7 +67,7 @@ def _daemon_pid(h: SandboxHandle) -> int:
 @pytest.fixture
 async def host(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[LocalProvider]:
     monkeypatch.setenv("BATON_INTERNAL_TOKEN", "cluster-token-for-the-fork-server-test")
-    p = LocalProvider(str(tmp_path / "sandboxes"), str(tmp_path / "journals"), idle_check=0.05, journal_reads="daemon")
+    p = LocalProvider(str(tmp_path / "sandboxes"), str(tmp_path / "journals"), idle_check=0.05, sandbox_io="daemon")
     try:
         yield p
     finally:

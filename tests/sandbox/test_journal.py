@@ -38,9 +38,9 @@ from tests.sandbox.conftest import follow_all, with_data
 @pytest.fixture(params=["direct", "daemon"])
 def local_provider(tmp_path: pathlib.Path, request: pytest.FixtureRequest) -> LocalProvider:
     """Both ways a host reads a local sandbox's journal: on the machine, and through the
-    sandbox's daemon (``BATON_LOCAL_JOURNAL_READS``)."""
+    sandbox's daemon (``BATON_LOCAL_SANDBOX_IO``)."""
     return LocalProvider(str(tmp_path / "sandboxes"), str(tmp_path / "journals"), idle_check=0.05,
-                         journal_reads=request.param)
+                         sandbox_io=request.param)
 
 
 def test_journal_names_are_injective_and_shell_safe() -> None:

@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.servers, pytest.mark.timeout(120)]
 async def quiet_sandbox(tmp_path: pathlib.Path) -> AsyncIterator[tuple[LocalProvider, SandboxHandle, pathlib.Path]]:
     """A local sandbox whose daemon (the one ``create`` started) is stopped and its address
     gone → (provider, handle, its ``.baton`` directory); destroyed afterwards."""
-    host = LocalProvider(str(tmp_path / "sandboxes"), str(tmp_path / "journals"), idle_check=0.05, journal_reads="daemon")
+    host = LocalProvider(str(tmp_path / "sandboxes"), str(tmp_path / "journals"), idle_check=0.05, sandbox_io="daemon")
     h = await host.create("quiet-run", SandboxSpec())
     meta = pathlib.Path(meta_dir(h))
     try:
@@ -165,7 +165,7 @@ def test_a_daemon_start_tells_its_pid_and_returns_at_once_under_uvloop(tmp_path:
     from sandbox_host.daemon import _procs
 
     async def main() -> tuple[int | None, bool, int]:
-        host = LocalProvider(str(tmp_path / "sandboxes"), str(tmp_path / "journals"), idle_check=0.05, journal_reads="daemon")
+        host = LocalProvider(str(tmp_path / "sandboxes"), str(tmp_path / "journals"), idle_check=0.05, sandbox_io="daemon")
         host._daemons.forkserver = False  # the start as a command (the fallback) is what is tested
         h = await host.create("uvloop-run", SandboxSpec())
         meta = meta_dir(h)

@@ -32,7 +32,7 @@ async def test_a_local_daemon_serves_its_own_certificate(tmp_path: pathlib.Path,
         monkeypatch.setenv("BATON_TLS_CERT", leaf.cert)
         monkeypatch.setenv("BATON_TLS_KEY", leaf.key)
         monkeypatch.setenv("BATON_TLS_CA", ours.cert)
-    host = LocalProvider(str(tmp_path / "sandboxes"), str(tmp_path / "journals"), idle_check=0.05, journal_reads="daemon")
+    host = LocalProvider(str(tmp_path / "sandboxes"), str(tmp_path / "journals"), idle_check=0.05, sandbox_io="daemon")
     h = await host.create("tls-run", SandboxSpec())
     try:
         launched = await host.launch(h, ["sh", "-c", "echo over-tls"], nonce=new_nonce())
@@ -46,7 +46,7 @@ async def test_a_local_daemon_serves_its_own_certificate(tmp_path: pathlib.Path,
         await assert_eventually(ended, timeout=30)
         # A host with another sandbox CA is refused in the handshake, with a clear error.
         other_ca = _sandbox_tls.from_env({_sandbox_tls.CA_CERT: theirs.cert, _sandbox_tls.CA_KEY: theirs.key})
-        other = LocalProvider(str(tmp_path / "sandboxes"), str(tmp_path / "journals"), idle_check=0.05, journal_reads="daemon")
+        other = LocalProvider(str(tmp_path / "sandboxes"), str(tmp_path / "journals"), idle_check=0.05, sandbox_io="daemon")
         other._daemons._ca = other_ca
         try:
             with pytest.raises(OSError) as err:

@@ -148,7 +148,8 @@ async def test_kill_group_and_destroy(local_provider: LocalProvider, sandboxes: 
 async def test_liveness_is_looked_up_on_this_machine_without_the_daemon(
         local_provider: LocalProvider, sandboxes: list) -> None:
     """``processes_alive`` reads the agent's group here: a member that outlived the group's
-    leader counts, and the sandbox's daemon is neither asked nor started again (it is down)."""
+    leader counts, and the sandbox's daemon is neither asked nor started again (it is down;
+    on the machine, none ever ran)."""
     from sandbox_host.daemon import _procs
     from sandbox_host.providers._local_daemon import _running_and_addr, meta_dir
 
@@ -157,7 +158,7 @@ async def test_liveness_is_looked_up_on_this_machine_without_the_daemon(
     h = with_data(h, dict(await local_provider.launch(h, ["sh", "-c", "sleep 60 & sleep 60"], nonce=new_nonce())))
     sandboxes[-1] = h
     pgid = int(h.data["pgid"])
-    assert await local_provider._daemons.stop(h)
+    assert await local_provider._daemons.stop(h) == (local_provider.sandbox_io == "daemon")
 
     def daemon_running() -> bool:
         return bool(_running_and_addr(meta_dir(h))[0])
