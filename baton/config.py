@@ -68,7 +68,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("BATON_JOURNAL_POLL", "0.25", "journal poll interval in seconds (providers that cannot follow)"),
     Setting("BATON_JOURNAL_DIR", "/tmp/baton-runs", "where local sandboxes keep journals"),
     Setting("BATON_SANDBOX_DIR", "/tmp/baton-sandboxes", "where local sandboxes are created"),
-    Setting("BATON_LOCAL_SANDBOX_IO", "direct", "local sandboxes: direct = a host makes a sandbox's calls itself on the machine (the agent's launch, its files, inputs, signals, trees, journal reads) with the daemon's own operations over the same paths, and starts a daemon only for setup commands (whose parent must not be the host); daemon = every call through the sandbox's own daemon process, as for docker and kubernetes sandboxes (needed for the sandbox CA's certificates)"),
+    Setting("BATON_LOCAL_SANDBOX_IO", "direct", "local sandboxes: direct = a host makes a sandbox's calls itself on the machine (the agent's launch, its files, inputs, signals, trees, journal reads) with the daemon's own operations over the same paths, and starts a daemon only for setup commands (whose parent must not be the host); daemon = every call through the sandbox's own daemon process, as for docker and kubernetes sandboxes (its link then gets the sandbox CA's certificates, when one is set)"),
     Setting("BATON_PROVIDER", "local", "default sandbox provider: local | docker | kubernetes"),
     Setting("BATON_DOCKER_IMAGE", "baton-sandbox:latest", "image for docker sandboxes"),
     Setting("BATON_DOCKER_NETWORK", "", "network of docker sandboxes, which the hosts must reach (their daemons, port "

@@ -1,4 +1,6 @@
-"""The sandbox daemon: runs inside every sandbox and is how hosts reach it (docs/design.md §5.1).
+"""The sandbox daemon: runs inside every docker and kubernetes sandbox and is how hosts reach
+it; a local sandbox runs one for its setup commands, or for every call with
+``BATON_LOCAL_SANDBOX_IO=daemon`` (docs/design.md §5.1).
 
 ``python -m sandbox_host.daemon --listen HOST:PORT --root DIR`` serves
 ``baton.v1.SandboxDaemon`` (protos/baton/v1/sandbox_daemon.proto) and gRPC health. Hosts use

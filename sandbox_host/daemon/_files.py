@@ -30,9 +30,9 @@ INLINE = 64 << 10
 WATCHED_RECHECK = 2.0
 
 
-def open_regular(path: str, *, no_link: bool = False, append: bool = False) -> int:
+def open_regular(path: str, *, no_link: bool = False, append: bool = False, create: bool = False) -> int:
     """A read-only descriptor of the regular file at ``path`` (``append``: write-only,
-    appending), opened without ever waiting: ``O_NONBLOCK``, so a FIFO put there does not
+    appending; ``create``: made empty when missing), opened without ever waiting: ``O_NONBLOCK``, so a FIFO put there does not
     hold the ``open`` until a writer (or reader) comes (nor a file under another process's
     lease until it breaks), and no effect on a regular file's reads and writes. With
     ``no_link``, the file at ``path`` itself, never what a symbolic link there points to
@@ -45,9 +45,9 @@ def open_regular(path: str, *, no_link: bool = False, append: bool = False) -> i
             FIFO, a socket, a device), under a lease, or unreadable.
     """
     access, done = (os.O_WRONLY | os.O_APPEND, "written") if append else (os.O_RDONLY, "read")
-    flags = access | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_NOFOLLOW if no_link else 0)
+    flags = access | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_NOFOLLOW if no_link else 0) | (os.O_CREAT if create else 0)
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, flags, 0o666)
     except OSError as exc:
         if exc.errno == errno.ELOOP and no_link:
             raise PermissionError(f"{path} is a symbolic link: not {done}") from None

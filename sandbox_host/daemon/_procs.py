@@ -17,18 +17,19 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from sandbox_host._wrapper import wrapper_argv, wrapper_script
-from sandbox_host.daemon._files import open_regular
+from sandbox_host.daemon._files import open_regular, write_whole
 
 # `setsid` (not forking, as it is not a group leader in a non-interactive sh) makes the child
 # a session and group leader with pid == pgid; that child records its pid (first argument)
 # and only then becomes the wrapper, while the launching sh prints the pid and exits. Written
 # by the group leader itself, after `setsid`, the record never names a process not yet
 # leading its group. When the state directory was removed meanwhile, the record cannot be
-# written and no agent starts (`&&`). The launching sh writes the pid to a file of its own
-# (second argument) rather than to a pipe: under uvloop the pipe's other end reached the
-# agent, and reading the pipe to its end waited for the agent's exit.
-_LAUNCHER = ('f=$1; o=$2; shift 2; setsid sh -c \'echo $$ >"$0" && exec "$@"\' "$f" "$@" '
-             '</dev/null >/dev/null 2>&1 & echo $! >"$o"')
+# written and no agent starts (`&&`). The pid comes back through a pipe that only the
+# launching sh holds: it is spawned with every other descriptor closed, and its child's
+# output goes to /dev/null (under uvloop's spawn, which closes nothing, the pipe's end
+# reached the agent, and reading the pipe to its end waited for the agent's exit).
+_LAUNCHER = ('f=$1; shift; setsid sh -c \'echo $$ >"$0" && exec "$@"\' "$f" "$@" '
+             '</dev/null >/dev/null 2>&1 & echo $!')
 PGID_FILE = "pgid"
 #: The daemon's own settings, never handed to the agent.
 _PRIVATE_PREFIXES = ("BATON_INTERNAL_TOKEN", "BATON_TLS_", "BATON_SANDBOX_DAEMON_")
@@ -102,14 +103,14 @@ async def launch(state_dir: str, spec: LaunchSpec, *, base_env: Mapping[str, str
     wrapper = os.path.join(state_dir, "wrapper.sh")
     tag = _secrets.token_hex(8)
     nonce_file = os.path.join(state_dir, f"nonce-{tag}")
-    launched = os.path.join(state_dir, f"launched-{tag}")
     stdin_file = os.path.join(state_dir, f"stdin-{tag}") if spec.stdin is not None else None
     inbox = os.path.join(state_dir, f"inbox-{tag}") if spec.interactive else ""
 
     def prepare() -> None:
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
-        with open(wrapper, "w") as f:
-            f.write(wrapper_script())
+        # Whole, under a new name, then renamed: never through a link or into a FIFO an
+        # agent of an earlier launch put there (an open would wait for a reader for good).
+        write_whole(wrapper, wrapper_script().encode(), 0o644)
         fd = os.open(nonce_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(spec.nonce)
@@ -120,34 +121,29 @@ async def launch(state_dir: str, spec: LaunchSpec, *, base_env: Mapping[str, str
         if inbox:
             fd = os.open(inbox, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             os.close(fd)  # empty: the relay follows it from its first line
-        for p in (spec.journal_path, spec.stderr_path):
+        for p in (spec.journal_path, spec.stderr_path):  # the same: a regular file, or refused
             os.makedirs(os.path.dirname(p) or ".", exist_ok=True)
-            open(p, "ab").close()
+            os.close(open_regular(p, no_link=True, append=True, create=True))
 
     await asyncio.to_thread(prepare)
     cmd = wrapper_argv(wrapper, spec.journal_path, spec.stderr_path, nonce_file, stdin_file, spec.argv, inbox)
-    argv = ["sh", "-c", _LAUNCHER, "baton-launch", os.path.join(state_dir, PGID_FILE), launched, *cmd]
+    argv = ["sh", "-c", _LAUNCHER, "baton-launch", os.path.join(state_dir, PGID_FILE), *cmd]
     env = agent_env(os.environ if base_env is None else base_env, spec)
 
-    def start() -> int:
+    def start() -> tuple[int, bytes]:
         # subprocess, not the event loop's: uvloop (the host's loop) closes no descriptor
         # in the child (its close_fds is not implemented) and checks no argument for NUL,
         # so descriptors of the host reached the agent, and a NUL cut an argument short.
         with subprocess.Popen(argv, cwd=spec.workdir, env=env, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True) as p:
-            return p.wait()  # the launching sh exits at once (its child is detached)
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True) as p:
+            out, _ = p.communicate()  # the launching sh exits at once (its child is detached)
+            return p.returncode, out
 
-    returncode = await asyncio.to_thread(start)
-    try:
-        with open(launched, "rb") as f:  # noqa: ASYNC230 -- a few bytes just written
-            out = f.read()
-        os.unlink(launched)
-    except FileNotFoundError:
-        out = b""
+    returncode, out = await asyncio.to_thread(start)
     try:
         pgid = int(out.strip())
     except ValueError:
-        raise LaunchFailed(f"launcher wrote {out[-200:]!r} (exit {returncode})") from None
+        raise LaunchFailed(f"launcher printed {out[-200:]!r} (exit {returncode})") from None
     # The sh printed the pid right after fork; wait until the wrapper has deleted the nonce
     # file (so it is a group leader with its TERM trap installed) or ended, so kill and
     # status act on the group at once. (One small /proc read per poll.)

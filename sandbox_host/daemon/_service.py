@@ -128,7 +128,7 @@ class SandboxDaemonService(pb_grpc.SandboxDaemonServicer):
         except PathRefused as exc:
             await _refuse(context, exc)
         except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, redact(str(exc), secrets)[:300])
         except (_procs.LaunchFailed, OSError) as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, redact(f"launch failed: {exc}", secrets))
         return pb.LaunchResponse(pgid=pgid, inbox=inbox)
@@ -141,7 +141,7 @@ class SandboxDaemonService(pb_grpc.SandboxDaemonServicer):
         except PermissionError as exc:  # a link or a FIFO where the inbox was
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc)[:300])
         except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)[:300])
         return pb.SendInputResponse()
 
     async def Kill(self, request: pb.KillRequest, context: Ctx) -> pb.KillResponse:
@@ -173,7 +173,7 @@ class SandboxDaemonService(pb_grpc.SandboxDaemonServicer):
         except PathRefused as exc:
             await _refuse(context, exc)
         except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, redact(str(exc), secrets)[:300])
         except OSError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 redact(f"{request.argv[0][:200]!r} did not start: {exc}", secrets))

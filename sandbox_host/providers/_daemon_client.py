@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import io
 import time
-from typing import AsyncIterator, Awaitable, Callable, Mapping, Sequence, TypeVar
+from typing import AsyncGenerator, Awaitable, Callable, Mapping, Sequence, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -234,7 +234,7 @@ class DaemonClient:
 
     # --- files ------------------------------------------------------------------------------
 
-    async def follow(self, path: str, offset: int) -> AsyncIterator[Chunk]:
+    async def follow(self, path: str, offset: int) -> AsyncGenerator[Chunk, None]:
         """Yield the file's bytes from ``offset`` as they are written (never ends by itself),
         each :class:`~sandbox_host.daemon._wire.Chunk` with the file's size when it was read
         (0 from a daemon that does not tell); a restarted daemon is followed on from the

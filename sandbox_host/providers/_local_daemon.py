@@ -1,4 +1,5 @@
-"""The daemon of each local sandbox: started on demand, found again by any host on the machine.
+"""The daemon of a local sandbox: started on demand, found again by any host on the machine
+(for its setup commands, or for every call with ``BATON_LOCAL_SANDBOX_IO=daemon``).
 
 A local sandbox's daemon (:mod:`sandbox_host.daemon`) runs detached like its agent (its own
 session, nobody's child: it survives the host, even a SIGKILL), listens on a free loopback
@@ -120,8 +121,18 @@ def _own_dir(path: str) -> bool:
 
 
 def meta_dir(handle: SandboxHandle) -> str:
-    """The sandbox's ``.baton`` directory (the daemon's state)."""
+    """The sandbox's ``.baton`` directory (the daemon's state, and its launches')."""
     return os.path.join(str(handle.data["dir"]), ".baton")
+
+
+def daemon_roots(handle: SandboxHandle) -> list[str]:
+    """The roots a local sandbox's daemon serves (and a host on the machine confines its
+    calls to): the working directory, the sandbox's directory, the journal and stderr
+    files, and the thread's home when it has one."""
+    roots = [handle.workdir, str(handle.data["dir"]), handle.journal_path, handle.stderr_path]
+    if handle.data.get("home"):
+        roots.append(str(handle.data["home"]))
+    return roots
 
 
 def daemon_running(meta: str) -> bool:
@@ -243,9 +254,7 @@ class LocalDaemons:
 
     def _argv(self, handle: SandboxHandle, meta: str) -> list[str]:
         """The daemon's arguments (after ``python -m sandbox_host.daemon``)."""
-        roots = [handle.workdir, str(handle.data["dir"]), handle.journal_path, handle.stderr_path]
-        if handle.data.get("home"):
-            roots.append(str(handle.data["home"]))
+        roots = daemon_roots(handle)
         argv = ["--listen", "127.0.0.1:0",
                 "--workdir", handle.workdir, "--state", meta,
                 "--addr-file", os.path.join(meta, ADDR_FILE), "--lock-file", os.path.join(meta, LOCK_FILE),

@@ -4,7 +4,8 @@
 :class:`OnMachine` has the calls of :class:`~sandbox_host.providers._daemon_client.DaemonClient`
 that the local provider makes, with the same results and the same errors, and makes them with
 the daemon's own operations (:class:`sandbox_host.daemon._ops.SandboxOps`) over the roots the
-sandbox's daemon would serve (:func:`daemon_roots`). A local sandbox's daemon listens on
+sandbox's daemon would serve (:func:`~sandbox_host.providers._local_daemon.daemon_roots`).
+A local sandbox's daemon listens on
 loopback and is found in the sandbox's directory, so only a host on its machine reaches it,
 as the same user, seeing the very files and processes the daemon would touch: through it, a
 start cost a daemon process's start (on a burst of 200 starts on 2 cores, 1 s p50 before the
@@ -13,8 +14,9 @@ agent could launch), a gRPC call per file and a process per sandbox
 """
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import AsyncIterator, Mapping, Sequence
+from typing import AsyncGenerator, Mapping, Sequence
 
 from baton.errors import SandboxBuildFailed
 from sandbox_host.daemon import _procs
@@ -24,21 +26,8 @@ from sandbox_host.daemon._wire import Chunk
 from sandbox_host.daemon.paths import PathRefused
 from sandbox_host.providers._base import SandboxHandle
 from sandbox_host.providers._inotify import FileWatcher
+from sandbox_host.providers._local_daemon import daemon_roots, meta_dir
 from sandbox_host.providers._redact import redact
-
-
-def daemon_roots(handle: SandboxHandle) -> list[str]:
-    """The roots a local sandbox's daemon serves: the working directory, the sandbox's
-    directory, the journal and stderr files, and the thread's home when it has one."""
-    roots = [handle.workdir, str(handle.data["dir"]), handle.journal_path, handle.stderr_path]
-    if handle.data.get("home"):
-        roots.append(str(handle.data["home"]))
-    return roots
-
-
-def state_dir(handle: SandboxHandle) -> str:
-    """A local sandbox's state directory (``<dir>/.baton``): its daemon's, and its launches'."""
-    return os.path.join(str(handle.data["dir"]), ".baton")
 
 
 def _refused(exc: PathRefused) -> Exception:
@@ -61,7 +50,7 @@ class OnMachine:
 
     def __init__(self, handle: SandboxHandle, base_env: Mapping[str, str], watcher: FileWatcher,
                  idle_check: float) -> None:
-        self._ops = SandboxOps(daemon_roots(handle), handle.workdir, state_dir(handle), base_env)
+        self._ops = SandboxOps(daemon_roots(handle), handle.workdir, meta_dir(handle), base_env)
         self._watcher = watcher
         self._idle_check = idle_check
 
@@ -71,31 +60,35 @@ class OnMachine:
         except PathRefused as exc:
             raise _refused(exc) from None
 
-    async def wait_serving(self, timeout: float) -> None:
-        """Nothing to wait for: no daemon serves here."""
-
-    async def close(self) -> None:
-        """Nothing to close."""
-
-    async def follow(self, path: str, offset: int) -> AsyncIterator[Chunk]:
+    async def follow(self, path: str, offset: int) -> AsyncGenerator[Chunk, None]:
         """Yield the file's bytes from ``offset`` as they are written, each chunk with the
-        file's size just after its read.
+        file's size just after its read; the file's descriptor and watch go with the
+        generator's close.
 
         Raises:
             FileNotFoundError: the file does not exist, or was deleted (after its last bytes).
             PermissionError: outside the sandbox's roots, or not a regular file.
-            ValueError: a malformed path, a negative offset, a directory.
+            OSError: a malformed path, a negative offset, a directory (as the daemon's
+                client says its refusal).
         """
-        full = self._path(path)
-        if offset < 0:
-            raise ValueError("offset and limit must not be negative")
+        try:
+            full = self._ops.path(path)
+            if offset < 0:
+                raise ValueError("offset and limit must not be negative")
+        except PathRefused as exc:
+            if exc.outside:
+                raise PermissionError(str(exc)) from None
+            raise OSError(f"following {path} failed: {exc}") from None
+        except ValueError as exc:
+            raise OSError(f"following {path} failed: {exc}") from None
         pos = offset
         try:
-            async for data in follow_file(full, offset, self._watcher, self._idle_check):
-                pos += len(data)
-                yield Chunk(data, pos - len(data), size_at_least(full, pos))
+            async with contextlib.aclosing(follow_file(full, offset, self._watcher, self._idle_check)) as pieces:
+                async for data in pieces:
+                    pos += len(data)
+                    yield Chunk(data, pos - len(data), size_at_least(full, pos))
         except IsADirectoryError:
-            raise ValueError(f"{path[:200]} is a directory") from None
+            raise OSError(f"following {path} failed: {path[:200]} is a directory") from None
 
     async def read_file(self, path: str, offset: int = 0, limit: int | None = None) -> bytes:
         """Bytes of a file from ``offset`` (at most ``limit``).
@@ -131,7 +124,10 @@ class OnMachine:
         Raises:
             PermissionError, ValueError: a refused path; OSError: the write failed.
         """
-        await self._ops.copy_in(self._path(path), content, mode)
+        try:
+            await self._ops.copy_in(path, content, mode)
+        except PathRefused as exc:
+            raise _refused(exc) from None
 
     async def launch(self, argv: Sequence[str], *, nonce: str, journal_path: str, stderr_path: str,
                      stdin: bytes | None = None, env: Mapping[str, str] | None = None,
@@ -194,4 +190,4 @@ class OnMachine:
             raise SandboxBuildFailed("import", str(exc)) from None
 
 
-__all__ = ["OnMachine", "daemon_roots", "state_dir"]
+__all__ = ["OnMachine"]

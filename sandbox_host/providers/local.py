@@ -189,6 +189,11 @@ class LocalProvider(Provider):
                     if spec.setup:
                         await _ws.run_setup(self._daemons.client(handle), spec, steps, workdir=workdir,
                                             home=home or "")
+                if spec.setup and self.sandbox_io == "direct":
+                    # Nothing else calls it: it goes now, not with the agent (its idle exit
+                    # waits for the agent's processes too).
+                    await self._daemons.stop(handle)
+                    await self._daemons.forget(handle)
         except BaseException:
             await asyncio.shield(self._undo_create(handle, workdir if fresh and spec.thread_dir is not None else None))
             raise
@@ -315,13 +320,13 @@ class LocalProvider(Provider):
             SandboxBuildFailed: ``launch`` (the launch failed, or the daemon refused or did not
                 start; redacted).
         """
-        client = self._client(handle)
         try:
+            client = self._client(handle)
             pgid, inbox = await client.launch(
                 argv, nonce=nonce, stdin=stdin, env=env, secrets=secrets, interactive=interactive,
                 journal_path=handle.journal_path, stderr_path=handle.stderr_path,
                 home=str(handle.data.get("home") or ""), workdir=handle.workdir)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             raise SandboxBuildFailed("launch", redact(str(exc), secrets)) from None
         out: dict[str, Any] = {"pgid": pgid}
         if self.sandbox_io == "daemon":
@@ -357,8 +362,9 @@ class LocalProvider(Provider):
                 file (a FIFO there would hold the host's loop in its ``open``).
         """
         if not self._on_machine(handle, path):
-            async for chunk in self._client(handle).follow(path, offset):
-                yield chunk
+            async with contextlib.aclosing(self._client(handle).follow(path, offset)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
             return
         pos = offset
         # Closed with this generator (not left to the loop's clean-up): its descriptor and
@@ -469,7 +475,7 @@ class LocalProvider(Provider):
 
     async def destroy(self, handle: SandboxHandle) -> bool:
         """SIGKILL the process group, stop the daemon, remove the directory, the journal and
-        its stderr.
+        its stderr (also where the agent made either a directory).
 
         The agent is killed here, not through the daemon: destroying must work with the
         daemon dead too (this is the machine it runs on).
@@ -489,6 +495,9 @@ class LocalProvider(Provider):
                 removed = True
             except FileNotFoundError:
                 pass
+            except IsADirectoryError:  # the agent made a directory of it: removed as well
+                await asyncio.to_thread(shutil.rmtree, p, True)
+                removed = removed or not os.path.lexists(p)  # noqa: ASYNC240 -- one stat
         return killed or removed
 
 

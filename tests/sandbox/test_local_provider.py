@@ -145,6 +145,25 @@ async def test_kill_group_and_destroy(local_provider: LocalProvider, sandboxes: 
 
 
 @pytest.mark.servers  # starts processes: not a unit test
+async def test_destroy_removes_a_journal_the_agent_made_a_directory(local_provider: LocalProvider,
+                                                                    sandboxes: list) -> None:
+    """An agent that replaced its journal with a directory (files in it) leaves nothing
+    behind its destroy: neither that directory nor its stderr file."""
+    nonce = new_nonce()
+    h = await local_provider.create("journal-dir", SandboxSpec())
+    sandboxes.append(h)
+    script = 'rm -f "$J"; mkdir -p "$J/sub"; echo x > "$J/sub/f"; echo err >&2'
+    h = with_data(h, dict(await local_provider.launch(h, ["sh", "-c", script], nonce=nonce,
+                                                     env={"J": h.journal_path})))
+    await assert_eventually(lambda: os.path.isfile(os.path.join(h.journal_path, "sub", "f")))
+    await assert_eventually(lambda: _not(local_provider.processes_alive(h)))
+    assert os.path.exists(h.stderr_path)
+    assert await local_provider.destroy(h)
+    assert not os.path.exists(h.journal_path) and not os.path.exists(h.stderr_path)
+    assert not os.path.exists(h.data["dir"])
+
+
+@pytest.mark.servers  # starts processes: not a unit test
 async def test_liveness_is_looked_up_on_this_machine_without_the_daemon(
         local_provider: LocalProvider, sandboxes: list) -> None:
     """``processes_alive`` reads the agent's group here: a member that outlived the group's
