@@ -183,12 +183,31 @@ async def test_liveness_is_looked_up_on_this_machine_without_the_daemon(
         return bool(_running_and_addr(meta_dir(h))[0])
 
     await assert_eventually(lambda: not daemon_running())
+    # Both sleeps started (the launch returns once the wrapper leads its group, maybe
+    # before the agent's shell forked them): killed sooner, no member would outlive it.
+    await assert_eventually(lambda: _members(pgid, "sleep") == 2, timeout=30)
     os.kill(pgid, signal.SIGKILL)  # the group's leader (the wrapper); its sleeps live on
     await assert_eventually(lambda: (_procs.proc_stat(pgid) or ("Z",))[0] == "Z")
     assert await local_provider.processes_alive(h)
     os.killpg(pgid, signal.SIGKILL)
     await assert_eventually(lambda: _not(local_provider.processes_alive(h)))
     assert not daemon_running()
+
+
+def _members(pgid: int, comm: str) -> int:
+    """Live processes of group ``pgid`` named ``comm`` (from ``/proc``)."""
+    n = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            raw = pathlib.Path(f"/proc/{name}/stat").read_bytes()
+        except OSError:
+            continue
+        fields = raw[raw.rfind(b")") + 2:].split()
+        own = raw[raw.find(b"(") + 1:raw.rfind(b")")].decode(errors="replace")
+        n += own == comm and int(fields[2]) == pgid and fields[0] != b"Z"
+    return n
 
 
 async def _not(value: "asyncio.Future[bool] | Any") -> bool:
