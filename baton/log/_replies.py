@@ -14,6 +14,12 @@ a counter. Overdue requests are failed by one sweeper task, which runs while req
 cost about 5 µs more per publish on uvloop, the services' loop, where each timer is a libuv
 handle. nats-py resubscribes the subscription after a reconnect; a reply lost in a
 disconnect is a timeout, as with ``nc.request``.
+
+Replies may also be shared on purpose (``shared=``): each requester then takes its replies
+under ``<shared>.<its id>.`` with one subscription to ``<shared>.>``, and hands the others'
+replies to ``on_other``. A Durable Streams gateway learns so from JetStream's ack of another
+gateway's write where it was stored, with no message of its own
+(gateway/durable_streams/_catchup.py).
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ import asyncio
 import contextlib
 import heapq
 import itertools
+from typing import Awaitable, Callable
 
 import nats.errors
 from nats.aio.client import Client as NATS
@@ -51,6 +58,10 @@ class Replies:
 
     Args:
         nc: a connected NATS client (not closed here).
+        shared: a subject prefix whose replies every requester sharing it hears (``None``:
+            this requester's own inbox).
+        own: this requester's token under ``shared`` (one subject token, unique among them).
+        on_other: called with every reply under ``shared`` to another requester.
     """
 
     @classmethod
@@ -63,8 +74,14 @@ class Replies:
             setattr(nc, "_baton_replies", replies)
         return replies
 
-    def __init__(self, nc: NATS) -> None:
+    def __init__(self, nc: NATS, *, shared: str | None = None, own: str = "",
+                 on_other: Callable[[Msg], Awaitable[None]] | None = None) -> None:
+        if shared is not None and (not own or "." in own or "*" in own or ">" in own or on_other is None):
+            raise ValueError("a shared reply prefix needs this requester's own token and on_other")
         self._nc = nc
+        self._shared = shared
+        self._own = own
+        self._on_other = on_other
         self._prefix: str | None = None
         self._sub: Subscription | None = None
         self._starting = asyncio.Lock()
@@ -85,19 +102,28 @@ class Replies:
             if self._closed:
                 raise nats.errors.ConnectionClosedError
             if self._prefix is None:
-                prefix = self._nc.new_inbox() + "."
-                self._sub = await self._nc.subscribe(prefix + "*", cb=self._on_reply)
+                if self._shared is None:
+                    prefix = self._nc.new_inbox() + "."
+                    self._sub = await self._nc.subscribe(prefix + "*", cb=self._on_reply)
+                else:
+                    prefix = f"{self._shared}.{self._own}."
+                    self._sub = await self._nc.subscribe(f"{self._shared}.>", cb=self._on_reply)
                 self._prefix = prefix
             return self._prefix
 
     async def _on_reply(self, msg: Msg) -> None:
-        assert self._prefix is not None
-        fut = self._waiting.pop(msg.subject[len(self._prefix):], None)
+        prefix = self._prefix
+        assert prefix is not None
+        if not msg.subject.startswith(prefix):
+            if self._on_other is not None:
+                await self._on_other(msg)
+            return
+        fut = self._waiting.pop(msg.subject[len(prefix):], None)
         if fut is not None and not fut.done():
             fut.set_result(msg)
 
     async def request(self, subject: str, payload: bytes, *, timeout: float,
-                      headers: dict[str, str] | None = None) -> Msg:
+                      headers: dict[str, str] | None = None, tag: str = "") -> Msg:
         """Publish ``payload`` to ``subject`` and return the first reply.
 
         Args:
@@ -105,6 +131,8 @@ class Replies:
             payload: the message body.
             timeout: seconds to wait for the reply.
             headers: message headers, or ``None``.
+            tag: subject tokens put before the request's counter in its reply subject
+                (``<tag>.<n>``), for those sharing the replies to read.
 
         Raises:
             nats.errors.NoRespondersError: nobody subscribes to ``subject`` (the server's
@@ -114,9 +142,11 @@ class Replies:
                 was called.
             nats.errors.MaxPayloadError: the message is larger than the server takes.
         """
+        if tag and self._shared is None:
+            raise ValueError("a reply tag needs a shared reply prefix")
         prefix = self._prefix or await self._subscribe()
         loop = asyncio.get_running_loop()
-        token = str(next(self._ids))
+        token = f"{tag}.{next(self._ids)}" if tag else str(next(self._ids))
         fut: asyncio.Future[Msg] = loop.create_future()
         self._waiting[token] = fut
         try:

@@ -16,11 +16,12 @@ arrived.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
 from baton.log._replies import Replies
 
@@ -34,10 +35,13 @@ class Publisher:
     Args:
         nc: a connected NATS client.
         timeout: seconds to wait for an ack (then ``nats.errors.TimeoutError``).
+        shared, own, on_other: acks taken under a prefix other publishers share, each
+            publisher hearing the others' (:class:`baton.log._replies.Replies`).
     """
 
-    def __init__(self, nc: NATS, timeout: float = 5.0) -> None:
-        self._replies = Replies(nc)
+    def __init__(self, nc: NATS, timeout: float = 5.0, *, shared: str | None = None, own: str = "",
+                 on_other: Callable[[Msg], Awaitable[None]] | None = None) -> None:
+        self._replies = Replies(nc, shared=shared, own=own, on_other=on_other)
         self._timeout = timeout
 
     async def start(self) -> None:
@@ -48,7 +52,8 @@ class Publisher:
         """Unsubscribe and fail every publish still waiting (``nats.errors.TimeoutError``)."""
         await self._replies.close()
 
-    async def publish(self, subject: str, payload: bytes, expected_last_subject_seq: int) -> dict[str, Any]:
+    async def publish(self, subject: str, payload: bytes, expected_last_subject_seq: int,
+                      tag: str = "") -> dict[str, Any]:
         """Publish, fenced on the subject's last sequence, and return JetStream's ack
         (``{"stream", "seq", ...}``) once stored.
 
@@ -57,6 +62,7 @@ class Publisher:
             payload: the message body.
             expected_last_subject_seq: sent as ``Nats-Expected-Last-Subject-Sequence``
                 (0: the subject has no message yet).
+            tag: subject tokens in the ack's reply subject (with a shared prefix only).
 
         Raises:
             nats.js.errors.APIError: JetStream refused the message (``err_code`` says why:
@@ -68,7 +74,7 @@ class Publisher:
         try:
             # nats-py refuses a payload over the server's max_payload (MaxPayloadError).
             msg = await self._replies.request(subject, payload, timeout=self._timeout,
-                                              headers={_EXPECTED_LAST: str(expected_last_subject_seq)})
+                                              headers={_EXPECTED_LAST: str(expected_last_subject_seq)}, tag=tag)
         except nats.errors.NoRespondersError:
             raise nats.js.errors.NoStreamResponseError from None
         ack: dict[str, Any] = _DECODER.decode(msg.data.decode())

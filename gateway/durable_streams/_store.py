@@ -28,6 +28,7 @@ import hashlib
 import logging
 import time
 import uuid
+import zlib
 from dataclasses import dataclass
 from typing import Awaitable, Callable, TypeVar
 
@@ -49,7 +50,7 @@ from gateway.durable_streams import _model as M
 from gateway.durable_streams import _protocol as P
 from gateway.durable_streams._folds import FoldRaces
 from gateway.durable_streams._model import Message, StreamState, Verdict
-from gateway.durable_streams._catchup import CatchUps, expected_last
+from gateway.durable_streams._catchup import ACK_WAIT, CatchUps, Heard, ack_seq, ack_subject, expected_last
 from gateway.durable_streams._publish import Publisher
 from gateway.durable_streams._quota import Ledger, QuotaLimits, tenant_of
 
@@ -72,6 +73,8 @@ class StoreConfig:
             used beyond it are dropped (and reloaded from JetStream when next read).
         usage_bucket: the KV bucket counting each tenant's streams and bytes (``_quota.py``).
         quota: the per-tenant limits.
+        ack_wait: seconds a view's catch-up waits for another gateway's ack it will hear
+            before it asks JetStream for the record (``_catchup.py``).
     """
 
     stream: str = "BATON_DS"
@@ -81,6 +84,7 @@ class StoreConfig:
     cached_streams: int = 10_000
     usage_bucket: str = "baton-ds-usage"
     quota: QuotaLimits = QuotaLimits()
+    ack_wait: float = ACK_WAIT
 
 
 class Conflict(Exception):
@@ -103,15 +107,17 @@ class StreamStore:
         self._close = close
         self.cfg = cfg or StoreConfig()
         self._js = nc.jetstream()
-        self._pub = Publisher(nc)
+        self._gw = uuid.uuid4().hex
+        # Every gateway hears the others' acks (_catchup.py), under one prefix per stream.
+        self._pub = Publisher(nc, shared=f"_DSACK.{self.cfg.stream}", own=self._gw, on_other=self._on_ack)
         self._clock = clock
         self._cache: collections.OrderedDict[str, StreamState] = collections.OrderedDict()
         self._key_to_path: dict[str, str] = {}
         self._races = FoldRaces()  # folds that another gateway's write raced
-        self._catch_ups = CatchUps(nc, self.cfg.stream)  # of views behind other gateways' writes
+        self._heard = Heard()  # other gateways' records and acks heard, until matched
+        self._catch_ups = CatchUps(nc, self.cfg.stream, self._heard, self.cfg.ack_wait)  # of views behind other gateways' writes
         self._locks: dict[str, asyncio.Lock] = {}
         self._lock_users: dict[str, int] = {}
-        self._gw = uuid.uuid4().hex
         self._sub: Subscription | None = None
         self._ledger = Ledger(self._js, self.cfg.usage_bucket, self.cfg.replicas, self.cfg.quota)
 
@@ -170,7 +176,43 @@ class StreamStore:
             # The view lacks a record (this one, or one stored after prev that refused it);
             # below js_last, it has that record folded already.
             st.heard_prev = max(st.heard_prev, prev)
+            writer = meta.get(M.GATEWAY)
+            if isinstance(writer, str) and path is not None:
+                self._heard.record(path, writer, prev, msg.data)  # folded with its ack
+                self._fold_heard(path, st)
             st.notify()  # its readers look again, which catches the view up
+
+    async def _on_ack(self, msg: Msg) -> None:
+        """JetStream's ack of another gateway's write: fold the record it stored into the
+        view whose last sequence is the record's ``prev`` (``_catchup.py``)."""
+        named = ack_subject(msg.subject)
+        if named is None:
+            return
+        writer, key, prev, crc = named
+        path = self._key_to_path.get(key)
+        st = self._cache.get(path) if path is not None else None
+        if st is None or path is None or prev < st.js_last:
+            return  # not cached, or folded already
+        seq = ack_seq(msg.data)
+        if seq is None:
+            return  # refused
+        self._heard.ack(path, writer, prev, crc, seq)
+        self._fold_heard(path, st)
+
+    def _fold_heard(self, path: str, st: StreamState) -> None:
+        """Fold into ``st``, the cached view of ``path``, each record heard whose ack was
+        heard, from its last sequence on, and wake its readers if any was (``st`` dropped if
+        one deleted the stream or made it anew: folded again when next used)."""
+        folded = False
+        while (nxt := self._heard.stored_after(path, st.js_last)) is not None:
+            seq, record = nxt
+            meta, data = M.decode_record(record)
+            if M.apply(st, seq, meta, data) is not st:
+                self._forget(path)
+                return
+            folded = True
+        if folded:
+            st.notify()
 
     def _forget(self, path: str) -> None:
         """Drop a stream's view (its readers wake and reload it from JetStream)."""
@@ -217,6 +259,10 @@ class StreamStore:
         st = self._cache.get(path)
         if st is not None:
             self._cache.move_to_end(path)
+            if st.heard_prev >= st.js_last:
+                self._fold_heard(path, st)  # what was heard may be folded already (_catchup.py)
+                st = self._cache.get(path)
+        if st is not None:
             if st.heard_prev < st.js_last:
                 return st, st.js_last
             if not await self._catch_ups.run(path, self.subject(path), st, self._cache.get):
@@ -289,8 +335,11 @@ class StreamStore:
     async def _publish(self, path: str, st_last: int, meta: dict[str, object], data: bytes = b"") -> int:
         """Publish one record fenced on ``st_last``; its JetStream sequence once stored."""
         meta[M.GATEWAY] = self._gw
+        record = M.encode_record(meta, data)
         try:
-            ack = await self._pub.publish(self.subject(path), M.encode_record(meta, data), st_last)
+            # The reply subject tells the other gateways which record the ack is for.
+            ack = await self._pub.publish(self.subject(path), record, st_last,
+                                          tag=f"{_key(path)}.{st_last}.{zlib.crc32(record)}")
         except nats.js.errors.APIError as exc:
             if exc.err_code in (ERR_WRONG_LAST_SEQUENCE, ERR_WRONG_LAST_SEQUENCE_IN_FLIGHT):
                 self._forget(path)  # re-read and tried again (a record in flight has settled by then)
@@ -311,7 +360,26 @@ class StreamStore:
             self._remember(path, new)
         if st is not None:
             st.notify()
+        if new is not None:  # another gateway's write after this one, heard before this ack
+            self._fold_heard(path, new)
         return new
+
+    async def _settled(self, path: str, st: StreamState) -> None:
+        """Make sure a request answered from the view without a write (a duplicate, a gap, a
+        closed stream) is decided on the stream as JetStream has it. A write is fenced, and a
+        refusal is not: a view that has not heard yet of another gateway's write would
+        refuse a producer's retry of that very write as a gap. One read of the subject's last
+        record, on these answers only.
+
+        Raises:
+            Conflict: the subject has records past the view's last (the view is dropped: the
+                request is decided again on a fresh fold).
+        """
+        decided_on = st.js_last  # the view may move on while the read is out
+        last = await last_on_subject(self._nc, self.cfg.stream, self.subject(path))
+        if last is not None and last.seq > decided_on:
+            self._forget(path)
+            raise Conflict(path)
 
     async def _retrying(self, path: str, op: Callable[[], Awaitable[T]]) -> T:
         """Run ``op`` under the path's lock, again (up to 5 more times) after a ``Conflict``.
@@ -473,19 +541,23 @@ class StreamStore:
             if st.soft_deleted:
                 raise P.ProtocolError(410, "Stream is gone")
             if st.closed:
+                await self._settled(path, st)
                 if producer is not None and st.closed_by == (producer.id, producer.epoch, producer.seq):
                     return st, st.offset, Verdict("duplicate", last_seq=producer.seq)
                 raise P.ProtocolError(409, "Stream is closed", {P.CLOSED: "true", P.NEXT_OFFSET: st.offset})
             if content_type and st.content_type and (
                 P.normalize_content_type(content_type) != P.normalize_content_type(st.content_type)
             ):
+                await self._settled(path, st)  # a stream deleted and made anew meanwhile
                 raise P.ProtocolError(409, "Content-type mismatch")
             verdict = None
             if producer is not None:
                 verdict = M.check_producer(st, producer)
                 if verdict.status != "accepted":
+                    await self._settled(path, st)
                     return st, st.offset, verdict
             if seq is not None and st.last_seq is not None and seq <= st.last_seq:
+                await self._settled(path, st)
                 raise P.ProtocolError(409, "Sequence conflict")
             fragment = P.process_json_append(data) if P.is_json(st.content_type) else data
             off = P.next_offset(st.offset, len(fragment))
@@ -497,9 +569,12 @@ class StreamStore:
             if close:
                 meta[M.CLOSE] = True
             tenant = tenant_of(path)
+            # Fenced on the view the append was decided on: a record folded in while the
+            # allowance is reserved makes JetStream refuse it, and it is decided again.
+            last = st.js_last
             await self._ledger.spend(tenant, len(fragment))
             try:
-                new = await self._write(path, st, st.js_last, meta, fragment)
+                new = await self._write(path, st, last, meta, fragment)
             except BaseException:
                 self._ledger.refund(tenant, len(fragment))
                 raise
@@ -528,11 +603,13 @@ class StreamStore:
                 assert new is not None
                 return new, None
             if st.closed:
+                await self._settled(path, st)
                 if st.closed_by == (producer.id, producer.epoch, producer.seq):
                     return st, Verdict("duplicate", last_seq=producer.seq)
                 raise P.ProtocolError(409, "Stream is closed", {P.CLOSED: "true", P.NEXT_OFFSET: st.offset})
             verdict = M.check_producer(st, producer)
             if verdict.status != "accepted":
+                await self._settled(path, st)
                 return st, verdict
             meta: dict[str, object] = {M.OP: "close", M.PID: producer.id, M.PEPOCH: producer.epoch, M.PSEQ: producer.seq}
             new = await self._write(path, st, st.js_last, meta)

@@ -1,25 +1,42 @@
 """Two stores (two gateways, or two workers of one) writing and reading one Durable Stream on
 a real nats-server: a view behind the other's writes catches up from its last sequence (the
-same view, never folded again whole), and every read from either is whole and in order."""
+same view, never folded again whole), with the record it heard and JetStream's ack of it,
+heard too (no request to JetStream), and every read from either is whole and in order; with
+a store whose acks go to its own inbox (an older gateway), by asking JetStream instead."""
 from __future__ import annotations
 
 import asyncio
 import functools
+import random
 
 import nats
 import pytest
 
-from gateway.durable_streams._store import StoreConfig, StreamStore
+from nats.aio.msg import Msg
+
+from gateway.durable_streams._protocol import Producer
+from gateway.durable_streams._publish import Publisher
+from gateway.durable_streams._store import Conflict, StoreConfig, StreamStore
 from tests.conftest import assert_eventually, unique
 
 pytestmark = pytest.mark.timeout(120)
 
 
-async def test_a_view_catches_up_with_the_other_stores_writes_without_a_new_fold(nats: object) -> None:
+@pytest.mark.parametrize("b_acks", ["shared", "own inbox"])
+async def test_a_view_catches_up_with_the_other_stores_writes_without_a_new_fold(nats: object, b_acks: str) -> None:
     url = nats.url  # type: ignore[attr-defined]
-    cfg = StoreConfig(stream=unique("DS").upper(), subject_prefix=unique("ds"))
-    conns = [await nats_connect(url) for _ in range(2)]
-    a, b = (StreamStore(nc, cfg) for nc in conns)
+    # A catch-up waits as long as it takes for an ack it will hear: any get is then a miss.
+    cfg = StoreConfig(stream=unique("DS").upper(), subject_prefix=unique("ds"), ack_wait=30.0)
+    conns = [await nats_connect(url) for _ in range(3)]
+    a, b = (StreamStore(nc, cfg) for nc in conns[:2])
+    if b_acks == "own inbox":
+        b._pub = _InboxPublisher(conns[1])
+    gets: list[Msg] = []
+
+    async def count_get(msg: Msg) -> None:
+        gets.append(msg)
+
+    await conns[2].subscribe(f"$JS.API.DIRECT.GET.{cfg.stream}", cb=count_get)
     try:
         for s in (a, b):
             await s.start()
@@ -29,6 +46,9 @@ async def test_a_view_catches_up_with_the_other_stores_writes_without_a_new_fold
         assert view_b is not None
         sent: list[bytes] = []
         for i in range(40):  # alternating writers, as a worker pair takes one client's appends
+            if i == 2:
+                await conns[2].flush()
+                gets.clear()  # from here on each store has heard the other's acks, if shared
             data = f"{i:03d}".encode()
             await (a if i % 2 == 0 else b).append(path, data, content_type="text/plain", seq=None,
                                                   producer=None, close=False)
@@ -36,6 +56,11 @@ async def test_a_view_catches_up_with_the_other_stores_writes_without_a_new_fold
             for s in (a, b):  # the writer's at once; the other's once it heard of the write
                 await assert_eventually(functools.partial(whole, s, path, list(sent)), timeout=30)
         assert await b.get(path) is view_b  # caught up in place: never dropped and folded anew
+        await conns[2].flush()
+        if b_acks == "shared":
+            assert gets == []  # every record heard was folded at its ack
+        else:  # each view asked JetStream for each of the other's records (b hears no acks)
+            assert len(gets) == 38
         # A reader waiting in one store wakes for a write through the other.
         st = await b.get(path)
         assert st is not None
@@ -54,6 +79,69 @@ async def test_a_view_catches_up_with_the_other_stores_writes_without_a_new_fold
             await s.stop()
         for nc in conns:
             await nc.close()
+
+
+async def test_idempotent_producers_writing_through_both_stores_at_once_land_each_append_once(nats: object) -> None:
+    """Three producers append at once, each append through either store at random, and
+    every fourth sent again through the other (a client's retry after a lost answer): the
+    stream holds each append once, each producer's in its order, and both stores' views
+    are what a fresh fold of JetStream gives."""
+    url = nats.url  # type: ignore[attr-defined]
+    cfg = StoreConfig(stream=unique("DS").upper(), subject_prefix=unique("ds"))
+    conns = [await nats_connect(url) for _ in range(3)]
+    stores = [StreamStore(nc, cfg) for nc in conns]
+    a, b, fresh = stores
+    verdicts: dict[str, int] = {}
+    try:
+        for s in stores:
+            await s.start()
+        path = "/" + unique("s")
+        await a.create(path, {"contentType": "text/plain"}, b"")
+
+        async def append(store: StreamStore, producer: Producer, data: bytes) -> None:
+            while True:
+                try:
+                    _, _, verdict = await store.append(path, data, content_type="text/plain", seq=None,
+                                                       producer=producer, close=False)
+                except Conflict:
+                    continue  # refused, nothing written: as a client tries a 503 again
+                assert verdict is not None
+                verdicts[verdict.status] = verdicts.get(verdict.status, 0) + 1
+                return
+
+        async def producer(name: str) -> None:
+            rnd = random.Random(name)
+            for seq in range(30):
+                p = Producer(name, 0, seq)
+                first = rnd.choice((a, b))
+                await append(first, p, f"{name}:{seq:02d}".encode())
+                if seq % 4 == 3:
+                    await append(b if first is a else a, p, f"{name}:{seq:02d}".encode())
+
+        await asyncio.gather(*(producer(f"p{i}") for i in range(3)))
+        assert verdicts == {"accepted": 90, "duplicate": 21}
+        folded = await fresh.get(path)
+        assert folded is not None
+        got = [m.data.decode() for m in fresh.read(folded, "-1")]
+        offsets = [m.offset for m in fresh.read(folded, "-1")]
+        assert len(got) == 90 and offsets == sorted(set(offsets))
+        for i in range(3):
+            assert [d for d in got if d.startswith(f"p{i}:")] == [f"p{i}:{seq:02d}" for seq in range(30)]
+        for s in (a, b):
+            await assert_eventually(functools.partial(whole, s, path, [d.encode() for d in got]), timeout=30)
+    finally:
+        for s in stores:
+            await s.stop()
+        for nc in conns:
+            await nc.close()
+
+
+class _InboxPublisher(Publisher):
+    """A gateway's publisher from before the shared acks: its acks come to its own inbox."""
+
+    async def publish(self, subject: str, payload: bytes, expected_last_subject_seq: int,
+                      tag: str = "") -> dict[str, object]:
+        return await super().publish(subject, payload, expected_last_subject_seq)
 
 
 async def nats_connect(url: str) -> nats.NATS:

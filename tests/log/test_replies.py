@@ -15,7 +15,7 @@ from nats.js import api
 from baton.log import DeliveryLog
 from baton.log._replies import Replies
 from baton_tools.testing.servers import NatsServer
-from tests.conftest import unique
+from tests.conftest import assert_eventually, unique
 
 
 @pytest.fixture
@@ -113,3 +113,51 @@ async def test_close_fails_a_request_still_waiting(conn: DeliveryLog, replies: R
         await late
     assert loop.time() - began < 5
     assert len(conn.nc._subs) == subscriptions - 1
+
+
+async def test_requesters_sharing_a_reply_prefix_each_get_their_own_and_hear_the_others(
+        nats: NatsServer) -> None:
+    """Two requesters (two connections) under one shared prefix: each request is answered to
+    its own requester, whose reply subject carries the tag it gave; each hears the other's
+    replies, never its own, once."""
+    name = unique("SHARED").replace("-", "_")
+    shared = f"_ACKS.{name}"
+    logs = [await DeliveryLog.connect(nats.url) for _ in range(2)]
+    heard: dict[str, list[Msg]] = {"a": [], "b": []}
+
+    def hearer(who: str) -> Any:
+        async def on_other(msg: Msg) -> None:
+            heard[who].append(msg)
+        return on_other
+
+    a = Replies(logs[0].nc, shared=shared, own="a", on_other=hearer("a"))
+    b = Replies(logs[1].nc, shared=shared, own="b", on_other=hearer("b"))
+    try:
+        await logs[0].js.add_stream(api.StreamConfig(name=name, subjects=[f"{name}.*"]))
+        for r in (a, b):
+            await r.start()
+        for log in logs:
+            await log.nc.flush()  # the server has both subscriptions
+        got_a = await a.request(f"{name}.x", b"1", timeout=5, tag="k1.7")
+        got_b = await b.request(f"{name}.y", b"2", timeout=5, tag="k2.9")
+        assert json.loads(got_a.data)["seq"] == 1 and json.loads(got_b.data)["seq"] == 2
+        assert got_a.subject == f"{shared}.a.k1.7.0" and got_b.subject == f"{shared}.b.k2.9.0"
+
+        async def both_heard() -> bool:
+            assert [m.subject for m in heard["b"]] == [got_a.subject]
+            assert [m.subject for m in heard["a"]] == [got_b.subject]
+            return True
+
+        await assert_eventually(both_heard, timeout=10)
+        with pytest.raises(ValueError):
+            await Replies(logs[0].nc).request(f"{name}.x", b"", timeout=1, tag="t")  # no shared prefix
+        for bad in ("", "a.b", "a*", "a>"):
+            with pytest.raises(ValueError):
+                Replies(logs[0].nc, shared=shared, own=bad, on_other=hearer("a"))
+        with pytest.raises(ValueError):
+            Replies(logs[0].nc, shared=shared, own="c")  # nobody to hand the others' replies to
+    finally:
+        for r in (a, b):
+            await r.close()
+        for log in logs:
+            await log.close()
