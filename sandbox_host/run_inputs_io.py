@@ -125,22 +125,23 @@ UNDELIVERABLE = "The answer could not be passed to the agent (it is too large), 
 
 
 async def _deliver(sbx: "Sandbox", run_id: str, action: Deliver) -> None:
-    """Append one input to the inbox. An input the inbox refuses (``ValueError``: too large
-    once escaped, or an id the relay cannot carry) is refused for good, never retried: an
-    approval's answer becomes a denial (fail closed), a steered message is dropped (logged),
-    so the inputs after it still go through."""
+    """Append one input to the inbox. An input refused for good (``ValueError``: too large
+    once escaped, or an id the relay cannot carry; ``PermissionError``: the agent made its
+    inbox a link, a FIFO or anything but a regular file) is never retried: an approval's
+    answer becomes a denial (fail closed), a steered message is dropped (logged), so the
+    inputs after it still go through. Any other ``OSError`` propagates: tried again."""
     try:
         await sbx.provider.send_input(sbx.handle, action.input_id, action.payload)
         log.info("run %s: input %s delivered", run_id, action.input_id)
         return
-    except ValueError as exc:
+    except (ValueError, PermissionError) as exc:
         log.error("run %s: input %s cannot be delivered: %s", run_id, action.input_id, exc)
     if b'"control_response"' in action.payload:
         request_id = json.loads(action.payload)["response"]["request_id"]
         try:
             await sbx.provider.send_input(sbx.handle, action.input_id,
                                           answer_payload(request_id, "deny", UNDELIVERABLE, None))
-        except ValueError as exc:
+        except (ValueError, PermissionError) as exc:
             log.error("run %s: approval %s: not even a denial can be delivered: %s", run_id, action.input_id, exc)
 
 

@@ -10,6 +10,7 @@ can still be signalled.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets as _secrets
 import subprocess
@@ -125,10 +126,8 @@ async def launch(state_dir: str, spec: LaunchSpec, *, base_env: Mapping[str, str
             os.makedirs(os.path.dirname(p) or ".", exist_ok=True)
             os.close(open_regular(p, no_link=True, append=True, create=True))
 
-    await asyncio.to_thread(prepare)
     cmd = wrapper_argv(wrapper, spec.journal_path, spec.stderr_path, nonce_file, stdin_file, spec.argv, inbox)
     argv = ["sh", "-c", _LAUNCHER, "baton-launch", os.path.join(state_dir, PGID_FILE), *cmd]
-    env = agent_env(os.environ if base_env is None else base_env, spec)
 
     def start() -> tuple[int, bytes]:
         # subprocess, not the event loop's: uvloop (the host's loop) closes no descriptor
@@ -139,11 +138,25 @@ async def launch(state_dir: str, spec: LaunchSpec, *, base_env: Mapping[str, str
             out, _ = p.communicate()  # the launching sh exits at once (its child is detached)
             return p.returncode, out
 
-    returncode, out = await asyncio.to_thread(start)
+    def discard() -> None:
+        # A launch that failed leaves none of its files: the nonce above all, which the
+        # wrapper would have deleted (an agent that read it could forge the exit sentinel).
+        for path in (nonce_file, stdin_file, inbox):
+            if path:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+
     try:
-        pgid = int(out.strip())
-    except ValueError:
-        raise LaunchFailed(f"launcher printed {out[-200:]!r} (exit {returncode})") from None
+        env = agent_env(os.environ if base_env is None else base_env, spec)
+        await asyncio.to_thread(prepare)
+        returncode, out = await asyncio.to_thread(start)
+        try:
+            pgid = int(out.strip())
+        except ValueError:
+            raise LaunchFailed(f"launcher printed {out[-200:]!r} (exit {returncode})") from None
+    except BaseException:
+        discard()
+        raise
     # The sh printed the pid right after fork; wait until the wrapper has deleted the nonce
     # file (so it is a group leader with its TERM trap installed) or ended, so kill and
     # status act on the group at once. (One small /proc read per poll.)

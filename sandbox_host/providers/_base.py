@@ -161,6 +161,9 @@ class Provider(abc.ABC):
         Raises:
             ValueError: the handle has no inbox; a bad id (see :func:`check_input`); a payload
                 with a newline or over :data:`MAX_INPUT_PAYLOAD` bytes.
+            PermissionError: the inbox takes no line, for good: the agent made it a link, a
+                FIFO or anything but a regular file.
+            OSError: not delivered now (the sandbox unreachable, say); worth another try.
         """
 
     @abc.abstractmethod

@@ -413,10 +413,13 @@ class DockerProvider(DaemonBacked, Provider):
 
     async def send_input(self, handle: SandboxHandle, input_id: str, payload: bytes) -> None:
         """Append the input's line to the inbox (one write, by the daemon). Raises
-        ``ValueError`` (``check_input``), ``SandboxReclaimFailed`` (not delivered)."""
+        ``ValueError`` (``check_input``), ``PermissionError`` (the inbox takes no line: a link
+        or not a regular file), ``SandboxReclaimFailed`` (not delivered)."""
         line = check_input(handle, input_id, payload)
         try:
             await self._daemon(handle).send_input(handle.inbox_path, line)
+        except PermissionError:
+            raise
         except OSError as exc:
             raise SandboxReclaimFailed(handle.key, str(exc)) from exc
 

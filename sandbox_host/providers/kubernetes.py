@@ -468,6 +468,7 @@ class KubernetesProvider(DaemonBacked, Provider):
 
     async def send_input(self, handle: SandboxHandle, input_id: str, payload: bytes) -> None:
         """Append the input's line to the inbox (``ValueError``: see ``check_input``;
+        ``PermissionError``: the inbox takes no line, a link or not a regular file;
         ``SandboxReclaimFailed``: the pod is gone)."""
         line = check_input(handle, input_id, payload)
         try:

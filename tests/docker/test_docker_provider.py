@@ -169,6 +169,23 @@ async def test_kill_process_group(docker_provider: DockerProvider, containers) -
     assert [(type(it), getattr(it, "data", None)) for it in items] == [(JournalLine, b'{"up":1}')]
 
 
+async def test_an_inbox_the_agent_made_a_fifo_refuses_inputs_for_good(docker_provider: DockerProvider,
+                                                                     containers) -> None:
+    """An agent that put a FIFO where its inbox was: the input is refused at once, as one the
+    inbox takes for good (``PermissionError``), not as a sandbox lost (which is tried again)."""
+    handle = await docker_provider.create(unique("dk-fifo-"), SPEC)
+    containers.append(handle)
+    handle = with_data(handle, await docker_provider.launch(handle, ["sleep", "30"], nonce=new_nonce(),
+                                                            interactive=True))
+    inbox = handle.data["inbox"]
+    code, _, err = await docker_provider._exec(handle.data["container_id"],
+                                               ["sh", "-c", 'rm -f "$1" && mkfifo "$1"', "sh", inbox])
+    assert code == 0, err
+    async with asyncio.timeout(30):
+        with pytest.raises(PermissionError, match="not a regular file"):
+            await docker_provider.send_input(handle, "i1", b'{"answer":"yes"}')
+
+
 async def test_destroy_is_the_end_of_a_running_agent(docker_provider: DockerProvider, containers) -> None:
     """Destroying mid-run removes container and agent; a follow in progress ends cleanly."""
     agent = ["sh", "-c", "while :; do echo '{\"tick\":1}'; sleep 0.05; done"]

@@ -100,6 +100,38 @@ async def test_an_answer_too_large_for_the_inbox_is_a_denial_not_a_hang(local_pr
     assert denied[0]["message"]["content"][0]["content"] == UNDELIVERABLE
 
 
+async def test_an_inbox_the_agent_made_a_fifo_refuses_its_inputs_for_good_not_each_pause(
+        local_provider: LocalProvider, sandbox, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
+    """An agent that put a FIFO where its inbox was gets no input, and the host's delivery
+    (``run_inputs_io._deliver``) gives the input up at once, logged, as one too large: it is
+    not tried again every pause for the rest of the run. An approval's answer too (its
+    denial cannot go through either)."""
+    import asyncio
+    import logging
+    import os
+
+    from sandbox_host.providers import Sandbox
+    from sandbox_host.run_inputs import Deliver, answer_payload, steer_payload
+    from sandbox_host.run_inputs_io import _deliver
+
+    live = await rs.launch(local_provider, sandbox[0], "sleep 30", sandbox[1])
+    try:
+        inbox = live.handle.inbox_path
+        os.unlink(inbox)
+        os.mkfifo(inbox)
+        sbx = Sandbox(local_provider, live.handle, live.nonce)
+        with caplog.at_level(logging.ERROR, logger="baton.sandbox_host.inputs"):
+            async with asyncio.timeout(30):
+                await _deliver(sbx, "run-x", Deliver("steer-1", steer_payload("hello")))
+                await _deliver(sbx, "run-x", Deliver("ask-1", answer_payload("ask-1", "allow", "", {"command": "ls"})))
+        refused = [r.getMessage() for r in caplog.records]
+        assert any("input steer-1 cannot be delivered" in m and "not a regular file" in m for m in refused)
+        assert any("approval ask-1: not even a denial can be delivered" in m for m in refused)
+        assert os.path.exists(inbox) and not os.path.isfile(inbox)  # nothing written in its place
+    finally:
+        await live.close()
+
+
 async def test_a_relaunched_agent_takes_the_answer_its_predecessor_waited_for(
         local_provider: LocalProvider, sandbox) -> None:  # type: ignore[no-untyped-def]
     import asyncio
