@@ -52,7 +52,12 @@ Fetch = Callable[[int], Awaitable["tuple[int, bytes] | None"]]
 def expected_last(msg: Msg) -> int | None:
     """The sequence another gateway's write was fenced on (``None``: it did not say)."""
     raw = (msg.headers or {}).get(EXPECTED_LAST)
-    return int(raw) if raw is not None and raw.isdigit() else None
+    return int(raw) if raw is not None and _decimal(raw) else None
+
+
+def _decimal(text: str) -> bool:
+    """ASCII digits only (``str.isdigit`` takes ``²``, which ``int`` refuses)."""
+    return text.isascii() and text.isdigit()
 
 
 async def next_record(nc: NATS, stream: str, subject: str, start: int) -> tuple[int, bytes] | None:
@@ -79,19 +84,21 @@ def ack_subject(subject: str) -> tuple[str, str, int, int] | None:
     """``(writer, stream key, prev, crc32 of the record)`` from the reply subject of another
     gateway's write (``_DSACK.<stream>.<writer>.<key>.<prev>.<crc>.<n>``), or ``None``."""
     parts = subject.split(".")
-    if len(parts) != 7 or not (parts[4].isdigit() and parts[5].isdigit()):
+    if len(parts) != 7 or not (_decimal(parts[4]) and _decimal(parts[5])):
         return None
     return parts[2], parts[3], int(parts[4]), int(parts[5])
 
 
-def ack_seq(body: bytes) -> int | None:
-    """The stored sequence in JetStream's ack of a write, or ``None`` when it refused it (or
-    the body is not an ack)."""
+def ack_seq(body: bytes, stream: str) -> int | None:
+    """The stored sequence in JetStream's ack of a write to ``stream``, or ``None`` when it
+    refused it (or the body is not such an ack)."""
     try:
         ack = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
-    seq = ack.get("seq") if isinstance(ack, dict) and "error" not in ack else None
+    if not isinstance(ack, dict) or "error" in ack or ack.get("stream") != stream:
+        return None
+    seq = ack.get("seq")
     return seq if isinstance(seq, int) and not isinstance(seq, bool) else None
 
 

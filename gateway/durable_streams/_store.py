@@ -50,13 +50,15 @@ from gateway.durable_streams import _model as M
 from gateway.durable_streams import _protocol as P
 from gateway.durable_streams._folds import FoldRaces
 from gateway.durable_streams._model import Message, StreamState, Verdict
-from gateway.durable_streams._catchup import ACK_WAIT, CatchUps, Heard, ack_seq, ack_subject, expected_last
+from gateway.durable_streams._catchup import (ACK_WAIT, CatchUps, Heard, ack_seq, ack_subject, expected_last,
+                                              next_record)
 from gateway.durable_streams._publish import Publisher
 from gateway.durable_streams._quota import Ledger, QuotaLimits, tenant_of
 
 log = logging.getLogger("gateway.durable_streams")
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -193,9 +195,9 @@ class StreamStore:
         st = self._cache.get(path) if path is not None else None
         if st is None or path is None or prev < st.js_last:
             return  # not cached, or folded already
-        seq = ack_seq(msg.data)
-        if seq is None:
-            return  # refused
+        seq = ack_seq(msg.data, self.cfg.stream)
+        if seq is None or seq <= prev:
+            return  # refused (or no ack of a write fenced on prev: stored after it)
         self._heard.ack(path, writer, prev, crc, seq)
         self._fold_heard(path, st)
 
@@ -342,10 +344,34 @@ class StreamStore:
                                           tag=f"{_key(path)}.{st_last}.{zlib.crc32(record)}")
         except nats.js.errors.APIError as exc:
             if exc.err_code in (ERR_WRONG_LAST_SEQUENCE, ERR_WRONG_LAST_SEQUENCE_IN_FLIGHT):
-                self._forget(path)  # re-read and tried again (a record in flight has settled by then)
+                await self._behind(path, exc)  # caught up, or read again, and tried again
                 raise Conflict(path) from exc
             raise
         return int(ack["seq"])
+
+    async def _behind(self, path: str, refusal: nats.js.errors.APIError) -> None:
+        """JetStream refused a write fenced on the view's last sequence: the subject has
+        records after it. Its text names the subject's last (``wrong last sequence: <seq>``),
+        and the view is caught up to it record by record when next used, from the acks heard
+        or by direct gets (``_catchup.py``), not folded again whole (a whole fold of a long
+        stream that another gateway writes fast is raced by its writes again and again,
+        ``_folds.py``); one that has folded it meanwhile (from an ack heard) is kept as it
+        is, once its last record is found stored (else it is no fold of JetStream's records:
+        a forged ack's). A refusal without that number (a record still in flight on a
+        replicated stream) drops the view."""
+        st = self._cache.get(path)
+        text = refusal.description or ""
+        last = text.rpartition(" ")[2]
+        if (st is None or refusal.err_code != ERR_WRONG_LAST_SEQUENCE
+                or not text.startswith("wrong last sequence") or not (last.isascii() and last.isdigit())):
+            self._forget(path)
+        elif int(last) > st.js_last:
+            st.heard_prev = max(st.heard_prev, int(last) - 1)
+        elif int(last) < st.js_last:
+            seen = st.js_last
+            rec = await next_record(self._nc, self.cfg.stream, self.subject(path), seen)
+            if rec is None or rec[0] != seen:
+                self._forget(path)
 
     async def _write(self, path: str, st: StreamState | None, last: int, meta: dict[str, object],
                      data: bytes = b"") -> StreamState | None:
@@ -364,22 +390,37 @@ class StreamStore:
             self._fold_heard(path, new)
         return new
 
-    async def _settled(self, path: str, st: StreamState) -> None:
-        """Make sure a request answered from the view without a write (a duplicate, a gap, a
-        closed stream) is decided on the stream as JetStream has it. A write is fenced, and a
-        refusal is not: a view that has not heard yet of another gateway's write would
-        refuse a producer's retry of that very write as a gap. One read of the subject's last
-        record, on these answers only.
+    async def _unwritten(self, path: str, st: StreamState, refusal: Callable[[StreamState | None], R | None]
+                         ) -> tuple[StreamState, R | None]:
+        """``(view, refusal(view))``: what a request is answered without a write (returned,
+        or a ``ProtocolError`` raised), or ``None`` when it is written, fenced on ``view``.
 
-        Raises:
-            Conflict: the subject has records past the view's last (the view is dropped: the
-                request is decided again on a fresh fold).
+        A write is fenced, and an answer without one is not: a view that has not heard yet
+        of another gateway's write would refuse a producer's retry of that very write as a
+        gap. So a refusal is decided once more, on the view caught up with every record
+        JetStream had when it was asked (one leader read of the subject's last record, on
+        refusals only; the records after the view's come from the acks heard or by direct
+        gets, ``_catchup.py``), and that answer stands: a write stored after the read is
+        after the request.
         """
-        decided_on = st.js_last  # the view may move on while the read is out
+        try:
+            if refusal(st) is None:
+                return st, None
+        except P.ProtocolError:
+            pass  # decided again below
+        seen = st.js_last
         last = await last_on_subject(self._nc, self.cfg.stream, self.subject(path))
-        if last is not None and last.seq > decided_on:
+        cur = self._cache.get(path)
+        if last is None or seen > last.seq:
+            # Nothing stored, or a view past what JetStream has (not a fold of its records):
+            # folded again from JetStream.
             self._forget(path)
-            raise Conflict(path)
+        elif cur is not None and cur.js_last < last.seq:
+            cur.heard_prev = max(cur.heard_prev, last.seq - 1)  # caught up to it by the get
+        view = await self.get(path, touch=True, held=True)
+        refused = refusal(view)  # raises 404 when there is no view
+        assert view is not None
+        return view, refused
 
     async def _retrying(self, path: str, op: Callable[[], Awaitable[T]]) -> T:
         """Run ``op`` under the path's lock, again (up to 5 more times) after a ``Conflict``.
@@ -534,31 +575,39 @@ class StreamStore:
                 mismatch or ``Stream-Seq`` regression; 400 bad JSON.
         """
 
-        async def op() -> tuple[StreamState, str, Verdict | None]:
-            st = await self.get(path, touch=True, held=True)
+        def refusal(st: StreamState | None) -> tuple[StreamState, str, Verdict] | None:
+            """What the append is answered without a write on ``st`` (raised or returned),
+            ``None`` when it is written."""
             if st is None:
                 raise P.ProtocolError(404, "Stream not found")
             if st.soft_deleted:
                 raise P.ProtocolError(410, "Stream is gone")
             if st.closed:
-                await self._settled(path, st)
                 if producer is not None and st.closed_by == (producer.id, producer.epoch, producer.seq):
                     return st, st.offset, Verdict("duplicate", last_seq=producer.seq)
                 raise P.ProtocolError(409, "Stream is closed", {P.CLOSED: "true", P.NEXT_OFFSET: st.offset})
             if content_type and st.content_type and (
                 P.normalize_content_type(content_type) != P.normalize_content_type(st.content_type)
             ):
-                await self._settled(path, st)  # a stream deleted and made anew meanwhile
                 raise P.ProtocolError(409, "Content-type mismatch")
-            verdict = None
             if producer is not None:
                 verdict = M.check_producer(st, producer)
                 if verdict.status != "accepted":
-                    await self._settled(path, st)
                     return st, st.offset, verdict
             if seq is not None and st.last_seq is not None and seq <= st.last_seq:
-                await self._settled(path, st)
                 raise P.ProtocolError(409, "Sequence conflict")
+            return None
+
+        async def op() -> tuple[StreamState, str, Verdict | None]:
+            st = await self.get(path, touch=True, held=True)
+            if st is None:
+                raise P.ProtocolError(404, "Stream not found")
+            if st.soft_deleted:
+                raise P.ProtocolError(410, "Stream is gone")
+            st, refused = await self._unwritten(path, st, refusal)
+            if refused is not None:
+                return refused
+            verdict = M.check_producer(st, producer) if producer is not None else None
             fragment = P.process_json_append(data) if P.is_json(st.content_type) else data
             off = P.next_offset(st.offset, len(fragment))
             meta: dict[str, object] = {M.OP: "append", M.OFFSET: off}
@@ -590,6 +639,19 @@ class StreamStore:
             ProtocolError: 404 unknown stream; 409 closed by another producer.
         """
 
+        def refusal(st: StreamState | None) -> tuple[StreamState, Verdict] | None:
+            if st is None:
+                raise P.ProtocolError(404, "Stream not found")
+            if st.soft_deleted:
+                raise P.ProtocolError(410, "Stream is gone")
+            assert producer is not None
+            if st.closed:
+                if st.closed_by == (producer.id, producer.epoch, producer.seq):
+                    return st, Verdict("duplicate", last_seq=producer.seq)
+                raise P.ProtocolError(409, "Stream is closed", {P.CLOSED: "true", P.NEXT_OFFSET: st.offset})
+            verdict = M.check_producer(st, producer)
+            return (st, verdict) if verdict.status != "accepted" else None
+
         async def op() -> tuple[StreamState, Verdict | None]:
             st = await self.get(path, touch=True, held=True)
             if st is None:
@@ -602,15 +664,10 @@ class StreamStore:
                 new = await self._write(path, st, st.js_last, {M.OP: "close"})
                 assert new is not None
                 return new, None
-            if st.closed:
-                await self._settled(path, st)
-                if st.closed_by == (producer.id, producer.epoch, producer.seq):
-                    return st, Verdict("duplicate", last_seq=producer.seq)
-                raise P.ProtocolError(409, "Stream is closed", {P.CLOSED: "true", P.NEXT_OFFSET: st.offset})
+            st, refused = await self._unwritten(path, st, refusal)
+            if refused is not None:
+                return refused
             verdict = M.check_producer(st, producer)
-            if verdict.status != "accepted":
-                await self._settled(path, st)
-                return st, verdict
             meta: dict[str, object] = {M.OP: "close", M.PID: producer.id, M.PEPOCH: producer.epoch, M.PSEQ: producer.seq}
             new = await self._write(path, st, st.js_last, meta)
             assert new is not None

@@ -169,12 +169,30 @@ async def launch(state_dir: str, spec: LaunchSpec, *, base_env: Mapping[str, str
 
 
 def recorded_pgid(state_dir: str) -> int | None:
-    """The group the last launch recorded in ``<state>/pgid``, ``None`` when none did."""
+    """The group the last launch recorded in ``<state>/pgid``, ``None`` when none did.
+
+    The agent can write that file: it is read without waiting (a FIFO or a link there is
+    no record), and a group that cannot be the agent's (1 or below, or this process's own:
+    the launch starts the agent in a session of its own) is none either, so a ``kill`` or
+    ``destroy`` of a sandbox never signals the process that reads it.
+    """
     try:
-        with open(os.path.join(state_dir, PGID_FILE)) as f:
-            return int(f.read().strip())
-    except (FileNotFoundError, NotADirectoryError, ValueError):
+        fd = open_regular(os.path.join(state_dir, PGID_FILE), no_link=True)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError):
         return None
+    try:
+        raw = os.read(fd, 32)
+    finally:
+        os.close(fd)
+    try:
+        pgid = int(raw.strip())
+    except ValueError:
+        return None
+    return pgid if _may_be_agents(pgid) else None
+
+
+def _may_be_agents(pgid: int) -> bool:
+    return pgid > 1 and pgid != os.getpgrp()
 
 
 def proc_stat(pid: int) -> tuple[str, int] | None:
@@ -216,7 +234,7 @@ def group_alive(pgid: int) -> bool:
 def signal_group(pgid: int | None, signal: int) -> bool:
     """Signal group ``pgid`` when it has a live member; ``True`` when it was signalled
     (``signal`` 0: when it has one). Blocking (scans ``/proc``): call it in a thread."""
-    if not pgid or not group_alive(pgid):
+    if not pgid or not _may_be_agents(pgid) or not group_alive(pgid):
         return False
     if signal == 0:
         return True

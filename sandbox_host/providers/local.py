@@ -61,7 +61,6 @@ from sandbox_host.providers._redact import redact
 # (/proc, files); docs/overview.md says so, and the docker provider is the isolated one.
 _INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "LOGNAME", "SHELL", "TZ")
 _PROXY_ENV = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "grpc_proxy")
-_PGID_FILE = _procs.PGID_FILE
 #: ``BATON_LOCAL_SANDBOX_IO``: how a host reaches a local sandbox (see the module docstring).
 SANDBOX_IO = ("direct", "daemon")
 
@@ -420,13 +419,7 @@ class LocalProvider(Provider):
         if pgid:
             return int(pgid)
         root = handle.data.get("dir")
-        if not root:
-            return None
-        try:
-            with open(os.path.join(root, ".baton", _PGID_FILE)) as f:
-                return int(f.read().strip())
-        except (FileNotFoundError, NotADirectoryError, ValueError):
-            return None
+        return _procs.recorded_pgid(os.path.join(root, ".baton")) if root else None
 
     async def kill(self, handle: SandboxHandle, signal: int) -> bool:
         """Signal the agent's process group, here or through the daemon (the group the launch

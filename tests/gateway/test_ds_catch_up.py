@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import random
+import zlib
 
 import nats
 import pytest
 
 from nats.aio.msg import Msg
 
+from gateway.durable_streams import _model as M
 from gateway.durable_streams._protocol import Producer
 from gateway.durable_streams._publish import Publisher
 from gateway.durable_streams._store import Conflict, StoreConfig, StreamStore
@@ -131,6 +134,109 @@ async def test_idempotent_producers_writing_through_both_stores_at_once_land_eac
             await assert_eventually(functools.partial(whole, s, path, [d.encode() for d in got]), timeout=30)
     finally:
         for s in stores:
+            await s.stop()
+        for nc in conns:
+            await nc.close()
+
+
+async def test_a_write_refused_on_a_view_behind_catches_it_up_without_a_new_fold(nats: object) -> None:
+    """A store that hears none of the other's writes (its subscription gone) writes on a
+    stale view each time: JetStream refuses it, naming the subject's last sequence, and the
+    view is caught up to it record by record, never folded again whole (a whole fold of a
+    long stream written fast elsewhere is raced again and again)."""
+    url = nats.url  # type: ignore[attr-defined]
+    cfg = StoreConfig(stream=unique("DS").upper(), subject_prefix=unique("ds"))
+    conns = [await nats_connect(url) for _ in range(3)]
+    a, b = (StreamStore(nc, cfg) for nc in conns[:2])
+    folds: list[Msg] = []
+
+    async def count_fold(msg: Msg) -> None:
+        folds.append(msg)
+
+    await conns[2].subscribe(f"$JS.API.CONSUMER.CREATE.{cfg.stream}.>", cb=count_fold)
+    try:
+        for s in (a, b):
+            await s.start()
+        assert b._sub is not None
+        await b._sub.unsubscribe()  # b hears nothing of a's writes from here on
+        path = "/" + unique("s")
+        await a.create(path, {"contentType": "text/plain"}, b"")
+        view_b = await b.get(path)
+        assert view_b is not None
+        await conns[2].flush()
+        folds.clear()
+        sent: list[bytes] = []
+        for i in range(10):
+            for store in (a, a, b):
+                data = f"{len(sent):03d}".encode()
+                await store.append(path, data, content_type="text/plain", seq=None, producer=None, close=False)
+                sent.append(data)
+        await whole(b, path, sent)
+        assert await b.get(path) is view_b
+        await conns[2].flush()
+        assert folds == []
+    finally:
+        for s in (a, b):
+            await s.stop()
+        for nc in conns:
+            await nc.close()
+
+
+async def test_a_forged_ack_folds_nothing_that_outlives_the_next_answer(nats: object) -> None:
+    """A client of NATS that publishes, on a stream's subject, a record JetStream refuses,
+    then an ack of it at a sequence far past the stream's: a close that never happened.
+    An ack that names no write after its fence, or another JetStream stream, is not
+    folded at all; the one that is gives way at each store's next append, whose refusal is
+    checked against JetStream (the stream is not closed): the append is written, and the
+    store's view is JetStream's again."""
+    url = nats.url  # type: ignore[attr-defined]
+    cfg = StoreConfig(stream=unique("DS").upper(), subject_prefix=unique("ds"))
+    conns = [await nats_connect(url) for _ in range(3)]
+    a, b = (StreamStore(nc, cfg) for nc in conns[:2])
+    rogue = conns[2]
+    try:
+        for s in (a, b):
+            await s.start()
+        path = "/" + unique("s")
+        await a.create(path, {"contentType": "text/plain"}, b"")
+        await a.append(path, b"a1", content_type="text/plain", seq=None, producer=None, close=False)
+        await assert_eventually(functools.partial(whole, b, path, [b"a1"]), timeout=30)
+        st = await b.get(path)
+        assert st is not None
+        last = st.js_last
+        subject = b.subject(path)
+        key = subject.rsplit(".", 1)[1]
+        record = M.encode_record({M.OP: "close", M.GATEWAY: "evil"})
+        # Refused by JetStream (no such stream expected), heard by every store all the same.
+        await rogue.publish(subject, record, headers={"Nats-Expected-Last-Subject-Sequence": str(last),
+                                                      "Nats-Expected-Stream": "NOPE"})
+        ack = f"_DSACK.{cfg.stream}.evil.{key}.{last}.{zlib.crc32(record)}"
+        for n, body in enumerate(({"stream": cfg.stream, "seq": last}, {"stream": "OTHER", "seq": 10**15})):
+            await rogue.publish(f"{ack}.{n}", json.dumps(body).encode())
+        await rogue.flush()
+        await asyncio.sleep(0.2)  # (nothing to wait for: these two must fold nothing)
+        st = await b.get(path)
+        assert st is not None and not st.closed and st.js_last == last
+        await rogue.publish(subject, record, headers={"Nats-Expected-Last-Subject-Sequence": str(last),
+                                                      "Nats-Expected-Stream": "NOPE"})
+        await rogue.publish(f"{ack}.9", json.dumps({"stream": cfg.stream, "seq": 10**15}).encode())
+        await rogue.flush()
+
+        async def phantom_closed() -> bool:
+            cur = await b.get(path)
+            assert cur is not None and cur.closed
+            return True
+
+        await assert_eventually(phantom_closed, timeout=30)
+        await b.append(path, b"b1", content_type="text/plain", seq=None, producer=None, close=False)
+        await whole(b, path, [b"a1", b"b1"])
+        # a folded the forgery too, and heals the same way at its own next append (its
+        # readers meanwhile are served the forgery: NATS is trusted, docs/design.md).
+        await a.append(path, b"a2", content_type="text/plain", seq=None, producer=None, close=False)
+        await whole(a, path, [b"a1", b"b1", b"a2"])
+        await assert_eventually(functools.partial(whole, b, path, [b"a1", b"b1", b"a2"]), timeout=30)
+    finally:
+        for s in (a, b):
             await s.stop()
         for nc in conns:
             await nc.close()

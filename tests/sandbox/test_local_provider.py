@@ -303,3 +303,61 @@ async def test_the_pgid_record_only_ever_names_a_group_leader(local_provider: Lo
     assert await local_provider.processes_alive(sandboxes[-1])
     assert seen > 0 or record.exists()
 
+
+
+_OWN_GROUP = """
+import asyncio, os, signal, sys
+from sandbox_host.providers import SandboxSpec
+from sandbox_host.providers.local import LocalProvider
+
+async def main():
+    p = LocalProvider(sys.argv[1] + "/s", sys.argv[1] + "/j", idle_check=0.05, sandbox_io="direct")
+    h = await p.create("own-group", SandboxSpec())  # registered, never launched: no pgid
+    record = os.path.join(h.data["dir"], ".baton", "pgid")
+    os.makedirs(os.path.dirname(record), exist_ok=True)
+    answers = []
+    for named in (str(os.getpgrp()), "1", "0", "-1"):  # what an agent could write there
+        with open(record, "w") as f:
+            f.write(named)
+        answers.append([await p.processes_alive(h), await p.kill(h, signal.SIGKILL)])
+    await p.destroy(h)
+    await p.close()
+    print(answers, "survived", flush=True)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.servers  # starts processes: not a unit test
+async def test_a_recorded_group_that_cannot_be_the_agents_is_never_signalled(tmp_path: pathlib.Path) -> None:
+    """``.baton/pgid`` is what ``kill`` and ``destroy`` act on when a handle has no pgid (its
+    host died during the launch), and the agent can write it. Naming the group of the host
+    that reads it, 1, 0 or below is no record: nothing is signalled and the host lives on.
+    (In a process of its own: this one would die with the bug.)"""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _OWN_GROUP, str(tmp_path), cwd=str(REPO), start_new_session=True,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env_without_proxy())
+    async with asyncio.timeout(60):
+        out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert out.decode().strip() == "[[False, False], [False, False], [False, False], [False, False]] survived"
+
+
+@pytest.mark.servers  # through the daemon, starts one
+async def test_a_fifo_or_link_at_the_pgid_record_is_no_record(local_provider: LocalProvider,
+                                                              sandboxes: list, tmp_path: pathlib.Path) -> None:
+    """A FIFO the agent put at ``.baton/pgid`` would hold a plain ``open`` (on the host's
+    event loop, or the daemon's) until a writer came; a link would name any file: both are
+    read as no record, at once."""
+    h = await local_provider.create("fifo-pgid", SandboxSpec())
+    sandboxes.append(h)
+    record = pathlib.Path(h.data["dir"]) / ".baton" / "pgid"
+    record.parent.mkdir(parents=True, exist_ok=True)
+    elsewhere = tmp_path / "a-group"
+    elsewhere.write_text(str(os.getpid()))
+    for make in (lambda: os.mkfifo(record), lambda: os.symlink(elsewhere, record)):
+        record.unlink(missing_ok=True)
+        make()
+        async with asyncio.timeout(30):
+            assert await local_provider.processes_alive(h) is False
+            assert await local_provider.kill(h, signal.SIGTERM) is False

@@ -156,12 +156,14 @@ def test_what_is_kept_is_bounded_oldest_first() -> None:
 def test_an_ack_is_read_from_its_reply_subject_and_body() -> None:
     assert ack_subject("_DSACK.BATON_DS.gwA.k3y.12.345.0") == ("gwA", "k3y", 12, 345)
     for subject in ("_DSACK.BATON_DS.gwA.k3y.12.345", "_DSACK.BATON_DS.gwA.k3y.x.345.0",
-                    "_DSACK.BATON_DS.gwA.k3y.12.-5.0"):
+                    "_DSACK.BATON_DS.gwA.k3y.12.-5.0", "_DSACK.BATON_DS.gwA.k3y.1\u00b2.345.0"):
         assert ack_subject(subject) is None, subject
-    assert ack_seq(json.dumps({"stream": "BATON_DS", "seq": 13}).encode()) == 13
+    assert ack_seq(json.dumps({"stream": "BATON_DS", "seq": 13}).encode(), "BATON_DS") == 13
     refused = json.dumps({"error": {"code": 400, "err_code": 10071, "description": "wrong last sequence: 14"}})
-    for body in (refused.encode(), b"not json", b'{"seq": "13"}', b'{"seq": true}', b"[13]", b""):
-        assert ack_seq(body) is None, body
+    for body in (refused.encode(), b"not json", b'{"stream": "BATON_DS", "seq": "13"}',
+                 b'{"stream": "BATON_DS", "seq": true}', b"[13]", b"", b'{"seq": 13}',
+                 b'{"stream": "OTHER", "seq": 13}', b"[" * 200_000):
+        assert ack_seq(body, "BATON_DS") is None, body[:40]
 
 
 async def test_a_catch_up_waits_for_an_ack_due_then_asks_jetstream_when_none_comes() -> None:
