@@ -127,7 +127,8 @@ UNDELIVERABLE = "The answer could not be passed to the agent (it is too large), 
 async def _deliver(sbx: "Sandbox", run_id: str, action: Deliver) -> None:
     """Append one input to the inbox. An input refused for good (``ValueError``: too large
     once escaped, or an id the relay cannot carry; ``PermissionError``: the agent made its
-    inbox a link, a FIFO or anything but a regular file) is never retried: an approval's
+    inbox a link, a FIFO or anything but a regular file, or holds a lease on it) is never
+    retried: an approval's
     answer becomes a denial (fail closed), a steered message is dropped (logged), so the
     inputs after it still go through. Any other ``OSError`` propagates: tried again."""
     try:

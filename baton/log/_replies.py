@@ -62,6 +62,10 @@ class Replies:
             this requester's own inbox).
         own: this requester's token under ``shared`` (one subject token, unique among them).
         on_other: called with every reply under ``shared`` to another requester.
+
+    Raises:
+        ValueError: ``shared`` without a one-token ``own`` (no ``.``, ``*`` or ``>``) or
+            without ``on_other``.
     """
 
     @classmethod
@@ -141,6 +145,7 @@ class Replies:
             nats.errors.ConnectionClosedError: the connection is closed, or :meth:`close`
                 was called.
             nats.errors.MaxPayloadError: the message is larger than the server takes.
+            ValueError: a ``tag`` without a shared reply prefix.
         """
         if tag and self._shared is None:
             raise ValueError("a reply tag needs a shared reply prefix")

@@ -369,7 +369,10 @@ class StreamStore:
             st.heard_prev = max(st.heard_prev, int(last) - 1)
         elif int(last) < st.js_last:
             seen = st.js_last
-            rec = await next_record(self._nc, self.cfg.stream, self.subject(path), seen)
+            try:
+                rec = await next_record(self._nc, self.cfg.stream, self.subject(path), seen)
+            except (nats.errors.Error, nats.js.errors.Error):
+                rec = None  # not known to be stored: read again
             if rec is None or rec[0] != seen:
                 self._forget(path)
 
@@ -380,14 +383,19 @@ class StreamStore:
         if st is not None and st.js_last >= seq:
             return st  # a catch-up folded it from JetStream while the ack was on its way
         new = M.apply(st, seq, meta, data)
+        cur = self._cache.get(path)
         if new is None:
             self._cache.pop(path, None)
+        elif cur is not None and cur is not st:
+            # Folded anew while the publish was out: it may lack this record, which is never
+            # heard here (no_echo), or hold records ``new`` lacks: read again when next used.
+            self._forget(path)
         else:
             self._remember(path, new)
         if st is not None:
             st.notify()
-        if new is not None:  # another gateway's write after this one, heard before this ack
-            self._fold_heard(path, new)
+        if new is not None and self._cache.get(path) is new:
+            self._fold_heard(path, new)  # another gateway's write after this one, heard before this ack
         return new
 
     async def _unwritten(self, path: str, st: StreamState, refusal: Callable[[StreamState | None], R | None]
@@ -402,6 +410,12 @@ class StreamStore:
         refusals only; the records after the view's come from the acks heard or by direct
         gets, ``_catchup.py``), and that answer stands: a write stored after the read is
         after the request.
+
+        Raises:
+            ProtocolError: what ``refusal`` raises on the view caught up (404 when the
+                stream is gone).
+            nats.errors.Error, nats.js.errors.Error: the leader read failed (the request is
+                answered 503, as a write that failed).
         """
         try:
             if refusal(st) is None:

@@ -252,9 +252,12 @@ def append_line(inbox: str, line: bytes) -> None:
 
     Raises:
         FileNotFoundError: no such inbox.
-        PermissionError: a symbolic link, or not a regular file, at ``inbox``.
+        PermissionError: a symbolic link, or not a regular file (a directory too), at ``inbox``.
     """
-    fd = open_regular(inbox, no_link=True, append=True)
+    try:
+        fd = open_regular(inbox, no_link=True, append=True)
+    except IsADirectoryError:
+        raise PermissionError(f"{inbox} is not a regular file: not written") from None
     try:
         os.write(fd, line)
     finally:

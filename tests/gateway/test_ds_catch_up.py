@@ -211,20 +211,16 @@ async def test_a_forged_ack_folds_nothing_that_outlives_the_next_answer(nats: ob
         await rogue.publish(subject, record, headers={"Nats-Expected-Last-Subject-Sequence": str(last),
                                                       "Nats-Expected-Stream": "NOPE"})
         ack = f"_DSACK.{cfg.stream}.evil.{key}.{last}.{zlib.crc32(record)}"
-        for n, body in enumerate(({"stream": cfg.stream, "seq": last}, {"stream": "OTHER", "seq": 10**15})):
+        # Acks on one subscription are taken in order: had either of the first two folded,
+        # it would have taken the record, and the third would fold nothing.
+        for n, body in enumerate(({"stream": cfg.stream, "seq": last}, {"stream": "OTHER", "seq": 10**15 - 1},
+                                  {"stream": cfg.stream, "seq": 10**15})):
             await rogue.publish(f"{ack}.{n}", json.dumps(body).encode())
-        await rogue.flush()
-        await asyncio.sleep(0.2)  # (nothing to wait for: these two must fold nothing)
-        st = await b.get(path)
-        assert st is not None and not st.closed and st.js_last == last
-        await rogue.publish(subject, record, headers={"Nats-Expected-Last-Subject-Sequence": str(last),
-                                                      "Nats-Expected-Stream": "NOPE"})
-        await rogue.publish(f"{ack}.9", json.dumps({"stream": cfg.stream, "seq": 10**15}).encode())
         await rogue.flush()
 
         async def phantom_closed() -> bool:
             cur = await b.get(path)
-            assert cur is not None and cur.closed
+            assert cur is not None and cur.closed and cur.js_last == 10**15
             return True
 
         await assert_eventually(phantom_closed, timeout=30)
@@ -237,6 +233,52 @@ async def test_a_forged_ack_folds_nothing_that_outlives_the_next_answer(nats: ob
         await assert_eventually(functools.partial(whole, b, path, [b"a1", b"b1", b"a2"]), timeout=30)
     finally:
         for s in (a, b):
+            await s.stop()
+        for nc in conns:
+            await nc.close()
+
+
+async def test_an_append_is_fenced_on_the_view_it_was_decided_on(nats: object) -> None:
+    """An append decided on a's view waits for its allowance (the tenant's quota) while b's
+    append is stored and a folds it from what it heard. It is fenced on the view it was
+    decided on, so JetStream refuses it and it is decided again with b's append: each
+    append once, at offsets that increase strictly (fenced on the view after the wait, it
+    was stored at b's offset)."""
+    url = nats.url  # type: ignore[attr-defined]
+    cfg = StoreConfig(stream=unique("DS").upper(), subject_prefix=unique("ds"))
+    conns = [await nats_connect(url) for _ in range(3)]
+    a, b, fresh = (StreamStore(nc, cfg) for nc in conns)
+    try:
+        for s in (a, b, fresh):
+            await s.start()
+        path = "/" + unique("s")
+        await a.create(path, {"contentType": "text/plain"}, b"")
+        await a.append(path, b"x", content_type="text/plain", seq=None, producer=None, close=False)
+        await assert_eventually(functools.partial(whole, b, path, [b"x"]), timeout=30)
+        gate, waiting = asyncio.Event(), asyncio.Event()
+        spend = a._ledger.spend
+
+        async def held_spend(tenant: str, nbytes: int) -> None:
+            if not gate.is_set():
+                waiting.set()
+                await gate.wait()
+            await spend(tenant, nbytes)
+
+        a._ledger.spend = held_spend  # type: ignore[method-assign]
+        held = asyncio.create_task(a.append(path, b"A", content_type="text/plain", seq=None, producer=None,
+                                            close=False))
+        await waiting.wait()
+        await b.append(path, b"B", content_type="text/plain", seq=None, producer=None, close=False)
+        await assert_eventually(functools.partial(whole, a, path, [b"x", b"B"]), timeout=30)
+        gate.set()
+        await held
+        st = await fresh.get(path)
+        assert st is not None
+        got = fresh.read(st, "-1")
+        assert [m.data for m in got] == [b"x", b"B", b"A"]
+        assert [m.offset for m in got] == sorted({m.offset for m in got})
+    finally:
+        for s in (a, b, fresh):
             await s.stop()
         for nc in conns:
             await nc.close()

@@ -100,9 +100,10 @@ async def test_an_answer_too_large_for_the_inbox_is_a_denial_not_a_hang(local_pr
     assert denied[0]["message"]["content"][0]["content"] == UNDELIVERABLE
 
 
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
 async def test_an_inbox_the_agent_made_a_fifo_refuses_its_inputs_for_good_not_each_pause(
-        local_provider: LocalProvider, sandbox, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
-    """An agent that put a FIFO where its inbox was gets no input, and the host's delivery
+        local_provider: LocalProvider, sandbox, caplog: pytest.LogCaptureFixture, kind: str) -> None:  # type: ignore[no-untyped-def]
+    """An agent that put a FIFO or a directory where its inbox was gets no input, and the host's delivery
     (``run_inputs_io._deliver``) gives the input up at once, logged, as one too large: it is
     not tried again every pause for the rest of the run. An approval's answer too (its
     denial cannot go through either)."""
@@ -118,7 +119,7 @@ async def test_an_inbox_the_agent_made_a_fifo_refuses_its_inputs_for_good_not_ea
     try:
         inbox = live.handle.inbox_path
         os.unlink(inbox)
-        os.mkfifo(inbox)
+        os.mkfifo(inbox) if kind == "fifo" else os.mkdir(inbox)
         sbx = Sandbox(local_provider, live.handle, live.nonce)
         with caplog.at_level(logging.ERROR, logger="baton.sandbox_host.inputs"):
             async with asyncio.timeout(30):
