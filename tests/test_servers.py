@@ -11,7 +11,8 @@ import aetcd
 import nats as nats_client
 import pytest
 
-from baton_tools.testing.servers import EtcdServer, NatsServer, _ephemeral_range, free_port, port_slice
+from baton_tools.testing.servers import (EtcdServer, NatsServer, _ephemeral_range, free_port, free_ports_in_a_row,
+                                         port_slice)
 from tests.cli.conftest import processes_mentioning
 from tests.conftest import REPO, assert_eventually, unique
 
@@ -106,3 +107,18 @@ def test_each_xdist_worker_draws_from_a_slice_of_its_own() -> None:
     assert slices[-1][1] < low and low - slices[-1][1] <= 3
     assert port_slice({}) == (10000, low - 1)
     assert port_slice({"PYTEST_XDIST_WORKER": "gw1", "PYTEST_XDIST_WORKER_COUNT": "1"}) == (10000, low - 1)
+
+
+def test_ports_in_a_row_are_all_free_and_never_handed_out_again() -> None:
+    """A gateway's workers serve their metrics on ``P + i``: every port of the run is
+    bindable now, inside this worker's slice, and :func:`free_port` never hands one out
+    later (it handed ``P + 1`` to the next server, which took it first: "address already
+    in use" in a clean-clone CI)."""
+    first = free_ports_in_a_row(3)
+    low, high = port_slice()
+    assert low <= first and first + 2 <= high
+    from baton_tools.testing import servers
+
+    assert {first, first + 1, first + 2} <= servers._handed_out  # what free_port skips
+    later = {free_port() for _ in range(300)}
+    assert not later & {first, first + 1, first + 2}

@@ -76,6 +76,36 @@ def free_port() -> int:
     raise RuntimeError("no free TCP port found below the ephemeral range")
 
 
+def free_ports_in_a_row(n: int) -> int:
+    """The first of ``n`` adjacent TCP ports free on 127.0.0.1 now (``P`` .. ``P + n - 1``),
+    each drawn as :func:`free_port` draws one and never handed out again: for a server whose
+    processes serve on ``P + i`` (a gateway's workers' metrics). Checking ``P + 1`` free
+    without marking it let this process hand it to the next server it started.
+
+    Raises:
+        RuntimeError: no such run found.
+    """
+    _, high = port_slice()  # (not into another pytest-xdist worker's slice)
+    for _ in range(200):
+        first = free_port()
+        rest = range(first + 1, first + n)
+        if first + n - 1 > high or any(p in _handed_out for p in rest):
+            continue
+        if all(_bindable(p) for p in rest):
+            _handed_out.update(rest)
+            return first
+    raise RuntimeError(f"no {n} adjacent free TCP ports found below the ephemeral range")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def find_binary(name: str) -> str:
     """Path of a server binary: beside the interpreter first, then ``PATH``.
 

@@ -19,10 +19,10 @@ from baton.log import DeliveryLog, LogConfig
 from baton.sse import Comment, aiter_sse
 from baton.v1 import runs_service_pb2 as pb, runs_service_pb2_grpc as pbg
 from baton_tools.testing.cluster import GatewayProcess, start_gateway
-from baton_tools.testing.servers import free_port
+from baton_tools.testing.servers import free_port, free_ports_in_a_row
 from tests.conftest import assert_eventually, unique
 from tests.grpc.conftest import read_events
-from tests.gateway.conftest import port_is_free, run_chunks, write_run
+from tests.gateway.conftest import run_chunks, write_run
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(180)]
 
@@ -30,12 +30,9 @@ _STARTED = re.compile(r"gateway worker (\d+)/2 started \(pid (\d+)\)")
 
 
 def _metrics_base() -> int:
-    """A port P with P and P + 1 free: worker i serves its metrics on P + i."""
-    for _ in range(50):
-        p = free_port()
-        if p < 65535 and port_is_free(p + 1):
-            return p
-    raise RuntimeError("no two adjacent free ports")
+    """A port P with P and P + 1 free and never handed out again: worker i serves its
+    metrics on P + i."""
+    return free_ports_in_a_row(2)
 
 
 class Workers:
