@@ -371,34 +371,12 @@ def worker_pids(pid: int) -> list[int]:
     return out
 
 
-def adjacent_free_ports(n: int) -> int:
-    """A port P with P .. P + n - 1 free (a worker's metrics port is P + its index)."""
-    from baton_tools.testing.servers import free_port
-
-    for _ in range(100):
-        p = free_port()
-        if all(_free(p + i) for i in range(1, n)):
-            return p
-    raise RuntimeError(f"no {n} adjacent free ports")
-
-
-def _free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 async def main() -> dict[str, Any]:
     import httpx
 
     from baton.log import DeliveryLog, LogConfig
     from baton_tools.testing.cluster import start_coordinator, start_gateway
-    from baton_tools.testing.servers import EtcdServer, NatsServer, env_without_proxy, free_port
+    from baton_tools.testing.servers import EtcdServer, NatsServer, env_without_proxy, free_port, free_ports_in_a_row
 
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="baton-bench-gw-"))
     etcd, nats = EtcdServer(tmp / "etcd"), NatsServer(tmp / "nats")
@@ -423,7 +401,7 @@ async def main() -> dict[str, Any]:
         gw = await start_gateway(coord.address, nats.url, log_dir=tmp, log_level="WARNING",
                                  runs_stream=cfg.stream, subject_prefix=cfg.subject_prefix,
                                  threads_bucket=cfg.bucket, http_connections_per_client=0, start_timeout=120)
-        metrics2 = adjacent_free_ports(2)
+        metrics2 = free_ports_in_a_row(2)
         gw2 = await start_gateway(coord.address, nats.url, log_dir=tmp, log_level="WARNING",
                                   runs_stream=cfg.stream, subject_prefix=cfg.subject_prefix,
                                   threads_bucket=cfg.bucket, gateway_workers=2, http_connections_per_client=0, start_timeout=120,

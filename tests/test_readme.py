@@ -22,14 +22,13 @@ import pathlib
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 
 import pytest
 
-from baton_tools.testing.servers import env_without_proxy
+from baton_tools.testing.servers import env_without_proxy, port_is_free
 from tests.conftest import eventually, require
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -135,15 +134,6 @@ class Up:
         return code.replace(HTTP, self.http).replace(GRPC, self.grpc).replace(EXAMPLE_REPO, self.repo)
 
 
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def _wait_ready(proc: subprocess.Popen[bytes], cwd: pathlib.Path, log: pathlib.Path, timeout: float) -> dict[str, object]:
     """``cluster.json`` of the ``baton up`` in ``proc`` once it printed ``ready``."""
     def ready() -> bool:
@@ -178,7 +168,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     repos.mkdir()
     repo = make_repo(repos, "your-repo.git")
     env["BATON_WORKSPACE_DIRS"] = str(repos.resolve())
-    port = 8080 if _free(8080) and _free(8081) else 0
+    port = 8080 if port_is_free(8080) and port_is_free(8081) else 0
     log = cwd / "baton-up.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([str(VENV_BIN / "baton"), "up", "--port", str(port)], cwd=cwd, env=env,

@@ -91,13 +91,15 @@ def free_ports_in_a_row(n: int) -> int:
         rest = range(first + 1, first + n)
         if first + n - 1 > high or any(p in _handed_out for p in rest):
             continue
-        if all(_bindable(p) for p in rest):
+        if all(port_is_free(p) for p in rest):
             _handed_out.update(rest)
             return first
     raise RuntimeError(f"no {n} adjacent free TCP ports found below the ephemeral range")
 
 
-def _bindable(port: int) -> bool:
+def port_is_free(port: int) -> bool:
+    """Whether a TCP listener could bind ``port`` on 127.0.0.1 now (nothing reserved: see
+    :func:`free_port` for one this process will not hand out again)."""
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", port))

@@ -242,6 +242,16 @@ class Handlers:
             raise P.ProtocolError(410, "Stream is gone")
         if live in ("long-poll", "sse") and offset is None:
             raise P.ProtocolError(400, f"{'SSE' if live == 'sse' else 'Long-poll'} requires offset parameter")
+        if live != "long-poll" and offset not in (None, "-1", "now") and offset > st.offset:
+            # Past this view: an offset another gateway answered before this one heard of
+            # the append. Read on the view JetStream has: a catch-up read's answer, or SSE
+            # (which goes on from the tail when asked past it), would send the reader back
+            # to this view's end, to read again what it has. A long-poll waits for the view.
+            st = await self.store.latest(path)
+            if st is None:
+                raise P.ProtocolError(404, "Stream not found")
+            if st.soft_deleted:
+                raise P.ProtocolError(410, "Stream is gone")
         if live == "sse":
             start = st.offset if offset == "now" else offset
             assert start is not None

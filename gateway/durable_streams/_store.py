@@ -48,7 +48,7 @@ from baton.log._api import (
 from baton.log._consumer import OrderedConsumer
 from gateway.durable_streams import _model as M
 from gateway.durable_streams import _protocol as P
-from gateway.durable_streams._folds import FoldRaces
+from gateway.durable_streams._folds import UNFENCED, FoldRaces
 from gateway.durable_streams._model import Message, StreamState, Verdict
 from gateway.durable_streams._catchup import (ACK_WAIT, CatchUps, Heard, ack_seq, ack_subject, expected_last,
                                               next_record)
@@ -168,10 +168,10 @@ class StreamStore:
         if meta.get(M.GATEWAY) == self._gw:
             return
         key = msg.subject.rsplit(".", 1)[-1]
-        self._races.saw(key)
+        prev = expected_last(msg)
+        self._races.saw(key, prev)
         path = self._key_to_path.get(key)
         st = self._cache.get(path) if path is not None else None
-        prev = expected_last(msg)
         if path is not None and (st is None or prev is None):
             self._forget(path)
         elif st is not None and prev is not None and prev >= st.js_last:
@@ -272,21 +272,33 @@ class StreamStore:
             st = self._cache.get(path)
             if st is not None:  # else dropped meanwhile: folded again below
                 return st, st.js_last
-        # A fold raced by another gateway's write may lack it (_folds.py): folded again; after
-        # a few, returned uncached and already "changed", so its reader reads again at once.
+        # A fold raced by another gateway's write may lack it (_folds.py): marked behind the
+        # write's fence, and caught up from there; folded again only when that cannot place
+        # the write (no fence, or no stream found). After a few, returned uncached and
+        # already "changed", so its reader reads again at once.
         key = _key(path)
         for _ in range(_FOLD_TRIES):
             token = self._races.begin(key)
             try:
                 st, last = await self._load(path)
+                if st is not None and st.forked_from:
+                    await self._ancestors(st)  # (a write heard meanwhile races the fold too)
             finally:
                 raced = self._races.end(key, token)
-            if not raced:
+            if raced is None:
                 break
+            if st is not None and raced != UNFENCED:
+                st.heard_prev = max(st.heard_prev, raced)
+                self._remember(path, st)
+                if st.heard_prev < st.js_last:
+                    return st, last  # it has the writes that raced it (or they were refused)
+                if await self._catch_ups.run(path, self.subject(path), st, self._cache.get):
+                    cur = self._cache.get(path)
+                    if cur is not None:
+                        return cur, cur.js_last
+                self._forget(path)
         if st is not None:
-            if st.forked_from:
-                await self._ancestors(st)
-            if raced:
+            if raced is not None:
                 st.notify_pending()
             else:
                 self._remember(path, st)
@@ -422,19 +434,41 @@ class StreamStore:
                 return st, None
         except P.ProtocolError:
             pass  # decided again below
-        seen = st.js_last
-        last = await last_on_subject(self._nc, self.cfg.stream, self.subject(path))
-        cur = self._cache.get(path)
-        if last is None or seen > last.seq:
-            # Nothing stored, or a view past what JetStream has (not a fold of its records):
-            # folded again from JetStream.
-            self._forget(path)
-        elif cur is not None and cur.js_last < last.seq:
-            cur.heard_prev = max(cur.heard_prev, last.seq - 1)  # caught up to it by the get
+        await self._mark_behind_jetstream(path, st.js_last)
         view = await self.get(path, touch=True, held=True)
         refused = refusal(view)  # raises 404 when there is no view
         assert view is not None
         return view, refused
+
+    async def _mark_behind_jetstream(self, path: str, seen: int) -> None:
+        """Read the subject's last record (one leader read) and mark the cached view of
+        ``path``, last seen at ``seen``, behind it, so its next use catches it up to every
+        record JetStream had when asked; a view past what JetStream has (not a fold of its
+        records: a forged ack's), or of a subject with nothing stored, is dropped (folded
+        again when next used).
+
+        Raises:
+            nats.errors.Error, nats.js.errors.Error: the leader read failed.
+        """
+        last = await last_on_subject(self._nc, self.cfg.stream, self.subject(path))
+        cur = self._cache.get(path)
+        if last is None or seen > last.seq:
+            self._forget(path)
+        elif cur is not None and cur.js_last < last.seq:
+            cur.heard_prev = max(cur.heard_prev, last.seq - 1)  # caught up to it by the get
+
+    async def latest(self, path: str) -> StreamState | None:
+        """:meth:`get` (``touch``), on the view caught up with every record JetStream had when
+        asked: one leader read. For a read at an offset past the cached view, which another
+        gateway's append, not heard here yet, may have answered: that reader must not be
+        told a ``Stream-Next-Offset`` before the one it holds, as if the stream ended there.
+
+        Raises:
+            nats.errors.Error, nats.js.errors.Error: the leader read failed.
+        """
+        st = self._cache.get(path)
+        await self._mark_behind_jetstream(path, st.js_last if st is not None else 0)
+        return await self.get(path, touch=True)
 
     async def _retrying(self, path: str, op: Callable[[], Awaitable[T]]) -> T:
         """Run ``op`` under the path's lock, again (up to 5 more times) after a ``Conflict``.

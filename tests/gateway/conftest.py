@@ -8,7 +8,6 @@ import contextlib
 import dataclasses
 import json
 import pathlib
-import socket
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import httpx
@@ -175,15 +174,6 @@ async def gateway(make_gateway: GatewayFactory) -> Gateway:
 async def http() -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(trust_env=False, timeout=10) as client:
         yield client
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
 
 
 def run_chunks(run_id: str, thread_id: str, texts: list[str]) -> list[dict[str, Any]]:

@@ -148,12 +148,7 @@ async def test_a_write_refused_on_a_view_behind_catches_it_up_without_a_new_fold
     cfg = StoreConfig(stream=unique("DS").upper(), subject_prefix=unique("ds"))
     conns = [await nats_connect(url) for _ in range(3)]
     a, b = (StreamStore(nc, cfg) for nc in conns[:2])
-    folds: list[Msg] = []
-
-    async def count_fold(msg: Msg) -> None:
-        folds.append(msg)
-
-    await conns[2].subscribe(f"$JS.API.CONSUMER.CREATE.{cfg.stream}.>", cb=count_fold)
+    folds = await counting(conns[2], *fold_requests(cfg.stream))
     try:
         for s in (a, b):
             await s.start()
@@ -282,6 +277,117 @@ async def test_an_append_is_fenced_on_the_view_it_was_decided_on(nats: object) -
             await s.stop()
         for nc in conns:
             await nc.close()
+
+
+async def test_a_fold_raced_by_the_other_stores_write_is_caught_up_not_folded_again(nats: object) -> None:
+    """b folds the stream while a's append is stored past what the fold read: b heard the
+    append (fenced on the fold's last record), so its view is cached behind it and caught up
+    from there. One fold, not two."""
+    url = nats.url  # type: ignore[attr-defined]
+    cfg = StoreConfig(stream=unique("DS").upper(), subject_prefix=unique("ds"))
+    conns = [await nats_connect(url) for _ in range(3)]
+    a, b = (StreamStore(nc, cfg) for nc in conns[:2])
+    folds = await counting(conns[2], *fold_requests(cfg.stream))
+    try:
+        for s in (a, b):
+            await s.start()
+        path = "/" + unique("s")
+        await a.create(path, {"contentType": "text/plain"}, b"")
+        sent = [f"{i:03d}".encode() for i in range(30)]
+        for data in sent:
+            await a.append(path, data, content_type="text/plain", seq=None, producer=None, close=False)
+        load, saw, heard = b._load, b._races.saw, asyncio.Event()
+
+        def heard_by_b(*args: object) -> None:
+            saw(*args)  # type: ignore[arg-type]
+            heard.set()
+
+        async def raced_load(p: str) -> tuple[object, int]:
+            folded = await load(p)  # the fold's records read; now a's append lands after them
+            await a.append(path, b"late", content_type="text/plain", seq=None, producer=None, close=False)
+            await heard.wait()  # b heard it while folding
+            b._load = load  # type: ignore[method-assign]
+            return folded
+
+        b._races.saw = heard_by_b  # type: ignore[method-assign]
+
+        b._load = raced_load  # type: ignore[method-assign]
+        await conns[2].flush()
+        folds.clear()
+        st = await b.get(path)
+        assert st is not None and [m.data for m in b.read(st, "-1")] == [*sent, b"late"]
+        assert b._cache.get(path) is st  # cached, caught up in place
+        await conns[2].flush()
+        assert len(folds) == 1
+    finally:
+        for s in (a, b):
+            await s.stop()
+        for nc in conns:
+            await nc.close()
+
+
+async def test_a_long_stream_written_fast_through_the_other_store_is_folded_once(nats: object) -> None:
+    """b reads a 2,000-record stream again and again while a appends to it nonstop: b folds it
+    once, then catches up (each fold raced by a's appends was done again, then served
+    uncached, so every read folded the whole stream again)."""
+    url = nats.url  # type: ignore[attr-defined]
+    cfg = StoreConfig(stream=unique("DS").upper(), subject_prefix=unique("ds"))
+    conns = [await nats_connect(url) for _ in range(3)]
+    a, b = (StreamStore(nc, cfg) for nc in conns[:2])
+    folds = await counting(conns[2], *fold_requests(cfg.stream))
+    stop = asyncio.Event()
+    sent: list[bytes] = []
+
+    async def write() -> None:
+        while not stop.is_set():
+            data = f"{len(sent):05d}".encode()
+            await a.append(path, data, content_type="text/plain", seq=None, producer=None, close=False)
+            sent.append(data)
+
+    try:
+        for s in (a, b):
+            await s.start()
+        path = "/" + unique("s")
+        await a.create(path, {"contentType": "text/plain"}, b"")
+        for i in range(2000):
+            await a.append(path, f"{i:05d}".encode(), content_type="text/plain", seq=None, producer=None,
+                           close=False)
+        await conns[2].flush()
+        folds.clear()
+        writer = asyncio.create_task(write())
+        await assert_eventually(lambda: len(sent) >= 20, timeout=30)
+        for _ in range(20):
+            assert await b.get(path) is not None
+        stop.set()
+        await writer
+        assert b._cache.get(path) is not None
+        await assert_eventually(functools.partial(whole, b, path, [f"{i:05d}".encode() for i in range(2000)] + sent),
+                                timeout=30)
+        await conns[2].flush()
+        assert len(folds) <= 1, len(folds)  # b's one fold
+    finally:
+        stop.set()
+        for s in (a, b):
+            await s.stop()
+        for nc in conns:
+            await nc.close()
+
+
+async def counting(nc: nats.NATS, *subjects: str) -> list[Msg]:
+    """The messages on ``subjects`` from now on (JetStream API requests counted)."""
+    seen: list[Msg] = []
+
+    async def count(msg: Msg) -> None:
+        seen.append(msg)
+
+    for subject in subjects:
+        await nc.subscribe(subject, cb=count)
+    return seen
+
+
+def fold_requests(stream: str) -> tuple[str, str]:
+    """The subjects of the consumer creates a fold makes (an unnamed consumer's, a named one's)."""
+    return f"$JS.API.CONSUMER.CREATE.{stream}", f"$JS.API.CONSUMER.CREATE.{stream}.>"
 
 
 class _InboxPublisher(Publisher):

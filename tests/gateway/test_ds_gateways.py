@@ -4,6 +4,7 @@ reaches. Each gateway listens for the others' records on its own no-echo NATS co
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 
@@ -57,3 +58,42 @@ async def test_two_gateways_share_streams_writes_reads_and_producers(make_gatewa
     assert (await http.request("PATCH", on_a, content=b"x")).status_code == 405
     for url in (on_a, on_b):
         assert (await http.get(url, params={"offset": "-1"})).content == b"12345678"
+
+
+async def test_a_read_at_an_offset_the_other_gateway_answered_is_never_sent_back(make_gateway: GatewayFactory,
+                                                                               http: httpx.AsyncClient) -> None:
+    """A reader holding an offset the other gateway answered (its append, or its read) asks a
+    gateway that has not heard of that append yet: it is told that offset, not the end of
+    the stale view (from which it would read again what it has)."""
+    a, b = await make_gateway(), await make_gateway()
+    name = unique("behind")
+    on_a, on_b = f"{a.url}/ds/{name}", f"{b.url}/ds/{name}"
+    assert (await http.put(on_a, headers=CT, content=b"1")).status_code == 201
+    assert (await http.get(on_b, params={"offset": "-1"})).content == b"1"  # b caches the stream
+    store_b = b.app.state.durable_streams.handlers.store
+    await store_b._sub.unsubscribe()  # b hears no more of a's writes: its view stays behind
+    for data in (b"2", b"3"):
+        appended = await http.post(on_a, headers=CT, content=data)
+        assert appended.status_code == 204
+    held = appended.headers["stream-next-offset"]
+    read = await http.get(on_a, params={"offset": "-1"})
+    assert read.content == b"123" and read.headers["stream-next-offset"] == held
+
+    # An SSE reader at that offset on b is told it, not sent back to b's view's end.
+    async with http.stream("GET", on_b, params={"offset": held, "live": "sse"}) as sse:
+        assert sse.status_code == 200
+        async for line in sse.aiter_lines():
+            if line.startswith("data:"):
+                control = json.loads(line.removeprefix("data:"))
+                break
+    assert control["streamNextOffset"] == held and control.get("upToDate") is True
+
+    appended = await http.post(on_a, headers=CT, content=b"4")  # b is behind again
+    held = appended.headers["stream-next-offset"]
+    caught_up = await http.get(on_b, params={"offset": held})
+    assert caught_up.status_code == 200 and caught_up.content == b""
+    assert caught_up.headers["stream-next-offset"] == held
+    assert caught_up.headers["stream-up-to-date"] == "true"
+    # b's view now has the records: a read from the start there is whole.
+    whole = await http.get(on_b, params={"offset": "-1"})
+    assert whole.content == b"1234" and whole.headers["stream-next-offset"] == held
