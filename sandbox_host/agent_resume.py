@@ -51,13 +51,16 @@ def should_relaunch(desk: "InputDesk | None", attempt: int) -> bool:
     return desk is not None and attempt <= MAX_AGENT_RESUMES + 1 and desk.resume_wanted()
 
 
+_MARKER_READ = 8192  # bytes read after a sentinel: a resume marker is shorter (its inbox a path)
+
+
 async def _after_sentinel(sbx: "Sandbox", end: int) -> bool | None:
     """What follows a sentinel: ``True`` a resume marker, ``False`` another line, ``None``
     nothing yet (or a line still being written)."""
-    data = await sbx.provider.read_file(sbx.handle, sbx.handle.journal_path, end)
+    data = await sbx.provider.read_file(sbx.handle, sbx.handle.journal_path, end, _MARKER_READ)
     line, nl, _ = data.partition(b"\n")
     if not nl:
-        return None
+        return False if len(data) >= _MARKER_READ else None  # (longer than any marker)
     return parse_resume(line.rstrip(b"\r"), sbx.nonce) is not None
 
 

@@ -408,22 +408,27 @@ class ClaimLog:
             stored = await self.deps.log.stored_headers(self.run_id, before=self.fence_seq)
             if not self.inputs_loaded:
                 await self.load_input(stored)
-            data = await sbx.provider.read_file(sbx.handle, sbx.handle.journal_path)
-        except (FileNotFoundError, BatonError, OSError):
+        except (BatonError, OSError):
             return
-        from sandbox_host.journal import JournalExit, JournalLine, JournalResume, journal_items
+        from sandbox_host.journal import JournalExit, JournalLine, JournalResume, read_journal
+
+        unreadable = False  # the journal is gone, or a read failed: no transcript from it
 
         async def lines() -> "AsyncIterator[JournalItem]":
-            items = journal_items(data, sbx.nonce)
-            for i, item in enumerate(items):
-                if isinstance(item, JournalExit):
+            nonlocal unreadable
+            # Read a MiB at a time, never whole (its lines too: sandbox_host/journal.py).
+            ended = False  # a sentinel was the last item: the journal's end unless a marker follows
+            try:
+                async for item in read_journal(sbx.provider, sbx.handle, sbx.handle.journal_path, sbx.nonce):
+                    if ended and not isinstance(item, JournalResume):
+                        return
                     # An agent process that ended and was resumed (its marker follows) is
                     # not the journal's end.
-                    if i + 1 < len(items) and isinstance(items[i + 1], JournalResume):
-                        continue
-                    return
-                if isinstance(item, JournalLine):
-                    yield item
+                    ended = isinstance(item, JournalExit)
+                    if isinstance(item, JournalLine):
+                        yield item
+            except (BatonError, OSError):  # FileNotFoundError included
+                unreadable = True
 
         replay = Replay(self.deps.translator(self.record, self.run_id), stored,
                         yield_every=self.deps.settings.replay_yield_lines)
@@ -439,7 +444,8 @@ class ClaimLog:
                         break  # caught up: the rest is not in the log
         except JournalReplayDiverged:
             pass
-        self.builder = builder
+        if not unreadable:
+            self.builder = builder
 
     async def save_transcript_quietly(self) -> None:
         """:meth:`save_transcript`, a failure only logged (a snapshot)."""

@@ -96,6 +96,39 @@ class JournalLine:
     data: bytes
 
 
+#: A journal line longer than this (bytes, without its ``\n``) is never held whole: it
+#: comes out as a :class:`JournalOversized` (its head and tail kept), which the translator
+#: reports instead of parsing. Sandboxed code can write the journal, and a line of many GiB
+#: with no ``\n`` held whole would take down the host, then every host that takes the run
+#: over and replays it. 32 times the largest tool result a chunk carries
+#: (``translate._base.MAX_RESULT_BYTES``), so no line the translator could use whole is
+#: cut. A constant, not a setting: hosts must split one journal alike (a replay that
+#: differs from the stored chunks stops the run).
+MAX_LINE_BYTES = 16 << 20
+#: Bytes kept of an oversized line's start (reported) and its end (where the wrapper's exit
+#: sentinel lands when the agent was killed mid-line).
+OVERSIZED_HEAD = 4096
+OVERSIZED_TAIL = 512
+#: Bytes of the journal read at a time when not following it (at the end of a run, or from a
+#: provider that cannot follow): the rest of a journal written faster than it was followed
+#: is not read whole.
+READ_LIMIT = 1 << 20
+
+
+@dataclass(frozen=True)
+class JournalOversized(JournalLine):
+    """A journal line longer than :data:`MAX_LINE_BYTES`, not held whole.
+
+    Attributes:
+        data: its first :data:`OVERSIZED_HEAD` bytes.
+        size: its length in bytes (without ``\n``).
+        tail: its last :data:`OVERSIZED_TAIL` bytes.
+    """
+
+    size: int
+    tail: bytes
+
+
 @dataclass(frozen=True)
 class JournalExit:
     """The wrapper's exit sentinel (right nonce): the agent ended with ``code``.
@@ -180,12 +213,20 @@ class LineSplitter:
     Searches only the newly added bytes for ``\\n``, so a line of many MiB arriving in
     small reads costs linear time. Lines are never decoded here: a UTF-8 character split
     across two reads is joined before anyone decodes it.
+
+    A line longer than :data:`MAX_LINE_BYTES` is never held whole: once its bytes pass the
+    limit only its first :data:`OVERSIZED_HEAD` and last :data:`OVERSIZED_TAIL` bytes are
+    kept, and it comes out as a :class:`JournalOversized` when its ``\\n`` does, whatever
+    the reads' sizes were (so a replay on another host sees the same item).
     """
 
     def __init__(self, offset: int = 0) -> None:
         self._buf = bytearray()
-        self._start = offset  # absolute offset of _buf[0]
+        self._start = offset  # absolute offset of _buf[0] (of the oversized line, when skipping)
         self._scan = 0  # bytes of _buf already known to hold no "\n"
+        self._skipped = 0  # bytes of an oversized line seen so far (0: not in one)
+        self._head = b""
+        self._tail = b""
 
     @property
     def consumed(self) -> int:
@@ -194,26 +235,49 @@ class LineSplitter:
 
     @property
     def pending(self) -> bytes:
-        """The bytes after the last complete line (a fragment, possibly empty)."""
-        return bytes(self._buf)
+        """The bytes after the last complete line (a fragment, possibly empty; of an
+        oversized fragment, its first :data:`OVERSIZED_HEAD` bytes)."""
+        return self._head if self._skipped else bytes(self._buf)
 
     def feed(self, data: bytes) -> list[JournalLine]:
-        """Add bytes; return the lines they complete, in order."""
-        self._buf += data
+        """Add bytes; return the lines they complete, in order (a :class:`JournalOversized`
+        for each longer than :data:`MAX_LINE_BYTES`)."""
         out: list[JournalLine] = []
+        if self._skipped:
+            nl = data.find(b"\n")
+            if nl < 0:
+                self._skipped += len(data)
+                self._tail = (self._tail + data[-OVERSIZED_TAIL:])[-OVERSIZED_TAIL:]
+                return out
+            size = self._skipped + nl
+            tail = (self._tail + data[max(0, nl - OVERSIZED_TAIL):nl])[-OVERSIZED_TAIL:]
+            out.append(JournalOversized(self._start, self._start + size + 1, self._head, size, tail))
+            self._start += size + 1
+            self._skipped, self._head, self._tail = 0, b"", b""
+            data = data[nl + 1:]
+        self._buf += data
         pos = 0
         while True:
             nl = self._buf.find(b"\n", max(pos, self._scan))
             if nl < 0:
                 break
-            raw = bytes(self._buf[pos:nl])
-            if raw.endswith(b"\r"):
-                raw = raw.rstrip(b"\r")
-            out.append(JournalLine(self._start + pos, self._start + nl + 1, raw))
+            if nl - pos > MAX_LINE_BYTES:
+                out.append(JournalOversized(self._start + pos, self._start + nl + 1, bytes(self._buf[pos:pos + OVERSIZED_HEAD]),
+                                            nl - pos, bytes(self._buf[max(pos, nl - OVERSIZED_TAIL):nl])))
+            else:
+                raw = bytes(self._buf[pos:nl])
+                if raw.endswith(b"\r"):
+                    raw = raw.rstrip(b"\r")
+                out.append(JournalLine(self._start + pos, self._start + nl + 1, raw))
             pos = nl + 1
         if pos:
             del self._buf[:pos]
             self._start += pos
+        if len(self._buf) > MAX_LINE_BYTES:  # a line past the limit, its end not read yet
+            self._skipped = len(self._buf)
+            self._head = bytes(self._buf[:OVERSIZED_HEAD])
+            self._tail = bytes(self._buf[-OVERSIZED_TAIL:])
+            self._buf = bytearray()
         self._scan = len(self._buf)
         return out
 
@@ -225,6 +289,13 @@ def _classify(line: JournalLine, nonce: str) -> list[JournalItem]:
     fragment on the same physical line: the fragment is reported as truncated and the
     sentinel still counts.
     """
+    if isinstance(line, JournalOversized):
+        cut = line.tail.rfind(_SENTINEL_MARK)
+        code = parse_sentinel(line.tail[cut:], nonce) if cut >= 0 else None
+        if code is None:
+            return [line]
+        at = line.end - 1 - (len(line.tail) - cut)
+        return [JournalTruncated(line.offset, line.data), JournalExit(code, at, line.end)]
     if line.data.startswith(_RESUME_MARK):
         resumed = parse_resume(line.data, nonce)
         if resumed is not None:
@@ -243,6 +314,22 @@ def _classify(line: JournalLine, nonce: str) -> list[JournalItem]:
                 JournalExit(code, line.offset + cut, line.end),
             ]
     return [line]
+
+
+async def read_journal(provider: Provider, handle: SandboxHandle, path: str, nonce: str) -> AsyncIterator[JournalItem]:
+    """The journal's items from byte 0 to its end now, read :data:`READ_LIMIT` bytes at a
+    time (never held whole), without following it; a trailing fragment is left out.
+
+    Raises:
+        FileNotFoundError: the journal does not exist.
+    """
+    splitter = LineSplitter()
+    pos = 0
+    while data := await provider.read_file(handle, path, pos, READ_LIMIT):
+        pos += len(data)
+        for line in splitter.feed(data):
+            for item in _classify(line, nonce):
+                yield item
 
 
 def journal_items(data: bytes, nonce: str) -> list[JournalItem]:
@@ -333,7 +420,7 @@ async def follow_journal(
 
     async def drain() -> bytes:
         try:
-            return await provider.read_file(handle, path, pos)
+            return await provider.read_file(handle, path, pos, READ_LIMIT)
         except FileNotFoundError:
             raise JournalDeleted(path, pos) from None
 

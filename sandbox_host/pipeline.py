@@ -31,7 +31,7 @@ from typing import Any, AsyncGenerator, AsyncIterable, Iterable, Protocol, Seque
 
 from baton.errors import JournalReplayDiverged
 from sandbox_host.align import Aligner, Fingerprint, StoredHeader, Tagged
-from sandbox_host.journal import JournalExit, JournalItem, JournalLine, JournalTruncated
+from sandbox_host.journal import JournalExit, JournalItem, JournalLine, JournalOversized, JournalTruncated
 
 Chunk = dict[str, Any]
 __all__ = ["Batch", "Replay", "Translator", "is_terminal"]
@@ -41,6 +41,8 @@ class Translator(Protocol):
     """What the pipeline needs of a journal translator (:mod:`sandbox_host.translate`)."""
 
     def feed(self, line: bytes) -> list[Chunk]: ...
+
+    def feed_oversized(self, head: bytes, size: int) -> list[Chunk]: ...
 
     def finish(self, exit_code: int | None, fragment: bytes | None) -> list[Chunk]: ...
 
@@ -127,7 +129,11 @@ class Replay:
         lines = 0
         async for item in items:
             if isinstance(item, JournalLine):
-                batch, diverged = self._tag(self._translator.feed(item.data))
+                if isinstance(item, JournalOversized):
+                    chunks = self._translator.feed_oversized(item.data, item.size)
+                else:
+                    chunks = self._translator.feed(item.data)
+                batch, diverged = self._tag(chunks)
                 if batch.chunks:
                     yield batch
                 if diverged is not None:

@@ -275,6 +275,23 @@ class Translator:
                     self._custom("journal.unknown_line", {"line": self.line_no, "value": obj})
         return self._take()
 
+    def feed_oversized(self, head: bytes, size: int) -> list[Chunk]:
+        """Report one journal line too long to be held (``sandbox_host.journal.MAX_LINE_BYTES``)
+        in place of translating it: ``CUSTOM journal.oversized_line`` with its line number,
+        its ``size`` in bytes and a quote of its ``head``. What the line would have been
+        (a message, a tool result) is missing from the run, as a line the agent never wrote.
+
+        Returns:
+            The chunks (possibly ``RUN_STARTED`` first); ``[]`` after the end.
+        """
+        if self._ended:
+            return []
+        self.line_no += 1
+        self._out = []
+        self._ensure_started()
+        self._custom("journal.oversized_line", {"line": self.line_no, "bytes": size, "text": quote(head)})
+        return self._take()
+
     def finish(self, exit_code: int | None, trailing_fragment: bytes | None = None) -> list[Chunk]:
         """Close the run at final EOF.
 

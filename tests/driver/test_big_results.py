@@ -92,3 +92,29 @@ async def test_an_input_too_big_for_its_accepted_chunk_is_refused_up_front(big_c
     chunks = [c for _, c in await big_cluster.read_all(started.record.run_id)]
     assert chunks[1]["name"] == "run.accepted" and chunks[1]["value"]["messages"] == fits
     await big_cluster.wait_status(started.record.run_id, "completed")
+
+
+async def test_a_journal_line_too_long_to_hold_is_reported_and_the_run_completes(big_cluster: Cluster) -> None:
+    """Sandboxed code can write the journal: a 96 MiB line (over MAX_LINE_BYTES) is reported
+    as CUSTOM journal.oversized_line with its size and head, and the run goes on to its end
+    with the transcript its chunks make (that the host never holds such a line:
+    tests/sandbox/test_journal.py)."""
+    from sandbox_host.journal import MAX_LINE_BYTES, OVERSIZED_HEAD
+
+    journal = big_cluster.tmp / "journals-in" / "oversized-line.jsonl"
+    lines = SOURCE.read_bytes().splitlines()
+    huge = b'{"type":"user","message":{"role":"user","content":"' + b"\xc3\xa9" * (48 << 20) + b'"}}'
+    assert len(huge) > MAX_LINE_BYTES
+    journal.write_bytes(b"\n".join([*lines[:3], huge, *lines[3:]]) + b"\n")
+    started = await big_cluster.start_run(big_cluster.hosts[0], str(journal), speed=0, messages=USER)
+    run_id, thread_id = started.record.run_id, started.record.thread_id
+    chunks = [c for _, c in await big_cluster.read_all(run_id)]
+    reported = [c for c in chunks if c["type"] == "CUSTOM" and c["name"] == "journal.oversized_line"]
+    assert len(reported) == 1
+    value = reported[0]["value"]
+    assert value["bytes"] == len(huge)
+    assert value["text"] == huge[:OVERSIZED_HEAD].decode("utf-8", "replace")
+    assert chunks[-1]["type"] == "RUN_FINISHED"
+    await big_cluster.wait_status(run_id, "completed")
+    msgs, _ = await big_cluster.transcripts.load(thread_id)
+    assert msgs == build_transcript([chunks[0], *chunks[2:]], USER)

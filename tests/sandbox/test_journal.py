@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import os
 import pathlib
+import tracemalloc
 from typing import AsyncIterator
 
 import pytest
@@ -19,8 +20,12 @@ from sandbox_host.journal import (
     JournalDeleted,
     JournalExit,
     JournalLine,
+    JournalOversized,
     JournalTruncated,
     LineSplitter,
+    MAX_LINE_BYTES,
+    OVERSIZED_HEAD,
+    OVERSIZED_TAIL,
     exit_sentinel,
     follow_journal,
     journal_path,
@@ -81,6 +86,35 @@ def test_splitter_two_mib_line_in_small_reads() -> None:
     assert len(out) == 1 and out[0].data == big[:-1] and out[0].end == len(big)
 
 
+def test_splitter_a_line_over_the_limit_comes_out_the_same_whatever_the_reads() -> None:
+    """A line longer than MAX_LINE_BYTES is a JournalOversized (size, head, tail) and its
+    neighbours plain lines, read whole, a MiB at a time or in odd pieces: hosts that read one
+    journal in different pieces replay the same items."""
+    huge = b"<" + b"x" * (MAX_LINE_BYTES + 10) + b">"
+    journal = b"a\n" + huge + b"\r\nb\n" + b"y" * MAX_LINE_BYTES + b"\ntail"
+    want = [
+        JournalLine(0, 2, b"a"),
+        JournalOversized(2, 2 + len(huge) + 2, huge[:OVERSIZED_HEAD], len(huge) + 1, (huge + b"\r")[-OVERSIZED_TAIL:]),
+        JournalLine(len(huge) + 4, len(huge) + 6, b"b"),
+        JournalLine(len(huge) + 6, len(huge) + 7 + MAX_LINE_BYTES, b"y" * MAX_LINE_BYTES),  # at the limit: whole
+    ]
+    for piece in (len(journal), 1 << 20, 65537, MAX_LINE_BYTES + 1):
+        s = LineSplitter()
+        out: list[JournalLine] = []
+        for i in range(0, len(journal), piece):
+            out += s.feed(journal[i : i + piece])
+        assert out == want, piece
+        assert s.pending == b"tail" and s.consumed == len(journal) - 4
+
+
+def test_splitter_keeps_only_the_head_of_a_line_over_the_limit_still_being_written() -> None:
+    s = LineSplitter()
+    for _ in range(3 * MAX_LINE_BYTES // (1 << 20)):
+        assert s.feed(b"z" * (1 << 20)) == []
+    assert s.pending == b"z" * OVERSIZED_HEAD and s.consumed == 0
+    assert len(s._buf) == 0  # nothing more of it held
+
+
 async def _launch_sh(provider: LocalProvider, sandboxes: list, key: str, script: str, nonce: str):  # type: ignore[no-untyped-def]
     from sandbox_host.providers import SandboxSpec
 
@@ -112,6 +146,34 @@ async def test_follow_hostile_lines(local_provider: LocalProvider, sandboxes: li
     assert items[4] == JournalTruncated(items[3].end, b"last")  # fragment glued to the sentinel
     assert isinstance(items[5], JournalExit) and items[5].code == 0
     assert items[5].end == os.path.getsize(h.journal_path)
+
+
+@pytest.mark.servers  # starts processes: not a unit test
+async def test_follow_a_line_over_the_limit_without_holding_it(local_provider: LocalProvider, sandboxes: list) -> None:
+    """Sandboxed code writes a 96 MiB line, then a line; later the agent dies mid-line and the
+    wrapper's sentinel lands at its end: the host follows both without ever holding either
+    (its Python memory stays under twice the limit), and sees the sentinel."""
+    nonce = new_nonce()
+    size = 96 << 20
+    script = f"head -c {size} /dev/zero | tr '\\0' 'x'; printf '\\nafter\\n'; head -c {size} /dev/zero | tr '\\0' 'y'; exit 3"
+    h = await _launch_sh(local_provider, sandboxes, "oversized", script, nonce)
+    tracemalloc.start()
+    try:
+        items = await follow_all(local_provider, h, nonce, timeout=120)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [type(i) for i in items] == [JournalOversized, JournalLine, JournalTruncated, JournalExit]
+    first = items[0]
+    assert isinstance(first, JournalOversized)
+    assert (first.offset, first.end, first.size) == (0, size + 1, size)
+    assert first.data == b"x" * OVERSIZED_HEAD and first.tail == b"x" * OVERSIZED_TAIL
+    assert items[1] == JournalLine(size + 1, size + 7, b"after")
+    assert items[2] == JournalTruncated(size + 7, b"y" * OVERSIZED_HEAD)  # the fragment the agent left
+    exit_ = items[3]
+    assert isinstance(exit_, JournalExit) and exit_.code == 3
+    assert exit_.offset == 2 * size + 7 and exit_.end == os.path.getsize(h.journal_path)
+    assert peak < 2 * MAX_LINE_BYTES, f"{peak / 2**20:.0f} MiB held following two 96 MiB lines"
 
 
 @pytest.mark.servers  # starts processes: not a unit test
