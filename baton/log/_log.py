@@ -5,7 +5,7 @@ import asyncio
 import json
 import logging
 import secrets
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import nats
 import nats.errors
@@ -47,9 +47,10 @@ class _ConnectionEvents:
     carry credentials).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, then: Callable[[], Awaitable[None]] | None = None) -> None:
         self.down = False
         self.nc: NATS | None = None  # set once connected
+        self.then = then  # awaited after each reconnect
 
     async def error(self, exc: Exception) -> None:
         if isinstance(exc, _CONNECTION_ERRORS):
@@ -71,6 +72,8 @@ class _ConnectionEvents:
     async def reconnected(self) -> None:
         self.down = False
         log.info("NATS reconnected")
+        if self.then is not None:
+            await self.then()
 
 
 class DeliveryLog:
@@ -109,7 +112,9 @@ class DeliveryLog:
             cfg: names and limits; ``LogConfig.from_env()`` when omitted.
             options: passed to ``nats.connect`` (defaults: reconnect forever every 0.2 s, ping
                 every 5 s, a server that leaves more than 2 unanswered is left; TLS, a .creds
-                file or an nkey seed from ``BATON_NATS_*``: :mod:`baton.log._nats_auth`).
+                file or an nkey seed from ``BATON_NATS_*``: :mod:`baton.log._nats_auth`);
+                besides, ``on_reconnected``: awaited after each reconnect (what was published
+                on core NATS while the connection was down never reached its subscriptions).
 
         Raises:
             baton.tls.TlsConfigError: a ``BATON_NATS_*`` file is missing or unusable.
@@ -126,7 +131,7 @@ class DeliveryLog:
         options.setdefault("max_outstanding_pings", 2)
         for name, value in connect_options().items():
             options.setdefault(name, value)
-        events = _ConnectionEvents()
+        events = _ConnectionEvents(options.pop("on_reconnected", None))
         options.setdefault("error_cb", events.error)
         options.setdefault("disconnected_cb", events.disconnected)
         options.setdefault("reconnected_cb", events.reconnected)

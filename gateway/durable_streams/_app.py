@@ -254,8 +254,16 @@ async def start_for(app: Any, runs: Any) -> StreamStore:
     # Subjects are ours (``baton.ds.<hex>``, an inbox): nats-py's per-publish check of them
     # (a regex per subject) is skipped.
     settings = runs.state.settings
-    conn = await DeliveryLog.connect(settings.nats_url, no_echo=True, skip_subject_validation=True)
+    stores: list[StreamStore] = []
+
+    async def reconnected() -> None:  # what other gateways wrote meanwhile was never heard
+        for s in stores:
+            s.reconnected()
+
+    conn = await DeliveryLog.connect(settings.nats_url, no_echo=True, skip_subject_validation=True,
+                                     on_reconnected=reconnected)
     store = StreamStore(conn.nc, store_cfg, close=conn.close)
+    stores.append(store)
     try:
         await store.start()
     except BaseException:

@@ -55,6 +55,12 @@ class FoldRaces:
         if slot is not None:
             slot.fences.append(UNFENCED if prev is None else prev)
 
+    def lost_sight(self) -> None:
+        """Other gateways' records may have been missed (the connection was down): every
+        fold in flight may lack a write it cannot place (as one with no fence)."""
+        for slot in self._folding.values():
+            slot.fences.append(UNFENCED)
+
     def end(self, key: str, token: int) -> int | None:
         """The fold that :meth:`begin` returned ``token`` for ended.
 

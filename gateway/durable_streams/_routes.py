@@ -242,11 +242,14 @@ class Handlers:
             raise P.ProtocolError(410, "Stream is gone")
         if live in ("long-poll", "sse") and offset is None:
             raise P.ProtocolError(400, f"{'SSE' if live == 'sse' else 'Long-poll'} requires offset parameter")
-        if live != "long-poll" and offset not in (None, "-1", "now") and offset > st.offset:
+        if (live != "long-poll" and offset is not None and len(offset) == len(st.offset) and offset > st.offset
+                and P.valid_offset(offset)):
             # Past this view: an offset another gateway answered before this one heard of
             # the append. Read on the view JetStream has: a catch-up read's answer, or SSE
             # (which goes on from the tail when asked past it), would send the reader back
             # to this view's end, to read again what it has. A long-poll waits for the view.
+            # Only an offset of the form this gateway answers (an offset no gateway gave is
+            # answered from the view: no leader read a client can ask for at will).
             st = await self.store.latest(path)
             if st is None:
                 raise P.ProtocolError(404, "Stream not found")

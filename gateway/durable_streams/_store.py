@@ -216,6 +216,16 @@ class StreamStore:
         if folded:
             st.notify()
 
+    def reconnected(self) -> None:
+        """The store's NATS connection is back after an outage: what other gateways wrote
+        meanwhile was never heard here, so every view is dropped (its readers wake and fold
+        it anew) and every fold in flight is done again."""
+        self._races.lost_sight()
+        if self._cache:
+            log.info("NATS reconnected: %d Durable Streams views are folded anew", len(self._cache))
+        for path in list(self._cache):
+            self._forget(path)
+
     def _forget(self, path: str) -> None:
         """Drop a stream's view (its readers wake and reload it from JetStream)."""
         st = self._cache.pop(path, None)
@@ -257,27 +267,39 @@ class StreamStore:
         return st, last.seq
 
     async def _view(self, path: str) -> tuple[StreamState | None, int]:
-        """The cached view, else a fresh fold (cached when the stream exists)."""
-        st = self._cache.get(path)
-        if st is not None:
-            self._cache.move_to_end(path)
-            if st.heard_prev >= st.js_last:
-                self._fold_heard(path, st)  # what was heard may be folded already (_catchup.py)
-                st = self._cache.get(path)
-        if st is not None:
-            if st.heard_prev < st.js_last:
-                return st, st.js_last
-            if not await self._catch_ups.run(path, self.subject(path), st, self._cache.get):
-                self._forget(path)
-            st = self._cache.get(path)
-            if st is not None:  # else dropped meanwhile: folded again below
-                return st, st.js_last
-        # A fold raced by another gateway's write may lack it (_folds.py): marked behind the
-        # write's fence, and caught up from there; folded again only when that cannot place
-        # the write (no fence, or no stream found). After a few, returned uncached and
-        # already "changed", so its reader reads again at once.
+        """The cached view (caught up first when it is behind), else a fresh fold (cached
+        when the stream exists).
+
+        A fold never replaces a view cached while it ran (a write's, or another fold's): that
+        one hears what comes after it and this fold may lack it (a write of this gateway,
+        never heard here); the fold is dropped and the cached view used. A fold raced by
+        another gateway's write may lack it (_folds.py): cached behind the write's fence and
+        caught up from there; folded again only when that cannot place the write (no fence,
+        or no stream found). After a few tries, returned uncached and already "changed", so
+        its reader reads again at once.
+        """
         key = _key(path)
-        for _ in range(_FOLD_TRIES):
+        st: StreamState | None = None
+        last, raced, folds = 0, None, 0
+        for _ in range(_VIEW_TURNS):
+            cur = self._cache.get(path)
+            if cur is not None:
+                self._cache.move_to_end(path)
+                if cur.heard_prev >= cur.js_last:
+                    self._fold_heard(path, cur)  # what was heard may be folded already (_catchup.py)
+                    if self._cache.get(path) is not cur:
+                        continue  # dropped (deleted, made anew): look again
+                if cur.heard_prev < cur.js_last:
+                    return cur, cur.js_last
+                if not await self._catch_ups.run(path, self.subject(path), cur, self._cache.get):
+                    self._forget(path)
+                    continue
+                if self._cache.get(path) is cur:
+                    return cur, cur.js_last
+                continue  # replaced or dropped meanwhile: look again
+            if folds == _FOLD_TRIES:
+                break
+            folds += 1
             token = self._races.begin(key)
             try:
                 st, last = await self._load(path)
@@ -285,23 +307,20 @@ class StreamStore:
                     await self._ancestors(st)  # (a write heard meanwhile races the fold too)
             finally:
                 raced = self._races.end(key, token)
+            if self._cache.get(path) is not None:
+                continue  # a view was cached while this fold ran: that one
             if raced is None:
-                break
+                if st is not None:
+                    self._remember(path, st)
+                return st, last
             if st is not None and raced != UNFENCED:
                 st.heard_prev = max(st.heard_prev, raced)
-                self._remember(path, st)
-                if st.heard_prev < st.js_last:
-                    return st, last  # it has the writes that raced it (or they were refused)
-                if await self._catch_ups.run(path, self.subject(path), st, self._cache.get):
-                    cur = self._cache.get(path)
-                    if cur is not None:
-                        return cur, cur.js_last
-                self._forget(path)
+                self._remember(path, st)  # caught up from the fence by the next turn
+        cur = self._cache.get(path)
+        if cur is not None:
+            return cur, cur.js_last
         if st is not None:
-            if raced is not None:
-                st.notify_pending()
-            else:
-                self._remember(path, st)
+            st.notify_pending()
         return st, last
 
     async def _ancestors(self, st: StreamState) -> None:
@@ -322,6 +341,13 @@ class StreamStore:
         st, _ = await self._view(path)
         if st is None:
             return None
+        if st.forked_from:
+            # Its sources' views, which read() takes the inherited records from, may have
+            # left the cache since it was folded (least recently used first).
+            await self._ancestors(st)
+            st, _ = await self._view(path)
+            if st is None:
+                return None
         now = self._clock()
         if not st.soft_deleted and st.expired(now):
             if held:
@@ -787,6 +813,7 @@ class StreamStore:
 
 
 _FOLD_TRIES = 3  # folds of one stream while other gateways' writes race them
+_VIEW_TURNS = 8  # looks at the cache and folds, for one view
 
 
 @functools.lru_cache(maxsize=4096)  # several calls per request for the same few paths

@@ -10,6 +10,7 @@ import functools
 import json
 import random
 import zlib
+from typing import Any
 
 import nats
 import pytest
@@ -326,6 +327,127 @@ async def test_a_fold_raced_by_the_other_stores_write_is_caught_up_not_folded_ag
             await nc.close()
 
 
+@pytest.mark.parametrize("raced", [False, True])
+async def test_a_slow_fold_never_replaces_the_view_a_write_cached_meanwhile(nats: object, raced: bool) -> None:
+    """A reader's fold on b is slow to end; meanwhile b appends (on a view its append folded)
+    and, raced, a appends too. The view b's append cached stays: the slow fold, cached over
+    it, lacked b's own record, which b never hears (no_echo), and b served a stream without
+    it as up to date."""
+    url = nats.url  # type: ignore[attr-defined]
+    cfg = StoreConfig(stream=unique("DS").upper(), subject_prefix=unique("ds"))
+    conns = [await nats_connect(url) for _ in range(2)]
+    a, b = (StreamStore(nc, cfg) for nc in conns)
+    try:
+        for s in (a, b):
+            await s.start()
+        path = "/" + unique("s")
+        await a.create(path, {"contentType": "text/plain"}, b"")
+        await a.append(path, b"a1", content_type="text/plain", seq=None, producer=None, close=False)
+        load, saw = b._load, b._races.saw
+        release, loaded, heard = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+        async def slow_load(p: str) -> tuple[object, int]:
+            b._load = load  # type: ignore[method-assign]
+            folded = await load(p)  # the reader's fold read its records; it ends late
+            loaded.set()
+            await release.wait()
+            return folded
+
+        def heard_by_b(*args: object) -> None:
+            saw(*args)  # type: ignore[arg-type]
+            heard.set()
+
+        b._load = slow_load  # type: ignore[method-assign]
+        b._races.saw = heard_by_b  # type: ignore[method-assign]
+        reader = asyncio.create_task(b.get(path))
+        await loaded.wait()
+        want = [b"a1"]
+        if raced:
+            await a.append(path, b"a2", content_type="text/plain", seq=None, producer=None, close=False)
+            await heard.wait()
+            want.append(b"a2")
+        await b.append(path, b"b-own", content_type="text/plain", seq=None, producer=None, close=False)
+        want.append(b"b-own")
+        release.set()
+        st = await reader
+        assert st is not None and [m.data for m in b.read(st, "-1")] == want
+        await whole(b, path, want)
+        await whole(a, path, want)
+    finally:
+        for s in (a, b):
+            await s.stop()
+        for nc in conns:
+            await nc.close()
+
+
+async def test_what_the_other_store_wrote_while_the_connection_was_down_is_read_after_it(nats: object) -> None:
+    """b's NATS connection drops for a moment while a appends: b hears none of it, and on
+    reconnecting drops its views, so its waiting reader wakes and a read has a's appends
+    (b's view stayed as it was, up to date by its own account, until a's next write)."""
+    url = nats.url  # type: ignore[attr-defined]
+    cfg = StoreConfig(stream=unique("DS").upper(), subject_prefix=unique("ds"))
+    back = asyncio.Event()
+    stores: list[StreamStore] = []
+
+    async def reconnected() -> None:
+        for s in stores[1:]:
+            s.reconnected()  # as the gateway's connection does (gateway/durable_streams/_app.py)
+        back.set()
+
+    conns = [await nats_connect(url), await nats_connect(url, reconnected_cb=reconnected, reconnect_time_wait=0.1,
+                                                         max_reconnect_attempts=-1)]
+    a, b = (StreamStore(nc, cfg) for nc in conns)
+    stores += [a, b]
+    try:
+        for s in (a, b):
+            await s.start()
+        path = "/" + unique("s")
+        await a.create(path, {"contentType": "text/plain"}, b"")
+        await a.append(path, b"1", content_type="text/plain", seq=None, producer=None, close=False)
+        await assert_eventually(functools.partial(whole, b, path, [b"1"]), timeout=30)
+        st = await b.get(path)
+        assert st is not None
+        waiting = asyncio.create_task(b.wait(st, 60))
+        conns[1]._transport.close()  # type: ignore[union-attr]  # a blip: nats-py reconnects
+        for data in (b"2", b"3"):
+            await a.append(path, data, content_type="text/plain", seq=None, producer=None, close=False)
+        await back.wait()
+        assert await waiting
+        await whole(b, path, [b"1", b"2", b"3"])
+    finally:
+        for s in (a, b):
+            await s.stop()
+        for nc in conns:
+            await nc.close()
+
+
+async def test_a_fork_read_after_its_source_left_the_cache_still_has_what_it_inherits(nats: object) -> None:
+    """A store that keeps two views reads a fork, then another stream (its source's view
+    goes, least recently used, the fork's stays): the fork's next read still starts with what
+    it inherits (it was answered with the fork's own records alone)."""
+    url = nats.url  # type: ignore[attr-defined]
+    cfg = StoreConfig(stream=unique("DS").upper(), subject_prefix=unique("ds"), cached_streams=2)
+    nc = await nats_connect(url)
+    store = StreamStore(nc, cfg)
+    ct = {"contentType": "text/plain"}
+    try:
+        await store.start()
+        src, fork = "/" + unique("src"), "/" + unique("fork")
+        await store.create(src, ct, b"AAA")
+        await store.append(src, b"BBB", content_type="text/plain", seq=None, producer=None, close=False)
+        await store.create(fork, {**ct, "forkedFrom": src, "forkOffset": None, "forkSubOffset": -1}, b"")
+        await store.append(fork, b"CCC", content_type="text/plain", seq=None, producer=None, close=False)
+        await whole(store, fork, [b"AAA", b"BBB", b"CCC"])
+        other = "/" + unique("other")
+        await store.create(other, ct, b"x")
+        await whole(store, other, [b"x"])
+        assert src not in store._cache and fork in store._cache
+        await whole(store, fork, [b"AAA", b"BBB", b"CCC"])
+    finally:
+        await store.stop()
+        await nc.close()
+
+
 async def test_a_long_stream_written_fast_through_the_other_store_is_folded_once(nats: object) -> None:
     """b reads a 2,000-record stream again and again while a appends to it nonstop: b folds it
     once, then catches up (each fold raced by a's appends was done again, then served
@@ -398,8 +520,8 @@ class _InboxPublisher(Publisher):
         return await super().publish(subject, payload, expected_last_subject_seq)
 
 
-async def nats_connect(url: str) -> nats.NATS:
-    return await nats.connect(url, no_echo=True)
+async def nats_connect(url: str, **options: Any) -> nats.NATS:
+    return await nats.connect(url, no_echo=True, **options)
 
 
 async def whole(store: StreamStore, path: str, sent: list[bytes]) -> bool:

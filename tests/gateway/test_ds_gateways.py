@@ -97,3 +97,23 @@ async def test_a_read_at_an_offset_the_other_gateway_answered_is_never_sent_back
     # b's view now has the records: a read from the start there is whole.
     whole = await http.get(on_b, params={"offset": "-1"})
     assert whole.content == b"1234" and whole.headers["stream-next-offset"] == held
+
+
+async def test_a_gateway_whose_nats_connection_dropped_reads_what_the_other_wrote_meanwhile(
+        make_gateway: GatewayFactory, http: httpx.AsyncClient) -> None:
+    """b's NATS connection drops for a moment while a appends (nothing of it reaches b): once
+    reconnected, b's long-poll reader gets a's appends, not a 204 at its timeout."""
+    a, b = await make_gateway(), await make_gateway()
+    name = unique("blip")
+    on_a, on_b = f"{a.url}/ds/{name}", f"{b.url}/ds/{name}"
+    assert (await http.put(on_a, headers=CT, content=b"1")).status_code == 201
+    first = await http.get(on_b, params={"offset": "-1"})
+    assert first.content == b"1"
+    store_b = b.app.state.durable_streams.handlers.store
+    reconnects = store_b._nc.stats["reconnects"]
+    store_b._nc._transport.close()  # a blip: nats-py reconnects on its own
+    for data in (b"2", b"3"):
+        assert (await http.post(on_a, headers=CT, content=data)).status_code == 204
+    await assert_eventually(lambda: store_b._nc.stats["reconnects"] > reconnects and store_b._nc.is_connected)
+    poll = await http.get(on_b, params={"offset": first.headers["stream-next-offset"], "live": "long-poll"})
+    assert poll.status_code == 200 and poll.content == b"23"
