@@ -26,7 +26,7 @@ import os
 import re
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AsyncGenerator, AsyncIterator, Awaitable, Callable, Union
 
 from baton.errors import JournalAttachUnavailable, JournalError
@@ -183,11 +183,19 @@ class JournalTruncated:
 
     Attributes:
         offset: byte offset of the fragment.
-        data: its bytes.
+        data: its bytes (of one longer than :data:`MAX_LINE_BYTES`, its first
+            :data:`OVERSIZED_HEAD`).
+        size: its length in bytes (``-1``: ``len(data)``).
     """
 
     offset: int
     data: bytes
+    size: int = field(default=-1, compare=False)  # (one fragment, however it was told)
+
+    @property
+    def length(self) -> int:
+        """The fragment's length in bytes."""
+        return len(self.data) if self.size < 0 else self.size
 
 
 JournalItem = Union[JournalLine, JournalExit, JournalTruncated, JournalResume]
@@ -238,6 +246,11 @@ class LineSplitter:
         """The bytes after the last complete line (a fragment, possibly empty; of an
         oversized fragment, its first :data:`OVERSIZED_HEAD` bytes)."""
         return self._head if self._skipped else bytes(self._buf)
+
+    @property
+    def pending_size(self) -> int:
+        """The length in bytes of the fragment after the last complete line."""
+        return self._skipped or len(self._buf)
 
     def feed(self, data: bytes) -> list[JournalLine]:
         """Add bytes; return the lines they complete, in order (a :class:`JournalOversized`
@@ -290,12 +303,13 @@ def _classify(line: JournalLine, nonce: str) -> list[JournalItem]:
     sentinel still counts.
     """
     if isinstance(line, JournalOversized):
-        cut = line.tail.rfind(_SENTINEL_MARK)
-        code = parse_sentinel(line.tail[cut:], nonce) if cut >= 0 else None
+        tail = line.tail.rstrip(b"\r")  # as a line held whole is stripped
+        cut = tail.rfind(_SENTINEL_MARK)
+        code = parse_sentinel(tail[cut:], nonce) if cut >= 0 else None
         if code is None:
             return [line]
-        at = line.end - 1 - (len(line.tail) - cut)
-        return [JournalTruncated(line.offset, line.data), JournalExit(code, at, line.end)]
+        at = line.offset + line.size - (len(line.tail) - cut)  # where the sentinel starts
+        return [JournalTruncated(line.offset, line.data, at - line.offset), JournalExit(code, at, line.end)]
     if line.data.startswith(_RESUME_MARK):
         resumed = parse_resume(line.data, nonce)
         if resumed is not None:
@@ -317,15 +331,19 @@ def _classify(line: JournalLine, nonce: str) -> list[JournalItem]:
 
 
 async def read_journal(provider: Provider, handle: SandboxHandle, path: str, nonce: str) -> AsyncIterator[JournalItem]:
-    """The journal's items from byte 0 to its end now, read :data:`READ_LIMIT` bytes at a
-    time (never held whole), without following it; a trailing fragment is left out.
+    """The journal's items from byte 0 to its size when asked, read :data:`READ_LIMIT`
+    bytes at a time (never held whole), without following it (a process the agent left
+    behind may write on: not past that size); a trailing fragment is left out.
 
     Raises:
         FileNotFoundError: the journal does not exist.
     """
+    end = await provider.file_size(handle, path)
+    if end is None:
+        raise FileNotFoundError(path)
     splitter = LineSplitter()
     pos = 0
-    while data := await provider.read_file(handle, path, pos, READ_LIMIT):
+    while pos < end and (data := await provider.read_file(handle, path, pos, min(READ_LIMIT, end - pos))):
         pos += len(data)
         for line in splitter.feed(data):
             for item in _classify(line, nonce):
@@ -418,15 +436,15 @@ async def follow_journal(
             out.extend(_classify(line, nonce))
         return out
 
-    async def drain() -> bytes:
+    async def drain(limit: int = READ_LIMIT) -> bytes:
         try:
-            return await provider.read_file(handle, path, pos, READ_LIMIT)
+            return await provider.read_file(handle, path, pos, limit)
         except FileNotFoundError:
             raise JournalDeleted(path, pos) from None
 
     def at_eof() -> list[JournalItem]:
         frag = splitter.pending
-        return [JournalTruncated(splitter.consumed, frag)] if frag else []
+        return [JournalTruncated(splitter.consumed, frag, splitter.pending_size)] if frag else []
 
     if not provider.can_follow:
         while True:
@@ -483,8 +501,13 @@ async def follow_journal(
             if pending is not None:
                 await _discard(pending)
                 pending = None
-            while True:
-                data = await drain()
+            # To the size it has now: a process the agent left behind (out of its group)
+            # may write on, and the run's end must not wait for it.
+            end = await provider.file_size(handle, path)
+            if end is None:
+                raise JournalDeleted(path, pos)
+            while pos < end:
+                data = await drain(min(READ_LIMIT, end - pos))
                 if not data:
                     break
                 for item in items(data):

@@ -44,7 +44,8 @@ class Translator(Protocol):
 
     def feed_oversized(self, head: bytes, size: int) -> list[Chunk]: ...
 
-    def finish(self, exit_code: int | None, fragment: bytes | None) -> list[Chunk]: ...
+    def finish(self, exit_code: int | None, fragment: bytes | None,
+               fragment_size: int | None = None) -> list[Chunk]: ...
 
 
 def is_terminal(chunk: Chunk) -> bool:
@@ -126,6 +127,7 @@ class Replay:
         """
         exit_code: int | None = None
         fragment: bytes | None = None
+        fragment_size: int | None = None
         lines = 0
         async for item in items:
             if isinstance(item, JournalLine):
@@ -142,13 +144,13 @@ class Replay:
                 if self._every and lines % self._every == 0:
                     await asyncio.sleep(0)
             elif isinstance(item, JournalTruncated):
-                fragment = item.data
+                fragment, fragment_size = item.data, item.length
             elif isinstance(item, JournalExit):
                 exit_code = item.code
                 break
         if not complete:
             return
-        batch, diverged = self._tag(self._translator.finish(exit_code, fragment), final=True)
+        batch, diverged = self._tag(self._translator.finish(exit_code, fragment, fragment_size), final=True)
         yield batch
         if diverged is not None:
             raise diverged

@@ -268,31 +268,41 @@ class CatchUps:
         self._stream = stream
         self._heard = heard
         self._ack_wait = ack_wait
-        self._tasks: dict[str, asyncio.Task[bool]] = {}
+        # path -> (the view being caught up, its catch-up); one a later view replaced runs
+        # on (and stops: it is no longer the cached one), kept in _running for cancel().
+        self._tasks: dict[str, tuple[StreamState, asyncio.Task[bool]]] = {}
+        self._running: set[asyncio.Task[bool]] = set()
 
     async def run(self, path: str, subject: str, st: StreamState,
                   cached: Callable[[str], StreamState | None]) -> bool:
         """Catch ``st``, the cached view of ``path`` (``cached(path)``), up (:func:`catch_up`),
-        or wait for the catch-up of it already running; whether it is caught up (``False``:
-        drop it if still cached). The catch-up runs on if the caller is cancelled."""
-        task = self._tasks.get(path)
-        if task is None:
+        or wait for the catch-up of it already running (of this view: one of a view dropped
+        since is not waited for); whether it is caught up (``False``: drop it if still
+        cached). The catch-up runs on if the caller is cancelled."""
+        slot = self._tasks.get(path)
+        if slot is not None and slot[0] is st:
+            task = slot[1]
+        else:
             fetch = functools.partial(next_record, self._nc, self._stream, subject)
-            task = self._tasks[path] = asyncio.create_task(
+            task = asyncio.create_task(
                 catch_up(st, fetch, lambda: cached(path) is st,
                          ack_due=functools.partial(self._heard.due, path), ack_wait=self._ack_wait),
                 name="ds-catch-up")
+            self._tasks[path] = (st, task)
+            self._running.add(task)
             task.add_done_callback(functools.partial(self._done, path))
         ok = await asyncio.shield(task)
         return ok or cached(path) is not st
 
     def _done(self, path: str, task: asyncio.Task[bool]) -> None:
-        if self._tasks.get(path) is task:
+        self._running.discard(task)
+        slot = self._tasks.get(path)
+        if slot is not None and slot[1] is task:
             del self._tasks[path]
         if not task.cancelled():
             task.exception()  # retrieved: its waiters got it already
 
     def cancel(self) -> None:
         """Cancel every catch-up (the store stops)."""
-        for task in list(self._tasks.values()):
+        for task in list(self._running):
             task.cancel()

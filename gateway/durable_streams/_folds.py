@@ -20,7 +20,11 @@ long stream written fast through another gateway was raced by its writes fold af
 """
 from __future__ import annotations
 
-__all__ = ["FoldRaces", "UNFENCED"]
+import time
+from collections import OrderedDict
+from typing import Callable
+
+__all__ = ["FoldRaces", "Token", "UNFENCED"]
 
 #: What :meth:`FoldRaces.end` returns when a write with no fence raced the fold.
 UNFENCED = -1
@@ -34,26 +38,56 @@ class _Slot:
         self.folds = 0  # folds in flight
 
 
+#: What :meth:`FoldRaces.begin` returns: where the fold's records start in its stream's list,
+#: and the fence of a record heard a moment before it began (``None``: none).
+Token = tuple[int, "int | None"]
+
+
 class FoldRaces:
-    """Other gateways' records per stream while a fold of it is in flight."""
+    """Other gateways' records per stream while a fold of it is in flight, and for a moment
+    before: a record is heard when it is published, and may be stored a little later, after
+    a fold that began once it was heard read where the stream ended (``_catchup.py`` waits
+    up to 0.5 s for such a record).
 
-    def __init__(self) -> None:
+    Args:
+        clock: monotonic seconds.
+        recent: seconds a record heard counts for a fold that begins after it.
+        keep: streams whose last record heard is remembered (least recent forgotten first).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, recent: float = 0.5, keep: int = 4096) -> None:
         self._folding: dict[str, _Slot] = {}
+        self._clock, self._recent, self._keep = clock, recent, keep
+        self._heard: OrderedDict[str, tuple[int, float]] = OrderedDict()  # key -> (fence, when)
 
-    def begin(self, key: str) -> int:
+    def begin(self, key: str) -> Token:
         """A fold of stream ``key`` starts; returns its token for :meth:`end`."""
         slot = self._folding.get(key)
         if slot is None:
             slot = self._folding[key] = _Slot()
         slot.folds += 1
-        return len(slot.fences)
+        last = self._heard.get(key)
+        recent = last[0] if last is not None and self._clock() - last[1] <= self._recent else None
+        return len(slot.fences), recent  # (a record heard a moment ago may not be stored yet)
 
     def saw(self, key: str, prev: int | None) -> None:
         """Another gateway's record of stream ``key`` arrived, fenced on the subject's
         sequence ``prev`` (``None``: written with no fence)."""
+        fence = UNFENCED if prev is None else prev
         slot = self._folding.get(key)
         if slot is not None:
-            slot.fences.append(UNFENCED if prev is None else prev)
+            slot.fences.append(fence)
+        self._heard[key] = (fence, self._clock())
+        self._heard.move_to_end(key)
+        if len(self._heard) > self._keep:
+            self._heard.popitem(last=False)
+
+    def wrote(self, key: str, prev: int) -> None:
+        """This gateway stored a record of stream ``key``, fenced on ``prev`` (never heard
+        here): a fold in flight may lack it; a fold that begins later has it."""
+        slot = self._folding.get(key)
+        if slot is not None:
+            slot.fences.append(prev)
 
     def lost_sight(self) -> None:
         """Other gateways' records may have been missed (the connection was down): every
@@ -61,7 +95,7 @@ class FoldRaces:
         for slot in self._folding.values():
             slot.fences.append(UNFENCED)
 
-    def end(self, key: str, token: int) -> int | None:
+    def end(self, key: str, token: Token) -> int | None:
         """The fold that :meth:`begin` returned ``token`` for ended.
 
         Returns:
@@ -69,7 +103,9 @@ class FoldRaces:
             the highest fence among those records, or :data:`UNFENCED` when one had none.
         """
         slot = self._folding[key]
-        fences = slot.fences[token:]
+        fences = slot.fences[token[0]:]
+        if token[1] is not None:
+            fences.append(token[1])
         slot.folds -= 1
         if slot.folds == 0:
             del self._folding[key]

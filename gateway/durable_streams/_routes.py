@@ -248,8 +248,8 @@ class Handlers:
             # the append. Read on the view JetStream has: a catch-up read's answer, or SSE
             # (which goes on from the tail when asked past it), would send the reader back
             # to this view's end, to read again what it has. A long-poll waits for the view.
-            # Only an offset of the form this gateway answers (an offset no gateway gave is
-            # answered from the view: no leader read a client can ask for at will).
+            # Only an offset of the form gateways answer (another is answered from the view);
+            # requests at once share the leader reads (StreamStore.latest).
             st = await self.store.latest(path)
             if st is None:
                 raise P.ProtocolError(404, "Stream not found")

@@ -120,6 +120,7 @@ class StreamStore:
         self._catch_ups = CatchUps(nc, self.cfg.stream, self._heard, self.cfg.ack_wait)  # of views behind other gateways' writes
         self._locks: dict[str, asyncio.Lock] = {}
         self._lock_users: dict[str, int] = {}
+        self._latest: dict[str, _LeaderReads] = {}
         self._sub: Subscription | None = None
         self._ledger = Ledger(self._js, self.cfg.usage_bucket, self.cfg.replicas, self.cfg.quota)
 
@@ -318,6 +319,8 @@ class StreamStore:
                 self._remember(path, st)  # caught up from the fence by the next turn
         cur = self._cache.get(path)
         if cur is not None:
+            if cur.heard_prev >= cur.js_last:
+                cur.notify_pending()  # behind: its readers look again at once
             return cur, cur.js_last
         if st is not None:
             st.notify_pending()
@@ -385,6 +388,7 @@ class StreamStore:
                 await self._behind(path, exc)  # caught up, or read again, and tried again
                 raise Conflict(path) from exc
             raise
+        self._races.wrote(_key(path), st_last)  # (a fold in flight, a reader's, may lack it)
         return int(ack["seq"])
 
     async def _behind(self, path: str, refusal: nats.js.errors.APIError) -> None:
@@ -428,8 +432,10 @@ class StreamStore:
             # Folded anew while the publish was out: it may lack this record, which is never
             # heard here (no_echo), or hold records ``new`` lacks: read again when next used.
             self._forget(path)
-        else:
+        elif cur is st:  # (None: a stream made by this write)
             self._remember(path, new)
+        # else dropped while the publish was out (the connection came back, and what was
+        # written meanwhile was never heard; evicted): folded anew when next used.
         if st is not None:
             st.notify()
         if new is not None and self._cache.get(path) is new:
@@ -488,12 +494,29 @@ class StreamStore:
         asked: one leader read. For a read at an offset past the cached view, which another
         gateway's append, not heard here yet, may have answered: that reader must not be
         told a ``Stream-Next-Offset`` before the one it holds, as if the stream ended there.
+        Requests for one stream at once share reads: each waits for a read begun after it
+        came (at most two reads however many wait), so a flood of them costs no more.
 
         Raises:
             nats.errors.Error, nats.js.errors.Error: the leader read failed.
         """
-        st = self._cache.get(path)
-        await self._mark_behind_jetstream(path, st.js_last if st is not None else 0)
+        slot = self._latest.get(path)
+        if slot is None:
+            slot = self._latest[path] = _LeaderReads()
+        arrived = slot.started  # reads begun before this request came
+        slot.users += 1
+        try:
+            async with slot.lock:
+                if slot.done <= arrived:  # no read begun after this request came is done
+                    slot.started += 1
+                    mine = slot.started
+                    st = self._cache.get(path)
+                    await self._mark_behind_jetstream(path, st.js_last if st is not None else 0)
+                    slot.done = mine
+        finally:
+            slot.users -= 1
+            if not slot.users:
+                del self._latest[path]
         return await self.get(path, touch=True)
 
     async def _retrying(self, path: str, op: Callable[[], Awaitable[T]]) -> T:
@@ -810,6 +833,17 @@ class StreamStore:
         except TimeoutError:
             return False
         return True
+
+
+class _LeaderReads:
+    """The leader reads of one stream's last record for :meth:`StreamStore.latest`: how many
+    were begun and which was the last done (their numbers), under one lock."""
+
+    __slots__ = ("done", "lock", "started", "users")
+
+    def __init__(self) -> None:
+        self.started = self.done = self.users = 0
+        self.lock = asyncio.Lock()
 
 
 _FOLD_TRIES = 3  # folds of one stream while other gateways' writes race them

@@ -48,7 +48,8 @@ def translate_bytes(fmt: str, data: bytes, run_id: str, thread_id: str, exit_cod
             out += tr.feed_oversized(line[:OVERSIZED_HEAD], len(line))
         else:
             out += tr.feed(line.rstrip(b"\r"))
-    out += tr.finish(exit_code, fragment[:OVERSIZED_HEAD] if len(fragment) > MAX_LINE_BYTES else fragment or None)
+    out += tr.finish(exit_code, fragment[:OVERSIZED_HEAD] if len(fragment) > MAX_LINE_BYTES else fragment or None,
+                     len(fragment))
     return out
 
 

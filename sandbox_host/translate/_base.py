@@ -292,13 +292,16 @@ class Translator:
         self._custom("journal.oversized_line", {"line": self.line_no, "bytes": size, "text": quote(head)})
         return self._take()
 
-    def finish(self, exit_code: int | None, trailing_fragment: bytes | None = None) -> list[Chunk]:
+    def finish(self, exit_code: int | None, trailing_fragment: bytes | None = None,
+               fragment_size: int | None = None) -> list[Chunk]:
         """Close the run at final EOF.
 
         Args:
             exit_code: the agent's exit status from the sentinel, ``None`` when unknown
                 (the journal ended without one: the wrapper was killed).
-            trailing_fragment: bytes after the last ``\\n`` (reported, never parsed).
+            trailing_fragment: bytes after the last ``\\n`` (reported, never parsed; of one
+                too long to hold, its head).
+            fragment_size: the fragment's length in bytes (``None``: ``len(trailing_fragment)``).
 
         Returns:
             The closing chunks, ending with exactly one ``RUN_FINISHED`` or ``RUN_ERROR``;
@@ -311,10 +314,11 @@ class Translator:
         self._before_finish()
         outcome = self._outcome
         if trailing_fragment:
+            size = len(trailing_fragment) if fragment_size is None else fragment_size
             self._custom("journal.truncated_line", {
-                "line": self.line_no + 1, "bytes": len(trailing_fragment), "text": quote(trailing_fragment),
+                "line": self.line_no + 1, "bytes": size, "text": quote(trailing_fragment),
             })
-            outcome = Outcome(False, f"journal ends with a truncated line ({len(trailing_fragment)} bytes)", INCOMPLETE)
+            outcome = Outcome(False, f"journal ends with a truncated line ({size} bytes)", INCOMPLETE)
         elif outcome is None:
             outcome = Outcome(False, f"journal ended without a {self._end_word()}"
                               + ("" if exit_code is None else f" (agent exit code {exit_code})"), INCOMPLETE)

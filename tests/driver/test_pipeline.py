@@ -158,7 +158,11 @@ class Scripted:
         self.fed += 1
         return list(self.script.get(line, []))
 
-    def finish(self, exit_code: int | None, fragment: bytes | None) -> list[Chunk]:
+    def feed_oversized(self, head: bytes, size: int) -> list[Chunk]:
+        self.fed += 1
+        return [{"type": "CUSTOM", "name": "oversized", "value": size}]
+
+    def finish(self, exit_code: int | None, fragment: bytes | None, fragment_size: int | None = None) -> list[Chunk]:
         self.finished = True
         if self._finish is not None:
             return list(self._finish)

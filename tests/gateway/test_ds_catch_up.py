@@ -6,10 +6,12 @@ a store whose acks go to its own inbox (an older gateway), by asking JetStream i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import random
 import zlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import nats
@@ -147,19 +149,15 @@ async def test_a_write_refused_on_a_view_behind_catches_it_up_without_a_new_fold
     long stream written fast elsewhere is raced again and again)."""
     url = nats.url  # type: ignore[attr-defined]
     cfg = StoreConfig(stream=unique("DS").upper(), subject_prefix=unique("ds"))
-    conns = [await nats_connect(url) for _ in range(3)]
-    a, b = (StreamStore(nc, cfg) for nc in conns[:2])
-    folds = await counting(conns[2], *fold_requests(cfg.stream))
-    try:
-        for s in (a, b):
-            await s.start()
+    async with started(url, cfg) as ((a, b), watcher):
+        folds = await counting(watcher, *fold_requests(cfg.stream))
         assert b._sub is not None
         await b._sub.unsubscribe()  # b hears nothing of a's writes from here on
         path = "/" + unique("s")
         await a.create(path, {"contentType": "text/plain"}, b"")
         view_b = await b.get(path)
         assert view_b is not None
-        await conns[2].flush()
+        await watcher.flush()
         folds.clear()
         sent: list[bytes] = []
         for i in range(10):
@@ -169,13 +167,8 @@ async def test_a_write_refused_on_a_view_behind_catches_it_up_without_a_new_fold
                 sent.append(data)
         await whole(b, path, sent)
         assert await b.get(path) is view_b
-        await conns[2].flush()
+        await watcher.flush()
         assert folds == []
-    finally:
-        for s in (a, b):
-            await s.stop()
-        for nc in conns:
-            await nc.close()
 
 
 async def test_a_forged_ack_folds_nothing_that_outlives_the_next_answer(nats: object) -> None:
@@ -187,12 +180,7 @@ async def test_a_forged_ack_folds_nothing_that_outlives_the_next_answer(nats: ob
     store's view is JetStream's again."""
     url = nats.url  # type: ignore[attr-defined]
     cfg = StoreConfig(stream=unique("DS").upper(), subject_prefix=unique("ds"))
-    conns = [await nats_connect(url) for _ in range(3)]
-    a, b = (StreamStore(nc, cfg) for nc in conns[:2])
-    rogue = conns[2]
-    try:
-        for s in (a, b):
-            await s.start()
+    async with started(url, cfg) as ((a, b), rogue):
         path = "/" + unique("s")
         await a.create(path, {"contentType": "text/plain"}, b"")
         await a.append(path, b"a1", content_type="text/plain", seq=None, producer=None, close=False)
@@ -227,11 +215,6 @@ async def test_a_forged_ack_folds_nothing_that_outlives_the_next_answer(nats: ob
         await a.append(path, b"a2", content_type="text/plain", seq=None, producer=None, close=False)
         await whole(a, path, [b"a1", b"b1", b"a2"])
         await assert_eventually(functools.partial(whole, b, path, [b"a1", b"b1", b"a2"]), timeout=30)
-    finally:
-        for s in (a, b):
-            await s.stop()
-        for nc in conns:
-            await nc.close()
 
 
 async def test_an_append_is_fenced_on_the_view_it_was_decided_on(nats: object) -> None:
@@ -286,12 +269,8 @@ async def test_a_fold_raced_by_the_other_stores_write_is_caught_up_not_folded_ag
     from there. One fold, not two."""
     url = nats.url  # type: ignore[attr-defined]
     cfg = StoreConfig(stream=unique("DS").upper(), subject_prefix=unique("ds"))
-    conns = [await nats_connect(url) for _ in range(3)]
-    a, b = (StreamStore(nc, cfg) for nc in conns[:2])
-    folds = await counting(conns[2], *fold_requests(cfg.stream))
-    try:
-        for s in (a, b):
-            await s.start()
+    async with started(url, cfg) as ((a, b), watcher):
+        folds = await counting(watcher, *fold_requests(cfg.stream))
         path = "/" + unique("s")
         await a.create(path, {"contentType": "text/plain"}, b"")
         sent = [f"{i:03d}".encode() for i in range(30)]
@@ -313,18 +292,13 @@ async def test_a_fold_raced_by_the_other_stores_write_is_caught_up_not_folded_ag
         b._races.saw = heard_by_b  # type: ignore[method-assign]
 
         b._load = raced_load  # type: ignore[method-assign]
-        await conns[2].flush()
+        await watcher.flush()
         folds.clear()
         st = await b.get(path)
         assert st is not None and [m.data for m in b.read(st, "-1")] == [*sent, b"late"]
         assert b._cache.get(path) is st  # cached, caught up in place
-        await conns[2].flush()
+        await watcher.flush()
         assert len(folds) == 1
-    finally:
-        for s in (a, b):
-            await s.stop()
-        for nc in conns:
-            await nc.close()
 
 
 @pytest.mark.parametrize("raced", [False, True])
@@ -448,6 +422,29 @@ async def test_a_fork_read_after_its_source_left_the_cache_still_has_what_it_inh
         await nc.close()
 
 
+async def test_reads_of_one_stream_against_jetstream_at_once_share_leader_reads(nats: object) -> None:
+    """Twenty requests at once to read a stream on the view JetStream has (``latest``: one
+    leader read each, alone) make at most two leader reads, and each has the record another
+    store wrote before it came."""
+    url = nats.url  # type: ignore[attr-defined]
+    cfg = StoreConfig(stream=unique("DS").upper(), subject_prefix=unique("ds"))
+    async with started(url, cfg) as ((a, b), watcher):
+        reads = await counting(watcher, f"$JS.API.STREAM.MSG.GET.{cfg.stream}")
+        assert b._sub is not None
+        await b._sub.unsubscribe()  # b hears nothing of a's writes: only the reads catch it up
+        path = "/" + unique("s")
+        await a.create(path, {"contentType": "text/plain"}, b"")
+        await whole(b, path, [])
+        await a.append(path, b"x", content_type="text/plain", seq=None, producer=None, close=False)
+        await watcher.flush()
+        reads.clear()
+        views = await asyncio.gather(*(b.latest(path) for _ in range(20)))
+        await watcher.flush()
+        assert 1 <= len(reads) <= 2, len(reads)
+        assert all(v is not None and [m.data for m in b.read(v, "-1")] == [b"x"] for v in views)
+        assert b._latest == {}
+
+
 async def test_a_long_stream_written_fast_through_the_other_store_is_folded_once(nats: object) -> None:
     """b reads a 2,000-record stream again and again while a appends to it nonstop: b folds it
     once, then catches up (each fold raced by a's appends was done again, then served
@@ -490,6 +487,23 @@ async def test_a_long_stream_written_fast_through_the_other_store_is_folded_once
     finally:
         stop.set()
         for s in (a, b):
+            await s.stop()
+        for nc in conns:
+            await nc.close()
+
+
+@contextlib.asynccontextmanager
+async def started(url: str, cfg: StoreConfig, n: int = 2) -> AsyncIterator[tuple[list[StreamStore], nats.NATS]]:
+    """``n`` stores of ``cfg``, each on its own no-echo connection, started; and a connection
+    of the test's own (to count or forge what goes over NATS). Stopped and closed after."""
+    conns = [await nats_connect(url) for _ in range(n + 1)]
+    stores = [StreamStore(nc, cfg) for nc in conns[:n]]
+    try:
+        for s in stores:
+            await s.start()
+        yield stores, conns[n]
+    finally:
+        for s in stores:
             await s.stop()
         for nc in conns:
             await nc.close()

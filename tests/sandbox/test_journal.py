@@ -170,6 +170,7 @@ async def test_follow_a_line_over_the_limit_without_holding_it(local_provider: L
     assert first.data == b"x" * OVERSIZED_HEAD and first.tail == b"x" * OVERSIZED_TAIL
     assert items[1] == JournalLine(size + 1, size + 7, b"after")
     assert items[2] == JournalTruncated(size + 7, b"y" * OVERSIZED_HEAD)  # the fragment the agent left
+    assert items[2].length == size
     exit_ = items[3]
     assert isinstance(exit_, JournalExit) and exit_.code == 3
     assert exit_.offset == 2 * size + 7 and exit_.end == os.path.getsize(h.journal_path)
