@@ -72,6 +72,14 @@ class Scenario:
                 next(resp.iter_lines())  # then the reader leaves: the run detaches and goes on
         return run_id
 
+    async def takeover_noted(self, run_id: str) -> dict[str, Any]:
+        """The run's last takeover once both sides are noted: the successor's claim (toHost,
+        claimedAt) and the leader's note of the loss (cause, lostAt), written on its own time."""
+        def noted() -> dict[str, Any] | None:
+            t = self.run(run_id)["takeover"]
+            return t if t and t["cause"] and t["claimedAt"] and t["lostAt"] else None
+        return dict(await assert_eventually(noted, timeout=30, interval=0.1))
+
     async def claimed_on(self, run_id: str) -> str:
         async def claimed() -> str:
             r = self.run(run_id)
@@ -116,6 +124,8 @@ async def _dead_host_scenario(tmp_path: pathlib.Path) -> AsyncIterator[Scenario]
         s.drain_out = drain.stdout
         for r in first:
             assert await s.claimed_on(r) == s.live
+        for r in s.drained_runs:
+            await s.takeover_noted(r)
         s.live_runs = tuple(first)
         undrain = s.cli("undrain", drained)
         assert undrain.returncode == 0 and "taking work again" in undrain.stdout, undrain.stderr
@@ -157,7 +167,7 @@ async def test_hosts_drain_undrain_and_a_dead_host_until_its_runs_move(scenario:
     # The drain counted the runs another host holds now, whoever placed them.
     assert s.drain_out.strip() == f"handed over {len(s.drained_runs)} run(s)", s.drain_out
     for r in s.drained_runs:
-        t = await assert_eventually(lambda r=r: s.run(r)["takeover"], timeout=30)
+        t = s.run(r)["takeover"]
         assert (t["cause"], t["fromHost"], t["toHost"]) == ("drain", s.dead, s.live), t
         # The stall (release to new claim) lies within the drain, which returns once another
         # host holds the run: bounded by what the command took, not by a fixed figure (a

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import httpx
 
@@ -117,3 +118,40 @@ async def test_a_gateway_whose_nats_connection_dropped_reads_what_the_other_wrot
     await assert_eventually(lambda: store_b._nc.stats["reconnects"] > reconnects and store_b._nc.is_connected)
     poll = await http.get(on_b, params={"offset": first.headers["stream-next-offset"], "live": "long-poll"})
     assert poll.status_code == 200 and poll.content == b"23"
+
+
+async def test_an_offset_no_gateway_gives_is_answered_from_the_view_without_asking_jetstream(
+        make_gateway: GatewayFactory, http: httpx.AsyncClient) -> None:
+    """Offsets past the view that are not in the form gateways answer (``9_9``, an overlong
+    one) are answered from the view, with no leader read; one in that form is read against
+    JetStream (the other gateway may have answered it)."""
+    import nats as nats_client
+
+    gw = await make_gateway()
+    name = unique("forms")
+    url = f"{gw.url}/ds/{name}"
+    assert (await http.put(url, headers=CT, content=b"1")).status_code == 201
+    tail = (await http.get(url, params={"offset": "-1"})).headers["stream-next-offset"]
+    store = gw.app.state.durable_streams.handlers.store
+    nc = await nats_client.connect(store._nc.connected_url.geturl())
+    reads: list[object] = []
+    subject = store.subject(f"/{name}").encode()  # (other tests' streams share the JetStream stream)
+
+    async def count(msg: Any) -> None:
+        if subject in msg.data:
+            reads.append(msg)
+
+    try:
+        await nc.subscribe(f"$JS.API.STREAM.MSG.GET.{store.cfg.stream}", cb=count)
+        await nc.flush()
+        for offset in ("9_9", "1_0", "9999999999999999999_0"):
+            got = await http.get(url, params={"offset": offset})
+            assert got.status_code == 200 and got.headers["stream-next-offset"] == tail
+        await nc.flush()
+        assert reads == []
+        got = await http.get(url, params={"offset": "9999999999999999_9999999999999999"})
+        assert got.status_code == 200 and got.headers["stream-next-offset"] == tail
+        await nc.flush()
+        assert len(reads) == 1
+    finally:
+        await nc.close()
