@@ -345,16 +345,14 @@ async def read_journal(provider: Provider, handle: SandboxHandle, path: str, non
     pos = 0
     while pos < end and (data := await provider.read_file(handle, path, pos, min(READ_LIMIT, end - pos))):
         pos += len(data)
-        for line in splitter.feed(data):
-            for item in _classify(line, nonce):
-                yield item
+        for item in _items(splitter, data, nonce):
+            yield item
 
 
-def journal_items(data: bytes, nonce: str) -> list[JournalItem]:
-    """The complete lines of ``data`` (a journal read from byte 0) as journal items; a
-    trailing fragment is left out."""
+def _items(splitter: LineSplitter, data: bytes, nonce: str) -> list[JournalItem]:
+    """The journal items the bytes ``data`` complete, fed to ``splitter``."""
     out: list[JournalItem] = []
-    for line in LineSplitter().feed(data):
+    for line in splitter.feed(data):
         out.extend(_classify(line, nonce))
     return out
 
@@ -431,10 +429,7 @@ async def follow_journal(
         pos += len(data)
         if on_lag is not None:
             on_lag(max(pos, size) - splitter.consumed)
-        out: list[JournalItem] = []
-        for line in splitter.feed(data):
-            out.extend(_classify(line, nonce))
-        return out
+        return _items(splitter, data, nonce)
 
     async def drain(limit: int = READ_LIMIT) -> bytes:
         try:

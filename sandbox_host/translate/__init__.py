@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from sandbox_host.journal import MAX_LINE_BYTES, OVERSIZED_HEAD
+from sandbox_host.journal import JournalOversized, LineSplitter
 from sandbox_host.translate._base import INCOMPLETE, Chunk, Translator
 from sandbox_host.translate.claude import ClaudeTranslator
 from sandbox_host.translate.codex import CodexTranslator
@@ -41,15 +41,11 @@ def translate_bytes(fmt: str, data: bytes, run_id: str, thread_id: str, exit_cod
     Complete lines are fed; bytes after the last ``\\n`` are the trailing fragment.
     """
     tr = translator_for(fmt, run_id, thread_id)
-    *lines, fragment = data.split(b"\n")
+    splitter = LineSplitter()  # the lines a host follows (one too long to hold, cut alike)
     out: list[Chunk] = []
-    for line in lines:  # as sandbox_host.journal.LineSplitter splits them
-        if len(line) > MAX_LINE_BYTES:
-            out += tr.feed_oversized(line[:OVERSIZED_HEAD], len(line))
-        else:
-            out += tr.feed(line.rstrip(b"\r"))
-    out += tr.finish(exit_code, fragment[:OVERSIZED_HEAD] if len(fragment) > MAX_LINE_BYTES else fragment or None,
-                     len(fragment))
+    for line in splitter.feed(data):
+        out += tr.feed_oversized(line.data, line.size) if isinstance(line, JournalOversized) else tr.feed(line.data)
+    out += tr.finish(exit_code, splitter.pending or None, splitter.pending_size)
     return out
 
 

@@ -11,7 +11,7 @@ import functools
 import json
 import random
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import nats
@@ -22,6 +22,7 @@ from nats.aio.msg import Msg
 from gateway.durable_streams import _model as M
 from gateway.durable_streams._protocol import Producer
 from gateway.durable_streams._publish import Publisher
+from gateway.durable_streams._model import StreamState
 from gateway.durable_streams._store import Conflict, StoreConfig, StreamStore
 from tests.conftest import assert_eventually, unique
 
@@ -33,19 +34,12 @@ async def test_a_view_catches_up_with_the_other_stores_writes_without_a_new_fold
     url = nats.url  # type: ignore[attr-defined]
     # A catch-up waits as long as it takes for an ack it will hear: any get is then a miss.
     cfg = StoreConfig(stream=unique("DS").upper(), subject_prefix=unique("ds"), ack_wait=30.0)
-    conns = [await nats_connect(url) for _ in range(3)]
-    a, b = (StreamStore(nc, cfg) for nc in conns[:2])
-    if b_acks == "own inbox":
-        b._pub = _InboxPublisher(conns[1])
-    gets: list[Msg] = []
+    def acks(stores: list[StreamStore]) -> None:
+        if b_acks == "own inbox":
+            stores[1]._pub = _InboxPublisher(stores[1]._nc)
 
-    async def count_get(msg: Msg) -> None:
-        gets.append(msg)
-
-    await conns[2].subscribe(f"$JS.API.DIRECT.GET.{cfg.stream}", cb=count_get)
-    try:
-        for s in (a, b):
-            await s.start()
+    async with started(url, cfg, prepare=acks) as ((a, b), watcher):
+        gets = await counting(watcher, f"$JS.API.DIRECT.GET.{cfg.stream}")
         path = "/" + unique("s")
         await a.create(path, {"contentType": "text/plain"}, b"")
         view_b = await b.get(path)
@@ -53,7 +47,7 @@ async def test_a_view_catches_up_with_the_other_stores_writes_without_a_new_fold
         sent: list[bytes] = []
         for i in range(40):  # alternating writers, as a worker pair takes one client's appends
             if i == 2:
-                await conns[2].flush()
+                await watcher.flush()
                 gets.clear()  # from here on each store has heard the other's acks, if shared
             data = f"{i:03d}".encode()
             await (a if i % 2 == 0 else b).append(path, data, content_type="text/plain", seq=None,
@@ -62,7 +56,7 @@ async def test_a_view_catches_up_with_the_other_stores_writes_without_a_new_fold
             for s in (a, b):  # the writer's at once; the other's once it heard of the write
                 await assert_eventually(functools.partial(whole, s, path, list(sent)), timeout=30)
         assert await b.get(path) is view_b  # caught up in place: never dropped and folded anew
-        await conns[2].flush()
+        await watcher.flush()
         if b_acks == "shared":
             assert gets == []  # every record heard was folded at its ack
         else:  # each view asked JetStream for each of the other's records (b hears no acks)
@@ -80,11 +74,6 @@ async def test_a_view_catches_up_with_the_other_stores_writes_without_a_new_fold
             return True
 
         await assert_eventually(b_has_it, timeout=30)
-    finally:
-        for s in (a, b):
-            await s.stop()
-        for nc in conns:
-            await nc.close()
 
 
 async def test_idempotent_producers_writing_through_both_stores_at_once_land_each_append_once(nats: object) -> None:
@@ -181,12 +170,7 @@ async def test_a_forged_ack_folds_nothing_that_outlives_the_next_answer(nats: ob
     url = nats.url  # type: ignore[attr-defined]
     cfg = StoreConfig(stream=unique("DS").upper(), subject_prefix=unique("ds"))
     async with started(url, cfg) as ((a, b), rogue):
-        path = "/" + unique("s")
-        await a.create(path, {"contentType": "text/plain"}, b"")
-        await a.append(path, b"a1", content_type="text/plain", seq=None, producer=None, close=False)
-        await assert_eventually(functools.partial(whole, b, path, [b"a1"]), timeout=30)
-        st = await b.get(path)
-        assert st is not None
+        path, st = await one_record_seen_by_both(a, b, b"a1")
         last = st.js_last
         subject = b.subject(path)
         key = subject.rsplit(".", 1)[1]
@@ -364,35 +348,19 @@ async def test_what_the_other_store_wrote_while_the_connection_was_down_is_read_
     stores: list[StreamStore] = []
 
     async def reconnected() -> None:
-        for s in stores[1:]:
-            s.reconnected()  # as the gateway's connection does (gateway/durable_streams/_app.py)
+        stores[1].reconnected()  # as the gateway's connection does (gateway/durable_streams/_app.py)
         back.set()
 
-    conns = [await nats_connect(url), await nats_connect(url, reconnected_cb=reconnected, reconnect_time_wait=0.1,
-                                                         max_reconnect_attempts=-1)]
-    a, b = (StreamStore(nc, cfg) for nc in conns)
-    stores += [a, b]
-    try:
-        for s in (a, b):
-            await s.start()
-        path = "/" + unique("s")
-        await a.create(path, {"contentType": "text/plain"}, b"")
-        await a.append(path, b"1", content_type="text/plain", seq=None, producer=None, close=False)
-        await assert_eventually(functools.partial(whole, b, path, [b"1"]), timeout=30)
-        st = await b.get(path)
-        assert st is not None
+    b_options = {"reconnected_cb": reconnected, "reconnect_time_wait": 0.1, "max_reconnect_attempts": -1}
+    async with started(url, cfg, options={1: b_options}, prepare=stores.extend) as ((a, b), _):
+        path, st = await one_record_seen_by_both(a, b, b"1")
         waiting = asyncio.create_task(b.wait(st, 60))
-        conns[1]._transport.close()  # type: ignore[union-attr]  # a blip: nats-py reconnects
+        b._nc._transport.close()  # type: ignore[union-attr]  # a blip: nats-py reconnects
         for data in (b"2", b"3"):
             await a.append(path, data, content_type="text/plain", seq=None, producer=None, close=False)
         await back.wait()
         assert await waiting
         await whole(b, path, [b"1", b"2", b"3"])
-    finally:
-        for s in (a, b):
-            await s.stop()
-        for nc in conns:
-            await nc.close()
 
 
 async def test_a_fork_read_after_its_source_left_the_cache_still_has_what_it_inherits(nats: object) -> None:
@@ -493,12 +461,17 @@ async def test_a_long_stream_written_fast_through_the_other_store_is_folded_once
 
 
 @contextlib.asynccontextmanager
-async def started(url: str, cfg: StoreConfig, n: int = 2) -> AsyncIterator[tuple[list[StreamStore], nats.NATS]]:
-    """``n`` stores of ``cfg``, each on its own no-echo connection, started; and a connection
+async def started(url: str, cfg: StoreConfig, n: int = 2, *, options: dict[int, dict[str, Any]] | None = None,
+                  prepare: Callable[[list[StreamStore]], None] | None = None,
+                  ) -> AsyncIterator[tuple[list[StreamStore], nats.NATS]]:
+    """``n`` stores of ``cfg``, each on its own no-echo connection (store ``i``'s with
+    ``options[i]`` for ``nats.connect``), handed to ``prepare`` and started; and a connection
     of the test's own (to count or forge what goes over NATS). Stopped and closed after."""
-    conns = [await nats_connect(url) for _ in range(n + 1)]
+    conns = [await nats_connect(url, **(options or {}).get(i, {})) for i in range(n + 1)]
     stores = [StreamStore(nc, cfg) for nc in conns[:n]]
     try:
+        if prepare is not None:
+            prepare(stores)
         for s in stores:
             await s.start()
         yield stores, conns[n]
@@ -507,6 +480,18 @@ async def started(url: str, cfg: StoreConfig, n: int = 2) -> AsyncIterator[tuple
             await s.stop()
         for nc in conns:
             await nc.close()
+
+
+async def one_record_seen_by_both(a: StreamStore, b: StreamStore, data: bytes) -> tuple[str, StreamState]:
+    """A new stream made and appended ``data`` through ``a``; its path, and ``b``'s view once
+    ``b`` has the record."""
+    path = "/" + unique("s")
+    await a.create(path, {"contentType": "text/plain"}, b"")
+    await a.append(path, data, content_type="text/plain", seq=None, producer=None, close=False)
+    await assert_eventually(functools.partial(whole, b, path, [data]), timeout=30)
+    st = await b.get(path)
+    assert st is not None
+    return path, st
 
 
 async def counting(nc: nats.NATS, *subjects: str) -> list[Msg]:
