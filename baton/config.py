@@ -111,6 +111,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("BATON_WORKSPACE_GC_GRACE", "3600", "hosts: seconds an unreachable snapshot or pack is kept before the gc deletes it (longer than any snapshot takes to write)"),
     Setting("BATON_SSE_KEEPALIVE", "15", "seconds between SSE/NDJSON keep-alive comments"),
     Setting("BATON_TAIL_LINGER", "10", "gateways: seconds a run's shared tail (its log read, its kept frames) stays after its last reader left, so a reader back within it (a reload, an SSE reconnect) resumes from memory; 0 = it goes with its last reader"),
+    Setting("BATON_HTTP_COMPRESSION", "gzip", "gateways: `gzip` = an SSE/NDJSON stream is sent gzip-encoded to a client whose Accept-Encoding admits it (browsers, fetch, httpx, Go all do; every write flushed, so each chunk decodes on arrival); `off` = never"),
     Setting("BATON_REPLAY_DIRS", "", "colon-separated directories replay journals may be read from (default: the shipped corpus)"),
     Setting("BATON_WORKSPACE_DIRS", "", "directories (colon- or comma-separated) a request's workspace `dir`, or a local git path, may name; empty = none (gateway and hosts)"),
     Setting("BATON_GIT_CREDENTIALS_FILE", "", "hosts: JSON file {tenant: {name: {\"username\", \"token\", \"url\"}}} of the git credentials a workspace may name (url: the repository URL prefix each is for); empty = none"),

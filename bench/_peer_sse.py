@@ -5,16 +5,22 @@ into SSE events (``\\n`` or ``\\r\\n`` line ends), keeps the events its side cou
 ``TEXT_MESSAGE_CONTENT`` chunks, LangGraph's ``custom`` events) and records, per event, its
 index (the first 8 digits of its text, so a gap or a duplicate is seen), its SSE ``id``, its
 arrival time (wall clock, s) and the bytes received until then (response head + body).
+
+A body the server gzip-encoded (both sides are asked with httpx's default ``Accept-Encoding:
+gzip, deflate``; baton's gateway sends gzip, gateway/_compression.py) is counted as it came
+over the wire and inflated here to be split: an event's bytes are then those received up to
+the end of the write that brought it.
 """
 from __future__ import annotations
 
 import asyncio
 import re
 import time
+import zlib
 from typing import Any, Callable
 
 _BOUNDARY = re.compile(rb"\r?\n\r?\n")
-_INDEX = re.compile(rb'"delta":\s*"([0-9]{8})(?: ([0-9.]+))?')
+_INDEX = re.compile(rb'"delta":\s*"([0-9]{8})(?: ([0-9]+\.[0-9]+) )?')
 
 #: Which SSE events a side counts: ``(event name, data) -> bool``.
 Counts = Callable[[str, bytes], bool]
@@ -56,6 +62,7 @@ class SseReader:
         self.nbytes = 0
         self.head_bytes = 0  # the response's status line and headers
         self.body_done = 0  # body bytes up to the end of the last whole event
+        self.encoded = False  # the body came gzip-encoded
         self.got_head = asyncio.Event()
         self.head_at = 0.0
         self.seen: set[int] = set()
@@ -81,10 +88,17 @@ class SseReader:
                 await resp.aread()
                 raise RuntimeError(f"{self.method} {self.url}: {resp.status_code} {resp.text[:300]}")
             self.head_bytes = self.nbytes
+            coding = resp.headers.get("content-encoding", "identity").lower()
+            if coding not in ("identity", "gzip"):
+                raise RuntimeError(f"{self.url}: a body in {coding}, which this reader does not decode")
+            inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if coding == "gzip" else None
+            self.encoded = inflate is not None
             buf = b""
             async for data in resp.aiter_raw():
                 now = time.time()
                 self.nbytes += len(data)
+                if inflate is not None:
+                    data = inflate.decompress(data)
                 buf += data
                 pos = 0
                 for m in _BOUNDARY.finditer(buf):
@@ -113,7 +127,8 @@ class SseReader:
         if index in self.seen:
             self.duplicates += 1
         self.seen.add(index)
-        self.arrivals.append((index, ident, now, sent, self.head_bytes + self.body_done))
+        upto = self.nbytes if self.encoded else self.head_bytes + self.body_done
+        self.arrivals.append((index, ident, now, sent, upto))
         if self.stop_after is not None and len(self.arrivals) >= self.stop_after:
             return True
         return len(self.seen) >= self.want

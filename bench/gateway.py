@@ -12,6 +12,14 @@ cost. Chunks are appended with the real log writer (gateway) or POSTed to the mi
 endpoint, each carrying its send time. Targets: p99 ≤ 50 ms with 1,000 readers, ≤ 100 KB
 RSS per idle reader, throughput ≥ 0.5 × the minimal endpoint's.
 
+``gateway_gzip`` is the same gateway again, a process of its own, whose 1,000 readers ask for
+gzip as browsers do (:class:`GzipReader`); ``gzip_vs_plain_one_run`` gives its figures
+against the plain readers' (the cost of gateway/_compression.py): the median over
+``BENCH_GW_GZIP_ROUNDS`` (5) rounds of the two side by side of each round's ratio, and RSS
+per idle reader and after the scenario (``rss_kb_after_rest``) from the first round, each
+gateway a fresh process then. The gzip readers also inflate in this process, which the
+plain ones do not: their latencies carry that.
+
 A third server, ``gateway_2w``, is the same gateway with ``BATON_GATEWAY_WORKERS=2`` (two
 worker processes on one port, in the same cluster); its readers are counted on each
 worker's metrics port and its RSS is its workers'. Target: its many-runs throughput
@@ -44,6 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from typing import Any, Awaitable, Callable
 
 from bench._cpu import CpuWindow
@@ -56,6 +65,10 @@ PACED_RATE = 15.0  # chunks/s
 MANY_RUNS = 200
 MANY_RUNS_CHUNKS = 20
 MANY_RUNS_ROUNDS = int(os.environ.get("BENCH_GW_ROUNDS", "3"))
+#: Rounds of the 1-run scenario for plain and gzip readers side by side (the first is the
+#: main one's; the others alternate which goes first): a 60-chunk burst is a fifth of a
+#: second, so one round's ratio is mostly noise.
+GZIP_ROUNDS = int(os.environ.get("BENCH_GW_GZIP_ROUNDS", "5"))
 _EVENT = re.compile(rb"data: ([^\n]*)\n\n")
 _SENT = re.compile(rb'"t":([0-9.]+)')
 
@@ -111,10 +124,63 @@ class Reader:
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self.run())
 
+    def _events(self, buf: bytes, now: float) -> bytes:
+        """Count the whole events at the start of ``buf``; → what is left of it."""
+        end = 0
+        for m in _EVENT.finditer(buf):
+            end = m.end()
+            sent = _SENT.search(m.group(1))
+            if sent:
+                self.latencies.append(now - float(sent.group(1)))
+            self.count += 1
+            self.last_at = now
+        return buf[end:] if end else buf
+
+
+class GzipReader(Reader):
+    """A raw SSE reader that asks for gzip (``Accept-Encoding: gzip``, as browsers do) and
+    takes the chunked body apart and inflates it as it comes, before counting: one socket
+    read per wake-up, as :class:`Reader` does, so the two differ by the inflating."""
+
+    async def run(self) -> None:
+        r, w = await asyncio.open_connection("127.0.0.1", self.port)
+        w.write(f"GET {self.path} HTTP/1.1\r\nHost: bench\r\nAccept: text/event-stream\r\n"
+                "Accept-Encoding: gzip\r\n\r\n".encode())
+        await w.drain()
+        try:
+            head = (await r.readuntil(b"\r\n\r\n")).lower()
+            if b"content-encoding: gzip" not in head or b"transfer-encoding: chunked" not in head:
+                raise RuntimeError(f"not a chunked gzip stream: {head[:300]!r}")
+            self.connected.set()
+            inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            wire, buf = b"", b""
+            while True:
+                data = await r.read(65536)
+                if not data:
+                    return
+                wire += data
+                pos, body = 0, []
+                while True:  # every whole HTTP chunk in what came: "<hex size>\r\n<data>\r\n"
+                    eol = wire.find(b"\r\n", pos)
+                    if eol < 0:
+                        break
+                    size = int(wire[pos:eol].split(b";")[0], 16)
+                    if size == 0:
+                        return
+                    if len(wire) < eol + 2 + size + 2:
+                        break
+                    body.append(wire[eol + 2:eol + 2 + size])
+                    pos = eol + 2 + size + 2
+                wire = wire[pos:]
+                if body:
+                    buf = self._events(buf + inflate.decompress(b"".join(body)), time.time())
+        finally:
+            w.close()
+
 
 async def open_readers(n: int, port: int, path_of: Callable[[int], str], count_readers: Callable[[], Awaitable[int]],
-                       base: int = 0) -> list[Reader]:
-    readers = [Reader(port, path_of(i)) for i in range(n)]
+                       base: int = 0, kind: type[Reader] = Reader) -> list[Reader]:
+    readers = [kind(port, path_of(i)) for i in range(n)]
     for i in range(0, n, 100):  # do not overflow the listen backlog
         for rd in readers[i:i + 100]:
             rd.start()
@@ -165,6 +231,7 @@ class Target:
     name = ""
     port = 0
     pid = 0
+    reader: type[Reader] = Reader  # how its readers read (GzipReader: they ask for gzip)
 
     def path(self, run: str) -> str:
         raise NotImplementedError
@@ -212,7 +279,7 @@ async def scenario(target: Target, runs: list[str], readers_per_run: int, *, pac
     t_start = time.monotonic()
     rss_before = target.rss_kb()
     paths = [target.path(run) for run in runs for _ in range(readers_per_run)]
-    readers = await open_readers(len(paths), target.port, lambda i: paths[i], target.readers, base)
+    readers = await open_readers(len(paths), target.port, lambda i: paths[i], target.readers, base, target.reader)
     rss_idle = target.rss_kb()
     print(f"  {target.name}: {len(readers)} readers connected in {time.monotonic() - t_start:.1f}s", flush=True)
     out: dict[str, Any] = {"readers": len(readers), "rss_kb_before": rss_before, "rss_kb_idle": rss_idle,
@@ -247,6 +314,9 @@ async def scenario(target: Target, runs: list[str], readers_per_run: int, *, pac
                 await asyncio.gather(*(target.publish(run, [chunk(n + i, run)]) for run in runs))
                 await asyncio.sleep(1 / PACED_RATE)
             await wait_delivered(readers, n + PACED_CHUNKS)
+            # Idle again past a gzip stream's rest (gateway/_sse.py REST_AFTER, 1 s).
+            await asyncio.sleep(1.5)
+            out["rss_kb_after_rest"] = target.rss_kb()
             lat = [x for r in readers for x in r.latencies]
             out["paced_rate_per_s"] = PACED_RATE
             out["latency_p50_ms"] = round(pct(lat, 50) * 1000, 1)
@@ -282,6 +352,7 @@ class GatewayTarget(Target):
     """The gateway under test, its runs written by the product's log writer.
 
     Args:
+        gzip: its readers ask for gzip (:class:`GzipReader`), as browsers do.
         pipelined: the writers' publishes go out without waiting for each acknowledgement
             (bench/_pipelined.py: the same stored records, byte for byte); a burst then
             comes as fast as nats-server stores it, so the gateway rather than the
@@ -291,8 +362,10 @@ class GatewayTarget(Target):
     name = "gateway"
 
     def __init__(self, gw: Any, log: Any, http: Any, name: str = "gateway", metrics: list[str] | None = None,
-                 pipelined: bool = False) -> None:
+                 pipelined: bool = False, gzip: bool = False) -> None:
         self.gw, self.log, self.http = gw, log, http
+        if gzip:
+            self.reader = GzipReader
         self.name = name
         self.port, self.pid = gw.port, gw.pid
         self.writers: dict[str, Any] = {}
@@ -385,7 +458,7 @@ async def main() -> dict[str, Any]:
     assert nats.proc is not None
     CPU_GROUPS["nats-server"] = lambda: [nats.proc.pid] if nats.proc is not None else []
     cfg = LogConfig(stream="BENCH_GW", subject_prefix="bench.gw", bucket="bench-gw-threads")
-    coord = gw = gw2 = None
+    coord = gw = gw2 = gwz = None
     port = free_port()
     env = env_without_proxy()
     # Setup, before anything is timed (the servers above start synchronously as well).
@@ -401,6 +474,11 @@ async def main() -> dict[str, Any]:
         gw = await start_gateway(coord.address, nats.url, log_dir=tmp, log_level="WARNING",
                                  runs_stream=cfg.stream, subject_prefix=cfg.subject_prefix,
                                  threads_bucket=cfg.bucket, http_connections_per_client=0, start_timeout=120)
+        # The same gateway for readers that ask for gzip: a process of its own, so its RSS
+        # per idle reader is a fresh process's as the first one's is.
+        gwz = await start_gateway(coord.address, nats.url, log_dir=tmp, log_level="WARNING",
+                                  runs_stream=cfg.stream, subject_prefix=cfg.subject_prefix,
+                                  threads_bucket=cfg.bucket, http_connections_per_client=0, start_timeout=120)
         metrics2 = free_ports_in_a_row(2)
         gw2 = await start_gateway(coord.address, nats.url, log_dir=tmp, log_level="WARNING",
                                   runs_stream=cfg.stream, subject_prefix=cfg.subject_prefix,
@@ -431,9 +509,17 @@ async def main() -> dict[str, Any]:
                 await asyncio.sleep(0.1)
             targets = [GatewayTarget(gw, log, http), GatewayTarget(gw2, log, http, "gateway_2w", two),
                        MinimalTarget(port, minimal.pid, http)]
-            for t in targets:
+            zipped = GatewayTarget(gwz, log, http, "gateway_gzip", gzip=True)
+            for t in [*targets, zipped]:
                 one = await scenario(t, [f"bench-one-{t.name}"], READERS_ONE_RUN, paced=True)
                 results[t.name] = {"one_run_1000_readers": one}
+            pairs = [(results["gateway"]["one_run_1000_readers"], results["gateway_gzip"]["one_run_1000_readers"])]
+            for r in range(1, GZIP_ROUNDS):
+                pair = {}
+                for t in ([targets[0], zipped] if r % 2 else [zipped, targets[0]]):
+                    pair[t.name] = await scenario(t, [f"bench-one-{t.name}-r{r}"], READERS_ONE_RUN, paced=True)
+                pairs.append((pair["gateway"], pair["gateway_gzip"]))
+            results["gzip_rounds"] = {"one_run_1000_readers": pairs}
             # Many runs with the log writer's publishes pipelined as well: the same gateways,
             # a burst the publisher no longer paces (the plain one ends as its last append's
             # acknowledgement comes, so its rate is the publisher's).
@@ -468,7 +554,7 @@ async def main() -> dict[str, Any]:
                     "per_round_burst_cores": [x["burst_cores"] for x in rs],
                     "per_round_chunks_per_s": [x["delivered_chunks_per_s"] for x in rs]}
     finally:
-        for g in (gw, gw2):
+        for g in (gw, gw2, gwz):
             if g is not None:
                 await g.stop()
         if coord is not None:
@@ -486,6 +572,24 @@ async def main() -> dict[str, Any]:
                                             / m["200_runs_1_reader"]["delivered_chunks_per_s"], 2),
         "p99_ms_1000_readers": g["one_run_1000_readers"]["latency_p99_ms"],
         "rss_kb_per_idle_reader": g["one_run_1000_readers"]["rss_kb_per_idle_reader"],
+    }
+    gz = results["gateway_gzip"]["one_run_1000_readers"]
+    plain = g["one_run_1000_readers"]
+    pairs = results["gzip_rounds"]["one_run_1000_readers"]
+
+    def paired(key: str) -> float:
+        """The median over the rounds of gzip's figure over plain's in the same round."""
+        return round(statistics.median(z[key] / max(p[key], 1e-9) for p, z in pairs), 2)
+
+    # The readers that ask for gzip against those that do not, on two gateways alike; RSS
+    # from the first round only (each gateway a fresh process then).
+    summary["gzip_vs_plain_one_run"] = {
+        "rounds": len(pairs),
+        **{k: paired(k) for k in ("delivered_chunks_per_s", "burst_p99_ms", "latency_p50_ms", "latency_p99_ms",
+                                  "server_cpu_us_per_chunk")},
+        "rss_kb_per_idle_reader": round(gz["rss_kb_per_idle_reader"] / plain["rss_kb_per_idle_reader"], 2),
+        "rss_kb_after_rest": round((gz["rss_kb_after_rest"] - gz["rss_kb_before"])
+                                   / max(plain["rss_kb_after_rest"] - plain["rss_kb_before"], 1), 2),
     }
     g2 = results["gateway_2w"]
     summary["workers_2_vs_1_one_run"] = round(g2["one_run_1000_readers"]["delivered_chunks_per_s"]
@@ -524,7 +628,7 @@ def _print_table(out: dict[str, Any]) -> None:
     rows = [("scenario", "server", "chunks/s", "burst p99 ms", "paced p99 ms", "RSS KB/idle reader",
              "publish / burst s", "cores: server, bench, nats; machine busy")]
     for server, res in out["results"].items():
-        if server == "publisher_alone":
+        if server in ("publisher_alone", "gzip_rounds"):
             continue
         for scen, r in res.items():
             rss = r["rss_kb_per_idle_reader"]  # None: not measured in this scenario

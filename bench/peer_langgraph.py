@@ -9,7 +9,9 @@ version check (``LANGGRAPH_NO_VERSION_CHECK``), no CLI analytics
 (``LANGGRAPH_CLI_NO_ANALYTICS``), no LangSmith tracing, no license key (so no metadata
 loop). Its graph has no model: one node sleeps :data:`PAUSE` s, then writes
 :data:`EVENTS` events with the stream writer (``stream_mode="custom"``), each
-``{"delta": <SIZE characters>}``.
+``{"delta": <SIZE characters>}``: its index and send time, then a coding agent's prose
+(:func:`event_text`). Readers ask both servers for gzip as httpx does by default (``Accept-Encoding:
+gzip, deflate``, as a browser's fetch does); bytes are counted as they came over the wire.
 
 baton: etcd, nats-server, a coordinator, a host and a gateway (``baton_tools.testing``),
 the replay agent playing a journal made here: a Claude stream-json turn whose one text block
@@ -70,6 +72,47 @@ PEER_PACKAGES = ["langgraph-api==0.16.7", "langgraph-runtime-inmem==0.36.7", "la
                  "langgraph-sdk==0.4.14"]
 EVENTS = int(os.environ.get("BENCH_PEER_EVENTS", "2000"))
 SIZE = 64  # characters of text per event
+#: The words of a coding agent's answer, drawn at random (seeded, so both sides and every run
+#: get the same text) into :data:`PROSE`.
+WORDS = (
+    "I read the failing test first: it expects the parser to keep a trailing comma inside a "
+    "quoted field, and the tokenizer splits on every comma before it looks at the quotes. "
+    "The fix belongs in the tokenizer, not in the test. I changed split_fields to walk the "
+    "line once, tracking whether it is inside quotes, and to treat a doubled quote as an "
+    "escaped one. Then I ran the whole suite: 214 passed, 2 skipped (the network tests). "
+    "The reader opens the file without an encoding, so on a machine whose locale is not "
+    "UTF-8 it reads accented names wrongly; I passed encoding='utf-8' explicitly. The error "
+    "for a short row named the column by its index; it now names the header. Summary of the "
+    "diff: tokenizer.py (+31, -12), reader.py (+4, -2), and test_quoted_commas.py.").split()
+
+
+def _prose(chars: int) -> str:
+    """``chars`` characters of :data:`WORDS` in a seeded random order: text that compresses
+    as prose does (zlib leaves 0.28 of it; English prose about a third), where one passage repeated would
+    fit a compressor's window whole."""
+    import random
+
+    pick = random.Random(33).choice
+    out: list[str] = []
+    n = 0
+    while n < chars:
+        word = pick(WORDS)
+        out.append(word)
+        n += len(word) + 1
+    return " ".join(out)[:chars]
+
+
+#: What pads an event's text to :data:`SIZE` on both sides: each event takes the next
+#: :data:`SIZE` characters of it (64 KiB, so a run of 2,000 events wraps once).
+PROSE = _prose(1 << 16)
+
+
+def event_text(i: int, stamp: str = "") -> str:
+    """The text of event ``i``: its 8-digit index (and ``stamp``), then prose, :data:`SIZE`
+    characters in all (the graph in :data:`GRAPH` writes the same)."""
+    start = SIZE * i % len(PROSE)
+    return (f"{i:08d} {stamp}" + (PROSE + PROSE)[start:start + SIZE])[:SIZE]
+
 READERS = int(os.environ.get("BENCH_PEER_READERS", "10"))
 ROUNDS = int(os.environ.get("BENCH_PEER_ROUNDS", "3"))
 PAUSE = 1.0  # s between the run's start and its first event (the live readers join then)
@@ -91,15 +134,17 @@ class State(TypedDict, total=False):
     size: int
     pause: float
     gap: float
+    prose: str
 
 
 async def emit(state: State) -> dict:
     write = get_stream_writer()
     await asyncio.sleep(state.get("pause", 0.0))
-    size, gap = state["size"], state.get("gap", 0.0)
+    size, gap, prose = state["size"], state.get("gap", 0.0), state["prose"]
     for i in range(state["events"]):
-        # The text: the index, the send time, padding to ``size`` characters.
-        write({"delta": f"{i:08d} {time.time():.6f} ".ljust(size, "x")[:size]})
+        # The text: the index, the send time, prose to ``size`` characters (event_text).
+        start = size * i % len(prose)
+        write({"delta": (f"{i:08d} {time.time():.6f} " + (prose + prose)[start:start + size])[:size]})
         if gap:
             await asyncio.sleep(gap)
     return {}
@@ -199,7 +244,8 @@ class PeerSide:
     async def start(self, events: int, gap: float, *, stop_after: int | None = None) -> tuple[SseReader, dict[str, str]]:
         """A new run whose starting request is a reader; its ids once the head came."""
         thread = (await self.http.post(f"{self.url}/threads", json={})).json()["thread_id"]
-        body = {"assistant_id": "bench", "input": {"events": events, "size": SIZE, "pause": PAUSE, "gap": gap},
+        body = {"assistant_id": "bench", "input": {"events": events, "size": SIZE, "pause": PAUSE, "gap": gap,
+                                                        "prose": PROSE},
                 "stream_mode": ["custom"], "stream_resumable": True, "on_disconnect": "continue"}
         r = SseReader(self.http, "POST", f"{self.url}/threads/{thread}/runs/stream", self.counts, want=events,
                       json_body=body, stop_after=stop_after)
@@ -279,7 +325,7 @@ def write_journal(path: pathlib.Path, events: int, gap: float) -> None:
                                                  "content": [], "model": "bench"}}, PAUSE),
         ev({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}, PAUSE)]
     for i in range(events):
-        text = f"{i:08d} ".ljust(SIZE, "x")
+        text = event_text(i)
         lines.append(ev({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}},
                         PAUSE + i * gap))
     end = PAUSE + events * gap

@@ -51,7 +51,8 @@ async def start_chat(request: Request) -> Response | StreamResponse:
         return JSONResponse({"runId": read.run_id, "inputId": read.input_id, "status": "steered"},
                             status_code=202, headers={"X-Run-Id": read.run_id})
     framing = choose_framing(request.headers.get("accept"), request.query_params.get(FORMAT_PARAM))
-    return StreamResponse(stream_log(read, framing), framing, headers={"X-Run-Id": req.run_id}, closer=st.streams)
+    return StreamResponse(stream_log(read, framing), framing, headers={"X-Run-Id": req.run_id}, closer=st.streams,
+                          compress=st.settings.http_compression)
 
 
 #: ``?snapshot=1``: serve a from-start join (``offset=-1``) from the latest snapshot.
@@ -113,8 +114,9 @@ async def join_chat(request: Request) -> Response | StreamResponse:
             # SSE spec lets a server stop an EventSource from reconnecting for ever.
             await read.aclose()
             return Response(status_code=204, headers={"X-Run-Id": run_id})
+    st = state_of(request)
     return StreamResponse(stream_log(read, framing), framing, headers={"X-Run-Id": run_id},
-                          closer=state_of(request).streams)
+                          closer=st.streams, compress=st.settings.http_compression)
 
 
 async def _hydrate(request: Request, thread_id: str) -> Response:

@@ -73,6 +73,9 @@ class GatewaySettings:
         tail_linger: seconds a run's shared tail stays after its last reader left
             (``BATON_TAIL_LINGER``; gateway/_fanout.py): a reader back within it resumes
             from memory. 0: the tail goes with its last reader.
+        http_compression: whether an SSE/NDJSON stream is sent gzip-encoded to a client that
+            admits gzip (``BATON_HTTP_COMPRESSION``: ``gzip``, the default, or ``off``;
+            gateway/_compression.py).
         grpc_listen: ``host:port`` of the gRPC ``baton.v1.Runs`` API (port 0: any free
             port); empty serves no gRPC.
         metrics_listen: ``host:port`` of the Prometheus metrics listener (port 0: any free
@@ -115,6 +118,7 @@ class GatewaySettings:
     detached_ttl_max: float = 86400.0
     reader_queue: int = 256
     tail_linger: float = 10.0
+    http_compression: bool = True
     grpc_listen: str = ""
     metrics_listen: str = ""
     internal_token: str = field(default="", repr=False)
@@ -166,6 +170,7 @@ class GatewaySettings:
             workers=_workers(env),
             detached_ttl_max=_positive("BATON_DETACHED_RUN_TTL_MAX", env),
             tail_linger=_positive("BATON_TAIL_LINGER", env, zero=True),
+            http_compression=_compression(env),
         )
 
     @property
@@ -215,6 +220,18 @@ def _positive(env_name: str, env: Mapping[str, str], *, zero: bool = False) -> f
     if not math.isfinite(v) or v < 0 or (v == 0 and not zero):
         raise ValueError(f"{env_name} must be a number of seconds {'>=' if zero else '>'} 0, not {v:g}")
     return v
+
+
+def _compression(env: Mapping[str, str]) -> bool:
+    """``BATON_HTTP_COMPRESSION``: ``gzip`` → True, ``off`` → False.
+
+    Raises:
+        ValueError: naming the variable, for any other value.
+    """
+    raw = config.get("BATON_HTTP_COMPRESSION", env).strip().lower()
+    if raw not in ("gzip", "off"):
+        raise ValueError(f"BATON_HTTP_COMPRESSION must be gzip or off, not {raw!r}")
+    return raw == "gzip"
 
 
 def _workers(env: Mapping[str, str]) -> int:

@@ -22,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from baton import errors as e
 from gateway import _grpc_wire
+from gateway._compression import GzipStream, accepts_gzip
 
 log = logging.getLogger("gateway.sse")
 
@@ -147,18 +148,29 @@ class StreamResponse:
     generator is always closed (``aclose``), so its ``finally`` (presence unregister) runs.
     A stream ended by the shutdown completes its response without the end marker (the
     client tells it from the log's end and reconnects).
+
+    With ``compress`` and a request whose ``Accept-Encoding`` admits gzip, the body is gzip
+    (:mod:`gateway._compression`): every write is flushed to a byte boundary, so each chunk
+    is decodable when it arrives.
     """
 
     def __init__(self, body: AsyncIterator[bytes], framing: Framing, headers: dict[str, str] | None = None,
-                 closer: StreamCloser | None = None) -> None:
+                 closer: StreamCloser | None = None, *, compress: bool = False) -> None:
         self._body = body
         self._headers = {**STREAM_HEADERS, **(headers or {})}
         self._framing = framing
         self._closer = closer
+        self._compress = compress
         self.disconnected = False
         self.shut_down = False
+        #: The body's gzip encoder when the response is compressed, else ``None``.
+        self.gzip: GzipStream | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._compress:
+            accept = b",".join(v for k, v in scope.get("headers", ()) if k == b"accept-encoding")
+            if accepts_gzip(accept.decode("latin-1")):
+                self.gzip = GzipStream()
         if self._closer is None:
             await self._serve(receive, send, None)
             return
@@ -171,6 +183,11 @@ class StreamResponse:
     async def _serve(self, receive: Receive, send: Send, closing: asyncio.Event | None) -> None:
         raw = [(b"content-type", f"{media_type(self._framing)}; charset=utf-8".encode())]
         raw += [(k.lower().encode(), v.encode()) for k, v in self._headers.items()]
+        gz = self.gzip
+        if self._compress:
+            raw.append((b"vary", b"accept-encoding"))
+        if gz is not None:
+            raw.append((b"content-encoding", b"gzip"))
         await send({"type": "http.response.start", "status": 200, "headers": raw})
 
         async def pump() -> None:
@@ -179,8 +196,11 @@ class StreamResponse:
                     if self.disconnected:
                         return  # belt and braces: never stream on after a disconnect
                     if data:
+                        if gz is not None:
+                            data = gz.write(data)
                         await send({"type": "http.response.body", "body": data, "more_body": True})
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                end = gz.finish() if gz is not None else b""
+                await send({"type": "http.response.body", "body": end, "more_body": False})
             finally:
                 await self._close_body()
 
@@ -211,7 +231,8 @@ class StreamResponse:
             self.disconnected = True
         if self.shut_down and not self.disconnected:
             try:
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                end = gz.finish() if gz is not None else b""
+                await send({"type": "http.response.body", "body": end, "more_body": False})
             except OSError:
                 self.disconnected = True
 
@@ -219,3 +240,4 @@ class StreamResponse:
         aclose = getattr(self._body, "aclose", None)
         if aclose is not None:
             await aclose()
+

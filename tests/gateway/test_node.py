@@ -90,7 +90,8 @@ async def test_react_use_chat_persistence_and_xhr_adapter_in_chromium(host: Any,
 
 @pytest.mark.browser
 async def test_browser_eventsource_stops_after_the_end(gateway: Gateway, dlog: Any) -> None:
-    """After ``: end`` a native EventSource reconnects once, gets 204, and stops."""
+    """After ``: end`` a native EventSource reconnects once, gets 204, and stops; the stream
+    came gzip-encoded (the browser asks for it) and the browser decoded every chunk."""
     from tests.conftest import unique
     from tests.gateway.conftest import run_chunks, write_run
 
@@ -102,3 +103,4 @@ async def test_browser_eventsource_stops_after_the_end(gateway: Gateway, dlog: A
     assert result["ids"] == offsets  # every chunk once
     assert result["opens"] == 1 and result["state"] == 2  # CLOSED: no reconnect loop
     assert result["requests"] == [None, offsets[-1]]  # one reconnect, at the last offset, answered 204
+    assert result["encodings"] == [[200, "gzip"], [204, None]]

@@ -3,6 +3,8 @@
 // gateway answers 204 No Content, and the EventSource stops for good (readyState CLOSED)
 // instead of reopening for ever (issue 12 item 4).
 //
+// The browser asks for gzip, as every browser does: `encodings` says how each answer came.
+//
 // Env: BATON_GATEWAY_URL, BATON_RUN_ID (a run whose log is closed). Prints one JSON line.
 import { chromium } from 'playwright-core'
 
@@ -19,6 +21,10 @@ try {
   page.on('request', async (r) => {
     if (r.url().includes('/api/chat?')) requests.push((await r.allHeaders())['last-event-id'] ?? null)
   })
+  const encodings = []
+  page.on('response', async (r) => {
+    if (r.url().includes('/api/chat?')) encodings.push([r.status(), (await r.allHeaders())['content-encoding'] ?? null])
+  })
   await page.goto(base)
   const seen = await page.evaluate((id) => new Promise((resolve) => {
     const got = { opens: 0, ids: [], errors: 0 }
@@ -33,7 +39,7 @@ try {
   }), runId)
   // Any reopen after CLOSED would show as another request: give a reconnect delay's time.
   await page.waitForTimeout(4000)
-  console.log(JSON.stringify({ ok: seen.state === 2 && !seen.timedOut, ...seen, requests }))
+  console.log(JSON.stringify({ ok: seen.state === 2 && !seen.timedOut, ...seen, requests, encodings }))
 } finally {
   await browser.close()
 }
