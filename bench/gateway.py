@@ -314,8 +314,7 @@ async def scenario(target: Target, runs: list[str], readers_per_run: int, *, pac
                 await asyncio.gather(*(target.publish(run, [chunk(n + i, run)]) for run in runs))
                 await asyncio.sleep(1 / PACED_RATE)
             await wait_delivered(readers, n + PACED_CHUNKS)
-            # Idle again past a gzip stream's rest (gateway/_sse.py REST_AFTER, 1 s).
-            await asyncio.sleep(1.5)
+            # What the scenario left behind in the server.
             out["rss_kb_after_rest"] = target.rss_kb()
             lat = [x for r in readers for x in r.latencies]
             out["paced_rate_per_s"] = PACED_RATE

@@ -22,7 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from baton import errors as e
 from gateway import _grpc_wire
-from gateway._compression import GzipStream, accepts_gzip
+from gateway._compression import SHARED_MAX_BYTES, GzipStream, accepts_gzip
 
 log = logging.getLogger("gateway.sse")
 
@@ -163,6 +163,7 @@ class StreamResponse:
         self._compress = compress
         self.disconnected = False
         self.shut_down = False
+        self._ended = False  # the response's last message went out
         #: The body's gzip encoder when the response is compressed, else ``None``.
         self.gzip: GzipStream | None = None
 
@@ -196,11 +197,17 @@ class StreamResponse:
                     if self.disconnected:
                         return  # belt and braces: never stream on after a disconnect
                     if data:
-                        if gz is not None:
-                            data = gz.write(data)
-                        await send({"type": "http.response.body", "body": data, "more_body": True})
+                        if gz is None:
+                            await send({"type": "http.response.body", "body": data, "more_body": True})
+                        else:
+                            # Counted once sent: uvicorn takes nothing of a write whose wait
+                            # for the socket to drain was cancelled (a shutdown meanwhile).
+                            data = gz.write_small(data) if len(data) <= SHARED_MAX_BYTES else await gz.write(data)
+                            await send({"type": "http.response.body", "body": data, "more_body": True})
+                            gz.sent()
                 end = gz.finish() if gz is not None else b""
                 await send({"type": "http.response.body", "body": end, "more_body": False})
+                self._ended = True
             finally:
                 await self._close_body()
 
@@ -229,7 +236,7 @@ class StreamResponse:
         except* OSError:
             # The socket went away under a write: the same as a disconnect.
             self.disconnected = True
-        if self.shut_down and not self.disconnected:
+        if self.shut_down and not self.disconnected and not self._ended:
             try:
                 end = gz.finish() if gz is not None else b""
                 await send({"type": "http.response.body", "body": end, "more_body": False})

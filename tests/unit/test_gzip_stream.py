@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import os
 import zlib
 from typing import Any, AsyncIterator
 
@@ -13,9 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway._compression import WINDOW, GzipStream, accepts_gzip
+from gateway._compression import SHARED_MAX_BYTES, WINDOW, GzipStream, SharedWrites, accepts_gzip
 from gateway._settings import GatewaySettings
-from gateway._sse import StreamResponse
+from gateway._sse import StreamCloser, StreamResponse
+from tests.conftest import assert_eventually
 
 
 @pytest.mark.parametrize("header, admitted", [
@@ -37,6 +39,7 @@ from gateway._sse import StreamResponse
     ("gzip;q=soon", False),  # a malformed weight refuses its coding
     ("gzip;q=2", False),
     ("deflate, gzip;q=0.001", True),
+    ("identity, " * 200 + "gzip", False),  # longer than anyone sends: identity, unparsed
 ])
 def test_accept_encoding(header: str | None, admitted: bool) -> None:
     assert accepts_gzip(header) is admitted
@@ -48,61 +51,146 @@ def _frames(n: int) -> list[bytes]:
         for i in range(n)]
 
 
-def test_each_write_decodes_when_it_arrives_and_the_whole_is_one_gzip_member() -> None:
-    gz, inflate = GzipStream(), zlib.decompressobj(16 + zlib.MAX_WBITS)
+async def _write(gz: GzipStream, data: bytes) -> bytes:
+    """A write the server took."""
+    out = await gz.write(data)
+    gz.sent()
+    return out
+
+
+async def test_each_write_decodes_when_it_arrives_and_the_whole_is_one_gzip_member() -> None:
+    gz, inflate = GzipStream(SharedWrites()), zlib.decompressobj(16 + zlib.MAX_WBITS)
     sent = b""
     for frame in _frames(50):
-        wire = gz.write(frame)
+        wire = await _write(gz, frame)
         assert inflate.decompress(wire) == frame  # nothing of it waits for the next write
         sent += wire
-    sent += gz.finish()
-    assert gzip.decompress(sent) == b"".join(_frames(50))  # gzip checks the CRC and the length
-    assert gz.finish() == b""
+    end = gz.finish()
+    assert gzip.decompress(sent + end) == b"".join(_frames(50))  # gzip checks the CRC and the length
+    assert gz.finish() == end  # the same bytes, to send again if the first did not go out
 
 
-def test_each_write_refers_back_to_what_the_client_holds() -> None:
+async def test_only_what_was_sent_counts() -> None:
+    """A write the server did not take (a shutdown while it waited to drain) is not in the
+    trailer, and the next write is compressed after what the client has."""
+    gz = GzipStream(SharedWrites())
+    frames = _frames(4)
+    wire = await _write(gz, frames[0])
+    await gz.write(frames[1])  # never sent
+    wire += await _write(gz, frames[2])
+    await gz.write(frames[3])  # never sent either
+    assert gzip.decompress(wire + gz.finish()) == frames[0] + frames[2]
+    assert gzip.decompress(GzipStream(SharedWrites()).finish()) == b""
+    unsent = GzipStream(SharedWrites())
+    await unsent.write(frames[0])  # the header went with it, unsent: the end brings its own
+    assert gzip.decompress(unsent.finish()) == b""
+
+
+async def test_each_write_refers_back_to_what_the_client_holds() -> None:
     """A write's compressor is its own, primed with the text before it: frames compress as
     in one stream, not each alone."""
     frames = _frames(40)
-    gz = GzipStream()
-    wire = b"".join(gz.write(f) for f in frames) + gz.finish()
+    gz = GzipStream(SharedWrites())
+    wire = b"".join([await _write(gz, f) for f in frames]) + gz.finish()
     alone = sum(len(zlib.compress(f)) for f in frames)
     assert gzip.decompress(wire) == b"".join(frames)
     assert len(wire) < 0.5 * alone
     assert len(wire) < 0.4 * sum(map(len, frames))
 
 
-def test_an_empty_stream_and_a_stream_finished_twice() -> None:
-    assert gzip.decompress(GzipStream().finish()) == b""
-    gz = GzipStream()
-    wire = gz.write(b"data: x\n\n") + gz.write(b"")
-    assert gzip.decompress(wire + gz.finish()) == b"data: x\n\n"
-    assert gz.finish() == b""
-    with pytest.raises(RuntimeError):
-        gz.write(b"more")
-
-
-def test_a_stream_holds_a_window_of_text_between_writes() -> None:
-    gz = GzipStream()
+async def test_a_stream_holds_a_window_of_text_between_writes() -> None:
+    gz = GzipStream(SharedWrites())
     big = bytes(range(256)) * (3 * WINDOW // 256 + 1)
-    wire = gz.write(big)
+    wire = await _write(gz, big)
     assert len(gz._tail) == WINDOW
-    wire += gz.write(b"tail") + gz.write(big[-100:])
+    wire += await _write(gz, b"tail") + await _write(gz, big[-100:]) + await _write(gz, b"")
     assert len(gz._tail) == WINDOW and gz._tail.endswith(b"tail" + big[-100:])
     assert gzip.decompress(wire + gz.finish()) == big + b"tail" + big[-100:]
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.one_of(st.binary(max_size=3 * WINDOW), st.sampled_from(_frames(3))), max_size=30))
-def test_any_writes_decode_to_what_was_written(pieces: list[bytes]) -> None:
-    gz, inflate = GzipStream(), zlib.decompressobj(16 + zlib.MAX_WBITS)
-    wire = b""
-    for data in pieces:
-        out = gz.write(data)
-        assert inflate.decompress(out) == data
-        wire += out
-    wire += gz.finish()
-    assert gzip.decompress(wire) == b"".join(pieces)
+@given(st.lists(st.tuples(st.one_of(st.binary(max_size=3 * WINDOW), st.sampled_from(_frames(3)),
+                                    st.binary(min_size=SHARED_MAX_BYTES + 1, max_size=SHARED_MAX_BYTES + 9)),
+                          st.booleans()), max_size=30))
+def test_any_writes_decode_to_what_was_sent(pieces: list[tuple[bytes, bool]]) -> None:
+    async def run() -> None:
+        gz, inflate = GzipStream(SharedWrites()), zlib.decompressobj(16 + zlib.MAX_WBITS)
+        wire, sent = b"", b""
+        for data, taken in pieces:
+            out = await gz.write(data)
+            if taken:  # the server took it: the client has it
+                gz.sent()
+                assert inflate.decompress(out) == data
+                wire += out
+                sent += data
+        assert gzip.decompress(wire + gz.finish()) == sent
+
+    asyncio.run(run())
+
+
+async def test_readers_at_the_same_place_share_a_write_and_no_one_else_does() -> None:
+    shared = SharedWrites()
+    frames = _frames(30)
+    early, late = GzipStream(shared), GzipStream(shared)
+    early_wire = b"".join([await _write(early, f) for f in frames[:10]])
+    late_wire = await _write(late, b"".join(frames[:10]))  # one catch-up write, then the live tail
+    hits = shared.hits
+    for f in frames[10:]:
+        a, b = await _write(early, f), await _write(late, f)
+        assert a == b  # the same last 4 KiB and the same chunk: the same bytes
+        early_wire += a
+        late_wire += b
+    assert shared.hits - hits == 20  # compressed once for both
+    for wire in (early_wire + early.finish(), late_wire + late.finish()):
+        assert gzip.decompress(wire) == b"".join(frames)
+
+
+async def test_a_kept_write_is_used_only_after_the_same_text() -> None:
+    shared = SharedWrites()
+    # Two pasts that end alike: the same key, not the same dictionary.
+    one, other = b"B" * 100 + b"A" * 100, b"C" * 100 + b"A" * 100
+    data = b"B" * 60 + b"A" * 60  # after ``one``, its Bs are a reference back into it
+    made = shared.compress(one, data)
+    again = shared.compress(other, data)
+    assert shared.hits == 0 and again != made
+    assert zlib.decompressobj(-zlib.MAX_WBITS, zdict=other).decompress(again) == data
+    assert zlib.decompressobj(-zlib.MAX_WBITS, zdict=one).decompress(made) == data
+    assert shared.compress(other, data) == again and shared.hits == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from(_frames(4) + [b"", b"x" * 70])), max_size=60))
+def test_streams_sharing_writes_each_decode_to_their_own(writes: list[tuple[int, bytes]]) -> None:
+    async def run() -> None:
+        shared = SharedWrites(size=4)
+        streams = [GzipStream(shared) for _ in range(4)]
+        wires, sent = [b""] * 4, [b""] * 4
+        for i, data in writes:
+            wires[i] += await _write(streams[i], data)
+            sent[i] += data
+        for i in range(4):
+            assert gzip.decompress(wires[i] + streams[i].finish()) == sent[i]
+
+    asyncio.run(run())
+
+
+async def test_a_large_write_is_made_once_off_the_loop_for_every_reader_given_it() -> None:
+    """Readers with different pasts given the same large chunk share one compression, made
+    in a worker thread: the loop runs while it is made, and a reader that goes away while it
+    waits does not take it from the others."""
+    shared = SharedWrites()
+    big = os.urandom(3 << 20).hex().encode()  # 6 MiB of a tool result's hex: tens of ms to deflate
+    readers = [GzipStream(shared) for _ in range(3)]
+    pasts = [await _write(gz, f) for gz, f in zip(readers, _frames(3))]
+    writes = [asyncio.create_task(gz.write(big)) for gz in readers]
+    await asyncio.sleep(0)  # each reader's write began
+    assert not any(w.done() for w in writes)  # the loop is free while the thread compresses
+    writes[0].cancel()  # this reader went away
+    outs = await asyncio.gather(*writes[1:])
+    assert outs[0] == outs[1] and shared.hits == 2
+    for gz, past, out, frame in zip(readers[1:], pasts[1:], outs, _frames(3)[1:]):
+        gz.sent()
+        assert gzip.decompress(past + out + gz.finish()) == frame + big
 
 
 def test_the_setting() -> None:
@@ -149,3 +237,69 @@ async def test_a_stream_is_gzip_only_when_enabled_and_admitted() -> None:
     head, body = await _serve(StreamResponse(_body(frames), "sse", compress=False), b"gzip")
     assert b"content-encoding" not in head and b"vary" not in head
     assert b"".join(body) == b"".join(frames)
+
+
+class _DrainingSend:
+    """An ASGI ``send`` as uvicorn's: a message that must wait for the socket to drain waits
+    *before* any of it is written, so a cancel there writes none of it."""
+
+    def __init__(self, waits: Any) -> None:
+        self.waits = waits  # (message, messages written so far) -> whether it waits to drain
+        self.wire: list[dict[str, Any]] = []
+        self.waiting = asyncio.Event()
+        self.drained = asyncio.Event()
+
+    async def __call__(self, message: dict[str, Any]) -> None:
+        if not self.drained.is_set() and self.waits(message, len(self.wire)):
+            self.waiting.set()
+            await self.drained.wait()
+        self.wire.append(message)
+
+
+@pytest.mark.parametrize("waiting", ["a chunk", "the end"])
+async def test_a_shutdown_while_a_write_waits_ends_with_the_trailer_of_what_was_sent(waiting: str) -> None:
+    """The gateway shuts down while a reader that stopped reading holds a write back: the
+    client gets a whole gzip member of what it has (then reconnects for the rest)."""
+    frames = _frames(3)
+    if waiting == "a chunk":
+        def waits(message: dict[str, Any], written: int) -> bool:
+            return written == 2  # the second chunk (after the head and the first)
+    else:
+        def waits(message: dict[str, Any], written: int) -> bool:
+            return message["type"] == "http.response.body" and not message["more_body"]
+    closer = StreamCloser()
+    send = _DrainingSend(waits)
+    never = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        await never.wait()
+        return {"type": "http.disconnect"}
+
+    response = StreamResponse(_body(frames), "sse", closer=closer, compress=True)
+    served = asyncio.create_task(response({"type": "http", "headers": [(b"accept-encoding", b"gzip")]},
+                                          receive, send))
+    await send.waiting.wait()
+    closer.close_all()
+    await assert_eventually(lambda: response.shut_down)
+    send.drained.set()  # the client reads again
+    await served
+    ends = [m for m in send.wire if m["type"] == "http.response.body" and not m["more_body"]]
+    assert len(ends) == 1
+    body = b"".join(m["body"] for m in send.wire if m["type"] == "http.response.body")
+    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    got = inflate.decompress(body)
+    assert inflate.eof and not inflate.unused_data  # a whole member: CRC and length checked
+    assert got == (frames[0] if waiting == "a chunk" else b"".join(frames))
+
+
+async def test_large_writes_kept_are_bounded_in_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gateway._compression as compression
+
+    monkeypatch.setattr(compression, "SHARED_LARGE_BYTES", 10 * (SHARED_MAX_BYTES + 1))
+    shared = SharedWrites()
+    pieces = [bytes([i]) * (SHARED_MAX_BYTES + 1) for i in range(20)]
+    for p in pieces:
+        assert zlib.decompressobj(-zlib.MAX_WBITS).decompress(await shared.compress_large(p)) == p
+    assert shared._large_bytes <= compression.SHARED_LARGE_BYTES
+    assert list(shared._large) == pieces[-5:]  # the newest, two bytes each (text, compressed)
+    assert shared._large_bytes == 2 * sum(map(len, pieces[-5:]))
