@@ -26,10 +26,12 @@ thousand readers of a run's live tail: one compression per chunk). A write large
 :data:`SHARED_MAX_BYTES` starts without a dictionary (it loses back-references to 4 KiB
 before it, nothing more), so it is the same bytes whatever came before: readers given the
 same large chunk, or the same catch-up batch, share one compression, made off the event
-loop (zlib lets go of the GIL) so a tool result of many MiB never stalls other streams.
+loop from :data:`OFF_LOOP_BYTES` on (zlib lets go of the GIL), so a tool result of many MiB
+does not stall other streams (the loop still hashes it to find it, and sums its CRC-32, once
+per reader: a MiB costs about a millisecond there).
 
-Only what was sent counts: a write's CRC, length and tail are taken by :meth:`GzipStream.sent`
-once the server took its bytes, so a stream ended while a write waited (a gateway shut down
+Only what was sent counts: a write's CRC, length and tail are taken by
+:meth:`GzipStream.sent` once the server took its bytes, so a stream ended while a write waited (a gateway shut down
 under a reader that stopped reading) ends with the trailer of what the client has.
 """
 from __future__ import annotations
@@ -37,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import struct
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 
 #: magic, CM=8 (deflate), FLG=0, MTIME=0 (none), XFL=0, OS=255 (unknown): RFC 1952 §2.3.
 GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
@@ -64,8 +67,11 @@ KEY_TAIL = 64
 SHARED_MAX_BYTES = 16 << 10
 #: Bytes of large writes kept at most (their text and their compressed bytes).
 SHARED_LARGE_BYTES = 32 << 20
-#: A write at least this large is compressed in a worker thread (about 2 ms of CPU here).
+#: A write at least this large is compressed in a worker thread (about 2 ms of CPU here;
+#: a smaller one is compressed on the loop, once for the readers given it).
 OFF_LOOP_BYTES = 64 << 10
+#: Threads compressing large writes (the machine's cores are what they can use).
+LARGE_WRITE_THREADS = 2
 #: The longest ``Accept-Encoding`` value looked at (real ones are about 30 bytes): a longer
 #: one gets identity, which is always acceptable, without parsing it.
 MAX_ACCEPT_ENCODING = 1024
@@ -80,18 +86,31 @@ class SharedWrites:
     the dictionary's last :data:`KEY_TAIL` bytes only, which narrows the look-up at the cost
     of a few dozen bytes where a CRC-32 of the whole window cost more than a hit saves in a
     burst); a large write's, when its input does. First in,
-    first out: :data:`SHARED_WRITES` small ones, :data:`SHARED_LARGE_BYTES` of large ones.
-    One per process, used from its event loop.
+    first out: :data:`SHARED_WRITES` small ones, :data:`SHARED_LARGE_BYTES` of large ones (a
+    write larger than that is shared only by the readers that ask while it is made). One per
+    gateway (its lifespan's state), used from its event loop; :meth:`close` when it stops.
+    Large writes are compressed by a pool of its own (:data:`LARGE_WRITE_THREADS`), so a
+    storm of them never queues the loop's own uses of its default executor (name look-ups).
     """
 
-    __slots__ = ("_small", "_large", "_large_bytes", "_size", "hits")
+    __slots__ = ("_small", "_large", "_large_bytes", "_size", "_pool", "hits")
 
     def __init__(self, size: int = SHARED_WRITES) -> None:
         self._small: dict[tuple[bytes, bytes], tuple[bytes, bytes]] = {}
         self._large: dict[bytes, asyncio.Future[bytes]] = {}
         self._large_bytes = 0
         self._size = size
+        self._pool: ThreadPoolExecutor | None = None
         self.hits = 0
+
+    def close(self) -> None:
+        """Let the pool's threads go (a write compressing finishes first); drop what is kept."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        self._small.clear()
+        self._large.clear()
+        self._large_bytes = 0
 
     def compress(self, zdict: bytes, data: bytes) -> bytes:
         """``data`` (at most :data:`SHARED_MAX_BYTES`) deflated after ``zdict`` and
@@ -102,7 +121,7 @@ class SharedWrites:
             self.hits += 1
             return kept[1]
         body = _deflate(zdict, data)
-        if len(self._small) >= self._size:
+        if key not in self._small and len(self._small) >= self._size:
             del self._small[next(iter(self._small))]
         self._small[key] = (zdict, body)
         return body
@@ -121,9 +140,11 @@ class SharedWrites:
         else:
             loop = asyncio.get_running_loop()
             if len(data) >= OFF_LOOP_BYTES:
-                # The loop's default executor: zlib lets go of the GIL while it compresses,
-                # so the loop goes on serving the other streams meanwhile.
-                made = loop.run_in_executor(None, _deflate, b"", data)
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(LARGE_WRITE_THREADS, thread_name_prefix="gzip-large-write")
+                # zlib lets go of the GIL while it compresses: the loop serves the other
+                # streams meanwhile.
+                made = loop.run_in_executor(self._pool, _deflate, b"", data)
             else:
                 made = loop.create_future()
                 made.set_result(_deflate(b"", data))
@@ -133,12 +154,15 @@ class SharedWrites:
                 oldest = next(iter(self._large))
                 del self._large[oldest]
                 self._large_bytes -= 2 * len(oldest)
-            made.add_done_callback(lambda f: self._forget_failed(data, f))
+            made.add_done_callback(lambda f: self._settled(data, f))
         # Shielded: a reader that goes away while it waits does not cancel the others' wait.
         return await asyncio.shield(made)
 
-    def _forget_failed(self, data: bytes, made: asyncio.Future[bytes]) -> None:
-        if (made.cancelled() or made.exception() is not None) and self._large.get(data) is made:
+    def _settled(self, data: bytes, made: asyncio.Future[bytes]) -> None:
+        """A large write's compression ended: forget it when it failed, or when it alone is
+        over the bound (kept only for the readers that asked while it was made)."""
+        failed = made.cancelled() or made.exception() is not None
+        if (failed or 2 * len(data) > SHARED_LARGE_BYTES) and self._large.get(data) is made:
             del self._large[data]
             self._large_bytes -= 2 * len(data)
 
@@ -150,10 +174,6 @@ def _deflate(zdict: bytes, data: bytes) -> bytes:
     else:
         deflate = zlib.compressobj(LEVEL, zlib.DEFLATED, -WINDOW_BITS, MEM_LEVEL)
     return deflate.compress(data) + deflate.flush(zlib.Z_SYNC_FLUSH)
-
-
-#: This process's :class:`SharedWrites`.
-SHARED = SharedWrites()
 
 
 def accepts_gzip(accept_encoding: str | None) -> bool:
@@ -198,14 +218,15 @@ class GzipStream:
     """One response body as a gzip member, written piece by piece.
 
     ``write_small(data)`` (at most :data:`SHARED_MAX_BYTES`) or ``await write(data)`` → the
-    bytes to send for one piece (the header first), decodable on arrival; ``sent()`` once the server took them; ``finish()`` → the last bytes (the final
-    block and the trailer of what was sent). Between writes it holds the stream's last
-    :data:`WINDOW` bytes of text and two integers. One per response.
+    bytes to send for one piece (the header first), decodable on arrival; ``sent()`` once
+    the server took them; ``finish()`` → the last bytes (the final block and the trailer of
+    what was sent). Between writes it holds the stream's last :data:`WINDOW` bytes of text
+    and two integers. One per response.
     """
 
     __slots__ = ("_tail", "_crc", "_size", "_started", "_pending", "_shared")
 
-    def __init__(self, shared: SharedWrites = SHARED) -> None:
+    def __init__(self, shared: SharedWrites) -> None:
         self._shared = shared
         #: The sent text's last bytes (at most :data:`WINDOW`): the next write's preset
         #: dictionary.
@@ -236,7 +257,8 @@ class GzipStream:
             return self.write_small(data)
         head = b"" if self._started else GZIP_HEADER
         body = await self._shared.compress_large(data)
-        self._pending = (zlib.crc32(data, self._crc), (self._size + len(data)) & 0xFFFFFFFF, data[-WINDOW:])
+        size = (self._size + len(data)) & 0xFFFFFFFF
+        self._pending = (zlib.crc32(data, self._crc), size, data[-WINDOW:])
         return head + body if head else body
 
     def sent(self) -> None:

@@ -52,7 +52,7 @@ async def start_chat(request: Request) -> Response | StreamResponse:
                             status_code=202, headers={"X-Run-Id": read.run_id})
     framing = choose_framing(request.headers.get("accept"), request.query_params.get(FORMAT_PARAM))
     return StreamResponse(stream_log(read, framing), framing, headers={"X-Run-Id": req.run_id}, closer=st.streams,
-                          compress=st.settings.http_compression)
+                          compress=st.gzip)
 
 
 #: ``?snapshot=1``: serve a from-start join (``offset=-1``) from the latest snapshot.
@@ -116,7 +116,7 @@ async def join_chat(request: Request) -> Response | StreamResponse:
             return Response(status_code=204, headers={"X-Run-Id": run_id})
     st = state_of(request)
     return StreamResponse(stream_log(read, framing), framing, headers={"X-Run-Id": run_id},
-                          closer=st.streams, compress=st.settings.http_compression)
+                          closer=st.streams, compress=st.gzip)
 
 
 async def _hydrate(request: Request, thread_id: str) -> Response:

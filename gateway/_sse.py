@@ -22,14 +22,18 @@ from starlette.types import Receive, Scope, Send
 
 from baton import errors as e
 from gateway import _grpc_wire
-from gateway._compression import SHARED_MAX_BYTES, GzipStream, accepts_gzip
+from gateway._compression import SHARED_MAX_BYTES, GzipStream, SharedWrites, accepts_gzip
 
 log = logging.getLogger("gateway.sse")
 
 # "grpc": baton.v1.RunEvent bytes (gateway._grpc_wire), for the Runs service.
 Framing = Literal["sse", "ndjson", "grpc"]
 NDJSON = "application/x-ndjson"
-STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+#: ``no-transform`` (RFC 9111 §5.2.2.6): no proxy may re-encode a stream (one that
+#: compresses what the client took as identity may hold events back to fill its buffer).
+STREAM_HEADERS = {"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no"}
+#: Seconds a shut-down stream's last write may wait for a reader that stopped reading.
+SHUTDOWN_END_WAIT = 1.0
 
 
 #: The query parameter that picks the framing by URL alone (``?format=ndjson``).
@@ -149,13 +153,15 @@ class StreamResponse:
     A stream ended by the shutdown completes its response without the end marker (the
     client tells it from the log's end and reconnects).
 
-    With ``compress`` and a request whose ``Accept-Encoding`` admits gzip, the body is gzip
-    (:mod:`gateway._compression`): every write is flushed to a byte boundary, so each chunk
-    is decodable when it arrives.
+    With ``compress`` (the gateway's :class:`~gateway._compression.SharedWrites`) and a
+    request whose ``Accept-Encoding`` admits gzip, the body is gzip (:mod:`gateway._compression`):
+    every write is flushed to a byte boundary, so each chunk is decodable when it arrives.
+    The last write of a stream the shutdown ended waits at most :data:`SHUTDOWN_END_WAIT`
+    for its reader, then counts as a disconnect.
     """
 
     def __init__(self, body: AsyncIterator[bytes], framing: Framing, headers: dict[str, str] | None = None,
-                 closer: StreamCloser | None = None, *, compress: bool = False) -> None:
+                 closer: StreamCloser | None = None, *, compress: SharedWrites | None = None) -> None:
         self._body = body
         self._headers = {**STREAM_HEADERS, **(headers or {})}
         self._framing = framing
@@ -168,10 +174,10 @@ class StreamResponse:
         self.gzip: GzipStream | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self._compress:
+        if self._compress is not None:
             accept = b",".join(v for k, v in scope.get("headers", ()) if k == b"accept-encoding")
             if accepts_gzip(accept.decode("latin-1")):
-                self.gzip = GzipStream()
+                self.gzip = GzipStream(self._compress)
         if self._closer is None:
             await self._serve(receive, send, None)
             return
@@ -185,7 +191,7 @@ class StreamResponse:
         raw = [(b"content-type", f"{media_type(self._framing)}; charset=utf-8".encode())]
         raw += [(k.lower().encode(), v.encode()) for k, v in self._headers.items()]
         gz = self.gzip
-        if self._compress:
+        if self._compress is not None:
             raw.append((b"vary", b"accept-encoding"))
         if gz is not None:
             raw.append((b"content-encoding", b"gzip"))
@@ -239,8 +245,13 @@ class StreamResponse:
         if self.shut_down and not self.disconnected and not self._ended:
             try:
                 end = gz.finish() if gz is not None else b""
-                await send({"type": "http.response.body", "body": end, "more_body": False})
-            except OSError:
+                # A reader that stopped reading would hold the write (uvicorn waits for the
+                # socket to drain) until the server's graceful timeout cancelled it, logged
+                # as an error: it is let go instead, as a disconnect.
+                async with asyncio.timeout(SHUTDOWN_END_WAIT):
+                    await send({"type": "http.response.body", "body": end, "more_body": False})
+                self._ended = True
+            except (OSError, TimeoutError):
                 self.disconnected = True
 
     async def _close_body(self) -> None:

@@ -17,6 +17,7 @@ from gateway._log_health import LogHealth
 from gateway._presence_batch import PresenceCalls
 from gateway._metrics import Metrics, refresh_runs_by_status
 from gateway._settings import GatewaySettings
+from gateway._compression import SharedWrites
 from gateway._sse import StreamCloser
 from gateway._takeover import TakeoverTrigger
 
@@ -66,6 +67,8 @@ class GatewayState:
         self.shutting_down = False
         #: The open SSE/NDJSON streams, ended at once when the server shuts down.
         self.streams = StreamCloser()
+        #: Gzip writes shared by this gateway's streams (``None``: ``BATON_HTTP_COMPRESSION=off``).
+        self.gzip = SharedWrites() if settings.http_compression else None
         #: The bound port of the gRPC Runs API (0 when it is not served).
         self.grpc_port = 0
         #: Threads' folded hydrations (gateway/_service/_hydration.py).
@@ -164,6 +167,8 @@ class GatewayState:
         await self.hubs.aclose()
         await self.log_health.aclose()
         await self.hosts.close()
+        if self.gzip is not None:
+            self.gzip.close()
 
 
 def _refresh_from_scrape(st: GatewayState, loop: asyncio.AbstractEventLoop, loop_thread: int) -> None:

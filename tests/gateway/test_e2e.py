@@ -38,6 +38,7 @@ async def test_post_chat_streams_the_run_from_the_start_and_saves_the_transcript
         got = await read_stream(http, "POST", f"{gateway.url}/api/chat", json=replay_body(thread, run),
                                                  headers={"X-Run-Id": run})
     assert got.status == 200 and got.ended
+    assert got.headers["content-encoding"] == "gzip"  # httpx admits gzip, as browsers do
     types = [c["type"] for _, c in got.events]
     assert types[0] == "RUN_STARTED" and types[-1] == "RUN_FINISHED"
     assert types[1] == "CUSTOM" and got.events[1][1]["name"] == "run.accepted"

@@ -28,7 +28,7 @@ async def test_join_finished_run_from_start_gives_whole_log_then_closes(gateway:
     assert got.events == list(zip(offsets, chunks))
     assert got.ended
     assert got.headers["content-type"].startswith("text/event-stream")
-    assert got.headers["cache-control"] == "no-cache"
+    assert got.headers["cache-control"] == "no-cache, no-transform"
     assert got.headers["x-accel-buffering"] == "no"
 
 
