@@ -200,21 +200,21 @@ def test_the_setting() -> None:
         GatewaySettings.from_env({"BATON_HTTP_COMPRESSION": "br"})
 
 
+async def _connected() -> dict[str, Any]:
+    """An ASGI ``receive`` of a client that stays connected."""
+    await asyncio.Event().wait()
+    return {"type": "http.disconnect"}
+
+
 async def _serve(response: StreamResponse, accept_encoding: bytes | None) -> tuple[dict[str, bytes], list[bytes]]:
     """The response's head and body writes, as an ASGI server would get them."""
     scope: dict[str, Any] = {"type": "http", "headers": [] if accept_encoding is None
                              else [(b"accept-encoding", accept_encoding)]}
     sent: list[dict[str, Any]] = []
-    never = asyncio.Event()
-
-    async def receive() -> dict[str, Any]:
-        await never.wait()
-        return {"type": "http.disconnect"}
-
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    await response(scope, receive, send)
+    await response(scope, _connected, send)
     return dict(sent[0]["headers"]), [m["body"] for m in sent[1:]]
 
 
@@ -269,15 +269,9 @@ async def test_a_shutdown_while_a_write_waits_ends_with_the_trailer_of_what_was_
             return message["type"] == "http.response.body" and not message["more_body"]
     closer = StreamCloser()
     send = _DrainingSend(waits)
-    never = asyncio.Event()
-
-    async def receive() -> dict[str, Any]:
-        await never.wait()
-        return {"type": "http.disconnect"}
-
     response = StreamResponse(_body(frames), "sse", closer=closer, compress=SharedWrites())
     served = asyncio.create_task(response({"type": "http", "headers": [(b"accept-encoding", b"gzip")]},
-                                          receive, send))
+                                          _connected, send))
     await send.waiting.wait()
     closer.close_all()
     await assert_eventually(lambda: response.shut_down)
@@ -308,19 +302,13 @@ async def test_large_writes_kept_are_bounded_in_bytes(monkeypatch: pytest.Monkey
 async def test_the_end_goes_once_when_the_shutdown_comes_as_it_is_sent() -> None:
     closer = StreamCloser()
     sent: list[dict[str, Any]] = []
-    never = asyncio.Event()
-
-    async def receive() -> dict[str, Any]:
-        await never.wait()
-        return {"type": "http.disconnect"}
-
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
         if message["type"] == "http.response.body" and not message["more_body"]:
             closer.close_all()  # the gateway begins to shut down as the end goes out
 
     response = StreamResponse(_body(_frames(1)), "sse", closer=closer, compress=SharedWrites())
-    await response({"type": "http", "headers": [(b"accept-encoding", b"gzip")]}, receive, send)
+    await response({"type": "http", "headers": [(b"accept-encoding", b"gzip")]}, _connected, send)
     assert response.shut_down  # it did see the shutdown
     ends = [m for m in sent if m["type"] == "http.response.body" and not m["more_body"]]
     assert len(ends) == 1  # a second would be an ASGI error after the response completed
@@ -336,15 +324,9 @@ async def test_a_shutdown_lets_go_of_a_reader_that_never_reads_again(monkeypatch
     monkeypatch.setattr(sse, "SHUTDOWN_END_WAIT", 0.05)
     closer = StreamCloser()
     send = _DrainingSend(lambda message, written: written == 2)
-    never = asyncio.Event()
-
-    async def receive() -> dict[str, Any]:
-        await never.wait()
-        return {"type": "http.disconnect"}
-
     response = StreamResponse(_body(_frames(3)), "sse", closer=closer, compress=SharedWrites())
     served = asyncio.create_task(response({"type": "http", "headers": [(b"accept-encoding", b"gzip")]},
-                                          receive, send))
+                                          _connected, send))
     await send.waiting.wait()
     closer.close_all()
     async with asyncio.timeout(10):
