@@ -15,7 +15,9 @@ Figures per side:
 - ``first_chunk_s`` p50/p99: ``POST`` → the first chunk at its reader;
 - exactly once: ``completed`` (the reader got the run's end), ``duplicates`` /
   ``out_of_order`` (log offsets a reader got twice / below one it had), and ``refused_left``:
-  refused starts that nevertheless left a run record (target 0).
+  refused starts that nevertheless left a run record; ``refused_left_untold`` of those, the
+  ones whose refusal did not say ``runExists: true`` (target 0: the client was told nothing
+  of a run that exists), with each left record's status in ``refused_left_runs``.
 
 Sides: 200 starts on 2 hosts, 500 on 3 (``BENCH_OVERLOAD_SIDES=200x2`` to run one).
 Writes ``bench/results/overload.json``.
@@ -117,9 +119,12 @@ async def side(label: str, runs: int, n_hosts: int, tmp: pathlib.Path) -> dict[s
                 return dict(got.json()) if got.status_code == 200 else None
 
             views = await asyncio.gather(*(view(r.run_id) for r in readers))
+        left: list[dict[str, Any]] = []  # the refused starts' records (what a client would find)
         for r, v in zip(readers, views):
             if r in refused_rs and v is not None:
                 refused_left += 1
+                left.append({"run_id": r.run_id, "reason": r.reason, "run_exists": r.run_exists,
+                             "status": v.get("status"), "epoch": v.get("epoch")})
             elif v is not None and r in accepted:
                 epochs.append(int(v.get("epoch") or 0))
         firsts = sorted(min(r.arrivals.values()) - r.posted for r in accepted if r.arrivals and r.posted)
@@ -131,6 +136,10 @@ async def side(label: str, runs: int, n_hosts: int, tmp: pathlib.Path) -> dict[s
             "side": label, "runs": runs, "hosts": n_hosts,
             "accepted": len(accepted), "refused": len(refused_rs), "refused_by_reason": refused,
             "refused_left": refused_left,
+            # Of those, the ones whose refusal said ``runExists: false`` or nothing: a client
+            # told nothing of a run that exists (target 0; ``true`` is the contract's answer).
+            "refused_left_untold": sum(1 for x in left if x["run_exists"] is not True),
+            "refused_left_runs": left,
             "takeovers": sum(1 for ep in epochs if ep > 1), "max_epoch": max(epochs) if epochs else None,
             "session_losses": lost,
             "completed": len(ends) - sum(1 for r in ends if r.failed),

@@ -86,6 +86,7 @@ class Reader:
         self.failed = False  # the run's stream carried RUN_ERROR (it ended, but not completed)
         self.status = 0
         self.reason = ""  # the error reason of a refused POST (its JSON body's "reason")
+        self.run_exists: bool | None = None  # a refused POST's ``runExists`` (None: not said)
 
     async def run(self) -> None:
         await asyncio.sleep(self.delay)
@@ -128,16 +129,20 @@ class Reader:
         finally:
             w.close()
             if self.status >= 400:
-                self.reason = _reason(buf)
+                self.reason, self.run_exists = _refusal(buf)
 
 
-def _reason(response: bytes) -> str:
-    """The ``reason`` of an HTTP error answer's JSON body (its status line when none)."""
+def _refusal(response: bytes) -> tuple[str, bool | None]:
+    """An HTTP error answer's ``(reason, runExists)`` from its JSON body (its status line, and
+    ``None``, when the body says neither)."""
     head, _, body = response.partition(b"\r\n\r\n")
+    status_line = head.split(b"\r\n", 1)[0].decode(errors="replace")
     try:
-        return str(json.loads(body).get("reason") or "") or head.split(b"\r\n", 1)[0].decode()
+        doc = json.loads(body)
+        exists = doc.get("runExists")
+        return str(doc.get("reason") or "") or status_line, exists if isinstance(exists, bool) else None
     except (ValueError, AttributeError):
-        return head.split(b"\r\n", 1)[0].decode(errors="replace")
+        return status_line, None
 
 
 class StageOverrun(Exception):

@@ -220,7 +220,7 @@ class RunManager:
 
     async def _start_in_slot(self, req: Any) -> tuple[runs_pb2.RunRecord, bool]:
         bind_fields(run_id=req.run_id, thread_id=req.thread_id)  # its own task: the start's lines
-        with self._slot():
+        with contextlib.nullcontext() if self._busy(req.run_id) else self._slot():  # joins a run driven here
             session = self.deps.session
             try:
                 return await self._start_run(req)

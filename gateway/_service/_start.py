@@ -16,11 +16,12 @@ from typing import Awaitable
 from opentelemetry.trace import SpanKind
 
 from baton import errors as e, telemetry
+from baton.coordinator_client import RunView
 from baton.retry import Deadline
 from baton.runs import TERMINAL_PB
 from baton.v1 import coordinator_pb2, runs_pb2, sandbox_host_pb2
 from gateway._auth import check_run_visible
-from gateway._errors import StartFailed, mapping_for
+from gateway._errors import NoHostAvailable, StartFailed, mapping_for
 from gateway._hosts import RPC_TIMEOUT, HostTimedOut, try_hosts
 from gateway._service._requests import StartRequest
 from gateway._service._views import thread_visible_for
@@ -179,29 +180,47 @@ async def _start_admitted(st: GatewayState, host_req: sandbox_host_pb2.StartRunR
     # new session in time after losing its own, left the run ``starting`` too: the next host
     # resumes it.
     deadline = Deadline.after(START_BUDGET)
+    unanswered: list[str] = []  # the hosts whose StartRun went unanswered once (start_on)
 
     def start(h: coordinator_pb2.HostInfo) -> Awaitable[sandbox_host_pb2.StartRunResponse]:
-        return start_on(st, h, host_req, deadline)
+        return start_on(st, h, host_req, deadline, unanswered)
 
     next_on = (e.RunClaimLost, e.SessionLost, e.LogUnavailable)
-    try:
+
+    async def on_hosts() -> tuple[str, sandbox_host_pb2.StartRunResponse]:
+        """The start on the first host that takes it; after an unanswered ask, a failure on
+        every host is checked against the run's record (:func:`_started_meanwhile`)."""
         try:
             host, resp = await try_hosts(st.hosts, hosts, start, next_on=next_on)
+            return host.host_id, resp
+        except (e.HostAtCapacity, NoHostAvailable, *next_on):
+            view = await _started_meanwhile(st, host_req.run_id) if unanswered else None
+            if view is None:
+                raise
+            log.info("run %s: the StartRun that %s did not answer in time started it; joining",
+                     host_req.run_id, ", ".join(unanswered))
+            # As for an existing run found before the start: its host may be the one gone.
+            st.takeovers.consider(host_req.run_id, view.record, view.claim)
+            return view.record.driver_host, sandbox_host_pb2.StartRunResponse(record=view.record, created=False)
+
+    try:
+        try:
+            host_id, resp = await on_hosts()
         except e.ThreadBusy as busy:
             if not await run_finishing(st, busy.active_run_id):
                 raise
-            host, resp = await try_hosts(st.hosts, hosts, start, next_on=next_on)
+            host_id, resp = await on_hosts()
     except e.ThreadBusy:
         st.metrics.appends.labels("thread-busy").inc()
         raise
     st.metrics.appends.labels("created" if resp.created else "existing").inc()
-    log.info("run %s started on %s (created=%s) in %.3fs", host_req.run_id, host.host_id, resp.created,
+    log.info("run %s started on %s (created=%s) in %.3fs", host_req.run_id, host_id, resp.created,
              time.monotonic() - t0)
     return resp.record
 
 
 async def start_on(st: GatewayState, host: coordinator_pb2.HostInfo, req: sandbox_host_pb2.StartRunRequest,
-                   deadline: Deadline) -> sandbox_host_pb2.StartRunResponse:
+                   deadline: Deadline, unanswered: list[str] | None = None) -> sandbox_host_pb2.StartRunResponse:
     """``StartRun`` on ``host``; asked again while it is busy, not dead.
 
     A host that did not answer within ``RPC_TIMEOUT`` seconds but is still
@@ -215,6 +234,10 @@ async def start_on(st: GatewayState, host: coordinator_pb2.HostInfo, req: sandbo
     or paused past its lease), or a start past ``deadline``, raises, and :func:`try_hosts`
     moves on (a host is always asked once).
 
+    Args:
+        unanswered: where the host's id is added when a call of it went unanswered: that
+            start may go on, and may start the run, whatever this call's outcome.
+
     Raises:
         HostTimedOut: the host did not answer and is gone, or ``deadline`` passed.
         Any other error of the host's ``StartRun``.
@@ -225,10 +248,29 @@ async def start_on(st: GatewayState, host: coordinator_pb2.HostInfo, req: sandbo
             # the first time (the next one of try_hosts) is still asked once.
             return await st.hosts.call(host.address, "StartRun", req, timeout=RPC_TIMEOUT)
         except HostTimedOut:
+            if unanswered is not None and host.host_id not in unanswered:
+                unanswered.append(host.host_id)
             if deadline.expired or not await st.hosts.registered(host, timeout=START_READ_TIMEOUT):
                 raise
             log.info("host %s busy: StartRun of %s not answered within %gs; asking it again",
                      host.host_id, req.run_id, RPC_TIMEOUT)
+
+
+async def _started_meanwhile(st: GatewayState, run_id: str) -> RunView | None:
+    """The record (and claim) of ``run_id`` when the run exists and is past ``starting``
+    (``None``: not created, still ``starting``, or the coordinator could not say).
+
+    Asked when every host failed a start after one of them did not answer a ``StartRun`` in
+    time: that start went on, and may have started the run (taking the host's last slot, or
+    while the host was then found gone or the start's budget spent). Such a run is joined
+    as a retried start joins an existing run (the caller checks its thread and tenant),
+    instead of answering ``503`` while it goes on without the client.
+    """
+    try:
+        view = await st.coordinator.get_run(run_id, timeout=START_READ_TIMEOUT)
+    except e.BatonError:
+        return None
+    return None if view.record.starting else view
 
 
 async def run_finishing(st: GatewayState, run_id: str) -> bool:

@@ -520,24 +520,31 @@ class StreamStore:
         return await self.get(path, touch=True)
 
     async def _retrying(self, path: str, op: Callable[[], Awaitable[T]]) -> T:
-        """Run ``op`` under the path's lock, again (up to 5 more times) after a ``Conflict``.
+        """Run ``op`` under the path's lock, again after a ``Conflict``: at least
+        :data:`CONFLICT_TRIES` times in all, and more while :data:`CONFLICT_BUDGET` seconds
+        have not passed since the first (another gateway writing the stream at full speed
+        wins sequence after sequence: docs/design.md §6.4 "Consistency").
 
         One lock per path while it has users (no context-manager generator: this is on
         every append's path).
+
+        Raises:
+            Conflict: refused on every try (answered 503).
         """
         lock = self._locks.get(path)
         if lock is None:
             lock = self._locks[path] = asyncio.Lock()
         self._lock_users[path] = self._lock_users.get(path, 0) + 1
+        tries, begun = 0, time.monotonic()
         try:
-            for attempt in range(6):
+            while True:
                 async with lock:
                     try:
                         return await op()
                     except Conflict:
-                        if attempt == 5:
+                        tries += 1
+                        if tries >= CONFLICT_TRIES and time.monotonic() - begun > CONFLICT_BUDGET:
                             raise
-            raise AssertionError("unreachable")
         finally:
             users = self._lock_users[path] - 1
             if users:
@@ -847,6 +854,10 @@ class _LeaderReads:
 
 
 _FOLD_TRIES = 3  # folds of one stream while other gateways' writes race them
+#: A write refused for a view behind JetStream is tried again at least this many times in
+#: all, and more while CONFLICT_BUDGET seconds have not passed since its first try.
+CONFLICT_TRIES = 6
+CONFLICT_BUDGET = 2.0
 _VIEW_TURNS = 8  # looks at the cache and folds, for one view
 
 

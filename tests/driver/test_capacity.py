@@ -55,6 +55,11 @@ async def test_full_host_refuses_start_and_attach_and_publishes_its_load(cluster
     assert isinstance(refused, HostAtCapacity) and refused.host_id == host.host_id and refused.capacity == 1
     with pytest.raises(UnknownRun):                          # refused before any record was made
         await cluster.cc.get_run(later)
+    # The gateway's retry of the start it drives (the first answer came late under load) needs
+    # no slot: it joins the run, as it would on a host with room.
+    retried = await cluster.start_run(host, LONG, delay=SLOW, run_id=run_id, thread_id=first.record.thread_id)
+    assert not retried.created and retried.record.run_id == run_id
+    assert (await cluster.record(run_id)).driver_epoch == first.record.driver_epoch  # not started again
 
     opts = {"journal": str(CORPUS / LONG), "speed": 0, "delay": 0}
     seeded, _ = await cluster.cc.create_or_resume_run(runs_pb2.RunRecord(

@@ -10,6 +10,7 @@ import contextlib
 import functools
 import json
 import random
+import time
 import zlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -23,7 +24,7 @@ from gateway.durable_streams import _model as M
 from gateway.durable_streams._protocol import Producer
 from gateway.durable_streams._publish import Publisher
 from gateway.durable_streams._model import StreamState
-from gateway.durable_streams._store import Conflict, StoreConfig, StreamStore
+from gateway.durable_streams._store import CONFLICT_BUDGET, CONFLICT_TRIES, Conflict, StoreConfig, StreamStore
 from tests.conftest import assert_eventually, unique
 
 pytestmark = pytest.mark.timeout(120)
@@ -129,6 +130,65 @@ async def test_idempotent_producers_writing_through_both_stores_at_once_land_eac
             await s.stop()
         for nc in conns:
             await nc.close()
+
+
+async def test_two_stores_writing_one_stream_at_full_speed_land_every_append_once_in_order(nats: object) -> None:
+    """Two gateways' writers append to one stream as fast as each is answered (each write
+    fenced on its view, so they race for every sequence): none is answered 503, the stream
+    holds each append once, each writer's in its order, and both views are what a fresh
+    fold of JetStream gives."""
+    url = nats.url  # type: ignore[attr-defined]
+    cfg = StoreConfig(stream=unique("DS").upper(), subject_prefix=unique("ds"))
+    async with started(url, cfg, 3) as ((a, b, fresh), _):
+        path = "/" + unique("s")
+        await a.create(path, {"contentType": "text/plain"}, b"")
+        assert await b.get(path) is not None
+
+        async def writer(store: StreamStore, name: str) -> None:
+            for i in range(100):
+                await store.append(path, f"{name}:{i:03d}".encode(), content_type="text/plain", seq=None,
+                                   producer=None, close=False)
+
+        await asyncio.gather(*(writer(s, f"{s_name}{k}") for s, s_name in ((a, "a"), (b, "b")) for k in range(4)))
+        folded = await fresh.get(path)
+        assert folded is not None
+        got = [m.data.decode() for m in fresh.read(folded, "-1")]
+        assert len(got) == len(set(got)) == 800
+        for name in (f"{x}{k}" for x in "ab" for k in range(4)):
+            assert [d for d in got if d.startswith(name + ":")] == [f"{name}:{i:03d}" for i in range(100)]
+        for s in (a, b):
+            await assert_eventually(functools.partial(whole, s, path, [d.encode() for d in got]), timeout=30)
+
+
+async def test_a_write_refused_again_and_again_is_tried_for_the_budget_not_a_count(nats: object) -> None:
+    """A write refused for a view behind (another gateway won the sequence) is tried again
+    past the least number of tries while the budget lasts, and refused once it is spent."""
+    url = nats.url  # type: ignore[attr-defined]
+    cfg = StoreConfig(stream=unique("DS").upper(), subject_prefix=unique("ds"))
+    async with started(url, cfg, 1) as ((a,), _):
+        tries = 0
+
+        async def refused_ten_times() -> str:
+            nonlocal tries
+            tries += 1
+            if tries <= 10:
+                raise Conflict("/s")
+            return "written"
+
+        assert await a._retrying("/s", refused_ten_times) == "written" and tries == 11
+
+        async def always_refused() -> str:
+            nonlocal tries
+            tries += 1
+            await asyncio.sleep(0.01)  # a refusal is a round trip to JetStream
+            raise Conflict("/s")
+
+        tries = 0
+        t0 = time.monotonic()
+        with pytest.raises(Conflict):
+            await a._retrying("/s", always_refused)
+        assert time.monotonic() - t0 >= CONFLICT_BUDGET and tries > CONFLICT_TRIES
+        assert not a._locks and not a._lock_users  # the path's lock went with its last user
 
 
 async def test_a_write_refused_on_a_view_behind_catches_it_up_without_a_new_fold(nats: object) -> None:

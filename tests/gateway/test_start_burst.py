@@ -12,18 +12,20 @@ its transcript holds its input. A host that is gone (no longer registered) is no
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import pathlib
+import types
 from typing import Any, AsyncIterator
 
 import httpx
 import pytest
 
 from baton import errors as e
-from baton.coordinator_client import CoordinatorClient
+from baton.coordinator_client import CoordinatorClient, RunView
 from baton.log import DeliveryLog, LogConfig
 from baton.retry import Deadline
-from baton.v1 import coordinator_pb2, sandbox_host_pb2
+from baton.v1 import coordinator_pb2, runs_pb2, sandbox_host_pb2
 from baton_tools.testing.cluster import start_coordinator, start_host
 from gateway._service import _start
 from gateway._hosts import HostTimedOut
@@ -102,6 +104,19 @@ class _Hosts:
         return self.is_registered
 
 
+class _Coordinator:
+    """The run's record as the coordinator answers ``GetRun`` (``None``: unknown run)."""
+
+    def __init__(self, record: runs_pb2.RunRecord | None) -> None:
+        self.record, self.lookups = record, 0
+
+    async def get_run(self, run_id: str, *, timeout: float | None = None) -> RunView:
+        self.lookups += 1
+        if self.record is None:
+            raise e.UnknownRun(run_id)
+        return RunView(self.record, None, None)
+
+
 class _State:
     def __init__(self, hosts: _Hosts) -> None:
         self.hosts = hosts
@@ -129,3 +144,96 @@ async def test_a_start_past_its_budget_is_not_asked_again() -> None:
     with pytest.raises(e.StoreUnavailable):
         await _start.start_on(_State(hosts), HOST, REQ, Deadline.after(0))  # type: ignore[arg-type]
     assert hosts.calls == 1
+
+
+
+class _Pool:
+    """The host pool as :func:`gateway._hosts.try_hosts` and ``start_on`` use it: each host
+    answers its calls from a script (``"timeout"``, ``"full"``, ``"ok"``; the last repeats)."""
+
+    def __init__(self, scripts: dict[str, list[str]], gone: tuple[str, ...] = ()) -> None:
+        self.scripts, self.gone = scripts, gone
+        self.in_flight: collections.Counter[str] = collections.Counter()
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    def rank(self, hosts: list[coordinator_pb2.HostInfo]) -> list[coordinator_pb2.HostInfo]:
+        return hosts
+
+    def note_handed(self, host_id: str) -> None:
+        pass
+
+    async def call(self, address: str, method: str, request: Any, timeout: float) -> Any:
+        script = self.scripts[address]
+        answer = script[min(self.calls[address], len(script) - 1)]
+        self.calls[address] += 1
+        if answer == "timeout":
+            raise HostTimedOut("DEADLINE_EXCEEDED")
+        if answer == "full":
+            raise e.HostAtCapacity(address, 1)
+        return sandbox_host_pb2.StartRunResponse(created=True, record=runs_pb2.RunRecord(run_id="r"))
+
+    async def registered(self, host: coordinator_pb2.HostInfo, timeout: float | None = None) -> bool:
+        return host.address not in self.gone
+
+
+class _Counter:
+    def labels(self, *_: str) -> "_Counter":
+        return self
+
+    def inc(self) -> None:
+        pass
+
+
+class _Takeovers:
+    def __init__(self) -> None:
+        self.considered: list[str] = []
+
+    def consider(self, run_id: str, record: Any, claim: Any) -> None:
+        self.considered.append(run_id)
+
+
+class _AdmittedState:
+    def __init__(self, pool: _Pool, coordinator: _Coordinator) -> None:
+        self.hosts, self.coordinator, self.takeovers = pool, coordinator, _Takeovers()
+        self.metrics = types.SimpleNamespace(appends=_Counter())
+
+
+def _hosts(*names: str) -> list[coordinator_pb2.HostInfo]:
+    return [coordinator_pb2.HostInfo(host_id=n, address=n) for n in names]
+
+
+STARTED = runs_pb2.RunRecord(run_id="r", thread_id="t", status=runs_pb2.RUN_STATUS_COMPLETED, driver_host="a")
+
+
+@pytest.mark.parametrize("scripts, gone", [
+    ({"a": ["timeout", "full"]}, ()),  # asked again, full: its unanswered start took the last slot
+    ({"a": ["timeout"], "b": ["full"]}, ("a",)),  # a gone after the timeout, b full
+], ids=["full when asked again", "gone, then the next full"])
+async def test_a_start_that_every_host_failed_after_an_unanswered_ask_joins_the_run_it_began(
+        scripts: dict[str, list[str]], gone: tuple[str, ...]) -> None:
+    """The start a host did not answer in time went on and started the run (here it even
+    ended): the client is served that run, not told ``503`` while it goes on without it."""
+    cc = _Coordinator(STARTED)
+    state = _AdmittedState(_Pool(scripts, gone), cc)
+    record = await _start._start_admitted(state, REQ, _hosts(*scripts))  # type: ignore[arg-type]
+    assert record == STARTED and cc.lookups == 1
+    assert state.takeovers.considered == ["r"]  # its host may be the one gone: a takeover if due
+
+
+@pytest.mark.parametrize("record", [None, runs_pb2.RunRecord(run_id="r", thread_id="t", starting=True)],
+                         ids=["no run", "still starting"])
+async def test_a_start_failed_everywhere_after_an_unanswered_ask_is_refused_when_the_run_did_not_start(
+        record: runs_pb2.RunRecord | None) -> None:
+    cc = _Coordinator(record)
+    with pytest.raises(e.HostAtCapacity):
+        await _start._start_admitted(_AdmittedState(_Pool({"a": ["timeout", "full"]}), cc), REQ,  # type: ignore[arg-type]
+                                     _hosts("a"))
+    assert cc.lookups == 1
+
+
+async def test_hosts_full_at_the_first_ask_are_a_refusal_with_no_lookup() -> None:
+    cc = _Coordinator(STARTED)
+    pool = _Pool({"a": ["full"], "b": ["full"]})
+    with pytest.raises(e.HostAtCapacity):
+        await _start._start_admitted(_AdmittedState(pool, cc), REQ, _hosts("a", "b"))  # type: ignore[arg-type]
+    assert cc.lookups == 0 and pool.calls == {"a": 1, "b": 1}
