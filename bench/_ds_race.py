@@ -4,7 +4,7 @@ Stream at full speed, on a real nats-server (docs/design.md §6.4 "Consistency")
 Two :class:`~gateway.durable_streams._store.StreamStore` on their own connections (two
 gateways, or two workers of one), :data:`WRITERS` writers each, every writer appending
 :data:`APPENDS` times as fast as it is answered. Every write is fenced on its store's view,
-so the stores race for each sequence. Three variants, alternated round by round so the
+so the stores race for each sequence. Two variants, alternated round by round so the
 machine's load falls on both alike:
 
 - ``before``: 6 tries, then the refusal (answered 503): the tree before;

@@ -184,7 +184,8 @@ async def main() -> dict[str, Any]:
         f = r["first_chunk_s"]
         print(f"{r['side']:<7} {r['accepted']:>8} {r['refused']:>7} {r['takeovers']:>9} {r['session_losses']:>4} "
               f"{r['completed']:>5} {f['p50']!s:>9} {f['p99']!s:>9} {r['duplicates']:>4}"
-              + (f"  refused {r['refused_by_reason']}" if r["refused_by_reason"] else ""))
+              + (f"  refused {r['refused_by_reason']}" if r["refused_by_reason"] else "")
+              + f"  left behind a refusal {r['refused_left']} (untold {r['refused_left_untold']})")
     out = {"bench": "overload", "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "journal": JOURNAL,
            "seconds_per_run": SECONDS, "rows": rows}

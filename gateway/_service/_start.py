@@ -35,6 +35,9 @@ START_BUDGET = 60.0
 #: busy with a burst of starts (200 at once on replicated etcd took longer) is slow, not
 #: gone; one that is gone refuses the connection at once, whatever the timeout.
 START_READ_TIMEOUT = 20.0
+#: Seconds the read of a run that a start failed on every host may have started takes at most
+#: (it runs inside the start's admission slot, after a start of 10 s or more already).
+JOIN_LOOKUP_TIMEOUT = 5.0
 #: Seconds a start waits for the thread's previous run to write its terminal status once that
 #: run's log is closed.
 FINISHING_WAIT = 5.0
@@ -189,7 +192,17 @@ async def _start_admitted(st: GatewayState, host_req: sandbox_host_pb2.StartRunR
 
     async def on_hosts() -> tuple[str, sandbox_host_pb2.StartRunResponse]:
         """The start on the first host that takes it; after an unanswered ask, a failure on
-        every host is checked against the run's record (:func:`_started_meanwhile`)."""
+        every host is checked against the run's record (:func:`_started_meanwhile`).
+
+        Returns:
+            ``(host id, the host's answer)``; a run joined that way: its driver host, and an
+            answer with the record and ``created`` false.
+
+        Raises:
+            HostAtCapacity, NoHostAvailable, RunClaimLost, SessionLost, LogUnavailable: every
+                host failed and the run did not start; ThreadBusy and the hosts' other errors
+                as they come.
+        """
         try:
             host, resp = await try_hosts(st.hosts, hosts, start, next_on=next_on)
             return host.host_id, resp
@@ -267,7 +280,7 @@ async def _started_meanwhile(st: GatewayState, run_id: str) -> RunView | None:
     instead of answering ``503`` while it goes on without the client.
     """
     try:
-        view = await st.coordinator.get_run(run_id, timeout=START_READ_TIMEOUT)
+        view = await st.coordinator.get_run(run_id, timeout=JOIN_LOOKUP_TIMEOUT)
     except e.BatonError:
         return None
     return None if view.record.starting else view

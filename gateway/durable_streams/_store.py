@@ -46,6 +46,8 @@ from baton.log._api import (
     last_on_subject,
 )
 from baton.log._consumer import OrderedConsumer
+from baton.log._log import PROVISION_PATIENCE
+from baton.retry import Deadline, retry
 from gateway.durable_streams import _model as M
 from gateway.durable_streams import _protocol as P
 from gateway.durable_streams._folds import UNFENCED, FoldRaces
@@ -124,8 +126,31 @@ class StreamStore:
         self._sub: Subscription | None = None
         self._ledger = Ledger(self._js, self.cfg.usage_bucket, self.cfg.replicas, self.cfg.quota)
 
-    async def start(self) -> None:
-        """Create (or update) the JetStream stream and listen for other gateways' writes."""
+    async def start(self, patience: float = PROVISION_PATIENCE) -> None:
+        """Create (or update) the JetStream stream and the usage bucket, and listen for other
+        gateways' writes.
+
+        Args:
+            patience: seconds the stream and bucket are asked for again while JetStream does
+                not answer (a cluster electing its leaders, a loaded machine), as the
+                delivery log's provisioning waits (``provision_with_patience``).
+
+        Raises:
+            nats.errors.Error, nats.js.errors.Error: JetStream refused, or did not answer
+                within ``patience``.
+        """
+
+        def note(exc: BaseException) -> None:
+            log.warning("provisioning the Durable Streams stream failed (%r); trying again", exc)
+
+        await retry(self._provision, deadline=Deadline.after(patience), max_pause=2.0, on_retry=note,
+                    retry_on=(nats.errors.TimeoutError, nats.errors.NoRespondersError,
+                              nats.js.errors.ServiceUnavailableError, nats.js.errors.ServerError))
+        await self._pub.start()
+        self._sub = await self._nc.subscribe(f"{self.cfg.subject_prefix}.*", cb=self._on_record)
+
+    async def _provision(self) -> None:
+        """The stream (created, or updated to the configuration) and the usage bucket; idempotent."""
         cfg = api.StreamConfig(
             name=self.cfg.stream,
             subjects=[f"{self.cfg.subject_prefix}.*"],
@@ -143,8 +168,6 @@ class StreamStore:
                 raise
             await self._js.update_stream(cfg)
         await self._ledger.start()
-        await self._pub.start()
-        self._sub = await self._nc.subscribe(f"{self.cfg.subject_prefix}.*", cb=self._on_record)
 
     async def stop(self) -> None:
         """Stop listening and wake every waiting reader."""
@@ -544,6 +567,8 @@ class StreamStore:
                     except Conflict:
                         tries += 1
                         if tries >= CONFLICT_TRIES and time.monotonic() - begun > CONFLICT_BUDGET:
+                            log.warning("a write of %s refused %d times in %.1f s (another gateway writes it): 503",
+                                        path, tries, time.monotonic() - begun)
                             raise
         finally:
             users = self._lock_users[path] - 1

@@ -146,7 +146,6 @@ async def test_a_start_past_its_budget_is_not_asked_again() -> None:
     assert hosts.calls == 1
 
 
-
 class _Pool:
     """The host pool as :func:`gateway._hosts.try_hosts` and ``start_on`` use it: each host
     answers its calls from a script (``"timeout"``, ``"full"``, ``"ok"``; the last repeats)."""
