@@ -31,6 +31,7 @@ from typing import Any
 import nats
 
 from baton_tools.testing.servers import NatsServer
+from bench._readers import pct
 from gateway.durable_streams import _store
 from gateway.durable_streams._store import Conflict, StoreConfig, StreamStore
 
@@ -38,11 +39,6 @@ RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "ds_race.json"
 WRITERS = 8  # per store
 APPENDS = 300  # per writer
 VARIANTS = {"before": 0.0, "budget": _store.CONFLICT_BUDGET}
-
-
-def _pct(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(len(s) * q))]
 
 
 async def one_round(url: str, variant: str, n: int) -> dict[str, Any]:
@@ -77,7 +73,7 @@ async def one_round(url: str, variant: str, n: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         await asyncio.gather(*(writer(i, k) for i in (0, 1) for k in range(WRITERS)))
         wall = time.perf_counter() - t0
-    per = {i: (_pct(v, 0.5) * 1000, _pct(v, 0.99) * 1000, max(v) * 1000) for i, v in latency.items() if v}
+    per = {i: (pct(v, 50) * 1000, pct(v, 99) * 1000, max(v) * 1000) for i, v in latency.items() if v}
     return {"refused": refused[0] + refused[1], "refused_one_store_max": max(refused[0], refused[1]),
             "p50_ms": max(p[0] for p in per.values()), "p99_ms": max(p[1] for p in per.values()),
             "max_ms": max(p[2] for p in per.values()), "wall_s": wall,

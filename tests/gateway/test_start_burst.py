@@ -88,20 +88,38 @@ async def test_a_burst_of_starts_slower_than_the_deadline_all_run_exactly_once(
         assert (await cc.get_run(run_id)).record.driver_epoch == 1  # one start, one agent
 
 
-class _Hosts:
-    """The two calls :func:`gateway._service._start.start_on` makes of the gateway's host pool."""
+HOST = coordinator_pb2.HostInfo(host_id="h", address="h:1")
 
-    def __init__(self, slow_answers: int, registered: bool) -> None:
-        self.slow_answers, self.is_registered, self.calls = slow_answers, registered, 0
 
-    async def call(self, address: str, method: str, request: Any, timeout: float) -> Any:
-        self.calls += 1
-        if self.calls <= self.slow_answers:
-            raise HostTimedOut("DEADLINE_EXCEEDED")
-        return sandbox_host_pb2.StartRunResponse(created=True)
+class _State:
+    def __init__(self, pool: "_Pool") -> None:
+        self.hosts = pool
 
-    async def registered(self, host: coordinator_pb2.HostInfo, timeout: float | None = None) -> bool:
-        return self.is_registered
+
+def _slow(answers: int, registered: bool) -> "_Pool":
+    """:data:`HOST`, not answering ``answers`` times, then answering; gone unless ``registered``."""
+    return _Pool({HOST.address: ["timeout"] * answers + ["ok"]}, gone=() if registered else (HOST.address,))
+REQ = sandbox_host_pb2.StartRunRequest(run_id="r")
+
+
+async def test_a_live_host_that_is_slow_is_asked_again_until_it_answers() -> None:
+    hosts = _slow(3, registered=True)
+    resp = await _start.start_on(_State(hosts), HOST, REQ, Deadline.after(60))  # type: ignore[arg-type]
+    assert resp.created and hosts.calls[HOST.address] == 4
+
+
+async def test_a_host_gone_from_the_registry_is_not_asked_again() -> None:
+    hosts = _slow(3, registered=False)
+    with pytest.raises(HostTimedOut):
+        await _start.start_on(_State(hosts), HOST, REQ, Deadline.after(60))  # type: ignore[arg-type]
+    assert hosts.calls[HOST.address] == 1
+
+
+async def test_a_start_past_its_budget_is_not_asked_again() -> None:
+    hosts = _slow(3, registered=True)
+    with pytest.raises(e.StoreUnavailable):
+        await _start.start_on(_State(hosts), HOST, REQ, Deadline.after(0))  # type: ignore[arg-type]
+    assert hosts.calls[HOST.address] == 1
 
 
 class _Coordinator:
@@ -115,35 +133,6 @@ class _Coordinator:
         if self.record is None:
             raise e.UnknownRun(run_id)
         return RunView(self.record, None, None)
-
-
-class _State:
-    def __init__(self, hosts: _Hosts) -> None:
-        self.hosts = hosts
-
-
-HOST = coordinator_pb2.HostInfo(host_id="h", address="h:1")
-REQ = sandbox_host_pb2.StartRunRequest(run_id="r")
-
-
-async def test_a_live_host_that_is_slow_is_asked_again_until_it_answers() -> None:
-    hosts = _Hosts(slow_answers=3, registered=True)
-    resp = await _start.start_on(_State(hosts), HOST, REQ, Deadline.after(60))  # type: ignore[arg-type]
-    assert resp.created and hosts.calls == 4
-
-
-async def test_a_host_gone_from_the_registry_is_not_asked_again() -> None:
-    hosts = _Hosts(slow_answers=3, registered=False)
-    with pytest.raises(HostTimedOut):
-        await _start.start_on(_State(hosts), HOST, REQ, Deadline.after(60))  # type: ignore[arg-type]
-    assert hosts.calls == 1
-
-
-async def test_a_start_past_its_budget_is_not_asked_again() -> None:
-    hosts = _Hosts(slow_answers=3, registered=True)
-    with pytest.raises(e.StoreUnavailable):
-        await _start.start_on(_State(hosts), HOST, REQ, Deadline.after(0))  # type: ignore[arg-type]
-    assert hosts.calls == 1
 
 
 class _Pool:
